@@ -1,0 +1,40 @@
+"""trioq: durable jobs on PostgreSQL, for trio."""
+
+from ._core.errors import (
+    JobFailed,
+    JobNotFound,
+    LeaseLost,
+    PayloadError,
+    ResultTimeout,
+    TrioqError,
+    UnknownTask,
+)
+from ._core.retry import RetryPolicy
+from ._core.states import JobState
+from ._runtime.claim_loop import WorkerHooks
+from ._runtime.worker import Worker, WorkerConfig
+from .app import App, ConfigurationError
+from .client import Client, ClientTransaction, Job
+from .context import Context, JobInfo
+
+__all__ = [
+    "App",
+    "Client",
+    "ClientTransaction",
+    "ConfigurationError",
+    "Context",
+    "Job",
+    "JobFailed",
+    "JobInfo",
+    "JobNotFound",
+    "JobState",
+    "LeaseLost",
+    "PayloadError",
+    "ResultTimeout",
+    "RetryPolicy",
+    "TrioqError",
+    "UnknownTask",
+    "Worker",
+    "WorkerConfig",
+    "WorkerHooks",
+]

@@ -1,0 +1,102 @@
+"""The payload codec: the one cattrs converter, JSON-only validation and encoding.
+
+Everything a job stores (payloads, results, step outputs) goes through `encode`, which raises
+`PayloadError` naming the offending field *before* any SQL runs. Nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import cattrs
+
+from .errors import PayloadError
+
+MAX_PAYLOAD_BYTES = 1_000_000  # matches the CHECK on jobs.payload in the schema
+MAX_DEPTH = 64
+
+converter = cattrs.Converter()
+converter.register_unstructure_hook(datetime.datetime, lambda value: value.isoformat())
+converter.register_structure_hook(
+    datetime.datetime, lambda value, _: datetime.datetime.fromisoformat(value)
+)
+converter.register_unstructure_hook(datetime.date, lambda value: value.isoformat())
+converter.register_structure_hook(datetime.date, lambda value, _: datetime.date.fromisoformat(value))
+converter.register_unstructure_hook(uuid.UUID, str)
+converter.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def to_json_value(value: Any) -> Any:
+    """Unstructure attrs instances (anywhere in the value) into plain JSON values."""
+    if attrs.has(type(value)):
+        return converter.unstructure(value)
+    if isinstance(value, list | tuple):
+        return [to_json_value(item) for item in value]
+    if isinstance(value, dict):
+        return {key: to_json_value(item) for key, item in value.items()}
+    return value
+
+
+def encode(value: Any, *, root: str = "$", max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
+    """Validate `value` as storable JSON and return its text; PayloadError names the field."""
+    plain = to_json_value(value)
+    _check(plain, root, 0)
+    text = _ENCODER.encode(plain)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadError(root, f"encodes to {size} bytes, more than the limit of {max_bytes}")
+    return text
+
+
+def decode(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def structure(value: Any, cls: Any) -> Any:
+    """Turn a stored JSON value into `cls` (an attrs class or any type cattrs knows)."""
+    return converter.structure(value, cls)
+
+
+def _check(value: Any, path: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise PayloadError(path, f"nested deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        _check_text(value, path)
+    elif isinstance(value, int):
+        return
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadError(path, f"{value!r} is not a finite number (JSON has no NaN/inf)")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check(item, f"{path}[{index}]", depth + 1)
+    elif isinstance(value, Mapping) and type(value) is dict:
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadError(path, f"key {key!r} is not a string")
+            _check_text(key, f"{path} key {key!r}")
+            _check(item, f"{path}.{key}", depth + 1)
+    else:
+        raise PayloadError(
+            path, f"{type(value).__name__} is not JSON (use dict, list, str, int, float, bool, "
+            f"None or an attrs class)"
+        )
+
+
+def _check_text(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise PayloadError(path, "contains a NUL character, which PostgreSQL cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PayloadError(path, f"is not valid Unicode ({exc.reason})") from None

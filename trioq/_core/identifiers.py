@@ -1,0 +1,54 @@
+"""Identifier rules: schema, queue and task names are validated before they reach SQL.
+
+The same patterns are enforced by CHECK constraints in the schema, so a raw INSERT with a bad
+name is rejected by Postgres too.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Schemas become part of statements (quoted); keep them to plain lower-case identifiers.
+SCHEMA_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# Queues and tasks are data, never interpolated; still keep them printable and bounded.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,127}")
+# Keys are opaque user data (partition and dedup keys), only bounded in length.
+MAX_KEY_LENGTH = 512
+
+
+def validate_schema(name: object) -> str:
+    """Return `name` if it is a valid schema name, else raise ValueError naming the field."""
+    if not isinstance(name, str) or not SCHEMA_PATTERN.fullmatch(name):
+        raise ValueError(
+            f"schema: {name!r} is not a valid schema name "
+            f"(lower-case letters, digits and '_', starting with a letter or '_', at most 63)"
+        )
+    return name
+
+
+def validate_name(field: str, name: object) -> str:
+    """Validate a queue or task name; the error names `field`."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ValueError(
+            f"{field}: {name!r} is not a valid name (letters, digits and '_.:-', "
+            f"not starting with punctuation, 1 to 128 characters)"
+        )
+    return name
+
+
+def validate_key(field: str, key: object) -> str | None:
+    """Validate an optional partition or dedup key."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise ValueError(
+            f"{field}: {key!r} must be a non-empty string of at most {MAX_KEY_LENGTH} "
+            f"characters without NUL"
+        )
+    return key
+
+
+def quote_ident(name: str) -> str:
+    """Quote an already validated schema name for inclusion in a statement."""
+    validate_schema(name)
+    return '"' + name + '"'

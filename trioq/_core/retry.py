@@ -1,0 +1,39 @@
+"""Retry policy: exponential backoff with full jitter, a pure function of the attempt."""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Delay before attempt `n + 1` after attempt `n` failed: base * 2**(n-1), capped, jittered.
+
+    Jitter draws the delay uniformly from [delay * (1 - jitter), delay]: it spreads a burst of
+    failures (an outage) so the retries do not arrive together.
+    """
+
+    base_seconds: float = 1.0
+    max_seconds: float = 300.0
+    jitter: float = 0.5
+
+    def __attrs_post_init__(self) -> None:
+        if self.base_seconds < 0 or self.max_seconds < 0:
+            raise ValueError("retry: base_seconds and max_seconds must be >= 0")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError("retry: jitter must be within [0, 1]")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        exponent = max(0, attempt - 1)
+        raw = self.max_seconds if exponent > 60 else self.base_seconds * (2.0**exponent)
+        capped = min(self.max_seconds, raw)
+        draw = (rng or random).random()
+        return capped * (1.0 - self.jitter * draw)
+
+
+def should_retry(attempt: int, max_attempts: int) -> bool:
+    """A failed attempt is retried while attempts remain."""
+    return attempt < max_attempts

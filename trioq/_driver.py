@@ -1,0 +1,290 @@
+"""The driver seam: one async method per named statement, each taking one attrs params object.
+
+`trioq._pg.driver.PgDriver` implements it on PostgreSQL, `trioq._memory.MemoryDriver` in
+memory; the conformance suite in `trioq.testing` runs the same checks against both, and a test
+fails when their method sets differ from `DRIVER_METHODS`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+import attrs
+
+# --- params ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class NewJob:
+    """One row to insert; `payload_json` is already validated and encoded by the codec."""
+
+    queue: str
+    task: str
+    payload_json: str
+    priority: int = 0
+    run_at: datetime.datetime | None = None
+    delay_seconds: float | None = None
+    partition_key: str | None = None
+    dedup_key: str | None = None
+    max_attempts: int = 5
+
+
+@attrs.frozen
+class Lease:
+    """The fencing triple every write after a claim carries."""
+
+    id: int
+    attempt: int
+    lease_token: uuid.UUID
+
+
+@attrs.frozen
+class Completion:
+    lease: Lease
+    result_json: str
+
+
+@attrs.frozen
+class Failure:
+    """A failed attempt: retried after `retry_delay` seconds, or final (`final_state`)."""
+
+    lease: Lease
+    error_json: str
+    retry_delay: float | None
+    final_state: str = "failed"
+
+
+@attrs.frozen
+class CompleteAndClaim:
+    queue: str
+    tasks: tuple[str, ...]
+    limit: int
+    lease_seconds: float
+    worker_id: uuid.UUID
+    completions: tuple[Completion, ...] = ()
+
+
+@attrs.frozen
+class RenewLeases:
+    worker_id: uuid.UUID
+    worker_state: str
+    lease_seconds: float
+    leases: tuple[Lease, ...]
+
+
+@attrs.frozen
+class MaintenancePass:
+    recover_limit: int = 1000
+    prune_limit: int = 1000
+    retention_seconds: float = 7 * 24 * 3600.0
+    worker_stale_seconds: float = 300.0
+
+
+@attrs.frozen
+class WorkerRegistration:
+    worker_id: uuid.UUID
+    hostname: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+
+
+# --- records --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class InsertedJob:
+    id: int
+    created: bool  # False when a dedup key returned an existing job
+
+
+@attrs.frozen
+class ClaimedJob:
+    id: int
+    queue: str
+    task: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    lease_token: uuid.UUID
+    partition_key: str | None
+    priority: int
+    run_at: datetime.datetime
+    created_at: datetime.datetime
+    cancel_requested: bool
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.id, self.attempt, self.lease_token)
+
+
+@attrs.frozen
+class CompleteAndClaimResult:
+    completed_ids: tuple[int, ...]
+    claimed: tuple[ClaimedJob, ...]
+
+
+@attrs.frozen
+class RenewedLease:
+    id: int
+    cancel_requested: bool
+
+
+@attrs.frozen
+class MaintenanceReport:
+    leader: bool
+    recovered: tuple[tuple[int, str], ...] = ()  # (job id, new state)
+    pruned_jobs: int = 0
+    pruned_workers: int = 0
+
+
+@attrs.frozen
+class CancelOutcome:
+    previous_state: str
+    state: str
+
+
+@attrs.frozen
+class JobRecord:
+    id: int
+    queue: str
+    task: str
+    payload: Any
+    state: str
+    priority: int
+    run_at: datetime.datetime
+    partition_key: str | None
+    dedup_key: str | None
+    attempt: int
+    max_attempts: int
+    worker_id: uuid.UUID | None
+    result: Any
+    error: Any
+    created_at: datetime.datetime
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+
+
+@attrs.frozen
+class AttemptRecord:
+    attempt: int
+    outcome: str
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+    worker_id: uuid.UUID | None
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime
+
+
+@attrs.frozen
+class QueueStatus:
+    queue: str
+    ready: int
+    scheduled: int
+    running: int
+    expired_leases: int
+    completed: int
+    failed: int
+    cancelled: int
+    oldest_ready_seconds: float | None
+
+
+@attrs.frozen
+class WorkerInfo:
+    id: uuid.UUID
+    hostname: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    state: str
+    started_at: datetime.datetime
+    heartbeat_at: datetime.datetime
+    running: int
+
+
+@attrs.frozen
+class DriverStatistics:
+    """Statement counts by name since the driver opened (tests and the benchmark read these)."""
+
+    calls: Mapping[str, int]
+
+
+NotifyCallback = Callable[[str, str], None]
+
+
+# --- the protocol ---------------------------------------------------------------------------
+
+
+class Listener(Protocol):
+    @property
+    def connected(self) -> bool: ...
+
+    async def listen(self, channel: str) -> None: ...
+
+    async def unlisten(self, channel: str) -> None: ...
+
+
+class Transaction(Protocol):
+    """A caller's transaction: their own SQL and trioq's enqueue commit or roll back together."""
+
+    async def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+                      ) -> None: ...
+
+    async def fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+                    ) -> list[tuple[Any, ...]]: ...
+
+    async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
+
+
+class Driver(Protocol):
+    schema: str
+
+    def statistics(self) -> DriverStatistics: ...
+
+    async def migrate(self) -> list[int]: ...
+
+    async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
+
+    async def job_complete_and_claim(self, params: CompleteAndClaim
+                                     ) -> CompleteAndClaimResult: ...
+
+    async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]: ...
+
+    async def job_release_many(self, leases: Sequence[Lease]) -> list[int]: ...
+
+    async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]: ...
+
+    async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport: ...
+
+    async def job_cancel(self, job_id: int) -> CancelOutcome | None: ...
+
+    async def job_get(self, job_id: int) -> JobRecord | None: ...
+
+    async def job_attempts(self, job_id: int) -> list[AttemptRecord]: ...
+
+    async def worker_register(self, params: WorkerRegistration) -> None: ...
+
+    async def worker_unregister(self, worker_id: uuid.UUID) -> None: ...
+
+    async def queue_status(self) -> list[QueueStatus]: ...
+
+    async def worker_list(self) -> list[WorkerInfo]: ...
+
+    async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
+
+    def open_listener(self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
+                      ) -> AbstractAsyncContextManager[Listener]: ...
+
+
+DRIVER_METHODS = frozenset(
+    name for name in vars(Driver) if not name.startswith("_") and name != "schema"
+)
+
+__all__ = ["DRIVER_METHODS", "AsyncIterator", "Driver"]

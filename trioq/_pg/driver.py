@@ -1,0 +1,282 @@
+"""PgDriver: the Driver protocol on PostgreSQL, one method per named statement in queries.sql.
+
+Connection-lost errors on idempotent statements (reads, fenced writes that a retry cannot
+apply twice) are retried with backoff by `_retrying`; an enqueue is not retried (its outcome
+after a lost COMMIT is unknown, and the caller decides).
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from .._driver import (
+    AttemptRecord,
+    CancelOutcome,
+    ClaimedJob,
+    CompleteAndClaim,
+    CompleteAndClaimResult,
+    DriverStatistics,
+    Failure,
+    InsertedJob,
+    JobRecord,
+    Lease,
+    MaintenancePass,
+    MaintenanceReport,
+    NewJob,
+    NotifyCallback,
+    QueueStatus,
+    RenewedLease,
+    RenewLeases,
+    WorkerInfo,
+    WorkerRegistration,
+)
+from .._sql import migrations, queries
+from .._core.channels import control_channel
+from . import Connection, Listener, Pool, is_connection_lost, open_listener, open_pool
+
+T = TypeVar("T")
+Params = dict[str, Any]
+
+
+def _lease_arrays(leases: Sequence[Lease]) -> Params:
+    return {
+        "ids": [lease.id for lease in leases],
+        "attempts": [lease.attempt for lease in leases],
+        "lease_tokens": [lease.lease_token for lease in leases],
+    }
+
+
+@attrs.define(eq=False)
+class PgTransaction:
+    """The caller's transaction on one pooled connection (see `PgDriver.transaction`)."""
+
+    _driver: PgDriver
+    _conn: Connection
+
+    async def execute(self, sql: str, params: Any = None) -> None:
+        await self._conn.execute(sql, params)
+
+    async def fetch(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return await self._conn.fetch(sql, params)
+
+    async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
+        return await self._driver._insert(self._conn, jobs)
+
+
+@attrs.define(eq=False)
+class PgDriver:
+    schema: str
+    _pool: Pool
+    _conninfo: str
+    _sql: dict[str, str] = attrs.field(init=False)
+    _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
+
+    def __attrs_post_init__(self) -> None:
+        self._sql = queries(self.schema)
+
+    def statistics(self) -> DriverStatistics:
+        return DriverStatistics(calls=dict(self._calls))
+
+    async def _fetch(self, name: str, params: Params | None = None) -> list[tuple[Any, ...]]:
+        self._calls[name] += 1
+        async with self._pool.connection() as conn:
+            return await conn.fetch(self._sql[name], params)
+
+    async def _retrying(
+        self, name: str, params: Params | None = None, attempts: int = 5
+    ) -> list[tuple[Any, ...]]:
+        """Run an idempotent statement, retrying when the connection was lost."""
+        delay = 0.05
+        for attempt in range(attempts):
+            try:
+                return await self._fetch(name, params)
+            except Exception as exc:
+                if not is_connection_lost(exc) or attempt == attempts - 1:
+                    raise
+            await trio.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    # --- schema ---------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply missing migrations under an advisory lock; returns the versions applied."""
+        applied: list[int] = []
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql["migration_lock"], {"schema_name": self.schema})
+            await conn.execute(self._sql["migration_prepare"])
+            done = {row[0] for row in await conn.fetch(self._sql["migration_applied"])}
+            for migration in migrations(self.schema):
+                if migration.version in done:
+                    continue
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    self._sql["migration_record"],
+                    {"version": migration.version, "name": migration.name},
+                )
+                applied.append(migration.version)
+        return applied
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    async def _insert(self, conn: Connection, jobs: Sequence[NewJob]) -> list[InsertedJob]:
+        self._calls["job_insert_many"] += 1
+        params = {
+            "queues": [job.queue for job in jobs],
+            "tasks": [job.task for job in jobs],
+            "payloads": [job.payload_json for job in jobs],
+            "priorities": [job.priority for job in jobs],
+            "run_ats": [job.run_at for job in jobs],
+            "delays": [job.delay_seconds for job in jobs],
+            "partition_keys": [job.partition_key for job in jobs],
+            "dedup_keys": [job.dedup_key for job in jobs],
+            "max_attempts": [job.max_attempts for job in jobs],
+        }
+        rows = await conn.fetch(self._sql["job_insert_many"], params)
+        return [InsertedJob(id=row[1], created=row[2]) for row in rows]
+
+    async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
+        async with self._pool.connection() as conn:
+            return await self._insert(conn, jobs)
+
+    async def job_complete_and_claim(self, params: CompleteAndClaim) -> CompleteAndClaimResult:
+        completions = params.completions
+        rows = await self._retrying(
+            "job_complete_and_claim",
+            {
+                **_lease_arrays([completion.lease for completion in completions]),
+                "results": [completion.result_json for completion in completions],
+                "queue": params.queue,
+                "tasks": list(params.tasks),
+                "limit": params.limit,
+                "lease_seconds": params.lease_seconds,
+                "worker_id": params.worker_id,
+            },
+        )
+        completed = tuple(rows[0][0]) if rows else ()
+        claimed = tuple(ClaimedJob(*row[1:]) for row in rows if row[1] is not None)
+        return CompleteAndClaimResult(completed_ids=completed, claimed=claimed)
+
+    async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]:
+        rows = await self._retrying(
+            "job_fail_many",
+            {
+                **_lease_arrays([failure.lease for failure in failures]),
+                "errors": [failure.error_json for failure in failures],
+                "retry_delays": [failure.retry_delay for failure in failures],
+                "final_states": [failure.final_state for failure in failures],
+            },
+        )
+        return [(row[0], row[1]) for row in rows]
+
+    async def job_release_many(self, leases: Sequence[Lease]) -> list[int]:
+        rows = await self._retrying("job_release_many", _lease_arrays(leases))
+        return [row[0] for row in rows]
+
+    async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]:
+        rows = await self._retrying(
+            "lease_renew_many",
+            {
+                **_lease_arrays(params.leases),
+                "worker_id": params.worker_id,
+                "worker_state": params.worker_state,
+                "lease_seconds": params.lease_seconds,
+            },
+        )
+        return [RenewedLease(id=row[0], cancel_requested=row[1]) for row in rows]
+
+    async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:
+        """One bounded pass, done only if this process wins the maintenance lock for it."""
+        rows = await self._retrying(
+            "maintenance_pass",
+            {
+                "schema_name": self.schema,
+                "recover_limit": params.recover_limit,
+                "prune_limit": params.prune_limit,
+                "retention_seconds": params.retention_seconds,
+                "worker_stale_seconds": params.worker_stale_seconds,
+            },
+        )
+        leader, recovered, pruned_workers, pruned_jobs, _ = rows[0]
+        return MaintenanceReport(
+            leader=bool(leader),
+            recovered=tuple((int(job_id), state) for job_id, state in recovered),
+            pruned_jobs=pruned_jobs,
+            pruned_workers=pruned_workers,
+        )
+
+    async def job_cancel(self, job_id: int) -> CancelOutcome | None:
+        rows = await self._fetch(
+            "job_cancel", {"id": job_id, "control_channel": control_channel(self.schema)}
+        )
+        return CancelOutcome(previous_state=rows[0][0], state=rows[0][1]) if rows else None
+
+    async def job_get(self, job_id: int) -> JobRecord | None:
+        rows = await self._retrying("job_get", {"id": job_id})
+        return JobRecord(*rows[0]) if rows else None
+
+    async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
+        rows = await self._retrying("job_attempts", {"id": job_id})
+        return [AttemptRecord(*row) for row in rows]
+
+    # --- workers and status ---------------------------------------------------------------
+
+    async def worker_register(self, params: WorkerRegistration) -> None:
+        await self._retrying(
+            "worker_register",
+            {
+                "worker_id": params.worker_id,
+                "hostname": params.hostname,
+                "pid": params.pid,
+                "queues": list(params.queues),
+                "concurrency": params.concurrency,
+            },
+        )
+
+    async def worker_unregister(self, worker_id: uuid.UUID) -> None:
+        await self._retrying("worker_unregister", {"worker_id": worker_id})
+
+    async def queue_status(self) -> list[QueueStatus]:
+        return [QueueStatus(*row) for row in await self._retrying("queue_status")]
+
+    async def worker_list(self) -> list[WorkerInfo]:
+        rows = await self._retrying("worker_list")
+        return [WorkerInfo(*row[:3], tuple(row[3]), *row[4:]) for row in rows]
+
+    async def ready_channels(self, queues: Sequence[str]) -> list[str]:
+        rows = await self._retrying("ready_channels", {"queues": list(queues)})
+        return [row[0] for row in rows]
+
+    # --- transactions and notifications ---------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[PgTransaction]:
+        """BEGIN on a pooled connection; COMMIT on success, ROLLBACK on any exception."""
+        async with self._pool.connection() as conn, conn.transaction():
+            yield PgTransaction(self, conn)
+
+    @asynccontextmanager
+    async def open_listener(
+        self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
+    ) -> AsyncIterator[Listener]:
+        async with open_listener(
+            self._conninfo, on_notify=on_notify, on_reconnect=on_reconnect
+        ) as listener:
+            yield listener
+
+
+@asynccontextmanager
+async def open_pg_driver(
+    conninfo: str, schema: str, *, pool_size: int = 10, **connect_kwargs: Any
+) -> AsyncIterator[PgDriver]:
+    """Open a pool and yield a PgDriver for `schema` (closing the pool on exit)."""
+    async with open_pool(conninfo, size=pool_size, **connect_kwargs) as pool:
+        yield PgDriver(schema=schema, pool=pool, conninfo=conninfo)

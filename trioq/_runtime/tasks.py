@@ -1,0 +1,50 @@
+"""Registered tasks: what the runtime needs to know to run one kind of job."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from .._core.codec import structure
+from .._core.identifiers import validate_name
+from .._core.retry import RetryPolicy
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+@attrs.frozen
+class TaskSpec:
+    name: str
+    handler: Handler
+    queue: str = "default"
+    max_attempts: int = 5
+    retry: RetryPolicy = RetryPolicy()
+    timeout: float | None = None
+    payload_type: Any = None  # an attrs class (structured by cattrs) or None for plain JSON
+
+    def __attrs_post_init__(self) -> None:
+        validate_name("task", self.name)
+        validate_name("queue", self.queue)
+        if not inspect.iscoroutinefunction(self.handler):
+            raise TypeError(f"task {self.name!r}: the handler must be an async function")
+        if self.max_attempts < 1:
+            raise ValueError(f"task {self.name!r}: max_attempts must be >= 1")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"task {self.name!r}: timeout must be > 0 seconds")
+
+    def load_payload(self, payload: Any) -> Any:
+        return payload if self.payload_type is None else structure(payload, self.payload_type)
+
+
+def payload_type_of(handler: Handler) -> Any:
+    """The attrs class a handler's second parameter is annotated with, else None."""
+    parameters = list(inspect.signature(handler).parameters.values())
+    if len(parameters) < 2:
+        raise TypeError(f"{handler.__qualname__}: a handler takes (ctx, payload)")
+    hints = typing.get_type_hints(handler)
+    annotation = hints.get(parameters[1].name)
+    return annotation if attrs.has(annotation) else None

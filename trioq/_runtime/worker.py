@@ -1,0 +1,273 @@
+"""The worker supervisor: one nursery owning the claim loops, the lease renewer, maintenance
+and the notification listener of one worker process.
+
+Shutdown is a drain: stop claiming, let handlers finish within the grace period, then cancel
+the rest and release them back to ready without consuming an attempt, so another worker starts
+them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import Mapping
+
+import attrs
+import trio
+
+from .._core.channels import control_channel
+from .._core.identifiers import validate_name
+from .._driver import (
+    Driver,
+    Lease,
+    MaintenancePass,
+    RenewedLease,
+    RenewLeases,
+    WorkerRegistration,
+)
+from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
+from .tasks import TaskSpec
+
+log = logging.getLogger("trioq.worker")
+
+
+@attrs.frozen
+class WorkerConfig:
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = 10
+    poll_interval: float = 1.0
+    lease_seconds: float = 30.0
+    grace_seconds: float = 30.0
+    maintenance_interval: float | None = None  # default: lease_seconds / 3
+    retention_seconds: float = 7 * 24 * 3600.0
+    write_timeout: float = 30.0  # bound on the final writes of a drain
+
+    def __attrs_post_init__(self) -> None:
+        if not self.queues:
+            raise ValueError("queues: at least one queue is required")
+        for queue in self.queues:
+            validate_name("queue", queue)
+        if len(set(self.queues)) != len(self.queues):
+            raise ValueError("queues: a queue is listed twice")
+        if not 1 <= self.concurrency <= 10_000:
+            raise ValueError("concurrency: must be between 1 and 10000")
+        for field in ("poll_interval", "lease_seconds"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{field}: must be > 0")
+        if self.grace_seconds < 0:
+            raise ValueError("grace_seconds: must be >= 0")
+
+    @property
+    def renew_interval(self) -> float:
+        return self.lease_seconds / 3
+
+    @property
+    def maintenance_every(self) -> float:
+        return self.maintenance_interval or self.lease_seconds / 3
+
+
+@attrs.frozen
+class WorkerStatistics:
+    worker_id: uuid.UUID
+    draining: bool
+    listener_connected: bool
+    database_healthy: bool
+    seconds_since_lease_renewal: float
+    loops: tuple[ClaimLoopStatistics, ...]
+
+
+@attrs.define(eq=False)
+class Worker:
+    driver: Driver
+    tasks: Mapping[str, TaskSpec]
+    config: WorkerConfig
+    hooks: WorkerHooks = attrs.field(factory=WorkerHooks)
+    worker_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
+    loops: dict[str, ClaimLoop] = attrs.field(init=False)
+    _drain_requested: trio.Event = attrs.field(factory=trio.Event)
+    _ready_channels: dict[str, list[str]] = attrs.field(factory=dict)
+    _listener_connected: bool = False
+    _last_renewal: float = attrs.field(factory=trio.current_time)
+    _renewal_ok: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        self.loops = {
+            queue: ClaimLoop(
+                queue=queue, concurrency=self.config.concurrency, driver=self.driver,
+                tasks=self.tasks, worker_id=self.worker_id,
+                lease_seconds=self.config.lease_seconds,
+                poll_interval=self.config.poll_interval, hooks=self.hooks,
+            )
+            for queue in self.config.queues
+        }
+
+    # --- control -------------------------------------------------------------------------
+
+    def request_drain(self) -> None:
+        """Stop claiming; running handlers get the grace period, then are released."""
+        self._drain_requested.set()
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            worker_id=self.worker_id,
+            draining=self._drain_requested.is_set(),
+            listener_connected=self._listener_connected,
+            database_healthy=self._renewal_ok and all(
+                loop.db_healthy for loop in self.loops.values()),
+            seconds_since_lease_renewal=trio.current_time() - self._last_renewal,
+            loops=tuple(loop.statistics() for loop in self.loops.values()),
+        )
+
+    # --- the supervisor ------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Run until drained (see `request_drain`). Cancelling it is a hard stop: handlers are
+        cancelled and their leases expire, to be recovered by any worker's maintenance."""
+        await self.driver.worker_register(WorkerRegistration(
+            worker_id=self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
+            queues=self.config.queues, concurrency=self.config.concurrency,
+        ))
+        try:
+            async with self.driver.open_listener(self._on_notify, self._on_reconnect) as listener:
+                channels = await self.driver.ready_channels(self.config.queues)
+                for queue, channel in zip(self.config.queues, channels, strict=True):
+                    self._ready_channels.setdefault(channel, []).append(queue)
+                for channel in [*self._ready_channels, control_channel(self.driver.schema)]:
+                    await listener.listen(channel)
+                self._listener_connected = listener.connected
+                loops_scope = trio.CancelScope()
+                async with trio.open_nursery() as services:
+                    services.start_soon(self._renew_leases)
+                    services.start_soon(self._maintain)
+                    services.start_soon(self._drain_when_requested, loops_scope)
+                    with loops_scope:
+                        async with trio.open_nursery() as loops:
+                            for loop in self.loops.values():
+                                loops.start_soon(loop.run, name=f"trioq claim loop {loop.queue}")
+                            task_status.started(self)
+                    services.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await self.driver.worker_unregister(self.worker_id)
+                except Exception as exc:
+                    log.warning("could not unregister worker %s: %s", self.worker_id, exc)
+
+    async def _drain_when_requested(self, loops_scope: trio.CancelScope) -> None:
+        await self._drain_requested.wait()
+        log.info("worker %s draining (grace %.1fs)", self.worker_id, self.config.grace_seconds)
+        for loop in self.loops.values():
+            loop.stop_claiming()
+        with trio.move_on_after(self.config.grace_seconds):
+            for loop in self.loops.values():
+                await loop.wait_no_running()
+        for loop in self.loops.values():
+            for entry in list(loop.running.values()):
+                entry.cancel("drain")
+        # The loops write the releases and exit; if the database is away, give up after a bound
+        # (the leases then expire and maintenance recovers the jobs).
+        await trio.sleep(self.config.write_timeout)
+        log.warning("worker %s: final writes did not finish in %.0fs; stopping anyway",
+                    self.worker_id, self.config.write_timeout)
+        loops_scope.cancel()
+
+    # --- notifications -------------------------------------------------------------------
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        queues = self._ready_channels.get(channel)
+        if queues is not None:
+            loop = self.loops.get(payload)
+            if loop is not None:
+                loop.wake()
+            return
+        if channel == control_channel(self.driver.schema):
+            self._cancel_job(payload)
+
+    def _on_reconnect(self) -> None:
+        self._listener_connected = True
+        for loop in self.loops.values():
+            loop.wake()  # catch up on notifications missed while disconnected
+
+    def _cancel_job(self, payload: str) -> None:
+        try:
+            job_id = int(payload)
+        except ValueError:
+            return
+        for loop in self.loops.values():
+            entry = loop.running.get(job_id)
+            if entry is not None:
+                entry.cancel("cancelled")
+
+    # --- leases --------------------------------------------------------------------------
+
+    async def _renew_leases(self) -> None:
+        """ONE statement per interval renews every lease this worker holds (and heartbeats).
+
+        A lease the database no longer returns is lost: the handler is cancelled at once. When
+        renewals keep failing until the lease would have run out, every handler is cancelled:
+        by then another worker may own the jobs.
+        """
+        while True:
+            await trio.sleep(self.config.renew_interval)
+            leases = [lease for loop in self.loops.values() for lease in loop.owned_leases()]
+            try:
+                renewed = await self.driver.lease_renew_many(RenewLeases(
+                    worker_id=self.worker_id,
+                    worker_state="draining" if self._drain_requested.is_set() else "running",
+                    lease_seconds=self.config.lease_seconds,
+                    leases=tuple(leases),
+                ))
+            except Exception as exc:
+                self._renewal_ok = False
+                silent = trio.current_time() - self._last_renewal
+                log.warning("lease renewal failed (%s); last success %.1fs ago", exc, silent)
+                if silent > self.config.lease_seconds * 0.9:
+                    self._cancel_all_lost()
+                continue
+            self._renewal_ok = True
+            self._last_renewal = trio.current_time()
+            self._apply_renewal({lease.id: lease for lease in leases}, renewed)
+
+    def _apply_renewal(self, requested: Mapping[int, Lease], renewed: list[RenewedLease]
+                       ) -> None:
+        still_owned = {row.id: row for row in renewed}
+        for loop in self.loops.values():
+            for job_id, entry in list(loop.running.items()):
+                if job_id not in requested or requested[job_id] != entry.job.lease:
+                    continue
+                row = still_owned.get(job_id)
+                if row is None:
+                    log.warning("lost ownership of job %d attempt %d (lease %s): cancelling",
+                                job_id, entry.job.attempt, entry.job.lease_token)
+                    entry.cancel("lost")
+                elif row.cancel_requested:
+                    entry.cancel("cancelled")
+
+    def _cancel_all_lost(self) -> None:
+        for loop in self.loops.values():
+            for entry in list(loop.running.values()):
+                log.warning("lease of job %d attempt %d ran out while the database was away",
+                            entry.job.id, entry.job.attempt)
+                entry.cancel("lost")
+
+    # --- maintenance ---------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        params = MaintenancePass(retention_seconds=self.config.retention_seconds)
+        while True:
+            await trio.sleep(self.config.maintenance_every * (0.8 + 0.4 * random.random()))
+            try:
+                while True:
+                    report = await self.driver.maintenance_pass(params)
+                    if report.recovered:
+                        log.warning("recovered %d jobs with expired leases",
+                                    len(report.recovered))
+                    if len(report.recovered) < params.recover_limit and \
+                            report.pruned_jobs < params.prune_limit:
+                        break
+            except Exception as exc:
+                log.warning("maintenance pass failed: %s", exc)

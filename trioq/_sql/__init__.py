@@ -1,0 +1,76 @@
+"""All of trioq's SQL: named statements (`queries.sql`) and numbered migrations.
+
+Statements are loaded once per schema: `{schema}` becomes the quoted, validated schema name
+and `{schema_name}` the bare one (it matches `[a-z_][a-z0-9_]*`, so it is safe in a literal).
+Nothing else is ever substituted into SQL text; values are bound parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+import attrs
+
+from .._core.identifiers import quote_ident, validate_schema
+
+_BLOCK_START = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@attrs.frozen
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def _substitute(text: str, schema: str) -> str:
+    validate_schema(schema)
+    return text.replace("{schema}", quote_ident(schema)).replace("{schema_name}", schema)
+
+
+def parse_blocks(text: str) -> dict[str, str]:
+    """Split a file of `-- name: x` blocks into {name: statement}; names must be unique."""
+    starts = list(_BLOCK_START.finditer(text))
+    blocks: dict[str, str] = {}
+    for index, match in enumerate(starts):
+        end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
+        name = match.group(1)
+        if name in blocks:
+            raise ValueError(f"queries.sql: block {name!r} is defined twice")
+        body = text[match.end() : end]
+        # Whole-line comments are documentation for readers; the driver never sends them (a
+        # placeholder quoted in a comment would otherwise be parsed as a parameter).
+        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+        blocks[name] = "\n".join(lines).strip()
+    return blocks
+
+
+@functools.cache
+def _raw_queries() -> dict[str, str]:
+    return parse_blocks(resources.files(__package__).joinpath("queries.sql").read_text())
+
+
+@functools.cache
+def queries(schema: str) -> dict[str, str]:
+    """The named statements for `schema`."""
+    return {name: _substitute(sql, schema) for name, sql in _raw_queries().items()}
+
+
+def query_names() -> frozenset[str]:
+    return frozenset(_raw_queries())
+
+
+def migrations(schema: str) -> list[Migration]:
+    """The numbered migrations, in order, with the schema substituted."""
+    folder = resources.files(__package__).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_NAME.match(entry.name)
+        if match:
+            sql = _substitute(entry.read_text(), schema)
+            found.append(Migration(int(match.group(1)), match.group(2), sql))
+    found.sort(key=lambda migration: migration.version)
+    return found

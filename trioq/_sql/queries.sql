@@ -1,0 +1,337 @@
+-- Every statement trioq runs, as named blocks. `{schema}` is replaced by the validated, quoted
+-- schema name when the file is loaded; every other value is a bound parameter (%(name)s).
+-- The driver (trioq/_pg/driver.py) has one method per block; the in-memory driver mirrors them.
+
+-- name: migration_lock
+-- Serialises `trioq migrate` runs (transaction-scoped advisory lock, released at COMMIT).
+SELECT pg_advisory_xact_lock(hashtext('trioq-migrate:' || %(schema_name)s));
+
+-- name: migration_prepare
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_applied
+SELECT version FROM {schema}.migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: job_insert_many
+-- One statement for a whole batch (unnest of parallel arrays). Ids are drawn first so each input
+-- row can be matched to its result even when a dedup key returns an existing job instead.
+-- ON CONFLICT DO UPDATE (not DO NOTHING) because it waits for a concurrent inserter of the same
+-- key and then *returns* that row; DO NOTHING would return nothing for a row our snapshot cannot
+-- see, the "ghost duplicate" of Oban #1087. The ready notification (one per queue) is sent by
+-- pg_notify inside the same transaction, so it is delivered only if the enqueue commits.
+WITH input AS MATERIALIZED (
+    SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id, t.*
+    FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
+                %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+                %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[])
+         WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
+                              dedup_key, max_attempts, ord)
+),
+inserted AS (
+    INSERT INTO {schema}.jobs AS j (id, queue, task, payload, priority, run_at, partition_key,
+                                   dedup_key, max_attempts, created_at)
+    SELECT new_id, queue, task, payload::jsonb, priority,
+           coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second'),
+           partition_key, dedup_key, max_attempts, {schema}.db_now()
+    FROM input ORDER BY ord
+    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
+    DO UPDATE SET dedup_key = excluded.dedup_key
+    RETURNING j.id, j.dedup_key, j.queue, j.state, j.run_at, (j.xmax = 0) AS created
+),
+notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(due.queue), due.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM inserted
+          WHERE created AND run_at <= {schema}.db_now()) AS due
+)
+SELECT i.ord, coalesce(fresh.id, existing.id), coalesce(fresh.created, existing.created)
+FROM input i
+LEFT JOIN inserted fresh ON fresh.id = i.new_id
+LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
+CROSS JOIN notified
+ORDER BY i.ord;
+
+-- name: job_complete_and_claim
+-- The claim loop's one round trip: write this queue's finished results AND claim up to
+-- %(limit)s ready jobs, in one statement (the batch is the unit of transfer both ways; with no
+-- results it is a plain claim, with limit 0 a plain completion).
+-- Completion is fenced: a row changes only if this attempt still owns it (id, attempt,
+-- lease_token, running). Result notifications are aggregated to at most one pg_notify per result
+-- channel per batch. Both CTEs see the same snapshot, so a key freed by a completion here is
+-- claimable from the next round, never twice in one.
+-- The candidates CTE is MATERIALIZED as an optimisation fence (Oban's trick): LIMIT and SKIP
+-- LOCKED apply to the scan of jobs_ready_idx and the UPDATE touches only the rows it locked.
+-- SKIP LOCKED: concurrent claimers take disjoint rows and never wait for each other.
+-- Partition keys: a keyed row is a candidate only when no job of its key is running and it is
+-- the key's head (first ready, due row in claim order). Two racing claimers both see the same
+-- head; only one can lock it, and the other does not take the key's second row because that
+-- row is not the head in its snapshot either. Tasks this worker cannot run are never claimed.
+WITH done AS (
+    UPDATE {schema}.jobs j
+    SET state = 'completed', result = d.result::jsonb, finished_at = {schema}.db_now(),
+        lease_token = NULL, lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+                %(results)s::text[]) AS d(id, attempt, lease_token, result)
+    WHERE j.id = d.id AND j.attempt = d.attempt AND j.lease_token = d.lease_token
+      AND j.state = 'running'
+    RETURNING j.id
+),
+notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM done GROUP BY 1) AS per_channel
+),
+completed AS (
+    SELECT coalesce(array_agg(done.id), '{}') AS ids FROM done CROSS JOIN notified
+),
+candidates AS MATERIALIZED (
+    SELECT j.id
+    FROM {schema}.jobs j
+    WHERE j.queue = %(queue)s
+      AND j.state = 'ready'
+      AND j.run_at <= {schema}.db_now()
+      AND j.task = ANY(%(tasks)s::text[])
+      AND (j.partition_key IS NULL OR (
+            NOT EXISTS (SELECT 1 FROM {schema}.jobs r
+                        WHERE r.queue = j.queue AND r.partition_key = j.partition_key
+                          AND r.state = 'running')
+            AND j.id = (SELECT h.id FROM {schema}.jobs h
+                        WHERE h.queue = j.queue AND h.partition_key = j.partition_key
+                          AND h.state = 'ready' AND h.run_at <= {schema}.db_now()
+                        ORDER BY h.priority, h.run_at, h.id
+                        LIMIT 1)))
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
+        worker_id = %(worker_id)s,
+        started_at = {schema}.db_now(),
+        error = NULL
+    FROM candidates c
+    WHERE j.id = c.id
+    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested
+)
+SELECT completed.ids, claimed.*
+FROM completed LEFT JOIN claimed ON true;
+
+-- name: job_fail_many
+-- Fenced like completion. A row either goes back to ready with run_at pushed by the backoff the
+-- runtime computed (retry_delay), or to its final state (failed or cancelled). Each outcome is
+-- appended to attempts, the source of truth for failures.
+WITH input AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+                         %(errors)s::text[], %(retry_delays)s::float8[], %(final_states)s::text[])
+             AS t(id, attempt, lease_token, error, retry_delay, final_state)
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET state = CASE WHEN i.retry_delay IS NULL THEN i.final_state ELSE 'ready' END,
+        run_at = CASE WHEN i.retry_delay IS NULL THEN j.run_at
+                      ELSE {schema}.db_now() + i.retry_delay * interval '1 second' END,
+        finished_at = CASE WHEN i.retry_delay IS NULL THEN {schema}.db_now() END,
+        error = i.error::jsonb, lease_token = NULL, lease_expires_at = NULL
+    FROM input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.attempt, j.state, j.worker_id, j.started_at, j.error
+),
+history AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
+                                   traceback, trace_id, worker_id, started_at, finished_at)
+    SELECT id, attempt,
+           CASE state WHEN 'ready' THEN 'retried' ELSE state END,
+           error ->> 'type', error ->> 'message', error ->> 'traceback', error ->> 'trace_id',
+           worker_id, started_at, {schema}.db_now()
+    FROM updated
+),
+notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM updated WHERE state <> 'ready' GROUP BY 1) AS per_channel
+)
+SELECT updated.id, updated.state FROM updated CROSS JOIN notified;
+
+-- name: job_release_many
+-- Drain: hand running jobs back WITHOUT consuming an attempt or recording an error, due now,
+-- and wake the queue's workers so another one starts them at once (not after lease expiry).
+WITH released AS (
+    UPDATE {schema}.jobs j
+    SET state = 'ready', attempt = j.attempt - 1, run_at = {schema}.db_now(),
+        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, started_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
+         AS r(id, attempt, lease_token)
+    WHERE j.id = r.id AND j.attempt = r.attempt AND j.lease_token = r.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.queue
+),
+notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM released) AS q
+)
+SELECT released.id FROM released CROSS JOIN notified;
+
+-- name: lease_renew_many
+-- ONE statement per worker every lease/3: extend every lease this worker still holds and
+-- heartbeat the worker row. Rows not returned are lost (recovered, cancelled or finished by
+-- someone else): the runtime cancels their handlers. cancel_requested is returned so a missed
+-- cancel notification still reaches the handler within one renewal interval.
+WITH heartbeat AS (
+    UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now(), state = %(worker_state)s
+    WHERE id = %(worker_id)s
+    RETURNING id
+)
+UPDATE {schema}.jobs j
+SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
+     AS o(id, attempt, lease_token)
+WHERE j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
+  AND j.state = 'running'
+  AND (SELECT count(*) FROM heartbeat) >= 0
+RETURNING j.id, j.cancel_requested;
+
+-- name: maintenance_pass
+-- One maintenance pass as ONE statement (idle workers must stay cheap): lease recovery, stale
+-- worker pruning and retention, each bounded by a LIMIT (the runtime loops while a batch comes
+-- back full). Leadership: a transaction-scoped advisory lock taken by the first CTE; every
+-- other CTE is gated on it, so only one process sweeps at a time, no connection is pinned, and
+-- leadership moves as soon as the holder's statement (or process) ends.
+-- Lease recovery re-checks the expiry inside the UPDATE (River #1302): a lease renewed or a job
+-- finished between the scan and the UPDATE is left alone. Jobs with attempts left go back to
+-- ready and wake their queue; the others fail with "worker lost".
+WITH leader AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(hashtext('trioq-maintenance:' || %(schema_name)s)) AS ok
+),
+expired AS (
+    SELECT id FROM {schema}.jobs
+    WHERE (SELECT ok FROM leader)
+      AND state = 'running' AND lease_expires_at < {schema}.db_now()
+    ORDER BY lease_expires_at
+    LIMIT %(recover_limit)s
+    FOR UPDATE SKIP LOCKED
+),
+recovered AS (
+    UPDATE {schema}.jobs j
+    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'ready' END,
+        run_at = {schema}.db_now(),
+        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN {schema}.db_now() END,
+        error = jsonb_build_object('type', 'LeaseExpired',
+                                   'message', 'worker lost: lease expired'),
+        lease_token = NULL, lease_expires_at = NULL
+    FROM expired e
+    WHERE j.id = e.id AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
+    RETURNING j.id, j.attempt, j.state, j.queue, j.worker_id, j.started_at
+),
+history AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
+                                   worker_id, started_at, finished_at)
+    SELECT id, attempt, 'lost', 'LeaseExpired', 'worker lost: lease expired', worker_id,
+           started_at, {schema}.db_now()
+    FROM recovered
+),
+notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM recovered WHERE state = 'ready') AS q
+),
+stale_workers AS (
+    DELETE FROM {schema}.workers
+    WHERE (SELECT ok FROM leader)
+      AND heartbeat_at < {schema}.db_now() - %(worker_stale_seconds)s * interval '1 second'
+    RETURNING id
+),
+old AS (
+    SELECT id FROM {schema}.jobs
+    WHERE (SELECT ok FROM leader)
+      AND state IN ('completed', 'failed', 'cancelled')
+      AND finished_at < {schema}.db_now() - %(retention_seconds)s * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(prune_limit)s
+    FOR UPDATE SKIP LOCKED
+),
+pruned AS (
+    DELETE FROM {schema}.jobs j USING old WHERE j.id = old.id RETURNING j.id
+)
+SELECT (SELECT ok FROM leader),
+       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
+       (SELECT count(*) FROM stale_workers),
+       (SELECT count(*) FROM pruned),
+       (SELECT n FROM notified);
+
+-- name: job_cancel
+-- A ready job is cancelled at once; a running one is flagged and its worker told on the control
+-- channel (its handler is cancelled and the outcome recorded as cancelled by that worker).
+WITH target AS (
+    SELECT id, state FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
+),
+changed AS (
+    UPDATE {schema}.jobs j
+    SET cancel_requested = true,
+        state = CASE WHEN t.state = 'ready' THEN 'cancelled' ELSE j.state END,
+        finished_at = CASE WHEN t.state = 'ready' THEN {schema}.db_now() ELSE j.finished_at END
+    FROM target t
+    WHERE j.id = t.id AND t.state IN ('ready', 'running')
+    RETURNING j.id, j.state
+),
+notified AS (
+    SELECT count(pg_notify(CASE WHEN state = 'running' THEN %(control_channel)s
+                                ELSE {schema}.result_channel(id) END,
+                           id::text)) AS n
+    FROM changed
+)
+SELECT t.state AS previous_state, coalesce(c.state, t.state) AS state
+FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
+
+-- name: job_get
+SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
+       max_attempts, worker_id, result, error, created_at, started_at, finished_at
+FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: job_attempts
+SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at
+FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
+
+-- name: worker_register
+INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,
+        {schema}.db_now(), {schema}.db_now())
+RETURNING id;
+
+-- name: worker_unregister
+DELETE FROM {schema}.workers WHERE id = %(worker_id)s RETURNING id;
+
+-- name: queue_status
+-- One row per queue: backlog, oldest due age, running, expired leases, scheduled.
+SELECT queue,
+       count(*) FILTER (WHERE state = 'ready' AND run_at <= {schema}.db_now()) AS ready,
+       count(*) FILTER (WHERE state = 'ready' AND run_at > {schema}.db_now()) AS scheduled,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'running'
+                          AND lease_expires_at < {schema}.db_now()) AS expired_leases,
+       count(*) FILTER (WHERE state = 'completed') AS completed,
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
+       extract(epoch FROM {schema}.db_now() - min(run_at) FILTER (
+           WHERE state = 'ready' AND run_at <= {schema}.db_now()))::float8 AS oldest_ready_seconds
+FROM {schema}.jobs GROUP BY queue ORDER BY queue;
+
+-- name: worker_list
+SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
+       (SELECT count(*) FROM {schema}.jobs j
+        WHERE j.worker_id = w.id AND j.state = 'running') AS running
+FROM {schema}.workers w ORDER BY w.started_at;
+
+-- name: ready_channels
+SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;

@@ -1,0 +1,117 @@
+"""`trioq.App`: the registry of tasks plus the way in to clients and workers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ._core.errors import TrioqError
+from ._core.identifiers import validate_schema
+from ._core.retry import RetryPolicy
+from ._driver import Driver
+from ._runtime.claim_loop import WorkerHooks
+from ._runtime.tasks import Handler, TaskSpec, payload_type_of
+from ._runtime.worker import Worker, WorkerConfig
+from .client import Client, _Enqueuer, _ResultWatcher
+
+DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
+
+
+class ConfigurationError(TrioqError):
+    """The app is missing something it needs (a database URL, an open client)."""
+
+
+class App:
+    """Tasks are registered with `@app.task(name)`; `app.client()` opens the database pool."""
+
+    def __init__(self, database_url: str | None = None, schema: str = "trioq", *,
+                 pool_size: int = 10) -> None:
+        self.schema = validate_schema(schema)
+        self.database_url = database_url
+        self.pool_size = pool_size
+        self.tasks: dict[str, TaskSpec] = {}
+        self._client: Client | None = None
+
+    def task(self, name: str, *, queue: str = "default", max_attempts: int = 5,
+             retry: RetryPolicy | None = None, timeout: float | None = None
+             ) -> Callable[[Handler], Handler]:
+        """Register an async handler `(ctx, payload)` for jobs of task `name`."""
+
+        def register(handler: Handler) -> Handler:
+            if name in self.tasks:
+                raise ValueError(f"task: {name!r} is already registered")
+            self.tasks[name] = TaskSpec(
+                name=name, handler=handler, queue=queue, max_attempts=max_attempts,
+                retry=retry or RetryPolicy(), timeout=timeout,
+                payload_type=payload_type_of(handler),
+            )
+            return handler
+
+        return register
+
+    def resolve_database_url(self) -> str:
+        url = self.database_url or os.environ.get(DATABASE_URL_ENV)
+        if not url:
+            raise ConfigurationError(
+                f"database_url: not given and {DATABASE_URL_ENV} is not set "
+                f"(`trioq demo` starts an embedded PostgreSQL instead)"
+            )
+        return url
+
+    @asynccontextmanager
+    async def client(self, *, migrate: bool = False, driver: Driver | None = None
+                     ) -> AsyncIterator[Client]:
+        """Open the pool (or use `driver`, e.g. the in-memory one) and yield a Client.
+
+        Nested `client()` blocks share the outer one's pool. With `migrate=True` the schema is
+        created or upgraded first (under an advisory lock; safe from many processes at once).
+        """
+        if self._client is not None:
+            yield self._client
+            return
+        async with self._open_driver(driver) as opened, trio.open_nursery() as nursery:
+            if migrate:
+                await opened.migrate()
+            watcher = _ResultWatcher(opened, nursery)
+            self._client = Client(opened, _Enqueuer(self.tasks), watcher)
+            try:
+                yield self._client
+            finally:
+                self._client = None
+                nursery.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def _open_driver(self, driver: Driver | None) -> AsyncIterator[Driver]:
+        if driver is not None:
+            yield driver
+            return
+        from ._pg.driver import open_pg_driver  # imported here: psycopg stays behind the seam
+
+        async with open_pg_driver(self.resolve_database_url(), self.schema,
+                                  pool_size=self.pool_size) as pg_driver:
+            yield pg_driver
+
+    def worker(self, queues: list[str] | tuple[str, ...] | None = None, concurrency: int = 10,
+               *, hooks: WorkerHooks | None = None, **config: Any) -> Worker:
+        """A Worker on the open client's driver (see `run_worker`)."""
+        if self._client is None:
+            raise ConfigurationError("run_worker: open `app.client()` first")
+        if not self.tasks:
+            raise ConfigurationError("run_worker: the app has no registered tasks")
+        worker_config = WorkerConfig(queues=tuple(queues or ("default",)),
+                                     concurrency=concurrency, **config)
+        return Worker(driver=self._client.driver, tasks=dict(self.tasks), config=worker_config,
+                      hooks=hooks or WorkerHooks())
+
+    async def run_worker(self, queues: list[str] | tuple[str, ...] | None = None,
+                         concurrency: int = 10, *, hooks: WorkerHooks | None = None,
+                         task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
+                         **config: Any) -> None:
+        """Run a worker inside this program until it is drained (`worker.request_drain()`)
+        or cancelled. Use `await nursery.start(app.run_worker, ...)` to get the Worker."""
+        worker = self.worker(queues, concurrency, hooks=hooks, **config)
+        await worker.run(task_status=task_status)

@@ -1,0 +1,278 @@
+"""The producer side: enqueue jobs (alone, in bulk, inside your transaction), wait for results,
+cancel, and read status. Everything is validated before any SQL runs."""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from ._core import codec
+from ._core.channels import result_channel
+from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
+from ._core.identifiers import validate_key, validate_name
+from ._core.states import TERMINAL_STATES, JobState
+from ._driver import (
+    AttemptRecord,
+    Driver,
+    InsertedJob,
+    JobRecord,
+    Listener,
+    NewJob,
+    QueueStatus,
+    Transaction,
+    WorkerInfo,
+)
+from ._runtime.tasks import TaskSpec
+
+RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
+
+
+@attrs.frozen
+class Job:
+    """An enqueued job. `created` is False when a dedup key returned an existing job."""
+
+    id: int
+    task: str
+    queue: str
+    created: bool = True
+
+
+@attrs.frozen
+class EnqueueOptions:
+    queue: str | None = None
+    run_at: datetime.datetime | None = None
+    delay: datetime.timedelta | float | None = None
+    priority: int = 0
+    partition_key: str | None = None
+    dedup_key: str | None = None
+    max_attempts: int | None = None
+
+
+def build_jobs(spec: TaskSpec, payloads: Iterable[Any], options: EnqueueOptions
+               ) -> list[NewJob]:
+    """Validate options and encode payloads; raises before anything is written."""
+    queue = validate_name("queue", options.queue or spec.queue)
+    if not isinstance(options.priority, int) or not -32768 <= options.priority <= 32767:
+        raise ValueError(f"priority: {options.priority!r} must be an integer in [-32768, 32767]")
+    max_attempts = spec.max_attempts if options.max_attempts is None else options.max_attempts
+    if not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+        raise ValueError(f"max_attempts: {max_attempts!r} must be an integer in [1, 1000]")
+    if options.run_at is not None and options.delay is not None:
+        raise ValueError("run_at, delay: give one or the other, not both")
+    if options.run_at is not None and options.run_at.tzinfo is None:
+        raise ValueError("run_at: must be timezone-aware (database time is UTC)")
+    delay = options.delay
+    if isinstance(delay, datetime.timedelta):
+        delay = delay.total_seconds()
+    if delay is not None and (not math.isfinite(delay) or delay < 0):
+        raise ValueError(f"delay: {options.delay!r} must be a finite, non-negative duration")
+    partition_key = validate_key("partition_key", options.partition_key)
+    dedup_key = validate_key("dedup_key", options.dedup_key)
+    jobs = [
+        NewJob(
+            queue=queue, task=spec.name,
+            payload_json=codec.encode(payload, root="$" if index is None else f"[{index}]"),
+            priority=options.priority, run_at=options.run_at, delay_seconds=delay,
+            partition_key=partition_key, dedup_key=dedup_key, max_attempts=max_attempts,
+        )
+        for index, payload in payloads_indexed(payloads)
+    ]
+    if dedup_key is not None and len(jobs) > 1:
+        raise ValueError("dedup_key: one key cannot be shared by a batch of several jobs")
+    return jobs
+
+
+def payloads_indexed(payloads: Iterable[Any]) -> Iterable[tuple[int | None, Any]]:
+    if isinstance(payloads, _Single):
+        return [(None, payloads.value)]
+    return enumerate(payloads)
+
+
+@attrs.frozen
+class _Single:
+    value: Any
+
+
+def _to_jobs(jobs: Sequence[NewJob], inserted: Sequence[InsertedJob]) -> list[Job]:
+    return [Job(id=row.id, task=job.task, queue=job.queue, created=row.created)
+            for job, row in zip(jobs, inserted, strict=True)]
+
+
+@attrs.define(eq=False)
+class _Enqueuer:
+    tasks: Mapping[str, TaskSpec]
+
+    def spec(self, task: str) -> TaskSpec:
+        spec = self.tasks.get(task)
+        if spec is None:
+            raise UnknownTask(f"task: {task!r} is not registered with this app")
+        return spec
+
+
+@attrs.define(eq=False)
+class ClientTransaction:
+    """Your SQL and trioq's enqueues in one transaction: they commit or roll back together."""
+
+    _tx: Transaction
+    _enqueuer: _Enqueuer
+
+    async def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+                      ) -> None:
+        await self._tx.execute(sql, params)
+
+    async def fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+                    ) -> list[tuple[Any, ...]]:
+        return await self._tx.fetch(sql, params)
+
+    async def enqueue(self, task: str, payload: Any = None, **options: Any) -> Job:
+        jobs = build_jobs(self._enqueuer.spec(task), _Single(payload), EnqueueOptions(**options))
+        return _to_jobs(jobs, await self._tx.job_insert_many(jobs))[0]
+
+    async def enqueue_many(self, task: str, payloads: Iterable[Any], **options: Any
+                           ) -> list[Job]:
+        jobs = build_jobs(self._enqueuer.spec(task), list(payloads), EnqueueOptions(**options))
+        return _to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
+
+
+@attrs.define(eq=False)
+class _ResultWatcher:
+    """One listener per client, opened on the first wait_result; wakes waiters by job id."""
+
+    driver: Driver
+    nursery: trio.Nursery
+    listener: Listener | None = None
+    waiters: dict[int, list[trio.Event]] = attrs.field(factory=dict)
+    _opening: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def watch(self, job_id: int) -> trio.Event:
+        async with self._opening:
+            if self.listener is None:
+                self.listener = await self.nursery.start(self._run)
+        event = trio.Event()
+        self.waiters.setdefault(job_id, []).append(event)
+        await self.listener.listen(result_channel(self.driver.schema, job_id))
+        return event
+
+    def forget(self, job_id: int, event: trio.Event) -> None:
+        events = self.waiters.get(job_id, [])
+        if event in events:
+            events.remove(event)
+        if not events:
+            self.waiters.pop(job_id, None)
+
+    async def _run(self, *, task_status: trio.TaskStatus[Listener] = trio.TASK_STATUS_IGNORED
+                   ) -> None:
+        async with self.driver.open_listener(self._on_notify, self._wake_all) as listener:
+            task_status.started(listener)
+            await trio.sleep_forever()
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        for part in payload.split(","):
+            if part.isdigit():
+                for event in self.waiters.get(int(part), []):
+                    event.set()
+
+    def _wake_all(self) -> None:
+        for events in self.waiters.values():
+            for event in events:
+                event.set()
+
+
+@attrs.define(eq=False)
+class Client:
+    """Opened by `app.client()`; safe to share between tasks."""
+
+    driver: Driver
+    _enqueuer: _Enqueuer
+    _watcher: _ResultWatcher
+
+    async def enqueue(self, task: str, payload: Any = None, *, queue: str | None = None,
+                      run_at: datetime.datetime | None = None,
+                      delay: datetime.timedelta | float | None = None, priority: int = 0,
+                      partition_key: str | None = None, dedup_key: str | None = None,
+                      max_attempts: int | None = None) -> Job:
+        """Insert one job (one statement) and wake the queue's workers on commit."""
+        options = EnqueueOptions(queue, run_at, delay, priority, partition_key, dedup_key,
+                                 max_attempts)
+        jobs = build_jobs(self._enqueuer.spec(task), _Single(payload), options)
+        return _to_jobs(jobs, await self.driver.job_insert_many(jobs))[0]
+
+    async def enqueue_many(self, task: str, payloads: Iterable[Any], *,
+                           queue: str | None = None, run_at: datetime.datetime | None = None,
+                           delay: datetime.timedelta | float | None = None, priority: int = 0,
+                           partition_key: str | None = None, max_attempts: int | None = None
+                           ) -> list[Job]:
+        """Insert a whole batch in ONE statement; results are in the order of `payloads`."""
+        options = EnqueueOptions(queue, run_at, delay, priority, partition_key, None,
+                                 max_attempts)
+        jobs = build_jobs(self._enqueuer.spec(task), list(payloads), options)
+        return _to_jobs(jobs, await self.driver.job_insert_many(jobs)) if jobs else []
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[ClientTransaction]:
+        """BEGIN ... COMMIT on one connection: enqueue inside your own transaction.
+
+        An exception rolls back everything, the enqueues included (no job, no notification).
+        Cancellation rolls back too; a cancel during COMMIT is shielded, so the outcome is known.
+        """
+        async with self.driver.transaction() as tx:
+            yield ClientTransaction(tx, self._enqueuer)
+
+    async def get_job(self, job_id: int) -> JobRecord:
+        record = await self.driver.job_get(job_id)
+        if record is None:
+            raise JobNotFound(f"job_id: no job {job_id}")
+        return record
+
+    async def attempts(self, job_id: int) -> list[AttemptRecord]:
+        return await self.driver.job_attempts(job_id)
+
+    async def wait_result(self, job_id: int, timeout: float | None = 30.0) -> Any:
+        """Wait until the job is final; return its result, or raise JobFailed.
+
+        Woken by the job's result notification; a slow poll covers lost notifications.
+        Raises ResultTimeout after `timeout` seconds (the job itself is not affected).
+        """
+        record = await self.wait_final(job_id, timeout)
+        if record.state != JobState.COMPLETED:
+            raise JobFailed(f"job {job_id} ended {record.state}: {record.error}", record)
+        return record.result
+
+    async def wait_final(self, job_id: int, timeout: float | None = 30.0) -> JobRecord:
+        """Wait until the job reaches a final state and return its record."""
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        event = await self._watcher.watch(job_id)
+        try:
+            while True:
+                record = await self.get_job(job_id)
+                if record.state in TERMINAL_STATES:
+                    return record
+                if trio.current_time() >= deadline:
+                    raise ResultTimeout(f"job {job_id} is still {record.state} after {timeout}s")
+                with trio.move_on_at(min(deadline, trio.current_time() + RESULT_POLL_SECONDS)):
+                    await event.wait()
+                if event.is_set():
+                    self._watcher.forget(job_id, event)
+                    event = await self._watcher.watch(job_id)
+        finally:
+            self._watcher.forget(job_id, event)
+
+    async def cancel(self, job_id: int) -> str:
+        """Cancel a job: a ready job at once; a running one through its handler's cancel scope
+        (its worker records `cancelled`). Returns the state after the request."""
+        outcome = await self.driver.job_cancel(job_id)
+        if outcome is None:
+            raise JobNotFound(f"job_id: no job {job_id}")
+        return outcome.state
+
+    async def queue_status(self) -> list[QueueStatus]:
+        return await self.driver.queue_status()
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self.driver.worker_list()
