@@ -288,11 +288,14 @@ class ClaimLoop:
             f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc),
             "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
         )
-        log.warning("job %d (%s) attempt %d failed: %r", job.id, job.task, job.attempt, exc)
         if should_retry(job.attempt, job.max_attempts):
             delay = spec.retry.delay(job.attempt)
+            log.info("job %d (%s) attempt %d failed, retry in %.2fs: %r",
+                     job.id, job.task, job.attempt, delay, exc)
             self._failures.append(Failure(job.lease, error_json, delay))
             return "retried"
+        log.warning("job %d (%s) failed for good after attempt %d: %r",
+                    job.id, job.task, job.attempt, exc)
         self._failures.append(Failure(job.lease, error_json, None, "failed"))
         return "failed"
 

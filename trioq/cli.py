@@ -1,0 +1,243 @@
+"""`trioq` command line: migrate, worker, enqueue, status, demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from ._core.errors import TrioqError
+from ._core.identifiers import validate_schema
+from ._runtime.health import serve_health
+from ._runtime.worker import Worker
+from .app import DATABASE_URL_ENV, App
+
+log = logging.getLogger("trioq.cli")
+
+
+def load_app(path: str) -> App:
+    """Import `module:attribute` (the current directory is importable) and return the App."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise SystemExit(f"APP_PATH: {path!r} must look like module:attribute")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise SystemExit(f"APP_PATH: cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise SystemExit(f"APP_PATH: {path!r} is not a trioq.App")
+    return app
+
+
+def _with_url(app: App, args: argparse.Namespace) -> App:
+    if args.database_url:
+        app.database_url = args.database_url
+    return app
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    app = _with_url(App(schema=validate_schema(args.schema)), args)
+    from ._pg.driver import open_pg_driver
+
+    async with open_pg_driver(app.resolve_database_url(), app.schema, pool_size=1) as driver:
+        applied = await driver.migrate()
+    print(f"schema {app.schema}: applied {applied or 'nothing (up to date)'}")
+    return 0
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    app = _with_url(load_app(args.app), args)
+    async with app.client(migrate=args.migrate) as _client, trio.open_nursery() as nursery:
+        worker: Worker = await nursery.start(_run_worker, app, args, nursery.cancel_scope)
+        if args.health_port is not None:
+            port = await nursery.start(serve_health, worker, args.health_port, args.health_host)
+            log.info("health on %s:%d", args.health_host, port)
+        nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope)
+        print(f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
+              f"concurrency={worker.config.concurrency}", flush=True)
+    return 0
+
+
+async def _run_worker(app: App, args: argparse.Namespace, done: trio.CancelScope, *,
+                      task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the worker; once it has drained, stop the signal handler and health server too."""
+    await app.run_worker(
+        queues=args.queue or ["default"], concurrency=args.concurrency,
+        poll_interval=args.poll_interval, lease_seconds=args.lease,
+        grace_seconds=args.grace, maintenance_interval=args.maintenance_interval,
+        task_status=task_status,
+    )
+    done.cancel()
+
+
+async def _drain_on_signal(worker: Worker, scope: trio.CancelScope) -> None:
+    """First SIGINT/SIGTERM drains; a second one stops at once (leases then expire)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if worker.statistics().draining:
+                print("second signal: stopping now", file=sys.stderr, flush=True)
+                scope.cancel()
+                return
+            print(f"{signal.Signals(signum).name}: draining (stop claiming, grace "
+                  f"{worker.config.grace_seconds}s)", file=sys.stderr, flush=True)
+            worker.request_drain()
+
+
+async def cmd_enqueue(args: argparse.Namespace) -> int:
+    app = _with_url(load_app(args.app), args)
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"JSON: not valid JSON: {exc}") from None
+    async with app.client() as client:
+        job = await client.enqueue(args.task, payload, queue=args.queue, delay=args.delay,
+                                   partition_key=args.partition_key, priority=args.priority,
+                                   dedup_key=args.dedup_key)
+    print(json.dumps({"id": job.id, "task": job.task, "queue": job.queue,
+                      "created": job.created}))
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    app = _with_url(App(schema=validate_schema(args.schema)), args)
+    async with app.client() as client:
+        queues = await client.queue_status()
+        workers = await client.workers()
+    if args.json:
+        print(json.dumps({
+            "queues": [_plain(q) for q in queues],
+            "workers": [_plain(w) for w in workers],
+        }, default=str, indent=2))
+        return 0
+    print(f"{'queue':<20}{'ready':>8}{'sched':>8}{'running':>9}{'expired':>9}"
+          f"{'done':>9}{'failed':>8}{'oldest':>10}")
+    for q in queues:
+        oldest = "-" if q.oldest_ready_seconds is None else f"{q.oldest_ready_seconds:.1f}s"
+        print(f"{q.queue:<20}{q.ready:>8}{q.scheduled:>8}{q.running:>9}{q.expired_leases:>9}"
+              f"{q.completed:>9}{q.failed:>8}{oldest:>10}")
+    print(f"\n{len(workers)} worker(s)")
+    for w in workers:
+        print(f"  {w.id} {w.hostname}:{w.pid} {w.state} queues={','.join(w.queues)} "
+              f"running={w.running}/{w.concurrency} heartbeat={w.heartbeat_at:%H:%M:%S}")
+    return 0
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(record)
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return await run_demo(database_url=args.database_url, app_path=args.app,
+                          scale=args.scale, concurrency=args.concurrency)
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trioq", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.add_argument("--database-url", default=None,
+                         help=f"libpq URL or conninfo (default: ${DATABASE_URL_ENV})")
+        return cmd
+
+    migrate = command("migrate", "create or upgrade the schema (safe to run concurrently)")
+    migrate.add_argument("--schema", default="trioq")
+
+    worker = command("worker", "run a worker: claim and run jobs until SIGINT/SIGTERM")
+    worker.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
+    worker.add_argument("--queue", action="append", help="queue to serve (repeatable)")
+    worker.add_argument("--concurrency", type=int, default=10, help="slots per queue")
+    worker.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
+    worker.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
+    worker.add_argument("--grace", type=float, default=30.0, metavar="SECONDS")
+    worker.add_argument("--maintenance-interval", type=float, default=None, metavar="SECONDS")
+    worker.add_argument("--health-port", type=int, default=None)
+    worker.add_argument("--health-host", default="127.0.0.1")
+    worker.add_argument("--migrate", action="store_true", help="migrate before starting")
+
+    enqueue = command("enqueue", "enqueue one job")
+    enqueue.add_argument("app", metavar="APP_PATH")
+    enqueue.add_argument("task", metavar="TASK")
+    enqueue.add_argument("payload", metavar="JSON")
+    enqueue.add_argument("--queue", default=None)
+    enqueue.add_argument("--delay", type=float, default=None, metavar="SECONDS")
+    enqueue.add_argument("--partition-key", default=None)
+    enqueue.add_argument("--priority", type=int, default=0)
+    enqueue.add_argument("--dedup-key", default=None)
+
+    status = command("status", "queues, backlog, running, expired leases, workers")
+    status.add_argument("--schema", default="trioq")
+    status.add_argument("--json", action="store_true")
+
+    demo = command("demo", "run the reference workflows (embedded PostgreSQL when no URL)")
+    demo.add_argument("--app", default="workflows.demo:app", metavar="APP_PATH")
+    demo.add_argument("--scale", type=int, default=1, help="multiply the demo workload")
+    demo.add_argument("--concurrency", type=int, default=25)
+    return parser
+
+
+COMMANDS = {
+    "migrate": cmd_migrate,
+    "worker": cmd_worker,
+    "enqueue": cmd_enqueue,
+    "status": cmd_status,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return trio.run(COMMANDS[args.command], args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, LookupError, TrioqError) as exc:
+        print(f"trioq: {exc}", file=sys.stderr)
+        return 2
+    except BaseExceptionGroup as group:
+        user_errors, rest = group.split((ValueError, LookupError, TrioqError, KeyboardInterrupt))
+        if rest is not None or user_errors is None:
+            raise
+        leaves = _leaves(user_errors)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return 130
+        for leaf in leaves:
+            print(f"trioq: {leaf}", file=sys.stderr)
+        return 2
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
