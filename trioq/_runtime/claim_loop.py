@@ -144,6 +144,7 @@ class ClaimLoop:
         and are recovered (a hard stop; the graceful path is `stop_claiming`).
         """
         backoff = 0.1
+        self._wake.set()  # the first round runs at once: work may be waiting already
         async with trio.open_nursery() as handlers:
             while not (self._stopping and self.owned() == 0):
                 with trio.move_on_after(self.poll_interval):

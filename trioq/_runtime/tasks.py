@@ -45,6 +45,12 @@ def payload_type_of(handler: Handler) -> Any:
     parameters = list(inspect.signature(handler).parameters.values())
     if len(parameters) < 2:
         raise TypeError(f"{handler.__qualname__}: a handler takes (ctx, payload)")
-    hints = typing.get_type_hints(handler)
+    try:
+        hints = typing.get_type_hints(handler)
+    except NameError as exc:
+        raise TypeError(
+            f"{handler.__qualname__}: cannot resolve the payload annotation ({exc}); define "
+            f"the payload class at module level"
+        ) from None
     annotation = hints.get(parameters[1].name)
     return annotation if attrs.has(annotation) else None

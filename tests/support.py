@@ -1,0 +1,62 @@
+"""Helpers shared by the integration tests (not fixtures: plain functions and context managers)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import trio
+
+import trioq
+
+
+def make_app(pg_url: str, pg_schema: str, **kwargs: Any) -> trioq.App:
+    return trioq.App(pg_url, schema=pg_schema, **kwargs)
+
+
+@asynccontextmanager
+async def running_worker(app: trioq.App, queues: list[str] | None = None, concurrency: int = 5,
+                         **config: Any) -> AsyncIterator[trioq.Worker]:
+    """Start a worker in a nursery; drain it (grace 0 unless given) when the block ends."""
+    config.setdefault("grace_seconds", 0)
+    config.setdefault("write_timeout", 10)
+    async with trio.open_nursery() as nursery:
+        worker: trioq.Worker = await nursery.start(
+            functools.partial(app.run_worker, queues or ["default"], concurrency, **config)
+        )
+        try:
+            yield worker
+        finally:
+            worker.request_drain()
+
+
+def sql_scalar(pg_url: str, query: str, params: Any = None) -> Any:
+    """A blocking one-off read from a separate session (for assertions from the outside)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(query, params).fetchone()
+        return None if row is None else row[0]
+
+
+async def scalar(pg_url: str, query: str, params: Any = None) -> Any:
+    return await trio.to_thread.run_sync(sql_scalar, pg_url, query, params)
+
+
+class Gate:
+    """Handlers wait on `release`; the test waits until `n` handlers have `entered`."""
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+        self.entered = 0
+        self._changed = trio.Event()
+
+    def enter(self) -> None:
+        self.entered += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_entered(self, n: int) -> None:
+        while self.entered < n:
+            await self._changed.wait()

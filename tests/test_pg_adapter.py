@@ -1,0 +1,522 @@
+"""The Postgres driver against a real server: connection options, the cancellation matrix from
+research/driver.md, the randomised cancellation stress test, and pool recovery."""
+
+from __future__ import annotations
+
+import collections
+import random
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import psycopg
+import psycopg.errors
+import pytest
+import trio
+
+from trioq._pg import Connection, connect, is_connection_lost, open_pool
+
+# A cancelled pg_sleep(5) must come back well before the sleep would have ended.
+PROMPT = 1.5
+
+
+@pytest.fixture
+def app_name() -> str:
+    """An application_name no other test uses, to find this test's backends."""
+    return f"trioq-test-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+async def observer(pg_url: str) -> AsyncIterator[Connection]:
+    """A second session that inspects the server while the code under test runs."""
+    conn = await connect(pg_url, application_name="trioq-test-observer")
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def counters(pg_schema: str, observer: Connection) -> str:
+    """A table of ten counter rows (id 0..9, n = 0), dropped with the test's schema."""
+    table = f"{pg_schema}.counters"
+    await observer.execute(
+        f"CREATE SCHEMA {pg_schema};"
+        f"CREATE TABLE {table} (id int PRIMARY KEY, n int NOT NULL);"
+        f"INSERT INTO {table} SELECT g, 0 FROM generate_series(0, 9) g"
+    )
+    return table
+
+
+async def wait_until_sleeping(observer: Connection, pid: int) -> None:
+    """Poll pg_stat_activity until backend `pid` is inside pg_sleep."""
+    with trio.fail_after(5):
+        while True:
+            wait_event = await observer.fetchval(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [pid]
+            )
+            if wait_event == "PgSleep":
+                return
+            await trio.sleep(0.005)
+
+
+async def cancel_once_sleeping(
+    observer: Connection, pid: int, work: Callable[[], Awaitable[None]]
+) -> float:
+    """Run `work` and cancel it once backend `pid` sleeps; return seconds from cancel to return."""
+    scope = trio.CancelScope()
+    finished = trio.Event()
+
+    async def run() -> None:
+        with scope:
+            await work()
+        finished.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await wait_until_sleeping(observer, pid)
+        cancelled_at = trio.current_time()
+        scope.cancel()
+        with trio.fail_after(10):
+            await finished.wait()
+    assert scope.cancelled_caught
+    return trio.current_time() - cancelled_at
+
+
+async def assert_row_lock_free_and_value(observer: Connection, table: str, expected: int) -> None:
+    """A second session can update row 1 at once (no lock left behind); its value was `expected`."""
+    await observer.execute("SET lock_timeout = '300ms'")
+    try:
+        value = await observer.fetchval(
+            f"UPDATE {table} SET n = n + 100 WHERE id = 1 RETURNING n - 100"
+        )
+    finally:
+        await observer.execute("RESET lock_timeout")
+    assert value == expected
+
+
+# --- connections -------------------------------------------------------------------------------
+
+
+async def test_connect_applies_trioq_session_settings(pg_url: str) -> None:
+    conn = await connect(pg_url)
+    try:
+        assert await conn.fetchval("SHOW application_name") == "trioq"
+        assert await conn.fetchval("SHOW statement_timeout") == "30s"
+        assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "1min"
+        assert await conn.fetchval("SHOW client_connection_check_interval") == "1s"
+        assert await conn.fetchrow("SELECT 1, 'a'") == (1, "a")
+        assert await conn.fetch("SELECT g FROM generate_series(1, 3) g") == [(1,), (2,), (3,)]
+        assert await conn.fetchrow("SELECT 1 WHERE false") is None
+        assert await conn.fetchval("SELECT %(x)s::int + %(y)s::int", {"x": 1, "y": 2}) == 3
+        assert not conn.in_transaction
+        assert conn.statistics().statements_executed == 8
+    finally:
+        await conn.close()
+    assert conn.closed
+
+
+async def test_connect_options_can_be_overridden_or_disabled(pg_url: str) -> None:
+    conn = await connect(
+        pg_url,
+        application_name="trioq-custom",
+        statement_timeout=None,
+        idle_in_transaction_session_timeout=2.5,
+        prepare_threshold=None,
+    )
+    try:
+        assert await conn.fetchval("SHOW application_name") == "trioq-custom"
+        assert await conn.fetchval("SHOW statement_timeout") == "0"
+        assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "2500ms"
+    finally:
+        await conn.close()
+
+
+async def test_close_is_idempotent_and_the_closed_connection_raises_connection_lost(
+    pg_url: str,
+) -> None:
+    conn = await connect(pg_url)
+    await conn.close()
+    await conn.close()
+    with pytest.raises(psycopg.OperationalError) as info:
+        await conn.fetchval("SELECT 1")
+    assert is_connection_lost(info.value)
+
+
+async def test_transaction_commits_and_rolls_back_on_error(
+    pg_url: str, counters: str, observer: Connection
+) -> None:
+    conn = await connect(pg_url)
+    try:
+        async with conn.transaction():
+            assert conn.in_transaction
+            await conn.execute(f"UPDATE {counters} SET n = 5 WHERE id = 1")
+        assert not conn.in_transaction
+        with pytest.raises(ValueError, match="undo"):
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {counters} SET n = 7 WHERE id = 1")
+                raise ValueError("undo")
+        assert not conn.in_transaction
+        assert await observer.fetchval(f"SELECT n FROM {counters} WHERE id = 1") == 5
+    finally:
+        await conn.close()
+
+
+async def test_transaction_whose_error_was_swallowed_is_rolled_back_not_reported_committed(
+    pg_url: str, counters: str, observer: Connection
+) -> None:
+    conn = await connect(pg_url)
+    try:
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {counters} SET n = 9 WHERE id = 1")
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    await conn.execute("SELECT 1 / 0")
+        assert not conn.in_transaction
+        assert await observer.fetchval(f"SELECT n FROM {counters} WHERE id = 1") == 0
+    finally:
+        await conn.close()
+
+
+async def test_nested_transaction_raises_and_keeps_the_outer_one(pg_url: str) -> None:
+    conn = await connect(pg_url)
+    try:
+        async with conn.transaction():
+            with pytest.raises(RuntimeError, match="nested"):
+                async with conn.transaction():
+                    pass
+            assert conn.in_transaction
+        assert not conn.in_transaction
+    finally:
+        await conn.close()
+
+
+async def test_two_tasks_using_one_connection_get_busy_resource_error(pg_url: str) -> None:
+    conn = await connect(pg_url)
+    started = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def sleeper() -> None:
+                started.set()
+                await conn.execute("SELECT pg_sleep(0.2)")
+
+            nursery.start_soon(sleeper)
+            await started.wait()
+            with pytest.raises(trio.BusyResourceError):
+                await conn.fetchval("SELECT 1")
+        assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await conn.close()
+
+
+async def test_cancelled_connect_returns_promptly_while_the_server_does_not_answer() -> None:
+    # A TCP server that accepts and never speaks: libpq waits for it until connect_timeout.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, hold_forever, listeners)
+        with trio.move_on_after(0.2) as scope:
+            await connect(f"host=127.0.0.1 port={port} user=x dbname=x connect_timeout=2")
+        assert scope.cancelled_caught
+        nursery.cancel_scope.cancel()
+
+
+async def hold_forever(stream: trio.SocketStream) -> None:
+    await trio.sleep_forever()
+
+
+def test_is_connection_lost_separates_lost_sessions_from_statement_errors() -> None:
+    assert is_connection_lost(psycopg.OperationalError("server closed the connection"))
+    assert is_connection_lost(psycopg.errors.AdminShutdown("terminating connection"))
+    assert is_connection_lost(psycopg.errors.CannotConnectNow("starting up"))
+    assert is_connection_lost(psycopg.errors.ConnectionFailure("08006"))
+    assert not is_connection_lost(psycopg.errors.QueryCanceled("canceling statement"))
+    assert not is_connection_lost(psycopg.errors.LockNotAvailable("lock timeout"))
+    assert not is_connection_lost(psycopg.errors.UniqueViolation("duplicate"))
+    assert not is_connection_lost(ValueError("not a database error"))
+
+
+# --- the cancellation matrix (research/driver.md) ------------------------------------------------
+
+
+async def test_cancelled_query_returns_promptly_is_cancelled_on_the_server_and_conn_is_reusable(
+    pg_url: str, observer: Connection
+) -> None:
+    conn = await connect(pg_url)
+    try:
+
+        async def work() -> None:
+            await conn.execute("SELECT pg_sleep(5)")
+
+        assert await cancel_once_sleeping(observer, conn.backend_pid, work) < PROMPT
+        state = await observer.fetchval(
+            "SELECT state FROM pg_stat_activity WHERE pid = %s", [conn.backend_pid]
+        )
+        assert state == "idle"
+        assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await conn.close()
+
+
+async def test_cancelled_transaction_rolls_back_and_releases_its_row_lock(
+    pg_url: str, counters: str, observer: Connection
+) -> None:
+    conn = await connect(pg_url)
+    try:
+
+        async def work() -> None:
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {counters} SET n = n + 1 WHERE id = 1")
+                await conn.execute("SELECT pg_sleep(5)")
+
+        assert await cancel_once_sleeping(observer, conn.backend_pid, work) < PROMPT
+        assert not conn.in_transaction
+        await assert_row_lock_free_and_value(observer, counters, expected=0)
+        assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await conn.close()
+
+
+async def test_pooled_connection_cancelled_mid_transaction_comes_back_clean(
+    pg_url: str, counters: str, observer: Connection
+) -> None:
+    async with open_pool(pg_url, size=1) as pool:
+        async with pool.connection() as conn:
+            pid = conn.backend_pid
+
+        async def work() -> None:
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(f"UPDATE {counters} SET n = n + 1 WHERE id = 1")
+                await conn.execute("SELECT pg_sleep(5)")
+
+        assert await cancel_once_sleeping(observer, pid, work) < PROMPT
+        await assert_row_lock_free_and_value(observer, counters, expected=0)
+        async with pool.connection() as conn:
+            assert conn.backend_pid == pid
+            assert not conn.in_transaction
+            assert await conn.fetchval("SELECT 1") == 1
+        assert pool.statistics().replaced_total == 0
+
+
+async def test_pool_release_rolls_back_a_transaction_left_open(
+    pg_url: str, counters: str, observer: Connection
+) -> None:
+    async with open_pool(pg_url, size=1) as pool:
+        async with pool.connection() as conn:
+            await conn.execute("BEGIN")
+            await conn.execute(f"UPDATE {counters} SET n = n + 1 WHERE id = 1")
+        await assert_row_lock_free_and_value(observer, counters, expected=0)
+        async with pool.connection() as conn:
+            assert not conn.in_transaction
+
+
+async def test_sibling_failure_cancels_the_database_task_and_its_transaction_rolls_back(
+    pg_url: str, counters: str, observer: Connection
+) -> None:
+    conn = await connect(pg_url)
+    try:
+
+        async def database_task() -> None:
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {counters} SET n = n + 1 WHERE id = 1")
+                await conn.execute("SELECT pg_sleep(5)")
+
+        async def failing_sibling() -> None:
+            await wait_until_sleeping(observer, conn.backend_pid)
+            raise ValueError("sibling failed")
+
+        started = trio.current_time()
+        with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match="sibling failed")):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(database_task)
+                nursery.start_soon(failing_sibling)
+        assert trio.current_time() - started < 5
+        assert not conn.in_transaction
+        await assert_row_lock_free_and_value(observer, counters, expected=0)
+    finally:
+        await conn.close()
+
+
+# --- randomised cancellation stress (research/driver/stress_cancel.py) ---------------------------
+
+STRESS_OPS = 600
+STRESS_TASKS = 25
+
+
+async def run_stress(
+    borrow: Callable[[int], AbstractAsyncContextManager[Connection]], table: str
+) -> collections.Counter[str]:
+    """25 tasks run 600 operations: borrow a connection, BEGIN, UPDATE a counter, pg_sleep(0-8 ms),
+    COMMIT, all under a random 0-60 ms deadline so cancellations land everywhere. Returns the
+    tally (committed, cancelled, and any unexpected error messages)."""
+    rng = random.Random(42)
+    tally: collections.Counter[str] = collections.Counter()
+
+    async def worker(index: int) -> None:
+        while tally["started"] < STRESS_OPS:
+            tally["started"] += 1
+            key = rng.randrange(10)
+            sleep_seconds = rng.uniform(0, 0.008)
+            with trio.move_on_after(rng.uniform(0, 0.060)) as scope:
+                try:
+                    async with borrow(index) as conn, conn.transaction():
+                        await conn.execute(f"UPDATE {table} SET n = n + 1 WHERE id = %s", [key])
+                        await conn.execute("SELECT pg_sleep(%s)", [sleep_seconds])
+                    tally["committed"] += 1
+                except Exception as exc:
+                    tally[f"error: {exc!r}"[:120]] += 1
+            if scope.cancelled_caught:
+                tally["cancelled"] += 1
+
+    async with trio.open_nursery() as nursery:
+        for index in range(STRESS_TASKS):
+            nursery.start_soon(worker, index)
+    return tally
+
+
+async def assert_stress_consistent(
+    tally: collections.Counter[str], table: str, observer: Connection, app_name: str
+) -> None:
+    errors = {key: count for key, count in tally.items() if key.startswith("error")}
+    assert errors == {}
+    assert tally["committed"] > 0
+    assert tally["cancelled"] > 0
+    assert await observer.fetchval(f"SELECT sum(n) FROM {table}") == tally["committed"]
+    busy = await observer.fetch(
+        "SELECT pid, state FROM pg_stat_activity WHERE application_name = %s AND state <> 'idle'",
+        [app_name],
+    )
+    assert busy == []
+
+
+async def test_random_cancellations_through_a_pool_lose_no_commits_and_leave_no_mess(
+    pg_url: str, counters: str, observer: Connection, app_name: str
+) -> None:
+    async with open_pool(pg_url, size=5, application_name=app_name) as pool:
+        tally = await run_stress(lambda index: pool.connection(), counters)
+        await assert_stress_consistent(tally, counters, observer, app_name)
+        assert pool.statistics().in_use == 0
+
+        # every pool connection still works: hold all five at once
+        pids: set[int] = set()
+        all_held = trio.Event()
+
+        async def check() -> None:
+            async with pool.connection() as conn:
+                assert await conn.fetchval("SELECT 1") == 1
+                pids.add(conn.backend_pid)
+                if len(pids) == 5:
+                    all_held.set()
+                with trio.fail_after(5):
+                    await all_held.wait()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(check)
+        assert len(pids) == 5
+
+
+async def test_random_cancellations_on_dedicated_connections_lose_no_commits(
+    pg_url: str, counters: str, observer: Connection, app_name: str
+) -> None:
+    # No pool release tidies up after a cancellation here: transaction() alone must.
+    conns = [await connect(pg_url, application_name=app_name) for _ in range(STRESS_TASKS)]
+    try:
+
+        @asynccontextmanager
+        async def own(index: int) -> AsyncIterator[Connection]:
+            yield conns[index]
+
+        tally = await run_stress(own, counters)
+        await assert_stress_consistent(tally, counters, observer, app_name)
+        for conn in conns:
+            assert not conn.in_transaction
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+# --- pool recovery -------------------------------------------------------------------------------
+
+
+async def test_pool_replaces_a_connection_the_server_terminated(
+    pg_url: str, observer: Connection
+) -> None:
+    async with open_pool(pg_url, size=1) as pool:
+        async with pool.connection() as conn:
+            killed = conn.backend_pid
+        # the timeout argument makes pg_terminate_backend wait until the backend has exited
+        assert await observer.fetchval("SELECT pg_terminate_backend(%s, 5000)", [killed])
+        async with pool.connection() as conn:
+            assert conn.backend_pid != killed
+            assert await conn.fetchval("SELECT 1") == 1
+        stats = pool.statistics()
+        assert (stats.replaced_total, stats.opened_total, stats.idle, stats.in_use) == (1, 2, 1, 0)
+
+
+async def test_pool_replaces_a_connection_lost_while_in_use(
+    pg_url: str, observer: Connection
+) -> None:
+    async with open_pool(pg_url, size=1) as pool:
+        async with pool.connection() as conn:
+            killed = conn.backend_pid
+            await observer.fetchval("SELECT pg_terminate_backend(%s, 5000)", [killed])
+            with pytest.raises(psycopg.OperationalError) as info:
+                await conn.fetchval("SELECT 1")
+            assert is_connection_lost(info.value)
+            assert conn.closed
+        async with pool.connection() as conn:
+            assert conn.backend_pid != killed
+            assert await conn.fetchval("SELECT 1") == 1
+        assert pool.statistics().replaced_total == 1
+
+
+async def test_pool_pings_a_connection_idle_longer_than_the_threshold(pg_url: str) -> None:
+    async with open_pool(pg_url, size=1, ping_idle_after=0) as pool, pool.connection() as conn:
+        assert conn.statistics().statements_executed == 1  # the ping
+    async with open_pool(pg_url, size=1) as pool, pool.connection() as conn:
+        assert conn.statistics().statements_executed == 0
+
+
+async def test_pool_opens_connections_lazily_up_to_its_size(pg_url: str) -> None:
+    async with open_pool(pg_url, size=3) as pool:
+        assert (pool.statistics().idle, pool.statistics().opened_total) == (1, 1)
+        all_held = trio.Event()
+        release = trio.Event()
+        held = 0
+
+        async def hold() -> None:
+            nonlocal held
+            async with pool.connection():
+                held += 1
+                if held == 3:
+                    all_held.set()
+                await release.wait()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(hold)
+            with trio.fail_after(5):
+                await all_held.wait()
+            assert pool.statistics().in_use == 3
+            release.set()
+        stats = pool.statistics()
+        assert (stats.size, stats.idle, stats.in_use, stats.opened_total) == (3, 3, 0, 3)
+    with pytest.raises(trio.ClosedResourceError):
+        async with pool.connection():
+            pass
+
+
+async def test_open_pool_with_unreachable_server_raises_connection_error_promptly() -> None:
+    with trio.fail_after(10), pytest.raises(psycopg.OperationalError) as info:
+        async with open_pool("host=/nonexistent-trioq-socket-dir user=x dbname=x"):
+            pass
+    assert is_connection_lost(info.value)
+
+
+async def test_open_pool_with_malformed_conninfo_raises_programming_error() -> None:
+    with trio.fail_after(10), pytest.raises(psycopg.ProgrammingError):
+        async with open_pool("this is not a conninfo"):
+            pass

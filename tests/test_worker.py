@@ -1,0 +1,265 @@
+"""The claim loop and worker against a real PostgreSQL: capacity, wake-ups, polling, retries."""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+import trioq
+from tests.support import Gate, make_app, running_worker, scalar
+
+
+async def test_job_runs_and_its_result_is_returned(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("double")
+    async def double(ctx: trioq.Context, payload: dict[str, int]) -> dict[str, int]:
+        return {"value": payload["value"] * 2, "attempt": ctx.job.attempt}
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        job = await client.enqueue("double", {"value": 21})
+        with trio.fail_after(10):
+            assert await client.wait_result(job.id) == {"value": 42, "attempt": 1}
+
+
+async def test_idle_queue_polls_once_per_interval_not_per_slot(pg_url: str,
+                                                               pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client:
+        async with running_worker(app, ["a", "b"], concurrency=25, poll_interval=0.1):
+            before = client.driver.statistics().calls.get("job_complete_and_claim", 0)
+            await trio.sleep(1.0)  # the workload: one idle second
+            claims = client.driver.statistics().calls["job_complete_and_claim"] - before
+    # 2 queues x 10 intervals = 20 polls; per slot it would be 500.
+    assert 12 <= claims <= 24, claims
+
+
+async def test_free_slot_refills_without_waiting_for_poll_interval(pg_url: str,
+                                                                   pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+    starts: list[float] = []
+    ends: list[float] = []
+
+    @app.task("short")
+    async def short(ctx: trioq.Context, payload: object) -> None:
+        starts.append(trio.current_time())
+        await trio.sleep(0.05)
+        ends.append(trio.current_time())
+
+    async with app.client(migrate=True) as client:
+        jobs = await client.enqueue_many("short", [{}] * 6)
+        async with running_worker(app, concurrency=1, poll_interval=60):
+            with trio.fail_after(10):  # a poll-driven refill would take 60 s per job
+                for job in jobs:
+                    await client.wait_result(job.id)
+    gaps = [start - end for start, end in zip(starts[1:], ends, strict=False)]
+    assert len(starts) == 6
+    assert max(gaps) < 1.0, gaps
+
+
+async def test_enqueue_wakes_an_idle_worker_without_waiting_for_poll(pg_url: str,
+                                                                     pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> str:
+        return "ok"
+
+    async with app.client(migrate=True) as client, running_worker(app, poll_interval=60):
+        for _ in range(3):
+            job = await client.enqueue("noop", {})
+            with trio.fail_after(10):
+                assert await client.wait_result(job.id) == "ok"
+
+
+async def test_saturated_worker_never_runs_more_than_its_slot_limit(pg_url: str,
+                                                                   pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+    running = 0
+    peak = 0
+
+    @app.task("busy")
+    async def busy(ctx: trioq.Context, payload: dict[str, int]) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await trio.sleep(0.001 * (payload["n"] % 7))
+        running -= 1
+
+    async with app.client(migrate=True) as client:
+        jobs = await client.enqueue_many("busy", [{"n": n} for n in range(300)])
+        async with running_worker(app, concurrency=7):
+            with trio.fail_after(60):
+                for job in jobs:
+                    await client.wait_final(job.id)
+    assert peak == 7
+
+
+async def test_worker_never_owns_more_running_rows_than_slots(pg_url: str,
+                                                              pg_schema: str) -> None:
+    """Checked in the database at every handler start, while wake-ups race (notifications
+    from concurrent enqueuers and settling slots)."""
+    app = make_app(pg_url, pg_schema)
+    observed: list[int] = []
+
+    @app.task("probe")
+    async def probe(ctx: trioq.Context, payload: object) -> None:
+        observed.append(await scalar(
+            pg_url, f"SELECT count(*) FROM {pg_schema}.jobs "
+            "WHERE state = 'running' AND worker_id = %s", (ctx.worker_id,)))
+
+    async with app.client(migrate=True) as client:
+        async with running_worker(app, concurrency=3, poll_interval=0.05):
+            async with trio.open_nursery() as producers:
+                for _ in range(4):
+                    producers.start_soon(client.enqueue_many, "probe", [{}] * 15)
+            with trio.fail_after(60):
+                while len(observed) < 60:
+                    await trio.sleep(0.05)
+    assert max(observed) <= 3
+    assert max(observed) == 3  # and the slots were in fact used
+
+
+async def test_one_busy_queue_does_not_block_another(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+    gate = Gate()
+
+    @app.task("blocker", queue="slow")
+    async def blocker(ctx: trioq.Context, payload: object) -> None:
+        gate.enter()
+        await gate.release.wait()
+
+    @app.task("quick", queue="fast")
+    async def quick(ctx: trioq.Context, payload: object) -> str:
+        return "done"
+
+    async with app.client(migrate=True) as client:
+        await client.enqueue_many("blocker", [{}] * 6)
+        async with running_worker(app, ["slow", "fast"], concurrency=2):
+            with trio.fail_after(10):
+                await gate.wait_entered(2)
+                job = await client.enqueue("quick", {})
+                assert await client.wait_result(job.id) == "done"
+            assert gate.entered == 2  # the slow queue is still saturated
+            gate.release.set()
+
+
+async def test_failing_job_retries_with_backoff_then_fails_keeping_every_error(
+        pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("flaky", max_attempts=3, retry=trioq.RetryPolicy(base_seconds=0.01, jitter=0))
+    async def flaky(ctx: trioq.Context, payload: object) -> None:
+        raise RuntimeError(f"boom on attempt {ctx.job.attempt}")
+
+    async with app.client(migrate=True) as client, running_worker(app, poll_interval=0.05):
+        job = await client.enqueue("flaky", {})
+        with trio.fail_after(10):
+            record = await client.wait_final(job.id)
+        attempts = await client.attempts(job.id)
+    assert record.state == "failed"
+    assert record.attempt == 3
+    assert [a.outcome for a in attempts] == ["retried", "retried", "failed"]
+    assert [a.error_message for a in attempts] == [f"boom on attempt {n}" for n in (1, 2, 3)]
+    assert all(a.error_type == "builtins.RuntimeError" for a in attempts)
+    assert "Traceback" in (attempts[0].traceback or "")
+
+
+async def test_handler_that_raises_is_a_job_failure_not_a_worker_failure(
+        pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("bad", max_attempts=1)
+    async def bad(ctx: trioq.Context, payload: object) -> None:
+        raise KeyError("missing")
+
+    @app.task("good")
+    async def good(ctx: trioq.Context, payload: object) -> str:
+        return "fine"
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        failed = await client.enqueue("bad", {})
+        with trio.fail_after(10):
+            assert (await client.wait_final(failed.id)).state == "failed"
+            job = await client.enqueue("good", {})
+            assert await client.wait_result(job.id) == "fine"
+
+
+async def test_result_that_is_not_json_fails_the_attempt(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("returns_set", max_attempts=1)
+    async def returns_set(ctx: trioq.Context, payload: object) -> object:
+        return {"ids": {1, 2}}
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        job = await client.enqueue("returns_set", {})
+        with trio.fail_after(10):
+            record = await client.wait_final(job.id)
+    assert record.state == "failed"
+    assert "result.ids" in record.error["message"]
+
+
+async def test_unknown_task_is_not_claimed_by_a_worker_that_cannot_run_it(
+        pg_url: str, pg_schema: str) -> None:
+    producer = make_app(pg_url, pg_schema)
+    consumer = make_app(pg_url, pg_schema)
+
+    @producer.task("mystery")
+    async def mystery(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    @consumer.task("known")
+    async def known(ctx: trioq.Context, payload: object) -> str:
+        return "known"
+
+    async with producer.client(migrate=True) as client:
+        orphan = await client.enqueue("mystery", {})
+    async with consumer.client() as client, running_worker(consumer, poll_interval=0.05):
+        job = await client.enqueue("known", {})
+        with trio.fail_after(10):
+            assert await client.wait_result(job.id) == "known"
+        record = await client.get_job(orphan.id)
+    assert (record.state, record.attempt) == ("ready", 0)
+
+
+@attrs.frozen
+class Reply:
+    conversation_id: str
+    text: str
+
+
+async def test_attrs_payload_is_structured_for_the_handler(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+    seen: list[Reply] = []
+
+    @app.task("send_reply")
+    async def send_reply(ctx: trioq.Context, payload: Reply) -> None:
+        seen.append(payload)
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        job = await client.enqueue("send_reply", Reply("c1", "Done."))
+        with trio.fail_after(10):
+            await client.wait_result(job.id)
+    assert seen == [Reply("c1", "Done.")]
+
+
+async def test_delayed_job_waits_for_its_run_at_by_database_time(pg_url: str,
+                                                                 pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("later")
+    async def later(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client, running_worker(app, poll_interval=0.05):
+        job = await client.enqueue("later", {}, delay=0.5)
+        with trio.fail_after(10):
+            record = await client.wait_final(job.id)
+    assert record.started_at is not None
+    assert (record.started_at - record.created_at).total_seconds() >= 0.5

@@ -1,0 +1,341 @@
+"""One PostgreSQL connection used from trio: psycopg's sync connection driven from worker threads.
+
+Connections run in autocommit mode; transactions are explicit `BEGIN` / `COMMIT` / `ROLLBACK`
+statements issued by `Connection.transaction()`, never psycopg's transaction helper (which cannot
+be trusted across cancellation).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, TypedDict, TypeVar
+
+import attrs
+import psycopg
+import trio
+from psycopg import pq
+from psycopg.abc import Params
+from psycopg.abc import QueryNoTemplate as Query
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
+
+from trioq._pg.threads import open_in_thread, run_blocking
+
+logger = logging.getLogger("trioq.pg")
+
+T = TypeVar("T")
+
+RawConnection = psycopg.Connection[TupleRow]
+
+COMMIT_TIMEOUT = 30.0
+ROLLBACK_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 10.0
+_CANCEL_REQUEST_TIMEOUT = 5.0
+
+_IDLE = pq.TransactionStatus.IDLE
+_IN_TRANSACTION = frozenset({pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR})
+
+# libpq parameters trioq sets unless the conninfo (or the matching PG* environment variable)
+# already does. Keepalives and tcp_user_timeout bound how long a worker thread can stay blocked on
+# a dead network; libpq ignores them for Unix sockets.
+_LIBPQ_DEFAULTS: dict[str, tuple[str, str]] = {
+    "connect_timeout": ("PGCONNECT_TIMEOUT", "10"),
+    "keepalives": ("", "1"),
+    "keepalives_idle": ("", "10"),
+    "keepalives_interval": ("", "5"),
+    "keepalives_count": ("", "3"),
+    "tcp_user_timeout": ("", "30000"),
+}
+
+
+class ConnectOptions(TypedDict, total=False):
+    """The keyword arguments of `connect()`, as accepted by `open_pool()` and `open_listener()`."""
+
+    application_name: str | None
+    statement_timeout: float | None
+    idle_in_transaction_session_timeout: float | None
+    client_connection_check_interval: float | None
+    prepare_threshold: int | None
+
+
+@attrs.frozen
+class ConnectionStatistics:
+    backend_pid: int
+    statements_executed: int
+
+
+DEFAULT_STATEMENT_TIMEOUT = 30.0
+DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT = 60.0
+DEFAULT_CLIENT_CONNECTION_CHECK_INTERVAL = 1.0
+DEFAULT_PREPARE_THRESHOLD = 5
+
+
+async def connect(
+    conninfo: str,
+    *,
+    application_name: str | None = None,
+    statement_timeout: float | None = DEFAULT_STATEMENT_TIMEOUT,
+    idle_in_transaction_session_timeout: float | None = DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+    client_connection_check_interval: float | None = DEFAULT_CLIENT_CONNECTION_CHECK_INTERVAL,
+    prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+) -> Connection:
+    """Open a connection (autocommit) to `conninfo`, a libpq URL or key=value string.
+
+    Session settings are sent in the startup packet: `statement_timeout`,
+    `idle_in_transaction_session_timeout` and `client_connection_check_interval` in seconds (None
+    leaves the server's default; the last needs PostgreSQL >= 14), and `application_name` (None:
+    the conninfo's, else "trioq"). TCP keepalives, `tcp_user_timeout` and a 10 s `connect_timeout`
+    are added unless the conninfo sets them. Settings in the conninfo's `options` win over these.
+    `prepare_threshold=None` disables server-side prepared statements (PgBouncer < 1.21).
+
+    A bad conninfo raises `psycopg.ProgrammingError`, a failed connection attempt
+    `psycopg.OperationalError`. Cancellation returns at once and leaves no open connection (see
+    `open_in_thread`).
+    """
+    options = ConnectOptions(
+        application_name=application_name,
+        statement_timeout=statement_timeout,
+        idle_in_transaction_session_timeout=idle_in_transaction_session_timeout,
+        client_connection_check_interval=client_connection_check_interval,
+    )
+    raw = await open_raw_connection(
+        session_params(conninfo, options), prepare_threshold=prepare_threshold
+    )
+    return Connection(raw)
+
+
+def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
+    """The libpq connection parameters for `conninfo` plus trioq's settings (see `connect()`).
+
+    `options` missing a key means that key's default; `prepare_threshold` is not a libpq
+    parameter and is ignored here.
+    """
+    params: dict[str, Any] = conninfo_to_dict(conninfo)
+    for key, (env_var, value) in _LIBPQ_DEFAULTS.items():
+        if key not in params and not (env_var and os.environ.get(env_var)):
+            params[key] = value
+    application_name = options.get("application_name")
+    if application_name is not None:
+        params["application_name"] = application_name
+    elif "application_name" not in params and not os.environ.get("PGAPPNAME"):
+        params["application_name"] = "trioq"
+    settings = {
+        "statement_timeout": options.get("statement_timeout", DEFAULT_STATEMENT_TIMEOUT),
+        "idle_in_transaction_session_timeout": options.get(
+            "idle_in_transaction_session_timeout", DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+        ),
+        "client_connection_check_interval": options.get(
+            "client_connection_check_interval", DEFAULT_CLIENT_CONNECTION_CHECK_INTERVAL
+        ),
+    }
+    ours = [
+        f"-c {name}={round(value * 1000)}" for name, value in settings.items() if value is not None
+    ]
+    theirs = params.get("options") or os.environ.get("PGOPTIONS") or ""
+    # The server applies startup options in order, so the conninfo's own options come last and win.
+    params["options"] = " ".join([*ours, theirs]).strip()
+    return params
+
+
+async def open_raw_connection(
+    params: dict[str, Any], *, prepare_threshold: int | None = 5
+) -> RawConnection:
+    """Open a psycopg connection in autocommit mode from libpq parameters (see `connect()`)."""
+
+    def open_fn() -> RawConnection:
+        return psycopg.Connection.connect(
+            autocommit=True, prepare_threshold=prepare_threshold, **params
+        )
+
+    return await open_in_thread(open_fn, RawConnection.close)
+
+
+def _execute(raw: RawConnection, query: Query, params: Params | None) -> None:
+    with raw.cursor() as cursor:
+        cursor.execute(query, params)
+
+
+def _fetch(raw: RawConnection, query: Query, params: Params | None) -> list[TupleRow]:
+    with raw.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall()
+
+
+def _fetchrow(raw: RawConnection, query: Query, params: Params | None) -> TupleRow | None:
+    with raw.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchone()
+
+
+@attrs.define(eq=False)
+class Connection:
+    """A PostgreSQL connection for one trio task at a time.
+
+    Every query method is a checkpoint. Cancelling one sends a server-side cancel and waits for
+    the worker thread before re-raising, so afterwards the statement is no longer running and the
+    connection is usable (in autocommit mode the statement's effects are gone; inside
+    `transaction()` the transaction is rolled back on the way out). Two tasks using the connection
+    at the same time get `trio.BusyResourceError`.
+
+    `params` are psycopg's: a sequence for `%s` placeholders or a mapping for `%(name)s` ones.
+    """
+
+    _raw: RawConnection
+    _backend_pid: int = attrs.field(init=False)
+    _busy: bool = attrs.field(default=False, init=False)
+    _in_transaction_block: bool = attrs.field(default=False, init=False)
+    _statements_executed: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._backend_pid = self._raw.info.backend_pid
+
+    @property
+    def backend_pid(self) -> int:
+        """The server process id of this session (stays readable after close)."""
+        return self._backend_pid
+
+    @property
+    def in_transaction(self) -> bool:
+        """True while a transaction is open (including a failed one awaiting ROLLBACK)."""
+        return not self._raw.closed and self._raw.info.transaction_status in _IN_TRANSACTION
+
+    @property
+    def closed(self) -> bool:
+        """True once closed by us or broken (the server or the network ended the session)."""
+        return self._raw.closed
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(
+            backend_pid=self._backend_pid, statements_executed=self._statements_executed
+        )
+
+    async def execute(self, sql: Query, params: Params | None = None) -> None:
+        """Run a statement and discard any rows. Without params it may hold several statements."""
+        await self._run(partial(_execute, query=sql, params=params))
+
+    async def fetch(self, sql: Query, params: Params | None = None) -> list[tuple[Any, ...]]:
+        """Run a query and return all its rows."""
+        return await self._run(partial(_fetch, query=sql, params=params))
+
+    async def fetchrow(self, sql: Query, params: Params | None = None) -> tuple[Any, ...] | None:
+        """Run a query and return its first row, or None if it returned no rows."""
+        return await self._run(partial(_fetchrow, query=sql, params=params))
+
+    async def fetchval(self, sql: Query, params: Params | None = None) -> Any:
+        """Run a query and return the first column of its first row, or None if no row."""
+        row = await self.fetchrow(sql, params)
+        return None if row is None else row[0]
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """`BEGIN` ... `COMMIT`, or `ROLLBACK` if the block raises or is cancelled.
+
+        COMMIT is shielded (a cancelled COMMIT would have an unknown outcome) and bounded by
+        `COMMIT_TIMEOUT`; if it times out the connection is closed and `psycopg.OperationalError`
+        is raised (`is_connection_lost()` is true: the outcome is unknown). ROLLBACK is shielded
+        and bounded by `ROLLBACK_TIMEOUT`; if it fails the connection is closed. If the block
+        swallowed a database error, the transaction is rolled back and `InFailedSqlTransaction`
+        raised rather than pretending to commit. Not re-entrant: nesting raises RuntimeError.
+        """
+        if self._in_transaction_block or self.in_transaction:
+            raise RuntimeError("transaction() cannot be nested (a transaction is already open)")
+        self._in_transaction_block = True
+        try:
+            try:
+                # BEGIN inside the try: cancelled while in flight, it may still have run.
+                await self.execute("BEGIN")
+                yield
+                if self._raw.info.transaction_status == pq.TransactionStatus.INERROR:
+                    raise psycopg.errors.InFailedSqlTransaction(
+                        "the transaction was aborted by an earlier error and has been rolled back"
+                    )
+            except BaseException:
+                await self._rollback_after_error()
+                raise
+            await self._commit()
+        finally:
+            self._in_transaction_block = False
+
+    async def _commit(self) -> None:
+        with trio.CancelScope(shield=True):
+            try:
+                with trio.fail_after(COMMIT_TIMEOUT):
+                    await self.execute("COMMIT")
+            except trio.TooSlowError as exc:
+                await self.close()
+                raise psycopg.OperationalError(
+                    f"COMMIT did not finish within {COMMIT_TIMEOUT:g} s: its outcome is unknown "
+                    "and the connection was closed"
+                ) from exc
+
+    async def _rollback_after_error(self) -> None:
+        with trio.CancelScope(shield=True):
+            if not self.in_transaction:
+                return
+            try:
+                with trio.fail_after(ROLLBACK_TIMEOUT):
+                    await self.execute("ROLLBACK")
+            except Exception as exc:
+                logger.warning("ROLLBACK failed, closing connection %d: %r", self.backend_pid, exc)
+                await self.close()
+
+    async def close(self) -> None:
+        """Close the connection: shielded, bounded by `CLOSE_TIMEOUT`, idempotent.
+
+        Errors while closing are logged, not raised; closing a connection another task is using
+        raises `trio.BusyResourceError` (closing under a running worker thread is never safe).
+        """
+        if self._raw.closed:
+            return
+        if self._busy:
+            raise trio.BusyResourceError("another task is using this connection")
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+            self._busy = True
+            try:
+                await trio.to_thread.run_sync(self._raw.close)
+            except Exception as exc:
+                logger.debug("error closing connection %d: %r", self.backend_pid, exc)
+            finally:
+                self._busy = False
+
+    def is_reusable_nowait(self) -> bool:
+        """False if the connection is closed, mid-transaction, or the server has already hung up.
+
+        Does not block and makes no round trip: it only reads what the server has already sent
+        (libpq buffers it), which catches a session terminated by the server or a restart. A
+        session silently lost on the network still looks fine; only a ping finds that out.
+        """
+        raw = self._raw
+        if self._busy or raw.closed or raw.info.transaction_status != _IDLE:
+            return False
+        try:
+            # A terminated session first delivers its FATAL message, then end-of-file: a read
+            # sees one or both, so read until nothing is left (a few reads at most).
+            for _ in range(4):
+                readable, _, _ = select.select([raw.pgconn.socket], [], [], 0)
+                if not readable:
+                    break
+                raw.pgconn.consume_input()
+        except (OSError, psycopg.OperationalError):
+            return False
+        return raw.pgconn.status == pq.ConnStatus.OK
+
+    async def _run(self, call: Callable[[RawConnection], T]) -> T:
+        if self._busy:
+            raise trio.BusyResourceError("another task is using this connection")
+        self._busy = True
+        try:
+            self._statements_executed += 1
+            return await run_blocking(
+                partial(call, self._raw), cancel_on_server=self._cancel_on_server
+            )
+        finally:
+            self._busy = False
+
+    def _cancel_on_server(self) -> None:  # runs in a worker thread
+        self._raw.cancel_safe(timeout=_CANCEL_REQUEST_TIMEOUT)

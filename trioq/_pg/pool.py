@@ -1,0 +1,192 @@
+"""A trio-native pool of `Connection`s (psycopg_pool is asyncio-only).
+
+A semaphore of `size` slots bounds the connections in use; idle connections wait on a stack (the
+most recently used is handed out first, so a lightly loaded pool keeps few connections warm), and
+a slot with no connection opens one on demand. Nothing runs in the background.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Unpack
+
+import attrs
+import psycopg
+import trio
+
+from trioq._pg.connection import (
+    CLOSE_TIMEOUT,
+    ROLLBACK_TIMEOUT,
+    Connection,
+    ConnectOptions,
+    connect,
+)
+
+logger = logging.getLogger("trioq.pg")
+
+
+@attrs.frozen
+class PoolStatistics:
+    size: int
+    idle: int
+    in_use: int
+    opened_total: int
+    replaced_total: int
+
+
+@attrs.frozen
+class _IdleConnection:
+    connection: Connection
+    idle_since: float
+
+
+@attrs.define(eq=False)
+class Pool:
+    """Hands out `Connection`s for exclusive use; see `open_pool()`."""
+
+    _conninfo: str
+    _size: int
+    _ping_idle_after: float
+    _connect_options: ConnectOptions
+    _slots: trio.Semaphore = attrs.field(init=False)
+    _idle: list[_IdleConnection] = attrs.field(init=False, factory=list)
+    _in_use: int = attrs.field(default=0, init=False)
+    _opened_total: int = attrs.field(default=0, init=False)
+    _replaced_total: int = attrs.field(default=0, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._slots = trio.Semaphore(self._size)
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            size=self._size,
+            idle=len(self._idle),
+            in_use=self._in_use,
+            opened_total=self._opened_total,
+            replaced_total=self._replaced_total,
+        )
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """Borrow a connection for the duration of the block; waits while all are in use.
+
+        The connection handed out is open and idle: one the server has already hung up on is
+        replaced first, and one idle for longer than `ping_idle_after` is pinged. If a new
+        connection has to be opened and cannot be, the error is raised here (the slot stays free
+        for the next attempt). Cancelled while waiting: nothing was taken.
+
+        On the way out (shielded): an open transaction is rolled back (bounded by
+        `ROLLBACK_TIMEOUT`); a connection that is closed, broken or still not idle is closed and
+        its slot reopened lazily by a later caller. Session state (SET, temp tables, LISTEN) is
+        not reset.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the pool is closed")
+        await self._slots.acquire()
+        try:
+            if self._closed:
+                raise trio.ClosedResourceError("the pool is closed")
+            conn = await self._checkout()
+        except BaseException:
+            self._slots.release()
+            raise
+        self._in_use += 1
+        try:
+            yield conn
+        finally:
+            with trio.CancelScope(shield=True):
+                self._in_use -= 1
+                try:
+                    await self._checkin(conn, replace_if_unusable=True)
+                finally:
+                    self._slots.release()
+
+    async def _checkout(self) -> Connection:
+        while self._idle:
+            entry = self._idle.pop()
+            if await self._still_usable(entry):
+                return entry.connection
+            await self._replace(entry.connection)
+        conn = await connect(self._conninfo, **self._connect_options)
+        self._opened_total += 1
+        return conn
+
+    async def _still_usable(self, entry: _IdleConnection) -> bool:
+        conn = entry.connection
+        if not conn.is_reusable_nowait():
+            return False
+        if trio.current_time() - entry.idle_since < self._ping_idle_after:
+            return True
+        try:
+            await conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            logger.info("pooled connection %d failed its ping: %r", conn.backend_pid, exc)
+            return False
+        except BaseException:  # cancelled during the ping: the connection goes back unharmed
+            await self._checkin(conn, replace_if_unusable=False)
+            raise
+        return True
+
+    async def _checkin(self, conn: Connection, *, replace_if_unusable: bool) -> None:
+        with trio.CancelScope(shield=True):
+            if self._closed:
+                await conn.close()
+                return
+            if conn.in_transaction:
+                try:
+                    with trio.fail_after(ROLLBACK_TIMEOUT):
+                        await conn.execute("ROLLBACK")
+                except Exception as exc:
+                    logger.warning("ROLLBACK on release failed (%d): %r", conn.backend_pid, exc)
+            if conn.is_reusable_nowait():
+                self._idle.append(_IdleConnection(conn, trio.current_time()))
+            elif replace_if_unusable:
+                await self._replace(conn)
+            else:
+                await conn.close()
+
+    async def _replace(self, conn: Connection) -> None:
+        """Close a dead or dirty connection; its slot opens a new one when next needed."""
+        self._replaced_total += 1
+        logger.info("replacing pooled connection %d", conn.backend_pid)
+        await conn.close()
+
+    async def _open_first(self) -> None:
+        conn = await connect(self._conninfo, **self._connect_options)
+        self._opened_total += 1
+        self._idle.append(_IdleConnection(conn, trio.current_time()))
+
+    async def _close(self) -> None:
+        self._closed = True
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+            while self._idle:
+                await self._idle.pop().connection.close()
+
+
+@asynccontextmanager
+async def open_pool(
+    conninfo: str,
+    size: int = 10,
+    *,
+    ping_idle_after: float = 5.0,
+    **connect_options: Unpack[ConnectOptions],
+) -> AsyncIterator[Pool]:
+    """A pool of up to `size` connections made by `connect(conninfo, **connect_options)`.
+
+    One connection is opened before the block starts, so a wrong conninfo or an unreachable
+    server raises here (psycopg's `OperationalError`/`ProgrammingError`, bounded by
+    `connect_timeout`); the others open when first needed. Leaving the block closes every idle
+    connection (shielded, bounded by `CLOSE_TIMEOUT`); connections still borrowed are closed when
+    returned, and borrowing afterwards raises `trio.ClosedResourceError`.
+    """
+    if size < 1:
+        raise ValueError(f"pool size must be at least 1, not {size}")
+    pool = Pool(conninfo, size, ping_idle_after, connect_options)
+    await pool._open_first()
+    try:
+        yield pool
+    finally:
+        await pool._close()
