@@ -18,8 +18,9 @@ def make_app(pg_url: str, pg_schema: str, **kwargs: Any) -> trioq.App:
 
 
 @asynccontextmanager
-async def running_worker(app: trioq.App, queues: list[str] | None = None, concurrency: int = 5,
-                         **config: Any) -> AsyncIterator[trioq.Worker]:
+async def running_worker(
+    app: trioq.App, queues: list[str] | None = None, concurrency: int = 5, **config: Any
+) -> AsyncIterator[trioq.Worker]:
     """Start a worker in a nursery; drain it (grace 0 unless given) when the block ends."""
     config.setdefault("grace_seconds", 0)
     config.setdefault("write_timeout", 10)

@@ -22,25 +22,27 @@ async def test_job_runs_and_its_result_is_returned(pg_url: str, pg_schema: str) 
             assert await client.wait_result(job.id) == {"value": 42, "attempt": 1}
 
 
-async def test_idle_queue_polls_once_per_interval_not_per_slot(pg_url: str,
-                                                               pg_schema: str) -> None:
+async def test_idle_queue_polls_once_per_interval_not_per_slot(pg_url: str, pg_schema: str) -> None:
     app = make_app(pg_url, pg_schema)
 
     @app.task("noop")
     async def noop(ctx: trioq.Context, payload: object) -> None:
         return None
 
-    async with app.client(migrate=True) as client:
-        async with running_worker(app, ["a", "b"], concurrency=25, poll_interval=0.1):
-            before = client.driver.statistics().calls.get("job_complete_and_claim", 0)
-            await trio.sleep(1.0)  # the workload: one idle second
-            claims = client.driver.statistics().calls["job_complete_and_claim"] - before
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, ["a", "b"], concurrency=25, poll_interval=0.1),
+    ):
+        before = client.driver.statistics().calls.get("job_complete_and_claim", 0)
+        await trio.sleep(1.0)  # the workload: one idle second
+        claims = client.driver.statistics().calls["job_complete_and_claim"] - before
     # 2 queues x 10 intervals = 20 polls; per slot it would be 500.
     assert 12 <= claims <= 24, claims
 
 
-async def test_free_slot_refills_without_waiting_for_poll_interval(pg_url: str,
-                                                                   pg_schema: str) -> None:
+async def test_free_slot_refills_without_waiting_for_poll_interval(
+    pg_url: str, pg_schema: str
+) -> None:
     app = make_app(pg_url, pg_schema)
     starts: list[float] = []
     ends: list[float] = []
@@ -62,8 +64,9 @@ async def test_free_slot_refills_without_waiting_for_poll_interval(pg_url: str,
     assert max(gaps) < 1.0, gaps
 
 
-async def test_enqueue_wakes_an_idle_worker_without_waiting_for_poll(pg_url: str,
-                                                                     pg_schema: str) -> None:
+async def test_enqueue_wakes_an_idle_worker_without_waiting_for_poll(
+    pg_url: str, pg_schema: str
+) -> None:
     app = make_app(pg_url, pg_schema)
 
     @app.task("noop")
@@ -77,8 +80,9 @@ async def test_enqueue_wakes_an_idle_worker_without_waiting_for_poll(pg_url: str
                 assert await client.wait_result(job.id) == "ok"
 
 
-async def test_saturated_worker_never_runs_more_than_its_slot_limit(pg_url: str,
-                                                                   pg_schema: str) -> None:
+async def test_saturated_worker_never_runs_more_than_its_slot_limit(
+    pg_url: str, pg_schema: str
+) -> None:
     app = make_app(pg_url, pg_schema)
     running = 0
     peak = 0
@@ -100,27 +104,34 @@ async def test_saturated_worker_never_runs_more_than_its_slot_limit(pg_url: str,
     assert peak == 7
 
 
-async def test_worker_never_owns_more_running_rows_than_slots(pg_url: str,
-                                                              pg_schema: str) -> None:
+async def test_worker_never_owns_more_running_rows_than_slots(pg_url: str, pg_schema: str) -> None:
     """Checked in the database at every handler start, while wake-ups race (notifications
     from concurrent enqueuers and settling slots)."""
     app = make_app(pg_url, pg_schema)
     observed: list[int] = []
+    all_ran = trio.Event()
 
     @app.task("probe")
     async def probe(ctx: trioq.Context, payload: object) -> None:
-        observed.append(await scalar(
-            pg_url, f"SELECT count(*) FROM {pg_schema}.jobs "
-            "WHERE state = 'running' AND worker_id = %s", (ctx.worker_id,)))
+        observed.append(
+            await scalar(
+                pg_url,
+                f"SELECT count(*) FROM {pg_schema}.jobs WHERE state = 'running' AND worker_id = %s",
+                (ctx.worker_id,),
+            )
+        )
+        if len(observed) == 60:
+            all_ran.set()
 
-    async with app.client(migrate=True) as client:
-        async with running_worker(app, concurrency=3, poll_interval=0.05):
-            async with trio.open_nursery() as producers:
-                for _ in range(4):
-                    producers.start_soon(client.enqueue_many, "probe", [{}] * 15)
-            with trio.fail_after(60):
-                while len(observed) < 60:
-                    await trio.sleep(0.05)
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, concurrency=3, poll_interval=0.05),
+    ):
+        async with trio.open_nursery() as producers:
+            for _ in range(4):
+                producers.start_soon(client.enqueue_many, "probe", [{}] * 15)
+        with trio.fail_after(60):
+            await all_ran.wait()
     assert max(observed) <= 3
     assert max(observed) == 3  # and the slots were in fact used
 
@@ -150,7 +161,8 @@ async def test_one_busy_queue_does_not_block_another(pg_url: str, pg_schema: str
 
 
 async def test_failing_job_retries_with_backoff_then_fails_keeping_every_error(
-        pg_url: str, pg_schema: str) -> None:
+    pg_url: str, pg_schema: str
+) -> None:
     app = make_app(pg_url, pg_schema)
 
     @app.task("flaky", max_attempts=3, retry=trioq.RetryPolicy(base_seconds=0.01, jitter=0))
@@ -171,7 +183,8 @@ async def test_failing_job_retries_with_backoff_then_fails_keeping_every_error(
 
 
 async def test_handler_that_raises_is_a_job_failure_not_a_worker_failure(
-        pg_url: str, pg_schema: str) -> None:
+    pg_url: str, pg_schema: str
+) -> None:
     app = make_app(pg_url, pg_schema)
 
     @app.task("bad", max_attempts=1)
@@ -206,7 +219,8 @@ async def test_result_that_is_not_json_fails_the_attempt(pg_url: str, pg_schema:
 
 
 async def test_unknown_task_is_not_claimed_by_a_worker_that_cannot_run_it(
-        pg_url: str, pg_schema: str) -> None:
+    pg_url: str, pg_schema: str
+) -> None:
     producer = make_app(pg_url, pg_schema)
     consumer = make_app(pg_url, pg_schema)
 
@@ -249,8 +263,9 @@ async def test_attrs_payload_is_structured_for_the_handler(pg_url: str, pg_schem
     assert seen == [Reply("c1", "Done.")]
 
 
-async def test_delayed_job_waits_for_its_run_at_by_database_time(pg_url: str,
-                                                                 pg_schema: str) -> None:
+async def test_delayed_job_waits_for_its_run_at_by_database_time(
+    pg_url: str, pg_schema: str
+) -> None:
     app = make_app(pg_url, pg_schema)
 
     @app.task("later")

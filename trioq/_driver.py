@@ -232,11 +232,13 @@ class Listener(Protocol):
 class Transaction(Protocol):
     """A caller's transaction: their own SQL and trioq's enqueue commit or roll back together."""
 
-    async def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
-                      ) -> None: ...
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> None: ...
 
-    async def fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
-                    ) -> list[tuple[Any, ...]]: ...
+    async def fetch(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]: ...
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
 
@@ -250,8 +252,7 @@ class Driver(Protocol):
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
 
-    async def job_complete_and_claim(self, params: CompleteAndClaim
-                                     ) -> CompleteAndClaimResult: ...
+    async def job_complete_and_claim(self, params: CompleteAndClaim) -> CompleteAndClaimResult: ...
 
     async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]: ...
 
@@ -279,8 +280,9 @@ class Driver(Protocol):
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
 
-    def open_listener(self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
-                      ) -> AbstractAsyncContextManager[Listener]: ...
+    def open_listener(
+        self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
+    ) -> AbstractAsyncContextManager[Listener]: ...
 
 
 DRIVER_METHODS = frozenset(

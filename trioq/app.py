@@ -28,25 +28,36 @@ class ConfigurationError(TrioqError):
 class App:
     """Tasks are registered with `@app.task(name)`; `app.client()` opens the database pool."""
 
-    def __init__(self, database_url: str | None = None, schema: str = "trioq", *,
-                 pool_size: int = 10) -> None:
+    def __init__(
+        self, database_url: str | None = None, schema: str = "trioq", *, pool_size: int = 10
+    ) -> None:
         self.schema = validate_schema(schema)
         self.database_url = database_url
         self.pool_size = pool_size
         self.tasks: dict[str, TaskSpec] = {}
         self._client: Client | None = None
 
-    def task(self, name: str, *, queue: str = "default", max_attempts: int = 5,
-             retry: RetryPolicy | None = None, timeout: float | None = None
-             ) -> Callable[[Handler], Handler]:
+    def task(
+        self,
+        name: str,
+        *,
+        queue: str = "default",
+        max_attempts: int = 5,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`."""
 
         def register(handler: Handler) -> Handler:
             if name in self.tasks:
                 raise ValueError(f"task: {name!r} is already registered")
             self.tasks[name] = TaskSpec(
-                name=name, handler=handler, queue=queue, max_attempts=max_attempts,
-                retry=retry or RetryPolicy(), timeout=timeout,
+                name=name,
+                handler=handler,
+                queue=queue,
+                max_attempts=max_attempts,
+                retry=retry or RetryPolicy(),
+                timeout=timeout,
                 payload_type=payload_type_of(handler),
             )
             return handler
@@ -63,8 +74,9 @@ class App:
         return url
 
     @asynccontextmanager
-    async def client(self, *, migrate: bool = False, driver: Driver | None = None
-                     ) -> AsyncIterator[Client]:
+    async def client(
+        self, *, migrate: bool = False, driver: Driver | None = None
+    ) -> AsyncIterator[Client]:
         """Open the pool (or use `driver`, e.g. the in-memory one) and yield a Client.
 
         Nested `client()` blocks share the outer one's pool. With `migrate=True` the schema is
@@ -91,26 +103,43 @@ class App:
             return
         from ._pg.driver import open_pg_driver  # imported here: psycopg stays behind the seam
 
-        async with open_pg_driver(self.resolve_database_url(), self.schema,
-                                  pool_size=self.pool_size) as pg_driver:
+        async with open_pg_driver(
+            self.resolve_database_url(), self.schema, pool_size=self.pool_size
+        ) as pg_driver:
             yield pg_driver
 
-    def worker(self, queues: list[str] | tuple[str, ...] | None = None, concurrency: int = 10,
-               *, hooks: WorkerHooks | None = None, **config: Any) -> Worker:
+    def worker(
+        self,
+        queues: list[str] | tuple[str, ...] | None = None,
+        concurrency: int = 10,
+        *,
+        hooks: WorkerHooks | None = None,
+        **config: Any,
+    ) -> Worker:
         """A Worker on the open client's driver (see `run_worker`)."""
         if self._client is None:
             raise ConfigurationError("run_worker: open `app.client()` first")
         if not self.tasks:
             raise ConfigurationError("run_worker: the app has no registered tasks")
-        worker_config = WorkerConfig(queues=tuple(queues or ("default",)),
-                                     concurrency=concurrency, **config)
-        return Worker(driver=self._client.driver, tasks=dict(self.tasks), config=worker_config,
-                      hooks=hooks or WorkerHooks())
+        worker_config = WorkerConfig(
+            queues=tuple(queues or ("default",)), concurrency=concurrency, **config
+        )
+        return Worker(
+            driver=self._client.driver,
+            tasks=dict(self.tasks),
+            config=worker_config,
+            hooks=hooks or WorkerHooks(),
+        )
 
-    async def run_worker(self, queues: list[str] | tuple[str, ...] | None = None,
-                         concurrency: int = 10, *, hooks: WorkerHooks | None = None,
-                         task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
-                         **config: Any) -> None:
+    async def run_worker(
+        self,
+        queues: list[str] | tuple[str, ...] | None = None,
+        concurrency: int = 10,
+        *,
+        hooks: WorkerHooks | None = None,
+        task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
+        **config: Any,
+    ) -> None:
         """Run a worker inside this program until it is drained (`worker.request_drain()`)
         or cancelled. Use `await nursery.start(app.run_worker, ...)` to get the Worker."""
         worker = self.worker(queues, concurrency, hooks=hooks, **config)

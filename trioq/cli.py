@@ -67,18 +67,29 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             port = await nursery.start(serve_health, worker, args.health_port, args.health_host)
             log.info("health on %s:%d", args.health_host, port)
         nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope)
-        print(f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
-              f"concurrency={worker.config.concurrency}", flush=True)
+        print(
+            f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
+            f"concurrency={worker.config.concurrency}",
+            flush=True,
+        )
     return 0
 
 
-async def _run_worker(app: App, args: argparse.Namespace, done: trio.CancelScope, *,
-                      task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
+async def _run_worker(
+    app: App,
+    args: argparse.Namespace,
+    done: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Run the worker; once it has drained, stop the signal handler and health server too."""
     await app.run_worker(
-        queues=args.queue or ["default"], concurrency=args.concurrency,
-        poll_interval=args.poll_interval, lease_seconds=args.lease,
-        grace_seconds=args.grace, maintenance_interval=args.maintenance_interval,
+        queues=args.queue or ["default"],
+        concurrency=args.concurrency,
+        poll_interval=args.poll_interval,
+        lease_seconds=args.lease,
+        grace_seconds=args.grace,
+        maintenance_interval=args.maintenance_interval,
         task_status=task_status,
     )
     done.cancel()
@@ -92,8 +103,12 @@ async def _drain_on_signal(worker: Worker, scope: trio.CancelScope) -> None:
                 print("second signal: stopping now", file=sys.stderr, flush=True)
                 scope.cancel()
                 return
-            print(f"{signal.Signals(signum).name}: draining (stop claiming, grace "
-                  f"{worker.config.grace_seconds}s)", file=sys.stderr, flush=True)
+            print(
+                f"{signal.Signals(signum).name}: draining (stop claiming, grace "
+                f"{worker.config.grace_seconds}s)",
+                file=sys.stderr,
+                flush=True,
+            )
             worker.request_drain()
 
 
@@ -104,11 +119,16 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         raise SystemExit(f"JSON: not valid JSON: {exc}") from None
     async with app.client() as client:
-        job = await client.enqueue(args.task, payload, queue=args.queue, delay=args.delay,
-                                   partition_key=args.partition_key, priority=args.priority,
-                                   dedup_key=args.dedup_key)
-    print(json.dumps({"id": job.id, "task": job.task, "queue": job.queue,
-                      "created": job.created}))
+        job = await client.enqueue(
+            args.task,
+            payload,
+            queue=args.queue,
+            delay=args.delay,
+            partition_key=args.partition_key,
+            priority=args.priority,
+            dedup_key=args.dedup_key,
+        )
+    print(json.dumps({"id": job.id, "task": job.task, "queue": job.queue, "created": job.created}))
     return 0
 
 
@@ -118,21 +138,33 @@ async def cmd_status(args: argparse.Namespace) -> int:
         queues = await client.queue_status()
         workers = await client.workers()
     if args.json:
-        print(json.dumps({
-            "queues": [_plain(q) for q in queues],
-            "workers": [_plain(w) for w in workers],
-        }, default=str, indent=2))
+        print(
+            json.dumps(
+                {
+                    "queues": [_plain(q) for q in queues],
+                    "workers": [_plain(w) for w in workers],
+                },
+                default=str,
+                indent=2,
+            )
+        )
         return 0
-    print(f"{'queue':<20}{'ready':>8}{'sched':>8}{'running':>9}{'expired':>9}"
-          f"{'done':>9}{'failed':>8}{'oldest':>10}")
+    print(
+        f"{'queue':<20}{'ready':>8}{'sched':>8}{'running':>9}{'expired':>9}"
+        f"{'done':>9}{'failed':>8}{'oldest':>10}"
+    )
     for q in queues:
         oldest = "-" if q.oldest_ready_seconds is None else f"{q.oldest_ready_seconds:.1f}s"
-        print(f"{q.queue:<20}{q.ready:>8}{q.scheduled:>8}{q.running:>9}{q.expired_leases:>9}"
-              f"{q.completed:>9}{q.failed:>8}{oldest:>10}")
+        print(
+            f"{q.queue:<20}{q.ready:>8}{q.scheduled:>8}{q.running:>9}{q.expired_leases:>9}"
+            f"{q.completed:>9}{q.failed:>8}{oldest:>10}"
+        )
     print(f"\n{len(workers)} worker(s)")
     for w in workers:
-        print(f"  {w.id} {w.hostname}:{w.pid} {w.state} queues={','.join(w.queues)} "
-              f"running={w.running}/{w.concurrency} heartbeat={w.heartbeat_at:%H:%M:%S}")
+        print(
+            f"  {w.id} {w.hostname}:{w.pid} {w.state} queues={','.join(w.queues)} "
+            f"running={w.running}/{w.concurrency} heartbeat={w.heartbeat_at:%H:%M:%S}"
+        )
     return 0
 
 
@@ -145,8 +177,12 @@ def _plain(record: Any) -> dict[str, Any]:
 async def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return await run_demo(database_url=args.database_url, app_path=args.app,
-                          scale=args.scale, concurrency=args.concurrency)
+    return await run_demo(
+        database_url=args.database_url,
+        app_path=args.app,
+        scale=args.scale,
+        concurrency=args.concurrency,
+    )
 
 
 # --- parsing ----------------------------------------------------------------------------------
@@ -159,8 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
-        cmd.add_argument("--database-url", default=None,
-                         help=f"libpq URL or conninfo (default: ${DATABASE_URL_ENV})")
+        cmd.add_argument(
+            "--database-url",
+            default=None,
+            help=f"libpq URL or conninfo (default: ${DATABASE_URL_ENV})",
+        )
         return cmd
 
     migrate = command("migrate", "create or upgrade the schema (safe to run concurrently)")

@@ -54,9 +54,13 @@ class EnqueueOptions:
     max_attempts: int | None = None
 
 
-def build_jobs(spec: TaskSpec, payloads: Iterable[Any], options: EnqueueOptions
-               ) -> list[NewJob]:
-    """Validate options and encode payloads; raises before anything is written."""
+def build_jobs(
+    spec: TaskSpec, payloads: Sequence[Any], options: EnqueueOptions, *, single: bool = False
+) -> list[NewJob]:
+    """Validate options and encode payloads; raises before anything is written.
+
+    Errors name the field: `$.a.b` for a single payload, `[3].a.b` inside a batch.
+    """
     queue = validate_name("queue", options.queue or spec.queue)
     if not isinstance(options.priority, int) or not -32768 <= options.priority <= 32767:
         raise ValueError(f"priority: {options.priority!r} must be an integer in [-32768, 32767]")
@@ -76,32 +80,28 @@ def build_jobs(spec: TaskSpec, payloads: Iterable[Any], options: EnqueueOptions
     dedup_key = validate_key("dedup_key", options.dedup_key)
     jobs = [
         NewJob(
-            queue=queue, task=spec.name,
-            payload_json=codec.encode(payload, root="$" if index is None else f"[{index}]"),
-            priority=options.priority, run_at=options.run_at, delay_seconds=delay,
-            partition_key=partition_key, dedup_key=dedup_key, max_attempts=max_attempts,
+            queue=queue,
+            task=spec.name,
+            payload_json=codec.encode(payload, root="$" if single else f"[{index}]"),
+            priority=options.priority,
+            run_at=options.run_at,
+            delay_seconds=delay,
+            partition_key=partition_key,
+            dedup_key=dedup_key,
+            max_attempts=max_attempts,
         )
-        for index, payload in payloads_indexed(payloads)
+        for index, payload in enumerate(payloads)
     ]
     if dedup_key is not None and len(jobs) > 1:
         raise ValueError("dedup_key: one key cannot be shared by a batch of several jobs")
     return jobs
 
 
-def payloads_indexed(payloads: Iterable[Any]) -> Iterable[tuple[int | None, Any]]:
-    if isinstance(payloads, _Single):
-        return [(None, payloads.value)]
-    return enumerate(payloads)
-
-
-@attrs.frozen
-class _Single:
-    value: Any
-
-
 def _to_jobs(jobs: Sequence[NewJob], inserted: Sequence[InsertedJob]) -> list[Job]:
-    return [Job(id=row.id, task=job.task, queue=job.queue, created=row.created)
-            for job, row in zip(jobs, inserted, strict=True)]
+    return [
+        Job(id=row.id, task=job.task, queue=job.queue, created=row.created)
+        for job, row in zip(jobs, inserted, strict=True)
+    ]
 
 
 @attrs.define(eq=False)
@@ -122,20 +122,23 @@ class ClientTransaction:
     _tx: Transaction
     _enqueuer: _Enqueuer
 
-    async def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
-                      ) -> None:
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> None:
         await self._tx.execute(sql, params)
 
-    async def fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
-                    ) -> list[tuple[Any, ...]]:
+    async def fetch(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
         return await self._tx.fetch(sql, params)
 
     async def enqueue(self, task: str, payload: Any = None, **options: Any) -> Job:
-        jobs = build_jobs(self._enqueuer.spec(task), _Single(payload), EnqueueOptions(**options))
+        jobs = build_jobs(
+            self._enqueuer.spec(task), [payload], EnqueueOptions(**options), single=True
+        )
         return _to_jobs(jobs, await self._tx.job_insert_many(jobs))[0]
 
-    async def enqueue_many(self, task: str, payloads: Iterable[Any], **options: Any
-                           ) -> list[Job]:
+    async def enqueue_many(self, task: str, payloads: Iterable[Any], **options: Any) -> list[Job]:
         jobs = build_jobs(self._enqueuer.spec(task), list(payloads), EnqueueOptions(**options))
         return _to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
 
@@ -166,8 +169,9 @@ class _ResultWatcher:
         if not events:
             self.waiters.pop(job_id, None)
 
-    async def _run(self, *, task_status: trio.TaskStatus[Listener] = trio.TASK_STATUS_IGNORED
-                   ) -> None:
+    async def _run(
+        self, *, task_status: trio.TaskStatus[Listener] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         async with self.driver.open_listener(self._on_notify, self._wake_all) as listener:
             task_status.started(listener)
             await trio.sleep_forever()
@@ -192,25 +196,40 @@ class Client:
     _enqueuer: _Enqueuer
     _watcher: _ResultWatcher
 
-    async def enqueue(self, task: str, payload: Any = None, *, queue: str | None = None,
-                      run_at: datetime.datetime | None = None,
-                      delay: datetime.timedelta | float | None = None, priority: int = 0,
-                      partition_key: str | None = None, dedup_key: str | None = None,
-                      max_attempts: int | None = None) -> Job:
+    async def enqueue(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        queue: str | None = None,
+        run_at: datetime.datetime | None = None,
+        delay: datetime.timedelta | float | None = None,
+        priority: int = 0,
+        partition_key: str | None = None,
+        dedup_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
         """Insert one job (one statement) and wake the queue's workers on commit."""
-        options = EnqueueOptions(queue, run_at, delay, priority, partition_key, dedup_key,
-                                 max_attempts)
-        jobs = build_jobs(self._enqueuer.spec(task), _Single(payload), options)
+        options = EnqueueOptions(
+            queue, run_at, delay, priority, partition_key, dedup_key, max_attempts
+        )
+        jobs = build_jobs(self._enqueuer.spec(task), [payload], options, single=True)
         return _to_jobs(jobs, await self.driver.job_insert_many(jobs))[0]
 
-    async def enqueue_many(self, task: str, payloads: Iterable[Any], *,
-                           queue: str | None = None, run_at: datetime.datetime | None = None,
-                           delay: datetime.timedelta | float | None = None, priority: int = 0,
-                           partition_key: str | None = None, max_attempts: int | None = None
-                           ) -> list[Job]:
+    async def enqueue_many(
+        self,
+        task: str,
+        payloads: Iterable[Any],
+        *,
+        queue: str | None = None,
+        run_at: datetime.datetime | None = None,
+        delay: datetime.timedelta | float | None = None,
+        priority: int = 0,
+        partition_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> list[Job]:
         """Insert a whole batch in ONE statement; results are in the order of `payloads`."""
-        options = EnqueueOptions(queue, run_at, delay, priority, partition_key, None,
-                                 max_attempts)
+        options = EnqueueOptions(queue, run_at, delay, priority, partition_key, None, max_attempts)
         jobs = build_jobs(self._enqueuer.spec(task), list(payloads), options)
         return _to_jobs(jobs, await self.driver.job_insert_many(jobs)) if jobs else []
 

@@ -33,8 +33,7 @@ def _database(url: str | None) -> Iterator[str]:
         yield cluster.conninfo
 
 
-async def run_demo(*, database_url: str | None, app_path: str, scale: int,
-                   concurrency: int) -> int:
+async def run_demo(*, database_url: str | None, app_path: str, scale: int, concurrency: int) -> int:
     app = load_app(app_path)
     module = sys.modules[app_path.partition(":")[0]]
     with _database(database_url) as url:
@@ -48,12 +47,16 @@ async def _run(app: App, module: object, scale: int, concurrency: int) -> int:
         started = time.perf_counter()
         jobs: list[Job] = await module.enqueue_demo_jobs(client, scale)  # type: ignore[attr-defined]
         unique = {job.id: job for job in jobs}
-        print(f"enqueued {len(jobs)} jobs ({len(unique)} distinct; a dedup key returned an "
-              f"existing job) in {time.perf_counter() - started:.2f}s", flush=True)
+        print(
+            f"enqueued {len(jobs)} jobs ({len(unique)} distinct; a dedup key returned an "
+            f"existing job) in {time.perf_counter() - started:.2f}s",
+            flush=True,
+        )
         async with trio.open_nursery() as nursery:
             worker = await nursery.start(
                 lambda task_status: app.run_worker(
-                    queues, concurrency, poll_interval=0.2, task_status=task_status)
+                    queues, concurrency, poll_interval=0.2, task_status=task_status
+                )
             )
             run_started = time.perf_counter()
             await _show_progress(client, len(unique))
@@ -71,8 +74,10 @@ async def _show_progress(client: Client, total: int) -> None:
         done = sum(s.completed + s.failed + s.cancelled for s in statuses)
         running = sum(s.running for s in statuses)
         waiting = sum(s.ready + s.scheduled for s in statuses)
-        line = (f"  finished {done:>5}/{total}  running {running:>3}  waiting {waiting:>5}  "
-                f"failed {sum(s.failed for s in statuses)}")
+        line = (
+            f"  finished {done:>5}/{total}  running {running:>3}  waiting {waiting:>5}  "
+            f"failed {sum(s.failed for s in statuses)}"
+        )
         now = time.perf_counter()
         if interactive:
             print("\r" + line, end="", flush=True)
@@ -93,12 +98,16 @@ async def _summary(client: Client, jobs: list[Job], elapsed: float) -> None:
         record = await client.get_job(job.id)
         by_task[job.task][record.state] += 1
         retried += record.attempt > 1
-    print(f"\nall {len(jobs)} jobs finished in {elapsed:.2f}s "
-          f"({len(jobs) / elapsed:.0f} jobs/s, including handler latency)")
+    print(
+        f"\nall {len(jobs)} jobs finished in {elapsed:.2f}s "
+        f"({len(jobs) / elapsed:.0f} jobs/s, including handler latency)"
+    )
     for task, states in sorted(by_task.items()):
         print(f"  {task:<16} " + "  ".join(f"{state}={n}" for state, n in sorted(states.items())))
-    print(f"  {retried} jobs succeeded after a retry (their failed attempts are in "
-          f"the attempts table)")
+    print(
+        f"  {retried} jobs succeeded after a retry (their failed attempts are in "
+        f"the attempts table)"
+    )
     sample = next((job for job in jobs if job.task == "send_reply"), None)
     if sample is not None:
         print(f"  result of job {sample.id}: {await client.wait_result(sample.id)}")

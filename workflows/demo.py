@@ -61,12 +61,15 @@ async def send_reply(ctx: trioq.Context, payload: SendReply) -> dict[str, object
 @app.task("react_to_event", queue="events", max_attempts=3)
 async def react_to_event(ctx: trioq.Context, payload: AppEvent) -> dict[str, object]:
     await trio.sleep(random.uniform(0.001, 0.01))
-    return {"account_id": payload.account_id, "handled": payload.kind,
-            "sequence": payload.sequence}
+    return {"account_id": payload.account_id, "handled": payload.kind, "sequence": payload.sequence}
 
 
-@app.task("sync_external", queue="sync", max_attempts=4,
-          retry=trioq.RetryPolicy(base_seconds=0.05, max_seconds=0.5))
+@app.task(
+    "sync_external",
+    queue="sync",
+    max_attempts=4,
+    retry=trioq.RetryPolicy(base_seconds=0.05, max_seconds=0.5),
+)
 async def sync_external(ctx: trioq.Context, payload: SyncRequest) -> dict[str, object]:
     records = 0
     for page in range(payload.pages):
@@ -100,9 +103,13 @@ async def enqueue_demo_jobs(client: trioq.Client, scale: int = 1) -> list[trioq.
         "sync_external", [SyncRequest(source_id=i) for i in range(40 * scale)]
     )
     for team in ("core", "growth"):
-        jobs.append(await client.enqueue("nightly_digest", {"team": team}, delay=0.5,
-                                         dedup_key=f"digest:{team}"))
+        jobs.append(
+            await client.enqueue(
+                "nightly_digest", {"team": team}, delay=0.5, dedup_key=f"digest:{team}"
+            )
+        )
     # The same automation enqueued twice: the dedup key returns the existing job.
-    jobs.append(await client.enqueue("nightly_digest", {"team": "core"}, delay=0.5,
-                                     dedup_key="digest:core"))
+    jobs.append(
+        await client.enqueue("nightly_digest", {"team": "core"}, delay=0.5, dedup_key="digest:core")
+    )
     return jobs

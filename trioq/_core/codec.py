@@ -27,7 +27,9 @@ converter.register_structure_hook(
     datetime.datetime, lambda value, _: datetime.datetime.fromisoformat(value)
 )
 converter.register_unstructure_hook(datetime.date, lambda value: value.isoformat())
-converter.register_structure_hook(datetime.date, lambda value, _: datetime.date.fromisoformat(value))
+converter.register_structure_hook(
+    datetime.date, lambda value, _: datetime.date.fromisoformat(value)
+)
 converter.register_unstructure_hook(uuid.UUID, str)
 converter.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
 
@@ -88,8 +90,9 @@ def _check(value: Any, path: str, depth: int) -> None:
             _check(item, f"{path}.{key}", depth + 1)
     else:
         raise PayloadError(
-            path, f"{type(value).__name__} is not JSON (use dict, list, str, int, float, bool, "
-            f"None or an attrs class)"
+            path,
+            f"{type(value).__name__} is not JSON (use dict, list, str, int, float, bool, "
+            f"None or an attrs class)",
         )
 
 

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from .._core.channels import control_channel
 from .._driver import (
     AttemptRecord,
     CancelOutcome,
@@ -39,7 +40,6 @@ from .._driver import (
     WorkerRegistration,
 )
 from .._sql import migrations, queries
-from .._core.channels import control_channel
 from . import Connection, Listener, Pool, is_connection_lost, open_listener, open_pool
 
 T = TypeVar("T")
@@ -249,7 +249,12 @@ class PgDriver:
 
     async def worker_list(self) -> list[WorkerInfo]:
         rows = await self._retrying("worker_list")
-        return [WorkerInfo(*row[:3], tuple(row[3]), *row[4:]) for row in rows]
+        return [
+            WorkerInfo(
+                row[0], row[1], row[2], tuple(row[3]), row[4], row[5], row[6], row[7], row[8]
+            )
+            for row in rows
+        ]
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         rows = await self._retrying("ready_channels", {"queues": list(queues)})

@@ -103,8 +103,11 @@ class ClaimLoop:
 
     def owned(self) -> int:
         return (
-            len(self.running) + len(self._completions) + len(self._failures)
-            + len(self._releases) + len(self._writing)
+            len(self.running)
+            + len(self._completions)
+            + len(self._failures)
+            + len(self._releases)
+            + len(self._writing)
         )
 
     @property
@@ -156,8 +159,9 @@ class ClaimLoop:
                     await self._round(handlers)
                 except Exception as exc:  # the database is away: keep results, retry later
                     self._db_healthy = False
-                    log.warning("queue %s: round failed (%s); retrying in %.1fs",
-                                self.queue, exc, backoff)
+                    log.warning(
+                        "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, backoff
+                    )
                     await trio.sleep(backoff * (1 + random.random()))
                     backoff = min(backoff * 2, 5.0)
                     self._wake.set()
@@ -171,9 +175,15 @@ class ClaimLoop:
         await self._flush(self._releases, self.driver.job_release_many, lambda lease: lease)
         completions, self._completions = self._completions, []
         # The completions written by this statement free their slots in the same commit.
-        limit = 0 if self._stopping else claim_size(
-            self.concurrency, len(self.running) + len(self._failures) + len(self._releases),
-            0, self.concurrency,
+        limit = (
+            0
+            if self._stopping
+            else claim_size(
+                self.concurrency,
+                len(self.running) + len(self._failures) + len(self._releases),
+                0,
+                self.concurrency,
+            )
         )
         if limit == 0 and not completions:
             return
@@ -196,8 +206,9 @@ class ClaimLoop:
             self._writing.clear()
         lost = len(completions) - len(result.completed_ids)
         if lost:
-            log.warning("queue %s: %d results not written: their leases were lost",
-                        self.queue, lost)
+            log.warning(
+                "queue %s: %d results not written: their leases were lost", self.queue, lost
+            )
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
@@ -206,8 +217,12 @@ class ClaimLoop:
             self.running[job.id] = entry
             handlers.start_soon(self._run_job, entry, name=f"trioq job {job.id}")
 
-    async def _flush(self, pending: list[T], write: Callable[[list[T]], Awaitable[object]],
-                     lease_of: Callable[[T], Lease]) -> None:
+    async def _flush(
+        self,
+        pending: list[T],
+        write: Callable[[list[T]], Awaitable[object]],
+        lease_of: Callable[[T], Lease],
+    ) -> None:
         if not pending:
             return
         batch = pending[:]
@@ -254,9 +269,14 @@ class ClaimLoop:
 
     def _context(self, job: ClaimedJob) -> Context:
         info = JobInfo(
-            id=job.id, task=job.task, queue=job.queue, attempt=job.attempt,
-            max_attempts=job.max_attempts, partition_key=job.partition_key,
-            priority=job.priority, created_at=job.created_at,
+            id=job.id,
+            task=job.task,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            partition_key=job.partition_key,
+            priority=job.priority,
+            created_at=job.created_at,
         )
         logger = logging.LoggerAdapter(
             logging.getLogger(f"trioq.task.{job.task}"),
@@ -272,8 +292,14 @@ class ClaimLoop:
             self._releases.append(entry.job.lease)
             return "released"
         if reason == "cancelled":
-            self._failures.append(Failure(entry.job.lease, _error_json(
-                "Cancelled", "cancelled on request", None), None, "cancelled"))
+            self._failures.append(
+                Failure(
+                    entry.job.lease,
+                    _error_json("Cancelled", "cancelled on request", None),
+                    None,
+                    "cancelled",
+                )
+            )
             return "cancelled"
         return self._record_failure(
             entry, spec, TimeoutError(f"task {spec.name!r} exceeded its {spec.timeout}s timeout")
@@ -286,17 +312,25 @@ class ClaimLoop:
         if entry.cancel_reason == "cancelled":
             return self._record_cancellation(entry, spec)
         error_json = _error_json(
-            f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc),
+            f"{type(exc).__module__}.{type(exc).__qualname__}",
+            str(exc),
             "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
         )
         if should_retry(job.attempt, job.max_attempts):
             delay = spec.retry.delay(job.attempt)
-            log.info("job %d (%s) attempt %d failed, retry in %.2fs: %r",
-                     job.id, job.task, job.attempt, delay, exc)
+            log.info(
+                "job %d (%s) attempt %d failed, retry in %.2fs: %r",
+                job.id,
+                job.task,
+                job.attempt,
+                delay,
+                exc,
+            )
             self._failures.append(Failure(job.lease, error_json, delay))
             return "retried"
-        log.warning("job %d (%s) failed for good after attempt %d: %r",
-                    job.id, job.task, job.attempt, exc)
+        log.warning(
+            "job %d (%s) failed for good after attempt %d: %r", job.id, job.task, job.attempt, exc
+        )
         self._failures.append(Failure(job.lease, error_json, None, "failed"))
         return "failed"
 

@@ -7,6 +7,7 @@ unreachable or while lease renewals are late. /metrics is Prometheus text. Nothi
 
 from __future__ import annotations
 
+import functools
 import json
 
 import trio
@@ -30,7 +31,7 @@ def render_metrics(worker: Worker) -> str:
         "# TYPE trioq_claimed_jobs_total counter",
     ]
     for loop in stats.loops:
-        label = '{queue="%s"}' % loop.queue  # queue names are validated: no quotes inside
+        label = f'{{queue="{loop.queue}"}}'  # queue names are validated: no quotes inside
         lines += [
             f"trioq_slots{label} {loop.concurrency}",
             f"trioq_running_jobs{label} {loop.running}",
@@ -56,15 +57,20 @@ def readiness(worker: Worker) -> dict[str, object]:
     }
 
 
-async def serve_health(worker: Worker, port: int, host: str = "127.0.0.1", *,
-                       task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_health(
+    worker: Worker,
+    port: int,
+    host: str = "127.0.0.1",
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Serve until cancelled; reports the bound port (0 picks a free one) through task_status."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(lambda stream: _handle(stream, worker), listeners)
+    await trio.serve_listeners(functools.partial(_handle, worker=worker), listeners)
 
 
-async def _handle(stream: trio.SocketStream, worker: Worker) -> None:
+async def _handle(stream: trio.SocketStream, *, worker: Worker) -> None:
     async with stream:
         with trio.move_on_after(5):
             request = b""
@@ -76,8 +82,10 @@ async def _handle(stream: trio.SocketStream, worker: Worker) -> None:
             parts = request.split(b" ", 2)
             path = parts[1].decode("ascii", "replace") if len(parts) > 2 else ""
             status, body, kind = _route(parts[0], path, worker)
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
             await stream.send_all(head.encode() + body)
 
 

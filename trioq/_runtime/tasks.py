@@ -22,7 +22,7 @@ class TaskSpec:
     handler: Handler
     queue: str = "default"
     max_attempts: int = 5
-    retry: RetryPolicy = RetryPolicy()
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     timeout: float | None = None
     payload_type: Any = None  # an attrs class (structured by cattrs) or None for plain JSON
 
@@ -53,4 +53,4 @@ def payload_type_of(handler: Handler) -> Any:
             f"the payload class at module level"
         ) from None
     annotation = hints.get(parameters[1].name)
-    return annotation if attrs.has(annotation) else None
+    return annotation if isinstance(annotation, type) and attrs.has(annotation) else None

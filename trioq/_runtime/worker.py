@@ -96,10 +96,14 @@ class Worker:
     def __attrs_post_init__(self) -> None:
         self.loops = {
             queue: ClaimLoop(
-                queue=queue, concurrency=self.config.concurrency, driver=self.driver,
-                tasks=self.tasks, worker_id=self.worker_id,
+                queue=queue,
+                concurrency=self.config.concurrency,
+                driver=self.driver,
+                tasks=self.tasks,
+                worker_id=self.worker_id,
                 lease_seconds=self.config.lease_seconds,
-                poll_interval=self.config.poll_interval, hooks=self.hooks,
+                poll_interval=self.config.poll_interval,
+                hooks=self.hooks,
             )
             for queue in self.config.queues
         }
@@ -115,22 +119,26 @@ class Worker:
             worker_id=self.worker_id,
             draining=self._drain_requested.is_set(),
             listener_connected=self._listener_connected,
-            database_healthy=self._renewal_ok and all(
-                loop.db_healthy for loop in self.loops.values()),
+            database_healthy=self._renewal_ok
+            and all(loop.db_healthy for loop in self.loops.values()),
             seconds_since_lease_renewal=trio.current_time() - self._last_renewal,
             loops=tuple(loop.statistics() for loop in self.loops.values()),
         )
 
     # --- the supervisor ------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until drained (see `request_drain`). Cancelling it is a hard stop: handlers are
         cancelled and their leases expire, to be recovered by any worker's maintenance."""
-        await self.driver.worker_register(WorkerRegistration(
-            worker_id=self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
-            queues=self.config.queues, concurrency=self.config.concurrency,
-        ))
+        await self.driver.worker_register(
+            WorkerRegistration(
+                worker_id=self.worker_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.config.queues,
+                concurrency=self.config.concurrency,
+            )
+        )
         try:
             async with self.driver.open_listener(self._on_notify, self._on_reconnect) as listener:
                 channels = await self.driver.ready_channels(self.config.queues)
@@ -171,8 +179,11 @@ class Worker:
         # The loops write the releases and exit; if the database is away, give up after a bound
         # (the leases then expire and maintenance recovers the jobs).
         await trio.sleep(self.config.write_timeout)
-        log.warning("worker %s: final writes did not finish in %.0fs; stopping anyway",
-                    self.worker_id, self.config.write_timeout)
+        log.warning(
+            "worker %s: final writes did not finish in %.0fs; stopping anyway",
+            self.worker_id,
+            self.config.write_timeout,
+        )
         loops_scope.cancel()
 
     # --- notifications -------------------------------------------------------------------
@@ -215,12 +226,14 @@ class Worker:
             await trio.sleep(self.config.renew_interval)
             leases = [lease for loop in self.loops.values() for lease in loop.owned_leases()]
             try:
-                renewed = await self.driver.lease_renew_many(RenewLeases(
-                    worker_id=self.worker_id,
-                    worker_state="draining" if self._drain_requested.is_set() else "running",
-                    lease_seconds=self.config.lease_seconds,
-                    leases=tuple(leases),
-                ))
+                renewed = await self.driver.lease_renew_many(
+                    RenewLeases(
+                        worker_id=self.worker_id,
+                        worker_state="draining" if self._drain_requested.is_set() else "running",
+                        lease_seconds=self.config.lease_seconds,
+                        leases=tuple(leases),
+                    )
+                )
             except Exception as exc:
                 self._renewal_ok = False
                 silent = trio.current_time() - self._last_renewal
@@ -232,8 +245,7 @@ class Worker:
             self._last_renewal = trio.current_time()
             self._apply_renewal({lease.id: lease for lease in leases}, renewed)
 
-    def _apply_renewal(self, requested: Mapping[int, Lease], renewed: list[RenewedLease]
-                       ) -> None:
+    def _apply_renewal(self, requested: Mapping[int, Lease], renewed: list[RenewedLease]) -> None:
         still_owned = {row.id: row for row in renewed}
         for loop in self.loops.values():
             for job_id, entry in list(loop.running.items()):
@@ -241,8 +253,12 @@ class Worker:
                     continue
                 row = still_owned.get(job_id)
                 if row is None:
-                    log.warning("lost ownership of job %d attempt %d (lease %s): cancelling",
-                                job_id, entry.job.attempt, entry.job.lease_token)
+                    log.warning(
+                        "lost ownership of job %d attempt %d (lease %s): cancelling",
+                        job_id,
+                        entry.job.attempt,
+                        entry.job.lease_token,
+                    )
                     entry.cancel("lost")
                 elif row.cancel_requested:
                     entry.cancel("cancelled")
@@ -250,8 +266,11 @@ class Worker:
     def _cancel_all_lost(self) -> None:
         for loop in self.loops.values():
             for entry in list(loop.running.values()):
-                log.warning("lease of job %d attempt %d ran out while the database was away",
-                            entry.job.id, entry.job.attempt)
+                log.warning(
+                    "lease of job %d attempt %d ran out while the database was away",
+                    entry.job.id,
+                    entry.job.attempt,
+                )
                 entry.cancel("lost")
 
     # --- maintenance ---------------------------------------------------------------------
@@ -264,10 +283,11 @@ class Worker:
                 while True:
                     report = await self.driver.maintenance_pass(params)
                     if report.recovered:
-                        log.warning("recovered %d jobs with expired leases",
-                                    len(report.recovered))
-                    if len(report.recovered) < params.recover_limit and \
-                            report.pruned_jobs < params.prune_limit:
+                        log.warning("recovered %d jobs with expired leases", len(report.recovered))
+                    if (
+                        len(report.recovered) < params.recover_limit
+                        and report.pruned_jobs < params.prune_limit
+                    ):
                         break
             except Exception as exc:
                 log.warning("maintenance pass failed: %s", exc)
