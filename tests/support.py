@@ -41,6 +41,11 @@ def sql_scalar(pg_url: str, query: str, params: Any = None) -> Any:
         return None if row is None else row[0]
 
 
+def sql_rows(pg_url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
 async def scalar(pg_url: str, query: str, params: Any = None) -> Any:
     return await trio.to_thread.run_sync(sql_scalar, pg_url, query, params)
 

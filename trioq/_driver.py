@@ -66,6 +66,8 @@ class CompleteAndClaim:
     lease_seconds: float
     worker_id: uuid.UUID
     completions: tuple[Completion, ...] = ()
+    key_cursor: str = ""  # partition keys: continue the round-robin after this key
+    key_window: int = 200  # partition keys: visit at most this many keys per claim
 
 
 @attrs.frozen
@@ -126,6 +128,7 @@ class ClaimedJob:
 class CompleteAndClaimResult:
     completed_ids: tuple[int, ...]
     claimed: tuple[ClaimedJob, ...]
+    key_cursor: str | None = None  # the last partition key visited (None: no keyed work)
 
 
 @attrs.frozen

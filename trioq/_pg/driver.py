@@ -148,8 +148,10 @@ class PgDriver:
             return await self._insert(conn, jobs)
 
     async def job_complete_and_claim(self, params: CompleteAndClaim) -> CompleteAndClaimResult:
+        """Not retried here: a claim whose reply was lost may have committed (its rows then
+        wait for lease recovery); the claim loop keeps the completions and retries the round."""
         completions = params.completions
-        rows = await self._retrying(
+        rows = await self._fetch(
             "job_complete_and_claim",
             {
                 **_lease_arrays([completion.lease for completion in completions]),
@@ -159,11 +161,15 @@ class PgDriver:
                 "limit": params.limit,
                 "lease_seconds": params.lease_seconds,
                 "worker_id": params.worker_id,
+                "key_cursor": params.key_cursor,
+                "key_window": params.key_window,
             },
         )
         completed = tuple(rows[0][0]) if rows else ()
-        claimed = tuple(ClaimedJob(*row[1:]) for row in rows if row[1] is not None)
-        return CompleteAndClaimResult(completed_ids=completed, claimed=claimed)
+        claimed = tuple(ClaimedJob(*row[2:]) for row in rows if row[2] is not None)
+        return CompleteAndClaimResult(
+            completed_ids=completed, claimed=claimed, key_cursor=rows[0][1] if rows else None
+        )
 
     async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]:
         rows = await self._retrying(

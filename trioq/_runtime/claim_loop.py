@@ -88,6 +88,8 @@ class ClaimLoop:
     _rounds: int = 0
     _claimed_total: int = 0
     _db_healthy: bool = True
+    _key_cursor: str = ""
+    _keyed_completions: int = 0
 
     # --- state the rest of the worker reads ---------------------------------------------
 
@@ -174,6 +176,7 @@ class ClaimLoop:
         await self._flush(self._failures, self.driver.job_fail_many, lambda f: f.lease)
         await self._flush(self._releases, self.driver.job_release_many, lambda lease: lease)
         completions, self._completions = self._completions, []
+        keyed, self._keyed_completions = self._keyed_completions, 0
         # The completions written by this statement free their slots in the same commit.
         limit = (
             0
@@ -197,10 +200,12 @@ class ClaimLoop:
                     lease_seconds=self.lease_seconds,
                     worker_id=self.worker_id,  # type: ignore[arg-type]
                     completions=tuple(completions),
+                    key_cursor=self._key_cursor,
                 )
             )
         except BaseException:
             self._completions[:0] = completions  # nothing committed (or unknown): keep them
+            self._keyed_completions += keyed
             raise
         finally:
             self._writing.clear()
@@ -209,6 +214,11 @@ class ClaimLoop:
             log.warning(
                 "queue %s: %d results not written: their leases were lost", self.queue, lost
             )
+        self._key_cursor = result.key_cursor or ""
+        if keyed and len(result.claimed) < limit:
+            # This statement's snapshot still saw the completed jobs' keys as held: the next
+            # job of those keys becomes claimable in the next round, so run it now.
+            self._wake.set()
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
@@ -259,6 +269,7 @@ class ClaimLoop:
                 outcome = self._record_cancellation(entry, spec)
             else:
                 self._completions.append(Completion(job.lease, result_json))
+                self._keyed_completions += job.partition_key is not None
         finally:
             del self.running[job.id]
             self._wake.set()

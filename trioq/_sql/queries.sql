@@ -66,14 +66,25 @@ ORDER BY i.ord;
 -- lease_token, running). Result notifications are aggregated to at most one pg_notify per result
 -- channel per batch. Both CTEs see the same snapshot, so a key freed by a completion here is
 -- claimable from the next round, never twice in one.
--- The candidates CTE is MATERIALIZED as an optimisation fence (Oban's trick): LIMIT and SKIP
--- LOCKED apply to the scan of jobs_ready_idx and the UPDATE touches only the rows it locked.
--- SKIP LOCKED: concurrent claimers take disjoint rows and never wait for each other.
--- Partition keys: a keyed row is a candidate only when no job of its key is running and it is
--- the key's head (first ready, due row in claim order). Two racing claimers both see the same
--- head; only one can lock it, and the other does not take the key's second row because that
--- row is not the head in its snapshot either. Tasks this worker cannot run are never claimed.
-WITH done AS (
+-- Partition keys: a keyed row is claimable only when it is its key's head (first ready, due
+-- row in claim order) and no job of its key is running. Keyed and unkeyed rows come from two
+-- sources, so 100,000 jobs queued behind one busy key are never scanned:
+--  * unkeyed: the scan of jobs_ready_unkeyed_idx in claim order, locked with SKIP LOCKED as it
+--    goes (concurrent claimers skip each other's rows and keep scanning: no collapse when
+--    workers compete);
+--  * keyed: a loose index scan (recursive CTE) visits keys with ready rows, one index probe
+--    each, takes each key's head, drops keys that have a running job, keeps the best 2 x limit
+--    heads in claim order and locks those with SKIP LOCKED. It visits at most %(key_window)s
+--    keys, starting after %(key_cursor)s (the last key the previous claim visited) and wrapping
+--    around: with more keys than the window, claims rotate through them round-robin, so the
+--    cost stays bounded (10,000 one-job keys: 60-80 ms per claim unbounded, measured) and no
+--    key starves. Two racing claimers may both pick a key's head; only one
+--    locks it, and the other does not take the key's second row, which is not the head in its
+--    snapshot either. Cost: one index probe per key with ready work.
+-- The best `limit` of both sources are claimed; rows locked but not taken are released when the
+-- statement ends. Every CTE is MATERIALIZED as an optimisation fence (Oban's trick), so each
+-- LIMIT applies to its own index scan. Tasks this worker cannot run are never claimed.
+WITH RECURSIVE done AS (
     UPDATE {schema}.jobs j
     SET state = 'completed', result = d.result::jsonb, finished_at = {schema}.db_now(),
         lease_token = NULL, lease_expires_at = NULL
@@ -91,25 +102,81 @@ notified AS (
 completed AS (
     SELECT coalesce(array_agg(done.id), '{}') AS ids FROM done CROSS JOIN notified
 ),
-candidates AS MATERIALIZED (
-    SELECT j.id
+ready_keys AS (
+    SELECT first_key.partition_key, 1 AS n, first_key.wrapped
+    FROM (
+        SELECT after_cursor.partition_key, false AS wrapped
+        FROM (SELECT j.partition_key FROM {schema}.jobs j
+              WHERE j.queue = %(queue)s AND j.state = 'ready' AND j.partition_key IS NOT NULL
+                AND j.partition_key > %(key_cursor)s
+              ORDER BY j.partition_key LIMIT 1) AS after_cursor
+        UNION ALL
+        SELECT from_start.partition_key, true
+        FROM (SELECT j.partition_key FROM {schema}.jobs j
+              WHERE j.queue = %(queue)s AND j.state = 'ready' AND j.partition_key IS NOT NULL
+              ORDER BY j.partition_key LIMIT 1) AS from_start
+        LIMIT 1
+    ) AS first_key
+    WHERE %(limit)s > 0
+    UNION ALL
+    SELECT next_key.partition_key, k.n + 1, next_key.wrapped
+    FROM ready_keys k
+    CROSS JOIN LATERAL (
+        SELECT following.partition_key, k.wrapped AS wrapped
+        FROM (SELECT j.partition_key FROM {schema}.jobs j
+              WHERE j.queue = %(queue)s AND j.state = 'ready'
+                AND j.partition_key > k.partition_key
+              ORDER BY j.partition_key LIMIT 1) AS following
+        UNION ALL
+        SELECT from_start.partition_key, true
+        FROM (SELECT j.partition_key FROM {schema}.jobs j
+              WHERE j.queue = %(queue)s AND j.state = 'ready' AND j.partition_key IS NOT NULL
+              ORDER BY j.partition_key LIMIT 1) AS from_start
+        WHERE NOT k.wrapped
+        LIMIT 1
+    ) AS next_key
+    WHERE k.n < %(key_window)s
+      AND NOT (next_key.wrapped AND next_key.partition_key >= %(key_cursor)s)
+      AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
+),
+heads AS MATERIALIZED (
+    SELECT head.id
+    FROM ready_keys k
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.task FROM {schema}.jobs j
+        WHERE j.queue = %(queue)s AND j.partition_key = k.partition_key
+          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT 1
+    ) AS head
+    WHERE head.task = ANY(%(tasks)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs r
+                      WHERE r.queue = %(queue)s AND r.partition_key = k.partition_key
+                        AND r.state = 'running')
+    ORDER BY head.priority, head.run_at, head.id
+    LIMIT 2 * %(limit)s
+),
+keyed AS MATERIALIZED (
+    SELECT j.id, j.priority, j.run_at FROM {schema}.jobs j
+    WHERE j.id IN (SELECT id FROM heads) AND j.state = 'ready'
+    FOR UPDATE SKIP LOCKED
+),
+unkeyed AS MATERIALIZED (
+    SELECT j.id, j.priority, j.run_at
     FROM {schema}.jobs j
     WHERE j.queue = %(queue)s
       AND j.state = 'ready'
+      AND j.partition_key IS NULL
       AND j.run_at <= {schema}.db_now()
       AND j.task = ANY(%(tasks)s::text[])
-      AND (j.partition_key IS NULL OR (
-            NOT EXISTS (SELECT 1 FROM {schema}.jobs r
-                        WHERE r.queue = j.queue AND r.partition_key = j.partition_key
-                          AND r.state = 'running')
-            AND j.id = (SELECT h.id FROM {schema}.jobs h
-                        WHERE h.queue = j.queue AND h.partition_key = j.partition_key
-                          AND h.state = 'ready' AND h.run_at <= {schema}.db_now()
-                        ORDER BY h.priority, h.run_at, h.id
-                        LIMIT 1)))
     ORDER BY j.priority, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+candidates AS MATERIALIZED (
+    SELECT id FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed) AS both_sources
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
 ),
 claimed AS (
     UPDATE {schema}.jobs j
@@ -125,7 +192,9 @@ claimed AS (
     RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
               j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested
 )
-SELECT completed.ids, claimed.*
+SELECT completed.ids,
+       (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
+       claimed.*
 FROM completed LEFT JOIN claimed ON true;
 
 -- name: job_fail_many

@@ -46,10 +46,10 @@ CREATE TABLE {schema}.jobs (
     CHECK ((state = 'running') = (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL))
 );
 
--- The claim walks this index in claim order; only ready rows are in it, so finished history
--- does not slow the claim down as it grows.
-CREATE INDEX jobs_ready_idx ON {schema}.jobs (queue, priority, run_at, id)
-    WHERE state = 'ready';
+-- The claim walks this index in claim order; only ready unkeyed rows are in it, so finished
+-- history and jobs queued behind a busy partition key never slow the claim down.
+CREATE INDEX jobs_ready_unkeyed_idx ON {schema}.jobs (queue, priority, run_at, id)
+    WHERE state = 'ready' AND partition_key IS NULL;
 -- Head of each partition (the next job of a key), and "does this key have a running job".
 CREATE INDEX jobs_partition_ready_idx ON {schema}.jobs (queue, partition_key, priority, run_at, id)
     WHERE state = 'ready' AND partition_key IS NOT NULL;
