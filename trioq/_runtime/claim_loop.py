@@ -318,9 +318,9 @@ class ClaimLoop:
 
     def _record_failure(self, entry: RunningJob, spec: TaskSpec, exc: Exception) -> str:
         job = entry.job
-        if entry.cancel_reason == "lost":
-            return "lost"
-        if entry.cancel_reason == "cancelled":
+        if entry.cancel_reason is not None:
+            # Cancelled on purpose and the handler turned it into another error: the reason
+            # decides (lost: write nothing; drain: release; cancelled: record it).
             return self._record_cancellation(entry, spec)
         error_json = _error_json(
             f"{type(exc).__module__}.{type(exc).__qualname__}",
