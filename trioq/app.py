@@ -85,16 +85,27 @@ class App:
         if self._client is not None:
             yield self._client
             return
-        async with self._open_driver(driver) as opened, trio.open_nursery() as nursery:
-            if migrate:
-                await opened.migrate()
-            watcher = _ResultWatcher(opened, nursery)
-            self._client = Client(opened, _Enqueuer(self.tasks), watcher)
-            try:
-                yield self._client
-            finally:
-                self._client = None
-                nursery.cancel_scope.cancel()
+        body_error: BaseException | None = None
+        try:
+            async with self._open_driver(driver) as opened, trio.open_nursery() as nursery:
+                if migrate:
+                    await opened.migrate()
+                watcher = _ResultWatcher(opened, nursery)
+                self._client = Client(opened, _Enqueuer(self.tasks), watcher)
+                try:
+                    yield self._client
+                except BaseException as exc:
+                    body_error = exc
+                    raise
+                finally:
+                    self._client = None
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The block's own exception comes out as itself, not wrapped by the nursery that
+            # only hosts the result listener: `except KeyError` around `client()` works.
+            if body_error is not None and list(group.exceptions) == [body_error]:
+                raise body_error from None
+            raise
 
     @asynccontextmanager
     async def _open_driver(self, driver: Driver | None) -> AsyncIterator[Driver]:

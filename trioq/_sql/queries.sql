@@ -235,11 +235,12 @@ notified AS (
 SELECT updated.id, updated.state FROM updated CROSS JOIN notified;
 
 -- name: job_release_many
--- Drain: hand running jobs back WITHOUT consuming an attempt or recording an error, due now,
--- and wake the queue's workers so another one starts them at once (not after lease expiry).
+-- Drain: hand running jobs back WITHOUT consuming an attempt or recording an error, and wake
+-- the queue's workers so another one starts them at once (not after lease expiry). run_at is
+-- kept: the job was due, and keeping it keeps the job at the head of its partition key.
 WITH released AS (
     UPDATE {schema}.jobs j
-    SET state = 'ready', attempt = j.attempt - 1, run_at = {schema}.db_now(),
+    SET state = 'ready', attempt = j.attempt - 1,
         lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, started_at = NULL
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
          AS r(id, attempt, lease_token)
@@ -280,7 +281,8 @@ RETURNING j.id, j.cancel_requested;
 -- leadership moves as soon as the holder's statement (or process) ends.
 -- Lease recovery re-checks the expiry inside the UPDATE (River #1302): a lease renewed or a job
 -- finished between the scan and the UPDATE is left alone. Jobs with attempts left go back to
--- ready and wake their queue; the others fail with "worker lost".
+-- ready (keeping run_at, so they keep their place in their partition key) and wake their
+-- queue; the others fail with "worker lost".
 WITH leader AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(hashtext('trioq-maintenance:' || %(schema_name)s)) AS ok
 ),
@@ -295,7 +297,6 @@ expired AS (
 recovered AS (
     UPDATE {schema}.jobs j
     SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'ready' END,
-        run_at = {schema}.db_now(),
         finished_at = CASE WHEN j.attempt >= j.max_attempts THEN {schema}.db_now() END,
         error = jsonb_build_object('type', 'LeaseExpired',
                                    'message', 'worker lost: lease expired'),
