@@ -85,13 +85,21 @@ class App:
         if self._client is not None:
             yield self._client
             return
+        async with self._open_driver(driver) as opened:
+            if migrate:
+                await opened.migrate()
+            async with self._hosting_listener(opened) as client:
+                yield client
+
+    @asynccontextmanager
+    async def _hosting_listener(self, driver: Driver) -> AsyncIterator[Client]:
+        """A Client whose result listener lives in a nursery around the caller's block."""
         body_error: BaseException | None = None
         try:
-            async with self._open_driver(driver) as opened, trio.open_nursery() as nursery:
-                if migrate:
-                    await opened.migrate()
-                watcher = _ResultWatcher(opened, nursery)
-                self._client = Client(opened, _Enqueuer(self.tasks), watcher)
+            async with trio.open_nursery() as nursery:
+                self._client = Client(
+                    driver, _Enqueuer(self.tasks), _ResultWatcher(driver, nursery)
+                )
                 try:
                     yield self._client
                 except BaseException as exc:

@@ -31,6 +31,9 @@ from ._driver import (
 from ._runtime.tasks import TaskSpec
 
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
+# A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
+# SQL ("interval out of range"), aborting the caller's transaction.
+MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 
 
 @attrs.frozen
@@ -61,11 +64,19 @@ def build_jobs(
 
     Errors name the field: `$.a.b` for a single payload, `[3].a.b` inside a batch.
     """
-    queue = validate_name("queue", options.queue or spec.queue)
-    if not isinstance(options.priority, int) or not -32768 <= options.priority <= 32767:
+    queue = validate_name("queue", spec.queue if options.queue is None else options.queue)
+    if (
+        isinstance(options.priority, bool)
+        or not isinstance(options.priority, int)
+        or not -32768 <= options.priority <= 32767
+    ):
         raise ValueError(f"priority: {options.priority!r} must be an integer in [-32768, 32767]")
     max_attempts = spec.max_attempts if options.max_attempts is None else options.max_attempts
-    if not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= 1000
+    ):
         raise ValueError(f"max_attempts: {max_attempts!r} must be an integer in [1, 1000]")
     if options.run_at is not None and options.delay is not None:
         raise ValueError("run_at, delay: give one or the other, not both")
@@ -74,8 +85,10 @@ def build_jobs(
     delay = options.delay
     if isinstance(delay, datetime.timedelta):
         delay = delay.total_seconds()
-    if delay is not None and (not math.isfinite(delay) or delay < 0):
-        raise ValueError(f"delay: {options.delay!r} must be a finite, non-negative duration")
+    if delay is not None and not 0 <= delay <= MAX_DELAY_SECONDS:  # also rejects NaN
+        raise ValueError(
+            f"delay: {options.delay!r} must be a non-negative duration of at most 100 years"
+        )
     partition_key = validate_key("partition_key", options.partition_key)
     dedup_key = validate_key("dedup_key", options.dedup_key)
     jobs = [

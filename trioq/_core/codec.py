@@ -20,6 +20,8 @@ from .errors import PayloadError
 
 MAX_PAYLOAD_BYTES = 1_000_000  # matches the CHECK on jobs.payload in the schema
 MAX_DEPTH = 64
+# Python refuses to print an int of more than 4300 digits (sys.int_info); stay well below that.
+MAX_INT_BITS = 10_000
 
 converter = cattrs.Converter()
 converter.register_unstructure_hook(datetime.datetime, lambda value: value.isoformat())
@@ -36,20 +38,29 @@ converter.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def to_json_value(value: Any) -> Any:
-    """Unstructure attrs instances (anywhere in the value) into plain JSON values."""
+def to_json_value(value: Any, depth: int = 0) -> Any:
+    """Unstructure attrs instances (anywhere in the value) into plain JSON values.
+
+    Stops below MAX_DEPTH (the rest is left as is for `_check` to reject), so a deeply nested or
+    self-referential value cannot exhaust the stack.
+    """
+    if depth > MAX_DEPTH:
+        return value
     if attrs.has(type(value)):
         return converter.unstructure(value)
     if isinstance(value, list | tuple):
-        return [to_json_value(item) for item in value]
+        return [to_json_value(item, depth + 1) for item in value]
     if isinstance(value, dict):
-        return {key: to_json_value(item) for key, item in value.items()}
+        return {key: to_json_value(item, depth + 1) for key, item in value.items()}
     return value
 
 
 def encode(value: Any, *, root: str = "$", max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     """Validate `value` as storable JSON and return its text; PayloadError names the field."""
-    plain = to_json_value(value)
+    try:
+        plain = to_json_value(value)
+    except RecursionError:  # inside cattrs: an attrs value nested far too deep, or a cycle
+        raise PayloadError(root, f"nested deeper than {MAX_DEPTH} levels") from None
     _check(plain, root, 0)
     text = _ENCODER.encode(plain)
     size = len(text.encode("utf-8"))
@@ -75,7 +86,8 @@ def _check(value: Any, path: str, depth: int) -> None:
     if isinstance(value, str):
         _check_text(value, path)
     elif isinstance(value, int):
-        return
+        if value.bit_length() > MAX_INT_BITS:
+            raise PayloadError(path, f"integer of {value.bit_length()} bits is too large for JSON")
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise PayloadError(path, f"{value!r} is not a finite number (JSON has no NaN/inf)")

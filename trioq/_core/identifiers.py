@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 
-# Schemas become part of statements (quoted); keep them to plain lower-case identifiers.
-SCHEMA_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# Schemas become part of statements (quoted); keep them to plain lower-case identifiers. At most
+# 53 characters: notification channels are `<schema>_result_63` and pg_notify() rejects channel
+# names over 63 bytes. `pg_` is reserved by PostgreSQL for system schemas.
+SCHEMA_PATTERN = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,52}")
 # Queues and tasks are data, never interpolated; still keep them printable and bounded.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,127}")
 # Keys are opaque user data (partition and dedup keys), only bounded in length.
@@ -21,7 +23,8 @@ def validate_schema(name: object) -> str:
     if not isinstance(name, str) or not SCHEMA_PATTERN.fullmatch(name):
         raise ValueError(
             f"schema: {name!r} is not a valid schema name "
-            f"(lower-case letters, digits and '_', starting with a letter or '_', at most 63)"
+            f"(lower-case letters, digits and '_', starting with a letter or '_', not with "
+            f"'pg_', at most 53 characters)"
         )
     return name
 
@@ -40,12 +43,26 @@ def validate_key(field: str, key: object) -> str | None:
     """Validate an optional partition or dedup key."""
     if key is None:
         return None
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+    if (
+        not isinstance(key, str)
+        or not key
+        or len(key) > MAX_KEY_LENGTH
+        or "\x00" in key
+        or not _is_encodable(key)
+    ):
         raise ValueError(
             f"{field}: {key!r} must be a non-empty string of at most {MAX_KEY_LENGTH} "
-            f"characters without NUL"
+            f"characters without NUL or lone surrogates"
         )
     return key
+
+
+def _is_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def quote_ident(name: str) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import attrs
+
+MAX_RETRY_SECONDS = 365 * 24 * 3600.0
 
 
 @attrs.frozen
@@ -20,15 +23,23 @@ class RetryPolicy:
     jitter: float = 0.5
 
     def __attrs_post_init__(self) -> None:
-        if self.base_seconds < 0 or self.max_seconds < 0:
-            raise ValueError("retry: base_seconds and max_seconds must be >= 0")
+        for field in ("base_seconds", "max_seconds"):
+            value = getattr(self, field)
+            # NaN, inf or centuries would reach SQL as an interval it cannot represent.
+            if not math.isfinite(value) or not 0 <= value <= MAX_RETRY_SECONDS:
+                raise ValueError(
+                    f"retry: {field} must be a number in [0, {MAX_RETRY_SECONDS:.0f}] "
+                    f"(one year), not {value!r}"
+                )
         if not 0.0 <= self.jitter <= 1.0:
             raise ValueError("retry: jitter must be within [0, 1]")
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""
         exponent = max(0, attempt - 1)
-        raw = self.max_seconds if exponent > 60 else self.base_seconds * (2.0**exponent)
+        # Bounded so 2.0**exponent cannot overflow (a product that does is inf, which min()
+        # caps); unlike jumping straight to max_seconds, a zero base stays zero.
+        raw = self.base_seconds * 2.0 ** min(exponent, 1000)
         capped = min(self.max_seconds, raw)
         draw = (rng or random).random()
         return capped * (1.0 - self.jitter * draw)
