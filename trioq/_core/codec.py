@@ -18,7 +18,7 @@ import cattrs
 
 from .errors import PayloadError
 
-MAX_PAYLOAD_BYTES = 1_000_000  # matches the CHECK on jobs.payload in the schema
+MAX_PAYLOAD_BYTES = 1_000_000  # of JSON text; the table's CHECK is a looser backstop (4 MB)
 MAX_DEPTH = 64
 # Python refuses to print an int of more than 4300 digits (sys.int_info); stay well below that.
 MAX_INT_BITS = 10_000

@@ -214,7 +214,8 @@ class ClaimLoop:
             log.warning(
                 "queue %s: %d results not written: their leases were lost", self.queue, lost
             )
-        self._key_cursor = result.key_cursor or ""
+        if limit:  # a completion-only round visits no keys: keep the round-robin position
+            self._key_cursor = result.key_cursor or ""
         if keyed and len(result.claimed) < limit:
             # This statement's snapshot still saw the completed jobs' keys as held: the next
             # job of those keys becomes claimable in the next round, so run it now.

@@ -387,6 +387,7 @@ FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
 INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,
         {schema}.db_now(), {schema}.db_now())
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
 RETURNING id;
 
 -- name: worker_unregister

@@ -1,0 +1,774 @@
+"""MemoryDriver: the Driver protocol in memory, with the semantics of `_sql/queries.sql`.
+
+It exists for model-based tests and for runtime tests under virtual time. What holds:
+
+- Each method is one atomic "statement": it checkpoints first (so it can be cancelled, and then
+  changes nothing), then runs to completion without yielding, like a statement that commits.
+- Time is `clock()` seconds after a fixed UTC epoch; the default clock is `trio.current_time`,
+  so under `trio.testing.MockClock` run_at and leases move in virtual time.
+- Claims take ready, due jobs of the caller's tasks in (priority, run_at, id) order; a keyed job
+  is claimable only when no job of its (queue, key) runs and it heads the key's ready, due jobs,
+  and only from the `key_window` keys visited round-robin after the caller's `key_cursor`.
+- Every write after a claim is fenced on (id, attempt, lease_token, state='running').
+- Notifications go to the listeners subscribed to a channel only when the change commits, with
+  duplicates within one commit collapsed (as Postgres does), in commit order per listener.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import itertools
+import json
+import math
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel
+from ._core.identifiers import validate_key, validate_name, validate_schema
+from ._driver import (
+    AttemptRecord,
+    CancelOutcome,
+    ClaimedJob,
+    CompleteAndClaim,
+    CompleteAndClaimResult,
+    DriverStatistics,
+    Failure,
+    InsertedJob,
+    JobRecord,
+    Lease,
+    MaintenancePass,
+    MaintenanceReport,
+    NewJob,
+    NotifyCallback,
+    QueueStatus,
+    RenewedLease,
+    RenewLeases,
+    WorkerInfo,
+    WorkerRegistration,
+)
+from ._sql import migrations
+
+EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
+"""The memory clock's zero: `clock()` seconds after this instant is "now"."""
+
+FINISHED_STATES = frozenset({"completed", "failed", "cancelled"})
+_LEASE_EXPIRED_ERROR = '{"type":"LeaseExpired","message":"worker lost: lease expired"}'
+_SECOND = datetime.timedelta(seconds=1)
+
+
+@attrs.define(eq=False)
+class _Row:
+    """One job, mutable; JSON columns are kept as text so every read returns fresh objects."""
+
+    id: int
+    queue: str
+    task: str
+    payload_json: str
+    priority: int
+    run_at: datetime.datetime
+    partition_key: str | None
+    dedup_key: str | None
+    max_attempts: int
+    created_at: datetime.datetime
+    state: str = "ready"
+    attempt: int = 0
+    lease_token: uuid.UUID | None = None
+    lease_expires_at: datetime.datetime | None = None
+    worker_id: uuid.UUID | None = None
+    cancel_requested: bool = False
+    result_json: str | None = None
+    error_json: str | None = None
+    started_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+
+    @property
+    def claim_order(self) -> tuple[int, datetime.datetime, int]:
+        return (self.priority, self.run_at, self.id)
+
+    def holds(self, lease: Lease) -> bool:
+        """The fence every write after a claim passes through."""
+        return (
+            self.state == "running"
+            and self.attempt == lease.attempt
+            and self.lease_token == lease.lease_token
+        )
+
+    def end_lease(self) -> None:
+        self.lease_token = None
+        self.lease_expires_at = None
+
+
+@attrs.define(eq=False)
+class _Worker:
+    registration: WorkerRegistration
+    started_at: datetime.datetime
+    heartbeat_at: datetime.datetime
+    state: str = "running"
+
+
+@attrs.define(eq=False)
+class _Outbox:
+    """The notifications of one commit; Postgres collapses identical (channel, payload) pairs."""
+
+    items: dict[tuple[str, str], None] = attrs.field(factory=dict)
+
+    def add(self, channel: str, payload: str) -> None:
+        self.items[(channel, payload)] = None
+
+    def add_grouped(self, ids: Iterable[int], channel_of: Callable[[int], str]) -> None:
+        """One notification per channel, its payload the comma-joined ids (job results)."""
+        by_channel: dict[str, list[str]] = collections.defaultdict(list)
+        for job_id in ids:
+            by_channel[channel_of(job_id)].append(str(job_id))
+        for channel, id_texts in by_channel.items():
+            self.add(channel, ",".join(id_texts))
+
+
+@attrs.define(eq=False)
+class MemoryListener:
+    """A listener on the memory driver; it never disconnects, so `on_reconnect` never runs."""
+
+    _send: trio.MemorySendChannel[tuple[str, str]]
+    _channels: set[str] = attrs.field(factory=set)
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    async def listen(self, channel: str) -> None:
+        """Subscribe; notifications committed after this returns are delivered."""
+        await trio.lowlevel.checkpoint()
+        self._channels.add(channel)
+
+    async def unlisten(self, channel: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self._channels.discard(channel)
+
+    def _offer(self, channel: str, payload: str) -> None:
+        if channel in self._channels:
+            self._send.send_nowait((channel, payload))
+
+
+@attrs.define(eq=False)
+class MemoryTransaction:
+    """A transaction on the memory driver: enqueues are buffered and applied at commit.
+
+    Ids are drawn at once (like a sequence, never reused after a rollback); a dedup key stays
+    reserved until the transaction ends, so another enqueue of that key waits for the outcome,
+    as it would on Postgres. There is no SQL in memory: `execute` and `fetch` raise.
+    """
+
+    _driver: MemoryDriver
+    _rows: list[_Row] = attrs.field(factory=list)
+    _ended: trio.Event = attrs.field(factory=trio.Event)
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        raise NotImplementedError("the memory driver runs no SQL")
+
+    async def fetch(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        await trio.lowlevel.checkpoint()
+        raise NotImplementedError("the memory driver runs no SQL")
+
+    async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
+        if self._ended.is_set():
+            raise RuntimeError("this transaction has already ended")
+        return await self._driver._insert(jobs, self)
+
+
+@attrs.define(eq=False)
+class MemoryDriver:
+    """The Driver protocol in memory (see the module docstring for what it guarantees).
+
+    Single process, so `maintenance_pass` is always the leader. `clock` returns seconds since
+    `EPOCH`; it defaults to `trio.current_time`.
+    """
+
+    schema: str = "trioq"
+    clock: Callable[[], float] = trio.current_time
+    _rows: dict[int, _Row] = attrs.field(init=False, factory=dict)
+    _open_by_queue: dict[str, set[int]] = attrs.field(init=False, factory=dict)
+    _dedup: dict[str, int] = attrs.field(init=False, factory=dict)
+    _reserved: dict[str, tuple[MemoryTransaction, int]] = attrs.field(init=False, factory=dict)
+    _attempts: dict[int, list[AttemptRecord]] = attrs.field(init=False, factory=dict)
+    _workers: dict[uuid.UUID, _Worker] = attrs.field(init=False, factory=dict)
+    _listeners: set[MemoryListener] = attrs.field(init=False, factory=set)
+    _ids: Iterator[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
+    _migrated: bool = attrs.field(init=False, default=False)
+    _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
+
+    def __attrs_post_init__(self) -> None:
+        validate_schema(self.schema)
+
+    def statistics(self) -> DriverStatistics:
+        return DriverStatistics(calls=dict(self._calls))
+
+    def _now(self) -> datetime.datetime:
+        return EPOCH + datetime.timedelta(seconds=self.clock())
+
+    async def _statement(self, name: str) -> datetime.datetime:
+        """Checkpoint, count the statement by its queries.sql name and return its `now`."""
+        await trio.lowlevel.checkpoint()
+        self._calls[name] += 1
+        return self._now()
+
+    def _deliver(self, outbox: _Outbox) -> None:
+        for channel, payload in outbox.items:
+            for listener in self._listeners:
+                listener._offer(channel, payload)
+
+    async def migrate(self) -> list[int]:
+        """Nothing to create; reports the schema versions once, like a first migration."""
+        await trio.lowlevel.checkpoint()
+        if self._migrated:
+            return []
+        self._migrated = True
+        return [migration.version for migration in migrations(self.schema)]
+
+    # --- enqueue --------------------------------------------------------------------------
+
+    async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
+        """Insert a batch; a dedup key already taken returns that job with created=False."""
+        return await self._insert(jobs, None)
+
+    async def _insert(
+        self, jobs: Sequence[NewJob], transaction: MemoryTransaction | None
+    ) -> list[InsertedJob]:
+        now = await self._statement("job_insert_many")
+        for job in jobs:
+            _validate_new_job(job)
+        while (blocker := self._reservation_blocking(jobs, transaction)) is not None:
+            await blocker.wait()  # Postgres waits for the other inserter of the key the same way
+        results: list[InsertedJob] = []
+        created: list[_Row] = []
+        batch_keys: dict[str, int] = {}
+        for job in jobs:
+            existing = self._existing_for_key(job.dedup_key, transaction, batch_keys)
+            if existing is not None:
+                results.append(InsertedJob(id=existing, created=False))
+                continue
+            row = _new_row(next(self._ids), job, now)
+            if row.dedup_key is not None:
+                batch_keys[row.dedup_key] = row.id
+            created.append(row)
+            results.append(InsertedJob(id=row.id, created=True))
+        if transaction is None:
+            self._commit_rows(created, now)
+        else:
+            for row in created:
+                if row.dedup_key is not None:
+                    self._reserved[row.dedup_key] = (transaction, row.id)
+            transaction._rows.extend(created)
+        return results
+
+    def _reservation_blocking(
+        self, jobs: Sequence[NewJob], transaction: MemoryTransaction | None
+    ) -> trio.Event | None:
+        for job in jobs:
+            holder = self._reserved.get(job.dedup_key) if job.dedup_key is not None else None
+            if holder is not None and holder[0] is not transaction:
+                return holder[0]._ended
+        return None
+
+    def _existing_for_key(
+        self, key: str | None, transaction: MemoryTransaction | None, batch: dict[str, int]
+    ) -> int | None:
+        if key is None:
+            return None
+        if key in self._dedup:
+            return self._dedup[key]
+        if key in self._reserved and self._reserved[key][0] is transaction:
+            return self._reserved[key][1]
+        return batch.get(key)
+
+    def _commit_rows(self, rows: Sequence[_Row], now: datetime.datetime) -> None:
+        outbox = _Outbox()
+        for row in rows:
+            self._rows[row.id] = row
+            self._open_by_queue.setdefault(row.queue, set()).add(row.id)
+            if row.dedup_key is not None:
+                self._dedup[row.dedup_key] = row.id
+            if row.run_at <= now:
+                outbox.add(self._ready_channel(row.queue), row.queue)
+        self._deliver(outbox)
+
+    def _end_transaction(self, transaction: MemoryTransaction, commit: bool) -> None:
+        for row in transaction._rows:
+            if row.dedup_key is not None:
+                self._reserved.pop(row.dedup_key, None)
+        if commit:
+            self._commit_rows(transaction._rows, self._now())
+        transaction._rows.clear()
+        transaction._ended.set()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[MemoryTransaction]:
+        """Commit the buffered enqueues on success; drop them on any exception (or cancel).
+
+        The commit itself cannot be cancelled: once the body has finished, it is applied.
+        """
+        await trio.lowlevel.checkpoint()
+        transaction = MemoryTransaction(self)
+        try:
+            yield transaction
+        except BaseException:
+            self._end_transaction(transaction, commit=False)
+            raise
+        self._end_transaction(transaction, commit=True)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    # --- claim and the fenced writes ------------------------------------------------------
+
+    async def job_complete_and_claim(self, params: CompleteAndClaim) -> CompleteAndClaimResult:
+        """Complete this worker's finished jobs (fenced) and claim up to `limit` more.
+
+        The claim sees the state before the completions, as the single SQL statement does: a
+        partition key freed by a completion here becomes claimable from the next call. Keyed
+        jobs come from at most `key_window` keys visited round-robin after `key_cursor`; the
+        result's `key_cursor` is the last key visited (None when no key has ready jobs).
+        """
+        if params.limit < 0:
+            raise ValueError("limit must not be negative")
+        now = await self._statement("job_complete_and_claim")
+        candidates, key_cursor = self._claim_candidates(params, now)
+        outbox = _Outbox()
+        completed: list[int] = []
+        for completion in params.completions:
+            row = self._rows.get(completion.lease.id)
+            if row is None or not row.holds(completion.lease):
+                continue
+            json.loads(completion.result_json)
+            self._finish(row, "completed", now)
+            row.result_json = completion.result_json
+            completed.append(row.id)
+        outbox.add_grouped(completed, self._result_channel)
+        claimed = tuple(self._claim(row, params, now) for row in candidates)
+        self._deliver(outbox)
+        return CompleteAndClaimResult(
+            completed_ids=tuple(completed), claimed=claimed, key_cursor=key_cursor
+        )
+
+    def _claim_candidates(
+        self, params: CompleteAndClaim, now: datetime.datetime
+    ) -> tuple[list[_Row], str | None]:
+        """The jobs to claim, in claim order, and the last partition key visited."""
+        if params.limit == 0:
+            return [], None
+        open_rows = [self._rows[job_id] for job_id in self._open_by_queue.get(params.queue, ())]
+        ready = [row for row in open_rows if row.state == "ready"]
+        keys = sorted({row.partition_key for row in ready if row.partition_key is not None})
+        visited = _visit_keys(keys, params.key_cursor, params.key_window)
+        running = {row.partition_key for row in open_rows if row.state == "running"}
+        due = [row for row in ready if row.run_at <= now]
+        heads: dict[str, _Row] = {}
+        for row in sorted(due, key=lambda row: row.claim_order):
+            if row.partition_key is not None:
+                heads.setdefault(row.partition_key, row)
+        keyed = [
+            heads[key]
+            for key in visited
+            if key in heads and key not in running and heads[key].task in params.tasks
+        ]
+        unkeyed = [row for row in due if row.partition_key is None and row.task in params.tasks]
+        candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
+        return candidates, visited[-1] if visited else None
+
+    def _claim(self, row: _Row, params: CompleteAndClaim, now: datetime.datetime) -> ClaimedJob:
+        row.state = "running"
+        row.attempt += 1
+        row.lease_token = uuid.uuid4()
+        row.lease_expires_at = now + params.lease_seconds * _SECOND
+        row.worker_id = params.worker_id
+        row.started_at = now
+        row.error_json = None
+        return ClaimedJob(
+            id=row.id,
+            queue=row.queue,
+            task=row.task,
+            payload=json.loads(row.payload_json),
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            lease_token=row.lease_token,
+            partition_key=row.partition_key,
+            priority=row.priority,
+            run_at=row.run_at,
+            created_at=row.created_at,
+            cancel_requested=row.cancel_requested,
+        )
+
+    def _finish(self, row: _Row, state: str, now: datetime.datetime) -> None:
+        row.state = state
+        row.finished_at = now
+        row.end_lease()
+        self._open_by_queue[row.queue].discard(row.id)
+
+    async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]:
+        """Fenced: each owned job goes back to ready after `retry_delay`, or to its final state.
+
+        Every outcome is appended to the attempts history ('retried', 'failed', 'cancelled');
+        final states are announced on the job's result channel.
+        """
+        now = await self._statement("job_fail_many")
+        for failure in failures:
+            if failure.retry_delay is None and failure.final_state not in ("failed", "cancelled"):
+                raise ValueError(f"final_state {failure.final_state!r} is not failed/cancelled")
+            json.loads(failure.error_json)
+        outbox = _Outbox()
+        changed: list[tuple[int, str]] = []
+        for failure in failures:
+            row = self._rows.get(failure.lease.id)
+            if row is None or not row.holds(failure.lease):
+                continue
+            row.error_json = failure.error_json
+            if failure.retry_delay is None:
+                self._finish(row, failure.final_state, now)
+                outcome = failure.final_state
+            else:
+                row.state = "ready"
+                row.run_at = now + failure.retry_delay * _SECOND
+                row.end_lease()
+                outcome = "retried"
+            self._record_attempt(row, outcome, failure.error_json, now)
+            changed.append((row.id, row.state))
+        outbox.add_grouped((i for i, state in changed if state != "ready"), self._result_channel)
+        self._deliver(outbox)
+        return changed
+
+    def _record_attempt(
+        self, row: _Row, outcome: str, error_json: str, now: datetime.datetime
+    ) -> None:
+        error = json.loads(error_json)
+        self._attempts.setdefault(row.id, []).append(
+            AttemptRecord(
+                attempt=row.attempt,
+                outcome=outcome,
+                error_type=_json_text_field(error, "type"),
+                error_message=_json_text_field(error, "message"),
+                traceback=_json_text_field(error, "traceback"),
+                worker_id=row.worker_id,
+                started_at=row.started_at,
+                finished_at=now,
+            )
+        )
+
+    async def job_release_many(self, leases: Sequence[Lease]) -> list[int]:
+        """Drain: owned jobs go back to ready with the attempt they had before the claim.
+
+        No error is recorded; run_at is kept (the job was due, and it keeps its place in its
+        partition) and its queue's ready channel is notified.
+        """
+        await self._statement("job_release_many")
+        outbox = _Outbox()
+        released: list[int] = []
+        for lease in leases:
+            row = self._rows.get(lease.id)
+            if row is None or not row.holds(lease):
+                continue
+            row.state = "ready"
+            row.attempt -= 1
+            row.end_lease()
+            row.worker_id = None
+            row.started_at = None
+            released.append(row.id)
+            outbox.add(self._ready_channel(row.queue), row.queue)
+        self._deliver(outbox)
+        return released
+
+    async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]:
+        """Extend every lease still owned (expired but unrecovered ones too) and heartbeat.
+
+        Leases not returned are lost; `cancel_requested` carries a pending cancellation.
+        """
+        now = await self._statement("lease_renew_many")
+        worker = self._workers.get(params.worker_id)
+        if worker is not None:
+            worker.heartbeat_at = now
+            worker.state = params.worker_state
+        renewed: dict[int, RenewedLease] = {}
+        for lease in params.leases:
+            row = self._rows.get(lease.id)
+            if row is None or not row.holds(lease):
+                continue
+            row.lease_expires_at = now + params.lease_seconds * _SECOND
+            renewed[row.id] = RenewedLease(id=row.id, cancel_requested=row.cancel_requested)
+        return list(renewed.values())
+
+    # --- maintenance ----------------------------------------------------------------------
+
+    async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:
+        """Recover expired leases, prune stale workers and old finished jobs (always leader).
+
+        A recovered job goes back to ready (keeping run_at, so its place in its partition) or,
+        on its last attempt, to failed; each gets a 'lost' attempts entry. Each sweep is
+        bounded by its limit.
+        """
+        now = await self._statement("maintenance_pass")
+        outbox = _Outbox()
+        recovered = self._recover_expired(params.recover_limit, now, outbox)
+        stale_before = now - params.worker_stale_seconds * _SECOND
+        stale = [w for w, worker in self._workers.items() if worker.heartbeat_at < stale_before]
+        for worker_id in stale:
+            del self._workers[worker_id]
+        pruned = self._prune_finished(now - params.retention_seconds * _SECOND, params.prune_limit)
+        self._deliver(outbox)
+        return MaintenanceReport(
+            leader=True, recovered=recovered, pruned_jobs=pruned, pruned_workers=len(stale)
+        )
+
+    def _recover_expired(
+        self, limit: int, now: datetime.datetime, outbox: _Outbox
+    ) -> tuple[tuple[int, str], ...]:
+        expired = sorted(
+            (
+                row
+                for ids in self._open_by_queue.values()
+                for row in map(self._rows.__getitem__, ids)
+                if row.state == "running" and _before(row.lease_expires_at, now)
+            ),
+            key=lambda row: (row.lease_expires_at, row.id),
+        )[:limit]
+        for row in expired:
+            row.error_json = _LEASE_EXPIRED_ERROR
+            if row.attempt >= row.max_attempts:
+                self._finish(row, "failed", now)
+            else:
+                row.state = "ready"
+                row.end_lease()
+                outbox.add(self._ready_channel(row.queue), row.queue)
+            self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now)
+        failed = (row.id for row in expired if row.state == "failed")
+        outbox.add_grouped(failed, self._result_channel)
+        return tuple((row.id, row.state) for row in expired)
+
+    def _prune_finished(self, finished_before: datetime.datetime, limit: int) -> int:
+        old = sorted(
+            (
+                row
+                for row in self._rows.values()
+                if row.state in FINISHED_STATES and _before(row.finished_at, finished_before)
+            ),
+            key=lambda row: (row.finished_at, row.id),
+        )[:limit]
+        for row in old:
+            del self._rows[row.id]
+            self._attempts.pop(row.id, None)
+            if row.dedup_key is not None:
+                del self._dedup[row.dedup_key]
+        return len(old)
+
+    # --- cancel and reads -----------------------------------------------------------------
+
+    async def job_cancel(self, job_id: int) -> CancelOutcome | None:
+        """Cancel a ready job at once; flag a running one and tell its worker (control channel).
+
+        A finished job is left alone (its state is returned twice); None if no such job.
+        """
+        now = await self._statement("job_cancel")
+        row = self._rows.get(job_id)
+        if row is None:
+            return None
+        previous = row.state
+        outbox = _Outbox()
+        if previous == "ready":
+            row.cancel_requested = True
+            self._finish(row, "cancelled", now)
+            outbox.add(self._result_channel(row.id), str(row.id))
+        elif previous == "running":
+            row.cancel_requested = True
+            outbox.add(control_channel(self.schema), str(row.id))
+        self._deliver(outbox)
+        return CancelOutcome(previous_state=previous, state=row.state)
+
+    async def job_get(self, job_id: int) -> JobRecord | None:
+        await self._statement("job_get")
+        row = self._rows.get(job_id)
+        return None if row is None else _job_record(row)
+
+    async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
+        await self._statement("job_attempts")
+        return list(self._attempts.get(job_id, ()))
+
+    # --- workers and status ---------------------------------------------------------------
+
+    async def worker_register(self, params: WorkerRegistration) -> None:
+        now = await self._statement("worker_register")
+        if params.worker_id in self._workers:
+            raise ValueError(f"worker {params.worker_id} is already registered")
+        self._workers[params.worker_id] = _Worker(params, started_at=now, heartbeat_at=now)
+
+    async def worker_unregister(self, worker_id: uuid.UUID) -> None:
+        await self._statement("worker_unregister")
+        self._workers.pop(worker_id, None)
+
+    async def queue_status(self) -> list[QueueStatus]:
+        now = await self._statement("queue_status")
+        by_queue: dict[str, list[_Row]] = collections.defaultdict(list)
+        for row in self._rows.values():
+            by_queue[row.queue].append(row)
+        return [_queue_status(queue, by_queue[queue], now) for queue in sorted(by_queue)]
+
+    async def worker_list(self) -> list[WorkerInfo]:
+        await self._statement("worker_list")
+        running = collections.Counter(
+            row.worker_id
+            for ids in self._open_by_queue.values()
+            for row in map(self._rows.__getitem__, ids)
+            if row.state == "running"
+        )
+        workers = sorted(self._workers.values(), key=lambda worker: worker.started_at)
+        return [_worker_info(worker, running[worker.registration.worker_id]) for worker in workers]
+
+    async def ready_channels(self, queues: Sequence[str]) -> list[str]:
+        await self._statement("ready_channels")
+        return [self._ready_channel(queue) for queue in queues]
+
+    def _ready_channel(self, queue: str) -> str:
+        return f"{self.schema}_ready_{zlib.crc32(queue.encode()) % CHANNEL_SHARDS}"
+
+    def _result_channel(self, job_id: int) -> str:
+        return result_channel(self.schema, job_id)
+
+    # --- notifications --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def open_listener(
+        self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
+    ) -> AsyncIterator[MemoryListener]:
+        """A listener whose callbacks run in a task of its own, in commit order."""
+        send, receive = trio.open_memory_channel[tuple[str, str]](math.inf)
+        listener = MemoryListener(send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pump, receive, on_notify)
+            self._listeners.add(listener)
+            try:
+                yield listener
+            finally:
+                self._listeners.discard(listener)
+                nursery.cancel_scope.cancel()
+
+
+async def _pump(
+    receive: trio.MemoryReceiveChannel[tuple[str, str]], on_notify: NotifyCallback
+) -> None:
+    async with receive:
+        async for channel, payload in receive:
+            on_notify(channel, payload)
+
+
+def _visit_keys(keys: Sequence[str], cursor: str, window: int) -> list[str]:
+    """Round-robin over sorted partition `keys`: those after `cursor`, then from the start up
+    to and including `cursor`; at most `window` of them (and at least one)."""
+    after = [key for key in keys if key > cursor]
+    return (after + [key for key in keys if key <= cursor])[: max(window, 1)]
+
+
+def _validate_new_job(job: NewJob) -> None:
+    validate_name("queue", job.queue)
+    validate_name("task", job.task)
+    validate_key("partition_key", job.partition_key)
+    validate_key("dedup_key", job.dedup_key)
+    if job.max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    json.loads(job.payload_json)
+
+
+def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
+    if job.run_at is not None:
+        run_at = job.run_at if job.run_at.tzinfo else job.run_at.replace(tzinfo=datetime.UTC)
+    else:
+        run_at = now + (job.delay_seconds or 0.0) * _SECOND
+    return _Row(
+        id=job_id,
+        queue=job.queue,
+        task=job.task,
+        payload_json=job.payload_json,
+        priority=job.priority,
+        run_at=run_at,
+        partition_key=job.partition_key,
+        dedup_key=job.dedup_key,
+        max_attempts=job.max_attempts,
+        created_at=now,
+    )
+
+
+def _before(moment: datetime.datetime | None, limit: datetime.datetime) -> bool:
+    return moment is not None and moment < limit
+
+
+def _json_text_field(value: Any, key: str) -> str | None:
+    """Postgres `value ->> key`: text of a string field, JSON text of others, else NULL."""
+    if not isinstance(value, dict) or value.get(key) is None:
+        return None
+    field = value[key]
+    return field if isinstance(field, str) else json.dumps(field)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _job_record(row: _Row) -> JobRecord:
+    return JobRecord(
+        id=row.id,
+        queue=row.queue,
+        task=row.task,
+        payload=json.loads(row.payload_json),
+        state=row.state,
+        priority=row.priority,
+        run_at=row.run_at,
+        partition_key=row.partition_key,
+        dedup_key=row.dedup_key,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        worker_id=row.worker_id,
+        result=_loads(row.result_json),
+        error=_loads(row.error_json),
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _queue_status(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> QueueStatus:
+    states = collections.Counter(row.state for row in rows)
+    due = [row.run_at for row in rows if row.state == "ready" and row.run_at <= now]
+    oldest = (now - min(due)).total_seconds() if due else None
+    return QueueStatus(
+        queue=queue,
+        ready=len(due),
+        scheduled=states["ready"] - len(due),
+        running=states["running"],
+        expired_leases=sum(
+            row.state == "running" and _before(row.lease_expires_at, now) for row in rows
+        ),
+        completed=states["completed"],
+        failed=states["failed"],
+        cancelled=states["cancelled"],
+        oldest_ready_seconds=oldest,
+    )
+
+
+def _worker_info(worker: _Worker, running: int) -> WorkerInfo:
+    registration = worker.registration
+    return WorkerInfo(
+        id=registration.worker_id,
+        hostname=registration.hostname,
+        pid=registration.pid,
+        queues=tuple(registration.queues),
+        concurrency=registration.concurrency,
+        state=worker.state,
+        started_at=worker.started_at,
+        heartbeat_at=worker.heartbeat_at,
+        running=running,
+    )

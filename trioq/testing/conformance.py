@@ -1,0 +1,1001 @@
+"""The driver conformance suite: behaviour every `Driver` must show, whatever stores the jobs.
+
+Each check is a plain `async def check_*(driver, clock)` registered in `CHECKS`; it takes a
+freshly migrated, empty driver and a `DriverClock` that moves that driver's notion of "now"
+forward. A check raises `AssertionError` (with the facts in its message) when the driver
+misbehaves. `tests/test_conformance.py` runs all of them against `MemoryDriver` and `PgDriver`.
+
+Clocks: `ManualClock` drives `MemoryDriver(clock=...)`; `SqlClock` moves a Postgres schema's
+`db_now()` (the one function all of trioq's SQL takes time from) by an offset kept in a table of
+that schema, so it works across every pooled connection. Neither clock is for production use.
+
+Notification checks never wait for something *not* to happen: they commit a sentinel enqueue
+after the action and wait for its notification; a listener receives notifications in commit
+order, so anything the action sent has arrived by then.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from .._core.channels import control_channel, result_channel
+from .._core.identifiers import quote_ident
+from .._driver import (
+    ClaimedJob,
+    CompleteAndClaim,
+    CompleteAndClaimResult,
+    Completion,
+    Driver,
+    Failure,
+    JobRecord,
+    Lease,
+    Listener,
+    MaintenancePass,
+    NewJob,
+    RenewLeases,
+    WorkerRegistration,
+)
+from .._sql import query_names
+
+QUEUE = "default"
+TASK = "echo"
+LEASE_SECONDS = 30.0
+WAIT_SECONDS = 10.0
+
+
+class DriverClock(Protocol):
+    """Moves a driver's "now" forward (never backward)."""
+
+    async def advance(self, seconds: float) -> None: ...
+
+
+ConformanceCheck = Callable[[Driver, DriverClock], Awaitable[None]]
+CHECKS: dict[str, ConformanceCheck] = {}
+
+
+def conformance_check(check: ConformanceCheck) -> ConformanceCheck:
+    """Register `check` in `CHECKS` under its function name."""
+    CHECKS[check.__name__] = check
+    return check
+
+
+@attrs.define(eq=False)
+class ManualClock:
+    """A clock for `MemoryDriver(clock=...)`: `now` seconds, moved only by `advance`."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def advance(self, seconds: float) -> None:
+        await trio.lowlevel.checkpoint()
+        self.now += seconds
+
+
+@attrs.define(eq=False)
+class SqlClock:
+    """Time travel for a Postgres driver's schema (test-only: it replaces `db_now()`).
+
+    `install` creates `test_clock(offset_seconds)` in the driver's schema and redefines
+    `db_now()` as the real (or `trioq.fake_now`) time plus that offset; `advance` raises the
+    offset in a committed transaction, so every connection of the pool sees it at once.
+    """
+
+    driver: Driver
+
+    @classmethod
+    async def install(cls, driver: Driver) -> SqlClock:
+        schema = quote_ident(driver.schema)
+        async with driver.transaction() as tx:
+            await tx.execute(f"CREATE TABLE {schema}.test_clock (offset_seconds float8 NOT NULL)")
+            await tx.execute(f"INSERT INTO {schema}.test_clock VALUES (0)")
+            await tx.execute(
+                f"CREATE OR REPLACE FUNCTION {schema}.db_now() RETURNS timestamptz "
+                "LANGUAGE sql STABLE AS $$ SELECT coalesce(nullif(current_setting("
+                "'trioq.fake_now', true), '')::timestamptz, now()) + (SELECT offset_seconds "
+                f"FROM {schema}.test_clock) * interval '1 second' $$"
+            )
+        return cls(driver)
+
+    async def advance(self, seconds: float) -> None:
+        schema = quote_ident(self.driver.schema)
+        async with self.driver.transaction() as tx:
+            await tx.execute(
+                f"UPDATE {schema}.test_clock SET offset_seconds = offset_seconds + %s", [seconds]
+            )
+
+
+@attrs.define(eq=False)
+class NotificationRecorder:
+    """Callbacks for `open_listener` that keep every notification, in arrival order."""
+
+    received: list[tuple[str, str]] = attrs.field(factory=list)
+    reconnects: int = 0
+    _arrived: trio.Event = attrs.field(factory=trio.Event)
+
+    def on_notify(self, channel: str, payload: str) -> None:
+        self.received.append((channel, payload))
+        self._arrived.set()
+        self._arrived = trio.Event()
+
+    def on_reconnect(self) -> None:
+        self.reconnects += 1
+
+    def ids_on(self, channel: str) -> set[int]:
+        """Job ids announced on a result channel (payloads are comma-joined ids)."""
+        return {
+            int(part)
+            for received_channel, payload in self.received
+            if received_channel == channel
+            for part in payload.split(",")
+        }
+
+    async def wait_for(self, channel: str, payload: str) -> None:
+        with trio.fail_after(WAIT_SECONDS):
+            while (channel, payload) not in self.received:
+                await self._arrived.wait()
+
+    async def wait_for_ids(self, channel: str, ids: set[int]) -> None:
+        with trio.fail_after(WAIT_SECONDS):
+            while not ids <= self.ids_on(channel):
+                await self._arrived.wait()
+
+
+async def flush_notifications(
+    driver: Driver, listener: Listener, recorder: NotificationRecorder
+) -> None:
+    """Return once every notification committed before this call has reached `recorder`."""
+    queue = f"sentinel-{uuid.uuid4().hex[:16]}"
+    [channel] = await driver.ready_channels([queue])
+    await listener.listen(channel)
+    await driver.job_insert_many([NewJob(queue=queue, task="sentinel", payload_json="{}")])
+    await recorder.wait_for(channel, queue)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def new_job(n: int = 0, **fields: Any) -> NewJob:
+    """A job of task `echo` on queue `default` with payload {"n": n}; `fields` override."""
+    defaults: dict[str, Any] = {"queue": QUEUE, "task": TASK, "payload_json": json.dumps({"n": n})}
+    return NewJob(**{**defaults, **fields})
+
+
+async def enqueue(driver: Driver, *jobs: NewJob) -> list[int]:
+    return [inserted.id for inserted in await driver.job_insert_many(jobs)]
+
+
+async def claim_round(
+    driver: Driver,
+    limit: int = 10,
+    *,
+    queue: str = QUEUE,
+    tasks: Sequence[str] = (TASK,),
+    lease_seconds: float = LEASE_SECONDS,
+    worker_id: uuid.UUID | None = None,
+    completions: Sequence[Completion] = (),
+    key_cursor: str = "",
+    key_window: int = 200,
+) -> CompleteAndClaimResult:
+    """One claim loop round trip, with the claimed jobs sorted in claim order."""
+    result = await driver.job_complete_and_claim(
+        CompleteAndClaim(
+            queue=queue,
+            tasks=tuple(tasks),
+            limit=limit,
+            lease_seconds=lease_seconds,
+            worker_id=worker_id or uuid.uuid4(),
+            completions=tuple(completions),
+            key_cursor=key_cursor,
+            key_window=key_window,
+        )
+    )
+    claimed = sorted(result.claimed, key=lambda job: (job.priority, job.run_at, job.id))
+    return attrs.evolve(result, claimed=tuple(claimed))
+
+
+async def claim(
+    driver: Driver,
+    limit: int = 10,
+    *,
+    queue: str = QUEUE,
+    tasks: Sequence[str] = (TASK,),
+    lease_seconds: float = LEASE_SECONDS,
+    worker_id: uuid.UUID | None = None,
+    completions: Sequence[Completion] = (),
+) -> list[ClaimedJob]:
+    """Claim up to `limit` jobs; the result is sorted in claim order."""
+    result = await claim_round(
+        driver,
+        limit,
+        queue=queue,
+        tasks=tasks,
+        lease_seconds=lease_seconds,
+        worker_id=worker_id,
+        completions=completions,
+    )
+    return list(result.claimed)
+
+
+async def complete(driver: Driver, *leases: Lease, result: Any = None) -> tuple[int, ...]:
+    """Complete `leases` without claiming; returns the ids whose completion was accepted."""
+    completions = tuple(Completion(lease, json.dumps(result)) for lease in leases)
+    outcome = await driver.job_complete_and_claim(
+        CompleteAndClaim(QUEUE, (TASK,), 0, LEASE_SECONDS, uuid.uuid4(), completions)
+    )
+    return outcome.completed_ids
+
+
+async def renew(driver: Driver, *leases: Lease, lease_seconds: float = LEASE_SECONDS) -> set[int]:
+    renewed = await driver.lease_renew_many(
+        RenewLeases(uuid.uuid4(), "running", lease_seconds, tuple(leases))
+    )
+    return {lease.id for lease in renewed}
+
+
+async def fail(
+    driver: Driver,
+    lease: Lease,
+    retry_delay: float | None,
+    *,
+    final_state: str = "failed",
+    error: dict[str, Any] | None = None,
+) -> list[tuple[int, str]]:
+    error = error or {"type": "Boom", "message": "it broke"}
+    return await driver.job_fail_many([Failure(lease, json.dumps(error), retry_delay, final_state)])
+
+
+async def record(driver: Driver, job_id: int) -> JobRecord:
+    found = await driver.job_get(job_id)
+    assert found is not None, f"job {job_id} does not exist"
+    return found
+
+
+async def database_now(driver: Driver) -> datetime.datetime:
+    """The driver's current time (the created_at of a probe job that is never due)."""
+    far = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)
+    [probe] = await enqueue(driver, NewJob("clock-probe", "probe", "{}", run_at=far))
+    return (await record(driver, probe)).created_at
+
+
+def expect(actual: object, expected: object, what: str) -> None:
+    """assert actual == expected, with both in the message (suite modules are not rewritten)."""
+    if actual != expected:
+        raise AssertionError(f"{what}: expected {expected!r}, got {actual!r}")
+
+
+def ids(jobs: Sequence[ClaimedJob]) -> list[int]:
+    return [job.id for job in jobs]
+
+
+# --- claim ----------------------------------------------------------------------------------
+
+
+@conformance_check
+async def check_claim_follows_priority_then_run_at_then_id(
+    driver: Driver, clock: DriverClock
+) -> None:
+    now = await database_now(driver)
+    ago = [now - datetime.timedelta(seconds=s) for s in (10, 20, 5, 20, 30)]
+    a, b, c, d, e = await enqueue(
+        driver,
+        new_job(run_at=ago[0]),
+        new_job(run_at=ago[1]),
+        new_job(run_at=ago[2], priority=-1),
+        new_job(run_at=ago[3]),
+        new_job(run_at=ago[4], priority=1),
+    )
+    order = [ids(await claim(driver, limit=1)) for _ in range(6)]
+    expect(order, [[c], [b], [d], [a], [e], []], "claims one at a time")
+
+
+@conformance_check
+async def check_claim_takes_at_most_limit_jobs(driver: Driver, clock: DriverClock) -> None:
+    await enqueue(driver, *(new_job(n) for n in range(5)))
+    expect(len(await claim(driver, limit=0)), 0, "claimed with limit 0")
+    expect(len(await claim(driver, limit=2)), 2, "claimed with limit 2")
+    expect(len(await claim(driver, limit=10)), 3, "claimed the rest with limit 10")
+
+
+@conformance_check
+async def check_claim_takes_only_its_queue_and_known_tasks(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [other_task] = await enqueue(driver, new_job(task="unknown"))
+    [other_queue] = await enqueue(driver, new_job(queue="elsewhere"))
+    expect(await claim(driver), [], "claim with neither the queue nor the task")
+    unknown = await record(driver, other_task)
+    expect((unknown.state, unknown.attempt), ("ready", 0), "unroutable job state and attempt")
+    expect(ids(await claim(driver, tasks=("unknown", TASK))), [other_task], "claim of the task")
+    expect(ids(await claim(driver, queue="elsewhere")), [other_queue], "claim of the queue")
+
+
+@conformance_check
+async def check_claim_records_attempt_lease_and_worker(driver: Driver, clock: DriverClock) -> None:
+    worker_id = uuid.uuid4()
+    [job_id] = await enqueue(driver, new_job(7, partition_key="k", max_attempts=3, priority=2))
+    [job] = await claim(driver, worker_id=worker_id)
+    row = await record(driver, job_id)
+    expect(
+        (job.id, job.queue, job.task, job.payload, job.attempt, job.max_attempts),
+        (job_id, QUEUE, TASK, {"n": 7}, 1, 3),
+        "claimed job",
+    )
+    expect((job.partition_key, job.priority, job.cancel_requested), ("k", 2, False), "claimed")
+    expect((job.run_at, job.created_at), (row.run_at, row.created_at), "claimed job times")
+    expect((row.state, row.attempt, row.worker_id), ("running", 1, worker_id), "job row")
+    assert row.started_at is not None and row.finished_at is None, row
+    await fail(driver, job.lease, retry_delay=0)
+    [again] = await claim(driver)
+    expect(again.attempt, 2, "attempt after a retry")
+    assert again.lease_token != job.lease_token, "a new claim must draw a new lease token"
+
+
+@conformance_check
+async def check_delayed_job_is_claimed_only_once_due(driver: Driver, clock: DriverClock) -> None:
+    now = await database_now(driver)
+    [delayed] = await enqueue(driver, new_job(delay_seconds=60))
+    [future] = await enqueue(driver, new_job(run_at=now + datetime.timedelta(hours=1)))
+    [past] = await enqueue(driver, new_job(run_at=now - datetime.timedelta(hours=1)))
+    expect(ids(await claim(driver)), [past], "claim before anything else is due")
+    await clock.advance(30)
+    expect(await claim(driver), [], "claim 30 s before the delayed job is due")
+    await clock.advance(31)
+    expect(ids(await claim(driver)), [delayed], "claim once the delayed job is due")
+    await clock.advance(3600)
+    expect(ids(await claim(driver)), [future], "claim once run_at has passed")
+
+
+@conformance_check
+async def check_enqueue_batch_returns_one_result_per_job_in_order(
+    driver: Driver, clock: DriverClock
+) -> None:
+    inserted = await driver.job_insert_many([new_job(n) for n in range(4)])
+    expect([row.created for row in inserted], [True] * 4, "created flags")
+    expect(len({row.id for row in inserted}), 4, "distinct ids")
+    payloads = [(await record(driver, row.id)).payload for row in inserted]
+    expect(payloads, [{"n": n} for n in range(4)], "payloads by returned id")
+    expect(await driver.job_insert_many([]), [], "an empty batch")
+
+
+# --- dedup ----------------------------------------------------------------------------------
+
+
+@conformance_check
+async def check_dedup_key_returns_the_existing_job(driver: Driver, clock: DriverClock) -> None:
+    [first] = await driver.job_insert_many([new_job(1, dedup_key="once")])
+    batch = await driver.job_insert_many([new_job(2), new_job(3, dedup_key="once")])
+    expect(first.created, True, "first insert of the key")
+    expect((batch[1].id, batch[1].created), (first.id, False), "second insert of the key")
+    expect(batch[0].created, True, "the other job of the batch")
+    [job] = await claim(driver, limit=1)
+    await complete(driver, job.lease)
+    [after] = await driver.job_insert_many([new_job(4, dedup_key="once")])
+    expect((after.id, after.created), (first.id, False), "the key of a finished job")
+    expect((await record(driver, first.id)).payload, {"n": 1}, "payload of the deduped job")
+
+
+@conformance_check
+async def check_repeated_dedup_key_in_one_batch_returns_one_job(
+    driver: Driver, clock: DriverClock
+) -> None:
+    inserted = await driver.job_insert_many([new_job(1, dedup_key="k"), new_job(2, dedup_key="k")])
+    expect([row.created for row in inserted], [True, False], "created flags")
+    expect(inserted[0].id, inserted[1].id, "both rows name the same job")
+
+
+# --- fencing, completion, failure, release --------------------------------------------------
+
+
+@conformance_check
+async def check_stale_lease_changes_nothing(driver: Driver, clock: DriverClock) -> None:
+    await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    before = await record(driver, job.id)
+    stale = [
+        Lease(job.id, job.attempt + 1, job.lease_token),
+        Lease(job.id, job.attempt - 1, job.lease_token),
+        Lease(job.id, job.attempt, uuid.uuid4()),
+    ]
+    for lease in stale:
+        expect(await complete(driver, lease), (), f"completion with {lease}")
+        expect(await fail(driver, lease, retry_delay=None), [], f"failure with {lease}")
+        expect(await driver.job_release_many([lease]), [], f"release with {lease}")
+        expect(await renew(driver, lease), set(), f"renewal with {lease}")
+    expect(await record(driver, job.id), before, "job after stale writes")
+    expect(await driver.job_attempts(job.id), [], "attempts after stale writes")
+    expect(await complete(driver, job.lease), (job.id,), "completion with the real lease")
+
+
+@conformance_check
+async def check_completion_is_fenced_and_stores_the_result(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(driver, new_job(), new_job())
+    first, second = await claim(driver)
+    done = await complete(driver, first.lease, second.lease, result={"ok": [1, 2]})
+    expect(sorted(done), sorted([first.id, second.id]), "completed ids")
+    row = await record(driver, first.id)
+    expect((row.state, row.result, row.error), ("completed", {"ok": [1, 2]}, None), "job")
+    assert row.finished_at is not None, row
+    expect(await complete(driver, first.lease), (), "a second completion")
+    expect(await fail(driver, first.lease, retry_delay=0), [], "a failure after completion")
+    expect((await record(driver, first.id)).state, "completed", "state after late writes")
+
+
+@conformance_check
+async def check_failure_retries_after_its_delay_then_fails_with_history(
+    driver: Driver, clock: DriverClock
+) -> None:
+    worker_id = uuid.uuid4()
+    [job_id] = await enqueue(driver, new_job(max_attempts=2))
+    [first] = await claim(driver, worker_id=worker_id)
+    error = {"type": "Boom", "message": "first", "traceback": "tb"}
+    expect(await fail(driver, first.lease, 60, error=error), [(job_id, "ready")], "retry")
+    row = await record(driver, job_id)
+    expect((row.state, row.attempt, row.error), ("ready", 1, error), "job after a retry")
+    expect(await claim(driver), [], "claim before the retry delay passed")
+    await clock.advance(61)
+    [second] = await claim(driver, worker_id=worker_id)
+    expect(second.attempt, 2, "attempt of the retry")
+    final_error = {"type": "Boom", "message": "second"}
+    expect(await fail(driver, second.lease, None, error=final_error), [(job_id, "failed")], "end")
+    row = await record(driver, job_id)
+    expect((row.state, row.error), ("failed", final_error), "job after the final failure")
+    assert row.finished_at is not None, row
+    history = [
+        (a.attempt, a.outcome, a.error_type, a.error_message, a.traceback, a.worker_id)
+        for a in await driver.job_attempts(job_id)
+    ]
+    expected = [
+        (1, "retried", "Boom", "first", "tb", worker_id),
+        (2, "failed", "Boom", "second", None, worker_id),
+    ]
+    expect(history, expected, "attempts history")
+
+
+@conformance_check
+async def check_failure_with_zero_delay_is_due_at_once(driver: Driver, clock: DriverClock) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    await fail(driver, job.lease, retry_delay=0)
+    expect(ids(await claim(driver)), [job_id], "claim right after a zero-delay retry")
+
+
+@conformance_check
+async def check_failure_can_end_cancelled(driver: Driver, clock: DriverClock) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    outcome = await fail(driver, job.lease, None, final_state="cancelled")
+    expect(outcome, [(job_id, "cancelled")], "failure outcome")
+    [attempt] = await driver.job_attempts(job_id)
+    expect((attempt.attempt, attempt.outcome), (1, "cancelled"), "attempts history")
+
+
+@conformance_check
+async def check_release_returns_the_job_without_consuming_an_attempt(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    expect(await driver.job_release_many([job.lease]), [job_id], "released ids")
+    row = await record(driver, job_id)
+    expect(
+        (row.state, row.attempt, row.worker_id, row.started_at, row.error),
+        ("ready", 0, None, None, None),
+        "job after release",
+    )
+    expect(await driver.job_attempts(job_id), [], "attempts after release")
+    [again] = await claim(driver)
+    expect((again.id, again.attempt), (job_id, 1), "claim right after the release")
+    expect(await complete(driver, job.lease), (), "completion with the released lease")
+
+
+@conformance_check
+async def check_released_job_keeps_its_place_in_its_partition(
+    driver: Driver, clock: DriverClock
+) -> None:
+    first, _second = await enqueue(
+        driver, new_job(1, partition_key="k"), new_job(2, partition_key="k")
+    )
+    [job] = await claim(driver)
+    expect(job.id, first, "the key's head is claimed")
+    await clock.advance(1)
+    await driver.job_release_many([job.lease])
+    expect(ids(await claim(driver, limit=1)), [first], "the key's head after a release")
+
+
+# --- leases ---------------------------------------------------------------------------------
+
+
+@conformance_check
+async def check_renewal_extends_owned_leases_and_drops_lost_ones(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(driver, new_job(), new_job(), new_job())
+    one, two, three = await claim(driver, lease_seconds=10)
+    await complete(driver, three.lease)
+    await clock.advance(6)
+    kept = await renew(driver, one.lease, two.lease, three.lease, lease_seconds=10)
+    expect(kept, {one.id, two.id}, "renewed ids (three is finished)")
+    await clock.advance(6)
+    report = await driver.maintenance_pass(MaintenancePass())
+    expect(report.recovered, (), "recovered 12 s after the claim, 6 s after the renewal")
+    await clock.advance(5)
+    expect(await renew(driver, one.lease, lease_seconds=10), {one.id}, "late renewal")
+    report = await driver.maintenance_pass(MaintenancePass())
+    expect(report.recovered, ((two.id, "ready"),), "recovered: only the lease not renewed")
+    expect(await renew(driver, two.lease), set(), "renewal of a recovered lease")
+
+
+@conformance_check
+async def check_expired_lease_is_recovered_and_its_holder_fenced(
+    driver: Driver, clock: DriverClock
+) -> None:
+    worker_id = uuid.uuid4()
+    [job_id] = await enqueue(driver, new_job())
+    [old] = await claim(driver, lease_seconds=10, worker_id=worker_id)
+    await clock.advance(9)
+    expect((await driver.maintenance_pass(MaintenancePass())).recovered, (), "before expiry")
+    await clock.advance(2)
+    report = await driver.maintenance_pass(MaintenancePass())
+    expect((report.leader, report.recovered), (True, ((job_id, "ready"),)), "after expiry")
+    row = await record(driver, job_id)
+    expect((row.state, row.attempt), ("ready", 1), "recovered job")
+    expect(row.error and row.error.get("type"), "LeaseExpired", "recovered job error type")
+    [lost] = await driver.job_attempts(job_id)
+    expect((lost.attempt, lost.outcome, lost.worker_id), (1, "lost", worker_id), "history")
+    expect(await complete(driver, old.lease), (), "completion by the old holder")
+    [new] = await claim(driver)
+    expect(new.attempt, 2, "attempt of the re-claim")
+    expect(await renew(driver, old.lease), set(), "renewal by the old holder")
+    expect(await complete(driver, old.lease), (), "completion by the old holder")
+    expect(await complete(driver, new.lease), (job_id,), "completion by the new holder")
+
+
+@conformance_check
+async def check_lease_lost_on_the_last_attempt_fails_the_job(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job(max_attempts=1))
+    await claim(driver, lease_seconds=10)
+    await clock.advance(11)
+    report = await driver.maintenance_pass(MaintenancePass())
+    expect(report.recovered, ((job_id, "failed"),), "recovered")
+    row = await record(driver, job_id)
+    expect(row.state, "failed", "state")
+    assert row.finished_at is not None, row
+    expect([a.outcome for a in await driver.job_attempts(job_id)], ["lost"], "history")
+    expect(await claim(driver), [], "claim after the final loss")
+
+
+@conformance_check
+async def check_recovery_is_bounded_by_its_limit(driver: Driver, clock: DriverClock) -> None:
+    await enqueue(driver, *(new_job(n) for n in range(3)))
+    await claim(driver, lease_seconds=10)
+    await clock.advance(11)
+    first = await driver.maintenance_pass(MaintenancePass(recover_limit=2))
+    second = await driver.maintenance_pass(MaintenancePass(recover_limit=2))
+    expect((len(first.recovered), len(second.recovered)), (2, 1), "recovered per pass")
+
+
+# --- cancel ---------------------------------------------------------------------------------
+
+
+@conformance_check
+async def check_cancelled_ready_job_is_final(driver: Driver, clock: DriverClock) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    outcome = await driver.job_cancel(job_id)
+    expect(outcome and (outcome.previous_state, outcome.state), ("ready", "cancelled"), "cancel")
+    row = await record(driver, job_id)
+    expect(row.state, "cancelled", "state")
+    assert row.finished_at is not None, row
+    expect(await claim(driver), [], "claim after the cancel")
+
+
+@conformance_check
+async def check_cancelled_running_job_is_flagged_for_its_worker(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    outcome = await driver.job_cancel(job_id)
+    expect(outcome and (outcome.previous_state, outcome.state), ("running", "running"), "cancel")
+    renewed = await driver.lease_renew_many(
+        RenewLeases(uuid.uuid4(), "running", LEASE_SECONDS, (job.lease,))
+    )
+    expect([(r.id, r.cancel_requested) for r in renewed], [(job_id, True)], "renewal")
+    outcome_rows = await fail(driver, job.lease, None, final_state="cancelled")
+    expect(outcome_rows, [(job_id, "cancelled")], "the worker records the cancellation")
+
+
+@conformance_check
+async def check_cancel_request_reaches_the_next_claimer_after_a_lost_lease(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    await claim(driver, lease_seconds=10)
+    await driver.job_cancel(job_id)
+    await clock.advance(11)
+    report = await driver.maintenance_pass(MaintenancePass())
+    expect(report.recovered, ((job_id, "ready"),), "recovered (a cancel does not stop recovery)")
+    [job] = await claim(driver)
+    expect((job.id, job.cancel_requested), (job_id, True), "the next claim sees the request")
+
+
+@conformance_check
+async def check_cancel_leaves_finished_and_missing_jobs_alone(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    await complete(driver, job.lease)
+    outcome = await driver.job_cancel(job_id)
+    expect(outcome and (outcome.previous_state, outcome.state), ("completed",) * 2, "cancel")
+    expect((await record(driver, job_id)).state, "completed", "state")
+    expect(await driver.job_cancel(job_id + 1_000_000), None, "cancel of a missing job")
+
+
+# --- partition keys -------------------------------------------------------------------------
+
+
+@conformance_check
+async def check_partition_key_runs_one_job_at_a_time_in_order(
+    driver: Driver, clock: DriverClock
+) -> None:
+    a1, a2, b1, free = await enqueue(
+        driver,
+        new_job(1, partition_key="a"),
+        new_job(2, partition_key="a"),
+        new_job(3, partition_key="b"),
+        new_job(4),
+    )
+    claimed = await claim(driver)
+    expect(sorted(ids(claimed)), sorted([a1, b1, free]), "first claim")
+    expect(await claim(driver), [], "claim while every key runs")
+    await complete(driver, claimed[0].lease)
+    expect(ids(await claim(driver)), [a2], "claim after the key's first job completed")
+
+
+@conformance_check
+async def check_delayed_or_retrying_job_does_not_hold_its_key(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [_delayed] = await enqueue(driver, new_job(1, partition_key="k", delay_seconds=3600))
+    [due] = await enqueue(driver, new_job(2, partition_key="k"))
+    [job] = await claim(driver)
+    expect(job.id, due, "a delayed job does not hold its key")
+    await fail(driver, job.lease, retry_delay=3600)
+    [later] = await enqueue(driver, new_job(3, partition_key="k"))
+    expect(ids(await claim(driver)), [later], "a retrying job does not hold its key")
+
+
+@conformance_check
+async def check_partition_head_of_another_task_holds_the_key(
+    driver: Driver, clock: DriverClock
+) -> None:
+    head, _second = await enqueue(
+        driver, new_job(1, task="other", partition_key="k"), new_job(2, partition_key="k")
+    )
+    expect(await claim(driver, tasks=(TASK,)), [], "claim of a task queued behind its head")
+    expect(ids(await claim(driver, tasks=("other", TASK))), [head], "claim of the head")
+
+
+@conformance_check
+async def check_key_freed_by_a_completion_is_claimable_from_the_next_round(
+    driver: Driver, clock: DriverClock
+) -> None:
+    first, second = await enqueue(
+        driver, new_job(1, partition_key="k"), new_job(2, partition_key="k")
+    )
+    [job] = await claim(driver)
+    done = await claim(driver, completions=[Completion(job.lease, "null")])
+    expect(done, [], "claim in the round that completed the key's running job")
+    expect((await record(driver, first)).state, "completed", "first job")
+    expect(ids(await claim(driver)), [second], "claim in the next round")
+
+
+@conformance_check
+async def check_recovered_job_keeps_its_place_in_its_partition(
+    driver: Driver, clock: DriverClock
+) -> None:
+    first, _second = await enqueue(
+        driver, new_job(1, partition_key="k"), new_job(2, partition_key="k")
+    )
+    await claim(driver, lease_seconds=10)
+    await clock.advance(11)
+    await driver.maintenance_pass(MaintenancePass())
+    expect(ids(await claim(driver, limit=1)), [first], "the key's head after a recovery")
+
+
+@conformance_check
+async def check_claim_visits_keys_round_robin_within_its_window(
+    driver: Driver, clock: DriverClock
+) -> None:
+    a1, b1, c1, a2, b2, c2 = await enqueue(
+        driver, *(new_job(n, partition_key=key) for n, key in enumerate("abcabc"))
+    )
+    rounds = []
+    cursor = ""
+    for _ in range(4):
+        result = await claim_round(driver, key_cursor=cursor, key_window=2)
+        await complete(driver, *(job.lease for job in result.claimed))
+        rounds.append((ids(result.claimed), result.key_cursor))
+        cursor = result.key_cursor or ""
+    expected = [([a1, b1], "b"), ([c1, a2], "a"), ([b2, c2], "c"), ([], None)]
+    expect(rounds, expected, "claimed ids and returned cursor of each round")
+
+
+@conformance_check
+async def check_claim_visits_the_cursor_key_after_wrapping_around(
+    driver: Driver, clock: DriverClock
+) -> None:
+    a, b = await enqueue(driver, new_job(1, partition_key="a"), new_job(2, partition_key="b"))
+    result = await claim_round(driver, key_cursor="b")
+    expect(sorted(ids(result.claimed)), [a, b], "claim from cursor 'b' with a wide window")
+
+
+# --- transactions and notifications ---------------------------------------------------------
+
+
+class _Rollback(Exception):
+    pass
+
+
+@conformance_check
+async def check_rolled_back_transaction_inserts_nothing(driver: Driver, clock: DriverClock) -> None:
+    inserted: list[int] = []
+    try:
+        async with driver.transaction() as tx:
+            inserted = [j.id for j in await tx.job_insert_many([new_job(dedup_key="tx")])]
+            raise _Rollback
+    except _Rollback:
+        pass
+    expect(await driver.job_get(inserted[0]), None, "the rolled-back job")
+    expect(await claim(driver), [], "claim after the rollback")
+    [again] = await driver.job_insert_many([new_job(dedup_key="tx")])
+    expect(again.created, True, "the dedup key of a rolled-back enqueue is free")
+
+
+@conformance_check
+async def check_transaction_jobs_are_invisible_until_commit(
+    driver: Driver, clock: DriverClock
+) -> None:
+    async with driver.transaction() as tx:
+        [inserted] = await tx.job_insert_many([new_job()])
+        expect(await driver.job_get(inserted.id), None, "job seen from outside before commit")
+        expect(await claim(driver), [], "claim before commit")
+    expect(ids(await claim(driver)), [inserted.id], "claim after commit")
+
+
+@conformance_check
+async def check_notifications_are_delivered_on_commit_only(
+    driver: Driver, clock: DriverClock
+) -> None:
+    recorder = NotificationRecorder()
+    kept, dropped = "kept-queue", "dropped-queue"
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        for channel in await driver.ready_channels([kept, dropped]):
+            await listener.listen(channel)
+        [kept_channel, dropped_channel] = await driver.ready_channels([kept, dropped])
+        try:
+            async with driver.transaction() as tx:
+                await tx.job_insert_many([new_job(queue=dropped)])
+                raise _Rollback
+        except _Rollback:
+            pass
+        async with driver.transaction() as tx:
+            await tx.job_insert_many([new_job(queue=kept)])
+            await flush_notifications(driver, listener, recorder)
+            expect((kept_channel, kept) in recorder.received, False, "notified before commit")
+        await recorder.wait_for(kept_channel, kept)
+        await flush_notifications(driver, listener, recorder)
+        expect((dropped_channel, dropped) in recorder.received, False, "notified on rollback")
+
+
+@conformance_check
+async def check_enqueue_notifies_the_ready_channel_for_due_jobs_only(
+    driver: Driver, clock: DriverClock
+) -> None:
+    recorder = NotificationRecorder()
+    due, delayed = "due-queue", "delayed-queue"
+    [due_channel, delayed_channel] = await driver.ready_channels([due, delayed])
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        await listener.listen(due_channel)
+        await listener.listen(delayed_channel)
+        await enqueue(driver, new_job(queue=delayed, delay_seconds=3600))
+        await enqueue(driver, new_job(queue=due), new_job(queue=due))
+        await recorder.wait_for(due_channel, due)
+        await flush_notifications(driver, listener, recorder)
+    expect(recorder.received.count((due_channel, due)), 1, "notifications for one due batch")
+    expect((delayed_channel, delayed) in recorder.received, False, "notified for a delayed job")
+
+
+@conformance_check
+async def check_final_states_are_announced_on_result_channels(
+    driver: Driver, clock: DriverClock
+) -> None:
+    recorder = NotificationRecorder()
+    job_ids = await enqueue(driver, *(new_job(n) for n in range(5)))
+    channels = {result_channel(driver.schema, job_id) for job_id in job_ids}
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        for channel in channels:
+            await listener.listen(channel)
+        expect(await driver.job_cancel(job_ids[4]) is not None, True, "cancel")
+        one, two, three, four = await claim(driver)
+        await complete(driver, one.lease, two.lease)
+        await fail(driver, three.lease, retry_delay=None)
+        await fail(driver, four.lease, retry_delay=None, final_state="cancelled")
+        for job_id in job_ids:
+            await recorder.wait_for_ids(result_channel(driver.schema, job_id), {job_id})
+
+
+@conformance_check
+async def check_retry_is_not_announced_as_a_result(driver: Driver, clock: DriverClock) -> None:
+    recorder = NotificationRecorder()
+    [job_id] = await enqueue(driver, new_job())
+    channel = result_channel(driver.schema, job_id)
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        await listener.listen(channel)
+        [job] = await claim(driver)
+        await fail(driver, job.lease, retry_delay=60)
+        await flush_notifications(driver, listener, recorder)
+    expect(recorder.ids_on(channel), set(), "ids announced after a retry")
+
+
+@conformance_check
+async def check_cancel_of_a_running_job_is_sent_on_the_control_channel(
+    driver: Driver, clock: DriverClock
+) -> None:
+    recorder = NotificationRecorder()
+    channel = control_channel(driver.schema)
+    [job_id] = await enqueue(driver, new_job())
+    await claim(driver)
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        await listener.listen(channel)
+        await driver.job_cancel(job_id)
+        await recorder.wait_for(channel, str(job_id))
+
+
+@conformance_check
+async def check_release_and_recovery_notify_the_ready_channel(
+    driver: Driver, clock: DriverClock
+) -> None:
+    recorder = NotificationRecorder()
+    released_queue, recovered_queue = "released-queue", "recovered-queue"
+    channels = await driver.ready_channels([released_queue, recovered_queue])
+    await enqueue(driver, new_job(queue=released_queue), new_job(queue=recovered_queue))
+    [released] = await claim(driver, queue=released_queue)
+    await claim(driver, queue=recovered_queue, lease_seconds=10)
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        for channel in channels:
+            await listener.listen(channel)
+        await driver.job_release_many([released.lease])
+        await recorder.wait_for(channels[0], released_queue)
+        await clock.advance(11)
+        await driver.maintenance_pass(MaintenancePass())
+        await recorder.wait_for(channels[1], recovered_queue)
+
+
+@conformance_check
+async def check_job_failed_by_recovery_is_announced_on_its_result_channel(
+    driver: Driver, clock: DriverClock
+) -> None:
+    recorder = NotificationRecorder()
+    [job_id] = await enqueue(driver, new_job(max_attempts=1))
+    channel = result_channel(driver.schema, job_id)
+    await claim(driver, lease_seconds=10)
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        await listener.listen(channel)
+        await clock.advance(11)
+        await driver.maintenance_pass(MaintenancePass())
+        await flush_notifications(driver, listener, recorder)
+    expect(recorder.ids_on(channel), {job_id}, "ids announced after the final lease loss")
+
+
+@conformance_check
+async def check_ready_channels_are_stable_per_queue(driver: Driver, clock: DriverClock) -> None:
+    channels = await driver.ready_channels(["a", "b", "a"])
+    expect(len(channels), 3, "one channel per queue asked")
+    expect(channels[0], channels[2], "the same queue's channel")
+    expect(await driver.ready_channels(["b"]), [channels[1]], "asked again")
+    expect(await driver.ready_channels([]), [], "no queues")
+
+
+# --- status, workers, retention, statistics -------------------------------------------------
+
+
+@conformance_check
+async def check_queue_status_counts_jobs_by_state(driver: Driver, clock: DriverClock) -> None:
+    await enqueue(driver, new_job(priority=-2))
+    await claim(driver, limit=1, lease_seconds=10)
+    await clock.advance(11)  # that lease has now expired, unrecovered
+    await enqueue(driver, new_job(priority=-1), new_job(priority=-1), new_job(priority=-1))
+    done, failed, _running = await claim(driver, limit=3)
+    await complete(driver, done.lease)
+    await fail(driver, failed.lease, retry_delay=None)
+    [cancelled] = await enqueue(driver, new_job(priority=5))
+    await driver.job_cancel(cancelled)
+    await enqueue(driver, new_job(), new_job(), new_job(delay_seconds=3600))
+    await enqueue(driver, new_job(queue="another"))
+    statuses = await driver.queue_status()
+    expect([row.queue for row in statuses], ["another", QUEUE], "queues, in name order")
+    other, status = statuses
+    counts = (status.ready, status.scheduled, status.running, status.expired_leases)
+    expect(counts, (2, 1, 2, 1), "ready, scheduled, running, expired leases")
+    finished = (status.completed, status.failed, status.cancelled)
+    expect(finished, (1, 1, 1), "completed, failed, cancelled")
+    oldest = status.oldest_ready_seconds
+    assert oldest is not None and 0 <= oldest < 60, oldest
+    expect((other.ready, other.running, other.oldest_ready_seconds is None), (1, 0, False), "q2")
+
+
+@conformance_check
+async def check_workers_register_heartbeat_and_are_pruned_when_stale(
+    driver: Driver, clock: DriverClock
+) -> None:
+    worker_id, leaving = uuid.uuid4(), uuid.uuid4()
+    await driver.worker_register(WorkerRegistration(worker_id, "host-a", 11, (QUEUE, "b"), 4))
+    await driver.worker_register(WorkerRegistration(leaving, "host-b", 12, (QUEUE,), 1))
+    await driver.worker_unregister(leaving)
+    await enqueue(driver, new_job())
+    [job] = await claim(driver, worker_id=worker_id)
+    [info] = await driver.worker_list()
+    expect(
+        (info.id, info.hostname, info.pid, info.queues, info.concurrency, info.state),
+        (worker_id, "host-a", 11, (QUEUE, "b"), 4, "running"),
+        "registered worker",
+    )
+    expect(info.running, 1, "running jobs of the worker")
+    await clock.advance(5)
+    await driver.lease_renew_many(RenewLeases(worker_id, "draining", 30, (job.lease,)))
+    [beat] = await driver.worker_list()
+    expect(beat.state, "draining", "state after a heartbeat")
+    assert beat.heartbeat_at > info.heartbeat_at, (beat, info)
+    await clock.advance(301)
+    report = await driver.maintenance_pass(MaintenancePass(worker_stale_seconds=300))
+    expect(report.pruned_workers, 1, "pruned workers")
+    expect(await driver.worker_list(), [], "workers after pruning")
+
+
+@conformance_check
+async def check_finished_jobs_are_pruned_after_retention(
+    driver: Driver, clock: DriverClock
+) -> None:
+    done_id, failed_id = await enqueue(driver, new_job(1, dedup_key="d"), new_job(2))
+    done, failed = await claim(driver)
+    await complete(driver, done.lease)
+    await fail(driver, failed.lease, retry_delay=None)
+    [waiting] = await enqueue(driver, new_job(3, delay_seconds=10_000))
+    await clock.advance(99)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=100))
+    expect(report.pruned_jobs, 0, "pruned before the retention period")
+    await clock.advance(2)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=100))
+    expect(report.pruned_jobs, 2, "pruned after the retention period")
+    expect((await driver.job_get(done_id), await driver.job_get(failed_id)), (None, None), "gone")
+    expect(await driver.job_attempts(failed_id), [], "attempts of a pruned job")
+    expect((await record(driver, waiting)).state, "ready", "a job not finished is kept")
+    [again] = await driver.job_insert_many([new_job(dedup_key="d")])
+    expect(again.created, True, "the dedup key of a pruned job is free")
+
+
+@conformance_check
+async def check_statistics_count_statements_by_name(driver: Driver, clock: DriverClock) -> None:
+    before = dict(driver.statistics().calls)
+    await enqueue(driver, new_job())
+    await claim(driver)
+    await driver.maintenance_pass(MaintenancePass())
+    after = driver.statistics().calls
+    for name in ("job_insert_many", "job_complete_and_claim", "maintenance_pass"):
+        expect(after.get(name, 0) - before.get(name, 0), 1, f"calls of {name}")
+    unknown = set(after) - query_names()
+    expect(unknown, set(), "counted names that are not statements of queries.sql")
