@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from trioq._pg import Connection, connect
 from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
 
 SESSION_CLUSTER_SETTINGS = EmbeddedSettings(
@@ -37,3 +38,14 @@ def pg_schema(pg_url: str) -> Iterator[str]:
         # A session the test leaked while holding locks fails the teardown instead of hanging it.
         conn.execute("SET lock_timeout = '10s'")
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+async def observer(pg_url: str) -> AsyncIterator[Connection]:
+    """A second session that inspects the server (and sends NOTIFYs) while the code under test
+    runs."""
+    conn = await connect(pg_url, application_name="trioq-test-observer")
+    try:
+        yield conn
+    finally:
+        await conn.close()

@@ -27,16 +27,6 @@ def app_name() -> str:
 
 
 @pytest.fixture
-async def observer(pg_url: str) -> AsyncIterator[Connection]:
-    """A second session that inspects the server while the code under test runs."""
-    conn = await connect(pg_url, application_name="trioq-test-observer")
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
 async def counters(pg_schema: str, observer: Connection) -> str:
     """A table of ten counter rows (id 0..9, n = 0), dropped with the test's schema."""
     table = f"{pg_schema}.counters"

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import attrs
 import pytest
 import trio
 
-from trioq._pg import Connection, connect, open_listener
-
-
-@pytest.fixture
-async def observer(pg_url: str) -> AsyncIterator[Connection]:
-    """A second session that sends NOTIFYs and inspects the server."""
-    conn = await connect(pg_url, application_name="trioq-test-observer")
-    try:
-        yield conn
-    finally:
-        await conn.close()
+from trioq._pg import Connection, open_listener
 
 
 @attrs.define(eq=False)
