@@ -1,0 +1,45 @@
+"""The benchmark's trioq App, loaded by the worker processes as `bench.app:app`.
+
+The schema comes from $TRIOQ_BENCH_SCHEMA (each scenario run uses a fresh one). Timing handlers
+return `time.time()` readings as their result: the harness compares them with its own
+`time.time()` taken after the enqueue committed, so latencies use ONE clock (this machine's wall
+clock) on both ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import trio
+
+import trioq
+
+SCHEMA_ENV = "TRIOQ_BENCH_SCHEMA"
+
+
+def make_app(schema: str, database_url: str | None = None) -> trioq.App:
+    app = trioq.App(database_url, schema=schema)
+
+    @app.task("noop", max_attempts=1)
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    @app.task("sleep_1ms", max_attempts=1)
+    async def sleep_1ms(ctx: trioq.Context, payload: object) -> None:
+        await trio.sleep(0.001)
+
+    @app.task("sleep_100ms", max_attempts=1)
+    async def sleep_100ms(ctx: trioq.Context, payload: object) -> dict[str, float]:
+        start = time.time()
+        await trio.sleep(0.1)
+        return {"start": start, "end": time.time()}
+
+    @app.task("probe", max_attempts=1)
+    async def probe(ctx: trioq.Context, payload: object) -> float:
+        return time.time()
+
+    return app
+
+
+app = make_app(os.environ.get(SCHEMA_ENV, "bench"))

@@ -1,0 +1,42 @@
+"""Workload sizes: the full run the issue specifies, and the small `--quick` one for CI."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Sizes:
+    repeats: int = 3
+    throughput_jobs: int = 20_000
+    depths: tuple[int, int] = (3_000, 100_000)
+    concurrency: int = 25
+    enqueue_seconds: float = 5.0
+    bulk_rows: int = 20_000
+    pickup_seconds: float = 10.0
+    pickup_every: float = 0.020
+    refill_jobs: int = 50
+    refill_concurrency: int = 5
+    refill_poll_interval: float = 5.0
+    idle_seconds: float = 30.0
+    fairness_big_key_jobs: int = 10_000
+    fairness_small_keys: int = 100
+    fairness_jobs_per_small_key: int = 10
+    timeout: float = 600.0  # per wait; a run that hits it failed
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    repeats=1,
+    throughput_jobs=500,
+    depths=(300, 1_000),
+    enqueue_seconds=0.5,
+    bulk_rows=1_000,
+    pickup_seconds=1.0,
+    refill_jobs=20,
+    idle_seconds=2.0,
+    fairness_big_key_jobs=300,
+    fairness_small_keys=10,
+    fairness_jobs_per_small_key=5,
+    timeout=60.0,
+)

@@ -1,0 +1,309 @@
+"""The harness's hands: the embedded cluster, roles and schemas, and the processes under test.
+
+Each process under test connects as a role of its own (`bench_w<n>`, `bench_base<n>`), and the
+harness as `bench_harness`, so pg_stat_statements (which keys statements by role) tells exactly
+which statements a given worker process ran, without the harness's polling in the count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import attrs
+import psycopg
+import trio
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from bench.app import SCHEMA_ENV, make_app
+from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HARNESS_ROLE = "bench_harness"
+POLL_SECONDS = 0.05  # how often the harness checks for completion (its own role: not counted)
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 60.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """A scenario could not run (a process died, a wait timed out)."""
+
+
+@attrs.define(eq=False)
+class Database:
+    """The embedded cluster of this run plus the harness's own session on it."""
+
+    cluster: EmbeddedPostgres
+    conn: psycopg.Connection[Any]
+    _names: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
+
+    @property
+    def socket_dir(self) -> str:
+        return conninfo_to_dict(self.cluster.conninfo)["host"]
+
+    def conninfo(self, role: str) -> str:
+        return make_conninfo(self.cluster.conninfo, user=role)
+
+    def asyncpg_dsn(self, role: str) -> str:
+        host = quote(self.socket_dir, safe="")
+        return f"postgresql://{role}@/postgres?host={host}&port={self.cluster.port}"
+
+    def new_role(self, prefix: str) -> str:
+        role = f"{prefix}{next(self._names)}"
+        self.conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
+        return role
+
+    def fetch(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def scalar(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        return self.fetch(sql, params)[0][0]
+
+    def fresh_schema(self) -> str:
+        """A new, migrated trioq schema (`bench_<n>`)."""
+        schema = f"bench_{next(self._names)}"
+
+        async def migrate() -> None:
+            async with make_app(schema, self.conninfo(HARNESS_ROLE)).client(migrate=True):
+                pass
+
+        trio.run(migrate)
+        return schema
+
+    def drop_schema(self, schema: str) -> None:
+        self.conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+    def reset_statements(self) -> None:
+        self.conn.execute("SELECT pg_stat_statements_reset()")
+
+    def statement_totals(self, roles: Sequence[str]) -> tuple[int, float]:
+        """Top-level statements run by `roles` since the last reset (utility ones included),
+        and their total execution time in ms (server side, planning excluded)."""
+        calls, total_ms = self.fetch(
+            "SELECT coalesce(sum(s.calls), 0), coalesce(sum(s.total_exec_time), 0)"
+            " FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
+            " WHERE r.rolname = ANY(%s)",
+            [list(roles)],
+        )[0]
+        return int(calls), float(total_ms)
+
+    def statement_calls(self, roles: Sequence[str]) -> int:
+        return self.statement_totals(roles)[0]
+
+    def top_statements(self, roles: Sequence[str], limit: int = 4) -> list[dict[str, Any]]:
+        """The statements `roles` ran most often since the last reset, with their server time."""
+        rows = self.fetch(
+            "SELECT s.calls, s.mean_exec_time, s.total_exec_time, s.plans, s.mean_plan_time,"
+            " left(regexp_replace(s.query, '\\s+', ' ', 'g'), 80)"
+            " FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
+            " WHERE r.rolname = ANY(%s) ORDER BY s.calls DESC LIMIT %s",
+            [list(roles), limit],
+        )
+        return [
+            {
+                "calls": calls,
+                "mean_exec_ms": round(mean_ms, 4),
+                "total_exec_ms": round(total_ms, 1),
+                "plans": plans,
+                "mean_plan_ms": round(mean_plan_ms, 4),
+                "query": query,
+            }
+            for calls, mean_ms, total_ms, plans, mean_plan_ms, query in rows
+        ]
+
+    def wait_count(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        expected: int,
+        timeout: float,
+        process_alive: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Poll `sql` (a count) until it reaches `expected`; raise after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while (count := self.scalar(sql, params)) < expected:
+            process_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"timed out after {timeout:.0f}s: {count}/{expected} ({sql})")
+            time.sleep(POLL_SECONDS)
+
+
+@contextlib.contextmanager
+def open_database(max_connections: int = 100) -> Iterator[Database]:
+    """Start the embedded cluster (pg_stat_statements loaded) and the harness role."""
+    settings = EmbeddedSettings(
+        max_connections=max_connections,
+        shared_preload_libraries=("pg_stat_statements",),
+        # track_planning: planning time is reported next to execution time (a statement that is
+        # re-planned at every call shows it there, and only there).
+        server_settings={
+            "pg_stat_statements.track_utility": True,
+            "pg_stat_statements.track_planning": True,
+        },
+    )
+    with EmbeddedPostgres(settings=settings) as cluster:
+        with psycopg.connect(cluster.conninfo, autocommit=True) as admin:
+            admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            admin.execute(f"CREATE ROLE {HARNESS_ROLE} LOGIN SUPERUSER")
+        harness = make_conninfo(cluster.conninfo, user=HARNESS_ROLE)
+        with psycopg.connect(harness, autocommit=True) as conn:
+            yield Database(cluster, conn)
+
+
+# --- processes under test ---------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Process:
+    """A worker (trioq or baseline) running as a child; its CPU and memory read from /proc."""
+
+    name: str
+    role: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every thread of the process so far."""
+        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def peak_rss_mb(self) -> float:
+        """VmHWM: the peak resident set size since the process started."""
+        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise BenchError(f"{self.name}: no VmHWM in /proc")
+
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            raise BenchError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
+
+    def wait_for_line(self, prefix: bytes, timeout: float = READY_TIMEOUT) -> None:
+        """Block until the process prints a line starting with `prefix` on stdout."""
+        assert self.popen.stdout is not None
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.popen.stdout], [], [], remaining)
+            if not readable:
+                break
+            line = self.popen.stdout.readline()
+            if not line:
+                self.check_alive()
+                time.sleep(0.01)
+                continue
+            if line.startswith(prefix):
+                return
+        self.check_alive()
+        raise BenchError(f"{self.name}: no {prefix!r} line within {timeout:.0f}s")
+
+    def stop(self) -> None:
+        """SIGTERM (a trioq worker drains), then wait; SIGKILL only if it will not exit."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            raise BenchError(f"{self.name} did not stop within {STOP_TIMEOUT:.0f}s") from None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@attrs.define(eq=False)
+class Launcher:
+    """Spawns the processes under test with their own roles and logs; stops them all at the end."""
+
+    db: Database
+    log_dir: Path
+    started: list[Process] = attrs.field(factory=list)
+
+    def trioq_worker(
+        self,
+        schema: str,
+        *,
+        concurrency: int,
+        queues: Sequence[str] = ("default",),
+        poll_interval: float = 1.0,
+    ) -> Process:
+        role = self.db.new_role("bench_w")
+        argv = [
+            sys.executable,
+            "-m",
+            "trioq.cli",
+            "worker",
+            "bench.app:app",
+            "--concurrency",
+            str(concurrency),
+            "--poll-interval",
+            str(poll_interval),
+            "--grace",
+            "10",
+        ]
+        for queue in queues:
+            argv += ["--queue", queue]
+        env = {"TRIOQ_DATABASE_URL": self.db.conninfo(role), SCHEMA_ENV: schema}
+        process = self._spawn(f"trioq worker {role}", role, argv, env)
+        process.wait_for_line(b"trioq worker ")
+        return process
+
+    def baseline_worker(
+        self, schema: str, *, expect: int, batch: int = 25, listen: bool = False
+    ) -> Process:
+        role = self.db.new_role("bench_base")
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.baseline",
+            "--dsn",
+            self.db.asyncpg_dsn(role),
+            "--schema",
+            schema,
+            "--batch",
+            str(batch),
+            "--expect",
+            str(expect),
+        ]
+        if listen:
+            argv.append("--listen")
+        process = self._spawn(f"baseline {role}", role, argv, {})
+        process.wait_for_line(b"ready")
+        return process
+
+    def _spawn(self, name: str, role: str, argv: list[str], env: dict[str, str]) -> Process:
+        log_path = self.log_dir / f"{role}.log"
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(
+                argv,
+                cwd=REPO_ROOT,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
+        process = Process(name, role, popen, log_path)
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        """Stop every process still running (after a failure; scenarios stop their own)."""
+        for process in self.started:
+            if process.popen.poll() is None:
+                with contextlib.suppress(BenchError):
+                    process.stop()
+        self.started.clear()

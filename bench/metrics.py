@@ -1,0 +1,279 @@
+"""What each recorded metric means: label, unit, its baseline counterpart and its target.
+
+Targets are the issue's (2-core machine, PostgreSQL on the same machine, same run), except the
+backlog-flatness bound, which is this suite's reading of "per-job cost must stay flat".
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import attrs
+
+from bench.config import Sizes
+
+
+@attrs.frozen
+class Target:
+    text: str
+    compare: Callable[[float, float], bool]
+    bound: float
+    on_ratio: bool = False  # checked against the ratio to the baseline, not the value
+
+    def met(self, median: float, ratio: float | None) -> bool | None:
+        value = ratio if self.on_ratio else median
+        return None if value is None else self.compare(value, self.bound)
+
+
+def at_least(bound: float, text: str, *, on_ratio: bool = False) -> Target:
+    return Target(text, operator.ge, bound, on_ratio)
+
+
+def at_most(bound: float, text: str) -> Target:
+    return Target(text, operator.le, bound)
+
+
+@attrs.frozen
+class Metric:
+    scenario: str
+    key: str
+    label: str
+    unit: str
+    baseline: str | None = None  # metric key in the "baseline" scenario
+    target: Target | None = None
+
+
+def metrics(sizes: Sizes) -> list[Metric]:
+    """Every metric, in report order."""
+    n, (shallow, deep), c = sizes.throughput_jobs, sizes.depths, sizes.concurrency
+    jobs = f"{n:,} jobs"
+    return [
+        Metric(
+            "throughput",
+            "one_worker_jobs_per_s",
+            f"1 worker, c={c}, noop, {jobs}",
+            "jobs/s",
+            "jobs_per_s",
+            at_least(0.52, ">= 52% of baseline", on_ratio=True),
+        ),
+        Metric(
+            "throughput",
+            "two_workers_jobs_per_s",
+            f"2 workers, c={c} each, noop, {jobs}",
+            "jobs/s",
+            "jobs_per_s",
+        ),
+        Metric(
+            "throughput",
+            "two_vs_one_worker",
+            "2 workers / 1 worker (same repeat)",
+            "x",
+            target=at_least(1.0, ">= 1.0"),
+        ),
+        Metric(
+            "throughput",
+            "sleep_1ms_jobs_per_s",
+            f"1 worker, c={c}, 1 ms async handler (baseline: noop)",
+            "jobs/s",
+            "jobs_per_s",
+        ),
+        Metric(
+            "throughput",
+            "shallow_backlog_jobs_per_s",
+            f"1 worker, backlog {shallow:,}",
+            "jobs/s",
+            "jobs_per_s",
+        ),
+        Metric(
+            "throughput",
+            "deep_backlog_jobs_per_s",
+            f"1 worker, backlog {deep:,}",
+            "jobs/s",
+            "jobs_per_s",
+        ),
+        Metric(
+            "throughput",
+            "deep_vs_shallow_cost_per_job",
+            f"cost per job, backlog {deep:,} / {shallow:,}",
+            "x",
+            target=at_most(1.25, "<= 1.25 (flat; bench's bound)"),
+        ),
+        Metric(
+            "enqueue",
+            "single_per_s",
+            "client.enqueue, sequential, one process",
+            "jobs/s",
+            "enqueue_single_per_s",
+        ),
+        Metric(
+            "enqueue",
+            "bulk_rows_per_s",
+            f"client.enqueue_many, {sizes.bulk_rows:,} rows",
+            "rows/s",
+            "enqueue_bulk_rows_per_s",
+        ),
+        *[
+            Metric(
+                "pickup_latency",
+                f"{p}_ms",
+                f"idle worker, commit -> handler start {p}",
+                "ms",
+                baseline=None if p == "max" else f"pickup_{p}_ms",
+                target=at_most(5.0, "<= 5 ms") if p == "p95" else None,
+            )
+            for p in ("p50", "p95", "p99", "max")
+        ],
+        *[
+            Metric("pickup_latency", f"{part}_{p}_ms", f"{label} {p}", "ms")
+            for part, label in (
+                ("commit_to_claim", "  commit -> claim statement start"),
+                ("claim_to_handler", "  claim statement start -> handler"),
+            )
+            for p in ("p50", "p95")
+        ],
+        Metric(
+            "refill_latency",
+            "total_s",
+            f"{sizes.refill_jobs} x 100 ms jobs, c={sizes.refill_concurrency}, "
+            f"poll {sizes.refill_poll_interval:g} s",
+            "s",
+            "refill_total_s",
+        ),
+        Metric(
+            "refill_latency",
+            "total_vs_ideal",
+            "total / ideal",
+            "x",
+            target=at_most(1.15, "<= 1.15"),
+        ),
+        Metric(
+            "refill_latency",
+            "gap_p50_ms",
+            "slot settle -> next handler start p50",
+            "ms",
+            "refill_gap_p50_ms",
+        ),
+        Metric(
+            "refill_latency",
+            "gap_p99_ms",
+            "slot settle -> next handler start p99",
+            "ms",
+            "refill_gap_p99_ms",
+        ),
+        Metric(
+            "refill_latency",
+            "settle_to_claim_p50_ms",
+            "  slot settle -> start of the refilling claim statement p50",
+            "ms",
+            "refill_settle_to_claim_p50_ms",
+        ),
+        Metric(
+            "database_load",
+            "statements_per_job",
+            f"statements per completed job, 1 worker ({jobs})",
+            "stmt/job",
+            "statements_per_job",
+            at_most(0.10, "<= 0.10"),
+        ),
+        Metric(
+            "database_load",
+            "statements_per_job_two_workers",
+            "statements per completed job, 2 workers",
+            "stmt/job",
+            "statements_per_job",
+        ),
+        Metric(
+            "database_load",
+            "db_us_per_job",
+            "server execution time per job, 1 worker",
+            "us",
+            "db_us_per_job",
+        ),
+        Metric(
+            "database_load",
+            "db_us_per_job_shallow_backlog",
+            f"server execution time per job, backlog {shallow:,}",
+            "us",
+            "db_us_per_job",
+        ),
+        Metric(
+            "database_load",
+            "db_us_per_job_deep_backlog",
+            f"server execution time per job, backlog {deep:,}",
+            "us",
+            "db_us_per_job",
+        ),
+        Metric(
+            "database_load",
+            "idle_one_queue_statements_per_s",
+            f"idle worker, {c} slots, 1 queue, poll 1 s",
+            "stmt/s",
+            target=at_most(1.2, "<= 1.2"),
+        ),
+        Metric(
+            "database_load",
+            "idle_four_queues_statements_per_s",
+            f"idle worker, {c} slots, 4 queues, poll 1 s",
+            "stmt/s",
+        ),
+        Metric(
+            "worker_cost",
+            "cpu_s_per_10k_jobs",
+            "worker CPU (user+sys) per 10,000 noop jobs",
+            "s",
+            "cpu_s_per_10k_jobs",
+        ),
+        Metric(
+            "worker_cost",
+            "peak_rss_mb",
+            f"worker peak RSS (VmHWM), c={c}",
+            "MB",
+            "peak_rss_mb",
+            at_most(120.0, "<= 120 MB"),
+        ),
+        Metric(
+            "partition_fairness", "small_key_wait_p50_s", "small keys: commit -> start p50", "s"
+        ),
+        Metric(
+            "partition_fairness", "small_key_wait_p95_s", "small keys: commit -> start p95", "s"
+        ),
+        Metric("partition_fairness", "small_keys_drained_s", "all small keys drained after", "s"),
+        Metric(
+            "partition_fairness",
+            "big_key_jobs_done_meanwhile",
+            f"big key jobs done by then (of {sizes.fairness_big_key_jobs:,})",
+            "jobs",
+        ),
+        Metric("baseline", "jobs_per_s", f"raw asyncio+asyncpg loop, batch {c}, {jobs}", "jobs/s"),
+        Metric("baseline", "statements_per_job", "raw loop statements per job", "stmt/job"),
+        Metric("baseline", "db_us_per_job", "raw loop server execution time per job", "us"),
+        Metric("baseline", "cpu_s_per_10k_jobs", "raw loop CPU per 10,000 jobs", "s"),
+        Metric("baseline", "peak_rss_mb", "raw loop peak RSS", "MB"),
+        *[
+            Metric(
+                "baseline",
+                f"pickup_{p}_ms",
+                f"raw loop (LISTEN), commit -> handler start {p}",
+                "ms",
+            )
+            for p in ("p50", "p95", "p99")
+        ],
+        Metric("baseline", "refill_total_s", "raw loop (batch of 5), 100 ms jobs, total", "s"),
+        *[
+            Metric(
+                "baseline", f"refill_gap_{p}_ms", f"raw loop, slot settle -> next start {p}", "ms"
+            )
+            for p in ("p50", "p99")
+        ],
+        Metric(
+            "baseline",
+            "refill_settle_to_claim_p50_ms",
+            "raw loop, slot settle -> claim statement start p50",
+            "ms",
+        ),
+        Metric("baseline", "enqueue_single_per_s", "raw single-row INSERT, sequential", "jobs/s"),
+        Metric(
+            "baseline", "enqueue_bulk_rows_per_s", "raw INSERT ... unnest, one statement", "rows/s"
+        ),
+    ]

@@ -1,0 +1,188 @@
+"""Turn the recorded repeats into medians, spreads, ratios to the baseline and target checks;
+write them as JSON and as bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.config import Sizes
+from bench.metrics import Metric, metrics
+from bench.scenarios import Results
+from bench.stats import summarize
+
+SCENARIOS = (
+    "throughput",
+    "enqueue",
+    "pickup_latency",
+    "refill_latency",
+    "database_load",
+    "worker_cost",
+    "partition_fairness",
+    "baseline",
+)
+
+
+def ratio_to_baseline(values: list[float], base: list[float] | None) -> float | None:
+    """Median of the per-repeat ratios (each trioq run against the baseline of its repeat);
+    the ratio of medians when the repeat counts differ."""
+    if not base or not all(base):  # e.g. CPU below the clock tick in --quick runs
+        return None
+    if len(base) == len(values):
+        return statistics.median(v / b for v, b in zip(values, base, strict=True))
+    return statistics.median(values) / statistics.median(base)
+
+
+def summarize_metric(metric: Metric, results: Results) -> dict[str, Any] | None:
+    values = results.values.get(metric.scenario, {}).get(metric.key)
+    if not values:
+        return None
+    summary: dict[str, Any] = {"label": metric.label, "unit": metric.unit, **summarize(values)}
+    base = results.values.get("baseline", {}).get(metric.baseline) if metric.baseline else None
+    summary["ratio_to_baseline"] = ratio_to_baseline(values, base)
+    if metric.target is not None:
+        summary["target"] = metric.target.text
+        summary["met"] = metric.target.met(summary["median"], summary["ratio_to_baseline"])
+    return summary
+
+
+def build(results: Results, sizes: Sizes, machine: dict[str, Any]) -> dict[str, Any]:
+    scenarios: dict[str, dict[str, Any]] = {}
+    for metric in metrics(sizes):
+        summary = summarize_metric(metric, results)
+        if summary is not None:
+            scenarios.setdefault(metric.scenario, {})[metric.key] = summary
+    return {
+        "machine": machine,
+        "sizes": _plain(sizes),
+        "scenarios": scenarios,
+        "notes": results.notes,
+    }
+
+
+def _plain(sizes: Sizes) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(sizes)
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _number(value: float) -> str:
+    if value == 0 or abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _met(summary: dict[str, Any]) -> str:
+    if "met" not in summary:
+        return ""
+    return {True: "yes", False: "**NO**", None: "?"}[summary["met"]]
+
+
+def table(name: str, scenario: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### {name}",
+        "",
+        "| metric | median | spread (min-max) | ratio to baseline | target | met |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for summary in scenario.values():
+        ratio = summary["ratio_to_baseline"]
+        lines.append(
+            f"| {summary['label']} | {_number(summary['median'])} {summary['unit']} | "
+            f"{_number(summary['min'])}-{_number(summary['max'])} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {summary.get('target', '')} | "
+            f"{_met(summary)} |"
+        )
+    return [*lines, ""]
+
+
+def tables(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for name in SCENARIOS:
+        if name in report["scenarios"]:
+            lines += table(name, report["scenarios"][name])
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], output: Path, preamble: str) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    markdown = output / "RESULTS.md"
+    markdown.write_text(preamble + "\n" + tables(report) + "\n" + kept_analysis(markdown))
+
+
+ANALYSIS_MARKER = "<!-- analysis: text below this line is kept when the file is regenerated -->"
+
+METHOD = """\
+## Method
+
+- Every scenario runs real `trioq worker` processes (`python -m trioq.cli worker bench.app:app`)
+  against an embedded PostgreSQL started for the run, on a unix socket, with `pg_stat_statements`
+  loaded (`track_utility` and `track_planning` on). Each run uses a fresh schema and fresh
+  processes; each process connects as a role of its own, so pg_stat_statements tells its
+  statements (calls, execution and planning time) apart from the harness's polling. Those
+  per-statement figures are in the JSON file under `notes`.
+- Throughput: workers start first and idle; the backlog is enqueued with `enqueue_many` in ONE
+  transaction, so it appears at COMMIT (t0). Time = t0 -> last `finished_at`. Worker CPU is
+  user+sys from `/proc/<pid>/stat` over the same window (start-up excluded); peak RSS is VmHWM.
+- Latencies use one clock, this machine's wall clock: the harness's `time.time()` right after
+  COMMIT returned, and the handler's `time.time()` as it starts (returned as the job result).
+  Pickup is also split at the claim statement's start (`started_at`, the database's `now()`).
+- Baseline (`bench/baseline.py`): one asyncio + asyncpg loop on trioq's own table and indexes:
+  one claim statement (the same `FOR UPDATE SKIP LOCKED` CTE over the ready index) for a batch,
+  handlers run with `asyncio.gather`, one completion statement per batch. For pickup and refill it
+  waits on trioq's ready notification (LISTEN) when idle. It runs in the same repeat, right before
+  the trioq run it is compared with; a ratio is the median of the per-repeat ratios
+  (trioq / baseline). '-' marks figures the raw loop has no counterpart for (idle load,
+  partitions).
+- Each scenario repeats; tables show the median and the min-max spread.
+"""
+
+
+def preamble(built: dict[str, Any]) -> str:
+    machine = built["machine"]
+    load_start = ", ".join(f"{x:.2f}" for x in machine["load_average_at_start"])
+    load_end = ", ".join(f"{x:.2f}" for x in machine["load_average_at_end"])
+    dirty = " (with uncommitted changes under trioq/)" if machine["trioq_tree_dirty"] else ""
+    return f"""# trioq benchmark results
+
+Reproduce: `{machine["command"]}` from the repository root (sizes: `bench/config.py`).
+
+## Machine
+
+- {machine["nproc"]} CPUs ({machine["cpu"]}); PostgreSQL {machine["postgres"]} on the same machine
+- Python {machine["python"]}; trioq commit {machine["trioq_commit"]}{dirty}
+- run started {machine["started"]}
+- per runner (duration, 1-min load average at its start): {_runners(machine["runners"])}
+- load average (1, 5, 15 min) at start: {load_start}; at end: {load_end}
+- The machine is shared: other engineers run test suites on the same 2 cores, so absolute
+  figures move between runs; the ratios to the baseline of the same repeat move much less.
+
+{METHOD}
+## Results
+"""
+
+
+def _runners(timings: dict[str, dict[str, float]]) -> str:
+    return ", ".join(
+        f"{name} {t['seconds']:.0f} s (load {t['load_average_1min_at_start']:.1f})"
+        for name, t in timings.items()
+    )
+
+
+def kept_analysis(path: Path) -> str:
+    """The hand-written part of an existing RESULTS.md (after the marker), if any."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    _, marker, analysis = text.partition(ANALYSIS_MARKER)
+    return marker + analysis if marker else ""

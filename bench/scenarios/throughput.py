@@ -1,0 +1,136 @@
+"""(1) throughput, (5) statements per job, (6) worker cost and (8) the raw baseline.
+
+Workers start first and sit idle on an empty queue; the backlog is then enqueued in ONE
+transaction, so it appears at once at COMMIT (t0). Elapsed time is t0 -> the last job's
+`finished_at` (the database's `now()`; same machine, same clock). CPU is the worker processes'
+user + system time between t0 and the moment the harness sees the last completion, so process
+start-up is not counted. pg_stat_statements is reset just before COMMIT and read per worker role:
+statement counts and their server-side execution time (which shows whether the claim gets
+dearer as the backlog deepens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from bench.harness import Process
+from bench.jobs import JobGroup, completed_sql, enqueue_committed
+from bench.scenarios import Context
+
+StartWorkers = Callable[[str], list[Process]]
+
+
+@attrs.frozen
+class Drain:
+    jobs: int
+    seconds: float
+    statements: int
+    db_ms: float  # server-side execution time of the workers' statements
+    cpu_seconds: float
+    peak_rss_mb: float
+    top_statements: list[dict[str, Any]]
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds
+
+    @property
+    def statements_per_job(self) -> float:
+        return self.statements / self.jobs
+
+    @property
+    def db_us_per_job(self) -> float:
+        return self.db_ms * 1000 / self.jobs
+
+    @property
+    def cpu_s_per_10k(self) -> float:
+        return self.cpu_seconds / self.jobs * 10_000
+
+
+def drain(ctx: Context, start_workers: StartWorkers, task: str, jobs: int) -> Drain:
+    """Run one backlog of `jobs` jobs of `task` to completion on freshly started workers."""
+    db = ctx.db
+    schema = db.fresh_schema()
+    try:
+        workers = start_workers(schema)
+        cpu_before = sum(worker.cpu_seconds() for worker in workers)
+        t0 = enqueue_committed(
+            db, schema, [JobGroup(task, jobs)], before_commit=db.reset_statements
+        )
+
+        def all_alive() -> None:
+            for worker in workers:
+                worker.check_alive()
+
+        db.wait_count(completed_sql(schema), [], jobs, ctx.sizes.timeout, all_alive)
+        cpu_after = sum(worker.cpu_seconds() for worker in workers)
+        roles = [worker.role for worker in workers]
+        statements, db_ms = db.statement_totals(roles)
+        top = db.top_statements(roles)
+        peak_rss = max(worker.peak_rss_mb() for worker in workers)
+        last = db.scalar(f"SELECT extract(epoch FROM max(finished_at))::float8 FROM {schema}.jobs")
+        for worker in workers:
+            worker.stop()
+        return Drain(jobs, last - t0, statements, db_ms, cpu_after - cpu_before, peak_rss, top)
+    finally:
+        db.drop_schema(schema)
+
+
+def run(ctx: Context) -> None:
+    sizes, launcher, results = ctx.sizes, ctx.launcher, ctx.results
+    n = sizes.throughput_jobs
+
+    def trioq_workers(count: int) -> StartWorkers:
+        return lambda schema: [
+            launcher.trioq_worker(schema, concurrency=sizes.concurrency) for _ in range(count)
+        ]
+
+    def baseline(schema: str) -> list[Process]:
+        return [launcher.baseline_worker(schema, expect=n, batch=sizes.concurrency)]
+
+    for repeat in range(sizes.repeats):
+        base = drain(ctx, baseline, "noop", n)
+        one = drain(ctx, trioq_workers(1), "noop", n)
+        two = drain(ctx, trioq_workers(2), "noop", n)
+        slow = drain(ctx, trioq_workers(1), "sleep_1ms", n)
+        shallow, deep = (drain(ctx, trioq_workers(1), "noop", depth) for depth in sizes.depths)
+        record_baseline(ctx, base)
+        results.add("throughput", "one_worker_jobs_per_s", one.jobs_per_s)
+        results.add("throughput", "two_workers_jobs_per_s", two.jobs_per_s)
+        results.add("throughput", "two_vs_one_worker", two.jobs_per_s / one.jobs_per_s)
+        results.add("throughput", "sleep_1ms_jobs_per_s", slow.jobs_per_s)
+        results.add("throughput", "shallow_backlog_jobs_per_s", shallow.jobs_per_s)
+        results.add("throughput", "deep_backlog_jobs_per_s", deep.jobs_per_s)
+        results.add(
+            "throughput", "deep_vs_shallow_cost_per_job", shallow.jobs_per_s / deep.jobs_per_s
+        )
+        results.add("database_load", "statements_per_job", one.statements_per_job)
+        results.add("database_load", "statements_per_job_two_workers", two.statements_per_job)
+        results.add("database_load", "db_us_per_job", one.db_us_per_job)
+        results.add("database_load", "db_us_per_job_shallow_backlog", shallow.db_us_per_job)
+        results.add("database_load", "db_us_per_job_deep_backlog", deep.db_us_per_job)
+        for name, run_ in (
+            ("one_worker", one),
+            ("shallow_backlog", shallow),
+            ("deep_backlog", deep),
+        ):
+            results.note("throughput", f"{name}_statements", run_.top_statements)
+        results.add("worker_cost", "cpu_s_per_10k_jobs", one.cpu_s_per_10k)
+        results.add("worker_cost", "peak_rss_mb", one.peak_rss_mb)
+        ctx.log(
+            f"throughput repeat {repeat + 1}: baseline {base.jobs_per_s:.0f}/s, "
+            f"1 worker {one.jobs_per_s:.0f}/s, 2 workers {two.jobs_per_s:.0f}/s, "
+            f"1 ms {slow.jobs_per_s:.0f}/s, depth {sizes.depths[0]} "
+            f"{shallow.jobs_per_s:.0f}/s, depth {sizes.depths[1]} {deep.jobs_per_s:.0f}/s"
+        )
+
+
+def record_baseline(ctx: Context, base: Drain) -> None:
+    ctx.results.add("baseline", "jobs_per_s", base.jobs_per_s)
+    ctx.results.add("baseline", "statements_per_job", base.statements_per_job)
+    ctx.results.add("baseline", "db_us_per_job", base.db_us_per_job)
+    ctx.results.add("baseline", "cpu_s_per_10k_jobs", base.cpu_s_per_10k)
+    ctx.results.add("baseline", "peak_rss_mb", base.peak_rss_mb)

@@ -1,0 +1,38 @@
+"""`python -m bench --quick` runs the whole suite end to end (sizes small, no timing checked)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = (
+    "throughput",
+    "enqueue",
+    "pickup_latency",
+    "refill_latency",
+    "database_load",
+    "worker_cost",
+    "partition_fairness",
+    "baseline",
+)
+
+
+def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> None:
+    pytest.importorskip("asyncpg", reason="the raw baseline needs the `bench` extra (asyncpg)")
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--output", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert set(SCENARIOS) <= set(report["scenarios"])
+    assert (tmp_path / "RESULTS.md").read_text().startswith("# trioq benchmark results")
