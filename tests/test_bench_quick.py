@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = (
     "throughput",
@@ -23,7 +21,6 @@ SCENARIOS = (
 
 
 def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> None:
-    pytest.importorskip("asyncpg", reason="the raw baseline needs the `bench` extra (asyncpg)")
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--output", str(tmp_path)],
         cwd=REPO_ROOT,
