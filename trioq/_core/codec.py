@@ -57,6 +57,8 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
 
 def encode(value: Any, *, root: str = "$", max_bytes: int = MAX_PAYLOAD_BYTES) -> str:
     """Validate `value` as storable JSON and return its text; PayloadError names the field."""
+    if value is None:  # the common result of a handler: skip the walk
+        return "null"
     try:
         plain = to_json_value(value)
     except RecursionError:  # inside cattrs: an attrs value nested far too deep, or a cycle

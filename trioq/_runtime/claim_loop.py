@@ -290,11 +290,7 @@ class ClaimLoop:
             priority=job.priority,
             created_at=job.created_at,
         )
-        logger = logging.LoggerAdapter(
-            logging.getLogger(f"trioq.task.{job.task}"),
-            {"job_id": job.id, "attempt": job.attempt, "worker_id": str(self.worker_id)},
-        )
-        return Context(job=info, worker_id=self.worker_id, logger=logger)  # type: ignore[arg-type]
+        return Context(info, self.worker_id)  # type: ignore[arg-type]
 
     def _record_cancellation(self, entry: RunningJob, spec: TaskSpec) -> str:
         reason = entry.cancel_reason

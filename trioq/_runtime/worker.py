@@ -33,6 +33,10 @@ from .tasks import TaskSpec
 
 log = logging.getLogger("trioq.worker")
 
+# A worker holding no leases only heartbeats (for `trioq status` and stale-worker pruning): every
+# 30 s instead of every lease/3 keeps an idle worker at about one statement per poll interval.
+IDLE_HEARTBEAT_SECONDS = 30.0
+
 
 @attrs.frozen
 class WorkerConfig:
@@ -91,6 +95,7 @@ class Worker:
     _ready_channels: dict[str, list[str]] = attrs.field(factory=dict)
     _listener_connected: bool = False
     _last_renewal: float = attrs.field(factory=trio.current_time)
+    _last_heartbeat: float = attrs.field(factory=trio.current_time)
     _renewal_ok: bool = True
 
     def __attrs_post_init__(self) -> None:
@@ -225,6 +230,10 @@ class Worker:
         while True:
             await trio.sleep(self.config.renew_interval)
             leases = [lease for loop in self.loops.values() for lease in loop.owned_leases()]
+            idle_for = trio.current_time() - self._last_heartbeat
+            if not leases and idle_for < max(IDLE_HEARTBEAT_SECONDS, self.config.renew_interval):
+                self._last_renewal = trio.current_time()  # nothing to renew: not late
+                continue
             try:
                 renewed = await self.driver.lease_renew_many(
                     RenewLeases(
@@ -242,7 +251,7 @@ class Worker:
                     self._cancel_all_lost()
                 continue
             self._renewal_ok = True
-            self._last_renewal = trio.current_time()
+            self._last_renewal = self._last_heartbeat = trio.current_time()
             self._apply_renewal({lease.id: lease for lease in leases}, renewed)
 
     def _apply_renewal(self, requested: Mapping[int, Lease], renewed: list[RenewedLease]) -> None:
