@@ -3,7 +3,6 @@
 from ._core.errors import (
     JobFailed,
     JobNotFound,
-    LeaseLost,
     PayloadError,
     ResultTimeout,
     TrioqError,
@@ -28,7 +27,6 @@ __all__ = [
     "JobInfo",
     "JobNotFound",
     "JobState",
-    "LeaseLost",
     "PayloadError",
     "ResultTimeout",
     "RetryPolicy",

@@ -16,10 +16,6 @@ class PayloadError(TrioqError, ValueError):
         self.reason = reason
 
 
-class LeaseLost(TrioqError):
-    """This worker no longer owns the job (its lease expired or was taken): nothing was written."""
-
-
 class UnknownTask(TrioqError, LookupError):
     """No task of that name is registered with the app."""
 

@@ -1,0 +1,118 @@
+"""The whole worker runtime (claim loops, lease renewer, maintenance) on the in-memory driver
+under trio's MockClock: minutes of virtual time run in milliseconds, so counts are exact."""
+
+from __future__ import annotations
+
+import itertools
+
+import trio
+import trio.testing
+
+import trioq
+from tests.support import running_worker
+from trioq._memory import MemoryDriver
+
+
+def make_app() -> trioq.App:
+    return trioq.App(schema="virtual")
+
+
+async def test_idle_queues_poll_exactly_once_per_interval_whatever_the_slot_count(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = make_app()
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    driver = MemoryDriver()
+    async with (
+        app.client(driver=driver),
+        running_worker(app, ["a", "b"], concurrency=100, poll_interval=1.0),
+    ):
+        await trio.sleep(0.5)  # let the start-up round of each loop run
+        before = driver.statistics().calls.get("job_complete_and_claim", 0)
+        await trio.sleep(60)  # one virtual minute, idle
+        polls = driver.statistics().calls["job_complete_and_claim"] - before
+    assert polls == 2 * 60
+
+
+async def test_delayed_job_runs_when_due_in_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = make_app()
+    started: list[float] = []
+
+    @app.task("later")
+    async def later(ctx: trioq.Context, payload: object) -> None:
+        started.append(trio.current_time())
+
+    async with app.client(driver=MemoryDriver()) as client, running_worker(app, poll_interval=5.0):
+        t0 = trio.current_time()
+        job = await client.enqueue("later", {}, delay=3600)
+        with trio.fail_after(4000):
+            await client.wait_result(job.id, timeout=None)
+    assert 3600 <= started[0] - t0 <= 3600 + 5.0
+
+
+async def test_retries_follow_the_backoff_policy_in_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = make_app()
+    attempts: list[float] = []
+
+    @app.task(
+        "flaky",
+        max_attempts=4,
+        retry=trioq.RetryPolicy(base_seconds=10, max_seconds=1000, jitter=0),
+    )
+    async def flaky(ctx: trioq.Context, payload: object) -> str:
+        attempts.append(trio.current_time())
+        if ctx.job.attempt < 4:
+            raise RuntimeError("not yet")
+        return "done"
+
+    async with app.client(driver=MemoryDriver()) as client, running_worker(app, poll_interval=1.0):
+        job = await client.enqueue("flaky", {})
+        with trio.fail_after(1000):
+            assert await client.wait_result(job.id, timeout=None) == "done"
+    gaps = [round(later - earlier) for earlier, later in itertools.pairwise(attempts)]
+    # 10 s, 20 s, 40 s of backoff, each found by the next poll (1 s interval) at the latest.
+    assert [gap // 10 * 10 for gap in gaps] == [10, 20, 40]
+    assert all(gap - expected <= 1 for gap, expected in zip(gaps, [10, 20, 40], strict=True))
+
+
+async def test_job_of_a_vanished_worker_is_recovered_after_its_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A worker cancelled hard (no drain) leaves its lease; another worker's maintenance
+    returns the job after the lease expires and runs it as attempt 2."""
+    app = make_app()
+    runs: list[tuple[int, float]] = []
+    hang = trio.Event()
+    first_run = trio.Event()
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: object) -> str:
+        runs.append((ctx.job.attempt, trio.current_time()))
+        first_run.set()
+        if ctx.job.attempt == 1:
+            await hang.wait()
+        return "ok"
+
+    async with app.client(driver=MemoryDriver()) as client:
+        job = await client.enqueue("work", {})
+        with trio.CancelScope() as first_worker:
+            async with running_worker(app, lease_seconds=30, poll_interval=1.0):
+                await first_run.wait()
+                killed_at = trio.current_time()
+                first_worker.cancel()  # a hard stop: the lease stays behind
+        async with running_worker(app, lease_seconds=30, poll_interval=1.0):
+            with trio.fail_after(200):
+                assert await client.wait_result(job.id, timeout=None) == "ok"
+        attempts = await client.attempts(job.id)
+    assert [attempt for attempt, _ in runs] == [1, 2]
+    # expiry (30 s) + the maintenance interval (lease/3, jittered up to 1.2x) + one poll
+    assert runs[1][1] - killed_at <= 30 + 12 + 1
+    assert [a.outcome for a in attempts] == ["lost"]
