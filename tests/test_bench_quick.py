@@ -7,17 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.report import SCENARIOS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = (
-    "throughput",
-    "enqueue",
-    "pickup_latency",
-    "refill_latency",
-    "database_load",
-    "worker_cost",
-    "partition_fairness",
-    "baseline",
-)
 
 
 def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> None:

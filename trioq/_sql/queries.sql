@@ -416,3 +416,17 @@ FROM {schema}.workers w ORDER BY w.started_at;
 
 -- name: ready_channels
 SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
+
+-- name: test_clock_install
+-- Test-only time travel (trioq.testing.SqlClock): db_now() becomes the real time plus an offset
+-- kept in a table, so every pooled connection sees the same shifted clock. Never in production.
+CREATE TABLE {schema}.test_clock (offset_seconds float8 NOT NULL);
+INSERT INTO {schema}.test_clock VALUES (0);
+CREATE OR REPLACE FUNCTION {schema}.db_now() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('trioq.fake_now', true), '')::timestamptz, now())
+           + (SELECT offset_seconds FROM {schema}.test_clock) * interval '1 second'
+$$;
+
+-- name: test_clock_advance
+UPDATE {schema}.test_clock SET offset_seconds = offset_seconds + %(seconds)s;

@@ -26,7 +26,6 @@ import attrs
 import trio
 
 from .._core.channels import control_channel, result_channel
-from .._core.identifiers import quote_ident
 from .._driver import (
     ClaimedJob,
     CompleteAndClaim,
@@ -42,7 +41,7 @@ from .._driver import (
     RenewLeases,
     WorkerRegistration,
 )
-from .._sql import query_names
+from .._sql import queries, query_names
 
 QUEUE = "default"
 TASK = "echo"
@@ -93,23 +92,14 @@ class SqlClock:
 
     @classmethod
     async def install(cls, driver: Driver) -> SqlClock:
-        schema = quote_ident(driver.schema)
         async with driver.transaction() as tx:
-            await tx.execute(f"CREATE TABLE {schema}.test_clock (offset_seconds float8 NOT NULL)")
-            await tx.execute(f"INSERT INTO {schema}.test_clock VALUES (0)")
-            await tx.execute(
-                f"CREATE OR REPLACE FUNCTION {schema}.db_now() RETURNS timestamptz "
-                "LANGUAGE sql STABLE AS $$ SELECT coalesce(nullif(current_setting("
-                "'trioq.fake_now', true), '')::timestamptz, now()) + (SELECT offset_seconds "
-                f"FROM {schema}.test_clock) * interval '1 second' $$"
-            )
+            await tx.execute(queries(driver.schema)["test_clock_install"])
         return cls(driver)
 
     async def advance(self, seconds: float) -> None:
-        schema = quote_ident(self.driver.schema)
         async with self.driver.transaction() as tx:
             await tx.execute(
-                f"UPDATE {schema}.test_clock SET offset_seconds = offset_seconds + %s", [seconds]
+                queries(self.driver.schema)["test_clock_advance"], {"seconds": seconds}
             )
 
 
