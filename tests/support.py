@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -66,3 +66,12 @@ class Gate:
     async def wait_entered(self, n: int) -> None:
         while self.entered < n:
             await self._changed.wait()
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], interval: float = 0.02) -> None:
+    """Poll an observable condition that offers no event (another session's or process's
+    state); bound it with `trio.fail_after` in the caller."""
+    while True:
+        if await condition():
+            return
+        await trio.sleep(interval)

@@ -6,7 +6,7 @@ import attrs
 import trio
 
 import trioq
-from tests.support import Gate, make_app, running_worker, scalar
+from tests.support import Gate, make_app, running_worker, scalar, wait_until
 
 
 async def test_job_runs_and_its_result_is_returned(pg_url: str, pg_schema: str) -> None:
@@ -278,3 +278,40 @@ async def test_delayed_job_waits_for_its_run_at_by_database_time(
             record = await client.wait_final(job.id)
     assert record.started_at is not None
     assert (record.started_at - record.created_at).total_seconds() >= 0.5
+
+
+async def test_worker_relistens_after_its_listener_is_terminated(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> str:
+        return "ok"
+
+    # The listener's session: the one whose last statement was a LISTEN on this schema's channels.
+    listener_session = "FROM pg_stat_activity WHERE query LIKE %s"
+    pattern = f'LISTEN "{pg_schema}\\_%'
+
+    async def relistened() -> bool:
+        connected = worker.statistics().listener_connected
+        return (
+            connected
+            and await scalar(pg_url, f"SELECT count(*) {listener_session}", (pattern,)) == 1
+        )
+
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, poll_interval=60) as worker,
+    ):
+        assert worker.statistics().listener_connected
+        terminated = await scalar(
+            pg_url,
+            f"SELECT count(pg_terminate_backend(pid)) {listener_session}",
+            (pattern,),
+        )
+        assert terminated == 1
+        with trio.fail_after(10):
+            await wait_until(relistened)
+            job = await client.enqueue("noop", {})
+            assert await client.wait_result(job.id) == "ok"  # woken by NOTIFY, not the 60 s poll

@@ -23,6 +23,7 @@ from .._core.identifiers import validate_name
 from .._driver import (
     Driver,
     Lease,
+    Listener,
     MaintenancePass,
     RenewedLease,
     RenewLeases,
@@ -93,7 +94,7 @@ class Worker:
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
     _ready_channels: dict[str, list[str]] = attrs.field(factory=dict)
-    _listener_connected: bool = False
+    _listener: Listener | None = None
     _last_renewal: float = attrs.field(factory=trio.current_time)
     _last_heartbeat: float = attrs.field(factory=trio.current_time)
     _renewal_ok: bool = True
@@ -123,7 +124,7 @@ class Worker:
         return WorkerStatistics(
             worker_id=self.worker_id,
             draining=self._drain_requested.is_set(),
-            listener_connected=self._listener_connected,
+            listener_connected=self._listener is not None and self._listener.connected,
             database_healthy=self._renewal_ok
             and all(loop.db_healthy for loop in self.loops.values()),
             seconds_since_lease_renewal=trio.current_time() - self._last_renewal,
@@ -151,7 +152,7 @@ class Worker:
                     self._ready_channels.setdefault(channel, []).append(queue)
                 for channel in [*self._ready_channels, control_channel(self.driver.schema)]:
                     await listener.listen(channel)
-                self._listener_connected = listener.connected
+                self._listener = listener
                 loops_scope = trio.CancelScope()
                 async with trio.open_nursery() as services:
                     services.start_soon(self._renew_leases)
@@ -204,7 +205,6 @@ class Worker:
             self._cancel_job(payload)
 
     def _on_reconnect(self) -> None:
-        self._listener_connected = True
         for loop in self.loops.values():
             loop.wake()  # catch up on notifications missed while disconnected
 
