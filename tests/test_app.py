@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import psycopg
 import pytest
 
@@ -54,3 +55,42 @@ def test_missing_database_url_names_the_setting(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("TRIOQ_DATABASE_URL", raising=False)
     with pytest.raises(trioq.ConfigurationError, match="TRIOQ_DATABASE_URL"):
         trioq.App(schema="x").resolve_database_url()
+
+
+async def test_unmigrated_schema_is_reported_with_the_fix(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client() as client:
+        with pytest.raises(trioq.SchemaNotMigrated, match="trioq migrate"):
+            await client.enqueue("noop", {})
+        with pytest.raises(trioq.SchemaNotMigrated):
+            await client.queue_status()
+
+
+@attrs.frozen
+class Reply:
+    conversation_id: str
+    text: str
+
+
+async def test_payload_that_does_not_fit_the_attrs_class_is_refused_at_enqueue(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("send_reply")
+    async def send_reply(ctx: trioq.Context, payload: Reply) -> None:
+        return None
+
+    async with app.client(migrate=True) as client:
+        with pytest.raises(trioq.PayloadError, match=r"\$\.text"):
+            await client.enqueue("send_reply", {"conversation_id": "c1"})
+        with pytest.raises(trioq.PayloadError, match=r"\[1\]\.text"):
+            await client.enqueue_many("send_reply", [Reply("c1", "a"), {"conversation_id": "c2"}])
+        assert sum(status.ready for status in await client.queue_status()) == 0
+        job = await client.enqueue("send_reply", {"conversation_id": "c3", "text": "ok"})
+        assert job.created

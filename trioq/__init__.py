@@ -5,6 +5,7 @@ from ._core.errors import (
     JobNotFound,
     PayloadError,
     ResultTimeout,
+    SchemaNotMigrated,
     TrioqError,
     UnknownTask,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "PayloadError",
     "ResultTimeout",
     "RetryPolicy",
+    "SchemaNotMigrated",
     "TrioqError",
     "UnknownTask",
     "Worker",

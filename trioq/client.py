@@ -10,11 +10,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
+import cattrs
 import trio
 
 from ._core import codec
 from ._core.channels import result_channel
-from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
+from ._core.errors import JobFailed, JobNotFound, PayloadError, ResultTimeout, UnknownTask
 from ._core.identifiers import validate_key, validate_name
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
@@ -91,6 +92,8 @@ def build_jobs(
         )
     partition_key = validate_key("partition_key", options.partition_key)
     dedup_key = validate_key("dedup_key", options.dedup_key)
+    for index, payload in enumerate(payloads):
+        check_payload_type(spec, payload, "$" if single else f"[{index}]")
     jobs = [
         NewJob(
             queue=queue,
@@ -108,6 +111,22 @@ def build_jobs(
     if dedup_key is not None and len(jobs) > 1:
         raise ValueError("dedup_key: one key cannot be shared by a batch of several jobs")
     return jobs
+
+
+def check_payload_type(spec: TaskSpec, payload: Any, root: str) -> None:
+    """A task whose payload is an attrs class refuses, at enqueue, JSON that would not structure
+    into it (the handler would only fail later, attempt after attempt)."""
+    if spec.payload_type is None or isinstance(payload, spec.payload_type):
+        return
+    try:
+        codec.structure(codec.to_json_value(payload), spec.payload_type)
+    except Exception as exc:  # cattrs raises a ClassValidationError group, or a plain error
+        details = (
+            "; ".join(cattrs.transform_error(exc, path=root))
+            if isinstance(exc, cattrs.BaseValidationError)
+            else str(exc)
+        )
+        raise PayloadError(root, f"does not fit {spec.payload_type.__name__}: {details}") from None
 
 
 def _to_jobs(jobs: Sequence[NewJob], inserted: Sequence[InsertedJob]) -> list[Job]:

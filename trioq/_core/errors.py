@@ -16,6 +16,10 @@ class PayloadError(TrioqError, ValueError):
         self.reason = reason
 
 
+class SchemaNotMigrated(TrioqError):
+    """trioq's tables are missing from the schema: run `trioq migrate`."""
+
+
 class UnknownTask(TrioqError, LookupError):
     """No task of that name is registered with the app."""
 

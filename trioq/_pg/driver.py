@@ -8,16 +8,19 @@ after a lost COMMIT is unknown, and the caller decides).
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
+import psycopg
 import trio
 
 from .._core.channels import control_channel
+from .._core.errors import SchemaNotMigrated
 from .._driver import (
     AttemptRecord,
     CancelOutcome,
@@ -88,7 +91,19 @@ class PgDriver:
     async def _fetch(self, name: str, params: Params | None = None) -> list[tuple[Any, ...]]:
         self._calls[name] += 1
         async with self._pool.connection() as conn:
-            return await conn.fetch(self._sql[name], params)
+            with self._schema_required():
+                return await conn.fetch(self._sql[name], params)
+
+    @contextlib.contextmanager
+    def _schema_required(self) -> Iterator[None]:
+        """A missing table or schema means "not migrated": say so, naming the fix."""
+        try:
+            yield
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
+            raise SchemaNotMigrated(
+                f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
+                f"run `trioq migrate --schema {self.schema}`"
+            ) from exc
 
     async def _retrying(
         self, name: str, params: Params | None = None, attempts: int = 5
@@ -140,7 +155,8 @@ class PgDriver:
             "dedup_keys": [job.dedup_key for job in jobs],
             "max_attempts": [job.max_attempts for job in jobs],
         }
-        rows = await conn.fetch(self._sql["job_insert_many"], params)
+        with self._schema_required():
+            rows = await conn.fetch(self._sql["job_insert_many"], params)
         return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
