@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 import psycopg
 import pytest
+import trio
 
 import trioq
 from tests.support import make_app
@@ -94,3 +95,33 @@ async def test_payload_that_does_not_fit_the_attrs_class_is_refused_at_enqueue(
         assert sum(status.ready for status in await client.queue_status()) == 0
         job = await client.enqueue("send_reply", {"conversation_id": "c3", "text": "ok"})
         assert job.created
+
+
+async def test_sibling_tasks_each_get_their_own_client(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    first_done = trio.Event()
+    clients: list[trioq.Client] = []
+
+    async def short_lived() -> None:
+        async with app.client(migrate=True) as client:
+            clients.append(client)
+        first_done.set()
+
+    async def long_lived() -> None:
+        await first_done.wait()
+        async with app.client() as client:
+            clients.append(client)
+            async with app.client() as nested:
+                assert nested is client  # nested blocks share the outer pool
+            await client.enqueue("noop", {})  # the sibling's exit did not close this pool
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(short_lived)
+            nursery.start_soon(long_lived)
+    assert clients[0] is not clients[1]

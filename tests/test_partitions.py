@@ -4,9 +4,13 @@ blocking, at the claim-statement level (PgDriver) and through a real worker."""
 from __future__ import annotations
 
 import collections
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
+import psycopg
 import pytest
 import trio
 
@@ -14,6 +18,7 @@ import trioq
 from tests.support import make_app, running_worker, sql_rows
 from trioq._driver import ClaimedJob, CompleteAndClaim, Completion, Failure, NewJob
 from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._sql import queries
 
 WORKER = uuid.uuid4()
 
@@ -193,3 +198,83 @@ async def test_long_partition_does_not_delay_other_keys_in_a_worker(
                 first, second = [await client.wait_final(job.id) for job in big]
     assert first.finished_at is not None and second.started_at is not None
     assert second.started_at >= first.finished_at
+
+
+def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Worker B takes its snapshot (head K1 of key k due), then stalls; meanwhile worker A claims
+    K1, fails it into a one-hour retry and claims K2. When B finally locks K1, the lock's
+    re-check of attempt and due time on the newest row version must refuse it: otherwise two
+    jobs of k would run at once and K1 would run an hour early."""
+    trio.run(_enqueue_two_keyed, pg_url, pg_schema)
+    statements = queries(pg_schema)
+    with psycopg.connect(pg_url, autocommit=True) as setup:
+        # db_now() sleeps once in a session that asks for it: B's stall between snapshot and lock.
+        setup.execute(
+            f"CREATE OR REPLACE FUNCTION {pg_schema}.db_now() RETURNS timestamptz "
+            "LANGUAGE plpgsql AS $$ BEGIN "
+            "IF current_setting('test.stall', true) = 'on' THEN "
+            "PERFORM set_config('test.stall', 'off', false); PERFORM pg_sleep(1.5); END IF; "
+            "RETURN now(); END $$"
+        )
+
+    def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        params = {
+            "ids": [],
+            "attempts": [],
+            "lease_tokens": [],
+            "results": [],
+            "queue": "q",
+            "tasks": ["t"],
+            "limit": 1,
+            "lease_seconds": 30,
+            "worker_id": uuid.uuid4(),
+            "key_cursor": "",
+            "key_window": 200,
+        }
+        rows = conn.execute(statements["job_complete_and_claim"], params).fetchall()
+        return [row for row in rows if row[2] is not None]
+
+    claimed_by_b: list[list[tuple[Any, ...]]] = []
+
+    def worker_b() -> None:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT set_config('test.stall', 'on', false)")
+            claimed_by_b.append(raw_claim(conn))
+
+    b = threading.Thread(target=worker_b)
+    b.start()
+    with psycopg.connect(pg_url, autocommit=True) as a:
+        # Wait until B is inside its stalled statement (its snapshot is taken).
+        deadline = time.monotonic() + 10
+        while not a.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "B never stalled"
+            time.sleep(0.01)
+        [k1] = raw_claim(a)
+        a.execute(
+            statements["job_fail_many"],
+            {
+                "ids": [k1[2]],
+                "attempts": [k1[6]],
+                "lease_tokens": [k1[8]],
+                "errors": ['{"type": "E"}'],
+                "retry_delays": [3600.0],
+                "final_states": [None],
+            },
+        )
+        [k2] = raw_claim(a)
+        b.join(timeout=20)
+        running = a.execute(
+            f"SELECT id FROM {pg_schema}.jobs WHERE state = 'running' ORDER BY id"
+        ).fetchall()
+    assert claimed_by_b == [[]]
+    assert running == [(k2[2],)]
+
+
+async def _enqueue_two_keyed(pg_url: str, pg_schema: str) -> None:
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        await driver.migrate()
+        await driver.job_insert_many(keyed("k", 2))

@@ -10,6 +10,7 @@ import trio.testing
 
 import trioq
 from tests.support import running_worker
+from trioq._driver import RenewedLease, RenewLeases
 from trioq._memory import MemoryDriver
 
 
@@ -116,3 +117,58 @@ async def test_job_of_a_vanished_worker_is_recovered_after_its_lease(
     # expiry (30 s) + the maintenance interval (lease/3, jittered up to 1.2x) + one poll
     assert runs[1][1] - killed_at <= 30 + 12 + 1
     assert [a.outcome for a in attempts] == ["lost"]
+
+
+class StalledRenewals(MemoryDriver):
+    """A database whose renewals never answer (a stalled connection, a starved pool)."""
+
+    async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_unconfirmed_lease_cancels_its_handler_before_recovery_and_a_reclaim_is_safe(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Renewals stall: at 90% of the lease the handler is cancelled as lost, before maintenance
+    can recover the job at expiry. A handler that ignores the cancellation (shielded) is still
+    running when the job comes back to the same worker as attempt 2: the worker runs attempt 2,
+    writes its result, fences off attempt 1's late result and keeps working."""
+    app = make_app()
+    release_first = trio.Event()
+    cancelled_at: list[float] = []
+    finished: list[int] = []
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: object) -> int:
+        if ctx.job.attempt == 1 and payload == {"stubborn": True}:
+            with trio.CancelScope(shield=True):
+                await release_first.wait()
+        elif ctx.job.attempt == 1:
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                cancelled_at.append(trio.current_time())
+                raise
+        finished.append(ctx.job.attempt)
+        return ctx.job.attempt
+
+    async with (
+        app.client(driver=StalledRenewals()) as client,
+        running_worker(app, concurrency=2, lease_seconds=30, poll_interval=1.0),
+    ):
+        started = trio.current_time()
+        polite = await client.enqueue("work", {})
+        stubborn = await client.enqueue("work", {"stubborn": True})
+        with trio.fail_after(120):
+            assert await client.wait_result(polite.id, timeout=None) == 2
+            assert await client.wait_result(stubborn.id, timeout=None) == 2
+        release_first.set()
+        with trio.fail_after(10):  # attempt 1's late result changes nothing; the worker lives on
+            again = await client.enqueue("work", {"stubborn": True})
+            release_first = trio.Event()
+            release_first.set()
+            assert await client.wait_result(again.id, timeout=None) == 1
+        record = await client.get_job(stubborn.id)
+    assert len(cancelled_at) == 1 and cancelled_at[0] - started <= 0.9 * 30 + 1
+    assert (record.state, record.attempt, record.result) == ("completed", 2, 2)

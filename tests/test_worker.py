@@ -315,3 +315,30 @@ async def test_worker_relistens_after_its_listener_is_terminated(
             await wait_until(relistened)
             job = await client.enqueue("noop", {})
             assert await client.wait_result(job.id) == "ok"  # woken by NOTIFY, not the 60 s poll
+
+
+async def test_handlers_filling_the_pool_do_not_starve_lease_renewal(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Every pooled connection is held by a handler's transaction for longer than the lease;
+    renewals run on their own reserved connection, so no lease expires and nothing reruns."""
+    app = make_app(pg_url, pg_schema, pool_size=2)
+    outcomes: list[str] = []
+
+    @app.task("hold")
+    async def hold(ctx: trioq.Context, payload: object) -> int:
+        async with client.transaction() as tx:
+            await tx.execute("SELECT 1")
+            await trio.sleep(3.0)  # the workload: a transaction spanning 1.5 leases
+        return ctx.job.attempt
+
+    hooks = trioq.WorkerHooks(on_job_end=lambda job, outcome: outcomes.append(outcome))
+    async with app.client(migrate=True) as client:
+        jobs = await client.enqueue_many("hold", [{}, {}])
+        async with running_worker(app, concurrency=2, lease_seconds=2, hooks=hooks):
+            with trio.fail_after(20):
+                results = [await client.wait_result(job.id) for job in jobs]
+        attempts = [await client.attempts(job.id) for job in jobs]
+    assert results == [1, 1]
+    assert outcomes == ["completed", "completed"]
+    assert attempts == [[], []]

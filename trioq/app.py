@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,7 +36,12 @@ class App:
         self.database_url = database_url
         self.pool_size = pool_size
         self.tasks: dict[str, TaskSpec] = {}
-        self._client: Client | None = None
+        # The open client of the current task and the tasks it starts (a context variable, not
+        # an attribute: sibling tasks that each open `client()` get their own pools, and one
+        # closing cannot pull the pool from under the other).
+        self._client_var: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+            f"trioq_client_{id(self)}", default=None
+        )
 
     def task(
         self,
@@ -82,8 +88,9 @@ class App:
         Nested `client()` blocks share the outer one's pool. With `migrate=True` the schema is
         created or upgraded first (under an advisory lock; safe from many processes at once).
         """
-        if self._client is not None:
-            yield self._client
+        current = self._client_var.get()
+        if current is not None:
+            yield current
             return
         async with self._open_driver(driver) as opened:
             if migrate:
@@ -97,16 +104,15 @@ class App:
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
-                self._client = Client(
-                    driver, _Enqueuer(self.tasks), _ResultWatcher(driver, nursery)
-                )
+                client = Client(driver, _Enqueuer(self.tasks), _ResultWatcher(driver, nursery))
+                token = self._client_var.set(client)
                 try:
-                    yield self._client
+                    yield client
                 except BaseException as exc:
                     body_error = exc
                     raise
                 finally:
-                    self._client = None
+                    self._client_var.reset(token)
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # The block's own exception comes out as itself, not wrapped by the nursery that
@@ -136,7 +142,8 @@ class App:
         **config: Any,
     ) -> Worker:
         """A Worker on the open client's driver (see `run_worker`)."""
-        if self._client is None:
+        client = self._client_var.get()
+        if client is None:
             raise ConfigurationError("run_worker: open `app.client()` first")
         if not self.tasks:
             raise ConfigurationError("run_worker: the app has no registered tasks")
@@ -144,7 +151,7 @@ class App:
             queues=tuple(queues or ("default",)), concurrency=concurrency, **config
         )
         return Worker(
-            driver=self._client.driver,
+            driver=client.driver,
             tasks=dict(self.tasks),
             config=worker_config,
             hooks=hooks or WorkerHooks(),

@@ -189,9 +189,11 @@ class _ResultWatcher:
         async with self._opening:
             if self.listener is None:
                 self.listener = await self.nursery.start(self._run)
+        await self.listener.listen(result_channel(self.driver.schema, job_id))
+        # Registered after the last await: a cancelled watch leaves no waiter behind. The caller
+        # reads the job's state after this returns, so a notification sent before it is not lost.
         event = trio.Event()
         self.waiters.setdefault(job_id, []).append(event)
-        await self.listener.listen(result_channel(self.driver.schema, job_id))
         return event
 
     def forget(self, job_id: int, event: trio.Event) -> None:

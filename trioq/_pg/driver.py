@@ -78,6 +78,9 @@ class PgTransaction:
 class PgDriver:
     schema: str
     _pool: Pool
+    # Lease renewals get a connection of their own: handlers that fill the main pool (say,
+    # each inside client.transaction()) must never hold renewals back until leases expire.
+    _renewal_pool: Pool
     _conninfo: str
     _sql: dict[str, str] = attrs.field(init=False)
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
@@ -88,9 +91,11 @@ class PgDriver:
     def statistics(self) -> DriverStatistics:
         return DriverStatistics(calls=dict(self._calls))
 
-    async def _fetch(self, name: str, params: Params | None = None) -> list[tuple[Any, ...]]:
+    async def _fetch(
+        self, name: str, params: Params | None = None, *, pool: Pool | None = None
+    ) -> list[tuple[Any, ...]]:
         self._calls[name] += 1
-        async with self._pool.connection() as conn:
+        async with (pool or self._pool).connection() as conn:
             with self._schema_required():
                 return await conn.fetch(self._sql[name], params)
 
@@ -106,13 +111,18 @@ class PgDriver:
             ) from exc
 
     async def _retrying(
-        self, name: str, params: Params | None = None, attempts: int = 5
+        self,
+        name: str,
+        params: Params | None = None,
+        attempts: int = 5,
+        *,
+        pool: Pool | None = None,
     ) -> list[tuple[Any, ...]]:
         """Run an idempotent statement, retrying when the connection was lost."""
         delay = 0.05
         for attempt in range(attempts):
             try:
-                return await self._fetch(name, params)
+                return await self._fetch(name, params, pool=pool)
             except Exception as exc:
                 if not is_connection_lost(exc) or attempt == attempts - 1:
                     raise
@@ -212,6 +222,7 @@ class PgDriver:
                 "worker_state": params.worker_state,
                 "lease_seconds": params.lease_seconds,
             },
+            pool=self._renewal_pool,
         )
         return [RenewedLease(id=row[0], cancel_requested=row[1]) for row in rows]
 
@@ -304,6 +315,13 @@ class PgDriver:
 async def open_pg_driver(
     conninfo: str, schema: str, *, pool_size: int = 10, **connect_kwargs: Any
 ) -> AsyncIterator[PgDriver]:
-    """Open a pool and yield a PgDriver for `schema` (closing the pool on exit)."""
-    async with open_pool(conninfo, size=pool_size, **connect_kwargs) as pool:
-        yield PgDriver(schema=schema, pool=pool, conninfo=conninfo)
+    """Open the pools and yield a PgDriver for `schema` (closing the pools on exit).
+
+    Connections: `pool_size` for statements, one reserved for lease renewals, and one more for
+    the LISTEN session of each listener opened (a worker opens one).
+    """
+    async with (
+        open_pool(conninfo, size=pool_size, **connect_kwargs) as pool,
+        open_pool(conninfo, size=1, **connect_kwargs) as renewal_pool,
+    ):
+        yield PgDriver(schema=schema, pool=pool, renewal_pool=renewal_pool, conninfo=conninfo)

@@ -49,6 +49,9 @@ class WorkerHooks:
 class RunningJob:
     job: ClaimedJob
     scope: trio.CancelScope
+    # When the database last confirmed this lease (claim or renewal), on trio's clock, taken
+    # *before* the confirming statement was sent: the lease runs at least this long from here.
+    confirmed_at: float
     cancel_reason: str | None = None  # "lost", "cancelled", "drain"
 
     def cancel(self, reason: str) -> None:
@@ -191,6 +194,7 @@ class ClaimLoop:
         if limit == 0 and not completions:
             return
         self._writing.extend(completion.lease for completion in completions)
+        sent_at = trio.current_time()
         try:
             result = await self.driver.job_complete_and_claim(
                 CompleteAndClaim(
@@ -224,7 +228,19 @@ class ClaimLoop:
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
         for job in result.claimed:
-            entry = RunningJob(job, trio.CancelScope())
+            stale = self.running.get(job.id)
+            if stale is not None:
+                # Our earlier attempt's lease ran out while its handler still ran and the job
+                # came back to us: that handler no longer owns anything.
+                log.warning(
+                    "job %d attempt %d reclaimed as attempt %d while still running here: "
+                    "cancelling the old attempt",
+                    job.id,
+                    stale.job.attempt,
+                    job.attempt,
+                )
+                stale.cancel("lost")
+            entry = RunningJob(job, trio.CancelScope(), confirmed_at=sent_at)
             self.running[job.id] = entry
             handlers.start_soon(self._run_job, entry, name=f"trioq job {job.id}")
 
@@ -272,7 +288,8 @@ class ClaimLoop:
                 self._completions.append(Completion(job.lease, result_json))
                 self._keyed_completions += job.partition_key is not None
         finally:
-            del self.running[job.id]
+            if self.running.get(job.id) is entry:  # a newer attempt may have replaced it
+                del self.running[job.id]
             self._wake.set()
             self._settled.set()
             self._settled = trio.Event()

@@ -156,6 +156,7 @@ class Worker:
                 loops_scope = trio.CancelScope()
                 async with trio.open_nursery() as services:
                     services.start_soon(self._renew_leases)
+                    services.start_soon(self._expire_unconfirmed_leases)
                     services.start_soon(self._maintain)
                     services.start_soon(self._drain_when_requested, loops_scope)
                     with loops_scope:
@@ -223,9 +224,9 @@ class Worker:
     async def _renew_leases(self) -> None:
         """ONE statement per interval renews every lease this worker holds (and heartbeats).
 
-        A lease the database no longer returns is lost: the handler is cancelled at once. When
-        renewals keep failing until the lease would have run out, every handler is cancelled:
-        by then another worker may own the jobs.
+        Each attempt is bounded by the interval, so a slow database or a starved pool cannot
+        hold renewals back silently; `_expire_unconfirmed_leases` acts on what is not renewed.
+        A lease the database no longer returns is lost: its handler is cancelled at once.
         """
         while True:
             await trio.sleep(self.config.renew_interval)
@@ -234,53 +235,75 @@ class Worker:
             if not leases and idle_for < max(IDLE_HEARTBEAT_SECONDS, self.config.renew_interval):
                 self._last_renewal = trio.current_time()  # nothing to renew: not late
                 continue
-            try:
-                renewed = await self.driver.lease_renew_many(
-                    RenewLeases(
-                        worker_id=self.worker_id,
-                        worker_state="draining" if self._drain_requested.is_set() else "running",
-                        lease_seconds=self.config.lease_seconds,
-                        leases=tuple(leases),
+            sent_at = trio.current_time()
+            renewed = None
+            with trio.move_on_after(self.config.renew_interval):
+                try:
+                    renewed = await self.driver.lease_renew_many(
+                        RenewLeases(
+                            worker_id=self.worker_id,
+                            worker_state="draining"
+                            if self._drain_requested.is_set()
+                            else "running",
+                            lease_seconds=self.config.lease_seconds,
+                            leases=tuple(leases),
+                        )
                     )
-                )
-            except Exception as exc:
+                except Exception as exc:
+                    log.warning("lease renewal failed: %s", exc)
+            if renewed is None:
                 self._renewal_ok = False
-                silent = trio.current_time() - self._last_renewal
-                log.warning("lease renewal failed (%s); last success %.1fs ago", exc, silent)
-                if silent > self.config.lease_seconds * 0.9:
-                    self._cancel_all_lost()
                 continue
             self._renewal_ok = True
             self._last_renewal = self._last_heartbeat = trio.current_time()
-            self._apply_renewal({lease.id: lease for lease in leases}, renewed)
+            self._apply_renewal(set(leases), renewed, sent_at)
 
-    def _apply_renewal(self, requested: Mapping[int, Lease], renewed: list[RenewedLease]) -> None:
+    def _apply_renewal(
+        self, requested: set[Lease], renewed: list[RenewedLease], sent_at: float
+    ) -> None:
         still_owned = {row.id: row for row in renewed}
         for loop in self.loops.values():
-            for job_id, entry in list(loop.running.items()):
-                if job_id not in requested or requested[job_id] != entry.job.lease:
+            for entry in list(loop.running.values()):
+                if entry.job.lease not in requested or entry.cancel_reason is not None:
                     continue
-                row = still_owned.get(job_id)
+                row = still_owned.get(entry.job.id)
                 if row is None:
                     log.warning(
                         "lost ownership of job %d attempt %d (lease %s): cancelling",
-                        job_id,
+                        entry.job.id,
                         entry.job.attempt,
                         entry.job.lease_token,
                     )
                     entry.cancel("lost")
-                elif row.cancel_requested:
+                    continue
+                entry.confirmed_at = max(entry.confirmed_at, sent_at)
+                if row.cancel_requested:
                     entry.cancel("cancelled")
 
-    def _cancel_all_lost(self) -> None:
-        for loop in self.loops.values():
-            for entry in list(loop.running.values()):
-                log.warning(
-                    "lease of job %d attempt %d ran out while the database was away",
-                    entry.job.id,
-                    entry.job.attempt,
-                )
-                entry.cancel("lost")
+    async def _expire_unconfirmed_leases(self) -> None:
+        """Cancel, as lost, every handler whose lease the database has not confirmed for 90% of
+        the lease: past that point another worker may recover and run the job, so this one must
+        stop first (renewals failing, the database away, or the pool starved)."""
+        margin = 0.9 * self.config.lease_seconds
+        while True:
+            now = trio.current_time()
+            wake_at = now + self.config.renew_interval
+            for loop in self.loops.values():
+                for entry in list(loop.running.values()):
+                    if entry.cancel_reason is not None:
+                        continue
+                    deadline = entry.confirmed_at + margin
+                    if deadline <= now:
+                        log.warning(
+                            "lease of job %d attempt %d not confirmed for %.1fs: cancelling",
+                            entry.job.id,
+                            entry.job.attempt,
+                            now - entry.confirmed_at,
+                        )
+                        entry.cancel("lost")
+                    else:
+                        wake_at = min(wake_at, deadline)
+            await trio.sleep_until(wake_at)
 
     # --- maintenance ---------------------------------------------------------------------
 

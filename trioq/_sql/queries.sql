@@ -83,9 +83,11 @@ ORDER BY i.ord;
 --    keys, starting after %(key_cursor)s (the last key the previous claim visited) and wrapping
 --    around: with more keys than the window, claims rotate through them round-robin, so the
 --    cost stays bounded (10,000 one-job keys: 60-80 ms per claim unbounded, measured) and no
---    key starves. Two racing claimers may both pick a key's head; only one
---    locks it, and the other does not take the key's second row, which is not the head in its
---    snapshot either. Cost: one index probe per key with ready work.
+--    key starves. Two racing claimers may both pick a key's head; only one locks it, and the
+--    other does not take the key's second row, which is not the head in its snapshot either.
+--    The lock re-checks the head's attempt and due time on the row's newest version, so a head
+--    that another worker claimed and failed into a delayed retry (attempt changed) while the
+--    key's next job started is not taken from a stale snapshot.
 -- The best `limit` of both sources are claimed; rows locked but not taken are released when the
 -- statement ends. Every CTE is MATERIALIZED as an optimisation fence (Oban's trick), so each
 -- LIMIT applies to its own index scan. Tasks this worker cannot run are never claimed.
@@ -145,10 +147,10 @@ ready_keys AS (
       AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
 ),
 heads AS MATERIALIZED (
-    SELECT head.id
+    SELECT head.id, head.attempt
     FROM ready_keys k
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.task FROM {schema}.jobs j
+        SELECT j.id, j.attempt, j.priority, j.run_at, j.task FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.partition_key = k.partition_key
           AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
         ORDER BY j.priority, j.run_at, j.id
@@ -162,9 +164,11 @@ heads AS MATERIALIZED (
     LIMIT 2 * %(limit)s
 ),
 keyed AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at FROM {schema}.jobs j
-    WHERE j.id IN (SELECT id FROM heads) AND j.state = 'ready'
-    FOR UPDATE SKIP LOCKED
+    SELECT j.id, j.priority, j.run_at
+    FROM {schema}.jobs j
+    JOIN heads h ON h.id = j.id AND h.attempt = j.attempt
+    WHERE j.state = 'ready' AND j.run_at <= {schema}.db_now()
+    FOR UPDATE OF j SKIP LOCKED
 ),
 unkeyed AS MATERIALIZED (
     SELECT j.id, j.priority, j.run_at
