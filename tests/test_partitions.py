@@ -219,7 +219,7 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             "RETURN now(); END $$"
         )
 
-    def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[ClaimedJob]:
         params = {
             "ids": [],
             "attempts": [],
@@ -234,9 +234,10 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             "key_window": 200,
         }
         rows = conn.execute(statements["job_complete_and_claim"], params).fetchall()
-        return [row for row in rows if row[2] is not None]
+        # Columns: completed ids, key cursor, keys visited, then the claimed job's.
+        return [ClaimedJob(*row[3:]) for row in rows if row[3] is not None]
 
-    claimed_by_b: list[list[tuple[Any, ...]]] = []
+    claimed_by_b: list[list[ClaimedJob]] = []
 
     def worker_b() -> None:
         with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -257,9 +258,9 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
         a.execute(
             statements["job_fail_many"],
             {
-                "ids": [k1[2]],
-                "attempts": [k1[6]],
-                "lease_tokens": [k1[8]],
+                "ids": [k1.id],
+                "attempts": [k1.attempt],
+                "lease_tokens": [k1.lease_token],
                 "errors": ['{"type": "E"}'],
                 "retry_delays": [3600.0],
                 "final_states": [None],
@@ -271,10 +272,45 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             f"SELECT id FROM {pg_schema}.jobs WHERE state = 'running' ORDER BY id"
         ).fetchall()
     assert claimed_by_b == [[]]
-    assert running == [(k2[2],)]
+    assert running == [(k2.id,)]
 
 
 async def _enqueue_two_keyed(pg_url: str, pg_schema: str) -> None:
     async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
         await driver.migrate()
         await driver.job_insert_many(keyed("k", 2))
+
+
+async def test_free_slots_reach_keys_beyond_a_window_of_busy_keys_without_waiting_for_poll(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("t", queue="q")
+    async def t(ctx: trioq.Context, payload: object) -> str | None:
+        return ctx.job.partition_key
+
+    async with app.client(migrate=True) as client:
+        driver = client.driver
+        # 210 keys whose head another worker runs (a long lease), each with a job waiting behind.
+        await driver.job_insert_many(
+            [NewJob("q", "t", "{}", partition_key=f"a{i:03}") for i in range(210)] * 2
+        )
+        held = await driver.job_complete_and_claim(
+            CompleteAndClaim(
+                queue="q",
+                tasks=("t",),
+                limit=210,
+                lease_seconds=600,
+                worker_id=WORKER,
+                key_window=1000,
+            )
+        )
+        assert len(held.claimed) == 210
+        free = await driver.job_insert_many(
+            [NewJob("q", "t", "{}", partition_key=f"z{i}") for i in range(5)]
+        )
+        async with running_worker(app, ["q"], concurrency=5, poll_interval=60):
+            with trio.fail_after(10):  # the first window (200 busy keys) holds nothing claimable
+                results = [await client.wait_result(row.id) for row in free]
+    assert results == [f"z{i}" for i in range(5)]

@@ -17,6 +17,8 @@ import attrs
 
 # --- params ---------------------------------------------------------------------------------
 
+DEFAULT_KEY_WINDOW = 200
+
 
 @attrs.frozen
 class NewJob:
@@ -67,7 +69,7 @@ class CompleteAndClaim:
     worker_id: uuid.UUID
     completions: tuple[Completion, ...] = ()
     key_cursor: str = ""  # partition keys: continue the round-robin after this key
-    key_window: int = 200  # partition keys: visit at most this many keys per claim
+    key_window: int = DEFAULT_KEY_WINDOW  # partition keys: visit at most this many per claim
 
 
 @attrs.frozen
@@ -129,6 +131,7 @@ class CompleteAndClaimResult:
     completed_ids: tuple[int, ...]
     claimed: tuple[ClaimedJob, ...]
     key_cursor: str | None = None  # the last partition key visited (None: no keyed work)
+    keys_visited: int = 0  # partition keys the claim looked at (== key_window: window was full)
 
 
 @attrs.frozen

@@ -341,7 +341,7 @@ class MemoryDriver:
         if params.limit < 0:
             raise ValueError("limit must not be negative")
         now = await self._statement("job_complete_and_claim")
-        candidates, key_cursor = self._claim_candidates(params, now)
+        candidates, key_cursor, keys_visited = self._claim_candidates(params, now)
         outbox = _Outbox()
         completed: list[int] = []
         for completion in params.completions:
@@ -356,15 +356,19 @@ class MemoryDriver:
         claimed = tuple(self._claim(row, params, now) for row in candidates)
         self._deliver(outbox)
         return CompleteAndClaimResult(
-            completed_ids=tuple(completed), claimed=claimed, key_cursor=key_cursor
+            completed_ids=tuple(completed),
+            claimed=claimed,
+            key_cursor=key_cursor,
+            keys_visited=keys_visited,
         )
 
     def _claim_candidates(
         self, params: CompleteAndClaim, now: datetime.datetime
-    ) -> tuple[list[_Row], str | None]:
-        """The jobs to claim, in claim order, and the last partition key visited."""
+    ) -> tuple[list[_Row], str | None, int]:
+        """The jobs to claim, in claim order, the last partition key visited and how many keys
+        were visited."""
         if params.limit == 0:
-            return [], None
+            return [], None, 0
         open_rows = [self._rows[job_id] for job_id in self._open_by_queue.get(params.queue, ())]
         ready = [row for row in open_rows if row.state == "ready"]
         keys = sorted({row.partition_key for row in ready if row.partition_key is not None})
@@ -382,7 +386,7 @@ class MemoryDriver:
         ]
         unkeyed = [row for row in due if row.partition_key is None and row.task in params.tasks]
         candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
-        return candidates, visited[-1] if visited else None
+        return candidates, visited[-1] if visited else None, len(visited)
 
     def _claim(self, row: _Row, params: CompleteAndClaim, now: datetime.datetime) -> ClaimedJob:
         row.state = "running"

@@ -192,9 +192,12 @@ class PgDriver:
             },
         )
         completed = tuple(rows[0][0]) if rows else ()
-        claimed = tuple(ClaimedJob(*row[2:]) for row in rows if row[2] is not None)
+        claimed = tuple(ClaimedJob(*row[3:]) for row in rows if row[3] is not None)
         return CompleteAndClaimResult(
-            completed_ids=completed, claimed=claimed, key_cursor=rows[0][1] if rows else None
+            completed_ids=completed,
+            claimed=claimed,
+            key_cursor=rows[0][1] if rows else None,
+            keys_visited=rows[0][2] if rows else 0,
         )
 
     async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]:

@@ -26,12 +26,26 @@ import trio
 from .._core import codec
 from .._core.capacity import claim_size
 from .._core.retry import should_retry
-from .._driver import ClaimedJob, CompleteAndClaim, Completion, Driver, Failure, Lease
+from .._driver import (
+    DEFAULT_KEY_WINDOW,
+    ClaimedJob,
+    CompleteAndClaim,
+    Completion,
+    Driver,
+    Failure,
+    Lease,
+)
 from ..context import Context, JobInfo
 from .tasks import TaskSpec
 
 log = logging.getLogger("trioq.worker")
 T = TypeVar("T")
+
+# A claim that used its whole partition-key window and still left slots open runs again at once,
+# on the next window, up to this many times in a row (then the poll timer takes over): free slots
+# do not wait a poll interval while keys further round have ready work, and an all-busy key set
+# costs a bounded burst, not a spin.
+MAX_WINDOW_ROUNDS = 8
 
 MAX_TRACEBACK_CHARS = 20_000
 
@@ -80,6 +94,7 @@ class ClaimLoop:
     lease_seconds: float
     poll_interval: float
     hooks: WorkerHooks
+    key_window: int = DEFAULT_KEY_WINDOW
     running: dict[int, RunningJob] = attrs.field(factory=dict)
     _completions: list[Completion] = attrs.field(factory=list)
     _failures: list[Failure] = attrs.field(factory=list)
@@ -93,6 +108,7 @@ class ClaimLoop:
     _db_healthy: bool = True
     _key_cursor: str = ""
     _keyed_completions: int = 0
+    _window_rounds: int = 0
 
     # --- state the rest of the worker reads ---------------------------------------------
 
@@ -205,6 +221,7 @@ class ClaimLoop:
                     worker_id=self.worker_id,  # type: ignore[arg-type]
                     completions=tuple(completions),
                     key_cursor=self._key_cursor,
+                    key_window=self.key_window,
                 )
             )
         except BaseException:
@@ -220,10 +237,17 @@ class ClaimLoop:
             )
         if limit:  # a completion-only round visits no keys: keep the round-robin position
             self._key_cursor = result.key_cursor or ""
-        if keyed and len(result.claimed) < limit:
+        short = len(result.claimed) < limit
+        if keyed and short:
             # This statement's snapshot still saw the completed jobs' keys as held: the next
             # job of those keys becomes claimable in the next round, so run it now.
             self._wake.set()
+        window_full = limit > 0 and result.keys_visited >= self.key_window
+        if window_full and short and self._window_rounds < MAX_WINDOW_ROUNDS:
+            self._window_rounds += 1
+            self._wake.set()
+        elif not (window_full and short):
+            self._window_rounds = 0
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))

@@ -203,6 +203,7 @@ claimed AS (
 )
 SELECT completed.ids,
        (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
+       (SELECT count(*) FROM ready_keys) AS keys_visited,
        claimed.*
 FROM completed LEFT JOIN claimed ON true;
 
