@@ -342,3 +342,26 @@ async def test_handlers_filling_the_pool_do_not_starve_lease_renewal(
     assert results == [1, 1]
     assert outcomes == ["completed", "completed"]
     assert attempts == [[], []]
+
+
+async def test_results_with_quotes_backslashes_and_braces_round_trip(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    tricky = {
+        "quote": 'say "hi"',
+        "backslash": "C:\\path\\to\\file",
+        "braces": "{a,b}",
+        "unicode": "żółw 🐢",
+        "nested": [{"x": '}\\",{'}],
+        "empty": "",
+    }
+
+    @app.task("echo")
+    async def echo(ctx: trioq.Context, payload: object) -> object:
+        return payload
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        jobs = await client.enqueue_many("echo", [tricky, "plain", None, 7])
+        with trio.fail_after(10):
+            assert [await client.wait_result(job.id) for job in jobs] == [tricky, "plain", None, 7]
