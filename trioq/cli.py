@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from ._core.errors import TrioqError
@@ -169,8 +170,6 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _plain(record: Any) -> dict[str, Any]:
-    import attrs
-
     return attrs.asdict(record)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import traceback
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
@@ -90,7 +91,7 @@ class ClaimLoop:
     concurrency: int
     driver: Driver
     tasks: Mapping[str, TaskSpec]
-    worker_id: object
+    worker_id: uuid.UUID
     lease_seconds: float
     poll_interval: float
     hooks: WorkerHooks
@@ -123,13 +124,7 @@ class ClaimLoop:
         )
 
     def owned(self) -> int:
-        return (
-            len(self.running)
-            + len(self._completions)
-            + len(self._failures)
-            + len(self._releases)
-            + len(self._writing)
-        )
+        return len(self.owned_leases())
 
     @property
     def db_healthy(self) -> bool:
@@ -218,7 +213,7 @@ class ClaimLoop:
                     tasks=tuple(self.tasks),
                     limit=limit,
                     lease_seconds=self.lease_seconds,
-                    worker_id=self.worker_id,  # type: ignore[arg-type]
+                    worker_id=self.worker_id,
                     completions=tuple(completions),
                     key_cursor=self._key_cursor,
                     key_window=self.key_window,
@@ -331,7 +326,7 @@ class ClaimLoop:
             priority=job.priority,
             created_at=job.created_at,
         )
-        return Context(info, self.worker_id)  # type: ignore[arg-type]
+        return Context(info, self.worker_id)
 
     def _record_cancellation(self, entry: RunningJob, spec: TaskSpec) -> str:
         reason = entry.cancel_reason

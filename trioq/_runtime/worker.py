@@ -93,7 +93,7 @@ class Worker:
     worker_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
-    _ready_channels: dict[str, list[str]] = attrs.field(factory=dict)
+    _ready_channels: set[str] = attrs.field(factory=set)
     _listener: Listener | None = None
     _last_renewal: float = attrs.field(factory=trio.current_time)
     _last_heartbeat: float = attrs.field(factory=trio.current_time)
@@ -147,9 +147,8 @@ class Worker:
         )
         try:
             async with self.driver.open_listener(self._on_notify, self._on_reconnect) as listener:
-                channels = await self.driver.ready_channels(self.config.queues)
-                for queue, channel in zip(self.config.queues, channels, strict=True):
-                    self._ready_channels.setdefault(channel, []).append(queue)
+                # Ready notifications carry the queue name: the channel only filters.
+                self._ready_channels.update(await self.driver.ready_channels(self.config.queues))
                 for channel in [*self._ready_channels, control_channel(self.driver.schema)]:
                     await listener.listen(channel)
                 self._listener = listener
@@ -196,8 +195,7 @@ class Worker:
     # --- notifications -------------------------------------------------------------------
 
     def _on_notify(self, channel: str, payload: str) -> None:
-        queues = self._ready_channels.get(channel)
-        if queues is not None:
+        if channel in self._ready_channels:
             loop = self.loops.get(payload)
             if loop is not None:
                 loop.wake()
