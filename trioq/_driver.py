@@ -201,6 +201,20 @@ class QueueStatus:
 
 
 @attrs.frozen
+class QueueDemand:
+    """One queue's demand (`queue_demand()`): the replica-scaling signal."""
+
+    queue: str
+    ready: int
+    oldest_ready_seconds: float | None
+    running: int
+    scheduled: int
+    sleeping: int
+    waiting: int
+    due_now: int  # ready, plus future work whose time has come but is not promoted yet
+
+
+@attrs.frozen
 class WorkerInfo:
     id: uuid.UUID
     hostname: str
@@ -281,6 +295,8 @@ class Driver(Protocol):
     async def queue_status(self) -> list[QueueStatus]: ...
 
     async def worker_list(self) -> list[WorkerInfo]: ...
+
+    async def queue_demand(self) -> list[QueueDemand]: ...
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
 

@@ -47,6 +47,7 @@ from ._driver import (
     MaintenanceReport,
     NewJob,
     NotifyCallback,
+    QueueDemand,
     QueueStatus,
     RenewedLease,
     RenewLeases,
@@ -622,6 +623,14 @@ class MemoryDriver:
             by_queue[row.queue].append(row)
         return [_queue_status(queue, by_queue[queue], now) for queue in sorted(by_queue)]
 
+    async def queue_demand(self) -> list[QueueDemand]:
+        now = await self._statement("queue_demand")
+        by_queue: dict[str, list[_Row]] = collections.defaultdict(list)
+        for row in self._rows.values():
+            if row.state not in FINISHED_STATES:
+                by_queue[row.queue].append(row)
+        return [_queue_demand(queue, by_queue[queue], now) for queue in sorted(by_queue)]
+
     async def worker_list(self) -> list[WorkerInfo]:
         await self._statement("worker_list")
         running = collections.Counter(
@@ -760,6 +769,22 @@ def _queue_status(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
         failed=states["failed"],
         cancelled=states["cancelled"],
         oldest_ready_seconds=oldest,
+    )
+
+
+def _queue_demand(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> QueueDemand:
+    states = collections.Counter(row.state for row in rows)
+    due = [row.run_at for row in rows if row.state == "ready" and row.run_at <= now]
+    future = ("scheduled", "sleeping", "waiting")
+    return QueueDemand(
+        queue=queue,
+        ready=len(due),
+        oldest_ready_seconds=(now - min(due)).total_seconds() if due else None,
+        running=states["running"],
+        scheduled=states["scheduled"] + states["ready"] - len(due),
+        sleeping=states["sleeping"],
+        waiting=states["waiting"],
+        due_now=len(due) + sum(row.state in future and row.run_at <= now for row in rows),
     )
 
 

@@ -36,6 +36,7 @@ from .._driver import (
     MaintenanceReport,
     NewJob,
     NotifyCallback,
+    QueueDemand,
     QueueStatus,
     RenewedLease,
     RenewLeases,
@@ -290,6 +291,9 @@ class PgDriver:
 
     async def worker_unregister(self, worker_id: uuid.UUID) -> None:
         await self._retrying("worker_unregister", {"worker_id": worker_id})
+
+    async def queue_demand(self) -> list[QueueDemand]:
+        return [QueueDemand(*row) for row in await self._retrying("queue_demand")]
 
     async def queue_status(self) -> list[QueueStatus]:
         return [QueueStatus(*row) for row in await self._retrying("queue_status")]

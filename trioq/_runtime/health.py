@@ -1,60 +1,142 @@
-"""The worker's health server: GET /livez, /readyz and /metrics on 127.0.0.1 by default.
+"""The worker's health server: GET /livez, /readyz and /metrics, on 127.0.0.1 by default.
+
+A small ASGI callable served by hypercorn's trio worker inside the caller's nursery (hypercorn
+owns the HTTP: parsing, keep-alive, timeouts, and a client that resets its connection or times
+out mid-response stays inside hypercorn's connection task, never reaching the worker).
 
 /livez is 200 while the supervisor runs, even during a database outage (restarting the worker
-would not bring the database back). /readyz is 503 while draining, while the database is
-unreachable or while lease renewals are late. /metrics is Prometheus text. Nothing mutates.
+would not bring the database back). /readyz is 503 with a JSON body naming each failing check:
+admission (draining, or no slot admitted), database, listener, lease renewal. /metrics is
+prometheus-client's exposition of the worker's own registry. Nothing mutates.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, cast
 
 import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .worker import Worker
 
-MAX_REQUEST_BYTES = 8192
+log = logging.getLogger("trioq.health")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# /metrics asks the database for queue demand; a slow database must not hang the scrape.
+DEMAND_TIMEOUT_SECONDS = 2.0
 
 
-def render_metrics(worker: Worker) -> str:
-    stats = worker.statistics()
-    lines = [
-        "# TYPE trioq_worker_ready gauge",
-        f"trioq_worker_ready {int(is_ready(worker))}",
-        "# TYPE trioq_listener_connected gauge",
-        f"trioq_listener_connected {int(stats.listener_connected)}",
-        "# TYPE trioq_lease_renewal_age_seconds gauge",
-        f"trioq_lease_renewal_age_seconds {stats.seconds_since_lease_renewal:.3f}",
-        "# TYPE trioq_slots gauge",
-        "# TYPE trioq_running_jobs gauge",
-        "# TYPE trioq_claimed_jobs_total counter",
-    ]
-    for loop in stats.loops:
-        label = f'{{queue="{loop.queue}"}}'  # queue names are validated: no quotes inside
-        lines += [
-            f"trioq_slots{label} {loop.concurrency}",
-            f"trioq_running_jobs{label} {loop.running}",
-            f"trioq_claimed_jobs_total{label} {loop.claimed_total}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def is_ready(worker: Worker) -> bool:
+def readiness_checks(worker: Worker) -> dict[str, str]:
+    """Each readiness check and its state: "ok" or what is wrong."""
     stats = worker.statistics()
     late = stats.seconds_since_lease_renewal > worker.config.renew_interval * 2 + 1
-    return not stats.draining and stats.database_healthy and not late
-
-
-def readiness(worker: Worker) -> dict[str, object]:
-    stats = worker.statistics()
+    admitted = any(worker.effective_limit(loop.queue) > 0 for loop in stats.loops)
     return {
-        "ready": is_ready(worker),
-        "draining": stats.draining,
+        "admission": "draining" if stats.draining else ("ok" if admitted else "no slots admitted"),
         "database": "ok" if stats.database_healthy else "unreachable",
-        "listener": "ok" if stats.listener_connected else "degraded",
+        "listener": stats.listener_state,
+        "lease_renewal": "late" if late else "ok",
+    }
+
+
+def readiness(worker: Worker) -> tuple[bool, dict[str, object]]:
+    checks = readiness_checks(worker)
+    # Polling is a working (slower) pickup path: a note, not a failure.
+    failing = sorted(
+        name for name, state in checks.items() if state not in ("ok", "polling", "off")
+    )
+    stats = worker.statistics()
+    body: dict[str, object] = {
+        "ready": not failing,
+        "failing": failing,
+        "checks": checks,
+        "draining": stats.draining,
         "seconds_since_lease_renewal": round(stats.seconds_since_lease_renewal, 3),
     }
+    return not failing, body
+
+
+async def render_metrics(worker: Worker) -> bytes:
+    metrics = worker.metrics
+    stats = worker.statistics()
+    for loop in stats.loops:
+        owned = loop.running + loop.pending_writes
+        metrics.open_slots.labels(loop.queue).set(max(0, loop.concurrency - owned))
+        metrics.effective_limit.labels(loop.queue).set(worker.effective_limit(loop.queue))
+    demand = None
+    with trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
+        try:
+            demand = await worker.driver.queue_demand()
+        except Exception as exc:  # the scrape still answers; the gauge keeps its last value
+            log.warning("queue demand unavailable for /metrics: %s", exc)
+    for row in demand or ():
+        for kind in ("ready", "running", "scheduled", "sleeping", "waiting", "due_now"):
+            metrics.queue_demand.labels(row.queue, kind).set(getattr(row, kind))
+    return generate_latest(metrics.registry)
+
+
+def health_app(worker: Worker) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """The ASGI application (three read-only routes; no framework needed for that)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        status, body, kind = await _route(scope["method"], scope["path"], worker)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", kind.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+async def _route(method: str, path: str, worker: Worker) -> tuple[int, bytes, str]:
+    if method not in ("GET", "HEAD"):
+        return 405, b"GET only\n", "text/plain"
+    if path == "/livez":
+        return 200, b"ok\n", "text/plain"
+    if path == "/readyz":
+        ready, body = readiness(worker)
+        return (200 if ready else 503), json.dumps(body).encode() + b"\n", "application/json"
+    if path == "/metrics":
+        return 200, await render_metrics(worker), CONTENT_TYPE_LATEST
+    return 404, b"not found\n", "text/plain"
+
+
+def _config(host: str, port: int) -> Config:
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.graceful_timeout = 1.0
+    config.keep_alive_timeout = 5.0
+    return config
 
 
 async def serve_health(
@@ -65,39 +147,8 @@ async def serve_health(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; reports the bound port (0 picks a free one) through task_status."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(functools.partial(_handle, worker=worker), listeners)
-
-
-async def _handle(stream: trio.SocketStream, *, worker: Worker) -> None:
-    async with stream:
-        with trio.move_on_after(5):
-            request = b""
-            while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST_BYTES:
-                chunk = await stream.receive_some(1024)
-                if not chunk:
-                    return
-                request += chunk
-            parts = request.split(b" ", 2)
-            path = parts[1].decode("ascii", "replace") if len(parts) > 2 else ""
-            status, body, kind = _route(parts[0], path, worker)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            )
-            await stream.send_all(head.encode() + body)
-
-
-def _route(method: bytes, path: str, worker: Worker) -> tuple[str, bytes, str]:
-    if method != b"GET":
-        return "405 Method Not Allowed", b"GET only\n", "text/plain"
-    if path == "/livez":
-        return "200 OK", b"ok\n", "text/plain"
-    if path == "/readyz":
-        body = json.dumps(readiness(worker)).encode() + b"\n"
-        status = "200 OK" if is_ready(worker) else "503 Service Unavailable"
-        return status, body, "application/json"
-    if path == "/metrics":
-        return "200 OK", render_metrics(worker).encode(), "text/plain; version=0.0.4"
-    return "404 Not Found", b"not found\n", "text/plain"
+    # hypercorn types ASGI scopes and events as TypedDicts; this app reads them as mappings.
+    app = cast(Any, health_app(worker))
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(functools.partial(serve, app, _config(host, port)))
+        task_status.started(int(binds[0].rsplit(":", 1)[1]))

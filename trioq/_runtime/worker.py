@@ -21,6 +21,7 @@ import trio
 from .._core.channels import control_channel
 from .._core.identifiers import validate_name
 from .._driver import (
+    ClaimedJob,
     Driver,
     Lease,
     Listener,
@@ -30,6 +31,7 @@ from .._driver import (
     WorkerRegistration,
 )
 from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
+from .metrics import WorkerMetrics, instrument_driver
 from .tasks import TaskSpec
 
 log = logging.getLogger("trioq.worker")
@@ -80,6 +82,7 @@ class WorkerStatistics:
     draining: bool
     listener_connected: bool
     database_healthy: bool
+    listener_state: str  # "ok", "down"
     seconds_since_lease_renewal: float
     loops: tuple[ClaimLoopStatistics, ...]
 
@@ -91,6 +94,7 @@ class Worker:
     config: WorkerConfig
     hooks: WorkerHooks = attrs.field(factory=WorkerHooks)
     worker_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
+    metrics: WorkerMetrics = attrs.field(factory=WorkerMetrics)
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
     _ready_channels: set[str] = attrs.field(factory=set)
@@ -100,6 +104,8 @@ class Worker:
     _renewal_ok: bool = True
 
     def __attrs_post_init__(self) -> None:
+        self.driver = instrument_driver(self.driver, self.metrics)
+        hooks = _with_metrics(self.hooks, self.metrics)
         self.loops = {
             queue: ClaimLoop(
                 queue=queue,
@@ -109,7 +115,7 @@ class Worker:
                 worker_id=self.worker_id,
                 lease_seconds=self.config.lease_seconds,
                 poll_interval=self.config.poll_interval,
-                hooks=self.hooks,
+                hooks=hooks,
             )
             for queue in self.config.queues
         }
@@ -120,11 +126,17 @@ class Worker:
         """Stop claiming; running handlers get the grace period, then are released."""
         self._drain_requested.set()
 
+    def effective_limit(self, queue: str) -> int:
+        """The slots of `queue` this worker may fill now (its concurrency unless reduced)."""
+        return self.config.concurrency
+
     def statistics(self) -> WorkerStatistics:
+        listener_connected = self._listener is not None and self._listener.connected
         return WorkerStatistics(
             worker_id=self.worker_id,
             draining=self._drain_requested.is_set(),
-            listener_connected=self._listener is not None and self._listener.connected,
+            listener_connected=listener_connected,
+            listener_state="ok" if listener_connected else "down",
             database_healthy=self._renewal_ok
             and all(loop.db_healthy for loop in self.loops.values()),
             seconds_since_lease_renewal=trio.current_time() - self._last_renewal,
@@ -196,6 +208,7 @@ class Worker:
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel in self._ready_channels:
+            self.metrics.notifications.inc()
             loop = self.loops.get(payload)
             if loop is not None:
                 loop.wake()
@@ -253,6 +266,7 @@ class Worker:
                 self._renewal_ok = False
                 continue
             self._renewal_ok = True
+            self.metrics.lease_renewals.inc()
             self._last_renewal = self._last_heartbeat = trio.current_time()
             self._apply_renewal(set(leases), renewed, sent_at)
 
@@ -321,3 +335,25 @@ class Worker:
                         break
             except Exception as exc:
                 log.warning("maintenance pass failed: %s", exc)
+
+
+def _with_metrics(hooks: WorkerHooks, metrics: WorkerMetrics) -> WorkerHooks:
+    """The claim loops' hooks: the worker's metrics first, then the caller's (test) hooks."""
+    on_round, on_start, on_end = hooks.on_round, hooks.on_job_start, hooks.on_job_end
+
+    def round_(queue: str, requested: int, claimed: int) -> None:
+        metrics.on_round(queue, requested, claimed)
+        if on_round:
+            on_round(queue, requested, claimed)
+
+    def start(job: ClaimedJob) -> None:
+        metrics.on_job_start(job)
+        if on_start:
+            on_start(job)
+
+    def end(job: ClaimedJob, outcome: str) -> None:
+        metrics.on_job_end(job, outcome)
+        if on_end:
+            on_end(job, outcome)
+
+    return WorkerHooks(on_round=round_, on_job_start=start, on_job_end=end)

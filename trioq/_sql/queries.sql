@@ -413,6 +413,11 @@ SELECT queue,
            WHERE state = 'ready' AND run_at <= {schema}.db_now()))::float8 AS oldest_ready_seconds
 FROM {schema}.jobs GROUP BY queue ORDER BY queue;
 
+-- name: queue_demand
+-- Per queue demand (the migration's `queue_demand()` function; see its comment for the plan).
+SELECT queue, ready, oldest_ready_seconds, running, scheduled, sleeping, waiting, due_now
+FROM {schema}.queue_demand() ORDER BY queue;
+
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
        (SELECT count(*) FROM {schema}.jobs j

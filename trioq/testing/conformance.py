@@ -929,6 +929,29 @@ async def check_queue_status_counts_jobs_by_state(driver: Driver, clock: DriverC
 
 
 @conformance_check
+async def check_queue_demand_counts_unfinished_work_per_queue(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(driver, new_job(priority=-1), new_job(priority=-1))
+    done, _running = await claim(driver, limit=2)
+    await complete(driver, done.lease)
+    await enqueue(driver, new_job(), new_job(), new_job(delay_seconds=60))
+    await enqueue(driver, new_job(queue="another", delay_seconds=60))
+    await clock.advance(5)
+    rows = {row.queue: row for row in await driver.queue_demand()}
+    expect(sorted(rows), ["another", QUEUE], "queues with unfinished work")
+    mine = rows[QUEUE]
+    counts = (mine.ready, mine.running, mine.scheduled, mine.sleeping, mine.waiting)
+    expect(counts, (2, 1, 1, 0, 0), "ready, running, scheduled, sleeping, waiting")
+    expect(mine.due_now, 2, "due now")
+    oldest = mine.oldest_ready_seconds
+    assert oldest is not None and 5 <= oldest < 60, oldest
+    other = rows["another"]
+    expect((other.ready, other.scheduled, other.due_now), (0, 1, 0), "a queue of future work")
+    expect(other.oldest_ready_seconds, None, "no ready work, no age")
+
+
+@conformance_check
 async def check_workers_register_heartbeat_and_are_pruned_when_stale(
     driver: Driver, clock: DriverClock
 ) -> None:

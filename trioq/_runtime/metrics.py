@@ -1,0 +1,215 @@
+"""The worker's Prometheus metrics: one `CollectorRegistry` per worker (two workers in one
+process never share or collide), exposed by the health server's `/metrics`.
+
+Counts come from three places, none of them a hand-written exposition:
+- the claim loops' hooks (claims, claimed jobs, outcomes, handler duration by task);
+- `instrument_driver`, a thin proxy around the worker's driver that times the claim statement,
+  counts checkpoint writes and database errors (also the admission controller's signals);
+- gauges set from `Worker.statistics()` when `/metrics` is scraped (open slots, effective
+  limit and its reason, queue demand), so nothing polls while nobody scrapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import attrs
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .._driver import ClaimedJob, Driver
+
+# Claim statements are a few ms; a slow one is a database under pressure.
+CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+HANDLER_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+
+
+def _metrics_registry() -> CollectorRegistry:
+    return CollectorRegistry(auto_describe=True)
+
+
+@attrs.define(eq=False)
+class WorkerMetrics:
+    registry: CollectorRegistry = attrs.field(factory=_metrics_registry)
+    claims: Counter = attrs.field(init=False)
+    claimed_jobs: Counter = attrs.field(init=False)
+    outcomes: Counter = attrs.field(init=False)
+    claim_statements: Counter = attrs.field(init=False)
+    claim_seconds: Histogram = attrs.field(init=False)
+    notifications: Counter = attrs.field(init=False)
+    poll_wakeups: Counter = attrs.field(init=False)
+    open_slots: Gauge = attrs.field(init=False)
+    effective_limit: Gauge = attrs.field(init=False)
+    admission_reason: Gauge = attrs.field(init=False)
+    admission_changes: Counter = attrs.field(init=False)
+    lease_renewals: Counter = attrs.field(init=False)
+    lost_leases: Counter = attrs.field(init=False)
+    handler_seconds: Histogram = attrs.field(init=False)
+    checkpoints: Counter = attrs.field(init=False)
+    database_errors: Counter = attrs.field(init=False)
+    queue_demand: Gauge = attrs.field(init=False)
+    _started: dict[tuple[int, int], float] = attrs.field(init=False, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        r = self.registry
+        self.claims = Counter(
+            "trioq_claims", "Claim rounds that asked for jobs", ["queue"], registry=r
+        )
+        self.claimed_jobs = Counter("trioq_claimed_jobs", "Jobs claimed", ["queue"], registry=r)
+        self.outcomes = Counter(
+            "trioq_job_outcomes",
+            "Finished attempts by outcome (completed, retried, failed, cancelled, released, lost)",
+            ["queue", "outcome"],
+            registry=r,
+        )
+        self.claim_statements = Counter(
+            "trioq_claim_statements", "Complete-and-claim statements sent", ["queue"], registry=r
+        )
+        self.claim_seconds = Histogram(
+            "trioq_claim_statement_seconds",
+            "Latency of the complete-and-claim statement",
+            ["queue"],
+            buckets=CLAIM_BUCKETS,
+            registry=r,
+        )
+        self.notifications = Counter(
+            "trioq_notifications_received", "Ready notifications received", registry=r
+        )
+        self.poll_wakeups = Counter(
+            "trioq_poll_wakeups", "Claim rounds started by the poll timer", ["queue"], registry=r
+        )
+        self.open_slots = Gauge(
+            "trioq_open_slots", "Slots not owned by a job", ["queue"], registry=r
+        )
+        self.effective_limit = Gauge(
+            "trioq_effective_limit",
+            "Slots admission control lets the queue use",
+            ["queue"],
+            registry=r,
+        )
+        self.admission_reason = Gauge(
+            "trioq_admission_reason",
+            "1 for the reason of the current effective limit",
+            ["queue", "reason"],
+            registry=r,
+        )
+        self.admission_changes = Counter(
+            "trioq_admission_changes", "Effective limit changes", ["queue", "reason"], registry=r
+        )
+        self.lease_renewals = Counter(
+            "trioq_lease_renewals", "Lease renewal statements that succeeded", registry=r
+        )
+        self.lost_leases = Counter("trioq_lost_leases", "Leases found lost", registry=r)
+        self.handler_seconds = Histogram(
+            "trioq_handler_seconds",
+            "Handler run time by task",
+            ["task"],
+            buckets=HANDLER_BUCKETS,
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "trioq_checkpoints_written", "Workflow checkpoints written", registry=r
+        )
+        self.database_errors = Counter(
+            "trioq_database_errors", "Driver calls that raised", ["statement"], registry=r
+        )
+        self.queue_demand = Gauge(
+            "trioq_queue_demand",
+            "Jobs per queue and state (scraped from queue_demand)",
+            ["queue", "kind"],
+            registry=r,
+        )
+
+    # --- claim loop hooks (synchronous, cheap) ------------------------------------------
+
+    def on_round(self, queue: str, requested: int, claimed: int) -> None:
+        if requested:
+            self.claims.labels(queue).inc()
+        if claimed:
+            self.claimed_jobs.labels(queue).inc(claimed)
+
+    def on_job_start(self, job: ClaimedJob) -> None:
+        self._started[(job.id, job.attempt)] = trio.current_time()
+
+    def on_job_end(self, job: ClaimedJob, outcome: str) -> None:
+        started = self._started.pop((job.id, job.attempt), None)
+        if started is not None:
+            self.handler_seconds.labels(job.task).observe(trio.current_time() - started)
+        self.outcomes.labels(job.queue, outcome).inc()
+        if outcome == "lost":
+            self.lost_leases.inc()
+
+
+# --- the driver proxy -----------------------------------------------------------------------
+
+DriverErrorSink = Callable[[str, BaseException], None]
+ClaimLatencySink = Callable[[str, float], None]
+
+
+@attrs.define(eq=False)
+class _InstrumentedDriver:
+    """Delegates every attribute to the real driver; its coroutine methods are wrapped to
+    time the claim statement and count errors and checkpoint writes. A proxy (not a subclass)
+    so that driver methods added later are instrumented without edits here."""
+
+    _inner: Driver
+    _metrics: WorkerMetrics
+    _on_error: DriverErrorSink | None
+    _on_claim: ClaimLatencySink | None
+    _wrapped: dict[str, Any] = attrs.field(factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        wrapped = self._wrapped.get(name)
+        if wrapped is not None:
+            return wrapped
+        value = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(value):
+            return value
+        wrapped = self._wrap(name, value)
+        self._wrapped[name] = wrapped
+        return wrapped
+
+    def _wrap(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        metrics, on_error, on_claim = self._metrics, self._on_error, self._on_claim
+        is_claim = name == "job_complete_and_claim"
+        is_checkpoint = "checkpoint" in name
+
+        @functools.wraps(method)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            started = trio.current_time()
+            try:
+                result = await method(*args, **kwargs)
+            except Exception as exc:
+                metrics.database_errors.labels(name).inc()
+                if on_error is not None:
+                    on_error(name, exc)
+                raise
+            if is_claim:
+                queue = args[0].queue
+                elapsed = trio.current_time() - started
+                metrics.claim_statements.labels(queue).inc()
+                metrics.claim_seconds.labels(queue).observe(elapsed)
+                if on_claim is not None:
+                    on_claim(queue, elapsed)
+            elif is_checkpoint:
+                batch = args[0] if args else None
+                metrics.checkpoints.inc(len(batch) if isinstance(batch, Sequence) else 1)
+            return result
+
+        return call
+
+
+def instrument_driver(
+    driver: Driver,
+    metrics: WorkerMetrics,
+    *,
+    on_error: DriverErrorSink | None = None,
+    on_claim: ClaimLatencySink | None = None,
+) -> Driver:
+    return cast(Driver, _InstrumentedDriver(driver, metrics, on_error, on_claim))
+
+
+__all__ = ["WorkerMetrics", "instrument_driver"]
