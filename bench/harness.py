@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import select
 import signal
@@ -81,6 +82,28 @@ class Database:
         trio.run(migrate)
         return schema
 
+    def install_raw(self, schema: str) -> None:
+        """The raw baseline's own minimal table, in `schema`."""
+        from bench import baseline
+
+        self.conn.execute(baseline.INSTALL_SQL.format(schema=schema))
+
+    def pgq(self, schema: str, command: str, *args: str) -> Any:
+        """Run `python -m bench.pgq COMMAND` against `schema` (as the harness role); its JSON."""
+        argv = [sys.executable, "-m", "bench.pgq", command, "--dsn", self.asyncpg_dsn(HARNESS_ROLE)]
+        result = subprocess.run(
+            [*argv, *args],
+            cwd=REPO_ROOT,
+            env={**os.environ, "PGQUEUER_SCHEMA": schema},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise BenchError(f"bench.pgq {command} failed:\n{result.stderr[-3000:]}")
+        lines = result.stdout.strip().splitlines()
+        return json.loads(lines[-1]) if lines else None
+
     def drop_schema(self, schema: str) -> None:
         self.conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
@@ -140,14 +163,25 @@ class Database:
 
 
 @contextlib.contextmanager
-def open_database(max_connections: int = 100) -> Iterator[Database]:
-    """Start the embedded cluster (pg_stat_statements loaded) and the harness role."""
+def open_database(max_connections: int = 100, *, durable: bool = True) -> Iterator[Database]:
+    """Start the embedded cluster (pg_stat_statements loaded) and the harness role.
+
+    `durable` (the default) runs it with PostgreSQL's production durability: fsync,
+    synchronous_commit and full_page_writes on, so every COMMIT waits for its WAL flush, as it
+    does on a real server. The embedded cluster of `trioq demo` and the tests keeps them off.
+    """
+    durability = {
+        "fsync": durable,
+        "synchronous_commit": durable,
+        "full_page_writes": durable,
+    }
     settings = EmbeddedSettings(
         max_connections=max_connections,
         shared_preload_libraries=("pg_stat_statements",),
         # track_planning: planning time is reported next to execution time (a statement that is
         # re-planned at every call shows it there, and only there).
         server_settings={
+            **durability,
             "pg_stat_statements.track_utility": True,
             "pg_stat_statements.track_planning": True,
         },
@@ -266,6 +300,7 @@ class Launcher:
         self, schema: str, *, expect: int, batch: int = 25, listen: bool = False
     ) -> Process:
         role = self.db.new_role("bench_base")
+        self.db.install_raw(schema)
         argv = [
             sys.executable,
             "-m",
@@ -282,6 +317,26 @@ class Launcher:
         if listen:
             argv.append("--listen")
         process = self._spawn(f"baseline {role}", role, argv, {})
+        process.wait_for_line(b"ready")
+        return process
+
+    def pgq_worker(self, schema: str, *, batch: int = 25, record: Path | None = None) -> Process:
+        """A PgQueuer worker (its schema objects installed into `schema` first)."""
+        self.db.pgq(schema, "install")
+        role = self.db.new_role("bench_pgq")
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.pgq",
+            "worker",
+            "--dsn",
+            self.db.asyncpg_dsn(role),
+            "--batch",
+            str(batch),
+        ]
+        if record is not None:
+            argv += ["--record", str(record)]
+        process = self._spawn(f"pgqueuer {role}", role, argv, {"PGQUEUER_SCHEMA": schema})
         process.wait_for_line(b"ready")
         return process
 

@@ -52,3 +52,70 @@ def enqueue_committed(
 
 def completed_sql(schema: str, where: str = "true") -> str:
     return f"SELECT count(*) FROM {schema}.jobs WHERE state = 'completed' AND {where}"
+
+
+# --- the three systems a drain can run on -------------------------------------------------------
+
+
+@attrs.frozen
+class System:
+    """How to fill a schema with a committed backlog and read its completions, per system."""
+
+    name: str
+    enqueue: Callable[[Database, str, str, int, Callable[[], None]], float]
+    completed_sql: str  # a count of completed jobs; `{schema}` is substituted
+    last_finished_sql: str  # epoch seconds of the last completion
+
+    def completed(self, schema: str) -> str:
+        return self.completed_sql.format(schema=schema)
+
+    def last_finished(self, schema: str) -> str:
+        return self.last_finished_sql.format(schema=schema)
+
+
+def _trioq_enqueue(
+    db: Database, schema: str, task: str, count: int, before_commit: Callable[[], None]
+) -> float:
+    return enqueue_committed(db, schema, [JobGroup(task, count)], before_commit)
+
+
+def _raw_enqueue(
+    db: Database, schema: str, task: str, count: int, before_commit: Callable[[], None]
+) -> float:
+    import asyncio
+
+    from bench import baseline
+
+    before_commit()
+    return asyncio.run(
+        baseline.enqueue_committed(db.asyncpg_dsn(HARNESS_ROLE), schema, task, count)
+    )
+
+
+def _pgq_enqueue(
+    db: Database, schema: str, task: str, count: int, before_commit: Callable[[], None]
+) -> float:
+    before_commit()
+    return float(db.pgq(schema, "enqueue-committed", "--task", task, "--count", str(count)))
+
+
+def _raw_sql() -> tuple[str, str]:
+    from bench import baseline
+
+    return baseline.COMPLETED_SQL, baseline.LAST_FINISHED_SQL
+
+
+def _pgq_sql() -> tuple[str, str]:
+    from bench import pgq
+
+    return pgq.COMPLETED_SQL, pgq.LAST_FINISHED_SQL
+
+
+TRIOQ = System(
+    "trioq",
+    _trioq_enqueue,
+    "SELECT count(*) FROM {schema}.jobs WHERE state = 'completed'",
+    "SELECT extract(epoch FROM max(finished_at))::float8 FROM {schema}.jobs",
+)
+RAW = System("raw", _raw_enqueue, *_raw_sql())
+PGQUEUER = System("pgqueuer", _pgq_enqueue, *_pgq_sql())

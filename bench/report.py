@@ -22,6 +22,7 @@ SCENARIOS = (
     "worker_cost",
     "partition_fairness",
     "baseline",
+    "peer",
 )
 
 
@@ -42,6 +43,8 @@ def summarize_metric(metric: Metric, results: Results) -> dict[str, Any] | None:
     summary: dict[str, Any] = {"label": metric.label, "unit": metric.unit, **summarize(values)}
     base = results.values.get("baseline", {}).get(metric.baseline) if metric.baseline else None
     summary["ratio_to_baseline"] = ratio_to_baseline(values, base)
+    peer = results.values.get("peer", {}).get(metric.baseline) if metric.peer else None
+    summary["ratio_to_peer"] = ratio_to_baseline(values, peer) if metric.baseline else None
     if metric.target is not None:
         summary["target"] = metric.target.text
         summary["met"] = metric.target.met(summary["median"], summary["ratio_to_baseline"])
@@ -91,15 +94,16 @@ def table(name: str, scenario: dict[str, Any]) -> list[str]:
     lines = [
         f"### {name}",
         "",
-        "| metric | median | spread (min-max) | ratio to baseline | target | met |",
-        "|---|---:|---:|---:|---|---|",
+        "| metric | median | spread (min-max) | trioq/raw | trioq/PgQueuer | target | met |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for summary in scenario.values():
-        ratio = summary["ratio_to_baseline"]
+        ratio, peer = summary["ratio_to_baseline"], summary.get("ratio_to_peer")
         lines.append(
             f"| {summary['label']} | {_number(summary['median'])} {summary['unit']} | "
             f"{_number(summary['min'])}-{_number(summary['max'])} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {summary.get('target', '')} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{'-' if peer is None else f'{peer:.2f}x'} | {summary.get('target', '')} | "
             f"{_met(summary)} |"
         )
     return [*lines, ""]
@@ -137,13 +141,21 @@ METHOD = """\
 - Latencies use one clock, this machine's wall clock: the harness's `time.time()` right after
   COMMIT returned, and the handler's `time.time()` as it starts (returned as the job result).
   Pickup is also split at the claim statement's start (`started_at`, the database's `now()`).
-- Baseline (`bench/baseline.py`): one asyncio + asyncpg loop on trioq's own table and indexes:
-  one claim statement (the same `FOR UPDATE SKIP LOCKED` CTE over the ready index) for a batch,
-  handlers run with `asyncio.gather`, one completion statement per batch. For pickup and refill it
-  waits on trioq's ready notification (LISTEN) when idle. It runs in the same repeat, right before
-  the trioq run it is compared with; a ratio is the median of the per-repeat ratios
-  (trioq / baseline). '-' marks figures the raw loop has no counterpart for (idle load,
-  partitions).
+- Durability: the cluster runs with production durability (`fsync`, `synchronous_commit` and
+  `full_page_writes` on: every COMMIT waits for its WAL flush), unless `--non-durable` is given.
+  The settings used are listed under Machine.
+- Baseline (`bench/baseline.py`): the minimal correct batched loop in plain asyncio + asyncpg, on
+  its OWN minimal table (one partial index on ready rows): one `FOR UPDATE SKIP LOCKED` claim of
+  at most the free slots on one connection, handlers as asyncio tasks, completions written in
+  batches on a second connection with one flush in flight while the next claim runs. For pickup
+  and refill it waits on its own ready notification (LISTEN) when idle. It runs in the same
+  repeat as the trioq run it is compared with; a ratio is the median of the per-repeat ratios
+  (trioq / baseline).
+- Peer (`bench/pgq.py`): PgQueuer 1.6 from PyPI, its own tables installed in the run's schema,
+  one QueueManager with batch size = slots and its defaults otherwise (log aggregation off so
+  completions stay countable), for drain, enqueue (single and list), pickup (its LISTEN) and idle
+  statements. Ratios trioq/PgQueuer are per repeat as well. '-' marks figures without a
+  counterpart.
 - Each scenario repeats; tables show the median and the min-max spread.
 """
 

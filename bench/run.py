@@ -36,6 +36,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI)")
     parser.add_argument("--repeats", type=int, default=None, help="override the repeat count")
     parser.add_argument(
+        "--non-durable",
+        action="store_true",
+        help="fsync, synchronous_commit and full_page_writes off (default: on, as in production)",
+    )
+    parser.add_argument(
         "--scenarios",
         default=",".join(runners()),
         help=f"comma-separated subset of: {', '.join(runners())}",
@@ -66,6 +71,10 @@ def machine_facts(db: Database) -> dict[str, Any]:
         "nproc": os.cpu_count(),
         "cpu": cpu_model,
         "postgres": db.scalar("SHOW server_version"),
+        "durability": {
+            name: db.scalar(f"SHOW {name}")
+            for name in ("fsync", "synchronous_commit", "full_page_writes")
+        },
         "python": platform.python_version(),
         "trioq_commit": _git("rev-parse", "--short", "HEAD"),
         "trioq_tree_dirty": bool(_git("status", "--porcelain", "--", "trioq")),
@@ -105,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name in runners() if name in args.scenarios.split(",")]
     log_dir = Path(tempfile.mkdtemp(prefix="trioq-bench-logs-"))
     results = Results()
-    with open_database() as db:
+    with open_database(durable=not args.non_durable) as db:
         launcher = Launcher(db, log_dir)
         machine = machine_facts(db)
         try:

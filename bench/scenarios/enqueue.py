@@ -1,5 +1,6 @@
 """(2) enqueue: sequential single enqueues per second from one process, and bulk rows per second
-(one `enqueue_many` statement), each next to its raw asyncpg counterpart on the same table."""
+(one `enqueue_many` statement), each next to the raw asyncpg insert on its own minimal table and
+PgQueuer's enqueue, in the same schema and run."""
 
 from __future__ import annotations
 
@@ -42,17 +43,24 @@ def run(ctx: Context) -> None:
         try:
             app = make_app(schema, db.conninfo(HARNESS_ROLE))
             dsn = db.asyncpg_dsn(HARNESS_ROLE)
+            db.install_raw(schema)
+            db.pgq(schema, "install")
             singles = trio.run(trioq_singles, app, sizes.enqueue_seconds)
             raw_singles = asyncio.run(baseline.enqueue_singles(dsn, schema, sizes.enqueue_seconds))
+            pgq_singles = db.pgq(schema, "enqueue-singles", "--seconds", str(sizes.enqueue_seconds))
             bulk = trio.run(trioq_bulk, app, sizes.bulk_rows)
             raw_bulk = asyncio.run(baseline.enqueue_bulk(dsn, schema, sizes.bulk_rows))
+            pgq_bulk = db.pgq(schema, "enqueue-bulk", "--count", str(sizes.bulk_rows))
         finally:
             db.drop_schema(schema)
         results.add("enqueue", "single_per_s", singles)
         results.add("enqueue", "bulk_rows_per_s", bulk)
         results.add("baseline", "enqueue_single_per_s", raw_singles)
         results.add("baseline", "enqueue_bulk_rows_per_s", raw_bulk)
+        results.add("peer", "enqueue_single_per_s", pgq_singles)
+        results.add("peer", "enqueue_bulk_rows_per_s", pgq_bulk)
         ctx.log(
-            f"enqueue repeat {repeat + 1}: single {singles:.0f}/s (raw {raw_singles:.0f}/s), "
-            f"bulk {bulk:.0f} rows/s (raw {raw_bulk:.0f} rows/s)"
+            f"enqueue repeat {repeat + 1}: single {singles:.0f}/s (raw {raw_singles:.0f}/s, "
+            f"pgqueuer {pgq_singles:.0f}/s), bulk {bulk:.0f} rows/s (raw {raw_bulk:.0f} rows/s, "
+            f"pgqueuer {pgq_bulk:.0f} rows/s)"
         )

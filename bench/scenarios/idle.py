@@ -23,6 +23,13 @@ def run(ctx: Context) -> None:
                 )
                 for shape, queues in SHAPES.items()
             }
+            schemas["raw"], schemas["pgqueuer"] = db.fresh_schema(), db.fresh_schema()
+            workers["raw"] = ctx.launcher.baseline_worker(
+                schemas["raw"], expect=1, batch=sizes.concurrency, listen=True
+            )
+            workers["pgqueuer"] = ctx.launcher.pgq_worker(
+                schemas["pgqueuer"], batch=sizes.concurrency
+            )
             time.sleep(WARM_UP_SECONDS)
             db.reset_statements()
             time.sleep(sizes.idle_seconds)
@@ -40,9 +47,12 @@ def run(ctx: Context) -> None:
         finally:
             for schema in schemas.values():
                 db.drop_schema(schema)
-        for shape, rate in rates.items():
-            ctx.results.add("database_load", f"idle_{shape}_statements_per_s", rate)
+        for shape in SHAPES:
+            ctx.results.add("database_load", f"idle_{shape}_statements_per_s", rates[shape])
+        ctx.results.add("baseline", "idle_statements_per_s", rates["raw"])
+        ctx.results.add("peer", "idle_statements_per_s", rates["pgqueuer"])
         ctx.log(
             f"idle repeat {repeat + 1}: one queue {rates['one_queue']:.2f}/s, "
-            f"four queues {rates['four_queues']:.2f}/s"
+            f"four queues {rates['four_queues']:.2f}/s (raw {rates['raw']:.2f}/s, "
+            f"pgqueuer {rates['pgqueuer']:.2f}/s)"
         )

@@ -9,6 +9,8 @@ refill it runs batch-synchronously (claim 5, run them, complete 5), as the raw l
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Callable
 
@@ -16,9 +18,10 @@ import attrs
 import trio
 
 import trioq
+from bench import baseline, pgq
 from bench.app import make_app
 from bench.harness import HARNESS_ROLE, Process
-from bench.jobs import JobGroup, completed_sql, enqueue_committed
+from bench.jobs import RAW, TRIOQ, System, completed_sql
 from bench.scenarios import Context
 from bench.stats import percentile
 
@@ -64,31 +67,75 @@ def pickup_once(
         db.drop_schema(schema)
 
 
+def raw_pickup_once(ctx: Context) -> list[float]:
+    """The raw loop (LISTEN on its own notification) on its own table: commit -> start, ms."""
+    db, sizes = ctx.db, ctx.sizes
+    expected = round(sizes.pickup_seconds / sizes.pickup_every)
+    schema = db.fresh_schema()
+    try:
+        worker = ctx.launcher.baseline_worker(
+            schema, expect=expected, batch=sizes.concurrency, listen=True
+        )
+        time.sleep(SETTLE_SECONDS)
+        dsn = db.asyncpg_dsn(HARNESS_ROLE)
+        committed = asyncio.run(
+            baseline.enqueue_paced(dsn, schema, sizes.pickup_seconds, sizes.pickup_every)
+        )
+        completed = baseline.COMPLETED_SQL.format(schema=schema)
+        db.wait_count(completed, [], len(committed), sizes.timeout, worker.check_alive)
+        rows = db.fetch(f"SELECT id, result::float8 FROM {schema}.raw_jobs")
+        worker.stop()
+    finally:
+        db.drop_schema(schema)
+    return [(start - committed[job_id]) * 1000 for job_id, start in rows]
+
+
+def pgq_pickup_once(ctx: Context) -> list[float]:
+    """PgQueuer's worker (its own LISTEN) on its own tables: commit -> handler start, ms."""
+    db, sizes = ctx.db, ctx.sizes
+    schema = db.fresh_schema()
+    record = ctx.launcher.log_dir / f"pgq_pickup_{schema}.json"
+    try:
+        worker = ctx.launcher.pgq_worker(schema, batch=sizes.concurrency, record=record)
+        time.sleep(SETTLE_SECONDS)
+        paced = db.pgq(
+            schema,
+            "enqueue-paced",
+            "--seconds",
+            str(sizes.pickup_seconds),
+            "--every",
+            str(sizes.pickup_every),
+        )
+        committed = {int(job_id): at for job_id, at in paced.items()}
+        completed = pgq.COMPLETED_SQL.format(schema=schema)
+        db.wait_count(completed, [], len(committed), sizes.timeout, worker.check_alive)
+        worker.stop()
+        starts = json.loads(record.read_text())
+    finally:
+        db.drop_schema(schema)
+    return [(start - committed[job_id]) * 1000 for job_id, start in starts]
+
+
 def run_pickup(ctx: Context) -> None:
     sizes, launcher = ctx.sizes, ctx.launcher
-    expected = round(sizes.pickup_seconds / sizes.pickup_every)
     for repeat in range(sizes.repeats):
-        base = pickup_once(
-            ctx,
-            lambda schema: launcher.baseline_worker(
-                schema, expect=expected, batch=sizes.concurrency, listen=True
-            ),
-            "baseline",
-        )
+        base_latencies = raw_pickup_once(ctx)
+        peer_latencies = pgq_pickup_once(ctx)
         trioq_run = pickup_once(
             ctx,
             lambda schema: launcher.trioq_worker(schema, concurrency=sizes.concurrency),
             "trioq",
         )
-        base_latencies = [(start - base[0][job_id]) * 1000 for job_id, start, _ in base[1]]
         for pct in (50, 95, 99):
             ctx.results.add("baseline", f"pickup_p{pct}_ms", percentile(base_latencies, pct))
+            ctx.results.add("peer", f"pickup_p{pct}_ms", percentile(peer_latencies, pct))
         latencies = record_pickup(ctx, *trioq_run)
         ctx.log(
             f"pickup repeat {repeat + 1}: {len(latencies)} jobs, p50 "
             f"{percentile(latencies, 50):.2f} ms, p95 {percentile(latencies, 95):.2f} ms, "
             f"p99 {percentile(latencies, 99):.2f} ms (raw loop p95 "
-            f"{percentile(base_latencies, 95):.2f} ms)"
+            f"{percentile(base_latencies, 95):.2f} ms, pgqueuer p95 "
+            f"{percentile(peer_latencies, 95):.2f} ms)"
         )
 
 
@@ -127,27 +174,25 @@ class Refill:
     to_claim_ms: list[float]  # slot settle -> start of the claim statement that refilled it
 
 
-def refill_once(ctx: Context, start_worker: Callable[[str], Process], label: str) -> Refill:
+def refill_once(
+    ctx: Context, start_worker: Callable[[str], Process], label: str, system: System = TRIOQ
+) -> Refill:
     """A backlog of 100 ms jobs, committed at once, through `refill_concurrency` slots."""
     db, sizes = ctx.db, ctx.sizes
     schema = db.fresh_schema()
+    table = "raw_jobs" if system is RAW else "jobs"
     try:
         worker = start_worker(schema)
         time.sleep(SETTLE_SECONDS)
-        t0 = enqueue_committed(
-            db,
-            schema,
-            [JobGroup("sleep_100ms", sizes.refill_jobs)],
-            before_commit=db.reset_statements,
-        )
+        t0 = system.enqueue(db, schema, "sleep_100ms", sizes.refill_jobs, db.reset_statements)
         db.wait_count(
-            completed_sql(schema), [], sizes.refill_jobs, sizes.timeout, worker.check_alive
+            system.completed(schema), [], sizes.refill_jobs, sizes.timeout, worker.check_alive
         )
         ctx.results.note("refill_latency", f"{label}_statements", db.top_statements([worker.role]))
         rows = db.fetch(
             f"SELECT (result->>'start')::float8, (result->>'end')::float8, "
             f"extract(epoch FROM finished_at)::float8, extract(epoch FROM started_at)::float8"
-            f" FROM {schema}.jobs"
+            f" FROM {schema}.{table}"
         )
         worker.stop()
     finally:
@@ -172,6 +217,7 @@ def run_refill(ctx: Context) -> None:
                 schema, expect=sizes.refill_jobs, batch=slots, listen=True
             ),
             "baseline",
+            RAW,
         )
         run = refill_once(
             ctx,

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from bench.harness import Process
-from bench.jobs import JobGroup, completed_sql, enqueue_committed
+from bench.jobs import PGQUEUER, RAW, TRIOQ, System
 from bench.scenarios import Context
 
 StartWorkers = Callable[[str], list[Process]]
@@ -50,28 +50,28 @@ class Drain:
         return self.cpu_seconds / self.jobs * 10_000
 
 
-def drain(ctx: Context, start_workers: StartWorkers, task: str, jobs: int) -> Drain:
+def drain(
+    ctx: Context, start_workers: StartWorkers, task: str, jobs: int, system: System = TRIOQ
+) -> Drain:
     """Run one backlog of `jobs` jobs of `task` to completion on freshly started workers."""
     db = ctx.db
     schema = db.fresh_schema()
     try:
         workers = start_workers(schema)
         cpu_before = sum(worker.cpu_seconds() for worker in workers)
-        t0 = enqueue_committed(
-            db, schema, [JobGroup(task, jobs)], before_commit=db.reset_statements
-        )
+        t0 = system.enqueue(db, schema, task, jobs, db.reset_statements)
 
         def all_alive() -> None:
             for worker in workers:
                 worker.check_alive()
 
-        db.wait_count(completed_sql(schema), [], jobs, ctx.sizes.timeout, all_alive)
+        db.wait_count(system.completed(schema), [], jobs, ctx.sizes.timeout, all_alive)
         cpu_after = sum(worker.cpu_seconds() for worker in workers)
         roles = [worker.role for worker in workers]
         statements, db_ms = db.statement_totals(roles)
         top = db.top_statements(roles)
         peak_rss = max(worker.peak_rss_mb() for worker in workers)
-        last = db.scalar(f"SELECT extract(epoch FROM max(finished_at))::float8 FROM {schema}.jobs")
+        last = db.scalar(system.last_finished(schema))
         for worker in workers:
             worker.stop()
         return Drain(jobs, last - t0, statements, db_ms, cpu_after - cpu_before, peak_rss, top)
@@ -91,13 +91,18 @@ def run(ctx: Context) -> None:
     def baseline(schema: str) -> list[Process]:
         return [launcher.baseline_worker(schema, expect=n, batch=sizes.concurrency)]
 
+    def pgqueuer(schema: str) -> list[Process]:
+        return [launcher.pgq_worker(schema, batch=sizes.concurrency)]
+
     for repeat in range(sizes.repeats):
-        base = drain(ctx, baseline, "noop", n)
+        base = drain(ctx, baseline, "noop", n, RAW)
+        peer = drain(ctx, pgqueuer, "noop", n, PGQUEUER)
         one = drain(ctx, trioq_workers(1), "noop", n)
         two = drain(ctx, trioq_workers(2), "noop", n)
         slow = drain(ctx, trioq_workers(1), "sleep_1ms", n)
         shallow, deep = (drain(ctx, trioq_workers(1), "noop", depth) for depth in sizes.depths)
         record_baseline(ctx, base)
+        record_peer(ctx, peer)
         results.add("throughput", "one_worker_jobs_per_s", one.jobs_per_s)
         results.add("throughput", "two_workers_jobs_per_s", two.jobs_per_s)
         results.add("throughput", "two_vs_one_worker", two.jobs_per_s / one.jobs_per_s)
@@ -121,7 +126,8 @@ def run(ctx: Context) -> None:
         results.add("worker_cost", "cpu_s_per_10k_jobs", one.cpu_s_per_10k)
         results.add("worker_cost", "peak_rss_mb", one.peak_rss_mb)
         ctx.log(
-            f"throughput repeat {repeat + 1}: baseline {base.jobs_per_s:.0f}/s, "
+            f"throughput repeat {repeat + 1}: raw {base.jobs_per_s:.0f}/s, "
+            f"pgqueuer {peer.jobs_per_s:.0f}/s, "
             f"1 worker {one.jobs_per_s:.0f}/s, 2 workers {two.jobs_per_s:.0f}/s, "
             f"1 ms {slow.jobs_per_s:.0f}/s, depth {sizes.depths[0]} "
             f"{shallow.jobs_per_s:.0f}/s, depth {sizes.depths[1]} {deep.jobs_per_s:.0f}/s"
@@ -134,3 +140,11 @@ def record_baseline(ctx: Context, base: Drain) -> None:
     ctx.results.add("baseline", "db_us_per_job", base.db_us_per_job)
     ctx.results.add("baseline", "cpu_s_per_10k_jobs", base.cpu_s_per_10k)
     ctx.results.add("baseline", "peak_rss_mb", base.peak_rss_mb)
+
+
+def record_peer(ctx: Context, peer: Drain) -> None:
+    ctx.results.add("peer", "jobs_per_s", peer.jobs_per_s)
+    ctx.results.add("peer", "statements_per_job", peer.statements_per_job)
+    ctx.results.add("peer", "db_us_per_job", peer.db_us_per_job)
+    ctx.results.add("peer", "cpu_s_per_10k_jobs", peer.cpu_s_per_10k)
+    ctx.results.add("peer", "peak_rss_mb", peer.peak_rss_mb)
