@@ -274,10 +274,14 @@ class Launcher:
         concurrency: int,
         queues: Sequence[str] = ("default",),
         poll_interval: float = 1.0,
+        profile: Path | None = None,
     ) -> Process:
+        """A `trioq worker` process; with `profile`, under cProfile writing there at exit."""
         role = self.db.new_role("bench_w")
+        profiler = [] if profile is None else ["-m", "cProfile", "-o", str(profile)]
         argv = [
             sys.executable,
+            *profiler,
             "-m",
             "trioq.cli",
             "worker",

@@ -114,7 +114,44 @@ def tables(report: dict[str, Any]) -> str:
     for name in SCENARIOS:
         if name in report["scenarios"]:
             lines += table(name, report["scenarios"][name])
-    return "\n".join(lines)
+    return "\n".join(lines + where_the_time_goes(report["notes"]))
+
+
+def where_the_time_goes(notes: dict[str, dict[str, Any]]) -> list[str]:
+    """Server time by statement (planning vs execution) per scenario and process, and the
+    worker's CPU by function, from the notes the scenarios recorded."""
+    lines = ["## Where the time goes", ""]
+    for scenario, entries in notes.items():
+        for key, rows in entries.items():
+            if key.endswith("_statements") and rows:
+                lines += [
+                    f"### {scenario}: {key.removesuffix('_statements')} (server, by statement)",
+                    "",
+                    "| calls | exec ms (mean) | exec ms (total) | plans | plan ms (mean) "
+                    "| statement |",
+                    "|---:|---:|---:|---:|---:|---|",
+                    *[
+                        f"| {r['calls']} | {r['mean_exec_ms']} | {r['total_exec_ms']} | "
+                        f"{r['plans']} | {r['mean_plan_ms']} | `{r['query']}` |"
+                        for r in rows
+                    ],
+                    "",
+                ]
+    profile = notes.get("worker_cost", {}).get("profile_one_worker_noop")
+    if profile:
+        lines += [
+            "### worker CPU by function (cProfile, one extra untimed 1-worker noop drain)",
+            "",
+            "| own s | share | cumulative s | calls | function |",
+            "|---:|---:|---:|---:|---|",
+            *[
+                f"| {r['own_s']} | {r['own_share']:.1%} | {r['cumulative_s']} | {r['calls']} | "
+                f"`{r['function']}` |"
+                for r in profile
+            ],
+            "",
+        ]
+    return lines
 
 
 def write(report: dict[str, Any], output: Path, preamble: str) -> None:

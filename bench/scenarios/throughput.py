@@ -12,6 +12,7 @@ dearer as the backlog deepens).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -125,6 +126,8 @@ def run(ctx: Context) -> None:
             results.note("throughput", f"{name}_statements", run_.top_statements)
         results.add("worker_cost", "cpu_s_per_10k_jobs", one.cpu_s_per_10k)
         results.add("worker_cost", "peak_rss_mb", one.peak_rss_mb)
+        if repeat == 0:
+            results.note("worker_cost", "profile_one_worker_noop", profile_worker(ctx))
         ctx.log(
             f"throughput repeat {repeat + 1}: raw {base.jobs_per_s:.0f}/s, "
             f"pgqueuer {peer.jobs_per_s:.0f}/s, "
@@ -140,6 +143,44 @@ def record_baseline(ctx: Context, base: Drain) -> None:
     ctx.results.add("baseline", "db_us_per_job", base.db_us_per_job)
     ctx.results.add("baseline", "cpu_s_per_10k_jobs", base.cpu_s_per_10k)
     ctx.results.add("baseline", "peak_rss_mb", base.peak_rss_mb)
+
+
+PROFILE_TOP = 20
+
+
+def profile_worker(ctx: Context) -> list[dict[str, Any]]:
+    """One extra 1-worker noop drain under cProfile (not timed): where the worker's CPU goes,
+    as the top functions by own time. Threads (the libpq calls) are not in it."""
+    import pstats
+
+    path = ctx.launcher.log_dir / "worker.prof"
+    sizes = ctx.sizes
+    drain(
+        ctx,
+        lambda schema: [
+            ctx.launcher.trioq_worker(schema, concurrency=sizes.concurrency, profile=path)
+        ],
+        "noop",
+        sizes.throughput_jobs,
+    )
+    stats = pstats.Stats(str(path))
+    total = stats.total_tt  # type: ignore[attr-defined]
+    # Idle waiting (epoll) is not CPU; start-up (imports) is in, but small next to 20,000 jobs.
+    rows = sorted(
+        (item for item in stats.stats.items() if "epoll" not in item[0][2]),  # type: ignore[attr-defined]
+        key=lambda item: item[1][2],
+        reverse=True,
+    )
+    return [
+        {
+            "function": f"{Path(file).name}:{line} {name}",
+            "own_s": round(own, 3),
+            "own_share": round(own / total, 3) if total else 0.0,
+            "cumulative_s": round(cumulative, 3),
+            "calls": calls,
+        }
+        for (file, line, name), (_, calls, own, cumulative, _) in rows[:PROFILE_TOP]
+    ]
 
 
 def record_peer(ctx: Context, peer: Drain) -> None:
