@@ -422,6 +422,12 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"dedup_key": "k" * 513}, "dedup_key"),
     ({"dedup_key": "nul\x00"}, "dedup_key"),
     ({"dedup_key": "\udfff"}, "dedup_key"),
+    ({"unique_for": 60}, "unique_for"),
+    ({"dedup_key": "k", "unique_for": -1}, "unique_for"),
+    ({"dedup_key": "k", "unique_for": "1h"}, "unique_for"),
+    ({"unique_states": ["completed"]}, "unique_states"),
+    ({"dedup_key": "k", "unique_states": "completed"}, "unique_states"),
+    ({"dedup_key": "k", "unique_states": ["done"]}, "unique_states"),
 ]
 
 

@@ -334,6 +334,9 @@ class QueueMachine(RuleBasedStateMachine):
     def enqueue_deduplicated(self, key: str, mode: str) -> None:
         job = NewJob(QUEUE, "a", "{}", dedup_key=key)
         [row] = self.call(_insert, self.driver, [job], mode)
+        holder = self.jobs.get(self.dedup.get(key, -1))
+        if holder is not None and holder.state in ("completed", "failed", "cancelled"):
+            del self.dedup[key]  # a finished job no longer holds its key (by default)
         if key in self.dedup:
             assert (row.id, row.created) == (self.dedup[key], False)
         else:

@@ -11,10 +11,11 @@ from ._core.errors import (
 )
 from ._core.retry import RetryPolicy
 from ._core.states import JobState
+from ._enqueue import Job, TaskDeclaration, declare_task
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.worker import Worker, WorkerConfig
 from .app import App, ConfigurationError
-from .client import Client, ClientTransaction, Job
+from .client import Client, ClientTransaction
 from .context import Context, JobInfo
 
 __all__ = [
@@ -32,9 +33,11 @@ __all__ = [
     "ResultTimeout",
     "RetryPolicy",
     "SchemaNotMigrated",
+    "TaskDeclaration",
     "TrioqError",
     "UnknownTask",
     "Worker",
     "WorkerConfig",
     "WorkerHooks",
+    "declare_task",
 ]

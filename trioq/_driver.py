@@ -33,6 +33,11 @@ class NewJob:
     partition_key: str | None = None
     dedup_key: str | None = None
     max_attempts: int = 5
+    # Uniqueness (only with a dedup_key): the key is held while the job is unfinished, and also
+    # in `unique_states` (finished states) for `unique_for_seconds` after enqueue (None: until
+    # the job is pruned). See docs/uniqueness.md.
+    unique_for_seconds: float | None = None
+    unique_states: tuple[str, ...] = ()
 
 
 @attrs.frozen

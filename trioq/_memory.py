@@ -78,6 +78,8 @@ class _Row:
     dedup_key: str | None
     max_attempts: int
     created_at: datetime.datetime
+    unique_states: tuple[str, ...] = ()
+    unique_until: datetime.datetime | None = None
     state: str = "ready"
     attempt: int = 0
     lease_token: uuid.UUID | None = None
@@ -99,6 +101,14 @@ class _Row:
             self.state == "running"
             and self.attempt == lease.attempt
             and self.lease_token == lease.lease_token
+        )
+
+    def holds_key(self, now: datetime.datetime) -> bool:
+        """Whether this row still holds its dedup key (the `released` CTE's condition)."""
+        if self.state not in FINISHED_STATES:
+            return True
+        return self.state in self.unique_states and (
+            self.unique_until is None or self.unique_until > now
         )
 
     def end_lease(self) -> None:
@@ -255,6 +265,7 @@ class MemoryDriver:
         created: list[_Row] = []
         batch_keys: dict[str, int] = {}
         for job in jobs:
+            self._release_key(job.dedup_key, now)
             existing = self._existing_for_key(job.dedup_key, transaction, batch_keys)
             if existing is not None:
                 results.append(InsertedJob(id=existing, created=False))
@@ -281,6 +292,13 @@ class MemoryDriver:
             if holder is not None and holder[0] is not transaction:
                 return holder[0]._ended
         return None
+
+    def _release_key(self, key: str | None, now: datetime.datetime) -> None:
+        """A finished job that no longer holds its key gives it up to this enqueue."""
+        holder = self._rows.get(self._dedup[key]) if key in self._dedup else None
+        if key is not None and holder is not None and not holder.holds_key(now):
+            del self._dedup[key]
+            holder.dedup_key = None
 
     def _existing_for_key(
         self, key: str | None, transaction: MemoryTransaction | None, batch: dict[str, int]
@@ -712,6 +730,10 @@ def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
         dedup_key=job.dedup_key,
         max_attempts=job.max_attempts,
         created_at=now,
+        unique_states=job.unique_states,
+        unique_until=None
+        if job.unique_for_seconds is None or job.dedup_key is None
+        else now + job.unique_for_seconds * _SECOND,
     )
 
 

@@ -14,6 +14,7 @@ from ._core.errors import TrioqError
 from ._core.identifiers import validate_schema
 from ._core.retry import RetryPolicy
 from ._driver import Driver
+from ._enqueue import TaskDeclaration
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.tasks import Handler, TaskSpec, payload_type_of
 from ._runtime.worker import Worker, WorkerConfig
@@ -45,26 +46,40 @@ class App:
 
     def task(
         self,
-        name: str,
+        name: str | TaskDeclaration,
         *,
-        queue: str = "default",
-        max_attempts: int = 5,
+        queue: str | None = None,
+        max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register an async handler `(ctx, payload)` for jobs of task `name`."""
+        """Register an async handler `(ctx, payload)` for jobs of task `name`.
+
+        `name` may be a `trioq.TaskDeclaration` shared with producers: its queue, max_attempts
+        and payload class are then the task's (explicit arguments still win).
+        """
+        declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
 
         def register(handler: Handler) -> Handler:
-            if name in self.tasks:
-                raise ValueError(f"task: {name!r} is already registered")
-            self.tasks[name] = TaskSpec(
-                name=name,
+            if declared.name in self.tasks:
+                raise ValueError(f"task: {declared.name!r} is already registered")
+            payload_type = payload_type_of(handler)
+            if declared.payload_type is not None and payload_type not in (
+                None,
+                declared.payload_type,
+            ):
+                raise TypeError(
+                    f"task {declared.name!r}: the handler takes {payload_type.__name__} but "
+                    f"the declaration says {declared.payload_type.__name__}"
+                )
+            self.tasks[declared.name] = TaskSpec(
+                name=declared.name,
                 handler=handler,
-                queue=queue,
-                max_attempts=max_attempts,
+                queue=declared.queue if queue is None else queue,
+                max_attempts=declared.max_attempts if max_attempts is None else max_attempts,
                 retry=retry or RetryPolicy(),
                 timeout=timeout,
-                payload_type=payload_type_of(handler),
+                payload_type=payload_type or declared.payload_type,
             )
             return handler
 

@@ -10,140 +10,40 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import cattrs
 import trio
 
-from ._core import codec
 from ._core.channels import result_channel
-from ._core.errors import JobFailed, JobNotFound, PayloadError, ResultTimeout, UnknownTask
-from ._core.identifiers import validate_key, validate_name
+from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
     Driver,
-    InsertedJob,
     JobRecord,
     Listener,
-    NewJob,
     QueueStatus,
     Transaction,
     WorkerInfo,
 )
+from ._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
 from ._runtime.tasks import TaskSpec
 
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
-# A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
-# SQL ("interval out of range"), aborting the caller's transaction.
-MAX_DELAY_SECONDS = 100 * 366 * 86400.0
-
-
-@attrs.frozen
-class Job:
-    """An enqueued job. `created` is False when a dedup key returned an existing job."""
-
-    id: int
-    task: str
-    queue: str
-    created: bool = True
-
-
-@attrs.frozen
-class EnqueueOptions:
-    queue: str | None = None
-    run_at: datetime.datetime | None = None
-    delay: datetime.timedelta | float | None = None
-    priority: int = 0
-    partition_key: str | None = None
-    dedup_key: str | None = None
-    max_attempts: int | None = None
-
-
-def build_jobs(
-    spec: TaskSpec, payloads: Sequence[Any], options: EnqueueOptions, *, single: bool = False
-) -> list[NewJob]:
-    """Validate options and encode payloads; raises before anything is written.
-
-    Errors name the field: `$.a.b` for a single payload, `[3].a.b` inside a batch.
-    """
-    queue = validate_name("queue", spec.queue if options.queue is None else options.queue)
-    if (
-        isinstance(options.priority, bool)
-        or not isinstance(options.priority, int)
-        or not -32768 <= options.priority <= 32767
-    ):
-        raise ValueError(f"priority: {options.priority!r} must be an integer in [-32768, 32767]")
-    max_attempts = spec.max_attempts if options.max_attempts is None else options.max_attempts
-    if (
-        isinstance(max_attempts, bool)
-        or not isinstance(max_attempts, int)
-        or not 1 <= max_attempts <= 1000
-    ):
-        raise ValueError(f"max_attempts: {max_attempts!r} must be an integer in [1, 1000]")
-    if options.run_at is not None and options.delay is not None:
-        raise ValueError("run_at, delay: give one or the other, not both")
-    if options.run_at is not None and options.run_at.tzinfo is None:
-        raise ValueError("run_at: must be timezone-aware (database time is UTC)")
-    delay = options.delay
-    if isinstance(delay, datetime.timedelta):
-        delay = delay.total_seconds()
-    if delay is not None and not 0 <= delay <= MAX_DELAY_SECONDS:  # also rejects NaN
-        raise ValueError(
-            f"delay: {options.delay!r} must be a non-negative duration of at most 100 years"
-        )
-    partition_key = validate_key("partition_key", options.partition_key)
-    dedup_key = validate_key("dedup_key", options.dedup_key)
-    for index, payload in enumerate(payloads):
-        check_payload_type(spec, payload, "$" if single else f"[{index}]")
-    jobs = [
-        NewJob(
-            queue=queue,
-            task=spec.name,
-            payload_json=codec.encode(payload, root="$" if single else f"[{index}]"),
-            priority=options.priority,
-            run_at=options.run_at,
-            delay_seconds=delay,
-            partition_key=partition_key,
-            dedup_key=dedup_key,
-            max_attempts=max_attempts,
-        )
-        for index, payload in enumerate(payloads)
-    ]
-    if dedup_key is not None and len(jobs) > 1:
-        raise ValueError("dedup_key: one key cannot be shared by a batch of several jobs")
-    return jobs
-
-
-def check_payload_type(spec: TaskSpec, payload: Any, root: str) -> None:
-    """A task whose payload is an attrs class refuses, at enqueue, JSON that would not structure
-    into it (the handler would only fail later, attempt after attempt)."""
-    if spec.payload_type is None or isinstance(payload, spec.payload_type):
-        return
-    try:
-        codec.structure(codec.to_json_value(payload), spec.payload_type)
-    except Exception as exc:  # cattrs raises a ClassValidationError group, or a plain error
-        details = (
-            "; ".join(cattrs.transform_error(exc, path=root))
-            if isinstance(exc, cattrs.BaseValidationError)
-            else str(exc)
-        )
-        raise PayloadError(root, f"does not fit {spec.payload_type.__name__}: {details}") from None
-
-
-def _to_jobs(jobs: Sequence[NewJob], inserted: Sequence[InsertedJob]) -> list[Job]:
-    return [
-        Job(id=row.id, task=job.task, queue=job.queue, created=row.created)
-        for job, row in zip(jobs, inserted, strict=True)
-    ]
 
 
 @attrs.define(eq=False)
 class _Enqueuer:
     tasks: Mapping[str, TaskSpec]
 
-    def spec(self, task: str) -> TaskSpec:
+    def spec(self, task: str | TaskDeclaration) -> TaskLike:
+        """A registered task by name, or a declaration (a task of another app, say)."""
+        if isinstance(task, TaskDeclaration):
+            return task
         spec = self.tasks.get(task)
         if spec is None:
-            raise UnknownTask(f"task: {task!r} is not registered with this app")
+            raise UnknownTask(
+                f"task: {task!r} is not registered with this app (register it, or enqueue "
+                f"a trioq.TaskDeclaration naming its queue)"
+            )
         return spec
 
 
@@ -164,15 +64,31 @@ class ClientTransaction:
     ) -> list[tuple[Any, ...]]:
         return await self._tx.fetch(sql, params)
 
-    async def enqueue(self, task: str, payload: Any = None, **options: Any) -> Job:
+    async def enqueue(
+        self, task: str | TaskDeclaration, payload: Any = None, **options: Any
+    ) -> Job:
+        """Like `Client.enqueue`, inside this transaction."""
         jobs = build_jobs(
             self._enqueuer.spec(task), [payload], EnqueueOptions(**options), single=True
         )
-        return _to_jobs(jobs, await self._tx.job_insert_many(jobs))[0]
+        return to_jobs(jobs, await self._tx.job_insert_many(jobs))[0]
 
-    async def enqueue_many(self, task: str, payloads: Iterable[Any], **options: Any) -> list[Job]:
-        jobs = build_jobs(self._enqueuer.spec(task), list(payloads), EnqueueOptions(**options))
-        return _to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
+    async def enqueue_many(
+        self,
+        task: str | TaskDeclaration,
+        payloads: Iterable[Any],
+        *,
+        dedup_keys: Sequence[str | None] | None = None,
+        **options: Any,
+    ) -> list[Job]:
+        """Like `Client.enqueue_many`, inside this transaction."""
+        jobs = build_jobs(
+            self._enqueuer.spec(task),
+            list(payloads),
+            EnqueueOptions(**options),
+            dedup_keys=dedup_keys,
+        )
+        return to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
 
 
 @attrs.define(eq=False)
@@ -232,7 +148,7 @@ class Client:
 
     async def enqueue(
         self,
-        task: str,
+        task: str | TaskDeclaration,
         payload: Any = None,
         *,
         queue: str | None = None,
@@ -242,17 +158,32 @@ class Client:
         partition_key: str | None = None,
         dedup_key: str | None = None,
         max_attempts: int | None = None,
+        unique_for: datetime.timedelta | float | None = None,
+        unique_states: Iterable[str] | None = None,
     ) -> Job:
-        """Insert one job (one statement) and wake the queue's workers on commit."""
+        """Insert one job (one statement) and wake the queue's workers on commit.
+
+        `dedup_key` makes the job unique among unfinished jobs of that key; `unique_for` and
+        `unique_states` extend that to finished ones (docs/uniqueness.md). When the key is
+        taken, the existing job is returned with `created=False` and nothing is written.
+        """
         options = EnqueueOptions(
-            queue, run_at, delay, priority, partition_key, dedup_key, max_attempts
+            queue,
+            run_at,
+            delay,
+            priority,
+            partition_key,
+            dedup_key,
+            max_attempts,
+            unique_for,
+            unique_states,
         )
         jobs = build_jobs(self._enqueuer.spec(task), [payload], options, single=True)
-        return _to_jobs(jobs, await self.driver.job_insert_many(jobs))[0]
+        return to_jobs(jobs, await self.driver.job_insert_many(jobs))[0]
 
     async def enqueue_many(
         self,
-        task: str,
+        task: str | TaskDeclaration,
         payloads: Iterable[Any],
         *,
         queue: str | None = None,
@@ -261,11 +192,28 @@ class Client:
         priority: int = 0,
         partition_key: str | None = None,
         max_attempts: int | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        unique_for: datetime.timedelta | float | None = None,
+        unique_states: Iterable[str] | None = None,
     ) -> list[Job]:
-        """Insert a whole batch in ONE statement; results are in the order of `payloads`."""
-        options = EnqueueOptions(queue, run_at, delay, priority, partition_key, None, max_attempts)
-        jobs = build_jobs(self._enqueuer.spec(task), list(payloads), options)
-        return _to_jobs(jobs, await self.driver.job_insert_many(jobs)) if jobs else []
+        """Insert a whole batch in ONE statement; results are in the order of `payloads`.
+
+        `dedup_keys` gives each payload its own unique key (or None), as `dedup_key` does for
+        `enqueue`; a key repeated in the batch creates one job.
+        """
+        options = EnqueueOptions(
+            queue,
+            run_at,
+            delay,
+            priority,
+            partition_key,
+            None,
+            max_attempts,
+            unique_for,
+            unique_states,
+        )
+        jobs = build_jobs(self._enqueuer.spec(task), list(payloads), options, dedup_keys=dedup_keys)
+        return to_jobs(jobs, await self.driver.job_insert_many(jobs)) if jobs else []
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[ClientTransaction]:

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 
 import trio
 
+from ._enqueue import Job
 from .app import DATABASE_URL_ENV, App
 from .cli import load_app
-from .client import Client, Job
+from .client import Client
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.v import format_exception
 
 from .errors import PayloadError
 
@@ -23,7 +24,30 @@ MAX_DEPTH = 64
 # Python refuses to print an int of more than 4300 digits (sys.int_info); stay well below that.
 MAX_INT_BITS = 10_000
 
-converter = cattrs.Converter()
+# Strict structuring: unknown (misspelt) keys are refused, and a JSON value of the wrong type is
+# never coerced (cattrs' default would turn 2.7 into 2, true into 1 and 5 into "5"). An int is
+# accepted where a float is declared: JSON has one number type, and 5 is a valid float.
+converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+
+
+class StrictTypeError(TypeError):
+    """A JSON value of the wrong type for a payload field (never coerced)."""
+
+
+def _strict(kind: type) -> Any:
+    def structure_exactly(value: Any, _: Any) -> Any:
+        if type(value) is kind:
+            return value
+        if kind is float and type(value) is int:
+            return float(value)
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise StrictTypeError(f"expected {kind.__name__}, got {type(value).__name__} {shown}")
+
+    return structure_exactly
+
+
+for _kind in (int, float, str, bool):
+    converter.register_structure_hook(_kind, _strict(_kind))
 converter.register_unstructure_hook(datetime.datetime, lambda value: value.isoformat())
 converter.register_structure_hook(
     datetime.datetime, lambda value, _: datetime.datetime.fromisoformat(value)
@@ -78,6 +102,32 @@ def decode(text: str | None) -> Any:
 def structure(value: Any, cls: Any) -> Any:
     """Turn a stored JSON value into `cls` (an attrs class or any type cattrs knows)."""
     return converter.structure(value, cls)
+
+
+def structure_payload(value: Any, cls: Any, *, root: str = "$") -> Any:
+    """`structure`, but a misfit raises PayloadError naming every offending path."""
+    try:
+        return converter.structure(value, cls)
+    except Exception:
+        problems = structure_problems(value, cls, root=root)
+        raise PayloadError(root, f"does not fit {cls.__name__}: {'; '.join(problems)}") from None
+
+
+def structure_problems(value: Any, cls: Any, *, root: str = "$") -> list[str]:
+    """Every reason `value` does not structure into `cls`, each naming its path (empty: fits)."""
+    try:
+        converter.structure(value, cls)
+    except cattrs.BaseValidationError as exc:
+        return cattrs.transform_error(exc, path=root, format_exception=_describe)
+    except Exception as exc:  # a hook that raised outside a validation group
+        return [f"{exc} @ {root}"]
+    return []
+
+
+def _describe(exc: BaseException, kind: Any) -> str:
+    if isinstance(exc, StrictTypeError | ValueError):
+        return str(exc)
+    return format_exception(exc, kind)
 
 
 def _check(value: Any, path: str, depth: int) -> None:

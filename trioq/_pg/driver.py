@@ -69,6 +69,23 @@ def _text_array(values: Sequence[str]) -> str:
     return "{" + ",".join(f'"{value}"' for value in quoted) + "}"
 
 
+def insert_params(jobs: Sequence[NewJob]) -> Params:
+    """The parallel arrays of the job_insert_many statement (every producer sends these)."""
+    return {
+        "queues": [job.queue for job in jobs],
+        "tasks": [job.task for job in jobs],
+        "payloads": [job.payload_json for job in jobs],
+        "priorities": [job.priority for job in jobs],
+        "run_ats": [job.run_at for job in jobs],
+        "delays": [job.delay_seconds for job in jobs],
+        "partition_keys": [job.partition_key for job in jobs],
+        "dedup_keys": [job.dedup_key for job in jobs],
+        "max_attempts": [job.max_attempts for job in jobs],
+        "unique_fors": [job.unique_for_seconds for job in jobs],
+        "unique_states": [",".join(job.unique_states) for job in jobs],
+    }
+
+
 @attrs.define(eq=False)
 class PgTransaction:
     """The caller's transaction on one pooled connection (see `PgDriver.transaction`)."""
@@ -166,17 +183,7 @@ class PgDriver:
 
     async def _insert(self, conn: Connection, jobs: Sequence[NewJob]) -> list[InsertedJob]:
         self._calls["job_insert_many"] += 1
-        params = {
-            "queues": [job.queue for job in jobs],
-            "tasks": [job.task for job in jobs],
-            "payloads": [job.payload_json for job in jobs],
-            "priorities": [job.priority for job in jobs],
-            "run_ats": [job.run_at for job in jobs],
-            "delays": [job.delay_seconds for job in jobs],
-            "partition_keys": [job.partition_key for job in jobs],
-            "dedup_keys": [job.dedup_key for job in jobs],
-            "max_attempts": [job.max_attempts for job in jobs],
-        }
+        params = insert_params(jobs)
         with self._schema_required():
             rows = await conn.fetch(self._sql["job_insert_many"], params)
         return [InsertedJob(id=row[1], created=row[2]) for row in rows]

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .._core.codec import structure
+from .._core.codec import structure_payload
 from .._core.identifiers import validate_name
 from .._core.retry import RetryPolicy
 
@@ -37,7 +37,10 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: timeout must be > 0 seconds")
 
     def load_payload(self, payload: Any) -> Any:
-        return payload if self.payload_type is None else structure(payload, self.payload_type)
+        if self.payload_type is None:
+            return payload
+        # None for a class whose fields all have defaults (the producer accepted it).
+        return structure_payload({} if payload is None else payload, self.payload_type)
 
 
 def payload_type_of(handler: Handler) -> Any:

@@ -25,6 +25,14 @@ INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 -- row can be matched to its result even when a dedup key returns an existing job instead
 -- (two equi-joins, not one OR join: the OR made it a nested loop, 1.0 s for 5,000 rows). A key
 -- repeated inside one batch is inserted once; its later occurrences return that job.
+-- Uniqueness (docs/uniqueness.md): every row with a dedup_key is in the unique index
+-- jobs_dedup_key_idx, so the index alone decides conflicts, race-free. A key is released lazily,
+-- here, by the enqueue that wants it: `released` clears the key of a finished job that no longer
+-- holds it (not in its unique_states, or past its unique_until). It runs before the INSERT (the
+-- INSERT reads it), so the INSERT's unique check no longer sees that row. Two enqueuers racing
+-- for a released key: the second's UPDATE waits on the row lock, re-checks `dedup_key = key` on
+-- the new version (now NULL) and skips it; its INSERT then meets the first one's new row.
+-- With no keys in the batch, `released` is one probe of an empty array.
 -- ON CONFLICT DO UPDATE (not DO NOTHING) because it waits for a concurrent inserter of the same
 -- key and then *returns* that row; DO NOTHING would return nothing for a row our snapshot cannot
 -- see, the "ghost duplicate" of Oban #1087. The ready notification (one per queue) is sent by
@@ -33,19 +41,31 @@ WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id, t.*
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
                 %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[])
+                %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[],
+                %(unique_fors)s::float8[], %(unique_states)s::text[])
          WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
-                              dedup_key, max_attempts, ord)
+                              dedup_key, max_attempts, unique_for, unique_states, ord)
+),
+released AS (
+    UPDATE {schema}.jobs j SET dedup_key = NULL
+    WHERE j.dedup_key = ANY(%(dedup_keys)s::text[])
+      AND j.state IN ('completed', 'failed', 'cancelled')
+      AND NOT (j.state = ANY(j.unique_states)
+               AND (j.unique_until IS NULL OR j.unique_until > {schema}.db_now()))
+    RETURNING j.id
 ),
 inserted AS (
     INSERT INTO {schema}.jobs AS j (id, queue, task, payload, priority, run_at, partition_key,
-                                   dedup_key, max_attempts, created_at)
+                                   dedup_key, max_attempts, created_at, unique_states,
+                                   unique_until)
     SELECT new_id, queue, task, payload::jsonb, priority,
            coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second'),
-           partition_key, dedup_key, max_attempts, {schema}.db_now()
+           partition_key, dedup_key, max_attempts, {schema}.db_now(),
+           string_to_array(coalesce(unique_states, ''), ','),
+           {schema}.db_now() + unique_for * interval '1 second'
     FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence
           FROM input) AS first_of_key
-    WHERE dedup_key IS NULL OR occurrence = 1
+    WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) >= 0
     ORDER BY ord
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
     DO UPDATE SET dedup_key = excluded.dedup_key

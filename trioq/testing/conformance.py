@@ -366,11 +366,67 @@ async def check_dedup_key_returns_the_existing_job(driver: Driver, clock: Driver
     expect(first.created, True, "first insert of the key")
     expect((batch[1].id, batch[1].created), (first.id, False), "second insert of the key")
     expect(batch[0].created, True, "the other job of the batch")
+    await claim(driver, limit=1)
+    [running] = await driver.job_insert_many([new_job(4, dedup_key="once")])
+    expect((running.id, running.created), (first.id, False), "the key of a running job")
+    expect((await record(driver, first.id)).payload, {"n": 1}, "payload of the deduped job")
+
+
+@conformance_check
+async def check_dedup_key_is_free_again_once_its_job_finished(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """By default a key is unique among unfinished jobs only: completed, failed or cancelled,
+    the next enqueue of the key creates a job (and the old job gives the key up)."""
+    [done] = await driver.job_insert_many([new_job(1, dedup_key="done")])
+    [failed] = await driver.job_insert_many([new_job(2, dedup_key="failed", max_attempts=1)])
+    [cancelled] = await driver.job_insert_many([new_job(3, dedup_key="cancelled")])
+    await driver.job_cancel(cancelled.id)
+    claimed = {job.id: job for job in await claim(driver, limit=2)}
+    await complete(driver, claimed[done.id].lease)
+    await fail(driver, claimed[failed.id].lease, None)
+    again = await driver.job_insert_many(
+        [new_job(4, dedup_key=key) for key in ("done", "failed", "cancelled")]
+    )
+    expect([row.created for row in again], [True] * 3, "created after the holder finished")
+    expect((await record(driver, done.id)).dedup_key, None, "the finished job's key")
+    expect((await record(driver, again[0].id)).dedup_key, "done", "the new job's key")
+    [repeat] = await driver.job_insert_many([new_job(5, dedup_key="done")])
+    expect((repeat.id, repeat.created), (again[0].id, False), "the new job holds the key")
+
+
+@conformance_check
+async def check_unique_states_keep_the_key_held_after_finishing(
+    driver: Driver, clock: DriverClock
+) -> None:
+    keep = {"unique_states": ("completed",)}
+    [first] = await driver.job_insert_many([new_job(1, dedup_key="k", **keep)])
     [job] = await claim(driver, limit=1)
     await complete(driver, job.lease)
-    [after] = await driver.job_insert_many([new_job(4, dedup_key="once")])
-    expect((after.id, after.created), (first.id, False), "the key of a finished job")
-    expect((await record(driver, first.id)).payload, {"n": 1}, "payload of the deduped job")
+    await clock.advance(10 * 86400)
+    [after] = await driver.job_insert_many([new_job(2, dedup_key="k", **keep)])
+    expect((after.id, after.created), (first.id, False), "a completed job named in the states")
+
+
+@conformance_check
+async def check_unique_for_holds_the_key_for_the_period_then_frees_it(
+    driver: Driver, clock: DriverClock
+) -> None:
+    period = {"unique_for_seconds": 3600.0, "unique_states": ("completed",)}
+    [first] = await driver.job_insert_many([new_job(1, dedup_key="hourly", **period)])
+    [job] = await claim(driver, limit=1)
+    await complete(driver, job.lease)
+    await clock.advance(3500)
+    [within] = await driver.job_insert_many([new_job(2, dedup_key="hourly", **period)])
+    expect((within.id, within.created), (first.id, False), "within the period")
+    await clock.advance(101)
+    [after] = await driver.job_insert_many([new_job(3, dedup_key="hourly", **period)])
+    expect(after.created, True, "after the period")
+    [failed] = await driver.job_insert_many([new_job(4, dedup_key="f", max_attempts=1, **period)])
+    claimed = {job.id: job for job in await claim(driver, limit=2)}
+    await fail(driver, claimed[failed.id].lease, None)
+    [again] = await driver.job_insert_many([new_job(5, dedup_key="f", **period)])
+    expect(again.created, True, "a failed job does not hold a completed-only key")
 
 
 @conformance_check

@@ -1,0 +1,245 @@
+"""What every producer shares: task declarations, enqueue options, and the one validation and
+encoding path from (task, payloads, options) to the rows the `job_insert_many` statement writes.
+
+The trio `Client`, the sync and asyncio producers (`trioq.producer`) and the test helpers all
+build their rows here, so a payload or option refused by one is refused by all, with the same
+message, before any SQL runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from ._core import codec
+from ._core.errors import PayloadError
+from ._core.identifiers import validate_key, validate_name
+from ._driver import InsertedJob, NewJob
+
+# A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
+# SQL ("interval out of range"), aborting the caller's transaction.
+MAX_DELAY_SECONDS = 100 * 366 * 86400.0
+FINISHED_STATES = ("completed", "failed", "cancelled")
+UNFINISHED_STATES = ("scheduled", "ready", "running", "sleeping", "waiting")
+# With `unique_for` and no `unique_states`, a key stays taken by a *completed* job for the
+# period (Oban's default too): a failed or cancelled job never blocks doing the work again.
+DEFAULT_UNIQUE_FOR_STATES = ("completed",)
+
+
+class TaskLike(Protocol):
+    """What enqueueing needs to know about a task (a `TaskDeclaration` or a registered task)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def max_attempts(self) -> int: ...
+
+    @property
+    def payload_type(self) -> Any: ...
+
+
+@attrs.frozen
+class TaskDeclaration:
+    """A task's name, queue and defaults without its handler.
+
+    Declare it once in a module both sides import: the worker registers the handler with
+    `@app.task(SEND_REPLY)`, and a producer enqueues with `producer.enqueue(SEND_REPLY, ...)`
+    without importing the worker's code. `payload_type` (an attrs class) makes producers refuse
+    payloads that would not structure into it.
+    """
+
+    name: str = attrs.field(validator=lambda _, __, value: validate_name("task", value))
+    queue: str = attrs.field(
+        default="default", validator=lambda _, __, value: validate_name("queue", value)
+    )
+    max_attempts: int = 5
+    payload_type: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        _check_max_attempts(self.max_attempts)
+        if self.payload_type is not None and not (
+            isinstance(self.payload_type, type) and attrs.has(self.payload_type)
+        ):
+            raise TypeError(f"payload_type: {self.payload_type!r} is not an attrs class")
+
+
+def declare_task(
+    name: str, *, queue: str = "default", max_attempts: int = 5, payload_type: Any = None
+) -> TaskDeclaration:
+    """A `TaskDeclaration` (see there); the name reads well at module level."""
+    return TaskDeclaration(name, queue, max_attempts, payload_type)
+
+
+@attrs.frozen
+class Job:
+    """An enqueued job. `created` is False when its unique key returned an existing job."""
+
+    id: int
+    task: str
+    queue: str
+    created: bool = True
+
+
+@attrs.frozen
+class EnqueueOptions:
+    queue: str | None = None
+    run_at: datetime.datetime | None = None
+    delay: datetime.timedelta | float | None = None
+    priority: int = 0
+    partition_key: str | None = None
+    dedup_key: str | None = None
+    max_attempts: int | None = None
+    unique_for: datetime.timedelta | float | None = None
+    unique_states: Iterable[str] | None = None
+
+
+def build_jobs(
+    spec: TaskLike,
+    payloads: Sequence[Any],
+    options: EnqueueOptions,
+    *,
+    single: bool = False,
+    dedup_keys: Sequence[str | None] | None = None,
+) -> list[NewJob]:
+    """Validate options and encode payloads; raises before anything is written.
+
+    Errors name the field: `$.a.b` for a single payload, `[3].a.b` inside a batch. `dedup_keys`
+    gives each payload of a batch its own unique key (None: no key for that one).
+    """
+    queue = validate_name("queue", spec.queue if options.queue is None else options.queue)
+    _check_priority(options.priority)
+    max_attempts = spec.max_attempts if options.max_attempts is None else options.max_attempts
+    _check_max_attempts(max_attempts)
+    if options.run_at is not None and options.delay is not None:
+        raise ValueError("run_at, delay: give one or the other, not both")
+    if options.run_at is not None and options.run_at.tzinfo is None:
+        raise ValueError("run_at: must be timezone-aware (database time is UTC)")
+    delay = _seconds("delay", options.delay)
+    partition_key = validate_key("partition_key", options.partition_key)
+    keys = _dedup_keys(options.dedup_key, dedup_keys, len(payloads), single)
+    unique_for = _seconds("unique_for", options.unique_for)
+    unique_states = _unique_states(options.unique_states, unique_for, any(keys))
+    for index, payload in enumerate(payloads):
+        check_payload_type(spec, payload, "$" if single else f"[{index}]")
+    return [
+        NewJob(
+            queue=queue,
+            task=spec.name,
+            payload_json=codec.encode(payload, root="$" if single else f"[{index}]"),
+            priority=options.priority,
+            run_at=options.run_at,
+            delay_seconds=delay,
+            partition_key=partition_key,
+            dedup_key=key,
+            max_attempts=max_attempts,
+            unique_for_seconds=unique_for if key is not None else None,
+            unique_states=unique_states if key is not None else (),
+        )
+        for index, (payload, key) in enumerate(zip(payloads, keys, strict=True))
+    ]
+
+
+def _check_priority(priority: object) -> None:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -32768 <= priority <= 32767
+    ):
+        raise ValueError(f"priority: {priority!r} must be an integer in [-32768, 32767]")
+
+
+def _check_max_attempts(max_attempts: object) -> None:
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= 1000
+    ):
+        raise ValueError(f"max_attempts: {max_attempts!r} must be an integer in [1, 1000]")
+
+
+def _seconds(field: str, value: datetime.timedelta | float | None) -> float | None:
+    seconds: Any = value.total_seconds() if isinstance(value, datetime.timedelta) else value
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"{field}: {value!r} must be a timedelta or a number of seconds")
+    if not 0 <= seconds <= MAX_DELAY_SECONDS:  # also rejects NaN
+        raise ValueError(f"{field}: {value!r} must be a non-negative duration of at most 100 years")
+    return float(seconds)
+
+
+def _dedup_keys(
+    one: str | None, many: Sequence[str | None] | None, count: int, single: bool
+) -> list[str | None]:
+    if many is None:
+        key = validate_key("dedup_key", one)
+        if key is not None and count > 1:
+            raise ValueError(
+                "dedup_key: one key cannot be shared by a batch of several jobs "
+                "(give each its own with dedup_keys=[...])"
+            )
+        return [key] * count
+    if one is not None:
+        raise ValueError("dedup_key, dedup_keys: give one or the other, not both")
+    keys = list(many)
+    if len(keys) != count:
+        raise ValueError(f"dedup_keys: {len(keys)} keys for {count} payloads (one each)")
+    return [
+        validate_key("dedup_key" if single else f"dedup_keys[{index}]", key)
+        for index, key in enumerate(keys)
+    ]
+
+
+def _unique_states(
+    states: Iterable[str] | None, unique_for: float | None, has_key: bool
+) -> tuple[str, ...]:
+    """The FINISHED states in which a job keeps its key (unfinished states always do)."""
+    for field, value in (("unique_for", unique_for), ("unique_states", states)):
+        if value is not None and not has_key:
+            raise ValueError(f"{field}: applies to a dedup_key, and none was given")
+    if states is None:
+        return DEFAULT_UNIQUE_FOR_STATES if unique_for is not None else ()
+    if isinstance(states, str):
+        raise ValueError(f"unique_states: {states!r} must be a list of state names, not a string")
+    names = list(states)
+    for name in names:
+        if name not in FINISHED_STATES + UNFINISHED_STATES:
+            raise ValueError(
+                f"unique_states: {name!r} is not a job state "
+                f"(finished states: {', '.join(FINISHED_STATES)})"
+            )
+    return tuple(state for state in FINISHED_STATES if state in names)
+
+
+def check_payload_type(spec: TaskLike, payload: Any, root: str) -> None:
+    """A task whose payload is an attrs class refuses, at enqueue, JSON that would not structure
+    into it (the handler would only fail later, attempt after attempt), naming every path."""
+    cls = spec.payload_type
+    if cls is None or isinstance(payload, cls):
+        return
+    if payload is None:
+        required = [field.name for field in attrs.fields(cls) if field.default is attrs.NOTHING]
+        if not required:
+            return  # the handler gets the class built from its defaults
+        raise PayloadError(
+            root,
+            f"task {spec.name!r} needs a {cls.__name__} payload (required: {', '.join(required)}); "
+            f"none was given",
+        )
+    problems = codec.structure_problems(codec.to_json_value(payload), cls, root=root)
+    if problems:
+        raise PayloadError(root, f"does not fit {cls.__name__}: {'; '.join(problems)}")
+
+
+def to_jobs(jobs: Sequence[NewJob], inserted: Sequence[InsertedJob]) -> list[Job]:
+    return [
+        Job(id=row.id, task=job.task, queue=job.queue, created=row.created)
+        for job, row in zip(jobs, inserted, strict=True)
+    ]
