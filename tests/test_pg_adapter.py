@@ -4,10 +4,12 @@ research/driver.md, the randomised cancellation stress test, and pool recovery."
 from __future__ import annotations
 
 import collections
+import os
 import random
+import resource
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 
 import psycopg
 import psycopg.errors
@@ -510,3 +512,44 @@ async def test_open_pool_with_malformed_conninfo_raises_programming_error() -> N
     with trio.fail_after(10), pytest.raises(psycopg.ProgrammingError):
         async with open_pool("this is not a conninfo"):
             pass
+
+
+@contextmanager
+def low_descriptors_taken(above: int = 1100) -> Iterator[None]:
+    """Occupy every free descriptor below `above`, so the next socket gets a higher number."""
+    taken: list[int] = []
+    try:
+        while True:
+            fd = os.open(os.devnull, os.O_RDONLY)
+            taken.append(fd)
+            if fd >= above:
+                break
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+
+
+async def test_connection_on_a_descriptor_above_1024_is_checked_and_returned_to_the_pool(
+    pg_url: str,
+) -> None:
+    # select.select() raises ValueError for descriptors >= FD_SETSIZE (1024); the pool's
+    # "has the server hung up?" check used it, so such a connection was neither returned to the
+    # pool nor closed.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard > 1200, "the test needs > 1200 descriptors"
+    if soft != resource.RLIM_INFINITY and soft <= 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    try:
+        with low_descriptors_taken():
+            async with open_pool(pg_url, size=1) as pool:
+                async with pool.connection() as conn:
+                    assert conn._raw.fileno() > 1024
+                    pid = conn.backend_pid
+                    assert await conn.fetchval("SELECT 1") == 1
+                stats = pool.statistics()
+                assert (stats.idle, stats.in_use, stats.replaced_total) == (1, 0, 0)
+                async with pool.connection() as conn:
+                    assert conn.backend_pid == pid  # the same connection, reused
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

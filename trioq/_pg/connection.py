@@ -316,9 +316,12 @@ class Connection:
         try:
             # A terminated session first delivers its FATAL message, then end-of-file: a read
             # sees one or both, so read until nothing is left (a few reads at most).
+            # poll(), not select(): select() cannot watch a descriptor above FD_SETSIZE (1024),
+            # which a busy process reaches easily, and then raises ValueError.
+            poller = select.poll()
+            poller.register(raw.pgconn.socket, select.POLLIN)
             for _ in range(4):
-                readable, _, _ = select.select([raw.pgconn.socket], [], [], 0)
-                if not readable:
+                if not poller.poll(0):
                     break
                 raw.pgconn.consume_input()
         except (OSError, psycopg.OperationalError):
