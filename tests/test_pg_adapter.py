@@ -553,3 +553,71 @@ async def test_connection_on_a_descriptor_above_1024_is_checked_and_returned_to_
                     assert conn.backend_pid == pid  # the same connection, reused
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# --- trioq's statement timeouts are trioq's only ------------------------------------------------
+
+
+async def test_callers_transaction_and_migrations_run_under_the_servers_timeouts(
+    pg_url: str,
+) -> None:
+    conn = await connect(pg_url, statement_timeout=0.2, idle_in_transaction_session_timeout=0.3)
+    try:
+        assert await conn.fetchval("SHOW statement_timeout") == "200ms"
+        async with conn.transaction(trioq_timeouts=False):
+            assert await conn.fetchval("SHOW statement_timeout") == "0"
+            assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "0"
+            await conn.execute("SELECT pg_sleep(0.3)")  # longer than trioq's statement_timeout
+        async with conn.transaction():
+            assert await conn.fetchval("SHOW statement_timeout") == "200ms"
+        # back to trioq's values once the caller's transaction has ended
+        assert await conn.fetchval("SHOW statement_timeout") == "200ms"
+        assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "300ms"
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            await conn.execute("SELECT pg_sleep(0.5)")
+    finally:
+        await conn.close()
+
+
+async def test_timeouts_set_in_the_conninfo_options_win_inside_and_outside_transactions(
+    pg_url: str,
+) -> None:
+    conninfo = psycopg.conninfo.make_conninfo(pg_url, options="-c statement_timeout=7s")
+    conn = await connect(conninfo)
+    try:
+        assert await conn.fetchval("SHOW statement_timeout") == "7s"
+        assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "1min"
+        async with conn.transaction(trioq_timeouts=False):
+            assert await conn.fetchval("SHOW statement_timeout") == "7s"
+            assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "0"
+    finally:
+        await conn.close()
+
+
+async def test_driver_runs_migrations_and_client_transactions_without_trioqs_timeouts(
+    pg_url: str, pg_schema: str, observer: Connection
+) -> None:
+    from trioq._pg.driver import open_pg_driver
+
+    async with open_pg_driver(pg_url, pg_schema, pool_size=2, statement_timeout=0.1) as driver:
+        # A migration that has to wait longer than trioq's statement_timeout (here: for the
+        # migration lock another session holds) still runs to the end.
+        lock = "SELECT pg_advisory_lock(hashtext('trioq-migrate:' || %s))"
+        await observer.execute(lock, [pg_schema])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.migrate)
+            with trio.fail_after(10):
+                while not await observer.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND wait_event = 'advisory' AND query LIKE %s",
+                    ["%trioq-migrate:%"],
+                ):
+                    await trio.sleep(0.01)
+            await trio.sleep(0.3)  # the timeout (0.1 s) must have had time to fire
+            await observer.execute(
+                "SELECT pg_advisory_unlock(hashtext('trioq-migrate:' || %s))", [pg_schema]
+            )
+        async with driver.transaction() as tx:
+            assert await tx.fetch("SHOW statement_timeout") == [("0",)]
+            await tx.execute("SELECT pg_sleep(0.2)")
+        assert await driver.queue_status() == []

@@ -86,11 +86,14 @@ async def connect(
 ) -> Connection:
     """Open a connection (autocommit) to `conninfo`, a libpq URL or key=value string.
 
-    Session settings are sent in the startup packet: `statement_timeout`,
-    `idle_in_transaction_session_timeout` and `client_connection_check_interval` in seconds (None
-    leaves the server's default; the last needs PostgreSQL >= 14), and `application_name` (None:
-    the conninfo's, else "trioq"). TCP keepalives, `tcp_user_timeout` and a 10 s `connect_timeout`
-    are added unless the conninfo sets them. Settings in the conninfo's `options` win over these.
+    Settings, in seconds (None leaves the server's default): `client_connection_check_interval`
+    (PostgreSQL >= 14) and `application_name` (None: the conninfo's, else "trioq") go in the
+    startup packet; `statement_timeout` and `idle_in_transaction_session_timeout` are SET for the
+    session right after connecting, so they bound trioq's own statements while
+    `transaction(trioq_timeouts=False)` can hand the caller's SQL the server's, role's or
+    conninfo's values instead (`SET LOCAL ... TO DEFAULT`). TCP keepalives, `tcp_user_timeout`
+    and a 10 s `connect_timeout` are added unless the conninfo sets them. Settings in the
+    conninfo's `options` (or PGOPTIONS) win over all of these.
     `prepare_threshold=None` disables server-side prepared statements (PgBouncer < 1.21).
 
     A bad conninfo raises `psycopg.ProgrammingError`, a failed connection attempt
@@ -106,14 +109,59 @@ async def connect(
     raw = await open_raw_connection(
         session_params(conninfo, options), prepare_threshold=prepare_threshold
     )
-    return Connection(raw)
+    conn = Connection(raw)
+    try:
+        await _apply_statement_timeouts(conn, options)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+# Set for the session (not in the startup packet, whose values become what `SET ... TO DEFAULT`
+# restores), and only where the conninfo's options or PGOPTIONS (source 'client') did not set
+# the parameter themselves: theirs win.
+_SET_STATEMENT_TIMEOUTS = """
+SELECT count(set_config(s.name, v.setting, false))
+FROM (VALUES ('statement_timeout', %(statement_timeout)s::text),
+             ('idle_in_transaction_session_timeout', %(idle_timeout)s::text)) AS v(name, setting)
+JOIN pg_settings s ON s.name = v.name
+WHERE v.setting IS NOT NULL AND s.source <> 'client'
+"""
+# The caller's own transaction runs under the server's (or role's, or conninfo's) timeouts, not
+# trioq's: SET LOCAL ... TO DEFAULT means "as if the session had never SET it", until COMMIT.
+_BEGIN_WITH_DEFAULT_TIMEOUTS = (
+    "BEGIN; SET LOCAL statement_timeout TO DEFAULT; "
+    "SET LOCAL idle_in_transaction_session_timeout TO DEFAULT"
+)
+
+
+def _milliseconds(seconds: float | None) -> str | None:
+    return None if seconds is None else str(round(seconds * 1000))
+
+
+async def _apply_statement_timeouts(conn: Connection, options: ConnectOptions) -> None:
+    params = {
+        "statement_timeout": _milliseconds(
+            options.get("statement_timeout", DEFAULT_STATEMENT_TIMEOUT)
+        ),
+        "idle_timeout": _milliseconds(
+            options.get(
+                "idle_in_transaction_session_timeout", DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+            )
+        ),
+    }
+    if params["statement_timeout"] is None and params["idle_timeout"] is None:
+        return
+    await conn._run(partial(_execute, query=_SET_STATEMENT_TIMEOUTS, params=params), count=False)
 
 
 def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
-    """The libpq connection parameters for `conninfo` plus trioq's settings (see `connect()`).
+    """The libpq connection parameters for `conninfo` plus trioq's startup settings (see
+    `connect()`; the statement timeouts are not among them).
 
-    `options` missing a key means that key's default; `prepare_threshold` is not a libpq
-    parameter and is ignored here.
+    `options` missing a key means that key's default; `prepare_threshold` and the timeouts are
+    not startup parameters and are ignored here.
     """
     params: dict[str, Any] = conninfo_to_dict(conninfo)
     for key, (env_var, value) in _LIBPQ_DEFAULTS.items():
@@ -125,10 +173,6 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     elif "application_name" not in params and not os.environ.get("PGAPPNAME"):
         params["application_name"] = "trioq"
     settings = {
-        "statement_timeout": options.get("statement_timeout", DEFAULT_STATEMENT_TIMEOUT),
-        "idle_in_transaction_session_timeout": options.get(
-            "idle_in_transaction_session_timeout", DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT
-        ),
         "client_connection_check_interval": options.get(
             "client_connection_check_interval", DEFAULT_CLIENT_CONNECTION_CHECK_INTERVAL
         ),
@@ -232,8 +276,12 @@ class Connection:
         return None if row is None else row[0]
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
+    async def transaction(self, *, trioq_timeouts: bool = True) -> AsyncIterator[None]:
         """`BEGIN` ... `COMMIT`, or `ROLLBACK` if the block raises or is cancelled.
+
+        With `trioq_timeouts=False` the transaction runs under the `statement_timeout` and
+        `idle_in_transaction_session_timeout` the session would have without trioq's (the
+        server's, role's or conninfo's): for the caller's own SQL and for migrations.
 
         COMMIT is shielded (a cancelled COMMIT would have an unknown outcome) and bounded by
         `COMMIT_TIMEOUT`; if it times out the connection is closed and `psycopg.OperationalError`
@@ -248,7 +296,7 @@ class Connection:
         try:
             try:
                 # BEGIN inside the try: cancelled while in flight, it may still have run.
-                await self.execute("BEGIN")
+                await self.execute("BEGIN" if trioq_timeouts else _BEGIN_WITH_DEFAULT_TIMEOUTS)
                 yield
                 if self._raw.info.transaction_status == pq.TransactionStatus.INERROR:
                     raise psycopg.errors.InFailedSqlTransaction(
@@ -328,12 +376,12 @@ class Connection:
             return False
         return raw.pgconn.status == pq.ConnStatus.OK
 
-    async def _run(self, call: Callable[[RawConnection], T]) -> T:
+    async def _run(self, call: Callable[[RawConnection], T], *, count: bool = True) -> T:
         if self._busy:
             raise trio.BusyResourceError("another task is using this connection")
         self._busy = True
         try:
-            self._statements_executed += 1
+            self._statements_executed += count
             return await run_blocking(
                 partial(call, self._raw), cancel_on_server=self._cancel_on_server
             )

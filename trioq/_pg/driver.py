@@ -164,7 +164,8 @@ class PgDriver:
     async def migrate(self) -> list[int]:
         """Apply missing migrations under an advisory lock; returns the versions applied."""
         applied: list[int] = []
-        async with self._pool.connection() as conn, conn.transaction():
+        # Migrations may run long (an index build on a big table): not under trioq's timeouts.
+        async with self._pool.connection() as conn, conn.transaction(trioq_timeouts=False):
             await conn.execute(self._sql["migration_lock"], {"schema_name": self.schema})
             await conn.execute(self._sql["migration_prepare"])
             done = {row[0] for row in await conn.fetch(self._sql["migration_applied"])}
@@ -322,8 +323,10 @@ class PgDriver:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PgTransaction]:
-        """BEGIN on a pooled connection; COMMIT on success, ROLLBACK on any exception."""
-        async with self._pool.connection() as conn, conn.transaction():
+        """BEGIN on a pooled connection; COMMIT on success, ROLLBACK on any exception.
+
+        The caller's SQL runs under the server's statement timeouts, not trioq's."""
+        async with self._pool.connection() as conn, conn.transaction(trioq_timeouts=False):
             yield PgTransaction(self, conn)
 
     @asynccontextmanager
