@@ -16,6 +16,7 @@ import psycopg.errors
 import pytest
 import trio
 
+from tests.support import wait_until
 from trioq._pg import Connection, connect, is_connection_lost, open_pool
 
 # A cancelled pg_sleep(5) must come back well before the sleep would have ended.
@@ -606,13 +607,18 @@ async def test_driver_runs_migrations_and_client_transactions_without_trioqs_tim
         await observer.execute(lock, [pg_schema])
         async with trio.open_nursery() as nursery:
             nursery.start_soon(driver.migrate)
+
+            async def migrate_is_blocked() -> bool:
+                return bool(
+                    await observer.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND wait_event = 'advisory' AND query LIKE %s",
+                        ["%trioq-migrate:%"],
+                    )
+                )
+
             with trio.fail_after(10):
-                while not await observer.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND wait_event = 'advisory' AND query LIKE %s",
-                    ["%trioq-migrate:%"],
-                ):
-                    await trio.sleep(0.01)
+                await wait_until(migrate_is_blocked)
             await trio.sleep(0.3)  # the timeout (0.1 s) must have had time to fire
             await observer.execute(
                 "SELECT pg_advisory_unlock(hashtext('trioq-migrate:' || %s))", [pg_schema]
