@@ -72,3 +72,51 @@ async def test_payload_at_the_limit_is_stored_inside_the_callers_transaction(
     assert await scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.notes") == 1
     stored = await scalar(pg_url, f"SELECT payload FROM {pg_schema}.jobs WHERE id = %s", (job.id,))
     assert stored == payload
+
+
+# --- job ids ------------------------------------------------------------------------------------
+
+NOT_JOB_IDS: list[Any] = ["1; DROP TABLE jobs", "x", "1", None, 1.5, True, 0, -1, 2**63, [1]]
+
+
+async def test_wrong_typed_job_ids_raise_a_clear_error_before_any_sql(
+    pg_url: str, pg_schema: str
+) -> None:
+    # Before: psycopg's "invalid input syntax for type bigint", a TypeError from int(None)
+    # inside the result watcher, or a NumericValueOutOfRange from the server.
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> None:
+        return None
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("noop", {})
+        calls = dict(client.driver.statistics().calls)
+        for bad in NOT_JOB_IDS:
+            for call in (
+                client.get_job,
+                client.attempts,
+                client.cancel,
+                lambda job_id: client.wait_result(job_id, timeout=0),
+                lambda job_id: client.wait_final(job_id, timeout=0),
+            ):
+                with pytest.raises(ValueError, match=r"^job_id: .* is not a job id"):
+                    await call(bad)
+        assert dict(client.driver.statistics().calls) == calls
+        assert (await client.get_job(job.id)).state == "ready"
+        with pytest.raises(ValueError, match=r"^timeout: "):
+            await client.wait_result(job.id, timeout=float("nan"))
+
+
+def test_cli_json_nested_10000_levels_is_a_usage_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trioq.cli import main
+
+    deep = "[" * 10_000 + "]" * 10_000
+    assert main(["enqueue", "tests.fault_app:app", "work", deep]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trioq: JSON: nested too deeply") and err.count("\n") == 1
+    assert main(["enqueue", "tests.fault_app:app", "work", "{not json"]) == 2
+    assert capsys.readouterr().err.startswith("trioq: JSON: not valid JSON")

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import trio
 
+from ._core import codec
 from ._core.errors import TrioqError
 from ._core.identifiers import validate_schema
 from ._runtime.health import serve_health
@@ -118,7 +119,11 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"JSON: not valid JSON: {exc}") from None
+        raise ValueError(f"JSON: not valid JSON: {exc}") from None
+    except RecursionError:  # the decoder recurses once per level: thousands of levels overflow
+        raise ValueError(
+            f"JSON: nested too deeply (payloads may nest at most {codec.MAX_DEPTH} levels)"
+        ) from None
     async with app.client() as client:
         job = await client.enqueue(
             args.task,

@@ -14,6 +14,7 @@ import trio
 
 from ._core.channels import result_channel
 from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
+from ._core.identifiers import validate_job_id
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
@@ -226,13 +227,13 @@ class Client:
             yield ClientTransaction(tx, self._enqueuer)
 
     async def get_job(self, job_id: int) -> JobRecord:
-        record = await self.driver.job_get(job_id)
+        record = await self.driver.job_get(validate_job_id(job_id))
         if record is None:
             raise JobNotFound(f"job_id: no job {job_id}")
         return record
 
     async def attempts(self, job_id: int) -> list[AttemptRecord]:
-        return await self.driver.job_attempts(job_id)
+        return await self.driver.job_attempts(validate_job_id(job_id))
 
     async def wait_result(self, job_id: int, timeout: float | None = 30.0) -> Any:
         """Wait until the job is final; return its result, or raise JobFailed.
@@ -247,6 +248,9 @@ class Client:
 
     async def wait_final(self, job_id: int, timeout: float | None = 30.0) -> JobRecord:
         """Wait until the job reaches a final state and return its record."""
+        validate_job_id(job_id)
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout >= 0):
+            raise ValueError(f"timeout: {timeout!r} must be None or a number of seconds >= 0")
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         event = await self._watcher.watch(job_id)
         try:
@@ -267,7 +271,7 @@ class Client:
     async def cancel(self, job_id: int) -> str:
         """Cancel a job: a ready job at once; a running one through its handler's cancel scope
         (its worker records `cancelled`). Returns the state after the request."""
-        outcome = await self.driver.job_cancel(job_id)
+        outcome = await self.driver.job_cancel(validate_job_id(job_id))
         if outcome is None:
             raise JobNotFound(f"job_id: no job {job_id}")
         return outcome.state

@@ -57,6 +57,17 @@ def validate_key(field: str, key: object) -> str | None:
     return key
 
 
+MAX_JOB_ID = 2**63 - 1  # bigint
+
+
+def validate_job_id(job_id: object, field: str = "job_id") -> int:
+    """Return `job_id` if it is a job id (a positive int in bigint range), else raise ValueError
+    naming the field: a string, None or a float never reaches the driver."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= MAX_JOB_ID:
+        raise ValueError(f"{field}: {job_id!r} is not a job id (a positive integer)")
+    return job_id
+
+
 def _is_encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
