@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 import trio
 
 import trioq
+import trioq.client
 from tests.support import Gate, make_app, running_worker, scalar, wait_until
 
 
@@ -365,3 +367,34 @@ async def test_results_with_quotes_backslashes_and_braces_round_trip(
         jobs = await client.enqueue_many("echo", [tricky, "plain", None, 7])
         with trio.fail_after(10):
             assert [await client.wait_result(job.id) for job in jobs] == [tricky, "plain", None, 7]
+
+
+async def test_handler_waiting_for_a_result_shares_the_workers_listen_connection(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented budget is one LISTEN connection per process: a handler calling
+    `wait_result` through `app.client()` borrows the worker's instead of opening a second."""
+    monkeypatch.setattr(trioq.client, "RESULT_POLL_SECONDS", 60.0)  # only a NOTIFY can wake it
+    app = make_app(pg_url, pg_schema)
+    listen_sessions = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s"
+    pattern = f'LISTEN "{pg_schema}\\_%'
+
+    @app.task("child")
+    async def child(ctx: trioq.Context, payload: dict[str, int]) -> int:
+        return payload["n"] * 2
+
+    @app.task("parent")
+    async def parent(ctx: trioq.Context, payload: dict[str, int]) -> tuple[int, int]:
+        async with app.client() as inner:
+            job = await inner.enqueue("child", payload)
+            doubled = await inner.wait_result(job.id, timeout=None)
+        return doubled, await scalar(pg_url, listen_sessions, (pattern,))
+
+    async with app.client(migrate=True) as client, running_worker(app, poll_interval=60):
+        job = await client.enqueue("parent", {"n": 21})
+        with trio.fail_after(10):
+            doubled, listeners = await client.wait_result(job.id)
+        assert (doubled, listeners) == (42, 1)
+        assert client._watcher.statistics() == trioq.client.ResultWatcherStatistics(
+            own_listener=False, borrowed_listener=True
+        )

@@ -170,6 +170,8 @@ class App:
             tasks=dict(self.tasks),
             config=worker_config,
             hooks=hooks or WorkerHooks(),
+            # handlers' wait_result shares the worker's LISTEN connection (no second one)
+            listener_guest=client._watcher,
         )
 
     async def run_worker(

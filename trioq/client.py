@@ -92,21 +92,40 @@ class ClientTransaction:
         return to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
 
 
+@attrs.frozen
+class ResultWatcherStatistics:
+    own_listener: bool  # this client opened a LISTEN connection of its own
+    borrowed_listener: bool  # it uses a running worker's
+
+
 @attrs.define(eq=False)
 class _ResultWatcher:
-    """One listener per client, opened on the first wait_result; wakes waiters by job id."""
+    """Wakes `wait_result` callers by job id from result notifications.
+
+    Inside a worker's process it borrows the worker's LISTEN connection (the worker calls
+    `adopt`/`release`), so handlers that wait for results cost no connection; otherwise it opens
+    one listener per client, on the first wait."""
 
     driver: Driver
     nursery: trio.Nursery
     listener: Listener | None = None
+    borrowed: Listener | None = None
     waiters: dict[int, list[trio.Event]] = attrs.field(factory=dict)
     _opening: trio.Lock = attrs.field(factory=trio.Lock)
 
+    def statistics(self) -> ResultWatcherStatistics:
+        return ResultWatcherStatistics(
+            own_listener=self.listener is not None, borrowed_listener=self.borrowed is not None
+        )
+
     async def watch(self, job_id: int) -> trio.Event:
-        async with self._opening:
-            if self.listener is None:
-                self.listener = await self.nursery.start(self._run)
-        await self.listener.listen(result_channel(self.driver.schema, job_id))
+        listener = self.borrowed
+        if listener is None:
+            async with self._opening:
+                if self.listener is None:
+                    self.listener = await self.nursery.start(self._run)
+            listener = self.listener
+        await listener.listen(result_channel(self.driver.schema, job_id))
         # Registered after the last await: a cancelled watch leaves no waiter behind. The caller
         # reads the job's state after this returns, so a notification sent before it is not lost.
         event = trio.Event()
@@ -126,6 +145,25 @@ class _ResultWatcher:
         async with self.driver.open_listener(self._on_notify, self._wake_all) as listener:
             task_status.started(listener)
             await trio.sleep_forever()
+
+    # --- borrowing a worker's listener (see ListenerGuest) ----------------------------------
+
+    def adopt(self, listener: Listener) -> None:
+        if self.listener is None:  # a client already listening keeps its own connection
+            self.borrowed = listener
+
+    def release(self, listener: Listener) -> None:
+        if self.borrowed is listener:
+            self.borrowed = None
+            self._wake_all()  # waiters re-subscribe, on a listener of their own
+
+    def on_notify(self, channel: str, payload: str) -> None:
+        if self.borrowed is not None:
+            self._on_notify(channel, payload)
+
+    def on_reconnect(self) -> None:
+        if self.borrowed is not None:
+            self._wake_all()
 
     def _on_notify(self, channel: str, payload: str) -> None:
         for part in payload.split(","):

@@ -14,6 +14,7 @@ import random
 import socket
 import uuid
 from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 import trio
@@ -39,6 +40,20 @@ log = logging.getLogger("trioq.worker")
 # A worker holding no leases only heartbeats (for `trioq status` and stale-worker pruning): every
 # 30 s instead of every lease/3 keeps an idle worker at about one statement per poll interval.
 IDLE_HEARTBEAT_SECONDS = 30.0
+
+
+class ListenerGuest(Protocol):
+    """Someone in the worker's process that would otherwise open a LISTEN connection of its own
+    (the client's result watcher, when handlers call `wait_result`): while the worker runs it
+    borrows the worker's listener and gets every notification the worker does not consume."""
+
+    def adopt(self, listener: Listener) -> None: ...
+
+    def release(self, listener: Listener) -> None: ...
+
+    def on_notify(self, channel: str, payload: str) -> None: ...
+
+    def on_reconnect(self) -> None: ...
 
 
 @attrs.frozen
@@ -95,6 +110,7 @@ class Worker:
     hooks: WorkerHooks = attrs.field(factory=WorkerHooks)
     worker_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
     metrics: WorkerMetrics = attrs.field(factory=WorkerMetrics)
+    listener_guest: ListenerGuest | None = None
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
     _ready_channels: set[str] = attrs.field(factory=set)
@@ -164,6 +180,8 @@ class Worker:
                 for channel in [*self._ready_channels, control_channel(self.driver.schema)]:
                     await listener.listen(channel)
                 self._listener = listener
+                if self.listener_guest is not None:
+                    self.listener_guest.adopt(listener)
                 loops_scope = trio.CancelScope()
                 async with trio.open_nursery() as services:
                     services.start_soon(self._renew_leases)
@@ -177,6 +195,8 @@ class Worker:
                             task_status.started(self)
                     services.cancel_scope.cancel()
         finally:
+            if self.listener_guest is not None and self._listener is not None:
+                self.listener_guest.release(self._listener)
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
                     await self.driver.worker_unregister(self.worker_id)
@@ -215,10 +235,15 @@ class Worker:
             return
         if channel == control_channel(self.driver.schema):
             self._cancel_job(payload)
+            return
+        if self.listener_guest is not None:
+            self.listener_guest.on_notify(channel, payload)
 
     def _on_reconnect(self) -> None:
         for loop in self.loops.values():
             loop.wake()  # catch up on notifications missed while disconnected
+        if self.listener_guest is not None:
+            self.listener_guest.on_reconnect()
 
     def _cancel_job(self, payload: str) -> None:
         try:
