@@ -13,6 +13,8 @@ from psycopg import sql
 from trioq._pg import Connection, connect
 from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
 
+pytest_plugins = ["pytester"]
+
 SESSION_CLUSTER_SETTINGS = EmbeddedSettings(
     max_connections=300, shared_preload_libraries=("pg_stat_statements",)
 )
@@ -27,6 +29,12 @@ def pg_url() -> Iterator[str]:
         return
     with EmbeddedPostgres(settings=SESSION_CLUSTER_SETTINGS) as cluster:
         yield cluster.conninfo
+
+
+@pytest.fixture(scope="session")
+def trioq_database_url(pg_url: str) -> str:
+    """The trioq pytest plugin's fixtures use the session's cluster (no second one)."""
+    return pg_url
 
 
 @pytest.fixture

@@ -102,6 +102,19 @@ class WorkerRegistration:
     concurrency: int
 
 
+@attrs.frozen
+class JobFilter:
+    """Which jobs `job_list` returns (None: any), newest first, keyset-paged by `before_id`."""
+
+    states: tuple[str, ...] | None = None
+    tasks: tuple[str, ...] | None = None
+    queues: tuple[str, ...] | None = None
+    partition_key: str | None = None
+    older_than_seconds: float | None = None  # created more than this long ago
+    before_id: int | None = None  # the page after the one that ended with this id
+    limit: int = 50
+
+
 # --- records --------------------------------------------------------------------------------
 
 
@@ -292,6 +305,8 @@ class Driver(Protocol):
     async def job_get(self, job_id: int) -> JobRecord | None: ...
 
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]: ...
+
+    async def job_list(self, params: JobFilter) -> list[JobRecord]: ...
 
     async def worker_register(self, params: WorkerRegistration) -> None: ...
 

@@ -41,6 +41,7 @@ from ._driver import (
     DriverStatistics,
     Failure,
     InsertedJob,
+    JobFilter,
     JobRecord,
     Lease,
     MaintenancePass,
@@ -618,6 +619,15 @@ class MemoryDriver:
         row = self._rows.get(job_id)
         return None if row is None else _job_record(row)
 
+    async def job_list(self, params: JobFilter) -> list[JobRecord]:
+        now = await self._statement("job_list")
+        found = [
+            _job_record(row)
+            for row in sorted(self._rows.values(), key=lambda row: -row.id)
+            if _matches(row, params, now)
+        ]
+        return found[: params.limit]
+
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
         await self._statement("job_attempts")
         return list(self._attempts.get(job_id, ()))
@@ -734,6 +744,20 @@ def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
         unique_until=None
         if job.unique_for_seconds is None or job.dedup_key is None
         else now + job.unique_for_seconds * _SECOND,
+    )
+
+
+def _matches(row: _Row, params: JobFilter, now: datetime.datetime) -> bool:
+    return (
+        (params.states is None or row.state in params.states)
+        and (params.tasks is None or row.task in params.tasks)
+        and (params.queues is None or row.queue in params.queues)
+        and (params.partition_key is None or row.partition_key == params.partition_key)
+        and (
+            params.older_than_seconds is None
+            or row.created_at < now - params.older_than_seconds * _SECOND
+        )
+        and (params.before_id is None or row.id < params.before_id)
     )
 
 

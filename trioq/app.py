@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import importlib
 import os
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +27,31 @@ DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
 
 class ConfigurationError(TrioqError):
     """The app is missing something it needs (a database URL, an open client)."""
+
+
+def load_app(path: str) -> App:
+    """Import `module:attribute` (the current directory is importable) and return the App.
+
+    Raises ConfigurationError naming what is wrong (the CLI prints it as one line).
+    """
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"APP_PATH: {path!r} must look like module:attribute")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"APP_PATH: cannot import module {module_name!r} ({exc}); run from the directory "
+            f"that contains it or install it"
+        ) from exc
+    app = getattr(module, attribute, None)
+    if app is None:
+        raise ConfigurationError(f"APP_PATH: module {module_name!r} has no attribute {attribute!r}")
+    if not isinstance(app, App):
+        raise ConfigurationError(f"APP_PATH: {path!r} is a {type(app).__name__}, not a trioq.App")
+    return app
 
 
 class App:
@@ -84,6 +111,26 @@ class App:
             return handler
 
         return register
+
+    def with_database(self, database_url: str | None, schema: str | None = None) -> App:
+        """A copy of this app (same tasks) on another database or schema; tests use it to run
+        the real app on a throwaway schema. The copy has its own client."""
+        copy = App(database_url, schema or self.schema, pool_size=self.pool_size)
+        for name, value in vars(self).items():
+            if name not in ("schema", "database_url", "pool_size", "_client_var"):
+                setattr(copy, name, dict(value) if isinstance(value, dict) else value)
+        return copy
+
+    def current_client(self) -> Client | None:
+        """The client `app.client()` opened in this task (or the task that started it)."""
+        return self._client_var.get()
+
+    @asynccontextmanager
+    async def isolated_client(self, driver: Driver) -> AsyncIterator[Client]:
+        """A client on `driver` even inside another `app.client()` block (test helpers run a
+        job on a private in-memory driver this way)."""
+        async with self._hosting_listener(driver) as client:
+            yield client
 
     def resolve_database_url(self) -> str:
         url = self.database_url or os.environ.get(DATABASE_URL_ENV)

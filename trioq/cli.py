@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -20,26 +18,9 @@ from ._core.errors import TrioqError
 from ._core.identifiers import validate_schema
 from ._runtime.health import serve_health
 from ._runtime.worker import Worker
-from .app import DATABASE_URL_ENV, App
+from .app import DATABASE_URL_ENV, App, load_app
 
 log = logging.getLogger("trioq.cli")
-
-
-def load_app(path: str) -> App:
-    """Import `module:attribute` (the current directory is importable) and return the App."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise SystemExit(f"APP_PATH: {path!r} must look like module:attribute")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise SystemExit(f"APP_PATH: cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attribute, None)
-    if not isinstance(app, App):
-        raise SystemExit(f"APP_PATH: {path!r} is not a trioq.App")
-    return app
 
 
 def _with_url(app: App, args: argparse.Namespace) -> App:

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 import trio
 
 from ._enqueue import Job
-from .app import DATABASE_URL_ENV, App
-from .cli import load_app
+from .app import DATABASE_URL_ENV, App, load_app
 from .client import Client
 
 

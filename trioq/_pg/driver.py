@@ -30,6 +30,7 @@ from .._driver import (
     DriverStatistics,
     Failure,
     InsertedJob,
+    JobFilter,
     JobRecord,
     Lease,
     MaintenancePass,
@@ -282,6 +283,24 @@ class PgDriver:
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
         rows = await self._retrying("job_attempts", {"id": job_id})
         return [AttemptRecord(*row) for row in rows]
+
+    async def job_list(self, params: JobFilter) -> list[JobRecord]:
+        def optional(values: tuple[str, ...] | None) -> list[str] | None:
+            return None if values is None else list(values)
+
+        rows = await self._retrying(
+            "job_list",
+            {
+                "states": optional(params.states),
+                "tasks": optional(params.tasks),
+                "queues": optional(params.queues),
+                "partition_key": params.partition_key,
+                "older_than": params.older_than_seconds,
+                "before_id": params.before_id,
+                "limit": params.limit,
+            },
+        )
+        return [JobRecord(*row) for row in rows]
 
     # --- workers and status ---------------------------------------------------------------
 

@@ -404,6 +404,24 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        max_attempts, worker_id, result, error, created_at, started_at, finished_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
+-- name: job_list
+-- Inspection (`trioq jobs`, trioq.testing.enqueued_jobs): newest first, keyset-paged by id
+-- (`before_id`), every filter optional (NULL: any). A backward scan of the primary key with the
+-- filters applied on the fly: an operator's read, not a hot path, so it needs no index of its
+-- own; the LIMIT bounds it when the filters match often.
+SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
+       max_attempts, worker_id, result, error, created_at, started_at, finished_at
+FROM {schema}.jobs
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(partition_key)s::text IS NULL OR partition_key = %(partition_key)s::text)
+  AND (%(older_than)s::float8 IS NULL
+       OR created_at < {schema}.db_now() - %(older_than)s::float8 * interval '1 second')
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
 -- name: job_attempts
 SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at
 FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
@@ -446,6 +464,12 @@ FROM {schema}.workers w ORDER BY w.started_at;
 
 -- name: ready_channels
 SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
+
+-- name: schema_drop
+-- Test fixtures drop their throwaway schema; a lock held by a leaked session fails the drop
+-- after 10 s instead of hanging the test run.
+SET lock_timeout = '10s';
+DROP SCHEMA IF EXISTS {schema} CASCADE;
 
 -- name: test_clock_install
 -- Test-only time travel (trioq.testing.SqlClock): db_now() becomes the real time plus an offset

@@ -1,5 +1,6 @@
-"""Public test helpers for trioq users and trioq's own tests."""
+"""Public test helpers for trioq users (see docs/testing.md) and trioq's own tests."""
 
+from .._memory import MemoryDriver
 from .conformance import (
     CHECKS,
     ConformanceCheck,
@@ -9,13 +10,28 @@ from .conformance import (
     SqlClock,
     flush_notifications,
 )
+from .helpers import (
+    DrainResult,
+    assert_enqueued,
+    drain,
+    enqueued_jobs,
+    refute_enqueued,
+    run_job,
+)
 
 __all__ = [
     "CHECKS",
     "ConformanceCheck",
+    "DrainResult",
     "DriverClock",
     "ManualClock",
+    "MemoryDriver",
     "NotificationRecorder",
     "SqlClock",
+    "assert_enqueued",
+    "drain",
+    "enqueued_jobs",
     "flush_notifications",
+    "refute_enqueued",
+    "run_job",
 ]

@@ -33,6 +33,7 @@ from .._driver import (
     Completion,
     Driver,
     Failure,
+    JobFilter,
     JobRecord,
     Lease,
     Listener,
@@ -354,6 +355,28 @@ async def check_enqueue_batch_returns_one_result_per_job_in_order(
     payloads = [(await record(driver, row.id)).payload for row in inserted]
     expect(payloads, [{"n": n} for n in range(4)], "payloads by returned id")
     expect(await driver.job_insert_many([]), [], "an empty batch")
+
+
+@conformance_check
+async def check_job_list_filters_and_pages_newest_first(driver: Driver, clock: DriverClock) -> None:
+    old = await enqueue(driver, new_job(0), new_job(1, task="other", partition_key="p"))
+    await clock.advance(120)
+    new = await enqueue(driver, new_job(2, queue="mail"), new_job(3))
+    await driver.job_cancel(new[1])
+
+    async def listed(**fields: Any) -> list[int]:
+        return [job.id for job in await driver.job_list(JobFilter(**fields))]
+
+    expect(await listed(), [new[1], new[0], old[1], old[0]], "everything, newest first")
+    expect(await listed(limit=2), [new[1], new[0]], "the first page")
+    expect(await listed(limit=2, before_id=new[0]), [old[1], old[0]], "the next page")
+    expect(await listed(states=("cancelled",)), [new[1]], "by state")
+    expect(await listed(tasks=("other",)), [old[1]], "by task")
+    expect(await listed(queues=("mail",)), [new[0]], "by queue")
+    expect(await listed(partition_key="p"), [old[1]], "by partition key")
+    expect(await listed(older_than_seconds=60), [old[1], old[0]], "by age")
+    [first] = await driver.job_list(JobFilter(limit=1, before_id=old[1]))
+    expect((first.id, first.payload, first.state), (old[0], {"n": 0}, "ready"), "the record")
 
 
 # --- dedup ----------------------------------------------------------------------------------
