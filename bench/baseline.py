@@ -214,7 +214,7 @@ async def enqueue_singles(dsn: str, schema: str, seconds: float) -> float:
 
 
 async def enqueue_paced(dsn: str, schema: str, seconds: float, every: float) -> dict[int, float]:
-    """One `probe` insert every `every` seconds; job id -> time.time() after its commit."""
+    """One `probe` insert every `every` seconds; job id -> time.time() as its call began."""
     conn = await asyncpg.connect(dsn)
     insert = await conn.prepare(INSERT_SQL.format(schema=schema))
     committed: dict[int, float] = {}
@@ -222,8 +222,9 @@ async def enqueue_paced(dsn: str, schema: str, seconds: float, every: float) -> 
     start = loop.time()
     for tick in range(round(seconds / every)):
         await asyncio.sleep(max(0.0, start + tick * every - loop.time()))
+        called = time.time()  # the enqueue call is part of the pickup latency
         rows = await insert.fetch("default", "probe", "{}")
-        committed[rows[0]["id"]] = time.time()
+        committed[rows[0]["id"]] = called
     await conn.close()
     return committed
 

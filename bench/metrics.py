@@ -123,7 +123,7 @@ def metrics(sizes: Sizes) -> list[Metric]:
             Metric(
                 "pickup_latency",
                 f"{p}_ms",
-                f"idle worker, commit -> handler start {p}",
+                f"idle worker, enqueue call -> handler start {p}",
                 "ms",
                 baseline=None if p == "max" else f"pickup_{p}_ms",
                 target=at_most(1.3, "<= 1.3x raw", on_ratio=True) if p == "p95" else None,
@@ -134,7 +134,7 @@ def metrics(sizes: Sizes) -> list[Metric]:
         *[
             Metric("pickup_latency", f"{part}_{p}_ms", f"{label} {p}", "ms")
             for part, label in (
-                ("commit_to_claim", "  commit -> claim statement start"),
+                ("commit_to_claim", "  enqueue call -> claim statement start"),
                 ("claim_to_handler", "  claim statement start -> handler"),
             )
             for p in ("p50", "p95")
@@ -271,7 +271,7 @@ def metrics(sizes: Sizes) -> list[Metric]:
             Metric(
                 "baseline",
                 f"pickup_{p}_ms",
-                f"raw loop (LISTEN), commit -> handler start {p}",
+                f"raw loop (LISTEN), enqueue call -> handler start {p}",
                 "ms",
             )
             for p in ("p50", "p95", "p99")
@@ -299,7 +299,7 @@ def metrics(sizes: Sizes) -> list[Metric]:
         Metric("peer", "cpu_s_per_10k_jobs", "PgQueuer CPU per 10,000 jobs", "s"),
         Metric("peer", "peak_rss_mb", "PgQueuer peak RSS", "MB"),
         *[
-            Metric("peer", f"pickup_{p}_ms", f"PgQueuer, commit -> handler start {p}", "ms")
+            Metric("peer", f"pickup_{p}_ms", f"PgQueuer, enqueue call -> handler start {p}", "ms")
             for p in ("p50", "p95", "p99")
         ],
         Metric("peer", "enqueue_single_per_s", "PgQueuer enqueue, sequential", "jobs/s"),

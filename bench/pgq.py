@@ -113,8 +113,9 @@ async def enqueue_paced(dsn: str, seconds: float, every: float) -> dict[int, flo
     start = loop.time()
     for tick in range(round(seconds / every)):
         await asyncio.sleep(max(0.0, start + tick * every - loop.time()))
+        called = time.time()  # the enqueue call is part of the pickup latency
         ids = await queries.enqueue("probe", None)
-        committed[int(ids[0])] = time.time()
+        committed[int(ids[0])] = called
     await conn.close()
     return committed
 

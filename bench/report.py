@@ -175,8 +175,10 @@ METHOD = """\
 - Throughput: workers start first and idle; the backlog is enqueued with `enqueue_many` in ONE
   transaction, so it appears at COMMIT (t0). Time = t0 -> last `finished_at`. Worker CPU is
   user+sys from `/proc/<pid>/stat` over the same window (start-up excluded); peak RSS is VmHWM.
-- Latencies use one clock, this machine's wall clock: the harness's `time.time()` right after
-  COMMIT returned, and the handler's `time.time()` as it starts (returned as the job result).
+- Latencies use one clock, this machine's wall clock. Pickup runs from the harness's
+  `time.time()` just before the enqueue call (so the enqueue itself counts) to the handler's
+  `time.time()` as it starts (returned as the job result); refill and partition waits from right
+  after the backlog's COMMIT.
   Pickup is also split at the claim statement's start (`started_at`, the database's `now()`).
 - Durability: the cluster runs with production durability (`fsync`, `synchronous_commit` and
   `full_page_writes` on: every COMMIT waits for its WAL flush), unless `--non-durable` is given.
