@@ -30,8 +30,9 @@ from typing import Any
 import attrs
 import trio
 
-from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel
+from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
 from ._core.identifiers import validate_key, validate_name, validate_schema
+from ._core.schedule import fire_dedup_key
 from ._driver import (
     AttemptRecord,
     CancelOutcome,
@@ -40,6 +41,7 @@ from ._driver import (
     CompleteAndClaimResult,
     DriverStatistics,
     Failure,
+    FiredOccurrence,
     InsertedJob,
     JobFilter,
     JobRecord,
@@ -47,14 +49,20 @@ from ._driver import (
     MaintenancePass,
     MaintenanceReport,
     NewJob,
+    NewSchedule,
     NotifyCallback,
     QueueDemand,
     QueueStatus,
     RenewedLease,
     RenewLeases,
+    ScheduleDue,
+    ScheduleFireDue,
+    ScheduleFireReport,
+    ScheduleRecord,
     WorkerInfo,
     WorkerRegistration,
 )
+from ._memory_schedules import ScheduleTable
 from ._sql import migrations
 
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
@@ -219,6 +227,7 @@ class MemoryDriver:
     _ids: Iterator[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
     _migrated: bool = attrs.field(init=False, default=False)
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
+    _schedules: ScheduleTable = attrs.field(init=False, factory=ScheduleTable)
 
     def __attrs_post_init__(self) -> None:
         validate_schema(self.schema)
@@ -679,6 +688,78 @@ class MemoryDriver:
 
     def _result_channel(self, job_id: int) -> str:
         return result_channel(self.schema, job_id)
+
+    # --- schedules ------------------------------------------------------------------------
+
+    async def schedule_upsert_many(self, schedules: Sequence[NewSchedule]) -> list[str]:
+        now = await self._statement("schedule_upsert_many")
+        created = [s.name for s in schedules if self._schedules.upsert(s, now)]
+        if schedules:
+            self._notify_schedules()
+        return created
+
+    async def schedule_delete(self, name: str) -> bool:
+        await self._statement("schedule_delete")
+        deleted = self._schedules.delete(name)
+        if deleted:
+            self._notify_schedules()
+        return deleted
+
+    async def schedule_list(self) -> list[ScheduleRecord]:
+        await self._statement("schedule_list")
+        return self._schedules.listing()
+
+    async def schedule_next_due(self) -> ScheduleDue:
+        return self._schedules.next_due(await self._statement("schedule_next_due"))
+
+    async def schedule_fire_due(self, params: ScheduleFireDue) -> ScheduleFireReport:
+        """One tick (always the leader: single process). The plan runs without yielding, so
+        the tick is atomic like the leader's transaction."""
+        now = await self._statement("scheduler_lead")
+        self._calls["schedule_due_lock"] += 1
+        due = self._schedules.due(now, params.limit)
+        advances = params.plan(due, now)
+        if not advances:
+            return ScheduleFireReport(leader=True, now=now, due=len(due))
+        self._calls["schedule_fire_many"] += 1
+        by_name = {row.name: row for row in self._schedules.advance(advances)}
+        created: list[_Row] = []
+        fired: list[FiredOccurrence] = []
+        for plan in advances:
+            schedule = by_name.get(plan.name)
+            if schedule is None:
+                continue  # fenced out: advanced or re-timed since the plan was made
+            for fire_at in plan.fires:
+                row = self._occurrence_row(schedule, fire_at, now)
+                if row is not None:
+                    created.append(row)
+                    fired.append(FiredOccurrence(plan.name, fire_at, row.id))
+        self._commit_rows(created, now)
+        fired.sort(key=lambda occurrence: (occurrence.fire_at, occurrence.schedule))
+        return ScheduleFireReport(leader=True, now=now, due=len(due), fired=tuple(fired))
+
+    def _occurrence_row(
+        self, schedule: ScheduleRecord, fire_at: datetime.datetime, now: datetime.datetime
+    ) -> _Row | None:
+        """The job of one occurrence, or None when its dedup key is taken (DO NOTHING)."""
+        key = fire_dedup_key(schedule.name, fire_at)
+        if key in self._dedup or key in self._reserved:
+            return None
+        job = NewJob(
+            queue=schedule.queue,
+            task=schedule.task,
+            payload_json=json.dumps(schedule.payload),
+            run_at=fire_at,
+            dedup_key=key,
+            max_attempts=schedule.max_attempts,
+            unique_states=("completed", "failed", "cancelled"),
+        )
+        return _new_row(next(self._ids), job, now)
+
+    def _notify_schedules(self) -> None:
+        outbox = _Outbox()
+        outbox.add(schedules_channel(self.schema), "schedules")
+        self._deliver(outbox)
 
     # --- notifications --------------------------------------------------------------------
 

@@ -15,12 +15,14 @@ import trio
 from ._core.errors import TrioqError
 from ._core.identifiers import validate_schema
 from ._core.retry import RetryPolicy
-from ._driver import Driver
+from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
+from ._driver import Driver, NewSchedule
 from ._enqueue import TaskDeclaration
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.tasks import Handler, TaskSpec, payload_type_of
 from ._runtime.worker import Worker, WorkerConfig
 from .client import Client, _Enqueuer, _ResultWatcher
+from .schedules import new_schedule
 
 DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
 
@@ -64,6 +66,7 @@ class App:
         self.database_url = database_url
         self.pool_size = pool_size
         self.tasks: dict[str, TaskSpec] = {}
+        self.schedules: dict[str, NewSchedule] = {}  # declared with `periodic`
         # The open client of the current task and the tasks it starts (a context variable, not
         # an attribute: sibling tasks that each open `client()` get their own pools, and one
         # closing cannot pull the pool from under the other).
@@ -131,6 +134,62 @@ class App:
         job on a private in-memory driver this way)."""
         async with self._hosting_listener(driver) as client:
             yield client
+
+    def periodic(
+        self,
+        name: str,
+        *,
+        cron: str,
+        timezone: str = "UTC",
+        payload: Any = None,
+        misfire: str = "latest",
+        catchup_limit: int = DEFAULT_CATCHUP_LIMIT,
+        task: str | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Declare a cron schedule named `name`; workers of this app store it at start.
+
+        As a decorator above (or instead of) `@app.task`, it schedules that handler (an
+        undecorated handler is registered as task `name`). With `task=`, it schedules an
+        already registered task and the returned decorator is not needed. Bad expressions,
+        time zones and policies raise ValueError here, at declaration.
+        """
+        Cron(cron, timezone)
+        validate_misfire(misfire)
+        validate_catchup_limit(catchup_limit)
+
+        def declare(task_name: str) -> None:
+            if name in self.schedules:
+                raise ValueError(f"periodic: schedule {name!r} is already declared")
+            spec = self.tasks.get(task_name)
+            if spec is None:
+                raise ValueError(
+                    f"task: {task_name!r} is not registered (register it before its schedule)"
+                )
+            self.schedules[name] = new_schedule(
+                name,
+                spec,
+                cron=cron,
+                timezone=timezone,
+                payload=payload,
+                misfire=misfire,
+                catchup_limit=catchup_limit,
+                origin="code",
+            )
+
+        def decorate(handler: Handler) -> Handler:
+            registered = next(
+                (spec.name for spec in self.tasks.values() if spec.handler is handler), None
+            )
+            if registered is None:
+                self.task(name)(handler)
+                registered = name
+            declare(registered)
+            return handler
+
+        if task is not None:
+            declare(task)
+            return lambda handler: handler
+        return decorate
 
     def resolve_database_url(self) -> str:
         url = self.database_url or os.environ.get(DATABASE_URL_ENV)
@@ -216,6 +275,7 @@ class App:
             driver=client.driver,
             tasks=dict(self.tasks),
             config=worker_config,
+            schedules=tuple(self.schedules.values()),
             hooks=hooks or WorkerHooks(),
             # handlers' wait_result shares the worker's LISTEN connection (no second one)
             listener_guest=client._watcher,

@@ -1,4 +1,4 @@
-"""`trioq` command line: migrate, worker, enqueue, status, demo."""
+"""`trioq` command line: migrate, worker, enqueue, status, schedules, demo."""
 
 from __future__ import annotations
 
@@ -155,6 +155,28 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_schedules(args: argparse.Namespace) -> int:
+    app = _with_url(App(schema=validate_schema(args.schema)), args)
+    async with app.client() as client:
+        schedules = await client.schedules()
+    if args.json:
+        print(json.dumps([_plain(s) for s in schedules], default=str, indent=2))
+        return 0
+    print(
+        f"{'schedule':<20}{'task':<20}{'cron':<16}{'timezone':<16}{'misfire':<8}"
+        f"{'next fire (UTC)':<21}{'fired':>7}{'missed':>7}  origin"
+    )
+    for s in schedules:
+        next_fire = "-" if s.next_fire_at is None else f"{s.next_fire_at:%Y-%m-%d %H:%M:%S}"
+        print(
+            f"{s.name:<20}{s.task:<20}{s.cron:<16}{s.timezone:<16}{s.misfire:<8}"
+            f"{next_fire:<21}{s.fired:>7}{s.missed:>7}  {s.origin}"
+        )
+    if not schedules:
+        print("(no schedules)")
+    return 0
+
+
 def _plain(record: Any) -> dict[str, Any]:
     return attrs.asdict(record)
 
@@ -216,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--schema", default="trioq")
     status.add_argument("--json", action="store_true")
 
+    schedules = command("schedules", "cron schedules: next fire time, fired and missed counts")
+    schedules.add_argument("--schema", default="trioq")
+    schedules.add_argument("--json", action="store_true")
+
     demo = command("demo", "run the reference workflows (embedded PostgreSQL when no URL)")
     demo.add_argument("--app", default="workflows.demo:app", metavar="APP_PATH")
     demo.add_argument("--scale", type=int, default=1, help="multiply the demo workload")
@@ -229,6 +255,7 @@ COMMANDS = {
     "enqueue": cmd_enqueue,
     "status": cmd_status,
     "demo": cmd_demo,
+    "schedules": cmd_schedules,
 }
 
 

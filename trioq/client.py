@@ -22,11 +22,13 @@ from ._driver import (
     JobRecord,
     Listener,
     QueueStatus,
+    ScheduleRecord,
     Transaction,
     WorkerInfo,
 )
 from ._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
 from ._runtime.tasks import TaskSpec
+from .schedules import new_schedule
 
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
 
@@ -319,3 +321,38 @@ class Client:
 
     async def workers(self) -> list[WorkerInfo]:
         return await self.driver.worker_list()
+
+    # --- schedules --------------------------------------------------------------------------
+
+    async def schedule(
+        self,
+        name: str,
+        task: str,
+        *,
+        cron: str,
+        timezone: str = "UTC",
+        payload: Any = None,
+        misfire: str = "latest",
+        catchup_limit: int = 100,
+    ) -> bool:
+        """Create or replace the schedule `name` (True: created). The elected scheduler picks
+        it up at once; keeping the cron and time zone of an existing schedule keeps its next
+        fire time, changing them re-times it from now."""
+        declared = new_schedule(
+            name,
+            self._enqueuer.spec(task),
+            cron=cron,
+            timezone=timezone,
+            payload=payload,
+            misfire=misfire,
+            catchup_limit=catchup_limit,
+        )
+        return bool(await self.driver.schedule_upsert_many([declared]))
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove the schedule `name` (False: there was none). Jobs it enqueued are kept. A
+        schedule declared in code comes back when a worker of that code starts."""
+        return await self.driver.schedule_delete(name)
+
+    async def schedules(self) -> list[ScheduleRecord]:
+        return await self.driver.schedule_list()

@@ -19,3 +19,8 @@ def result_channel(schema: str, job_id: int) -> str:
 def control_channel(schema: str) -> str:
     """Worker control messages (cancel a running job): payload is the job id."""
     return f"{schema}_control"
+
+
+def schedules_channel(schema: str) -> str:
+    """Schedules were added, changed or removed: the schedulers re-read the table."""
+    return f"{schema}_schedules"

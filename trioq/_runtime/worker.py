@@ -13,13 +13,13 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
 import trio
 
-from .._core.channels import control_channel
+from .._core.channels import control_channel, schedules_channel
 from .._core.identifiers import validate_name
 from .._driver import (
     ClaimedJob,
@@ -27,12 +27,14 @@ from .._driver import (
     Lease,
     Listener,
     MaintenancePass,
+    NewSchedule,
     RenewedLease,
     RenewLeases,
     WorkerRegistration,
 )
 from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
 from .metrics import WorkerMetrics, instrument_driver
+from .scheduler import Scheduler
 from .tasks import TaskSpec
 
 log = logging.getLogger("trioq.worker")
@@ -66,6 +68,7 @@ class WorkerConfig:
     maintenance_interval: float | None = None  # default: lease_seconds / 3
     retention_seconds: float = 7 * 24 * 3600.0
     write_timeout: float = 30.0  # bound on the final writes of a drain
+    run_scheduler: bool = True  # take part in the scheduler election (cron schedules)
 
     def __attrs_post_init__(self) -> None:
         if not self.queues:
@@ -111,7 +114,9 @@ class Worker:
     worker_id: uuid.UUID = attrs.field(factory=uuid.uuid4)
     metrics: WorkerMetrics = attrs.field(factory=WorkerMetrics)
     listener_guest: ListenerGuest | None = None
+    schedules: Sequence[NewSchedule] = ()  # the app's declared schedules, stored at start
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
+    scheduler: Scheduler = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
     _ready_channels: set[str] = attrs.field(factory=set)
     _listener: Listener | None = None
@@ -135,6 +140,7 @@ class Worker:
             )
             for queue in self.config.queues
         }
+        self.scheduler = Scheduler(self.driver, declared=self.schedules)
 
     # --- control -------------------------------------------------------------------------
 
@@ -177,7 +183,11 @@ class Worker:
             async with self.driver.open_listener(self._on_notify, self._on_reconnect) as listener:
                 # Ready notifications carry the queue name: the channel only filters.
                 self._ready_channels.update(await self.driver.ready_channels(self.config.queues))
-                for channel in [*self._ready_channels, control_channel(self.driver.schema)]:
+                for channel in [
+                    *self._ready_channels,
+                    control_channel(self.driver.schema),
+                    schedules_channel(self.driver.schema),
+                ]:
                     await listener.listen(channel)
                 self._listener = listener
                 if self.listener_guest is not None:
@@ -187,6 +197,8 @@ class Worker:
                     services.start_soon(self._renew_leases)
                     services.start_soon(self._expire_unconfirmed_leases)
                     services.start_soon(self._maintain)
+                    if self.config.run_scheduler:
+                        services.start_soon(self.scheduler.run)
                     services.start_soon(self._drain_when_requested, loops_scope)
                     with loops_scope:
                         async with trio.open_nursery() as loops:
@@ -236,12 +248,16 @@ class Worker:
         if channel == control_channel(self.driver.schema):
             self._cancel_job(payload)
             return
+        if channel == schedules_channel(self.driver.schema):
+            self.scheduler.wake()
+            return
         if self.listener_guest is not None:
             self.listener_guest.on_notify(channel, payload)
 
     def _on_reconnect(self) -> None:
         for loop in self.loops.values():
             loop.wake()  # catch up on notifications missed while disconnected
+        self.scheduler.wake()
         if self.listener_guest is not None:
             self.listener_guest.on_reconnect()
 

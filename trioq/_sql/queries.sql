@@ -471,6 +471,134 @@ SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
 SET lock_timeout = '10s';
 DROP SCHEMA IF EXISTS {schema} CASCADE;
 
+-- name: schedule_upsert_many
+-- Schedules declared in code (each starting worker upserts its app's `@app.periodic`) or at
+-- runtime (`client.schedule`), by name. A changed cron or time zone re-times the schedule
+-- (next_fire_at NULL, anchored at now): the scheduler computes the next fire time from the
+-- new expression. An unchanged one keeps its next fire time, so restarting or adding workers
+-- never skips or repeats an occurrence. The scheduler channel wakes the schedulers at commit.
+WITH input AS (
+    SELECT * FROM unnest(%(names)s::text[], %(tasks)s::text[], %(queues)s::text[],
+                         %(payloads)s::text[], %(crons)s::text[], %(timezones)s::text[],
+                         %(misfires)s::text[], %(catchup_limits)s::int[],
+                         %(max_attempts)s::int[], %(versions)s::int[], %(origins)s::text[])
+             AS t(name, task, queue, payload, cron, timezone, misfire, catchup_limit,
+                  max_attempts, version, origin)
+),
+upserted AS (
+    INSERT INTO {schema}.schedules AS s (name, task, queue, payload, cron, timezone, misfire,
+                                        catchup_limit, max_attempts, version, origin,
+                                        anchor_at, created_at, updated_at)
+    SELECT name, task, queue, payload::jsonb, cron, timezone, misfire, catchup_limit,
+           max_attempts, version, origin, {schema}.db_now(), {schema}.db_now(),
+           {schema}.db_now()
+    FROM input
+    ON CONFLICT (name) DO UPDATE
+    SET task = excluded.task, queue = excluded.queue, payload = excluded.payload,
+        cron = excluded.cron, timezone = excluded.timezone, misfire = excluded.misfire,
+        catchup_limit = excluded.catchup_limit, max_attempts = excluded.max_attempts,
+        version = excluded.version, origin = excluded.origin, updated_at = excluded.updated_at,
+        next_fire_at = CASE WHEN s.cron = excluded.cron AND s.timezone = excluded.timezone
+                            THEN s.next_fire_at END,
+        anchor_at = CASE WHEN s.cron = excluded.cron AND s.timezone = excluded.timezone
+                         THEN s.anchor_at ELSE excluded.anchor_at END
+    RETURNING s.name, (s.xmax = 0) AS created
+),
+notified AS (
+    SELECT count(pg_notify(%(channel)s, 'schedules')) AS n
+    FROM (SELECT 1 FROM upserted LIMIT 1) AS changed
+)
+SELECT upserted.name, upserted.created FROM upserted CROSS JOIN notified;
+
+-- name: schedule_delete
+WITH deleted AS (
+    DELETE FROM {schema}.schedules WHERE name = %(name)s RETURNING name
+),
+notified AS (
+    SELECT count(pg_notify(%(channel)s, 'schedules')) AS n FROM deleted
+)
+SELECT deleted.name FROM deleted CROSS JOIN notified;
+
+-- name: schedule_list
+SELECT name, task, queue, payload, cron, timezone, misfire, catchup_limit, max_attempts,
+       version, origin, anchor_at, next_fire_at, last_fire_at, fired, missed, created_at,
+       updated_at
+FROM {schema}.schedules ORDER BY name;
+
+-- name: schedule_next_due
+-- The scheduler's idle read, one index probe and no lock: database time and the schedule
+-- due first (a NULL next_fire_at, a new or re-timed schedule, sorts first: due now).
+SELECT {schema}.db_now(), first.name IS NOT NULL, first.next_fire_at
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT name, next_fire_at FROM {schema}.schedules
+    ORDER BY next_fire_at NULLS FIRST LIMIT 1
+) AS first ON true;
+
+-- name: scheduler_lead
+-- Scheduler leadership, the maintenance pattern on a key of its own: a transaction-scoped
+-- advisory lock, tried (never waited for) at the start of the scheduler's transaction and
+-- released at its COMMIT; no connection is pinned and leadership moves as soon as the holder's
+-- transaction (or process) ends. `now` is read once and used for the whole tick.
+SELECT pg_try_advisory_xact_lock(hashtext('trioq-scheduler:' || %(schema_name)s)),
+       {schema}.db_now();
+
+-- name: schedule_due_lock
+-- Inside the leader's transaction: the due schedules, locked so a concurrent
+-- `client.schedule` of the same name waits for this tick to commit.
+SELECT name, task, queue, payload, cron, timezone, misfire, catchup_limit, max_attempts,
+       version, origin, anchor_at, next_fire_at, last_fire_at, fired, missed, created_at,
+       updated_at
+FROM {schema}.schedules
+WHERE next_fire_at IS NULL OR next_fire_at <= %(now)s
+ORDER BY next_fire_at NULLS FIRST
+LIMIT %(limit)s
+FOR UPDATE;
+
+-- name: schedule_fire_many
+-- Enqueue the planned occurrences and advance their schedules, in one statement. The advance
+-- is fenced on the next_fire_at the plan was made from: a schedule advanced (or re-timed) by
+-- anyone since is left alone, and so are its occurrences (the INSERT joins the advanced rows
+-- only). Each occurrence's dedup key names the schedule and fire time, a second guard against
+-- enqueueing it twice; it is held in every final state too (until retention prunes the job),
+-- and an occurrence whose key is taken is dropped (DO NOTHING). run_at is the fire time, so a job's lateness is created_at - run_at.
+WITH advance AS (
+    SELECT * FROM unnest(%(names)s::text[], %(expected)s::timestamptz[],
+                         %(next_fire_ats)s::timestamptz[], %(last_fire_ats)s::timestamptz[],
+                         %(fired)s::int[], %(missed)s::int[])
+             AS t(name, expected, next_fire_at, last_fire_at, fired, missed)
+),
+advanced AS (
+    UPDATE {schema}.schedules s
+    SET next_fire_at = a.next_fire_at,
+        last_fire_at = coalesce(a.last_fire_at, s.last_fire_at),
+        fired = s.fired + a.fired, missed = s.missed + a.missed
+    FROM advance a
+    WHERE s.name = a.name AND s.next_fire_at IS NOT DISTINCT FROM a.expected
+    RETURNING s.name, s.task, s.queue, s.payload, s.max_attempts, s.version
+),
+fires AS (
+    SELECT * FROM unnest(%(fire_names)s::text[], %(fire_ats)s::timestamptz[],
+                         %(fire_keys)s::text[]) AS f(name, fire_at, dedup_key)
+),
+inserted AS (
+    INSERT INTO {schema}.jobs (queue, task, payload, run_at, dedup_key, unique_states,
+                               max_attempts, version, created_at)
+    SELECT a.queue, a.task, a.payload, f.fire_at, f.dedup_key,
+           ARRAY['completed', 'failed', 'cancelled'], a.max_attempts, a.version,
+           {schema}.db_now()
+    FROM fires f JOIN advanced a ON a.name = f.name
+    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id, dedup_key, queue
+),
+notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM inserted) AS q
+)
+SELECT f.name, f.fire_at, i.id
+FROM inserted i JOIN fires f ON f.dedup_key = i.dedup_key CROSS JOIN notified
+ORDER BY f.fire_at, f.name;
+
 -- name: test_clock_install
 -- Test-only time travel (trioq.testing.SqlClock): db_now() becomes the real time plus an offset
 -- kept in a table, so every pooled connection sees the same shifted clock. Never in production.

@@ -35,3 +35,5 @@ __all__ = [
     "refute_enqueued",
     "run_job",
 ]
+
+from . import conformance_schedules  # noqa: F401  (registers the schedule checks)
