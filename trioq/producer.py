@@ -1,0 +1,22 @@
+"""Producers for code that is not trio: Django, Flask, FastAPI, scripts (see docs/producers.md).
+
+    from trioq.producer import SyncProducer, AsyncProducer, declare_task
+
+`SyncProducer` (psycopg sync, thread-safe) and `AsyncProducer` (psycopg async, for asyncio)
+enqueue by task name or shared `TaskDeclaration`, without importing the worker's handlers; both
+run trioq's own statements and validation, and take your psycopg connection (`conn=`) to
+enqueue inside your transaction.
+"""
+
+from ._enqueue import Job, TaskDeclaration, declare_task
+from ._pg.producer import AsyncProducer, EventOutcome, ProducerError, SyncProducer
+
+__all__ = [
+    "AsyncProducer",
+    "EventOutcome",
+    "Job",
+    "ProducerError",
+    "SyncProducer",
+    "TaskDeclaration",
+    "declare_task",
+]
