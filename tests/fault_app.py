@@ -14,6 +14,9 @@ The schema comes from `TRIOQ_TEST_SCHEMA` and the server from `TRIOQ_DATABASE_UR
 from __future__ import annotations
 
 import os
+import queue
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -23,6 +26,7 @@ from psycopg import sql
 import trioq
 
 SCHEMA_ENV = "TRIOQ_TEST_SCHEMA"
+POOL_SIZE_ENV = "TRIOQ_TEST_POOL_SIZE"
 QUEUE = "faults"
 
 EXEC_LOG_DDL = """
@@ -32,9 +36,57 @@ CREATE TABLE IF NOT EXISTS {}.exec_log (
     attempt    integer     NOT NULL,
     worker_pid integer     NOT NULL,
     event      text        NOT NULL CHECK (event IN ('start', 'end', 'cancelled')),
-    db_ts      timestamptz NOT NULL DEFAULT clock_timestamp()
+    db_ts      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    partition_key text,
+    UNIQUE (job_id, attempt, worker_pid, event)
 )
 """
+
+
+class ExecLog:
+    """Execution-log writes from worker threads over a few kept connections (the fast tasks log
+    thousands of runs; one connection per row would dominate the run). A write that meets a
+    lost connection (the server restarting) reconnects and retries for up to `patience` seconds,
+    so a run's rows survive a restart of PostgreSQL."""
+
+    def __init__(self, database_url: str, schema: str, patience: float = 60.0) -> None:
+        self._url = database_url
+        self._insert = sql.SQL(
+            "INSERT INTO {}.exec_log (job_id, attempt, worker_pid, event, partition_key) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"  # a retried row lands once
+        ).format(sql.Identifier(schema))
+        self._idle: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
+        self._patience = patience
+
+    def write(self, job_id: int, attempt: int, event: str, partition_key: str | None) -> None:
+        deadline = time.monotonic() + self._patience
+        while True:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = None
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
+                conn.execute(self._insert, (job_id, attempt, os.getpid(), event, partition_key))
+            except psycopg.OperationalError:
+                if conn is not None:
+                    conn.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
+            self._idle.put(conn)
+            return
+
+
+_exec_logs: dict[tuple[str, str], ExecLog] = {}
+_exec_logs_lock = threading.Lock()
+
+
+def exec_log(database_url: str, schema: str) -> ExecLog:
+    with _exec_logs_lock:
+        return _exec_logs.setdefault((database_url, schema), ExecLog(database_url, schema))
 
 
 def create_exec_log(database_url: str, schema: str) -> None:
@@ -44,7 +96,7 @@ def create_exec_log(database_url: str, schema: str) -> None:
 
 
 def build_app(schema: str, database_url: str | None = None) -> trioq.App:
-    app = trioq.App(database_url, schema=schema)
+    app = trioq.App(database_url, schema=schema, pool_size=int(os.environ.get(POOL_SIZE_ENV, 10)))
 
     def log_event_sync(job_id: int, attempt: int, event: str) -> None:
         with psycopg.connect(app.resolve_database_url(), autocommit=True) as conn:
@@ -86,6 +138,39 @@ def build_app(schema: str, database_url: str | None = None) -> trioq.App:
             raise
         await log_event(ctx, "end")
         return result
+
+    async def log_fast(ctx: trioq.Context, event: str) -> None:
+        log = exec_log(app.resolve_database_url(), schema)
+        job = ctx.job
+        await trio.to_thread.run_sync(log.write, job.id, job.attempt, event, job.partition_key)
+
+    @app.task("quick", queue=QUEUE, max_attempts=10)
+    async def quick(ctx: trioq.Context, payload: dict[str, Any]) -> dict[str, Any]:
+        """Log start, sleep `seconds` (default 0), log end; a cancelled run logs `cancelled`."""
+        await log_fast(ctx, "start")
+        try:
+            await trio.sleep(payload.get("seconds", 0))
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(60):
+                await log_fast(ctx, "cancelled")
+            raise
+        await log_fast(ctx, "end")
+        return {"job": ctx.job.id, "attempt": ctx.job.attempt}
+
+    @app.task("poison", queue=QUEUE, max_attempts=3)
+    async def poison(ctx: trioq.Context, payload: dict[str, Any]) -> None:
+        """Kill the whole worker process, on every attempt (a segfaulting C extension, OOM)."""
+        await log_fast(ctx, "start")
+        os._exit(1)
+
+    @app.task("uses_db", queue=QUEUE, max_attempts=10)
+    async def uses_db(ctx: trioq.Context, payload: dict[str, Any]) -> int:
+        """A handler that needs a pooled connection of its own for a while."""
+        await log_fast(ctx, "start")
+        async with app.client() as client, client.transaction() as tx:
+            await tx.execute("SELECT pg_sleep(%s)", (payload.get("seconds", 0.01),))
+        await log_fast(ctx, "end")
+        return ctx.job.attempt
 
     return app
 

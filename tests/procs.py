@@ -124,6 +124,7 @@ class WorkerGroup:
         grace: float = 1.0,
         maintenance: float = 0.5,
         ready_within: float = 15.0,
+        env: dict[str, str] | None = None,
     ) -> WorkerProc:
         """Spawn a worker and return once it is registered and its claim loop runs."""
         args = [
@@ -153,6 +154,7 @@ class WorkerGroup:
             "TRIOQ_DATABASE_URL": self.pg_url,
             SCHEMA_ENV: self.schema,
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
         log_path = self.log_dir / f"worker-{name}.log"
         log_file = log_path.open("wb")

@@ -180,6 +180,16 @@ class EmbeddedPostgres:
         atexit.unregister(self._stop_at_exit)
         self._remove_created_dirs()
 
+    def restart(self, mode: str = "fast") -> None:
+        """Stop the server with `pg_ctl stop -m MODE` and start it again, returning once it
+        accepts connections. "immediate" is a crash (no shutdown checkpoint: the start runs
+        crash recovery); every session is cut either way. For fault tests."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"mode: {mode!r} must be 'smart', 'fast' or 'immediate'")
+        self._socket_dir()  # raises unless running
+        self._run_pg_ctl("stop", "-m", mode)
+        self._start_server()
+
     def __enter__(self) -> EmbeddedPostgres:
         self.start()
         return self

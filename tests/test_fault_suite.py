@@ -1,0 +1,255 @@
+"""The fault suite of issue 8: PostgreSQL restarts, a poisoned worker, connection budgets, long
+transactions elsewhere, two schemas, partition races and clock skew, with real worker processes.
+
+Every test's handlers write an execution log (`tests.fault_app`), and `tests.history` checks the
+invariants over the whole history afterwards: no acknowledged job lost, no two overlapping runs
+of one job, at most one running job per partition key at any instant, every job final. Figures
+a test measures (recovery times, duplicates) are printed (`pytest -s` shows them) and bounded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from psycopg import sql
+
+import trioq
+from tests.fault_app import build_app, create_exec_log
+from tests.history import check_history, read_history
+from tests.procs import WorkerGroup, db_now, fetch, wait_until, worker_group
+from tests.support import running_worker
+from tests.support import wait_until as support_wait_until
+from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
+
+LEASE = 2.0
+POLL = 0.5
+MAINTENANCE = 0.5
+
+
+def q(schema: str, template: str) -> sql.Composed:
+    return sql.SQL(template).format(s=sql.Identifier(schema))
+
+
+@asynccontextmanager
+async def producer(pg_url: str, schema: str) -> AsyncIterator[trioq.Client]:
+    app = build_app(schema, pg_url)
+    async with app.client(migrate=True) as client:
+        await trio.to_thread.run_sync(create_exec_log, pg_url, schema)
+        yield client
+
+
+async def count_where(pg_url: str, schema: str, where: str) -> int:
+    rows = await fetch(pg_url, q(schema, "SELECT count(*) FROM {s}.jobs WHERE " + where))
+    return int(rows[0][0])
+
+
+async def start_workers(
+    group: WorkerGroup, n: int, *, concurrency: int, env: dict[str, str] | None = None
+) -> list[Any]:
+    return [
+        await group.start(
+            f"W{i}",
+            concurrency=concurrency,
+            lease=LEASE,
+            poll=POLL,
+            maintenance=MAINTENANCE,
+            env=env,
+        )
+        for i in range(n)
+    ]
+
+
+# --- 1. PostgreSQL restarted under load -------------------------------------------------------
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[EmbeddedPostgres]:
+    """A cluster of this test's own, which it may crash and restart. synchronous_commit is on:
+    with it off (the session cluster's speed setting) an immediate stop loses commits that
+    were already acknowledged, which no queue can survive."""
+    settings = EmbeddedSettings(max_connections=150, server_settings={"synchronous_commit": True})
+    with EmbeddedPostgres(settings=settings) as cluster:
+        yield cluster
+
+
+@pytest.mark.slow
+async def test_postgres_restarted_three_times_under_load_loses_and_doubles_nothing(
+    own_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """10,000 jobs, two worker processes, `pg_ctl stop -m immediate` + start three times while
+    they drain: every job completes, no run overlaps another of its job, no worker exits, and
+    claiming resumes within the reconnect backoff after each restart."""
+    pg_url, schema, total = own_cluster.conninfo, "faults", 10_000
+    async with producer(pg_url, schema) as client:
+        ids = [job.id for job in await client.enqueue_many("quick", [{}] * total)]
+    resumed_after: list[float] = []
+    async with worker_group(pg_url, schema, tmp_path) as group:
+        workers = await start_workers(group, 2, concurrency=20)
+        for threshold in (total // 5, total // 2, 4 * total // 5):
+            await wait_until(
+                pg_url,
+                q(schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'completed'"),
+                None,
+                lambda rows, t=threshold: rows[0][0] >= t,
+                within=120,
+                what=f"{threshold} completions",
+            )
+            await trio.to_thread.run_sync(own_cluster.restart, "immediate")
+            up_at = await db_now(pg_url)
+            rows = await wait_until(
+                pg_url,
+                q(
+                    schema,
+                    "SELECT min(db_ts) FROM {s}.exec_log WHERE event = 'start' AND db_ts > %s",
+                ),
+                (up_at,),
+                lambda rows: rows[0][0] is not None,
+                within=30,
+                what="a job to start after the restart",
+            )
+            resumed_after.append((rows[0][0] - up_at).total_seconds())
+        await wait_until(
+            pg_url,
+            q(schema, "SELECT count(*) FROM {s}.jobs WHERE state <> 'completed'"),
+            None,
+            lambda rows: rows[0][0] == 0,
+            within=120,
+            what="every job completed",
+        )
+        assert [proc.exited for proc in workers] == [False, False]  # no worker process exited
+        history = await read_history(pg_url, schema)
+    check_history(history, ids)
+    assert set(history.states.values()) == {"completed"}
+    print(f"\nrestart: claiming resumed after {resumed_after} s; duplicates {history.duplicates()}")
+    # The reconnect backoff is 0.05 s doubling to 2 s in the driver, plus a poll interval.
+    assert max(resumed_after) < 10
+    assert history.duplicates() <= 3 * 2 * 20  # at most the runs in flight at each crash
+
+
+# --- 3. a poison job that kills its process ---------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_poison_job_killing_its_worker_fails_after_max_attempts_others_complete(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """A handler that `os._exit`s its worker, under a supervisor that restarts every worker that
+    exits: the job ends `failed` with a stored "worker lost" reason after its 3 attempts, causes
+    no restart after that, and 100 normal jobs alongside all complete."""
+    async with producer(pg_url, pg_schema) as client:
+        normal = [job.id for job in await client.enqueue_many("quick", [{"seconds": 0.05}] * 100)]
+        poison = (await client.enqueue("poison", {})).id
+    deaths: dict[int, datetime.datetime] = {}
+
+    async def supervise(group: WorkerGroup, name: str) -> None:
+        for generation in itertools.count():
+            proc = await group.start(
+                f"{name}{generation}",
+                concurrency=10,
+                lease=LEASE,
+                poll=POLL,
+                maintenance=MAINTENANCE,
+            )
+            await proc.process.wait()
+            deaths[proc.pid] = await db_now(pg_url)
+
+    async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
+        nursery.start_soon(supervise, group, "A")
+        nursery.start_soon(supervise, group, "B")
+        await wait_until(
+            pg_url,
+            q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state IN ('completed', 'failed')"),
+            None,
+            lambda rows: rows[0][0] == 101,
+            within=90,
+            what="every job final",
+        )
+        history = await read_history(pg_url, pg_schema)
+        nursery.cancel_scope.cancel()
+    rows = await fetch(
+        pg_url, q(pg_schema, "SELECT state, attempt, error FROM {s}.jobs WHERE id = %s"), (poison,)
+    )
+    lost = await fetch(
+        pg_url,
+        q(
+            pg_schema,
+            "SELECT attempt, outcome, error_message FROM {s}.attempts WHERE job_id = %s "
+            "ORDER BY attempt",
+        ),
+        (poison,),
+    )
+    assert rows == [
+        ("failed", 3, {"type": "LeaseExpired", "message": "worker lost: lease expired"})
+    ]
+    assert lost == [(n, "lost", "worker lost: lease expired") for n in (1, 2, 3)]
+    assert len(deaths) == 3  # one death per poison attempt, no restart loop afterwards
+    check_history(history, [*normal, poison], died=deaths)
+    assert {history.states[job_id] for job_id in normal} == {"completed"}
+    print(f"\npoison: {len(deaths)} worker deaths; normal-job re-runs {history.duplicates() - 2}")
+
+
+# --- 9. two schemas in one database -----------------------------------------------------------
+
+
+@pytest.fixture
+def other_schema(pg_url: str, pg_schema: str) -> Iterator[str]:
+    name = pg_schema + "_other"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+async def test_a_worker_never_claims_renews_recovers_or_notifies_another_schemas_jobs(
+    pg_url: str, pg_schema: str, other_schema: str
+) -> None:
+    mine, theirs = build_app(pg_schema, pg_url), build_app(other_schema, pg_url)
+    async with theirs.client(migrate=True) as other:
+        waiting = [job.id for job in await other.enqueue_many("quick", [{}] * 50)]
+        # a crashed worker's job (lease long expired) and a live one's, built in SQL
+        expired, live = [job.id for job in await other.enqueue_many("quick", [{}] * 2)]
+    await fetch(
+        pg_url,
+        q(
+            other_schema,
+            "UPDATE {s}.jobs SET state = 'running', attempt = 1, lease_token = gen_random_uuid(), "
+            "lease_expires_at = now() + CASE WHEN id = %s THEN interval '-1 hour' "
+            "ELSE interval '1 hour' END, worker_id = gen_random_uuid() WHERE id = ANY(%s) "
+            "RETURNING id",
+        ),
+        (expired, [expired, live]),
+    )
+    before = await fetch(pg_url, q(other_schema, "SELECT * FROM {s}.jobs ORDER BY id"))
+    channels = [f"{other_schema}_ready_{n}" for n in range(64)]
+    channels += [f"{other_schema}_result_{n}" for n in range(64)] + [f"{other_schema}_control"]
+    with psycopg.connect(pg_url, autocommit=True) as spy:
+        for channel in channels:
+            spy.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        async with mine.client(migrate=True) as client:
+            await trio.to_thread.run_sync(create_exec_log, pg_url, pg_schema)
+            ids = [job.id for job in await client.enqueue_many("quick", [{}] * 50)]
+            async with running_worker(
+                mine, ["faults"], concurrency=10, lease_seconds=LEASE, maintenance_interval=0.1
+            ):
+                with trio.fail_after(30):
+                    for job_id in ids:
+                        await client.wait_result(job_id)
+                    # a few maintenance passes after the expired job existed
+                    passes = client.driver.statistics().calls.get("maintenance_pass", 0)
+
+                    async def three_more_passes() -> bool:
+                        calls = client.driver.statistics().calls
+                        return calls.get("maintenance_pass", 0) >= passes + 3
+
+                    await support_wait_until(three_more_passes)
+        heard = list(spy.notifies(timeout=0.2))  # anything sent has arrived by now
+    assert await fetch(pg_url, q(other_schema, "SELECT * FROM {s}.jobs ORDER BY id")) == before
+    assert heard == []
+    assert len(waiting) == 50
