@@ -22,7 +22,7 @@ import trio
 from psycopg import sql
 
 import trioq
-from tests.fault_app import build_app, create_exec_log
+from tests.fault_app import POOL_SIZE_ENV, build_app, create_exec_log
 from tests.history import check_history, read_history
 from tests.procs import WorkerGroup, db_now, fetch, wait_until, worker_group
 from tests.support import running_worker
@@ -253,3 +253,121 @@ async def test_a_worker_never_claims_renews_recovers_or_notifies_another_schemas
     assert await fetch(pg_url, q(other_schema, "SELECT * FROM {s}.jobs ORDER BY id")) == before
     assert heard == []
     assert len(waiting) == 50
+
+
+# --- 2. the LISTEN connection terminated ------------------------------------------------------
+
+
+async def test_jobs_are_polled_while_the_listener_is_down_and_notified_once_it_relistens(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pg_terminate_backend` on the worker's LISTEN session, its reconnect held back: jobs are
+    still picked up, by the poll timer; once it reconnects it LISTENs again and later jobs
+    start within notification latency, well before the next poll."""
+    from trioq._pg import listen
+
+    may_reconnect = trio.Event()
+    reconnect = listen.Listener._reconnect
+
+    async def held_reconnect(self: listen.Listener, backoff: Any) -> Any:
+        await may_reconnect.wait()
+        return await reconnect(self, backoff)
+
+    monkeypatch.setattr(listen.Listener, "_reconnect", held_reconnect)
+    app = build_app(pg_schema, pg_url)
+    listen_session = "FROM pg_stat_activity WHERE query LIKE %s"
+    pattern = (f'LISTEN "{pg_schema}\\_%',)
+    poll = 3.0
+    async with app.client(migrate=True) as client:
+        await trio.to_thread.run_sync(create_exec_log, pg_url, pg_schema)
+        async with running_worker(app, ["faults"], concurrency=5, poll_interval=poll) as worker:
+            killed = await fetch(
+                pg_url, f"SELECT pg_terminate_backend(pid, 5000) {listen_session}", pattern
+            )
+            assert killed == [(True,)]
+
+            async def disconnected() -> bool:
+                return not worker.statistics().listener_connected
+
+            async def relistened() -> bool:
+                rows = await fetch(pg_url, f"SELECT count(*) {listen_session}", pattern)
+                return worker.statistics().listener_connected and rows == [(1,)]
+
+            with trio.fail_after(10):
+                await support_wait_until(disconnected)
+            polled = [job.id for job in await client.enqueue_many("quick", [{}] * 20)]
+            with trio.fail_after(3 * poll):
+                for job_id in polled:
+                    await client.wait_result(job_id)
+            assert not worker.statistics().listener_connected  # so polling found them
+            may_reconnect.set()
+            with trio.fail_after(10):
+                await support_wait_until(relistened)
+            latencies = []
+            for _ in range(3):
+                job = await client.enqueue("quick", {})
+                with trio.fail_after(poll / 2):  # a poll would take up to `poll`
+                    await client.wait_result(job.id)
+                rows = await fetch(
+                    pg_url,
+                    q(
+                        pg_schema,
+                        "SELECT min(l.db_ts) - j.created_at FROM {s}.exec_log l "
+                        "JOIN {s}.jobs j ON j.id = l.job_id WHERE j.id = %s GROUP BY j.created_at",
+                    ),
+                    (job.id,),
+                )
+                latencies.append(rows[0][0].total_seconds())
+        history = await read_history(pg_url, pg_schema)
+    check_history(history, polled)
+    print(
+        f"\nlistener: pickup after re-LISTEN {[round(x, 3) for x in latencies]} s (poll {poll} s)"
+    )
+
+
+# --- 6. connection budget ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_three_workers_of_50_slots_on_a_pool_of_4_stay_within_the_connection_budget(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """Handlers that each need a pooled connection, 50 slots per worker and a pool of 4: no
+    deadlock, every job completes, no lease is lost (renewals have their own connection), and
+    the server never sees more than processes x (pool + 2) trioq sessions."""
+    pool, processes, total = 4, 3, 600
+    async with producer(pg_url, pg_schema) as client:
+        ids = [job.id for job in await client.enqueue_many("uses_db", [{"seconds": 0.01}] * total)]
+    # The producer's own sessions are closed now: every 'trioq' session below is a worker's.
+    peak = 0
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            rows = await fetch(
+                pg_url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'trioq'"
+            )
+            peak = max(peak, rows[0][0])
+            await trio.sleep(0.02)  # a sampling rate, not a wait for a condition
+
+    async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
+        nursery.start_soon(sample)
+        await start_workers(group, processes, concurrency=50, env={POOL_SIZE_ENV: str(pool)})
+        await wait_until(
+            pg_url,
+            q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state <> 'completed'"),
+            None,
+            lambda rows: rows[0][0] == 0,
+            within=120,
+            what="every job completed",
+        )
+        nursery.cancel_scope.cancel()
+    history = await read_history(pg_url, pg_schema)
+    check_history(history, ids)
+    lost = await fetch(pg_url, q(pg_schema, "SELECT count(*) FROM {s}.attempts"))
+    print(
+        f"\nbudget: peak {peak} trioq sessions (budget {processes * (pool + 2)}); "
+        f"re-runs {history.duplicates()}"
+    )
+    assert lost == [(0,)]  # no attempt lost, failed or retried
+    assert 0 < peak <= processes * (pool + 2)
