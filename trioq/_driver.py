@@ -258,6 +258,18 @@ class QueueStatus:
 
 
 @attrs.frozen
+class TaskStatus:
+    """How many jobs of one (queue, task, version) are in one state."""
+
+    queue: str
+    task: str
+    version: int
+    state: str
+    jobs: int
+    retried: int  # of those, jobs that needed more than one attempt
+
+
+@attrs.frozen
 class QueueDemand:
     """One queue's demand (`queue_demand()`): the replica-scaling signal."""
 
@@ -408,6 +420,8 @@ class Driver(Protocol):
     async def queue_demand(self) -> list[QueueDemand]: ...
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
+
+    async def task_status(self) -> list[TaskStatus]: ...
 
     async def schedule_upsert_many(self, schedules: Sequence[NewSchedule]) -> list[str]: ...
 

@@ -59,6 +59,7 @@ from ._driver import (
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
+    TaskStatus,
     WorkerInfo,
     WorkerRegistration,
 )
@@ -99,6 +100,7 @@ class _Row:
     error_json: str | None = None
     started_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
+    version: int = 1  # the handler version the job was enqueued for
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
@@ -688,6 +690,16 @@ class MemoryDriver:
 
     def _result_channel(self, job_id: int) -> str:
         return result_channel(self.schema, job_id)
+
+    async def task_status(self) -> list[TaskStatus]:
+        await self._statement("task_status")
+        groups: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
+        retried: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
+        for row in self._rows.values():
+            group = (row.queue, row.task, row.version, row.state)
+            groups[group] += 1
+            retried[group] += row.attempt > 1
+        return [TaskStatus(*group, groups[group], retried[group]) for group in sorted(groups)]
 
     # --- schedules ------------------------------------------------------------------------
 

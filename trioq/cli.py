@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.add_argument("--json", action="store_true")
 
     demo = command("demo", "run the reference workflows (embedded PostgreSQL when no URL)")
-    demo.add_argument("--app", default="workflows.demo:app", metavar="APP_PATH")
+    demo.add_argument("--app", default="trioq_workflows.demo:app", metavar="APP_PATH")
     demo.add_argument("--scale", type=int, default=1, help="multiply the demo workload")
     demo.add_argument("--concurrency", type=int, default=25)
     return parser

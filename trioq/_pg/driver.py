@@ -49,6 +49,7 @@ from .._driver import (
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
+    TaskStatus,
     WorkerInfo,
     WorkerRegistration,
 )
@@ -345,6 +346,9 @@ class PgDriver:
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         rows = await self._retrying("ready_channels", {"queues": list(queues)})
         return [row[0] for row in rows]
+
+    async def task_status(self) -> list[TaskStatus]:
+        return [TaskStatus(*row) for row in await self._retrying("task_status")]
 
     # --- schedules ------------------------------------------------------------------------
 

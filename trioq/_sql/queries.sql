@@ -471,6 +471,13 @@ SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
 SET lock_timeout = '10s';
 DROP SCHEMA IF EXISTS {schema} CASCADE;
 
+-- name: task_status
+-- Jobs by (queue, task, version, state), with how many needed more than one attempt: the
+-- demo's per-workflow progress. A sequential scan, like queue_status: for status screens only.
+SELECT queue, task, version, state, count(*) AS jobs,
+       count(*) FILTER (WHERE attempt > 1) AS retried
+FROM {schema}.jobs GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
+
 -- name: schedule_upsert_many
 -- Schedules declared in code (each starting worker upserts its app's `@app.periodic`) or at
 -- runtime (`client.schedule`), by name. A changed cron or time zone re-times the schedule

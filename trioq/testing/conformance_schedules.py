@@ -176,3 +176,24 @@ async def check_schedule_changes_are_announced(driver: Driver, clock: DriverCloc
         expect((channel, "schedules") in recorder.received, False, "notified for no change")
         await driver.schedule_delete("digest")
         await recorder.wait_for(channel, "schedules")
+
+
+@conformance_check
+async def check_task_status_counts_jobs_by_task_and_state(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(driver, NewJob(QUEUE, TASK, "{}"), NewJob(QUEUE, TASK, "{}"))
+    await enqueue(driver, NewJob("other", "report", "{}"))
+    await claim(driver, 1)
+    expect(
+        [
+            (s.queue, s.task, s.version, s.state, s.jobs, s.retried)
+            for s in await driver.task_status()
+        ],
+        [
+            (QUEUE, TASK, 1, "ready", 1, 0),
+            (QUEUE, TASK, 1, "running", 1, 0),
+            ("other", "report", 1, "ready", 1, 0),
+        ],
+        "task status",
+    )
