@@ -1,34 +1,59 @@
-"""`trioq demo`: the reference workflows end to end, with a live progress line and a summary.
+"""`trioq demo`: the reference workflows end to end, with a live display and a summary table.
 
 With no database URL (flag or TRIOQ_DATABASE_URL) it starts an embedded PostgreSQL in a
-temporary directory and removes it afterwards.
+temporary directory and removes it afterwards. The run:
+
+1. enqueues the reference app's workload (`enqueue_demo_jobs`) and adds a cron schedule that
+   fires every 2 seconds for the digest (removed at the end);
+2. starts worker 1, and once a third of the work is done stops it hard (cancelled with jobs
+   running, as if its process died), and starts worker 2 at once: the jobs worker 1 held come
+   back when their (short, 2 s) leases expire and are re-run;
+3. shows per-workflow progress live (rich) until everything is final, then a summary table:
+   completed, retried, failed (with the stored reason), and the schedule's occurrences.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import sys
 import time
+from collections import Counter, defaultdict
 from collections.abc import Iterator
+from typing import Any
 
+import attrs
 import trio
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
 
-from ._enqueue import Job
+from ._driver import JobFilter, TaskStatus
+from ._runtime.worker import Worker
 from .app import DATABASE_URL_ENV, App, load_app
 from .client import Client
 
+FINAL = ("completed", "failed", "cancelled")
+DEMO_SCHEDULE = "demo-digest"
+# Short leases so the jobs of the worker stopped hard come back within seconds, not 30 s.
+DEMO_WORKER_OPTIONS: dict[str, Any] = {
+    "poll_interval": 0.2,
+    "lease_seconds": 2.0,
+    "maintenance_interval": 0.5,
+    "grace_seconds": 1.0,
+}
+
 
 @contextlib.contextmanager
-def _database(url: str | None) -> Iterator[str]:
+def _database(url: str | None, console: Console) -> Iterator[str]:
     url = url or os.environ.get(DATABASE_URL_ENV)
     if url:
         yield url
         return
     from .embedded import EmbeddedPostgres
 
-    print("starting an embedded PostgreSQL (no TRIOQ_DATABASE_URL set) ...", flush=True)
+    console.print("starting an embedded PostgreSQL (no TRIOQ_DATABASE_URL set) ...")
     with EmbeddedPostgres() as cluster:
         yield cluster.conninfo
 
@@ -36,78 +61,172 @@ def _database(url: str | None) -> Iterator[str]:
 async def run_demo(*, database_url: str | None, app_path: str, scale: int, concurrency: int) -> int:
     app = load_app(app_path)
     module = sys.modules[app_path.partition(":")[0]]
-    with _database(database_url) as url:
+    console = Console()
+    with _database(database_url, console) as url:
         app.database_url = url
-        return await _run(app, module, scale, concurrency)
+        return await _run(app, module, scale, concurrency, console)
 
 
-async def _run(app: App, module: object, scale: int, concurrency: int) -> int:
+@attrs.define(eq=False)
+class _Run:
+    """What the demo did, for the display and the summary."""
+
+    total: int
+    started: float = attrs.field(factory=time.perf_counter)
+    phase: str = "worker 1 running"
+    killed_running: int = 0
+    worker_slots: int = 0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+async def _run(app: App, module: Any, scale: int, concurrency: int, console: Console) -> int:
     queues = tuple(getattr(module, "QUEUES", ("default",)))
     async with app.client(migrate=True) as client:
-        started = time.perf_counter()
-        jobs: list[Job] = await module.enqueue_demo_jobs(client, scale)  # type: ignore[attr-defined]
-        unique = {job.id: job for job in jobs}
-        print(
-            f"enqueued {len(jobs)} jobs ({len(unique)} distinct; a dedup key returned an "
-            f"existing job) in {time.perf_counter() - started:.2f}s",
-            flush=True,
-        )
-        async with trio.open_nursery() as nursery:
-            worker = await nursery.start(
-                lambda task_status: app.run_worker(
-                    queues, concurrency, poll_interval=0.2, task_status=task_status
-                )
+        jobs = await module.enqueue_demo_jobs(client, scale)
+        digest_task = getattr(module, "DIGEST_TASK", None)
+        if digest_task is not None:
+            await client.schedule(
+                DEMO_SCHEDULE,
+                digest_task,
+                cron="* * * * * */2",
+                payload={"team": "demo"},
+                misfire="skip",
             )
-            run_started = time.perf_counter()
-            await _show_progress(client, len(unique))
-            elapsed = time.perf_counter() - run_started
-            worker.request_drain()
-        await _summary(client, list(unique.values()), elapsed)
+        run = _Run(total=len({job.id for job in jobs}))
+        console.print(
+            f"enqueued {len(jobs)} jobs ({run.total} distinct) on queues "
+            f"{', '.join(queues)}; worker concurrency {concurrency} per queue"
+        )
+        run.worker_slots = concurrency * len(queues)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_workers, app, queues, concurrency, client, run)
+            await _show(client, run, console)
+            nursery.cancel_scope.cancel()
+        if digest_task is not None:
+            await client.unschedule(DEMO_SCHEDULE)
+        await _summary(client, run, console)
     return 0
 
 
-async def _show_progress(client: Client, total: int) -> None:
-    interactive = sys.stdout.isatty()
-    last_print = 0.0
-    while True:
-        statuses = await client.queue_status()
-        done = sum(s.completed + s.failed + s.cancelled for s in statuses)
-        running = sum(s.running for s in statuses)
-        waiting = sum(s.ready + s.scheduled for s in statuses)
-        line = (
-            f"  finished {done:>5}/{total}  running {running:>3}  waiting {waiting:>5}  "
-            f"failed {sum(s.failed for s in statuses)}"
+async def _workers(
+    app: App, queues: tuple[str, ...], concurrency: int, client: Client, run: _Run
+) -> None:
+    """Worker 1 until a third of the work is final, stopped hard; then worker 2 to the end."""
+    async with trio.open_nursery() as nursery:
+        first = trio.CancelScope()
+
+        async def worker_one(task_status: trio.TaskStatus[Worker]) -> None:
+            with first:
+                await app.run_worker(
+                    queues, concurrency, **DEMO_WORKER_OPTIONS, task_status=task_status
+                )
+
+        await nursery.start(worker_one)
+        while True:  # the database's state: polled, like the display
+            if _done(await client.driver.task_status()) >= run.total / 3:
+                break
+            await trio.sleep(0.1)
+        run.killed_running = sum(
+            s.jobs for s in await client.driver.task_status() if s.state == "running"
         )
-        now = time.perf_counter()
-        if interactive:
-            print("\r" + line, end="", flush=True)
-        elif now - last_print >= 1.0 or done >= total:
-            print(line, flush=True)
-            last_print = now
-        if done >= total:
-            if interactive:
-                print()
-            return
-        await trio.sleep(0.2)
+        first.cancel()  # a hard stop: handlers cancelled, leases left to expire
+        run.phase = (
+            f"worker 1 stopped hard with {run.killed_running} jobs running; worker 2 "
+            f"re-runs them when their leases expire"
+        )
+        await app.run_worker(queues, concurrency, **DEMO_WORKER_OPTIONS)
 
 
-async def _summary(client: Client, jobs: list[Job], elapsed: float) -> None:
-    by_task: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    retried = 0
-    for job in jobs:
-        record = await client.get_job(job.id)
-        by_task[job.task][record.state] += 1
-        retried += record.attempt > 1
-    print(
-        f"\nall {len(jobs)} jobs finished in {elapsed:.2f}s "
-        f"({len(jobs) / elapsed:.0f} jobs/s, including handler latency)"
+def _done(statuses: list[TaskStatus]) -> int:
+    return sum(s.jobs for s in statuses if s.state in FINAL)
+
+
+async def _show(client: Client, run: _Run, console: Console) -> None:
+    """Refresh the live table until every job is final (and the schedule fired twice)."""
+    with Live(console=console, refresh_per_second=8, transient=not console.is_terminal) as live:
+        while True:
+            statuses = await client.driver.task_status()
+            schedules = [s for s in await client.schedules() if s.name == DEMO_SCHEDULE]
+            live.update(_progress(statuses, schedules, run))
+            fired = schedules[0].fired if schedules else 2
+            unfinished = sum(s.jobs for s in statuses if s.state not in FINAL)
+            if unfinished == 0 and _done(statuses) >= run.total and fired >= 2:
+                return
+            await trio.sleep(0.125)
+
+
+def _by_task(statuses: list[TaskStatus]) -> dict[str, Counter[str]]:
+    by_task: dict[str, Counter[str]] = defaultdict(Counter)
+    for status in statuses:
+        by_task[status.task][status.state] += status.jobs
+        by_task[status.task]["retried"] += status.retried
+    return by_task
+
+
+def _progress(statuses: list[TaskStatus], schedules: list[Any], run: _Run) -> Group:
+    table = Table(title=f"trioq demo - {run.elapsed():.1f}s - {run.phase}", title_justify="left")
+    for column in (
+        "workflow",
+        "progress",
+        "done",
+        "ready",
+        "running",
+        "sleeping",
+        "waiting",
+        "retried",
+        "failed",
+    ):
+        table.add_column(column, justify="left" if column in ("workflow", "progress") else "right")
+    running = 0
+    for task, states in sorted(_by_task(statuses).items()):
+        total = sum(n for state, n in states.items() if state != "retried")
+        done = sum(states[state] for state in FINAL)
+        running += states["running"]
+        table.add_row(
+            task,
+            ProgressBar(total=max(total, 1), completed=done, width=24),
+            f"{done}/{total}",
+            str(states["ready"] + states["scheduled"]),
+            str(states["running"]),
+            str(states["sleeping"]),
+            str(states["waiting"]),
+            str(states["retried"]),
+            str(states["failed"]),
+        )
+    footer = f"running slots {running}/{run.worker_slots}"
+    if schedules:
+        footer += f"   cron '{schedules[0].cron}': fired {schedules[0].fired}"
+    return Group(table, footer)
+
+
+async def _summary(client: Client, run: _Run, console: Console) -> None:
+    statuses = await client.driver.task_status()
+    table = Table(
+        title=f"summary: {_done(statuses)} jobs final in {run.elapsed():.1f}s", title_justify="left"
     )
-    for task, states in sorted(by_task.items()):
-        print(f"  {task:<16} " + "  ".join(f"{state}={n}" for state, n in sorted(states.items())))
-    print(
-        f"  {retried} jobs succeeded after a retry (their failed attempts are in "
-        f"the attempts table)"
+    for column in ("workflow", "completed", "retried", "failed", "sleeping", "waiting"):
+        table.add_column(column, justify="left" if column == "workflow" else "right")
+    for task, states in sorted(_by_task(statuses).items()):
+        table.add_row(
+            task,
+            str(states["completed"]),
+            str(states["retried"]),
+            str(states["failed"]),
+            str(states["sleeping"]),
+            str(states["waiting"]),
+        )
+    console.print(table)
+    failed = await client.driver.job_list(JobFilter(states=("failed",), limit=5))
+    for job in failed:
+        reason = job.error or {}
+        console.print(
+            f"  failed: job {job.id} ({job.task}) after {job.attempt} attempts: "
+            f"{reason.get('type')}: {reason.get('message')}"
+        )
+    console.print(f"  {run.phase}")
+    console.print(
+        f"  cron schedule {DEMO_SCHEDULE!r} (every 2 s) enqueued each fire time once; "
+        f"retried jobs keep their failed attempts in the attempts table"
     )
-    sample = next((job for job in jobs if job.task == "send_reply"), None)
-    if sample is not None:
-        print(f"  result of job {sample.id}: {await client.wait_result(sample.id)}")

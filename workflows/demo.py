@@ -5,7 +5,8 @@
   (partition key = account).
 - `sync_external`: page through an external API that sometimes answers 503: retried with
   backoff, the failed attempts kept in the attempts history.
-- `nightly_digest`: a scheduled automation (enqueued with a delay here; cron comes later).
+- `nightly_digest`: a scheduled automation: a cron schedule (`@app.periodic`) at 09:00 Paris
+  time; the demo adds one firing every 2 seconds.
 
 `trioq demo` enqueues a few hundred of these and runs a worker until they finish;
 `tests/test_workflows.py` runs them end to end.
@@ -23,6 +24,8 @@ import trioq
 app = trioq.App(schema="trioq")
 
 QUEUES = ("default", "events", "sync", "automations")
+DIGEST_TASK = "nightly_digest"  # `trioq demo` schedules it every 2 s while it runs
+BROKEN_SOURCE = 13  # its partner API always answers 503: the job fails with that reason
 
 
 @attrs.frozen
@@ -75,12 +78,14 @@ async def sync_external(ctx: trioq.Context, payload: SyncRequest) -> dict[str, o
     for page in range(payload.pages):
         await trio.sleep(0.005)  # one page of the partner API
         # Every fifth source is flaky: its first attempt fails on the second page.
-        if payload.source_id % 5 == 0 and ctx.job.attempt == 1 and page == 1:
+        flaky = payload.source_id % 5 == 0 and ctx.job.attempt == 1
+        if (flaky or payload.source_id == BROKEN_SOURCE) and page == 1:
             raise PartnerUnavailable(f"source {payload.source_id}: 503 on page {page}")
         records += 25
     return {"source_id": payload.source_id, "records": records, "attempt": ctx.job.attempt}
 
 
+@app.periodic("nightly-digest", cron="0 9 * * *", timezone="Europe/Paris", payload={"team": "core"})
 @app.task("nightly_digest", queue="automations")
 async def nightly_digest(ctx: trioq.Context, payload: dict[str, object]) -> dict[str, object]:
     await trio.sleep(0.01)
