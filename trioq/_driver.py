@@ -154,6 +154,17 @@ class ScheduleFireDue:
     limit: int = 100
 
 
+@attrs.frozen
+class JobPurge:
+    """Which finished jobs `job_purge` deletes: at most `limit` per call, oldest first."""
+
+    states: tuple[str, ...]
+    older_than_seconds: float
+    tasks: tuple[str, ...] | None = None
+    queues: tuple[str, ...] | None = None
+    limit: int = 1000
+
+
 # --- records --------------------------------------------------------------------------------
 
 
@@ -347,6 +358,12 @@ class ScheduleFireReport:
 
 
 @attrs.frozen
+class QueuePause:
+    queue: str
+    paused_at: datetime.datetime
+
+
+@attrs.frozen
 class DriverStatistics:
     """Statement counts by name since the driver opened (tests and the benchmark read these)."""
 
@@ -408,6 +425,16 @@ class Driver(Protocol):
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]: ...
 
     async def job_list(self, params: JobFilter) -> list[JobRecord]: ...
+
+    async def job_retry(self, job_id: int) -> CancelOutcome | None: ...
+
+    async def job_purge(self, params: JobPurge) -> int: ...
+
+    async def queue_pause(self, queue: str) -> bool: ...
+
+    async def queue_resume(self, queue: str) -> bool: ...
+
+    async def queue_pause_list(self) -> list[QueuePause]: ...
 
     async def worker_register(self, params: WorkerRegistration) -> None: ...
 

@@ -164,6 +164,11 @@ def _check_max_attempts(max_attempts: object) -> None:
         raise ValueError(f"max_attempts: {max_attempts!r} must be an integer in [1, 1000]")
 
 
+def seconds_option(field: str, value: datetime.timedelta | float | None) -> float | None:
+    """A duration option in seconds (a timedelta or a number), or a ValueError naming it."""
+    return _seconds(field, value)
+
+
 def _seconds(field: str, value: datetime.timedelta | float | None) -> float | None:
     seconds: Any = value.total_seconds() if isinstance(value, datetime.timedelta) else value
     if seconds is None:

@@ -44,6 +44,7 @@ from ._driver import (
     FiredOccurrence,
     InsertedJob,
     JobFilter,
+    JobPurge,
     JobRecord,
     Lease,
     MaintenancePass,
@@ -52,6 +53,7 @@ from ._driver import (
     NewSchedule,
     NotifyCallback,
     QueueDemand,
+    QueuePause,
     QueueStatus,
     RenewedLease,
     RenewLeases,
@@ -225,6 +227,7 @@ class MemoryDriver:
     _reserved: dict[str, tuple[MemoryTransaction, int]] = attrs.field(init=False, factory=dict)
     _attempts: dict[int, list[AttemptRecord]] = attrs.field(init=False, factory=dict)
     _workers: dict[uuid.UUID, _Worker] = attrs.field(init=False, factory=dict)
+    _paused: dict[str, datetime.datetime] = attrs.field(init=False, factory=dict)
     _listeners: set[MemoryListener] = attrs.field(init=False, factory=set)
     _ids: Iterator[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
     _migrated: bool = attrs.field(init=False, default=False)
@@ -398,7 +401,7 @@ class MemoryDriver:
     ) -> tuple[list[_Row], str | None, int]:
         """The jobs to claim, in claim order, the last partition key visited and how many keys
         were visited."""
-        if params.limit == 0:
+        if params.limit == 0 or params.queue in self._paused:
             return [], None, 0
         open_rows = [self._rows[job_id] for job_id in self._open_by_queue.get(params.queue, ())]
         ready = [row for row in open_rows if row.state == "ready"]
@@ -596,11 +599,15 @@ class MemoryDriver:
             key=lambda row: (row.finished_at, row.id),
         )[:limit]
         for row in old:
-            del self._rows[row.id]
-            self._attempts.pop(row.id, None)
-            if row.dedup_key is not None:
-                del self._dedup[row.dedup_key]
+            self._delete(row)
         return len(old)
+
+    def _delete(self, row: _Row) -> None:
+        """Delete a finished row with its attempts (ON DELETE CASCADE) and its key."""
+        del self._rows[row.id]
+        self._attempts.pop(row.id, None)
+        if row.dedup_key is not None and self._dedup.get(row.dedup_key) == row.id:
+            del self._dedup[row.dedup_key]
 
     # --- cancel and reads -----------------------------------------------------------------
 
@@ -638,6 +645,63 @@ class MemoryDriver:
             if _matches(row, params, now)
         ]
         return found[: params.limit]
+
+    async def job_retry(self, job_id: int) -> CancelOutcome | None:
+        """Redrive a failed or cancelled job (see the job_retry block); others are left alone."""
+        now = await self._statement("job_retry")
+        row = self._rows.get(job_id)
+        if row is None:
+            return None
+        previous = row.state
+        if previous in ("failed", "cancelled"):
+            row.state, row.run_at, row.cancel_requested = "ready", now, False
+            row.max_attempts = max(row.max_attempts, row.attempt + 1)
+            row.result_json = row.error_json = None
+            row.finished_at = row.started_at = row.worker_id = None
+            self._open_by_queue.setdefault(row.queue, set()).add(row.id)
+            outbox = _Outbox()
+            outbox.add(self._ready_channel(row.queue), row.queue)
+            self._deliver(outbox)
+        return CancelOutcome(previous, row.state)
+
+    async def job_purge(self, params: JobPurge) -> int:
+        now = await self._statement("job_purge")
+        cutoff = now - params.older_than_seconds * _SECOND
+        doomed = sorted(
+            (
+                row
+                for row in self._rows.values()
+                if row.state in FINISHED_STATES
+                and row.state in params.states
+                and _before(row.finished_at, cutoff)
+                and (params.tasks is None or row.task in params.tasks)
+                and (params.queues is None or row.queue in params.queues)
+            ),
+            key=lambda row: (row.finished_at, row.id),
+        )[: params.limit]
+        for row in doomed:
+            self._delete(row)
+        return len(doomed)
+
+    async def queue_pause(self, queue: str) -> bool:
+        now = await self._statement("queue_pause")
+        if queue in self._paused:
+            return False
+        self._paused[queue] = now
+        return True
+
+    async def queue_resume(self, queue: str) -> bool:
+        await self._statement("queue_resume")
+        if self._paused.pop(queue, None) is None:
+            return False
+        outbox = _Outbox()
+        outbox.add(self._ready_channel(queue), queue)
+        self._deliver(outbox)
+        return True
+
+    async def queue_pause_list(self) -> list[QueuePause]:
+        await self._statement("queue_pause_list")
+        return [QueuePause(queue, at) for queue, at in sorted(self._paused.items())]
 
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
         await self._statement("job_attempts")

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
+from . import cli_admin, cli_errors, cli_worker
 from ._core import codec
-from ._core.errors import TrioqError
 from ._core.identifiers import validate_schema
 from ._runtime.health import serve_health
 from ._runtime.worker import Worker
@@ -44,17 +45,27 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     app = _with_url(load_app(args.app), args)
+    cli_worker.warn_unserved_queues(app, args.queue or ["default"])
+    await cli_worker.wait_for_database(app)
+    stopped = cli_worker.StopRecord()
     async with app.client(migrate=args.migrate) as _client, trio.open_nursery() as nursery:
         worker: Worker = await nursery.start(_run_worker, app, args, nursery.cancel_scope)
         if args.health_port is not None:
             port = await nursery.start(serve_health, worker, args.health_port, args.health_host)
             log.info("health on %s:%d", args.health_host, port)
-        nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope)
+        nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope, stopped)
         print(
             f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
             f"concurrency={worker.config.concurrency}",
             flush=True,
         )
+    if stopped.abandoned:
+        print(
+            f"trioq: stopped with {stopped.abandoned} job(s) abandoned (their leases expire and "
+            "another worker retries them)",
+            file=sys.stderr,
+        )
+        return cli_errors.ABANDONED
     return 0
 
 
@@ -78,11 +89,16 @@ async def _run_worker(
     done.cancel()
 
 
-async def _drain_on_signal(worker: Worker, scope: trio.CancelScope) -> None:
+async def _drain_on_signal(
+    worker: Worker, scope: trio.CancelScope, stopped: cli_worker.StopRecord
+) -> None:
     """First SIGINT/SIGTERM drains; a second one stops at once (leases then expire)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if worker.statistics().draining:
+                stopped.abandoned = sum(
+                    loop.running + loop.pending_writes for loop in worker.statistics().loops
+                )
                 print("second signal: stopping now", file=sys.stderr, flush=True)
                 scope.cancel()
                 return
@@ -124,12 +140,14 @@ async def cmd_status(args: argparse.Namespace) -> int:
     async with app.client() as client:
         queues = await client.queue_status()
         workers = await client.workers()
+        paused = await client.paused_queues()
     if args.json:
         print(
             json.dumps(
                 {
                     "queues": [_plain(q) for q in queues],
                     "workers": [_plain(w) for w in workers],
+                    "paused": [_plain(p) for p in paused],
                 },
                 default=str,
                 indent=2,
@@ -145,6 +163,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"{q.queue:<20}{q.ready:>8}{q.scheduled:>8}{q.running:>9}{q.expired_leases:>9}"
             f"{q.completed:>9}{q.failed:>8}{oldest:>10}"
+        )
+    for p in paused:
+        print(
+            f"queue {p.queue} is PAUSED since {p.paused_at:%Y-%m-%d %H:%M:%S} (trioq queue resume)"
         )
     print(f"\n{len(workers)} worker(s)")
     for w in workers:
@@ -195,61 +217,128 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 # --- parsing ----------------------------------------------------------------------------------
 
 
+def _logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """-v and --log-level, accepted before or after the subcommand (`trioq worker ... -v`)."""
+    default: Any = None if top else argparse.SUPPRESS
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="log at INFO and print tracebacks of errors",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level (default: WARNING, INFO with -v)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trioq", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="trioq",
+        description=__doc__,
+        epilog="Exit codes: 0 ok, 1 not found or not changed, 2 usage or configuration, "
+        "3 database, 4 forced stop abandoned jobs, 130 interrupted (docs/cli.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"trioq {_version()}")
+    _logging_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
         cmd.add_argument(
             "--database-url",
             default=None,
-            help=f"libpq URL or conninfo (default: ${DATABASE_URL_ENV})",
+            help=f"libpq URL or conninfo (None: ${DATABASE_URL_ENV})",
         )
+        _logging_options(cmd, top=False)
         return cmd
 
     migrate = command("migrate", "create or upgrade the schema (safe to run concurrently)")
-    migrate.add_argument("--schema", default="trioq")
+    migrate.add_argument("--schema", default="trioq", help="trioq's schema")
 
     worker = command("worker", "run a worker: claim and run jobs until SIGINT/SIGTERM")
     worker.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
-    worker.add_argument("--queue", action="append", help="queue to serve (repeatable)")
+    worker.add_argument(
+        "--queue", action="append", help="queue to serve (repeatable; None: default)"
+    )
     worker.add_argument("--concurrency", type=int, default=10, help="slots per queue")
-    worker.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
-    worker.add_argument("--lease", type=float, default=30.0, metavar="SECONDS")
-    worker.add_argument("--grace", type=float, default=30.0, metavar="SECONDS")
-    worker.add_argument("--maintenance-interval", type=float, default=None, metavar="SECONDS")
-    worker.add_argument("--health-port", type=int, default=None)
-    worker.add_argument("--health-host", default="127.0.0.1")
+    worker.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="claim at least this often without a notification",
+    )
+    worker.add_argument(
+        "--lease", type=float, default=30.0, metavar="SECONDS", help="job lease length"
+    )
+    worker.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running jobs may finish before they are released",
+    )
+    worker.add_argument(
+        "--maintenance-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="lease recovery and retention (None: lease / 3)",
+    )
+    worker.add_argument(
+        "--health-port", type=int, default=None, help="serve /livez /readyz /metrics here"
+    )
+    worker.add_argument("--health-host", default="127.0.0.1", help="address of the health server")
     worker.add_argument("--migrate", action="store_true", help="migrate before starting")
 
     enqueue = command("enqueue", "enqueue one job")
-    enqueue.add_argument("app", metavar="APP_PATH")
-    enqueue.add_argument("task", metavar="TASK")
-    enqueue.add_argument("payload", metavar="JSON")
-    enqueue.add_argument("--queue", default=None)
-    enqueue.add_argument("--delay", type=float, default=None, metavar="SECONDS")
-    enqueue.add_argument("--partition-key", default=None)
-    enqueue.add_argument("--priority", type=int, default=0)
-    enqueue.add_argument("--dedup-key", default=None)
+    enqueue.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
+    enqueue.add_argument("task", metavar="TASK", help="the task's name")
+    enqueue.add_argument("payload", metavar="JSON", help="the payload, as JSON")
+    enqueue.add_argument("--queue", default=None, help="queue (None: the task's)")
+    enqueue.add_argument(
+        "--delay", type=float, default=None, metavar="SECONDS", help="run this much later"
+    )
+    enqueue.add_argument("--partition-key", default=None, help="run one at a time per key")
+    enqueue.add_argument("--priority", type=int, default=0, help="lower runs first")
+    enqueue.add_argument("--dedup-key", default=None, help="unique among unfinished jobs")
 
     status = command("status", "queues, backlog, running, expired leases, workers")
-    status.add_argument("--schema", default="trioq")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--schema", default="trioq", help="trioq's schema")
+    status.add_argument("--json", action="store_true", help="print JSON")
 
     schedules = command("schedules", "cron schedules: next fire time, fired and missed counts")
-    schedules.add_argument("--schema", default="trioq")
-    schedules.add_argument("--json", action="store_true")
+    schedules.add_argument("--schema", default="trioq", help="trioq's schema")
+    schedules.add_argument("--json", action="store_true", help="print JSON")
 
     demo = command("demo", "run the reference workflows (embedded PostgreSQL when no URL)")
-    demo.add_argument("--app", default="trioq_workflows.demo:app", metavar="APP_PATH")
+    demo.add_argument(
+        "--app", default="trioq_workflows.demo:app", metavar="APP_PATH", help="the app to run"
+    )
     demo.add_argument("--scale", type=int, default=1, help="multiply the demo workload")
-    demo.add_argument("--concurrency", type=int, default=25)
+    demo.add_argument("--concurrency", type=int, default=25, help="slots per queue")
+    cli_admin.add_commands(command, COMMANDS)
     return parser
 
 
-COMMANDS = {
+def _version() -> str:
+    try:
+        return importlib.metadata.version("trioq")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "migrate": cmd_migrate,
     "worker": cmd_worker,
     "enqueue": cmd_enqueue,
@@ -260,34 +349,17 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure ends in one line and a documented exit code
+    (trioq/cli_errors.py, docs/cli.md)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = args.log_level or ("INFO" if args.verbose else "WARNING")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return trio.run(COMMANDS[args.command], args)
-    except KeyboardInterrupt:
-        return 130
-    except (ValueError, LookupError, TrioqError) as exc:
-        print(f"trioq: {exc}", file=sys.stderr)
-        return 2
-    except BaseExceptionGroup as group:
-        user_errors, rest = group.split((ValueError, LookupError, TrioqError, KeyboardInterrupt))
-        if rest is not None or user_errors is None:
-            raise
-        leaves = _leaves(user_errors)
-        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-            return 130
-        for leaf in leaves:
-            print(f"trioq: {leaf}", file=sys.stderr)
-        return 2
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        return cli_errors.report(exc, verbose=bool(args.verbose))
 
 
 if __name__ == "__main__":

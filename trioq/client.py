@@ -14,19 +14,32 @@ import trio
 
 from ._core.channels import result_channel
 from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
-from ._core.identifiers import validate_job_id
+from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
     Driver,
+    JobFilter,
+    JobPurge,
     JobRecord,
     Listener,
+    QueuePause,
     QueueStatus,
     ScheduleRecord,
     Transaction,
     WorkerInfo,
 )
-from ._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
+from ._enqueue import (
+    FINISHED_STATES,
+    UNFINISHED_STATES,
+    EnqueueOptions,
+    Job,
+    TaskDeclaration,
+    TaskLike,
+    build_jobs,
+    seconds_option,
+    to_jobs,
+)
 from ._runtime.tasks import TaskSpec
 from .schedules import new_schedule
 
@@ -316,6 +329,83 @@ class Client:
             raise JobNotFound(f"job_id: no job {job_id}")
         return outcome.state
 
+    # --- inspection and operations (`trioq jobs`, `purge`, `queue`) ----------------------
+
+    async def jobs(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        partition_key: str | None = None,
+        older_than: datetime.timedelta | float | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[JobRecord]:
+        """Jobs newest first, filtered (None: any); page on with `before_id=` the last id."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit: {limit!r} must be an integer in [1, 10000]")
+        return await self.driver.job_list(
+            JobFilter(
+                states=_states(states),
+                tasks=None if task is None else (validate_name("task", task),),
+                queues=None if queue is None else (validate_name("queue", queue),),
+                partition_key=validate_key("partition_key", partition_key),
+                older_than_seconds=_seconds("older_than", older_than),
+                before_id=None if before_id is None else validate_job_id(before_id),
+                limit=limit,
+            )
+        )
+
+    async def purge(
+        self,
+        *,
+        states: Iterable[str],
+        older_than: datetime.timedelta | float,
+        task: str | None = None,
+        queue: str | None = None,
+    ) -> int:
+        """Delete finished jobs in `states` that finished over `older_than` ago (in batches);
+        returns how many were deleted."""
+        wanted = _states(states) or ()
+        if not wanted or set(wanted) - set(FINISHED_STATES):
+            raise ValueError(f"states: {states!r} must name finished states {FINISHED_STATES}")
+        age = _seconds("older_than", older_than)
+        assert age is not None
+        params = JobPurge(
+            states=wanted,
+            older_than_seconds=age,
+            tasks=None if task is None else (validate_name("task", task),),
+            queues=None if queue is None else (validate_name("queue", queue),),
+        )
+        deleted = 0
+        while True:
+            batch = await self.driver.job_purge(params)
+            deleted += batch
+            if batch < params.limit:
+                return deleted
+
+    async def retry(self, job_id: int) -> str:
+        """Redrive a failed or cancelled job now, keeping its history (attempts, checkpoints);
+        it gets at least one more attempt. Returns the state after the request (a job in any
+        other state is left alone and its state returned)."""
+        outcome = await self.driver.job_retry(validate_job_id(job_id))
+        if outcome is None:
+            raise JobNotFound(f"job_id: no job {job_id}")
+        return outcome.state
+
+    async def pause_queue(self, queue: str) -> bool:
+        """Workers stop claiming `queue` (running jobs finish; enqueue still works). False if it
+        was paused already."""
+        return await self.driver.queue_pause(validate_name("queue", queue))
+
+    async def resume_queue(self, queue: str) -> bool:
+        """Workers claim `queue` again (woken at once). False if it was not paused."""
+        return await self.driver.queue_resume(validate_name("queue", queue))
+
+    async def paused_queues(self) -> list[QueuePause]:
+        return await self.driver.queue_pause_list()
+
     async def queue_status(self) -> list[QueueStatus]:
         return await self.driver.queue_status()
 
@@ -356,3 +446,19 @@ class Client:
 
     async def schedules(self) -> list[ScheduleRecord]:
         return await self.driver.schedule_list()
+
+
+def _states(states: Iterable[str] | None) -> tuple[str, ...] | None:
+    if states is None:
+        return None
+    if isinstance(states, str):
+        raise ValueError(f"states: {states!r} must be a list of state names, not a string")
+    names = tuple(states)
+    for name in names:
+        if name not in FINISHED_STATES + UNFINISHED_STATES:
+            raise ValueError(f"states: {name!r} is not a job state")
+    return names
+
+
+def _seconds(field: str, value: datetime.timedelta | float | None) -> float | None:
+    return seconds_option(field, value)

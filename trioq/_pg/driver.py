@@ -33,6 +33,7 @@ from .._driver import (
     FiredOccurrence,
     InsertedJob,
     JobFilter,
+    JobPurge,
     JobRecord,
     Lease,
     MaintenancePass,
@@ -41,6 +42,7 @@ from .._driver import (
     NewSchedule,
     NotifyCallback,
     QueueDemand,
+    QueuePause,
     QueueStatus,
     RenewedLease,
     RenewLeases,
@@ -310,6 +312,32 @@ class PgDriver:
             },
         )
         return [JobRecord(*row) for row in rows]
+
+    async def job_retry(self, job_id: int) -> CancelOutcome | None:
+        rows = await self._fetch("job_retry", {"id": job_id})
+        return CancelOutcome(previous_state=rows[0][0], state=rows[0][1]) if rows else None
+
+    async def job_purge(self, params: JobPurge) -> int:
+        rows = await self._fetch(
+            "job_purge",
+            {
+                "states": list(params.states),
+                "older_than": params.older_than_seconds,
+                "tasks": None if params.tasks is None else list(params.tasks),
+                "queues": None if params.queues is None else list(params.queues),
+                "limit": params.limit,
+            },
+        )
+        return len(rows)
+
+    async def queue_pause(self, queue: str) -> bool:
+        return bool(await self._retrying("queue_pause", {"queue": queue}))
+
+    async def queue_resume(self, queue: str) -> bool:
+        return bool(await self._retrying("queue_resume", {"queue": queue}))
+
+    async def queue_pause_list(self) -> list[QueuePause]:
+        return [QueuePause(*row) for row in await self._retrying("queue_pause_list")]
 
     # --- workers and status ---------------------------------------------------------------
 

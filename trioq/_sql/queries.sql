@@ -204,6 +204,8 @@ unkeyed AS MATERIALIZED (
 ),
 candidates AS MATERIALIZED (
     SELECT id FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed) AS both_sources
+    -- A paused queue (`trioq queue pause`) claims nothing; its completions still go through.
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p WHERE p.queue = %(queue)s)
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
 ),
@@ -422,6 +424,47 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: job_retry
+-- Redrive: a failed or cancelled job goes back to ready at once, keeping its attempts history
+-- (and any workflow checkpoints); it gets at least one more attempt (max_attempts is raised to
+-- attempt + 1 if used up, as Oban's retry does). Any other state is left alone and returned.
+-- A job whose dedup key was released to a newer job runs without a key (it has none left).
+WITH target AS (
+    SELECT id, state FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
+),
+changed AS (
+    UPDATE {schema}.jobs j
+    SET state = 'ready', run_at = {schema}.db_now(), cancel_requested = false,
+        max_attempts = greatest(j.max_attempts, j.attempt + 1),
+        result = NULL, error = NULL, finished_at = NULL, worker_id = NULL, started_at = NULL
+    FROM target t
+    WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
+    RETURNING j.id, j.queue, j.state
+),
+notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(queue), queue)) AS n FROM changed
+)
+SELECT t.state AS previous_state, coalesce(c.state, t.state) AS state
+FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
+
+-- name: job_purge
+-- `trioq purge`: delete finished jobs (final states only, whatever is asked) that finished more
+-- than older_than ago, oldest first through jobs_finished_idx, at most `limit` per statement
+-- (the client loops while a batch comes back full). SKIP LOCKED: rows another session holds
+-- (retention, a concurrent purge) are left for the next batch. Attempts go with their job (ON
+-- DELETE CASCADE).
+WITH doomed AS (
+    SELECT id FROM {schema}.jobs
+    WHERE state = ANY(%(states)s::text[]) AND state IN ('completed', 'failed', 'cancelled')
+      AND finished_at < {schema}.db_now() - %(older_than)s::float8 * interval '1 second'
+      AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.jobs j USING doomed WHERE j.id = doomed.id RETURNING j.id;
+
 -- name: job_attempts
 SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at
 FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
@@ -461,6 +504,23 @@ SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, 
        (SELECT count(*) FROM {schema}.jobs j
         WHERE j.worker_id = w.id AND j.state = 'running') AS running
 FROM {schema}.workers w ORDER BY w.started_at;
+
+-- name: queue_pause
+-- `trioq queue pause NAME`: one row per paused queue; claims of the queue check for it.
+-- Returns a row only when the queue was not paused already.
+INSERT INTO {schema}.queue_pauses (queue, paused_at) VALUES (%(queue)s, {schema}.db_now())
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue;
+
+-- name: queue_resume
+-- Resuming wakes the queue's workers at once (they would otherwise wait for their poll).
+WITH resumed AS (
+    DELETE FROM {schema}.queue_pauses WHERE queue = %(queue)s RETURNING queue
+)
+SELECT queue, pg_notify({schema}.ready_channel(queue), queue) FROM resumed;
+
+-- name: queue_pause_list
+SELECT queue, paused_at FROM {schema}.queue_pauses ORDER BY queue;
 
 -- name: ready_channels
 SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;

@@ -27,6 +27,7 @@ import trio
 
 from .._core.channels import control_channel, result_channel
 from .._driver import (
+    CancelOutcome,
     ClaimedJob,
     CompleteAndClaim,
     CompleteAndClaimResult,
@@ -34,6 +35,7 @@ from .._driver import (
     Driver,
     Failure,
     JobFilter,
+    JobPurge,
     JobRecord,
     Lease,
     Listener,
@@ -377,6 +379,68 @@ async def check_job_list_filters_and_pages_newest_first(driver: Driver, clock: D
     expect(await listed(older_than_seconds=60), [old[1], old[0]], "by age")
     [first] = await driver.job_list(JobFilter(limit=1, before_id=old[1]))
     expect((first.id, first.payload, first.state), (old[0], {"n": 0}, "ready"), "the record")
+
+
+@conformance_check
+async def check_retry_redrives_failed_and_cancelled_jobs_keeping_history(
+    driver: Driver, clock: DriverClock
+) -> None:
+    failed, cancelled, ready = await enqueue(
+        driver, new_job(1, max_attempts=1), new_job(2), new_job(3)
+    )
+    await driver.job_cancel(cancelled)
+    [job] = await claim(driver, limit=1)
+    await fail(driver, job.lease, None)
+    expect(await driver.job_retry(ready), CancelOutcome("ready", "ready"), "a ready job")
+    expect(await driver.job_retry(failed), CancelOutcome("failed", "ready"), "a failed job")
+    expect(await driver.job_retry(cancelled), CancelOutcome("cancelled", "ready"), "cancelled")
+    expect(await driver.job_retry(999_999), None, "a missing job")
+    again = await record(driver, failed)
+    expect((again.state, again.max_attempts, again.error), ("ready", 2, None), "redriven row")
+    expect(len(await driver.job_attempts(failed)), 1, "the attempts history is kept")
+    claimed = {job.id: job for job in await claim(driver, limit=3)}
+    expect(sorted(claimed), sorted([failed, cancelled, ready]), "all three claimable")
+    expect(claimed[failed].attempt, 2, "the redriven job's next attempt")
+
+
+@conformance_check
+async def check_purge_deletes_finished_jobs_older_than_the_age(
+    driver: Driver, clock: DriverClock
+) -> None:
+    _done, cancelled, other, kept = await enqueue(
+        driver, new_job(1), new_job(2), new_job(3, task="other"), new_job(4)
+    )
+    [job] = await claim(driver, limit=1)
+    await complete(driver, job.lease)
+    await driver.job_cancel(cancelled)
+    await driver.job_cancel(other)
+    await clock.advance(100)
+
+    def purge(*states: str, age: float = 50, **fields: Any) -> JobPurge:
+        return JobPurge(states=states, older_than_seconds=age, **fields)
+
+    expect(await driver.job_purge(purge("cancelled", age=200)), 0, "nothing that old")
+    expect(await driver.job_purge(purge("ready", "cancelled", tasks=(TASK,))), 1, "by task")
+    expect(await driver.job_get(cancelled), None, "the purged job")
+    expect(await driver.job_purge(purge("completed", "cancelled", limit=1)), 1, "a batch of 1")
+    expect(await driver.job_purge(purge("completed", "cancelled")), 1, "the rest")
+    expect((await record(driver, kept)).state, "ready", "an unfinished job is never purged")
+    expect(await driver.job_attempts(cancelled), [], "attempts go with their job")
+
+
+@conformance_check
+async def check_paused_queue_claims_nothing_until_resumed(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job(1))
+    expect(await driver.queue_pause(QUEUE), True, "pause")
+    expect(await driver.queue_pause(QUEUE), False, "pause again")
+    expect([p.queue for p in await driver.queue_pause_list()], [QUEUE], "paused queues")
+    expect(await claim(driver), [], "claim while paused")
+    expect(await driver.queue_resume(QUEUE), True, "resume")
+    expect(await driver.queue_resume(QUEUE), False, "resume again")
+    expect(await driver.queue_pause_list(), [], "paused queues after resume")
+    expect(ids(await claim(driver)), [job_id], "claim after resume")
 
 
 # --- dedup ----------------------------------------------------------------------------------

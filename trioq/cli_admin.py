@@ -1,0 +1,300 @@
+"""`trioq jobs | job | retry | cancel | purge | queue`: inspect and redrive jobs from a shell.
+
+Every command prints a table (or `--json`), reads the schema given by `--schema`, and exits 0 on
+success, 1 when something asked for does not exist or cannot change (see docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from ._core.errors import JobNotFound
+from ._core.identifiers import validate_schema
+from ._driver import JobRecord
+from .app import App
+from .client import Client
+
+FINISHED = ("completed", "failed", "cancelled")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+Command = Callable[[argparse.Namespace], Any]
+
+
+def duration(text: str) -> float:
+    """`90`, `45s`, `30m`, `12h`, `7d`, `2w` -> seconds (argparse type)."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (a number with an optional unit s, m, h, d or w: 7d)"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def job_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a positive integer)")
+    return int(text)
+
+
+def _app(args: argparse.Namespace) -> App:
+    return App(args.database_url, schema=validate_schema(args.schema))
+
+
+def _plain(value: Any) -> Any:
+    return attrs.asdict(value) if attrs.has(type(value)) else value
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=str, indent=2))
+
+
+def _age(moment: datetime.datetime | None) -> str:
+    if moment is None:
+        return "-"
+    seconds = (datetime.datetime.now(datetime.UTC) - moment).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if abs(seconds) >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    async with _app(args).client() as client:
+        records = await client.jobs(
+            states=args.state,
+            task=args.task,
+            queue=args.queue,
+            partition_key=args.partition_key,
+            older_than=args.older_than,
+            before_id=args.before,
+            limit=args.limit,
+        )
+    if args.json:
+        _print_json({"jobs": [_plain(r) for r in records], "next_before": _next(records, args)})
+        return 0
+    print(f"{'id':>10} {'state':<10} {'task':<24} {'queue':<14} {'try':>5} {'age':>6}  error")
+    for r in records:
+        error = (r.error or {}).get("message", "") if isinstance(r.error, dict) else ""
+        print(
+            f"{r.id:>10} {r.state:<10} {r.task[:24]:<24} {r.queue[:14]:<14} "
+            f"{r.attempt:>2}/{r.max_attempts:<2} {_age(r.created_at):>6}  {str(error)[:40]}"
+        )
+    following = _next(records, args)
+    if following is not None:
+        print(f"(more: --before {following})")
+    return 0
+
+
+def _next(records: Sequence[JobRecord], args: argparse.Namespace) -> int | None:
+    return records[-1].id if len(records) == args.limit else None
+
+
+async def cmd_job(args: argparse.Namespace) -> int:
+    async with _app(args).client() as client:
+        record = await client.get_job(args.job_id)
+        attempts = await client.attempts(args.job_id)
+        history: list[Any] = []
+    if args.json:
+        _print_json(
+            {
+                "job": _plain(record),
+                "attempts": [_plain(a) for a in attempts],
+                "history": [_plain(h) for h in history],
+            }
+        )
+        return 0
+    for field in attrs.fields(type(record)):
+        value = getattr(record, field.name)
+        shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
+        print(f"{field.name:>16}: {shown}")
+    print(f"\nattempts ({len(attempts)} that did not complete):")
+    for a in attempts:
+        print(f"  #{a.attempt} {a.outcome} at {a.finished_at}: {a.error_type}: {a.error_message}")
+        if a.traceback and args.tracebacks:
+            print("    " + a.traceback.rstrip().replace("\n", "\n    "))
+    if history:
+        print(f"\nhistory ({len(history)} checkpoints):")
+        for h in history:
+            print(f"  {_plain(h)}")
+    return 0
+
+
+async def cmd_retry(args: argparse.Namespace) -> int:
+    if bool(args.job_ids) == bool(args.failed):
+        raise ValueError("retry: give job ids, or --failed (with --task/--queue), not both")
+    async with _app(args).client() as client:
+        ids = list(args.job_ids)
+        if args.failed:
+            ids = await _all_ids(client, ("failed",), args.task, args.queue)
+        outcomes = [(job, await _retry_one(client, job)) for job in ids]
+    return _report("retried", outcomes, args, wanted="ready")
+
+
+async def _retry_one(client: Client, job: int) -> str:
+    try:
+        return await client.retry(job)
+    except JobNotFound:
+        return "missing"
+
+
+async def _all_ids(
+    client: Client, states: tuple[str, ...], task: str | None, queue: str | None
+) -> list[int]:
+    ids: list[int] = []
+    before: int | None = None
+    while True:
+        page = await client.jobs(states=states, task=task, queue=queue, before_id=before, limit=500)
+        ids.extend(record.id for record in page)
+        if len(page) < 500:
+            return ids
+        before = page[-1].id
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    async with _app(args).client() as client:
+        outcomes = []
+        for job in args.job_ids:
+            try:
+                outcomes.append((job, await client.cancel(job)))
+            except JobNotFound:
+                outcomes.append((job, "missing"))
+    return _report("cancelled", outcomes, args, wanted="cancelled", also=("running",))
+
+
+def _report(
+    verb: str,
+    outcomes: Sequence[tuple[int, str]],
+    args: argparse.Namespace,
+    *,
+    wanted: str,
+    also: tuple[str, ...] = (),
+) -> int:
+    """One line per job (or JSON); exit 1 if any job was missing or could not change."""
+    if args.json:
+        _print_json({"jobs": [{"id": job, "state": state} for job, state in outcomes]})
+    else:
+        for job, state in outcomes:
+            note = "" if state in (wanted, *also) else "  (left alone)"
+            print(f"{job}: {state}{note}")
+        print(f"{sum(state in (wanted, *also) for _, state in outcomes)} {verb}")
+    return 0 if all(state in (wanted, *also) for _, state in outcomes) else 1
+
+
+async def cmd_purge(args: argparse.Namespace) -> int:
+    states = tuple(args.state)
+    for state in states:
+        if state not in FINISHED:
+            raise ValueError(f"--state: {state!r} is not finished; purge takes {FINISHED}")
+    async with _app(args).client() as client:
+        deleted = await client.purge(
+            states=states, older_than=args.older_than, task=args.task, queue=args.queue
+        )
+    if args.json:
+        _print_json({"deleted": deleted})
+    else:
+        print(
+            f"deleted {deleted} job(s) ({', '.join(states)}) finished over {args.older_than}s ago"
+        )
+    return 0
+
+
+async def cmd_queue(args: argparse.Namespace) -> int:
+    if args.action != "list" and args.name is None:
+        raise ValueError(f"queue {args.action}: name the queue (trioq queue {args.action} NAME)")
+    async with _app(args).client() as client:
+        if args.action == "pause":
+            changed = await client.pause_queue(args.name)
+        elif args.action == "resume":
+            changed = await client.resume_queue(args.name)
+        else:
+            changed = True
+        paused = await client.paused_queues()
+    if args.json:
+        _print_json({"changed": changed, "paused": [_plain(p) for p in paused]})
+    elif args.action != "list":
+        verb = "paused" if args.action == "pause" else "resumed"
+        print(f"queue {args.name}: {verb}" + ("" if changed else f" (it already was {verb})"))
+    else:
+        for p in paused:
+            print(f"{p.queue}: paused since {p.paused_at}")
+        if not paused:
+            print("no paused queues")
+    return 0
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def add_commands(
+    command: Callable[[str, str], argparse.ArgumentParser], table: dict[str, Command]
+) -> None:
+    """Register the commands on the main parser (`command(name, help)` makes a subparser)."""
+
+    def common(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        cmd.add_argument("--schema", default="trioq", help="trioq's schema (default: %(default)s)")
+        cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return cmd
+
+    def filters(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--task", default=None, help="only this task (default: any)")
+        cmd.add_argument("--queue", default=None, help="only this queue (default: any)")
+
+    jobs = common(command("jobs", "list jobs, newest first (filters, paging)"))
+    filters(jobs)
+    jobs.add_argument(
+        "--state", action="append", default=None, help="only this state (repeatable; default: any)"
+    )
+    jobs.add_argument("--partition-key", default=None, help="only this partition key")
+    jobs.add_argument(
+        "--older-than", type=duration, default=None, metavar="AGE", help="created over AGE ago (7d)"
+    )
+    jobs.add_argument("--limit", type=int, default=50, help="page size (default: %(default)s)")
+    jobs.add_argument(
+        "--before", type=job_id, default=None, metavar="ID", help="the page after this id"
+    )
+    table["jobs"] = cmd_jobs
+
+    job = common(command("job", "one job: its row, failed attempts, workflow history"))
+    job.add_argument("job_id", type=job_id, metavar="JOB_ID")
+    job.add_argument(
+        "--no-tracebacks", dest="tracebacks", action="store_false", help="hide tracebacks"
+    )
+    table["job"] = cmd_job
+
+    retry = common(command("retry", "redrive failed or cancelled jobs (keeping their history)"))
+    retry.add_argument("job_ids", type=job_id, nargs="*", metavar="JOB_ID")
+    retry.add_argument("--failed", action="store_true", help="every failed job (with filters)")
+    filters(retry)
+    table["retry"] = cmd_retry
+
+    cancel = common(command("cancel", "cancel jobs (running ones through their worker)"))
+    cancel.add_argument("job_ids", type=job_id, nargs="+", metavar="JOB_ID")
+    table["cancel"] = cmd_cancel
+
+    purge = common(command("purge", "delete finished jobs older than an age"))
+    purge.add_argument(
+        "--state", action="append", required=True, choices=FINISHED, help="repeatable"
+    )
+    purge.add_argument(
+        "--older-than", type=duration, required=True, metavar="AGE", help="finished over AGE ago"
+    )
+    filters(purge)
+    table["purge"] = cmd_purge
+
+    queue = common(command("queue", "pause or resume a queue (workers stop claiming it)"))
+    queue.add_argument("action", choices=("pause", "resume", "list"))
+    queue.add_argument("name", nargs="?", default=None, metavar="NAME")
+    table["queue"] = cmd_queue
+
+
+__all__ = ["add_commands", "duration"]
