@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from .._core import codec
 from .._core.channels import control_channel, result_channel
 from .._core.errors import JobFailed, JobNotFound, ResultTimeout, SchemaNotMigrated, TrioqError
-from .._core.identifiers import validate_key, validate_schema
+from .._core.identifiers import validate_job_id, validate_key, validate_schema
 from .._core.states import TERMINAL_STATES, JobState
 from .._driver import InsertedJob, JobRecord
 from .._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
@@ -126,9 +126,7 @@ def _event_params(key: str, payload: Any) -> dict[str, Any]:
 
 
 def _check_id(job_id: object) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
-        raise ValueError(f"job_id: {job_id!r} must be a positive integer")
-    return job_id
+    return validate_job_id(job_id)
 
 
 def _final_result(record: JobRecord) -> Any:
