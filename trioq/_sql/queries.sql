@@ -32,7 +32,8 @@ INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 -- INSERT reads it), so the INSERT's unique check no longer sees that row. Two enqueuers racing
 -- for a released key: the second's UPDATE waits on the row lock, re-checks `dedup_key = key` on
 -- the new version (now NULL) and skips it; its INSERT then meets the first one's new row.
--- With no keys in the batch, `released` is one probe of an empty array.
+-- `release_keys` holds the batch's distinct keys only: with no keys, `released` probes an empty
+-- array and costs nothing.
 -- ON CONFLICT DO UPDATE (not DO NOTHING) because it waits for a concurrent inserter of the same
 -- key and then *returns* that row; DO NOTHING would return nothing for a row our snapshot cannot
 -- see, the "ghost duplicate" of Oban #1087. The ready notification (one per queue) is sent by
@@ -48,7 +49,7 @@ WITH input AS MATERIALIZED (
 ),
 released AS (
     UPDATE {schema}.jobs j SET dedup_key = NULL
-    WHERE j.dedup_key = ANY(%(dedup_keys)s::text[])
+    WHERE j.dedup_key = ANY(%(release_keys)s::text[])
       AND j.state IN ('completed', 'failed', 'cancelled')
       AND NOT (j.state = ANY(j.unique_states)
                AND (j.unique_until IS NULL OR j.unique_until > {schema}.db_now()))
