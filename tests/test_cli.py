@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -13,9 +14,13 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests import support
+from tests.procs import WorkerProc, wait_until, worker_group
 from tests.support import sql_rows
+from tests.test_faults import count_is, producer, started_by
 from trioq import cli
 from trioq.producer import SyncProducer
 
@@ -261,3 +266,34 @@ def test_retry_failed_by_task_redrives_every_failed_job_of_it(
     states = dict(sql_rows(pg_url, f"SELECT id, state FROM {pg_schema}.jobs"))
     assert states == {mail[0].id: "ready", mail[1].id: "ready", other.id: "failed"}
     assert cli.main(["retry", *migrated, "--failed", "1"]) == 2  # ids and --failed: usage
+
+
+async def test_second_signal_that_abandons_running_jobs_exits_4_and_a_clean_drain_0(
+    pg_url: str, pg_schema: str, tmp_path: Any
+) -> None:
+    async with (
+        producer(pg_url, pg_schema) as client,
+        worker_group(pg_url, pg_schema, tmp_path) as group,
+    ):
+        forced = await group.start("forced", concurrency=2, lease=30, grace=30)
+        await client.enqueue("work", {"seconds": 60.0})
+        await wait_until(
+            pg_url, *started_by(pg_schema, forced.pid), count_is(1), within=10, what="a start"
+        )
+        forced.signal(signal.SIGTERM)  # drain: the job may run for the 30 s grace ...
+        with trio.fail_after(10):  # the worker's own output is the only signal of its drain
+            await support.wait_until(condition=_says(forced, "draining"))
+        forced.signal(signal.SIGTERM)  # ... but a second signal stops at once
+        assert await forced.wait_exit(10) == 4, forced.output()
+        assert "1 job(s) abandoned" in forced.output()
+        clean = await group.start("clean", concurrency=2, lease=30, grace=1)
+        clean.signal(signal.SIGTERM)
+        assert await clean.wait_exit(10) == 0, clean.output()
+
+
+def _says(proc: WorkerProc, text: str) -> Any:
+    async def check() -> bool:
+        await trio.lowlevel.checkpoint()
+        return text in proc.output()
+
+    return check
