@@ -232,6 +232,7 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             "worker_id": uuid.uuid4(),
             "key_cursor": "",
             "key_window": 200,
+            "task_versions": None,
         }
         rows = conn.execute(statements["job_complete_and_claim"], params).fetchall()
         # Columns: completed ids, key cursor, keys visited, then the claimed job's.

@@ -38,6 +38,7 @@ class NewJob:
     # the job is pruned). See docs/uniqueness.md.
     unique_for_seconds: float | None = None
     unique_states: tuple[str, ...] = ()
+    version: int = 1  # the handler version this job is for (the enqueuing app's highest)
 
 
 @attrs.frozen
@@ -75,6 +76,8 @@ class CompleteAndClaim:
     completions: tuple[Completion, ...] = ()
     key_cursor: str = ""  # partition keys: continue the round-robin after this key
     key_window: int = DEFAULT_KEY_WINDOW  # partition keys: visit at most this many per claim
+    # 'task@version' pairs this worker serves; None: any version of `tasks` (older callers).
+    task_versions: tuple[str, ...] | None = None
 
 
 @attrs.frozen
@@ -100,6 +103,7 @@ class WorkerRegistration:
     pid: int
     queues: tuple[str, ...]
     concurrency: int
+    task_versions: tuple[str, ...] = ()  # 'task@version' pairs served
 
 
 @attrs.frozen
@@ -188,6 +192,7 @@ class ClaimedJob:
     run_at: datetime.datetime
     created_at: datetime.datetime
     cancel_requested: bool
+    version: int = 1
 
     @property
     def lease(self) -> Lease:
@@ -281,6 +286,18 @@ class TaskStatus:
 
 
 @attrs.frozen
+class UnroutableJobs:
+    """Jobs waiting to run (not running, not final) that no live worker serves: none of the
+    workers that heartbeat recently serves this (queue, task, version)."""
+
+    queue: str
+    task: str
+    version: int
+    jobs: int
+    states: tuple[str, ...]
+
+
+@attrs.frozen
 class QueueDemand:
     """One queue's demand (`queue_demand()`): the replica-scaling signal."""
 
@@ -305,6 +322,7 @@ class WorkerInfo:
     started_at: datetime.datetime
     heartbeat_at: datetime.datetime
     running: int
+    task_versions: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -449,6 +467,8 @@ class Driver(Protocol):
     async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
 
     async def task_status(self) -> list[TaskStatus]: ...
+
+    async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]: ...
 
     async def schedule_upsert_many(self, schedules: Sequence[NewSchedule]) -> list[str]: ...
 

@@ -141,6 +141,7 @@ def build_jobs(
             max_attempts=max_attempts,
             unique_for_seconds=unique_for if key is not None else None,
             unique_states=unique_states if key is not None else (),
+            version=getattr(spec, "version", 1),
         )
         for index, (payload, key) in enumerate(zip(payloads, keys, strict=True))
     ]

@@ -62,6 +62,7 @@ from ._driver import (
     ScheduleFireReport,
     ScheduleRecord,
     TaskStatus,
+    UnroutableJobs,
     WorkerInfo,
     WorkerRegistration,
 )
@@ -416,9 +417,9 @@ class MemoryDriver:
         keyed = [
             heads[key]
             for key in visited
-            if key in heads and key not in running and heads[key].task in params.tasks
+            if key in heads and key not in running and _serves(params, heads[key])
         ]
-        unkeyed = [row for row in due if row.partition_key is None and row.task in params.tasks]
+        unkeyed = [row for row in due if row.partition_key is None and _serves(params, row)]
         candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
         return candidates, visited[-1] if visited else None, len(visited)
 
@@ -443,6 +444,7 @@ class MemoryDriver:
             run_at=row.run_at,
             created_at=row.created_at,
             cancel_requested=row.cancel_requested,
+            version=row.version,
         )
 
     def _finish(self, row: _Row, state: str, now: datetime.datetime) -> None:
@@ -755,6 +757,28 @@ class MemoryDriver:
     def _result_channel(self, job_id: int) -> str:
         return result_channel(self.schema, job_id)
 
+    async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]:
+        now = await self._statement("job_unroutable")
+        live = [
+            worker.registration
+            for worker in self._workers.values()
+            if worker.heartbeat_at > now - stale_seconds * _SECOND and worker.state != "stopped"
+        ]
+        groups: dict[tuple[str, str, int], set[str]] = collections.defaultdict(set)
+        counts: collections.Counter[tuple[str, str, int]] = collections.Counter()
+        for row in self._rows.values():
+            if row.state in FINISHED_STATES or row.state == "running":
+                continue
+            pair = f"{row.task}@{row.version}"
+            if any(row.queue in w.queues and pair in w.task_versions for w in live):
+                continue
+            groups[(row.queue, row.task, row.version)].add(row.state)
+            counts[(row.queue, row.task, row.version)] += 1
+        return [
+            UnroutableJobs(*group, counts[group], tuple(sorted(groups[group])))
+            for group in sorted(groups)
+        ]
+
     async def task_status(self) -> list[TaskStatus]:
         await self._statement("task_status")
         groups: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
@@ -881,6 +905,13 @@ def _validate_new_job(job: NewJob) -> None:
     json.loads(job.payload_json)
 
 
+def _serves(params: CompleteAndClaim, row: _Row) -> bool:
+    """The claim's task filter: the task, and its (task, version) pair when one is given."""
+    if row.task not in params.tasks:
+        return False
+    return params.task_versions is None or f"{row.task}@{row.version}" in params.task_versions
+
+
 def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
     if job.run_at is not None:
         run_at = job.run_at if job.run_at.tzinfo else job.run_at.replace(tzinfo=datetime.UTC)
@@ -901,6 +932,7 @@ def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
         unique_until=None
         if job.unique_for_seconds is None or job.dedup_key is None
         else now + job.unique_for_seconds * _SECOND,
+        version=job.version,
     )
 
 
@@ -1003,4 +1035,5 @@ def _worker_info(worker: _Worker, running: int) -> WorkerInfo:
         started_at=worker.started_at,
         heartbeat_at=worker.heartbeat_at,
         running=running,
+        task_versions=tuple(registration.task_versions),
     )

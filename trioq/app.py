@@ -67,6 +67,8 @@ class App:
         self.pool_size = pool_size
         self.tasks: dict[str, TaskSpec] = {}
         self.schedules: dict[str, NewSchedule] = {}  # declared with `periodic`
+        # Every registered (task, version); `tasks` holds each task's highest version.
+        self.versions: dict[tuple[str, int], TaskSpec] = {}
         # The open client of the current task and the tasks it starts (a context variable, not
         # an attribute: sibling tasks that each open `client()` get their own pools, and one
         # closing cannot pull the pool from under the other).
@@ -82,8 +84,13 @@ class App:
         max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        version: int = 1,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
+
+        `version` (default 1): register several versions of one task to let jobs enqueued
+        for an older one drain across a deploy. A job records the highest version registered
+        by the app that enqueues it and runs only on workers serving that (task, version).
 
         `name` may be a `trioq.TaskDeclaration` shared with producers: its queue, max_attempts
         and payload class are then the task's (explicit arguments still win).
@@ -91,8 +98,8 @@ class App:
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
 
         def register(handler: Handler) -> Handler:
-            if declared.name in self.tasks:
-                raise ValueError(f"task: {declared.name!r} is already registered")
+            if (declared.name, version) in self.versions:
+                raise ValueError(f"task: {declared.name!r} version {version} is already registered")
             payload_type = payload_type_of(handler)
             if declared.payload_type is not None and payload_type not in (
                 None,
@@ -102,7 +109,7 @@ class App:
                     f"task {declared.name!r}: the handler takes {payload_type.__name__} but "
                     f"the declaration says {declared.payload_type.__name__}"
                 )
-            self.tasks[declared.name] = TaskSpec(
+            spec = TaskSpec(
                 name=declared.name,
                 handler=handler,
                 queue=declared.queue if queue is None else queue,
@@ -110,7 +117,12 @@ class App:
                 retry=retry or RetryPolicy(),
                 timeout=timeout,
                 payload_type=payload_type or declared.payload_type,
+                version=version,
             )
+            self.versions[(spec.name, version)] = spec
+            latest = self.tasks.get(spec.name)
+            if latest is None or latest.version < version:
+                self.tasks[spec.name] = spec  # enqueue defaults come from the highest version
             return handler
 
         return register
@@ -178,7 +190,7 @@ class App:
 
         def decorate(handler: Handler) -> Handler:
             registered = next(
-                (spec.name for spec in self.tasks.values() if spec.handler is handler), None
+                (spec.name for spec in self.versions.values() if spec.handler is handler), None
             )
             if registered is None:
                 self.task(name)(handler)
@@ -274,6 +286,7 @@ class App:
         return Worker(
             driver=client.driver,
             tasks=dict(self.tasks),
+            versions=dict(self.versions),
             config=worker_config,
             schedules=tuple(self.schedules.values()),
             hooks=hooks or WorkerHooks(),

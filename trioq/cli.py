@@ -141,6 +141,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
         queues = await client.queue_status()
         workers = await client.workers()
         paused = await client.paused_queues()
+        unroutable = await client.driver.job_unroutable()
     if args.json:
         print(
             json.dumps(
@@ -148,6 +149,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
                     "queues": [_plain(q) for q in queues],
                     "workers": [_plain(w) for w in workers],
                     "paused": [_plain(p) for p in paused],
+                    "unroutable": [_plain(u) for u in unroutable],
                 },
                 default=str,
                 indent=2,
@@ -172,7 +174,13 @@ async def cmd_status(args: argparse.Namespace) -> int:
     for w in workers:
         print(
             f"  {w.id} {w.hostname}:{w.pid} {w.state} queues={','.join(w.queues)} "
-            f"running={w.running}/{w.concurrency} heartbeat={w.heartbeat_at:%H:%M:%S}"
+            f"running={w.running}/{w.concurrency} heartbeat={w.heartbeat_at:%H:%M:%S} "
+            f"serves={','.join(w.task_versions) or '-'}"
+        )
+    for u in unroutable:
+        print(
+            f"  UNROUTABLE: {u.jobs} job(s) of {u.task} version {u.version} on queue {u.queue} "
+            f"({', '.join(u.states)}): no live worker serves {u.task}@{u.version}"
         )
     return 0
 

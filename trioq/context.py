@@ -19,6 +19,7 @@ class JobInfo:
     partition_key: str | None
     priority: int
     created_at: datetime.datetime
+    version: int = 1  # the handler version this job was enqueued for
 
 
 class Context:

@@ -41,5 +41,6 @@ def new_schedule(
         misfire=validate_misfire(misfire).value,
         catchup_limit=validate_catchup_limit(catchup_limit),
         max_attempts=spec.max_attempts,
+        version=getattr(spec, "version", 1),
         origin=origin,
     )

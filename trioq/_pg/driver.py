@@ -52,6 +52,7 @@ from .._driver import (
     ScheduleFireReport,
     ScheduleRecord,
     TaskStatus,
+    UnroutableJobs,
     WorkerInfo,
     WorkerRegistration,
 )
@@ -96,6 +97,7 @@ def insert_params(jobs: Sequence[NewJob]) -> Params:
         "max_attempts": [job.max_attempts for job in jobs],
         "unique_fors": [job.unique_for_seconds for job in jobs],
         "unique_states": [",".join(job.unique_states) for job in jobs],
+        "versions": [job.version for job in jobs],
     }
 
 
@@ -222,6 +224,9 @@ class PgDriver:
                 "worker_id": params.worker_id,
                 "key_cursor": params.key_cursor,
                 "key_window": params.key_window,
+                "task_versions": None
+                if params.task_versions is None
+                else list(params.task_versions),
             },
         )
         completed = tuple(rows[0][0]) if rows else ()
@@ -351,6 +356,7 @@ class PgDriver:
                 "pid": params.pid,
                 "queues": list(params.queues),
                 "concurrency": params.concurrency,
+                "task_versions": list(params.task_versions),
             },
         )
 
@@ -367,7 +373,16 @@ class PgDriver:
         rows = await self._retrying("worker_list")
         return [
             WorkerInfo(
-                row[0], row[1], row[2], tuple(row[3]), row[4], row[5], row[6], row[7], row[8]
+                row[0],
+                row[1],
+                row[2],
+                tuple(row[3]),
+                row[4],
+                row[5],
+                row[6],
+                row[7],
+                row[8],
+                tuple(row[9]),
             )
             for row in rows
         ]
@@ -375,6 +390,13 @@ class PgDriver:
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         rows = await self._retrying("ready_channels", {"queues": list(queues)})
         return [row[0] for row in rows]
+
+    async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]:
+        rows = await self._retrying("job_unroutable", {"stale_seconds": stale_seconds})
+        return [
+            UnroutableJobs(queue, task, version, jobs, tuple(sorted(states)))
+            for queue, task, version, jobs, states in rows
+        ]
 
     async def task_status(self) -> list[TaskStatus]:
         return [TaskStatus(*row) for row in await self._retrying("task_status")]

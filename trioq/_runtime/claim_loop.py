@@ -96,6 +96,8 @@ class ClaimLoop:
     poll_interval: float
     hooks: WorkerHooks
     key_window: int = DEFAULT_KEY_WINDOW
+    # The (task, version) pairs served; a job runs on the handler of its own version.
+    versions: Mapping[tuple[str, int], TaskSpec] = attrs.field(factory=dict)
     running: dict[int, RunningJob] = attrs.field(factory=dict)
     _completions: list[Completion] = attrs.field(factory=list)
     _failures: list[Failure] = attrs.field(factory=list)
@@ -210,13 +212,14 @@ class ClaimLoop:
             result = await self.driver.job_complete_and_claim(
                 CompleteAndClaim(
                     queue=self.queue,
-                    tasks=tuple(self.tasks),
+                    tasks=tuple(dict.fromkeys(name for name, _ in self.versions) or self.tasks),
                     limit=limit,
                     lease_seconds=self.lease_seconds,
                     worker_id=self.worker_id,
                     completions=tuple(completions),
                     key_cursor=self._key_cursor,
                     key_window=self.key_window,
+                    task_versions=self._task_versions() if self.versions else None,
                 )
             )
         except BaseException:
@@ -286,7 +289,7 @@ class ClaimLoop:
 
     async def _run_job(self, entry: RunningJob) -> None:
         job = entry.job
-        spec = self.tasks[job.task]
+        spec = self.versions.get((job.task, job.version)) or self.tasks[job.task]
         if spec.timeout is not None:
             entry.scope.deadline = trio.current_time() + spec.timeout
         if self.hooks.on_job_start:
@@ -315,6 +318,9 @@ class ClaimLoop:
         if self.hooks.on_job_end:
             self.hooks.on_job_end(job, outcome)
 
+    def _task_versions(self) -> tuple[str, ...]:
+        return tuple(sorted(spec.pair for spec in self.versions.values()))
+
     def _context(self, job: ClaimedJob) -> Context:
         info = JobInfo(
             id=job.id,
@@ -325,6 +331,7 @@ class ClaimLoop:
             partition_key=job.partition_key,
             priority=job.priority,
             created_at=job.created_at,
+            version=job.version,
         )
         return Context(info, self.worker_id)
 

@@ -25,6 +25,7 @@ class TaskSpec:
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     timeout: float | None = None
     payload_type: Any = None  # an attrs class (structured by cattrs) or None for plain JSON
+    version: int = 1  # handler version: a job runs only on workers serving its (task, version)
 
     def __attrs_post_init__(self) -> None:
         validate_name("task", self.name)
@@ -33,8 +34,15 @@ class TaskSpec:
             raise TypeError(f"task {self.name!r}: the handler must be an async function")
         if self.max_attempts < 1:
             raise ValueError(f"task {self.name!r}: max_attempts must be >= 1")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
+            raise ValueError(f"task {self.name!r}: version must be an integer >= 1")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"task {self.name!r}: timeout must be > 0 seconds")
+
+    @property
+    def pair(self) -> str:
+        """`task@version`, as workers advertise it ('@' cannot occur in a task name)."""
+        return f"{self.name}@{self.version}"
 
     def load_payload(self, payload: Any) -> Any:
         if self.payload_type is None:

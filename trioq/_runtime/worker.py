@@ -115,6 +115,8 @@ class Worker:
     metrics: WorkerMetrics = attrs.field(factory=WorkerMetrics)
     listener_guest: ListenerGuest | None = None
     schedules: Sequence[NewSchedule] = ()  # the app's declared schedules, stored at start
+    # Every (task, version) this worker serves; empty: the versions of `tasks`.
+    versions: Mapping[tuple[str, int], TaskSpec] = attrs.field(factory=dict)
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     scheduler: Scheduler = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
@@ -133,6 +135,7 @@ class Worker:
                 concurrency=self.config.concurrency,
                 driver=self.driver,
                 tasks=self.tasks,
+                versions=self.versions or {(s.name, s.version): s for s in self.tasks.values()},
                 worker_id=self.worker_id,
                 lease_seconds=self.config.lease_seconds,
                 poll_interval=self.config.poll_interval,
@@ -141,6 +144,9 @@ class Worker:
             for queue in self.config.queues
         }
         self.scheduler = Scheduler(self.driver, declared=self.schedules)
+
+    def _served(self) -> list[TaskSpec]:
+        return list(self.versions.values()) if self.versions else list(self.tasks.values())
 
     # --- control -------------------------------------------------------------------------
 
@@ -177,6 +183,7 @@ class Worker:
                 pid=os.getpid(),
                 queues=self.config.queues,
                 concurrency=self.config.concurrency,
+                task_versions=tuple(sorted(spec.pair for spec in self._served())),
             )
         )
         try:

@@ -43,9 +43,9 @@ WITH input AS MATERIALIZED (
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
                 %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[],
-                %(unique_fors)s::float8[], %(unique_states)s::text[])
+                %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[])
          WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
-                              dedup_key, max_attempts, unique_for, unique_states, ord)
+                              dedup_key, max_attempts, unique_for, unique_states, version, ord)
 ),
 released AS (
     UPDATE {schema}.jobs j SET dedup_key = NULL
@@ -58,12 +58,12 @@ released AS (
 inserted AS (
     INSERT INTO {schema}.jobs AS j (id, queue, task, payload, priority, run_at, partition_key,
                                    dedup_key, max_attempts, created_at, unique_states,
-                                   unique_until)
+                                   unique_until, version)
     SELECT new_id, queue, task, payload::jsonb, priority,
            coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second'),
            partition_key, dedup_key, max_attempts, {schema}.db_now(),
            string_to_array(coalesce(unique_states, ''), ','),
-           {schema}.db_now() + unique_for * interval '1 second'
+           {schema}.db_now() + unique_for * interval '1 second', coalesce(version, 1)
     FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence
           FROM input) AS first_of_key
     WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) >= 0
@@ -171,13 +171,15 @@ heads AS MATERIALIZED (
     SELECT head.id, head.attempt
     FROM ready_keys k
     CROSS JOIN LATERAL (
-        SELECT j.id, j.attempt, j.priority, j.run_at, j.task FROM {schema}.jobs j
+        SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.partition_key = k.partition_key
           AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
         ORDER BY j.priority, j.run_at, j.id
         LIMIT 1
     ) AS head
     WHERE head.task = ANY(%(tasks)s::text[])
+      AND (%(task_versions)s::text[] IS NULL
+           OR head.task || '@' || head.version = ANY(%(task_versions)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM {schema}.jobs r
                       WHERE r.queue = %(queue)s AND r.partition_key = k.partition_key
                         AND r.state = 'running')
@@ -199,6 +201,8 @@ unkeyed AS MATERIALIZED (
       AND j.partition_key IS NULL
       AND j.run_at <= {schema}.db_now()
       AND j.task = ANY(%(tasks)s::text[])
+      AND (%(task_versions)s::text[] IS NULL
+           OR j.task || '@' || j.version = ANY(%(task_versions)s::text[]))
     ORDER BY j.priority, j.run_at, j.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -222,7 +226,8 @@ claimed AS (
     FROM candidates c
     WHERE j.id = c.id
     RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
-              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested
+              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+              j.version
 )
 SELECT completed.ids,
        (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
@@ -471,9 +476,10 @@ SELECT attempt, outcome, error_type, error_message, traceback, worker_id, starte
 FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
 
 -- name: worker_register
-INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at)
+INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at,
+                             task_versions)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,
-        {schema}.db_now(), {schema}.db_now())
+        {schema}.db_now(), {schema}.db_now(), %(task_versions)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
 RETURNING id;
 
@@ -503,7 +509,8 @@ FROM {schema}.queue_demand() ORDER BY queue;
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
        (SELECT count(*) FROM {schema}.jobs j
-        WHERE j.worker_id = w.id AND j.state = 'running') AS running
+        WHERE j.worker_id = w.id AND j.state = 'running') AS running,
+       w.task_versions
 FROM {schema}.workers w ORDER BY w.started_at;
 
 -- name: queue_pause
@@ -538,6 +545,23 @@ DROP SCHEMA IF EXISTS {schema} CASCADE;
 SELECT queue, task, version, state, count(*) AS jobs,
        count(*) FILTER (WHERE attempt > 1) AS retried
 FROM {schema}.jobs GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
+
+-- name: job_unroutable
+-- `trioq status`: jobs waiting to run that no live worker can run, by (queue, task, version):
+-- a deploy that dropped a version while its jobs sleep or wait shows here until a worker
+-- serving it returns. Live = heartbeat within %(stale_seconds)s. Scans the unfinished jobs
+-- (not running, not final); a status read, not a hot path.
+SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.state) AS states
+FROM {schema}.jobs j
+WHERE j.state NOT IN ('running', 'completed', 'failed', 'cancelled')
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.workers w
+      WHERE w.heartbeat_at > {schema}.db_now() - %(stale_seconds)s * interval '1 second'
+        AND w.state <> 'stopped'
+        AND j.queue = ANY(w.queues)
+        AND j.task || '@' || j.version = ANY(w.task_versions))
+GROUP BY j.queue, j.task, j.version
+ORDER BY j.queue, j.task, j.version;
 
 -- name: schedule_upsert_many
 -- Schedules declared in code (each starting worker upserts its app's `@app.periodic`) or at

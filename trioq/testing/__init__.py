@@ -36,4 +36,7 @@ __all__ = [
     "run_job",
 ]
 
-from . import conformance_schedules  # noqa: F401  (registers the schedule checks)
+from . import (
+    conformance_schedules,  # noqa: F401  (registers the schedule checks)
+    conformance_versions,  # noqa: F401  (registers the version checks)
+)

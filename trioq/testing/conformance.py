@@ -177,6 +177,7 @@ async def claim_round(
     completions: Sequence[Completion] = (),
     key_cursor: str = "",
     key_window: int = 200,
+    task_versions: Sequence[str] | None = None,
 ) -> CompleteAndClaimResult:
     """One claim loop round trip, with the claimed jobs sorted in claim order."""
     result = await driver.job_complete_and_claim(
@@ -189,6 +190,7 @@ async def claim_round(
             completions=tuple(completions),
             key_cursor=key_cursor,
             key_window=key_window,
+            task_versions=None if task_versions is None else tuple(task_versions),
         )
     )
     claimed = sorted(result.claimed, key=lambda job: (job.priority, job.run_at, job.id))
