@@ -84,6 +84,7 @@ async def _run_worker(
         lease_seconds=args.lease,
         grace_seconds=args.grace,
         maintenance_interval=args.maintenance_interval,
+        admission=args.admission,
         task_status=task_status,
     )
     done.cancel()
@@ -302,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="lease recovery and retention (None: lease / 3)",
+    )
+    worker.add_argument(
+        "--admission",
+        choices=("off", "observe", "on"),
+        default="on",
+        help="admission control: lower the claimed slots under sustained overload",
     )
     worker.add_argument(
         "--health-port", type=int, default=None, help="serve /livez /readyz /metrics here"

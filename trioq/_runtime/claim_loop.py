@@ -58,6 +58,7 @@ class WorkerHooks:
     on_round: Callable[[str, int, int], None] | None = None  # queue, requested, claimed
     on_job_start: Callable[[ClaimedJob], None] | None = None
     on_job_end: Callable[[ClaimedJob, str], None] | None = None  # outcome
+    on_poll: Callable[[str], None] | None = None  # queue: a round started by the poll timer
 
 
 @attrs.define(eq=False)
@@ -98,6 +99,8 @@ class ClaimLoop:
     key_window: int = DEFAULT_KEY_WINDOW
     # The (task, version) pairs served; a job runs on the handler of its own version.
     versions: Mapping[tuple[str, int], TaskSpec] = attrs.field(factory=dict)
+    # Admission control: the slots this queue may fill now (None: all of `concurrency`).
+    admitted: Callable[[], int] | None = None
     running: dict[int, RunningJob] = attrs.field(factory=dict)
     _completions: list[Completion] = attrs.field(factory=list)
     _failures: list[Failure] = attrs.field(factory=list)
@@ -168,8 +171,10 @@ class ClaimLoop:
         self._wake.set()  # the first round runs at once: work may be waiting already
         async with trio.open_nursery() as handlers:
             while not (self._stopping and self.owned() == 0):
-                with trio.move_on_after(self.poll_interval):
+                with trio.move_on_after(self.poll_interval) as timer:
                     await self._wake.wait()
+                if timer.cancelled_caught and self.hooks.on_poll:
+                    self.hooks.on_poll(self.queue)
                 self._wake = trio.Event()
                 # Let handlers that finish in this same scheduler tick join the batch.
                 await trio.lowlevel.checkpoint()
@@ -194,14 +199,15 @@ class ClaimLoop:
         completions, self._completions = self._completions, []
         keyed, self._keyed_completions = self._keyed_completions, 0
         # The completions written by this statement free their slots in the same commit.
+        # Admission control only lowers what is claimed; running handlers are never touched.
+        slots = (
+            self.concurrency if self.admitted is None else min(self.concurrency, self.admitted())
+        )
         limit = (
             0
             if self._stopping
             else claim_size(
-                self.concurrency,
-                len(self.running) + len(self._failures) + len(self._releases),
-                0,
-                self.concurrency,
+                slots, len(self.running) + len(self._failures) + len(self._releases), 0, slots
             )
         )
         if limit == 0 and not completions:

@@ -8,6 +8,7 @@ them at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -32,6 +33,7 @@ from .._driver import (
     RenewLeases,
     WorkerRegistration,
 )
+from .admission import AdmissionControl, validate_mode
 from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
 from .metrics import WorkerMetrics, instrument_driver
 from .scheduler import Scheduler
@@ -69,6 +71,7 @@ class WorkerConfig:
     retention_seconds: float = 7 * 24 * 3600.0
     write_timeout: float = 30.0  # bound on the final writes of a drain
     run_scheduler: bool = True  # take part in the scheduler election (cron schedules)
+    admission: str = "on"  # admission control: off, observe, on
 
     def __attrs_post_init__(self) -> None:
         if not self.queues:
@@ -84,6 +87,7 @@ class WorkerConfig:
                 raise ValueError(f"{field}: must be > 0")
         if self.grace_seconds < 0:
             raise ValueError("grace_seconds: must be >= 0")
+        validate_mode(self.admission)
 
     @property
     def renew_interval(self) -> float:
@@ -117,6 +121,7 @@ class Worker:
     schedules: Sequence[NewSchedule] = ()  # the app's declared schedules, stored at start
     # Every (task, version) this worker serves; empty: the versions of `tasks`.
     versions: Mapping[tuple[str, int], TaskSpec] = attrs.field(factory=dict)
+    admission: AdmissionControl = attrs.field(init=False)
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     scheduler: Scheduler = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
@@ -127,7 +132,19 @@ class Worker:
     _renewal_ok: bool = True
 
     def __attrs_post_init__(self) -> None:
-        self.driver = instrument_driver(self.driver, self.metrics)
+        self.admission = AdmissionControl(
+            concurrency={queue: self.config.concurrency for queue in self.config.queues},
+            mode=self.config.admission,
+            lease_seconds=self.config.lease_seconds,
+            renewal_age=lambda: trio.current_time() - self._last_renewal,
+            metrics=self.metrics,
+        )
+        self.driver = instrument_driver(
+            self.driver,
+            self.metrics,
+            on_error=self.admission.record_error,
+            on_claim=self.admission.record_claim,
+        )
         hooks = _with_metrics(self.hooks, self.metrics)
         self.loops = {
             queue: ClaimLoop(
@@ -140,6 +157,7 @@ class Worker:
                 lease_seconds=self.config.lease_seconds,
                 poll_interval=self.config.poll_interval,
                 hooks=hooks,
+                admitted=functools.partial(self.admission.effective_limit, queue),
             )
             for queue in self.config.queues
         }
@@ -156,7 +174,7 @@ class Worker:
 
     def effective_limit(self, queue: str) -> int:
         """The slots of `queue` this worker may fill now (its concurrency unless reduced)."""
-        return self.config.concurrency
+        return self.admission.effective_limit(queue)
 
     def statistics(self) -> WorkerStatistics:
         listener_connected = self._listener is not None and self._listener.connected
@@ -206,6 +224,7 @@ class Worker:
                     services.start_soon(self._maintain)
                     if self.config.run_scheduler:
                         services.start_soon(self.scheduler.run)
+                    services.start_soon(self.admission.run, name="trioq admission control")
                     services.start_soon(self._drain_when_requested, loops_scope)
                     with loops_scope:
                         async with trio.open_nursery() as loops:
@@ -388,6 +407,7 @@ class Worker:
 def _with_metrics(hooks: WorkerHooks, metrics: WorkerMetrics) -> WorkerHooks:
     """The claim loops' hooks: the worker's metrics first, then the caller's (test) hooks."""
     on_round, on_start, on_end = hooks.on_round, hooks.on_job_start, hooks.on_job_end
+    on_poll = hooks.on_poll
 
     def round_(queue: str, requested: int, claimed: int) -> None:
         metrics.on_round(queue, requested, claimed)
@@ -404,4 +424,9 @@ def _with_metrics(hooks: WorkerHooks, metrics: WorkerMetrics) -> WorkerHooks:
         if on_end:
             on_end(job, outcome)
 
-    return WorkerHooks(on_round=round_, on_job_start=start, on_job_end=end)
+    def poll(queue: str) -> None:
+        metrics.poll_wakeups.labels(queue).inc()
+        if on_poll:
+            on_poll(queue)
+
+    return WorkerHooks(on_round=round_, on_job_start=start, on_job_end=end, on_poll=poll)

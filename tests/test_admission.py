@@ -1,0 +1,291 @@
+"""Admission control: the pure AIMD maths, then the service inside a real worker (injected
+database errors on the in-memory driver in virtual time; injected scheduler lag on Postgres)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+import trioq
+from tests.support import Gate, make_app
+from trioq._core.admission import (
+    CLAIM_LATENCY,
+    DB_ERRORS,
+    LEASE_RENEWAL_LATE,
+    OK,
+    RECOVERING,
+    SCHEDULER_LAG,
+    AdmissionPolicy,
+    AdmissionSignals,
+    AdmissionState,
+    admission_step,
+    initial_state,
+)
+from trioq._memory import MemoryDriver
+from trioq._runtime.claim_loop import WorkerHooks
+
+POLICY = AdmissionPolicy(
+    sustain_seconds=1.0, decrease_every=1.0, increase_every=1.0, max_scheduler_lag=0.25
+)
+DEFAULT_POLICY = AdmissionPolicy()
+LAGGING = AdmissionSignals(scheduler_lag=1.0)
+HEALTHY = AdmissionSignals()
+
+
+def run(states: AdmissionState, signals: AdmissionSignals, times: list[float], n: int = 20):
+    out = []
+    for now in times:
+        states = admission_step(states, signals, n, POLICY, now)
+        out.append((states.limit, states.reason))
+    return states, out
+
+
+# --- the pure maths ---------------------------------------------------------------------------
+
+
+def test_sustained_overload_cuts_multiplicatively_down_to_the_floor() -> None:
+    _, out = run(initial_state(20), LAGGING, [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert [limit for limit, _ in out] == [20, 20, 10, 10, 5, 2, 1, 1, 1]
+    assert {reason for limit, reason in out if limit < 20} == {SCHEDULER_LAG}
+
+
+def test_a_short_spike_is_not_sustained_overload() -> None:
+    state = initial_state(20)
+    for now, signals in [(0.0, LAGGING), (0.5, LAGGING), (0.75, HEALTHY), (1.0, LAGGING)]:
+        state = admission_step(state, signals, 20, POLICY, now)
+    assert (state.limit, state.reason) == (20, OK)
+
+
+def test_recovery_is_additive_and_stops_at_the_configured_concurrency() -> None:
+    state = AdmissionState(limit=1, reason=SCHEDULER_LAG, last_change_at=0.0)
+    _, out = run(state, HEALTHY, [0.5 * i for i in range(1, 50)], n=6)
+    limits = [limit for limit, _ in out]
+    assert limits[:10] == [1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+    assert max(limits) == 6 and limits[-1] == 6
+    assert out[1][1] == RECOVERING and out[-1][1] == OK
+
+
+@pytest.mark.parametrize(
+    ("signals", "reason"),
+    [
+        (AdmissionSignals(renewal_age=20.0, lease_seconds=30.0), LEASE_RENEWAL_LATE),
+        (AdmissionSignals(db_errors=3), DB_ERRORS),
+        (AdmissionSignals(claim_latency=5.0), CLAIM_LATENCY),
+        (AdmissionSignals(scheduler_lag=1.0, db_errors=3), SCHEDULER_LAG),
+    ],
+)
+def test_each_signal_names_its_reason(signals: AdmissionSignals, reason: str) -> None:
+    state, _ = run(initial_state(8), signals, [0.0, 1.0], n=8)
+    assert (state.limit, state.reason) == (4, reason)
+
+
+def test_a_lowered_concurrency_clamps_the_limit() -> None:
+    state = admission_step(initial_state(20), HEALTHY, 5, POLICY, 0.0)
+    assert state.limit == 5
+
+
+@given(
+    concurrency=st.integers(1, 50),
+    steps=st.lists(st.tuples(st.floats(0, 3), st.booleans(), st.integers(0, 3)), max_size=60),
+)
+def test_the_limit_stays_within_bounds_and_grows_by_at_most_one_step(
+    concurrency: int, steps: list[tuple[float, bool, int]]
+) -> None:
+    state, now = initial_state(concurrency), 0.0
+    for dt, lagging, errors in steps:
+        now += dt
+        signals = AdmissionSignals(scheduler_lag=1.0 if lagging else 0.0, db_errors=errors)
+        after = admission_step(state, signals, concurrency, POLICY, now)
+        assert min(POLICY.min_limit, concurrency) <= after.limit <= concurrency
+        assert after.limit <= state.limit + POLICY.increase_step
+        if after.limit < state.limit:
+            assert after.reason in (SCHEDULER_LAG, DB_ERRORS)
+        state = after
+
+
+# --- the service in a worker: injected database errors, virtual time ------------------------
+
+
+class FailingClaims(MemoryDriver):
+    """The in-memory driver whose claim statement raises while `failing` is set."""
+
+    failing = False
+
+    async def job_complete_and_claim(self, params):  # type: ignore[no-untyped-def]
+        if self.failing:
+            await trio.sleep(0.01)
+            raise ConnectionError("injected: database unreachable")
+        return await super().job_complete_and_claim(params)
+
+
+async def _errors_then_recovery(mode: str) -> tuple[list, list, trioq.Worker]:
+    app = trioq.App(schema="virtual")
+    changes: list[tuple[float, int, str]] = []
+    rounds: list[tuple[int, int, int]] = []  # (requested, running before, effective limit)
+    gate = Gate()
+
+    @app.task("hold")
+    async def hold(ctx: trioq.Context, payload: object) -> None:
+        gate.enter()
+        await gate.release.wait()
+
+    driver = FailingClaims()
+    async with app.client(driver=driver) as client, trio.open_nursery() as nursery:
+
+        def on_round(queue: str, requested: int, claimed: int) -> None:
+            running = len(worker.loops[queue].running)  # the claimed ones are not added yet
+            rounds.append((requested, running, worker.effective_limit(queue)))
+
+        worker = app.worker(
+            ["default"],
+            10,
+            hooks=WorkerHooks(on_round=on_round),
+            poll_interval=0.5,
+            grace_seconds=0,
+            admission=mode,
+        )
+        worker.admission.on_change = lambda queue, state: changes.append(
+            (trio.current_time(), state.limit, state.reason)
+        )
+        await nursery.start(worker.run)
+        t0 = trio.current_time()
+        driver.failing = True
+        await trio.sleep(5)  # five virtual seconds of failing claims
+        driver.failing = False
+        await client.enqueue_many("hold", [None] * 30)
+        with trio.fail_after(60):
+            await gate.wait_entered(10)
+            gate.release.set()
+        await trio.sleep(25)
+        worker.request_drain()
+    return [(t - t0, limit, reason) for t, limit, reason in changes], rounds, worker
+
+
+async def test_injected_database_errors_lower_the_limit_and_claims_follow_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    changes, rounds, _worker = await _errors_then_recovery("on")
+    cuts = [limit for _, limit, reason in changes if reason == DB_ERRORS]
+    assert cuts == [5, 2, 1]
+    # The first cut comes once the overload has been sustained (default policy: 2 s).
+    sustain = DEFAULT_POLICY.sustain_seconds
+    assert sustain <= changes[0][0] <= sustain + 0.6, changes
+    growth = [(t, limit) for t, limit, reason in changes if reason in (RECOVERING, OK)]
+    assert [limit for _, limit in growth] == list(range(2, 11))  # additive: +1 a step
+    every = DEFAULT_POLICY.increase_every
+    assert all(b[0] - a[0] >= every - 1e-9 for a, b in itertools.pairwise(growth))
+    # Claims follow the effective limit: never asked for more than it leaves open.
+    assert all(requested <= max(0, limit - running) for requested, running, limit in rounds)
+    assert any(0 < requested < 10 for requested, _, _ in rounds), rounds
+
+
+async def test_observe_mode_computes_the_limit_but_changes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    changes, rounds, worker = await _errors_then_recovery("observe")
+    assert [limit for _, limit, reason in changes if reason == DB_ERRORS] == [5, 2, 1]
+    assert worker.effective_limit("default") == 10
+    # The first round after the outage asks for every slot.
+    assert max(requested for requested, _, _ in rounds) == 10
+
+
+# --- injected scheduler lag on Postgres -------------------------------------------------------
+
+
+async def test_injected_scheduler_lag_lowers_the_limit_without_cancelling_handlers(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    first, concurrent, most = Gate(), [0], [0]
+    outcomes: list[str] = []
+
+    @app.task("job")
+    async def job(ctx: trioq.Context, payload: dict[str, int]) -> None:
+        if payload["n"] < 8:
+            first.enter()
+            await first.release.wait()
+
+    def started(job: object) -> None:
+        concurrent[0] += 1
+        most[0] = max(most[0], concurrent[0])
+
+    held_done = trio.Event()
+
+    def ended(job: object, outcome: str) -> None:
+        concurrent[0] -= 1
+        outcomes.append(outcome)
+        if len(outcomes) == 8:
+            held_done.set()
+
+    cut, recovered = trio.Event(), trio.Event()
+    limits: list[int] = []
+
+    def on_change(queue: str, state: object) -> None:
+        limits.append(state.limit)  # type: ignore[attr-defined]
+        if state.limit == 2:  # type: ignore[attr-defined]
+            cut.set()
+        if state.limit == 8:  # type: ignore[attr-defined]
+            recovered.set()
+
+    lagging = True
+
+    async def inject_lag() -> None:
+        while lagging:
+            time.sleep(0.05)  # noqa: ASYNC251 -- blocks the trio thread, as CPU-bound code does
+            await trio.lowlevel.checkpoint()
+
+    async with app.client(migrate=True) as client, trio.open_nursery() as nursery:
+        worker = app.worker(
+            ["default"],
+            8,
+            hooks=WorkerHooks(on_job_start=started, on_job_end=ended),
+            poll_interval=0.2,
+            grace_seconds=0,
+            admission="on",
+        )
+        worker.admission.sample_interval = 0.05
+        worker.admission.lag_window = 0.5
+        worker.admission.policy = AdmissionPolicy(
+            max_scheduler_lag=0.02,
+            sustain_seconds=0.6,
+            decrease_every=0.2,
+            increase_every=0.1,
+            min_limit=2,
+        )
+        worker.admission.on_change = on_change
+        await nursery.start(worker.run)
+        await client.enqueue_many("job", [{"n": n} for n in range(8)])
+        with trio.fail_after(30):
+            await first.wait_entered(8)
+            injected_at = trio.current_time()
+            nursery.start_soon(inject_lag)
+            await cut.wait()
+            reaction = trio.current_time() - injected_at
+            first.release.set()  # the 8 running handlers finish normally
+            await held_done.wait()
+            most[0] = concurrent[0]  # measure the concurrency of new claims from here on
+            recovering_from = len(limits)
+            jobs = await client.enqueue_many("job", [{"n": n} for n in range(8, 40)])
+            for queued in jobs[:3]:
+                await client.wait_result(queued.id)
+            during_cut = most[0]
+            lagging = False
+            await recovered.wait()
+            for queued in jobs[3:]:
+                await client.wait_result(queued.id)
+        worker.request_drain()
+    assert during_cut <= 2  # claims followed the cut limit while the lag lasted
+    # Nothing was cancelled: the 8 handlers running at the cut, and every other, completed.
+    assert outcomes.count("completed") == 40 and set(outcomes) == {"completed"}
+    assert limits[: limits.index(2) + 1][-2:] == [4, 2]  # multiplicative cuts
+    after = limits[recovering_from - 1 :]
+    increases = [b - a for a, b in itertools.pairwise(after) if b > a]
+    assert increases and set(increases) == {1} and after[-1] == 8  # additive recovery
+    print(f"admission reaction time to injected scheduler lag: {reaction:.3f}s")
+    assert reaction < 5
