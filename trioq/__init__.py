@@ -9,6 +9,7 @@ from ._core.errors import (
     TrioqError,
     UnknownTask,
 )
+from ._core.explain import Explanation, Gate
 from ._core.retry import RetryPolicy
 from ._core.states import JobState
 from ._enqueue import Job, TaskDeclaration, declare_task
@@ -24,6 +25,8 @@ __all__ = [
     "ClientTransaction",
     "ConfigurationError",
     "Context",
+    "Explanation",
+    "Gate",
     "Job",
     "JobFailed",
     "JobInfo",

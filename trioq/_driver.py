@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from ._core.explain import ExplainFacts
+
 # --- params ---------------------------------------------------------------------------------
 
 DEFAULT_KEY_WINDOW = 200
@@ -312,6 +314,29 @@ class QueueDemand:
 
 
 @attrs.frozen
+class HealthReport:
+    """`trioq status`'s incident health list (counts) and database pressure figures. The
+    database figures are None on a driver without a server (the in-memory one)."""
+
+    ready_backlog: int
+    expired_ownership: int  # running rows whose lease has expired, not recovered yet
+    sleeping_due: int  # sleeping work whose wake-up time has passed, not promoted yet
+    stale_running: int  # running rows whose worker has no live heartbeat
+    active_waits: int
+    due_wait_timeouts: int
+    waiting_locks: int | None = None  # pg_locks not granted
+    deadlocks: int | None = None  # pg_stat_database, since the statistics reset
+    backends: Mapping[str, int] = attrs.field(factory=dict)  # this database's, by state
+    lock_waits: int | None = None  # backends waiting on a lock
+    cache_hit_ratio: float | None = None
+    jobs_table_bytes: int | None = None
+    jobs_index_bytes: int | None = None
+    dead_tuples: int | None = None
+    live_tuples: int | None = None
+    last_autovacuum: datetime.datetime | None = None
+
+
+@attrs.frozen
 class WorkerInfo:
     id: uuid.UUID
     hostname: str
@@ -463,6 +488,10 @@ class Driver(Protocol):
     async def worker_list(self) -> list[WorkerInfo]: ...
 
     async def queue_demand(self) -> list[QueueDemand]: ...
+
+    async def job_explain(self, job_id: int) -> ExplainFacts | None: ...
+
+    async def status_health(self) -> HealthReport: ...
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
 

@@ -31,6 +31,7 @@ import attrs
 import trio
 
 from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
+from ._core.explain import ExplainFacts
 from ._core.identifiers import validate_key, validate_name, validate_schema
 from ._core.schedule import fire_dedup_key
 from ._driver import (
@@ -42,6 +43,7 @@ from ._driver import (
     DriverStatistics,
     Failure,
     FiredOccurrence,
+    HealthReport,
     InsertedJob,
     JobFilter,
     JobPurge,
@@ -639,6 +641,44 @@ class MemoryDriver:
         row = self._rows.get(job_id)
         return None if row is None else _job_record(row)
 
+    async def job_explain(self, job_id: int) -> ExplainFacts | None:
+        now = await self._statement("job_explain")
+        row = self._rows.get(job_id)
+        if row is None:
+            return None
+        same_key = [
+            other
+            for other in self._rows.values()
+            if other.id != row.id
+            and row.partition_key is not None
+            and (other.queue, other.partition_key) == (row.queue, row.partition_key)
+        ]
+        holders = sorted(
+            (o for o in same_key if o.state in ("running", "sleeping", "waiting")),
+            key=lambda o: o.id,
+        )
+        ahead = sorted(
+            (
+                o
+                for o in same_key
+                if o.state == "ready" and o.run_at <= now and o.claim_order < row.claim_order
+            ),
+            key=lambda o: o.claim_order,
+        )
+        workers = sorted(
+            (w for w in self._workers.values() if row.queue in w.registration.queues),
+            key=lambda w: w.started_at,
+        )
+        attempts = self._attempts.get(job_id, ())
+        return ExplainFacts(
+            now=now,
+            job=_explain_row(row),
+            key_holder=_explain_row(holders[0]) if holders else None,
+            key_ahead=_explain_row(ahead[0]) if ahead else None,
+            workers=tuple(_explain_worker(w) for w in workers),
+            last_attempt=attrs.asdict(attempts[-1]) if attempts else None,
+        )
+
     async def job_list(self, params: JobFilter) -> list[JobRecord]:
         now = await self._statement("job_list")
         found = [
@@ -727,6 +767,25 @@ class MemoryDriver:
         for row in self._rows.values():
             by_queue[row.queue].append(row)
         return [_queue_status(queue, by_queue[queue], now) for queue in sorted(by_queue)]
+
+    async def status_health(self) -> HealthReport:
+        now = await self._statement("status_health")
+        live = {
+            worker_id
+            for worker_id, worker in self._workers.items()
+            if (now - worker.heartbeat_at).total_seconds() < 120
+        }
+        rows = list(self._rows.values())
+        return HealthReport(
+            ready_backlog=sum(r.state == "ready" and r.run_at <= now for r in rows),
+            expired_ownership=sum(
+                r.state == "running" and _before(r.lease_expires_at, now) for r in rows
+            ),
+            sleeping_due=sum(r.state == "sleeping" and r.run_at <= now for r in rows),
+            stale_running=sum(r.state == "running" and r.worker_id not in live for r in rows),
+            active_waits=sum(r.state == "waiting" for r in rows),
+            due_wait_timeouts=sum(r.state == "waiting" and r.run_at <= now for r in rows),
+        )
 
     async def queue_demand(self) -> list[QueueDemand]:
         now = await self._statement("queue_demand")
@@ -964,6 +1023,37 @@ def _json_text_field(value: Any, key: str) -> str | None:
 
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def _explain_row(row: _Row) -> dict[str, Any]:
+    """A row as `to_jsonb(row)` gives it (the columns `trioq explain` reads)."""
+    return {
+        "id": row.id,
+        "queue": row.queue,
+        "task": row.task,
+        "state": row.state,
+        "priority": row.priority,
+        "run_at": row.run_at,
+        "partition_key": row.partition_key,
+        "attempt": row.attempt,
+        "max_attempts": row.max_attempts,
+        "lease_expires_at": row.lease_expires_at,
+        "worker_id": None if row.worker_id is None else str(row.worker_id),
+        "error": _loads(row.error_json),
+        "finished_at": row.finished_at,
+    }
+
+
+def _explain_worker(worker: _Worker) -> dict[str, Any]:
+    registration = worker.registration
+    return {
+        "id": str(registration.worker_id),
+        "hostname": registration.hostname,
+        "pid": registration.pid,
+        "queues": list(registration.queues),
+        "state": worker.state,
+        "heartbeat_at": worker.heartbeat_at,
+    }
 
 
 def _job_record(row: _Row) -> JobRecord:

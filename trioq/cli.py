@@ -137,52 +137,29 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ._cli_ops import run_status
+
+    if args.watch is not None and not args.watch > 0:
+        raise ValueError("--watch: must be a number of seconds > 0")
     app = _with_url(App(schema=validate_schema(args.schema)), args)
     async with app.client() as client:
-        queues = await client.queue_status()
-        workers = await client.workers()
-        paused = await client.paused_queues()
-        unroutable = await client.driver.job_unroutable()
+        return await run_status(client, args, Console())
+
+
+async def cmd_explain(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ._cli_ops import explanation_json, print_explanation
+
+    app = _with_url(App(schema=validate_schema(args.schema)), args)
+    async with app.client() as client:
+        why = await client.explain(args.job_id)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "queues": [_plain(q) for q in queues],
-                    "workers": [_plain(w) for w in workers],
-                    "paused": [_plain(p) for p in paused],
-                    "unroutable": [_plain(u) for u in unroutable],
-                },
-                default=str,
-                indent=2,
-            )
-        )
-        return 0
-    print(
-        f"{'queue':<20}{'ready':>8}{'sched':>8}{'running':>9}{'expired':>9}"
-        f"{'done':>9}{'failed':>8}{'oldest':>10}"
-    )
-    for q in queues:
-        oldest = "-" if q.oldest_ready_seconds is None else f"{q.oldest_ready_seconds:.1f}s"
-        print(
-            f"{q.queue:<20}{q.ready:>8}{q.scheduled:>8}{q.running:>9}{q.expired_leases:>9}"
-            f"{q.completed:>9}{q.failed:>8}{oldest:>10}"
-        )
-    for p in paused:
-        print(
-            f"queue {p.queue} is PAUSED since {p.paused_at:%Y-%m-%d %H:%M:%S} (trioq queue resume)"
-        )
-    print(f"\n{len(workers)} worker(s)")
-    for w in workers:
-        print(
-            f"  {w.id} {w.hostname}:{w.pid} {w.state} queues={','.join(w.queues)} "
-            f"running={w.running}/{w.concurrency} heartbeat={w.heartbeat_at:%H:%M:%S} "
-            f"serves={','.join(w.task_versions) or '-'}"
-        )
-    for u in unroutable:
-        print(
-            f"  UNROUTABLE: {u.jobs} job(s) of {u.task} version {u.version} on queue {u.queue} "
-            f"({', '.join(u.states)}): no live worker serves {u.task}@{u.version}"
-        )
+        print(explanation_json(why))
+    else:
+        print_explanation(why, Console())
     return 0
 
 
@@ -328,9 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--priority", type=int, default=0, help="lower runs first")
     enqueue.add_argument("--dedup-key", default=None, help="unique among unfinished jobs")
 
-    status = command("status", "queues, backlog, running, expired leases, workers")
+    status = command(
+        "status", "queues, workers, the incident health list and database pressure figures"
+    )
     status.add_argument("--schema", default="trioq", help="trioq's schema")
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument(
+        "--watch", type=float, default=None, metavar="SECONDS", help="redraw every SECONDS"
+    )
+
+    explain = command("explain", "why a job is not running: its claim gates in order")
+    explain.add_argument("job_id", metavar="JOB_ID", type=int)
+    explain.add_argument("--schema", default="trioq", help="trioq's schema")
+    explain.add_argument("--json", action="store_true", help="print JSON")
 
     schedules = command("schedules", "cron schedules: next fire time, fired and missed counts")
     schedules.add_argument("--schema", default="trioq", help="trioq's schema")
@@ -358,6 +345,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "worker": cmd_worker,
     "enqueue": cmd_enqueue,
     "status": cmd_status,
+    "explain": cmd_explain,
     "demo": cmd_demo,
     "schedules": cmd_schedules,
 }

@@ -14,15 +14,18 @@ import trio
 
 from ._core.channels import result_channel
 from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
+from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
     Driver,
+    HealthReport,
     JobFilter,
     JobPurge,
     JobRecord,
     Listener,
+    QueueDemand,
     QueuePause,
     QueueStatus,
     ScheduleRecord,
@@ -405,6 +408,20 @@ class Client:
 
     async def paused_queues(self) -> list[QueuePause]:
         return await self.driver.queue_pause_list()
+
+    async def explain(self, job_id: int) -> Explanation:
+        """Why the job is (not) running: its claim gates in order, the first blocking one first
+        in `verdict` (`trioq explain JOB_ID`)."""
+        facts = await self.driver.job_explain(validate_job_id(job_id))
+        if facts is None:
+            raise JobNotFound(f"job_id: no job {job_id}")
+        return explain(facts)
+
+    async def status_health(self) -> HealthReport:
+        return await self.driver.status_health()
+
+    async def queue_demand(self) -> list[QueueDemand]:
+        return await self.driver.queue_demand()
 
     async def queue_status(self) -> list[QueueStatus]:
         return await self.driver.queue_status()

@@ -21,6 +21,7 @@ import trio
 
 from .._core.channels import control_channel, schedules_channel
 from .._core.errors import SchemaNotMigrated
+from .._core.explain import ExplainFacts
 from .._core.schedule import fire_dedup_key
 from .._driver import (
     AttemptRecord,
@@ -31,6 +32,7 @@ from .._driver import (
     DriverStatistics,
     Failure,
     FiredOccurrence,
+    HealthReport,
     InsertedJob,
     JobFilter,
     JobPurge,
@@ -362,6 +364,17 @@ class PgDriver:
 
     async def worker_unregister(self, worker_id: uuid.UUID) -> None:
         await self._retrying("worker_unregister", {"worker_id": worker_id})
+
+    async def job_explain(self, job_id: int) -> ExplainFacts | None:
+        rows = await self._retrying("job_explain", {"id": job_id})
+        if not rows:
+            return None
+        now, job, holder, ahead, workers, last_attempt = rows[0]
+        return ExplainFacts(now, job, holder, ahead, tuple(workers), last_attempt)
+
+    async def status_health(self) -> HealthReport:
+        [row] = await self._retrying("status_health")
+        return HealthReport(*row)
 
     async def queue_demand(self) -> list[QueueDemand]:
         return [QueueDemand(*row) for row in await self._retrying("queue_demand")]

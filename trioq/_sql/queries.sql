@@ -412,6 +412,36 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        max_attempts, worker_id, result, error, created_at, started_at, finished_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
+-- name: job_explain
+-- `trioq explain`: the job row and the facts each claim gate depends on, in one read. Rows are
+-- read as to_jsonb(...) so that columns later migrations add (wait keys, versions) reach the
+-- explanation without this statement changing. Index use: the primary key for the job; the
+-- key holder and the key's earlier ready job through the partition indexes (queue, key); the
+-- last attempt through attempts_job_idx; workers is a small table. Nothing is locked.
+WITH job AS (SELECT * FROM {schema}.jobs WHERE id = %(id)s)
+SELECT {schema}.db_now(),
+       to_jsonb(job.*),
+       (SELECT to_jsonb(h.*) FROM (
+            SELECT k.id, k.state, k.lease_expires_at, k.run_at, k.worker_id
+            FROM {schema}.jobs AS k
+            WHERE k.queue = job.queue AND k.partition_key = job.partition_key
+              AND k.id <> job.id AND k.state IN ('running', 'sleeping', 'waiting')
+            ORDER BY k.id LIMIT 1) AS h),
+       (SELECT to_jsonb(a.*) FROM (
+            SELECT k.id, k.priority, k.run_at
+            FROM {schema}.jobs AS k
+            WHERE k.queue = job.queue AND k.partition_key = job.partition_key
+              AND k.id <> job.id AND k.state = 'ready' AND k.run_at <= {schema}.db_now()
+              AND (k.priority, k.run_at, k.id) < (job.priority, job.run_at, job.id)
+            ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a),
+       (SELECT coalesce(jsonb_agg(to_jsonb(w.*) ORDER BY w.started_at), '[]'::jsonb)
+        FROM {schema}.workers AS w WHERE job.queue = ANY (w.queues)),
+       (SELECT to_jsonb(t.*) FROM (
+            SELECT attempt, outcome, error_type, error_message, finished_at
+            FROM {schema}.attempts WHERE job_id = job.id
+            ORDER BY attempt DESC, id DESC LIMIT 1) AS t)
+FROM job;
+
 -- name: job_list
 -- Inspection (`trioq jobs`, trioq.testing.enqueued_jobs): newest first, keyset-paged by id
 -- (`before_id`), every filter optional (NULL: any). A backward scan of the primary key with the
@@ -505,6 +535,40 @@ FROM {schema}.jobs GROUP BY queue ORDER BY queue;
 -- Per queue demand (the migration's `queue_demand()` function; see its comment for the plan).
 SELECT queue, ready, oldest_ready_seconds, running, scheduled, sleeping, waiting, due_now
 FROM {schema}.queue_demand() ORDER BY queue;
+
+-- name: status_health
+-- `trioq status`: the incident health list (counts) and the database pressure figures, one row.
+-- Each count is a separate scalar subquery (the planner uses the state's partial index where
+-- one exists; otherwise one pass over the unfinished rows). A worker is live while its
+-- heartbeat is under 120 s old (idle workers beat every 30 s). pg_stat_* views are the
+-- server's cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
+SELECT
+    (SELECT count(*) FROM {schema}.jobs
+     WHERE state = 'ready' AND run_at <= {schema}.db_now()),
+    (SELECT count(*) FROM {schema}.jobs
+     WHERE state = 'running' AND lease_expires_at < {schema}.db_now()),
+    (SELECT count(*) FROM {schema}.jobs
+     WHERE state = 'sleeping' AND run_at <= {schema}.db_now()),
+    (SELECT count(*) FROM {schema}.jobs AS j
+     WHERE j.state = 'running' AND NOT EXISTS (
+         SELECT 1 FROM {schema}.workers AS w
+         WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now() - interval '120 s')),
+    (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting'),
+    (SELECT count(*) FROM {schema}.jobs
+     WHERE state = 'waiting' AND run_at <= {schema}.db_now()),
+    (SELECT count(*) FROM pg_locks WHERE NOT granted),
+    (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()),
+    (SELECT coalesce(jsonb_object_agg(s.state, s.n), '{}'::jsonb) FROM (
+         SELECT coalesce(state, 'background') AS state, count(*) AS n FROM pg_stat_activity
+         WHERE datname = current_database() GROUP BY 1) AS s),
+    (SELECT count(*) FROM pg_stat_activity
+     WHERE datname = current_database() AND wait_event_type = 'Lock'),
+    (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
+     WHERE datname = current_database()),
+    pg_table_size('{schema}.jobs'::regclass),
+    pg_indexes_size('{schema}.jobs'::regclass),
+    t.n_dead_tup, t.n_live_tup, t.last_autovacuum
+FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs'::regclass;
 
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,

@@ -1097,6 +1097,27 @@ async def check_queue_demand_counts_unfinished_work_per_queue(
 
 
 @conformance_check
+async def check_status_health_counts_the_incident_list(driver: Driver, clock: DriverClock) -> None:
+    live = uuid.uuid4()
+    await driver.worker_register(WorkerRegistration(live, "host-a", 11, (QUEUE,), 4))
+    await enqueue(driver, new_job(priority=-2), new_job(priority=-1))
+    await claim(driver, limit=1, lease_seconds=10, worker_id=uuid.uuid4())  # no such worker
+    await claim(driver, limit=1, lease_seconds=60, worker_id=live)
+    await enqueue(driver, new_job(), new_job(), new_job(delay_seconds=3600))
+    await clock.advance(11)  # the first lease has expired, unrecovered
+    report = await driver.status_health()
+    counts = (
+        report.ready_backlog,
+        report.expired_ownership,
+        report.stale_running,
+        report.sleeping_due,
+        report.active_waits,
+        report.due_wait_timeouts,
+    )
+    expect(counts, (2, 1, 1, 0, 0, 0), "ready, expired, stale, sleeping due, waits, timeouts")
+
+
+@conformance_check
 async def check_workers_register_heartbeat_and_are_pruned_when_stale(
     driver: Driver, clock: DriverClock
 ) -> None:

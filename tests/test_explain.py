@@ -1,0 +1,189 @@
+"""`trioq explain` / `client.explain`: the gate that keeps a job from running, on Postgres."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import uuid
+
+import trio
+
+import trioq
+from tests.support import Gate as Latch
+from tests.support import make_app, running_worker, scalar
+from trioq import cli
+from trioq._core.explain import ExplainFacts, explain
+
+NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+
+
+def make(pg_url: str, pg_schema: str) -> trioq.App:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("work", queue="default")
+    async def work(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    @app.task("elsewhere", queue="nobody")
+    async def elsewhere(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    return app
+
+
+async def test_a_delayed_job_is_not_due_until_its_run_at(pg_url: str, pg_schema: str) -> None:
+    app = make(pg_url, pg_schema)
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]):
+        job = await client.enqueue("work", {}, delay=3600)
+        why = await client.explain(job.id)
+    assert why.blocked_by == "due"
+    assert why.verdict.startswith("not due until ") and "(in 3" in why.verdict
+
+
+async def test_a_keyed_job_names_the_job_holding_its_partition_key(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    latch = Latch()
+
+    @app.task("keyed")
+    async def keyed(ctx: trioq.Context, payload: object) -> None:
+        latch.enter()
+        await latch.release.wait()
+
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]):
+        first = await client.enqueue("keyed", {}, partition_key="account-7")
+        with trio.fail_after(10):
+            await latch.wait_entered(1)
+        second = await client.enqueue("keyed", {}, partition_key="account-7")
+        why = await client.explain(second.id)
+        running = await client.explain(first.id)
+        latch.release.set()
+    assert why.blocked_by == "partition_key"
+    assert f"partition key 'account-7' held by job {first.id} (lease until " in why.verdict
+    assert running.blocked_by == "lease" and running.verdict.startswith("running on worker ")
+
+
+async def test_no_live_worker_for_the_queue_is_named(pg_url: str, pg_schema: str) -> None:
+    app = make(pg_url, pg_schema)
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]):
+        job = await client.enqueue("elsewhere", {})
+        why = await client.explain(job.id)
+    assert (why.blocked_by, why.verdict) == ("workers", "no live worker serves queue 'nobody'")
+
+
+async def test_no_live_worker_for_the_handler_version_is_named(pg_url: str, pg_schema: str) -> None:
+    app = make(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("work", {})
+        # A worker that reports the (task, version) pairs it serves (migration 0007's column),
+        # registered from the outside, and the job pinned to a version it does not serve.
+        await scalar(
+            pg_url,
+            f"INSERT INTO {pg_schema}.workers (id, hostname, pid, queues, concurrency, "
+            "started_at, heartbeat_at, task_versions) VALUES "
+            f"('{uuid.uuid4()}', 'host-a', 1, '{{default}}', 5, now(), now(), '{{work@1}}') "
+            "RETURNING 1",
+        )
+        await scalar(pg_url, f"UPDATE {pg_schema}.jobs SET version = 2 RETURNING 1")
+        why = await client.explain(job.id)
+    assert why.blocked_by == "version"
+    assert why.verdict == "no live worker serves task 'work' version 2"
+
+
+async def test_exhausted_attempts_name_the_last_stored_error(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("doomed", max_attempts=2, retry=trioq.RetryPolicy(base_seconds=0.01, jitter=0))
+    async def doomed(ctx: trioq.Context, payload: object) -> None:
+        raise LookupError(f"no such account (attempt {ctx.job.attempt})")
+
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]):
+        job = await client.enqueue("doomed", {})
+        with trio.fail_after(10):
+            with contextlib.suppress(trioq.JobFailed):
+                await client.wait_result(job.id)
+        why = await client.explain(job.id)
+    assert why.state == "failed" and why.blocked_by == "final"
+    assert why.verdict == (
+        "failed: attempts exhausted (2/2); last error builtins.LookupError: "
+        "no such account (attempt 2)"
+    )
+
+
+async def test_a_ready_job_with_a_live_worker_passes_every_gate(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("work", {})
+        async with running_worker(app, ["default"]) as worker:
+            worker.request_drain()  # registered, draining: claims nothing
+            await scalar(pg_url, f"UPDATE {pg_schema}.workers SET state = 'draining' RETURNING 1")
+            why = await client.explain(job.id)
+    assert why.blocked_by == "draining"
+    assert why.verdict == "every worker serving queue 'default' is draining"
+
+
+def test_waiting_for_an_event_or_children_is_named() -> None:
+    """The wait gate reads the wait columns (migration 0003) when the row has them."""
+    base = {
+        "id": 5,
+        "queue": "q",
+        "task": "t",
+        "state": "waiting",
+        "priority": 0,
+        "attempt": 1,
+        "max_attempts": 5,
+        "partition_key": None,
+    }
+    timeout = (NOW + datetime.timedelta(minutes=5)).isoformat()
+    event = explain(ExplainFacts(NOW, {**base, "run_at": timeout, "wait_event_key": "approval:42"}))
+    assert (event.blocked_by, event.verdict) == (
+        "wait",
+        "waiting for event 'approval:42' (times out 2030-01-01T00:05:00+00:00 (in 300s))",
+    )
+    children = explain(ExplainFacts(NOW, {**base, "run_at": None, "wait_children": [7, 9]}))
+    assert children.verdict == "waiting for child job(s) 7, 9"
+
+
+def test_a_dead_workers_lease_names_its_recovery() -> None:
+    job = {
+        "id": 5,
+        "queue": "q",
+        "task": "t",
+        "state": "running",
+        "priority": 0,
+        "attempt": 1,
+        "max_attempts": 5,
+        "partition_key": None,
+        "run_at": NOW.isoformat(),
+        "worker_id": "w1",
+        "lease_expires_at": (NOW + datetime.timedelta(seconds=20)).isoformat(),
+    }
+    gone = {"id": "w1", "heartbeat_at": (NOW - datetime.timedelta(minutes=10)).isoformat()}
+    why = explain(ExplainFacts(NOW, job, workers=(gone,)))
+    assert why.blocked_by == "lease"
+    assert why.verdict.startswith("lease held by a dead worker w1 until 2030-01-01T00:00:20")
+
+
+async def test_cli_explain_prints_the_verdict_and_json(
+    pg_url: str, pg_schema: str, capsys: object
+) -> None:
+    app = make(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("work", {}, delay=60)
+    args = ["explain", str(job.id), "--database-url", pg_url, "--schema", pg_schema]
+    assert await trio.to_thread.run_sync(cli.main, [*args, "--json"]) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    data = json.loads(out)
+    assert data["blocked_by"] == "due" and data["gates"][0]["name"] == "due"
+    assert await trio.to_thread.run_sync(cli.main, args) == 0
+    assert "not due until" in capsys.readouterr().out  # type: ignore[attr-defined]
+    assert (
+        await trio.to_thread.run_sync(
+            cli.main, ["explain", "999999", "--database-url", pg_url, "--schema", pg_schema]
+        )
+        == 2
+    )

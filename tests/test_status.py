@@ -1,0 +1,79 @@
+"""`trioq status`: queues, workers, the incident health list and the database pressure figures."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+import trioq
+from tests.support import make_app, running_worker, scalar
+from trioq import cli
+
+
+async def test_status_json_and_tables_carry_the_health_list_and_pressure_figures(
+    pg_url: str, pg_schema: str, capsys: object
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client:
+        async with running_worker(app, ["default"]):
+            done = await client.enqueue("work", {})
+            with trio.fail_after(10):
+                await client.wait_result(done.id)
+        await client.enqueue_many("work", [{}, {}])
+        await client.enqueue("work", {}, delay=600)
+        # A running row whose worker is gone and whose lease has expired.
+        await scalar(
+            pg_url,
+            f"UPDATE {pg_schema}.jobs SET state = 'running', lease_token = gen_random_uuid(), "
+            "lease_expires_at = now() - interval '1 minute', attempt = 1 "
+            f"WHERE id = (SELECT max(id) FROM {pg_schema}.jobs WHERE state = 'ready' "
+            "AND run_at <= now()) RETURNING 1",
+        )
+    args = ["status", "--database-url", pg_url, "--schema", pg_schema]
+    assert await trio.to_thread.run_sync(cli.main, [*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    health = data["health"]
+    assert (health["ready_backlog"], health["expired_ownership"], health["stale_running"]) == (
+        1,
+        1,
+        1,
+    )
+    assert health["deadlocks"] >= 0 and health["waiting_locks"] >= 0
+    assert health["jobs_table_bytes"] > 0 and health["jobs_index_bytes"] > 0
+    assert 0 <= health["cache_hit_ratio"] <= 1
+    assert health["backends"] and all(n > 0 for n in health["backends"].values())
+    [demand] = data["demand"]
+    assert (demand["ready"], demand["running"], demand["scheduled"], demand["due_now"]) == (
+        1,
+        1,
+        1,
+        1,
+    )
+    assert await trio.to_thread.run_sync(cli.main, args) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    for text in ("health list", "expired ownership", "database pressure", "cache hit ratio"):
+        assert text in out
+
+
+def test_migration_tunes_the_jobs_table_for_its_churn(pg_url: str, pg_schema: str) -> None:
+    import psycopg
+
+    import trioq._sql as sql
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {pg_schema}")
+        for migration in sql.migrations(pg_schema):
+            conn.execute(migration.sql)
+        row = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (f"{pg_schema}.jobs",)
+        ).fetchone()
+    assert row is not None
+    options = dict(option.split("=") for option in row[0])
+    assert options["fillfactor"] == "80"
+    assert float(options["autovacuum_vacuum_scale_factor"]) <= 0.02

@@ -1,0 +1,209 @@
+"""`trioq explain`: why a job is (not) running, gate by gate in claim order. Pure: the facts
+(one read by the driver, `now` included) in, a typed explanation out.
+
+The facts carry rows as mappings of column name to value (`to_jsonb` of the row in Postgres),
+so columns that later migrations add (wait keys, handler versions) are used when present.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+# A worker whose heartbeat is older than this is treated as gone (idle workers beat every 30 s).
+LIVE_HEARTBEAT_SECONDS = 120.0
+
+Row = Mapping[str, Any]
+
+
+@attrs.frozen
+class ExplainFacts:
+    now: datetime.datetime
+    job: Row
+    key_holder: Row | None = None  # another job of the key that holds it (running/sleeping/waiting)
+    key_ahead: Row | None = None  # an earlier ready job of the same key
+    workers: tuple[Row, ...] = ()  # registered workers that serve the job's queue
+    last_attempt: Row | None = None
+
+
+@attrs.frozen
+class Gate:
+    name: str
+    blocking: bool
+    detail: str
+
+
+@attrs.frozen
+class Explanation:
+    job_id: int
+    state: str
+    verdict: str  # the first blocking gate's detail, or why it is claimable
+    gates: tuple[Gate, ...]
+
+    @property
+    def blocked_by(self) -> str | None:
+        return next((gate.name for gate in self.gates if gate.blocking), None)
+
+
+def when(value: Any) -> datetime.datetime | None:
+    """A timestamp from a row (a datetime, or ISO text from JSON)."""
+    if value is None or isinstance(value, datetime.datetime):
+        return value
+    return datetime.datetime.fromisoformat(str(value))
+
+
+def _at(value: Any, now: datetime.datetime) -> str:
+    moment = when(value)
+    if moment is None:
+        return "-"
+    delta = (moment - now).total_seconds()
+    rel = f"in {delta:.0f}s" if delta >= 0 else f"{-delta:.0f}s ago"
+    return f"{moment.isoformat(timespec='seconds')} ({rel})"
+
+
+def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS) -> Explanation:
+    job, now = facts.job, facts.now
+    state = str(job["state"])
+    gates = _final_gates(facts) if state in ("completed", "failed", "cancelled") else []
+    if not gates:
+        gates = [
+            _due_gate(job, now),
+            _wait_gate(job, now),
+            _lease_gate(job, facts.workers, now, live_seconds),
+            _key_gate(job, facts, now),
+            *_worker_gates(job, facts.workers, now, live_seconds),
+        ]
+    first = next((gate for gate in gates if gate.blocking), None)
+    if first is not None:
+        verdict = first.detail
+    else:
+        waited = (now - (when(job["run_at"]) or now)).total_seconds()
+        verdict = (
+            f"claimable now (due {waited:.0f}s ago): every gate passes, so the serving "
+            "workers' slots are full or admission control lowered their limits "
+            "(trioq_effective_limit, trioq_admission_reason on /metrics)"
+        )
+    return Explanation(int(job["id"]), state, verdict, tuple(gates))
+
+
+def _final_gates(facts: ExplainFacts) -> list[Gate]:
+    job, state = facts.job, facts.job["state"]
+    if state == "completed":
+        return [Gate("final", True, f"completed at {_at(job.get('finished_at'), facts.now)}")]
+    if state == "cancelled":
+        return [Gate("final", True, f"cancelled at {_at(job.get('finished_at'), facts.now)}")]
+    error = facts.last_attempt or {}
+    err_type = error.get("error_type") or (job.get("error") or {}).get("type")
+    message = error.get("error_message") or (job.get("error") or {}).get("message")
+    return [
+        Gate(
+            "final",
+            True,
+            f"failed: attempts exhausted ({job['attempt']}/{job['max_attempts']}); last error "
+            f"{err_type}: {message}",
+        )
+    ]
+
+
+def _due_gate(job: Row, now: datetime.datetime) -> Gate:
+    run_at = when(job["run_at"])
+    state = job["state"]
+    if state in ("ready", "scheduled", "sleeping") and run_at is not None and run_at > now:
+        verb = "sleeping until" if state == "sleeping" else "not due until"
+        return Gate("due", True, f"{verb} {_at(run_at, now)}")
+    return Gate("due", False, "due")
+
+
+def _wait_gate(job: Row, now: datetime.datetime) -> Gate:
+    if job["state"] != "waiting":
+        return Gate("wait", False, "not waiting")
+    timeout = f" (times out {_at(job['run_at'], now)})" if job.get("run_at") else ""
+    if job.get("wait_event_key"):
+        return Gate("wait", True, f"waiting for event {job['wait_event_key']!r}{timeout}")
+    children = job.get("wait_children")
+    if children:
+        ids = ", ".join(str(child) for child in children)
+        return Gate("wait", True, f"waiting for child job(s) {ids}{timeout}")
+    return Gate("wait", True, f"waiting{timeout}")
+
+
+def _is_live(worker: Row, now: datetime.datetime, live_seconds: float) -> bool:
+    beat = when(worker.get("heartbeat_at"))
+    return beat is not None and (now - beat).total_seconds() <= live_seconds
+
+
+def _lease_gate(
+    job: Row, workers: Sequence[Row], now: datetime.datetime, live_seconds: float
+) -> Gate:
+    if job["state"] != "running":
+        return Gate("lease", False, "no lease held")
+    worker_id = str(job.get("worker_id"))
+    owner = next((w for w in workers if str(w.get("id")) == worker_id), None)
+    expires = when(job.get("lease_expires_at"))
+    expired = expires is not None and expires <= now
+    if owner is None or expired or not _is_live(owner, now, live_seconds):
+        return Gate(
+            "lease",
+            True,
+            f"lease held by a dead worker {worker_id} until {_at(expires, now)} (recovered by "
+            "the next maintenance pass after that, within about a third of the lease)",
+        )
+    where = f"{owner.get('hostname')}:{owner.get('pid')}"
+    return Gate(
+        "lease",
+        True,
+        f"running on worker {worker_id} ({where}), attempt {job['attempt']}/"
+        f"{job['max_attempts']}, lease until {_at(expires, now)}",
+    )
+
+
+def _key_gate(job: Row, facts: ExplainFacts, now: datetime.datetime) -> Gate:
+    key = job.get("partition_key")
+    if key is None or job["state"] not in ("ready", "scheduled"):
+        return Gate("partition_key", False, "no partition key to wait for")
+    holder = facts.key_holder
+    if holder is not None:
+        lease = (
+            f"lease until {_at(holder.get('lease_expires_at'), now)}"
+            if holder.get("state") == "running"
+            else f"{holder.get('state')} until {_at(holder.get('run_at'), now)}"
+        )
+        return Gate(
+            "partition_key", True, f"partition key {key!r} held by job {holder['id']} ({lease})"
+        )
+    if facts.key_ahead is not None:
+        return Gate(
+            "partition_key",
+            True,
+            f"partition key {key!r}: job {facts.key_ahead['id']} is ahead of it in key order",
+        )
+    return Gate("partition_key", False, f"partition key {key!r} is free")
+
+
+def _worker_gates(
+    job: Row, workers: Sequence[Row], now: datetime.datetime, live_seconds: float
+) -> list[Gate]:
+    if job["state"] not in ("ready", "scheduled"):
+        return []
+    queue, task = job["queue"], job["task"]
+    live = [w for w in workers if _is_live(w, now, live_seconds)]
+    if not live:
+        return [Gate("workers", True, f"no live worker serves queue {queue!r}")]
+    gates = [Gate("workers", False, f"{len(live)} live worker(s) serve queue {queue!r}")]
+    serving = live
+    if any(w.get("task_versions") for w in live):
+        pair = f"{task}@{job.get('version', 1)}"
+        serving = [w for w in live if pair in (w.get("task_versions") or ())]
+        if not serving:
+            detail = f"no live worker serves task {task!r} version {job.get('version', 1)}"
+            return [*gates, Gate("version", True, detail)]
+        gates.append(Gate("version", False, f"{len(serving)} worker(s) serve {pair}"))
+    if all(w.get("state") == "draining" for w in serving):
+        return [*gates, Gate("draining", True, f"every worker serving queue {queue!r} is draining")]
+    return [*gates, Gate("draining", False, "a serving worker is accepting work")]
+
+
+__all__ = ["ExplainFacts", "Explanation", "Gate", "explain"]
