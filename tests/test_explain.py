@@ -78,14 +78,8 @@ async def test_no_live_worker_for_the_handler_version_is_named(pg_url: str, pg_s
     async with app.client(migrate=True) as client:
         job = await client.enqueue("work", {})
         # A worker that reports the (task, version) pairs it serves (migration 0007's column),
-        # registered from the outside, and the job pinned to a version it does not serve.
-        await scalar(
-            pg_url,
-            f"INSERT INTO {pg_schema}.workers (id, hostname, pid, queues, concurrency, "
-            "started_at, heartbeat_at, task_versions) VALUES "
-            f"('{uuid.uuid4()}', 'host-a', 1, '{{default}}', 5, now(), now(), '{{work@1}}') "
-            "RETURNING 1",
-        )
+        # and the job pinned to a version it does not serve.
+        await register_worker(pg_url, pg_schema, "running", "{work@1}")
         await scalar(pg_url, f"UPDATE {pg_schema}.jobs SET version = 2 RETURNING 1")
         why = await client.explain(job.id)
     assert why.blocked_by == "version"
@@ -112,18 +106,28 @@ async def test_exhausted_attempts_name_the_last_stored_error(pg_url: str, pg_sch
     )
 
 
-async def test_a_ready_job_with_a_live_worker_passes_every_gate(
-    pg_url: str, pg_schema: str
-) -> None:
+async def register_worker(pg_url: str, pg_schema: str, state: str, versions: str = "{}") -> None:
+    """A worker row registered from the outside (a live heartbeat, no process behind it)."""
+    await scalar(
+        pg_url,
+        f"INSERT INTO {pg_schema}.workers (id, hostname, pid, queues, concurrency, state, "
+        "started_at, heartbeat_at, task_versions) VALUES (%s, 'host-a', 1, '{default}', 5, "
+        "%s, now(), now(), %s) RETURNING 1",
+        (uuid.uuid4(), state, versions),
+    )
+
+
+async def test_every_serving_worker_draining_is_named(pg_url: str, pg_schema: str) -> None:
     app = make(pg_url, pg_schema)
     async with app.client(migrate=True) as client:
         job = await client.enqueue("work", {})
-        async with running_worker(app, ["default"]) as worker:
-            worker.request_drain()  # registered, draining: claims nothing
-            await scalar(pg_url, f"UPDATE {pg_schema}.workers SET state = 'draining' RETURNING 1")
-            why = await client.explain(job.id)
-    assert why.blocked_by == "draining"
-    assert why.verdict == "every worker serving queue 'default' is draining"
+        await register_worker(pg_url, pg_schema, "draining")
+        draining = await client.explain(job.id)
+        await register_worker(pg_url, pg_schema, "running")
+        claimable = await client.explain(job.id)
+    assert draining.blocked_by == "draining"
+    assert draining.verdict == "every worker serving queue 'default' is draining"
+    assert claimable.blocked_by is None and claimable.verdict.startswith("claimable now")
 
 
 def test_waiting_for_an_event_or_children_is_named() -> None:

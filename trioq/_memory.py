@@ -768,6 +768,12 @@ class MemoryDriver:
             by_queue[row.queue].append(row)
         return [_queue_status(queue, by_queue[queue], now) for queue in sorted(by_queue)]
 
+    async def notify_send(self, channel: str, payload: str) -> None:
+        await self._statement("notify_send")
+        outbox = _Outbox()
+        outbox.add(channel, payload)
+        self._deliver(outbox)
+
     async def status_health(self) -> HealthReport:
         now = await self._statement("status_health")
         live = {

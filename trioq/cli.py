@@ -85,6 +85,7 @@ async def _run_worker(
         grace_seconds=args.grace,
         maintenance_interval=args.maintenance_interval,
         admission=args.admission,
+        notifications=args.notifications == "on",
         task_status=task_status,
     )
     done.cancel()
@@ -288,6 +289,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="admission control: lower the claimed slots under sustained overload",
     )
     worker.add_argument(
+        "--notifications",
+        choices=("on", "off"),
+        default="on",
+        help="off: poll only, no LISTEN connection (behind a transaction-pooling proxy)",
+    )
+    worker.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: one object per line (job failures carry job_id, attempt, task, ...)",
+    )
+    worker.add_argument(
         "--health-port", type=int, default=None, help="serve /livez /readyz /metrics here"
     )
     worker.add_argument("--health-host", default="127.0.0.1", help="address of the health server")
@@ -356,7 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     (trioq/cli_errors.py, docs/cli.md)."""
     args = build_parser().parse_args(argv)
     level = args.log_level or ("INFO" if args.verbose else "WARNING")
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "log_format", "text") == "json":
+        from ._runtime.logs import configure_logging
+
+        configure_logging("json", level)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return trio.run(COMMANDS[args.command], args)
     except SystemExit:

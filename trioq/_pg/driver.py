@@ -372,6 +372,9 @@ class PgDriver:
         now, job, holder, ahead, workers, last_attempt = rows[0]
         return ExplainFacts(now, job, holder, ahead, tuple(workers), last_attempt)
 
+    async def notify_send(self, channel: str, payload: str) -> None:
+        await self._retrying("notify_send", {"channel": channel, "payload": payload})
+
     async def status_health(self) -> HealthReport:
         [row] = await self._retrying("status_health")
         return HealthReport(*row)

@@ -37,6 +37,7 @@ from .._driver import (
     Lease,
 )
 from ..context import Context, JobInfo
+from .logs import log_job_failure
 from .tasks import TaskSpec
 
 log = logging.getLogger("trioq.worker")
@@ -368,26 +369,21 @@ class ClaimLoop:
             # Cancelled on purpose and the handler turned it into another error: the reason
             # decides (lost: write nothing; drain: release; cancelled: record it).
             return self._record_cancellation(entry, spec)
+        error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         error_json = _error_json(
-            f"{type(exc).__module__}.{type(exc).__qualname__}",
-            str(exc),
-            "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
+            error_type, str(exc), "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:]
         )
-        if should_retry(job.attempt, job.max_attempts):
-            delay = spec.retry.delay(job.attempt)
-            log.info(
-                "job %d (%s) attempt %d failed, retry in %.2fs: %r",
-                job.id,
-                job.task,
-                job.attempt,
-                delay,
-                exc,
-            )
+        delay = (
+            spec.retry.delay(job.attempt) if should_retry(job.attempt, job.max_attempts) else None
+        )
+        log_job_failure(
+            job_id=job.id, attempt=job.attempt, max_attempts=job.max_attempts, task=job.task,
+            queue=job.queue, worker_id=self.worker_id, error_type=error_type, message=str(exc),
+            retry_in=delay,
+        )  # fmt: skip
+        if delay is not None:
             self._failures.append(Failure(job.lease, error_json, delay))
             return "retried"
-        log.warning(
-            "job %d (%s) failed for good after attempt %d: %r", job.id, job.task, job.attempt, exc
-        )
         self._failures.append(Failure(job.lease, error_json, None, "failed"))
         return "failed"
 

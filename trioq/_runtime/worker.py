@@ -8,13 +8,14 @@ them at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import random
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -72,6 +73,10 @@ class WorkerConfig:
     write_timeout: float = 30.0  # bound on the final writes of a drain
     run_scheduler: bool = True  # take part in the scheduler election (cron schedules)
     admission: str = "on"  # admission control: off, observe, on
+    # False: poll-only (no LISTEN connection), for transaction-pooling proxies.
+    notifications: bool = True
+    # How long the listener self-probe waits for its own NOTIFY before falling back to polling.
+    probe_timeout: float = 5.0
 
     def __attrs_post_init__(self) -> None:
         if not self.queues:
@@ -104,7 +109,7 @@ class WorkerStatistics:
     draining: bool
     listener_connected: bool
     database_healthy: bool
-    listener_state: str  # "ok", "down"
+    listener_state: str  # "ok", "down", "polling" (self-probe failed), "off" (poll-only)
     seconds_since_lease_renewal: float
     loops: tuple[ClaimLoopStatistics, ...]
 
@@ -129,6 +134,10 @@ class Worker:
     _listener: Listener | None = None
     _last_renewal: float = attrs.field(factory=trio.current_time)
     _last_heartbeat: float = attrs.field(factory=trio.current_time)
+    _probe_payload: str = ""
+    _probe_arrived: trio.Event = attrs.field(factory=trio.Event)
+    _probe_failed: bool = False
+    _probe_done: trio.Event = attrs.field(factory=trio.Event)  # the probe decided (tests wait)
     _renewal_ok: bool = True
 
     def __attrs_post_init__(self) -> None:
@@ -178,11 +187,17 @@ class Worker:
 
     def statistics(self) -> WorkerStatistics:
         listener_connected = self._listener is not None and self._listener.connected
+        if not self.config.notifications:
+            listener_state = "off"
+        elif self._probe_failed:
+            listener_state = "polling"
+        else:
+            listener_state = "ok" if listener_connected else "down"
         return WorkerStatistics(
             worker_id=self.worker_id,
             draining=self._drain_requested.is_set(),
             listener_connected=listener_connected,
-            listener_state="ok" if listener_connected else "down",
+            listener_state=listener_state,
             database_healthy=self._renewal_ok
             and all(loop.db_healthy for loop in self.loops.values()),
             seconds_since_lease_renewal=trio.current_time() - self._last_renewal,
@@ -205,20 +220,13 @@ class Worker:
             )
         )
         try:
-            async with self.driver.open_listener(self._on_notify, self._on_reconnect) as listener:
-                # Ready notifications carry the queue name: the channel only filters.
-                self._ready_channels.update(await self.driver.ready_channels(self.config.queues))
-                for channel in [
-                    *self._ready_channels,
-                    control_channel(self.driver.schema),
-                    schedules_channel(self.driver.schema),
-                ]:
-                    await listener.listen(channel)
-                self._listener = listener
-                if self.listener_guest is not None:
-                    self.listener_guest.adopt(listener)
+            async with self._open_listener() as listener:
+                if listener is not None:
+                    await self._subscribe(listener)
                 loops_scope = trio.CancelScope()
                 async with trio.open_nursery() as services:
+                    if listener is not None:
+                        services.start_soon(self._probe_listener, name="trioq listener probe")
                     services.start_soon(self._renew_leases)
                     services.start_soon(self._expire_unconfirmed_leases)
                     services.start_soon(self._maintain)
@@ -240,6 +248,60 @@ class Worker:
                     await self.driver.worker_unregister(self.worker_id)
                 except Exception as exc:
                     log.warning("could not unregister worker %s: %s", self.worker_id, exc)
+
+    # --- the listener --------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _open_listener(self) -> AsyncIterator[Listener | None]:
+        """The worker's LISTEN connection, or None in poll-only mode (`notifications=False`):
+        the claim loops then find work by their poll timer and cancellations arrive with the
+        lease renewals."""
+        if not self.config.notifications:
+            log.info("worker %s: notifications off, polling every %.2fs", self.worker_id,
+                     self.config.poll_interval)  # fmt: skip
+            yield None
+            return
+        async with self.driver.open_listener(self._on_notify, self._on_reconnect) as listener:
+            yield listener
+
+    async def _subscribe(self, listener: Listener) -> None:
+        # Ready notifications carry the queue name: the channel only filters.
+        self._ready_channels.update(await self.driver.ready_channels(self.config.queues))
+        for channel in [
+            *self._ready_channels,
+            control_channel(self.driver.schema),
+            schedules_channel(self.driver.schema),
+        ]:
+            await listener.listen(channel)
+        self._listener = listener
+        if self.listener_guest is not None:
+            self.listener_guest.adopt(listener)
+
+    async def _probe_listener(self) -> None:
+        """NOTIFY ourselves once at start. A listener behind a transaction-pooling proxy (or a
+        misrouted one) is connected yet receives nothing: then warn once, report `polling` on
+        /readyz (a note, not a failure) and rely on the poll timer, which runs anyway."""
+        self._probe_payload = f"probe:{self.worker_id}"
+        try:
+            await self.driver.notify_send(control_channel(self.driver.schema), self._probe_payload)
+        except Exception as exc:
+            log.warning("listener self-probe could not be sent: %s", exc)
+            self._probe_done.set()
+            return
+        with trio.move_on_after(self.config.probe_timeout):
+            await self._probe_arrived.wait()
+            self._probe_done.set()
+            return
+        self._probe_failed = True
+        self._probe_done.set()
+        log.warning(
+            "worker %s: the listener received no notification in %.1fs (a transaction-pooling "
+            "proxy?): falling back to polling every %.2fs; use --notifications off to skip "
+            "the LISTEN connection",
+            self.worker_id,
+            self.config.probe_timeout,
+            self.config.poll_interval,
+        )
 
     async def _drain_when_requested(self, loops_scope: trio.CancelScope) -> None:
         await self._drain_requested.wait()
@@ -270,6 +332,12 @@ class Worker:
             loop = self.loops.get(payload)
             if loop is not None:
                 loop.wake()
+            return
+        if channel == control_channel(self.driver.schema) and payload == self._probe_payload:
+            self._probe_arrived.set()
+            if self._probe_failed:
+                self._probe_failed = False
+                log.warning("worker %s: notifications arrive again", self.worker_id)
             return
         if channel == control_channel(self.driver.schema):
             self._cancel_job(payload)

@@ -536,6 +536,10 @@ FROM {schema}.jobs GROUP BY queue ORDER BY queue;
 SELECT queue, ready, oldest_ready_seconds, running, scheduled, sleeping, waiting, due_now
 FROM {schema}.queue_demand() ORDER BY queue;
 
+-- name: notify_send
+-- One notification, sent outside any transaction (the worker's listener self-probe).
+SELECT pg_notify(%(channel)s, %(payload)s);
+
 -- name: status_health
 -- `trioq status`: the incident health list (counts) and the database pressure figures, one row.
 -- Each count is a separate scalar subquery (the planner uses the state's partial index where

@@ -1097,6 +1097,23 @@ async def check_queue_demand_counts_unfinished_work_per_queue(
 
 
 @conformance_check
+async def check_notify_send_reaches_a_listener(driver: Driver, clock: DriverClock) -> None:
+    received: list[tuple[str, str]] = []
+    arrived = trio.Event()
+
+    def on_notify(channel: str, payload: str) -> None:
+        received.append((channel, payload))
+        arrived.set()
+
+    async with driver.open_listener(on_notify, lambda: None) as listener:
+        await listener.listen(f"{driver.schema}_probe")
+        await driver.notify_send(f"{driver.schema}_probe", "probe:1")
+        with trio.fail_after(10):
+            await arrived.wait()
+    expect(received, [(f"{driver.schema}_probe", "probe:1")], "the notification")
+
+
+@conformance_check
 async def check_status_health_counts_the_incident_list(driver: Driver, clock: DriverClock) -> None:
     live = uuid.uuid4()
     await driver.worker_register(WorkerRegistration(live, "host-a", 11, (QUEUE,), 4))
