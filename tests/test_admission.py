@@ -57,18 +57,32 @@ def test_sustained_overload_cuts_multiplicatively_down_to_the_floor() -> None:
 
 def test_a_short_spike_is_not_sustained_overload() -> None:
     state = initial_state(20)
-    for now, signals in [(0.0, LAGGING), (0.5, LAGGING), (0.75, HEALTHY), (1.0, LAGGING)]:
+    timeline = [(0.0, LAGGING), (0.5, LAGGING), (0.75, HEALTHY), (1.76, HEALTHY), (1.8, LAGGING)]
+    for now, signals in timeline:
         state = admission_step(state, signals, 20, POLICY, now)
     assert (state.limit, state.reason) == (20, OK)
+
+
+def test_a_brief_healthy_gap_neither_ends_an_overload_nor_grows_the_limit() -> None:
+    state = initial_state(20)
+    timeline = [(0.0, LAGGING), (0.5, LAGGING), (0.75, HEALTHY), (1.0, LAGGING)]
+    limits = []
+    for now, signals in timeline:
+        state = admission_step(state, signals, 20, POLICY, now)
+        limits.append(state.limit)
+    assert limits == [20, 20, 20, 10]
+    state = admission_step(state, HEALTHY, 20, POLICY, 1.5)  # healthy, but not for long yet
+    state = admission_step(state, LAGGING, 20, POLICY, 1.75)
+    assert state.limit == 10
 
 
 def test_recovery_is_additive_and_stops_at_the_configured_concurrency() -> None:
     state = AdmissionState(limit=1, reason=SCHEDULER_LAG, last_change_at=0.0)
     _, out = run(state, HEALTHY, [0.5 * i for i in range(1, 50)], n=6)
     limits = [limit for limit, _ in out]
-    assert limits[:10] == [1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+    assert limits[:11] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]  # health first lasts 1 s
     assert max(limits) == 6 and limits[-1] == 6
-    assert out[1][1] == RECOVERING and out[-1][1] == OK
+    assert out[2][1] == RECOVERING and out[-1][1] == OK
 
 
 @pytest.mark.parametrize(

@@ -146,7 +146,12 @@ async def cmd_status(args: argparse.Namespace) -> int:
         raise ValueError("--watch: must be a number of seconds > 0")
     app = _with_url(App(schema=validate_schema(args.schema)), args)
     async with app.client() as client:
-        return await run_status(client, args, Console())
+        return await run_status(client, args, _console(Console))
+
+
+def _console(console_type: Any) -> Any:
+    """A rich console; when not writing to a terminal, wide enough that tables never wrap."""
+    return console_type() if sys.stdout.isatty() else console_type(width=200)
 
 
 async def cmd_explain(args: argparse.Namespace) -> int:
@@ -160,7 +165,7 @@ async def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(explanation_json(why))
     else:
-        print_explanation(why, Console())
+        print_explanation(why, _console(Console))
     return 0
 
 

@@ -39,7 +39,7 @@ class AdmissionSignals:
 
 @attrs.frozen
 class AdmissionPolicy:
-    max_scheduler_lag: float = 0.25
+    max_scheduler_lag: float = 0.1
     max_renewal_fraction: float = 0.5  # of the lease: renewals run every lease/3
     max_db_errors: int = 0  # any error in a sample is a bad sample
     max_claim_latency: float = 2.0
@@ -48,7 +48,9 @@ class AdmissionPolicy:
     sustain_seconds: float = 2.0
     decrease_factor: float = 0.5
     decrease_every: float = 2.0  # at most one cut per this, so a cut can take effect
-    increase_every: float = 1.0  # +1 slot per this while healthy
+    # +1 slot per this, once every signal has been healthy for this long without a break (a
+    # healthy sample in the middle of an overload neither grows the limit nor ends the streak).
+    increase_every: float = 1.0
     increase_step: int = 1
     min_limit: int = 1
 
@@ -63,8 +65,9 @@ class AdmissionPolicy:
 class AdmissionState:
     limit: int
     reason: str = OK
-    overloaded_since: float | None = None
+    overloaded_since: float | None = None  # start of the current overload streak
     last_change_at: float = -math.inf
+    healthy_since: float | None = None  # start of the current run of healthy samples
 
 
 def initial_state(concurrency: int) -> AdmissionState:
@@ -103,14 +106,25 @@ def admission_step(
             return AdmissionState(cut, reason, since, now)
         if limit == floor and sustained and state.reason != reason:
             return AdmissionState(limit, reason, since, state.last_change_at)
-        return attrs.evolve(state, limit=limit, overloaded_since=since)
+        return attrs.evolve(state, limit=limit, overloaded_since=since, healthy_since=None)
+    healthy_since = state.healthy_since if state.healthy_since is not None else now
+    healthy_for = now - healthy_since
+    # A streak ends only after a full increase period of health: short gaps do not reset it.
+    streak = state.overloaded_since if healthy_for < policy.increase_every else None
     if limit < concurrency:
-        if now - state.last_change_at >= policy.increase_every:
+        if healthy_for >= policy.increase_every and (
+            now - state.last_change_at >= policy.increase_every
+        ):
             grown = min(concurrency, limit + policy.increase_step)
-            return AdmissionState(grown, OK if grown == concurrency else RECOVERING, None, now)
-        return attrs.evolve(state, limit=limit, overloaded_since=None)
-    if state.reason != OK or state.overloaded_since is not None or state.limit != limit:
-        return AdmissionState(limit, OK, None, state.last_change_at)
+            reason_now = OK if grown == concurrency else RECOVERING
+            return AdmissionState(grown, reason_now, None, now, healthy_since)
+        return attrs.evolve(
+            state, limit=limit, overloaded_since=streak, healthy_since=healthy_since
+        )
+    if state.reason != OK or state.limit != limit or state.overloaded_since != streak:
+        return AdmissionState(limit, OK, streak, state.last_change_at, healthy_since)
+    if state.healthy_since is None:
+        return attrs.evolve(state, healthy_since=healthy_since)
     return state
 
 
