@@ -16,8 +16,8 @@ import trio
 
 import trioq
 from tests.support import make_app, running_worker, sql_rows
-from trioq._driver import ClaimedJob, CompleteAndClaim, Completion, Failure, NewJob
-from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._driver import ClaimedJob, NewJob, SettleAndClaim, Settlement
+from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()
@@ -45,14 +45,16 @@ async def claim(
     key_cursor: str = "",
     key_window: int = 200,
 ) -> list[ClaimedJob]:
-    result = await driver.job_complete_and_claim(
-        CompleteAndClaim(
+    result = await driver.job_settle_and_claim(
+        SettleAndClaim(
             queue="q",
             tasks=("t",),
             limit=limit,
             lease_seconds=30,
             worker_id=WORKER,
-            completions=tuple(Completion(job.lease, "null") for job in completions),
+            settlements=tuple(
+                Settlement(job.lease, "complete", result_json="null") for job in completions
+            ),
             key_cursor=key_cursor,
             key_window=key_window,
         )
@@ -87,7 +89,8 @@ async def test_retrying_job_does_not_hold_its_key(driver: PgDriver) -> None:
     first, second = await driver.job_insert_many(keyed("k", 2))
     [running] = await claim(driver)
     assert running.id == first.id
-    await driver.job_fail_many([Failure(running.lease, '{"type": "E"}', retry_delay=3600)])
+    retry = Settlement(running.lease, "retry", error_json='{"type": "E"}', delay_seconds=3600)
+    await driver.job_settle_and_claim(SettleAndClaim("q", ("t",), 0, 30, WORKER, (retry,)))
     assert [job.id for job in await claim(driver)] == [second.id]
 
 
@@ -113,8 +116,8 @@ async def test_keys_beyond_the_window_are_visited_round_robin(driver: PgDriver) 
     seen: list[str | None] = []
     cursor = ""
     for _ in range(4):
-        result = await driver.job_complete_and_claim(
-            CompleteAndClaim(
+        result = await driver.job_settle_and_claim(
+            SettleAndClaim(
                 queue="q",
                 tasks=("t",),
                 limit=3,
@@ -219,12 +222,19 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             "RETURN now(); END $$"
         )
 
-    def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[ClaimedJob]:
+    def raw_claim(
+        conn: psycopg.Connection[tuple[Any, ...]], retry: ClaimedJob | None = None
+    ) -> list[ClaimedJob]:
         params = {
-            "ids": [],
-            "attempts": [],
-            "lease_tokens": [],
-            "results": [],
+            "ids": [retry.id] if retry else [],
+            "attempts": [retry.attempt] if retry else [],
+            "lease_tokens": [retry.lease_token] if retry else [],
+            "kinds": ["retry"] if retry else [],
+            "results": [None] if retry else [],
+            "errors": ['{"type": "E"}'] if retry else [],
+            "delays": [3600.0] if retry else [],
+            "wake_ats": [None] if retry else [],
+            "promote_limit": 1000,
             "queue": "q",
             "tasks": ["t"],
             "limit": 1,
@@ -234,9 +244,10 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             "key_window": 200,
             "task_versions": None,
         }
-        rows = conn.execute(statements["job_complete_and_claim"], params).fetchall()
-        # Columns: completed ids, key cursor, keys visited, then the claimed job's.
-        return [ClaimedJob(*row[3:]) for row in rows if row[3] is not None]
+        rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
+        # Columns: settled ids and states, key cursor, keys visited, promoted, now, next due,
+        # then the claimed job's.
+        return [_claimed_job(row[7:]) for row in rows if row[7] is not None]
 
     claimed_by_b: list[list[ClaimedJob]] = []
 
@@ -256,17 +267,7 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             assert time.monotonic() < deadline, "B never stalled"
             time.sleep(0.01)
         [k1] = raw_claim(a)
-        a.execute(
-            statements["job_fail_many"],
-            {
-                "ids": [k1.id],
-                "attempts": [k1.attempt],
-                "lease_tokens": [k1.lease_token],
-                "errors": ['{"type": "E"}'],
-                "retry_delays": [3600.0],
-                "final_states": [None],
-            },
-        )
+        assert raw_claim(a, retry=k1) == []  # the key is free from the next statement
         [k2] = raw_claim(a)
         b.join(timeout=20)
         running = a.execute(
@@ -297,8 +298,8 @@ async def test_free_slots_reach_keys_beyond_a_window_of_busy_keys_without_waitin
         await driver.job_insert_many(
             [NewJob("q", "t", "{}", partition_key=f"a{i:03}") for i in range(210)] * 2
         )
-        held = await driver.job_complete_and_claim(
-            CompleteAndClaim(
+        held = await driver.job_settle_and_claim(
+            SettleAndClaim(
                 queue="q",
                 tasks=("t",),
                 limit=210,

@@ -33,9 +33,9 @@ async def test_idle_queues_poll_exactly_once_per_interval_whatever_the_slot_coun
         running_worker(app, ["a", "b"], concurrency=100, poll_interval=1.0),
     ):
         await trio.sleep(0.5)  # let the start-up round of each loop run
-        before = driver.statistics().calls.get("job_complete_and_claim", 0)
+        before = driver.statistics().calls.get("job_settle_and_claim", 0)
         await trio.sleep(60)  # one virtual minute, idle
-        polls = driver.statistics().calls["job_complete_and_claim"] - before
+        polls = driver.statistics().calls["job_settle_and_claim"] - before
     assert polls == 2 * 60
 
 

@@ -35,9 +35,9 @@ async def test_idle_queue_polls_once_per_interval_not_per_slot(pg_url: str, pg_s
         app.client(migrate=True) as client,
         running_worker(app, ["a", "b"], concurrency=25, poll_interval=0.1),
     ):
-        before = client.driver.statistics().calls.get("job_complete_and_claim", 0)
+        before = client.driver.statistics().calls.get("job_settle_and_claim", 0)
         await trio.sleep(1.0)  # the workload: one idle second
-        claims = client.driver.statistics().calls["job_complete_and_claim"] - before
+        claims = client.driver.statistics().calls["job_settle_and_claim"] - before
     # 2 queues x 10 intervals = 20 polls; per slot it would be 500.
     assert 12 <= claims <= 24, claims
 

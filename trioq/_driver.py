@@ -20,6 +20,7 @@ from ._core.explain import ExplainFacts
 # --- params ---------------------------------------------------------------------------------
 
 DEFAULT_KEY_WINDOW = 200
+DEFAULT_PROMOTE_LIMIT = 1000
 
 
 @attrs.frozen
@@ -52,34 +53,69 @@ class Lease:
     lease_token: uuid.UUID
 
 
+SETTLE_KINDS = frozenset({"complete", "retry", "fail", "cancel", "release", "sleep", "wait"})
+"""What a settlement may record (see `job_settle_and_claim` in queries.sql for each one's state)."""
+
+
 @attrs.frozen
-class Completion:
+class Settlement:
+    """The recorded outcome of one execution, fenced by its lease.
+
+    `kind` is one of `SETTLE_KINDS`: complete (`result_json`), retry (`error_json`, after
+    `delay_seconds`), fail / cancel (`error_json`), release (drain: attempt restored), sleep
+    (until `wake_at`, attempt restored, key kept), wait (until `wake_at` or, when None, until
+    woken; attempt restored, key kept). `wake_at` is database time.
+    """
+
     lease: Lease
-    result_json: str
+    kind: str
+    result_json: str | None = None
+    error_json: str | None = None
+    delay_seconds: float | None = None
+    wake_at: datetime.datetime | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in SETTLE_KINDS:
+            raise ValueError(f"settlement kind {self.kind!r} is not one of {sorted(SETTLE_KINDS)}")
+        if self.kind == "complete" and self.result_json is None:
+            raise ValueError("a complete settlement needs result_json")
+        if self.kind in ("retry", "fail", "cancel") and self.error_json is None:
+            raise ValueError(f"a {self.kind} settlement needs error_json")
+        if self.kind == "retry" and self.delay_seconds is None:
+            raise ValueError("a retry settlement needs delay_seconds")
+        if self.kind == "sleep" and self.wake_at is None:
+            raise ValueError("a sleep settlement needs wake_at")
 
 
 @attrs.frozen
-class Failure:
-    """A failed attempt: retried after `retry_delay` seconds, or final (`final_state`)."""
-
-    lease: Lease
-    error_json: str
-    retry_delay: float | None
-    final_state: str = "failed"
-
-
-@attrs.frozen
-class CompleteAndClaim:
+class SettleAndClaim:
     queue: str
     tasks: tuple[str, ...]
     limit: int
     lease_seconds: float
     worker_id: uuid.UUID
-    completions: tuple[Completion, ...] = ()
+    settlements: tuple[Settlement, ...] = ()
     key_cursor: str = ""  # partition keys: continue the round-robin after this key
     key_window: int = DEFAULT_KEY_WINDOW  # partition keys: visit at most this many per claim
     # 'task@version' pairs this worker serves; None: any version of `tasks` (older callers).
     task_versions: tuple[str, ...] | None = None
+    promote_limit: int = DEFAULT_PROMOTE_LIMIT  # due rows made ready per statement
+
+
+@attrs.frozen
+class CheckpointWrite:
+    """One checkpoint to record for a running job (fenced by its lease).
+
+    The stored value is `value_json`; with `wake_in_seconds`, it is that JSON object (or `{}`)
+    with "wake_at" = database now + wake_in_seconds merged in (durable sleeps).
+    """
+
+    lease: Lease
+    position: int
+    kind: str
+    name: str
+    value_json: str | None
+    wake_in_seconds: float | None = None
 
 
 @attrs.frozen
@@ -181,6 +217,16 @@ class InsertedJob:
 
 
 @attrs.frozen
+class Checkpoint:
+    """One entry of a job's history (`value` is the decoded JSON)."""
+
+    position: int
+    kind: str
+    name: str
+    value: Any
+
+
+@attrs.frozen
 class ClaimedJob:
     id: int
     queue: str
@@ -195,6 +241,7 @@ class ClaimedJob:
     created_at: datetime.datetime
     cancel_requested: bool
     version: int = 1
+    history: tuple[Checkpoint, ...] = ()  # loaded by the claim when the job has any
 
     @property
     def lease(self) -> Lease:
@@ -202,11 +249,27 @@ class ClaimedJob:
 
 
 @attrs.frozen
-class CompleteAndClaimResult:
-    completed_ids: tuple[int, ...]
+class SettleAndClaimResult:
+    settled: tuple[tuple[int, str], ...]  # (job id, new state) of each settlement that held
     claimed: tuple[ClaimedJob, ...]
+    now: datetime.datetime  # database time of the statement
+    next_due: datetime.datetime | None = None  # the queue's next scheduled/sleeping/waiting run_at
+    promoted: int = 0  # due rows this statement made ready (claimable from the next one)
     key_cursor: str | None = None  # the last partition key visited (None: no keyed work)
     keys_visited: int = 0  # partition keys the claim looked at (== key_window: window was full)
+
+    @property
+    def settled_ids(self) -> tuple[int, ...]:
+        return tuple(job_id for job_id, _ in self.settled)
+
+
+@attrs.frozen
+class WrittenCheckpoint:
+    """A checkpoint write that held its fence; `value` is what is stored at that position."""
+
+    job_id: int
+    position: int
+    value: Any
 
 
 @attrs.frozen
@@ -237,7 +300,7 @@ class JobRecord:
     payload: Any
     state: str
     priority: int
-    run_at: datetime.datetime
+    run_at: datetime.datetime | None  # None: waiting without a deadline
     partition_key: str | None
     dedup_key: str | None
     attempt: int
@@ -273,6 +336,8 @@ class QueueStatus:
     failed: int
     cancelled: int
     oldest_ready_seconds: float | None
+    sleeping: int = 0
+    waiting: int = 0
 
 
 @attrs.frozen
@@ -451,11 +516,15 @@ class Driver(Protocol):
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
 
-    async def job_complete_and_claim(self, params: CompleteAndClaim) -> CompleteAndClaimResult: ...
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        """True when `exc` means the database connection was lost (retry later), not a bug."""
+        ...
 
-    async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]: ...
+    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult: ...
 
-    async def job_release_many(self, leases: Sequence[Lease]) -> list[int]: ...
+    async def checkpoint_insert_many(
+        self, writes: Sequence[CheckpointWrite]
+    ) -> list[WrittenCheckpoint]: ...
 
     async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]: ...
 

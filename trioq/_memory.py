@@ -37,11 +37,10 @@ from ._core.schedule import fire_dedup_key
 from ._driver import (
     AttemptRecord,
     CancelOutcome,
+    Checkpoint,
+    CheckpointWrite,
     ClaimedJob,
-    CompleteAndClaim,
-    CompleteAndClaimResult,
     DriverStatistics,
-    Failure,
     FiredOccurrence,
     HealthReport,
     InsertedJob,
@@ -63,10 +62,14 @@ from ._driver import (
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
+    SettleAndClaim,
+    SettleAndClaimResult,
+    Settlement,
     TaskStatus,
     UnroutableJobs,
     WorkerInfo,
     WorkerRegistration,
+    WrittenCheckpoint,
 )
 from ._memory_schedules import ScheduleTable
 from ._sql import migrations
@@ -75,6 +78,7 @@ EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
 """The memory clock's zero: `clock()` seconds after this instant is "now"."""
 
 FINISHED_STATES = frozenset({"completed", "failed", "cancelled"})
+SUSPENDED_OR_SCHEDULED = frozenset({"scheduled", "sleeping", "waiting"})
 _LEASE_EXPIRED_ERROR = '{"type":"LeaseExpired","message":"worker lost: lease expired"}'
 _SECOND = datetime.timedelta(seconds=1)
 
@@ -88,7 +92,7 @@ class _Row:
     task: str
     payload_json: str
     priority: int
-    run_at: datetime.datetime
+    run_at: datetime.datetime | None
     partition_key: str | None
     dedup_key: str | None
     max_attempts: int
@@ -96,6 +100,7 @@ class _Row:
     unique_states: tuple[str, ...] = ()
     unique_until: datetime.datetime | None = None
     state: str = "ready"
+    checkpoint_count: int = 0
     attempt: int = 0
     lease_token: uuid.UUID | None = None
     lease_expires_at: datetime.datetime | None = None
@@ -109,6 +114,7 @@ class _Row:
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
+        assert self.run_at is not None  # only ready rows are ordered, and they are due
         return (self.priority, self.run_at, self.id)
 
     def holds(self, lease: Lease) -> bool:
@@ -229,6 +235,12 @@ class MemoryDriver:
     _dedup: dict[str, int] = attrs.field(init=False, factory=dict)
     _reserved: dict[str, tuple[MemoryTransaction, int]] = attrs.field(init=False, factory=dict)
     _attempts: dict[int, list[AttemptRecord]] = attrs.field(init=False, factory=dict)
+    # job id -> position -> (kind, name, value JSON): the checkpoints table
+    _checkpoints: dict[int, dict[int, tuple[str, str, str | None]]] = attrs.field(
+        init=False, factory=dict
+    )
+    # (queue, partition key) -> the job holding it: the partition_locks table
+    _key_locks: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)
     _workers: dict[uuid.UUID, _Worker] = attrs.field(init=False, factory=dict)
     _paused: dict[str, datetime.datetime] = attrs.field(init=False, factory=dict)
     _listeners: set[MemoryListener] = attrs.field(init=False, factory=set)
@@ -336,7 +348,7 @@ class MemoryDriver:
             self._open_by_queue.setdefault(row.queue, set()).add(row.id)
             if row.dedup_key is not None:
                 self._dedup[row.dedup_key] = row.id
-            if row.run_at <= now:
+            if row.state == "ready":
                 outbox.add(self._ready_channel(row.queue), row.queue)
         self._deliver(outbox)
 
@@ -367,40 +379,119 @@ class MemoryDriver:
 
     # --- claim and the fenced writes ------------------------------------------------------
 
-    async def job_complete_and_claim(self, params: CompleteAndClaim) -> CompleteAndClaimResult:
-        """Complete this worker's finished jobs (fenced) and claim up to `limit` more.
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        """The memory driver has no connection; tests inject `ConnectionError` to stand for a
+        lost one (anything else is a bug, as on Postgres)."""
+        return isinstance(exc, ConnectionError)
 
-        The claim sees the state before the completions, as the single SQL statement does: a
-        partition key freed by a completion here becomes claimable from the next call. Keyed
-        jobs come from at most `key_window` keys visited round-robin after `key_cursor`; the
-        result's `key_cursor` is the last key visited (None when no key has ready jobs).
+    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+        """Settle this worker's finished executions (fenced), promote due work, and claim up to
+        `limit` ready jobs.
+
+        Like the single SQL statement, the claim and the promotion see the state before the
+        settlements: a partition key freed here, or a job promoted here, is claimable from the
+        next call. Keyed jobs come from at most `key_window` keys visited round-robin after
+        `key_cursor`; a key whose lock is held is skipped unless its holder is ready again
+        (woken from a suspension), which is then the key's only candidate.
         """
         if params.limit < 0:
             raise ValueError("limit must not be negative")
-        now = await self._statement("job_complete_and_claim")
+        for settlement in params.settlements:
+            for text in (settlement.result_json, settlement.error_json):
+                if text is not None:
+                    json.loads(text)
+        now = await self._statement("job_settle_and_claim")
         candidates, key_cursor, keys_visited = self._claim_candidates(params, now)
+        due = self._due_rows(params.queue, now, params.promote_limit)
         outbox = _Outbox()
-        completed: list[int] = []
-        for completion in params.completions:
-            row = self._rows.get(completion.lease.id)
-            if row is None or not row.holds(completion.lease):
-                continue
-            json.loads(completion.result_json)
-            self._finish(row, "completed", now)
-            row.result_json = completion.result_json
-            completed.append(row.id)
-        outbox.add_grouped(completed, self._result_channel)
+        settled = [
+            (row.id, row.state)
+            for settlement in params.settlements
+            if (row := self._settle(settlement, now, outbox)) is not None
+        ]
+        outbox.add_grouped(
+            (job_id for job_id, state in settled if state in FINISHED_STATES),
+            self._result_channel,
+        )
+        for row in due:
+            row.state = "ready"
+        if due:
+            outbox.add(self._ready_channel(params.queue), params.queue)
         claimed = tuple(self._claim(row, params, now) for row in candidates)
         self._deliver(outbox)
-        return CompleteAndClaimResult(
-            completed_ids=tuple(completed),
+        return SettleAndClaimResult(
+            settled=tuple(settled),
             claimed=claimed,
+            now=now,
+            next_due=self._next_due(params.queue, now),
+            promoted=len(due),
             key_cursor=key_cursor,
             keys_visited=keys_visited,
         )
 
+    def _settle(
+        self, settlement: Settlement, now: datetime.datetime, outbox: _Outbox
+    ) -> _Row | None:
+        row = self._rows.get(settlement.lease.id)
+        if row is None or not row.holds(settlement.lease):
+            return None
+        kind = settlement.kind
+        if kind == "complete":
+            self._finish(row, "completed", now)
+            row.result_json = settlement.result_json
+            return row
+        if kind in ("fail", "cancel"):
+            row.error_json = settlement.error_json
+            self._finish(row, "failed" if kind == "fail" else "cancelled", now)
+            self._record_attempt(row, row.state, settlement.error_json or "null", now)
+            return row
+        row.end_lease()
+        if kind == "retry":
+            row.error_json = settlement.error_json
+            row.run_at = now + (settlement.delay_seconds or 0.0) * _SECOND
+            row.state = "ready" if row.run_at <= now else "scheduled"
+            self._unlock_partition(row)
+            self._record_attempt(row, "retried", settlement.error_json or "null", now)
+        elif kind == "release":
+            row.state = "ready"
+            row.attempt -= 1
+            row.worker_id = None
+            row.started_at = None
+            self._unlock_partition(row)
+        else:  # sleep, wait: the key stays held
+            row.attempt -= 1
+            row.run_at = settlement.wake_at
+            due = row.run_at is not None and row.run_at <= now
+            row.state = "ready" if due else ("sleeping" if kind == "sleep" else "waiting")
+        if row.state == "ready":
+            outbox.add(self._ready_channel(row.queue), row.queue)
+        return row
+
+    def _unlock_partition(self, row: _Row) -> None:
+        if row.partition_key is None:
+            return
+        key = (row.queue, row.partition_key)
+        if self._key_locks.get(key) == row.id:
+            del self._key_locks[key]
+
+    def _due_rows(self, queue: str, now: datetime.datetime, limit: int) -> list[_Row]:
+        due = [
+            row
+            for row in map(self._rows.__getitem__, self._open_by_queue.get(queue, ()))
+            if row.state in SUSPENDED_OR_SCHEDULED and _before_or_at(row.run_at, now)
+        ]
+        return sorted(due, key=lambda row: (row.run_at, row.id))[:limit]
+
+    def _next_due(self, queue: str, now: datetime.datetime) -> datetime.datetime | None:
+        later = [
+            row.run_at
+            for row in map(self._rows.__getitem__, self._open_by_queue.get(queue, ()))
+            if row.state in SUSPENDED_OR_SCHEDULED and row.run_at is not None and row.run_at > now
+        ]
+        return min(later, default=None)
+
     def _claim_candidates(
-        self, params: CompleteAndClaim, now: datetime.datetime
+        self, params: SettleAndClaim, now: datetime.datetime
     ) -> tuple[list[_Row], str | None, int]:
         """The jobs to claim, in claim order, the last partition key visited and how many keys
         were visited."""
@@ -410,22 +501,26 @@ class MemoryDriver:
         ready = [row for row in open_rows if row.state == "ready"]
         keys = sorted({row.partition_key for row in ready if row.partition_key is not None})
         visited = _visit_keys(keys, params.key_cursor, params.key_window)
-        running = {row.partition_key for row in open_rows if row.state == "running"}
-        due = [row for row in ready if row.run_at <= now]
+        due = [row for row in ready if _before_or_at(row.run_at, now)]  # ready means due
         heads: dict[str, _Row] = {}
         for row in sorted(due, key=lambda row: row.claim_order):
             if row.partition_key is not None:
                 heads.setdefault(row.partition_key, row)
-        keyed = [
-            heads[key]
-            for key in visited
-            if key in heads and key not in running and _serves(params, heads[key])
-        ]
+        keyed = []
+        for key in visited:
+            holder_id = self._key_locks.get((params.queue, key))
+            if holder_id is None:
+                head = heads.get(key)
+            else:
+                holder = self._rows[holder_id]
+                head = holder if holder in due else None
+            if head is not None and _serves(params, head):
+                keyed.append(head)
         unkeyed = [row for row in due if row.partition_key is None and _serves(params, row)]
         candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
         return candidates, visited[-1] if visited else None, len(visited)
 
-    def _claim(self, row: _Row, params: CompleteAndClaim, now: datetime.datetime) -> ClaimedJob:
+    def _claim(self, row: _Row, params: SettleAndClaim, now: datetime.datetime) -> ClaimedJob:
         row.state = "running"
         row.attempt += 1
         row.lease_token = uuid.uuid4()
@@ -433,6 +528,10 @@ class MemoryDriver:
         row.worker_id = params.worker_id
         row.started_at = now
         row.error_json = None
+        if row.partition_key is not None:
+            self._key_locks[(row.queue, row.partition_key)] = row.id
+        assert row.run_at is not None  # a ready row is due
+        history = self._checkpoints.get(row.id, {})
         return ClaimedJob(
             id=row.id,
             queue=row.queue,
@@ -447,45 +546,47 @@ class MemoryDriver:
             created_at=row.created_at,
             cancel_requested=row.cancel_requested,
             version=row.version,
+            history=tuple(
+                Checkpoint(position, kind, name, _loads(value))
+                for position, (kind, name, value) in sorted(history.items())
+            ),
         )
 
     def _finish(self, row: _Row, state: str, now: datetime.datetime) -> None:
         row.state = state
         row.finished_at = now
         row.end_lease()
+        self._unlock_partition(row)
         self._open_by_queue[row.queue].discard(row.id)
 
-    async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]:
-        """Fenced: each owned job goes back to ready after `retry_delay`, or to its final state.
-
-        Every outcome is appended to the attempts history ('retried', 'failed', 'cancelled');
-        final states are announced on the job's result channel.
-        """
-        now = await self._statement("job_fail_many")
-        for failure in failures:
-            if failure.retry_delay is None and failure.final_state not in ("failed", "cancelled"):
-                raise ValueError(f"final_state {failure.final_state!r} is not failed/cancelled")
-            json.loads(failure.error_json)
-        outbox = _Outbox()
-        changed: list[tuple[int, str]] = []
-        for failure in failures:
-            row = self._rows.get(failure.lease.id)
-            if row is None or not row.holds(failure.lease):
+    async def checkpoint_insert_many(
+        self, writes: Sequence[CheckpointWrite]
+    ) -> list[WrittenCheckpoint]:
+        """Record checkpoints of running jobs, fenced by their leases; a position already taken
+        keeps (and returns) its stored value."""
+        for write in writes:
+            if write.value_json is not None:
+                json.loads(write.value_json)
+        now = await self._statement("checkpoint_insert_many")
+        written: list[WrittenCheckpoint] = []
+        for write in writes:
+            row = self._rows.get(write.lease.id)
+            if row is None or not row.holds(write.lease):
                 continue
-            row.error_json = failure.error_json
-            if failure.retry_delay is None:
-                self._finish(row, failure.final_state, now)
-                outcome = failure.final_state
-            else:
-                row.state = "ready"
-                row.run_at = now + failure.retry_delay * _SECOND
-                row.end_lease()
-                outcome = "retried"
-            self._record_attempt(row, outcome, failure.error_json, now)
-            changed.append((row.id, row.state))
-        outbox.add_grouped((i for i, state in changed if state != "ready"), self._result_channel)
-        self._deliver(outbox)
-        return changed
+            history = self._checkpoints.setdefault(row.id, {})
+            if write.position not in history:
+                value_json = write.value_json
+                if write.wake_in_seconds is not None:
+                    value = json.loads(value_json) if value_json is not None else {}
+                    wake_at = now + write.wake_in_seconds * _SECOND
+                    value["wake_at"] = wake_at.isoformat()
+                    value_json = json.dumps(value)
+                history[write.position] = (write.kind, write.name, value_json)
+            row.checkpoint_count = max(row.checkpoint_count, write.position + 1)
+            written.append(
+                WrittenCheckpoint(row.id, write.position, _loads(history[write.position][2]))
+            )
+        return written
 
     def _record_attempt(
         self, row: _Row, outcome: str, error_json: str, now: datetime.datetime
@@ -503,29 +604,6 @@ class MemoryDriver:
                 finished_at=now,
             )
         )
-
-    async def job_release_many(self, leases: Sequence[Lease]) -> list[int]:
-        """Drain: owned jobs go back to ready with the attempt they had before the claim.
-
-        No error is recorded; run_at is kept (the job was due, and it keeps its place in its
-        partition) and its queue's ready channel is notified.
-        """
-        await self._statement("job_release_many")
-        outbox = _Outbox()
-        released: list[int] = []
-        for lease in leases:
-            row = self._rows.get(lease.id)
-            if row is None or not row.holds(lease):
-                continue
-            row.state = "ready"
-            row.attempt -= 1
-            row.end_lease()
-            row.worker_id = None
-            row.started_at = None
-            released.append(row.id)
-            outbox.add(self._ready_channel(row.queue), row.queue)
-        self._deliver(outbox)
-        return released
 
     async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]:
         """Extend every lease still owned (expired but unrecovered ones too) and heartbeat.
@@ -587,6 +665,7 @@ class MemoryDriver:
             else:
                 row.state = "ready"
                 row.end_lease()
+                self._unlock_partition(row)
                 outbox.add(self._ready_channel(row.queue), row.queue)
             self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now)
         failed = (row.id for row in expired if row.state == "failed")
@@ -616,7 +695,8 @@ class MemoryDriver:
     # --- cancel and reads -----------------------------------------------------------------
 
     async def job_cancel(self, job_id: int) -> CancelOutcome | None:
-        """Cancel a ready job at once; flag a running one and tell its worker (control channel).
+        """Cancel a job that is not running at once (scheduled, ready, sleeping, waiting); flag a
+        running one and tell its worker (control channel).
 
         A finished job is left alone (its state is returned twice); None if no such job.
         """
@@ -626,7 +706,7 @@ class MemoryDriver:
             return None
         previous = row.state
         outbox = _Outbox()
-        if previous == "ready":
+        if previous in ("scheduled", "ready", "sleeping", "waiting"):
             row.cancel_requested = True
             self._finish(row, "cancelled", now)
             outbox.add(self._result_channel(row.id), str(row.id))
@@ -970,7 +1050,7 @@ def _validate_new_job(job: NewJob) -> None:
     json.loads(job.payload_json)
 
 
-def _serves(params: CompleteAndClaim, row: _Row) -> bool:
+def _serves(params: SettleAndClaim, row: _Row) -> bool:
     """The claim's task filter: the task, and its (task, version) pair when one is given."""
     if row.task not in params.tasks:
         return False
@@ -998,6 +1078,7 @@ def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
         if job.unique_for_seconds is None or job.dedup_key is None
         else now + job.unique_for_seconds * _SECOND,
         version=job.version,
+        state="scheduled" if run_at > now else "ready",
     )
 
 
@@ -1017,6 +1098,10 @@ def _matches(row: _Row, params: JobFilter, now: datetime.datetime) -> bool:
 
 def _before(moment: datetime.datetime | None, limit: datetime.datetime) -> bool:
     return moment is not None and moment < limit
+
+
+def _before_or_at(moment: datetime.datetime | None, limit: datetime.datetime) -> bool:
+    return moment is not None and moment <= limit
 
 
 def _json_text_field(value: Any, key: str) -> str | None:
@@ -1086,12 +1171,12 @@ def _job_record(row: _Row) -> JobRecord:
 
 def _queue_status(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> QueueStatus:
     states = collections.Counter(row.state for row in rows)
-    due = [row.run_at for row in rows if row.state == "ready" and row.run_at <= now]
+    due = [row.run_at for row in rows if row.state == "ready" and row.run_at is not None]
     oldest = (now - min(due)).total_seconds() if due else None
     return QueueStatus(
         queue=queue,
-        ready=len(due),
-        scheduled=states["ready"] - len(due),
+        ready=states["ready"],
+        scheduled=states["scheduled"],
         running=states["running"],
         expired_leases=sum(
             row.state == "running" and _before(row.lease_expires_at, now) for row in rows
@@ -1100,12 +1185,18 @@ def _queue_status(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
         failed=states["failed"],
         cancelled=states["cancelled"],
         oldest_ready_seconds=oldest,
+        sleeping=states["sleeping"],
+        waiting=states["waiting"],
     )
 
 
 def _queue_demand(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> QueueDemand:
     states = collections.Counter(row.state for row in rows)
-    due = [row.run_at for row in rows if row.state == "ready" and row.run_at <= now]
+    due = [
+        row.run_at
+        for row in rows
+        if row.state == "ready" and row.run_at is not None and row.run_at <= now
+    ]
     future = ("scheduled", "sleeping", "waiting")
     return QueueDemand(
         queue=queue,
@@ -1115,7 +1206,8 @@ def _queue_demand(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
         scheduled=states["scheduled"] + states["ready"] - len(due),
         sleeping=states["sleeping"],
         waiting=states["waiting"],
-        due_now=len(due) + sum(row.state in future and row.run_at <= now for row in rows),
+        due_now=len(due)
+        + sum(row.state in future and _before_or_at(row.run_at, now) for row in rows),
     )
 
 

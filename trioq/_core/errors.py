@@ -38,3 +38,19 @@ class JobFailed(TrioqError):
     def __init__(self, message: str, job: object) -> None:
         super().__init__(message)
         self.job = job
+
+
+class NondeterminismError(TrioqError):
+    """A workflow's code reached a durable primitive that does not match its stored history
+    (another kind or name at that position). The job fails with it; after fixing the code,
+    `client.retry(job_id)` re-runs it against the same history."""
+
+    def __init__(self, position: int, recorded: tuple[str, str], reached: tuple[str, str]) -> None:
+        super().__init__(
+            f"history position {position}: recorded {recorded[0]} {recorded[1]!r}, but the code "
+            f"now reaches {reached[0]} {reached[1]!r} (the workflow changed under a running job; "
+            f"fix the code or version the task, then `trioq retry`)"
+        )
+        self.position = position
+        self.recorded = recorded
+        self.reached = reached

@@ -21,6 +21,9 @@ class RetryPolicy:
     base_seconds: float = 1.0
     max_seconds: float = 300.0
     jitter: float = 0.5
+    # Used by `ctx.step(..., retry=policy)` only: how many times the step runs in place at most
+    # (a task's attempts are its `max_attempts`).
+    max_attempts: int = 3
 
     def __attrs_post_init__(self) -> None:
         for field in ("base_seconds", "max_seconds"):
@@ -33,6 +36,12 @@ class RetryPolicy:
                 )
         if not 0.0 <= self.jitter <= 1.0:
             raise ValueError("retry: jitter must be within [0, 1]")
+        if isinstance(self.max_attempts, bool) or not (
+            isinstance(self.max_attempts, int) and 1 <= self.max_attempts <= 1000
+        ):
+            raise ValueError(
+                f"retry: max_attempts must be an integer in [1, 1000], not {self.max_attempts!r}"
+            )
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""

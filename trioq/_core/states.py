@@ -6,27 +6,45 @@ import enum
 
 
 class JobState(enum.StrEnum):
-    READY = "ready"  # waiting for run_at (delayed, retrying) or ready to claim
+    SCHEDULED = "scheduled"  # not due yet (delayed enqueue, retry backoff); holds no key
+    READY = "ready"  # due and claimable: the only state in the claim indexes
     RUNNING = "running"  # claimed: attempt, lease_token and lease_expires_at are set
+    SLEEPING = "sleeping"  # durable sleep until run_at; holds its partition key
+    WAITING = "waiting"  # suspended on an event or children (run_at: deadline or NULL); holds key
     COMPLETED = "completed"
     FAILED = "failed"  # attempts used up, or a permanent error
     CANCELLED = "cancelled"
 
 
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+SUSPENDED_STATES = frozenset({JobState.SLEEPING, JobState.WAITING})
+# States whose job holds its partition key (one such job per key at any instant).
+KEY_HOLDING_STATES = frozenset({JobState.RUNNING, JobState.SLEEPING, JobState.WAITING})
 
+S = JobState
+SETTLE = "job_settle_and_claim"
 # (from, to) -> the statement(s) allowed to make that transition.
 TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
-    (JobState.READY, JobState.RUNNING): ("job_claim",),
-    (JobState.READY, JobState.CANCELLED): ("job_cancel",),
-    (JobState.RUNNING, JobState.COMPLETED): ("job_complete_many",),
-    (JobState.RUNNING, JobState.READY): (
-        "job_fail_many",  # retry with backoff
-        "job_release_many",  # drain: no attempt consumed
-        "lease_recover_expired",  # the holder died
+    (S.SCHEDULED, S.READY): (SETTLE,),  # promotion when due
+    (S.SCHEDULED, S.CANCELLED): ("job_cancel",),
+    (S.READY, S.RUNNING): (SETTLE,),  # claim
+    (S.READY, S.CANCELLED): ("job_cancel",),
+    (S.RUNNING, S.COMPLETED): (SETTLE,),
+    (S.RUNNING, S.SCHEDULED): (SETTLE,),  # retry with backoff
+    (S.RUNNING, S.READY): (
+        SETTLE,  # drain release (attempt restored), zero-delay retry, suspension already due
+        "maintenance_pass",  # the holder died
     ),
-    (JobState.RUNNING, JobState.FAILED): ("job_fail_many", "lease_recover_expired"),
-    (JobState.RUNNING, JobState.CANCELLED): ("job_cancel", "job_fail_many"),
+    (S.RUNNING, S.SLEEPING): (SETTLE,),
+    (S.RUNNING, S.WAITING): (SETTLE,),
+    (S.RUNNING, S.FAILED): (SETTLE, "maintenance_pass"),
+    (S.RUNNING, S.CANCELLED): (SETTLE,),  # handler cancelled on request
+    (S.SLEEPING, S.READY): (SETTLE,),  # promotion at the wake time
+    (S.SLEEPING, S.CANCELLED): ("job_cancel",),
+    (S.WAITING, S.READY): (SETTLE,),  # deadline promotion (wake-ups by events/children too)
+    (S.WAITING, S.CANCELLED): ("job_cancel",),
+    (S.FAILED, S.READY): ("job_retry",),  # redrive
+    (S.CANCELLED, S.READY): ("job_retry",),
 }
 
 

@@ -26,11 +26,10 @@ from .._core.schedule import fire_dedup_key
 from .._driver import (
     AttemptRecord,
     CancelOutcome,
+    Checkpoint,
+    CheckpointWrite,
     ClaimedJob,
-    CompleteAndClaim,
-    CompleteAndClaimResult,
     DriverStatistics,
-    Failure,
     FiredOccurrence,
     HealthReport,
     InsertedJob,
@@ -53,10 +52,13 @@ from .._driver import (
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
+    SettleAndClaim,
+    SettleAndClaimResult,
     TaskStatus,
     UnroutableJobs,
     WorkerInfo,
     WorkerRegistration,
+    WrittenCheckpoint,
 )
 from .._sql import migrations, queries
 from . import Connection, Listener, Pool, is_connection_lost, open_listener, open_pool
@@ -76,6 +78,17 @@ def _lease_arrays(leases: Sequence[Lease]) -> Params:
         "attempts": "{" + ",".join([str(lease.attempt) for lease in leases]) + "}",
         "lease_tokens": "{" + ",".join([str(lease.lease_token) for lease in leases]) + "}",
     }
+
+
+def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
+    history = row[13]
+    job = ClaimedJob(*row[:13])
+    if history is None:
+        return job
+    entries = tuple(
+        Checkpoint(position, kind, name, value) for position, kind, name, value in history
+    )
+    return attrs.evolve(job, history=entries)
 
 
 def _text_array(values: Sequence[str]) -> str:
@@ -210,15 +223,22 @@ class PgDriver:
         async with self._pool.connection() as conn:
             return await self._insert(conn, jobs)
 
-    async def job_complete_and_claim(self, params: CompleteAndClaim) -> CompleteAndClaimResult:
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        return is_connection_lost(exc)
+
+    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """Not retried here: a claim whose reply was lost may have committed (its rows then
-        wait for lease recovery); the claim loop keeps the completions and retries the round."""
-        completions = params.completions
+        wait for lease recovery); the claim loop keeps the outcomes and retries the round."""
+        settlements = params.settlements
         rows = await self._fetch(
-            "job_complete_and_claim",
+            "job_settle_and_claim",
             {
-                **_lease_arrays([completion.lease for completion in completions]),
-                "results": _text_array([completion.result_json for completion in completions]),
+                **_lease_arrays([settlement.lease for settlement in settlements]),
+                "kinds": _text_array([settlement.kind for settlement in settlements]),
+                "results": [settlement.result_json for settlement in settlements],
+                "errors": [settlement.error_json for settlement in settlements],
+                "delays": [settlement.delay_seconds for settlement in settlements],
+                "wake_ats": [settlement.wake_at for settlement in settlements],
                 "queue": params.queue,
                 "tasks": list(params.tasks),
                 "limit": params.limit,
@@ -229,32 +249,38 @@ class PgDriver:
                 "task_versions": None
                 if params.task_versions is None
                 else list(params.task_versions),
+                "promote_limit": params.promote_limit,
             },
         )
-        completed = tuple(rows[0][0]) if rows else ()
-        claimed = tuple(ClaimedJob(*row[3:]) for row in rows if row[3] is not None)
-        return CompleteAndClaimResult(
-            completed_ids=completed,
+        first = rows[0]
+        claimed = tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
+        return SettleAndClaimResult(
+            settled=tuple(zip(first[0], first[1], strict=True)),
             claimed=claimed,
-            key_cursor=rows[0][1] if rows else None,
-            keys_visited=rows[0][2] if rows else 0,
+            key_cursor=first[2],
+            keys_visited=first[3],
+            promoted=first[4],
+            now=first[5],
+            next_due=first[6],
         )
 
-    async def job_fail_many(self, failures: Sequence[Failure]) -> list[tuple[int, str]]:
+    async def checkpoint_insert_many(
+        self, writes: Sequence[CheckpointWrite]
+    ) -> list[WrittenCheckpoint]:
+        """Retried on a lost connection: a repeated write finds its position taken and its
+        fence still held, so it reports the write without storing it twice."""
         rows = await self._retrying(
-            "job_fail_many",
+            "checkpoint_insert_many",
             {
-                **_lease_arrays([failure.lease for failure in failures]),
-                "errors": [failure.error_json for failure in failures],
-                "retry_delays": [failure.retry_delay for failure in failures],
-                "final_states": [failure.final_state for failure in failures],
+                **_lease_arrays([write.lease for write in writes]),
+                "positions": [write.position for write in writes],
+                "kinds": [write.kind for write in writes],
+                "names": [write.name for write in writes],
+                "values": [write.value_json for write in writes],
+                "wake_ins": [write.wake_in_seconds for write in writes],
             },
         )
-        return [(row[0], row[1]) for row in rows]
-
-    async def job_release_many(self, leases: Sequence[Lease]) -> list[int]:
-        rows = await self._retrying("job_release_many", _lease_arrays(leases))
-        return [row[0] for row in rows]
+        return [WrittenCheckpoint(job_id=row[0], position=row[1], value=row[2]) for row in rows]
 
     async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]:
         rows = await self._retrying(

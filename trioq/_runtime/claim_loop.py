@@ -1,55 +1,55 @@
 """The claim loop: ONE per queue per worker, owning that queue's slots.
 
-It waits for the first of: a slot settling, a ready notification for its queue, the poll
-timer. Then, in one statement, it writes the queue's finished results and claims at most the
-open slots (`job_complete_and_claim`), and starts a handler per claimed job. Failures and drain
-releases are written first, in one batched statement each. The loop never spins: after a
-round it waits for the next wake-up.
+It waits for the first of: a slot settling, a ready notification for its queue, its timer (the
+poll interval, or the queue's next due time when that is sooner). Then, in one statement
+(`job_settle_and_claim`), it records the outcomes of the queue's finished executions, promotes
+due work, claims at most the open slots, and starts an executor per claimed job. The loop never
+spins: after a round it waits for the next wake-up.
 
 Capacity: a job is owned from its claim until the statement that records its outcome commits
-(running, or finished and waiting to be written). The claim asks for `concurrency - owned`
-rows, counting the results the same statement writes as freed, so this worker never owns more
-running rows in the database than its slots, even for an instant.
+(running, or finished and waiting in the settle buffer). The claim asks for `concurrency -
+running` rows: the outcomes the same statement writes free their slots in the same commit, so
+this worker never owns more running rows in the database than its slots, even for an instant.
+
+Errors: a round that fails because the connection was lost is retried with backoff (outcomes
+kept); any other error is a bug or a broken schema and stops the worker with it. On the way
+out, however the loop ends (a hard stop included), buffered outcomes are written once more,
+shielded and bounded by `write_timeout`.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
 
-from .._core import codec
 from .._core.capacity import claim_size
-from .._core.retry import should_retry
 from .._driver import (
     DEFAULT_KEY_WINDOW,
     ClaimedJob,
-    CompleteAndClaim,
-    Completion,
     Driver,
-    Failure,
     Lease,
+    SettleAndClaim,
+    SettleAndClaimResult,
 )
-from ..context import Context, JobInfo
-from .logs import log_job_failure
+from .checkpoints import CheckpointWriter
+from .executor import execute
+from .outcome import outcome_name, settlement_of
+from .run import Run
+from .settle import SettleBuffer
 from .tasks import TaskSpec
 
 log = logging.getLogger("trioq.worker")
-T = TypeVar("T")
 
 # A claim that used its whole partition-key window and still left slots open runs again at once,
 # on the next window, up to this many times in a row (then the poll timer takes over): free slots
 # do not wait a poll interval while keys further round have ready work, and an all-busy key set
 # costs a bounded burst, not a spin.
 MAX_WINDOW_ROUNDS = 8
-
-MAX_TRACEBACK_CHARS = 20_000
 
 
 @attrs.define(eq=False)
@@ -58,23 +58,8 @@ class WorkerHooks:
 
     on_round: Callable[[str, int, int], None] | None = None  # queue, requested, claimed
     on_job_start: Callable[[ClaimedJob], None] | None = None
-    on_job_end: Callable[[ClaimedJob, str], None] | None = None  # outcome
+    on_job_end: Callable[[ClaimedJob, str], None] | None = None  # outcome name
     on_poll: Callable[[str], None] | None = None  # queue: a round started by the poll timer
-
-
-@attrs.define(eq=False)
-class RunningJob:
-    job: ClaimedJob
-    scope: trio.CancelScope
-    # When the database last confirmed this lease (claim or renewal), on trio's clock, taken
-    # *before* the confirming statement was sent: the lease runs at least this long from here.
-    confirmed_at: float
-    cancel_reason: str | None = None  # "lost", "cancelled", "drain"
-
-    def cancel(self, reason: str) -> None:
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-        self.scope.cancel()
 
 
 @attrs.frozen
@@ -97,16 +82,15 @@ class ClaimLoop:
     lease_seconds: float
     poll_interval: float
     hooks: WorkerHooks
+    checkpoints: CheckpointWriter
+    write_timeout: float = 30.0
     key_window: int = DEFAULT_KEY_WINDOW
     # The (task, version) pairs served; a job runs on the handler of its own version.
     versions: Mapping[tuple[str, int], TaskSpec] = attrs.field(factory=dict)
     # Admission control: the slots this queue may fill now (None: all of `concurrency`).
     admitted: Callable[[], int] | None = None
-    running: dict[int, RunningJob] = attrs.field(factory=dict)
-    _completions: list[Completion] = attrs.field(factory=list)
-    _failures: list[Failure] = attrs.field(factory=list)
-    _releases: list[Lease] = attrs.field(factory=list)
-    _writing: list[Lease] = attrs.field(factory=list)
+    running: dict[int, Run] = attrs.field(factory=dict)
+    _settle: SettleBuffer = attrs.field(factory=SettleBuffer)
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.Event = attrs.field(factory=trio.Event)
     _stopping: bool = False
@@ -114,20 +98,14 @@ class ClaimLoop:
     _claimed_total: int = 0
     _db_healthy: bool = True
     _key_cursor: str = ""
-    _keyed_completions: int = 0
     _window_rounds: int = 0
+    _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
 
     # --- state the rest of the worker reads ---------------------------------------------
 
     def owned_leases(self) -> list[Lease]:
         """Every lease this loop still holds in the database (running or not yet written)."""
-        return (
-            [entry.job.lease for entry in self.running.values()]
-            + [completion.lease for completion in self._completions]
-            + [failure.lease for failure in self._failures]
-            + list(self._releases)
-            + list(self._writing)
-        )
+        return [run.lease for run in self.running.values()] + self._settle.leases()
 
     def owned(self) -> int:
         return len(self.owned_leases())
@@ -141,7 +119,7 @@ class ClaimLoop:
             queue=self.queue,
             concurrency=self.concurrency,
             running=len(self.running),
-            pending_writes=self.owned() - len(self.running),
+            pending_writes=len(self._settle),
             rounds=self._rounds,
             claimed_total=self._claimed_total,
         )
@@ -166,86 +144,130 @@ class ClaimLoop:
         """Run until stopped and every owned job is settled and written.
 
         Cancelling it cancels the running handlers; their rows keep their leases, which expire
-        and are recovered (a hard stop; the graceful path is `stop_claiming`).
+        and are recovered (a hard stop; the graceful path is `stop_claiming`). Outcomes already
+        buffered are written on the way out either way.
         """
+        try:
+            async with trio.open_nursery() as handlers:
+                await self._loop(handlers)
+        finally:
+            await self._final_flush()
+
+    async def _loop(self, handlers: trio.Nursery) -> None:
         backoff = 0.1
         self._wake.set()  # the first round runs at once: work may be waiting already
-        async with trio.open_nursery() as handlers:
-            while not (self._stopping and self.owned() == 0):
-                with trio.move_on_after(self.poll_interval) as timer:
-                    await self._wake.wait()
-                if timer.cancelled_caught and self.hooks.on_poll:
-                    self.hooks.on_poll(self.queue)
-                self._wake = trio.Event()
-                # Let handlers that finish in this same scheduler tick join the batch.
-                await trio.lowlevel.checkpoint()
-                try:
-                    await self._round(handlers)
-                except Exception as exc:  # the database is away: keep results, retry later
-                    self._db_healthy = False
-                    log.warning(
-                        "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, backoff
+        while not (self._stopping and self.owned() == 0):
+            await self._wait_for_wake()
+            # Let handlers that finish in this same scheduler tick join the batch.
+            await trio.lowlevel.checkpoint()
+            try:
+                await self._round(handlers)
+            except Exception as exc:
+                if not self.driver.is_connection_lost(exc):
+                    log.error(
+                        "queue %s: claim round failed with an unexpected error, stopping the "
+                        "worker: %r",
+                        self.queue,
+                        exc,
                     )
-                    await trio.sleep(backoff * (1 + random.random()))
-                    backoff = min(backoff * 2, 5.0)
-                    self._wake.set()
-                else:
-                    self._db_healthy = True
-                    backoff = 0.1
+                    raise
+                self._db_healthy = False  # the database is away: keep outcomes, retry later
+                log.warning(
+                    "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, backoff
+                )
+                await trio.sleep(backoff * (1 + random.random()))
+                backoff = min(backoff * 2, 5.0)
+                self._wake.set()
+            else:
+                self._db_healthy = True
+                backoff = 0.1
 
-    async def _round(self, handlers: trio.Nursery) -> None:
+    async def _wait_for_wake(self) -> None:
+        deadline = trio.current_time() + self.poll_interval
+        if self._next_due_at is not None:
+            deadline = min(deadline, self._next_due_at)
+        with trio.move_on_at(deadline) as timer:
+            await self._wake.wait()
+        if timer.cancelled_caught and self.hooks.on_poll:
+            self.hooks.on_poll(self.queue)
+        self._wake = trio.Event()
+
+    async def _final_flush(self) -> None:
+        if not self._settle.pending:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as scope:
+            try:
+                await self._round(None)
+            except Exception as exc:
+                log.warning(
+                    "queue %s: %d outcomes not written on the way out (%r); their jobs are "
+                    "recovered when their leases expire",
+                    self.queue,
+                    self._settle.pending,
+                    exc,
+                )
+        if scope.cancelled_caught:
+            log.warning(
+                "queue %s: outcomes not written within %.0fs on the way out; their jobs are "
+                "recovered when their leases expire",
+                self.queue,
+                self.write_timeout,
+            )
+
+    async def _round(self, handlers: trio.Nursery | None) -> None:
+        """One settle-and-claim statement. With `handlers` None (the final flush), it only
+        settles."""
         self._rounds += 1
-        await self._flush(self._failures, self.driver.job_fail_many, lambda f: f.lease)
-        await self._flush(self._releases, self.driver.job_release_many, lambda lease: lease)
-        completions, self._completions = self._completions, []
-        keyed, self._keyed_completions = self._keyed_completions, 0
-        # The completions written by this statement free their slots in the same commit.
+        batch, frees_key = self._settle.take()
         # Admission control only lowers what is claimed; running handlers are never touched.
         slots = (
             self.concurrency if self.admitted is None else min(self.concurrency, self.admitted())
         )
         limit = (
             0
-            if self._stopping
-            else claim_size(
-                slots, len(self.running) + len(self._failures) + len(self._releases), 0, slots
-            )
+            if self._stopping or handlers is None
+            else claim_size(slots, len(self.running), 0, slots)
         )
-        if limit == 0 and not completions:
+        if limit == 0 and not batch:
             return
-        self._writing.extend(completion.lease for completion in completions)
         sent_at = trio.current_time()
         try:
-            result = await self.driver.job_complete_and_claim(
-                CompleteAndClaim(
+            result = await self.driver.job_settle_and_claim(
+                SettleAndClaim(
                     queue=self.queue,
                     tasks=tuple(dict.fromkeys(name for name, _ in self.versions) or self.tasks),
                     limit=limit,
                     lease_seconds=self.lease_seconds,
                     worker_id=self.worker_id,
-                    completions=tuple(completions),
+                    settlements=batch,
                     key_cursor=self._key_cursor,
                     key_window=self.key_window,
                     task_versions=self._task_versions() if self.versions else None,
                 )
             )
         except BaseException:
-            self._completions[:0] = completions  # nothing committed (or unknown): keep them
-            self._keyed_completions += keyed
+            self._settle.restore(batch)  # nothing committed (or unknown): keep them
             raise
-        finally:
-            self._writing.clear()
-        lost = len(completions) - len(result.completed_ids)
+        received_at = trio.current_time()
+        self._settle.written(batch)
+        lost = len(batch) - len(result.settled)
         if lost:
             log.warning(
-                "queue %s: %d results not written: their leases were lost", self.queue, lost
+                "queue %s: %d outcomes not written: their leases were lost", self.queue, lost
             )
-        if limit:  # a completion-only round visits no keys: keep the round-robin position
+        self._after_round(result, limit, frees_key, received_at)
+        if handlers is not None:
+            self._start(handlers, result, sent_at)
+
+    def _after_round(
+        self, result: SettleAndClaimResult, limit: int, frees_key: bool, received_at: float
+    ) -> None:
+        if limit:  # a settle-only round visits no keys: keep the round-robin position
             self._key_cursor = result.key_cursor or ""
         short = len(result.claimed) < limit
-        if keyed and short:
-            # This statement's snapshot still saw the completed jobs' keys as held: the next
-            # job of those keys becomes claimable in the next round, so run it now.
+        if (frees_key and short) or result.promoted:
+            # This statement's snapshot still saw the freed keys as held and the promoted rows
+            # as not due: they become claimable in the next round, so run it now.
             self._wake.set()
         window_full = limit > 0 and result.keys_visited >= self.key_window
         if window_full and short and self._window_rounds < MAX_WINDOW_ROUNDS:
@@ -253,9 +275,15 @@ class ClaimLoop:
             self._wake.set()
         elif not (window_full and short):
             self._window_rounds = 0
+        self._next_due_at = None
+        if result.next_due is not None:
+            wait = max(0.0, (result.next_due - result.now).total_seconds())
+            self._next_due_at = received_at + wait
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
+
+    def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
         for job in result.claimed:
             stale = self.running.get(job.id)
             if stale is not None:
@@ -269,137 +297,40 @@ class ClaimLoop:
                     job.attempt,
                 )
                 stale.cancel("lost")
-            entry = RunningJob(job, trio.CancelScope(), confirmed_at=sent_at)
-            self.running[job.id] = entry
-            handlers.start_soon(self._run_job, entry, name=f"trioq job {job.id}")
+            run = Run(
+                job=job,
+                spec=self.versions.get((job.task, job.version)) or self.tasks[job.task],
+                driver=self.driver,
+                worker_id=self.worker_id,
+                checkpoints=self.checkpoints,
+                now=result.now,
+                confirmed_at=sent,
+            )
+            self.running[job.id] = run
+            handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")
 
-    async def _flush(
-        self,
-        pending: list[T],
-        write: Callable[[list[T]], Awaitable[object]],
-        lease_of: Callable[[T], Lease],
-    ) -> None:
-        if not pending:
-            return
-        batch = pending[:]
-        pending.clear()
-        self._writing.extend(lease_of(item) for item in batch)
-        try:
-            await write(batch)
-        except BaseException:
-            pending[:0] = batch
-            raise
-        finally:
-            self._writing.clear()
+    def _task_versions(self) -> tuple[str, ...]:
+        return tuple(sorted(spec.pair for spec in self.versions.values()))
 
     # --- one job -------------------------------------------------------------------------
 
-    async def _run_job(self, entry: RunningJob) -> None:
-        job = entry.job
-        spec = self.versions.get((job.task, job.version)) or self.tasks[job.task]
-        if spec.timeout is not None:
-            entry.scope.deadline = trio.current_time() + spec.timeout
+    async def _run_job(self, run: Run) -> None:
+        job = run.job
         if self.hooks.on_job_start:
             self.hooks.on_job_start(job)
-        outcome = "completed"
         try:
-            with entry.scope:
-                if job.cancel_requested:
-                    entry.cancel("cancelled")
-                result = await spec.handler(self._context(job), spec.load_payload(job.payload))
-                result_json = codec.encode(result, root="result")
-        except Exception as exc:
-            outcome = self._record_failure(entry, spec, exc)
-        else:
-            if entry.scope.cancelled_caught:
-                outcome = self._record_cancellation(entry, spec)
-            else:
-                self._completions.append(Completion(job.lease, result_json))
-                self._keyed_completions += job.partition_key is not None
+            outcome = await execute(run)
+            settlement = settlement_of(run.lease, outcome)
+            if settlement is not None:
+                self._settle.add(settlement, keyed=job.partition_key is not None)
         finally:
-            if self.running.get(job.id) is entry:  # a newer attempt may have replaced it
+            if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]
             self._wake.set()
             self._settled.set()
             self._settled = trio.Event()
         if self.hooks.on_job_end:
-            self.hooks.on_job_end(job, outcome)
-
-    def _task_versions(self) -> tuple[str, ...]:
-        return tuple(sorted(spec.pair for spec in self.versions.values()))
-
-    def _context(self, job: ClaimedJob) -> Context:
-        info = JobInfo(
-            id=job.id,
-            task=job.task,
-            queue=job.queue,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            partition_key=job.partition_key,
-            priority=job.priority,
-            created_at=job.created_at,
-            version=job.version,
-        )
-        return Context(info, self.worker_id)
-
-    def _record_cancellation(self, entry: RunningJob, spec: TaskSpec) -> str:
-        reason = entry.cancel_reason
-        if reason == "lost":
-            return "lost"  # another worker owns it now: write nothing
-        if reason == "drain":
-            self._releases.append(entry.job.lease)
-            return "released"
-        if reason == "cancelled":
-            self._failures.append(
-                Failure(
-                    entry.job.lease,
-                    _error_json("Cancelled", "cancelled on request", None),
-                    None,
-                    "cancelled",
-                )
-            )
-            return "cancelled"
-        return self._record_failure(
-            entry, spec, TimeoutError(f"task {spec.name!r} exceeded its {spec.timeout}s timeout")
-        )
-
-    def _record_failure(self, entry: RunningJob, spec: TaskSpec, exc: Exception) -> str:
-        job = entry.job
-        if entry.cancel_reason is not None:
-            # Cancelled on purpose and the handler turned it into another error: the reason
-            # decides (lost: write nothing; drain: release; cancelled: record it).
-            return self._record_cancellation(entry, spec)
-        error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        error_json = _error_json(
-            error_type, str(exc), "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:]
-        )
-        delay = (
-            spec.retry.delay(job.attempt) if should_retry(job.attempt, job.max_attempts) else None
-        )
-        log_job_failure(
-            job_id=job.id, attempt=job.attempt, max_attempts=job.max_attempts, task=job.task,
-            queue=job.queue, worker_id=self.worker_id, error_type=error_type, message=str(exc),
-            retry_in=delay,
-        )  # fmt: skip
-        if delay is not None:
-            self._failures.append(Failure(job.lease, error_json, delay))
-            return "retried"
-        self._failures.append(Failure(job.lease, error_json, None, "failed"))
-        return "failed"
+            self.hooks.on_job_end(job, outcome_name(outcome))
 
 
-def _storable(text: str) -> str:
-    """Error text as Postgres can store it (no NUL, no lone surrogates)."""
-    return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
-
-
-def _error_json(error_type: str, message: str, tb: str | None) -> str:
-    error = {
-        "type": _storable(error_type),
-        "message": _storable(message[:4000]),
-        "traceback": None if tb is None else _storable(tb),
-    }
-    return codec.encode(error, root="error")
-
-
-__all__ = ["ClaimLoop", "RunningJob", "WorkerHooks"]
+__all__ = ["ClaimLoop", "WorkerHooks"]

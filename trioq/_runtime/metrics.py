@@ -174,7 +174,7 @@ class _InstrumentedDriver:
 
     def _wrap(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         metrics, on_error, on_claim = self._metrics, self._on_error, self._on_claim
-        is_claim = name == "job_complete_and_claim"
+        is_claim = name == "job_settle_and_claim"
         is_checkpoint = "checkpoint" in name
 
         @functools.wraps(method)

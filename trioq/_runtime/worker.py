@@ -35,6 +35,7 @@ from .._driver import (
     WorkerRegistration,
 )
 from .admission import AdmissionControl, validate_mode
+from .checkpoints import CheckpointWriter
 from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
 from .metrics import WorkerMetrics, instrument_driver
 from .scheduler import Scheduler
@@ -129,6 +130,7 @@ class Worker:
     admission: AdmissionControl = attrs.field(init=False)
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     scheduler: Scheduler = attrs.field(init=False)
+    checkpoints: CheckpointWriter = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
     _ready_channels: set[str] = attrs.field(factory=set)
     _listener: Listener | None = None
@@ -155,6 +157,7 @@ class Worker:
             on_claim=self.admission.record_claim,
         )
         hooks = _with_metrics(self.hooks, self.metrics)
+        self.checkpoints = CheckpointWriter(self.driver)
         self.loops = {
             queue: ClaimLoop(
                 queue=queue,
@@ -167,6 +170,8 @@ class Worker:
                 poll_interval=self.config.poll_interval,
                 hooks=hooks,
                 admitted=functools.partial(self.admission.effective_limit, queue),
+                checkpoints=self.checkpoints,
+                write_timeout=self.config.write_timeout,
             )
             for queue in self.config.queues
         }
@@ -227,6 +232,7 @@ class Worker:
                 async with trio.open_nursery() as services:
                     if listener is not None:
                         services.start_soon(self._probe_listener, name="trioq listener probe")
+                    services.start_soon(self.checkpoints.run)
                     services.start_soon(self._renew_leases)
                     services.start_soon(self._expire_unconfirmed_leases)
                     services.start_soon(self._maintain)

@@ -38,6 +38,7 @@ INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 -- key and then *returns* that row; DO NOTHING would return nothing for a row our snapshot cannot
 -- see, the "ghost duplicate" of Oban #1087. The ready notification (one per queue) is sent by
 -- pg_notify inside the same transaction, so it is delivered only if the enqueue commits.
+-- A job due later is inserted `scheduled` (outside the claim indexes) and promoted when due.
 WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id, t.*
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
@@ -56,15 +57,17 @@ released AS (
     RETURNING j.id
 ),
 inserted AS (
-    INSERT INTO {schema}.jobs AS j (id, queue, task, payload, priority, run_at, partition_key,
-                                   dedup_key, max_attempts, created_at, unique_states,
-                                   unique_until, version)
-    SELECT new_id, queue, task, payload::jsonb, priority,
-           coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second'),
-           partition_key, dedup_key, max_attempts, {schema}.db_now(),
+    INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
+                                   partition_key, dedup_key, max_attempts, created_at,
+                                   unique_states, unique_until, version)
+    SELECT new_id, queue, task, payload::jsonb,
+           CASE WHEN due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
+           priority, due_at, partition_key, dedup_key, max_attempts, {schema}.db_now(),
            string_to_array(coalesce(unique_states, ''), ','),
            {schema}.db_now() + unique_for * interval '1 second', coalesce(version, 1)
-    FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence
+    FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
+                 coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
+                     AS due_at
           FROM input) AS first_of_key
     WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) >= 0
     ORDER BY ord
@@ -84,51 +87,125 @@ LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
 CROSS JOIN notified
 ORDER BY i.ord;
 
--- name: job_complete_and_claim
--- The claim loop's one round trip: write this queue's finished results AND claim up to
--- %(limit)s ready jobs, in one statement (the batch is the unit of transfer both ways; with no
--- results it is a plain claim, with limit 0 a plain completion).
--- Completion is fenced: a row changes only if this attempt still owns it (id, attempt,
--- lease_token, running). Result notifications are aggregated to at most one pg_notify per result
--- channel per batch. Both CTEs see the same snapshot, so a key freed by a completion here is
--- claimable from the next round, never twice in one.
--- Partition keys: a keyed row is claimable only when it is its key's head (first ready, due
--- row in claim order) and no job of its key is running. Keyed and unkeyed rows come from two
--- sources, so 100,000 jobs queued behind one busy key are never scanned:
+-- name: job_settle_and_claim
+-- The claim loop's one round trip: record the outcomes of this queue's finished executions,
+-- promote due work, AND claim up to %(limit)s ready jobs, in one statement (the batch is the
+-- unit of transfer both ways; with no outcomes it is a plain claim, with limit 0 a plain settle).
+-- Settling is fenced: a row changes only if this attempt still owns it (id, attempt,
+-- lease_token, running). One row per outcome, its `kind` deciding the new state:
+--   complete -> completed;  fail -> failed;  cancel -> cancelled;
+--   retry    -> scheduled at now + delay (ready at once when the delay is 0);
+--   release  -> ready, attempt restored (a drain);
+--   sleep    -> sleeping until wake_at, attempt restored (ready at once if already due);
+--   wait     -> waiting until wake_at (NULL: no deadline), attempt restored.
+-- Suspensions (sleep, wait) keep their partition-key lock; every other outcome drops it.
+-- Failed, retried and cancelled attempts are appended to attempts; final outcomes are announced
+-- on the result channels (one pg_notify per channel per batch); rows that became ready wake
+-- their queue.
+-- Promotion: at most %(promote_limit)s scheduled/sleeping/waiting rows of the queue whose
+-- run_at has passed become ready (jobs_due_idx, SKIP LOCKED so racing workers split them); they
+-- are claimable from the next round (same snapshot), so the statement reports how many it moved
+-- and wakes the queue. It also returns the queue's next due time (one probe of jobs_due_idx) so
+-- the loop's timer follows it.
+-- Partition keys: a keyed row is claimable only when it is its key's head (first ready row in
+-- claim order, or the key's holder when the holder is ready again after a suspension) and the
+-- key is free. Keyed and unkeyed rows come from two sources, so 100,000 jobs queued behind one
+-- busy key are never scanned:
 --  * unkeyed: the scan of jobs_ready_unkeyed_idx in claim order, locked with SKIP LOCKED as it
 --    goes (concurrent claimers skip each other's rows and keep scanning: no collapse when
 --    workers compete);
 --  * keyed: a loose index scan (recursive CTE) visits keys with ready rows, one index probe
---    each, takes each key's head, drops keys that have a running job, keeps the best 2 x limit
---    heads in claim order and locks those with SKIP LOCKED. It visits at most %(key_window)s
---    keys, starting after %(key_cursor)s (the last key the previous claim visited) and wrapping
---    around: with more keys than the window, claims rotate through them round-robin, so the
---    cost stays bounded (10,000 one-job keys: 60-80 ms per claim unbounded, measured) and no
---    key starves. Two racing claimers may both pick a key's head; only one locks it, and the
---    other does not take the key's second row, which is not the head in its snapshot either.
---    The lock re-checks the head's attempt and due time on the row's newest version, so a head
---    that another worker claimed and failed into a delayed retry (attempt changed) while the
---    key's next job started is not taken from a stale snapshot.
--- The best `limit` of both sources are claimed; rows locked but not taken are released when the
--- statement ends. Every CTE is MATERIALIZED as an optimisation fence (Oban's trick), so each
--- LIMIT applies to its own index scan. Tasks this worker cannot run are never claimed.
-WITH RECURSIVE done AS (
-    UPDATE {schema}.jobs j
-    SET state = 'completed', result = d.result::jsonb, finished_at = {schema}.db_now(),
-        lease_token = NULL, lease_expires_at = NULL
+--    each, looks up the key's lock row, takes the key's head, keeps the best 2 x limit heads in
+--    claim order and locks those with SKIP LOCKED. It visits at most %(key_window)s keys,
+--    starting after %(key_cursor)s and wrapping around (round-robin, bounded cost, no key
+--    starves). The lock re-checks the head's attempt and due time on the row's newest version
+--    (a head claimed and failed into a retry by another worker meanwhile is not taken).
+-- The key itself is taken by inserting its partition_locks row (ON CONFLICT DO NOTHING): a
+-- concurrent claimer of the same key waits for our commit and then skips it, so two workers
+-- whose snapshots both saw the key free never both run it (issue 8 #2); a head whose key insert
+-- did nothing is simply not claimed this round (no error).
+-- Every CTE that feeds a LIMIT is MATERIALIZED as an optimisation fence (Oban's trick).
+-- History: a claimed row with checkpoint_count > 0 carries its checkpoints (one ordered
+-- aggregate per such row; rows without history never touch the checkpoints table).
+WITH RECURSIVE input AS MATERIALIZED (
+    SELECT t.*,
+           CASE t.kind WHEN 'retry' THEN {schema}.db_now() + t.delay * interval '1 second'
+                       WHEN 'sleep' THEN t.wake_at
+                       WHEN 'wait' THEN t.wake_at END AS next_run_at
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
-                %(results)s::text[]) AS d(id, attempt, lease_token, result)
-    WHERE j.id = d.id AND j.attempt = d.attempt AND j.lease_token = d.lease_token
-      AND j.state = 'running'
-    RETURNING j.id
+                %(kinds)s::text[], %(results)s::text[], %(errors)s::text[],
+                %(delays)s::float8[], %(wake_ats)s::timestamptz[])
+         AS t(id, attempt, lease_token, kind, result, error, delay, wake_at)
 ),
-notified AS (
+settled AS (
+    UPDATE {schema}.jobs j
+    SET state = CASE
+            WHEN i.kind = 'complete' THEN 'completed'
+            WHEN i.kind = 'fail' THEN 'failed'
+            WHEN i.kind = 'cancel' THEN 'cancelled'
+            WHEN i.kind = 'release' THEN 'ready'
+            WHEN i.next_run_at IS NOT NULL AND i.next_run_at <= {schema}.db_now() THEN 'ready'
+            WHEN i.kind = 'retry' THEN 'scheduled'
+            WHEN i.kind = 'sleep' THEN 'sleeping'
+            ELSE 'waiting' END,
+        run_at = CASE WHEN i.kind IN ('retry', 'sleep', 'wait') THEN i.next_run_at
+                      ELSE j.run_at END,
+        attempt = CASE WHEN i.kind IN ('release', 'sleep', 'wait') THEN j.attempt - 1
+                       ELSE j.attempt END,
+        result = CASE WHEN i.kind = 'complete' THEN i.result::jsonb END,
+        error = CASE WHEN i.kind IN ('retry', 'fail', 'cancel') THEN i.error::jsonb END,
+        finished_at = CASE WHEN i.kind IN ('complete', 'fail', 'cancel')
+                           THEN {schema}.db_now() END,
+        worker_id = CASE WHEN i.kind = 'release' THEN NULL ELSE j.worker_id END,
+        started_at = CASE WHEN i.kind = 'release' THEN NULL ELSE j.started_at END,
+        lease_token = NULL, lease_expires_at = NULL
+    FROM input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
+              j.error, j.run_at, i.kind
+),
+unlocked AS (
+    DELETE FROM {schema}.partition_locks l
+    USING settled s
+    WHERE s.kind NOT IN ('sleep', 'wait') AND s.partition_key IS NOT NULL
+      AND l.queue = s.queue AND l.partition_key = s.partition_key AND l.job_id = s.id
+    RETURNING l.job_id
+),
+history AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
+                                   traceback, trace_id, worker_id, started_at, finished_at)
+    SELECT id, attempt,
+           CASE kind WHEN 'retry' THEN 'retried' WHEN 'fail' THEN 'failed' ELSE 'cancelled' END,
+           error ->> 'type', error ->> 'message', error ->> 'traceback', error ->> 'trace_id',
+           worker_id, started_at, {schema}.db_now()
+    FROM settled WHERE kind IN ('retry', 'fail', 'cancel')
+),
+results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM done GROUP BY 1) AS per_channel
+          FROM settled WHERE state IN ('completed', 'failed', 'cancelled')
+          GROUP BY 1) AS per_channel
 ),
-completed AS (
-    SELECT coalesce(array_agg(done.id), '{}') AS ids FROM done CROSS JOIN notified
+due AS MATERIALIZED (
+    SELECT j.id FROM {schema}.jobs j
+    WHERE j.queue = %(queue)s AND j.state IN ('scheduled', 'sleeping', 'waiting')
+      AND j.run_at <= {schema}.db_now()
+    ORDER BY j.run_at
+    LIMIT %(promote_limit)s
+    FOR UPDATE SKIP LOCKED
+),
+promoted AS (
+    UPDATE {schema}.jobs j SET state = 'ready'
+    FROM due d
+    WHERE j.id = d.id AND j.state IN ('scheduled', 'sleeping', 'waiting')
+      AND j.run_at <= {schema}.db_now()
+    RETURNING j.id
+),
+ready_notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready'
+          UNION SELECT %(queue)s::text WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 ready_keys AS (
     SELECT first_key.partition_key, 1 AS n, first_key.wrapped
@@ -168,38 +245,43 @@ ready_keys AS (
       AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
 ),
 heads AS MATERIALIZED (
-    SELECT head.id, head.attempt
+    SELECT head.id, head.attempt, head.held
     FROM ready_keys k
+    LEFT JOIN {schema}.partition_locks l
+           ON l.queue = %(queue)s AND l.partition_key = k.partition_key
     CROSS JOIN LATERAL (
-        SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version FROM {schema}.jobs j
-        WHERE j.queue = %(queue)s AND j.partition_key = k.partition_key
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
-        ORDER BY j.priority, j.run_at, j.id
-        LIMIT 1
+        (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
+         FROM {schema}.jobs j
+         WHERE l.job_id IS NULL
+           AND j.queue = %(queue)s AND j.partition_key = k.partition_key AND j.state = 'ready'
+           AND j.run_at <= {schema}.db_now()
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT 1)
+        UNION ALL
+        (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
+         FROM {schema}.jobs j
+         WHERE j.id = l.job_id AND j.state = 'ready')
     ) AS head
     WHERE head.task = ANY(%(tasks)s::text[])
       AND (%(task_versions)s::text[] IS NULL
            OR head.task || '@' || head.version = ANY(%(task_versions)s::text[]))
-      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs r
-                      WHERE r.queue = %(queue)s AND r.partition_key = k.partition_key
-                        AND r.state = 'running')
     ORDER BY head.priority, head.run_at, head.id
     LIMIT 2 * %(limit)s
 ),
 keyed AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at
+    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, h.held
     FROM {schema}.jobs j
     JOIN heads h ON h.id = j.id AND h.attempt = j.attempt
     WHERE j.state = 'ready' AND j.run_at <= {schema}.db_now()
     FOR UPDATE OF j SKIP LOCKED
 ),
 unkeyed AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at
+    SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held
     FROM {schema}.jobs j
     WHERE j.queue = %(queue)s
       AND j.state = 'ready'
       AND j.partition_key IS NULL
-      AND j.run_at <= {schema}.db_now()
+      AND j.run_at <= {schema}.db_now()  -- ready means due; a guard for rows written by hand
       AND j.task = ANY(%(tasks)s::text[])
       AND (%(task_versions)s::text[] IS NULL
            OR j.task || '@' || j.version = ANY(%(task_versions)s::text[]))
@@ -208,11 +290,18 @@ unkeyed AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 candidates AS MATERIALIZED (
-    SELECT id FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed) AS both_sources
+    SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed) AS both_sources
     -- A paused queue (`trioq queue pause`) claims nothing; its completions still go through.
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p WHERE p.queue = %(queue)s)
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
+),
+key_taken AS (
+    INSERT INTO {schema}.partition_locks (queue, partition_key, job_id)
+    SELECT queue, partition_key, id FROM candidates WHERE NOT held
+    ORDER BY queue, partition_key  -- one lock order for every claimer: no deadlock cycles
+    ON CONFLICT (queue, partition_key) DO NOTHING
+    RETURNING job_id
 ),
 claimed AS (
     UPDATE {schema}.jobs j
@@ -224,73 +313,79 @@ claimed AS (
         started_at = {schema}.db_now(),
         error = NULL
     FROM candidates c
-    WHERE j.id = c.id
+    WHERE j.id = c.id AND (c.held OR c.id IN (SELECT job_id FROM key_taken))
     RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
               j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-              j.version
+              j.version,
+              CASE WHEN j.checkpoint_count > 0 THEN
+                  (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+                                    ORDER BY c.position)
+                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history
+),
+outcome AS MATERIALIZED (
+    -- The notification CTEs are read here (scalar subqueries always run), so they fire even
+    -- when nothing was settled.
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+           coalesce(array_agg(state ORDER BY id), '{}') AS states,
+           (SELECT n FROM results_notified) + (SELECT n FROM ready_notified) AS notified
+    FROM settled
 )
-SELECT completed.ids,
+SELECT outcome.ids, outcome.states,
        (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
        (SELECT count(*) FROM ready_keys) AS keys_visited,
+       (SELECT count(*) FROM promoted) AS promoted,
+       {schema}.db_now() AS now,
+       -- The snapshot cannot see the rows settled here as scheduled/sleeping/waiting: their
+       -- new run_at comes from the settlement itself.
+       least((SELECT j.run_at FROM {schema}.jobs j
+              WHERE j.queue = %(queue)s AND j.state IN ('scheduled', 'sleeping', 'waiting')
+                AND j.run_at > {schema}.db_now()
+              ORDER BY j.run_at LIMIT 1),
+             (SELECT min(s.run_at) FROM settled s
+              WHERE s.state IN ('scheduled', 'sleeping', 'waiting'))) AS next_due,
        claimed.*
-FROM completed LEFT JOIN claimed ON true;
+FROM outcome LEFT JOIN claimed ON true;
 
--- name: job_fail_many
--- Fenced like completion. A row either goes back to ready with run_at pushed by the backoff the
--- runtime computed (retry_delay), or to its final state (failed or cancelled). Each outcome is
--- appended to attempts, the source of truth for failures.
-WITH input AS (
+-- name: checkpoint_insert_many
+-- Group commit of workflow checkpoints: the checkpoints of every concurrently running handler
+-- in one statement. Fenced through the job row: the UPDATE takes the row lock and re-checks
+-- (id, attempt, lease_token, running) on its newest version, so a write racing a lease recovery
+-- either commits before it or changes nothing; a job not returned has lost its lease. The job
+-- row's checkpoint_count becomes the next free position (the claim loads history only when it
+-- is above 0). A value given as `wake_in` seconds is stored as {"wake_at": db_now() + wake_in}
+-- merged into the value object: durable sleeps take their wake time from database time.
+WITH input AS MATERIALIZED (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
-                         %(errors)s::text[], %(retry_delays)s::float8[], %(final_states)s::text[])
-             AS t(id, attempt, lease_token, error, retry_delay, final_state)
+                         %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
+                         %(values)s::text[], %(wake_ins)s::float8[])
+             AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
-updated AS (
+owner AS (
     UPDATE {schema}.jobs j
-    SET state = CASE WHEN i.retry_delay IS NULL THEN i.final_state ELSE 'ready' END,
-        run_at = CASE WHEN i.retry_delay IS NULL THEN j.run_at
-                      ELSE {schema}.db_now() + i.retry_delay * interval '1 second' END,
-        finished_at = CASE WHEN i.retry_delay IS NULL THEN {schema}.db_now() END,
-        error = i.error::jsonb, lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+    FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
+          FROM input GROUP BY id, attempt, lease_token) AS n
+    WHERE j.id = n.id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
       AND j.state = 'running'
-    RETURNING j.id, j.attempt, j.state, j.worker_id, j.started_at, j.error
+    RETURNING j.id
 ),
-history AS (
-    INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
-                                   traceback, trace_id, worker_id, started_at, finished_at)
-    SELECT id, attempt,
-           CASE state WHEN 'ready' THEN 'retried' ELSE state END,
-           error ->> 'type', error ->> 'message', error ->> 'traceback', error ->> 'trace_id',
-           worker_id, started_at, {schema}.db_now()
-    FROM updated
-),
-notified AS (
-    SELECT count(pg_notify(channel, ids)) AS n
-    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM updated WHERE state <> 'ready' GROUP BY 1) AS per_channel
+written AS (
+    INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
+    SELECT i.id, i.position, i.kind, i.name,
+           CASE WHEN i.wake_in IS NULL THEN i.value::jsonb
+                ELSE coalesce(i.value::jsonb, '{}'::jsonb) || jsonb_build_object(
+                    'wake_at', {schema}.db_now() + i.wake_in * interval '1 second') END,
+           {schema}.db_now()
+    FROM input i JOIN owner o ON o.id = i.id
+    ON CONFLICT (job_id, position) DO NOTHING
+    RETURNING job_id, position, value
 )
-SELECT updated.id, updated.state FROM updated CROSS JOIN notified;
-
--- name: job_release_many
--- Drain: hand running jobs back WITHOUT consuming an attempt or recording an error, and wake
--- the queue's workers so another one starts them at once (not after lease expiry). run_at is
--- kept: the job was due, and keeping it keeps the job at the head of its partition key.
-WITH released AS (
-    UPDATE {schema}.jobs j
-    SET state = 'ready', attempt = j.attempt - 1,
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, started_at = NULL
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
-         AS r(id, attempt, lease_token)
-    WHERE j.id = r.id AND j.attempt = r.attempt AND j.lease_token = r.lease_token
-      AND j.state = 'running'
-    RETURNING j.id, j.queue
-),
-notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM released) AS q
-)
-SELECT released.id FROM released CROSS JOIN notified;
+-- A position already taken (a write repeated after a lost connection) returns the stored value.
+SELECT i.id, i.position, coalesce(w.value, e.value)
+FROM input i
+JOIN owner o ON o.id = i.id
+LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
+LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position;
 
 -- name: lease_renew_many
 -- ONE statement per worker every lease/3: extend every lease this worker still holds and
@@ -341,7 +436,11 @@ recovered AS (
         lease_token = NULL, lease_expires_at = NULL
     FROM expired e
     WHERE j.id = e.id AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
-    RETURNING j.id, j.attempt, j.state, j.queue, j.worker_id, j.started_at
+    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at
+),
+unlocked AS (
+    DELETE FROM {schema}.partition_locks l USING recovered r
+    WHERE l.queue = r.queue AND l.partition_key = r.partition_key AND l.job_id = r.id
 ),
 history AS (
     INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
@@ -384,7 +483,8 @@ SELECT (SELECT ok FROM leader),
        (SELECT n FROM notified) + (SELECT n FROM results_notified);
 
 -- name: job_cancel
--- A ready job is cancelled at once; a running one is flagged and its worker told on the control
+-- A job that is not running (scheduled, ready, sleeping, waiting) is cancelled at once and
+-- releases its partition key; a running one is flagged and its worker told on the control
 -- channel (its handler is cancelled and the outcome recorded as cancelled by that worker).
 WITH target AS (
     SELECT id, state FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
@@ -392,11 +492,16 @@ WITH target AS (
 changed AS (
     UPDATE {schema}.jobs j
     SET cancel_requested = true,
-        state = CASE WHEN t.state = 'ready' THEN 'cancelled' ELSE j.state END,
-        finished_at = CASE WHEN t.state = 'ready' THEN {schema}.db_now() ELSE j.finished_at END
+        state = CASE WHEN t.state = 'running' THEN j.state ELSE 'cancelled' END,
+        finished_at = CASE WHEN t.state = 'running' THEN j.finished_at
+                           ELSE {schema}.db_now() END
     FROM target t
-    WHERE j.id = t.id AND t.state IN ('ready', 'running')
+    WHERE j.id = t.id AND t.state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting')
     RETURNING j.id, j.state
+),
+unlocked AS (
+    DELETE FROM {schema}.partition_locks l USING changed c
+    WHERE c.state = 'cancelled' AND l.job_id = c.id
 ),
 notified AS (
     SELECT count(pg_notify(CASE WHEN state = 'running' THEN %(control_channel)s
@@ -519,8 +624,8 @@ DELETE FROM {schema}.workers WHERE id = %(worker_id)s RETURNING id;
 -- name: queue_status
 -- One row per queue: backlog, oldest due age, running, expired leases, scheduled.
 SELECT queue,
-       count(*) FILTER (WHERE state = 'ready' AND run_at <= {schema}.db_now()) AS ready,
-       count(*) FILTER (WHERE state = 'ready' AND run_at > {schema}.db_now()) AS scheduled,
+       count(*) FILTER (WHERE state = 'ready') AS ready,
+       count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
        count(*) FILTER (WHERE state = 'running') AS running,
        count(*) FILTER (WHERE state = 'running'
                           AND lease_expires_at < {schema}.db_now()) AS expired_leases,
@@ -528,7 +633,9 @@ SELECT queue,
        count(*) FILTER (WHERE state = 'failed') AS failed,
        count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
        extract(epoch FROM {schema}.db_now() - min(run_at) FILTER (
-           WHERE state = 'ready' AND run_at <= {schema}.db_now()))::float8 AS oldest_ready_seconds
+           WHERE state = 'ready'))::float8 AS oldest_ready_seconds,
+       count(*) FILTER (WHERE state = 'sleeping') AS sleeping,
+       count(*) FILTER (WHERE state = 'waiting') AS waiting
 FROM {schema}.jobs GROUP BY queue ORDER BY queue;
 
 -- name: queue_demand

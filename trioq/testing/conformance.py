@@ -29,11 +29,7 @@ from .._core.channels import control_channel, result_channel
 from .._driver import (
     CancelOutcome,
     ClaimedJob,
-    CompleteAndClaim,
-    CompleteAndClaimResult,
-    Completion,
     Driver,
-    Failure,
     JobFilter,
     JobPurge,
     JobRecord,
@@ -42,6 +38,9 @@ from .._driver import (
     MaintenancePass,
     NewJob,
     RenewLeases,
+    SettleAndClaim,
+    SettleAndClaimResult,
+    Settlement,
     WorkerRegistration,
 )
 from .._sql import queries, query_names
@@ -174,20 +173,20 @@ async def claim_round(
     tasks: Sequence[str] = (TASK,),
     lease_seconds: float = LEASE_SECONDS,
     worker_id: uuid.UUID | None = None,
-    completions: Sequence[Completion] = (),
+    settlements: Sequence[Settlement] = (),
     key_cursor: str = "",
     key_window: int = 200,
     task_versions: Sequence[str] | None = None,
-) -> CompleteAndClaimResult:
+) -> SettleAndClaimResult:
     """One claim loop round trip, with the claimed jobs sorted in claim order."""
-    result = await driver.job_complete_and_claim(
-        CompleteAndClaim(
+    result = await driver.job_settle_and_claim(
+        SettleAndClaim(
             queue=queue,
             tasks=tuple(tasks),
             limit=limit,
             lease_seconds=lease_seconds,
             worker_id=worker_id or uuid.uuid4(),
-            completions=tuple(completions),
+            settlements=tuple(settlements),
             key_cursor=key_cursor,
             key_window=key_window,
             task_versions=None if task_versions is None else tuple(task_versions),
@@ -205,7 +204,7 @@ async def claim(
     tasks: Sequence[str] = (TASK,),
     lease_seconds: float = LEASE_SECONDS,
     worker_id: uuid.UUID | None = None,
-    completions: Sequence[Completion] = (),
+    settlements: Sequence[Settlement] = (),
 ) -> list[ClaimedJob]:
     """Claim up to `limit` jobs; the result is sorted in claim order."""
     result = await claim_round(
@@ -215,18 +214,45 @@ async def claim(
         tasks=tasks,
         lease_seconds=lease_seconds,
         worker_id=worker_id,
-        completions=completions,
+        settlements=settlements,
     )
     return list(result.claimed)
 
 
+async def settle(
+    driver: Driver, *settlements: Settlement, queue: str = QUEUE
+) -> list[tuple[int, str]]:
+    """Settle without claiming; returns (id, new state) of each settlement that held."""
+    outcome = await driver.job_settle_and_claim(
+        SettleAndClaim(queue, (TASK,), 0, LEASE_SECONDS, uuid.uuid4(), tuple(settlements))
+    )
+    return sorted(outcome.settled)
+
+
+async def claim_due(driver: Driver, limit: int = 10, **options: Any) -> list[ClaimedJob]:
+    """Claim work that became due since the last statement: the first round promotes it (the
+    claim's snapshot does not see the promotion), the next one claims it."""
+    first = await claim_round(driver, limit, **options)
+    if not first.promoted:
+        return list(first.claimed)
+    second = await claim_round(driver, limit - len(first.claimed), **options)
+    return sorted(
+        [*first.claimed, *second.claimed], key=lambda job: (job.priority, job.run_at, job.id)
+    )
+
+
 async def complete(driver: Driver, *leases: Lease, result: Any = None) -> tuple[int, ...]:
     """Complete `leases` without claiming; returns the ids whose completion was accepted."""
-    completions = tuple(Completion(lease, json.dumps(result)) for lease in leases)
-    outcome = await driver.job_complete_and_claim(
-        CompleteAndClaim(QUEUE, (TASK,), 0, LEASE_SECONDS, uuid.uuid4(), completions)
+    settled = await settle(
+        driver, *(Settlement(lease, "complete", result_json=json.dumps(result)) for lease in leases)
     )
-    return outcome.completed_ids
+    return tuple(job_id for job_id, _ in settled)
+
+
+async def release(driver: Driver, *leases: Lease) -> list[int]:
+    """Drain-release `leases`; returns the ids released."""
+    settled = await settle(driver, *(Settlement(lease, "release") for lease in leases))
+    return [job_id for job_id, _ in settled]
 
 
 async def renew(driver: Driver, *leases: Lease, lease_seconds: float = LEASE_SECONDS) -> set[int]:
@@ -245,7 +271,10 @@ async def fail(
     error: dict[str, Any] | None = None,
 ) -> list[tuple[int, str]]:
     error = error or {"type": "Boom", "message": "it broke"}
-    return await driver.job_fail_many([Failure(lease, json.dumps(error), retry_delay, final_state)])
+    kind = "retry" if retry_delay is not None else {"failed": "fail"}.get(final_state, "cancel")
+    return await settle(
+        driver, Settlement(lease, kind, error_json=json.dumps(error), delay_seconds=retry_delay)
+    )
 
 
 async def record(driver: Driver, job_id: int) -> JobRecord:
@@ -342,11 +371,12 @@ async def check_delayed_job_is_claimed_only_once_due(driver: Driver, clock: Driv
     [past] = await enqueue(driver, new_job(run_at=now - datetime.timedelta(hours=1)))
     expect(ids(await claim(driver)), [past], "claim before anything else is due")
     await clock.advance(30)
-    expect(await claim(driver), [], "claim 30 s before the delayed job is due")
+    first = await claim_round(driver)
+    expect((first.claimed, first.promoted), ((), 0), "claim 30 s before the delayed job is due")
     await clock.advance(31)
-    expect(ids(await claim(driver)), [delayed], "claim once the delayed job is due")
+    expect(ids(await claim_due(driver)), [delayed], "claim once the delayed job is due")
     await clock.advance(3600)
-    expect(ids(await claim(driver)), [future], "claim once run_at has passed")
+    expect(ids(await claim_due(driver)), [future], "claim once run_at has passed")
 
 
 @conformance_check
@@ -543,7 +573,7 @@ async def check_stale_lease_changes_nothing(driver: Driver, clock: DriverClock) 
     for lease in stale:
         expect(await complete(driver, lease), (), f"completion with {lease}")
         expect(await fail(driver, lease, retry_delay=None), [], f"failure with {lease}")
-        expect(await driver.job_release_many([lease]), [], f"release with {lease}")
+        expect(await release(driver, lease), [], f"release with {lease}")
         expect(await renew(driver, lease), set(), f"renewal with {lease}")
     expect(await record(driver, job.id), before, "job after stale writes")
     expect(await driver.job_attempts(job.id), [], "attempts after stale writes")
@@ -574,12 +604,12 @@ async def check_failure_retries_after_its_delay_then_fails_with_history(
     [job_id] = await enqueue(driver, new_job(max_attempts=2))
     [first] = await claim(driver, worker_id=worker_id)
     error = {"type": "Boom", "message": "first", "traceback": "tb"}
-    expect(await fail(driver, first.lease, 60, error=error), [(job_id, "ready")], "retry")
+    expect(await fail(driver, first.lease, 60, error=error), [(job_id, "scheduled")], "retry")
     row = await record(driver, job_id)
-    expect((row.state, row.attempt, row.error), ("ready", 1, error), "job after a retry")
+    expect((row.state, row.attempt, row.error), ("scheduled", 1, error), "job after a retry")
     expect(await claim(driver), [], "claim before the retry delay passed")
     await clock.advance(61)
-    [second] = await claim(driver, worker_id=worker_id)
+    [second] = await claim_due(driver, worker_id=worker_id)
     expect(second.attempt, 2, "attempt of the retry")
     final_error = {"type": "Boom", "message": "second"}
     expect(await fail(driver, second.lease, None, error=final_error), [(job_id, "failed")], "end")
@@ -621,7 +651,7 @@ async def check_release_returns_the_job_without_consuming_an_attempt(
 ) -> None:
     [job_id] = await enqueue(driver, new_job())
     [job] = await claim(driver)
-    expect(await driver.job_release_many([job.lease]), [job_id], "released ids")
+    expect(await release(driver, job.lease), [job_id], "released ids")
     row = await record(driver, job_id)
     expect(
         (row.state, row.attempt, row.worker_id, row.started_at, row.error),
@@ -644,7 +674,7 @@ async def check_released_job_keeps_its_place_in_its_partition(
     [job] = await claim(driver)
     expect(job.id, first, "the key's head is claimed")
     await clock.advance(1)
-    await driver.job_release_many([job.lease])
+    await release(driver, job.lease)
     expect(ids(await claim(driver, limit=1)), [first], "the key's head after a release")
 
 
@@ -832,7 +862,7 @@ async def check_key_freed_by_a_completion_is_claimable_from_the_next_round(
         driver, new_job(1, partition_key="k"), new_job(2, partition_key="k")
     )
     [job] = await claim(driver)
-    done = await claim(driver, completions=[Completion(job.lease, "null")])
+    done = await claim(driver, settlements=[Settlement(job.lease, "complete", result_json="null")])
     expect(done, [], "claim in the round that completed the key's running job")
     expect((await record(driver, first)).state, "completed", "first job")
     expect(ids(await claim(driver)), [second], "claim in the next round")
@@ -1013,7 +1043,7 @@ async def check_release_and_recovery_notify_the_ready_channel(
     async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
         for channel in channels:
             await listener.listen(channel)
-        await driver.job_release_many([released.lease])
+        await release(driver, released.lease)
         await recorder.wait_for(channels[0], released_queue)
         await clock.advance(11)
         await driver.maintenance_pass(MaintenancePass())
@@ -1179,7 +1209,7 @@ async def check_finished_jobs_are_pruned_after_retention(
     expect(report.pruned_jobs, 2, "pruned after the retention period")
     expect((await driver.job_get(done_id), await driver.job_get(failed_id)), (None, None), "gone")
     expect(await driver.job_attempts(failed_id), [], "attempts of a pruned job")
-    expect((await record(driver, waiting)).state, "ready", "a job not finished is kept")
+    expect((await record(driver, waiting)).state, "scheduled", "a job not finished is kept")
     [again] = await driver.job_insert_many([new_job(dedup_key="d")])
     expect(again.created, True, "the dedup key of a pruned job is free")
 
@@ -1191,7 +1221,7 @@ async def check_statistics_count_statements_by_name(driver: Driver, clock: Drive
     await claim(driver)
     await driver.maintenance_pass(MaintenancePass())
     after = driver.statistics().calls
-    for name in ("job_insert_many", "job_complete_and_claim", "maintenance_pass"):
+    for name in ("job_insert_many", "job_settle_and_claim", "maintenance_pass"):
         expect(after.get(name, 0) - before.get(name, 0), 1, f"calls of {name}")
     unknown = set(after) - query_names()
     expect(unknown, set(), "counted names that are not statements of queries.sql")

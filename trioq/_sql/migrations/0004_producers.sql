@@ -54,10 +54,13 @@ BEGIN
           AND NOT (j.state = ANY(j.unique_states)
                    AND (j.unique_until IS NULL OR j.unique_until > {schema}.db_now()));
     END IF;
-    INSERT INTO {schema}.jobs AS j (queue, task, payload, priority, run_at, partition_key,
-                                   dedup_key, max_attempts, created_at, unique_states,
-                                   unique_until)
-    VALUES (enqueue.queue, enqueue.task, enqueue.payload, enqueue.priority, due,
+    -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
+    INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
+                                   partition_key, dedup_key, max_attempts, created_at,
+                                   unique_states, unique_until)
+    VALUES (enqueue.queue, enqueue.task, enqueue.payload,
+            CASE WHEN due > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
+            enqueue.priority, due,
             enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts, {schema}.db_now(),
             held, CASE WHEN enqueue.dedup_key IS NOT NULL
                        THEN {schema}.db_now() + enqueue.unique_for END)

@@ -1,0 +1,100 @@
+"""What a handler sees: `ctx.job` (who am I), a logger, and the durable primitives.
+
+`Context` is a thin view over the runtime's per-run object (`trioq._runtime.run.Run`); it holds
+no state of its own beyond a lazily built logger. Re-exported as `trioq.Context`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from .._core.retry import RetryPolicy
+from .run import Run
+
+
+@attrs.frozen
+class JobInfo:
+    id: int
+    task: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    partition_key: str | None
+    priority: int
+    created_at: datetime.datetime
+    version: int = 1  # the handler version this job was enqueued for
+
+
+class Context:
+    """Passed to every handler as its first argument.
+
+    `job` describes the attempt being run. `logger` carries the job id, attempt and worker id in
+    every record (`extra`); it is built on first use, so handlers that do not log pay nothing.
+    The durable primitives (`step`, `sleep`, `sleep_until`) are described in docs/workflows.md.
+    """
+
+    __slots__ = ("_logger", "_run", "job")
+
+    def __init__(self, run: Run) -> None:
+        job = run.job
+        self._run = run
+        self.job = JobInfo(
+            id=job.id,
+            task=job.task,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            partition_key=job.partition_key,
+            priority=job.priority,
+            created_at=job.created_at,
+            version=job.version,
+        )
+        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+
+    @property
+    def worker_id(self) -> uuid.UUID:
+        return self._run.worker_id
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        if self._logger is None:
+            self._logger = logging.LoggerAdapter(
+                logging.getLogger(f"trioq.task.{self.job.task}"),
+                {
+                    "job_id": self.job.id,
+                    "attempt": self.job.attempt,
+                    "worker_id": str(self.worker_id),
+                },
+            )
+        return self._logger
+
+    async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+    ) -> Any:
+        """Run `fn(*args)` (sync or async) once for this job and return its JSON result.
+
+        The result is stored as the job's next checkpoint before this returns; every later
+        execution of the job returns the stored result without calling `fn`. With `retry`, a
+        raising `fn` is retried in place up to `retry.max_attempts` times; then the execution
+        fails like a handler error, its stored error naming the step. A sync `fn` runs in the
+        trio thread: wrap blocking work in `trio.to_thread.run_sync`.
+        """
+        return await self._run.step(name, fn, *args, retry=retry)
+
+    async def sleep(self, name: str, duration: datetime.timedelta) -> None:
+        """Sleep durably: the wake time (database now + duration) is stored, the execution ends
+        and frees its slot, and the job resumes here after the wake time, on any worker."""
+        await self._run.sleep(name, duration)
+
+    async def sleep_until(self, name: str, when: datetime.datetime) -> None:
+        """Like `sleep`, until the timezone-aware instant `when` (database time)."""
+        await self._run.sleep_until(name, when)
+
+    def __repr__(self) -> str:
+        return f"Context(job={self.job!r}, worker_id={self.worker_id!r})"

@@ -1,0 +1,121 @@
+"""The executor: runs ONE job and returns its outcome (River's job executor, Oban's return
+contract). It never raises for anything the handler did: every exit of the handler, including
+`BaseException`s raised by handler code (SystemExit, GeneratorExit, custom ones), maps to an
+outcome. Only cancellation from outside the job (a hard stop of the worker) and
+KeyboardInterrupt propagate.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+import trio
+
+from .._core import codec
+from .._core.errors import NondeterminismError
+from .._core.retry import should_retry
+from .context import Context
+from .logs import log_job_failure
+from .outcome import Cancelled, Completed, Failed, Lost, Outcome, Released, RetryAt
+from .run import Run
+
+log = logging.getLogger("trioq.worker")
+
+MAX_TRACEBACK_CHARS = 20_000
+
+
+async def execute(run: Run) -> Outcome:
+    """Run `run.job`'s handler under `run.scope` and map how it ended to an outcome."""
+    spec = run.spec
+    job = run.job
+    if spec.timeout is not None:
+        run.scope.deadline = trio.current_time() + spec.timeout
+    error: BaseException | None = None
+    result_json = "null"
+    try:
+        with run.scope:
+            if job.cancel_requested:
+                run.cancel("cancelled")
+            result = await spec.handler(Context(run), spec.load_payload(job.payload))
+            result_json = codec.encode(result, root="result")
+    except (trio.Cancelled, KeyboardInterrupt):
+        raise  # not ours: our own scope's cancellation never reaches this point
+    except BaseException as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
+            (trio.Cancelled, KeyboardInterrupt)
+        ):
+            raise
+        error = exc
+    return _outcome(run, error, result_json)
+
+
+def _outcome(run: Run, error: BaseException | None, result_json: str) -> Outcome:
+    reason = run.cancel_reason
+    if reason == "lost":
+        return Lost()
+    if run.suspension is not None:
+        return run.suspension  # recorded durably: a cancel or drain applies to the woken job
+    if reason is not None and (run.scope.cancelled_caught or error is not None):
+        # Cancelled on purpose (and perhaps turned into another error): the reason decides. A
+        # handler that finished before the cancellation reached it keeps its result.
+        if reason == "cancelled":
+            return Cancelled(error_json("Cancelled", "cancelled on request", None))
+        return Released()  # drain
+    if error is not None:
+        return failure(run, error)
+    if run.scope.cancelled_caught:
+        spec = run.spec
+        return failure(
+            run, TimeoutError(f"task {spec.name!r} exceeded its {spec.timeout}s timeout")
+        )
+    return Completed(result_json)
+
+
+def failure(run: Run, exc: BaseException) -> Outcome:
+    """A failed execution: retried while attempts remain, else failed for good. A
+    NondeterminismError fails at once (re-running the same code cannot fix it)."""
+    job = run.job
+    message = str(exc)
+    step = None
+    if run.failed_step is not None:
+        position, name = run.failed_step
+        step = name
+        message = f"step {name!r} (history position {position}) failed: {message}"
+    error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    error = error_json(
+        error_type,
+        message,
+        "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
+        step=step,
+    )
+    retryable = not isinstance(exc, NondeterminismError)
+    delay = (
+        run.spec.retry.delay(job.attempt)
+        if retryable and should_retry(job.attempt, job.max_attempts)
+        else None
+    )
+    log_job_failure(
+        job_id=job.id, attempt=job.attempt, max_attempts=job.max_attempts, task=job.task,
+        queue=job.queue, worker_id=run.worker_id, error_type=error_type, message=message,
+        retry_in=delay,
+    )  # fmt: skip
+    if delay is not None:
+        return RetryAt(error, delay)
+    return Failed(error)
+
+
+def _storable(text: str) -> str:
+    """Error text as Postgres can store it (no NUL, no lone surrogates)."""
+    return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+
+
+def error_json(error_type: str, message: str, tb: str | None, *, step: str | None = None) -> str:
+    error: dict[str, str | None] = {
+        "type": _storable(error_type),
+        "message": _storable(message[:4000]),
+        "traceback": None if tb is None else _storable(tb),
+    }
+    if step is not None:
+        error["step"] = _storable(step)
+    return codec.encode(error, root="error")

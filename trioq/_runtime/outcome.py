@@ -1,0 +1,110 @@
+"""What one execution of a job ended with: typed, frozen outcomes (the executor's return value).
+
+The claim loop turns each outcome into at most one `Settlement` (the row the settle statement
+writes); `Lost` writes nothing, since another attempt owns the job now.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import attrs
+
+from .._driver import Lease, Settlement
+
+
+@attrs.frozen
+class Completed:
+    result_json: str
+
+
+@attrs.frozen
+class RetryAt:
+    """Failed, attempts left: run again after `delay_seconds` (scheduled, key released)."""
+
+    error_json: str
+    delay_seconds: float
+
+
+@attrs.frozen
+class Failed:
+    """Failed for good (attempts used up, or an error retrying cannot fix)."""
+
+    error_json: str
+
+
+@attrs.frozen
+class Cancelled:
+    error_json: str
+
+
+@attrs.frozen
+class Released:
+    """Handed back unfinished (drain): ready again, no attempt consumed."""
+
+
+@attrs.frozen
+class Suspended:
+    """The execution ended on a durable primitive: the job sleeps (until `until`) or waits (until
+    woken, or until `until` when it has a deadline), holding its partition key, no attempt
+    consumed. `until` is database time."""
+
+    state: str  # "sleeping" or "waiting"
+    until: datetime.datetime | None
+
+    def __attrs_post_init__(self) -> None:
+        if self.state not in ("sleeping", "waiting"):
+            raise ValueError(f"suspended state {self.state!r} is not sleeping/waiting")
+        if self.state == "sleeping" and self.until is None:
+            raise ValueError("a sleep needs its wake time")
+
+
+@attrs.frozen
+class Lost:
+    """The lease was lost (recovered elsewhere, or not confirmed in time): write nothing."""
+
+    reason: str = "lease lost"
+
+
+Outcome = Completed | RetryAt | Failed | Cancelled | Released | Suspended | Lost
+
+
+def settlement_of(lease: Lease, outcome: Outcome) -> Settlement | None:
+    """The settle-statement row for `outcome` (None for `Lost`)."""
+    match outcome:
+        case Completed(result_json):
+            return Settlement(lease, "complete", result_json=result_json)
+        case RetryAt(error_json, delay):
+            return Settlement(lease, "retry", error_json=error_json, delay_seconds=delay)
+        case Failed(error_json):
+            return Settlement(lease, "fail", error_json=error_json)
+        case Cancelled(error_json):
+            return Settlement(lease, "cancel", error_json=error_json)
+        case Released():
+            return Settlement(lease, "release")
+        case Suspended(state, until):
+            return Settlement(lease, "sleep" if state == "sleeping" else "wait", wake_at=until)
+        case Lost():
+            return None
+    raise AssertionError(f"unknown outcome {outcome!r}")
+
+
+def outcome_name(outcome: Outcome) -> str:
+    """The name hooks and logs use: completed, retried, failed, cancelled, released,
+    sleeping, waiting, lost."""
+    match outcome:
+        case Completed():
+            return "completed"
+        case RetryAt():
+            return "retried"
+        case Failed():
+            return "failed"
+        case Cancelled():
+            return "cancelled"
+        case Released():
+            return "released"
+        case Suspended(state, _):
+            return state
+        case Lost():
+            return "lost"
+    raise AssertionError(f"unknown outcome {outcome!r}")

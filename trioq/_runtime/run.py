@@ -1,0 +1,185 @@
+"""The per-run object: everything one execution of one job holds (its lease, the driver, the
+loaded history, the cancel scope, the checkpoint writer), and the durable primitives.
+
+`trioq.Context` is a thin public view over a `Run`. Every primitive follows one protocol
+(docs/workflows.md): take the next history position; if a checkpoint is stored there, check its
+kind and name (`NondeterminismError` on a mismatch) and use the stored value; otherwise do the
+work and record it (fenced by the lease, committed before the primitive returns). A primitive
+that must wait durably records what it waits for, then calls `suspend`, which ends the
+execution: the claim loop settles it as sleeping/waiting and frees the slot.
+
+Extension point (events, children): a new primitive is a method here using `replay`, `record`
+and `suspend`, and a thin method on `Context`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import attrs
+import trio
+
+from .._core import codec
+from .._core.errors import NondeterminismError
+from .._core.identifiers import validate_key
+from .._core.retry import RetryPolicy
+from .._driver import Checkpoint, CheckpointWrite, ClaimedJob, Driver, Lease
+from .checkpoints import CheckpointLost, CheckpointWriteFailed, CheckpointWriter
+from .outcome import Suspended
+from .tasks import TaskSpec
+
+# Checkpoint kinds recorded by this module (docs/workflows.md lists every kind).
+STEP = "step"
+SLEEP = "sleep"
+
+
+class SuspendExecution(BaseException):
+    """Raised by a primitive that suspended the job: unwinds the handler. A BaseException so
+    that `except Exception` in handler code does not swallow it; the executor reads the
+    suspension from the run, so even a handler that swallows it still suspends."""
+
+
+class LeaseLost(BaseException):
+    """Raised into a handler whose checkpoint write was rejected: its attempt no longer owns
+    the job (the scope is cancelled too, so the executor reports the run as lost)."""
+
+
+@attrs.define(eq=False)
+class Run:
+    job: ClaimedJob
+    spec: TaskSpec
+    driver: Driver
+    worker_id: uuid.UUID
+    checkpoints: CheckpointWriter
+    now: datetime.datetime  # database time of the claim
+    # When the database last confirmed this lease (claim or renewal), on trio's clock, taken
+    # *before* the confirming statement was sent: the lease runs at least this long from here.
+    confirmed_at: float
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    cancel_reason: str | None = None  # "lost", "cancelled", "drain"
+    suspension: Suspended | None = None
+    failed_step: tuple[int, str] | None = None  # (position, name) of the step that raised
+    _history: dict[int, Checkpoint] = attrs.field(init=False)
+    _position: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self._history = {entry.position: entry for entry in self.job.history}
+
+    @property
+    def lease(self) -> Lease:
+        return self.job.lease
+
+    def cancel(self, reason: str) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.scope.cancel()
+
+    # --- the primitive protocol ----------------------------------------------------------
+
+    def replay(self, kind: str, name: str) -> tuple[int, Checkpoint | None]:
+        """Take the next position; return it with its stored checkpoint (None: first run)."""
+        if self.suspension is not None:
+            raise SuspendExecution  # a handler that swallowed the suspension goes no further
+        position = self._position
+        self._position += 1
+        entry = self._history.get(position)
+        if entry is not None and (entry.kind, entry.name) != (kind, name):
+            raise NondeterminismError(position, (entry.kind, entry.name), (kind, name))
+        return position, entry
+
+    async def record(
+        self,
+        position: int,
+        kind: str,
+        name: str,
+        value_json: str | None,
+        wake_in_seconds: float | None = None,
+    ) -> Any:
+        """Store a checkpoint at `position` (fenced, committed on return); the stored value."""
+        write = CheckpointWrite(self.lease, position, kind, name, value_json, wake_in_seconds)
+        try:
+            value = await self.checkpoints.write(write)
+        except (CheckpointLost, CheckpointWriteFailed) as exc:
+            self.cancel("lost")
+            raise LeaseLost(str(exc)) from None
+        self._history[position] = Checkpoint(position, kind, name, value)
+        return value
+
+    def suspend(self, state: str, until: datetime.datetime | None) -> NoReturn:
+        """End this execution durably suspended (sleeping/waiting until `until`)."""
+        self.suspension = Suspended(state, until)
+        raise SuspendExecution
+
+    # --- primitives ----------------------------------------------------------------------
+
+    async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+    ) -> Any:
+        _check_name("step", name)
+        position, entry = self.replay(STEP, name)
+        if entry is not None:
+            return entry.value
+        tries = 1 if retry is None else retry.max_attempts
+        for attempt in range(1, tries + 1):
+            try:
+                result = fn(*args)
+                if inspect.isawaitable(result):
+                    result = await result
+                break
+            except Exception:
+                if attempt == tries:
+                    self.failed_step = (position, name)
+                    raise
+                assert retry is not None
+                await trio.sleep(retry.delay(attempt))
+        value_json = codec.encode(result, root=f"step {name!r}")
+        return await self.record(position, STEP, name, value_json)
+
+    async def sleep(self, name: str, duration: datetime.timedelta) -> None:
+        _check_name("sleep", name)
+        if not isinstance(duration, datetime.timedelta):
+            raise TypeError(f"sleep {name!r}: duration must be a datetime.timedelta")
+        position, entry = self.replay(SLEEP, name)
+        if entry is None:
+            seconds = max(0.0, duration.total_seconds())
+            value = await self.record(position, SLEEP, name, "{}", wake_in_seconds=seconds)
+            if seconds == 0:
+                return
+        else:
+            value = entry.value
+        self._sleep_until(_wake_at(value))
+
+    async def sleep_until(self, name: str, when: datetime.datetime) -> None:
+        _check_name("sleep_until", name)
+        if not isinstance(when, datetime.datetime) or when.tzinfo is None:
+            raise ValueError(
+                f"sleep_until {name!r}: the wake time must be a timezone-aware datetime"
+            )
+        position, entry = self.replay(SLEEP, name)
+        if entry is None:
+            value_json = json.dumps({"wake_at": when.astimezone(datetime.UTC).isoformat()})
+            value = await self.record(position, SLEEP, name, value_json)
+        else:
+            value = entry.value
+        self._sleep_until(_wake_at(value))
+
+    def _sleep_until(self, wake_at: datetime.datetime) -> None:
+        # The claim's database time decides: a job that woke early (recovered after a crash
+        # during its sleep) sleeps again until the ORIGINAL wake time.
+        if wake_at > self.now:
+            self.suspend("sleeping", wake_at)
+
+
+def _wake_at(value: Any) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(value["wake_at"])
+
+
+def _check_name(primitive: str, name: Any) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"{primitive}: the name must be a str, not {type(name).__name__}")
+    validate_key(f"{primitive} name", name)
