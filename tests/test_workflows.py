@@ -1,0 +1,460 @@
+"""Durable workflows on PostgreSQL: steps, determinism, durable sleep, due-time precision, and
+the claim-path defects of issue 8 (#2 one job per key under racing snapshots, #3 outcomes
+flushed on a hard stop, #8 only connection losses are retried)."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+import trio
+import trio.testing
+
+import trioq
+from tests.support import make_app, running_worker, wait_until
+from trioq._driver import (
+    CheckpointWrite,
+    MaintenancePass,
+    NewJob,
+    SettleAndClaim,
+    SettleAndClaimResult,
+)
+from trioq._memory import MemoryDriver
+from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver
+from trioq._sql import queries
+from trioq.testing import SqlClock
+
+
+@pytest.fixture
+async def driver(pg_url: str, pg_schema: str) -> AsyncIterator[PgDriver]:
+    async with open_pg_driver(pg_url, pg_schema, pool_size=4) as opened:
+        await opened.migrate()
+        yield opened
+
+
+async def in_state(client: trioq.Client, job_id: int, state: str) -> bool:
+    return (await client.get_job(job_id)).state == state
+
+
+async def has_attempts(client: trioq.Client, job_id: int) -> bool:
+    return bool(await client.attempts(job_id))
+
+
+# --- steps -----------------------------------------------------------------------------------
+
+
+async def test_completed_steps_are_not_rerun_when_the_job_retries(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    calls: list[str] = []
+
+    def charge(amount: int) -> dict[str, int]:
+        calls.append("charge")
+        return {"charged": amount}
+
+    async def notify() -> str:
+        calls.append("notify")
+        return "sent"
+
+    @app.task("order", max_attempts=3, retry=trioq.RetryPolicy(base_seconds=0, jitter=0))
+    async def order(ctx: trioq.Context, payload: dict[str, int]) -> list[Any]:
+        charged = await ctx.step("charge", charge, payload["amount"])
+        if ctx.job.attempt == 1:
+            raise RuntimeError("crash between the steps")
+        sent = await ctx.step("notify", notify)
+        return [charged, sent]
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        job = await client.enqueue("order", {"amount": 5})
+        with trio.fail_after(20):
+            assert await client.wait_result(job.id) == [{"charged": 5}, "sent"]
+    assert calls == ["charge", "notify"]
+
+
+async def test_a_step_is_retried_in_place_then_fails_the_execution_naming_the_step(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    tries: list[int] = []
+
+    async def flaky() -> None:
+        tries.append(1)
+        raise ValueError("card declined")
+
+    @app.task("pay", max_attempts=1)
+    async def pay(ctx: trioq.Context, payload: object) -> None:
+        await ctx.step("charge card", flaky, retry=trioq.RetryPolicy(0, 0, 0, max_attempts=3))
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        job = await client.enqueue("pay", {})
+        with trio.fail_after(20):
+            record = await client.wait_final(job.id)
+    assert len(tries) == 3
+    assert record.state == "failed"
+    assert record.error["step"] == "charge card"
+    assert "step 'charge card'" in record.error["message"]
+    assert "card declined" in record.error["message"]
+
+
+async def test_step_writes_of_concurrent_handlers_share_statements(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("flow")
+    async def flow(ctx: trioq.Context, payload: object) -> int:
+        total = 0
+        for n in range(3):
+            total += await ctx.step(f"s{n}", lambda n=n: n)
+        return total
+
+    async with app.client(migrate=True) as client:
+        jobs = await client.enqueue_many("flow", [{}] * 50)
+        async with running_worker(app, concurrency=25) as worker:
+            with trio.fail_after(30):
+                results = [await client.wait_result(job.id) for job in jobs]
+            statements, written = worker.checkpoints.statistics()
+    assert results == [3] * 50
+    assert written == 150
+    assert statements < written / 3  # group commit: several handlers per statement
+
+
+# --- determinism -----------------------------------------------------------------------------
+
+
+async def test_replay_against_changed_code_fails_with_nondeterminism_and_retry_after_the_fix(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    code = {"version": 1}
+    gate = trio.Event()
+
+    @app.task("flow", max_attempts=5)
+    async def flow(ctx: trioq.Context, payload: object) -> str:
+        name = "fetch" if code["version"] != 2 else "download"
+        data = await ctx.step(name, lambda: "data")
+        if not gate.is_set():
+            raise RuntimeError("fail after the step: the next attempt replays it")
+        return data
+
+    async with app.client(migrate=True) as client:
+        async with running_worker(app):
+            job = await client.enqueue("flow", {})
+            with trio.fail_after(20):
+                await wait_until(lambda: has_attempts(client, job.id))
+            code["version"] = 2  # a deploy renames the step under the running job
+            gate.set()
+            with trio.fail_after(20):
+                record = await client.wait_final(job.id)
+        assert record.state == "failed"
+        assert record.error["type"] == "trioq._core.errors.NondeterminismError"
+        assert "position 0" in record.error["message"]
+        assert "'fetch'" in record.error["message"] and "'download'" in record.error["message"]
+        code["version"] = 3  # the fix
+        assert await client.retry(job.id) == "ready"
+        async with running_worker(app):
+            with trio.fail_after(20):
+                assert await client.wait_result(job.id) == "data"
+
+
+# --- durable sleep ---------------------------------------------------------------------------
+
+
+async def test_sleep_frees_the_slot_and_resumes_after_the_wake_time(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    before: list[int] = []
+
+    @app.task("nap")
+    async def nap(ctx: trioq.Context, payload: object) -> int:
+        await ctx.step("first", lambda: before.append(1))
+        await ctx.sleep("nap", datetime.timedelta(seconds=10))
+        return ctx.job.attempt
+
+    async with app.client(migrate=True) as client:
+        clock = await SqlClock.install(client.driver)
+        async with running_worker(app, concurrency=1, poll_interval=30) as worker:
+            job = await client.enqueue("nap", {})
+            with trio.fail_after(20):
+                await wait_until(lambda: in_state(client, job.id, "sleeping"))
+            sleeping = await client.get_job(job.id)
+            assert sleeping.attempt == 0  # no attempt consumed by the suspension
+            await clock.advance(11)
+            wake_loops(worker)
+            with trio.fail_after(20):
+                assert await client.wait_result(job.id) == 1
+    assert before == [1]  # the step ran once
+
+
+def wake_loops(worker: trioq.Worker) -> None:
+    """SqlClock moved database time, not trio's: the loop's timer (set from the next due time
+    its claim returned) would fire at the real wake time. Stand in for that timer."""
+    for loop in worker.loops.values():
+        loop.wake()
+
+
+async def test_crash_during_a_durable_sleep_resumes_at_the_original_wake_time(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The sleep's checkpoint committed, then the worker died before settling: the job is
+    recovered after its lease and replayed early; it sleeps again until the ORIGINAL wake time,
+    not a fresh full sleep."""
+    clock = await SqlClock.install(driver)
+    [inserted] = await driver.job_insert_many([NewJob("default", "nap", "{}")])
+    claim = await driver.job_settle_and_claim(
+        SettleAndClaim("default", ("nap",), 1, 5, uuid.uuid4())
+    )
+    [job] = claim.claimed
+    [written] = await driver.checkpoint_insert_many(
+        [CheckpointWrite(job.lease, 0, "sleep", "nap", "{}", wake_in_seconds=10)]
+    )
+    wake_at = datetime.datetime.fromisoformat(written.value["wake_at"])
+    await clock.advance(6)  # the lease (5 s) expires; 4 s of the sleep remain
+    await driver.maintenance_pass(MaintenancePass())
+
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("nap")
+    async def nap(ctx: trioq.Context, payload: object) -> str:
+        await ctx.sleep("nap", datetime.timedelta(seconds=10))
+        return "awake"
+
+    async with (
+        app.client(driver=driver) as client,
+        running_worker(app, poll_interval=30) as worker,
+    ):
+        with trio.fail_after(20):
+            await wait_until(lambda: in_state(client, inserted.id, "sleeping"))
+        record = await client.get_job(inserted.id)
+        assert record.run_at == wake_at
+        await clock.advance(5)
+        wake_loops(worker)
+        with trio.fail_after(20):
+            assert await client.wait_result(inserted.id) == "awake"
+
+
+async def test_fifty_sleeping_workflows_do_not_delay_a_ready_job_at_concurrency_one(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("sleeper")
+    async def sleeper(ctx: trioq.Context, payload: object) -> None:
+        await ctx.sleep("long", datetime.timedelta(hours=1))
+
+    @app.task("quick")
+    async def quick(ctx: trioq.Context, payload: object) -> str:
+        return "done"
+
+    async with app.client(migrate=True) as client:
+        await client.enqueue_many("sleeper", [{}] * 50)
+        async with running_worker(app, concurrency=1, poll_interval=30):
+            with trio.fail_after(30):
+                await wait_until(lambda: all_sleeping(client, 50))
+            job = await client.enqueue("quick", {})
+            with trio.fail_after(10):
+                assert await client.wait_result(job.id) == "done"
+
+
+async def all_sleeping(client: trioq.Client, n: int) -> bool:
+    status = {s.queue: s for s in await client.queue_status()}
+    return "default" in status and status["default"].sleeping == n
+
+
+# --- due-time precision (issue 7 #6) ---------------------------------------------------------
+
+
+async def test_a_job_due_at_t_starts_within_50_ms_of_t_with_a_30_s_poll(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("due")
+    async def due(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client, running_worker(app, poll_interval=30):
+        job = await client.enqueue("due", {}, delay=1.0)
+        with trio.fail_after(10):
+            record = await client.wait_final(job.id)
+    assert record.started_at is not None and record.run_at is not None
+    lateness = (record.started_at - record.run_at).total_seconds()
+    assert 0 <= lateness < 0.05, lateness
+
+
+# --- issue 8 #2: one job per key, even across snapshots --------------------------------------
+
+
+def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_the_head(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Worker B takes its snapshot (key k free, head K1) and stalls; meanwhile a better-priority
+    job K0 of key k commits and worker A claims it. When B resumes, its snapshot still says k is
+    free and K1 is the head: only the database can stop it. B must claim nothing, without an
+    error, and k must have one running job."""
+    trio.run(_enqueue, pg_url, pg_schema, [NewJob("q", "t", "{}", partition_key="k")])
+    statements = queries(pg_schema)
+    with psycopg.connect(pg_url, autocommit=True) as setup:
+        setup.execute(
+            f"CREATE OR REPLACE FUNCTION {pg_schema}.db_now() RETURNS timestamptz "
+            "LANGUAGE plpgsql AS $$ BEGIN "
+            "IF current_setting('test.stall', true) = 'on' THEN "
+            "PERFORM set_config('test.stall', 'off', false); PERFORM pg_sleep(1.5); END IF; "
+            "RETURN now(); END $$"
+        )
+
+    def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Any]:
+        params = {
+            **{name: [] for name in ("ids", "attempts", "lease_tokens", "kinds")},
+            **{name: [] for name in ("results", "errors", "delays", "wake_ats")},
+            "promote_limit": 1000,
+            "queue": "q",
+            "tasks": ["t"],
+            "limit": 1,
+            "lease_seconds": 30,
+            "worker_id": uuid.uuid4(),
+            "key_cursor": "",
+            "key_window": 200,
+        }
+        rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
+        return [_claimed_job(row[7:]) for row in rows if row[7] is not None]
+
+    claimed_by_b: list[list[Any]] = []
+    errors: list[BaseException] = []
+
+    def worker_b() -> None:
+        try:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("SELECT set_config('test.stall', 'on', false)")
+                claimed_by_b.append(raw_claim(conn))
+        except BaseException as exc:
+            errors.append(exc)
+
+    b = threading.Thread(target=worker_b)
+    b.start()
+    with psycopg.connect(pg_url, autocommit=True) as a:
+        deadline = time.monotonic() + 10
+        while not a.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "B never stalled"
+            time.sleep(0.01)
+        trio.run(
+            _enqueue, pg_url, pg_schema, [NewJob("q", "t", "{}", priority=-1, partition_key="k")]
+        )
+        [k0] = raw_claim(a)
+        b.join(timeout=20)
+        running = a.execute(
+            f"SELECT id FROM {pg_schema}.jobs WHERE state = 'running' ORDER BY id"
+        ).fetchall()
+    assert errors == []
+    assert claimed_by_b == [[]]
+    assert running == [(k0.id,)]
+
+
+async def _enqueue(pg_url: str, pg_schema: str, jobs: list[NewJob]) -> None:
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        await driver.migrate()
+        await driver.job_insert_many(jobs)
+
+
+# --- issue 8 #3 and #8: the claim round's error and exit paths (memory driver, virtual time) -
+
+
+@attrs.define(eq=False)
+class FaultyDriver:
+    """Wraps a MemoryDriver: the n-th settle-and-claim hangs or raises, as told."""
+
+    inner: MemoryDriver
+    hang_on: int | None = None
+    raise_on: dict[int, BaseException] = attrs.field(factory=dict)
+    calls: int = 0
+    hanging: trio.Event = attrs.field(factory=trio.Event)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+        self.calls += 1
+        if self.calls == self.hang_on:
+            self.hanging.set()
+            await trio.sleep_forever()
+        if self.calls in self.raise_on:
+            await trio.lowlevel.checkpoint()
+            raise self.raise_on[self.calls]
+        return await self.inner.job_settle_and_claim(params)
+
+
+async def test_outcomes_buffered_at_a_hard_stop_are_written_on_the_way_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = trioq.App(schema="virtual")
+    finished = trio.Event()
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: object) -> str:
+        finished.set()
+        return "result"
+
+    memory = MemoryDriver()
+    # Round 1 claims the job; round 2 (carrying its completion) hangs: a database that stalls.
+    faulty = FaultyDriver(memory, hang_on=2)
+    async with app.client(driver=faulty) as client:  # type: ignore[arg-type]
+        job = await client.enqueue("work", {})
+        with trio.CancelScope() as hard_stop:
+            async with running_worker(app, poll_interval=1.0):
+                await finished.wait()
+                await faulty.hanging.wait()
+                hard_stop.cancel()  # second signal / write timeout: the loop is cancelled
+        record = await memory.job_get(job.id)
+    assert record is not None
+    assert (record.state, record.result) == ("completed", "result")
+
+
+async def test_a_bug_in_the_claim_round_stops_the_worker_with_its_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = trioq.App(schema="virtual")
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    faulty = FaultyDriver(MemoryDriver(), raise_on={2: RuntimeError("a bug in the round")})
+    async with app.client(driver=faulty):  # type: ignore[arg-type]
+        with pytest.RaisesGroup(
+            pytest.RaisesExc(RuntimeError, match="a bug in the round"), flatten_subgroups=True
+        ):
+            with trio.fail_after(60):
+                async with running_worker(app, poll_interval=1.0):
+                    await trio.sleep(30)  # the worker stops by itself long before this
+
+
+async def test_a_lost_connection_in_the_claim_round_is_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = trioq.App(schema="virtual")
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: object) -> str:
+        return "ok"
+
+    lost = {n: ConnectionError("server closed the connection") for n in (2, 3, 4)}
+    faulty = FaultyDriver(MemoryDriver(), raise_on=lost)
+    async with (
+        app.client(driver=faulty) as client,  # type: ignore[arg-type]
+        running_worker(app, poll_interval=1.0),
+    ):
+        await trio.sleep(2)  # the failing rounds pass
+        job = await client.enqueue("work", {})
+        with trio.fail_after(60):
+            assert await client.wait_result(job.id, timeout=None) == "ok"
