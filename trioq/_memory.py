@@ -741,7 +741,9 @@ class MemoryDriver:
             (
                 o
                 for o in same_key
-                if o.state == "ready" and o.run_at <= now and o.claim_order < row.claim_order
+                if o.state == "ready"
+                and _before_or_at(o.run_at, now)
+                and o.claim_order < row.claim_order
             ),
             key=lambda o: o.claim_order,
         )
@@ -863,14 +865,16 @@ class MemoryDriver:
         }
         rows = list(self._rows.values())
         return HealthReport(
-            ready_backlog=sum(r.state == "ready" and r.run_at <= now for r in rows),
+            ready_backlog=sum(r.state == "ready" and _before_or_at(r.run_at, now) for r in rows),
             expired_ownership=sum(
                 r.state == "running" and _before(r.lease_expires_at, now) for r in rows
             ),
-            sleeping_due=sum(r.state == "sleeping" and r.run_at <= now for r in rows),
+            sleeping_due=sum(r.state == "sleeping" and _before_or_at(r.run_at, now) for r in rows),
             stale_running=sum(r.state == "running" and r.worker_id not in live for r in rows),
             active_waits=sum(r.state == "waiting" for r in rows),
-            due_wait_timeouts=sum(r.state == "waiting" and r.run_at <= now for r in rows),
+            due_wait_timeouts=sum(
+                r.state == "waiting" and _before_or_at(r.run_at, now) for r in rows
+            ),
         )
 
     async def queue_demand(self) -> list[QueueDemand]:
