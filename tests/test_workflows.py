@@ -324,6 +324,7 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
             "worker_id": uuid.uuid4(),
             "key_cursor": "",
             "key_window": 200,
+            "task_versions": None,
         }
         rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
         return [_claimed_job(row[7:]) for row in rows if row[7] is not None]
