@@ -42,6 +42,7 @@ class NewJob:
     unique_for_seconds: float | None = None
     unique_states: tuple[str, ...] = ()
     version: int = 1  # the handler version this job is for (the enqueuing app's highest)
+    trace_context: str | None = None  # the enqueuer's W3C traceparent (the otel extra)
 
 
 @attrs.frozen
@@ -563,6 +564,8 @@ class Driver(Protocol):
     async def status_health(self) -> HealthReport: ...
 
     async def notify_send(self, channel: str, payload: str) -> None: ...
+
+    async def job_trace_context(self, job_id: int) -> str | None: ...
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
 

@@ -18,6 +18,7 @@ from ._core import codec
 from ._core.errors import PayloadError
 from ._core.identifiers import validate_key, validate_name
 from ._driver import InsertedJob, NewJob
+from ._tracing import current_traceparent
 
 # A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
 # SQL ("interval out of range"), aborting the caller's transaction.
@@ -128,6 +129,7 @@ def build_jobs(
     unique_states = _unique_states(options.unique_states, unique_for, any(keys))
     for index, payload in enumerate(payloads):
         check_payload_type(spec, payload, "$" if single else f"[{index}]")
+    trace_context = current_traceparent()  # None unless the otel extra is configured
     return [
         NewJob(
             queue=queue,
@@ -142,6 +144,7 @@ def build_jobs(
             unique_for_seconds=unique_for if key is not None else None,
             unique_states=unique_states if key is not None else (),
             version=getattr(spec, "version", 1),
+            trace_context=trace_context,
         )
         for index, (payload, key) in enumerate(zip(payloads, keys, strict=True))
     ]

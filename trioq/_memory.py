@@ -110,6 +110,7 @@ class _Row:
     error_json: str | None = None
     started_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
+    trace_context: str | None = None
     version: int = 1  # the handler version the job was enqueued for
 
     @property
@@ -850,6 +851,11 @@ class MemoryDriver:
             by_queue[row.queue].append(row)
         return [_queue_status(queue, by_queue[queue], now) for queue in sorted(by_queue)]
 
+    async def job_trace_context(self, job_id: int) -> str | None:
+        await self._statement("job_trace_context")
+        row = self._rows.get(job_id)
+        return None if row is None else row.trace_context
+
     async def notify_send(self, channel: str, payload: str) -> None:
         await self._statement("notify_send")
         outbox = _Outbox()
@@ -1083,6 +1089,7 @@ def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
         else now + job.unique_for_seconds * _SECOND,
         version=job.version,
         state="scheduled" if run_at > now else "ready",
+        trace_context=job.trace_context,
     )
 
 

@@ -113,6 +113,7 @@ def insert_params(jobs: Sequence[NewJob]) -> Params:
         "unique_fors": [job.unique_for_seconds for job in jobs],
         "unique_states": [",".join(job.unique_states) for job in jobs],
         "versions": [job.version for job in jobs],
+        "trace_contexts": [job.trace_context for job in jobs],
     }
 
 
@@ -397,6 +398,10 @@ class PgDriver:
             return None
         now, job, holder, ahead, workers, last_attempt = rows[0]
         return ExplainFacts(now, job, holder, ahead, tuple(workers), last_attempt)
+
+    async def job_trace_context(self, job_id: int) -> str | None:
+        rows = await self._retrying("job_trace_context", {"id": job_id})
+        return rows[0][0] if rows else None
 
     async def notify_send(self, channel: str, payload: str) -> None:
         await self._retrying("notify_send", {"channel": channel, "payload": payload})

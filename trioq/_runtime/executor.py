@@ -12,6 +12,7 @@ import traceback
 
 import trio
 
+from .. import _tracing as tracing
 from .._core import codec
 from .._core.errors import NondeterminismError
 from .._core.retry import should_retry
@@ -37,8 +38,14 @@ async def execute(run: Run) -> Outcome:
         with run.scope:
             if job.cancel_requested:
                 run.cancel("cancelled")
-            result = await spec.handler(Context(run), spec.load_payload(job.payload))
-            result_json = codec.encode(result, root="result")
+            # The otel extra, when configured: a span linked to the enqueuer's trace.
+            parent = await _trace_context(run) if tracing.enabled() else None
+            with tracing.job_span(
+                task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
+                traceparent=parent,
+            ) as run.trace_id:  # fmt: skip
+                result = await spec.handler(Context(run), spec.load_payload(job.payload))
+                result_json = codec.encode(result, root="result")
     except (trio.Cancelled, KeyboardInterrupt):
         raise  # not ours: our own scope's cancellation never reaches this point
     except BaseException as exc:
@@ -48,6 +55,14 @@ async def execute(run: Run) -> Outcome:
             raise
         error = exc
     return _outcome(run, error, result_json)
+
+
+async def _trace_context(run: Run) -> str | None:
+    try:
+        return await run.driver.job_trace_context(run.job.id)
+    except Exception as exc:  # tracing is best effort: the job runs unlinked
+        log.warning("job %d: trace context not read: %s", run.job.id, exc)
+        return None
 
 
 def _outcome(run: Run, error: BaseException | None, result_json: str) -> Outcome:
@@ -98,7 +113,7 @@ def failure(run: Run, exc: BaseException) -> Outcome:
     log_job_failure(
         job_id=job.id, attempt=job.attempt, max_attempts=job.max_attempts, task=job.task,
         queue=job.queue, worker_id=run.worker_id, error_type=error_type, message=message,
-        retry_in=delay,
+        retry_in=delay, trace_id=run.trace_id,
     )  # fmt: skip
     if delay is not None:
         return RetryAt(error, delay)

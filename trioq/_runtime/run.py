@@ -64,6 +64,7 @@ class Run:
     cancel_reason: str | None = None  # "lost", "cancelled", "drain"
     suspension: Suspended | None = None
     failed_step: tuple[int, str] | None = None  # (position, name) of the step that raised
+    trace_id: str | None = None  # the handler's span (otel extra), for the failure line
     _history: dict[int, Checkpoint] = attrs.field(init=False)
     _position: int = 0
 

@@ -44,9 +44,11 @@ WITH input AS MATERIALIZED (
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
                 %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[],
-                %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[])
+                %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[],
+                %(trace_contexts)s::text[])
          WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
-                              dedup_key, max_attempts, unique_for, unique_states, version, ord)
+                              dedup_key, max_attempts, unique_for, unique_states, version,
+                              trace_context, ord)
 ),
 released AS (
     UPDATE {schema}.jobs j SET dedup_key = NULL
@@ -59,12 +61,13 @@ released AS (
 inserted AS (
     INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
-                                   unique_states, unique_until, version)
+                                   unique_states, unique_until, version, trace_context)
     SELECT new_id, queue, task, payload::jsonb,
            CASE WHEN due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
            priority, due_at, partition_key, dedup_key, max_attempts, {schema}.db_now(),
            string_to_array(coalesce(unique_states, ''), ','),
-           {schema}.db_now() + unique_for * interval '1 second', coalesce(version, 1)
+           {schema}.db_now() + unique_for * interval '1 second', coalesce(version, 1),
+           trace_context
     FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
                  coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
                      AS due_at
@@ -642,6 +645,11 @@ FROM {schema}.jobs GROUP BY queue ORDER BY queue;
 -- Per queue demand (the migration's `queue_demand()` function; see its comment for the plan).
 SELECT queue, ready, oldest_ready_seconds, running, scheduled, sleeping, waiting, due_now
 FROM {schema}.queue_demand() ORDER BY queue;
+
+-- name: job_trace_context
+-- The enqueuer's trace context of one job, read when a handler starts (only with the otel extra
+-- configured, so the claim statement stays as it is for everyone else). Primary key lookup.
+SELECT trace_context FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: notify_send
 -- One notification, sent outside any transaction (the worker's listener self-probe).

@@ -1127,6 +1127,15 @@ async def check_queue_demand_counts_unfinished_work_per_queue(
 
 
 @conformance_check
+async def check_trace_context_is_stored_with_the_job(driver: Driver, clock: DriverClock) -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    traced, plain = await enqueue(driver, new_job(trace_context=parent), new_job())
+    expect(await driver.job_trace_context(traced), parent, "the stored traceparent")
+    expect(await driver.job_trace_context(plain), None, "no trace context")
+    expect(await driver.job_trace_context(10**12), None, "a missing job")
+
+
+@conformance_check
 async def check_notify_send_reaches_a_listener(driver: Driver, clock: DriverClock) -> None:
     received: list[tuple[str, str]] = []
     arrived = trio.Event()

@@ -1,0 +1,80 @@
+"""Optional OpenTelemetry tracing (the `trioq[otel]` extra: `pip install trioq[otel]`).
+
+- At enqueue, the enqueuer's current trace context (W3C `traceparent`) is stored with the job
+  (`jobs.trace_context`, migration 0005).
+- Each handler run is a span `trioq.job <task>` (kind CONSUMER) *linked* to that context (a
+  link, not a parent: a job may run long after, and more than once), current while the handler
+  runs, so the handler's own spans nest under it; its trace id goes into the failure log line.
+
+Without the extra, `opentelemetry` is never imported: `available()` only asks the import
+system whether the package exists. With it but no SDK configured, the API's no-op tracer is
+used and costs next to nothing; trioq then fetches nothing extra either (`enabled()`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+
+@functools.cache
+def available() -> bool:
+    return importlib.util.find_spec("opentelemetry") is not None
+
+
+def enabled() -> bool:
+    """A real tracer provider is configured (not the API's default proxy/no-op)."""
+    if not available():
+        return False
+    import opentelemetry.trace as trace
+
+    provider = trace.get_tracer_provider()
+    return type(provider).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
+
+
+def current_traceparent() -> str | None:
+    """The caller's trace context as a `traceparent` header value, or None."""
+    if not enabled():
+        return None
+    import opentelemetry.propagate as propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent")
+
+
+@contextlib.contextmanager
+def job_span(
+    *, task: str, queue: str, job_id: int, attempt: int, traceparent: str | None
+) -> Iterator[str | None]:
+    """Run the handler inside a span linked to the enqueuer's; yields the trace id (hex)."""
+    if not enabled():
+        yield None
+        return
+    import opentelemetry.propagate as propagate
+    import opentelemetry.trace as trace
+
+    links: list[Any] = []
+    if traceparent:
+        parent = trace.get_current_span(propagate.extract({"traceparent": traceparent}))
+        if parent.get_span_context().is_valid:
+            links.append(trace.Link(parent.get_span_context()))
+    attributes: dict[str, str | int] = {
+        "messaging.system": "trioq",
+        "messaging.destination.name": queue,
+        "trioq.job.id": job_id,
+        "trioq.job.attempt": attempt,
+        "trioq.task": task,
+    }
+    tracer = trace.get_tracer("trioq")
+    with tracer.start_as_current_span(
+        f"trioq.job {task}", kind=trace.SpanKind.CONSUMER, links=links, attributes=attributes
+    ) as span:
+        context = span.get_span_context()
+        yield format(context.trace_id, "032x") if context.is_valid else None
+
+
+__all__ = ["available", "current_traceparent", "enabled", "job_span"]
