@@ -11,7 +11,7 @@ import trio
 
 import trioq
 from tests.support import Gate as Latch
-from tests.support import make_app, running_worker, scalar
+from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
 from trioq._core.explain import ExplainFacts, explain
 
@@ -191,3 +191,29 @@ async def test_cli_explain_prints_the_verdict_and_json(
         )
         == 1  # docs/cli.md: what was asked for does not exist
     )
+
+
+async def test_a_sleeping_workflow_is_explained_by_its_wake_time(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A real durable sleep (the workflow seam): the job is `sleeping`, not due until it wakes."""
+    app = make_app(pg_url, pg_schema)
+    slept = trio.Event()
+
+    @app.task("nap")
+    async def nap(ctx: trioq.Context, payload: object) -> None:
+        slept.set()
+        await ctx.sleep("nap", datetime.timedelta(hours=1))
+
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]):
+        job = await client.enqueue("nap", {})
+        with trio.fail_after(20):
+            await slept.wait()
+
+            async def sleeping() -> bool:  # the suspension is written by the settle statement
+                return (await client.get_job(job.id)).state == "sleeping"
+
+            await wait_until(sleeping)
+        why = await client.explain(job.id)
+    assert (why.state, why.blocked_by) == ("sleeping", "due")
+    assert why.verdict.startswith("sleeping until ") and "(in 3" in why.verdict
