@@ -125,12 +125,13 @@ async def _workers(
 
         await nursery.start(worker_one)
         while True:  # the database's state: polled, like the display
-            if _done(await client.driver.task_status()) >= run.total / 3:
+            statuses = await client.driver.task_status()
+            running = sum(s.jobs for s in statuses if s.state == "running")
+            done = _done(statuses)
+            if (done >= run.total / 3 and running) or done >= run.total:
                 break
-            await trio.sleep(0.1)
-        run.killed_running = sum(
-            s.jobs for s in await client.driver.task_status() if s.state == "running"
-        )
+            await trio.sleep(0.02)
+        run.killed_running = running
         first.cancel()  # a hard stop: handlers cancelled, leases left to expire
         run.phase = (
             f"worker 1 stopped hard with {run.killed_running} jobs running; worker 2 "

@@ -1,31 +1,33 @@
 """Reference workflows: what an application built on trioq looks like.
 
-- `send_reply`: reply to a conversation through an (simulated) chat API.
+- `send_reply`: reply to a conversation through the (simulated) chat API; replies of one
+  conversation run one at a time, in order (partition key = conversation id, see `reply`).
 - `react_to_event`: react to an application event; events of one account run in order
   (partition key = account).
-- `sync_external`: page through an external API that sometimes answers 503: retried with
+- `sync_external`: page through a partner API that sometimes answers 503: retried with
   backoff, the failed attempts kept in the attempts history.
 - `nightly_digest`: a scheduled automation: a cron schedule (`@app.periodic`) at 09:00 Paris
   time; the demo adds one firing every 2 seconds.
 
-`trioq demo` enqueues a few hundred of these and runs a worker until they finish;
-`tests/test_workflows.py` runs them end to end.
+Provider calls go to `providers.py` (simulated in process, deterministic, with injected
+failures). `trioq demo` enqueues a few hundred of these and runs a worker until they finish;
+`tests/test_reference_workflows.py` runs each end to end.
 """
 
 from __future__ import annotations
 
-import random
-
 import attrs
-import trio
 
 import trioq
+
+from . import providers
 
 app = trioq.App(schema="trioq")
 
 QUEUES = ("default", "events", "sync", "automations")
 DIGEST_TASK = "nightly_digest"  # `trioq demo` schedules it every 2 s while it runs
 BROKEN_SOURCE = 13  # its partner API always answers 503: the job fails with that reason
+FLAKY_SOURCES = range(0, 1000, 5)  # page 1 answers 503 once: the job succeeds on a retry
 
 
 @attrs.frozen
@@ -47,23 +49,32 @@ class SyncRequest:
     pages: int = 3
 
 
-class PartnerUnavailable(Exception):
-    """The simulated partner API answered 503."""
-
-
 @app.task("send_reply", queue="default", max_attempts=5)
 async def send_reply(ctx: trioq.Context, payload: SendReply) -> dict[str, object]:
-    await trio.sleep(random.uniform(0.002, 0.02))  # the chat API round trip
+    message_id = await providers.CHAT.post_message(
+        payload.conversation_id, payload.text, idempotency_key=f"reply-{ctx.job.id}"
+    )
     return {
         "conversation_id": payload.conversation_id,
-        "message_id": f"msg-{ctx.job.id}",
+        "message_id": message_id,
         "chars": len(payload.text),
     }
 
 
+async def reply(client: trioq.Client, conversation_id: str, text: str) -> trioq.Job:
+    """Enqueue a reply: one conversation's replies are sent one at a time, in order."""
+    return await client.enqueue(
+        "send_reply", SendReply(conversation_id, text), partition_key=conversation_id
+    )
+
+
 @app.task("react_to_event", queue="events", max_attempts=3)
 async def react_to_event(ctx: trioq.Context, payload: AppEvent) -> dict[str, object]:
-    await trio.sleep(random.uniform(0.001, 0.01))
+    await providers.CHAT.post_message(
+        f"account-{payload.account_id}",
+        f"{payload.kind} #{payload.sequence}",
+        f"event-{ctx.job.id}",
+    )
     return {"account_id": payload.account_id, "handled": payload.kind, "sequence": payload.sequence}
 
 
@@ -76,28 +87,35 @@ async def react_to_event(ctx: trioq.Context, payload: AppEvent) -> dict[str, obj
 async def sync_external(ctx: trioq.Context, payload: SyncRequest) -> dict[str, object]:
     records = 0
     for page in range(payload.pages):
-        await trio.sleep(0.005)  # one page of the partner API
-        # Every fifth source is flaky: its first attempt fails on the second page.
-        flaky = payload.source_id % 5 == 0 and ctx.job.attempt == 1
-        if (flaky or payload.source_id == BROKEN_SOURCE) and page == 1:
-            raise PartnerUnavailable(f"source {payload.source_id}: 503 on page {page}")
-        records += 25
+        records += len(await providers.PARTNER.fetch_page(payload.source_id, page, payload.pages))
     return {"source_id": payload.source_id, "records": records, "attempt": ctx.job.attempt}
 
 
 @app.periodic("nightly-digest", cron="0 9 * * *", timezone="Europe/Paris", payload={"team": "core"})
 @app.task("nightly_digest", queue="automations")
 async def nightly_digest(ctx: trioq.Context, payload: dict[str, object]) -> dict[str, object]:
-    await trio.sleep(0.01)
-    return {"digest_for": payload["team"], "sent": True}
+    team = str(payload["team"])
+    await providers.MAILER.send(f"{team}@example.com", f"digest for {team}")
+    return {"digest_for": team, "sent": True}
+
+
+def inject_demo_faults() -> None:
+    """The demo's failures: flaky sources fail their page 1 once, the broken one always."""
+    for source in FLAKY_SOURCES:
+        providers.FAULTS.times[f"partner:{source}:page1"] = 1
+    providers.FAULTS.always.add(f"partner:{BROKEN_SOURCE}:page1")
 
 
 async def enqueue_demo_jobs(client: trioq.Client, scale: int = 1) -> list[trioq.Job]:
     """The demo's workload: a few hundred jobs of every workflow (bulk and single enqueues)."""
-    jobs = await client.enqueue_many(
-        "send_reply",
-        [SendReply(f"conv-{i}", f"Thanks for your message #{i}!") for i in range(200 * scale)],
-    )
+    inject_demo_faults()
+    jobs: list[trioq.Job] = []
+    for conversation in range(50 * scale):
+        jobs += await client.enqueue_many(
+            "send_reply",
+            [SendReply(f"conv-{conversation}", f"Thanks for message #{n}!") for n in range(4)],
+            partition_key=f"conv-{conversation}",
+        )
     for account in range(10):
         jobs += await client.enqueue_many(
             "react_to_event",

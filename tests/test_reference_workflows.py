@@ -1,0 +1,124 @@
+"""The reference workflows (`workflows/`, shipped as `trioq_workflows`) end to end on Postgres:
+each one's result and its side effects on the simulated providers, injected failures included."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import pytest
+import trio
+from trioq_workflows import demo, providers
+from trioq_workflows.demo import AppEvent, SyncRequest
+
+import trioq
+from tests.support import running_worker
+from trioq.testing import drain
+
+
+@pytest.fixture(autouse=True)
+def fresh_providers() -> Iterator[None]:
+    providers.reset()
+    yield
+    providers.reset()
+
+
+@pytest.fixture
+def app(pg_url: str, pg_schema: str) -> trioq.App:
+    return demo.app.with_database(pg_url, pg_schema)
+
+
+async def test_replies_of_one_conversation_are_sent_one_at_a_time_in_order(
+    app: trioq.App,
+) -> None:
+    async with app.client(migrate=True) as client:
+        jobs = [
+            await demo.reply(client, conversation, f"{conversation} #{n}")
+            for n in range(4)
+            for conversation in ("c1", "c2")
+        ]
+        result = await drain(app, "default", concurrency=8)
+        assert sorted(result.completed) == sorted(job.id for job in jobs)
+        first = await client.wait_result(jobs[0].id)
+    for conversation in ("c1", "c2"):
+        sent = [text for conv, text in providers.CHAT.sent if conv == conversation]
+        assert sent == [f"{conversation} #{n}" for n in range(4)]
+    assert first["conversation_id"] == "c1" and first["message_id"].startswith("msg-")
+
+
+async def test_events_of_one_account_are_handled_in_sequence(app: trioq.App) -> None:
+    async with app.client(migrate=True) as client:
+        for account in ("a", "b"):
+            await client.enqueue_many(
+                "react_to_event",
+                [AppEvent(account, "user.updated", seq) for seq in range(5)],
+                partition_key=account,
+            )
+        result = await drain(app, "events", concurrency=4)
+    assert len(result.completed) == 10
+    for account in ("a", "b"):
+        texts = [text for conv, text in providers.CHAT.sent if conv == f"account-{account}"]
+        assert texts == [f"user.updated #{seq}" for seq in range(5)]
+
+
+async def test_sync_retries_an_injected_503_and_keeps_the_failed_attempt(app: trioq.App) -> None:
+    providers.FAULTS.times["partner:7:page1"] = 1
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("sync_external", SyncRequest(source_id=7, pages=3))
+        async with running_worker(app, ["sync"], poll_interval=0.1):
+            result = await client.wait_result(job.id, timeout=20)
+        [failed_attempt] = await client.attempts(job.id)
+    assert result == {"source_id": 7, "records": 25 + 25 + 12, "attempt": 2}
+    assert (failed_attempt.outcome, failed_attempt.error_type) == (
+        "retried",
+        "trioq_workflows.providers.ProviderUnavailable",
+    )
+    assert "partner:7:page1: 503" in (failed_attempt.error_message or "")
+    assert providers.PARTNER.pages_served.count((7, 0)) == 2  # no checkpoint per page yet
+
+
+async def test_sync_of_a_broken_source_fails_with_the_stored_reason(app: trioq.App) -> None:
+    providers.FAULTS.always.add(f"partner:{demo.BROKEN_SOURCE}:page1")
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("sync_external", SyncRequest(source_id=demo.BROKEN_SOURCE))
+        async with running_worker(app, ["sync"], poll_interval=0.1):
+            record = await client.wait_final(job.id, timeout=20)
+        attempts = await client.attempts(job.id)
+    assert (record.state, record.attempt) == ("failed", 4)
+    assert "503 Service Unavailable" in record.error["message"]
+    assert [a.outcome for a in attempts] == ["retried", "retried", "retried", "failed"]
+
+
+async def test_the_scheduled_digest_is_mailed_by_its_cron_schedule(app: trioq.App) -> None:
+    async with app.client(migrate=True) as client:
+        await client.schedule(
+            "test-digest", "nightly_digest", cron="* * * * * *", payload={"team": "ops"}
+        )
+        digest_done = trio.Event()
+
+        def on_job_end(job: object, outcome: str) -> None:
+            if getattr(job, "task", None) == "nightly_digest" and outcome == "completed":
+                digest_done.set()
+
+        hooks = trioq.WorkerHooks(on_job_end=on_job_end)
+        async with trio.open_nursery() as nursery:
+            worker = await nursery.start(
+                functools.partial(
+                    app.run_worker,
+                    ["automations"],
+                    2,
+                    hooks=hooks,
+                    poll_interval=0.1,
+                    grace_seconds=0,
+                )
+            )
+            with trio.fail_after(20):
+                await digest_done.wait()
+            worker.request_drain()
+        assert ("ops@example.com", "digest for ops") in providers.MAILER.outbox
+        [schedule] = [s for s in await client.schedules() if s.name == "test-digest"]
+        stored = [s for s in await client.schedules() if s.name == "nightly-digest"]
+    assert schedule.fired >= 1
+    assert [(s.cron, s.timezone, s.origin) for s in stored] == [
+        ("0 9 * * *", "Europe/Paris", "code")
+    ]
