@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 from trioq_workflows import demo, providers
-from trioq_workflows.demo import AppEvent, SyncRequest
+from trioq_workflows.demo import AppEvent, ApprovalRequest, SyncRequest
 
 import trioq
 from tests.support import running_worker
@@ -74,7 +74,8 @@ async def test_sync_retries_an_injected_503_and_keeps_the_failed_attempt(app: tr
         "trioq_workflows.providers.ProviderUnavailable",
     )
     assert "partner:7:page1: 503" in (failed_attempt.error_message or "")
-    assert providers.PARTNER.pages_served.count((7, 0)) == 2  # no checkpoint per page yet
+    # One checkpoint per page: the retry resumed at page 1, page 0 was not fetched again.
+    assert providers.PARTNER.pages_served == [(7, 0), (7, 1), (7, 2)]
 
 
 async def test_sync_of_a_broken_source_fails_with_the_stored_reason(app: trioq.App) -> None:
@@ -122,3 +123,42 @@ async def test_the_scheduled_digest_is_mailed_by_its_cron_schedule(app: trioq.Ap
     assert [(s.cron, s.timezone, s.origin) for s in stored] == [
         ("0 9 * * *", "Europe/Paris", "code")
     ]
+
+
+async def test_approval_flow_sleeps_durably_and_survives_a_worker_stopped_mid_sleep(
+    app: trioq.App,
+) -> None:
+    async with app.client(migrate=True) as client:
+        small = await client.enqueue("approval_flow", ApprovalRequest("r1", "ada", 20_000, 0.5))
+        large = await client.enqueue("approval_flow", ApprovalRequest("r2", "bob", 90_000, 0.5))
+        slept = trio.Event()
+
+        def on_job_end(job: object, outcome: str) -> None:
+            if getattr(job, "id", None) == large.id and outcome == "sleeping":
+                slept.set()
+
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+
+            async def worker_one(task_status: trio.TaskStatus[None]) -> None:
+                with first:
+                    await app.run_worker(
+                        ["approvals"],
+                        2,
+                        hooks=trioq.WorkerHooks(on_job_end=on_job_end),
+                        poll_interval=0.1,
+                        task_status=task_status,
+                    )
+
+            await nursery.start(worker_one)
+            with trio.fail_after(20):
+                await slept.wait()
+            first.cancel()  # stopped hard while the workflow sleeps
+        assert (await client.get_job(large.id)).state == "sleeping"
+        async with running_worker(app, ["approvals"], poll_interval=0.1):
+            results = [await client.wait_result(job.id, timeout=20) for job in (small, large)]
+        kinds = {(k.task, k.kind): k.jobs for k in await client.driver.task_history_kinds()}
+    assert [(r["request_id"], r["approved"]) for r in results] == [("r1", True), ("r2", False)]
+    texts = [text for conv, text in providers.CHAT.sent if conv == "approvals-bob"]
+    assert texts == ["approve r2: 900.00?", "r2 rejected"]  # asked once, across the crash
+    assert kinds[("approval_flow", "sleep")] == 2

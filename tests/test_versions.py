@@ -3,7 +3,10 @@ worker, and a deploy that drops a version while its jobs are still waiting."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
+import trio
 
 import trioq
 from tests.support import running_worker
@@ -14,6 +17,8 @@ def versioned_app(pg_url: str, schema: str, *versions: int) -> trioq.App:
     for version in versions:
 
         async def approve(ctx: trioq.Context, payload: dict, version: int = version) -> dict:
+            if payload.get("nap"):
+                await ctx.sleep("nap", datetime.timedelta(seconds=payload["nap"]))
             return {"handled_by": version, "job_version": ctx.job.version}
 
         app.task("approve", version=version)(approve)
@@ -62,24 +67,32 @@ async def test_a_v1_job_is_never_claimed_by_a_v2_worker_and_is_by_one_serving_bo
         assert await client.driver.job_unroutable() == []
 
 
-async def test_jobs_of_a_dropped_version_wait_visibly_and_resume_when_it_returns(
+async def test_deploy_dropping_v1_while_v1_workflows_sleep_shows_them_unroutable_until_v1_is_back(
     pg_url: str, pg_schema: str
 ) -> None:
-    """A deploy that drops version 1 while version-1 work is not due yet (delayed here; the
-    same holds for sleeping workflows): `trioq status` lists it as unroutable, and it runs
-    once a worker serving version 1 is back."""
     old, new = versioned_app(pg_url, pg_schema, 1), versioned_app(pg_url, pg_schema, 2)
     async with old.client(migrate=True) as client:
-        later = await client.enqueue("approve", {"n": 1}, delay=1.0)
+        asleep = trio.Event()
+        hooks = trioq.WorkerHooks(
+            on_job_end=lambda job, outcome: asleep.set() if outcome == "sleeping" else None
+        )
+        sleeper = await client.enqueue("approve", {"nap": 1.0})
+        async with running_worker(old, concurrency=2, poll_interval=0.1, hooks=hooks):
+            with trio.fail_after(20):
+                await asleep.wait()
     async with new.client() as client, running_worker(new, concurrency=2, poll_interval=0.1):
         [unroutable] = await client.driver.job_unroutable()
-        assert (unroutable.version, unroutable.jobs) == (1, 1)
-        # A v2 job due just after it: once that one ran, the v1 job was due and passed over.
+        assert (unroutable.version, unroutable.jobs, unroutable.states) == (1, 1, ("sleeping",))
+        # A v2 job due after the sleeper's wake time: once it ran, the v1 workflow was due
+        # and passed over by the v2 worker.
         after = await client.enqueue("approve", {"n": 2}, delay=1.2)
         assert (await client.wait_result(after.id, timeout=20))["handled_by"] == 2
-        assert (await client.get_job(later.id)).state not in ("running", "completed")
+        assert (await client.get_job(sleeper.id)).state != "completed"
+        [unroutable] = await client.driver.job_unroutable()
+        assert unroutable.version == 1
     async with old.client() as client, running_worker(old, concurrency=2, poll_interval=0.1):
-        assert await client.wait_result(later.id, timeout=20) == {
+        assert await client.wait_result(sleeper.id, timeout=20) == {
             "handled_by": 1,
             "job_version": 1,
         }
+        assert await client.driver.job_unroutable() == []

@@ -354,6 +354,15 @@ class TaskStatus:
 
 
 @attrs.frozen
+class TaskHistoryKind:
+    """How many jobs of `task` recorded at least one checkpoint of `kind`."""
+
+    task: str
+    kind: str
+    jobs: int
+
+
+@attrs.frozen
 class UnroutableJobs:
     """Jobs waiting to run (not running, not final) that no live worker serves: none of the
     workers that heartbeat recently serves this (queue, task, version)."""
@@ -570,6 +579,8 @@ class Driver(Protocol):
     async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
 
     async def task_status(self) -> list[TaskStatus]: ...
+
+    async def task_history_kinds(self) -> list[TaskHistoryKind]: ...
 
     async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]: ...
 

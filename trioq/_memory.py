@@ -65,6 +65,7 @@ from ._driver import (
     SettleAndClaim,
     SettleAndClaimResult,
     Settlement,
+    TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
     WorkerInfo,
@@ -911,6 +912,17 @@ class MemoryDriver:
 
     def _result_channel(self, job_id: int) -> str:
         return result_channel(self.schema, job_id)
+
+    async def task_history_kinds(self) -> list[TaskHistoryKind]:
+        await self._statement("task_history_kinds")
+        jobs: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
+        for job_id, history in self._checkpoints.items():
+            row = self._rows.get(job_id)
+            if row is None:
+                continue  # pruned with its job
+            for kind, _, _ in history.values():
+                jobs[(row.task, kind)].add(job_id)
+        return [TaskHistoryKind(task, kind, len(jobs[(task, kind)])) for task, kind in sorted(jobs)]
 
     async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]:
         now = await self._statement("job_unroutable")

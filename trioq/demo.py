@@ -202,22 +202,33 @@ def _progress(statuses: list[TaskStatus], schedules: list[Any], run: _Run) -> Gr
     return Group(table, footer)
 
 
+# Checkpoint kinds counted by the summary (events and children name their kinds "event*",
+# "wait*", "child*" or "spawn*").
+_HISTORY_COLUMNS = {
+    "slept": ("sleep",),
+    "waited": ("event", "wait"),
+    "children": ("child", "spawn"),
+}
+
+
 async def _summary(client: Client, run: _Run, console: Console) -> None:
     statuses = await client.driver.task_status()
+    history: dict[str, Counter[str]] = defaultdict(Counter)
+    for kind in await client.driver.task_history_kinds():
+        for column, prefixes in _HISTORY_COLUMNS.items():
+            if kind.kind.startswith(prefixes):
+                history[kind.task][column] += kind.jobs
     table = Table(
-        title=f"summary: {_done(statuses)} jobs final in {run.elapsed():.1f}s", title_justify="left"
+        title=f"summary: {_done(statuses)} jobs final in {run.elapsed():.1f}s",
+        title_justify="left",
     )
-    for column in ("workflow", "completed", "retried", "failed", "sleeping", "waiting"):
+    columns = ("workflow", "completed", "retried", "failed", *_HISTORY_COLUMNS)
+    for column in columns:
         table.add_column(column, justify="left" if column == "workflow" else "right")
     for task, states in sorted(_by_task(statuses).items()):
-        table.add_row(
-            task,
-            str(states["completed"]),
-            str(states["retried"]),
-            str(states["failed"]),
-            str(states["sleeping"]),
-            str(states["waiting"]),
-        )
+        counts = [states["completed"], states["retried"], states["failed"]]
+        counts += [history[task][column] for column in _HISTORY_COLUMNS]
+        table.add_row(task, *map(str, counts))
     console.print(table)
     failed = await client.driver.job_list(JobFilter(states=("failed",), limit=5))
     for job in failed:

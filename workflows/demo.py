@@ -4,8 +4,12 @@
   conversation run one at a time, in order (partition key = conversation id, see `reply`).
 - `react_to_event`: react to an application event; events of one account run in order
   (partition key = account).
-- `sync_external`: page through a partner API that sometimes answers 503: retried with
-  backoff, the failed attempts kept in the attempts history.
+- `sync_external`: page through a partner API that sometimes answers 503, one step (so one
+  checkpoint) per page: a retry resumes at the page that failed, the pages already fetched are
+  not fetched again; the failed attempts are kept in the attempts history.
+- `approval_flow`: a multi-step approval: ask on the chat API (a step), a durable cool-off
+  sleep (the slot is freed; a worker crash meanwhile loses nothing), the decision (a step), and
+  a receipt to the requester (a step).
 - `nightly_digest`: a scheduled automation: a cron schedule (`@app.periodic`) at 09:00 Paris
   time; the demo adds one firing every 2 seconds.
 
@@ -16,6 +20,8 @@ failures). `trioq demo` enqueues a few hundred of these and runs a worker until 
 
 from __future__ import annotations
 
+import datetime
+
 import attrs
 
 import trioq
@@ -24,7 +30,7 @@ from . import providers
 
 app = trioq.App(schema="trioq")
 
-QUEUES = ("default", "events", "sync", "automations")
+QUEUES = ("default", "events", "sync", "automations", "approvals")
 DIGEST_TASK = "nightly_digest"  # `trioq demo` schedules it every 2 s while it runs
 BROKEN_SOURCE = 13  # its partner API always answers 503: the job fails with that reason
 FLAKY_SOURCES = range(0, 1000, 5)  # page 1 answers 503 once: the job succeeds on a retry
@@ -87,8 +93,51 @@ async def react_to_event(ctx: trioq.Context, payload: AppEvent) -> dict[str, obj
 async def sync_external(ctx: trioq.Context, payload: SyncRequest) -> dict[str, object]:
     records = 0
     for page in range(payload.pages):
-        records += len(await providers.PARTNER.fetch_page(payload.source_id, page, payload.pages))
+        rows = await ctx.step(
+            f"page {page}", providers.PARTNER.fetch_page, payload.source_id, page, payload.pages
+        )
+        records += len(rows)
     return {"source_id": payload.source_id, "records": records, "attempt": ctx.job.attempt}
+
+
+@attrs.frozen
+class ApprovalRequest:
+    request_id: str
+    requester: str
+    amount_cents: int
+    cool_off_seconds: float = 1.0
+
+
+AUTO_APPROVE_CENTS = 50_000
+
+
+def decide(amount_cents: int) -> dict[str, object]:
+    """The approval policy (a step: its answer is recorded, so a replay never re-decides)."""
+    approved = amount_cents <= AUTO_APPROVE_CENTS
+    return {"approved": approved, "by": "policy", "limit_cents": AUTO_APPROVE_CENTS}
+
+
+@app.task("approval_flow", queue="approvals", max_attempts=3)
+async def approval_flow(ctx: trioq.Context, payload: ApprovalRequest) -> dict[str, object]:
+    channel = f"approvals-{payload.requester}"
+    asked = await ctx.step(
+        "ask approvers",
+        providers.CHAT.post_message,
+        channel,
+        f"approve {payload.request_id}: {payload.amount_cents / 100:.2f}?",
+        f"ask-{payload.request_id}",
+    )
+    await ctx.sleep("cool-off", datetime.timedelta(seconds=payload.cool_off_seconds))
+    decision = await ctx.step("decide", decide, payload.amount_cents)
+    verdict = "approved" if decision["approved"] else "rejected"
+    await ctx.step(
+        "notify requester",
+        providers.CHAT.post_message,
+        channel,
+        f"{payload.request_id} {verdict}",
+        f"notify-{payload.request_id}",
+    )
+    return {"request_id": payload.request_id, "asked": asked, **decision}
 
 
 @app.periodic("nightly-digest", cron="0 9 * * *", timezone="Europe/Paris", payload={"team": "core"})
@@ -124,6 +173,13 @@ async def enqueue_demo_jobs(client: trioq.Client, scale: int = 1) -> list[trioq.
         )
     jobs += await client.enqueue_many(
         "sync_external", [SyncRequest(source_id=i) for i in range(40 * scale)]
+    )
+    jobs += await client.enqueue_many(
+        "approval_flow",
+        [
+            ApprovalRequest(f"req-{n}", f"user-{n % 5}", amount_cents=10_000 * (n + 1))
+            for n in range(10 * scale)
+        ],
     )
     for team in ("core", "growth"):
         jobs.append(

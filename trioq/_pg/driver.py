@@ -54,6 +54,7 @@ from .._driver import (
     ScheduleRecord,
     SettleAndClaim,
     SettleAndClaimResult,
+    TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
     WorkerInfo,
@@ -437,6 +438,9 @@ class PgDriver:
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         rows = await self._retrying("ready_channels", {"queues": list(queues)})
         return [row[0] for row in rows]
+
+    async def task_history_kinds(self) -> list[TaskHistoryKind]:
+        return [TaskHistoryKind(*row) for row in await self._retrying("task_history_kinds")]
 
     async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]:
         rows = await self._retrying("job_unroutable", {"stale_seconds": stale_seconds})

@@ -729,6 +729,13 @@ SELECT queue, task, version, state, count(*) AS jobs,
        count(*) FILTER (WHERE attempt > 1) AS retried
 FROM {schema}.jobs GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
 
+-- name: task_history_kinds
+-- How many jobs of each task recorded each checkpoint kind (slept, waited, spawned children):
+-- the demo's summary. Scans the checkpoints table; for status screens only.
+SELECT j.task, c.kind, count(DISTINCT c.job_id) AS jobs
+FROM {schema}.checkpoints c JOIN {schema}.jobs j ON j.id = c.job_id
+GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
+
 -- name: job_unroutable
 -- `trioq status`: jobs waiting to run that no live worker can run, by (queue, task, version):
 -- a deploy that dropped a version while its jobs sleep or wait shows here until a worker

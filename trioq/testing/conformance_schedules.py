@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from .._core.channels import schedules_channel
 from .._core.schedule import fire_dedup_key
 from .._driver import (
+    CheckpointWrite,
     Driver,
     NewJob,
     NewSchedule,
@@ -196,4 +197,25 @@ async def check_task_status_counts_jobs_by_task_and_state(
             ("other", "report", 1, "ready", 1, 0),
         ],
         "task status",
+    )
+
+
+@conformance_check
+async def check_task_history_kinds_count_jobs_per_checkpoint_kind(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(driver, NewJob(QUEUE, TASK, "{}"), NewJob(QUEUE, TASK, "{}"))
+    first, second = await claim(driver, 2)
+    await driver.checkpoint_insert_many(
+        [
+            CheckpointWrite(first.lease, 0, "step", "a", "1"),
+            CheckpointWrite(first.lease, 1, "step", "b", "2"),
+            CheckpointWrite(first.lease, 2, "sleep", "nap", None, wake_in_seconds=5),
+            CheckpointWrite(second.lease, 0, "step", "a", "1"),
+        ]
+    )
+    expect(
+        [(k.task, k.kind, k.jobs) for k in await driver.task_history_kinds()],
+        [(TASK, "sleep", 1), (TASK, "step", 2)],
+        "jobs per checkpoint kind",
     )
