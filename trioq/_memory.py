@@ -632,7 +632,8 @@ class MemoryDriver:
         """Recover expired leases, prune stale workers and old finished jobs (always leader).
 
         A recovered job goes back to ready (keeping run_at, so its place in its partition) or,
-        on its last attempt, to failed; each gets a 'lost' attempts entry. Each sweep is
+        on its last attempt, to failed, or to cancelled if its cancel was requested; each gets a
+        'lost' attempts entry. Each sweep is
         bounded by its limit.
         """
         now = await self._statement("maintenance_pass")
@@ -662,7 +663,9 @@ class MemoryDriver:
         )[:limit]
         for row in expired:
             row.error_json = _LEASE_EXPIRED_ERROR
-            if row.attempt >= row.max_attempts:
+            if row.cancel_requested:  # not run again, whatever attempts it had left
+                self._finish(row, "cancelled", now)
+            elif row.attempt >= row.max_attempts:
                 self._finish(row, "failed", now)
             else:
                 row.state = "ready"
@@ -670,8 +673,8 @@ class MemoryDriver:
                 self._unlock_partition(row)
                 outbox.add(self._ready_channel(row.queue), row.queue)
             self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now)
-        failed = (row.id for row in expired if row.state == "failed")
-        outbox.add_grouped(failed, self._result_channel)
+        final = (row.id for row in expired if row.state != "ready")
+        outbox.add_grouped(final, self._result_channel)
         return tuple((row.id, row.state) for row in expired)
 
     def _prune_finished(self, finished_before: datetime.datetime, limit: int) -> int:

@@ -418,7 +418,8 @@ RETURNING j.id, j.cancel_requested;
 -- Lease recovery re-checks the expiry inside the UPDATE (River #1302): a lease renewed or a job
 -- finished between the scan and the UPDATE is left alone. Jobs with attempts left go back to
 -- ready (keeping run_at, so they keep their place in their partition key) and wake their
--- queue; the others fail with "worker lost".
+-- queue; the others fail with "worker lost". A job whose cancel was requested is not run again:
+-- it ends cancelled (its lost attempt is still recorded), whatever attempts it had left.
 WITH leader AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(hashtext('trioq-maintenance:' || %(schema_name)s)) AS ok
 ),
@@ -432,8 +433,10 @@ expired AS (
 ),
 recovered AS (
     UPDATE {schema}.jobs j
-    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'ready' END,
-        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN {schema}.db_now() END,
+    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                     WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'ready' END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
+                           THEN {schema}.db_now() END,
         error = jsonb_build_object('type', 'LeaseExpired',
                                    'message', 'worker lost: lease expired'),
         lease_token = NULL, lease_expires_at = NULL
@@ -459,7 +462,7 @@ notified AS (
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM recovered WHERE state = 'failed' GROUP BY 1) AS per_channel
+          FROM recovered WHERE state <> 'ready' GROUP BY 1) AS per_channel
 ),
 stale_workers AS (
     DELETE FROM {schema}.workers

@@ -783,7 +783,7 @@ async def check_cancelled_running_job_is_flagged_for_its_worker(
 
 
 @conformance_check
-async def check_cancel_request_reaches_the_next_claimer_after_a_lost_lease(
+async def check_cancel_requested_job_whose_lease_expired_is_recovered_as_cancelled(
     driver: Driver, clock: DriverClock
 ) -> None:
     [job_id] = await enqueue(driver, new_job())
@@ -791,9 +791,15 @@ async def check_cancel_request_reaches_the_next_claimer_after_a_lost_lease(
     await driver.job_cancel(job_id)
     await clock.advance(11)
     report = await driver.maintenance_pass(MaintenancePass())
-    expect(report.recovered, ((job_id, "ready"),), "recovered (a cancel does not stop recovery)")
-    [job] = await claim(driver)
-    expect((job.id, job.cancel_requested), (job_id, True), "the next claim sees the request")
+    expect(report.recovered, ((job_id, "cancelled"),), "recovered as cancelled, not retried")
+    expect(await claim(driver), [], "nothing left to claim")
+    row = await driver.job_get(job_id)
+    expect(row and (row.state, row.attempt), ("cancelled", 1), "the recovered job")
+    expect(
+        [(a.attempt, a.outcome) for a in await driver.job_attempts(job_id)],
+        [(1, "lost")],
+        "its history keeps the lost attempt",
+    )
 
 
 @conformance_check
