@@ -27,6 +27,19 @@ import trioq
 
 SCHEMA_ENV = "TRIOQ_TEST_SCHEMA"
 POOL_SIZE_ENV = "TRIOQ_TEST_POOL_SIZE"
+CLOCK_SKEW_ENV = "TRIOQ_TEST_CLOCK_SKEW"  # seconds added to this process's wall clock
+
+
+def skew_wall_clock(seconds: float) -> None:
+    """Shift `time.time` / `time.time_ns` (what logging and most libraries read) by `seconds`:
+    the clock-skew fault test runs a worker whose host clock is wrong."""
+    real_time, real_time_ns = time.time, time.time_ns
+    time.time = lambda: real_time() + seconds  # type: ignore[assignment]
+    time.time_ns = lambda: real_time_ns() + int(seconds * 1e9)  # type: ignore[assignment]
+
+
+if os.environ.get(CLOCK_SKEW_ENV):
+    skew_wall_clock(float(os.environ[CLOCK_SKEW_ENV]))
 QUEUE = "faults"
 
 EXEC_LOG_DDL = """
@@ -148,6 +161,9 @@ def build_app(schema: str, database_url: str | None = None) -> trioq.App:
     async def quick(ctx: trioq.Context, payload: dict[str, Any]) -> dict[str, Any]:
         """Log start, sleep `seconds` (default 0), log end; a cancelled run logs `cancelled`."""
         await log_fast(ctx, "start")
+        if payload.get("fail_first") and ctx.job.attempt == 1:
+            await log_fast(ctx, "end")
+            raise RuntimeError("failing the first attempt, as asked")
         try:
             await trio.sleep(payload.get("seconds", 0))
         except trio.Cancelled:

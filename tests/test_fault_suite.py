@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ import trio
 from psycopg import sql
 
 import trioq
-from tests.fault_app import POOL_SIZE_ENV, build_app, create_exec_log
+from tests.fault_app import CLOCK_SKEW_ENV, POOL_SIZE_ENV, build_app, create_exec_log
 from tests.history import check_history, read_history
 from tests.procs import WorkerGroup, db_now, fetch, wait_until, worker_group
 from tests.support import running_worker
@@ -461,3 +462,55 @@ async def test_long_repeatable_read_transaction_elsewhere_never_blocks_the_claim
     )
     assert blocked_by_long_tx == 0
     assert after >= 0.8 * during
+
+
+# --- 10. clock skew ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+async def test_a_worker_whose_clock_is_an_hour_off_follows_database_time(
+    pg_url: str, pg_schema: str, tmp_path: Path, skew: float
+) -> None:
+    """The worker process's wall clock is shifted by an hour (its log timestamps show it):
+    delayed jobs still wait for their run_at by database time, leases shorter than the jobs are
+    renewed (none is lost), and a retry waits its backoff by database time."""
+    async with producer(pg_url, pg_schema) as client:
+        async with worker_group(pg_url, pg_schema, tmp_path) as group:
+            [worker] = await start_workers(
+                group, 1, concurrency=10, env={CLOCK_SKEW_ENV: str(skew)}
+            )
+            delayed = await client.enqueue_many("quick", [{}] * 5, delay=1.5)
+            long_ones = await client.enqueue_many("quick", [{"seconds": 2 * LEASE}] * 3)
+            retried = await client.enqueue("quick", {"fail_first": True})
+            with trio.fail_after(30):
+                for job in [*delayed, *long_ones, retried]:
+                    await client.wait_result(job.id)
+            logged = worker.output()
+        history = await read_history(pg_url, pg_schema)
+    ids = [job.id for job in [*delayed, *long_ones, retried]]
+    check_history(history, ids)
+    first_start = {}
+    for run in sorted(history.runs, key=lambda run: run.start):
+        first_start.setdefault(run.job_id, run.start)
+    rows = dict(
+        await fetch(
+            pg_url, q(pg_schema, "SELECT id, created_at FROM {s}.jobs WHERE id = ANY(%s)"), (ids,)
+        )
+    )
+    waited = [(first_start[job.id] - rows[job.id]).total_seconds() for job in delayed]
+    assert all(1.5 <= w < 10 for w in waited), waited  # not at once, not an hour later
+    long_ids = {job.id for job in long_ones}
+    assert [run.attempt for run in history.runs if run.job_id in long_ids] == [1] * 3
+    retry_runs = sorted(
+        (run for run in history.runs if run.job_id == retried.id), key=lambda run: run.start
+    )
+    assert [run.attempt for run in retry_runs] == [1, 2]
+    assert retry_runs[1].start - retry_runs[0].end >= datetime.timedelta(seconds=0.5)  # backoff
+    # The skew is real: the worker's log lines carry its shifted clock.
+    stamp = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", logged, re.MULTILINE)
+    assert stamp is not None, logged
+    shown = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S").astimezone()
+    off_by = (shown - datetime.datetime.now().astimezone()).total_seconds()
+    assert abs(off_by - skew) < 120, off_by
+    print(f"\nclock skew {skew:+.0f} s: delayed jobs started after {[round(w, 2) for w in waited]}")
