@@ -210,6 +210,12 @@ def _fetch(raw: RawConnection, query: Query, params: Params | None) -> list[Tupl
         return cursor.fetchall()
 
 
+def _fetch_positional(raw: RawConnection, query: bytes, params: list[Any]) -> list[TupleRow]:
+    with psycopg.RawCursor(raw) as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall()
+
+
 def _fetchrow(raw: RawConnection, query: Query, params: Params | None) -> TupleRow | None:
     with raw.cursor() as cursor:
         cursor.execute(query, params)
@@ -265,6 +271,11 @@ class Connection:
     async def fetch(self, sql: Query, params: Params | None = None) -> list[tuple[Any, ...]]:
         """Run a query and return all its rows."""
         return await self._run(partial(_fetch, query=sql, params=params))
+
+    async def fetch_positional(self, sql: bytes, params: list[Any]) -> list[tuple[Any, ...]]:
+        """Run a query with PostgreSQL's `$1..$n` placeholders, sent as it is (no client-side
+        placeholder parsing, whatever its length), and return all its rows."""
+        return await self._run(partial(_fetch_positional, query=sql, params=params))
 
     async def fetchrow(self, sql: Query, params: Params | None = None) -> tuple[Any, ...] | None:
         """Run a query and return its first row, or None if it returned no rows."""

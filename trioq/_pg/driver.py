@@ -61,7 +61,7 @@ from .._driver import (
     WorkerRegistration,
     WrittenCheckpoint,
 )
-from .._sql import migrations, queries
+from .._sql import PositionalStatement, migrations, positional_queries, queries
 from . import Connection, Listener, Pool, is_connection_lost, open_listener, open_pool
 
 T = TypeVar("T")
@@ -144,10 +144,22 @@ class PgDriver:
     _renewal_pool: Pool
     _conninfo: str
     _sql: dict[str, str] = attrs.field(init=False)
+    _positional: dict[str, PositionalStatement] = attrs.field(init=False)
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
 
     def __attrs_post_init__(self) -> None:
         self._sql = queries(self.schema)
+        self._positional = positional_queries(self.schema)
+
+    async def _query(
+        self, conn: Connection, name: str, params: Params | None
+    ) -> list[tuple[Any, ...]]:
+        """Run the named statement; with parameters, in its positional form (see
+        `PositionalStatement`: the cost does not depend on the schema name's length)."""
+        if params is None:
+            return await conn.fetch(self._sql[name])
+        statement = self._positional[name]
+        return await conn.fetch_positional(statement.text, statement.values(params))
 
     def statistics(self) -> DriverStatistics:
         return DriverStatistics(calls=dict(self._calls))
@@ -158,7 +170,7 @@ class PgDriver:
         self._calls[name] += 1
         async with (pool or self._pool).connection() as conn:
             with self._schema_required():
-                return await conn.fetch(self._sql[name], params)
+                return await self._query(conn, name, params)
 
     @contextlib.contextmanager
     def _schema_required(self) -> Iterator[None]:
@@ -218,7 +230,7 @@ class PgDriver:
         self._calls["job_insert_many"] += 1
         params = insert_params(jobs)
         with self._schema_required():
-            rows = await conn.fetch(self._sql["job_insert_many"], params)
+            rows = await self._query(conn, "job_insert_many", params)
         return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
@@ -511,7 +523,7 @@ class PgDriver:
         self, conn: Connection, name: str, params: Params | None = None
     ) -> list[tuple[Any, ...]]:
         self._calls[name] += 1
-        return await conn.fetch(self._sql[name], params)
+        return await self._query(conn, name, params)
 
     async def _fire(
         self, conn: Connection, advances: Sequence[ScheduleAdvance]

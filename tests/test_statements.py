@@ -1,0 +1,66 @@
+"""The cost of trioq's statements on the client does not depend on the schema name."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg._queries
+import pytest
+import trio
+from psycopg import sql
+
+import trioq
+from tests.support import make_app, running_worker
+from trioq._core.identifiers import SCHEMA_PATTERN
+from trioq._sql import positional_queries, queries, to_positional
+
+
+@pytest.fixture
+def longest_schema(pg_url: str, pg_schema: str) -> Iterator[str]:
+    """A schema name of the maximum length (53 characters), dropped afterwards."""
+    name = (pg_schema + "_" + "x" * 53)[:53]
+    assert SCHEMA_PATTERN.fullmatch(name)
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+async def test_hot_statements_are_never_reparsed_whatever_the_schema_names_length(
+    pg_url: str, longest_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg caches the parsing of `%(name)s` placeholders only for statements up to 4 KiB;
+    the claim statement is over that for schema names of 8 characters or more, and was parsed
+    again on every call. Statements are now sent with `$n` placeholders, parsed by nobody."""
+    uncached: collections.Counter[bytes] = collections.Counter()
+    parse = psycopg._queries._query2pg_nocache
+
+    def counting(query: bytes, encoding: str) -> Any:
+        uncached[query[:60]] += 1
+        return parse(query, encoding)
+
+    monkeypatch.setattr(psycopg._queries, "_query2pg_nocache", counting)
+    app = make_app(pg_url, longest_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> int:
+        return int(payload["n"])
+
+    async with app.client(migrate=True) as client:
+        jobs = await client.enqueue_many("noop", [{"n": n} for n in range(30)])
+        async with running_worker(app, concurrency=5, lease_seconds=0.6):
+            with trio.fail_after(20):
+                results = [await client.wait_result(job.id) for job in jobs]
+    assert results == list(range(30))
+    assert max(len(text) for text in queries(longest_schema).values()) > 4096  # the hazard
+    assert uncached == {}
+
+
+def test_positional_form_numbers_each_name_once_and_unescapes_percent() -> None:
+    statement = to_positional("SELECT %(a)s, %(b)s, %(a)s, 'x%%' WHERE y = %(b)s")
+    assert statement.text == b"SELECT $1, $2, $1, 'x%' WHERE y = $2"
+    assert statement.names == ("a", "b")
+    assert statement.values({"b": 2, "a": 1, "unused": 3}) == [1, 2]
+    assert set(positional_queries("trioq")) == set(queries("trioq"))
