@@ -57,6 +57,8 @@ class _Enqueuer:
         """A registered task by name, or a declaration (a task of another app, say)."""
         if isinstance(task, TaskDeclaration):
             return task
+        if not isinstance(task, str):  # a dict or list would fail the lookup with a TypeError
+            raise UnknownTask(f"task: {task!r} is not a task name or a trioq.TaskDeclaration")
         spec = self.tasks.get(task)
         if spec is None:
             raise UnknownTask(
