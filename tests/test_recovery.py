@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import collections
+from typing import Any
+
 import trio
 
 import trioq
-from tests.support import Gate, make_app, running_worker, scalar
+from tests.support import Gate, make_app, running_worker, scalar, wait_until
+from trioq._pg import Connection
 
 
 async def test_cancel_whose_notification_was_missed_reaches_the_handler_by_lease_renewal(
@@ -73,3 +77,77 @@ async def test_cancel_requested_job_recovered_after_its_worker_died_ends_cancell
     outcomes = [[(a.attempt, a.outcome) for a in h] for h in histories]
     assert outcomes == [[(1, "lost")], [(3, "lost")]]
     assert gate.entered == 0  # never run again
+
+
+async def test_a_row_lock_on_one_running_job_stalls_no_other_lease_and_costs_no_attempt(
+    pg_url: str, pg_schema: str, observer: Connection
+) -> None:
+    """Another transaction holds one running job's row lock for two leases. Before: the one
+    renewal statement waited on that row, every lease of the worker went unconfirmed, and every
+    handler was cancelled as lost (a lost attempt each). Now renewals skip the locked row: the
+    other job keeps its lease and completes on its first attempt; the locked one is released
+    (fenced, attempt restored) once unconfirmed for 90% of its lease, and runs again."""
+    app = make_app(pg_url, pg_schema)
+    gate = Gate()
+    runs: collections.Counter[str] = collections.Counter()
+    lease = 1.5
+
+    @app.task("job")
+    async def job(ctx: trioq.Context, payload: dict[str, Any]) -> int:
+        runs[payload["name"]] += 1
+        gate.enter()
+        if payload["name"] == "locked" and runs["locked"] == 1:
+            await trio.sleep_forever()  # until cancelled: its lease cannot be confirmed
+        await trio.sleep(payload["seconds"])
+        return ctx.job.attempt
+
+    async with app.client(migrate=True) as client:
+        locked = await client.enqueue("job", {"name": "locked", "seconds": 0})
+        other = await client.enqueue("job", {"name": "other", "seconds": 3 * lease})
+        async with running_worker(app, concurrency=2, lease_seconds=lease, poll_interval=0.2):
+            with trio.fail_after(20):
+                await gate.wait_entered(2)
+                async with observer.transaction():
+                    await observer.execute(
+                        f"SELECT 1 FROM {pg_schema}.jobs WHERE id = %s FOR UPDATE", [locked.id]
+                    )
+                    await trio.sleep(2 * lease)  # the fault: the row stays locked this long
+                results = [await client.wait_result(j.id) for j in (locked, other)]
+        histories = [await client.attempts(j.id) for j in (locked, other)]
+    assert results == [1, 1]  # neither consumed an attempt
+    assert histories == [[], []]  # nothing lost, nothing retried
+    assert runs == {"locked": 2, "other": 1}
+
+
+async def test_a_live_worker_pruned_after_a_long_pause_registers_again(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Maintenance prunes worker rows whose heartbeat is stale (a process paused for minutes
+    looks dead). The worker learns it from its next renewal and registers again."""
+    app = make_app(pg_url, pg_schema)
+    gate = Gate()
+    done = trio.Event()
+
+    @app.task("hold")
+    async def hold(ctx: trioq.Context, payload: object) -> None:
+        gate.enter()
+        await done.wait()
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("hold", {})
+        async with running_worker(app, lease_seconds=1.5) as worker:
+            with trio.fail_after(10):
+                await gate.wait_entered(1)
+                # what the maintenance pass does to a worker whose heartbeat is 300 s old
+                await scalar(
+                    pg_url,
+                    f"DELETE FROM {pg_schema}.workers WHERE id = %s RETURNING id",
+                    (worker.worker_id,),
+                )
+
+                async def registered() -> bool:
+                    return [w.id for w in await client.workers()] == [worker.worker_id]
+
+                await wait_until(registered)
+                done.set()
+                await client.wait_result(job.id)

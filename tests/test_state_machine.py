@@ -314,9 +314,10 @@ class DifferentialMachine(RuleBasedStateMachine):
             (RenewLeases(worker.worker_id, "running", LEASE, tuple(h.memory for h in held)),),
             (RenewLeases(worker.worker_id, "running", LEASE, tuple(h.pg for h in held)),),
         )
-        assert sorted((r.id, r.cancel_requested) for r in memory) == sorted(
-            (self.to_memory[r.id], r.cancel_requested) for r in pg
+        assert sorted((r.id, r.cancel_requested, r.confirmed) for r in memory.leases) == sorted(
+            (self.to_memory[r.id], r.cancel_requested, r.confirmed) for r in pg.leases
         )
+        assert memory.registered == pg.registered
 
     @precondition(lambda self: bool(self.stale))
     @rule(pick=st.integers(0, 100), kind=st.sampled_from([*KINDS, "renew", "checkpoint"]))
@@ -326,7 +327,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         for driver, lease in ((self.pair.memory, leases.memory), (self.pair.pg, leases.pg)):
             if kind == "renew":
                 renewal = RenewLeases(uuid.uuid4(), "running", LEASE, (lease,))
-                outcome: Any = self.host.call(driver.lease_renew_many, renewal)
+                outcome: Any = self.host.call(driver.lease_renew_many, renewal).leases
             elif kind == "checkpoint":
                 write = CheckpointWrite(lease, 99, "step", "zombie", "1")
                 outcome = self.host.call(driver.checkpoint_insert_many, [write])

@@ -277,6 +277,15 @@ class WrittenCheckpoint:
 class RenewedLease:
     id: int
     cancel_requested: bool
+    # False: still this worker's, but its row was locked by another transaction, so the lease
+    # was not extended this time (neither renewed nor lost: the watchdog decides).
+    confirmed: bool = True
+
+
+@attrs.frozen
+class RenewalResult:
+    leases: tuple[RenewedLease, ...]  # leases not listed are lost
+    registered: bool  # False: the worker row was gone (pruned); register again
 
 
 @attrs.frozen
@@ -536,7 +545,7 @@ class Driver(Protocol):
         self, writes: Sequence[CheckpointWrite]
     ) -> list[WrittenCheckpoint]: ...
 
-    async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]: ...
+    async def lease_renew_many(self, params: RenewLeases) -> RenewalResult: ...
 
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport: ...
 

@@ -56,6 +56,7 @@ from ._driver import (
     QueueDemand,
     QueuePause,
     QueueStatus,
+    RenewalResult,
     RenewedLease,
     RenewLeases,
     ScheduleDue,
@@ -607,10 +608,11 @@ class MemoryDriver:
             )
         )
 
-    async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]:
+    async def lease_renew_many(self, params: RenewLeases) -> RenewalResult:
         """Extend every lease still owned (expired but unrecovered ones too) and heartbeat.
 
-        Leases not returned are lost; `cancel_requested` carries a pending cancellation.
+        Leases not returned are lost; `cancel_requested` carries a pending cancellation. There
+        are no row locks here, so every returned lease is confirmed.
         """
         now = await self._statement("lease_renew_many")
         worker = self._workers.get(params.worker_id)
@@ -624,7 +626,7 @@ class MemoryDriver:
                 continue
             row.lease_expires_at = now + params.lease_seconds * _SECOND
             renewed[row.id] = RenewedLease(id=row.id, cancel_requested=row.cancel_requested)
-        return list(renewed.values())
+        return RenewalResult(leases=tuple(renewed.values()), registered=worker is not None)
 
     # --- maintenance ----------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from .._driver import (
     QueueDemand,
     QueuePause,
     QueueStatus,
+    RenewalResult,
     RenewedLease,
     RenewLeases,
     ScheduleAdvance,
@@ -296,7 +297,7 @@ class PgDriver:
         )
         return [WrittenCheckpoint(job_id=row[0], position=row[1], value=row[2]) for row in rows]
 
-    async def lease_renew_many(self, params: RenewLeases) -> list[RenewedLease]:
+    async def lease_renew_many(self, params: RenewLeases) -> RenewalResult:
         rows = await self._retrying(
             "lease_renew_many",
             {
@@ -307,7 +308,10 @@ class PgDriver:
             },
             pool=self._renewal_pool,
         )
-        return [RenewedLease(id=row[0], cancel_requested=row[1]) for row in rows]
+        return RenewalResult(
+            leases=tuple(RenewedLease(*row[1:]) for row in rows if row[1] is not None),
+            registered=bool(rows[0][0]),
+        )
 
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:
         """One bounded pass, done only if this process wins the maintenance lock for it."""

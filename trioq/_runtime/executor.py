@@ -76,7 +76,11 @@ def _outcome(run: Run, error: BaseException | None, result_json: str) -> Outcome
         # handler that finished before the cancellation reached it keeps its result.
         if reason == "cancelled":
             return Cancelled(error_json("Cancelled", "cancelled on request", None))
-        return Released()  # drain
+        # Drain, or "unconfirmed": renewals did not get through for 90% of the lease, so it may
+        # or may not still be ours. A fenced release hands it back at once, attempt restored, if
+        # it is, and changes nothing if not (writing nothing would let it expire into a lost
+        # attempt).
+        return Released()
     if error is not None:
         return failure(run, error)
     if run.scope.cancelled_caught:

@@ -61,7 +61,7 @@ class Run:
     # *before* the confirming statement was sent: the lease runs at least this long from here.
     confirmed_at: float
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    cancel_reason: str | None = None  # "lost", "cancelled", "drain"
+    cancel_reason: str | None = None  # "lost", "unconfirmed", "cancelled", "drain"
     suspension: Suspended | None = None
     failed_step: tuple[int, str] | None = None  # (position, name) of the step that raised
     trace_id: str | None = None  # the handler's span (otel extra), for the failure line

@@ -214,16 +214,7 @@ class Worker:
     async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until drained (see `request_drain`). Cancelling it is a hard stop: handlers are
         cancelled and their leases expire, to be recovered by any worker's maintenance."""
-        await self.driver.worker_register(
-            WorkerRegistration(
-                worker_id=self.worker_id,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                queues=self.config.queues,
-                concurrency=self.config.concurrency,
-                task_versions=tuple(sorted(spec.pair for spec in self._served())),
-            )
-        )
+        await self.driver.worker_register(self._registration())
         try:
             async with self._open_listener() as listener:
                 if listener is not None:
@@ -409,10 +400,31 @@ class Worker:
             self._renewal_ok = True
             self.metrics.lease_renewals.inc()
             self._last_renewal = self._last_heartbeat = trio.current_time()
-            self._apply_renewal(set(leases), renewed, sent_at)
+            self._apply_renewal(set(leases), renewed.leases, sent_at)
+            if not renewed.registered:
+                await self._register_again()
+
+    def _registration(self) -> WorkerRegistration:
+        return WorkerRegistration(
+            worker_id=self.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.config.queues,
+            concurrency=self.config.concurrency,
+            task_versions=tuple(sorted(spec.pair for spec in self._served())),
+        )
+
+    async def _register_again(self) -> None:
+        """The worker row was pruned (this process was paused past the stale limit, say):
+        register again, so `trioq status` and maintenance see a live worker."""
+        log.warning("worker %s was unregistered while alive: registering again", self.worker_id)
+        try:
+            await self.driver.worker_register(self._registration())
+        except Exception as exc:
+            log.warning("re-registration failed (next renewal retries): %s", exc)
 
     def _apply_renewal(
-        self, requested: set[Lease], renewed: list[RenewedLease], sent_at: float
+        self, requested: set[Lease], renewed: tuple[RenewedLease, ...], sent_at: float
     ) -> None:
         still_owned = {row.id: row for row in renewed}
         for loop in self.loops.values():
@@ -429,7 +441,8 @@ class Worker:
                     )
                     entry.cancel("lost")
                     continue
-                entry.confirmed_at = max(entry.confirmed_at, sent_at)
+                if row.confirmed:  # an unconfirmed row (locked elsewhere) was not extended
+                    entry.confirmed_at = max(entry.confirmed_at, sent_at)
                 if row.cancel_requested:
                     entry.cancel("cancelled")
 
@@ -453,7 +466,7 @@ class Worker:
                             entry.job.attempt,
                             now - entry.confirmed_at,
                         )
-                        entry.cancel("lost")
+                        entry.cancel("unconfirmed")  # settled by a fenced release
                     else:
                         wake_at = min(wake_at, deadline)
             await trio.sleep_until(wake_at)

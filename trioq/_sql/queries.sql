@@ -395,19 +395,48 @@ LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position;
 -- heartbeat the worker row. Rows not returned are lost (recovered, cancelled or finished by
 -- someone else): the runtime cancels their handlers. cancel_requested is returned so a missed
 -- cancel notification still reaches the handler within one renewal interval.
+-- Locking: the rows are locked with SKIP LOCKED, so one row held by another transaction (a
+-- user's transaction touching a running job, say) cannot stall the renewal of every other
+-- lease; such a row is returned with confirmed = false ("unconfirmed": still ours in this
+-- snapshot, not extended), and the runtime neither renews nor drops it this time.
+-- `registered` is false when the worker row is gone (pruned after a long pause): the runtime
+-- registers again. The outer LEFT JOIN returns that one row even with no leases.
 WITH heartbeat AS (
     UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now(), state = %(worker_state)s
     WHERE id = %(worker_id)s
     RETURNING id
+),
+requested AS MATERIALIZED (
+    SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
+         AS o(id, attempt, lease_token)
+    JOIN {schema}.jobs j
+      ON j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
+    WHERE j.state = 'running'
+),
+-- The fence is part of the lock's condition, so it is re-checked on the row's newest version
+-- once locked: a lease recovered and claimed by another worker meanwhile is not extended.
+lockable AS MATERIALIZED (
+    SELECT j.id FROM {schema}.jobs j
+    JOIN requested r ON r.id = j.id AND r.attempt = j.attempt AND r.lease_token = j.lease_token
+    WHERE j.state = 'running'
+    FOR UPDATE OF j SKIP LOCKED
+),
+renewed AS (
+    UPDATE {schema}.jobs j
+    SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
+    FROM lockable l
+    WHERE j.id = l.id
+    RETURNING j.id, j.cancel_requested
 )
-UPDATE {schema}.jobs j
-SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
-     AS o(id, attempt, lease_token)
-WHERE j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
-  AND j.state = 'running'
-  AND (SELECT count(*) FROM heartbeat) >= 0
-RETURNING j.id, j.cancel_requested;
+SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
+FROM (SELECT 1) AS one
+LEFT JOIN (
+    SELECT id, cancel_requested, true AS confirmed FROM renewed
+    UNION ALL
+    SELECT id, cancel_requested, false FROM requested
+    WHERE id NOT IN (SELECT id FROM lockable)
+) AS r ON true;
 
 -- name: maintenance_pass
 -- One maintenance pass as ONE statement (idle workers must stay cheap): lease recovery, stale

@@ -259,7 +259,8 @@ async def renew(driver: Driver, *leases: Lease, lease_seconds: float = LEASE_SEC
     renewed = await driver.lease_renew_many(
         RenewLeases(uuid.uuid4(), "running", lease_seconds, tuple(leases))
     )
-    return {lease.id for lease in renewed}
+    expect(all(lease.confirmed for lease in renewed.leases), True, "no row locks: all confirmed")
+    return {lease.id for lease in renewed.leases}
 
 
 async def fail(
@@ -777,7 +778,7 @@ async def check_cancelled_running_job_is_flagged_for_its_worker(
     renewed = await driver.lease_renew_many(
         RenewLeases(uuid.uuid4(), "running", LEASE_SECONDS, (job.lease,))
     )
-    expect([(r.id, r.cancel_requested) for r in renewed], [(job_id, True)], "renewal")
+    expect([(r.id, r.cancel_requested) for r in renewed.leases], [(job_id, True)], "renewal")
     outcome_rows = await fail(driver, job.lease, None, final_state="cancelled")
     expect(outcome_rows, [(job_id, "cancelled")], "the worker records the cancellation")
 
@@ -1197,7 +1198,8 @@ async def check_workers_register_heartbeat_and_are_pruned_when_stale(
     )
     expect(info.running, 1, "running jobs of the worker")
     await clock.advance(5)
-    await driver.lease_renew_many(RenewLeases(worker_id, "draining", 30, (job.lease,)))
+    renewal = await driver.lease_renew_many(RenewLeases(worker_id, "draining", 30, (job.lease,)))
+    expect(renewal.registered, True, "heartbeat of a registered worker")
     [beat] = await driver.worker_list()
     expect(beat.state, "draining", "state after a heartbeat")
     assert beat.heartbeat_at > info.heartbeat_at, (beat, info)
@@ -1205,6 +1207,9 @@ async def check_workers_register_heartbeat_and_are_pruned_when_stale(
     report = await driver.maintenance_pass(MaintenancePass(worker_stale_seconds=300))
     expect(report.pruned_workers, 1, "pruned workers")
     expect(await driver.worker_list(), [], "workers after pruning")
+    # A live worker that was pruned (paused past the stale limit) learns it from its renewal.
+    renewal = await driver.lease_renew_many(RenewLeases(worker_id, "running", 30, ()))
+    expect((renewal.registered, renewal.leases), (False, ()), "heartbeat of a pruned worker")
 
 
 @conformance_check
