@@ -173,6 +173,15 @@ def build_app(schema: str, database_url: str | None = None) -> trioq.App:
         await log_fast(ctx, "end")
         return {"job": ctx.job.id, "attempt": ctx.job.attempt}
 
+    @app.task("blocking", queue=QUEUE, max_attempts=3)
+    async def blocking(ctx: trioq.Context, payload: dict[str, Any]) -> int:
+        """Attempt 1 blocks a thread for `seconds` (trio cannot cancel it); later ones return."""
+        await log_fast(ctx, "start")
+        if ctx.job.attempt == 1:
+            await trio.to_thread.run_sync(time.sleep, payload["seconds"])
+        await log_fast(ctx, "end")
+        return ctx.job.attempt
+
     @app.task("poison", queue=QUEUE, max_attempts=3)
     async def poison(ctx: trioq.Context, payload: dict[str, Any]) -> None:
         """Kill the whole worker process, on every attempt (a segfaulting C extension, OOM)."""

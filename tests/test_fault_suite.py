@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import re
+import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -514,3 +515,58 @@ async def test_a_worker_whose_clock_is_an_hour_off_follows_database_time(
     off_by = (shown - datetime.datetime.now().astimezone()).total_seconds()
     assert abs(off_by - skew) < 120, off_by
     print(f"\nclock skew {skew:+.0f} s: delayed jobs started after {[round(w, 2) for w in waited]}")
+
+
+# --- 4. a handler that ignores cancellation ---------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_worker_with_a_handler_blocked_in_a_thread_still_stops_and_the_job_moves_on(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """SIGTERM to a worker whose handler sits in a 120 s blocking call in a thread (trio cannot
+    cancel it): the process still exits within grace + the hard-stop margin (status 4), the
+    lease is not renewed past that point, and another worker retries the job."""
+    from trioq.cli_worker import HARD_STOP_MARGIN_SECONDS
+
+    grace = 1.0
+    async with producer(pg_url, pg_schema) as client:
+        async with worker_group(pg_url, pg_schema, tmp_path) as group:
+            a = await group.start(
+                "A", concurrency=2, lease=LEASE, poll=POLL, maintenance=MAINTENANCE, grace=grace
+            )
+            job = await client.enqueue("blocking", {"seconds": 120})
+            await wait_until(
+                pg_url,
+                q(pg_schema, "SELECT count(*) FROM {s}.exec_log WHERE worker_pid = %s"),
+                (a.pid,),
+                lambda rows: rows[0][0] == 1,
+                within=10,
+                what="A to start the job",
+            )
+            a.signal(signal.SIGTERM)
+            stopped_at = await db_now(pg_url)
+            code = await a.wait_exit(grace + HARD_STOP_MARGIN_SECONDS + 5)
+            exited_at = await db_now(pg_url)
+            expiry = await fetch(
+                pg_url,
+                q(pg_schema, "SELECT lease_expires_at FROM {s}.jobs WHERE id = %s"),
+                (job.id,),
+            )
+            b = await group.start(
+                "B", concurrency=2, lease=LEASE, poll=POLL, maintenance=MAINTENANCE
+            )
+            with trio.fail_after(30):
+                assert await client.wait_result(job.id) == 2
+        history = await read_history(pg_url, pg_schema)
+    assert code == 4, a.output()
+    took = (exited_at - stopped_at).total_seconds()
+    assert took <= grace + HARD_STOP_MARGIN_SECONDS + 3, took
+    # renewals stopped when the drain cancelled the handler, not when the process exited
+    lease_end = expiry[0][0]
+    assert lease_end is None or lease_end <= stopped_at + datetime.timedelta(
+        seconds=grace + LEASE + 1
+    ), (lease_end, stopped_at)
+    check_history(history, [job.id], died={a.pid: exited_at})
+    assert [run.pid for run in sorted(history.runs, key=lambda r: r.start)] == [a.pid, b.pid]
+    print(f"\nblocked handler: worker exited {took:.1f} s after SIGTERM (grace {grace} s)")

@@ -59,6 +59,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             f"concurrency={worker.config.concurrency}",
             flush=True,
         )
+    stopped.finished = True
     if stopped.abandoned:
         print(
             f"trioq: stopped with {stopped.abandoned} job(s) abandoned (their leases expire and "
@@ -102,6 +103,7 @@ async def _drain_on_signal(
                     loop.running + loop.pending_writes for loop in worker.statistics().loops
                 )
                 print("second signal: stopping now", file=sys.stderr, flush=True)
+                cli_worker.exit_if_still_running(cli_worker.HARD_STOP_MARGIN_SECONDS, stopped)
                 scope.cancel()
                 return
             print(
@@ -111,6 +113,9 @@ async def _drain_on_signal(
                 flush=True,
             )
             worker.request_drain()
+            cli_worker.exit_if_still_running(
+                worker.config.grace_seconds + cli_worker.HARD_STOP_MARGIN_SECONDS, stopped
+            )
 
 
 async def cmd_enqueue(args: argparse.Namespace) -> int:

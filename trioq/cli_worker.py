@@ -5,13 +5,17 @@ abandoned jobs from a clean one."""
 from __future__ import annotations
 
 import logging
+import math
+import os
 import sys
+import threading
 from collections.abc import Sequence
 
 import attrs
 import trio
 
 from .app import App
+from .cli_errors import ABANDONED
 
 log = logging.getLogger("trioq.cli")
 
@@ -64,3 +68,35 @@ class StopRecord:
     """Set by the signal handler: a second signal stopped the worker with jobs still owned."""
 
     abandoned: int = 0
+    finished: bool = False  # set when the worker command returns: no hard exit after that
+
+
+# A handler that ignores cancellation (a blocking call in a thread, which trio cannot
+# interrupt) would keep the process alive after its drain for as long as the call lasts. Past
+# the grace period plus this margin the process exits anyway: the handler's lease is no longer
+# renewed once it was cancelled, so another worker retries the job after it expires.
+HARD_STOP_MARGIN_SECONDS = 10.0
+
+
+def exit_if_still_running(after: float, stopped: StopRecord) -> None:
+    """Start a timer (a daemon OS thread: it runs even while trio's thread is blocked, and does
+    not keep the process alive) that ends the process with exit status 4 `after` seconds from
+    now, unless the worker command has returned by then."""
+
+    def hard_exit() -> None:
+        if stopped.finished:
+            return
+        print(
+            f"trioq: handlers still running {after:g}s after the stop began ignore cancellation "
+            "(a blocking call?): exiting without them; their leases expire and another worker "
+            "retries the jobs",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(ABANDONED)
+
+    if not math.isfinite(after):  # `--grace inf`: wait for the handlers, however long
+        return
+    timer = threading.Timer(after, hard_exit)
+    timer.daemon = True
+    timer.start()

@@ -110,6 +110,16 @@ class ClaimLoop:
     def owned(self) -> int:
         return len(self.owned_leases())
 
+    def renewable_leases(self) -> list[Lease]:
+        """The leases to extend: all owned ones except those of handlers already cancelled (a
+        drain, a cancel request, a lost or unconfirmed lease). Those handlers should be gone
+        within moments; one that ignores cancellation (a blocking call in a thread) must not
+        keep its job from everyone else: its lease runs out and the job is recovered."""
+        cancelled = {
+            entry.job.lease for entry in self.running.values() if entry.cancel_reason is not None
+        }
+        return [lease for lease in self.owned_leases() if lease not in cancelled]
+
     @property
     def db_healthy(self) -> bool:
         return self._db_healthy

@@ -373,7 +373,7 @@ class Worker:
         """
         while True:
             await trio.sleep(self.config.renew_interval)
-            leases = [lease for loop in self.loops.values() for lease in loop.owned_leases()]
+            leases = [lease for loop in self.loops.values() for lease in loop.renewable_leases()]
             idle_for = trio.current_time() - self._last_heartbeat
             if not leases and idle_for < max(IDLE_HEARTBEAT_SECONDS, self.config.renew_interval):
                 self._last_renewal = trio.current_time()  # nothing to renew: not late
