@@ -13,10 +13,12 @@ The schema comes from `TRIOQ_TEST_SCHEMA` and the server from `TRIOQ_DATABASE_UR
 
 from __future__ import annotations
 
+import datetime
 import os
 import queue
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -72,6 +74,9 @@ class ExecLog:
         self._patience = patience
 
     def write(self, job_id: int, attempt: int, event: str, partition_key: str | None) -> None:
+        self.run(self._insert, (job_id, attempt, os.getpid(), event, partition_key))
+
+    def run(self, statement: sql.Composable, params: tuple[Any, ...]) -> None:
         deadline = time.monotonic() + self._patience
         while True:
             try:
@@ -81,7 +86,7 @@ class ExecLog:
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
-                conn.execute(self._insert, (job_id, attempt, os.getpid(), event, partition_key))
+                conn.execute(statement, params)
             except psycopg.OperationalError:
                 if conn is not None:
                     conn.close()
@@ -102,10 +107,23 @@ def exec_log(database_url: str, schema: str) -> ExecLog:
         return _exec_logs.setdefault((database_url, schema), ExecLog(database_url, schema))
 
 
+WF_EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS {}.wf_effects (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id     bigint      NOT NULL,
+    step       text        NOT NULL,
+    worker_pid integer     NOT NULL,
+    token      uuid        NOT NULL UNIQUE,
+    db_ts      timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
 def create_exec_log(database_url: str, schema: str) -> None:
-    """Create the side table (the test process calls this after migrating the schema)."""
+    """Create the side tables (the test process calls this after migrating the schema)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL(EXEC_LOG_DDL).format(sql.Identifier(schema)))
+        conn.execute(sql.SQL(WF_EFFECTS_DDL).format(sql.Identifier(schema)))
 
 
 def build_app(schema: str, database_url: str | None = None) -> trioq.App:
@@ -181,6 +199,32 @@ def build_app(schema: str, database_url: str | None = None) -> trioq.App:
             await trio.to_thread.run_sync(time.sleep, payload["seconds"])
         await log_fast(ctx, "end")
         return ctx.job.attempt
+
+    effects = sql.SQL(
+        "INSERT INTO {}.wf_effects (job_id, step, worker_pid, token) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT DO NOTHING"  # a retried write of one execution lands once
+    ).format(sql.Identifier(schema))
+
+    def record_effect(job_id: int, step: str) -> None:
+        # the step's side effect: one row per execution of the step function
+        log = exec_log(app.resolve_database_url(), schema)
+        log.run(effects, (job_id, step, os.getpid(), uuid.uuid4()))
+
+    @app.task("flow", queue=QUEUE, max_attempts=20)
+    async def flow(ctx: trioq.Context, payload: dict[str, Any]) -> int:
+        """A durable workflow: four steps with a side effect each and a durable sleep between
+        them; the result is the sum of the step results."""
+        total = 0
+        for n in range(4):
+
+            async def effect(n: int = n) -> int:
+                await trio.to_thread.run_sync(record_effect, ctx.job.id, f"s{n}")
+                return n * 10
+
+            total += await ctx.step(f"s{n}", effect)
+            if n < 3:
+                await ctx.sleep(f"z{n}", datetime.timedelta(seconds=payload.get("sleep", 0.2)))
+        return total + payload["base"]
 
     @app.task("poison", queue=QUEUE, max_attempts=3)
     async def poison(ctx: trioq.Context, payload: dict[str, Any]) -> None:
