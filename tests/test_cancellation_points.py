@@ -1,10 +1,12 @@
 """Fault test 5: trio cancellation at random points (Hypothesis chooses where) of the driver's
-claim, renew, complete, fail and maintenance writes. Afterwards no pooled connection is leaked,
-no session is left `idle in transaction`, and every job is final, ready, or running under a
-lease that expires within one lease (so lease recovery will pick it up)."""
+claim, renew, settle (complete, retry, release, sleep) and maintenance writes. Afterwards no
+pooled connection is leaked, no session is left `idle in transaction`, and every job is final,
+ready, scheduled/sleeping, or running under a lease that expires within one lease (so lease
+recovery will pick it up)."""
 
 from __future__ import annotations
 
+import datetime
 import secrets
 import uuid
 
@@ -15,20 +17,29 @@ from tests.procs import fetch
 from tests.test_identifiers import run_property
 from trioq._driver import (
     ClaimedJob,
-    CompleteAndClaim,
-    Completion,
-    Failure,
     MaintenancePass,
     NewJob,
     RenewLeases,
+    SettleAndClaim,
+    Settlement,
 )
 from trioq._pg.driver import PgDriver, open_pg_driver
 
 LEASE = 5.0
 QUEUE = "q"
+SETTLEMENTS = {
+    "complete": lambda job: Settlement(job.lease, "complete", result_json="1"),
+    "retry": lambda job: Settlement(
+        job.lease, "retry", error_json='{"type": "E"}', delay_seconds=0
+    ),
+    "release": lambda job: Settlement(job.lease, "release"),
+    "sleep": lambda job: Settlement(
+        job.lease, "sleep", wake_at=datetime.datetime.now(datetime.UTC)
+    ),
+}
 steps = st.lists(
     st.tuples(
-        st.sampled_from(["enqueue", "claim", "renew", "complete", "fail", "maintenance"]),
+        st.sampled_from(["enqueue", "claim", "renew", "maintenance", *SETTLEMENTS]),
         st.one_of(st.just(0.0), st.floats(0.0, 0.01)),  # when to cancel; 0: at once
     ),
     min_size=1,
@@ -41,22 +52,17 @@ async def step(driver: PgDriver, held: list[ClaimedJob], operation: str) -> None
     if operation == "enqueue":
         await driver.job_insert_many([NewJob(QUEUE, "t", "{}") for _ in range(3)])
     elif operation == "claim":
-        result = await driver.job_complete_and_claim(
-            CompleteAndClaim(QUEUE, ("t",), 3, LEASE, worker)
-        )
+        result = await driver.job_settle_and_claim(SettleAndClaim(QUEUE, ("t",), 3, LEASE, worker))
         held.extend(result.claimed)
     elif operation == "renew" and held:
         await driver.lease_renew_many(
             RenewLeases(worker, "running", LEASE, tuple(job.lease for job in held))
         )
-    elif operation == "complete" and held:
+    elif operation in SETTLEMENTS and held:
         job = held.pop()
-        await driver.job_complete_and_claim(
-            CompleteAndClaim(QUEUE, ("t",), 0, LEASE, worker, (Completion(job.lease, "1"),))
+        await driver.job_settle_and_claim(
+            SettleAndClaim(QUEUE, ("t",), 0, LEASE, worker, (SETTLEMENTS[operation](job),))
         )
-    elif operation == "fail" and held:
-        job = held.pop()
-        await driver.job_fail_many([Failure(job.lease, '{"type": "E"}', 0.0)])
     elif operation == "maintenance":
         await driver.maintenance_pass(MaintenancePass())
 
@@ -88,7 +94,8 @@ async def test_cancellation_anywhere_in_driver_writes_leaks_nothing_and_strands_
             stranded = await fetch(
                 pg_url,
                 f"SELECT id, state, lease_expires_at - now() FROM {pg_schema}.jobs "
-                "WHERE state NOT IN ('ready', 'completed', 'failed') AND NOT "
+                "WHERE state NOT IN ('ready', 'scheduled', 'sleeping', 'completed', 'failed') "
+                "AND NOT "
                 "(state = 'running' AND lease_expires_at <= now() + %s * interval '1 second')",
                 (LEASE,),
             )
