@@ -8,6 +8,7 @@ clock) on both ends.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 
@@ -35,11 +36,25 @@ def make_app(schema: str, database_url: str | None = None) -> trioq.App:
         await trio.sleep(0.1)
         return {"start": start, "end": time.time()}
 
+    @app.task("three_steps", max_attempts=1)
+    async def three_steps(ctx: trioq.Context, payload: object) -> None:
+        for name in ("one", "two", "three"):
+            await ctx.step(name, _nothing)
+
+    @app.task("sleep_1s", max_attempts=1)
+    async def sleep_1s(ctx: trioq.Context, payload: object) -> dict[str, float]:
+        await ctx.sleep("nap", datetime.timedelta(seconds=1))
+        return {"resumed": time.time()}
+
     @app.task("probe", max_attempts=1)
     async def probe(ctx: trioq.Context, payload: object) -> float:
         return time.time()
 
     return app
+
+
+def _nothing() -> None:
+    return None
 
 
 app = make_app(os.environ.get(SCHEMA_ENV, "bench"))

@@ -22,6 +22,11 @@ class Sizes:
     fairness_big_key_jobs: int = 10_000
     fairness_small_keys: int = 100
     fairness_jobs_per_small_key: int = 10
+    workflow_jobs: int = 5_000  # 3-step workflows
+    sleep_workflows: int = 200  # 1 s durable sleeps, with a free slot each
+    suspended_sleeping: int = 100_000  # suspended load: sleeping workflows in the table
+    suspended_delayed: int = 50_000  # ... and jobs delayed an hour at a better priority
+    suspended_drain_jobs: int = 10_000  # the no-op drain measured over them
     timeout: float = 600.0  # per wait; a run that hits it failed
 
 
@@ -38,5 +43,10 @@ QUICK = Sizes(
     fairness_big_key_jobs=300,
     fairness_small_keys=10,
     fairness_jobs_per_small_key=5,
+    workflow_jobs=50,
+    sleep_workflows=5,
+    suspended_sleeping=300,
+    suspended_delayed=200,
+    suspended_drain_jobs=100,
     timeout=60.0,
 )

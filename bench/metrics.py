@@ -293,6 +293,63 @@ def metrics(sizes: Sizes) -> list[Metric]:
         Metric(
             "baseline", "enqueue_bulk_rows_per_s", "raw INSERT ... unnest, one statement", "rows/s"
         ),
+        Metric(
+            "workflows",
+            "three_step_workflows_per_s",
+            f"1 worker, c={c}, {sizes.workflow_jobs:,} workflows of 3 no-op steps",
+            "workflows/s",
+            "jobs_per_s",
+            at_least(1000, ">= 1,000/s"),
+        ),
+        Metric(
+            "workflows",
+            "statements_per_step",
+            "worker statements per step (claims, checkpoints, settles)",
+            "stmt/step",
+            target=at_most(0.25, "<= 0.25"),
+        ),
+        Metric(
+            "workflows",
+            "sleep_resume_p50_ms",
+            f"{sizes.sleep_workflows} x 1 s durable sleep, wake time -> resume p50",
+            "ms",
+        ),
+        Metric(
+            "workflows",
+            "sleep_resume_p95_ms",
+            "durable sleep, wake time -> resume p95",
+            "ms",
+            target=at_most(10, "<= 10 ms"),
+        ),
+        Metric(
+            "workflows",
+            "suspended_load_jobs_per_s",
+            f"noop drain of {sizes.suspended_drain_jobs:,} with {sizes.suspended_sleeping:,} "
+            f"sleeping + {sizes.suspended_delayed:,} better-priority delayed in the table",
+            "jobs/s",
+            "jobs_per_s",
+        ),
+        Metric(
+            "workflows",
+            "empty_table_jobs_per_s",
+            "the same drain on an empty table (same repeat)",
+            "jobs/s",
+            "jobs_per_s",
+        ),
+        Metric(
+            "workflows",
+            "suspended_vs_empty",
+            "suspended load / empty table, throughput",
+            "x",
+            target=at_least(0.9, ">= 0.9 (within 10%)"),
+        ),
+        Metric(
+            "workflows",
+            "suspended_vs_empty_db_cost",
+            "empty / suspended load, server time per job",
+            "x",
+            target=at_least(0.9, ">= 0.9 (within 10%)"),
+        ),
         Metric("peer", "jobs_per_s", f"PgQueuer 1.6, batch {c}, noop, {jobs}", "jobs/s"),
         Metric("peer", "statements_per_job", "PgQueuer statements per job", "stmt/job"),
         Metric("peer", "db_us_per_job", "PgQueuer server execution time per job", "us"),

@@ -21,6 +21,7 @@ SCENARIOS = (
     "database_load",
     "worker_cost",
     "partition_fairness",
+    "workflows",
     "baseline",
     "peer",
 )

@@ -41,7 +41,7 @@ Runner = Callable[[Context], None]
 
 def runners() -> dict[str, Runner]:
     """Runner name -> function, in the order a full run executes them."""
-    from bench.scenarios import enqueue, fairness, idle, latency, throughput
+    from bench.scenarios import enqueue, fairness, idle, latency, throughput, workflows
 
     return {
         "throughput": throughput.run,  # also: baseline, worker cost, statements per job
@@ -50,4 +50,5 @@ def runners() -> dict[str, Runner]:
         "refill": latency.run_refill,
         "idle": idle.run,
         "fairness": fairness.run,
+        "workflows": workflows.run,
     }

@@ -52,12 +52,20 @@ class Drain:
 
 
 def drain(
-    ctx: Context, start_workers: StartWorkers, task: str, jobs: int, system: System = TRIOQ
+    ctx: Context,
+    start_workers: StartWorkers,
+    task: str,
+    jobs: int,
+    system: System = TRIOQ,
+    prepare: Callable[[str], None] | None = None,
 ) -> Drain:
-    """Run one backlog of `jobs` jobs of `task` to completion on freshly started workers."""
+    """Run one backlog of `jobs` jobs of `task` to completion on freshly started workers
+    (`prepare(schema)` first fills the fresh schema with whatever else the scenario needs)."""
     db = ctx.db
     schema = db.fresh_schema()
     try:
+        if prepare is not None:
+            prepare(schema)
         workers = start_workers(schema)
         cpu_before = sum(worker.cpu_seconds() for worker in workers)
         t0 = system.enqueue(db, schema, task, jobs, db.reset_statements)

@@ -239,6 +239,9 @@ class ClaimLoop:
             else claim_size(slots, len(self.running), 0, slots)
         )
         if limit == 0 and not batch:
+            # Every slot is busy: the next due time is no reason to wake (a settling slot wakes
+            # the loop, and its round learns the next due time again).
+            self._next_due_at = None
             return
         sent_at = trio.current_time()
         try:
@@ -258,19 +261,18 @@ class ClaimLoop:
         except BaseException:
             self._settle.restore(batch)  # nothing committed (or unknown): keep them
             raise
-        received_at = trio.current_time()
         self._settle.written(batch)
         lost = len(batch) - len(result.settled)
         if lost:
             log.warning(
                 "queue %s: %d outcomes not written: their leases were lost", self.queue, lost
             )
-        self._after_round(result, limit, frees_key, received_at)
+        self._after_round(result, limit, frees_key, sent_at)
         if handlers is not None:
             self._start(handlers, result, sent_at)
 
     def _after_round(
-        self, result: SettleAndClaimResult, limit: int, frees_key: bool, received_at: float
+        self, result: SettleAndClaimResult, limit: int, frees_key: bool, sent_at: float
     ) -> None:
         if limit:  # a settle-only round visits no keys: keep the round-robin position
             self._key_cursor = result.key_cursor or ""
@@ -287,8 +289,11 @@ class ClaimLoop:
             self._window_rounds = 0
         self._next_due_at = None
         if result.next_due is not None:
+            # From when the statement was sent (its database `now` is just after): the timer
+            # fires at the due time or a little before, never a whole round trip late; a round
+            # that comes early finds the row not due yet and sets the timer again.
             wait = max(0.0, (result.next_due - result.now).total_seconds())
-            self._next_due_at = received_at + wait
+            self._next_due_at = sent_at + wait
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))

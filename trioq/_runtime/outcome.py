@@ -1,7 +1,8 @@
 """What one execution of a job ended with: typed, frozen outcomes (the executor's return value).
 
 The claim loop turns each outcome into at most one `Settlement` (the row the settle statement
-writes); `Lost` writes nothing, since another attempt owns the job now.
+writes); `Lost` writes nothing, since another attempt owns the job now (or will, once the
+unconfirmed lease expires and maintenance recovers it, consuming the attempt).
 """
 
 from __future__ import annotations
