@@ -14,6 +14,7 @@ from ._core.retry import RetryPolicy
 from ._core.states import JobState
 from ._enqueue import Job, TaskDeclaration, declare_task
 from ._runtime.claim_loop import WorkerHooks
+from ._runtime.job_transaction import JobLeaseLost, JobTransaction
 from ._runtime.worker import Worker, WorkerConfig
 from .app import App, ConfigurationError
 from .client import Client, ClientTransaction
@@ -30,8 +31,10 @@ __all__ = [
     "Job",
     "JobFailed",
     "JobInfo",
+    "JobLeaseLost",
     "JobNotFound",
     "JobState",
+    "JobTransaction",
     "PayloadError",
     "ResultTimeout",
     "RetryPolicy",

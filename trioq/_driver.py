@@ -525,6 +525,12 @@ class Transaction(Protocol):
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
 
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> list[tuple[int, str]]:
+        """Settle running jobs (fenced) inside this transaction, with the claim loop's settle
+        statement: the settlement commits with the caller's writes or not at all (a handler's
+        transactional completion). Returns (id, new state) of the rows whose fence held."""
+        ...
+
 
 class Driver(Protocol):
     schema: str

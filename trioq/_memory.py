@@ -203,6 +203,7 @@ class MemoryTransaction:
 
     _driver: MemoryDriver
     _rows: list[_Row] = attrs.field(factory=list)
+    _settlements: list[Settlement] = attrs.field(factory=list)
     _ended: trio.Event = attrs.field(factory=trio.Event)
 
     async def execute(
@@ -221,6 +222,28 @@ class MemoryTransaction:
         if self._ended.is_set():
             raise RuntimeError("this transaction has already ended")
         return await self._driver._insert(jobs, self)
+
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> list[tuple[int, str]]:
+        """Fenced now, applied at commit (fenced again then, as the row lock would hold it)."""
+        if self._ended.is_set():
+            raise RuntimeError("this transaction has already ended")
+        await self._driver._statement("job_settle_and_claim")
+        held = [s for s in settlements if self._driver._holds(s.lease)]
+        self._settlements.extend(held)
+        return [(s.lease.id, _SETTLED_STATE[s.kind]) for s in held]
+
+
+# The state a settlement kind leaves a job in when it is not due at once (memory predictions
+# for a transaction's settlements, applied at commit).
+_SETTLED_STATE = {
+    "complete": "completed",
+    "fail": "failed",
+    "cancel": "cancelled",
+    "retry": "scheduled",
+    "release": "ready",
+    "sleep": "sleeping",
+    "wait": "waiting",
+}
 
 
 @attrs.define(eq=False)
@@ -361,7 +384,9 @@ class MemoryDriver:
                 self._reserved.pop(row.dedup_key, None)
         if commit:
             self._commit_rows(transaction._rows, self._now())
+            self._commit_settlements(transaction._settlements, self._now())
         transaction._rows.clear()
+        transaction._settlements.clear()
         transaction._ended.set()
 
     @asynccontextmanager
@@ -469,6 +494,20 @@ class MemoryDriver:
         if row.state == "ready":
             outbox.add(self._ready_channel(row.queue), row.queue)
         return row
+
+    def _holds(self, lease: Lease) -> bool:
+        row = self._rows.get(lease.id)
+        return row is not None and row.holds(lease)
+
+    def _commit_settlements(
+        self, settlements: Sequence[Settlement], now: datetime.datetime
+    ) -> None:
+        outbox = _Outbox()
+        settled = [row for s in settlements if (row := self._settle(s, now, outbox)) is not None]
+        outbox.add_grouped(
+            (row.id for row in settled if row.state in FINISHED_STATES), self._result_channel
+        )
+        self._deliver(outbox)
 
     def _unlock_partition(self, row: _Row) -> None:
         if row.partition_key is None:

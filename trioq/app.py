@@ -21,7 +21,7 @@ from ._enqueue import TaskDeclaration
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.tasks import Handler, TaskSpec, payload_type_of
 from ._runtime.worker import Worker, WorkerConfig
-from .client import Client, _Enqueuer, _ResultWatcher
+from .client import ACTIVE_CLIENT, Client, _Enqueuer, _ResultWatcher
 from .schedules import new_schedule
 
 DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
@@ -239,6 +239,7 @@ class App:
             async with trio.open_nursery() as nursery:
                 client = Client(driver, _Enqueuer(self.tasks), _ResultWatcher(driver, nursery))
                 token = self._client_var.set(client)
+                active = ACTIVE_CLIENT.set(client)
                 try:
                     yield client
                 except BaseException as exc:
@@ -246,6 +247,7 @@ class App:
                     raise
                 finally:
                     self._client_var.reset(token)
+                    ACTIVE_CLIENT.reset(active)
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # The block's own exception comes out as itself, not wrapped by the nursery that

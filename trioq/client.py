@@ -3,6 +3,7 @@ cancel, and read status. Everything is validated before any SQL runs."""
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import math
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -47,6 +48,12 @@ from ._runtime.tasks import TaskSpec
 from .schedules import new_schedule
 
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
+
+# The client whose `app.client()` block the current task runs in (any app): a worker's handlers
+# reach the worker's pool through it (`ctx.client`), with no connections of their own.
+ACTIVE_CLIENT: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
+    "trioq_active_client", default=None
+)
 
 
 @attrs.define(eq=False)

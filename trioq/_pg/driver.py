@@ -55,6 +55,7 @@ from .._driver import (
     ScheduleRecord,
     SettleAndClaim,
     SettleAndClaimResult,
+    Settlement,
     TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
@@ -134,6 +135,22 @@ class PgTransaction:
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
         return await self._driver._insert(self._conn, jobs)
+
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> list[tuple[int, str]]:
+        """The settle statement with nothing to claim or promote, on this transaction."""
+        if not settlements:
+            return []
+        params = SettleAndClaim(
+            queue="",
+            tasks=(),
+            limit=0,
+            lease_seconds=1.0,
+            worker_id=uuid.UUID(int=0),
+            settlements=tuple(settlements),
+            promote_limit=0,
+        )
+        rows = await self._driver._settle_rows(self._conn, params)
+        return list(zip(rows[0][0], rows[0][1], strict=True))
 
 
 @attrs.define(eq=False)
@@ -241,32 +258,40 @@ class PgDriver:
     def is_connection_lost(self, exc: BaseException) -> bool:
         return is_connection_lost(exc)
 
+    async def _settle_rows(self, conn: Connection, params: SettleAndClaim) -> list[tuple[Any, ...]]:
+        """Run the settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
+        settlements = params.settlements
+        self._calls["job_settle_and_claim"] += 1
+        with self._schema_required():
+            return await self._query(
+                conn,
+                "job_settle_and_claim",
+                {
+                    **_lease_arrays([settlement.lease for settlement in settlements]),
+                    "kinds": _text_array([settlement.kind for settlement in settlements]),
+                    "results": [settlement.result_json for settlement in settlements],
+                    "errors": [settlement.error_json for settlement in settlements],
+                    "delays": [settlement.delay_seconds for settlement in settlements],
+                    "wake_ats": [settlement.wake_at for settlement in settlements],
+                    "queue": params.queue,
+                    "tasks": list(params.tasks),
+                    "limit": params.limit,
+                    "lease_seconds": params.lease_seconds,
+                    "worker_id": params.worker_id,
+                    "key_cursor": params.key_cursor,
+                    "key_window": params.key_window,
+                    "task_versions": None
+                    if params.task_versions is None
+                    else list(params.task_versions),
+                    "promote_limit": params.promote_limit,
+                },
+            )
+
     async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """Not retried here: a claim whose reply was lost may have committed (its rows then
         wait for lease recovery); the claim loop keeps the outcomes and retries the round."""
-        settlements = params.settlements
-        rows = await self._fetch(
-            "job_settle_and_claim",
-            {
-                **_lease_arrays([settlement.lease for settlement in settlements]),
-                "kinds": _text_array([settlement.kind for settlement in settlements]),
-                "results": [settlement.result_json for settlement in settlements],
-                "errors": [settlement.error_json for settlement in settlements],
-                "delays": [settlement.delay_seconds for settlement in settlements],
-                "wake_ats": [settlement.wake_at for settlement in settlements],
-                "queue": params.queue,
-                "tasks": list(params.tasks),
-                "limit": params.limit,
-                "lease_seconds": params.lease_seconds,
-                "worker_id": params.worker_id,
-                "key_cursor": params.key_cursor,
-                "key_window": params.key_window,
-                "task_versions": None
-                if params.task_versions is None
-                else list(params.task_versions),
-                "promote_limit": params.promote_limit,
-            },
-        )
+        async with self._pool.connection() as conn:
+            rows = await self._settle_rows(conn, params)
         first = rows[0]
         claimed = tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
         return SettleAndClaimResult(

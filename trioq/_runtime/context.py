@@ -10,11 +10,14 @@ import datetime
 import logging
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
 
 from .._core.retry import RetryPolicy
+from ..client import ACTIVE_CLIENT, Client
+from .job_transaction import JobTransaction, open_job_transaction
 from .run import Run
 
 
@@ -60,6 +63,24 @@ class Context:
     @property
     def worker_id(self) -> uuid.UUID:
         return self._run.worker_id
+
+    @property
+    def client(self) -> Client:
+        """The worker's own `Client` (its pool: no extra connections): enqueue follow-up jobs,
+        read jobs, emit events from a handler."""
+        client = ACTIVE_CLIENT.get()
+        if client is None:
+            from ..app import ConfigurationError  # app imports the runtime: import late
+
+            raise ConfigurationError(
+                "ctx.client: this worker was not started inside `app.client()`"
+            )
+        return client
+
+    def transaction(self) -> AbstractAsyncContextManager[JobTransaction]:
+        """Your SQL, enqueues and (with `tx.complete(result)`) this job's completion in ONE
+        transaction on the worker's pool; see docs/producers.md ("Transactional completion")."""
+        return open_job_transaction(self._run, self.client)
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:

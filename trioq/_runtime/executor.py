@@ -1,13 +1,14 @@
 """The executor: runs ONE job and returns its outcome (River's job executor, Oban's return
 contract). It never raises for anything the handler did: every exit of the handler, including
-`BaseException`s raised by handler code (SystemExit, GeneratorExit, custom ones), maps to an
-outcome. Only cancellation from outside the job (a hard stop of the worker) and
-KeyboardInterrupt propagate.
+`BaseException`s raised by handler code (SystemExit, KeyboardInterrupt, GeneratorExit, custom
+ones), maps to an outcome. Only cancellation from outside the job (a hard stop of the worker)
+and a KeyboardInterrupt that trio raised for a real SIGINT propagate.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 
 import trio
@@ -18,7 +19,16 @@ from .._core.errors import NondeterminismError
 from .._core.retry import should_retry
 from .context import Context
 from .logs import log_job_failure
-from .outcome import Cancelled, Completed, Failed, Lost, Outcome, Released, RetryAt
+from .outcome import (
+    Cancelled,
+    Completed,
+    CompletedInTransaction,
+    Failed,
+    Lost,
+    Outcome,
+    Released,
+    RetryAt,
+)
 from .run import Run
 
 log = logging.getLogger("trioq.worker")
@@ -46,13 +56,15 @@ async def execute(run: Run) -> Outcome:
             ) as run.trace_id:  # fmt: skip
                 result = await spec.handler(Context(run), spec.load_payload(job.payload))
                 result_json = codec.encode(result, root="result")
-    except (trio.Cancelled, KeyboardInterrupt):
+    except trio.Cancelled:
         raise  # not ours: our own scope's cancellation never reaches this point
     except BaseException as exc:
         if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
-            (trio.Cancelled, KeyboardInterrupt)
+            lambda leaf: isinstance(leaf, trio.Cancelled) or _from_signal(leaf)
         ):
             raise
+        if _from_signal(exc):
+            raise  # Ctrl-C delivered by trio: it stops the worker, it is not the job's fault
         error = exc
     return _outcome(run, error, result_json)
 
@@ -65,7 +77,28 @@ async def _trace_context(run: Run) -> str | None:
         return None
 
 
+_TRIO_DIR = os.path.dirname(trio.__file__)
+
+
+def _from_signal(exc: BaseException) -> bool:
+    """A KeyboardInterrupt that trio raised for a real SIGINT (its innermost frame is trio's
+    signal handler or KI delivery), as opposed to one `raise`d by handler code, which is the
+    job's failure like any other exception."""
+    if not isinstance(exc, KeyboardInterrupt):
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return True  # no frame to blame handler code for: treat as a signal
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_TRIO_DIR)
+
+
 def _outcome(run: Run, error: BaseException | None, result_json: str) -> Outcome:
+    if run.completed_in_transaction:
+        # Committed with the handler's writes; whatever happened after (an error, the lease
+        # renewal finding the job no longer running) changes nothing.
+        return CompletedInTransaction()
     reason = run.cancel_reason
     if reason == "lost":
         return Lost()

@@ -61,13 +61,21 @@ class Suspended:
 
 
 @attrs.frozen
+class CompletedInTransaction:
+    """The handler completed its job inside its own transaction (`ctx.transaction()` and
+    `tx.complete(...)`), which committed: the job is settled already, nothing is written."""
+
+
+@attrs.frozen
 class Lost:
     """The lease was lost (recovered elsewhere, or not confirmed in time): write nothing."""
 
     reason: str = "lease lost"
 
 
-Outcome = Completed | RetryAt | Failed | Cancelled | Released | Suspended | Lost
+Outcome = (
+    Completed | RetryAt | Failed | Cancelled | Released | Suspended | CompletedInTransaction | Lost
+)
 
 
 def settlement_of(lease: Lease, outcome: Outcome) -> Settlement | None:
@@ -85,7 +93,7 @@ def settlement_of(lease: Lease, outcome: Outcome) -> Settlement | None:
             return Settlement(lease, "release")
         case Suspended(state, until):
             return Settlement(lease, "sleep" if state == "sleeping" else "wait", wake_at=until)
-        case Lost():
+        case Lost() | CompletedInTransaction():
             return None
     raise AssertionError(f"unknown outcome {outcome!r}")
 
@@ -94,7 +102,7 @@ def outcome_name(outcome: Outcome) -> str:
     """The name hooks and logs use: completed, retried, failed, cancelled, released,
     sleeping, waiting, lost."""
     match outcome:
-        case Completed():
+        case Completed() | CompletedInTransaction():
             return "completed"
         case RetryAt():
             return "retried"

@@ -65,6 +65,8 @@ class Run:
     suspension: Suspended | None = None
     failed_step: tuple[int, str] | None = None  # (position, name) of the step that raised
     trace_id: str | None = None  # the handler's span (otel extra), for the failure line
+    # Set once the handler's own transaction that completed the job has committed.
+    completed_in_transaction: bool = False
     _history: dict[int, Checkpoint] = attrs.field(init=False)
     _position: int = 0
 

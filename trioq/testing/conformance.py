@@ -923,6 +923,31 @@ class _Rollback(Exception):
 
 
 @conformance_check
+async def check_settle_in_a_transaction_commits_with_it_or_not_at_all(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A handler's transactional completion: the settle statement inside the caller's
+    transaction, fenced; rolled back it leaves the job running, committed it completes it."""
+    [job_id] = await enqueue(driver, new_job(1))
+    [job] = await claim(driver, limit=1)
+    done = Settlement(job.lease, "complete", result_json='{"ok": true}')
+    try:
+        async with driver.transaction() as tx:
+            expect(await tx.job_settle_many([done]), [(job_id, "completed")], "inside, rolled back")
+            raise _Rollback
+    except _Rollback:
+        pass
+    expect((await record(driver, job_id)).state, "running", "after the rollback")
+    async with driver.transaction() as tx:
+        expect(await tx.job_settle_many([done]), [(job_id, "completed")], "inside, committed")
+    finished = await record(driver, job_id)
+    expect((finished.state, finished.result), ("completed", {"ok": True}), "after the commit")
+    async with driver.transaction() as tx:
+        expect(await tx.job_settle_many([done]), [], "the same lease again (fenced)")
+    expect(await claim(driver), [], "a completed job is never claimed again")
+
+
+@conformance_check
 async def check_rolled_back_transaction_inserts_nothing(driver: Driver, clock: DriverClock) -> None:
     inserted: list[int] = []
     try:
