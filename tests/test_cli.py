@@ -193,6 +193,11 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
             "'Traceback: line 1', now())",
             (jobs[0].id,),
         )
+        conn.execute(  # a workflow's history: one stored step
+            f"INSERT INTO {pg_schema}.checkpoints (job_id, position, kind, name, value, "
+            "created_at) VALUES (%s, 0, 'step', 'charge', '{\"cents\": 5}', now())",
+            (jobs[0].id,),
+        )
 
     code, listed = trioq_cli(capsys, "jobs", *migrated, "--json")
     assert code == 0 and [j["id"] for j in listed["jobs"]] == [
@@ -215,8 +220,12 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
     code, shown = trioq_cli(capsys, "job", *migrated, str(jobs[0].id), "--json")
     assert shown["job"]["state"] == "failed"
     assert shown["attempts"][0]["traceback"] == "Traceback: line 1"
+    assert shown["history"] == [
+        {"position": 0, "kind": "step", "name": "charge", "value": {"cents": 5}}
+    ]
     code, text = trioq_cli(capsys, "job", *migrated, str(jobs[0].id))
     assert "Boom: boom" in text and "Traceback: line 1" in text
+    assert "history (1 checkpoints)" in text and "charge" in text
     assert cli.main(["job", *migrated, "999999"]) == 1
 
     code, purged = trioq_cli(

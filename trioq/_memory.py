@@ -807,6 +807,14 @@ class MemoryDriver:
             last_attempt=attrs.asdict(attempts[-1]) if attempts else None,
         )
 
+    async def checkpoint_list(self, job_id: int) -> list[Checkpoint]:
+        await self._statement("checkpoint_list")
+        history = self._checkpoints.get(job_id, {})
+        return [
+            Checkpoint(position, kind, name, _loads(value))
+            for position, (kind, name, value) in sorted(history.items())
+        ]
+
     async def job_list(self, params: JobFilter) -> list[JobRecord]:
         now = await self._statement("job_list")
         found = [

@@ -103,7 +103,7 @@ async def cmd_job(args: argparse.Namespace) -> int:
     async with _app(args).client() as client:
         record = await client.get_job(args.job_id)
         attempts = await client.attempts(args.job_id)
-        history: list[Any] = []
+        history = await client.history(args.job_id)
     if args.json:
         _print_json(
             {

@@ -20,6 +20,7 @@ from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
+    Checkpoint,
     Driver,
     HealthReport,
     JobFilter,
@@ -396,6 +397,11 @@ class Client:
             deleted += batch
             if batch < params.limit:
                 return deleted
+
+    async def history(self, job_id: int) -> list[Checkpoint]:
+        """The job's checkpoints in order (step results, sleeps, events...); empty for a job
+        that used no durable primitive."""
+        return await self.driver.checkpoint_list(validate_job_id(job_id))
 
     async def retry(self, job_id: int) -> str:
         """Redrive a failed or cancelled job now, keeping its history (attempts, checkpoints);

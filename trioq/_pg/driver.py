@@ -372,6 +372,10 @@ class PgDriver:
         rows = await self._retrying("job_attempts", {"id": job_id})
         return [AttemptRecord(*row) for row in rows]
 
+    async def checkpoint_list(self, job_id: int) -> list[Checkpoint]:
+        rows = await self._retrying("checkpoint_list", {"id": job_id})
+        return [Checkpoint(*row) for row in rows]
+
     async def job_list(self, params: JobFilter) -> list[JobRecord]:
         def optional(values: tuple[str, ...] | None) -> list[str] | None:
             return None if values is None else list(values)

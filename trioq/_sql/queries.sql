@@ -641,6 +641,11 @@ WITH doomed AS (
 )
 DELETE FROM {schema}.jobs j USING doomed WHERE j.id = doomed.id RETURNING j.id;
 
+-- name: checkpoint_list
+-- A job's history in order (`trioq job ID`); the primary key (job_id, position) serves it.
+SELECT position, kind, name, value FROM {schema}.checkpoints
+WHERE job_id = %(id)s ORDER BY position;
+
 -- name: job_attempts
 SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at
 FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;

@@ -28,6 +28,7 @@ import trio
 from .._core.channels import control_channel, result_channel
 from .._driver import (
     CancelOutcome,
+    CheckpointWrite,
     ClaimedJob,
     Driver,
     JobFilter,
@@ -920,6 +921,23 @@ async def check_claim_visits_the_cursor_key_after_wrapping_around(
 
 class _Rollback(Exception):
     pass
+
+
+@conformance_check
+async def check_checkpoint_list_returns_a_jobs_history_in_order(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job(1))
+    expect(await driver.checkpoint_list(job_id), [], "a job without history")
+    [job] = await claim(driver, limit=1)
+    await driver.checkpoint_insert_many(
+        [
+            CheckpointWrite(job.lease, 0, "step", "first", "[1]"),
+            CheckpointWrite(job.lease, 1, "step", "second", '{"b": 2}'),
+        ]
+    )
+    listed = [(c.position, c.kind, c.name, c.value) for c in await driver.checkpoint_list(job_id)]
+    expect(listed, [(0, "step", "first", [1]), (1, "step", "second", {"b": 2})], "history")
 
 
 @conformance_check
