@@ -15,6 +15,7 @@ import trio
 import trioq
 import trioq.producer
 from tests.support import make_app, running_worker, sql_rows
+from trioq._enqueue import EnqueueOptions, build_jobs
 from trioq.producer import AsyncProducer, SyncProducer, declare_task
 
 
@@ -117,3 +118,17 @@ def test_producer_without_a_database_url_names_the_fix(monkeypatch: pytest.Monke
     monkeypatch.delenv("TRIOQ_DATABASE_URL", raising=False)
     with pytest.raises(trioq.producer.ProducerError, match="TRIOQ_DATABASE_URL is not set"):
         SyncProducer()
+
+
+def test_a_declaration_names_the_handler_version_its_jobs_are_for() -> None:
+    v2 = declare_task("approve", queue="q", version=2)
+    [job] = build_jobs(v2, [{}], EnqueueOptions(), single=True)
+    assert job.version == 2
+    app = trioq.App(schema="decl_versions")
+
+    @app.task(v2)
+    async def approve(ctx: trioq.Context, payload: Any) -> None: ...
+
+    assert (app.tasks["approve"].version, app.tasks["approve"].queue) == (2, "q")
+    with pytest.raises(ValueError, match=r"^version: "):
+        declare_task("approve", version=0)

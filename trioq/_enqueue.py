@@ -62,9 +62,14 @@ class TaskDeclaration:
     )
     max_attempts: int = 5
     payload_type: Any = None
+    # The handler version new jobs are for (docs/versions.md): a producer of a task whose worker
+    # serves version 2 declares version=2.
+    version: int = 1
 
     def __attrs_post_init__(self) -> None:
         _check_max_attempts(self.max_attempts)
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
+            raise ValueError(f"version: {self.version!r} must be a positive integer")
         if self.payload_type is not None and not (
             isinstance(self.payload_type, type) and attrs.has(self.payload_type)
         ):
@@ -72,10 +77,15 @@ class TaskDeclaration:
 
 
 def declare_task(
-    name: str, *, queue: str = "default", max_attempts: int = 5, payload_type: Any = None
+    name: str,
+    *,
+    queue: str = "default",
+    max_attempts: int = 5,
+    payload_type: Any = None,
+    version: int = 1,
 ) -> TaskDeclaration:
     """A `TaskDeclaration` (see there); the name reads well at module level."""
-    return TaskDeclaration(name, queue, max_attempts, payload_type)
+    return TaskDeclaration(name, queue, max_attempts, payload_type, version)
 
 
 @attrs.frozen

@@ -84,18 +84,20 @@ class App:
         max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
-        version: int = 1,
+        version: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
 
-        `version` (default 1): register several versions of one task to let jobs enqueued
-        for an older one drain across a deploy. A job records the highest version registered
-        by the app that enqueues it and runs only on workers serving that (task, version).
+        `version` (default 1, or the declaration's): register several versions of one task to
+        let jobs enqueued for an older one drain across a deploy. A job records the highest
+        version registered by the app that enqueues it and runs only on workers serving that
+        (task, version).
 
         `name` may be a `trioq.TaskDeclaration` shared with producers: its queue, max_attempts
         and payload class are then the task's (explicit arguments still win).
         """
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
+        version = declared.version if version is None else version
 
         def register(handler: Handler) -> Handler:
             if (declared.name, version) in self.versions:
