@@ -208,6 +208,62 @@ class JobPurge:
     limit: int = 1000
 
 
+@attrs.frozen
+class EmitEvent:
+    """Store the event `key` (the first emit wins) and wake its waiters."""
+
+    key: str
+    payload_json: str
+
+
+@attrs.frozen
+class WaitEvent:
+    """A running job waits for `key` until `deadline` (a replay passes the stored one) or, on
+    the first wait, `timeout_seconds` from database time."""
+
+    lease: Lease
+    position: int
+    key: str
+    timeout_seconds: float
+    deadline: datetime.datetime | None = None
+
+
+@attrs.frozen
+class Spawn:
+    """A running job enqueues `child` exactly once for its checkpoint `position`."""
+
+    lease: Lease
+    position: int
+    child: NewJob
+
+
+@attrs.frozen
+class WaitChildren:
+    """A running job waits until its `child_ids` are final (or, with `stop_on_failure`, one
+    failed); with `record`, their outcomes become checkpoint `position` (`kind`, `name`)."""
+
+    lease: Lease
+    position: int
+    child_ids: tuple[int, ...]
+    stop_on_failure: bool = False
+    record: bool = True
+    kind: str = "children"
+    name: str = ""
+
+
+@attrs.frozen
+class CancelChildren:
+    """gather's fail-fast: record checkpoint `position`, then cancel `child_ids` (and their
+    children) that are not final."""
+
+    lease: Lease
+    position: int
+    kind: str
+    name: str
+    value_json: str
+    child_ids: tuple[int, ...]
+
+
 # --- records --------------------------------------------------------------------------------
 
 
@@ -271,6 +327,41 @@ class WrittenCheckpoint:
     job_id: int
     position: int
     value: Any
+
+
+@attrs.frozen
+class EmitOutcome:
+    first: bool  # this emit stored the payload (False: the key was emitted before)
+    woken: int  # waiting jobs made ready
+
+
+@attrs.frozen
+class EventWaitOutcome:
+    state: str  # "received", "timeout", "waiting" (suspended), "lost" (lease lost)
+    payload: Any
+    deadline: datetime.datetime
+
+
+@attrs.frozen
+class SpawnOutcome:
+    child_id: int | None  # None: the parent's lease is lost (or its cancel was requested)
+    created: bool
+
+
+@attrs.frozen
+class ChildOutcome:
+    id: int
+    state: str | None  # None: no such job
+    result: Any
+    error: Any
+
+
+@attrs.frozen
+class ChildrenWaitOutcome:
+    # "done", "failed" (stop_on_failure), "waiting" (suspended), "changed" (a child finished
+    # while deciding: ask again), "unknown" (an id is not a child of this job), "lost"
+    state: str
+    children: tuple[ChildOutcome, ...] = ()
 
 
 @attrs.frozen
@@ -530,6 +621,7 @@ class Transaction(Protocol):
         statement: the settlement commits with the caller's writes or not at all (a handler's
         transactional completion). Returns (id, new state) of the rows whose fence held."""
         ...
+    async def event_emit(self, params: EmitEvent) -> EmitOutcome: ...
 
 
 class Driver(Protocol):
@@ -558,6 +650,16 @@ class Driver(Protocol):
     async def job_cancel(self, job_id: int) -> CancelOutcome | None: ...
 
     async def job_get(self, job_id: int) -> JobRecord | None: ...
+
+    async def event_emit(self, params: EmitEvent) -> EmitOutcome: ...
+
+    async def job_wait_event(self, params: WaitEvent) -> EventWaitOutcome: ...
+
+    async def job_spawn(self, params: Spawn) -> SpawnOutcome: ...
+
+    async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome: ...
+
+    async def job_cancel_children(self, params: CancelChildren) -> bool: ...
 
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]: ...
 

@@ -25,13 +25,19 @@ from .._core.explain import ExplainFacts
 from .._core.schedule import fire_dedup_key
 from .._driver import (
     AttemptRecord,
+    CancelChildren,
     CancelOutcome,
     Checkpoint,
     CheckpointWrite,
+    ChildOutcome,
+    ChildrenWaitOutcome,
     ClaimedJob,
     DriverStatistics,
     FiredOccurrence,
     HealthReport,
+    EmitEvent,
+    EmitOutcome,
+    EventWaitOutcome,
     InsertedJob,
     JobFilter,
     JobPurge,
@@ -59,6 +65,10 @@ from .._driver import (
     TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
+    Spawn,
+    SpawnOutcome,
+    WaitChildren,
+    WaitEvent,
     WorkerInfo,
     WorkerRegistration,
     WrittenCheckpoint,
@@ -92,6 +102,8 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
         Checkpoint(position, kind, name, value) for position, kind, name, value in history
     )
     return attrs.evolve(job, history=entries)
+def _lease_params(lease: Lease) -> Params:
+    return {"id": lease.id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 
 
 def _text_array(values: Sequence[str]) -> str:
@@ -151,6 +163,8 @@ class PgTransaction:
         )
         rows = await self._driver._settle_rows(self._conn, params)
         return list(zip(rows[0][0], rows[0][1], strict=True))
+    async def event_emit(self, params: EmitEvent) -> EmitOutcome:
+        return await self._driver._emit(self._conn, params)
 
 
 @attrs.define(eq=False)
@@ -393,6 +407,89 @@ class PgDriver:
             },
         )
         return [JobRecord(*row) for row in rows]
+    # --- events and children -------------------------------------------------------------
+
+    async def _emit(self, conn: Connection, params: EmitEvent) -> EmitOutcome:
+        self._calls["event_emit"] += 1
+        with self._schema_required():
+            rows = await conn.fetch(
+                self._sql["event_emit"], {"key": params.key, "payload": params.payload_json}
+            )
+        return EmitOutcome(first=rows[0][0], woken=rows[0][1])
+
+    async def event_emit(self, params: EmitEvent) -> EmitOutcome:
+        """Retried when the connection drops: a second emit of the same key changes nothing."""
+        rows = await self._retrying(
+            "event_emit", {"key": params.key, "payload": params.payload_json}
+        )
+        return EmitOutcome(first=rows[0][0], woken=rows[0][1])
+
+    async def job_wait_event(self, params: WaitEvent) -> EventWaitOutcome:
+        """Retried: if the lost reply had suspended the job, the retry finds the lease gone
+        ("lost"), which ends the execution exactly as the suspension would."""
+        rows = await self._retrying(
+            "job_wait_event",
+            {
+                **_lease_params(params.lease),
+                "position": params.position,
+                "key": params.key,
+                "timeout_seconds": params.timeout_seconds,
+                "deadline": params.deadline,
+            },
+        )
+        state, payload, deadline, owned = rows[0]
+        return EventWaitOutcome(state if owned else "lost", payload, deadline)
+
+    async def job_spawn(self, params: Spawn) -> SpawnOutcome:
+        """Retried: the (parent, position) key returns the child a lost reply had inserted."""
+        child = params.child
+        rows = await self._retrying(
+            "job_spawn",
+            {
+                **_lease_params(params.lease),
+                "position": params.position,
+                "queue": child.queue,
+                "task": child.task,
+                "payload": child.payload_json,
+                "priority": child.priority,
+                "run_at": child.run_at,
+                "delay": child.delay_seconds,
+                "partition_key": child.partition_key,
+                "max_attempts": child.max_attempts,
+            },
+        )
+        return SpawnOutcome(rows[0][0], rows[0][1]) if rows else SpawnOutcome(None, False)
+
+    async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome:
+        rows = await self._retrying(
+            "job_wait_children",
+            {
+                **_lease_params(params.lease),
+                "position": params.position,
+                "child_ids": list(params.child_ids),
+                "stop_on_failure": params.stop_on_failure,
+                "record": params.record,
+                "kind": params.kind,
+                "name": params.name,
+            },
+        )
+        children = tuple(ChildOutcome(*row[1:]) for row in rows if row[1] is not None)
+        return ChildrenWaitOutcome(rows[0][0], children)
+
+    async def job_cancel_children(self, params: CancelChildren) -> bool:
+        rows = await self._retrying(
+            "job_cancel_children",
+            {
+                **_lease_params(params.lease),
+                "position": params.position,
+                "kind": params.kind,
+                "name": params.name,
+                "value": params.value_json,
+                "child_ids": list(params.child_ids),
+                "control_channel": control_channel(self.schema),
+            },
+        )
+        return bool(rows[0][0])
 
     async def job_retry(self, job_id: int) -> CancelOutcome | None:
         rows = await self._fetch("job_retry", {"id": job_id})

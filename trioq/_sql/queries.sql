@@ -518,34 +518,15 @@ SELECT (SELECT ok FROM leader),
        (SELECT n FROM notified) + (SELECT n FROM results_notified);
 
 -- name: job_cancel
--- A job that is not running (scheduled, ready, sleeping, waiting) is cancelled at once and
--- releases its partition key; a running one is flagged and its worker told on the control
--- channel (its handler is cancelled and the outcome recorded as cancelled by that worker).
-WITH target AS (
-    SELECT id, state FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
-),
-changed AS (
-    UPDATE {schema}.jobs j
-    SET cancel_requested = true,
-        state = CASE WHEN t.state = 'running' THEN j.state ELSE 'cancelled' END,
-        finished_at = CASE WHEN t.state = 'running' THEN j.finished_at
-                           ELSE {schema}.db_now() END
-    FROM target t
-    WHERE j.id = t.id AND t.state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting')
-    RETURNING j.id, j.state
-),
-unlocked AS (
-    DELETE FROM {schema}.partition_locks l USING changed c
-    WHERE c.state = 'cancelled' AND l.job_id = c.id
-),
-notified AS (
-    SELECT count(pg_notify(CASE WHEN state = 'running' THEN %(control_channel)s
-                                ELSE {schema}.result_channel(id) END,
-                           id::text)) AS n
-    FROM changed
-)
-SELECT t.state AS previous_state, coalesce(c.state, t.state) AS state
-FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
+-- Cancel a job and, recursively, every unfinished job it spawned (job_cancel_tree, migration
+-- 0003): the tree is locked in id order; a job that is not running (scheduled, ready, sleeping,
+-- waiting) is cancelled at once and releases its partition key; a running one is flagged and
+-- its worker told on the control channel (its handler is cancelled and the outcome recorded as
+-- cancelled by that worker); a parent with a running descendant waits, flagged, until its
+-- children are final (a parent is never final before its children), then its worker records
+-- it cancelled. A cancelled child tells its parent (parents_notify), in the same statement.
+SELECT previous_state, state
+FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s);
 
 -- name: job_get
 SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
@@ -931,3 +912,209 @@ $$;
 
 -- name: test_clock_advance
 UPDATE {schema}.test_clock SET offset_seconds = offset_seconds + %(seconds)s;
+
+-- name: event_emit
+-- Store an event (the first emit of a key wins; later emits change nothing) and wake its
+-- waiters, in one round trip: event_emit() (migration 0003) takes the event row lock in one
+-- statement and wakes the waiting jobs in a later one, with a fresh snapshot. The lock order
+-- (event row, then job rows) and why no wake-up is lost are in docs/workflows.md.
+SELECT emitted_first, woken_count FROM {schema}.event_emit(%(key)s, %(payload)s::jsonb);
+
+-- name: job_wait_event
+-- A running job waits for an event, fenced by its lease. The event row is the lock the waiter
+-- and the emitter both take: INSERT ... ON CONFLICT DO UPDATE waits for a concurrent emitter's
+-- commit and RETURNS THE NEWEST row version even when our snapshot predates it, so "emitted"
+-- never comes from a stale snapshot. Then, in the same statement:
+--  * emitted: the payload is recorded as the job's checkpoint (`event`) and returned;
+--  * not emitted, deadline passed: the timeout is recorded (`event`, {"timeout": true});
+--  * otherwise the job suspends: waiting until the deadline (run_at), attempt restored, lease
+--    dropped, partition key kept, wait_event_key set, and a pending `event_wait` checkpoint
+--    keeps the deadline, so a replay after a crash or a wake-up waits until the SAME deadline.
+-- An emitter that locks the row after us wakes us in its next statement (fresh snapshot, our
+-- commit visible); one that locked it before us is seen as emitted. Exactly one of "event" and
+-- "timeout" is ever recorded (the checkpoint is written once and replays read it).
+WITH registered AS (
+    INSERT INTO {schema}.events AS e (key, created_at)
+    VALUES (%(key)s, {schema}.db_now())
+    ON CONFLICT (key) DO UPDATE SET key = excluded.key
+    RETURNING e.payload, e.emitted_at
+),
+outcome AS MATERIALIZED (
+    SELECT r.payload, d.deadline,
+           CASE WHEN r.emitted_at IS NOT NULL THEN 'received'
+                WHEN d.deadline <= {schema}.db_now() THEN 'timeout'
+                ELSE 'waiting' END AS state
+    FROM registered r
+    CROSS JOIN (SELECT coalesce(%(deadline)s::timestamptz,
+                                {schema}.db_now() + %(timeout_seconds)s * interval '1 second')
+                           AS deadline) AS d
+),
+owner AS (
+    UPDATE {schema}.jobs j
+    SET checkpoint_count = greatest(j.checkpoint_count, %(position)s + 1),
+        state = CASE WHEN o.state = 'waiting' THEN 'waiting' ELSE j.state END,
+        run_at = CASE WHEN o.state = 'waiting' THEN o.deadline ELSE j.run_at END,
+        attempt = CASE WHEN o.state = 'waiting' THEN j.attempt - 1 ELSE j.attempt END,
+        lease_token = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_token END,
+        lease_expires_at = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_expires_at END,
+        wait_event_key = CASE WHEN o.state = 'waiting' THEN %(key)s END,
+        wait_children = NULL
+    FROM outcome o
+    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+      AND j.state = 'running'
+    RETURNING j.id
+),
+written AS (
+    INSERT INTO {schema}.checkpoints AS c (job_id, position, kind, name, value, created_at)
+    SELECT w.id, %(position)s, CASE WHEN o.state = 'waiting' THEN 'event_wait' ELSE 'event' END,
+           %(key)s,
+           CASE o.state WHEN 'received' THEN jsonb_build_object('payload', o.payload)
+                        WHEN 'timeout' THEN jsonb_build_object('timeout', true)
+                        ELSE jsonb_build_object('deadline', o.deadline) END,
+           {schema}.db_now()
+    FROM owner w CROSS JOIN outcome o
+    ON CONFLICT (job_id, position) DO UPDATE SET kind = excluded.kind, value = excluded.value
+    WHERE c.kind = 'event_wait'
+    RETURNING c.job_id
+)
+SELECT o.state, o.payload, o.deadline, (SELECT count(*) FROM owner) > 0 AS owned
+FROM outcome o CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
+
+-- name: job_spawn
+-- A running job enqueues a child, exactly once per (parent, position): the child insert and
+-- the parent's `spawn` checkpoint are one statement fenced by the parent's lease (the UPDATE of
+-- the parent row takes its lock and re-checks the lease on the newest version; a parent whose
+-- cancel was requested spawns nothing). A replay that reaches the same position finds the
+-- child through jobs_parent_idx (ON CONFLICT DO UPDATE returns the existing row) and does not
+-- insert a second one. The child is scheduled or ready like any enqueue and wakes its queue.
+WITH owner AS MATERIALIZED (
+    UPDATE {schema}.jobs j
+    SET checkpoint_count = greatest(j.checkpoint_count, %(position)s + 1)
+    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+      AND j.state = 'running' AND NOT j.cancel_requested
+    RETURNING j.id
+),
+child AS (
+    INSERT INTO {schema}.jobs AS c (queue, task, payload, state, priority, run_at, partition_key,
+                                   max_attempts, created_at, parent_id, parent_position)
+    SELECT %(queue)s, %(task)s, %(payload)s::jsonb,
+           CASE WHEN t.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
+           %(priority)s, t.due_at, %(partition_key)s, %(max_attempts)s, {schema}.db_now(),
+           w.id, %(position)s
+    FROM owner w
+    CROSS JOIN (SELECT coalesce(%(run_at)s::timestamptz, {schema}.db_now()
+                                + coalesce(%(delay)s::float8, 0) * interval '1 second')
+                           AS due_at) AS t
+    ON CONFLICT (parent_id, parent_position) WHERE parent_id IS NOT NULL
+    DO UPDATE SET parent_id = excluded.parent_id
+    RETURNING c.id, c.queue, c.state, (c.xmax = 0) AS created
+),
+written AS (
+    INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
+    SELECT w.id, %(position)s, 'spawn', %(task)s, jsonb_build_object('child_id', c.id),
+           {schema}.db_now()
+    FROM owner w CROSS JOIN child c
+    ON CONFLICT (job_id, position) DO NOTHING
+    RETURNING job_id
+),
+notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(c.queue), c.queue)) AS n
+    FROM child c WHERE c.created AND c.state = 'ready'
+)
+SELECT c.id, c.created
+FROM child c CROSS JOIN notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
+
+-- name: job_wait_children
+-- A running job waits for some of its children (ids in the order the caller gave them),
+-- fenced by its lease. From one snapshot it reads the children and its own children_settled
+-- count. When every child is final, or (stop_on_failure) one ended failed or cancelled, the
+-- children are returned, and with `record` their outcomes become the job's checkpoint at
+-- %(position)s (replays then read the checkpoint, not the children). Otherwise the job
+-- suspends: waiting with no deadline, attempt restored, lease dropped, partition key kept,
+-- wait_children = the unfinished ones. The suspension is decided under the job's own row lock
+-- on its NEWEST version: if children_settled moved since our snapshot, a child finished in
+-- between (its statement locked our row to count it), so nothing changes and the caller
+-- re-runs this statement with a fresh snapshot ('changed'). A child finishing after our
+-- commit finds us waiting and wakes us. No child row is locked, so nothing here can deadlock
+-- with the settle statement.
+WITH owner AS MATERIALIZED (
+    SELECT j.id, j.children_settled FROM {schema}.jobs j
+    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+      AND j.state = 'running'
+),
+children AS MATERIALIZED (
+    SELECT w.ord, w.id, c.state, c.result, c.error, (c.parent_id = o.id) AS mine
+    FROM owner o
+    CROSS JOIN unnest(%(child_ids)s::bigint[]) WITH ORDINALITY AS w(id, ord)
+    LEFT JOIN {schema}.jobs c ON c.id = w.id
+),
+decision AS MATERIALIZED (
+    SELECT CASE
+             WHEN NOT EXISTS (SELECT 1 FROM owner) THEN 'lost'
+             WHEN EXISTS (SELECT 1 FROM children WHERE mine IS NOT TRUE) THEN 'unknown'
+             WHEN NOT EXISTS (SELECT 1 FROM children
+                              WHERE state NOT IN ('completed', 'failed', 'cancelled')) THEN 'done'
+             WHEN %(stop_on_failure)s AND EXISTS (SELECT 1 FROM children
+                                                  WHERE state IN ('failed', 'cancelled'))
+               THEN 'failed'
+             ELSE 'suspend' END AS state,
+           ARRAY(SELECT id FROM children WHERE state NOT IN ('completed', 'failed', 'cancelled')
+                 ORDER BY ord) AS pending,
+           (SELECT children_settled FROM owner) AS seen
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET checkpoint_count = CASE WHEN d.state = 'done' AND %(record)s
+                                THEN greatest(j.checkpoint_count, %(position)s + 1)
+                                ELSE j.checkpoint_count END,
+        state = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN 'waiting'
+                     ELSE j.state END,
+        run_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN NULL
+                      ELSE j.run_at END,
+        attempt = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                       THEN j.attempt - 1 ELSE j.attempt END,
+        lease_token = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN NULL
+                           ELSE j.lease_token END,
+        lease_expires_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                                THEN NULL ELSE j.lease_expires_at END,
+        wait_children = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                             THEN d.pending ELSE NULL END,
+        wait_event_key = NULL
+    FROM decision d
+    WHERE d.state IN ('done', 'suspend')
+      AND j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+      AND j.state = 'running'
+    RETURNING j.id, j.state
+),
+written AS (
+    INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
+    SELECT u.id, %(position)s, %(kind)s, %(name)s,
+           jsonb_build_object('children', (SELECT jsonb_agg(jsonb_build_array(
+                                                      c.id, c.state, c.result, c.error)
+                                                  ORDER BY c.ord) FROM children c)),
+           {schema}.db_now()
+    FROM updated u CROSS JOIN decision d
+    WHERE d.state = 'done' AND %(record)s
+    ON CONFLICT (job_id, position) DO NOTHING
+    RETURNING job_id
+),
+result AS (
+    SELECT CASE WHEN d.state = 'suspend' THEN
+                    CASE (SELECT u.state FROM updated u) WHEN 'waiting' THEN 'waiting'
+                                                         WHEN 'running' THEN 'changed'
+                                                         ELSE 'lost' END
+                WHEN d.state = 'done' AND NOT EXISTS (SELECT 1 FROM updated) THEN 'lost'
+                ELSE d.state END AS state
+    FROM decision d CROSS JOIN (SELECT count(*) FROM written) AS side_effects
+)
+SELECT r.state, c.id, c.state, c.result, c.error
+FROM result r LEFT JOIN children c ON r.state IN ('done', 'failed', 'unknown')
+ORDER BY c.ord;
+
+-- name: job_cancel_children
+-- gather's fail-fast, fenced by the parent's lease: record which child failed first as the
+-- parent's checkpoint, then cancel the unfinished siblings and their own children
+-- (job_cancel_tree in migration 0003: running ones are flagged and their workers told).
+SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(position)s,
+                                   %(kind)s, %(name)s, %(value)s::jsonb, %(child_ids)s::bigint[],
+                                   %(control_channel)s);

@@ -1,6 +1,7 @@
 """Public test helpers for trioq users (see docs/testing.md) and trioq's own tests."""
 
 from .._memory import MemoryDriver
+from . import conformance_waits as _conformance_waits  # noqa: F401  (registers checks)
 from .conformance import (
     CHECKS,
     ConformanceCheck,
