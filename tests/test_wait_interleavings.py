@@ -13,14 +13,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+from support import wait_until
 
 from trioq._driver import Driver, EmitEvent, Lease, Spawn, WaitChildren, WaitEvent
 from trioq._pg import Connection, connect
 from trioq._pg.driver import open_pg_driver
 from trioq._sql import queries
 from trioq.testing.conformance import claim, enqueue, new_job, record
-
-from support import wait_until
 
 
 @pytest.fixture
@@ -75,19 +74,18 @@ async def test_wait_that_locks_the_event_first_is_woken_by_the_blocked_emit(
     lease = await running_job(driver)
     emitted: list[object] = []
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            async with session.transaction():
-                rows = await session.fetch(
-                    queries(pg_schema)["job_wait_event"], wait_params(lease, "approval:1")
-                )
-                assert rows[0][0] == "waiting"
+        async with trio.open_nursery() as nursery, session.transaction():
+            rows = await session.fetch(
+                queries(pg_schema)["job_wait_event"], wait_params(lease, "approval:1")
+            )
+            assert rows[0][0] == "waiting"
 
-                async def emit() -> None:
-                    emitted.append(await driver.event_emit(EmitEvent("approval:1", '{"ok":1}')))
+            async def emit() -> None:
+                emitted.append(await driver.event_emit(EmitEvent("approval:1", '{"ok":1}')))
 
-                nursery.start_soon(emit)
-                await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
-                assert not emitted
+            nursery.start_soon(emit)
+            await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
+            assert not emitted
             # committed: the emitter goes on
     [outcome] = emitted
     assert (outcome.first, outcome.woken) == (True, 1)  # type: ignore[attr-defined]
@@ -103,22 +101,21 @@ async def test_emit_that_locks_the_event_first_is_seen_by_the_blocked_wait(
     lease = await running_job(driver)
     outcomes: list[object] = []
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            async with session.transaction():
-                rows = await session.fetch(
-                    queries(pg_schema)["event_emit"],
-                    {"key": "approval:2", "payload": json.dumps({"ok": 2})},
+        async with trio.open_nursery() as nursery, session.transaction():
+            rows = await session.fetch(
+                queries(pg_schema)["event_emit"],
+                {"key": "approval:2", "payload": json.dumps({"ok": 2})},
+            )
+            assert tuple(rows[0]) == (True, 0)
+
+            async def wait() -> None:
+                outcomes.append(
+                    await driver.job_wait_event(WaitEvent(lease, 0, "approval:2", 3600.0))
                 )
-                assert tuple(rows[0]) == (True, 0)
 
-                async def wait() -> None:
-                    outcomes.append(
-                        await driver.job_wait_event(WaitEvent(lease, 0, "approval:2", 3600.0))
-                    )
-
-                nursery.start_soon(wait)
-                await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
-                assert not outcomes
+            nursery.start_soon(wait)
+            await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
+            assert not outcomes
     [outcome] = outcomes
     assert (outcome.state, outcome.payload) == ("received", {"ok": 2})  # type: ignore[attr-defined]
     job = await record(driver, lease.id)

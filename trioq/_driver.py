@@ -344,8 +344,9 @@ class EventWaitOutcome:
 
 @attrs.frozen
 class SpawnOutcome:
-    child_id: int | None  # None: the parent's lease is lost (or its cancel was requested)
+    child_id: int | None  # None: refused (the parent's lease is lost, or it is cancelling)
     created: bool
+    cancelling: bool = False  # refused because the parent's cancel was requested
 
 
 @attrs.frozen

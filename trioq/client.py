@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import trio
 
+from ._core import codec
 from ._core.channels import result_channel
 from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
 from ._core.explain import Explanation, explain
@@ -23,6 +24,7 @@ from ._driver import (
     Checkpoint,
     Driver,
     HealthReport,
+    EmitEvent,
     JobFilter,
     JobPurge,
     JobRecord,
@@ -76,6 +78,14 @@ class _Enqueuer:
         return spec
 
 
+def build_event(key: str, payload: Any) -> EmitEvent:
+    """Validate an event before any SQL: the key like a dedup key, the payload as JSON."""
+    if key is None:
+        raise ValueError("key: an event needs a key (a non-empty string)")
+    validate_key("key", key)
+    return EmitEvent(key, codec.encode(payload, root="payload"))
+
+
 @attrs.define(eq=False)
 class ClientTransaction:
     """Your SQL and trioq's enqueues in one transaction: they commit or roll back together."""
@@ -118,6 +128,11 @@ class ClientTransaction:
             dedup_keys=dedup_keys,
         )
         return to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
+
+    async def emit_event(self, key: str, payload: Any = None) -> bool:
+        """Emit inside this transaction: stored, and its waiters woken, only if it commits
+        (see `Client.emit_event`). The transaction must be READ COMMITTED (the default)."""
+        return (await self._tx.event_emit(build_event(key, payload))).first
 
 
 @attrs.frozen
@@ -333,6 +348,13 @@ class Client:
                     event = await self._watcher.watch(job_id)
         finally:
             self._watcher.forget(job_id, event)
+
+    async def emit_event(self, key: str, payload: Any = None) -> bool:
+        """Store the event `key` with `payload` and wake every job waiting for it (one
+        statement, committed on return). The first emit of a key wins: later emits change
+        nothing and return False. A job that waits for `key` after this returns gets the payload
+        at once, without suspending. Safe to retry."""
+        return (await self.driver.event_emit(build_event(key, payload))).first
 
     async def cancel(self, job_id: int) -> str:
         """Cancel a job: a ready job at once; a running one through its handler's cancel scope

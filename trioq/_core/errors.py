@@ -33,11 +33,26 @@ class ResultTimeout(TrioqError, TimeoutError):
 
 
 class JobFailed(TrioqError):
-    """The awaited job ended failed or cancelled; `job` holds its final record."""
+    """The awaited job ended failed or cancelled; `job` holds its final record (for a child
+    awaited by a workflow: its id, state, result and stored error)."""
 
     def __init__(self, message: str, job: object) -> None:
         super().__init__(message)
         self.job = job
+
+    @property
+    def error(self) -> object:
+        """The awaited job's stored error (type, message, traceback)."""
+        return getattr(self.job, "error", None)
+
+
+class EventTimeout(TrioqError, TimeoutError):
+    """`ctx.wait_for_event` reached its deadline before the event was emitted. Recorded in the
+    job's history, so every replay raises it again at the same point."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"event {key!r} was not emitted before the wait's deadline")
+        self.key = key
 
 
 class NondeterminismError(TrioqError):

@@ -458,7 +458,7 @@ class PgDriver:
                 "max_attempts": child.max_attempts,
             },
         )
-        return SpawnOutcome(rows[0][0], rows[0][1]) if rows else SpawnOutcome(None, False)
+        return SpawnOutcome(rows[0][0], rows[0][1], rows[0][2])
 
     async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome:
         rows = await self._retrying(

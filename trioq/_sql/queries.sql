@@ -928,8 +928,8 @@ SELECT emitted_first, woken_count FROM {schema}.event_emit(%(key)s, %(payload)s:
 --  * emitted: the payload is recorded as the job's checkpoint (`event`) and returned;
 --  * not emitted, deadline passed: the timeout is recorded (`event`, {"timeout": true});
 --  * otherwise the job suspends: waiting until the deadline (run_at), attempt restored, lease
---    dropped, partition key kept, wait_event_key set, and a pending `event_wait` checkpoint
---    keeps the deadline, so a replay after a crash or a wake-up waits until the SAME deadline.
+--    dropped, partition key kept, wait_event_key set, and a pending checkpoint
+--    ({"deadline": ...}) keeps the deadline, so a replay after a crash or a wake-up waits until the SAME deadline.
 -- An emitter that locks the row after us wakes us in its next statement (fresh snapshot, our
 -- commit visible); one that locked it before us is seen as emitted. Exactly one of "event" and
 -- "timeout" is ever recorded (the checkpoint is written once and replays read it).
@@ -966,15 +966,14 @@ owner AS (
 ),
 written AS (
     INSERT INTO {schema}.checkpoints AS c (job_id, position, kind, name, value, created_at)
-    SELECT w.id, %(position)s, CASE WHEN o.state = 'waiting' THEN 'event_wait' ELSE 'event' END,
-           %(key)s,
+    SELECT w.id, %(position)s, 'event', %(key)s,
            CASE o.state WHEN 'received' THEN jsonb_build_object('payload', o.payload)
                         WHEN 'timeout' THEN jsonb_build_object('timeout', true)
                         ELSE jsonb_build_object('deadline', o.deadline) END,
            {schema}.db_now()
     FROM owner w CROSS JOIN outcome o
-    ON CONFLICT (job_id, position) DO UPDATE SET kind = excluded.kind, value = excluded.value
-    WHERE c.kind = 'event_wait'
+    ON CONFLICT (job_id, position) DO UPDATE SET value = excluded.value
+    WHERE c.value ? 'deadline'
     RETURNING c.job_id
 )
 SELECT o.state, o.payload, o.deadline, (SELECT count(*) FROM owner) > 0 AS owned
@@ -1021,8 +1020,11 @@ notified AS (
     SELECT count(pg_notify({schema}.ready_channel(c.queue), c.queue)) AS n
     FROM child c WHERE c.created AND c.state = 'ready'
 )
-SELECT c.id, c.created
-FROM child c CROSS JOIN notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
+SELECT (SELECT c.id FROM child c), coalesce((SELECT c.created FROM child c), false),
+       EXISTS (SELECT 1 FROM {schema}.jobs j
+               WHERE j.id = %(id)s AND j.attempt = %(attempt)s
+                 AND j.lease_token = %(lease_token)s AND j.cancel_requested) AS cancelling
+FROM notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
 
 -- name: job_wait_children
 -- A running job waits for some of its children (ids in the order the caller gave them),

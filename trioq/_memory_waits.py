@@ -1,0 +1,250 @@
+"""Events and child jobs for `MemoryDriver`, with the semantics of migration 0003 and the
+`event_*`/`job_wait_*`/`job_spawn`/`job_cancel_children` statements of queries.sql.
+
+Plain functions over the driver's tables, each called from one `MemoryDriver` method after its
+statement checkpoint, so each runs atomically (no interleaving is possible in memory, which is
+why the lock-order reasoning lives in the SQL and its interleaving tests).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ._driver import (
+    CancelChildren,
+    CancelOutcome,
+    ChildOutcome,
+    ChildrenWaitOutcome,
+    EmitEvent,
+    EmitOutcome,
+    EventWaitOutcome,
+    Spawn,
+    SpawnOutcome,
+    WaitChildren,
+    WaitEvent,
+)
+
+if TYPE_CHECKING:
+    from ._memory import MemoryDriver, _Outbox, _Row
+
+FINAL = frozenset({"completed", "failed", "cancelled"})
+_SECOND = datetime.timedelta(seconds=1)
+
+
+def _owned(driver: MemoryDriver, lease: Any) -> _Row | None:
+    row = driver._rows.get(lease.id)
+    return row if row is not None and row.holds(lease) else None
+
+
+def _checkpoint(
+    driver: MemoryDriver, row: _Row, position: int, kind: str, name: str, value: Any
+) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING; True when written."""
+    history = driver._checkpoints.setdefault(row.id, {})
+    row.checkpoint_count = max(row.checkpoint_count, position + 1)
+    if position in history:
+        return False
+    history[position] = (kind, name, json.dumps(value))
+    return True
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+def emit(
+    driver: MemoryDriver, params: EmitEvent, now: datetime.datetime, outbox: _Outbox
+) -> EmitOutcome:
+    json.loads(params.payload_json)
+    payload, emitted_at = driver._events.get(params.key, (None, None))
+    first = emitted_at is None
+    if first:
+        driver._events[params.key] = (params.payload_json, now)
+    woken = [
+        row
+        for row in driver._rows.values()
+        if row.state == "waiting" and row.wait_event_key == params.key
+    ]
+    for row in woken:
+        _wake(driver, row, now, outbox)
+        row.wait_event_key = None
+    return EmitOutcome(first=first, woken=len(woken))
+
+
+def wait_event(driver: MemoryDriver, params: WaitEvent, now: datetime.datetime) -> EventWaitOutcome:
+    payload_json, emitted_at = driver._events.setdefault(params.key, (None, None))
+    deadline = params.deadline or now + params.timeout_seconds * _SECOND
+    payload = None if payload_json is None else json.loads(payload_json)
+    if emitted_at is not None:
+        state, value = "received", {"payload": payload}
+    elif deadline <= now:
+        state, value = "timeout", {"timeout": True}
+    else:
+        state, value = "waiting", {"deadline": deadline.isoformat()}
+    row = _owned(driver, params.lease)
+    if row is None:
+        return EventWaitOutcome("lost", payload, deadline)
+    history = driver._checkpoints.setdefault(row.id, {})
+    stored = history.get(params.position)
+    if stored is not None and "deadline" in json.loads(stored[2] or "null"):
+        del history[params.position]  # the pending wait is resolved (or renewed)
+    _checkpoint(driver, row, params.position, "event", params.key, value)
+    row.wait_children = None
+    row.wait_event_key = None
+    if state == "waiting":
+        _suspend(row, deadline)
+        row.wait_event_key = params.key
+    return EventWaitOutcome(state, payload, deadline)
+
+
+def _suspend(row: _Row, until: datetime.datetime | None) -> None:
+    row.state = "waiting"
+    row.run_at = until
+    row.attempt -= 1
+    row.end_lease()
+
+
+def _wake(driver: MemoryDriver, row: _Row, now: datetime.datetime, outbox: _Outbox) -> None:
+    row.state = "ready"
+    row.run_at = now
+    outbox.add(driver._ready_channel(row.queue), row.queue)
+
+
+# --- children -------------------------------------------------------------------------------
+
+
+def spawn(driver: MemoryDriver, params: Spawn, now: datetime.datetime) -> tuple[SpawnOutcome, Any]:
+    """The outcome, and the new row to commit (None when nothing was inserted)."""
+    from ._memory import _new_row, _validate_new_job
+
+    _validate_new_job(params.child)
+    parent = _owned(driver, params.lease)
+    if parent is None or parent.cancel_requested:
+        cancelling = parent is not None
+        return SpawnOutcome(None, False, cancelling), None
+    for row in driver._rows.values():
+        if row.parent_id == parent.id and row.parent_position == params.position:
+            _checkpoint(driver, parent, params.position, "spawn", params.child.task,
+                        {"child_id": row.id})
+            return SpawnOutcome(row.id, False), None
+    child = _new_row(next(driver._ids), params.child, now)
+    child.parent_id = parent.id
+    child.parent_position = params.position
+    _checkpoint(driver, parent, params.position, "spawn", params.child.task,
+                {"child_id": child.id})
+    return SpawnOutcome(child.id, True), child
+
+
+def wait_children(driver: MemoryDriver, params: WaitChildren) -> ChildrenWaitOutcome:
+    parent = _owned(driver, params.lease)
+    if parent is None:
+        return ChildrenWaitOutcome("lost")
+    rows = [driver._rows.get(child_id) for child_id in params.child_ids]
+    children = tuple(
+        ChildOutcome(child_id, None, None, None)
+        if row is None
+        else ChildOutcome(child_id, row.state, _loads(row.result_json), _loads(row.error_json))
+        for child_id, row in zip(params.child_ids, rows, strict=True)
+    )
+    if any(row is None or row.parent_id != parent.id for row in rows):
+        return ChildrenWaitOutcome("unknown", children)
+    pending = [child.id for child in children if child.state not in FINAL]
+    if not pending:
+        if params.record:
+            value = {"children": [[c.id, c.state, c.result, c.error] for c in children]}
+            _checkpoint(driver, parent, params.position, params.kind, params.name, value)
+        return ChildrenWaitOutcome("done", children)
+    if params.stop_on_failure and any(c.state in ("failed", "cancelled") for c in children):
+        return ChildrenWaitOutcome("failed", children)
+    _suspend(parent, None)
+    parent.wait_children = tuple(pending)
+    parent.wait_event_key = None
+    return ChildrenWaitOutcome("waiting")
+
+
+def children_finished(
+    driver: MemoryDriver, rows: Iterable[_Row], now: datetime.datetime, outbox: _Outbox
+) -> None:
+    """Rows that just became final tell their parents (parents_notify in migration 0003)."""
+    by_parent: dict[int, list[_Row]] = {}
+    for row in rows:
+        if row.parent_id is not None and row.state in FINAL:
+            by_parent.setdefault(row.parent_id, []).append(row)
+    for parent_id, children in sorted(by_parent.items()):
+        parent = driver._rows.get(parent_id)
+        if parent is None or parent.state in FINAL:
+            continue
+        parent.children_settled += len(children)
+        waited = set(parent.wait_children or ())
+        ids = {child.id for child in children}
+        if parent.state != "waiting" or not waited & ids:
+            continue
+        failed = {child.id for child in children if child.state != "completed"}
+        parent.wait_children = tuple(i for i in parent.wait_children or () if i not in ids)
+        if waited <= ids or waited & failed:
+            _wake(driver, parent, now, outbox)
+
+
+def cancel_tree(
+    driver: MemoryDriver, root_ids: Iterable[int], now: datetime.datetime, outbox: _Outbox,
+    control_channel: str,
+) -> dict[int, CancelOutcome]:
+    """job_cancel_tree: cancel jobs and their descendants (see migration 0003)."""
+    roots = [driver._rows[i] for i in root_ids if i in driver._rows]
+    plan: dict[int, tuple[str, str]] = {}
+
+    def visit(row: _Row) -> bool:
+        """Plan `row`'s subtree; True when it has a running job in it."""
+        children = [r for r in driver._rows.values() if r.parent_id == row.id]
+        below = [visit(child) for child in children]
+        running_below = any(below)
+        if row.state in FINAL or row.state == "running":
+            new = row.state
+        else:
+            new = "waiting" if running_below else "cancelled"
+        plan[row.id] = (row.state, new)
+        return running_below or row.state == "running"
+
+    for root in roots:
+        visit(root)
+    for job_id, (old, new) in plan.items():
+        row = driver._rows[job_id]
+        if old in FINAL:
+            continue
+        row.cancel_requested = True
+        row.wait_event_key = None
+        if new == "running":
+            outbox.add(control_channel, str(row.id))
+        elif new == "waiting":
+            row.state, row.run_at = "waiting", None
+            row.wait_children = tuple(
+                r.id for r in driver._rows.values()
+                if r.parent_id == row.id and plan.get(r.id, ("", ""))[1] in ("running", "waiting")
+            )
+        else:
+            driver._finish(row, "cancelled", now)
+            outbox.add(driver._result_channel(row.id), str(row.id))
+    children_finished(driver, roots, now, outbox)
+    return {root.id: CancelOutcome(*plan[root.id]) for root in roots}
+
+
+def cancel_children(
+    driver: MemoryDriver, params: CancelChildren, now: datetime.datetime, outbox: _Outbox,
+    control_channel: str,
+) -> bool:
+    parent = _owned(driver, params.lease)
+    if parent is None:
+        return False
+    _checkpoint(driver, parent, params.position, params.kind, params.name,
+                json.loads(params.value_json))
+    mine = [
+        i for i in params.child_ids if (row := driver._rows.get(i)) and row.parent_id == parent.id
+    ]
+    cancel_tree(driver, mine, now, outbox, control_channel)
+    return True
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)

@@ -1,0 +1,221 @@
+"""Durable waits: events and child jobs, the primitives behind `ctx.wait_for_event`,
+`ctx.emit_event`, `ctx.spawn`, `ctx.wait_result` and `ctx.gather` (docs/workflows.md).
+
+Each follows the run's primitive protocol (`Run.replay`: position, kind and name checked
+against history). Unlike a sleep, a wait is decided AND suspended by one fenced statement of
+its own (`job_wait_event`, `job_wait_children`): the decision "already emitted / already final
+-> go on, else -> waiting" must be taken under the lock the waking side takes too (see "Lock
+order" in docs/workflows.md), so it cannot wait for the claim round. When that statement
+suspended the job, the execution ends with `Run.suspended_in_place` and the settle statement
+writes nothing for it.
+
+Checkpoint kinds and values written here:
+  event   {"deadline": t} while waiting, then {"payload": p} or {"timeout": true}
+  emit    {"first": bool}                      (ctx.emit_event, a step)
+  spawn   {"child_id": id}
+  child   {"children": [[id, state, result, error]]}                (wait_result)
+  gather  {"children": [...]} or {"failed": [id, state, error]}     (fail-fast decision)
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .._core import codec
+from .._core.errors import EventTimeout, JobFailed
+from .._core.identifiers import validate_key
+from .._driver import (
+    CancelChildren,
+    ChildOutcome,
+    ChildrenWaitOutcome,
+    EmitEvent,
+    WaitChildren,
+    WaitEvent,
+)
+from .run import LeaseLost, Run
+
+EVENT = "event"
+EMIT = "emit"
+SPAWN = "spawn"
+CHILD = "child"
+GATHER = "gather"
+
+# A wait that keeps meeting children that finish while it decides gives up after this many
+# fresh snapshots (each retry means a child finished, so this is never reached in practice).
+MAX_DECISION_ROUNDS = 100
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+async def wait_for_event(run: Run, key: str, timeout: datetime.timedelta) -> Any:
+    _check_key("wait_for_event", key)
+    if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() < 0:
+        raise ValueError(f"wait_for_event {key!r}: timeout must be a non-negative timedelta")
+    position, entry = run.replay(EVENT, key)
+    deadline = None
+    if entry is not None:
+        value = entry.value
+        if "payload" in value:
+            return value["payload"]
+        if value.get("timeout"):
+            raise EventTimeout(key)
+        deadline = datetime.datetime.fromisoformat(value["deadline"])
+    outcome = await run.driver.job_wait_event(
+        WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
+    )
+    if outcome.state == "received":
+        return outcome.payload
+    if outcome.state == "timeout":
+        raise EventTimeout(key)
+    if outcome.state == "waiting":
+        run.suspended_in_place(outcome.deadline)
+    _lost(run, f"wait_for_event {key!r}")
+
+
+async def emit_event(run: Run, key: str, payload: Any) -> None:
+    _check_key("emit_event", key)
+    payload_json = codec.encode(payload, root=f"event {key!r}")
+    position, entry = run.replay(EMIT, key)
+    if entry is not None:
+        return
+    # Emit, then checkpoint: a crash in between emits again on replay, which changes nothing
+    # (the first emit of a key wins).
+    outcome = await run.driver.event_emit(EmitEvent(key, payload_json))
+    await run.record(position, EMIT, key, json.dumps({"first": outcome.first}))
+
+
+# --- children -------------------------------------------------------------------------------
+
+
+async def spawn(run: Run, task: str, payload: Any, options: dict[str, Any]) -> int:
+    from ..client import EnqueueOptions, build_jobs  # the producer's validation, same errors
+
+    spec = run.tasks.get(task)
+    if spec is None:
+        raise LookupError(f"spawn: task {task!r} is not registered with this app")
+    if options.get("dedup_key") is not None:
+        raise ValueError("dedup_key: a child is already enqueued once per parent position")
+    [child] = build_jobs(spec, [payload], EnqueueOptions(**options), single=True)
+    if child.partition_key is not None and (
+        (child.queue, child.partition_key) == (run.job.queue, run.job.partition_key)
+    ):
+        raise ValueError(
+            "partition_key: a child cannot share its parent's partition key (the parent "
+            "holds it until it is final, so the child could never start)"
+        )
+    position, entry = run.replay(SPAWN, task)
+    if entry is not None:
+        return int(entry.value["child_id"])
+    from .._driver import Spawn
+
+    outcome = await run.driver.job_spawn(Spawn(run.lease, position, child))
+    if outcome.child_id is not None:
+        return outcome.child_id
+    if outcome.cancelling:
+        run.cancel("cancelled")  # the cancel notification is on its way: act on it now
+        raise LeaseLost("spawn refused: this job is being cancelled")
+    _lost(run, f"spawn {task!r}")
+
+
+async def wait_result(run: Run, child_id: int) -> Any:
+    _check_ids("wait_result", (child_id,))
+    position, entry = run.replay(CHILD, str(child_id))
+    if entry is not None:
+        [child] = _stored_children(entry.value)
+    else:
+        [child] = await _wait(run, position, (child_id,), kind=CHILD, name=str(child_id))
+    if child.state != "completed":
+        raise _failure(child)
+    return child.result
+
+
+async def gather(run: Run, child_ids: Sequence[int]) -> list[Any]:
+    """Wait for every child; on the first failure cancel the unfinished siblings, wait until
+    they are final, and raise that failure (trio nursery semantics, the same on replay)."""
+    ids = tuple(child_ids)
+    _check_ids("gather", ids)
+    if not ids:
+        return []
+    name = ",".join(map(str, ids))
+    position, entry = run.replay(GATHER, name)
+    value = None if entry is None else entry.value
+    if value is None:
+        children = await _wait(
+            run, position, ids, kind=GATHER, name=name, stop_on_failure=True
+        )
+        failed = [child for child in children if child.state != "completed"]
+        if not failed:
+            return [child.result for child in children]
+        if all(child.state in ("completed", "failed", "cancelled") for child in children):
+            raise _failure(failed[0])  # all final at once: recorded as the checkpoint
+        first = failed[0]
+        decision = {"failed": [first.id, first.state, first.error]}
+        accepted = await run.driver.job_cancel_children(
+            CancelChildren(run.lease, position, GATHER, name, json.dumps(decision), ids)
+        )
+        if not accepted:
+            _lost(run, "gather")
+        value = decision
+    if "children" in value:
+        children = _stored_children(value)
+        failed = [child for child in children if child.state != "completed"]
+        if failed:
+            raise _failure(failed[0])
+        return [child.result for child in children]
+    failed_id, failed_state, failed_error = value["failed"]
+    await _wait(run, position, ids, kind=GATHER, name=name, record=False)
+    raise _failure(ChildOutcome(failed_id, failed_state, None, failed_error))
+
+
+async def _wait(
+    run: Run,
+    position: int,
+    ids: tuple[int, ...],
+    *,
+    kind: str,
+    name: str,
+    stop_on_failure: bool = False,
+    record: bool = True,
+) -> tuple[ChildOutcome, ...]:
+    params = WaitChildren(run.lease, position, ids, stop_on_failure, record, kind, name)
+    for _ in range(MAX_DECISION_ROUNDS):
+        outcome: ChildrenWaitOutcome = await run.driver.job_wait_children(params)
+        if outcome.state in ("done", "failed"):
+            return outcome.children
+        if outcome.state == "waiting":
+            run.suspended_in_place(None)
+        if outcome.state == "unknown":
+            raise ValueError(f"{kind}: job ids {list(ids)} must all be children of this job")
+        if outcome.state == "lost":
+            _lost(run, kind)
+        # "changed": a child finished while we decided; decide again on a fresh snapshot
+    raise RuntimeError(f"{kind}: children kept finishing during {MAX_DECISION_ROUNDS} decisions")
+
+
+def _stored_children(value: Any) -> list[ChildOutcome]:
+    return [ChildOutcome(*item) for item in value["children"]]
+
+
+def _failure(child: ChildOutcome) -> JobFailed:
+    return JobFailed(f"child job {child.id} ended {child.state}: {child.error}", child)
+
+
+def _check_key(primitive: str, key: Any) -> None:
+    if key is None:
+        raise ValueError(f"{primitive}: the event key must be a non-empty string, not None")
+    validate_key(f"{primitive} key", key)
+
+
+def _check_ids(primitive: str, ids: Sequence[Any]) -> None:
+    for child_id in ids:
+        if isinstance(child_id, bool) or not isinstance(child_id, int) or child_id < 1:
+            raise TypeError(f"{primitive}: {child_id!r} is not a job id (use spawn's result)")
+
+
+def _lost(run: Run, what: str) -> Any:
+    run.cancel("lost")
+    raise LeaseLost(f"{what}: this attempt no longer owns the job")
