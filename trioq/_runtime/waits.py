@@ -92,7 +92,7 @@ async def emit_event(run: Run, key: str, payload: Any) -> None:
 
 
 async def spawn(run: Run, task: str, payload: Any, options: dict[str, Any]) -> int:
-    from ..client import EnqueueOptions, build_jobs  # the producer's validation, same errors
+    from .._enqueue import EnqueueOptions, build_jobs  # the producer's validation, same errors
 
     spec = run.tasks.get(task)
     if spec is None:
