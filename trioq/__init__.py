@@ -1,6 +1,7 @@
 """trioq: durable jobs on PostgreSQL, for trio."""
 
 from ._core.errors import (
+    EventTimeout,
     JobFailed,
     JobNotFound,
     PayloadError,
@@ -25,6 +26,7 @@ __all__ = [
     "Client",
     "ClientTransaction",
     "ConfigurationError",
+    "EventTimeout",
     "Context",
     "Explanation",
     "Gate",

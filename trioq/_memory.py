@@ -36,13 +36,18 @@ from ._core.identifiers import validate_key, validate_name, validate_schema
 from ._core.schedule import fire_dedup_key
 from ._driver import (
     AttemptRecord,
+    CancelChildren,
     CancelOutcome,
     Checkpoint,
+    ChildrenWaitOutcome,
     CheckpointWrite,
     ClaimedJob,
     DriverStatistics,
     FiredOccurrence,
     HealthReport,
+    EmitEvent,
+    EmitOutcome,
+    EventWaitOutcome,
     InsertedJob,
     JobFilter,
     JobPurge,
@@ -69,11 +74,16 @@ from ._driver import (
     TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
+    Spawn,
+    SpawnOutcome,
+    WaitChildren,
+    WaitEvent,
     WorkerInfo,
     WorkerRegistration,
     WrittenCheckpoint,
 )
 from ._memory_schedules import ScheduleTable
+from . import _memory_waits as waits
 from ._sql import migrations
 
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
@@ -114,6 +124,12 @@ class _Row:
     finished_at: datetime.datetime | None = None
     trace_context: str | None = None
     version: int = 1  # the handler version the job was enqueued for
+    # events and children (migration 0003)
+    parent_id: int | None = None
+    parent_position: int | None = None
+    wait_event_key: str | None = None
+    wait_children: tuple[int, ...] | None = None
+    children_settled: int = 0
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
@@ -204,6 +220,7 @@ class MemoryTransaction:
     _driver: MemoryDriver
     _rows: list[_Row] = attrs.field(factory=list)
     _settlements: list[Settlement] = attrs.field(factory=list)
+    _events: list[EmitEvent] = attrs.field(factory=list)
     _ended: trio.Event = attrs.field(factory=trio.Event)
 
     async def execute(
@@ -244,6 +261,17 @@ _SETTLED_STATE = {
     "sleep": "sleeping",
     "wait": "waiting",
 }
+    async def event_emit(self, params: EmitEvent) -> EmitOutcome:
+        """Buffered like the enqueues: stored and its waiters woken only at commit. The
+        outcome is the one the emit would have now."""
+        if self._ended.is_set():
+            raise RuntimeError("this transaction has already ended")
+        await self._driver._statement("event_emit")
+        json.loads(params.payload_json)
+        self._events.append(params)
+        _, emitted_at = self._driver._events.get(params.key, (None, None))
+        first = emitted_at is None and params.key not in {e.key for e in self._events[:-1]}
+        return EmitOutcome(first=first, woken=0)
 
 
 @attrs.define(eq=False)
@@ -267,6 +295,10 @@ class MemoryDriver:
     )
     # (queue, partition key) -> the job holding it: the partition_locks table
     _key_locks: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)
+    # event key -> (payload JSON, emitted_at; None: only waited for): the events table
+    _events: dict[str, tuple[str | None, datetime.datetime | None]] = attrs.field(
+        init=False, factory=dict
+    )
     _workers: dict[uuid.UUID, _Worker] = attrs.field(init=False, factory=dict)
     _paused: dict[str, datetime.datetime] = attrs.field(init=False, factory=dict)
     _listeners: set[MemoryListener] = attrs.field(init=False, factory=set)
@@ -387,6 +419,12 @@ class MemoryDriver:
             self._commit_settlements(transaction._settlements, self._now())
         transaction._rows.clear()
         transaction._settlements.clear()
+            outbox = _Outbox()
+            for event in transaction._events:
+                waits.emit(self, event, self._now(), outbox)
+            self._deliver(outbox)
+        transaction._rows.clear()
+        transaction._events.clear()
         transaction._ended.set()
 
     @asynccontextmanager
@@ -432,11 +470,13 @@ class MemoryDriver:
         candidates, key_cursor, keys_visited = self._claim_candidates(params, now)
         due = self._due_rows(params.queue, now, params.promote_limit)
         outbox = _Outbox()
-        settled = [
-            (row.id, row.state)
+        settled_rows = [
+            row
             for settlement in params.settlements
             if (row := self._settle(settlement, now, outbox)) is not None
         ]
+        settled = [(row.id, row.state) for row in settled_rows]
+        waits.children_finished(self, settled_rows, now, outbox)
         outbox.add_grouped(
             (job_id for job_id, state in settled if state in FINISHED_STATES),
             self._result_channel,
@@ -714,8 +754,9 @@ class MemoryDriver:
                 self._unlock_partition(row)
                 outbox.add(self._ready_channel(row.queue), row.queue)
             self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now)
-        final = (row.id for row in expired if row.state != "ready")
-        outbox.add_grouped(final, self._result_channel)
+        final = [row for row in expired if row.state != "ready"]
+        outbox.add_grouped((row.id for row in final), self._result_channel)
+        waits.children_finished(self, final, now, outbox)
         return tuple((row.id, row.state) for row in expired)
 
     def _prune_finished(self, finished_before: datetime.datetime, limit: int) -> int:
@@ -741,26 +782,46 @@ class MemoryDriver:
     # --- cancel and reads -----------------------------------------------------------------
 
     async def job_cancel(self, job_id: int) -> CancelOutcome | None:
-        """Cancel a job that is not running at once (scheduled, ready, sleeping, waiting); flag a
-        running one and tell its worker (control channel).
-
-        A finished job is left alone (its state is returned twice); None if no such job.
-        """
+        """Cancel a job and its descendants (job_cancel_tree): not running -> cancelled at once;
+        running -> flagged, its worker told (control channel); a parent with a running
+        descendant waits for its children, flagged. A finished job is left alone (its state is
+        returned twice); None if no such job."""
         now = await self._statement("job_cancel")
-        row = self._rows.get(job_id)
-        if row is None:
-            return None
-        previous = row.state
         outbox = _Outbox()
-        if previous in ("scheduled", "ready", "sleeping", "waiting"):
-            row.cancel_requested = True
-            self._finish(row, "cancelled", now)
-            outbox.add(self._result_channel(row.id), str(row.id))
-        elif previous == "running":
-            row.cancel_requested = True
-            outbox.add(control_channel(self.schema), str(row.id))
+        outcomes = waits.cancel_tree(self, [job_id], now, outbox, control_channel(self.schema))
         self._deliver(outbox)
-        return CancelOutcome(previous_state=previous, state=row.state)
+        return outcomes.get(job_id)
+
+    # --- events and children (logic in _memory_waits) --------------------------------------
+
+    async def event_emit(self, params: EmitEvent) -> EmitOutcome:
+        now = await self._statement("event_emit")
+        outbox = _Outbox()
+        outcome = waits.emit(self, params, now, outbox)
+        self._deliver(outbox)
+        return outcome
+
+    async def job_wait_event(self, params: WaitEvent) -> EventWaitOutcome:
+        now = await self._statement("job_wait_event")
+        return waits.wait_event(self, params, now)
+
+    async def job_spawn(self, params: Spawn) -> SpawnOutcome:
+        now = await self._statement("job_spawn")
+        outcome, child = waits.spawn(self, params, now)
+        if child is not None:
+            self._commit_rows([child], now)
+        return outcome
+
+    async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome:
+        await self._statement("job_wait_children")
+        return waits.wait_children(self, params)
+
+    async def job_cancel_children(self, params: CancelChildren) -> bool:
+        now = await self._statement("job_cancel_children")
+        outbox = _Outbox()
+        accepted = waits.cancel_children(self, params, now, outbox, control_channel(self.schema))
+        self._deliver(outbox)
+        return accepted
 
     async def job_get(self, job_id: int) -> JobRecord | None:
         await self._statement("job_get")

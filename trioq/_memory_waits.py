@@ -126,14 +126,14 @@ def spawn(driver: MemoryDriver, params: Spawn, now: datetime.datetime) -> tuple[
         return SpawnOutcome(None, False, cancelling), None
     for row in driver._rows.values():
         if row.parent_id == parent.id and row.parent_position == params.position:
-            _checkpoint(driver, parent, params.position, "spawn", params.child.task,
-                        {"child_id": row.id})
+            _checkpoint(
+                driver, parent, params.position, "spawn", params.child.task, {"child_id": row.id}
+            )
             return SpawnOutcome(row.id, False), None
     child = _new_row(next(driver._ids), params.child, now)
     child.parent_id = parent.id
     child.parent_position = params.position
-    _checkpoint(driver, parent, params.position, "spawn", params.child.task,
-                {"child_id": child.id})
+    _checkpoint(driver, parent, params.position, "spawn", params.child.task, {"child_id": child.id})
     return SpawnOutcome(child.id, True), child
 
 
@@ -188,7 +188,10 @@ def children_finished(
 
 
 def cancel_tree(
-    driver: MemoryDriver, root_ids: Iterable[int], now: datetime.datetime, outbox: _Outbox,
+    driver: MemoryDriver,
+    root_ids: Iterable[int],
+    now: datetime.datetime,
+    outbox: _Outbox,
     control_channel: str,
 ) -> dict[int, CancelOutcome]:
     """job_cancel_tree: cancel jobs and their descendants (see migration 0003)."""
@@ -220,7 +223,8 @@ def cancel_tree(
         elif new == "waiting":
             row.state, row.run_at = "waiting", None
             row.wait_children = tuple(
-                r.id for r in driver._rows.values()
+                r.id
+                for r in driver._rows.values()
                 if r.parent_id == row.id and plan.get(r.id, ("", ""))[1] in ("running", "waiting")
             )
         else:
@@ -231,14 +235,18 @@ def cancel_tree(
 
 
 def cancel_children(
-    driver: MemoryDriver, params: CancelChildren, now: datetime.datetime, outbox: _Outbox,
+    driver: MemoryDriver,
+    params: CancelChildren,
+    now: datetime.datetime,
+    outbox: _Outbox,
     control_channel: str,
 ) -> bool:
     parent = _owned(driver, params.lease)
     if parent is None:
         return False
-    _checkpoint(driver, parent, params.position, params.kind, params.name,
-                json.loads(params.value_json))
+    _checkpoint(
+        driver, parent, params.position, params.kind, params.name, json.loads(params.value_json)
+    )
     mine = [
         i for i in params.child_ids if (row := driver._rows.get(i)) and row.parent_id == parent.id
     ]

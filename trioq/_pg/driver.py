@@ -102,6 +102,8 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
         Checkpoint(position, kind, name, value) for position, kind, name, value in history
     )
     return attrs.evolve(job, history=entries)
+
+
 def _lease_params(lease: Lease) -> Params:
     return {"id": lease.id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 

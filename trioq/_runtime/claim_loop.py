@@ -315,6 +315,7 @@ class ClaimLoop:
             run = Run(
                 job=job,
                 spec=self.versions.get((job.task, job.version)) or self.tasks[job.task],
+                tasks=self.tasks,
                 driver=self.driver,
                 worker_id=self.worker_id,
                 checkpoints=self.checkpoints,

@@ -18,6 +18,7 @@ import attrs
 from .._core.retry import RetryPolicy
 from ..client import ACTIVE_CLIENT, Client
 from .job_transaction import JobTransaction, open_job_transaction
+from . import waits
 from .run import Run
 
 
@@ -116,6 +117,36 @@ class Context:
     async def sleep_until(self, name: str, when: datetime.datetime) -> None:
         """Like `sleep`, until the timezone-aware instant `when` (database time)."""
         await self._run.sleep_until(name, when)
+
+    async def wait_for_event(self, key: str, *, timeout: datetime.timedelta) -> Any:
+        """Return the payload of the event `key` (`client.emit_event`), waiting durably for it.
+
+        An event emitted before the wait is returned at once. Otherwise the execution ends (no
+        slot, lease or connection held; no attempt consumed) and the emit wakes the job, which
+        resumes here. After `timeout` (from the first wait, in database time) this raises
+        `trioq.EventTimeout`. Either outcome is recorded, so replays return or raise the same.
+        """
+        return await waits.wait_for_event(self._run, key, timeout)
+
+    async def emit_event(self, key: str, payload: Any = None) -> None:
+        """Emit the event `key` from this workflow, as a step: a replay does not emit again."""
+        await waits.emit_event(self._run, key, payload)
+
+    async def spawn(self, task: str, payload: Any = None, **options: Any) -> int:
+        """Enqueue a child job (options as for `client.enqueue`, except dedup_key) exactly once
+        for this point of the workflow, and return its id (the same id on every replay)."""
+        return await waits.spawn(self._run, task, payload, options)
+
+    async def wait_result(self, child_id: int) -> Any:
+        """Wait durably until the child `child_id` is final; return its result, or raise
+        `trioq.JobFailed` carrying its stored error (`.error`). Waiting holds no slot."""
+        return await waits.wait_result(self._run, child_id)
+
+    async def gather(self, *child_ids: int) -> list[Any]:
+        """Wait durably for every child; return their results in order. On the first child
+        that fails, cancel the unfinished siblings, wait until they are final, and raise its
+        `trioq.JobFailed` (nursery semantics; the same on every replay)."""
+        return await waits.gather(self._run, child_ids)
 
     def __repr__(self) -> str:
         return f"Context(job={self.job!r}, worker_id={self.worker_id!r})"

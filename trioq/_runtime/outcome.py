@@ -52,6 +52,9 @@ class Suspended:
 
     state: str  # "sleeping" or "waiting"
     until: datetime.datetime | None
+    # True when the primitive's own statement already suspended the job (event and child
+    # waits decide and suspend under one lock): the settle statement writes nothing for it.
+    written: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.state not in ("sleeping", "waiting"):
@@ -91,7 +94,9 @@ def settlement_of(lease: Lease, outcome: Outcome) -> Settlement | None:
             return Settlement(lease, "cancel", error_json=error_json)
         case Released():
             return Settlement(lease, "release")
-        case Suspended(state, until):
+        case Suspended(state, until, written):
+            if written:
+                return None
             return Settlement(lease, "sleep" if state == "sleeping" else "wait", wake_at=until)
         case Lost() | CompletedInTransaction():
             return None
@@ -112,7 +117,7 @@ def outcome_name(outcome: Outcome) -> str:
             return "cancelled"
         case Released():
             return "released"
-        case Suspended(state, _):
+        case Suspended(state, _, _):
             return state
         case Lost():
             return "lost"

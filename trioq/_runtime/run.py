@@ -18,7 +18,7 @@ import datetime
 import inspect
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import attrs
@@ -60,6 +60,8 @@ class Run:
     # When the database last confirmed this lease (claim or renewal), on trio's clock, taken
     # *before* the confirming statement was sent: the lease runs at least this long from here.
     confirmed_at: float
+    # Every task of the app, by name: ctx.spawn validates a child against its task's spec.
+    tasks: Mapping[str, TaskSpec] = attrs.field(factory=dict)
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     cancel_reason: str | None = None  # "lost", "unconfirmed", "cancelled", "drain"
     suspension: Suspended | None = None
@@ -112,6 +114,12 @@ class Run:
             raise LeaseLost(str(exc)) from None
         self._history[position] = Checkpoint(position, kind, name, value)
         return value
+
+    def suspended_in_place(self, until: datetime.datetime | None) -> NoReturn:
+        """End this execution: the primitive's own fenced statement has already made the job
+        `waiting` (until `until`, or until woken), so nothing is left to settle."""
+        self.suspension = Suspended("waiting", until, written=True)
+        raise SuspendExecution
 
     def suspend(self, state: str, until: datetime.datetime | None) -> NoReturn:
         """End this execution durably suspended (sleeping/waiting until `until`)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .._core import codec
 from .._core.errors import EventTimeout, JobFailed
@@ -32,6 +32,7 @@ from .._driver import (
     ChildOutcome,
     ChildrenWaitOutcome,
     EmitEvent,
+    Spawn,
     WaitChildren,
     WaitEvent,
 )
@@ -42,6 +43,7 @@ EMIT = "emit"
 SPAWN = "spawn"
 CHILD = "child"
 GATHER = "gather"
+FINAL = frozenset({"completed", "failed", "cancelled"})
 
 # A wait that keeps meeting children that finish while it decides gives up after this many
 # fresh snapshots (each retry means a child finished, so this is never reached in practice).
@@ -110,8 +112,6 @@ async def spawn(run: Run, task: str, payload: Any, options: dict[str, Any]) -> i
     position, entry = run.replay(SPAWN, task)
     if entry is not None:
         return int(entry.value["child_id"])
-    from .._driver import Spawn
-
     outcome = await run.driver.job_spawn(Spawn(run.lease, position, child))
     if outcome.child_id is not None:
         return outcome.child_id
@@ -144,13 +144,11 @@ async def gather(run: Run, child_ids: Sequence[int]) -> list[Any]:
     position, entry = run.replay(GATHER, name)
     value = None if entry is None else entry.value
     if value is None:
-        children = await _wait(
-            run, position, ids, kind=GATHER, name=name, stop_on_failure=True
-        )
-        failed = [child for child in children if child.state != "completed"]
+        children = await _wait(run, position, ids, kind=GATHER, name=name, stop_on_failure=True)
+        failed = [child for child in children if child.state in ("failed", "cancelled")]
         if not failed:
             return [child.result for child in children]
-        if all(child.state in ("completed", "failed", "cancelled") for child in children):
+        if all(child.state in FINAL for child in children):
             raise _failure(failed[0])  # all final at once: recorded as the checkpoint
         first = failed[0]
         decision = {"failed": [first.id, first.state, first.error]}
@@ -161,11 +159,11 @@ async def gather(run: Run, child_ids: Sequence[int]) -> list[Any]:
             _lost(run, "gather")
         value = decision
     if "children" in value:
-        children = _stored_children(value)
-        failed = [child for child in children if child.state != "completed"]
+        stored = _stored_children(value)
+        failed = [child for child in stored if child.state != "completed"]
         if failed:
             raise _failure(failed[0])
-        return [child.result for child in children]
+        return [child.result for child in stored]
     failed_id, failed_state, failed_error = value["failed"]
     await _wait(run, position, ids, kind=GATHER, name=name, record=False)
     raise _failure(ChildOutcome(failed_id, failed_state, None, failed_error))
@@ -216,6 +214,6 @@ def _check_ids(primitive: str, ids: Sequence[Any]) -> None:
             raise TypeError(f"{primitive}: {child_id!r} is not a job id (use spawn's result)")
 
 
-def _lost(run: Run, what: str) -> Any:
+def _lost(run: Run, what: str) -> NoReturn:
     run.cancel("lost")
     raise LeaseLost(f"{what}: this attempt no longer owns the job")

@@ -166,7 +166,7 @@ settled AS (
     WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.error, j.run_at, i.kind
+              j.error, j.run_at, i.kind, j.parent_id
 ),
 unlocked AS (
     DELETE FROM {schema}.partition_locks l
@@ -306,6 +306,47 @@ key_taken AS (
     ON CONFLICT (queue, partition_key) DO NOTHING
     RETURNING job_id
 ),
+-- Children finished here wake their parents IN THIS STATEMENT (parents_notify in migration
+-- 0003 explains the rule; docs/workflows.md "Lock order" why no wake-up is lost): lock each
+-- unfinished parent in id order, count the children, and make a waiting parent ready when none
+-- it waits for is left or one of them failed. Parents this statement already writes (settled,
+-- promoted or claimed here) are left out: a row is updated once per statement, and such a
+-- parent cannot be deciding a wait right now.
+finished_children AS (
+    SELECT s.parent_id, array_agg(s.id) AS ids,
+           coalesce(array_agg(s.id) FILTER (WHERE s.state <> 'completed'), '{}') AS failed
+    FROM settled s
+    WHERE s.parent_id IS NOT NULL AND s.state IN ('completed', 'failed', 'cancelled')
+    GROUP BY s.parent_id
+),
+parents_locked AS MATERIALIZED (
+    SELECT p.id FROM {schema}.jobs p JOIN finished_children f ON f.parent_id = p.id
+    WHERE p.state NOT IN ('completed', 'failed', 'cancelled')
+      AND p.id NOT IN (SELECT id FROM input) AND p.id NOT IN (SELECT id FROM due)
+      AND p.id NOT IN (SELECT id FROM candidates)
+    ORDER BY p.id
+    FOR NO KEY UPDATE OF p
+),
+parents_woken AS (
+    UPDATE {schema}.jobs p
+    SET children_settled = p.children_settled + cardinality(f.ids),
+        wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                             THEN ARRAY(SELECT unnest(p.wait_children) EXCEPT SELECT unnest(f.ids))
+                             ELSE p.wait_children END,
+        state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                          AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                     THEN 'ready' ELSE p.state END,
+        run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                           AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                      THEN {schema}.db_now() ELSE p.run_at END
+    FROM finished_children f JOIN parents_locked l ON l.id = f.parent_id
+    WHERE p.id = f.parent_id
+    RETURNING p.queue, p.state
+),
+parents_notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM parents_woken WHERE state = 'ready') AS q
+),
 claimed AS (
     UPDATE {schema}.jobs j
     SET state = 'running',
@@ -330,7 +371,8 @@ outcome AS MATERIALIZED (
     -- when nothing was settled.
     SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
            coalesce(array_agg(state ORDER BY id), '{}') AS states,
-           (SELECT n FROM results_notified) + (SELECT n FROM ready_notified) AS notified
+           (SELECT n FROM results_notified) + (SELECT n FROM ready_notified)
+           + (SELECT n FROM parents_notified) AS notified
     FROM settled
 )
 SELECT outcome.ids, outcome.states,
@@ -471,7 +513,35 @@ recovered AS (
         lease_token = NULL, lease_expires_at = NULL
     FROM expired e
     WHERE j.id = e.id AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
-    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at
+    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
+              j.parent_id
+),
+-- A child failed for good here wakes its parent here (as in job_settle_and_claim).
+finished_children AS (
+    SELECT r.parent_id, array_agg(r.id) AS ids
+    FROM recovered r WHERE r.parent_id IS NOT NULL AND r.state = 'failed'
+    GROUP BY r.parent_id
+),
+parents_locked AS MATERIALIZED (
+    SELECT p.id FROM {schema}.jobs p JOIN finished_children f ON f.parent_id = p.id
+    WHERE p.state NOT IN ('completed', 'failed', 'cancelled')
+      AND p.id NOT IN (SELECT id FROM expired)
+    ORDER BY p.id
+    FOR NO KEY UPDATE OF p
+),
+parents_woken AS (
+    UPDATE {schema}.jobs p
+    SET children_settled = p.children_settled + cardinality(f.ids),
+        wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                             THEN ARRAY(SELECT unnest(p.wait_children) EXCEPT SELECT unnest(f.ids))
+                             ELSE p.wait_children END,
+        state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                     THEN 'ready' ELSE p.state END,
+        run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                      THEN {schema}.db_now() ELSE p.run_at END
+    FROM finished_children f JOIN parents_locked l ON l.id = f.parent_id
+    WHERE p.id = f.parent_id
+    RETURNING p.queue, p.state
 ),
 unlocked AS (
     DELETE FROM {schema}.partition_locks l USING recovered r
@@ -486,7 +556,8 @@ history AS (
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM recovered WHERE state = 'ready') AS q
+    FROM (SELECT DISTINCT queue FROM recovered WHERE state = 'ready'
+          UNION SELECT queue FROM parents_woken WHERE state = 'ready') AS q
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n

@@ -12,7 +12,16 @@ from __future__ import annotations
 import datetime
 import json
 
-from .._driver import CancelChildren, Driver, EmitEvent, Lease, Spawn, WaitChildren, WaitEvent
+from .._driver import (
+    CancelChildren,
+    ClaimedJob,
+    Driver,
+    EmitEvent,
+    Lease,
+    Spawn,
+    WaitChildren,
+    WaitEvent,
+)
 from .conformance import (
     DriverClock,
     claim,
@@ -98,12 +107,12 @@ async def check_event_wait_past_its_deadline_times_out(driver: Driver, clock: Dr
     expect(await emit(driver, "never", 1), (True, 0), "a late emit wakes nobody")
 
 
-async def claim_after_promotion(driver: Driver, job_id: int) -> list[object]:
+async def claim_after_promotion(driver: Driver, job_id: int) -> list[ClaimedJob]:
     """Claim once the job's due time has passed (promotion rides the claim statement)."""
     for _ in range(3):
         claimed = [job for job in await claim(driver) if job.id == job_id]
         if claimed:
-            return claimed  # type: ignore[return-value]
+            return claimed
     raise AssertionError(f"job {job_id} was not promoted and claimed")
 
 
