@@ -50,6 +50,20 @@ def make_app(schema: str, database_url: str | None = None) -> trioq.App:
     async def probe(ctx: trioq.Context, payload: object) -> float:
         return time.time()
 
+    @app.task("event_waiter", max_attempts=1)
+    async def event_waiter(ctx: trioq.Context, payload: dict[str, str]) -> float:
+        await ctx.wait_for_event(payload["key"], timeout=datetime.timedelta(hours=1))
+        return time.time()
+
+    @app.task("fanout_child", max_attempts=1)
+    async def fanout_child(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    @app.task("fanout_parent", max_attempts=1)
+    async def fanout_parent(ctx: trioq.Context, payload: dict[str, int]) -> int:
+        ids = [await ctx.spawn("fanout_child", None) for _ in range(payload["children"])]
+        return len(await ctx.gather(*ids))
+
     return app
 
 

@@ -27,6 +27,9 @@ class Sizes:
     suspended_sleeping: int = 100_000  # suspended load: sleeping workflows in the table
     suspended_delayed: int = 50_000  # ... and jobs delayed an hour at a better priority
     suspended_drain_jobs: int = 10_000  # the no-op drain measured over them
+    event_waiters: int = 500
+    fanout_parents: int = 500
+    fanout_children: int = 10
     timeout: float = 600.0  # per wait; a run that hits it failed
 
 
@@ -48,5 +51,7 @@ QUICK = Sizes(
     suspended_sleeping=300,
     suspended_delayed=200,
     suspended_drain_jobs=100,
+    event_waiters=50,
+    fanout_parents=20,
     timeout=60.0,
 )

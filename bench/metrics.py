@@ -256,6 +256,32 @@ def metrics(sizes: Sizes) -> list[Metric]:
             f"big key jobs done by then (of {sizes.fairness_big_key_jobs:,})",
             "jobs",
         ),
+        *[
+            Metric(
+                "event_latency",
+                f"{p}_ms",
+                f"{sizes.event_waiters} waiting workflows, emit_event COMMIT -> resume {p}",
+                "ms",
+                baseline=f"pickup_{p}_ms",
+                target=at_most(10.0, "<= 10 ms") if p == "p95" else None,
+            )
+            for p in ("p50", "p95", "p99")
+        ],
+        Metric(
+            "fanout",
+            "parents_per_s",
+            f"{sizes.fanout_parents} parents x {sizes.fanout_children} children "
+            f"(spawn + gather), c={c}",
+            "parents/s",
+            target=at_least(90.0, ">= 90 parents/s"),
+        ),
+        Metric(
+            "fanout",
+            "jobs_per_s",
+            "  the same, as jobs (parents + children) per second",
+            "jobs/s",
+            "jobs_per_s",
+        ),
         Metric(
             "baseline",
             "jobs_per_s",

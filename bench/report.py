@@ -22,6 +22,8 @@ SCENARIOS = (
     "worker_cost",
     "partition_fairness",
     "workflows",
+    "event_latency",
+    "fanout",
     "baseline",
     "peer",
 )

@@ -309,6 +309,6 @@ async def test_spawn_refuses_bad_options_before_any_sql(pg_url: str, pg_schema: 
         async with running_worker(app, poll_interval=POLL):
             with trio.fail_after(10):
                 await client.wait_result(job.id)
-        with pytest.raises(ValueError, match="^key:"):
+        with pytest.raises(ValueError, match=r"^key:"):
             await client.emit_event(None, 1)  # type: ignore[arg-type]
     assert errors == ["dedup_key", "priority", "partition_key", "wait_for_event:", "wait_for_event"]

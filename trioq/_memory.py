@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import trio
 
+from . import _memory_waits as waits
 from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
 from ._core.explain import ExplainFacts
 from ._core.identifiers import validate_key, validate_name, validate_schema
@@ -39,8 +40,8 @@ from ._driver import (
     CancelChildren,
     CancelOutcome,
     Checkpoint,
-    ChildrenWaitOutcome,
     CheckpointWrite,
+    ChildrenWaitOutcome,
     ClaimedJob,
     DriverStatistics,
     FiredOccurrence,
@@ -83,7 +84,6 @@ from ._driver import (
     WrittenCheckpoint,
 )
 from ._memory_schedules import ScheduleTable
-from . import _memory_waits as waits
 from ._sql import migrations
 
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)

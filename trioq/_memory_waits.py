@@ -58,7 +58,7 @@ def emit(
     driver: MemoryDriver, params: EmitEvent, now: datetime.datetime, outbox: _Outbox
 ) -> EmitOutcome:
     json.loads(params.payload_json)
-    payload, emitted_at = driver._events.get(params.key, (None, None))
+    _, emitted_at = driver._events.get(params.key, (None, None))
     first = emitted_at is None
     if first:
         driver._events[params.key] = (params.payload_json, now)

@@ -42,6 +42,7 @@ Runner = Callable[[Context], None]
 def runners() -> dict[str, Runner]:
     """Runner name -> function, in the order a full run executes them."""
     from bench.scenarios import enqueue, fairness, idle, latency, throughput, workflows
+    from bench.scenarios import enqueue, fairness, idle, latency, throughput, waits
 
     return {
         "throughput": throughput.run,  # also: baseline, worker cost, statements per job
@@ -51,4 +52,6 @@ def runners() -> dict[str, Runner]:
         "idle": idle.run,
         "fairness": fairness.run,
         "workflows": workflows.run,
+        "event_latency": waits.run_event_latency,
+        "fanout": waits.run_fanout,
     }

@@ -118,7 +118,7 @@ class Context:
         """Like `sleep`, until the timezone-aware instant `when` (database time)."""
         await self._run.sleep_until(name, when)
 
-    async def wait_for_event(self, key: str, *, timeout: datetime.timedelta) -> Any:
+    async def wait_for_event(self, key: str, *, timeout: datetime.timedelta) -> Any:  # noqa: ASYNC109 (a durable deadline, not a cancel scope)
         """Return the payload of the event `key` (`client.emit_event`), waiting durably for it.
 
         An event emitted before the wait is returned at once. Otherwise the execution ends (no

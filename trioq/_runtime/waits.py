@@ -53,7 +53,7 @@ MAX_DECISION_ROUNDS = 100
 # --- events ---------------------------------------------------------------------------------
 
 
-async def wait_for_event(run: Run, key: str, timeout: datetime.timedelta) -> Any:
+async def wait_for_event(run: Run, key: str, timeout: datetime.timedelta) -> Any:  # noqa: ASYNC109
     _check_key("wait_for_event", key)
     if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() < 0:
         raise ValueError(f"wait_for_event {key!r}: timeout must be a non-negative timedelta")
