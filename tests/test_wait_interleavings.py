@@ -129,7 +129,7 @@ async def test_child_finishing_during_the_parents_suspension_is_never_missed(
     statement, whose snapshot still saw the child running, tries to suspend: the parent does
     not suspend ('changed'), and asking again returns the child's result."""
     parent = await running_job(driver)
-    spawned = await driver.job_spawn(Spawn(parent, 0, new_job(7)))
+    spawned = (await driver.job_spawn_many([Spawn(parent, 0, new_job(7))]))[0]
     assert spawned.child_id is not None
     [child] = await claim(driver, 1)
     assert child.id == spawned.child_id

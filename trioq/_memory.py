@@ -805,12 +805,15 @@ class MemoryDriver:
         now = await self._statement("job_wait_event")
         return waits.wait_event(self, params, now)
 
-    async def job_spawn(self, params: Spawn) -> SpawnOutcome:
-        now = await self._statement("job_spawn")
-        outcome, child = waits.spawn(self, params, now)
-        if child is not None:
-            self._commit_rows([child], now)
-        return outcome
+    async def job_spawn_many(self, spawns: Sequence[Spawn]) -> list[SpawnOutcome]:
+        now = await self._statement("job_spawn_many")
+        outcomes = []
+        for spawn in spawns:
+            outcome, child = waits.spawn(self, spawn, now)
+            if child is not None:
+                self._commit_rows([child], now)
+            outcomes.append(outcome)
+        return outcomes
 
     async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome:
         await self._statement("job_wait_children")

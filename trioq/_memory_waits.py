@@ -67,9 +67,15 @@ def emit(
         for row in driver._rows.values()
         if row.state == "waiting" and row.wait_event_key == params.key
     ]
+    stored = driver._events[params.key][0]
     for row in woken:
         _wake(driver, row, now, outbox)
         row.wait_event_key = None
+        history = driver._checkpoints.get(row.id, {})
+        for position, (kind, name, value) in list(history.items()):
+            if kind == "event" and name == params.key and "deadline" in json.loads(value or "{}"):
+                payload = None if stored is None else json.loads(stored)
+                history[position] = (kind, name, json.dumps({"payload": payload}))
     return EmitOutcome(first=first, woken=len(woken))
 
 

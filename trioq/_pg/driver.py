@@ -442,25 +442,25 @@ class PgDriver:
         state, payload, deadline, owned = rows[0]
         return EventWaitOutcome(state if owned else "lost", payload, deadline)
 
-    async def job_spawn(self, params: Spawn) -> SpawnOutcome:
+    async def job_spawn_many(self, spawns: Sequence[Spawn]) -> list[SpawnOutcome]:
         """Retried: the (parent, position) key returns the child a lost reply had inserted."""
-        child = params.child
+        children = [spawn.child for spawn in spawns]
         rows = await self._retrying(
-            "job_spawn",
+            "job_spawn_many",
             {
-                **_lease_params(params.lease),
-                "position": params.position,
-                "queue": child.queue,
-                "task": child.task,
-                "payload": child.payload_json,
-                "priority": child.priority,
-                "run_at": child.run_at,
-                "delay": child.delay_seconds,
-                "partition_key": child.partition_key,
-                "max_attempts": child.max_attempts,
+                **_lease_arrays([spawn.lease for spawn in spawns]),
+                "positions": [spawn.position for spawn in spawns],
+                "queues": [child.queue for child in children],
+                "tasks": [child.task for child in children],
+                "payloads": [child.payload_json for child in children],
+                "priorities": [child.priority for child in children],
+                "run_ats": [child.run_at for child in children],
+                "delays": [child.delay_seconds for child in children],
+                "partition_keys": [child.partition_key for child in children],
+                "max_attempts": [child.max_attempts for child in children],
             },
         )
-        return SpawnOutcome(rows[0][0], rows[0][1], rows[0][2])
+        return [SpawnOutcome(row[1], row[2], row[3]) for row in rows]
 
     async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome:
         rows = await self._retrying(

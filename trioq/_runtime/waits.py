@@ -37,6 +37,7 @@ from .._driver import (
     WaitEvent,
 )
 from .run import LeaseLost, Run
+from .spawner import spawner_for
 
 EVENT = "event"
 EMIT = "emit"
@@ -112,7 +113,7 @@ async def spawn(run: Run, task: str, payload: Any, options: dict[str, Any]) -> i
     position, entry = run.replay(SPAWN, task)
     if entry is not None:
         return int(entry.value["child_id"])
-    outcome = await run.driver.job_spawn(Spawn(run.lease, position, child))
+    outcome = await spawner_for(run.driver).spawn(Spawn(run.lease, position, child))
     if outcome.child_id is not None:
         return outcome.child_id
     if outcome.cancelling:

@@ -1050,52 +1050,78 @@ written AS (
 SELECT o.state, o.payload, o.deadline, (SELECT count(*) FROM owner) > 0 AS owned
 FROM outcome o CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
 
--- name: job_spawn
--- A running job enqueues a child, exactly once per (parent, position): the child insert and
--- the parent's `spawn` checkpoint are one statement fenced by the parent's lease (the UPDATE of
--- the parent row takes its lock and re-checks the lease on the newest version; a parent whose
--- cancel was requested spawns nothing). A replay that reaches the same position finds the
--- child through jobs_parent_idx (ON CONFLICT DO UPDATE returns the existing row) and does not
--- insert a second one. The child is scheduled or ready like any enqueue and wakes its queue.
-WITH owner AS MATERIALIZED (
+-- name: job_spawn_many
+-- Running jobs enqueue children, exactly once per (parent, position): each child insert and its
+-- parent's `spawn` checkpoint are written in one statement, fenced by the parent's lease (the
+-- parents are locked in id order and their lease re-checked on the newest row version; a
+-- parent whose cancel was requested spawns nothing). The spawns of every handler that spawned
+-- at once share this statement (group commit, trioq/_runtime/spawner.py): fan-out of 500
+-- parents x 10 children went from 18 to NNN parents/s. A replay that reaches the same position
+-- finds the child through jobs_parent_idx (ON CONFLICT DO UPDATE returns the existing row) and
+-- inserts no second one. A child is scheduled or ready like any enqueue and wakes its queue.
+WITH input AS MATERIALIZED (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+                         %(positions)s::int[], %(queues)s::text[], %(tasks)s::text[],
+                         %(payloads)s::text[], %(priorities)s::smallint[],
+                         %(run_ats)s::timestamptz[], %(delays)s::float8[],
+                         %(partition_keys)s::text[], %(max_attempts)s::int[])
+             WITH ORDINALITY AS t(parent_id, attempt, lease_token, position, queue, task,
+                                  payload, priority, run_at, delay, partition_key,
+                                  max_attempts, ord)
+),
+locked AS MATERIALIZED (
+    SELECT j.id FROM {schema}.jobs j
+    WHERE j.id IN (SELECT parent_id FROM input)
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+owner AS MATERIALIZED (
     UPDATE {schema}.jobs j
-    SET checkpoint_count = greatest(j.checkpoint_count, %(position)s + 1)
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+    SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+    FROM (SELECT parent_id, attempt, lease_token, max(position) + 1 AS next_position
+          FROM input GROUP BY parent_id, attempt, lease_token) AS n
+    WHERE j.id = n.parent_id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
       AND j.state = 'running' AND NOT j.cancel_requested
-    RETURNING j.id
+      AND j.id IN (SELECT id FROM locked)
+    RETURNING j.id, j.attempt, j.lease_token
 ),
 child AS (
     INSERT INTO {schema}.jobs AS c (queue, task, payload, state, priority, run_at, partition_key,
                                    max_attempts, created_at, parent_id, parent_position)
-    SELECT %(queue)s, %(task)s, %(payload)s::jsonb,
-           CASE WHEN t.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
-           %(priority)s, t.due_at, %(partition_key)s, %(max_attempts)s, {schema}.db_now(),
-           w.id, %(position)s
-    FROM owner w
-    CROSS JOIN (SELECT coalesce(%(run_at)s::timestamptz, {schema}.db_now()
-                                + coalesce(%(delay)s::float8, 0) * interval '1 second')
-                           AS due_at) AS t
+    SELECT i.queue, i.task, i.payload::jsonb,
+           CASE WHEN i.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
+           i.priority, i.due_at, i.partition_key, i.max_attempts, {schema}.db_now(),
+           i.parent_id, i.position
+    FROM (SELECT input.*, coalesce(input.run_at, {schema}.db_now()
+                          + coalesce(input.delay, 0) * interval '1 second') AS due_at
+          FROM input) AS i
+    WHERE (i.parent_id, i.attempt, i.lease_token) IN
+          (SELECT id, attempt, lease_token FROM owner)
+    ORDER BY i.ord
     ON CONFLICT (parent_id, parent_position) WHERE parent_id IS NOT NULL
     DO UPDATE SET parent_id = excluded.parent_id
-    RETURNING c.id, c.queue, c.state, (c.xmax = 0) AS created
+    RETURNING c.id, c.parent_id, c.parent_position, c.queue, c.state, (c.xmax = 0) AS created
 ),
 written AS (
     INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
-    SELECT w.id, %(position)s, 'spawn', %(task)s, jsonb_build_object('child_id', c.id),
-           {schema}.db_now()
-    FROM owner w CROSS JOIN child c
+    SELECT c.parent_id, c.parent_position, 'spawn', i.task,
+           jsonb_build_object('child_id', c.id), {schema}.db_now()
+    FROM child c JOIN input i ON i.parent_id = c.parent_id AND i.position = c.parent_position
     ON CONFLICT (job_id, position) DO NOTHING
     RETURNING job_id
 ),
 notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(c.queue), c.queue)) AS n
-    FROM child c WHERE c.created AND c.state = 'ready'
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM child WHERE created AND state = 'ready') AS q
 )
-SELECT (SELECT c.id FROM child c), coalesce((SELECT c.created FROM child c), false),
+SELECT i.ord, c.id, coalesce(c.created, false),
        EXISTS (SELECT 1 FROM {schema}.jobs j
-               WHERE j.id = %(id)s AND j.attempt = %(attempt)s
-                 AND j.lease_token = %(lease_token)s AND j.cancel_requested) AS cancelling
-FROM notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
+               WHERE j.id = i.parent_id AND j.attempt = i.attempt
+                 AND j.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
+FROM input i
+LEFT JOIN child c ON c.parent_id = i.parent_id AND c.parent_position = i.position
+CROSS JOIN notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects
+ORDER BY i.ord;
 
 -- name: job_wait_children
 -- A running job waits for some of its children (ids in the order the caller gave them),

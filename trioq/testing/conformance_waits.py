@@ -50,7 +50,7 @@ async def emit(driver: Driver, key: str, payload: object) -> tuple[bool, int]:
 
 
 async def spawn_running_child(driver: Driver, parent: Lease, position: int, n: int) -> Lease:
-    spawned = await driver.job_spawn(Spawn(parent, position, new_job(n)))
+    spawned = (await driver.job_spawn_many([Spawn(parent, position, new_job(n))]))[0]
     assert spawned.child_id is not None, "spawn refused"
     [child] = await claim(driver, 1)
     expect(child.id, spawned.child_id, "the claimed child")
@@ -86,6 +86,9 @@ async def check_event_wait_suspends_and_the_emit_wakes_every_waiter(
     expect(await emit(driver, "approval", {"by": "ann"}), (True, 2), "both waiters woken")
     woken = await claim(driver)
     expect(sorted(job.id for job in woken), [first.id, second.id], "claimed after the emit")
+    for job in woken:
+        resolved = [(c.position, c.kind, c.value) for c in job.history]
+        expect(resolved, [(3, "event", {"payload": {"by": "ann"}})], "resolved by the emit")
     for job in woken:
         outcome = await driver.job_wait_event(WaitEvent(job.lease, 3, "approval", HOUR))
         expect((outcome.state, outcome.payload), ("received", {"by": "ann"}), "same payload")
@@ -133,9 +136,9 @@ async def check_spawn_is_exactly_once_per_parent_position(
     driver: Driver, clock: DriverClock
 ) -> None:
     parent = await running(driver)
-    first = await driver.job_spawn(Spawn(parent, 0, new_job(10)))
-    again = await driver.job_spawn(Spawn(parent, 0, new_job(10)))
-    other = await driver.job_spawn(Spawn(parent, 1, new_job(11)))
+    first = (await driver.job_spawn_many([Spawn(parent, 0, new_job(10))]))[0]
+    again = (await driver.job_spawn_many([Spawn(parent, 0, new_job(10))]))[0]
+    other = (await driver.job_spawn_many([Spawn(parent, 1, new_job(11))]))[0]
     expect((first.created, again.created, other.created), (True, False, True), "created")
     expect(again.child_id, first.child_id, "a replayed spawn returns the same child")
     assert first.child_id is not None and other.child_id is not None
@@ -145,10 +148,33 @@ async def check_spawn_is_exactly_once_per_parent_position(
 
 
 @conformance_check
+async def check_spawns_of_several_parents_share_one_statement(
+    driver: Driver, clock: DriverClock
+) -> None:
+    first, second = await running(driver, 1), await running(driver, 2)
+    stale = Lease(second.id, second.attempt, second.lease_token.__class__(int=0))
+    outcomes = await driver.job_spawn_many(
+        [
+            Spawn(first, 0, new_job(10)),
+            Spawn(second, 0, new_job(20)),
+            Spawn(first, 1, new_job(11)),
+            Spawn(stale, 1, new_job(21)),
+        ]
+    )
+    expect([o.created for o in outcomes], [True, True, True, False], "created, in order")
+    expect(outcomes[3].child_id, None, "a stale lease in the batch spawns nothing")
+    payloads = []
+    for outcome in outcomes[:3]:
+        assert outcome.child_id is not None
+        payloads.append((await record(driver, outcome.child_id)).payload)
+    expect(payloads, [{"n": 10}, {"n": 20}, {"n": 11}], "each child its own payload")
+
+
+@conformance_check
 async def check_spawn_is_fenced(driver: Driver, clock: DriverClock) -> None:
     parent = await running(driver)
     stale = Lease(parent.id, parent.attempt + 1, parent.lease_token)
-    outcome = await driver.job_spawn(Spawn(stale, 0, new_job()))
+    outcome = (await driver.job_spawn_many([Spawn(stale, 0, new_job())]))[0]
     expect((outcome.child_id, outcome.created), (None, False), "a stale lease spawns nothing")
     expect(await claim(driver), [], "no child")
 
@@ -240,9 +266,9 @@ async def check_cancelling_a_parent_cancels_its_unfinished_children(
 ) -> None:
     parent = await running(driver)
     runs = await spawn_running_child(driver, parent, 0, 1)
-    queued = await driver.job_spawn(Spawn(parent, 1, new_job(2)))
+    queued = (await driver.job_spawn_many([Spawn(parent, 1, new_job(2))]))[0]
     later = datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC)
-    delayed = await driver.job_spawn(Spawn(parent, 2, new_job(3, run_at=later)))
+    delayed = (await driver.job_spawn_many([Spawn(parent, 2, new_job(3, run_at=later))]))[0]
     waiting = await driver.job_wait_children(WaitChildren(parent, 3, (runs.id,)))
     expect(waiting.state, "waiting", "the parent waits")
     outcome = await driver.job_cancel(parent.id)
