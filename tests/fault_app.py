@@ -118,12 +118,21 @@ CREATE TABLE IF NOT EXISTS {}.wf_effects (
 )
 """
 
+SIDE_EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS {}.side_effects (
+    id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id bigint NOT NULL,
+    name   text   NOT NULL
+)
+"""
+
 
 def create_exec_log(database_url: str, schema: str) -> None:
     """Create the side tables (the test process calls this after migrating the schema)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL(EXEC_LOG_DDL).format(sql.Identifier(schema)))
         conn.execute(sql.SQL(WF_EFFECTS_DDL).format(sql.Identifier(schema)))
+        conn.execute(sql.SQL(SIDE_EFFECTS_DDL).format(sql.Identifier(schema)))
 
 
 def build_app(schema: str, database_url: str | None = None) -> trioq.App:
@@ -240,6 +249,36 @@ def build_app(schema: str, database_url: str | None = None) -> trioq.App:
             await tx.execute("SELECT pg_sleep(%s)", (payload.get("seconds", 0.01),))
         await log_fast(ctx, "end")
         return ctx.job.attempt
+
+    def side_effect_sync(job_id: int, name: str) -> int:
+        """Record one execution of a step's side effect; returns how many there are so far."""
+        with psycopg.connect(app.resolve_database_url(), autocommit=True) as conn:
+            table = sql.Identifier(schema, "side_effects")
+            conn.execute(
+                sql.SQL("INSERT INTO {} (job_id, name) VALUES (%s, %s)").format(table),
+                (job_id, name),
+            )
+            row = conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE job_id = %s AND name = %s").format(table),
+                (job_id, name),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+    @app.task("crash_child", queue=QUEUE, max_attempts=5)
+    async def crash_child(ctx: trioq.Context, payload: dict[str, int]) -> int:
+        await ctx.step("triple", trio.to_thread.run_sync, side_effect_sync, ctx.job.id, "triple")
+        return payload["n"] * 3
+
+    @app.task("crash_flow", queue=QUEUE, max_attempts=10)
+    async def crash_flow(ctx: trioq.Context, payload: dict[str, Any]) -> dict[str, Any]:
+        """A counting step, a durable sleep, an event wait and a child (the kill -9 test)."""
+        count = await ctx.step(
+            "count", trio.to_thread.run_sync, side_effect_sync, ctx.job.id, "count"
+        )
+        await ctx.sleep("nap", datetime.timedelta(seconds=payload["nap"]))
+        event = await ctx.wait_for_event(payload["key"], timeout=datetime.timedelta(minutes=5))
+        child = await ctx.spawn("crash_child", {"n": event["n"]}, delay=payload["child_delay"])
+        return {"count": count, "event": event, "child": await ctx.wait_result(child)}
 
     return app
 
