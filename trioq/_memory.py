@@ -49,6 +49,7 @@ from ._driver import (
     EmitEvent,
     EmitOutcome,
     EventWaitOutcome,
+    FiredOccurrence,
     InsertedJob,
     JobFilter,
     JobPurge,

@@ -38,6 +38,7 @@ from .._driver import (
     EmitEvent,
     EmitOutcome,
     EventWaitOutcome,
+    FiredOccurrence,
     InsertedJob,
     JobFilter,
     JobPurge,
@@ -409,6 +410,7 @@ class PgDriver:
             },
         )
         return [JobRecord(*row) for row in rows]
+
     # --- events and children -------------------------------------------------------------
 
     async def _emit(self, conn: Connection, params: EmitEvent) -> EmitOutcome:
