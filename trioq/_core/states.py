@@ -26,9 +26,11 @@ SETTLE = "job_settle_and_claim"
 # (from, to) -> the statement(s) allowed to make that transition.
 TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
     (S.SCHEDULED, S.READY): (SETTLE,),  # promotion when due
-    (S.SCHEDULED, S.CANCELLED): ("job_cancel",),
+    (S.SCHEDULED, S.CANCELLED): ("job_cancel", "job_cancel_children"),
+    (S.SCHEDULED, S.WAITING): ("job_cancel",),  # a parent waits for its running children
     (S.READY, S.RUNNING): (SETTLE,),  # claim
-    (S.READY, S.CANCELLED): ("job_cancel",),
+    (S.READY, S.CANCELLED): ("job_cancel", "job_cancel_children"),
+    (S.READY, S.WAITING): ("job_cancel",),  # a parent waits for its running children
     (S.RUNNING, S.COMPLETED): (SETTLE,),
     (S.RUNNING, S.SCHEDULED): (SETTLE,),  # retry with backoff
     (S.RUNNING, S.READY): (
@@ -36,13 +38,20 @@ TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
         "maintenance_pass",  # the holder died
     ),
     (S.RUNNING, S.SLEEPING): (SETTLE,),
-    (S.RUNNING, S.WAITING): (SETTLE,),
+    (S.RUNNING, S.WAITING): (SETTLE, "job_wait_event", "job_wait_children"),
     (S.RUNNING, S.FAILED): (SETTLE, "maintenance_pass"),
     (S.RUNNING, S.CANCELLED): (SETTLE,),  # handler cancelled on request
     (S.SLEEPING, S.READY): (SETTLE,),  # promotion at the wake time
-    (S.SLEEPING, S.CANCELLED): ("job_cancel",),
-    (S.WAITING, S.READY): (SETTLE,),  # deadline promotion (wake-ups by events/children too)
-    (S.WAITING, S.CANCELLED): ("job_cancel",),
+    (S.SLEEPING, S.CANCELLED): ("job_cancel", "job_cancel_children"),
+    (S.SLEEPING, S.WAITING): ("job_cancel",),  # a parent waits for its running children
+    (S.WAITING, S.READY): (
+        SETTLE,  # deadline promotion, and a child's final outcome waking its parent
+        "event_emit",  # the event it waits for
+        "maintenance_pass",  # a child failed by lease recovery
+        "job_cancel",  # a child cancelled (parents_notify)
+        "job_cancel_children",
+    ),
+    (S.WAITING, S.CANCELLED): ("job_cancel", "job_cancel_children"),
     (S.FAILED, S.READY): ("job_retry",),  # redrive
     (S.CANCELLED, S.READY): ("job_retry",),
 }
