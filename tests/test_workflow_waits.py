@@ -312,3 +312,52 @@ async def test_spawn_refuses_bad_options_before_any_sql(pg_url: str, pg_schema: 
         with pytest.raises(ValueError, match=r"^key:"):
             await client.emit_event(None, 1)  # type: ignore[arg-type]
     assert errors == ["dedup_key", "priority", "partition_key", "wait_for_event:", "wait_for_event"]
+
+
+async def test_a_parent_completes_only_after_the_children_it_did_not_await(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Nursery semantics: returning from the handler waits (durably) for unawaited children."""
+    app = make_app(pg_url, pg_schema)
+    release = trio.Event()
+    returned = 0
+
+    @app.task("slow")
+    async def slow(ctx: trioq.Context, payload: object) -> str:
+        await release.wait()
+        return "done"
+
+    @app.task("fire_and_forget")
+    async def fire_and_forget(ctx: trioq.Context, payload: object) -> str:
+        nonlocal returned
+        await ctx.spawn("slow", None)
+        returned += 1
+        return "parent"
+
+    parent_waits = trio.Event()
+
+    def on_end(job: Any, outcome: str) -> None:
+        if job.task == "fire_and_forget" and outcome == "waiting":
+            parent_waits.set()
+
+    hooks = trioq.WorkerHooks(on_job_end=on_end)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("fire_and_forget")
+        async with running_worker(app, poll_interval=POLL, concurrency=2, hooks=hooks):
+            with trio.fail_after(10):
+                await parent_waits.wait()  # it returned, and waits for its child
+                assert returned == 1
+                release.set()
+                assert await client.wait_result(job.id) == "parent"
+        [(child_state, child_finished, parent_finished)] = await trio.to_thread.run_sync(
+            functools.partial(
+                _rows,
+                pg_url,
+                f'SELECT c.state, c.finished_at, p.finished_at FROM "{pg_schema}".jobs c '
+                f'JOIN "{pg_schema}".jobs p ON p.id = c.parent_id WHERE p.id = %s',
+                (job.id,),
+            )
+        )
+    assert child_state == "completed"
+    assert child_finished <= parent_finished
+    assert returned == 2  # returned once, waited, replayed

@@ -17,6 +17,7 @@ from .. import _tracing as tracing
 from .._core import codec
 from .._core.errors import NondeterminismError
 from .._core.retry import should_retry
+from . import waits
 from .context import Context
 from .logs import log_job_failure
 from .outcome import (
@@ -57,6 +58,10 @@ async def execute(run: Run) -> Outcome:
                 result = await spec.handler(Context(run), spec.load_payload(job.payload))
                 result_json = codec.encode(result, root="result")
     except trio.Cancelled:
+                # Nursery semantics: a workflow completes only once every child it spawned
+                # is final (it waits durably for the ones it did not await itself).
+                await waits.join_children(run)
+    except (trio.Cancelled, KeyboardInterrupt):
         raise  # not ours: our own scope's cancellation never reaches this point
     except BaseException as exc:
         if isinstance(exc, BaseExceptionGroup) and exc.subgroup(

@@ -69,6 +69,9 @@ class Run:
     trace_id: str | None = None  # the handler's span (otel extra), for the failure line
     # Set once the handler's own transaction that completed the job has committed.
     completed_in_transaction: bool = False
+    # Children spawned by this job (replayed or new) not yet known to be final: waits.py keeps
+    # it, and a handler that returns waits for them before the job completes.
+    unfinished_children: list[int] = attrs.field(factory=list)
     _history: dict[int, Checkpoint] = attrs.field(init=False)
     _position: int = 0
 

@@ -112,9 +112,12 @@ async def spawn(run: Run, task: str, payload: Any, options: dict[str, Any]) -> i
         )
     position, entry = run.replay(SPAWN, task)
     if entry is not None:
-        return int(entry.value["child_id"])
+        child_id = int(entry.value["child_id"])
+        run.unfinished_children.append(child_id)
+        return child_id
     outcome = await spawner_for(run.driver).spawn(Spawn(run.lease, position, child))
     if outcome.child_id is not None:
+        run.unfinished_children.append(outcome.child_id)
         return outcome.child_id
     if outcome.cancelling:
         run.cancel("cancelled")  # the cancel notification is on its way: act on it now
@@ -129,6 +132,7 @@ async def wait_result(run: Run, child_id: int) -> Any:
         [child] = _stored_children(entry.value)
     else:
         [child] = await _wait(run, position, (child_id,), kind=CHILD, name=str(child_id))
+    _finished(run, (child_id,))
     if child.state != "completed":
         raise _failure(child)
     return child.result
@@ -144,6 +148,15 @@ async def gather(run: Run, child_ids: Sequence[int]) -> list[Any]:
     name = ",".join(map(str, ids))
     position, entry = run.replay(GATHER, name)
     value = None if entry is None else entry.value
+    try:
+        return await _gather(run, position, ids, name, value)
+    finally:
+        _finished(run, ids)  # every exit of gather leaves its children final
+
+
+async def _gather(
+    run: Run, position: int, ids: tuple[int, ...], name: str, value: Any
+) -> list[Any]:
     if value is None:
         children = await _wait(run, position, ids, kind=GATHER, name=name, stop_on_failure=True)
         failed = [child for child in children if child.state in ("failed", "cancelled")]
@@ -168,6 +181,19 @@ async def gather(run: Run, child_ids: Sequence[int]) -> list[Any]:
     failed_id, failed_state, failed_error = value["failed"]
     await _wait(run, position, ids, kind=GATHER, name=name, record=False)
     raise _failure(ChildOutcome(failed_id, failed_state, None, failed_error))
+
+
+async def join_children(run: Run) -> None:
+    """Wait (durably) until every child this job spawned and did not await is final."""
+    if run.unfinished_children:
+        ids = tuple(dict.fromkeys(run.unfinished_children))
+        await _wait(run, 0, ids, kind="join", name="", record=False)
+        run.unfinished_children.clear()
+
+
+def _finished(run: Run, ids: Sequence[int]) -> None:
+    done = set(ids)
+    run.unfinished_children[:] = [i for i in run.unfinished_children if i not in done]
 
 
 async def _wait(
