@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
 
-from tests.test_state_machine import QUEUE, SLEEP, DifferentialMachine, Leases, _records
+from tests.test_state_machine import QUEUE, SLEEP, DifferentialMachine, _records
 from trioq._driver import (
     CancelChildren,
     EmitEvent,
@@ -164,8 +164,8 @@ class WaitsMachine(DifferentialMachine):
         rows = dict(zip(jobs, self.host.call(_records, self.pair.memory, jobs), strict=True))
         for job, record in rows.items():
             assert record is not None
-            if record.state in ("waiting", "sleeping"):
-                assert job not in self.leases or self._lease_is_stale(job), record
+            if record.state in ("waiting", "sleeping"):  # suspended: no lease, so no slot
+                assert job not in self.leases, record
         for parent, waited in list(self.child_waits.items()):
             record = rows[parent]
             assert record is not None
@@ -182,12 +182,6 @@ class WaitsMachine(DifferentialMachine):
                 for child in self.children.get(parent, ()):
                     child_row = rows[child]
                     assert child_row is not None and child_row.state in FINAL, (parent, child)
-
-    def _lease_is_stale(self, job: int) -> bool:
-        return False
-
-    def _leases_of(self, job: int) -> Leases | None:
-        return self.leases.get(job)
 
 
 def test_both_drivers_agree_on_events_and_children(pg_url: str, pg_schema: str) -> None:
