@@ -78,6 +78,7 @@ from ._driver import (
     UnroutableJobs,
     Spawn,
     SpawnOutcome,
+    TaskStatus,
     WaitChildren,
     WaitEvent,
     WorkerInfo,

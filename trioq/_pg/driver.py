@@ -68,6 +68,7 @@ from .._driver import (
     UnroutableJobs,
     Spawn,
     SpawnOutcome,
+    TaskStatus,
     WaitChildren,
     WaitEvent,
     WorkerInfo,
