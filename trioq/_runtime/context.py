@@ -18,6 +18,7 @@ import attrs
 from .._core.retry import RetryPolicy
 from ..client import ACTIVE_CLIENT, Client
 from .job_transaction import JobTransaction, open_job_transaction
+from .._enqueue import TaskDeclaration
 from . import waits
 from .run import Run
 
@@ -132,7 +133,7 @@ class Context:
         """Emit the event `key` from this workflow, as a step: a replay does not emit again."""
         await waits.emit_event(self._run, key, payload)
 
-    async def spawn(self, task: str, payload: Any = None, **options: Any) -> int:
+    async def spawn(self, task: str | TaskDeclaration, payload: Any = None, **options: Any) -> int:
         """Enqueue a child job (options as for `client.enqueue`, except dedup_key) exactly once
         for this point of the workflow, and return its id (the same id on every replay)."""
         return await waits.spawn(self._run, task, payload, options)

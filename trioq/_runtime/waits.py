@@ -94,9 +94,11 @@ async def emit_event(run: Run, key: str, payload: Any) -> None:
 # --- children -------------------------------------------------------------------------------
 
 
-async def spawn(run: Run, task: str, payload: Any, options: dict[str, Any]) -> int:
-    from .._enqueue import EnqueueOptions, build_jobs  # the producer's validation, same errors
+async def spawn(run: Run, task: Any, payload: Any, options: dict[str, Any]) -> int:
+    from .._enqueue import EnqueueOptions, TaskDeclaration, build_jobs  # the same validation
 
+    if isinstance(task, TaskDeclaration):
+        task = task.name
     spec = run.tasks.get(task)
     if spec is None:
         raise LookupError(f"spawn: task {task!r} is not registered with this app")
