@@ -271,7 +271,11 @@ _SETTLED_STATE = {
         await self._driver._statement("event_emit")
         json.loads(params.payload_json)
         self._events.append(params)
-        _, emitted_at = self._driver._events.get(params.key, (None, None))
+        emitted_at = (
+            self._driver._events[params.key].emitted_at
+            if params.key in self._driver._events
+            else None
+        )
         first = emitted_at is None and params.key not in {e.key for e in self._events[:-1]}
         return EmitOutcome(first=first, woken=0)
 
@@ -298,9 +302,7 @@ class MemoryDriver:
     # (queue, partition key) -> the job holding it: the partition_locks table
     _key_locks: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)
     # event key -> (payload JSON, emitted_at; None: only waited for): the events table
-    _events: dict[str, tuple[str | None, datetime.datetime | None]] = attrs.field(
-        init=False, factory=dict
-    )
+    _events: dict[str, waits.EventRow] = attrs.field(init=False, factory=dict)
     _workers: dict[uuid.UUID, _Worker] = attrs.field(init=False, factory=dict)
     _paused: dict[str, datetime.datetime] = attrs.field(init=False, factory=dict)
     _listeners: set[MemoryListener] = attrs.field(init=False, factory=set)
@@ -727,6 +729,7 @@ class MemoryDriver:
         for worker_id in stale:
             del self._workers[worker_id]
         pruned = self._prune_finished(now - params.retention_seconds * _SECOND, params.prune_limit)
+        waits.prune_events(self, now - params.retention_seconds * _SECOND, params.prune_limit)
         self._deliver(outbox)
         return MaintenanceReport(
             leader=True, recovered=recovered, pruned_jobs=pruned, pruned_workers=len(stale)

@@ -13,6 +13,8 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ._driver import (
     CancelChildren,
     CancelOutcome,
@@ -32,6 +34,29 @@ if TYPE_CHECKING:
 
 FINAL = frozenset({"completed", "failed", "cancelled"})
 _SECOND = datetime.timedelta(seconds=1)
+
+
+@attrs.define
+class EventRow:
+    """One row of the events table (`emitted_at` None: only waited for so far)."""
+
+    payload_json: str | None
+    emitted_at: datetime.datetime | None
+    created_at: datetime.datetime
+
+
+def prune_events(driver: MemoryDriver, before: datetime.datetime, limit: int) -> int:
+    """Retention (maintenance_pass): events older than `before` that no job waits for."""
+    waited = {row.wait_event_key for row in driver._rows.values() if row.state == "waiting"}
+    old = sorted(
+        (event.emitted_at or event.created_at, key)
+        for key, event in driver._events.items()
+        if (event.emitted_at or event.created_at) < before
+    )[:limit]
+    pruned = [key for _, key in old if key not in waited]
+    for key in pruned:
+        del driver._events[key]
+    return len(pruned)
 
 
 def _owned(driver: MemoryDriver, lease: Any) -> _Row | None:
@@ -58,16 +83,16 @@ def emit(
     driver: MemoryDriver, params: EmitEvent, now: datetime.datetime, outbox: _Outbox
 ) -> EmitOutcome:
     json.loads(params.payload_json)
-    _, emitted_at = driver._events.get(params.key, (None, None))
-    first = emitted_at is None
+    event = driver._events.setdefault(params.key, EventRow(None, None, now))
+    first = event.emitted_at is None
     if first:
-        driver._events[params.key] = (params.payload_json, now)
+        event.payload_json, event.emitted_at = params.payload_json, now
     woken = [
         row
         for row in driver._rows.values()
         if row.state == "waiting" and row.wait_event_key == params.key
     ]
-    stored = driver._events[params.key][0]
+    stored = event.payload_json
     for row in woken:
         _wake(driver, row, now, outbox)
         row.wait_event_key = None
@@ -80,7 +105,8 @@ def emit(
 
 
 def wait_event(driver: MemoryDriver, params: WaitEvent, now: datetime.datetime) -> EventWaitOutcome:
-    payload_json, emitted_at = driver._events.setdefault(params.key, (None, None))
+    event = driver._events.setdefault(params.key, EventRow(None, None, now))
+    payload_json, emitted_at = event.payload_json, event.emitted_at
     deadline = params.deadline or now + params.timeout_seconds * _SECOND
     payload = None if payload_json is None else json.loads(payload_json)
     if emitted_at is not None:

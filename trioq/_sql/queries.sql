@@ -581,12 +581,31 @@ old AS (
 ),
 pruned AS (
     DELETE FROM {schema}.jobs j USING old WHERE j.id = old.id RETURNING j.id
+),
+-- Events are kept for the retention period after their emit (or their first wait, for keys
+-- never emitted), then pruned unless a job still waits for them (events_age_idx). A waiter
+-- registering meanwhile either holds the row (SKIP LOCKED leaves it) or, finding it deleted,
+-- inserts it afresh (ON CONFLICT retries the insert).
+old_events AS (
+    DELETE FROM {schema}.events e
+    WHERE e.key IN (
+            SELECT o.key FROM {schema}.events o
+            WHERE (SELECT ok FROM leader)
+              AND coalesce(o.emitted_at, o.created_at)
+                  < {schema}.db_now() - %(retention_seconds)s * interval '1 second'
+            ORDER BY coalesce(o.emitted_at, o.created_at)
+            LIMIT %(prune_limit)s
+            FOR UPDATE SKIP LOCKED)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j
+                      WHERE j.wait_event_key = e.key AND j.state = 'waiting')
+    RETURNING e.key
 )
 SELECT (SELECT ok FROM leader),
        (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
        (SELECT count(*) FROM stale_workers),
        (SELECT count(*) FROM pruned),
-       (SELECT n FROM notified) + (SELECT n FROM results_notified);
+       (SELECT n FROM notified) + (SELECT n FROM results_notified)
+       + (SELECT count(*) FROM old_events);
 
 -- name: job_cancel
 -- Cancel a job and, recursively, every unfinished job it spawned (job_cancel_tree, migration

@@ -18,6 +18,7 @@ from .._driver import (
     Driver,
     EmitEvent,
     Lease,
+    MaintenancePass,
     Spawn,
     WaitChildren,
     WaitEvent,
@@ -284,3 +285,17 @@ async def check_cancelling_a_parent_cancels_its_unfinished_children(
     await fail(driver, runs, None, final_state="cancelled")
     [again] = await claim(driver)
     expect((again.id, again.cancel_requested), (parent.id, True), "woken, to be cancelled")
+
+
+@conformance_check
+async def check_events_are_pruned_after_retention_unless_waited_for(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await emit(driver, "old", 1)
+    lease = await running(driver)
+    waiting = await driver.job_wait_event(WaitEvent(lease, 0, "awaited", 10 * HOUR))
+    expect(waiting.state, "waiting", "a job waits for a key never emitted")
+    await clock.advance(200)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=100))
+    expect(await emit(driver, "old", 2), (True, 0), "a pruned key is new again")
+    expect(await emit(driver, "awaited", 3), (True, 1), "a waited-for key is kept")

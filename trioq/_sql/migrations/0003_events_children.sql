@@ -11,6 +11,8 @@ CREATE TABLE {schema}.events (
     emitted_at timestamptz,
     created_at timestamptz NOT NULL
 );
+-- Retention prunes events oldest first (maintenance_pass).
+CREATE INDEX events_age_idx ON {schema}.events ((coalesce(emitted_at, created_at)));
 
 -- Children: a child records its parent and the parent's checkpoint position that spawned it;
 -- the unique index makes a spawn exactly-once per (parent, position) across replays, and it is
