@@ -79,6 +79,7 @@ from ._driver import (
     Spawn,
     SpawnOutcome,
     TaskStatus,
+    UnroutableJobs,
     WaitChildren,
     WaitEvent,
     WorkerInfo,

@@ -69,6 +69,7 @@ from .._driver import (
     Spawn,
     SpawnOutcome,
     TaskStatus,
+    UnroutableJobs,
     WaitChildren,
     WaitEvent,
     WorkerInfo,
@@ -461,6 +462,7 @@ class PgDriver:
                 "delays": [child.delay_seconds for child in children],
                 "partition_keys": [child.partition_key for child in children],
                 "max_attempts": [child.max_attempts for child in children],
+                "versions": [child.version for child in children],
             },
         )
         return [SpawnOutcome(row[1], row[2], row[3]) for row in rows]
