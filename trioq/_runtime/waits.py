@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .._core import codec
-from .._core.errors import EventTimeout, JobFailed
+from .._core.errors import EventTimeout, JobFailed, UnknownTask
 from .._core.identifiers import validate_key
 from .._driver import (
     CancelChildren,
@@ -101,7 +101,7 @@ async def spawn(run: Run, task: Any, payload: Any, options: dict[str, Any]) -> i
         task = task.name
     spec = run.tasks.get(task)
     if spec is None:
-        raise LookupError(f"spawn: task {task!r} is not registered with this app")
+        raise UnknownTask(f"spawn: task {task!r} is not registered with this app")
     if options.get("dedup_key") is not None:
         raise ValueError("dedup_key: a child is already enqueued once per parent position")
     [child] = build_jobs(spec, [payload], EnqueueOptions(**options), single=True)
