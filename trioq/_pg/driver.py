@@ -67,6 +67,7 @@ from .._driver import (
     UnroutableJobs,
     Spawn,
     SpawnOutcome,
+    TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
     WaitChildren,

@@ -516,10 +516,10 @@ recovered AS (
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
               j.parent_id
 ),
--- A child failed for good here wakes its parent here (as in job_settle_and_claim).
+-- A child failed (or cancelled) for good here wakes its parent here (as in job_settle_and_claim).
 finished_children AS (
     SELECT r.parent_id, array_agg(r.id) AS ids
-    FROM recovered r WHERE r.parent_id IS NOT NULL AND r.state = 'failed'
+    FROM recovered r WHERE r.parent_id IS NOT NULL AND r.state IN ('failed', 'cancelled')
     GROUP BY r.parent_id
 ),
 parents_locked AS MATERIALIZED (
