@@ -622,6 +622,7 @@ class Transaction(Protocol):
         statement: the settlement commits with the caller's writes or not at all (a handler's
         transactional completion). Returns (id, new state) of the rows whose fence held."""
         ...
+
     async def event_emit(self, params: EmitEvent) -> EmitOutcome: ...
 
 

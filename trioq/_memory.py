@@ -249,18 +249,6 @@ class MemoryTransaction:
         self._settlements.extend(held)
         return [(s.lease.id, _SETTLED_STATE[s.kind]) for s in held]
 
-
-# The state a settlement kind leaves a job in when it is not due at once (memory predictions
-# for a transaction's settlements, applied at commit).
-_SETTLED_STATE = {
-    "complete": "completed",
-    "fail": "failed",
-    "cancel": "cancelled",
-    "retry": "scheduled",
-    "release": "ready",
-    "sleep": "sleeping",
-    "wait": "waiting",
-}
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         """Buffered like the enqueues: stored and its waiters woken only at commit. The
         outcome is the one the emit would have now."""
@@ -276,6 +264,19 @@ _SETTLED_STATE = {
         )
         first = emitted_at is None and params.key not in {e.key for e in self._events[:-1]}
         return EmitOutcome(first=first, woken=0)
+
+
+# The state a settlement kind leaves a job in when it is not due at once (memory predictions
+# for a transaction's settlements, applied at commit).
+_SETTLED_STATE = {
+    "complete": "completed",
+    "fail": "failed",
+    "cancel": "cancelled",
+    "retry": "scheduled",
+    "release": "ready",
+    "sleep": "sleeping",
+    "wait": "waiting",
+}
 
 
 @attrs.define(eq=False)
@@ -419,13 +420,12 @@ class MemoryDriver:
         if commit:
             self._commit_rows(transaction._rows, self._now())
             self._commit_settlements(transaction._settlements, self._now())
-        transaction._rows.clear()
-        transaction._settlements.clear()
             outbox = _Outbox()
             for event in transaction._events:
                 waits.emit(self, event, self._now(), outbox)
             self._deliver(outbox)
         transaction._rows.clear()
+        transaction._settlements.clear()
         transaction._events.clear()
         transaction._ended.set()
 

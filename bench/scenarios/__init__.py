@@ -41,8 +41,7 @@ Runner = Callable[[Context], None]
 
 def runners() -> dict[str, Runner]:
     """Runner name -> function, in the order a full run executes them."""
-    from bench.scenarios import enqueue, fairness, idle, latency, throughput, workflows
-    from bench.scenarios import enqueue, fairness, idle, latency, throughput, waits
+    from bench.scenarios import enqueue, fairness, idle, latency, throughput, waits, workflows
 
     return {
         "throughput": throughput.run,  # also: baseline, worker cost, statements per job

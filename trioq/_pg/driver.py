@@ -62,9 +62,6 @@ from .._driver import (
     SettleAndClaim,
     SettleAndClaimResult,
     Settlement,
-    TaskHistoryKind,
-    TaskStatus,
-    UnroutableJobs,
     Spawn,
     SpawnOutcome,
     TaskHistoryKind,
@@ -168,6 +165,7 @@ class PgTransaction:
         )
         rows = await self._driver._settle_rows(self._conn, params)
         return list(zip(rows[0][0], rows[0][1], strict=True))
+
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         return await self._driver._emit(self._conn, params)
 

@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 
 from .._core.retry import RetryPolicy
-from ..client import ACTIVE_CLIENT, Client
-from .job_transaction import JobTransaction, open_job_transaction
 from .._enqueue import TaskDeclaration
+from ..client import ACTIVE_CLIENT, Client
 from . import waits
+from .job_transaction import JobTransaction, open_job_transaction
 from .run import Run
 
 

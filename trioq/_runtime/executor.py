@@ -57,11 +57,10 @@ async def execute(run: Run) -> Outcome:
             ) as run.trace_id:  # fmt: skip
                 result = await spec.handler(Context(run), spec.load_payload(job.payload))
                 result_json = codec.encode(result, root="result")
-    except trio.Cancelled:
                 # Nursery semantics: a workflow completes only once every child it spawned
                 # is final (it waits durably for the ones it did not await itself).
                 await waits.join_children(run)
-    except (trio.Cancelled, KeyboardInterrupt):
+    except trio.Cancelled:
         raise  # not ours: our own scope's cancellation never reaches this point
     except BaseException as exc:
         if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
