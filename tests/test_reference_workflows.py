@@ -3,6 +3,7 @@ each one's result and its side effects on the simulated providers, injected fail
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterator
 
@@ -125,40 +126,55 @@ async def test_the_scheduled_digest_is_mailed_by_its_cron_schedule(app: trioq.Ap
     ]
 
 
-async def test_approval_flow_sleeps_durably_and_survives_a_worker_stopped_mid_sleep(
+async def test_approval_flow_sleeps_waits_for_an_event_and_mails_a_receipt_across_a_crash(
     app: trioq.App,
 ) -> None:
+    """r1 is released by an approver's event while it waits; r2 times out and the policy
+    decides. Worker 1 is stopped hard while r2 sleeps; worker 2 finishes both, and nothing
+    recorded before the crash (the question to the approvers) happens twice."""
     async with app.client(migrate=True) as client:
-        small = await client.enqueue("approval_flow", ApprovalRequest("r1", "ada", 20_000, 0.5))
-        large = await client.enqueue("approval_flow", ApprovalRequest("r2", "bob", 90_000, 0.5))
-        slept = trio.Event()
+        r1 = await client.enqueue(
+            "approval_flow", ApprovalRequest("r1", "ada", 20_000, 0.2, decision_timeout_seconds=30)
+        )
+        r2 = await client.enqueue(
+            "approval_flow", ApprovalRequest("r2", "bob", 90_000, 0.5, decision_timeout_seconds=0.5)
+        )
+        outcomes: dict[tuple[int, str], trio.Event] = collections.defaultdict(trio.Event)
 
         def on_job_end(job: object, outcome: str) -> None:
-            if getattr(job, "id", None) == large.id and outcome == "sleeping":
-                slept.set()
+            outcomes[(getattr(job, "id", 0), outcome)].set()
 
+        hooks = trioq.WorkerHooks(on_job_end=on_job_end)
         async with trio.open_nursery() as nursery:
             first = trio.CancelScope()
 
             async def worker_one(task_status: trio.TaskStatus[None]) -> None:
                 with first:
                     await app.run_worker(
-                        ["approvals"],
-                        2,
-                        hooks=trioq.WorkerHooks(on_job_end=on_job_end),
-                        poll_interval=0.1,
-                        task_status=task_status,
+                        ["approvals"], 4, hooks=hooks, poll_interval=0.1, task_status=task_status
                     )
 
             await nursery.start(worker_one)
             with trio.fail_after(20):
-                await slept.wait()
-            first.cancel()  # stopped hard while the workflow sleeps
-        assert (await client.get_job(large.id)).state == "sleeping"
-        async with running_worker(app, ["approvals"], poll_interval=0.1):
-            results = [await client.wait_result(job.id, timeout=20) for job in (small, large)]
+                await outcomes[(r2.id, "sleeping")].wait()
+            first.cancel()  # stopped hard while r2 sleeps
+        async with running_worker(app, ["approvals"], poll_interval=0.1, hooks=hooks):
+            with trio.fail_after(20):
+                await outcomes[(r1.id, "waiting")].wait()
+            assert (await client.get_job(r1.id)).state == "waiting"
+            await client.emit_event(demo.approval_event("r1"), {"approved": True, "by": "eve"})
+            results = [await client.wait_result(job.id, timeout=20) for job in (r1, r2)]
         kinds = {(k.task, k.kind): k.jobs for k in await client.driver.task_history_kinds()}
-    assert [(r["request_id"], r["approved"]) for r in results] == [("r1", True), ("r2", False)]
-    texts = [text for conv, text in providers.CHAT.sent if conv == "approvals-bob"]
-    assert texts == ["approve r2: 900.00?", "r2 rejected"]  # asked once, across the crash
-    assert kinds[("approval_flow", "sleep")] == 2
+    assert [(r["request_id"], r["verdict"], r["by"]) for r in results] == [
+        ("r1", "approved", "eve"),
+        ("r2", "rejected", "policy"),
+    ]
+    assert results[0]["receipt"] == {"mailed": "ada@example.com"}
+    assert sorted(providers.MAILER.outbox) == [
+        ("ada@example.com", "r1 approved"),
+        ("bob@example.com", "r2 rejected"),
+    ]
+    asks = [text for _, text in providers.CHAT.sent if text.startswith("approve ")]
+    assert sorted(asks) == ["approve r1: 200.00?", "approve r2: 900.00?"]  # once each
+    for kind in ("sleep", "event", "spawn"):
+        assert kinds[("approval_flow", kind)] == 2

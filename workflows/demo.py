@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 
 import attrs
+import trio
 
 import trioq
 
@@ -106,19 +107,28 @@ class ApprovalRequest:
     requester: str
     amount_cents: int
     cool_off_seconds: float = 1.0
+    decision_timeout_seconds: float = 3.0
 
 
 AUTO_APPROVE_CENTS = 50_000
 
 
+def approval_event(request_id: str) -> str:
+    """The event an approver emits (`client.emit_event(key, {"approved": ..., "by": ...})`)."""
+    return f"approval:{request_id}"
+
+
 def decide(amount_cents: int) -> dict[str, object]:
-    """The approval policy (a step: its answer is recorded, so a replay never re-decides)."""
+    """The fallback policy when no approver answered in time (a step: recorded, so a replay
+    never re-decides)."""
     approved = amount_cents <= AUTO_APPROVE_CENTS
-    return {"approved": approved, "by": "policy", "limit_cents": AUTO_APPROVE_CENTS}
+    return {"approved": approved, "by": "policy"}
 
 
 @app.task("approval_flow", queue="approvals", max_attempts=3)
 async def approval_flow(ctx: trioq.Context, payload: ApprovalRequest) -> dict[str, object]:
+    """Ask (a step), cool off (a durable sleep), wait for an approver's event (a durable wait
+    with a timeout; the policy decides on timeout), then mail a receipt (a child job)."""
     channel = f"approvals-{payload.requester}"
     asked = await ctx.step(
         "ask approvers",
@@ -128,16 +138,41 @@ async def approval_flow(ctx: trioq.Context, payload: ApprovalRequest) -> dict[st
         f"ask-{payload.request_id}",
     )
     await ctx.sleep("cool-off", datetime.timedelta(seconds=payload.cool_off_seconds))
-    decision = await ctx.step("decide", decide, payload.amount_cents)
+    try:
+        decision = await ctx.wait_for_event(
+            approval_event(payload.request_id),
+            timeout=datetime.timedelta(seconds=payload.decision_timeout_seconds),
+        )
+    except trioq.EventTimeout:
+        decision = await ctx.step("decide by policy", decide, payload.amount_cents)
     verdict = "approved" if decision["approved"] else "rejected"
-    await ctx.step(
-        "notify requester",
-        providers.CHAT.post_message,
-        channel,
-        f"{payload.request_id} {verdict}",
-        f"notify-{payload.request_id}",
+    receipt = await ctx.spawn(
+        "send_receipt",
+        {"to": payload.requester, "request_id": payload.request_id, "verdict": verdict},
     )
-    return {"request_id": payload.request_id, "asked": asked, **decision}
+    mailed = await ctx.wait_result(receipt)
+    return {
+        "request_id": payload.request_id,
+        "asked": asked,
+        "verdict": verdict,
+        "by": decision["by"],
+        "receipt": mailed,
+    }
+
+
+@app.task("send_receipt", queue="approvals")
+async def send_receipt(ctx: trioq.Context, payload: dict[str, str]) -> dict[str, str]:
+    to = f"{payload['to']}@example.com"
+    await providers.MAILER.send(to, f"{payload['request_id']} {payload['verdict']}")
+    return {"mailed": to}
+
+
+async def drive_demo(client: trioq.Client, scale: int = 1) -> None:
+    """What the people do during `trioq demo`: once the approvals are waiting, an approver
+    answers the even-numbered requests; the others time out and the policy decides."""
+    await trio.sleep(1.5)  # the demo's approvers take a moment (cool-off is 1 s)
+    for n in range(0, 10 * scale, 2):
+        await client.emit_event(approval_event(f"req-{n}"), {"approved": True, "by": "manager"})
 
 
 @app.periodic("nightly-digest", cron="0 9 * * *", timezone="Europe/Paris", payload={"team": "core"})
