@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 from typing import Any
 
 import attrs
@@ -14,7 +15,7 @@ import trio
 
 import trioq
 import trioq.producer
-from tests.support import make_app, running_worker, sql_rows
+from tests.support import make_app, running_worker, sql_rows, wait_until
 from trioq._enqueue import EnqueueOptions, build_jobs
 from trioq.producer import AsyncProducer, SyncProducer, declare_task
 
@@ -100,6 +101,37 @@ async def test_asyncio_producer_under_plain_asyncio_enqueues_and_waits_for_the_r
     assert [job.created for job in jobs] == [True, True, False]
     assert result == {"sent": "hi"}
     assert state in ("completed", "cancelled", "running")
+
+
+async def test_asyncio_producer_emits_the_event_a_waiting_workflow_resumes_with(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("approve", queue="approvals")
+    async def approve(ctx: trioq.Context, payload: dict[str, Any]) -> Any:
+        key = f"approval:{payload['n']}"
+        return await ctx.wait_for_event(key, timeout=datetime.timedelta(seconds=60))
+
+    async def fastapi_handler() -> tuple[Any, Any]:
+        async with AsyncProducer(pg_url, schema=pg_schema) as producer:
+            first = await producer.emit_event("approval:1", {"approved": True})
+            again = await producer.emit_event("approval:1", {"approved": False})
+            return first, again
+
+    async with app.client(migrate=True) as client, running_worker(app, ["approvals"]):
+        job = await client.enqueue("approve", {"n": 1})
+        with trio.fail_after(30):
+            await wait_until(lambda: _state_is(client, job.id, "waiting"))
+            first, again = await trio.to_thread.run_sync(asyncio.run, fastapi_handler())
+            result = await client.wait_result(job.id, timeout=20)
+    assert (first.first, first.woken) == (True, 1)
+    assert (again.first, again.woken) == (False, 0)  # the first emit of a key wins
+    assert result == {"approved": True}
+
+
+async def _state_is(client: trioq.Client, job_id: int, state: str) -> bool:
+    return (await client.get_job(job_id)).state == state
 
 
 def test_producer_refuses_bad_input_before_any_sql(pg_url: str, pg_schema: str) -> None:
