@@ -46,10 +46,25 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 async def cmd_worker(args: argparse.Namespace) -> int:
     app = _with_url(load_app(args.app), args)
     cli_worker.warn_unserved_queues(app, args.queue or ["default"])
-    await cli_worker.wait_for_database(app)
-    stopped = cli_worker.StopRecord()
+    while True:
+        await cli_worker.wait_for_database(app)
+        stopped = cli_worker.StopRecord()
+        try:
+            return await _serve_worker(app, args, stopped)
+        except BaseException as exc:
+            if not cli_worker.lost_database_while_starting(exc, stopped):
+                raise
+            print(
+                "trioq: the database went away while the worker was starting; waiting for it",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+async def _serve_worker(app: App, args: argparse.Namespace, stopped: cli_worker.StopRecord) -> int:
     async with app.client(migrate=args.migrate) as _client, trio.open_nursery() as nursery:
         worker: Worker = await nursery.start(_run_worker, app, args, nursery.cancel_scope)
+        stopped.started = True
         if args.health_port is not None:
             port = await nursery.start(serve_health, worker, args.health_port, args.health_host)
             log.info("health on %s:%d", args.health_host, port)

@@ -69,6 +69,21 @@ class StopRecord:
 
     abandoned: int = 0
     finished: bool = False  # set when the worker command returns: no hard exit after that
+    started: bool = False  # set once the worker runs (registered, claim loops started)
+
+
+def lost_database_while_starting(exc: BaseException, record: StopRecord) -> bool:
+    """True when start-up (opening the pool, migrating, registering) failed only because the
+    database went away after `wait_for_database` saw it: the command waits and starts again,
+    as it does when the database is down at start. Once the worker runs, the runtime's own
+    reconnects handle an outage, and an error that escapes is not this."""
+    from ._pg.errors import is_unreachable
+
+    if record.started:
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        return all(lost_database_while_starting(inner, record) for inner in exc.exceptions)
+    return is_unreachable(exc)
 
 
 # A handler that ignores cancellation (a blocking call in a thread, which trio cannot
