@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import attrs
 
@@ -43,6 +43,60 @@ class NewJob:
     unique_states: tuple[str, ...] = ()
     version: int = 1  # the handler version this job is for (the enqueuing app's highest)
     trace_context: str | None = None  # the enqueuer's W3C traceparent (the otel extra)
+
+
+@attrs.frozen
+class NewJobs(Sequence[NewJob]):
+    """The jobs of one enqueue call: each is `template` with its own payload (and dedup key).
+
+    A `Sequence[NewJob]` (any driver can iterate it), built without a `NewJob` per row; the
+    PostgreSQL driver inserts a batch without keys through its fast statement from `template`
+    and `payloads` alone. `dedup_keys` is None when no job has a key; a job without a key has
+    no `unique_for_seconds` or `unique_states` either (as `build_jobs` always made them).
+    """
+
+    template: NewJob  # its payload_json and dedup_key are unused
+    payloads: Sequence[str]
+    dedup_keys: Sequence[str | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    @overload
+    def __getitem__(self, index: int) -> NewJob: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[NewJob]: ...
+
+    def __getitem__(self, index: int | slice) -> NewJob | list[NewJob]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return self._job(
+            self.payloads[index], None if self.dedup_keys is None else self.dedup_keys[index]
+        )
+
+    def __iter__(self) -> Iterator[NewJob]:
+        keys = self.dedup_keys if self.dedup_keys is not None else [None] * len(self.payloads)
+        for payload, key in zip(self.payloads, keys, strict=True):
+            yield self._job(payload, key)
+
+    def _job(self, payload: str, key: str | None) -> NewJob:
+        job, keyed = self.template, key is not None
+        return NewJob(
+            job.queue,
+            job.task,
+            payload,
+            job.priority,
+            job.run_at,
+            job.delay_seconds,
+            job.partition_key,
+            key,
+            job.max_attempts,
+            job.unique_for_seconds if keyed else None,
+            job.unique_states if keyed else (),
+            job.version,
+            job.trace_context,
+        )
 
 
 @attrs.frozen

@@ -1,5 +1,6 @@
 """What every producer shares: task declarations, enqueue options, and the one validation and
-encoding path from (task, payloads, options) to the rows the `job_insert_many` statement writes.
+encoding path from (task, payloads, options) to the batch the insert statements write
+(`job_insert_batch` without dedup keys, else `job_insert_many`).
 
 The trio `Client`, the sync and asyncio producers (`trioq.producer`) and the test helpers all
 build their rows here, so a payload or option refused by one is refused by all, with the same
@@ -17,7 +18,7 @@ import attrs
 from ._core import codec
 from ._core.errors import PayloadError
 from ._core.identifiers import validate_key, validate_name
-from ._driver import InsertedJob, NewJob
+from ._driver import InsertedJob, NewJob, NewJobs
 from ._tracing import current_traceparent
 
 # A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
@@ -118,7 +119,7 @@ def build_jobs(
     *,
     single: bool = False,
     dedup_keys: Sequence[str | None] | None = None,
-) -> list[NewJob]:
+) -> NewJobs:
     """Validate options and encode payloads; raises before anything is written.
 
     Errors name the field: `$.a.b` for a single payload, `[3].a.b` inside a batch. `dedup_keys`
@@ -139,25 +140,37 @@ def build_jobs(
     unique_states = _unique_states(options.unique_states, unique_for, any(keys))
     for index, payload in enumerate(payloads):
         check_payload_type(spec, payload, "$" if single else f"[{index}]")
-    trace_context = current_traceparent()  # None unless the otel extra is configured
-    return [
-        NewJob(
-            queue=queue,
-            task=spec.name,
-            payload_json=codec.encode(payload, root="$" if single else f"[{index}]"),
-            priority=options.priority,
-            run_at=options.run_at,
-            delay_seconds=delay,
-            partition_key=partition_key,
-            dedup_key=key,
-            max_attempts=max_attempts,
-            unique_for_seconds=unique_for if key is not None else None,
-            unique_states=unique_states if key is not None else (),
-            version=getattr(spec, "version", 1),
-            trace_context=trace_context,
-        )
-        for index, (payload, key) in enumerate(zip(payloads, keys, strict=True))
-    ]
+    template = NewJob(
+        queue=queue,
+        task=spec.name,
+        payload_json="null",  # each job's own is in `payloads`
+        priority=options.priority,
+        run_at=options.run_at,
+        delay_seconds=delay,
+        partition_key=partition_key,
+        max_attempts=max_attempts,
+        unique_for_seconds=unique_for,
+        unique_states=unique_states,
+        version=getattr(spec, "version", 1),
+        trace_context=current_traceparent(),  # None unless the otel extra is configured
+    )
+    return NewJobs(template, _encode_all(payloads, single), keys if _any_key(keys) else None)
+
+
+def _any_key(keys: Sequence[str | None]) -> bool:
+    return any(key is not None for key in keys)
+
+
+def _encode_all(payloads: Sequence[Any], single: bool) -> list[str]:
+    if single:
+        return [codec.encode(payload) for payload in payloads]
+    encode = codec.encode
+    try:
+        return [encode(payload) for payload in payloads]
+    except PayloadError:
+        pass
+    # Encoded again to name the payload's index (`[3].a.b`), which costs nothing per row above.
+    return [encode(payload, root=f"[{index}]") for index, payload in enumerate(payloads)]
 
 
 def _check_priority(priority: object) -> None:
@@ -258,6 +271,11 @@ def check_payload_type(spec: TaskLike, payload: Any, root: str) -> None:
 
 
 def to_jobs(jobs: Sequence[NewJob], inserted: Sequence[InsertedJob]) -> list[Job]:
+    if isinstance(jobs, NewJobs):  # one task and queue for all: no NewJob built per row
+        task, queue = jobs.template.task, jobs.template.queue
+        if len(inserted) != len(jobs):
+            raise ValueError(f"{len(inserted)} inserted rows for {len(jobs)} jobs")
+        return [Job(row.id, task, queue, row.created) for row in inserted]
     return [
         Job(id=row.id, task=job.task, queue=job.queue, created=row.created)
         for job, row in zip(jobs, inserted, strict=True)

@@ -67,13 +67,16 @@ converter.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def to_json_value(value: Any, depth: int = 0) -> Any:
     """Unstructure attrs instances (anywhere in the value) into plain JSON values.
 
     Stops below MAX_DEPTH (the rest is left as is for `_check` to reject), so a deeply nested or
     self-referential value cannot exhaust the stack.
     """
-    if depth > MAX_DEPTH:
+    if type(value) in _SCALARS or depth > MAX_DEPTH:
         return value
     if attrs.has(type(value)):
         return converter.unstructure(value)
@@ -89,13 +92,19 @@ def encode(value: Any, *, root: str = "$", max_bytes: int = MAX_PAYLOAD_BYTES) -
     if value is None:  # the common result of a handler: skip the walk
         return "null"
     try:
-        plain = to_json_value(value)
-    except RecursionError:  # inside cattrs: an attrs value nested far too deep, or a cycle
-        raise PayloadError(root, f"nested deeper than {MAX_DEPTH} levels") from None
-    _check(plain, root, 0)
+        _check(value, root, 0)
+        plain = value  # plain JSON already: no copy to make (the common case)
+    except PayloadError:
+        # attrs instances or tuples inside, or not JSON at all: unstructure, then check again
+        # (this check raises the error if the value is not storable).
+        try:
+            plain = to_json_value(value)
+        except RecursionError:  # inside cattrs: an attrs value nested far too deep, or a cycle
+            raise PayloadError(root, f"nested deeper than {MAX_DEPTH} levels") from None
+        _check(plain, root, 0)
     text = _ENCODER.encode(plain)
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
+    # UTF-8 takes at most 4 bytes per character: a short text needs no measuring.
+    if len(text) * 4 > max_bytes and (size := len(text.encode("utf-8"))) > max_bytes:
         raise PayloadError(root, f"encodes to {size} bytes, more than the limit of {max_bytes}")
     return text
 
@@ -136,9 +145,47 @@ def _describe(exc: BaseException, kind: Any) -> str:
 
 
 def _check(value: Any, path: str, depth: int) -> None:
+    """Raise PayloadError naming the first part of `value` that is not storable JSON.
+
+    Plain containers of ASCII strings, small ints and bools are checked inline, without a call
+    or a path string per item (a payload's usual shape); anything else takes `_check_other`.
+    """
     if depth > MAX_DEPTH:
         raise PayloadError(path, f"nested deeper than {MAX_DEPTH} levels")
-    if value is None or isinstance(value, bool):
+    kind = type(value)
+    if kind is dict and depth < MAX_DEPTH:
+        for key, item in value.items():
+            if type(key) is not str or not (key.isascii() and "\x00" not in key):
+                _check_key(key, path)
+            if not _plain_leaf(item):
+                _check(item, f"{path}.{key}", depth + 1)
+    elif kind is list and depth < MAX_DEPTH:
+        for index, item in enumerate(value):
+            if not _plain_leaf(item):
+                _check(item, f"{path}[{index}]", depth + 1)
+    elif not _plain_leaf(value):
+        _check_other(value, path, depth)
+
+
+def _plain_leaf(value: Any) -> bool:
+    """True for a value nothing can be wrong with: None, a bool, an ASCII str without NUL, an
+    int of at most 63 bits (False only means "look closer")."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() and "\x00" not in value
+    if kind is int:
+        return bool(-(2**63) <= value < 2**63)
+    return value is None or kind is bool
+
+
+def _check_key(key: Any, path: str) -> None:
+    if not isinstance(key, str):
+        raise PayloadError(path, f"key {key!r} is not a string")
+    _check_text(key, f"{path} key {key!r}")
+
+
+def _check_other(value: Any, path: str, depth: int) -> None:
+    if isinstance(value, bool):
         return
     if isinstance(value, str):
         _check_text(value, path)
@@ -153,9 +200,7 @@ def _check(value: Any, path: str, depth: int) -> None:
             _check(item, f"{path}[{index}]", depth + 1)
     elif isinstance(value, Mapping) and type(value) is dict:
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise PayloadError(path, f"key {key!r} is not a string")
-            _check_text(key, f"{path} key {key!r}")
+            _check_key(key, path)
             _check(item, f"{path}.{key}", depth + 1)
     else:
         raise PayloadError(

@@ -46,6 +46,7 @@ from .._driver import (
     MaintenancePass,
     MaintenanceReport,
     NewJob,
+    NewJobs,
     NewSchedule,
     NotifyCallback,
     QueueDemand,
@@ -114,8 +115,41 @@ def _text_array(values: Sequence[str]) -> str:
     return "{" + ",".join(f'"{value}"' for value in quoted) + "}"
 
 
+def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
+    """The statement that inserts `jobs`, and its parameters (every producer sends these).
+
+    A batch of one enqueue call without dedup keys takes the fast path, `job_insert_batch`:
+    its options as scalars and its payloads as one text[] literal (psycopg would dump a list of
+    20,000 payloads element by element: 30 ms against 2 ms). Anything else takes the full
+    `job_insert_many`, one array per column.
+    """
+    if isinstance(jobs, NewJobs) and jobs.dedup_keys is None:
+        job = jobs.template
+        return "job_insert_batch", {
+            "queue": job.queue,
+            "task": job.task,
+            "payloads": _text_array(jobs.payloads),
+            "priority": job.priority,
+            "run_at": job.run_at,
+            "delay": job.delay_seconds,
+            "partition_key": job.partition_key,
+            "max_attempts": job.max_attempts,
+            "version": job.version,
+            "trace_context": job.trace_context,
+        }
+    return "job_insert_many", insert_params(jobs)
+
+
+def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]:
+    """The result rows of `insert_statement`'s statement, in the order of its jobs."""
+    if name == "job_insert_batch":
+        return [InsertedJob(row[0], True) for row in rows]
+    return [InsertedJob(id=row[1], created=row[2]) for row in rows]
+
+
 def insert_params(jobs: Sequence[NewJob]) -> Params:
-    """The parallel arrays of the job_insert_many statement (every producer sends these)."""
+    """The parallel arrays of the job_insert_many statement."""
+    jobs = list(jobs)  # a NewJobs batch builds its rows on iteration: once, not per column
     return {
         "queues": [job.queue for job in jobs],
         "tasks": [job.task for job in jobs],
@@ -263,10 +297,10 @@ class PgDriver:
 
     async def _insert(self, conn: Connection, jobs: Sequence[NewJob]) -> list[InsertedJob]:
         self._calls["job_insert_many"] += 1
-        params = insert_params(jobs)
+        name, params = insert_statement(jobs)
         with self._schema_required():
-            rows = await self._query(conn, "job_insert_many", params)
-        return [InsertedJob(id=row[1], created=row[2]) for row in rows]
+            rows = await self._query(conn, name, params)
+        return inserted_jobs(name, rows)
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
         async with self._pool.connection() as conn:

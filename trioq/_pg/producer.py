@@ -1,12 +1,12 @@
 """Producers for code that is not trio: a synchronous one (Django, Flask, scripts) and an asyncio
 one (FastAPI, aiohttp), on psycopg's own sync and async connections and psycopg_pool.
 
-They run the statements of queries.sql (the same `job_insert_many`, `job_get`, `job_cancel`,
-`event_emit` the trio driver runs) and build rows with `trioq._enqueue.build_jobs`, so
-validation, uniqueness and notifications are those of `trioq.Client`. They need no handlers:
-a task is named by a string (queue and options given, or defaults) or by a shared
-`trioq.TaskDeclaration`. Both accept the caller's own psycopg connection (`conn=`) so the
-enqueue commits or rolls back with the caller's transaction.
+They run the statements of queries.sql (the same `job_insert_batch`, `job_insert_many`,
+`job_get`, `job_cancel`, `event_emit` the trio driver runs) and build rows with
+`trioq._enqueue.build_jobs`, so validation, uniqueness and notifications are those of
+`trioq.Client`. They need no handlers: a task is named by a string (queue and options given,
+or defaults) or by a shared `trioq.TaskDeclaration`. Both accept the caller's own psycopg
+connection (`conn=`) so the enqueue commits or rolls back with the caller's transaction.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from .._core.channels import control_channel, result_channel
 from .._core.errors import JobFailed, JobNotFound, ResultTimeout, SchemaNotMigrated, TrioqError
 from .._core.identifiers import validate_job_id, validate_key, validate_schema
 from .._core.states import TERMINAL_STATES, JobState
-from .._driver import InsertedJob, JobRecord
+from .._driver import JobRecord, NewJob
 from .._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
 from .._sql import queries
-from .driver import insert_params
+from .driver import insert_statement, inserted_jobs
 
 DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
@@ -51,6 +51,19 @@ class EventOutcome:
 
     first: bool
     woken: int
+
+
+@attrs.frozen
+class _Insert:
+    """One enqueue's statement, built once for the sync and the asyncio producer alike."""
+
+    name: str
+    text: str
+    params: dict[str, Any]
+    jobs: Sequence[NewJob]
+
+    def result(self, rows: Sequence[tuple[Any, ...]]) -> list[Job]:
+        return to_jobs(self.jobs, inserted_jobs(self.name, rows))
 
 
 @attrs.define(eq=False)
@@ -82,7 +95,7 @@ class _Statements:
         *,
         single: bool,
         dedup_keys: Sequence[str | None] | None = None,
-    ) -> tuple[str, dict[str, Any], list[Any]]:
+    ) -> _Insert:
         enqueue_options = EnqueueOptions(**options)
         jobs = build_jobs(
             self.spec(task, enqueue_options.queue),
@@ -91,7 +104,8 @@ class _Statements:
             single=single,
             dedup_keys=dedup_keys,
         )
-        return self.sql["job_insert_many"], insert_params(jobs), jobs
+        name, params = insert_statement(jobs)
+        return _Insert(name, self.sql[name], params, jobs)
 
     def statement(self, name: str) -> str:
         text = self.sql.get(name)
@@ -115,10 +129,6 @@ def _resolve_url(conninfo: str | None) -> str:
     if not url:
         raise ProducerError(f"conninfo: not given and {DATABASE_URL_ENV} is not set")
     return url
-
-
-def _inserted(rows: Sequence[tuple[Any, ...]]) -> list[InsertedJob]:
-    return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
 
 def _event_params(key: str, payload: Any) -> dict[str, Any]:
@@ -200,8 +210,8 @@ class SyncProducer:
         **options: Any,
     ) -> Job:
         """Insert one job; options as for `trioq.Client.enqueue`."""
-        text, params, jobs = self._statements.insert(task, [payload], options, single=True)
-        return to_jobs(jobs, _inserted(self._fetch(text, params, conn)))[0]
+        insert = self._statements.insert(task, [payload], options, single=True)
+        return insert.result(self._fetch(insert.text, insert.params, conn))[0]
 
     def enqueue_many(
         self,
@@ -213,10 +223,10 @@ class SyncProducer:
         **options: Any,
     ) -> list[Job]:
         """Insert a batch in one statement; results in the order of `payloads`."""
-        text, params, jobs = self._statements.insert(
+        insert = self._statements.insert(
             task, list(payloads), options, single=False, dedup_keys=dedup_keys
         )
-        return to_jobs(jobs, _inserted(self._fetch(text, params, conn))) if jobs else []
+        return insert.result(self._fetch(insert.text, insert.params, conn)) if insert.jobs else []
 
     def emit_event(
         self, key: str, payload: Any = None, *, conn: SyncConnection | None = None
@@ -329,8 +339,8 @@ class AsyncProducer:
         conn: AsyncConnection | None = None,
         **options: Any,
     ) -> Job:
-        text, params, jobs = self._statements.insert(task, [payload], options, single=True)
-        return to_jobs(jobs, _inserted(await self._fetch(text, params, conn)))[0]
+        insert = self._statements.insert(task, [payload], options, single=True)
+        return insert.result(await self._fetch(insert.text, insert.params, conn))[0]
 
     async def enqueue_many(
         self,
@@ -341,10 +351,12 @@ class AsyncProducer:
         dedup_keys: Sequence[str | None] | None = None,
         **options: Any,
     ) -> list[Job]:
-        text, params, jobs = self._statements.insert(
+        insert = self._statements.insert(
             task, list(payloads), options, single=False, dedup_keys=dedup_keys
         )
-        return to_jobs(jobs, _inserted(await self._fetch(text, params, conn))) if jobs else []
+        if not insert.jobs:
+            return []
+        return insert.result(await self._fetch(insert.text, insert.params, conn))
 
     async def emit_event(
         self, key: str, payload: Any = None, *, conn: AsyncConnection | None = None

@@ -90,6 +90,40 @@ LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
 CROSS JOIN notified
 ORDER BY i.ord;
 
+-- name: job_insert_batch
+-- The fast path of job_insert_many for a batch without dedup keys in which every job shares its
+-- options (one `enqueue` or `enqueue_many` call): the options are scalars and the payloads one
+-- text[] (sent as one array literal), so neither side handles thirteen arrays per row. Without
+-- keys there is nothing to release, deduplicate or match, so no CTE of drawn ids, no window
+-- function and no joins: one INSERT ... SELECT FROM unnest, the ids taken from the identity
+-- default. The rows are inserted in payload order (ORDER BY ord) and a sequence only grows, so
+-- the returned ids sorted ascending are the payloads' ids in order. db_now() is read once (the
+-- FROM-list subquery), not per row. Every column is written as job_insert_many writes it for a
+-- job without a key (tests/test_enqueue_fast_path.py compares the two row for row); a job due
+-- later is inserted `scheduled`. ONE ready notification for the batch's queue, and only if a
+-- job of it is due now, sent inside the transaction (delivered only if it commits).
+WITH inserted AS (
+    INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
+                                   partition_key, max_attempts, created_at, version,
+                                   trace_context)
+    SELECT %(queue)s::text, %(task)s::text, p.payload::jsonb,
+           CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
+           %(priority)s::smallint, n.due_at, %(partition_key)s::text, %(max_attempts)s::int,
+           n.now, %(version)s::int, %(trace_context)s::text
+    FROM (SELECT d.now,
+                 coalesce(%(run_at)s::timestamptz,
+                          d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at
+          FROM (SELECT {schema}.db_now() AS now) AS d) AS n,
+         unnest(%(payloads)s::text[]) WITH ORDINALITY AS p(payload, ord)
+    ORDER BY p.ord
+    RETURNING j.id, j.state
+)
+SELECT i.id, n.sent
+FROM inserted i,
+     (SELECT count(pg_notify({schema}.ready_channel(%(queue)s::text), %(queue)s::text)) AS sent
+      FROM (SELECT 1 FROM inserted WHERE state = 'ready' LIMIT 1) AS due) AS n
+ORDER BY i.id;
+
 -- name: job_settle_and_claim
 -- The claim loop's one round trip: record the outcomes of this queue's finished executions,
 -- promote due work, AND claim up to %(limit)s ready jobs, in one statement (the batch is the
