@@ -303,3 +303,61 @@ async def test_injected_scheduler_lag_lowers_the_limit_without_cancelling_handle
     assert increases and set(increases) == {1} and after[-1] == 8  # additive recovery
     print(f"admission reaction time to injected scheduler lag: {reaction:.3f}s")
     assert reaction < 5
+
+
+# --- the worker row's snapshot (trioq explain), virtual time -----------------------------------
+
+
+async def test_the_snapshot_is_written_early_and_rate_limited_then_cleared(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each admission change asks for an early lease renewal (the heartbeat writes the
+    snapshot), at most one per `publish_every`; back at full concurrency the row holds NULL
+    again, and a steady idle worker sends no extra renewal."""
+    app = trioq.App(schema="virtual")
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    driver = FailingClaims()
+    changes: list[float] = []
+    published: list[tuple[float, tuple[object, ...]]] = []
+    cut_written, cleared = trio.Event(), trio.Event()
+
+    def on_publish(snapshot: tuple[object, ...]) -> None:
+        published.append((trio.current_time(), snapshot))
+        if snapshot:
+            cut_written.set()
+        elif cut_written.is_set():
+            cleared.set()
+
+    def renewals() -> int:
+        return driver.statistics().calls.get("lease_renew_many", 0)
+
+    async with app.client(driver=driver) as client, trio.open_nursery() as nursery:
+        worker = app.worker(["default"], 10, poll_interval=0.5, grace_seconds=0)
+        worker.admission.on_change = lambda queue, state: changes.append(trio.current_time())
+        worker.admission.on_publish = on_publish
+        await nursery.start(worker.run)
+        start_renewals = renewals()
+        driver.failing = True
+        job = await client.enqueue("noop", {})
+        with trio.fail_after(60):
+            await cut_written.wait()
+            why = await client.explain(job.id)
+            driver.failing = False
+            await client.wait_result(job.id)
+            await cleared.wait()
+        extra = renewals() - start_renewals
+        steady = renewals()
+        await trio.sleep(25)  # idle at full concurrency, within the 30 s idle heartbeat
+        assert renewals() == steady
+        worker.request_drain()
+    assert why.blocked_by == "admission" and why.verdict.startswith(
+        "admission reduced to 5 of 10 because database errors (worker "
+    ), why.verdict
+    assert published[-1][1] == ()
+    assert 2 <= extra <= len(changes)  # at most one renewal per change (none was due otherwise)
+    early = [t for t, _ in published]
+    assert all(b - a >= worker.admission.publish_every - 1e-9 for a, b in itertools.pairwise(early))

@@ -13,6 +13,7 @@ import trioq
 from tests.support import Gate as Latch
 from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
+from trioq._core.admission import AdmissionPolicy
 from trioq._core.explain import ExplainFacts, explain
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
@@ -217,3 +218,117 @@ async def test_a_sleeping_workflow_is_explained_by_its_wake_time(
         why = await client.explain(job.id)
     assert (why.state, why.blocked_by) == ("sleeping", "due")
     assert why.verdict.startswith("sleeping until ") and "(in 3" in why.verdict
+
+
+async def test_a_paused_queue_is_named_before_the_workers(pg_url: str, pg_schema: str) -> None:
+    app = make(pg_url, pg_schema)
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]):
+        assert await client.pause_queue("default")
+        job = await client.enqueue("work", {})
+        paused = await client.explain(job.id)
+        assert await client.resume_queue("default")
+        with trio.fail_after(10):
+            await client.wait_result(job.id)
+    assert paused.blocked_by == "paused"
+    assert paused.verdict.startswith("queue 'default' is paused since ")
+    assert paused.verdict.endswith("(trioq queue resume default)")
+    assert [gate.name for gate in paused.gates][:3] == ["due", "wait", "lease"]
+
+
+async def test_a_worker_at_a_reduced_admission_limit_is_named(pg_url: str, pg_schema: str) -> None:
+    """Injected database errors cut the worker's limit to 1 of 4; the next lease renewal
+    (early, because the snapshot changed) writes it on the worker row, and a ready job behind
+    the one running is explained by it."""
+    app = make_app(pg_url, pg_schema)
+    latch = Latch()
+
+    @app.task("hold")
+    async def hold(ctx: trioq.Context, payload: object) -> None:
+        latch.enter()
+        await latch.release.wait()
+
+    published: list[tuple[object, ...]] = []
+    cut_written = trio.Event()
+
+    def on_publish(snapshot: tuple[object, ...]) -> None:
+        published.append(snapshot)
+        if any(entry.limit == 1 for entry in snapshot):  # type: ignore[attr-defined]
+            cut_written.set()
+
+    async with app.client(migrate=True) as client, trio.open_nursery() as nursery:
+        worker = app.worker(["default"], 4, grace_seconds=0, admission="on")
+        worker.admission.sample_interval = 0.05
+        # Every sample with an error cuts at once, down to 1; it never grows back here.
+        worker.admission.policy = AdmissionPolicy(
+            sustain_seconds=0, decrease_every=0, increase_every=1e6, min_limit=1
+        )
+        worker.admission.on_publish = on_publish
+        await nursery.start(worker.run)
+        first = await client.enqueue("hold", {})
+        with trio.fail_after(20):
+            await latch.wait_entered(1)
+            worker.admission.record_error("job_settle_and_claim", ConnectionError("injected"))
+            await cut_written.wait()
+        second = await client.enqueue("hold", {})
+        why = await client.explain(second.id)
+        latch.release.set()
+        worker.request_drain()
+    assert why.state == "ready" and why.blocked_by == "admission", why
+    assert why.verdict.startswith(
+        f"admission reduced to 1 of 4 because database errors (worker {worker.worker_id} on "
+    ), why.verdict
+    assert ", since " in why.verdict
+    assert first.id != second.id
+
+
+def _ready_job() -> dict[str, object]:
+    return {
+        "id": 5,
+        "queue": "q",
+        "task": "t",
+        "state": "ready",
+        "priority": 0,
+        "attempt": 0,
+        "max_attempts": 5,
+        "partition_key": None,
+        "run_at": NOW.isoformat(),
+    }
+
+
+def _worker(name: str, admission: dict[str, object] | None) -> dict[str, object]:
+    return {
+        "id": name,
+        "hostname": "host",
+        "pid": 1,
+        "state": "running",
+        "heartbeat_at": NOW.isoformat(),
+        "admission": admission,
+    }
+
+
+def test_admission_gate_needs_every_accepting_worker_reduced() -> None:
+    since = (NOW - datetime.timedelta(seconds=40)).isoformat()
+    lag = {"q": {"limit": 2, "concurrency": 8, "reason": "scheduler_lag", "cause": "scheduler_lag",
+                 "since": since}}  # fmt: skip
+    healing = {"q": {"limit": 3, "concurrency": 8, "reason": "recovering", "cause": "db_errors",
+                     "since": since}}  # fmt: skip
+    other_queue = {"elsewhere": lag["q"]}
+    both = explain(
+        ExplainFacts(NOW, _ready_job(), workers=(_worker("a", lag), _worker("b", healing)))
+    )
+    assert both.blocked_by == "admission"
+    assert both.verdict == (
+        "admission reduced to 5: 2 of 8 because scheduler lag (worker a on host:1, since "
+        "2029-12-31T23:59:20+00:00 (40s ago)); 3 of 8 because it is recovering from database "
+        "errors (worker b on host:1, since 2029-12-31T23:59:20+00:00 (40s ago))"
+    )
+    one_full = explain(
+        ExplainFacts(NOW, _ready_job(), workers=(_worker("a", lag), _worker("b", other_queue)))
+    )
+    assert one_full.blocked_by is None
+    assert one_full.gates[-1] == trioq.Gate(
+        "admission", False, "1 accepting worker(s) at full concurrency"
+    )
+    draining = {**_worker("c", None), "state": "draining"}
+    behind_drain = explain(ExplainFacts(NOW, _ready_job(), workers=(_worker("a", lag), draining)))
+    assert behind_drain.blocked_by == "admission"  # a draining worker claims nothing either

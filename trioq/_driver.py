@@ -174,11 +174,28 @@ class CheckpointWrite:
 
 
 @attrs.frozen
+class QueueAdmission:
+    """One queue whose effective limit admission control has reduced (the worker row's
+    admission snapshot, migration 0008): `reason` is the current reason code (`recovering`
+    while it grows back), `cause` the overload signal that cut it, `reduced_for_seconds` how
+    long the limit has been below the configured concurrency (stored as the database's time)."""
+
+    queue: str
+    limit: int
+    concurrency: int
+    reason: str
+    cause: str
+    reduced_for_seconds: float
+
+
+@attrs.frozen
 class RenewLeases:
     worker_id: uuid.UUID
     worker_state: str
     lease_seconds: float
     leases: tuple[Lease, ...]
+    # The heartbeat writes this snapshot on the worker row (empty: every queue at full).
+    admission: tuple[QueueAdmission, ...] = ()
 
 
 @attrs.frozen

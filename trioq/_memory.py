@@ -163,6 +163,7 @@ class _Worker:
     started_at: datetime.datetime
     heartbeat_at: datetime.datetime
     state: str = "running"
+    admission: dict[str, dict[str, Any]] | None = None  # the heartbeat's snapshot (0008)
 
 
 @attrs.define(eq=False)
@@ -700,6 +701,16 @@ class MemoryDriver:
         if worker is not None:
             worker.heartbeat_at = now
             worker.state = params.worker_state
+            worker.admission = {
+                a.queue: {
+                    "limit": a.limit,
+                    "concurrency": a.concurrency,
+                    "reason": a.reason,
+                    "cause": a.cause,
+                    "since": now - a.reduced_for_seconds * _SECOND,
+                }
+                for a in params.admission
+            } or None
         renewed: dict[int, RenewedLease] = {}
         for lease in params.leases:
             row = self._rows.get(lease.id)
@@ -872,6 +883,11 @@ class MemoryDriver:
             key_ahead=_explain_row(ahead[0]) if ahead else None,
             workers=tuple(_explain_worker(w) for w in workers),
             last_attempt=attrs.asdict(attempts[-1]) if attempts else None,
+            pause=(
+                {"queue": row.queue, "paused_at": self._paused[row.queue]}
+                if row.queue in self._paused
+                else None
+            ),
         )
 
     async def checkpoint_list(self, job_id: int) -> list[Checkpoint]:
@@ -1286,6 +1302,7 @@ def _explain_worker(worker: _Worker) -> dict[str, Any]:
         "queues": list(registration.queues),
         "state": worker.state,
         "heartbeat_at": worker.heartbeat_at,
+        "admission": worker.admission,
     }
 
 

@@ -27,6 +27,7 @@ class ExplainFacts:
     key_ahead: Row | None = None  # an earlier ready job of the same key
     workers: tuple[Row, ...] = ()  # registered workers that serve the job's queue
     last_attempt: Row | None = None
+    pause: Row | None = None  # the queue's queue_pauses row when it is paused
 
 
 @attrs.frozen
@@ -73,6 +74,7 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
             _due_gate(job, now),
             _wait_gate(job, now),
             _lease_gate(job, facts.workers, now, live_seconds),
+            _pause_gate(job, facts.pause, now),
             _key_gate(job, facts, now),
             *_worker_gates(job, facts.workers, now, live_seconds),
         ]
@@ -83,8 +85,7 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
         waited = (now - (when(job["run_at"]) or now)).total_seconds()
         verdict = (
             f"claimable now (due {waited:.0f}s ago): every gate passes, so the serving "
-            "workers' slots are full or admission control lowered their limits "
-            "(trioq_effective_limit, trioq_admission_reason on /metrics)"
+            "workers' slots are full (or it is about to be claimed)"
         )
     return Explanation(int(job["id"]), state, verdict, tuple(gates))
 
@@ -160,6 +161,19 @@ def _lease_gate(
     )
 
 
+def _pause_gate(job: Row, pause: Row | None, now: datetime.datetime) -> Gate:
+    # The claim statement checks the pause before it looks at any job of the queue.
+    queue = job["queue"]
+    if pause is None or job["state"] not in ("ready", "scheduled"):
+        return Gate("paused", False, f"queue {queue!r} is not paused")
+    return Gate(
+        "paused",
+        True,
+        f"queue {queue!r} is paused since {_at(pause.get('paused_at'), now)} "
+        f"(trioq queue resume {queue})",
+    )
+
+
 def _key_gate(job: Row, facts: ExplainFacts, now: datetime.datetime) -> Gate:
     key = job.get("partition_key")
     if key is None or job["state"] not in ("ready", "scheduled"):
@@ -203,7 +217,50 @@ def _worker_gates(
         gates.append(Gate("version", False, f"{len(serving)} worker(s) serve {pair}"))
     if all(w.get("state") == "draining" for w in serving):
         return [*gates, Gate("draining", True, f"every worker serving queue {queue!r} is draining")]
-    return [*gates, Gate("draining", False, "a serving worker is accepting work")]
+    accepting = [w for w in serving if w.get("state") != "draining"]
+    gates.append(Gate("draining", False, "a serving worker is accepting work"))
+    return [*gates, _admission_gate(queue, accepting, now)]
+
+
+# Reason codes of trioq._core.admission, as explain words them.
+_REASON_TEXT = {
+    "scheduler_lag": "scheduler lag",
+    "lease_renewal_late": "lease renewals running late",
+    "db_errors": "database errors",
+    "claim_latency": "slow claim statements",
+}
+
+
+def _reduction(worker: Row, queue: str) -> Row | None:
+    """The worker's admission entry for `queue` (its row's snapshot), or None at full."""
+    snapshot = worker.get("admission") or {}
+    entry = snapshot.get(queue)
+    return entry if isinstance(entry, Mapping) else None
+
+
+def _because(entry: Row) -> str:
+    reason, cause = str(entry.get("reason")), str(entry.get("cause"))
+    cause_text = _REASON_TEXT.get(cause, cause)
+    if reason == "recovering":
+        return f"it is recovering from {cause_text}"
+    return _REASON_TEXT.get(reason, reason)
+
+
+def _admission_gate(queue: str, accepting: Sequence[Row], now: datetime.datetime) -> Gate:
+    reduced = [(w, entry) for w in accepting if (entry := _reduction(w, queue)) is not None]
+    if len(reduced) < len(accepting) or not accepting:
+        detail = f"{len(accepting) - len(reduced)} accepting worker(s) at full concurrency"
+        return Gate("admission", False, detail)
+    parts = [
+        f"{entry.get('limit')} of {entry.get('concurrency')} because {_because(entry)} "
+        f"(worker {w.get('id')} on {w.get('hostname')}:{w.get('pid')}, since "
+        f"{_at(entry.get('since'), now)})"
+        for w, entry in reduced
+    ]
+    total = sum(int(entry.get("limit") or 0) for _, entry in reduced)
+    if len(parts) == 1:
+        return Gate("admission", True, f"admission reduced to {parts[0]}")
+    return Gate("admission", True, f"admission reduced to {total}: " + "; ".join(parts))
 
 
 __all__ = ["ExplainFacts", "Explanation", "Gate", "explain"]

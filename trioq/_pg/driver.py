@@ -49,6 +49,7 @@ from .._driver import (
     NewJobs,
     NewSchedule,
     NotifyCallback,
+    QueueAdmission,
     QueueDemand,
     QueuePause,
     QueueStatus,
@@ -91,6 +92,18 @@ def _lease_arrays(leases: Sequence[Lease]) -> Params:
         "ids": "{" + ",".join([str(lease.id) for lease in leases]) + "}",
         "attempts": "{" + ",".join([str(lease.attempt) for lease in leases]) + "}",
         "lease_tokens": "{" + ",".join([str(lease.lease_token) for lease in leases]) + "}",
+    }
+
+
+def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
+    """The admission snapshot as parallel arrays (unnested into the worker row's jsonb)."""
+    return {
+        "admission_queues": [a.queue for a in admission],
+        "admission_limits": [a.limit for a in admission],
+        "admission_concurrency": [a.concurrency for a in admission],
+        "admission_reasons": [a.reason for a in admission],
+        "admission_causes": [a.cause for a in admission],
+        "admission_reduced_for": [a.reduced_for_seconds for a in admission],
     }
 
 
@@ -381,6 +394,7 @@ class PgDriver:
                 "worker_id": params.worker_id,
                 "worker_state": params.worker_state,
                 "lease_seconds": params.lease_seconds,
+                **_admission_arrays(params.admission),
             },
             pool=self._renewal_pool,
         )
@@ -578,8 +592,8 @@ class PgDriver:
         rows = await self._retrying("job_explain", {"id": job_id})
         if not rows:
             return None
-        now, job, holder, ahead, workers, last_attempt = rows[0]
-        return ExplainFacts(now, job, holder, ahead, tuple(workers), last_attempt)
+        now, job, holder, ahead, workers, last_attempt, pause = rows[0]
+        return ExplainFacts(now, job, holder, ahead, tuple(workers), last_attempt, pause)
 
     async def job_trace_context(self, job_id: int) -> str | None:
         rows = await self._retrying("job_trace_context", {"id": job_id})

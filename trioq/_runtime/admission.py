@@ -20,13 +20,16 @@ import attrs
 import trio
 
 from .._core.admission import (
+    OK,
     REASONS,
+    RECOVERING,
     AdmissionPolicy,
     AdmissionSignals,
     AdmissionState,
     admission_step,
     initial_state,
 )
+from .._driver import QueueAdmission
 from .metrics import WorkerMetrics
 
 log = logging.getLogger("trioq.worker")
@@ -50,6 +53,7 @@ class AdmissionControl:
     renewal_age: Callable[[], float] = lambda: 0.0
     metrics: WorkerMetrics | None = None
     on_change: Callable[[str, AdmissionState], None] | None = None  # test hook
+    on_publish: Callable[[tuple[QueueAdmission, ...]], None] | None = None  # test hook
     # Database errors count for this long: a failing claim loop backs off (up to 5 s between
     # attempts), so errors are sparse in time while the database is away.
     error_window: float = 5.0
@@ -60,6 +64,15 @@ class AdmissionControl:
     _lags: collections.deque[tuple[float, float]] = attrs.field(factory=collections.deque)
     _errors: collections.deque[float] = attrs.field(factory=collections.deque)
     _claim_latency: dict[str, float] = attrs.field(factory=dict)
+    # The snapshot the worker's lease renewal writes on its row (for `trioq explain`): a change
+    # asks for an early renewal, at most one per `publish_every` seconds, so an admission change
+    # costs at most one extra statement and an idle worker at a steady limit sends none.
+    publish_every: float = 1.0
+    _reduced_since: dict[str, float] = attrs.field(factory=dict)  # trio time the cut began
+    _causes: dict[str, str] = attrs.field(factory=dict)  # the overload reason that cut it
+    _published: tuple[tuple[object, ...], ...] = ()  # the snapshot last written (its key)
+    _unpublished: trio.Event = attrs.field(factory=trio.Event)
+    _early_at: float = -float("inf")
 
     def __attrs_post_init__(self) -> None:
         self._states = {queue: initial_state(n) for queue, n in self.concurrency.items()}
@@ -79,6 +92,49 @@ class AdmissionControl:
     def state(self, queue: str) -> AdmissionState:
         """The computed state (also in `observe` mode, where it is not applied)."""
         return self._states[queue]
+
+    # --- the worker row's snapshot, written by the lease renewal ---------------------------
+
+    def snapshot(self) -> tuple[QueueAdmission, ...]:
+        """The queues whose applied limit is below their concurrency (none unless `on`)."""
+        if self.mode != "on":
+            return ()
+        now = trio.current_time()
+        return tuple(
+            QueueAdmission(
+                queue=queue,
+                limit=state.limit,
+                concurrency=self.concurrency[queue],
+                reason=state.reason,
+                cause=self._causes.get(queue, state.reason),
+                reduced_for_seconds=max(0.0, now - self._reduced_since.get(queue, now)),
+            )
+            for queue, state in self._states.items()
+            if state.limit < self.concurrency[queue]
+        )
+
+    def unpublished(self, snapshot: tuple[QueueAdmission, ...]) -> bool:
+        """Whether `snapshot` differs from the one last written (ignoring its age)."""
+        return _key(snapshot) != self._published
+
+    def published(self, snapshot: tuple[QueueAdmission, ...]) -> None:
+        """The lease renewal wrote `snapshot` (`()`: the row is new, it holds none)."""
+        self._published = _key(snapshot)
+        if self.on_publish is not None:
+            self.on_publish(snapshot)
+        if self.unpublished(self.snapshot()):
+            self._unpublished.set()
+        elif self._unpublished.is_set():
+            self._unpublished = trio.Event()
+
+    async def wait_renewal(self, interval: float) -> None:
+        """Sleep `interval` (the renewal period), or less when the snapshot changed, but
+        never earlier than `publish_every` after the previous early wake-up."""
+        deadline = trio.current_time() + interval
+        with trio.move_on_at(deadline):
+            await self._unpublished.wait()
+            await trio.sleep_until(self._early_at + self.publish_every)
+            self._early_at = trio.current_time()
 
     # --- signal sinks (called synchronously by the instrumented driver) -----------------
 
@@ -125,8 +181,20 @@ class AdmissionControl:
             before = self._states[queue]
             after = admission_step(before, signals, concurrency, self.policy, now)
             self._states[queue] = after
+            self._track_reduction(queue, after, concurrency, now)
             if after.limit != before.limit or after.reason != before.reason:
                 self._export(queue, after, changed=True, previous=before, signals=signals)
+
+    def _track_reduction(
+        self, queue: str, state: AdmissionState, concurrency: int, now: float
+    ) -> None:
+        if state.limit >= concurrency:
+            self._reduced_since.pop(queue, None)
+            self._causes.pop(queue, None)
+            return
+        self._reduced_since.setdefault(queue, now)
+        if state.reason not in (OK, RECOVERING):
+            self._causes[queue] = state.reason
 
     def _export(
         self,
@@ -162,8 +230,14 @@ class AdmissionControl:
                 if signals is None or signals.claim_latency is None
                 else f"{signals.claim_latency:.3f}s",
             )
+        if changed and self.unpublished(self.snapshot()):
+            self._unpublished.set()
         if changed and self.on_change is not None:
             self.on_change(queue, state)
+
+
+def _key(snapshot: tuple[QueueAdmission, ...]) -> tuple[tuple[object, ...], ...]:
+    return tuple((a.queue, a.limit, a.concurrency, a.reason, a.cause) for a in snapshot)
 
 
 __all__ = ["MODES", "AdmissionControl", "validate_mode"]

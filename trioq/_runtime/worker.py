@@ -372,10 +372,16 @@ class Worker:
         A lease the database no longer returns is lost: its handler is cancelled at once.
         """
         while True:
-            await trio.sleep(self.config.renew_interval)
+            # Early (rate-limited) when the admission snapshot the heartbeat writes changed.
+            await self.admission.wait_renewal(self.config.renew_interval)
             leases = [lease for loop in self.loops.values() for lease in loop.renewable_leases()]
+            admission = self.admission.snapshot()
             idle_for = trio.current_time() - self._last_heartbeat
-            if not leases and idle_for < max(IDLE_HEARTBEAT_SECONDS, self.config.renew_interval):
+            if (
+                not leases
+                and idle_for < max(IDLE_HEARTBEAT_SECONDS, self.config.renew_interval)
+                and not self.admission.unpublished(admission)
+            ):
                 self._last_renewal = trio.current_time()  # nothing to renew: not late
                 continue
             sent_at = trio.current_time()
@@ -390,6 +396,7 @@ class Worker:
                             else "running",
                             lease_seconds=self.config.lease_seconds,
                             leases=tuple(leases),
+                            admission=admission,
                         )
                     )
                 except Exception as exc:
@@ -398,6 +405,7 @@ class Worker:
                 self._renewal_ok = False
                 continue
             self._renewal_ok = True
+            self.admission.published(admission if renewed.registered else ())
             self.metrics.lease_renewals.inc()
             self._last_renewal = self._last_heartbeat = trio.current_time()
             self._apply_renewal(set(leases), renewed.leases, sent_at)

@@ -477,8 +477,20 @@ LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position;
 -- snapshot, not extended), and the runtime neither renews nor drops it this time.
 -- `registered` is false when the worker row is gone (pruned after a long pause): the runtime
 -- registers again. The outer LEFT JOIN returns that one row even with no leases.
+-- The heartbeat also writes the worker's admission snapshot (migration 0008): one entry per
+-- queue whose effective limit is reduced, `since` as the database's time (the worker sends how
+-- long ago); jsonb_object_agg of no rows is NULL, so a worker at full concurrency stores NULL.
 WITH heartbeat AS (
-    UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now(), state = %(worker_state)s
+    UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now(), state = %(worker_state)s,
+        admission = (
+            SELECT jsonb_object_agg(a.queue, jsonb_build_object(
+                'limit', a.lim, 'concurrency', a.concurrency, 'reason', a.reason,
+                'cause', a.cause,
+                'since', {schema}.db_now() - a.reduced_for * interval '1 second'))
+            FROM unnest(%(admission_queues)s::text[], %(admission_limits)s::int[],
+                        %(admission_concurrency)s::int[], %(admission_reasons)s::text[],
+                        %(admission_causes)s::text[], %(admission_reduced_for)s::float8[])
+                 AS a(queue, lim, concurrency, reason, cause, reduced_for))
     WHERE id = %(worker_id)s
     RETURNING id
 ),
@@ -662,7 +674,9 @@ FROM {schema}.jobs WHERE id = %(id)s;
 -- read as to_jsonb(...) so that columns later migrations add (wait keys, versions) reach the
 -- explanation without this statement changing. Index use: the primary key for the job; the
 -- key holder and the key's earlier ready job through the partition indexes (queue, key); the
--- last attempt through attempts_job_idx; workers is a small table. Nothing is locked.
+-- last attempt through attempts_job_idx; workers is a small table (each row carries its
+-- admission snapshot, migration 0008); the queue's pause through queue_pauses' primary key.
+-- Nothing is locked.
 WITH job AS (SELECT * FROM {schema}.jobs WHERE id = %(id)s)
 SELECT {schema}.db_now(),
        to_jsonb(job.*),
@@ -684,7 +698,8 @@ SELECT {schema}.db_now(),
        (SELECT to_jsonb(t.*) FROM (
             SELECT attempt, outcome, error_type, error_message, finished_at
             FROM {schema}.attempts WHERE job_id = job.id
-            ORDER BY attempt DESC, id DESC LIMIT 1) AS t)
+            ORDER BY attempt DESC, id DESC LIMIT 1) AS t),
+       (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue)
 FROM job;
 
 -- name: job_list

@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from .._core.channels import control_channel, result_channel
+from .._core.explain import explain, when
 from .._driver import (
     CancelOutcome,
     CheckpointWrite,
@@ -38,6 +39,7 @@ from .._driver import (
     Listener,
     MaintenancePass,
     NewJob,
+    QueueAdmission,
     RenewLeases,
     SettleAndClaim,
     SettleAndClaimResult,
@@ -1253,6 +1255,42 @@ async def check_workers_register_heartbeat_and_are_pruned_when_stale(
     # A live worker that was pruned (paused past the stale limit) learns it from its renewal.
     renewal = await driver.lease_renew_many(RenewLeases(worker_id, "running", 30, ()))
     expect((renewal.registered, renewal.leases), (False, ()), "heartbeat of a pruned worker")
+
+
+@conformance_check
+async def check_heartbeat_stores_the_admission_snapshot_explain_reads(
+    driver: Driver, clock: DriverClock
+) -> None:
+    worker_id = uuid.uuid4()
+    await driver.worker_register(WorkerRegistration(worker_id, "host-a", 11, (QUEUE,), 4))
+    [job_id] = await enqueue(driver, new_job())
+    cut = QueueAdmission(QUEUE, 1, 4, "recovering", "db_errors", reduced_for_seconds=30.0)
+    await driver.lease_renew_many(RenewLeases(worker_id, "running", 30, (), (cut,)))
+    facts = await driver.job_explain(job_id)
+    assert facts is not None
+    [row] = facts.workers
+    entry = row["admission"][QUEUE]
+    expect(
+        (entry["limit"], entry["concurrency"], entry["reason"], entry["cause"]),
+        (1, 4, "recovering", "db_errors"),
+        "stored admission snapshot",
+    )
+    since = when(entry["since"])
+    assert since is not None and abs((facts.now - since).total_seconds() - 30) < 1, entry
+    why = explain(facts)
+    expect(why.blocked_by, "admission", "gate of a job whose only worker is reduced")
+    assert why.verdict.startswith("admission reduced to 1 of 4 because it is recovering from "
+                                  "database errors (worker "), why.verdict  # fmt: skip
+    # Back at full concurrency: the next heartbeat clears the snapshot.
+    await driver.lease_renew_many(RenewLeases(worker_id, "running", 30, ()))
+    facts = await driver.job_explain(job_id)
+    assert facts is not None
+    expect(facts.workers[0]["admission"], None, "snapshot at full concurrency")
+    expect((explain(facts).blocked_by, facts.pause), (None, None), "gate and pause at full")
+    await driver.queue_pause(QUEUE)
+    facts = await driver.job_explain(job_id)
+    assert facts is not None and facts.pause is not None
+    expect((explain(facts).blocked_by, facts.pause["queue"]), ("paused", QUEUE), "paused queue")
 
 
 @conformance_check
