@@ -410,8 +410,9 @@ class MemoryDriver:
             self._open_by_queue.setdefault(row.queue, set()).add(row.id)
             if row.dedup_key is not None:
                 self._dedup[row.dedup_key] = row.id
-            if row.state == "ready":
-                outbox.add(self._ready_channel(row.queue), row.queue)
+            # A delayed job wakes its queue too: the round finds it not due and sets its timer
+            # to the job's run_at (as the SQL does).
+            outbox.add(self._ready_channel(row.queue), row.queue)
         self._deliver(outbox)
 
     def _end_transaction(self, transaction: MemoryTransaction, commit: bool) -> None:
@@ -470,8 +471,9 @@ class MemoryDriver:
                 if text is not None:
                     json.loads(text)
         now = await self._statement("job_settle_and_claim")
-        candidates, key_cursor, keys_visited = self._claim_candidates(params, now)
         due = self._due_rows(params.queue, now, params.promote_limit)
+        candidates, key_cursor, keys_visited = self._claim_candidates(params, now, due)
+        due = [row for row in due if row not in candidates]
         outbox = _Outbox()
         settled_rows = [
             row
@@ -576,10 +578,11 @@ class MemoryDriver:
         return min(later, default=None)
 
     def _claim_candidates(
-        self, params: SettleAndClaim, now: datetime.datetime
+        self, params: SettleAndClaim, now: datetime.datetime, due_rows: Sequence[_Row] = ()
     ) -> tuple[list[_Row], str | None, int]:
         """The jobs to claim, in claim order, the last partition key visited and how many keys
-        were visited."""
+        were visited. `due_rows` (scheduled or suspended rows whose run_at has passed, locked for
+        promotion) are candidates too when unkeyed, as in the SQL."""
         if params.limit == 0 or params.queue in self._paused:
             return [], None, 0
         open_rows = [self._rows[job_id] for job_id in self._open_by_queue.get(params.queue, ())]
@@ -602,6 +605,7 @@ class MemoryDriver:
             if head is not None and _serves(params, head):
                 keyed.append(head)
         unkeyed = [row for row in due if row.partition_key is None and _serves(params, row)]
+        unkeyed += [row for row in due_rows if row.partition_key is None and _serves(params, row)]
         candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
         return candidates, visited[-1] if visited else None, len(visited)
 

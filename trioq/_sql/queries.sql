@@ -38,7 +38,9 @@ INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 -- key and then *returns* that row; DO NOTHING would return nothing for a row our snapshot cannot
 -- see, the "ghost duplicate" of Oban #1087. The ready notification (one per queue) is sent by
 -- pg_notify inside the same transaction, so it is delivered only if the enqueue commits.
--- A job due later is inserted `scheduled` (outside the claim indexes) and promoted when due.
+-- A job due later is inserted `scheduled` (outside the claim indexes) and promoted when due;
+-- it wakes its queue too, so an idle claim loop learns its due time and sets its timer to it
+-- (one round per enqueue statement, instead of finding it at the next poll).
 WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id, t.*
     FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
@@ -80,8 +82,7 @@ inserted AS (
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(due.queue), due.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM inserted
-          WHERE created AND run_at <= {schema}.db_now()) AS due
+    FROM (SELECT DISTINCT queue FROM inserted WHERE created) AS due
 )
 SELECT i.ord, coalesce(fresh.id, existing.id), coalesce(fresh.created, false)
 FROM input i
@@ -148,9 +149,14 @@ ORDER BY i.id;
 -- claim order, or the key's holder when the holder is ready again after a suspension) and the
 -- key is free. Keyed and unkeyed rows come from two sources, so 100,000 jobs queued behind one
 -- busy key are never scanned:
---  * unkeyed: the scan of jobs_ready_unkeyed_idx in claim order, locked with SKIP LOCKED as it
---    goes (concurrent claimers skip each other's rows and keep scanning: no collapse when
---    workers compete);
+--  * unkeyed: per served task, the scan of jobs_ready_task_idx (queue, task, priority, run_at,
+--    id) in claim order, locked with SKIP LOCKED as it goes (concurrent claimers skip each
+--    other's rows and keep scanning: no collapse when workers compete). One probe per served
+--    task, so a backlog of a task this worker does not serve is never scanned (issue 8 #7);
+--    the price is that with several served tasks each holding a backlog, up to limit rows per
+--    task are locked for the statement's duration and the best `limit` of them claimed;
+--  * due: unkeyed rows whose run_at has passed, locked by the promotion (below), claimed in
+--    the same statement;
 --  * keyed: a loose index scan (recursive CTE) visits keys with ready rows, one index probe
 --    each, looks up the key's lock row, takes the key's head, keeps the best 2 x limit heads in
 --    claim order and locks those with SKIP LOCKED. It visits at most %(key_window)s keys,
@@ -225,24 +231,27 @@ results_notified AS (
           GROUP BY 1) AS per_channel
 ),
 due AS MATERIALIZED (
-    SELECT j.id FROM {schema}.jobs j
+    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version
+    FROM {schema}.jobs j
     WHERE j.queue = %(queue)s AND j.state IN ('scheduled', 'sleeping', 'waiting')
       AND j.run_at <= {schema}.db_now()
     ORDER BY j.run_at
     LIMIT %(promote_limit)s
     FOR UPDATE SKIP LOCKED
 ),
-promoted AS (
-    UPDATE {schema}.jobs j SET state = 'ready'
+-- Due unkeyed rows this worker serves are claim candidates at once (already locked by `due`,
+-- whose lock re-checked them on their newest version): a job whose sleep, delay, backoff or
+-- wait deadline ends starts in the round its timer fires, not one round later. Keyed due rows
+-- are promoted and claimed next round, through their key's head.
+due_unkeyed AS MATERIALIZED (
+    SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held
     FROM due d
-    WHERE j.id = d.id AND j.state IN ('scheduled', 'sleeping', 'waiting')
-      AND j.run_at <= {schema}.db_now()
-    RETURNING j.id
-),
-ready_notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready'
-          UNION SELECT %(queue)s::text WHERE EXISTS (SELECT 1 FROM promoted)) AS q
+    WHERE %(limit)s > 0 AND d.partition_key IS NULL
+      AND d.task = ANY(%(tasks)s::text[])
+      AND (%(task_versions)s::text[] IS NULL
+           OR d.task || '@' || d.version = ANY(%(task_versions)s::text[]))
+    ORDER BY d.priority, d.run_at, d.id
+    LIMIT %(limit)s
 ),
 ready_keys AS (
     SELECT first_key.partition_key, 1 AS n, first_key.wrapped
@@ -313,21 +322,26 @@ keyed AS MATERIALIZED (
     FOR UPDATE OF j SKIP LOCKED
 ),
 unkeyed AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held
-    FROM {schema}.jobs j
-    WHERE j.queue = %(queue)s
-      AND j.state = 'ready'
-      AND j.partition_key IS NULL
-      AND j.run_at <= {schema}.db_now()  -- ready means due; a guard for rows written by hand
-      AND j.task = ANY(%(tasks)s::text[])
-      AND (%(task_versions)s::text[] IS NULL
-           OR j.task || '@' || j.version = ANY(%(task_versions)s::text[]))
-    ORDER BY j.priority, j.run_at, j.id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT per_task.*
+    FROM unnest(%(tasks)s::text[]) AS served(task)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held
+        FROM {schema}.jobs j
+        WHERE j.queue = %(queue)s
+          AND j.task = served.task
+          AND j.state = 'ready'
+          AND j.partition_key IS NULL
+          AND j.run_at <= {schema}.db_now()  -- ready means due; a guard for rows written by hand
+          AND (%(task_versions)s::text[] IS NULL
+               OR j.task || '@' || j.version = ANY(%(task_versions)s::text[]))
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS per_task
 ),
 candidates AS MATERIALIZED (
-    SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed) AS both_sources
+    SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed
+                   UNION ALL SELECT * FROM due_unkeyed) AS all_sources
     -- A paused queue (`trioq queue pause`) claims nothing; its completions still go through.
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p WHERE p.queue = %(queue)s)
     ORDER BY priority, run_at, id
@@ -339,6 +353,20 @@ key_taken AS (
     ORDER BY queue, partition_key  -- one lock order for every claimer: no deadlock cycles
     ON CONFLICT (queue, partition_key) DO NOTHING
     RETURNING job_id
+),
+-- Due rows not claimed here become ready (claimable from the next round: same snapshot).
+promoted AS (
+    UPDATE {schema}.jobs j SET state = 'ready'
+    FROM due d
+    WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
+      AND j.state IN ('scheduled', 'sleeping', 'waiting')
+      AND j.run_at <= {schema}.db_now()
+    RETURNING j.id
+),
+ready_notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready'
+          UNION SELECT %(queue)s::text WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 -- Children finished here wake their parents IN THIS STATEMENT (parents_notify in migration
 -- 0003 explains the rule; docs/workflows.md "Lock order" why no wake-up is lost): lock each

@@ -1,0 +1,113 @@
+"""What the claim statement reads and when due work starts (issue 8 #7, issue 7 item 6).
+
+The claim's cost is read from the statement's own plan (`EXPLAIN (ANALYZE, BUFFERS)` inside a
+rolled-back transaction), not from timings: the number of buffers it touches is a count that
+either grows with a backlog it should not see or does not.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import trio
+
+import trioq
+from tests.support import make_app, running_worker
+from trioq._runtime.claim_loop import WorkerHooks
+from trioq._sql import queries
+
+
+def _claim_params(queue: str, tasks: list[str], limit: int) -> dict[str, Any]:
+    return {
+        "ids": "{}",
+        "attempts": "{}",
+        "lease_tokens": "{}",
+        "kinds": "{}",
+        "results": [],
+        "errors": [],
+        "delays": [],
+        "wake_ats": [],
+        "queue": queue,
+        "tasks": tasks,
+        "limit": limit,
+        "lease_seconds": 30.0,
+        "worker_id": uuid.uuid4(),
+        "key_cursor": "",
+        "key_window": 64,
+        "task_versions": None,
+        "promote_limit": 1000,
+    }
+
+
+def _claim_buffers(pg_url: str, schema: str, tasks: list[str]) -> tuple[int, int]:
+    """(shared buffers touched, rows claimed) by one claim of `tasks`, rolled back."""
+    statement = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries(schema)["job_settle_and_claim"]
+    with psycopg.connect(pg_url) as conn:
+        [[plan]] = conn.execute(statement, _claim_params("default", tasks, 25)).fetchall()
+        conn.rollback()
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    return top["Shared Hit Blocks"] + top["Shared Read Blocks"], top["Actual Rows"]
+
+
+async def test_a_backlog_of_a_task_no_worker_serves_is_not_scanned_by_the_claim(
+    pg_url: str, pg_schema: str
+) -> None:
+    """3,000 ready jobs of an unserved task ahead (better priority) of one served job: the claim
+    of the served task touches about as many buffers as with no such backlog at all."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> None:
+        return None
+
+    @app.task("unserved")
+    async def unserved(ctx: trioq.Context, payload: Any) -> None:
+        return None
+
+    async with app.client(migrate=True) as client:
+        await client.enqueue("noop", {})
+        alone, claimed_alone = _claim_buffers(pg_url, pg_schema, ["noop"])
+        await client.enqueue_many("unserved", [{} for _ in range(3000)], priority=-10)
+        behind, claimed_behind = _claim_buffers(pg_url, pg_schema, ["noop"])
+    assert claimed_alone == claimed_behind == 1
+    # Stepping over the backlog reads 3,000 index entries and their heap rows (thousands of
+    # buffer hits); probing the served task's own rows does not grow with it.
+    assert behind < alone + 50, (alone, behind)
+
+
+async def test_a_delayed_job_starts_in_the_round_its_timer_fires(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A job that becomes due is claimed by the same statement that finds it due (no second
+    round to claim what the first promoted): with nothing else to do, the worker runs exactly
+    one claim round between the job's enqueue-time round and its start."""
+    app = make_app(pg_url, pg_schema)
+    started = trio.Event()
+    first_round = trio.Event()
+    rounds: list[tuple[int, int]] = []
+
+    def on_round(queue: str, requested: int, claimed: int) -> None:
+        rounds.append((requested, claimed))
+        first_round.set()
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> None:
+        started.set()
+
+    hooks = WorkerHooks(on_round=on_round)
+    async with app.client(migrate=True) as client:
+        async with running_worker(app, concurrency=2, poll_interval=30.0, hooks=hooks):
+            with trio.fail_after(10):
+                await first_round.wait()  # the start-up round has run (it found nothing)
+            before = len(rounds)
+            await client.enqueue("noop", {}, delay=0.3)
+            with trio.fail_after(10):
+                await started.wait()
+            after = rounds[before:]
+    # The enqueue's notification wakes one round (the job is not due yet: it sets the timer);
+    # the timer's round claims it. Before, that round only promoted it and a third claimed it.
+    assert after[-1][1] == 1
+    assert len(after) <= 2, after
