@@ -184,3 +184,52 @@ async def test_unconfirmed_lease_cancels_its_handler_before_recovery_and_a_recla
     assert len(cancelled_at) == 1 and cancelled_at[0] - started <= 0.9 * 30 + 1
     assert (polite_runs, polite_history) == (2, [])  # run twice, no attempt lost
     assert (record.state, record.attempt, record.result) == ("completed", 2, 2)
+
+
+async def test_two_rounds_fly_at_once_and_never_own_more_than_the_slots(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Pipelining: with a backlog of instant jobs, a second settle-and-claim round is sent while
+    the first is in flight (each statement takes 2 ms of virtual time here), and at every
+    commit the worker's running rows stay within its slots."""
+    app = make_app()
+    concurrency = 25
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    inner = MemoryDriver()
+    in_flight = 0
+    most_in_flight = 0
+    most_running = 0
+
+    class SlowStatements:
+        """The memory driver with a round trip: the claim statement commits after 2 ms."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(inner, name)
+
+        async def job_settle_and_claim(self, params):  # type: ignore[no-untyped-def]
+            nonlocal in_flight, most_in_flight, most_running
+            in_flight += 1
+            most_in_flight = max(most_in_flight, in_flight)
+            try:
+                await trio.sleep(0.002)
+                result = await inner.job_settle_and_claim(params)
+                [status] = await inner.queue_status()
+                most_running = max(most_running, status.running)
+                return result
+            finally:
+                in_flight -= 1
+
+    async with app.client(driver=SlowStatements()) as client:  # type: ignore[arg-type]
+        jobs = await client.enqueue_many("noop", [{} for _ in range(2000)])
+        async with running_worker(app, concurrency=concurrency):
+            with trio.fail_after(600):
+                for job in jobs:
+                    await client.wait_final(job.id)
+        [status] = await inner.queue_status()
+    assert status.completed == 2000
+    assert most_in_flight == 2
+    assert 0 < most_running <= concurrency

@@ -11,6 +11,13 @@ Capacity: a job is owned from its claim until the statement that records its out
 running` rows: the outcomes the same statement writes free their slots in the same commit, so
 this worker never owns more running rows in the database than its slots, even for an instant.
 
+Pipelining: up to two rounds are in flight at once (each on its own pooled connection), so the
+handlers' work and the next statement overlap instead of alternating. A round in flight holds
+`max(outcomes it settles, jobs it may claim)` slots until its reply arrives: the outcomes are
+owned until its commit, the claimed rows from it. The next round claims only what is left, so
+the two together never own more than the slots. When nothing is in flight and a large batch
+is pending, it is split in two rounds sent together, which starts the alternation.
+
 Errors: a round that fails because the connection was lost is retried with backoff (outcomes
 kept); any other error is a bug or a broken schema and stops the worker with it. On the way
 out, however the loop ends (a hard stop included), buffered outcomes are written once more,
@@ -35,6 +42,7 @@ from .._driver import (
     Lease,
     SettleAndClaim,
     SettleAndClaimResult,
+    Settlement,
 )
 from .checkpoints import CheckpointWriter
 from .executor import execute
@@ -50,6 +58,11 @@ log = logging.getLogger("trioq.worker")
 # do not wait a poll interval while keys further round have ready work, and an all-busy key set
 # costs a bounded burst, not a spin.
 MAX_WINDOW_ROUNDS = 8
+
+# Rounds in flight at once, and the smallest half of a batch worth its own statement: a split
+# costs one statement more, worth it only when each half still carries a real batch.
+MAX_IN_FLIGHT = 2
+MIN_SPLIT = 8
 
 
 @attrs.define(eq=False)
@@ -70,6 +83,19 @@ class ClaimLoopStatistics:
     pending_writes: int
     rounds: int
     claimed_total: int
+
+
+@attrs.define(eq=False)
+class _Flight:
+    """A round in flight: the slots it holds until its reply (see the module docstring)."""
+
+    batch: tuple[Settlement, ...]
+    frees_key: bool
+    limit: int
+
+    @property
+    def holds(self) -> int:
+        return max(len(self.batch), self.limit)
 
 
 @attrs.define(eq=False)
@@ -100,6 +126,9 @@ class ClaimLoop:
     _key_cursor: str = ""
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
+    _flights: list[_Flight] = attrs.field(factory=list)
+    _deferred: bool = False  # a wake-up came while MAX_IN_FLIGHT rounds were in flight
+    _backoff: float = 0.1
 
     # --- state the rest of the worker reads ---------------------------------------------
 
@@ -164,33 +193,58 @@ class ClaimLoop:
             await self._final_flush()
 
     async def _loop(self, handlers: trio.Nursery) -> None:
-        backoff = 0.1
         self._wake.set()  # the first round runs at once: work may be waiting already
-        while not (self._stopping and self.owned() == 0):
-            await self._wait_for_wake()
-            # Let handlers that finish in this same scheduler tick join the batch.
-            await trio.lowlevel.checkpoint()
-            try:
-                await self._round(handlers)
-            except Exception as exc:
-                if not self.driver.is_connection_lost(exc):
-                    log.error(
-                        "queue %s: claim round failed with an unexpected error, stopping the "
-                        "worker: %r",
-                        self.queue,
-                        exc,
-                    )
-                    raise
-                self._db_healthy = False  # the database is away: keep outcomes, retry later
-                log.warning(
-                    "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, backoff
+        async with trio.open_nursery() as rounds:
+            while not (self._stopping and self.owned() == 0 and not self._flights):
+                await self._wait_for_wake()
+                # Let handlers that finish in this same scheduler tick join the batch.
+                await trio.lowlevel.checkpoint()
+                if len(self._flights) >= MAX_IN_FLIGHT or (
+                    self._flights and self._settle.pending < MIN_SPLIT
+                ):
+                    # A second round in flight only for a real batch; else the reply of the
+                    # round in flight raises this wake-up again (as a serial loop would).
+                    self._deferred = True
+                    continue
+                first = self._plan(handlers, split=not self._flights)
+                if first is None:
+                    continue
+                rounds.start_soon(self._fly, handlers, first)
+                if len(self._flights) < MAX_IN_FLIGHT and self._settle.pending:
+                    second = self._plan(handlers, split=False)
+                    if second is not None:
+                        rounds.start_soon(self._fly, handlers, second)
+
+    async def _fly(self, handlers: trio.Nursery, flight: _Flight) -> None:
+        """Send one planned round; on a lost connection keep its outcomes and back off (the
+        slot in flight stays taken meanwhile, so retries are spaced); any other error is a bug
+        or a broken schema and stops the worker."""
+        try:
+            await self._send(handlers, flight)
+        except Exception as exc:
+            if not self.driver.is_connection_lost(exc):
+                log.error(
+                    "queue %s: claim round failed with an unexpected error, stopping the "
+                    "worker: %r",
+                    self.queue,
+                    exc,
                 )
-                await trio.sleep(backoff * (1 + random.random()))
-                backoff = min(backoff * 2, 5.0)
+                raise
+            self._db_healthy = False  # the database is away: keep outcomes, retry later
+            log.warning(
+                "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, self._backoff
+            )
+            await trio.sleep(self._backoff * (1 + random.random()))
+            self._backoff = min(self._backoff * 2, 5.0)
+            self._wake.set()
+        else:
+            self._db_healthy = True
+            self._backoff = 0.1
+        finally:
+            self._flights.remove(flight)
+            if self._deferred or self._stopping:
+                self._deferred = False
                 self._wake.set()
-            else:
-                self._db_healthy = True
-                backoff = 0.1
 
     async def _wait_for_wake(self) -> None:
         deadline = trio.current_time() + self.poll_interval
@@ -207,7 +261,10 @@ class ClaimLoop:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as scope:
             try:
-                await self._round(None)
+                flight = self._plan(None, split=False)
+                if flight is not None:
+                    await self._send(None, flight)
+                    self._flights.remove(flight)
             except Exception as exc:
                 log.warning(
                     "queue %s: %d outcomes not written on the way out (%r); their jobs are "
@@ -224,25 +281,37 @@ class ClaimLoop:
                 self.write_timeout,
             )
 
-    async def _round(self, handlers: trio.Nursery | None) -> None:
-        """One settle-and-claim statement. With `handlers` None (the final flush), it only
-        settles."""
-        self._rounds += 1
-        batch, frees_key = self._settle.take()
+    def _plan(self, handlers: trio.Nursery | None, *, split: bool) -> _Flight | None:
+        """Take a batch and decide how many jobs the round may claim; the round is in flight
+        from here (its slots are held). None: nothing to write and no slot to fill. With
+        `handlers` None (the final flush), it only settles."""
+        pending = self._settle.pending
+        take = pending // 2 if split and pending >= 2 * MIN_SPLIT else None
+        batch, frees_key = self._settle.take(take)
         # Admission control only lowers what is claimed; running handlers are never touched.
         slots = (
             self.concurrency if self.admitted is None else min(self.concurrency, self.admitted())
         )
+        held = sum(flight.holds for flight in self._flights)
+        owned = len(self.running) + self._settle.pending
         limit = (
             0
             if self._stopping or handlers is None
-            else claim_size(slots, len(self.running), 0, slots)
+            else claim_size(slots, owned, held, slots)
         )
         if limit == 0 and not batch:
             # Every slot is busy: the next due time is no reason to wake (a settling slot wakes
             # the loop, and its round learns the next due time again).
             self._next_due_at = None
-            return
+            return None
+        flight = _Flight(batch, frees_key, limit)
+        self._flights.append(flight)
+        return flight
+
+    async def _send(self, handlers: trio.Nursery | None, flight: _Flight) -> None:
+        """One settle-and-claim statement for a planned round."""
+        self._rounds += 1
+        batch, limit = flight.batch, flight.limit
         sent_at = trio.current_time()
         try:
             result = await self.driver.job_settle_and_claim(
@@ -267,7 +336,7 @@ class ClaimLoop:
             log.warning(
                 "queue %s: %d outcomes not written: their leases were lost", self.queue, lost
             )
-        self._after_round(result, limit, frees_key, sent_at)
+        self._after_round(result, limit, flight.frees_key, sent_at)
         if handlers is not None:
             self._start(handlers, result, sent_at)
 

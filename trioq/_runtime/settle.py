@@ -23,11 +23,12 @@ class SettleBuffer:
         if keyed and settlement.kind not in ("sleep", "wait"):
             self._frees_key.add(settlement.lease)
 
-    def take(self) -> tuple[tuple[Settlement, ...], bool]:
-        """Move everything pending to `writing`; also whether any of it frees a key."""
-        batch = tuple(self._pending.values())
-        self._writing.update(self._pending)
-        self._pending.clear()
+    def take(self, limit: int | None = None) -> tuple[tuple[Settlement, ...], bool]:
+        """Move what is pending (the oldest `limit` outcomes, or all) to `writing`; also
+        whether any of it frees a key."""
+        batch = tuple(self._pending.values())[:limit]
+        for settlement in batch:
+            self._writing[settlement.lease] = self._pending.pop(settlement.lease)
         frees_key = any(settlement.lease in self._frees_key for settlement in batch)
         return batch, frees_key
 
