@@ -39,6 +39,7 @@ def _claim_params(queue: str, tasks: list[str], limit: int) -> dict[str, Any]:
         "key_window": 64,
         "task_versions": None,
         "promote_limit": 1000,
+        "lookahead": 0.0,
     }
 
 
@@ -109,5 +110,5 @@ async def test_a_delayed_job_starts_in_the_round_its_timer_fires(
             after = rounds[before:]
     # The enqueue's notification wakes one round (the job is not due yet: it sets the timer);
     # the timer's round claims it. Before, that round only promoted it and a third claimed it.
-    assert after[-1][1] == 1
-    assert len(after) <= 2, after
+    claimed = [count for _, count in after]
+    assert 1 in claimed and claimed.index(1) <= 1, after

@@ -235,6 +235,7 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             "delays": [3600.0] if retry else [],
             "wake_ats": [None] if retry else [],
             "promote_limit": 1000,
+            "lookahead": 0.0,
             "queue": "q",
             "tasks": ["t"],
             "limit": 1,

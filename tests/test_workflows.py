@@ -324,6 +324,7 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
             **{name: [] for name in ("ids", "attempts", "lease_tokens", "kinds")},
             **{name: [] for name in ("results", "errors", "delays", "wake_ats")},
             "promote_limit": 1000,
+            "lookahead": 0.0,
             "queue": "q",
             "tasks": ["t"],
             "limit": 1,

@@ -155,6 +155,10 @@ class SettleAndClaim:
     # 'task@version' pairs this worker serves; None: any version of `tasks` (older callers).
     task_versions: tuple[str, ...] | None = None
     promote_limit: int = DEFAULT_PROMOTE_LIMIT  # due rows made ready per statement
+    # Unkeyed sleeping or scheduled rows due within this many seconds are claimed early: the
+    # executor holds them until their run_at, so they start on time instead of a statement and
+    # a batch start-up late (0: only rows already due).
+    lookahead_seconds: float = 0.0
 
 
 @attrs.frozen

@@ -471,9 +471,15 @@ class MemoryDriver:
                 if text is not None:
                     json.loads(text)
         now = await self._statement("job_settle_and_claim")
-        due = self._due_rows(params.queue, now, params.promote_limit)
-        candidates, key_cursor, keys_visited = self._claim_candidates(params, now, due)
-        due = [row for row in due if row not in candidates]
+        early = now + params.lookahead_seconds * _SECOND
+        due = self._due_rows(params.queue, early, params.promote_limit)
+        claimable = [
+            row
+            for row in due
+            if _before_or_at(row.run_at, now) or row.state in ("sleeping", "scheduled")
+        ]
+        candidates, key_cursor, keys_visited = self._claim_candidates(params, now, claimable)
+        due = [row for row in due if row not in candidates and _before_or_at(row.run_at, now)]
         outbox = _Outbox()
         settled_rows = [
             row
@@ -496,7 +502,7 @@ class MemoryDriver:
             settled=tuple(settled),
             claimed=claimed,
             now=now,
-            next_due=self._next_due(params.queue, now),
+            next_due=self._next_due(params.queue, now),  # rows claimed early are running now
             promoted=len(due),
             key_cursor=key_cursor,
             keys_visited=keys_visited,
@@ -615,7 +621,8 @@ class MemoryDriver:
         row.lease_token = uuid.uuid4()
         row.lease_expires_at = now + params.lease_seconds * _SECOND
         row.worker_id = params.worker_id
-        row.started_at = now
+        assert row.run_at is not None  # a claimable row is due (or due within the lookahead)
+        row.started_at = max(now, row.run_at)
         row.error_json = None
         if row.partition_key is not None:
             self._key_locks[(row.queue, row.partition_key)] = row.id

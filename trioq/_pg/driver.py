@@ -348,6 +348,7 @@ class PgDriver:
                     if params.task_versions is None
                     else list(params.task_versions),
                     "promote_limit": params.promote_limit,
+                    "lookahead": params.lookahead_seconds,
                 },
             )
 

@@ -59,6 +59,12 @@ log = logging.getLogger("trioq.worker")
 # costs a bounded burst, not a spin.
 MAX_WINDOW_ROUNDS = 8
 
+# Unkeyed sleeping or scheduled jobs due within this many seconds are claimed early and held
+# in-process until their run_at (`Run.hold_until_due`): a burst of wake-ups (200 workflows whose
+# sleeps end together) then starts at its wake time instead of a statement and the start-up of
+# the whole batch later. The timer fires this much before the next due time.
+CLAIM_LOOKAHEAD_SECONDS = 0.05
+
 # Rounds in flight at once, and the smallest half of a batch worth its own statement: a split
 # costs one statement more, worth it only when each half still carries a real batch.
 MAX_IN_FLIGHT = 2
@@ -127,6 +133,8 @@ class ClaimLoop:
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
     _flights: list[_Flight] = attrs.field(factory=list)
+    _timer: trio.CancelScope | None = None  # the wait for a wake-up, while the loop waits
+    _poll_at: float = 0.0  # when that wait polls
     _deferred: bool = False  # a wake-up came while MAX_IN_FLIGHT rounds were in flight
     _backoff: float = 0.1
 
@@ -247,14 +255,22 @@ class ClaimLoop:
                 self._wake.set()
 
     async def _wait_for_wake(self) -> None:
-        deadline = trio.current_time() + self.poll_interval
-        if self._next_due_at is not None:
-            deadline = min(deadline, self._next_due_at)
-        with trio.move_on_at(deadline) as timer:
-            await self._wake.wait()
+        self._poll_at = trio.current_time() + self.poll_interval
+        with trio.move_on_at(self._timer_deadline()) as timer:
+            # A round still in flight may learn a sooner due time: it moves this timer.
+            self._timer = timer
+            try:
+                await self._wake.wait()
+            finally:
+                self._timer = None
         if timer.cancelled_caught and self.hooks.on_poll:
             self.hooks.on_poll(self.queue)
         self._wake = trio.Event()
+
+    def _timer_deadline(self) -> float:
+        if self._next_due_at is None:
+            return self._poll_at
+        return min(self._poll_at, self._next_due_at)
 
     async def _final_flush(self) -> None:
         if not self._settle.pending:
@@ -294,11 +310,7 @@ class ClaimLoop:
         )
         held = sum(flight.holds for flight in self._flights)
         owned = len(self.running) + self._settle.pending
-        limit = (
-            0
-            if self._stopping or handlers is None
-            else claim_size(slots, owned, held, slots)
-        )
+        limit = 0 if self._stopping or handlers is None else claim_size(slots, owned, held, slots)
         if limit == 0 and not batch:
             # Every slot is busy: the next due time is no reason to wake (a settling slot wakes
             # the loop, and its round learns the next due time again).
@@ -325,6 +337,7 @@ class ClaimLoop:
                     key_cursor=self._key_cursor,
                     key_window=self.key_window,
                     task_versions=self._task_versions() if self.versions else None,
+                    lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
                 )
             )
         except BaseException:
@@ -361,13 +374,16 @@ class ClaimLoop:
             # From when the statement was sent (its database `now` is just after): the timer
             # fires at the due time or a little before, never a whole round trip late; a round
             # that comes early finds the row not due yet and sets the timer again.
-            wait = max(0.0, (result.next_due - result.now).total_seconds())
-            self._next_due_at = sent_at + wait
+            wait = (result.next_due - result.now).total_seconds() - CLAIM_LOOKAHEAD_SECONDS
+            self._next_due_at = sent_at + max(0.0, wait)
+        if self._timer is not None:
+            self._timer.deadline = self._timer_deadline()
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
 
     def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
+        received = trio.current_time()
         for job in result.claimed:
             stale = self.running.get(job.id)
             if stale is not None:
@@ -390,6 +406,7 @@ class ClaimLoop:
                 checkpoints=self.checkpoints,
                 now=result.now,
                 confirmed_at=sent,
+                claimed_at=received,
             )
             self.running[job.id] = run
             handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")

@@ -49,6 +49,7 @@ async def execute(run: Run) -> Outcome:
         with run.scope:
             if job.cancel_requested:
                 run.cancel("cancelled")
+            await run.hold_until_due()
             # The otel extra, when configured: a span linked to the enqueuer's trace.
             parent = await _trace_context(run) if tracing.enabled() else None
             with tracing.job_span(

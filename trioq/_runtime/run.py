@@ -62,6 +62,9 @@ class Run:
     confirmed_at: float
     # Every task of the app, by name: ctx.spawn validates a child against its task's spec.
     tasks: Mapping[str, TaskSpec] = attrs.field(factory=dict)
+    # trio's clock when the claim's reply arrived (after the database's `now`): a job claimed
+    # before its run_at (the claim's lookahead) is held until run_at measured from here.
+    claimed_at: float | None = None
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     cancel_reason: str | None = None  # "lost", "unconfirmed", "cancelled", "drain"
     suspension: Suspended | None = None
@@ -153,6 +156,17 @@ class Run:
                 await trio.sleep(retry.delay(attempt))
         value_json = codec.encode(result, root=f"step {name!r}")
         return await self.record(position, STEP, name, value_json)
+
+    async def hold_until_due(self) -> None:
+        """A job claimed before its run_at (a sleep's wake time, a delay or backoff ending
+        within the claim's lookahead) waits in-process until then; afterwards the run's
+        database time is its run_at, so the replayed sleep finds itself over."""
+        early = (self.job.run_at - self.now).total_seconds()
+        if early <= 0:
+            return
+        start = trio.current_time() if self.claimed_at is None else self.claimed_at
+        await trio.sleep_until(start + early)
+        self.now = self.job.run_at
 
     async def sleep(self, name: str, duration: datetime.timedelta) -> None:
         _check_name("sleep", name)

@@ -231,22 +231,26 @@ results_notified AS (
           GROUP BY 1) AS per_channel
 ),
 due AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version
+    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state
     FROM {schema}.jobs j
     WHERE j.queue = %(queue)s AND j.state IN ('scheduled', 'sleeping', 'waiting')
-      AND j.run_at <= {schema}.db_now()
+      AND j.run_at <= {schema}.db_now() + %(lookahead)s * interval '1 second'
     ORDER BY j.run_at
     LIMIT %(promote_limit)s
     FOR UPDATE SKIP LOCKED
 ),
 -- Due unkeyed rows this worker serves are claim candidates at once (already locked by `due`,
 -- whose lock re-checked them on their newest version): a job whose sleep, delay, backoff or
--- wait deadline ends starts in the round its timer fires, not one round later. Keyed due rows
--- are promoted and claimed next round, through their key's head.
+-- wait deadline ends starts in the round its timer fires, not one round later. Sleeping and
+-- scheduled rows due within %(lookahead)s seconds are taken too: the executor holds such a
+-- job until its run_at (its claim records started_at = run_at), so a burst of wake-ups starts
+-- on time rather than a statement and a batch start-up late. Keyed due rows are promoted and
+-- claimed next round, through their key's head.
 due_unkeyed AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held
     FROM due d
     WHERE %(limit)s > 0 AND d.partition_key IS NULL
+      AND (d.run_at <= {schema}.db_now() OR d.state IN ('sleeping', 'scheduled'))
       AND d.task = ANY(%(tasks)s::text[])
       AND (%(task_versions)s::text[] IS NULL
            OR d.task || '@' || d.version = ANY(%(task_versions)s::text[]))
@@ -416,7 +420,7 @@ claimed AS (
         lease_token = gen_random_uuid(),
         lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
         worker_id = %(worker_id)s,
-        started_at = {schema}.db_now(),
+        started_at = greatest({schema}.db_now(), j.run_at),
         error = NULL
     FROM candidates c
     WHERE j.id = c.id AND (c.held OR c.id IN (SELECT job_id FROM key_taken))
@@ -447,6 +451,7 @@ SELECT outcome.ids, outcome.states,
        least((SELECT j.run_at FROM {schema}.jobs j
               WHERE j.queue = %(queue)s AND j.state IN ('scheduled', 'sleeping', 'waiting')
                 AND j.run_at > {schema}.db_now()
+                AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
               ORDER BY j.run_at LIMIT 1),
              (SELECT min(s.run_at) FROM settled s
               WHERE s.state IN ('scheduled', 'sleeping', 'waiting'))) AS next_due,

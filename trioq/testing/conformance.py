@@ -180,6 +180,7 @@ async def claim_round(
     key_cursor: str = "",
     key_window: int = 200,
     task_versions: Sequence[str] | None = None,
+    lookahead_seconds: float = 0.0,
 ) -> SettleAndClaimResult:
     """One claim loop round trip, with the claimed jobs sorted in claim order."""
     result = await driver.job_settle_and_claim(
@@ -193,6 +194,7 @@ async def claim_round(
             key_cursor=key_cursor,
             key_window=key_window,
             task_versions=None if task_versions is None else tuple(task_versions),
+            lookahead_seconds=lookahead_seconds,
         )
     )
     claimed = sorted(result.claimed, key=lambda job: (job.priority, job.run_at, job.id))
@@ -1038,6 +1040,35 @@ async def check_enqueue_notifies_the_ready_channel_once_per_queue_and_statement(
         await flush_notifications(driver, listener, recorder)
     expect(recorder.received.count((due_channel, due)), 1, "notifications for one due batch")
     expect(recorder.received.count((delayed_channel, delayed)), 1, "notifications for a delay")
+
+
+@conformance_check
+async def check_due_work_is_claimed_by_the_statement_that_finds_it_due(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A delayed job whose run_at passed is claimed in one round (no promote-then-claim); one
+    due within the lookahead is claimed early with started_at = run_at; a keyed one is only
+    promoted."""
+    [soon, later, keyed] = await enqueue(
+        driver,
+        new_job(0, delay_seconds=5),
+        new_job(1, delay_seconds=30),
+        new_job(2, delay_seconds=5, partition_key="k"),
+    )
+    await clock.advance(6)
+    first = await claim_round(driver, 10)
+    expect([job.id for job in first.claimed], [soon], "claimed the round it was found due")
+    expect(first.promoted, 1, "the keyed due job promoted, not claimed")
+    early = await claim_round(driver, 10, lookahead_seconds=0.5)
+    expect([job.id for job in early.claimed], [keyed], "the promoted keyed job, in the next round")
+    await clock.advance(23.8)  # `later` is due in 0.2 s
+    none = await claim_round(driver, 10)
+    expect(none.claimed, (), "nothing due without a lookahead")
+    ahead = await claim_round(driver, 10, lookahead_seconds=0.5)
+    expect([job.id for job in ahead.claimed], [later], "claimed within the lookahead")
+    record = await driver.job_get(later)
+    assert record is not None and record.run_at is not None
+    expect(record.started_at, record.run_at, "an early claim starts at its run_at")
 
 
 @conformance_check
