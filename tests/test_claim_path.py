@@ -99,15 +99,17 @@ async def test_a_delayed_job_starts_in_the_round_its_timer_fires(
         started.set()
 
     hooks = WorkerHooks(on_round=on_round)
-    async with app.client(migrate=True) as client:
-        async with running_worker(app, concurrency=2, poll_interval=30.0, hooks=hooks):
-            with trio.fail_after(10):
-                await first_round.wait()  # the start-up round has run (it found nothing)
-            before = len(rounds)
-            await client.enqueue("noop", {}, delay=0.3)
-            with trio.fail_after(10):
-                await started.wait()
-            after = rounds[before:]
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, concurrency=2, poll_interval=30.0, hooks=hooks),
+    ):
+        with trio.fail_after(10):
+            await first_round.wait()  # the start-up round has run (it found nothing)
+        before = len(rounds)
+        await client.enqueue("noop", {}, delay=0.3)
+        with trio.fail_after(10):
+            await started.wait()
+        after = rounds[before:]
     # The enqueue's notification wakes one round (the job is not due yet: it sets the timer);
     # the timer's round claims it. Before, that round only promoted it and a third claimed it.
     claimed = [count for _, count in after]
