@@ -101,8 +101,9 @@ ORDER BY i.ord;
 -- the returned ids sorted ascending are the payloads' ids in order. db_now() is read once (the
 -- FROM-list subquery), not per row. Every column is written as job_insert_many writes it for a
 -- job without a key (tests/test_enqueue_fast_path.py compares the two row for row); a job due
--- later is inserted `scheduled`. ONE ready notification for the batch's queue, and only if a
--- job of it is due now, sent inside the transaction (delivered only if it commits).
+-- later is inserted `scheduled`. ONE ready notification for the batch's queue, sent inside the
+-- transaction (delivered only if it commits); a delayed batch sends it too, so an idle claim
+-- loop learns the new due time (as job_insert_many does).
 WITH inserted AS (
     INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
                                    partition_key, max_attempts, created_at, version,
@@ -122,7 +123,7 @@ WITH inserted AS (
 SELECT i.id, n.sent
 FROM inserted i,
      (SELECT count(pg_notify({schema}.ready_channel(%(queue)s::text), %(queue)s::text)) AS sent
-      FROM (SELECT 1 FROM inserted WHERE state = 'ready' LIMIT 1) AS due) AS n
+      FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS n
 ORDER BY i.id;
 
 -- name: job_settle_and_claim
