@@ -207,13 +207,16 @@ class ClaimLoop:
                 await self._wait_for_wake()
                 # Let handlers that finish in this same scheduler tick join the batch.
                 await trio.lowlevel.checkpoint()
-                if len(self._flights) >= MAX_IN_FLIGHT or (
+                while len(self._flights) >= MAX_IN_FLIGHT or (
                     self._flights and self._settle.pending < MIN_SPLIT
                 ):
-                    # A second round in flight only for a real batch; else the reply of the
-                    # round in flight raises this wake-up again (as a serial loop would).
+                    # A second round in flight only for a real batch; else wait (no timer:
+                    # its reason is served by the next round) until the round in flight
+                    # returns, or enough outcomes are pending, as a serial loop would.
                     self._deferred = True
-                    continue
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    await trio.lowlevel.checkpoint()
                 first = self._plan(handlers, split=not self._flights)
                 if first is None:
                     continue
