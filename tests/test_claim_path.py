@@ -58,20 +58,12 @@ async def test_a_backlog_of_a_task_no_worker_serves_is_not_scanned_by_the_claim(
 ) -> None:
     """3,000 ready jobs of an unserved task ahead (better priority) of one served job: the claim
     of the served task touches about as many buffers as with no such backlog at all."""
-    app = make_app(pg_url, pg_schema)
-
-    @app.task("noop")
-    async def noop(ctx: trioq.Context, payload: Any) -> None:
-        return None
-
-    @app.task("unserved")
-    async def unserved(ctx: trioq.Context, payload: Any) -> None:
-        return None
-
+    app = make_app(pg_url, pg_schema)  # a producer: no handlers, tasks by declaration
     async with app.client(migrate=True) as client:
-        await client.enqueue("noop", {})
+        await client.enqueue(trioq.TaskDeclaration("noop"), {})
         alone, claimed_alone = _claim_buffers(pg_url, pg_schema, ["noop"])
-        await client.enqueue_many("unserved", [{} for _ in range(3000)], priority=-10)
+        unserved = trioq.TaskDeclaration("unserved")
+        await client.enqueue_many(unserved, [{} for _ in range(3000)], priority=-10)
         behind, claimed_behind = _claim_buffers(pg_url, pg_schema, ["noop"])
     assert claimed_alone == claimed_behind == 1
     # Stepping over the backlog reads 3,000 index entries and their heap rows (thousands of
