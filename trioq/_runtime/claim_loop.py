@@ -100,6 +100,11 @@ class ClaimLoop:
     _key_cursor: str = ""
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
+    # Poll sharing (polls.py): when the idle poll is due, its time before a probe held it, and
+    # the wait's timer while the loop waits.
+    _poll_at: float = 0.0
+    _held_poll_at: float | None = None
+    _timer: trio.CancelScope | None = None
 
     # --- state the rest of the worker reads ---------------------------------------------
 
@@ -193,14 +198,51 @@ class ClaimLoop:
                 backoff = 0.1
 
     async def _wait_for_wake(self) -> None:
-        deadline = trio.current_time() + self.poll_interval
-        if self._next_due_at is not None:
-            deadline = min(deadline, self._next_due_at)
-        with trio.move_on_at(deadline) as timer:
-            await self._wake.wait()
+        self._poll_at = trio.current_time() + self.poll_interval
+        self._held_poll_at = None
+        with trio.CancelScope(deadline=self._timer_deadline()) as timer:
+            self._timer = timer
+            try:
+                await self._wake.wait()
+            finally:
+                self._timer = None
         if timer.cancelled_caught and self.hooks.on_poll:
             self.hooks.on_poll(self.queue)
         self._wake = trio.Event()
+
+    def _timer_deadline(self) -> float:
+        if self._next_due_at is None:
+            return self._poll_at
+        return min(self._poll_at, self._next_due_at)
+
+    # --- poll sharing (polls.py) ---------------------------------------------------------
+
+    def poll_due_at(self) -> float | None:
+        """When this loop's idle poll is due, while it waits for one (else None)."""
+        return self._poll_at if self._timer is not None else None
+
+    def defer_poll(self, sent_at: float) -> None:
+        """A statement that probes this queue was sent at `sent_at`: hold the poll until its
+        answer (`observed`)."""
+        if self._held_poll_at is None:
+            self._held_poll_at = self._poll_at
+        self._poll_at = max(self._poll_at, sent_at + self.poll_interval)
+        self._reset_timer()
+
+    def observed(self, *, nothing_due: bool, next_due_at: float | None) -> None:
+        """The probe's answer. Nothing due: the probe was this interval's poll (the timer also
+        follows `next_due_at`). Otherwise (work due, or no answer) the poll stays as it was."""
+        if not nothing_due and self._held_poll_at is not None:
+            self._poll_at = self._held_poll_at
+        self._held_poll_at = None
+        if next_due_at is not None:
+            known = self._next_due_at
+            self._next_due_at = next_due_at if known is None else min(known, next_due_at)
+        self._reset_timer()
+
+    def _reset_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.deadline = self._timer_deadline()
 
     async def _final_flush(self) -> None:
         if not self._settle.pending:

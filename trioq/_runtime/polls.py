@@ -1,0 +1,84 @@
+"""Poll sharing: the services' periodic statements stand in for the claim loops' idle polls.
+
+An idle claim loop polls its queue once per poll interval: that poll is the safety net for a
+missed notification and for work that becomes due without one. The worker's services send
+statements of their own on timers (the leader election, maintenance), and each of those also
+probes the worker's queues (`queue_probe()`, migration 0010). A loop told by such a statement
+"nothing is due in your queue" has had its poll: its timer restarts from when the statement was
+sent, so the probe replaces the poll instead of adding to it (and one statement probes every
+queue of the worker). Told "work is due" (or when the statement fails) the loop keeps its timer
+as it was. The poll interval is never lengthened: between two looks at a queue (a poll or a
+probe) there is never more than one poll interval.
+
+So that a probe replaces a whole poll rather than part of one, a service about to send its
+periodic statement first waits for the moment the first loop's poll is due
+(`wait_poll_due`): then the statement goes instead of that poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator, Sequence
+
+import attrs
+import trio
+
+from .._driver import QueueProbe
+from .claim_loop import ClaimLoop
+
+# How far before a loop's poll is due a service sends its statement in the poll's place (the
+# loop's timer is held while the statement is in flight, so this only needs to beat the timer).
+LEAD_SECONDS = 0.001
+
+
+@attrs.define(eq=False)
+class ProbeAnswer:
+    """Filled in by the service with what its statement reported."""
+
+    now: datetime.datetime | None = None
+    probes: tuple[QueueProbe, ...] = ()
+
+    def set(self, now: datetime.datetime | None, probes: tuple[QueueProbe, ...]) -> None:
+        self.now, self.probes = now, probes
+
+
+@attrs.define(eq=False)
+class PollSharing:
+    loops: Sequence[ClaimLoop]
+    poll_interval: float
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        return tuple(loop.queue for loop in self.loops)
+
+    async def wait_poll_due(self) -> None:
+        """Sleep until just before the first waiting loop's poll is due, at most one poll
+        interval (loops busy with work have no poll to replace). Safe to cancel."""
+        latest = trio.current_time() + self.poll_interval
+        due = [at for loop in self.loops if (at := loop.poll_due_at()) is not None]
+        await trio.sleep_until(min([*due, latest]) - LEAD_SECONDS)
+
+    @contextlib.contextmanager
+    def standing_in(self) -> Iterator[ProbeAnswer]:
+        """Around one probing statement: the loops hold their polls while it is in flight,
+        then each learns its queue's answer (`answer.set`); none set (the statement failed or
+        was cancelled) counts as "work may be due": the loops' timers stay as they were."""
+        sent_at = trio.current_time()
+        for loop in self.loops:
+            loop.defer_poll(sent_at)
+        answer = ProbeAnswer()
+        try:
+            yield answer
+        finally:
+            by_queue = {probe.queue: probe for probe in answer.probes}
+            for loop in self.loops:
+                probe = by_queue.get(loop.queue)
+                if probe is None or answer.now is None or probe.work_due:
+                    loop.observed(nothing_due=False, next_due_at=None)
+                    continue
+                next_due_at = None
+                if probe.next_due is not None:
+                    wait = max(0.0, (probe.next_due - answer.now).total_seconds())
+                    next_due_at = sent_at + wait
+                loop.observed(nothing_due=True, next_due_at=next_due_at)
