@@ -25,7 +25,7 @@ import trio
 
 from .._driver import Driver, LeaderElect, LeaderResign
 from .maintenance import Maintenance
-from .polls import PollSharing
+from .polls import ALIGN_SHARE, PollSharing
 from .scheduler import Scheduler
 
 log = logging.getLogger("trioq.worker")
@@ -91,7 +91,7 @@ class Leadership:
         if self._wake.is_set():
             self._wake = trio.Event()  # the seat is free: no reason to wait for a poll
             return
-        await self.polls.wait_poll_due()
+        await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
 
     async def _elect(self) -> bool:
         params = LeaderElect(

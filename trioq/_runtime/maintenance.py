@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from .._driver import Driver, MaintenancePass, MaintenanceReport
-from .polls import PollSharing
+from .polls import ALIGN_SHARE, PollSharing
 from .scheduler import Scheduler
 
 log = logging.getLogger("trioq.worker")
@@ -61,7 +61,7 @@ class Maintenance:
         rolls back."""
         while await self.sweep():
             await trio.sleep(self.interval * (0.8 + 0.4 * random.random()))
-            await self.polls.wait_poll_due()
+            await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
 
     async def sweep(self) -> bool:
         """One pass, repeated while a batch comes back full; False once not the leader. A

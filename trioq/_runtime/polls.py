@@ -31,6 +31,10 @@ from .claim_loop import ClaimLoop
 # loop's timer is held while the statement is in flight, so this only needs to beat the timer).
 LEAD_SECONDS = 0.001
 
+# A service waits for a poll to replace at most this share of its own interval, so its period
+# stays within (0.8 + 0.4 jitter + this) x interval, whatever the poll interval.
+ALIGN_SHARE = 0.2
+
 
 @attrs.define(eq=False)
 class ProbeAnswer:
@@ -52,10 +56,12 @@ class PollSharing:
     def queues(self) -> tuple[str, ...]:
         return tuple(loop.queue for loop in self.loops)
 
-    async def wait_poll_due(self) -> None:
-        """Sleep until just before the first waiting loop's poll is due, at most one poll
-        interval (loops busy with work have no poll to replace). Safe to cancel."""
-        latest = trio.current_time() + self.poll_interval
+    async def wait_poll_due(self, at_most: float) -> None:
+        """Sleep until just before the first waiting loop's poll is due, at most `at_most`
+        seconds (loops busy with work have no poll to replace; with a poll interval longer
+        than the service's own, its statements come more often than polls anyway). Safe to
+        cancel."""
+        latest = trio.current_time() + min(self.poll_interval, at_most)
         due = [at for loop in self.loops if (at := loop.poll_due_at()) is not None]
         await trio.sleep_until(min([*due, latest]) - LEAD_SECONDS)
 

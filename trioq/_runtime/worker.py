@@ -100,10 +100,11 @@ class WorkerConfig:
 
     @property
     def leader_ttl(self) -> float:
-        """The leader seat's time to live: the leader extends it every maintenance interval
-        (jittered up to 1.2x, then sent in place of the next claim poll), so twice that plus two
-        poll intervals leaves a full interval of slack before a live leader loses it."""
-        return 2 * self.maintenance_every + 2 * self.poll_interval
+        """The leader seat's time to live: the leader extends it with every maintenance pass, at
+        most 1.4 intervals apart (1.2 jitter, 0.2 waiting for a claim poll to stand in for), so
+        2.5 intervals leave a whole interval of slack before a live leader loses it, and a dead
+        leader's seat is free before its leases expire (25 s against a 30 s lease by default)."""
+        return 2.5 * self.maintenance_every
 
 
 @attrs.frozen
