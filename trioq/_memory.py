@@ -819,7 +819,11 @@ class MemoryDriver:
         outbox = _Outbox()
         recovered = self._recover_expired(params.recover_limit, now, outbox)
         stale_before = now - params.worker_stale_seconds * _SECOND
-        stale = [w for w, worker in self._workers.items() if worker.heartbeat_at < stale_before]
+        stale = [
+            w
+            for w, worker in self._workers.items()
+            if worker.heartbeat_at < stale_before and w != params.leader_id
+        ]
         for worker_id in stale:
             del self._workers[worker_id]
         pruned = self._prune_finished(now - params.retention_seconds * _SECOND, params.prune_limit)

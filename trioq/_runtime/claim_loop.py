@@ -218,8 +218,11 @@ class ClaimLoop:
     # --- poll sharing (polls.py) ---------------------------------------------------------
 
     def poll_due_at(self) -> float | None:
-        """When this loop's idle poll is due, while it waits for one (else None)."""
-        return self._poll_at if self._timer is not None else None
+        """When this loop's idle poll is due, while it waits for one (else None, also once
+        its timer has fired)."""
+        if self._timer is None or self._timer.cancel_called:
+            return None
+        return self._poll_at
 
     def defer_poll(self, sent_at: float) -> None:
         """A statement that probes this queue was sent at `sent_at`: hold the poll until its

@@ -31,7 +31,7 @@ from .scheduler import Scheduler
 log = logging.getLogger("trioq.worker")
 
 # A resignation that cannot be written in this time is left to the seat's TTL.
-RESIGN_TIMEOUT = 5.0
+RESIGN_TIMEOUT = 2.0
 
 
 @attrs.frozen

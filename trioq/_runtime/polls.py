@@ -59,11 +59,22 @@ class PollSharing:
     async def wait_poll_due(self, at_most: float) -> None:
         """Sleep until just before the first waiting loop's poll is due, at most `at_most`
         seconds (loops busy with work have no poll to replace; with a poll interval longer
-        than the service's own, its statements come more often than polls anyway). Safe to
-        cancel."""
-        latest = trio.current_time() + min(self.poll_interval, at_most)
-        due = [at for loop in self.loops if (at := loop.poll_due_at()) is not None]
-        await trio.sleep_until(min([*due, latest]) - LEAD_SECONDS)
+        than the service's own, its statements come more often than polls anyway). A wake-up
+        that came too late (the loop's timer fired first, as under load) waits for the loop's
+        next poll instead, within the same bound. Safe to cancel."""
+        give_up = trio.current_time() + at_most
+        while True:
+            due = [(at, loop) for loop in self.loops if (at := loop.poll_due_at()) is not None]
+            if not due:
+                await trio.sleep_until(min(give_up, trio.current_time() + self.poll_interval))
+                return
+            target, first = min(due, key=lambda pair: pair[0])
+            if target - LEAD_SECONDS >= give_up:
+                await trio.sleep_until(give_up)
+                return
+            await trio.sleep_until(target - LEAD_SECONDS)
+            if first.poll_due_at() == target:
+                return  # that poll has not run: this statement goes in its place
 
     @contextlib.contextmanager
     def standing_in(self) -> Iterator[ProbeAnswer]:

@@ -669,6 +669,8 @@ stale_workers AS (
     DELETE FROM {schema}.workers
     WHERE (SELECT ok FROM leader)
       AND heartbeat_at < {schema}.db_now() - %(worker_stale_seconds)s * interval '1 second'
+      -- The leader's own row is heartbeaten by this statement: never prune it here.
+      AND id IS DISTINCT FROM %(leader_id)s::uuid
     RETURNING id
 ),
 old AS (
