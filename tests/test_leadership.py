@@ -80,6 +80,8 @@ async def test_only_the_elected_leader_sends_maintenance_statements(
                 await passes.wait(10)  # ten maintenance intervals with both standing
             assert follower.leadership.statistics().elections >= 3
             assert calls(follower, "maintenance_pass") == 0
+            for scheduler_statement in ("schedule_next_due", "scheduler_lead"):
+                assert calls(follower, scheduler_statement) == 0
             assert not follower.leadership.is_leader
             assert leader.leadership.is_leader
             assert calls(leader, "leader_elect") == 1  # its first; its passes keep the seat

@@ -67,6 +67,33 @@ async def test_idle_worker_sends_at_most_one_statement_per_second_per_queue(
     assert sum(calls.values()) <= 60 * queue_count, calls
 
 
+async def test_probes_standing_in_for_polls_still_find_unannounced_work_within_a_poll_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Poll-only mode (no listener): every job is found by a look at its queue, a claim poll or
+    a maintenance probe standing in for one; none waits longer than one poll interval."""
+    app = make_app()
+    waited: list[float] = []
+    enqueued_at: dict[int, float] = {}
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        waited.append(trio.current_time() - enqueued_at[ctx.job.id])
+
+    async with (
+        app.client(driver=MemoryDriver()) as client,
+        running_worker(app, poll_interval=1.0, notifications=False),
+    ):
+        for n in range(40):
+            await trio.sleep(0.37 + 0.11 * (n % 5))  # phases across the poll and probe timers
+            job = await client.enqueue("noop", {})
+            enqueued_at[job.id] = trio.current_time()
+        with trio.fail_after(5):
+            await client.wait_result(job.id, timeout=None)
+    assert len(waited) == 40
+    assert max(waited) <= 1.0, sorted(waited)[-5:]
+
+
 async def test_delayed_job_runs_when_due_in_virtual_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -224,12 +224,12 @@ class ClaimLoop:
             return None
         return self._poll_at
 
-    def defer_poll(self, sent_at: float) -> None:
-        """A statement that probes this queue was sent at `sent_at`: hold the poll until its
-        answer (`observed`)."""
+    def defer_poll(self, looked_at: float) -> None:
+        """A statement that looks at this queue at `looked_at` (polls.py) is in flight: hold
+        the poll until its answer (`observed`)."""
         if self._held_poll_at is None:
             self._held_poll_at = self._poll_at
-        self._poll_at = max(self._poll_at, sent_at + self.poll_interval)
+        self._poll_at = max(self._poll_at, looked_at + self.poll_interval)
         self._reset_timer()
 
     def observed(self, *, nothing_due: bool, next_due_at: float | None) -> None:

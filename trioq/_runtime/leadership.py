@@ -78,22 +78,23 @@ class Leadership:
         the seat, if held, is given up (shielded, bounded)."""
         try:
             with self._scope:
+                poll_due = None
                 while True:
-                    if await self._elect():
+                    if await self._elect(poll_due):
                         await self._lead()
-                    await self._wait_next_attempt()
+                    poll_due = await self._wait_next_attempt()
         finally:
             await self._resign()
 
-    async def _wait_next_attempt(self) -> None:
+    async def _wait_next_attempt(self) -> float | None:
         with trio.move_on_after(self.interval * (0.8 + 0.4 * random.random())):
             await self._wake.wait()
         if self._wake.is_set():
             self._wake = trio.Event()  # the seat is free: no reason to wait for a poll
-            return
-        await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
+            return None
+        return await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
 
-    async def _elect(self) -> bool:
+    async def _elect(self, poll_due: float | None) -> bool:
         params = LeaderElect(
             worker_id=self.worker_id,
             ttl_seconds=self.ttl_seconds,
@@ -101,7 +102,7 @@ class Leadership:
             queues=self.polls.queues,
         )
         try:
-            with self.polls.standing_in() as answer:
+            with self.polls.standing_in(poll_due) as answer:
                 report = await self.driver.leader_elect(params)
                 answer.set(report.now, report.probes)
         except Exception as exc:

@@ -59,11 +59,12 @@ class Maintenance:
         left), then one per interval (jittered), each sent in place of a claim poll. Returns
         when a pass finds the seat taken by another worker. Safe to cancel: a cancelled pass
         rolls back."""
-        while await self.sweep():
+        poll_due = None
+        while await self.sweep(poll_due):
             await trio.sleep(self.interval * (0.8 + 0.4 * random.random()))
-            await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
+            poll_due = await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
 
-    async def sweep(self) -> bool:
+    async def sweep(self, poll_due: float | None = None) -> bool:
         """One pass, repeated while a batch comes back full; False once not the leader. A
         failed pass keeps the leadership it had (the next one tells)."""
         params = MaintenancePass(
@@ -75,7 +76,7 @@ class Maintenance:
         )
         while True:
             try:
-                with self.polls.standing_in() as answer:
+                with self.polls.standing_in(poll_due) as answer:
                     report = await self.driver.maintenance_pass(params)
                     answer.set(report.now, report.probes)
             except Exception as exc:
@@ -91,6 +92,7 @@ class Maintenance:
             )
             if not full:
                 return True
+            poll_due = None
 
     async def _record(self, report: MaintenanceReport) -> None:
         self._healthy = True

@@ -4,9 +4,9 @@ An idle claim loop polls its queue once per poll interval: that poll is the safe
 missed notification and for work that becomes due without one. The worker's services send
 statements of their own on timers (the leader election, maintenance), and each of those also
 probes the worker's queues (`queue_probe()`, migration 0010). A loop told by such a statement
-"nothing is due in your queue" has had its poll: its timer restarts from when the statement was
-sent, so the probe replaces the poll instead of adding to it (and one statement probes every
-queue of the worker). Told "work is due" (or when the statement fails) the loop keeps its timer
+"nothing is due in your queue" has had its poll: its timer restarts as if the poll had run, so
+the probe replaces the poll instead of adding to it (and one statement probes every queue of
+the worker). Told "work is due" (or when the statement fails) the loop keeps its timer
 as it was. The poll interval is never lengthened: between two looks at a queue (a poll or a
 probe) there is never more than one poll interval.
 
@@ -56,34 +56,38 @@ class PollSharing:
     def queues(self) -> tuple[str, ...]:
         return tuple(loop.queue for loop in self.loops)
 
-    async def wait_poll_due(self, at_most: float) -> None:
+    async def wait_poll_due(self, at_most: float) -> float | None:
         """Sleep until just before the first waiting loop's poll is due, at most `at_most`
         seconds (loops busy with work have no poll to replace; with a poll interval longer
         than the service's own, its statements come more often than polls anyway). A wake-up
         that came too late (the loop's timer fired first, as under load) waits for the loop's
-        next poll instead, within the same bound. Safe to cancel."""
+        next poll instead, within the same bound. Returns when that poll was due (None: there
+        was none to stand in for). Safe to cancel."""
         give_up = trio.current_time() + at_most
         while True:
             due = [(at, loop) for loop in self.loops if (at := loop.poll_due_at()) is not None]
             if not due:
                 await trio.sleep_until(min(give_up, trio.current_time() + self.poll_interval))
-                return
+                return None
             target, first = min(due, key=lambda pair: pair[0])
             if target - LEAD_SECONDS >= give_up:
                 await trio.sleep_until(give_up)
-                return
+                return None
             await trio.sleep_until(target - LEAD_SECONDS)
             if first.poll_due_at() == target:
-                return  # that poll has not run: this statement goes in its place
+                return target  # that poll has not run: this statement goes in its place
 
     @contextlib.contextmanager
-    def standing_in(self) -> Iterator[ProbeAnswer]:
+    def standing_in(self, poll_due: float | None = None) -> Iterator[ProbeAnswer]:
         """Around one probing statement: the loops hold their polls while it is in flight,
         then each learns its queue's answer (`answer.set`); none set (the statement failed or
-        was cancelled) counts as "work may be due": the loops' timers stay as they were."""
+        was cancelled) counts as "work may be due": the loops' timers stay as they were.
+        `poll_due` (from `wait_poll_due`, a moment away): the statement is the poll due then,
+        so the next one is due a poll interval after it, as if that poll had run."""
         sent_at = trio.current_time()
+        looked_at = sent_at if poll_due is None else max(sent_at, poll_due)
         for loop in self.loops:
-            loop.defer_poll(sent_at)
+            loop.defer_poll(looked_at)
         answer = ProbeAnswer()
         try:
             yield answer
