@@ -1,9 +1,10 @@
 """The lease renewer: ONE statement per renewal interval (lease/3) extends every lease this
-worker holds and heartbeats its worker row.
+worker holds and heartbeats its worker row, writing the admission snapshot (migration 0008).
 
-A worker holding no leases sends nothing here: its heartbeat rides the leader election or the
-maintenance pass it sends anyway (leadership.py), so an idle worker's only periodic statements
-are the ones that also stand in for its claim polls (polls.py).
+A worker holding no leases sends nothing here unless its admission snapshot changed (then early,
+rate-limited by admission control): its heartbeat rides the leader election or the maintenance
+pass it sends anyway (leadership.py), so an idle worker's only periodic statements are the ones
+that also stand in for its claim polls (polls.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from .._driver import Driver, Lease, RenewedLease, RenewLeases
+from .._driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
+from .admission import AdmissionControl
 from .claim_loop import ClaimLoop
 from .metrics import WorkerMetrics
 
@@ -37,6 +39,7 @@ class LeaseRenewer:
     loops: Sequence[ClaimLoop]
     lease_seconds: float
     metrics: WorkerMetrics
+    admission: AdmissionControl
     draining: Callable[[], bool]
     register_again: Callable[[], Awaitable[None]]
     last_renewal: float = attrs.field(factory=trio.current_time)
@@ -63,15 +66,17 @@ class LeaseRenewer:
         database no longer returns is lost: its handler is cancelled at once.
         """
         while True:
-            await trio.sleep(self.interval)
+            # Early (rate-limited) when the admission snapshot the heartbeat writes changed.
+            await self.admission.wait_renewal(self.interval)
             leases = [lease for loop in self.loops for lease in loop.renewable_leases()]
-            if not leases:
+            admission = self.admission.snapshot()
+            if not leases and not self.admission.unpublished(admission):
                 self.last_renewal = trio.current_time()  # nothing to renew: not late
                 self.healthy = True
                 continue
-            await self._renew(leases)
+            await self._renew(leases, admission)
 
-    async def _renew(self, leases: list[Lease]) -> None:
+    async def _renew(self, leases: list[Lease], admission: tuple[QueueAdmission, ...]) -> None:
         sent_at = trio.current_time()
         renewed = None
         with trio.move_on_after(self.interval):
@@ -82,6 +87,7 @@ class LeaseRenewer:
                         worker_state="draining" if self.draining() else "running",
                         lease_seconds=self.lease_seconds,
                         leases=tuple(leases),
+                        admission=admission,
                     )
                 )
             except Exception as exc:
@@ -90,6 +96,7 @@ class LeaseRenewer:
             self.healthy = False
             return
         self.healthy = True
+        self.admission.published(admission if renewed.registered else ())
         self._renewals += 1
         self.metrics.lease_renewals.inc()
         self.last_renewal = trio.current_time()

@@ -190,6 +190,7 @@ class Worker:
             loops=loops,
             lease_seconds=config.lease_seconds,
             metrics=self.metrics,
+            admission=self.admission,
             draining=self._drain_requested.is_set,
             register_again=self._register_again,
         )
@@ -426,6 +427,8 @@ class Worker:
             await self.driver.worker_register(self._registration())
         except Exception as exc:
             log.warning("re-registration failed (the next heartbeat retries): %s", exc)
+            return
+        self.admission.published(())  # the new row holds no admission snapshot yet
 
 
 def _with_metrics(hooks: WorkerHooks, metrics: WorkerMetrics) -> WorkerHooks:
