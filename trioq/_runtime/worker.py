@@ -254,7 +254,7 @@ class Worker:
 
     async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until drained (see `request_drain`). Cancelling it is a hard stop: handlers are
-        cancelled and their leases expire, to be recovered by any worker's maintenance."""
+        cancelled and their leases expire, to be recovered by the leader's maintenance."""
         await self.driver.worker_register(self._registration())
         try:
             async with self._open_listener() as listener:
