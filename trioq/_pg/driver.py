@@ -318,7 +318,11 @@ class PgDriver:
         self._calls["job_insert_many"] += 1
         name, params = insert_statement(jobs)
         with self._schema_required():
-            rows = await self._query(conn, name, params)
+            if name == "job_insert_batch":  # the single-enqueue hot path: no thread hop
+                statement = self._positional[name]
+                rows = await conn.fetch_native(statement.text, statement.values(params))
+            else:
+                rows = await self._query(conn, name, params)
         return inserted_jobs(name, rows)
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
