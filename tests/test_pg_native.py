@@ -12,6 +12,7 @@ import psycopg
 import psycopg.errors
 import pytest
 import trio
+import trio.testing
 
 from tests.test_pg_adapter import (
     PROMPT,
@@ -112,6 +113,29 @@ async def test_cancelled_native_fetch_in_a_transaction_rolls_back_and_releases_i
         assert await cancel_once_sleeping(observer, conn.backend_pid, work) < PROMPT
         assert not conn.in_transaction
         await assert_row_lock_free_and_value(observer, counters, expected=0)
+    finally:
+        await conn.close()
+
+
+async def test_a_statement_whose_prepare_was_cancelled_is_prepared_again_under_a_new_name(
+    pg_url: str,
+) -> None:
+    """Cancelled while its PREPARE is in flight (which the server usually finishes anyway), the
+    next call of the same statement must not prepare the same name again ("already exists")."""
+    conn = await connect(pg_url)
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_once_sent() -> None:
+                    await trio.testing.wait_all_tasks_blocked()  # the PREPARE awaits its reply
+                    scope.cancel()
+
+                nursery.start_soon(cancel_once_sent)
+                await conn.fetch_native(b"SELECT $1::int + 100", [1])
+        assert scope.cancelled_caught
+        assert await conn.fetch_native(b"SELECT $1::int + 100", [2]) == [(102,)]
+        assert await conn.fetch_native(b"SELECT $1::int + 100", [3]) == [(103,)]
     finally:
         await conn.close()
 

@@ -38,17 +38,23 @@ _OK = frozenset({pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatu
 
 
 class NativeStatements:
-    """Per-connection state: which statements this session has prepared (named `trioq_N`)."""
+    """Per-connection state: the statements this session has prepared.
+
+    A name is never used twice: a PREPARE cancelled or failed after it was sent may or may not
+    exist on the server, so the next attempt takes a new name (found by the random
+    cancellation test: "prepared statement trioq_0 already exists").
+    """
 
     def __init__(self) -> None:
         self._names: dict[bytes, bytes] = {}
+        self._attempts = 0
 
-    def name(self, sql: bytes) -> tuple[bytes, bool]:
-        """The prepared name of `sql` and whether it still has to be prepared."""
-        known = self._names.get(sql)
-        if known is not None:
-            return known, False
-        return f"trioq_{len(self._names)}".encode(), True
+    def known(self, sql: bytes) -> bytes | None:
+        return self._names.get(sql)
+
+    def new_name(self) -> bytes:
+        self._attempts += 1
+        return f"trioq_{self._attempts - 1}".encode()
 
     def prepared(self, sql: bytes, name: bytes) -> None:
         self._names[sql] = name
@@ -71,8 +77,9 @@ async def fetch(
     if raw.prepare_threshold is None:
         pgconn.send_query_params(sql, values)
         return _rows(transformer, await _results(pgconn, cancel_on_server), raw)
-    name, unprepared = statements.name(sql)
-    if unprepared:
+    name = statements.known(sql)
+    if name is None:
+        name = statements.new_name()
         pgconn.send_prepare(name, sql)
         _rows(transformer, await _results(pgconn, cancel_on_server), raw)
         statements.prepared(sql, name)
