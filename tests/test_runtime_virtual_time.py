@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import trio
 import trio.testing
 
@@ -18,9 +19,12 @@ def make_app() -> trioq.App:
     return trioq.App(schema="virtual")
 
 
-async def test_idle_queues_poll_exactly_once_per_interval_whatever_the_slot_count(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+# The statements of the worker's services that probe its queues in place of a claim poll.
+PROBING = ("leader_elect", "maintenance_pass")
+
+
+async def idle_minute(queues: list[str]) -> dict[str, int]:
+    """The statements one idle worker (100 slots) sends in one virtual minute, by name."""
     app = make_app()
 
     @app.task("noop")
@@ -30,13 +34,64 @@ async def test_idle_queues_poll_exactly_once_per_interval_whatever_the_slot_coun
     driver = MemoryDriver()
     async with (
         app.client(driver=driver),
-        running_worker(app, ["a", "b"], concurrency=100, poll_interval=1.0),
+        running_worker(app, queues, concurrency=100, poll_interval=1.0),
     ):
         await trio.sleep(0.5)  # let the start-up round of each loop run
-        before = driver.statistics().calls.get("job_settle_and_claim", 0)
+        before = dict(driver.statistics().calls)
         await trio.sleep(60)  # one virtual minute, idle
-        polls = driver.statistics().calls["job_settle_and_claim"] - before
-    assert polls == 2 * 60
+        after = dict(driver.statistics().calls)
+    return {name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)}
+
+
+@pytest.mark.parametrize("queue_count", [1, 2, 4])
+async def test_idle_queues_are_looked_at_once_per_interval_whatever_the_slot_count(
+    autojump_clock: trio.testing.MockClock, queue_count: int
+) -> None:
+    calls = await idle_minute([f"q{n}" for n in range(queue_count)])
+    probes = sum(calls.get(name, 0) for name in PROBING)
+    looks_per_queue = calls["job_settle_and_claim"] / queue_count + probes
+    # A look is a claim poll or a probe standing in for one: once per poll interval, never
+    # more than an interval apart (a probe sent just before a poll was due replaces it).
+    assert 60 <= looks_per_queue <= 61, calls
+    assert probes >= 4, calls  # maintenance every lease/3 (10 s, jittered) replaced polls
+
+
+@pytest.mark.parametrize("queue_count", [1, 4])
+async def test_idle_worker_sends_at_most_one_statement_per_second_per_queue(
+    autojump_clock: trio.testing.MockClock, queue_count: int
+) -> None:
+    calls = await idle_minute([f"q{n}" for n in range(queue_count)])
+    # The lone worker leads: its maintenance pass heartbeats, keeps the seat and reads the
+    # schedules, so no renewal, election or scheduler statement is sent while it is idle.
+    assert set(calls) == {"job_settle_and_claim", "maintenance_pass"}, calls
+    assert sum(calls.values()) <= 60 * queue_count, calls
+
+
+async def test_probes_standing_in_for_polls_still_find_unannounced_work_within_a_poll_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Poll-only mode (no listener): every job is found by a look at its queue, a claim poll or
+    a maintenance probe standing in for one; none waits longer than one poll interval."""
+    app = make_app()
+    waited: list[float] = []
+    enqueued_at: dict[int, float] = {}
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        waited.append(trio.current_time() - enqueued_at[ctx.job.id])
+
+    async with (
+        app.client(driver=MemoryDriver()) as client,
+        running_worker(app, poll_interval=1.0, notifications=False),
+    ):
+        for n in range(40):
+            await trio.sleep(0.37 + 0.11 * (n % 5))  # phases across the poll and probe timers
+            job = await client.enqueue("noop", {})
+            enqueued_at[job.id] = trio.current_time()
+        with trio.fail_after(5):
+            await client.wait_result(job.id, timeout=None)
+    assert len(waited) == 40
+    assert max(waited) <= 1.0, sorted(waited)[-5:]
 
 
 async def test_delayed_job_runs_when_due_in_virtual_time(
@@ -54,7 +109,8 @@ async def test_delayed_job_runs_when_due_in_virtual_time(
         job = await client.enqueue("later", {}, delay=3600)
         with trio.fail_after(4000):
             await client.wait_result(job.id, timeout=None)
-    assert 3600 <= started[0] - t0 <= 3600 + 5.0
+    # Database time has microsecond resolution: the job is due from 3600 s less a rounding.
+    assert 3600 - 1e-6 <= started[0] - t0 <= 3600 + 5.0
 
 
 async def test_retries_follow_the_backoff_policy_in_virtual_time(

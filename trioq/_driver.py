@@ -208,6 +208,27 @@ class MaintenancePass:
     prune_limit: int = 1000
     retention_seconds: float = 7 * 24 * 3600.0
     worker_stale_seconds: float = 300.0
+    # The elected leader sending the pass (it extends its seat first and sweeps only if it still
+    # holds it); None: an operator's or a test's one-off pass, swept without the election.
+    leader_id: uuid.UUID | None = None
+    scheduler: bool = True  # the leader runs the scheduler
+    ttl_seconds: float = 30.0  # the seat's time to live from this pass
+    queues: tuple[str, ...] = ()  # the leader's queues, probed (see QueueProbe)
+
+
+@attrs.frozen
+class LeaderElect:
+    """A follower's periodic statement: try to take the leader seat, heartbeat, probe."""
+
+    worker_id: uuid.UUID
+    ttl_seconds: float
+    scheduler: bool = True  # this worker runs the scheduler when it leads
+    queues: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class LeaderResign:
+    worker_id: uuid.UUID
 
 
 @attrs.frozen
@@ -456,11 +477,33 @@ class RenewalResult:
 
 
 @attrs.frozen
+class QueueProbe:
+    """What a claim poll of `queue` would have found at the statement's `now`, without claiming:
+    `work_due` (a ready row, or a promotable due one) and the first future due time."""
+
+    queue: str
+    work_due: bool
+    next_due: datetime.datetime | None
+
+
+@attrs.frozen
 class MaintenanceReport:
     leader: bool
     recovered: tuple[tuple[int, str], ...] = ()  # (job id, new state)
     pruned_jobs: int = 0
     pruned_workers: int = 0
+    registered: bool = True  # False: the leader's worker row was gone (pruned); register again
+    now: datetime.datetime | None = None  # database time of the pass
+    probes: tuple[QueueProbe, ...] = ()  # one per queue of MaintenancePass.queues
+    schedules: ScheduleDue | None = None  # the scheduler's idle read, done by the pass
+
+
+@attrs.frozen
+class LeadershipReport:
+    leader: bool  # this worker holds the seat after the statement
+    registered: bool  # False: the worker row was gone (pruned); register again
+    now: datetime.datetime
+    probes: tuple[QueueProbe, ...] = ()
 
 
 @attrs.frozen
@@ -723,6 +766,10 @@ class Driver(Protocol):
     async def lease_renew_many(self, params: RenewLeases) -> RenewalResult: ...
 
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport: ...
+
+    async def leader_elect(self, params: LeaderElect) -> LeadershipReport: ...
+
+    async def leader_resign(self, params: LeaderResign) -> bool: ...
 
     async def job_cancel(self, job_id: int) -> CancelOutcome | None: ...
 

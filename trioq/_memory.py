@@ -53,6 +53,9 @@ from ._driver import (
     JobFilter,
     JobPurge,
     JobRecord,
+    LeaderElect,
+    LeaderResign,
+    LeadershipReport,
     Lease,
     MaintenancePass,
     MaintenanceReport,
@@ -61,6 +64,7 @@ from ._driver import (
     NotifyCallback,
     QueueDemand,
     QueuePause,
+    QueueProbe,
     QueueStatus,
     RenewalResult,
     RenewedLease,
@@ -280,12 +284,20 @@ _SETTLED_STATE = {
 }
 
 
+@attrs.frozen
+class _LeaderSeat:
+    leader_id: uuid.UUID
+    scheduler: bool
+    elected_at: datetime.datetime
+    expires_at: datetime.datetime
+
+
 @attrs.define(eq=False)
 class MemoryDriver:
     """The Driver protocol in memory (see the module docstring for what it guarantees).
 
-    Single process, so `maintenance_pass` is always the leader. `clock` returns seconds since
-    `EPOCH`; it defaults to `trio.current_time`.
+    The leader seat is elected as in SQL (several workers may share one driver). `clock`
+    returns seconds since `EPOCH`; it defaults to `trio.current_time`.
     """
 
     schema: str = "trioq"
@@ -310,6 +322,7 @@ class MemoryDriver:
     _migrated: bool = attrs.field(init=False, default=False)
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
     _schedules: ScheduleTable = attrs.field(init=False, factory=ScheduleTable)
+    _leader: _LeaderSeat | None = attrs.field(init=False, default=None)  # the leader table
 
     def __attrs_post_init__(self) -> None:
         validate_schema(self.schema)
@@ -734,7 +747,8 @@ class MemoryDriver:
     # --- maintenance ----------------------------------------------------------------------
 
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:
-        """Recover expired leases, prune stale workers and old finished jobs (always leader).
+        """Recover expired leases, prune stale workers and old finished jobs, while
+        `params.leader_id` holds the leader seat (or with no leader_id); heartbeat, probe.
 
         A recovered job goes back to ready (keeping run_at, so its place in its partition) or,
         on its last attempt, to failed, or to cancelled if its cancel was requested; each gets a
@@ -742,10 +756,85 @@ class MemoryDriver:
         bounded by its limit.
         """
         now = await self._statement("maintenance_pass")
+        leader = params.leader_id is None or self._elect(
+            params.leader_id, params.scheduler, params.ttl_seconds, now
+        )
+        registered = self._heartbeat(params.leader_id, now)
+        probes = self._probe(params.queues, now)
+        schedules = self._schedules.next_due(now)
+        if not leader:
+            return MaintenanceReport(
+                leader=False, registered=registered, now=now, probes=probes, schedules=schedules
+            )
+        report = self._sweep(params, now)
+        return attrs.evolve(
+            report, registered=registered, now=now, probes=probes, schedules=schedules
+        )
+
+    async def leader_elect(self, params: LeaderElect) -> LeadershipReport:
+        """Take the leader seat when free, expired, or held by a leader without the scheduler
+        while this candidate runs it; extend it when held by this candidate."""
+        now = await self._statement("leader_elect")
+        return LeadershipReport(
+            leader=self._elect(params.worker_id, params.scheduler, params.ttl_seconds, now),
+            registered=self._heartbeat(params.worker_id, now),
+            now=now,
+            probes=self._probe(params.queues, now),
+        )
+
+    async def leader_resign(self, params: LeaderResign) -> bool:
+        await self._statement("leader_resign")
+        if self._leader is None or self._leader.leader_id != params.worker_id:
+            return False
+        self._leader = None
+        outbox = _Outbox()
+        outbox.add(control_channel(self.schema), "leader")
+        self._deliver(outbox)
+        return True
+
+    def _elect(
+        self, candidate: uuid.UUID, scheduler: bool, ttl: float, now: datetime.datetime
+    ) -> bool:
+        seat = self._leader
+        if not (
+            seat is None
+            or seat.leader_id == candidate
+            or seat.expires_at < now
+            or (scheduler and not seat.scheduler)
+        ):
+            return False
+        elected_at = seat.elected_at if seat is not None and seat.leader_id == candidate else now
+        self._leader = _LeaderSeat(candidate, scheduler, elected_at, now + ttl * _SECOND)
+        return True
+
+    def _heartbeat(self, worker_id: uuid.UUID | None, now: datetime.datetime) -> bool:
+        worker = self._workers.get(worker_id) if worker_id is not None else None
+        if worker is not None:
+            worker.heartbeat_at = now
+        return worker is not None
+
+    def _probe(self, queues: Sequence[str], now: datetime.datetime) -> tuple[QueueProbe, ...]:
+        """queue_probe() (migration 0010): is work due, and the first future due time."""
+        probes = []
+        for queue in sorted(queues):
+            rows = list(map(self._rows.__getitem__, self._open_by_queue.get(queue, ())))
+            due = any(
+                row.state == "ready"
+                or (row.state in SUSPENDED_OR_SCHEDULED and _before_or_at(row.run_at, now))
+                for row in rows
+            )
+            probes.append(QueueProbe(queue, due, self._next_due(queue, now)))
+        return tuple(probes)
+
+    def _sweep(self, params: MaintenancePass, now: datetime.datetime) -> MaintenanceReport:
         outbox = _Outbox()
         recovered = self._recover_expired(params.recover_limit, now, outbox)
         stale_before = now - params.worker_stale_seconds * _SECOND
-        stale = [w for w, worker in self._workers.items() if worker.heartbeat_at < stale_before]
+        stale = [
+            w
+            for w, worker in self._workers.items()
+            if worker.heartbeat_at < stale_before and w != params.leader_id
+        ]
         for worker_id in stale:
             del self._workers[worker_id]
         pruned = self._prune_finished(now - params.retention_seconds * _SECOND, params.prune_limit)

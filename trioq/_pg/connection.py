@@ -24,6 +24,7 @@ from psycopg.abc import QueryNoTemplate as Query
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
+from trioq._pg import native
 from trioq._pg.threads import open_in_thread, run_blocking
 
 logger = logging.getLogger("trioq.pg")
@@ -240,6 +241,7 @@ class Connection:
     _busy: bool = attrs.field(default=False, init=False)
     _in_transaction_block: bool = attrs.field(default=False, init=False)
     _statements_executed: int = attrs.field(default=0, init=False)
+    _native: native.NativeStatements = attrs.field(factory=native.NativeStatements, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._backend_pid = self._raw.info.backend_pid
@@ -276,6 +278,19 @@ class Connection:
         """Run a query with PostgreSQL's `$1..$n` placeholders, sent as it is (no client-side
         placeholder parsing, whatever its length), and return all its rows."""
         return await self._run(partial(_fetch_positional, query=sql, params=params))
+
+    async def fetch_native(self, sql: bytes, params: list[Any]) -> list[tuple[Any, ...]]:
+        """`fetch_positional` without the worker thread (trioq/_pg/native.py), for the hot
+        statements whose cost is mostly the round trip. Every parameter must be cast in the SQL
+        (they are sent untyped, as text). Cancellation behaves as for every other method."""
+        if self._busy:
+            raise trio.BusyResourceError("another task is using this connection")
+        self._busy = True
+        try:
+            self._statements_executed += 1
+            return await native.fetch(self._raw, self._native, sql, params, self._cancel_on_server)
+        finally:
+            self._busy = False
 
     async def fetchrow(self, sql: Query, params: Params | None = None) -> tuple[Any, ...] | None:
         """Run a query and return its first row, or None if it returned no rows."""

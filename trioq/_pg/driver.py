@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
+import math
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -42,6 +44,9 @@ from .._driver import (
     JobFilter,
     JobPurge,
     JobRecord,
+    LeaderElect,
+    LeaderResign,
+    LeadershipReport,
     Lease,
     MaintenancePass,
     MaintenanceReport,
@@ -52,6 +57,7 @@ from .._driver import (
     QueueAdmission,
     QueueDemand,
     QueuePause,
+    QueueProbe,
     QueueStatus,
     RenewalResult,
     RenewedLease,
@@ -312,7 +318,11 @@ class PgDriver:
         self._calls["job_insert_many"] += 1
         name, params = insert_statement(jobs)
         with self._schema_required():
-            rows = await self._query(conn, name, params)
+            if name == "job_insert_batch":  # the single-enqueue hot path: no thread hop
+                statement = self._positional[name]
+                rows = await conn.fetch_native(statement.text, statement.values(params))
+            else:
+                rows = await self._query(conn, name, params)
         return inserted_jobs(name, rows)
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
@@ -405,24 +415,59 @@ class PgDriver:
         )
 
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:
-        """One bounded pass, done only if this process wins the maintenance lock for it."""
+        """One bounded pass, swept only while `params.leader_id` holds the leader seat (or with
+        no leader_id). Retried on a lost connection: a repeated pass finds less to do."""
         rows = await self._retrying(
             "maintenance_pass",
             {
-                "schema_name": self.schema,
                 "recover_limit": params.recover_limit,
                 "prune_limit": params.prune_limit,
                 "retention_seconds": params.retention_seconds,
                 "worker_stale_seconds": params.worker_stale_seconds,
+                "leader_id": params.leader_id,
+                "scheduler": params.scheduler,
+                "ttl_seconds": params.ttl_seconds,
+                "queues": list(params.queues),
             },
         )
-        leader, recovered, pruned_workers, pruned_jobs, _ = rows[0]
+        leader, recovered, pruned_workers, pruned_jobs, _, registered, now, *rest = rows[0]
+        queues, work_due, next_due, any_schedule, next_fire_at = rest
         return MaintenanceReport(
             leader=bool(leader),
             recovered=tuple((int(job_id), state) for job_id, state in recovered),
             pruned_jobs=pruned_jobs,
             pruned_workers=pruned_workers,
+            registered=bool(registered),
+            now=now,
+            probes=_probes(queues, work_due, next_due),
+            schedules=ScheduleDue(now=now, any_schedule=any_schedule, next_fire_at=next_fire_at),
         )
+
+    async def leader_elect(self, params: LeaderElect) -> LeadershipReport:
+        """Retried on a lost connection (taking or extending the seat twice is harmless)."""
+        rows = await self._retrying(
+            "leader_elect",
+            {
+                "worker_id": params.worker_id,
+                "scheduler": params.scheduler,
+                "ttl_seconds": params.ttl_seconds,
+                "queues": list(params.queues),
+            },
+        )
+        leader, registered, now, queues, work_due, next_due = rows[0]
+        return LeadershipReport(
+            leader=bool(leader),
+            registered=bool(registered),
+            now=now,
+            probes=_probes(queues, work_due, next_due),
+        )
+
+    async def leader_resign(self, params: LeaderResign) -> bool:
+        [(resigned,)] = await self._fetch(
+            "leader_resign",
+            {"worker_id": params.worker_id, "control_channel": control_channel(self.schema)},
+        )
+        return bool(resigned)
 
     async def job_cancel(self, job_id: int) -> CancelOutcome | None:
         rows = await self._fetch(
@@ -750,6 +795,12 @@ class PgDriver:
             yield listener
 
 
+def _probes(
+    queues: Sequence[str], work_due: Sequence[bool], next_due: Sequence[datetime.datetime | None]
+) -> tuple[QueueProbe, ...]:
+    return tuple(QueueProbe(*row) for row in zip(queues, work_due, next_due, strict=True))
+
+
 @asynccontextmanager
 async def open_pg_driver(
     conninfo: str, schema: str, *, pool_size: int = 10, **connect_kwargs: Any
@@ -761,6 +812,8 @@ async def open_pg_driver(
     """
     async with (
         open_pool(conninfo, size=pool_size, **connect_kwargs) as pool,
-        open_pool(conninfo, size=1, **connect_kwargs) as renewal_pool,
+        # No ping before a renewal: lease_renew_many is idempotent and retried on a lost
+        # connection, so a dead pooled connection costs one retry, not a ping per renewal.
+        open_pool(conninfo, size=1, ping_idle_after=math.inf, **connect_kwargs) as renewal_pool,
     ):
         yield PgDriver(schema=schema, pool=pool, renewal_pool=renewal_pool, conninfo=conninfo)

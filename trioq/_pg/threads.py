@@ -57,12 +57,13 @@ async def run_blocking(
         await done.wait()
     except BaseException:  # trio.Cancelled, KeyboardInterrupt
         with trio.CancelScope(shield=True):
-            await _cancel_until_done(done, cancel_on_server)
+            await cancel_until_done(done, cancel_on_server)
         raise
     return box[0].unwrap()
 
 
-async def _cancel_until_done(done: trio.Event, cancel_on_server: Callable[[], None]) -> None:
+async def cancel_until_done(done: trio.Event, cancel_on_server: Callable[[], None]) -> None:
+    """Ask the server to cancel (in a worker thread, backing off) until `done` is set."""
     delay = _CANCEL_RESEND_FIRST
     while not done.is_set():
         try:

@@ -133,10 +133,13 @@ class ClaimLoop:
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
     _flights: list[_Flight] = attrs.field(factory=list)
-    _timer: trio.CancelScope | None = None  # the wait for a wake-up, while the loop waits
-    _poll_at: float = 0.0  # when that wait polls
     _deferred: bool = False  # a wake-up came while MAX_IN_FLIGHT rounds were in flight
     _backoff: float = 0.1
+    # Poll sharing (polls.py): when the idle poll is due, its time before a probe held it, and
+    # the wait's timer while the loop waits (a round in flight may move it: a sooner due time).
+    _poll_at: float = 0.0
+    _held_poll_at: float | None = None
+    _timer: trio.CancelScope | None = None
 
     # --- state the rest of the worker reads ---------------------------------------------
 
@@ -259,8 +262,8 @@ class ClaimLoop:
 
     async def _wait_for_wake(self) -> None:
         self._poll_at = trio.current_time() + self.poll_interval
-        with trio.move_on_at(self._timer_deadline()) as timer:
-            # A round still in flight may learn a sooner due time: it moves this timer.
+        self._held_poll_at = None
+        with trio.CancelScope(deadline=self._timer_deadline()) as timer:
             self._timer = timer
             try:
                 await self._wake.wait()
@@ -274,6 +277,39 @@ class ClaimLoop:
         if self._next_due_at is None:
             return self._poll_at
         return min(self._poll_at, self._next_due_at)
+
+    # --- poll sharing (polls.py) ---------------------------------------------------------
+
+    def poll_due_at(self) -> float | None:
+        """When this loop's idle poll is due, while it waits for one (else None, also once
+        its timer has fired)."""
+        if self._timer is None or self._timer.cancel_called:
+            return None
+        return self._poll_at
+
+    def defer_poll(self, looked_at: float) -> None:
+        """A statement that looks at this queue at `looked_at` (polls.py) is in flight: hold
+        the poll until its answer (`observed`)."""
+        if self._held_poll_at is None:
+            self._held_poll_at = self._poll_at
+        self._poll_at = max(self._poll_at, looked_at + self.poll_interval)
+        self._reset_timer()
+
+    def observed(self, *, nothing_due: bool, next_due_at: float | None) -> None:
+        """The probe's answer. Nothing due: the probe was this interval's poll (the timer also
+        follows `next_due_at`). Otherwise (work due, or no answer) the poll stays as it was."""
+        if not nothing_due and self._held_poll_at is not None:
+            self._poll_at = self._held_poll_at
+        self._held_poll_at = None
+        if next_due_at is not None:
+            next_due_at -= CLAIM_LOOKAHEAD_SECONDS  # as after a round: the lookahead's early
+            known = self._next_due_at
+            self._next_due_at = next_due_at if known is None else min(known, next_due_at)
+        self._reset_timer()
+
+    def _reset_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.deadline = self._timer_deadline()
 
     async def _final_flush(self) -> None:
         if not self._settle.pending:
@@ -379,8 +415,7 @@ class ClaimLoop:
             # that comes early finds the row not due yet and sets the timer again.
             wait = (result.next_due - result.now).total_seconds() - CLAIM_LOOKAHEAD_SECONDS
             self._next_due_at = sent_at + max(0.0, wait)
-        if self._timer is not None:
-            self._timer.deadline = self._timer_deadline()
+        self._reset_timer()
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))

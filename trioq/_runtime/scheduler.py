@@ -1,14 +1,16 @@
-"""The scheduler service: turns cron schedules into jobs, inside every worker, with ONE elected
-process doing it at a time.
+"""The scheduler service: turns cron schedules into jobs, run by the elected leader only.
 
-Every worker runs a `Scheduler`; each tick is one transaction that first tries the scheduler's
-advisory lock (`scheduler_lead`, the maintenance pass's pattern on a key of its own), so only
-one process enqueues at a time and leadership moves as soon as the holder stops. Exactly once
-does not rest on the lock alone: each schedule's advance is fenced on the next fire time it was
-planned from, and each occurrence's job carries a dedup key naming the schedule and fire time.
+Every worker declares its app's schedules at start (`declare`); the scheduler's ticks run only
+in the worker that holds the leader seat (leadership.py, shared with maintenance). Each tick is
+still one transaction that first tries the scheduler's advisory lock (`scheduler_lead`), so two
+workers that both believe they lead for a moment (a stalled leader past its TTL) never tick at
+once. Exactly once does not rest on either: each schedule's advance is fenced on the next fire
+time it was planned from, and each occurrence's job carries a dedup key naming the schedule and
+fire time.
 
 Idle cost: between fire times a scheduler sleeps until the first schedule is due (database
-time, read with one statement), at most `idle_seconds`; a change to the schedules table
+time), at most `idle_seconds`; the leader's maintenance pass reads that time for it
+(`observed`), so an idle leader's scheduler sends nothing. A change to the schedules table
 (`client.schedule`, a deploy) wakes it through the schedules notification channel.
 """
 
@@ -26,6 +28,7 @@ from .._driver import (
     Driver,
     NewSchedule,
     ScheduleAdvance,
+    ScheduleDue,
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
@@ -92,9 +95,19 @@ class Scheduler:
     _leader_ticks: int = 0
     _fired: int = 0
     _healthy: bool = True
+    _declared: bool = attrs.field(default=False, init=False)
+    _sleep: trio.CancelScope | None = None  # the idle sleep, while sleeping
 
     def wake(self) -> None:
         self._wake.set()
+
+    def observed(self, due: ScheduleDue) -> None:
+        """Another statement (the leader's maintenance pass) read the schedule due first: tick
+        now if it is due, else sleep until it is (this is the idle read `run` would make)."""
+        if due.due:
+            self.wake()
+        elif self._sleep is not None:
+            self._sleep.deadline = trio.current_time() + self._idle_delay(due)
 
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(self._ticks, self._leader_ticks, self._fired, self._healthy)
@@ -104,18 +117,21 @@ class Scheduler:
 
         Cancel-safe: a cancelled tick rolls back as a whole (nothing enqueued, nothing
         advanced), and the next leader does it."""
-        await self._upsert_declared()
+        await self.declare()
         task_status.started()
         while True:
             delay = await self._step()
-            with trio.move_on_after(delay):
+            with trio.move_on_after(delay) as self._sleep:
                 await self._wake.wait()
+            self._sleep = None
             self._wake = trio.Event()
 
-    async def _upsert_declared(self) -> None:
-        while self.declared:
+    async def declare(self) -> None:
+        """Upsert the app's declared schedules (once; retried until it succeeds)."""
+        while self.declared and not self._declared:
             try:
                 await self.driver.schedule_upsert_many(self.declared)
+                self._declared = True
                 return
             except Exception as exc:
                 self._healthy = False
@@ -128,10 +144,7 @@ class Scheduler:
             due = await self.driver.schedule_next_due()
             if not due.due:
                 self._healthy = True
-                if due.next_fire_at is None:
-                    return self.idle_seconds
-                wait = (due.next_fire_at - due.now).total_seconds()
-                return min(max(wait, 0.0), self.idle_seconds)
+                return self._idle_delay(due)
             report = await self.driver.schedule_fire_due(
                 ScheduleFireDue(plan=plan_schedules, limit=self.batch)
             )
@@ -142,6 +155,12 @@ class Scheduler:
         self._healthy = True
         self._record(report)
         return 0.0 if report.leader else self.follower_seconds
+
+    def _idle_delay(self, due: ScheduleDue) -> float:
+        if due.next_fire_at is None:
+            return self.idle_seconds
+        wait = (due.next_fire_at - due.now).total_seconds()
+        return min(max(wait, 0.0), self.idle_seconds)
 
     def _record(self, report: ScheduleFireReport) -> None:
         self._ticks += 1

@@ -1,5 +1,7 @@
-"""The worker supervisor: one nursery owning the claim loops, the lease renewer, maintenance
-and the notification listener of one worker process.
+"""The worker supervisor: one nursery owning the claim loops, the notification listener and
+the worker's services: the lease renewer (leases.py), the watchdog (watchdog.py), admission
+control (admission.py), the checkpoint writer, and leadership (leadership.py), under which the
+elected worker runs maintenance (maintenance.py) and the scheduler (scheduler.py).
 
 Shutdown is a drain: stop claiming, let handlers finish within the grace period, then cancel
 the rest and release them back to ready without consuming an attempt, so another worker starts
@@ -12,7 +14,6 @@ import contextlib
 import functools
 import logging
 import os
-import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -23,29 +24,20 @@ import trio
 
 from .._core.channels import control_channel, schedules_channel
 from .._core.identifiers import validate_name
-from .._driver import (
-    ClaimedJob,
-    Driver,
-    Lease,
-    Listener,
-    MaintenancePass,
-    NewSchedule,
-    RenewedLease,
-    RenewLeases,
-    WorkerRegistration,
-)
+from .._driver import ClaimedJob, Driver, Listener, NewSchedule, WorkerRegistration
 from .admission import AdmissionControl, validate_mode
 from .checkpoints import CheckpointWriter
 from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
+from .leadership import Leadership
+from .leases import LeaseRenewer
+from .maintenance import Maintenance
 from .metrics import WorkerMetrics, instrument_driver
+from .polls import PollSharing
 from .scheduler import Scheduler
 from .tasks import TaskSpec
+from .watchdog import Watchdog
 
 log = logging.getLogger("trioq.worker")
-
-# A worker holding no leases only heartbeats (for `trioq status` and stale-worker pruning): every
-# 30 s instead of every lease/3 keeps an idle worker at about one statement per poll interval.
-IDLE_HEARTBEAT_SECONDS = 30.0
 
 
 class ListenerGuest(Protocol):
@@ -72,7 +64,10 @@ class WorkerConfig:
     maintenance_interval: float | None = None  # default: lease_seconds / 3
     retention_seconds: float = 7 * 24 * 3600.0
     write_timeout: float = 30.0  # bound on the final writes of a drain
-    run_scheduler: bool = True  # take part in the scheduler election (cron schedules)
+    # Run the scheduler when elected leader (cron schedules). Every worker stands for the
+    # leadership, which also runs maintenance; a candidate with the scheduler on takes the seat
+    # from a leader with it off (docs/operations.md, "Leadership").
+    run_scheduler: bool = True
     admission: str = "on"  # admission control: off, observe, on
     # False: poll-only (no LISTEN connection), for transaction-pooling proxies.
     notifications: bool = True
@@ -103,6 +98,14 @@ class WorkerConfig:
     def maintenance_every(self) -> float:
         return self.maintenance_interval or self.lease_seconds / 3
 
+    @property
+    def leader_ttl(self) -> float:
+        """The leader seat's time to live: the leader extends it with every maintenance pass, at
+        most 1.4 intervals apart (1.2 jitter, 0.2 waiting for a claim poll to stand in for), so
+        2.5 intervals leave a whole interval of slack before a live leader loses it, and a dead
+        leader's seat is free before its leases expire (25 s against a 30 s lease by default)."""
+        return 2.5 * self.maintenance_every
+
 
 @attrs.frozen
 class WorkerStatistics:
@@ -131,23 +134,24 @@ class Worker:
     loops: dict[str, ClaimLoop] = attrs.field(init=False)
     scheduler: Scheduler = attrs.field(init=False)
     checkpoints: CheckpointWriter = attrs.field(init=False)
+    renewer: LeaseRenewer = attrs.field(init=False)
+    watchdog: Watchdog = attrs.field(init=False)
+    maintenance: Maintenance = attrs.field(init=False)
+    leadership: Leadership = attrs.field(init=False)
     _drain_requested: trio.Event = attrs.field(factory=trio.Event)
     _ready_channels: set[str] = attrs.field(factory=set)
     _listener: Listener | None = None
-    _last_renewal: float = attrs.field(factory=trio.current_time)
-    _last_heartbeat: float = attrs.field(factory=trio.current_time)
     _probe_payload: str = ""
     _probe_arrived: trio.Event = attrs.field(factory=trio.Event)
     _probe_failed: bool = False
     _probe_done: trio.Event = attrs.field(factory=trio.Event)  # the probe decided (tests wait)
-    _renewal_ok: bool = True
 
     def __attrs_post_init__(self) -> None:
         self.admission = AdmissionControl(
             concurrency={queue: self.config.concurrency for queue in self.config.queues},
             mode=self.config.admission,
             lease_seconds=self.config.lease_seconds,
-            renewal_age=lambda: trio.current_time() - self._last_renewal,
+            renewal_age=lambda: self.renewer.age(),
             metrics=self.metrics,
         )
         self.driver = instrument_driver(
@@ -176,6 +180,43 @@ class Worker:
             for queue in self.config.queues
         }
         self.scheduler = Scheduler(self.driver, declared=self.schedules)
+        self._wire_services()
+
+    def _wire_services(self) -> None:
+        config, loops = self.config, list(self.loops.values())
+        self.renewer = LeaseRenewer(
+            driver=self.driver,
+            worker_id=self.worker_id,
+            loops=loops,
+            lease_seconds=config.lease_seconds,
+            metrics=self.metrics,
+            admission=self.admission,
+            draining=self._drain_requested.is_set,
+            register_again=self._register_again,
+        )
+        self.watchdog = Watchdog(loops, config.lease_seconds)
+        polls = PollSharing(loops, config.poll_interval)
+        scheduler = self.scheduler if config.run_scheduler else None
+        self.maintenance = Maintenance(
+            driver=self.driver,
+            worker_id=self.worker_id,
+            interval=config.maintenance_every,
+            ttl_seconds=config.leader_ttl,
+            retention_seconds=config.retention_seconds,
+            polls=polls,
+            register_again=self._register_again,
+            scheduler=scheduler,
+        )
+        self.leadership = Leadership(
+            driver=self.driver,
+            worker_id=self.worker_id,
+            interval=config.maintenance_every,
+            ttl_seconds=config.leader_ttl,
+            polls=polls,
+            maintenance=self.maintenance,
+            register_again=self._register_again,
+            scheduler=scheduler,
+        )
 
     def _served(self) -> list[TaskSpec]:
         return list(self.versions.values()) if self.versions else list(self.tasks.values())
@@ -203,9 +244,9 @@ class Worker:
             draining=self._drain_requested.is_set(),
             listener_connected=listener_connected,
             listener_state=listener_state,
-            database_healthy=self._renewal_ok
+            database_healthy=self.renewer.healthy
             and all(loop.db_healthy for loop in self.loops.values()),
-            seconds_since_lease_renewal=trio.current_time() - self._last_renewal,
+            seconds_since_lease_renewal=self.renewer.age(),
             loops=tuple(loop.statistics() for loop in self.loops.values()),
         )
 
@@ -213,7 +254,7 @@ class Worker:
 
     async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until drained (see `request_drain`). Cancelling it is a hard stop: handlers are
-        cancelled and their leases expire, to be recovered by any worker's maintenance."""
+        cancelled and their leases expire, to be recovered by the leader's maintenance."""
         await self.driver.worker_register(self._registration())
         try:
             async with self._open_listener() as listener:
@@ -224,11 +265,11 @@ class Worker:
                     if listener is not None:
                         services.start_soon(self._probe_listener, name="trioq listener probe")
                     services.start_soon(self.checkpoints.run)
-                    services.start_soon(self._renew_leases)
-                    services.start_soon(self._expire_unconfirmed_leases)
-                    services.start_soon(self._maintain)
+                    services.start_soon(self.renewer.run, name="trioq lease renewer")
+                    services.start_soon(self.watchdog.run, name="trioq watchdog")
                     if self.config.run_scheduler:
-                        services.start_soon(self.scheduler.run)
+                        services.start_soon(self.scheduler.declare)
+                    services.start_soon(self.leadership.run, name="trioq leadership")
                     services.start_soon(self.admission.run, name="trioq admission control")
                     services.start_soon(self._drain_when_requested, loops_scope)
                     with loops_scope:
@@ -303,6 +344,7 @@ class Worker:
     async def _drain_when_requested(self, loops_scope: trio.CancelScope) -> None:
         await self._drain_requested.wait()
         log.info("worker %s draining (grace %.1fs)", self.worker_id, self.config.grace_seconds)
+        self.leadership.stop()  # a draining worker leaves the seat (maintenance, scheduler)
         for loop in self.loops.values():
             loop.stop_claiming()
         with trio.move_on_after(self.config.grace_seconds):
@@ -336,6 +378,9 @@ class Worker:
                 self._probe_failed = False
                 log.warning("worker %s: notifications arrive again", self.worker_id)
             return
+        if channel == control_channel(self.driver.schema) and payload == "leader":
+            self.leadership.wake()  # the leader gave its seat up
+            return
         if channel == control_channel(self.driver.schema):
             self._cancel_job(payload)
             return
@@ -362,55 +407,7 @@ class Worker:
             if entry is not None:
                 entry.cancel("cancelled")
 
-    # --- leases --------------------------------------------------------------------------
-
-    async def _renew_leases(self) -> None:
-        """ONE statement per interval renews every lease this worker holds (and heartbeats).
-
-        Each attempt is bounded by the interval, so a slow database or a starved pool cannot
-        hold renewals back silently; `_expire_unconfirmed_leases` acts on what is not renewed.
-        A lease the database no longer returns is lost: its handler is cancelled at once.
-        """
-        while True:
-            # Early (rate-limited) when the admission snapshot the heartbeat writes changed.
-            await self.admission.wait_renewal(self.config.renew_interval)
-            leases = [lease for loop in self.loops.values() for lease in loop.renewable_leases()]
-            admission = self.admission.snapshot()
-            idle_for = trio.current_time() - self._last_heartbeat
-            if (
-                not leases
-                and idle_for < max(IDLE_HEARTBEAT_SECONDS, self.config.renew_interval)
-                and not self.admission.unpublished(admission)
-            ):
-                self._last_renewal = trio.current_time()  # nothing to renew: not late
-                continue
-            sent_at = trio.current_time()
-            renewed = None
-            with trio.move_on_after(self.config.renew_interval):
-                try:
-                    renewed = await self.driver.lease_renew_many(
-                        RenewLeases(
-                            worker_id=self.worker_id,
-                            worker_state="draining"
-                            if self._drain_requested.is_set()
-                            else "running",
-                            lease_seconds=self.config.lease_seconds,
-                            leases=tuple(leases),
-                            admission=admission,
-                        )
-                    )
-                except Exception as exc:
-                    log.warning("lease renewal failed: %s", exc)
-            if renewed is None:
-                self._renewal_ok = False
-                continue
-            self._renewal_ok = True
-            self.admission.published(admission if renewed.registered else ())
-            self.metrics.lease_renewals.inc()
-            self._last_renewal = self._last_heartbeat = trio.current_time()
-            self._apply_renewal(set(leases), renewed.leases, sent_at)
-            if not renewed.registered:
-                await self._register_again()
+    # --- registration --------------------------------------------------------------------
 
     def _registration(self) -> WorkerRegistration:
         return WorkerRegistration(
@@ -429,74 +426,9 @@ class Worker:
         try:
             await self.driver.worker_register(self._registration())
         except Exception as exc:
-            log.warning("re-registration failed (next renewal retries): %s", exc)
-
-    def _apply_renewal(
-        self, requested: set[Lease], renewed: tuple[RenewedLease, ...], sent_at: float
-    ) -> None:
-        still_owned = {row.id: row for row in renewed}
-        for loop in self.loops.values():
-            for entry in list(loop.running.values()):
-                if entry.job.lease not in requested or entry.cancel_reason is not None:
-                    continue
-                row = still_owned.get(entry.job.id)
-                if row is None:
-                    log.warning(
-                        "lost ownership of job %d attempt %d (lease %s): cancelling",
-                        entry.job.id,
-                        entry.job.attempt,
-                        entry.job.lease_token,
-                    )
-                    entry.cancel("lost")
-                    continue
-                if row.confirmed:  # an unconfirmed row (locked elsewhere) was not extended
-                    entry.confirmed_at = max(entry.confirmed_at, sent_at)
-                if row.cancel_requested:
-                    entry.cancel("cancelled")
-
-    async def _expire_unconfirmed_leases(self) -> None:
-        """Cancel, as lost, every handler whose lease the database has not confirmed for 90% of
-        the lease: past that point another worker may recover and run the job, so this one must
-        stop first (renewals failing, the database away, or the pool starved)."""
-        margin = 0.9 * self.config.lease_seconds
-        while True:
-            now = trio.current_time()
-            wake_at = now + self.config.renew_interval
-            for loop in self.loops.values():
-                for entry in list(loop.running.values()):
-                    if entry.cancel_reason is not None:
-                        continue
-                    deadline = entry.confirmed_at + margin
-                    if deadline <= now:
-                        log.warning(
-                            "lease of job %d attempt %d not confirmed for %.1fs: cancelling",
-                            entry.job.id,
-                            entry.job.attempt,
-                            now - entry.confirmed_at,
-                        )
-                        entry.cancel("unconfirmed")  # settled by a fenced release
-                    else:
-                        wake_at = min(wake_at, deadline)
-            await trio.sleep_until(wake_at)
-
-    # --- maintenance ---------------------------------------------------------------------
-
-    async def _maintain(self) -> None:
-        params = MaintenancePass(retention_seconds=self.config.retention_seconds)
-        while True:
-            await trio.sleep(self.config.maintenance_every * (0.8 + 0.4 * random.random()))
-            try:
-                while True:
-                    report = await self.driver.maintenance_pass(params)
-                    if report.recovered:
-                        log.warning("recovered %d jobs with expired leases", len(report.recovered))
-                    if (
-                        len(report.recovered) < params.recover_limit
-                        and report.pruned_jobs < params.prune_limit
-                    ):
-                        break
-            except Exception as exc:
-                log.warning("maintenance pass failed: %s", exc)
+            log.warning("re-registration failed (the next heartbeat retries): %s", exc)
+            return
+        self.admission.published(())  # the new row holds no admission snapshot yet
 
 
 def _with_metrics(hooks: WorkerHooks, metrics: WorkerMetrics) -> WorkerHooks:

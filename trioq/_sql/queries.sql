@@ -560,19 +560,74 @@ LEFT JOIN (
     WHERE id NOT IN (SELECT id FROM lockable)
 ) AS r ON true;
 
+-- name: leader_elect
+-- A follower's periodic statement (every maintenance interval, the leader sends
+-- maintenance_pass instead): try to take the leader seat (leader_elect(), migration 0010: free,
+-- expired, or held by a leader without the scheduler while this worker runs it), heartbeat the
+-- worker row, and probe this worker's queues (queue_probe(), three LIMIT 1 index probes per
+-- queue) so the statement stands in for the claim loops' next idle poll. `registered` is false
+-- when the worker row is gone (pruned after a long pause): the runtime registers again.
+WITH heartbeat AS (
+    UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now()
+    WHERE id = %(worker_id)s
+    RETURNING id
+),
+probe AS (
+    SELECT coalesce(array_agg(queue ORDER BY queue), '{}') AS queues,
+           coalesce(array_agg(work_due ORDER BY queue), '{}') AS work_due,
+           coalesce(array_agg(next_due ORDER BY queue), '{}') AS next_due
+    FROM {schema}.queue_probe(%(queues)s::text[])
+)
+SELECT coalesce({schema}.leader_elect(%(worker_id)s, %(scheduler)s, %(ttl_seconds)s), false),
+       (SELECT count(*) FROM heartbeat) > 0,
+       {schema}.db_now(),
+       probe.queues, probe.work_due, probe.next_due
+FROM probe;
+
+-- name: leader_resign
+-- The leader drains or stops: give the seat up and tell the other workers on the control
+-- channel (payload `leader`), so one of them takes it at once instead of after the TTL.
+WITH resigned AS (
+    DELETE FROM {schema}.leader WHERE leader_id = %(worker_id)s RETURNING leader_id
+)
+SELECT count(pg_notify(%(control_channel)s, 'leader')) FROM resigned;
+
 -- name: maintenance_pass
 -- One maintenance pass as ONE statement (idle workers must stay cheap): lease recovery, stale
 -- worker pruning and retention, each bounded by a LIMIT (the runtime loops while a batch comes
--- back full). Leadership: a transaction-scoped advisory lock taken by the first CTE; every
--- other CTE is gated on it, so only one process sweeps at a time, no connection is pinned, and
--- leadership moves as soon as the holder's statement (or process) ends.
+-- back full). Leadership: the elected leader sends it (every maintenance interval), and its first
+-- CTE extends the leader's seat (leader_elect(), migration 0010); every other CTE is gated on
+-- that, so a leader whose seat was taken meanwhile (it stalled past the TTL) sweeps nothing and
+-- learns it is a follower. With no leader_id (an operator's or a test's one-off pass) it sweeps
+-- without the election: every sweep is SKIP LOCKED and re-checks its rows, so a pass racing the
+-- leader's is safe. The pass also heartbeats the leader's worker row, probes its queues
+-- (queue_probe(), so it stands in for the claim loops' next idle poll) and reads the schedule
+-- due first (the scheduler's idle read, one probe of schedules_next_fire_idx), so an idle leader
+-- sends no other periodic statement.
 -- Lease recovery re-checks the expiry inside the UPDATE (River #1302): a lease renewed or a job
 -- finished between the scan and the UPDATE is left alone. Jobs with attempts left go back to
 -- ready (keeping run_at, so they keep their place in their partition key) and wake their
 -- queue; the others fail with "worker lost". A job whose cancel was requested is not run again:
 -- it ends cancelled (its lost attempt is still recorded), whatever attempts it had left.
 WITH leader AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(hashtext('trioq-maintenance:' || %(schema_name)s)) AS ok
+    SELECT CASE WHEN %(leader_id)s::uuid IS NULL THEN true
+                ELSE coalesce({schema}.leader_elect(%(leader_id)s::uuid, %(scheduler)s,
+                                                   %(ttl_seconds)s), false) END AS ok
+),
+heartbeat AS (
+    UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now()
+    WHERE id = %(leader_id)s::uuid
+    RETURNING id
+),
+probe AS (
+    SELECT coalesce(array_agg(queue ORDER BY queue), '{}') AS queues,
+           coalesce(array_agg(work_due ORDER BY queue), '{}') AS work_due,
+           coalesce(array_agg(next_due ORDER BY queue), '{}') AS next_due
+    FROM {schema}.queue_probe(%(queues)s::text[])
+),
+first_schedule AS (
+    SELECT name, next_fire_at FROM {schema}.schedules
+    ORDER BY next_fire_at NULLS FIRST LIMIT 1
 ),
 expired AS (
     SELECT id FROM {schema}.jobs
@@ -648,6 +703,8 @@ stale_workers AS (
     DELETE FROM {schema}.workers
     WHERE (SELECT ok FROM leader)
       AND heartbeat_at < {schema}.db_now() - %(worker_stale_seconds)s * interval '1 second'
+      -- The leader's own row is heartbeaten by this statement: never prune it here.
+      AND id IS DISTINCT FROM %(leader_id)s::uuid
     RETURNING id
 ),
 old AS (
@@ -685,7 +742,13 @@ SELECT (SELECT ok FROM leader),
        (SELECT count(*) FROM stale_workers),
        (SELECT count(*) FROM pruned),
        (SELECT n FROM notified) + (SELECT n FROM results_notified)
-       + (SELECT count(*) FROM old_events);
+       + (SELECT count(*) FROM old_events),
+       (SELECT count(*) FROM heartbeat) > 0,
+       {schema}.db_now(),
+       probe.queues, probe.work_due, probe.next_due,
+       EXISTS (SELECT 1 FROM first_schedule),
+       (SELECT next_fire_at FROM first_schedule)
+FROM probe;
 
 -- name: job_cancel
 -- Cancel a job and, recursively, every unfinished job it spawned (job_cancel_tree, migration

@@ -1,0 +1,192 @@
+"""`Connection.fetch_native` (trioq/_pg/native.py: one statement without a worker thread) keeps
+the promises of the threaded methods: results and errors as psycopg gives them, a statement
+prepared once per session (none with prepare_threshold=None), and cancellation that cancels on
+the server and leaves the connection idle, usable and without a lock or a lost commit."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import psycopg
+import psycopg.errors
+import pytest
+import trio
+import trio.testing
+
+from tests.test_pg_adapter import (
+    PROMPT,
+    app_name,
+    assert_row_lock_free_and_value,
+    cancel_once_sleeping,
+    counters,
+)
+from trioq._pg import Connection, connect, is_connection_lost, open_pool
+
+__all__ = ["app_name", "counters"]  # fixtures, imported for the tests below
+
+SLEEP = b"SELECT pg_sleep($1::float8)"
+
+
+async def test_rows_and_types_come_back_as_from_the_threaded_fetch(pg_url: str) -> None:
+    conn = await connect(pg_url)
+    try:
+        sql = b"SELECT $1::bigint + 1, $2::text, $3::jsonb, $4::timestamptz IS NULL, $5::int[]"
+        params = [41, "tëxt", '{"a": [1]}', None, "{1,2}"]
+        native = await conn.fetch_native(sql, params)
+        threaded = await conn.fetch_positional(sql, params)
+        assert native == threaded == [(42, "tëxt", {"a": [1]}, True, [1, 2])]
+        assert await conn.fetch_native(b"SELECT 1 WHERE false", []) == []
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("prepare_threshold", [5, None])
+async def test_a_statement_is_prepared_once_per_session_and_never_for_pgbouncer(
+    pg_url: str, prepare_threshold: int | None
+) -> None:
+    conn = await connect(pg_url, prepare_threshold=prepare_threshold)
+    try:
+        for n in range(3):
+            assert await conn.fetch_native(b"SELECT $1::int * 2", [n]) == [(n * 2,)]
+        prepared = await conn.fetch_native(
+            b"SELECT name FROM pg_prepared_statements WHERE name LIKE 'trioq%'", []
+        )
+    finally:
+        await conn.close()
+    expected = [] if prepare_threshold is None else [("trioq_0",), ("trioq_1",)]
+    assert sorted(prepared) == expected  # the pg_prepared_statements query is prepared too
+
+
+async def test_a_server_error_raises_its_psycopg_class_and_the_connection_stays_usable(
+    pg_url: str,
+) -> None:
+    conn = await connect(pg_url)
+    try:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await conn.fetch_native(b"SELECT 1 / $1::int", [0])
+        assert await conn.fetch_native(b"SELECT 1 / $1::int", [1]) == [(1,)]
+        with pytest.raises(psycopg.errors.UndefinedTable) as info:
+            await conn.fetch_native(b"SELECT * FROM no_such_table_here", [])
+        assert info.value.sqlstate == "42P01"
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            async with conn.transaction():
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    await conn.fetch_native(b"SELECT 1 / $1::int", [0])
+        assert not conn.in_transaction
+        assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await conn.close()
+
+
+async def test_cancelled_native_fetch_is_cancelled_on_the_server_and_conn_is_reusable(
+    pg_url: str, observer: Connection
+) -> None:
+    conn = await connect(pg_url)
+    try:
+
+        async def work() -> None:
+            await conn.fetch_native(SLEEP, [5])
+
+        assert await cancel_once_sleeping(observer, conn.backend_pid, work) < PROMPT
+        state = await observer.fetchval(
+            "SELECT state FROM pg_stat_activity WHERE pid = %s", [conn.backend_pid]
+        )
+        assert state == "idle"
+        assert await conn.fetch_native(b"SELECT $1::int", [7]) == [(7,)]
+    finally:
+        await conn.close()
+
+
+async def test_cancelled_native_fetch_in_a_transaction_rolls_back_and_releases_its_lock(
+    pg_url: str, counters: str, observer: Connection
+) -> None:
+    conn = await connect(pg_url)
+    try:
+
+        async def work() -> None:
+            async with conn.transaction():
+                update = f"UPDATE {counters} SET n = n + 1 WHERE id = $1::int".encode()
+                await conn.fetch_native(update, [1])
+                await conn.fetch_native(SLEEP, [5])
+
+        assert await cancel_once_sleeping(observer, conn.backend_pid, work) < PROMPT
+        assert not conn.in_transaction
+        await assert_row_lock_free_and_value(observer, counters, expected=0)
+    finally:
+        await conn.close()
+
+
+async def test_a_statement_whose_prepare_was_cancelled_is_prepared_again_under_a_new_name(
+    pg_url: str,
+) -> None:
+    """Cancelled while its PREPARE is in flight (which the server usually finishes anyway), the
+    next call of the same statement must not prepare the same name again ("already exists")."""
+    conn = await connect(pg_url)
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_once_sent() -> None:
+                    await trio.testing.wait_all_tasks_blocked()  # the PREPARE awaits its reply
+                    scope.cancel()
+
+                nursery.start_soon(cancel_once_sent)
+                await conn.fetch_native(b"SELECT $1::int + 100", [1])
+        assert scope.cancelled_caught
+        assert await conn.fetch_native(b"SELECT $1::int + 100", [2]) == [(102,)]
+        assert await conn.fetch_native(b"SELECT $1::int + 100", [3]) == [(103,)]
+    finally:
+        await conn.close()
+
+
+async def test_a_connection_lost_during_a_native_fetch_is_a_connection_loss(
+    pg_url: str, observer: Connection
+) -> None:
+    async with open_pool(pg_url, size=1) as pool:
+        async with pool.connection() as conn:
+            killed = conn.backend_pid
+            await observer.fetchval("SELECT pg_terminate_backend(%s, 5000)", [killed])
+            with pytest.raises(psycopg.OperationalError) as info:
+                await conn.fetch_native(b"SELECT $1::int", [1])
+            assert is_connection_lost(info.value)
+            assert conn.closed
+        async with pool.connection() as conn:
+            assert conn.backend_pid != killed
+        assert pool.statistics().replaced_total == 1
+
+
+async def test_random_cancellations_of_native_fetches_lose_no_commits(
+    pg_url: str, counters: str, observer: Connection, app_name: str
+) -> None:
+    """10 tasks, 300 transactions of a native UPDATE and a native pg_sleep(0-8 ms) under random
+    0-40 ms deadlines: the counters add up to the commits, no session is left busy and no
+    pooled connection had to be replaced."""
+    rng = random.Random(7)
+    tally: collections.Counter[str] = collections.Counter()
+    update = f"UPDATE {counters} SET n = n + 1 WHERE id = $1::int".encode()
+    async with open_pool(pg_url, size=5, application_name=app_name) as pool:
+
+        async def worker() -> None:
+            while tally["started"] < 300:
+                tally["started"] += 1
+                with trio.move_on_after(rng.uniform(0, 0.040)) as scope:
+                    async with pool.connection() as conn, conn.transaction():
+                        await conn.fetch_native(update, [rng.randrange(10)])
+                        await conn.fetch_native(SLEEP, [rng.uniform(0, 0.008)])
+                    tally["committed"] += 1
+                tally["cancelled"] += scope.cancelled_caught
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(worker)
+        statistics = pool.statistics()
+    # Every cancelled connection came back idle: none had to be replaced.
+    assert (statistics.in_use, statistics.replaced_total) == (0, 0)
+    assert tally["committed"] > 0 and tally["cancelled"] > 0
+    assert await observer.fetchval(f"SELECT sum(n) FROM {counters}") == tally["committed"]
+    busy = await observer.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND state <> 'idle'",
+        [app_name],
+    )
+    assert busy == []

@@ -1,0 +1,145 @@
+"""One statement on a psycopg connection driven from trio itself, without a worker thread.
+
+`Connection` normally runs each call in a worker thread (trioq/_pg/threads.py): a thread start
+and a wake-up of the trio loop per statement, about 60-140 us of a single enqueue's 300-600 us
+on a durable cluster (measured: 2,011 vs 2,785 statements/s for the same insert). For the
+statements where that matters, this module does the same work on libpq's non-blocking API
+(psycopg's public `pq` layer, which psycopg itself already set non-blocking at connect): send,
+flush while the socket is writable, read while it is readable, all with trio's own I/O waits.
+psycopg has no trio support of its own (its async connection needs asyncio), which is why this
+is hand-written.
+
+Cancellation keeps `Connection`'s promise: when the caller is cancelled after the statement was
+sent, the server is asked to cancel it (repeatedly, backing off, as threads.py does) while the
+results are read to the end, shielded; only then is the cancellation re-raised, so the
+connection is idle and usable afterwards (in a transaction, the transaction has failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+import trio
+from psycopg import abc, pq
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.rows import TupleRow
+
+from .threads import cancel_until_done
+
+logger = logging.getLogger("trioq.pg")
+
+RawConnection = psycopg.Connection[TupleRow]
+
+_OK = frozenset({pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY})
+
+
+class NativeStatements:
+    """Per-connection state: the statements this session has prepared.
+
+    A name is never used twice: a PREPARE cancelled or failed after it was sent may or may not
+    exist on the server, so the next attempt takes a new name (found by the random
+    cancellation test: "prepared statement trioq_0 already exists").
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[bytes, bytes] = {}
+        self._attempts = 0
+
+    def known(self, sql: bytes) -> bytes | None:
+        return self._names.get(sql)
+
+    def new_name(self) -> bytes:
+        self._attempts += 1
+        return f"trioq_{self._attempts - 1}".encode()
+
+    def prepared(self, sql: bytes, name: bytes) -> None:
+        self._names[sql] = name
+
+
+async def fetch(
+    raw: RawConnection,
+    statements: NativeStatements,
+    sql: bytes,
+    params: Sequence[Any],
+    cancel_on_server: Callable[[], None],
+) -> list[tuple[Any, ...]]:
+    """Run `sql` (`$n` placeholders; every parameter cast in the SQL, as they are sent untyped,
+    in text format) and return its rows. Prepared once per session, unless the connection was
+    opened with `prepare_threshold=None` (PgBouncer in transaction mode)."""
+    await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: send nothing
+    pgconn = raw.pgconn
+    transformer = Transformer(raw)
+    values = transformer.dump_sequence(params, [PyFormat.TEXT] * len(params))
+    if raw.prepare_threshold is None:
+        pgconn.send_query_params(sql, values)
+        return _rows(transformer, await _results(pgconn, cancel_on_server), raw)
+    name = statements.known(sql)
+    if name is None:
+        name = statements.new_name()
+        pgconn.send_prepare(name, sql)
+        _rows(transformer, await _results(pgconn, cancel_on_server), raw)
+        statements.prepared(sql, name)
+    pgconn.send_query_prepared(name, values)
+    return _rows(transformer, await _results(pgconn, cancel_on_server), raw)
+
+
+def _rows(
+    transformer: abc.Transformer, results: list[pq.abc.PGresult], raw: RawConnection
+) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for result in results:
+        if result.status not in _OK:
+            raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+        if result.status == pq.ExecStatus.TUPLES_OK:
+            transformer.set_pgresult(result)
+            rows = transformer.load_rows(0, result.ntuples, tuple)
+    return rows
+
+
+async def _results(
+    pgconn: pq.abc.PGconn, cancel_on_server: Callable[[], None]
+) -> list[pq.abc.PGresult]:
+    try:
+        return await _communicate(pgconn)
+    except BaseException:  # trio.Cancelled, KeyboardInterrupt, a lost connection
+        sent = pgconn.transaction_status == pq.TransactionStatus.ACTIVE
+        if pgconn.status == pq.ConnStatus.OK and sent:
+            with trio.CancelScope(shield=True):
+                await _drain_cancelled(pgconn, cancel_on_server)
+        raise
+
+
+async def _communicate(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+    """Flush what was sent, then read every result of it (psycopg's own order of calls)."""
+    while pgconn.flush() != 0:
+        await trio.lowlevel.wait_writable(pgconn.socket)
+    results: list[pq.abc.PGresult] = []
+    while True:
+        while pgconn.is_busy():
+            await trio.lowlevel.wait_readable(pgconn.socket)
+            pgconn.consume_input()  # notifications stay queued in libpq for psycopg to deliver
+        result = pgconn.get_result()
+        if result is None:
+            return results
+        results.append(result)
+
+
+async def _drain_cancelled(pgconn: pq.abc.PGconn, cancel_on_server: Callable[[], None]) -> None:
+    done = trio.Event()
+
+    async def drain() -> None:
+        try:
+            await _communicate(pgconn)
+        except Exception as exc:  # a broken connection: the pool replaces it
+            logger.debug("reading a cancelled statement's results failed: %r", exc)
+        finally:
+            done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain)
+        with contextlib.suppress(Exception):
+            await cancel_until_done(done, cancel_on_server)

@@ -1,0 +1,129 @@
+"""The lease renewer: ONE statement per renewal interval (lease/3) extends every lease this
+worker holds and heartbeats its worker row, writing the admission snapshot (migration 0008).
+
+A worker holding no leases sends nothing here unless its admission snapshot changed (then early,
+rate-limited by admission control): its heartbeat rides the leader election or the maintenance
+pass it sends anyway (leadership.py), so an idle worker's only periodic statements are the ones
+that also stand in for its claim polls (polls.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+import attrs
+import trio
+
+from .._driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
+from .admission import AdmissionControl
+from .claim_loop import ClaimLoop
+from .metrics import WorkerMetrics
+
+log = logging.getLogger("trioq.worker")
+
+
+@attrs.frozen
+class LeaseRenewerStatistics:
+    renewals: int  # renewal statements that succeeded
+    lost: int  # handlers cancelled because the database no longer had their lease
+    healthy: bool  # the last renewal succeeded (or there was nothing to renew)
+    seconds_since_renewal: float
+
+
+@attrs.define(eq=False)
+class LeaseRenewer:
+    driver: Driver
+    worker_id: uuid.UUID
+    loops: Sequence[ClaimLoop]
+    lease_seconds: float
+    metrics: WorkerMetrics
+    admission: AdmissionControl
+    draining: Callable[[], bool]
+    register_again: Callable[[], Awaitable[None]]
+    last_renewal: float = attrs.field(factory=trio.current_time)
+    healthy: bool = True
+    _renewals: int = 0
+    _lost: int = 0
+
+    @property
+    def interval(self) -> float:
+        return self.lease_seconds / 3
+
+    def age(self) -> float:
+        """Seconds since the leases were last confirmed (0 while there is nothing to renew)."""
+        return trio.current_time() - self.last_renewal
+
+    def statistics(self) -> LeaseRenewerStatistics:
+        return LeaseRenewerStatistics(self._renewals, self._lost, self.healthy, self.age())
+
+    async def run(self) -> None:
+        """Renew every interval until cancelled.
+
+        Each attempt is bounded by the interval, so a slow database or a starved pool cannot
+        hold renewals back silently; the watchdog acts on what is not renewed. A lease the
+        database no longer returns is lost: its handler is cancelled at once.
+        """
+        while True:
+            # Early (rate-limited) when the admission snapshot the heartbeat writes changed.
+            await self.admission.wait_renewal(self.interval)
+            leases = [lease for loop in self.loops for lease in loop.renewable_leases()]
+            admission = self.admission.snapshot()
+            if not leases and not self.admission.unpublished(admission):
+                self.last_renewal = trio.current_time()  # nothing to renew: not late
+                self.healthy = True
+                continue
+            await self._renew(leases, admission)
+
+    async def _renew(self, leases: list[Lease], admission: tuple[QueueAdmission, ...]) -> None:
+        sent_at = trio.current_time()
+        renewed = None
+        with trio.move_on_after(self.interval):
+            try:
+                renewed = await self.driver.lease_renew_many(
+                    RenewLeases(
+                        worker_id=self.worker_id,
+                        worker_state="draining" if self.draining() else "running",
+                        lease_seconds=self.lease_seconds,
+                        leases=tuple(leases),
+                        admission=admission,
+                    )
+                )
+            except Exception as exc:
+                log.warning("lease renewal failed: %s", exc)
+        if renewed is None:
+            self.healthy = False
+            return
+        self.healthy = True
+        self.admission.published(admission if renewed.registered else ())
+        self._renewals += 1
+        self.metrics.lease_renewals.inc()
+        self.last_renewal = trio.current_time()
+        self._apply(set(leases), renewed.leases, sent_at)
+        if not renewed.registered:
+            await self.register_again()
+
+    def _apply(
+        self, requested: set[Lease], renewed: tuple[RenewedLease, ...], sent_at: float
+    ) -> None:
+        still_owned = {row.id: row for row in renewed}
+        for loop in self.loops:
+            for entry in list(loop.running.values()):
+                if entry.job.lease not in requested or entry.cancel_reason is not None:
+                    continue
+                row = still_owned.get(entry.job.id)
+                if row is None:
+                    log.warning(
+                        "lost ownership of job %d attempt %d (lease %s): cancelling",
+                        entry.job.id,
+                        entry.job.attempt,
+                        entry.job.lease_token,
+                    )
+                    self._lost += 1
+                    entry.cancel("lost")
+                    continue
+                if row.confirmed:  # an unconfirmed row (locked elsewhere) was not extended
+                    entry.confirmed_at = max(entry.confirmed_at, sent_at)
+                if row.cancel_requested:
+                    entry.cancel("cancelled")
