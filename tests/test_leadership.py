@@ -83,8 +83,7 @@ async def test_only_the_elected_leader_sends_maintenance_statements(
             assert calls(follower, "maintenance_pass") == 0
             for scheduler_statement in ("schedule_next_due", "scheduler_lead"):
                 assert calls(follower, scheduler_statement) == 0
-            assert not follower.leadership.is_leader
-            assert leader.leadership.is_leader
+            assert (leader.statistics().leader, follower.statistics().leader) == (True, False)
             assert calls(leader, "leader_elect") == 1  # its first; its passes keep the seat
             assert await seat_holder(pg_url, pg_schema) == leader.worker_id
 
