@@ -62,6 +62,7 @@ from ._driver import (
     NewJob,
     NewSchedule,
     NotifyCallback,
+    QueueAdmission,
     QueueDemand,
     QueuePause,
     QueueProbe,
@@ -1117,7 +1118,7 @@ class MemoryDriver:
         return [_queue_demand(queue, by_queue[queue], now) for queue in sorted(by_queue)]
 
     async def worker_list(self) -> list[WorkerInfo]:
-        await self._statement("worker_list")
+        now = await self._statement("worker_list")
         running = collections.Counter(
             row.worker_id
             for ids in self._open_by_queue.values()
@@ -1125,7 +1126,9 @@ class MemoryDriver:
             if row.state == "running"
         )
         workers = sorted(self._workers.values(), key=lambda worker: worker.started_at)
-        return [_worker_info(worker, running[worker.registration.worker_id]) for worker in workers]
+        return [
+            _worker_info(worker, running[worker.registration.worker_id], now) for worker in workers
+        ]
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         await self._statement("ready_channels")
@@ -1461,8 +1464,19 @@ def _queue_demand(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
     )
 
 
-def _worker_info(worker: _Worker, running: int) -> WorkerInfo:
+def _worker_info(worker: _Worker, running: int, now: datetime.datetime) -> WorkerInfo:
     registration = worker.registration
+    admission = tuple(
+        QueueAdmission(
+            queue,
+            entry["limit"],
+            entry["concurrency"],
+            entry["reason"],
+            entry["cause"],
+            (now - entry["since"]).total_seconds(),
+        )
+        for queue, entry in sorted((worker.admission or {}).items())
+    )
     return WorkerInfo(
         id=registration.worker_id,
         hostname=registration.hostname,
@@ -1474,4 +1488,5 @@ def _worker_info(worker: _Worker, running: int) -> WorkerInfo:
         heartbeat_at=worker.heartbeat_at,
         running=running,
         task_versions=tuple(registration.task_versions),
+        admission=admission,
     )

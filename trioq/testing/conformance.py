@@ -1289,11 +1289,17 @@ async def check_heartbeat_stores_the_admission_snapshot_explain_reads(
     )  # fmt: skip
     assert why.verdict.startswith("admission reduced to 1 of 4 because it is recovering from "
                                   "database errors (worker "), why.verdict  # fmt: skip
+    [info] = await driver.worker_list()
+    [listed] = info.admission
+    unaged = attrs.evolve(listed, reduced_for_seconds=cut.reduced_for_seconds)
+    expect(unaged, cut, "worker_list admission")
+    assert abs(listed.reduced_for_seconds - 30) < 1, listed
     # Back at full concurrency: the next heartbeat clears the snapshot.
     await driver.lease_renew_many(RenewLeases(worker_id, "running", 30, ()))
     facts = await driver.job_explain(job_id)
     assert facts is not None
     expect(facts.workers[0]["admission"], None, "snapshot at full concurrency")
+    expect((await driver.worker_list())[0].admission, (), "worker_list admission at full")
     expect((explain(facts).blocked_by, facts.pause), (None, None), "gate and pause at full")
     await driver.queue_pause(QUEUE)
     facts = await driver.job_explain(job_id)
