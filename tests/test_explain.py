@@ -13,6 +13,7 @@ import trioq
 from tests.support import Gate as Latch
 from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
+from trioq._cli_ops import admission_cell
 from trioq._core.admission import AdmissionPolicy
 from trioq._core.explain import ExplainFacts, explain
 
@@ -271,6 +272,7 @@ async def test_a_worker_at_a_reduced_admission_limit_is_named(pg_url: str, pg_sc
             await cut_written.wait()
         second = await client.enqueue("hold", {})
         why = await client.explain(second.id)
+        [info] = await client.workers()
         latch.release.set()
         worker.request_drain()
     assert why.state == "ready" and why.blocked_by == "admission", why
@@ -279,6 +281,11 @@ async def test_a_worker_at_a_reduced_admission_limit_is_named(pg_url: str, pg_sc
     ), why.verdict
     assert ", since " in why.verdict
     assert first.id != second.id
+    # `trioq status` shows the same snapshot in its workers table.
+    assert [(a.queue, a.limit, a.concurrency, a.reason) for a in info.admission] == [
+        ("default", 1, 4, "db_errors")
+    ]
+    assert admission_cell(info).startswith("default 1/4 db_errors ")
 
 
 def _ready_job() -> dict[str, object]:

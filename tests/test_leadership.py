@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import trio
 
@@ -20,7 +21,7 @@ FAST = {"poll_interval": 0.1, "lease_seconds": 1.5, "maintenance_interval": 0.1}
 
 
 @asynccontextmanager
-async def pg_worker(app: trioq.App, pg_url: str, **config: float) -> AsyncIterator[Worker]:
+async def pg_worker(app: trioq.App, pg_url: str, **config: Any) -> AsyncIterator[Worker]:
     """A worker on a driver of its own; drained (grace 0) when the block ends."""
     async with (
         open_pg_driver(pg_url, app.schema, pool_size=3) as driver,
@@ -82,8 +83,7 @@ async def test_only_the_elected_leader_sends_maintenance_statements(
             assert calls(follower, "maintenance_pass") == 0
             for scheduler_statement in ("schedule_next_due", "scheduler_lead"):
                 assert calls(follower, scheduler_statement) == 0
-            assert not follower.leadership.is_leader
-            assert leader.leadership.is_leader
+            assert (leader.statistics().leader, follower.statistics().leader) == (True, False)
             assert calls(leader, "leader_elect") == 1  # its first; its passes keep the seat
             assert await seat_holder(pg_url, pg_schema) == leader.worker_id
 
@@ -145,3 +145,61 @@ async def test_drained_leader_hands_over_and_the_new_leader_recovers_an_expired_
     assert (record.state, record.result, record.worker_id) == ("completed", 2, second.worker_id)
     assert [a.outcome for a in attempts] == ["lost"]
     assert second_passes.count >= 1 and first.leadership.statistics().terms == 1
+
+
+async def test_seat_of_a_dead_leader_is_taken_after_its_ttl_and_its_expired_leases_recovered(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The crash state, built in SQL: the seat held by a worker that died (no resignation),
+    expiring in 1 s, and a job running under it whose lease has expired. A new worker sweeps
+    nothing until the seat's TTL has run out, then takes it and recovers the job."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("orphan")
+    async def orphan(ctx: trioq.Context, payload: object) -> int:
+        return ctx.job.attempt
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("orphan", {})
+        dead = uuid.uuid4()
+        expires_at = await scalar(
+            pg_url,
+            f"INSERT INTO {pg_schema}.leader (leader_id, scheduler, elected_at, expires_at) "
+            "VALUES (%s, true, now(), now() + interval '1 second') RETURNING expires_at",
+            (dead,),
+        )
+        await scalar(
+            pg_url,
+            f"UPDATE {pg_schema}.jobs SET state = 'running', lease_token = gen_random_uuid(), "
+            "lease_expires_at = now() - interval '1 second', worker_id = %s, attempt = 1, "
+            "started_at = now() WHERE id = %s RETURNING id",
+            (dead, job.id),
+        )
+        async with pg_worker(app, pg_url) as worker:
+            with trio.fail_after(10):
+                record = await client.wait_final(job.id)
+            assert worker.leadership.is_leader
+        [lost] = await client.attempts(job.id)
+    assert (record.state, record.result) == ("completed", 2)
+    assert lost.outcome == "lost" and lost.finished_at >= expires_at
+
+
+async def test_worker_running_the_scheduler_takes_the_seat_from_one_that_does_not(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True), pg_worker(app, pg_url, run_scheduler=False) as plain:
+        passes = Passes(plain)
+        with trio.fail_after(10):
+            await passes.wait(1)  # alone, it leads (maintenance) without the scheduler
+        assert plain.leadership.is_leader
+        taken, lost = trio.Event(), trio.Event()
+        plain.leadership.on_change = lambda leader: None if leader else lost.set()
+        async with pg_worker(app, pg_url) as scheduling:
+            scheduling.leadership.on_change = lambda leader: taken.set() if leader else None
+            with trio.fail_after(10):
+                await taken.wait()
+                await lost.wait()  # the displaced leader's next pass found the seat taken
+            assert await seat_holder(pg_url, pg_schema) == scheduling.worker_id
+            assert not plain.leadership.is_leader
+            assert calls(plain, "scheduler_lead") == calls(plain, "schedule_next_due") == 0

@@ -73,6 +73,17 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def admission_cell(worker: WorkerInfo) -> str:
+    """Reduced effective limits, e.g. `mail 2/8 db_errors 40s` (`full`: none reduced)."""
+    return (
+        ", ".join(
+            f"{a.queue} {a.limit}/{a.concurrency} {a.reason} {a.reduced_for_seconds:.0f}s"
+            for a in worker.admission
+        )
+        or "full"
+    )
+
+
 def status_tables(snapshot: StatusSnapshot) -> Group:
     demand = {row.queue: row for row in snapshot.demand}
     queues = Table(title="queues", title_justify="left")
@@ -92,13 +103,14 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         for p in snapshot.paused
     ]
     workers = Table(title=f"workers ({len(snapshot.workers)})", title_justify="left")
-    for name in ("id", "host:pid", "state", "queues", "running", "heartbeat", "serves"):
+    for name in ("id", "host:pid", "state", "queues", "running", "heartbeat", "serves",
+                 "admission"):  # fmt: skip
         workers.add_column(name)
     for w in snapshot.workers:
         workers.add_row(
             str(w.id)[:8], f"{w.hostname}:{w.pid}", w.state, ",".join(w.queues),
             f"{w.running}/{w.concurrency}", f"{w.heartbeat_at:%H:%M:%S}",
-            ",".join(w.task_versions) or "-",
+            ",".join(w.task_versions) or "-", admission_cell(w),
         )  # fmt: skip
     unroutable = [
         f"UNROUTABLE: {u.jobs} job(s) of {u.task} version {u.version} on queue {u.queue} "

@@ -642,6 +642,9 @@ class WorkerInfo:
     heartbeat_at: datetime.datetime
     running: int
     task_versions: tuple[str, ...] = ()
+    # The queues whose effective limit this worker's admission control reduced, as its last
+    # heartbeat wrote them (migration 0008); `reduced_for_seconds` as of this read.
+    admission: tuple[QueueAdmission, ...] = ()
 
 
 @attrs.frozen

@@ -62,6 +62,7 @@ from ._driver import (
     NewJob,
     NewSchedule,
     NotifyCallback,
+    QueueAdmission,
     QueueDemand,
     QueuePause,
     QueueProbe,
@@ -1128,7 +1129,7 @@ class MemoryDriver:
         return [_queue_demand(queue, by_queue[queue], now) for queue in sorted(by_queue)]
 
     async def worker_list(self) -> list[WorkerInfo]:
-        await self._statement("worker_list")
+        now = await self._statement("worker_list")
         running = collections.Counter(
             row.worker_id
             for ids in self._open_by_queue.values()
@@ -1136,7 +1137,9 @@ class MemoryDriver:
             if row.state == "running"
         )
         workers = sorted(self._workers.values(), key=lambda worker: worker.started_at)
-        return [_worker_info(worker, running[worker.registration.worker_id]) for worker in workers]
+        return [
+            _worker_info(worker, running[worker.registration.worker_id], now) for worker in workers
+        ]
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         await self._statement("ready_channels")
@@ -1380,6 +1383,7 @@ def _explain_row(row: _Row) -> dict[str, Any]:
         "id": row.id,
         "queue": row.queue,
         "task": row.task,
+        "version": row.version,
         "state": row.state,
         "priority": row.priority,
         "run_at": row.run_at,
@@ -1400,6 +1404,7 @@ def _explain_worker(worker: _Worker) -> dict[str, Any]:
         "hostname": registration.hostname,
         "pid": registration.pid,
         "queues": list(registration.queues),
+        "task_versions": list(registration.task_versions),
         "state": worker.state,
         "heartbeat_at": worker.heartbeat_at,
         "admission": worker.admission,
@@ -1470,8 +1475,19 @@ def _queue_demand(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
     )
 
 
-def _worker_info(worker: _Worker, running: int) -> WorkerInfo:
+def _worker_info(worker: _Worker, running: int, now: datetime.datetime) -> WorkerInfo:
     registration = worker.registration
+    admission = tuple(
+        QueueAdmission(
+            queue,
+            entry["limit"],
+            entry["concurrency"],
+            entry["reason"],
+            entry["cause"],
+            (now - entry["since"]).total_seconds(),
+        )
+        for queue, entry in sorted((worker.admission or {}).items())
+    )
     return WorkerInfo(
         id=registration.worker_id,
         hostname=registration.hostname,
@@ -1483,4 +1499,5 @@ def _worker_info(worker: _Worker, running: int) -> WorkerInfo:
         heartbeat_at=worker.heartbeat_at,
         running=running,
         task_versions=tuple(registration.task_versions),
+        admission=admission,
     )

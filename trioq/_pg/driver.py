@@ -672,6 +672,10 @@ class PgDriver:
                 row[7],
                 row[8],
                 tuple(row[9]),
+                tuple(
+                    QueueAdmission(q, int(lim), int(conc), reason, cause, float(age))
+                    for q, lim, conc, reason, cause, age in row[10]
+                ),
             )
             for row in rows
         ]

@@ -61,6 +61,7 @@ def readiness(worker: Worker) -> tuple[bool, dict[str, object]]:
         "failing": failing,
         "checks": checks,
         "draining": stats.draining,
+        "leader": stats.leader,
         "seconds_since_lease_renewal": round(stats.seconds_since_lease_renewal, 3),
     }
     return not failing, body

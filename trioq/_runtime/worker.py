@@ -116,6 +116,7 @@ class WorkerStatistics:
     listener_state: str  # "ok", "down", "polling" (self-probe failed), "off" (poll-only)
     seconds_since_lease_renewal: float
     loops: tuple[ClaimLoopStatistics, ...]
+    leader: bool = False  # this worker holds the leader seat (runs maintenance, the scheduler)
 
 
 @attrs.define(eq=False)
@@ -248,6 +249,7 @@ class Worker:
             and all(loop.db_healthy for loop in self.loops.values()),
             seconds_since_lease_renewal=self.renewer.age(),
             loops=tuple(loop.statistics() for loop in self.loops.values()),
+            leader=self.leadership.is_leader,
         )
 
     # --- the supervisor ------------------------------------------------------------------

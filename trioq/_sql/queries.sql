@@ -947,7 +947,15 @@ FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs'::regclass;
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
        (SELECT count(*) FROM {schema}.jobs j
         WHERE j.worker_id = w.id AND j.state = 'running') AS running,
-       w.task_versions
+       w.task_versions,
+       -- The admission snapshot (migration 0008) as [queue, limit, concurrency, reason, cause,
+       -- seconds reduced] entries; jsonb_each of a NULL snapshot yields no rows.
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(
+                    a.key, a.value -> 'limit', a.value -> 'concurrency', a.value ->> 'reason',
+                    a.value ->> 'cause',
+                    extract(epoch FROM {schema}.db_now() - (a.value ->> 'since')::timestamptz))
+                ORDER BY a.key), '[]'::jsonb)
+        FROM jsonb_each(w.admission) AS a) AS admission
 FROM {schema}.workers w ORDER BY w.started_at;
 
 -- name: queue_pause

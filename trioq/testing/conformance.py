@@ -1297,7 +1297,9 @@ async def check_heartbeat_stores_the_admission_snapshot_explain_reads(
     driver: Driver, clock: DriverClock
 ) -> None:
     worker_id = uuid.uuid4()
-    await driver.worker_register(WorkerRegistration(worker_id, "host-a", 11, (QUEUE,), 4))
+    await driver.worker_register(
+        WorkerRegistration(worker_id, "host-a", 11, (QUEUE,), 4, (f"{TASK}@1",))
+    )
     [job_id] = await enqueue(driver, new_job())
     cut = QueueAdmission(QUEUE, 1, 4, "recovering", "db_errors", reduced_for_seconds=30.0)
     await driver.lease_renew_many(RenewLeases(worker_id, "running", 30, (), (cut,)))
@@ -1314,13 +1316,25 @@ async def check_heartbeat_stores_the_admission_snapshot_explain_reads(
     assert since is not None and abs((facts.now - since).total_seconds() - 30) < 1, entry
     why = explain(facts)
     expect(why.blocked_by, "admission", "gate of a job whose only worker is reduced")
+    expect(
+        [gate.name for gate in why.gates],
+        ["due", "wait", "lease", "paused", "partition_key", "workers", "version", "draining",
+         "admission"],
+        "gates of a ready job",
+    )  # fmt: skip
     assert why.verdict.startswith("admission reduced to 1 of 4 because it is recovering from "
                                   "database errors (worker "), why.verdict  # fmt: skip
+    [info] = await driver.worker_list()
+    [listed] = info.admission
+    unaged = attrs.evolve(listed, reduced_for_seconds=cut.reduced_for_seconds)
+    expect(unaged, cut, "worker_list admission")
+    assert abs(listed.reduced_for_seconds - 30) < 1, listed
     # Back at full concurrency: the next heartbeat clears the snapshot.
     await driver.lease_renew_many(RenewLeases(worker_id, "running", 30, ()))
     facts = await driver.job_explain(job_id)
     assert facts is not None
     expect(facts.workers[0]["admission"], None, "snapshot at full concurrency")
+    expect((await driver.worker_list())[0].admission, (), "worker_list admission at full")
     expect((explain(facts).blocked_by, facts.pause), (None, None), "gate and pause at full")
     await driver.queue_pause(QUEUE)
     facts = await driver.job_explain(job_id)
