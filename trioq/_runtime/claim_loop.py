@@ -220,7 +220,7 @@ class ClaimLoop:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     await trio.lowlevel.checkpoint()
-                first = self._plan(handlers, split=not self._flights)
+                first = self._plan(handlers, split=MAX_IN_FLIGHT > 1 and not self._flights)
                 if first is None:
                     continue
                 rounds.start_soon(self._fly, handlers, first)
