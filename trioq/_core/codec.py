@@ -10,7 +10,7 @@ import datetime
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -67,6 +67,32 @@ converter.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def _one_encoder() -> Any:
+    """`_ENCODER.encode` builds a C encoder on every call (1.3 of its 1.5 us for `{}`); build
+    it once, exactly as JSONEncoder.iterencode does, without its cycle markers (`_check` has
+    already refused anything nested deeper than MAX_DEPTH, so a cycle never gets here). Falls
+    back to `_ENCODER.encode` where the C accelerator is missing or takes other arguments."""
+    make: Any = getattr(json.encoder, "c_make_encoder", None)
+    try:
+        encoder = make(
+            None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",",
+            False, False, False,
+        )  # fmt: skip
+        sample = {"a": [1, 2.5, "é\n", None, True], "": {}}
+        if "".join(encoder(sample, 0)) != _ENCODER.encode(sample):
+            return _ENCODER.encode
+    except Exception:  # not CPython's _json, or another signature
+        return _ENCODER.encode
+
+    def encode(value: Any) -> str:
+        return "".join(encoder(value, 0))
+
+    return encode
+
+
+_encode_json: Callable[[Any], str] = _one_encoder()
+
+
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
@@ -102,7 +128,7 @@ def encode(value: Any, *, root: str = "$", max_bytes: int = MAX_PAYLOAD_BYTES) -
         except RecursionError:  # inside cattrs: an attrs value nested far too deep, or a cycle
             raise PayloadError(root, f"nested deeper than {MAX_DEPTH} levels") from None
         _check(plain, root, 0)
-    text = _ENCODER.encode(plain)
+    text = _encode_json(plain)
     # UTF-8 takes at most 4 bytes per character: a short text needs no measuring.
     if len(text) * 4 > max_bytes and (size := len(text.encode("utf-8"))) > max_bytes:
         raise PayloadError(root, f"encodes to {size} bytes, more than the limit of {max_bytes}")
