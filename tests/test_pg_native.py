@@ -58,6 +58,34 @@ async def test_a_statement_is_prepared_once_per_session_and_never_for_pgbouncer(
     assert sorted(prepared) == expected  # the pg_prepared_statements query is prepared too
 
 
+async def test_a_statement_psycopg_deallocated_is_prepared_again_in_and_out_of_transactions(
+    pg_url: str,
+) -> None:
+    """psycopg answers a ROLLBACK it ran, once it has prepared statements of its own, with
+    DEALLOCATE ALL before its next statement, which also drops trioq's. Outside a transaction
+    the native fetch prepares again; inside one it never depends on a prepared statement (a
+    failed EXECUTE would abort the caller's transaction)."""
+    conn = await connect(pg_url)
+    try:
+        sql = b"SELECT $1::int + 10"
+        assert await conn.fetch_native(sql, [1]) == [(11,)]
+        for _ in range(6):  # psycopg prepares a statement from its 5th run
+            assert await conn.fetchval("SELECT 1") == 1
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():  # its ROLLBACK clears psycopg's prepared state
+                raise RuntimeError
+        assert await conn.fetchval("SELECT 2") == 2  # preceded by psycopg's DEALLOCATE ALL
+        assert await conn.fetch("SELECT name FROM pg_prepared_statements") == []
+        async with conn.transaction():
+            assert await conn.fetch_native(sql, [2]) == [(12,)]
+        assert await conn.fetch_native(sql, [3]) == [(13,)]
+        await conn.execute("DEALLOCATE ALL")
+        assert await conn.fetch_native(sql, [4]) == [(14,)]
+        assert await conn.fetch("SELECT name FROM pg_prepared_statements") == [("trioq_2",)]
+    finally:
+        await conn.close()
+
+
 async def test_a_server_error_raises_its_psycopg_class_and_the_connection_stays_usable(
     pg_url: str,
 ) -> None:

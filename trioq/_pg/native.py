@@ -38,7 +38,8 @@ _OK = frozenset({pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatu
 
 
 class NativeStatements:
-    """Per-connection state: the statements this session has prepared.
+    """Per-connection state: the statements this session has prepared (as far as it knows: see
+    `fetch` for psycopg's DEALLOCATE ALL).
 
     A name is never used twice: a PREPARE cancelled or failed after it was sent may or may not
     exist on the server, so the next attempt takes a new name (found by the random
@@ -59,6 +60,9 @@ class NativeStatements:
     def prepared(self, sql: bytes, name: bytes) -> None:
         self._names[sql] = name
 
+    def forget_all(self) -> None:
+        self._names.clear()
+
 
 async def fetch(
     raw: RawConnection,
@@ -68,23 +72,43 @@ async def fetch(
     cancel_on_server: Callable[[], None],
 ) -> list[tuple[Any, ...]]:
     """Run `sql` (`$n` placeholders; every parameter cast in the SQL, as they are sent untyped,
-    in text format) and return its rows. Prepared once per session, unless the connection was
-    opened with `prepare_threshold=None` (PgBouncer in transaction mode)."""
+    in text format) and return its rows.
+
+    Outside a transaction the statement is prepared once per session and re-prepared if it has
+    gone: psycopg sends DEALLOCATE ALL after a ROLLBACK, DROP, ALTER or DISCARD ALL it ran
+    (found by the random cancellation test), and an EXECUTE of a missing statement fails before
+    running anything, so it is simply sent again. Inside a transaction such a failure would
+    abort the caller's transaction, so the statement is sent unprepared there (planned each
+    time), and always with `prepare_threshold=None` (PgBouncer in transaction mode).
+    """
     await trio.lowlevel.checkpoint_if_cancelled()  # already cancelled: send nothing
     pgconn = raw.pgconn
     transformer = Transformer(raw)
     values = transformer.dump_sequence(params, [PyFormat.TEXT] * len(params))
-    if raw.prepare_threshold is None:
+    if raw.prepare_threshold is None or pgconn.transaction_status != pq.TransactionStatus.IDLE:
         pgconn.send_query_params(sql, values)
         return _rows(transformer, await _results(pgconn, cancel_on_server), raw)
-    name = statements.known(sql)
-    if name is None:
-        name = statements.new_name()
-        pgconn.send_prepare(name, sql)
-        _rows(transformer, await _results(pgconn, cancel_on_server), raw)
-        statements.prepared(sql, name)
-    pgconn.send_query_prepared(name, values)
-    return _rows(transformer, await _results(pgconn, cancel_on_server), raw)
+    for _ in range(2):
+        name = statements.known(sql)
+        if name is None:
+            name = statements.new_name()
+            pgconn.send_prepare(name, sql)
+            _rows(transformer, await _results(pgconn, cancel_on_server), raw)
+            statements.prepared(sql, name)
+        pgconn.send_query_prepared(name, values)
+        results = await _results(pgconn, cancel_on_server)
+        if not _missing_statement(results):
+            break
+        statements.forget_all()  # deallocated behind our back: prepare again, once
+    return _rows(transformer, results, raw)
+
+
+def _missing_statement(results: list[pq.abc.PGresult]) -> bool:
+    return any(
+        result.status == pq.ExecStatus.FATAL_ERROR
+        and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"  # no such statement
+        for result in results
+    )
 
 
 def _rows(
