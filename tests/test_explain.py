@@ -339,3 +339,31 @@ def test_admission_gate_needs_every_accepting_worker_reduced() -> None:
     draining = {**_worker("c", None), "state": "draining"}
     behind_drain = explain(ExplainFacts(NOW, _ready_job(), workers=(_worker("a", lag), draining)))
     assert behind_drain.blocked_by == "admission"  # a draining worker claims nothing either
+
+
+async def test_a_workflow_waiting_for_an_event_is_explained_by_its_key(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A real durable wait (wait_for_event): the job is `waiting`, named by its event key and
+    its timeout."""
+    app = make_app(pg_url, pg_schema)
+    entered = trio.Event()
+
+    @app.task("approve")
+    async def approve(ctx: trioq.Context, payload: object) -> object:
+        entered.set()
+        return await ctx.wait_for_event("approval:7", timeout=datetime.timedelta(hours=1))
+
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]):
+        job = await client.enqueue("approve", {})
+        with trio.fail_after(20):
+            await entered.wait()
+
+            async def waiting() -> bool:  # the suspension is written by the settle statement
+                return (await client.get_job(job.id)).state == "waiting"
+
+            await wait_until(waiting)
+        why = await client.explain(job.id)
+    assert (why.state, why.blocked_by) == ("waiting", "wait")
+    assert why.verdict.startswith("waiting for event 'approval:7' (times out ")
+    assert "(in 3" in why.verdict  # about an hour from now
