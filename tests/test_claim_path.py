@@ -8,6 +8,7 @@ either grows with a backlog it should not see or does not.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -106,3 +107,38 @@ async def test_a_delayed_job_starts_in_the_round_its_timer_fires(
     # the timer's round claims it. Before, that round only promoted it and a third claimed it.
     claimed = [count for _, count in after]
     assert 1 in claimed and claimed.index(1) <= 1, after
+
+
+async def test_a_job_claimed_within_the_lookahead_is_held_until_its_run_at(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The timer fires before the due time; the round claims the delayed job early and the
+    worker holds it: its handler starts at its run_at (by the wall clock the database shares
+    with this machine), never before, although the claim ran before it."""
+    app = make_app(pg_url, pg_schema)
+    started = trio.Event()
+    handler_start: list[float] = []
+    claimed_at: list[float] = []
+
+    def on_round(queue: str, requested: int, claimed: int) -> None:
+        if claimed:
+            claimed_at.append(time.time())
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> None:
+        handler_start.append(time.time())
+        started.set()
+
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, concurrency=2, poll_interval=30.0, hooks=WorkerHooks(on_round)),
+    ):
+        job = await client.enqueue("noop", {}, delay=0.5)
+        with trio.fail_after(10):
+            await started.wait()
+        record = await client.get_job(job.id)
+    assert record is not None and record.run_at is not None
+    due = record.run_at.timestamp()
+    assert claimed_at[0] < due, "claimed early, within the lookahead"
+    assert handler_start[0] >= due, "held until its run_at"
+    assert record.started_at == record.run_at

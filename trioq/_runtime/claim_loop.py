@@ -59,11 +59,15 @@ log = logging.getLogger("trioq.worker")
 # costs a bounded burst, not a spin.
 MAX_WINDOW_ROUNDS = 8
 
-# Unkeyed sleeping or scheduled jobs due within this many seconds are claimed early and held
-# in-process until their run_at (`Run.hold_until_due`): a burst of wake-ups (200 workflows whose
-# sleeps end together) then starts at its wake time instead of a statement and the start-up of
-# the whole batch later. The timer fires this much before the next due time.
-CLAIM_LOOKAHEAD_SECONDS = 0.05
+# Unkeyed sleeping or scheduled jobs due within CLAIM_LOOKAHEAD_SECONDS are claimed early and
+# held in-process until their run_at (`Run.hold_until_due`): a burst of wake-ups (200 workflows
+# whose sleeps end together: a claim of 200 rows with their history and the start of 200
+# handlers take tens of ms here) then resumes at its wake time instead of that much later. The
+# timer fires TIMER_EARLY_SECONDS before the next due time, less than the lookahead, so the due
+# row is inside the claim's window with room to spare. Such a job holds its slot at most the
+# lookahead before it runs; ready work sorts before it (claim order is priority, run_at, id).
+CLAIM_LOOKAHEAD_SECONDS = 0.25
+TIMER_EARLY_SECONDS = 0.2
 
 # Rounds in flight at once, and the smallest half of a batch worth its own statement: a split
 # costs one statement more, worth it only when each half still carries a real batch.
@@ -302,7 +306,7 @@ class ClaimLoop:
             self._poll_at = self._held_poll_at
         self._held_poll_at = None
         if next_due_at is not None:
-            next_due_at -= CLAIM_LOOKAHEAD_SECONDS  # as after a round: the lookahead's early
+            next_due_at -= TIMER_EARLY_SECONDS  # as after a round: early, within the lookahead
             known = self._next_due_at
             self._next_due_at = next_due_at if known is None else min(known, next_due_at)
         self._reset_timer()
@@ -413,7 +417,7 @@ class ClaimLoop:
             # From when the statement was sent (its database `now` is just after): the timer
             # fires at the due time or a little before, never a whole round trip late; a round
             # that comes early finds the row not due yet and sets the timer again.
-            wait = (result.next_due - result.now).total_seconds() - CLAIM_LOOKAHEAD_SECONDS
+            wait = (result.next_due - result.now).total_seconds() - TIMER_EARLY_SECONDS
             self._next_due_at = sent_at + max(0.0, wait)
         self._reset_timer()
         self._claimed_total += len(result.claimed)
@@ -421,7 +425,6 @@ class ClaimLoop:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
 
     def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
-        received = trio.current_time()
         for job in result.claimed:
             stale = self.running.get(job.id)
             if stale is not None:
@@ -444,7 +447,7 @@ class ClaimLoop:
                 checkpoints=self.checkpoints,
                 now=result.now,
                 confirmed_at=sent,
-                claimed_at=received,
+                claimed_at=sent,
             )
             self.running[job.id] = run
             handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")
