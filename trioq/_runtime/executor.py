@@ -7,6 +7,7 @@ and a KeyboardInterrupt that trio raised for a real SIGINT propagate.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import traceback
@@ -50,12 +51,15 @@ async def execute(run: Run) -> Outcome:
             if job.cancel_requested:
                 run.cancel("cancelled")
             await run.hold_until_due()
-            # The otel extra, when configured: a span linked to the enqueuer's trace.
-            parent = await _trace_context(run) if tracing.enabled() else None
-            with tracing.job_span(
-                task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
-                traceparent=parent,
-            ) as run.trace_id:  # fmt: skip
+            # The otel extra, when configured: a span linked to the enqueuer's trace (asked
+            # once per job: the check reads the environment, which shows at saturation).
+            span: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
+            if tracing.enabled():
+                span = tracing.job_span(
+                    task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
+                    traceparent=await _trace_context(run),
+                )  # fmt: skip
+            with span as run.trace_id:
                 result = await spec.handler(Context(run), spec.load_payload(job.payload))
                 result_json = codec.encode(result, root="result")
                 # Nursery semantics: a workflow completes only once every child it spawned

@@ -52,6 +52,8 @@ class WorkerMetrics:
     database_errors: Counter = attrs.field(init=False)
     queue_demand: Gauge = attrs.field(init=False)
     _started: dict[tuple[int, int], float] = attrs.field(init=False, factory=dict)
+    _handler_children: dict[str, Any] = attrs.field(init=False, factory=dict)
+    _outcome_children: dict[tuple[str, str], Any] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -137,8 +139,22 @@ class WorkerMetrics:
     def on_job_end(self, job: ClaimedJob, outcome: str) -> None:
         started = self._started.pop((job.id, job.attempt), None)
         if started is not None:
-            self.handler_seconds.labels(job.task).observe(trio.current_time() - started)
-        self.outcomes.labels(job.queue, outcome).inc()
+            self._handler_seconds(job.task).observe(trio.current_time() - started)
+        self._outcomes(job.queue, outcome).inc()
+
+    # labels() takes a lock and builds a key on every call; the children never change, so the
+    # per-job path looks them up once (prometheus-client returns the same child each time).
+    def _handler_seconds(self, task: str) -> Any:
+        child = self._handler_children.get(task)
+        if child is None:
+            child = self._handler_children[task] = self.handler_seconds.labels(task)
+        return child
+
+    def _outcomes(self, queue: str, outcome: str) -> Any:
+        child = self._outcome_children.get((queue, outcome))
+        if child is None:
+            child = self._outcome_children[(queue, outcome)] = self.outcomes.labels(queue, outcome)
+        return child
         if outcome == "lost":
             self.lost_leases.inc()
 
