@@ -146,36 +146,45 @@ async def test_cancelled_native_fetch_in_a_transaction_rolls_back_and_releases_i
 
 
 async def test_a_statement_whose_prepare_was_cancelled_is_prepared_again_under_a_new_name(
-    pg_url: str,
+    pg_url: str, counters: str, observer: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Cancelled while its PREPARE is in flight (which the server usually finishes anyway), the
-    next call of the same statement must not prepare the same name again ("already exists").
-    On a loaded machine both round trips may end before the canceller runs: then it tries
-    again with a statement of its own (at most 20 times)."""
+    """A PREPARE the caller gave up on may still be completed by the server (its cancel request
+    can arrive too late); the next call of the statement must not prepare that name again
+    ("already exists"). Made deterministic: the PREPARE waits for a table lock, and the
+    "server-side cancel" releases the lock instead, so the server does complete it."""
+    holder = psycopg.connect(pg_url)
+    holder.execute(f"LOCK TABLE {counters} IN ACCESS EXCLUSIVE MODE")
+    monkeypatch.setattr(Connection, "_cancel_on_server", lambda self: holder.rollback())
     conn = await connect(pg_url)
+    sql = f"SELECT count(*) FROM {counters} WHERE id >= $1::int".encode()
     try:
-        for attempt in range(20):
-            sql = f"SELECT $1::int + {attempt}".encode()
-            with trio.CancelScope() as scope:
-                async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
 
-                    async def cancel_once_sent() -> None:
-                        await trio.testing.wait_all_tasks_blocked()  # PREPARE awaits its reply
-                        scope.cancel()
+                async def cancel_once_waiting() -> None:
+                    await wait_until_waiting_on_a_lock(observer, conn.backend_pid)
+                    scope.cancel()
 
-                    nursery.start_soon(cancel_once_sent)
-                    finished = False
-                    await conn.fetch_native(sql, [1])
-                    finished = True
-                    await trio.sleep_forever()  # finished first: the canceller ends this
-            assert scope.cancelled_caught
-            if not finished:
-                break
-        assert not finished
-        assert await conn.fetch_native(sql, [100]) == [(100 + attempt,)]
-        assert await conn.fetch_native(sql, [200]) == [(200 + attempt,)]
+                nursery.start_soon(cancel_once_waiting)
+                await conn.fetch_native(sql, [0])
+        assert scope.cancelled_caught
+        assert await conn.fetch_native(sql, [5]) == [(5,)]
+        assert await conn.fetch_native(sql, [8]) == [(2,)]
     finally:
         await conn.close()
+        holder.close()
+
+
+async def wait_until_waiting_on_a_lock(observer: Connection, pid: int) -> None:
+    """Poll pg_stat_activity until backend `pid` waits for a lock (as wait_until_sleeping)."""
+    with trio.fail_after(10):
+        while True:
+            wait_event_type = await observer.fetchval(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+            )
+            if wait_event_type == "Lock":
+                return
+            await trio.sleep(0.005)
 
 
 async def test_a_connection_lost_during_a_native_fetch_is_a_connection_loss(
