@@ -437,9 +437,27 @@ class DifferentialMachine(RuleBasedStateMachine):
 
 
 def _history(history: tuple[Checkpoint, ...]) -> list[tuple[Any, ...]]:
-    """Checkpoints as both drivers must agree on them (a sleep's wake time is each one's own
-    clock)."""
-    return [(c.position, c.kind, c.name, None if c.kind == "sleep" else c.value) for c in history]
+    """Checkpoints as both drivers must agree on them: a sleep's wake time, a pending wait's
+    deadline and a spawned child's times are each driver's own clock, so every timestamp in a
+    value is compared as a placeholder."""
+    return [
+        (c.position, c.kind, c.name, None if c.kind == "sleep" else _without_times(c.value))
+        for c in history
+    ]
+
+
+def _without_times(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_times(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_times(item) for item in value]
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        try:
+            datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return value
+        return "<time>"
+    return value
 
 
 async def _records(driver: Driver, job_ids: list[int]) -> list[JobRecord | None]:

@@ -41,7 +41,9 @@ class WaitsMachine(DifferentialMachine):
         self.event_waiters: dict[str, set[int]] = {key: set() for key in KEYS}
         self.emitted: set[str] = set()
         self.children: dict[int, list[int]] = {}  # memory parent id -> memory child ids
-        self.child_waits: dict[int, tuple[int, ...]] = {}  # parent -> children it waits for
+        # parent -> (children it waits for, whether a failed child wakes it)
+        self.child_waits: dict[int, tuple[tuple[int, ...], bool]] = {}
+        self.redriven: set[int] = set()  # jobs redriven (job_retry) by hand
         self.tree_cancelled: set[int] = set()
 
     def _held_job(self, pick: int) -> int | None:
@@ -62,8 +64,11 @@ class WaitsMachine(DifferentialMachine):
         assert (memory.first, memory.woken) == (pg.first, pg.woken)
         assert memory.first == (key not in self.emitted)
         self.emitted.add(key)
+        # A parent cancelled while its children run waits for them to end (it is cancelled
+        # then, never resumed): the event does not wake it.
         waiters = self.event_waiters[key]
-        rows = self.host.call(_records, self.pair.memory, sorted(waiters))
+        woken = sorted(waiters - self.tree_cancelled)
+        rows = self.host.call(_records, self.pair.memory, woken)
         assert all(row is not None and row.state != "waiting" for row in rows), rows
         waiters.clear()
 
@@ -81,6 +86,8 @@ class WaitsMachine(DifferentialMachine):
             (WaitEvent(leases.pg, position, key, SLEEP),),
         )
         assert (memory.state, memory.payload) == (pg.state, pg.payload)
+        if memory.state == "lost":  # the lease was recovered meanwhile: the attempt is stale
+            return
         assert (memory.state == "received") == (key in self.emitted)
         if memory.state == "waiting":
             self.event_waiters[key].add(job)
@@ -133,7 +140,7 @@ class WaitsMachine(DifferentialMachine):
             (c.state, c.result) for c in pg.children
         ]
         if memory.state == "waiting":
-            self.child_waits[job] = ids
+            self.child_waits[job] = (ids, stop_on_failure)
             self._suspended(job)
         elif memory.state == "done":
             leases.next_position += 1
@@ -146,6 +153,13 @@ class WaitsMachine(DifferentialMachine):
             )
             assert memory_ok == pg_ok
             leases.next_position += memory_ok
+
+    @precondition(lambda self: bool(self.to_pg))
+    @rule(pick=st.integers(0, 1000), redrive=st.booleans())
+    def cancel_or_retry(self, pick: int, redrive: bool) -> None:
+        if redrive:
+            self.redriven.add(sorted(self.to_pg)[pick % len(self.to_pg)])
+        super().cancel_or_retry(pick, redrive)
 
     @precondition(lambda self: bool(self.children))
     @rule(pick=st.integers(0, 100))
@@ -166,7 +180,7 @@ class WaitsMachine(DifferentialMachine):
             assert record is not None
             if record.state in ("waiting", "sleeping"):  # suspended: no lease, so no slot
                 assert job not in self.leases, record
-        for parent, waited in list(self.child_waits.items()):
+        for parent, (waited, stop_on_failure) in list(self.child_waits.items()):
             record = rows[parent]
             assert record is not None
             if record.state != "waiting":
@@ -174,12 +188,14 @@ class WaitsMachine(DifferentialMachine):
                 continue
             states = [rows[child].state for child in waited]  # type: ignore[union-attr]
             settled = all(state in FINAL for state in states)
-            failed = any(state in ("failed", "cancelled") for state in states)
+            failed = stop_on_failure and any(state in ("failed", "cancelled") for state in states)
             assert not (settled or failed), ("a parent missed its wake-up", parent, states)
         for parent in self.tree_cancelled:
             record = rows[parent]
             if record is not None and record.state in FINAL and record.state == "cancelled":
                 for child in self.children.get(parent, ()):
+                    if child in self.redriven:  # `trioq retry` of a child is the user's call
+                        continue
                     child_row = rows[child]
                     assert child_row is not None and child_row.state in FINAL, (parent, child)
 
