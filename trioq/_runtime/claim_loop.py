@@ -425,6 +425,7 @@ class ClaimLoop:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
 
     def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
+        received = trio.current_time()
         for job in result.claimed:
             stale = self.running.get(job.id)
             if stale is not None:
@@ -447,7 +448,7 @@ class ClaimLoop:
                 checkpoints=self.checkpoints,
                 now=result.now,
                 confirmed_at=sent,
-                claimed_at=sent,
+                claimed_at=received,
             )
             self.running[job.id] = run
             handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")

@@ -38,11 +38,6 @@ STEP = "step"
 SLEEP = "sleep"
 
 
-# Added to a held job's wait (`Run.hold_until_due`): the claim's database `now` is taken at most
-# one trip to the server after the claim was sent, far less than this on a local network.
-HOLD_MARGIN = 0.001
-
-
 class SuspendExecution(BaseException):
     """Raised by a primitive that suspended the job: unwinds the handler. A BaseException so
     that `except Exception` in handler code does not swallow it; the executor reads the
@@ -67,9 +62,9 @@ class Run:
     confirmed_at: float
     # Every task of the app, by name: ctx.spawn validates a child against its task's spec.
     tasks: Mapping[str, TaskSpec] = attrs.field(factory=dict)
-    # trio's clock when the claim was sent: the database's `now` (the statement's start) is a
-    # moment after it. A job claimed before its run_at (the claim's lookahead) is held until
-    # run_at measured from here plus HOLD_MARGIN (more than the trip to the server).
+    # trio's clock when the claim's reply arrived, after the database's `now` (taken as the
+    # statement ended): a job claimed before its run_at (the claim's lookahead) is held until
+    # run_at measured from here, so it never starts before it.
     claimed_at: float | None = None
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     cancel_reason: str | None = None  # "lost", "unconfirmed", "cancelled", "drain"
@@ -171,7 +166,7 @@ class Run:
         if early <= 0:
             return
         start = trio.current_time() if self.claimed_at is None else self.claimed_at
-        await trio.sleep_until(start + early + HOLD_MARGIN)
+        await trio.sleep_until(start + early)
         self.now = self.job.run_at
 
     async def sleep(self, name: str, duration: datetime.timedelta) -> None:

@@ -446,7 +446,10 @@ SELECT outcome.ids, outcome.states,
        (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
        (SELECT count(*) FROM ready_keys) AS keys_visited,
        (SELECT count(*) FROM promoted) AS promoted,
-       {schema}.db_now() AS now,
+       -- Database time as the statement ends (db_now() is its start, plus the time it ran):
+       -- a job claimed early is held until its run_at measured from the reply, so it never
+       -- starts before it, and only the trip back makes it late.
+       {schema}.db_now() + (clock_timestamp() - now()) AS now,
        -- The snapshot cannot see the rows settled here as scheduled/sleeping/waiting: their
        -- new run_at comes from the settlement itself.
        least((SELECT j.run_at FROM {schema}.jobs j
