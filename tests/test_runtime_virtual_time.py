@@ -13,6 +13,7 @@ import trioq
 from tests.support import running_worker
 from trioq._driver import RenewalResult, RenewLeases
 from trioq._memory import MemoryDriver
+from trioq._runtime import claim_loop
 
 
 def make_app() -> trioq.App:
@@ -242,12 +243,17 @@ async def test_unconfirmed_lease_cancels_its_handler_before_recovery_and_a_recla
     assert (record.state, record.attempt, record.result) == ("completed", 2, 2)
 
 
-async def test_two_rounds_fly_at_once_and_never_own_more_than_the_slots(
+@pytest.mark.parametrize("max_in_flight", [1, 2])
+async def test_rounds_in_flight_never_own_more_than_the_slots(
     autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    max_in_flight: int,
 ) -> None:
-    """Pipelining: with a backlog of instant jobs, a second settle-and-claim round is sent while
-    the first is in flight (each statement takes 2 ms of virtual time here), and at every
-    commit the worker's running rows stay within its slots."""
+    """Pipelining (off by default, MAX_IN_FLIGHT = 1): with a backlog of instant jobs and two
+    rounds allowed, a second settle-and-claim round is sent while the first is in flight (each
+    statement takes 2 ms of virtual time here); either way, at every commit the worker's
+    running rows stay within its slots."""
+    monkeypatch.setattr(claim_loop, "MAX_IN_FLIGHT", max_in_flight)
     app = make_app()
     concurrency = 25
 
@@ -287,5 +293,5 @@ async def test_two_rounds_fly_at_once_and_never_own_more_than_the_slots(
                     await client.wait_final(job.id)
         [status] = await inner.queue_status()
     assert status.completed == 2000
-    assert most_in_flight == 2
+    assert most_in_flight == max_in_flight
     assert 0 < most_running <= concurrency
