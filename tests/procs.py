@@ -59,14 +59,20 @@ async def wait_until(
     within: float,
     what: str,
 ) -> list[tuple[Any, ...]]:
-    """Poll `query` until `done(rows)`; fail after `within` seconds showing the last rows."""
+    """Poll `query` until `done(rows)`; fail after `within` seconds showing the last rows.
+    A poll that finds the server away (a fault test restarting PostgreSQL under it) is retried
+    at the next poll, like any other not-yet."""
     rows: list[tuple[Any, ...]] = []
     try:
         with trio.fail_after(within):
             while True:
-                rows = await fetch(pg_url, query, params)
-                if done(rows):
-                    return rows
+                try:
+                    rows = await fetch(pg_url, query, params)
+                except psycopg.OperationalError:
+                    rows = []
+                else:
+                    if done(rows):
+                        return rows
                 await trio.sleep(POLL_SECONDS)
     except trio.TooSlowError:
         raise AssertionError(
