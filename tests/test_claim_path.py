@@ -17,38 +17,22 @@ import trio
 
 import trioq
 from tests.support import make_app, running_worker
+from trioq._driver import SettleAndClaim
+from trioq._pg.driver import settle_and_claim_params
 from trioq._runtime.claim_loop import WorkerHooks
 from trioq._sql import queries
-
-
-def _claim_params(queue: str, tasks: list[str], limit: int) -> dict[str, Any]:
-    return {
-        "ids": "{}",
-        "attempts": "{}",
-        "lease_tokens": "{}",
-        "kinds": "{}",
-        "results": [],
-        "errors": [],
-        "delays": [],
-        "wake_ats": [],
-        "queue": queue,
-        "tasks": tasks,
-        "limit": limit,
-        "lease_seconds": 30.0,
-        "worker_id": uuid.uuid4(),
-        "key_cursor": "",
-        "key_window": 64,
-        "task_versions": None,
-        "promote_limit": 1000,
-        "lookahead": 0.0,
-    }
 
 
 def _claim_buffers(pg_url: str, schema: str, tasks: list[str]) -> tuple[int, int]:
     """(shared buffers touched, rows claimed) by one claim of `tasks`, rolled back."""
     statement = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries(schema)["job_settle_and_claim"]
     with psycopg.connect(pg_url) as conn:
-        [[plan]] = conn.execute(statement, _claim_params("default", tasks, 25)).fetchall()
+        [[plan]] = conn.execute(
+            statement,
+            settle_and_claim_params(
+                SettleAndClaim("default", tuple(tasks), 25, 30.0, uuid.uuid4())
+            ),
+        ).fetchall()
         conn.rollback()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     return top["Shared Hit Blocks"] + top["Shared Read Blocks"], top["Actual Rows"]

@@ -17,7 +17,7 @@ import trio
 import trioq
 from tests.support import make_app, running_worker, sql_rows
 from trioq._driver import ClaimedJob, NewJob, SettleAndClaim, Settlement
-from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver
+from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver, settle_and_claim_params
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()
@@ -225,26 +225,14 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
     def raw_claim(
         conn: psycopg.Connection[tuple[Any, ...]], retry: ClaimedJob | None = None
     ) -> list[ClaimedJob]:
-        params = {
-            "ids": [retry.id] if retry else [],
-            "attempts": [retry.attempt] if retry else [],
-            "lease_tokens": [retry.lease_token] if retry else [],
-            "kinds": ["retry"] if retry else [],
-            "results": [None] if retry else [],
-            "errors": ['{"type": "E"}'] if retry else [],
-            "delays": [3600.0] if retry else [],
-            "wake_ats": [None] if retry else [],
-            "promote_limit": 1000,
-            "lookahead": 0.0,
-            "queue": "q",
-            "tasks": ["t"],
-            "limit": 1,
-            "lease_seconds": 30,
-            "worker_id": uuid.uuid4(),
-            "key_cursor": "",
-            "key_window": 200,
-            "task_versions": None,
-        }
+        settlements = (
+            (Settlement(retry.lease, "retry", error_json='{"type": "E"}', delay_seconds=3600),)
+            if retry
+            else ()
+        )
+        params = settle_and_claim_params(
+            SettleAndClaim("q", ("t",), 1, 30, uuid.uuid4(), settlements, key_window=200)
+        )
         rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
         # Columns: settled ids and states, key cursor, keys visited, promoted, now, next due,
         # then the claimed job's.

@@ -27,7 +27,7 @@ from trioq._driver import (
     SettleAndClaimResult,
 )
 from trioq._memory import MemoryDriver
-from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver
+from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver, settle_and_claim_params
 from trioq._sql import queries
 from trioq.testing import SqlClock
 
@@ -320,20 +320,9 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
         )
 
     def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Any]:
-        params = {
-            **{name: [] for name in ("ids", "attempts", "lease_tokens", "kinds")},
-            **{name: [] for name in ("results", "errors", "delays", "wake_ats")},
-            "promote_limit": 1000,
-            "lookahead": 0.0,
-            "queue": "q",
-            "tasks": ["t"],
-            "limit": 1,
-            "lease_seconds": 30,
-            "worker_id": uuid.uuid4(),
-            "key_cursor": "",
-            "key_window": 200,
-            "task_versions": None,
-        }
+        params = settle_and_claim_params(
+            SettleAndClaim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200)
+        )
         rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
         return [_claimed_job(row[7:]) for row in rows if row[7] is not None]
 

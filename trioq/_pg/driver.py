@@ -166,6 +166,29 @@ def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]
     return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
 
+def settle_and_claim_params(params: SettleAndClaim) -> Params:
+    """The named parameters of job_settle_and_claim (tests that run it by hand use these too)."""
+    settlements = params.settlements
+    return {
+        **_lease_arrays([settlement.lease for settlement in settlements]),
+        "kinds": _text_array([settlement.kind for settlement in settlements]),
+        "results": [settlement.result_json for settlement in settlements],
+        "errors": [settlement.error_json for settlement in settlements],
+        "delays": [settlement.delay_seconds for settlement in settlements],
+        "wake_ats": [settlement.wake_at for settlement in settlements],
+        "queue": params.queue,
+        "tasks": list(params.tasks),
+        "limit": params.limit,
+        "lease_seconds": params.lease_seconds,
+        "worker_id": params.worker_id,
+        "key_cursor": params.key_cursor,
+        "key_window": params.key_window,
+        "task_versions": None if params.task_versions is None else list(params.task_versions),
+        "promote_limit": params.promote_limit,
+        "lookahead": params.lookahead_seconds,
+    }
+
+
 def insert_params(jobs: Sequence[NewJob]) -> Params:
     """The parallel arrays of the job_insert_many statement."""
     jobs = list(jobs)  # a NewJobs batch builds its rows on iteration: once, not per column
@@ -334,33 +357,9 @@ class PgDriver:
 
     async def _settle_rows(self, conn: Connection, params: SettleAndClaim) -> list[tuple[Any, ...]]:
         """Run the settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
-        settlements = params.settlements
         self._calls["job_settle_and_claim"] += 1
         with self._schema_required():
-            return await self._query(
-                conn,
-                "job_settle_and_claim",
-                {
-                    **_lease_arrays([settlement.lease for settlement in settlements]),
-                    "kinds": _text_array([settlement.kind for settlement in settlements]),
-                    "results": [settlement.result_json for settlement in settlements],
-                    "errors": [settlement.error_json for settlement in settlements],
-                    "delays": [settlement.delay_seconds for settlement in settlements],
-                    "wake_ats": [settlement.wake_at for settlement in settlements],
-                    "queue": params.queue,
-                    "tasks": list(params.tasks),
-                    "limit": params.limit,
-                    "lease_seconds": params.lease_seconds,
-                    "worker_id": params.worker_id,
-                    "key_cursor": params.key_cursor,
-                    "key_window": params.key_window,
-                    "task_versions": None
-                    if params.task_versions is None
-                    else list(params.task_versions),
-                    "promote_limit": params.promote_limit,
-                    "lookahead": params.lookahead_seconds,
-                },
-            )
+            return await self._query(conn, "job_settle_and_claim", settle_and_claim_params(params))
 
     async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """Not retried here: a claim whose reply was lost may have committed (its rows then
