@@ -126,3 +126,42 @@ async def test_a_job_claimed_within_the_lookahead_is_held_until_its_run_at(
     assert claimed_at[0] < due, "claimed early, within the lookahead"
     assert handler_start[0] >= due, "held until its run_at"
     assert record.started_at == record.run_at
+
+
+SUSPENDED_FILL = """
+INSERT INTO {schema}.jobs (queue, task, payload, state, priority, run_at, created_at,
+                           checkpoint_count)
+SELECT 'default', 'noop', '{{}}', 'sleeping', 0, now() + interval '1 day', now(), 1
+FROM generate_series(1, 3000);
+INSERT INTO {schema}.jobs (queue, task, payload, state, priority, run_at, created_at)
+SELECT 'default', 'noop', '{{}}', 'scheduled', -1, now() + interval '1 hour', now()
+FROM generate_series(1, 2000)
+"""
+
+
+async def test_the_claim_keeps_one_generic_plan_on_a_table_with_statistics(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Regression (issue 7, suspended load): on a table whose statistics show a ready backlog
+    and suspended rows, the plan cache estimated the claim's generic plan dearer than the
+    custom plans (which see the limit, the lookahead and the task list) and re-planned the
+    statement at every call (2-3 ms of planning each). Read through scalar sub-selects, the
+    parameters shape neither plan's estimates: after its five custom plans, the prepared
+    statement runs the generic plan (pg_prepared_statements counts both)."""
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        await client.enqueue_many(trioq.TaskDeclaration("noop"), [{} for _ in range(10_000)])
+    statement = queries(pg_schema)["job_settle_and_claim"]
+    params = settle_and_claim_params(SettleAndClaim("default", ("noop",), 25, 30.0, uuid.uuid4()))
+    with psycopg.connect(pg_url) as conn:
+        for fill in SUSPENDED_FILL.format(schema=pg_schema).split(";"):
+            conn.execute(fill)
+        conn.execute(f"ANALYZE {pg_schema}.jobs")
+        claimed = [len(conn.execute(statement, params, prepare=True).fetchall()) for _ in range(10)]
+        [(generic, custom)] = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%partition_locks%'"
+        ).fetchall()
+        conn.rollback()
+    assert claimed == [25] * 10
+    assert (custom, generic) == (5, 5)

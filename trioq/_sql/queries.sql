@@ -169,6 +169,16 @@ ORDER BY i.id;
 -- whose snapshots both saw the key free never both run it (issue 8 #2); a head whose key insert
 -- did nothing is simply not claimed this round (no error).
 -- Every CTE that feeds a LIMIT is MATERIALIZED as an optimisation fence (Oban's trick).
+-- Plan stability: every parameter that shapes an estimate (the limits, queue, tasks, versions,
+-- key cursor and window, lookahead, the outcome arrays) is read through a scalar sub-select,
+-- `(SELECT %(x)s)`, an InitPlan the planner does not look into. A custom plan is therefore
+-- estimated exactly like the generic plan, and the plan cache keeps the generic plan after its
+-- five custom plans. Seen by value (LIMIT 25 against a generic 10% of the rows, one task
+-- against ten, a lookahead against a default third of jobs_due_idx), the custom plans looked
+-- cheaper whenever the statistics showed a ready backlog or suspended rows, and the statement
+-- was planned again at every call: 2-3 ms, more than it takes to run (issue 7, suspended load;
+-- tests/test_claim_path.py reads pg_prepared_statements). `x = ANY((SELECT a)::text[])`: the
+-- cast keeps ANY from reading the sub-select as a set.
 -- History: a claimed row with checkpoint_count > 0 carries its checkpoints (one ordered
 -- aggregate per such row; rows without history never touch the checkpoints table).
 WITH RECURSIVE input AS MATERIALIZED (
@@ -176,9 +186,10 @@ WITH RECURSIVE input AS MATERIALIZED (
            CASE t.kind WHEN 'retry' THEN {schema}.db_now() + t.delay * interval '1 second'
                        WHEN 'sleep' THEN t.wake_at
                        WHEN 'wait' THEN t.wake_at END AS next_run_at
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
-                %(kinds)s::text[], %(results)s::text[], %(errors)s::text[],
-                %(delays)s::float8[], %(wake_ats)s::timestamptz[])
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(kinds)s::text[]),
+                (SELECT %(results)s::text[]), (SELECT %(errors)s::text[]),
+                (SELECT %(delays)s::float8[]), (SELECT %(wake_ats)s::timestamptz[]))
          AS t(id, attempt, lease_token, kind, result, error, delay, wake_at)
 ),
 settled AS (
@@ -234,10 +245,10 @@ results_notified AS (
 due AS MATERIALIZED (
     SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state
     FROM {schema}.jobs j
-    WHERE j.queue = %(queue)s AND j.state IN ('scheduled', 'sleeping', 'waiting')
-      AND j.run_at <= {schema}.db_now() + %(lookahead)s * interval '1 second'
+    WHERE j.queue = (SELECT %(queue)s::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
+      AND j.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
     ORDER BY j.run_at
-    LIMIT %(promote_limit)s
+    LIMIT (SELECT %(promote_limit)s::int)
     FOR UPDATE SKIP LOCKED
 ),
 -- Due unkeyed rows this worker serves are claim candidates at once (already locked by `due`,
@@ -250,61 +261,65 @@ due AS MATERIALIZED (
 due_unkeyed AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held
     FROM due d
-    WHERE %(limit)s > 0 AND d.partition_key IS NULL
+    WHERE (SELECT %(limit)s::int) > 0 AND d.partition_key IS NULL
       AND (d.run_at <= {schema}.db_now() OR d.state IN ('sleeping', 'scheduled'))
-      AND d.task = ANY(%(tasks)s::text[])
-      AND (%(task_versions)s::text[] IS NULL
-           OR d.task || '@' || d.version = ANY(%(task_versions)s::text[]))
+      AND d.task = ANY((SELECT %(tasks)s::text[])::text[])
+      AND ((SELECT %(task_versions)s::text[]) IS NULL
+           OR d.task || '@' || d.version = ANY((SELECT %(task_versions)s::text[])::text[]))
     ORDER BY d.priority, d.run_at, d.id
-    LIMIT %(limit)s
+    LIMIT (SELECT %(limit)s::int)
 ),
 ready_keys AS (
     SELECT first_key.partition_key, 1 AS n, first_key.wrapped
     FROM (
         SELECT after_cursor.partition_key, false AS wrapped
         FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = %(queue)s AND j.state = 'ready' AND j.partition_key IS NOT NULL
-                AND j.partition_key > %(key_cursor)s
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.partition_key IS NOT NULL
+                AND j.partition_key > (SELECT %(key_cursor)s::text)
               ORDER BY j.partition_key LIMIT 1) AS after_cursor
         UNION ALL
         SELECT from_start.partition_key, true
         FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = %(queue)s AND j.state = 'ready' AND j.partition_key IS NOT NULL
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.partition_key IS NOT NULL
               ORDER BY j.partition_key LIMIT 1) AS from_start
         LIMIT 1
     ) AS first_key
-    WHERE %(limit)s > 0
+    WHERE (SELECT %(limit)s::int) > 0
     UNION ALL
     SELECT next_key.partition_key, k.n + 1, next_key.wrapped
     FROM ready_keys k
     CROSS JOIN LATERAL (
         SELECT following.partition_key, k.wrapped AS wrapped
         FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = %(queue)s AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
                 AND j.partition_key > k.partition_key
               ORDER BY j.partition_key LIMIT 1) AS following
         UNION ALL
         SELECT from_start.partition_key, true
         FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = %(queue)s AND j.state = 'ready' AND j.partition_key IS NOT NULL
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.partition_key IS NOT NULL
               ORDER BY j.partition_key LIMIT 1) AS from_start
         WHERE NOT k.wrapped
         LIMIT 1
     ) AS next_key
-    WHERE k.n < %(key_window)s
-      AND NOT (next_key.wrapped AND next_key.partition_key > %(key_cursor)s)
+    WHERE k.n < (SELECT %(key_window)s::int)
+      AND NOT (next_key.wrapped AND next_key.partition_key > (SELECT %(key_cursor)s::text))
       AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
 ),
 heads AS MATERIALIZED (
     SELECT head.id, head.attempt, head.held
     FROM ready_keys k
     LEFT JOIN {schema}.partition_locks l
-           ON l.queue = %(queue)s AND l.partition_key = k.partition_key
+           ON l.queue = (SELECT %(queue)s::text) AND l.partition_key = k.partition_key
     CROSS JOIN LATERAL (
         (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
          FROM {schema}.jobs j
          WHERE l.job_id IS NULL
-           AND j.queue = %(queue)s AND j.partition_key = k.partition_key AND j.state = 'ready'
+           AND j.queue = (SELECT %(queue)s::text) AND j.partition_key = k.partition_key
+           AND j.state = 'ready'
            AND j.run_at <= {schema}.db_now()
          ORDER BY j.priority, j.run_at, j.id
          LIMIT 1)
@@ -313,11 +328,11 @@ heads AS MATERIALIZED (
          FROM {schema}.jobs j
          WHERE j.id = l.job_id AND j.state = 'ready')
     ) AS head
-    WHERE head.task = ANY(%(tasks)s::text[])
-      AND (%(task_versions)s::text[] IS NULL
-           OR head.task || '@' || head.version = ANY(%(task_versions)s::text[]))
+    WHERE head.task = ANY((SELECT %(tasks)s::text[])::text[])
+      AND ((SELECT %(task_versions)s::text[]) IS NULL
+           OR head.task || '@' || head.version = ANY((SELECT %(task_versions)s::text[])::text[]))
     ORDER BY head.priority, head.run_at, head.id
-    LIMIT 2 * %(limit)s
+    LIMIT 2 * (SELECT %(limit)s::int)
 ),
 keyed AS MATERIALIZED (
     SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, h.held
@@ -328,19 +343,19 @@ keyed AS MATERIALIZED (
 ),
 unkeyed AS MATERIALIZED (
     SELECT per_task.*
-    FROM unnest(%(tasks)s::text[]) AS served(task)
+    FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held
         FROM {schema}.jobs j
-        WHERE j.queue = %(queue)s
+        WHERE j.queue = (SELECT %(queue)s::text)
           AND j.task = served.task
           AND j.state = 'ready'
           AND j.partition_key IS NULL
           AND j.run_at <= {schema}.db_now()  -- ready means due; a guard for rows written by hand
-          AND (%(task_versions)s::text[] IS NULL
-               OR j.task || '@' || j.version = ANY(%(task_versions)s::text[]))
+          AND ((SELECT %(task_versions)s::text[]) IS NULL
+               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
         ORDER BY j.priority, j.run_at, j.id
-        LIMIT %(limit)s
+        LIMIT (SELECT %(limit)s::int)
         FOR UPDATE OF j SKIP LOCKED
     ) AS per_task
 ),
@@ -348,9 +363,10 @@ candidates AS MATERIALIZED (
     SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed
                    UNION ALL SELECT * FROM due_unkeyed) AS all_sources
     -- A paused queue (`trioq queue pause`) claims nothing; its completions still go through.
-    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p WHERE p.queue = %(queue)s)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p
+                      WHERE p.queue = (SELECT %(queue)s::text))
     ORDER BY priority, run_at, id
-    LIMIT %(limit)s
+    LIMIT (SELECT %(limit)s::int)
 ),
 key_taken AS (
     INSERT INTO {schema}.partition_locks (queue, partition_key, job_id)
@@ -371,7 +387,7 @@ promoted AS (
 ready_notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready'
-          UNION SELECT %(queue)s::text WHERE EXISTS (SELECT 1 FROM promoted)) AS q
+          UNION SELECT (SELECT %(queue)s::text) WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 -- Children finished here wake their parents IN THIS STATEMENT (parents_notify in migration
 -- 0003 explains the rule; docs/workflows.md "Lock order" why no wake-up is lost): lock each
@@ -453,7 +469,8 @@ SELECT outcome.ids, outcome.states,
        -- The snapshot cannot see the rows settled here as scheduled/sleeping/waiting: their
        -- new run_at comes from the settlement itself.
        least((SELECT j.run_at FROM {schema}.jobs j
-              WHERE j.queue = %(queue)s AND j.state IN ('scheduled', 'sleeping', 'waiting')
+              WHERE j.queue = (SELECT %(queue)s::text)
+                AND j.state IN ('scheduled', 'sleeping', 'waiting')
                 AND j.run_at > {schema}.db_now()
                 AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
               ORDER BY j.run_at LIMIT 1),
