@@ -41,6 +41,26 @@ async def test_rows_and_types_come_back_as_from_the_threaded_fetch(pg_url: str) 
         await conn.close()
 
 
+async def test_typed_parameters_run_a_statement_written_for_psycopg_unchanged(pg_url: str) -> None:
+    # No casts: the parameters' types come from psycopg's dumpers, as in the threaded fetch
+    # (untyped, `array_length($4, 1)` could not be resolved). 25 dumps as int2 and 40,000 as
+    # int4, so the statement gets one prepared version per set of types, and both answer.
+    conn = await connect(pg_url)
+    try:
+        sql = b"SELECT $1 + 1, $2 || 'x', $3::text IS NULL, array_length($4, 1), $5 LIMIT $1"
+        for value in (25, 40_000, 25):
+            params = [value, "t", None, [1, 2, 3], 0.5]
+            native = await conn.fetch_native(sql, params, typed=True)
+            threaded = await conn.fetch_positional(sql, params)
+            assert native == threaded == [(value + 1, "tx", True, 3, 0.5)]
+        prepared = await conn.fetch_native(
+            b"SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'trioq%'", []
+        )
+    finally:
+        await conn.close()
+    assert prepared == [(3,)]  # int2, int4, and this query
+
+
 @pytest.mark.parametrize("prepare_threshold", [5, None])
 async def test_a_statement_is_prepared_once_per_session_and_never_for_pgbouncer(
     pg_url: str, prepare_threshold: int | None

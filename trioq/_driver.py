@@ -405,11 +405,14 @@ class ClaimedJob:
 class SettleAndClaimResult:
     settled: tuple[tuple[int, str], ...]  # (job id, new state) of each settlement that held
     claimed: tuple[ClaimedJob, ...]
-    now: datetime.datetime  # database time of the statement
+    now: datetime.datetime  # database time as the statement ended
     next_due: datetime.datetime | None = None  # the queue's next scheduled/sleeping/waiting run_at
     promoted: int = 0  # due rows this statement made ready (claimable from the next one)
     key_cursor: str | None = None  # the last partition key visited (None: no keyed work)
     keys_visited: int = 0  # partition keys the claim looked at (== key_window: window was full)
+    # trio's clock when the reply arrived, before its rows were decoded (None: not measured;
+    # the caller takes its own clock). The pair (now, replied_at) maps database time to trio's.
+    replied_at: float | None = None
 
     @property
     def settled_ids(self) -> tuple[int, ...]:

@@ -279,18 +279,29 @@ class Connection:
         placeholder parsing, whatever its length), and return all its rows."""
         return await self._run(partial(_fetch_positional, query=sql, params=params))
 
-    async def fetch_native(self, sql: bytes, params: list[Any]) -> list[tuple[Any, ...]]:
+    async def fetch_native(
+        self, sql: bytes, params: list[Any], *, typed: bool = False
+    ) -> list[tuple[Any, ...]]:
         """`fetch_positional` without the worker thread (trioq/_pg/native.py), for the hot
-        statements whose cost is mostly the round trip. Every parameter must be cast in the SQL
-        (they are sent untyped, as text). Cancellation behaves as for every other method."""
+        statements whose cost is mostly the round trip. Untyped, every parameter must be cast in
+        the SQL (they are sent as text); `typed`, they are sent as psycopg sends them, so any
+        statement runs. Cancellation behaves as for every other method."""
         if self._busy:
             raise trio.BusyResourceError("another task is using this connection")
         self._busy = True
         try:
             self._statements_executed += 1
-            return await native.fetch(self._raw, self._native, sql, params, self._cancel_on_server)
+            return await native.fetch(
+                self._raw, self._native, sql, params, self._cancel_on_server, typed=typed
+            )
         finally:
             self._busy = False
+
+    @property
+    def replied_at(self) -> float:
+        """trio's clock when the last `fetch_native` reply had arrived, before its rows were
+        decoded (0.0 before the first)."""
+        return self._native.replied_at
 
     async def fetchrow(self, sql: Query, params: Params | None = None) -> tuple[Any, ...] | None:
         """Run a query and return its first row, or None if it returned no rows."""

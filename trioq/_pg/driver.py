@@ -130,8 +130,26 @@ def _lease_params(lease: Lease) -> Params:
 
 def _text_array(values: Sequence[str]) -> str:
     """A text[] literal: every element double-quoted, backslashes and quotes escaped."""
-    quoted = (value.replace("\\", "\\\\").replace('"', '\\"') for value in values)
-    return "{" + ",".join(f'"{value}"' for value in quoted) + "}"
+    return "{" + ",".join([_quoted(value) for value in values]) + "}"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _nullable_array(values: Sequence[object | None]) -> str:
+    """An array literal of text, numbers or datetimes (cast in SQL) with NULL for None:
+    psycopg dumps a list of 25 strings element by element in Python (60 us per claim round
+    here), this is one join."""
+    return "{" + ",".join(["NULL" if value is None else _element(value) for value in values]) + "}"
+
+
+def _element(value: object) -> str:
+    if isinstance(value, datetime.datetime):
+        return f'"{value.isoformat()}"'
+    if isinstance(value, float | int):
+        return repr(value)
+    return _quoted(str(value))
 
 
 def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
@@ -172,10 +190,10 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
     return {
         **_lease_arrays([settlement.lease for settlement in settlements]),
         "kinds": _text_array([settlement.kind for settlement in settlements]),
-        "results": [settlement.result_json for settlement in settlements],
-        "errors": [settlement.error_json for settlement in settlements],
-        "delays": [settlement.delay_seconds for settlement in settlements],
-        "wake_ats": [settlement.wake_at for settlement in settlements],
+        "results": _nullable_array([settlement.result_json for settlement in settlements]),
+        "errors": _nullable_array([settlement.error_json for settlement in settlements]),
+        "delays": _nullable_array([settlement.delay_seconds for settlement in settlements]),
+        "wake_ats": _nullable_array([settlement.wake_at for settlement in settlements]),
         "queue": params.queue,
         "tasks": list(params.tasks),
         "limit": params.limit,
@@ -358,14 +376,17 @@ class PgDriver:
     async def _settle_rows(self, conn: Connection, params: SettleAndClaim) -> list[tuple[Any, ...]]:
         """Run the settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
         self._calls["job_settle_and_claim"] += 1
+        statement = self._positional["job_settle_and_claim"]
+        values = statement.values(settle_and_claim_params(params))
         with self._schema_required():
-            return await self._query(conn, "job_settle_and_claim", settle_and_claim_params(params))
+            return await conn.fetch_native(statement.text, values, typed=True)
 
     async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """Not retried here: a claim whose reply was lost may have committed (its rows then
         wait for lease recovery); the claim loop keeps the outcomes and retries the round."""
         async with self._pool.connection() as conn:
             rows = await self._settle_rows(conn, params)
+            replied_at = conn.replied_at
         first = rows[0]
         claimed = tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
         return SettleAndClaimResult(
@@ -374,8 +395,11 @@ class PgDriver:
             key_cursor=first[2],
             keys_visited=first[3],
             promoted=first[4],
-            now=first[5],
+            # `now` is read per row as the row is produced: the last row's is the latest, after
+            # every claimed row and its history (200 rows with history: ~6 ms after the first).
+            now=rows[-1][5],
             next_due=first[6],
+            replied_at=replied_at,
         )
 
     async def checkpoint_insert_many(

@@ -47,7 +47,7 @@ from .._driver import (
 from .checkpoints import CheckpointWriter
 from .executor import execute
 from .outcome import outcome_name, settlement_of
-from .run import Run
+from .run import Run, SharedTimers
 from .settle import SettleBuffer
 from .tasks import TaskSpec
 
@@ -148,6 +148,7 @@ class ClaimLoop:
     _poll_at: float = 0.0
     _held_poll_at: float | None = None
     _timer: trio.CancelScope | None = None
+    _timers: SharedTimers | None = None  # holds early-claimed jobs (Run.hold_until_due)
 
     # --- state the rest of the worker reads ---------------------------------------------
 
@@ -207,6 +208,7 @@ class ClaimLoop:
         """
         try:
             async with trio.open_nursery() as handlers:
+                self._timers = SharedTimers(handlers)
                 await self._loop(handlers)
         finally:
             await self._final_flush()
@@ -429,7 +431,7 @@ class ClaimLoop:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
 
     def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
-        received = trio.current_time()
+        received = trio.current_time() if result.replied_at is None else result.replied_at
         for job in result.claimed:
             stale = self.running.get(job.id)
             if stale is not None:
@@ -453,6 +455,7 @@ class ClaimLoop:
                 now=result.now,
                 confirmed_at=sent,
                 claimed_at=received,
+                timers=self._timers,
             )
             self.running[job.id] = run
             handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")
