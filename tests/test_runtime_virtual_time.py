@@ -14,6 +14,7 @@ from tests.support import running_worker
 from trioq._driver import RenewalResult, RenewLeases
 from trioq._memory import MemoryDriver
 from trioq._runtime import claim_loop
+from trioq._runtime.polls import LEAD_SECONDS, PollSharing
 
 
 def make_app() -> trioq.App:
@@ -295,3 +296,33 @@ async def test_rounds_in_flight_never_own_more_than_the_slots(
     assert status.completed == 2000
     assert most_in_flight == max_in_flight
     assert 0 < most_running <= concurrency
+
+
+class _LoopInARound:
+    """A claim loop whose round is in flight until `round_ends`; its next poll is due one
+    poll interval after that (what ClaimLoop.poll_due_at reports)."""
+
+    queue = "default"
+
+    def __init__(self, round_ends: float) -> None:
+        self.round_ends = round_ends
+
+    def poll_due_at(self) -> float | None:
+        if trio.current_time() < self.round_ends:
+            return None
+        return self.round_ends + 1.0
+
+
+async def test_a_service_waiting_to_stand_in_for_a_poll_waits_out_a_round_in_flight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Regression (idle 1.13 statements/s): a maintenance pass that woke while the loop's round
+    was in flight slept a whole poll interval and then went unaligned, next to a round (one
+    more statement, and a ping of a second pooled connection). It now waits for the poll the
+    round re-arms and goes in its place."""
+    start = trio.current_time()
+    loop = _LoopInARound(round_ends=start + 0.05)
+    sharing = PollSharing([loop], poll_interval=1.0)  # type: ignore[list-item]
+    poll_due = await sharing.wait_poll_due(at_most=2.0)
+    assert poll_due == start + 1.05
+    assert trio.current_time() == pytest.approx(poll_due - LEAD_SECONDS)

@@ -31,6 +31,11 @@ from .claim_loop import ClaimLoop
 # loop's timer is held while the statement is in flight, so this only needs to beat the timer).
 LEAD_SECONDS = 0.001
 
+# While no loop has a poll due (its round is in flight), a service waiting to stand in for one
+# looks again after this share of the poll interval.
+RECHECK_SHARE = 0.05
+RECHECK_MIN = 0.005  # seconds
+
 # A service waits for a poll to replace at most this share of its own interval, so its period
 # stays within (0.8 + 0.4 jitter + this) x interval, whatever the poll interval.
 ALIGN_SHARE = 0.2
@@ -61,14 +66,21 @@ class PollSharing:
         seconds (loops busy with work have no poll to replace; with a poll interval longer
         than the service's own, its statements come more often than polls anyway). A wake-up
         that came too late (the loop's timer fired first, as under load) waits for the loop's
-        next poll instead, within the same bound. Returns when that poll was due (None: there
-        was none to stand in for). Safe to cancel."""
+        next poll instead, within the same bound. With no poll due right now (every loop's
+        round is in flight, or they are busy with work) it looks again every `RECHECK_SHARE`
+        of a poll interval: a round in flight re-arms its loop's timer within milliseconds,
+        and the statement must not go alongside it (it would replace no poll and take a
+        second pooled connection). Returns when that poll was due (None: there was none to
+        stand in for). Safe to cancel."""
         give_up = trio.current_time() + at_most
         while True:
             due = [(at, loop) for loop in self.loops if (at := loop.poll_due_at()) is not None]
             if not due:
-                await trio.sleep_until(min(give_up, trio.current_time() + self.poll_interval))
-                return None
+                if trio.current_time() >= give_up:
+                    return None
+                recheck = trio.current_time() + max(RECHECK_MIN, RECHECK_SHARE * self.poll_interval)
+                await trio.sleep_until(min(give_up, recheck))
+                continue
             target, first = min(due, key=lambda pair: pair[0])
             if target - LEAD_SECONDS >= give_up:
                 await trio.sleep_until(give_up)
