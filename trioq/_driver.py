@@ -8,6 +8,7 @@ fails when their method sets differ from `DRIVER_METHODS`.
 from __future__ import annotations
 
 import datetime
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -99,9 +100,10 @@ class NewJobs(Sequence[NewJob]):
         )
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Lease:
-    """The fencing triple every write after a claim carries."""
+    """The fencing triple every write after a claim carries. Its hash is cached: the settle
+    buffer and the renewer key dicts and sets by lease, several times per job."""
 
     id: int
     attempt: int
@@ -396,7 +398,7 @@ class ClaimedJob:
     version: int = 1
     history: tuple[Checkpoint, ...] = ()  # loaded by the claim when the job has any
 
-    @property
+    @functools.cached_property
     def lease(self) -> Lease:
         return Lease(self.id, self.attempt, self.lease_token)
 

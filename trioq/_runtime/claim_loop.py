@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
+from .. import _tracing as tracing
 from .._core.capacity import claim_size
 from .._driver import (
     DEFAULT_KEY_WINDOW,
@@ -132,7 +133,7 @@ class ClaimLoop:
     running: dict[int, Run] = attrs.field(factory=dict)
     _settle: SettleBuffer = attrs.field(factory=SettleBuffer)
     _wake: trio.Event = attrs.field(factory=trio.Event)
-    _settled: trio.Event = attrs.field(factory=trio.Event)
+    _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _stopping: bool = False
     _rounds: int = 0
     _claimed_total: int = 0
@@ -190,7 +191,7 @@ class ClaimLoop:
     async def wait_no_running(self) -> None:
         """Wait until no handler of this queue is running (safe to cancel: leaves nothing)."""
         while self.running:
-            await self._settled.wait()
+            await self._settled.park()
 
     def stop_claiming(self) -> None:
         """Drain: claim nothing more; the loop exits once every owned job is written."""
@@ -432,6 +433,7 @@ class ClaimLoop:
 
     def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
         received = trio.current_time() if result.replied_at is None else result.replied_at
+        traced = tracing.enabled() if result.claimed else False
         for job in result.claimed:
             stale = self.running.get(job.id)
             if stale is not None:
@@ -456,6 +458,7 @@ class ClaimLoop:
                 confirmed_at=sent,
                 claimed_at=received,
                 timers=self._timers,
+                traced=traced,
             )
             self.running[job.id] = run
             handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")
@@ -478,8 +481,7 @@ class ClaimLoop:
             if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]
             self._wake.set()
-            self._settled.set()
-            self._settled = trio.Event()
+            self._settled.unpark_all()  # no waiter, no cost (an Event would be rebuilt per job)
         if self.hooks.on_job_end:
             self.hooks.on_job_end(job, outcome_name(outcome))
 

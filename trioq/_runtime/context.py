@@ -44,23 +44,30 @@ class Context:
     The durable primitives (`step`, `sleep`, `sleep_until`) are described in docs/workflows.md.
     """
 
-    __slots__ = ("_logger", "_run", "job")
+    __slots__ = ("_job", "_logger", "_run")
 
     def __init__(self, run: Run) -> None:
-        job = run.job
         self._run = run
-        self.job = JobInfo(
-            id=job.id,
-            task=job.task,
-            queue=job.queue,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            partition_key=job.partition_key,
-            priority=job.priority,
-            created_at=job.created_at,
-            version=job.version,
-        )
+        self._job: JobInfo | None = None
         self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+
+    @property
+    def job(self) -> JobInfo:
+        """The attempt being run (built on first use: handlers that never look pay nothing)."""
+        if self._job is None:
+            job = self._run.job
+            self._job = JobInfo(
+                id=job.id,
+                task=job.task,
+                queue=job.queue,
+                attempt=job.attempt,
+                max_attempts=job.max_attempts,
+                partition_key=job.partition_key,
+                priority=job.priority,
+                created_at=job.created_at,
+                version=job.version,
+            )
+        return self._job
 
     @property
     def worker_id(self) -> uuid.UUID:

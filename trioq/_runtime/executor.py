@@ -51,10 +51,9 @@ async def execute(run: Run) -> Outcome:
             if job.cancel_requested:
                 run.cancel("cancelled")
             await run.hold_until_due()
-            # The otel extra, when configured: a span linked to the enqueuer's trace (asked
-            # once per job: the check reads the environment, which shows at saturation).
+            # The otel extra, when configured: a span linked to the enqueuer's trace.
             span: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
-            if tracing.enabled():
+            if run.traced:
                 span = tracing.job_span(
                     task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
                     traceparent=await _trace_context(run),

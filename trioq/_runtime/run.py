@@ -93,6 +93,9 @@ class Run:
     # run_at measured from here, so it never starts before it.
     claimed_at: float | None = None
     timers: SharedTimers | None = None  # the claim loop's, for `hold_until_due`
+    # The otel extra is configured (a real tracer provider): asked once per claim round, not
+    # per job (the check reads the environment, which showed at saturation).
+    traced: bool = False
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     cancel_reason: str | None = None  # "lost", "unconfirmed", "cancelled", "drain"
     suspension: Suspended | None = None
