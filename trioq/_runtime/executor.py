@@ -50,7 +50,7 @@ async def execute(run: Run) -> Outcome:
         with run.scope:
             if job.cancel_requested:
                 run.cancel("cancelled")
-            await run.hold_until_due()
+            held = await run.hold_until_due()
             # The otel extra, when configured: a span linked to the enqueuer's trace.
             span: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
             if run.traced:
@@ -60,6 +60,12 @@ async def execute(run: Run) -> Outcome:
                 )  # fmt: skip
             with span as run.trace_id:
                 result = await spec.handler(Context(run), spec.load_payload(job.payload))
+                if held:
+                    # Held jobs wake in bursts (one timer for all whose sleeps end together):
+                    # yield once, so every handler of the burst resumes before any of them
+                    # does its bookkeeping (encode, settle, metrics). Shielded: the handler is
+                    # done, nothing may cancel its result now.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 result_json = codec.encode(result, root="result")
                 # Nursery semantics: a workflow completes only once every child it spawned
                 # is final (it waits durably for the ones it did not await itself).

@@ -188,19 +188,21 @@ class Run:
         value_json = codec.encode(result, root=f"step {name!r}")
         return await self.record(position, STEP, name, value_json)
 
-    async def hold_until_due(self) -> None:
+    async def hold_until_due(self) -> bool:
         """A job claimed before its run_at (a sleep's wake time, a delay or backoff ending
         within the claim's lookahead) waits in-process until then; afterwards the run's
-        database time is its run_at, so the replayed sleep finds itself over."""
+        database time is its run_at, so the replayed sleep finds itself over. True if it
+        waited."""
         early = (self.job.run_at - self.now).total_seconds()
         if early <= 0:
-            return
+            return False
         start = trio.current_time() if self.claimed_at is None else self.claimed_at
         if self.timers is None:
             await trio.sleep_until(start + early)
         else:
             await self.timers.wait_until(start + early)
         self.now = self.job.run_at
+        return True
 
     async def sleep(self, name: str, duration: datetime.timedelta) -> None:
         _check_name("sleep", name)
