@@ -46,6 +46,7 @@ from .._driver import (
     Settlement,
 )
 from .checkpoints import CheckpointWriter
+from .dbclock import DatabaseClock
 from .executor import execute
 from .outcome import outcome_name, settlement_of
 from .run import Run, SharedTimers
@@ -150,6 +151,7 @@ class ClaimLoop:
     _held_poll_at: float | None = None
     _timer: trio.CancelScope | None = None
     _timers: SharedTimers | None = None  # holds early-claimed jobs (Run.hold_until_due)
+    _db_clock: DatabaseClock = attrs.field(factory=DatabaseClock)
 
     # --- state the rest of the worker reads ---------------------------------------------
 
@@ -433,6 +435,7 @@ class ClaimLoop:
 
     def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
         received = trio.current_time() if result.replied_at is None else result.replied_at
+        self._db_clock.observe(result.now, received)
         traced = tracing.enabled() if result.claimed else False
         for job in result.claimed:
             stale = self.running.get(job.id)
@@ -456,7 +459,9 @@ class ClaimLoop:
                 checkpoints=self.checkpoints,
                 now=result.now,
                 confirmed_at=sent,
-                claimed_at=received,
+                due_at=self._db_clock.to_trio(job.run_at, received)
+                if job.run_at > result.now
+                else None,
                 timers=self._timers,
                 traced=traced,
             )

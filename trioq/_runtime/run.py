@@ -88,10 +88,9 @@ class Run:
     confirmed_at: float
     # Every task of the app, by name: ctx.spawn validates a child against its task's spec.
     tasks: Mapping[str, TaskSpec] = attrs.field(factory=dict)
-    # trio's clock when the claim's reply arrived, after the database's `now` (taken as the
-    # statement ended): a job claimed before its run_at (the claim's lookahead) is held until
-    # run_at measured from here, so it never starts before it.
-    claimed_at: float | None = None
+    # The trio time by which the job's run_at has surely passed (dbclock.py), for a job claimed
+    # before its run_at (the claim's lookahead): it is held until then, never starting early.
+    due_at: float | None = None
     timers: SharedTimers | None = None  # the claim loop's, for `hold_until_due`
     # The otel extra is configured (a real tracer provider): asked once per claim round, not
     # per job (the check reads the environment, which showed at saturation).
@@ -196,11 +195,11 @@ class Run:
         early = (self.job.run_at - self.now).total_seconds()
         if early <= 0:
             return False
-        start = trio.current_time() if self.claimed_at is None else self.claimed_at
+        deadline = trio.current_time() + early if self.due_at is None else self.due_at
         if self.timers is None:
-            await trio.sleep_until(start + early)
+            await trio.sleep_until(deadline)
         else:
-            await self.timers.wait_until(start + early)
+            await self.timers.wait_until(deadline)
         self.now = self.job.run_at
         return True
 
