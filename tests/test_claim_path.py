@@ -165,3 +165,26 @@ async def test_the_claim_keeps_one_generic_plan_on_a_table_with_statistics(
         conn.rollback()
     assert claimed == [25] * 10
     assert (custom, generic) == (5, 5)
+
+
+async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_schema: str) -> None:
+    """The same through the driver's own path (prepared once per session on a pooled
+    connection): ten claims on a table with statistics, then that session's counts."""
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        await client.enqueue_many(trioq.TaskDeclaration("noop"), [{} for _ in range(10_000)])
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for fill in SUSPENDED_FILL.format(schema=pg_schema).split(";"):
+                conn.execute(fill)
+            conn.execute(f"ANALYZE {pg_schema}.jobs")
+        claim = SettleAndClaim("default", ("noop",), 25, 30.0, uuid.uuid4())
+        claimed = [
+            len((await client.driver.job_settle_and_claim(claim)).claimed) for _ in range(10)
+        ]
+        async with client.transaction() as tx:  # the pool hands out the claims' connection
+            rows = await tx.fetch(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%partition_locks%'"
+            )
+    assert claimed == [25] * 10
+    assert [tuple(row) for row in rows] == [(5, 5)]

@@ -326,3 +326,36 @@ async def test_a_service_waiting_to_stand_in_for_a_poll_waits_out_a_round_in_fli
     poll_due = await sharing.wait_poll_due(at_most=2.0)
     assert poll_due == start + 1.05
     assert trio.current_time() == pytest.approx(poll_due - LEAD_SECONDS)
+
+
+async def test_an_idle_worker_with_a_long_lease_heartbeats_within_the_liveness_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Regression: an idle worker's heartbeat rides its maintenance pass, every lease/3 by
+    default; with a 10-minute lease that was every 200 s (280 s with jitter and alignment),
+    and `trioq status` counted the idle worker as gone after 120 s. The derived interval is
+    capped at 60 s."""
+    app = make_app()
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    driver = MemoryDriver()
+    ages: list[float] = []
+    async with (
+        app.client(driver=driver) as client,
+        running_worker(app, lease_seconds=600.0, poll_interval=1.0),
+    ):
+        for _ in range(60):  # ten virtual minutes, idle
+            await trio.sleep(10)
+            [worker] = await client.workers()
+            ages.append((driver._now() - worker.heartbeat_at).total_seconds())
+    assert max(ages) < 120, ages
+
+
+def test_a_maintenance_interval_an_idle_heartbeat_cannot_ride_is_refused() -> None:
+    with pytest.raises(ValueError, match="maintenance_interval: must be > 0 and at most 60 s"):
+        trioq.WorkerConfig(maintenance_interval=200.0)
+    assert trioq.WorkerConfig(lease_seconds=600.0).maintenance_every == 60.0
+    assert trioq.WorkerConfig(lease_seconds=30.0).maintenance_every == 10.0

@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="lease recovery and retention (None: lease / 3)",
+        help="lease recovery, retention and the idle heartbeat (default: lease / 3, at most 60)",
     )
     worker.add_argument(
         "--admission",

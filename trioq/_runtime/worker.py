@@ -39,6 +39,12 @@ from .watchdog import Watchdog
 
 log = logging.getLogger("trioq.worker")
 
+# An idle worker's heartbeat rides its election or maintenance pass (leadership.py), at most 1.4
+# maintenance intervals apart; `trioq status` and `job_unroutable` count a worker not heard
+# from for 120 s as gone. So the interval is at most 60 s (84 s between beats at worst), also
+# when derived from a long lease.
+MAX_MAINTENANCE_INTERVAL = 60.0
+
 
 class ListenerGuest(Protocol):
     """Someone in the worker's process that would otherwise open a LISTEN connection of its own
@@ -61,7 +67,7 @@ class WorkerConfig:
     poll_interval: float = 1.0
     lease_seconds: float = 30.0
     grace_seconds: float = 30.0
-    maintenance_interval: float | None = None  # default: lease_seconds / 3
+    maintenance_interval: float | None = None  # default: lease_seconds / 3, at most 60 s
     retention_seconds: float = 7 * 24 * 3600.0
     write_timeout: float = 30.0  # bound on the final writes of a drain
     # Run the scheduler when elected leader (cron schedules). Every worker stands for the
@@ -88,6 +94,12 @@ class WorkerConfig:
                 raise ValueError(f"{field}: must be > 0")
         if self.grace_seconds < 0:
             raise ValueError("grace_seconds: must be >= 0")
+        interval = self.maintenance_interval
+        if interval is not None and not 0 < interval <= MAX_MAINTENANCE_INTERVAL:
+            raise ValueError(
+                f"maintenance_interval: must be > 0 and at most {MAX_MAINTENANCE_INTERVAL:g} s"
+                " (an idle worker heartbeats with it; one silent for 120 s counts as gone)"
+            )
         validate_mode(self.admission)
 
     @property
@@ -96,7 +108,9 @@ class WorkerConfig:
 
     @property
     def maintenance_every(self) -> float:
-        return self.maintenance_interval or self.lease_seconds / 3
+        if self.maintenance_interval is not None:
+            return self.maintenance_interval
+        return min(self.lease_seconds / 3, MAX_MAINTENANCE_INTERVAL)
 
     @property
     def leader_ttl(self) -> float:

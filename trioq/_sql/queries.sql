@@ -933,8 +933,9 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- `trioq status`: the incident health list (counts) and the database pressure figures, one row.
 -- Each count is a separate scalar subquery (the planner uses the state's partial index where
 -- one exists; otherwise one pass over the unfinished rows). A worker is live while its
--- heartbeat is under 120 s old (idle workers beat every 30 s). pg_stat_* views are the
--- server's cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
+-- heartbeat is under 120 s old (an idle worker beats with its election or maintenance pass,
+-- at most 1.4 maintenance intervals of <= 60 s apart). pg_stat_* views are the server's
+-- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
 SELECT
     (SELECT count(*) FROM {schema}.jobs
      WHERE state = 'ready' AND run_at <= {schema}.db_now()),
