@@ -1,7 +1,8 @@
-"""The enqueue fast path (`job_insert_batch`): a batch without dedup keys writes exactly the rows
-the full `job_insert_many` writes, returns its ids in payload order even when batches interleave,
-and sends one ready notification per statement. Also the cheaper name CHECKs of migration 0009
-and the payload check's inline walk, each against the rule it replaced."""
+"""The enqueue fast paths (`job_insert_one` for a single job, `job_insert_batch` for a batch):
+without dedup keys they write exactly the rows the full `job_insert_many` writes, return the
+ids in payload order even when batches interleave, and send one ready notification per
+statement. Also the cheaper name CHECKs of migration 0009 and the payload check's inline walk,
+each against the rule it replaced."""
 
 from __future__ import annotations
 
@@ -51,9 +52,12 @@ async def test_insert_statement_takes_the_fast_path_only_for_a_batch_without_key
     plain = build_jobs(TASK, [{}, {}], EnqueueOptions())
     keyed = build_jobs(TASK, [{}, {}], EnqueueOptions(), dedup_keys=["a", None])
     assert insert_statement(plain)[0] == "job_insert_batch"
-    assert insert_statement(build_jobs(TASK, [{}], EnqueueOptions(), single=True))[0] == (
-        "job_insert_batch"
-    )
+    single = build_jobs(TASK, [{}], EnqueueOptions(), single=True)
+    assert insert_statement(single)[0] == "job_insert_one"
+    assert insert_statement(build_jobs(TASK, [{}], EnqueueOptions()))[0] == "job_insert_one"
+    assert insert_statement(build_jobs(TASK, [{}], EnqueueOptions(dedup_key="k"), single=True))[
+        0
+    ] == ("job_insert_many")
     assert insert_statement(keyed)[0] == "job_insert_many"
     assert insert_statement(list(plain))[0] == "job_insert_many"  # rows from anywhere else
 
@@ -97,16 +101,24 @@ async def test_fast_and_full_statements_write_identical_rows(
         full = conn.execute(statements["job_insert_many"], insert_params(list(batch))).fetchall()
         fast_ids, full_ids = [row[0] for row in fast], [row[1] for row in full]
         assert [row[2] for row in full] == [True] * len(PAYLOADS)
+        one_ids = []
+        for payload in PAYLOADS:
+            name, one_params = insert_statement(build_jobs(TASK, [payload], options, single=True))
+            assert name == "job_insert_one"
+            [(one_id, _notified)] = conn.execute(statements[name], one_params).fetchall()
+            one_ids.append(one_id)
         rows = dict(
             conn.execute(
                 f"SELECT id, to_jsonb(j) - 'id' FROM {pg_schema}.jobs j WHERE id = ANY(%s)",
-                [fast_ids + full_ids],
+                [fast_ids + full_ids + one_ids],
             ).fetchall()
         )
         conn.rollback()
-    assert len(rows) == 2 * len(PAYLOADS)
-    for fast_id, full_id, payload in zip(fast_ids, full_ids, PAYLOADS, strict=True):
-        assert rows[fast_id] == rows[full_id]
+    assert len(rows) == 3 * len(PAYLOADS)
+    for fast_id, full_id, one_id, payload in zip(
+        fast_ids, full_ids, one_ids, PAYLOADS, strict=True
+    ):
+        assert rows[fast_id] == rows[full_id] == rows[one_id]
         assert rows[fast_id]["payload"] == json.loads(codec.encode(payload))
     future = options.run_at is not None and options.run_at.year > 2050
     due_later = bool(options.delay) or future

@@ -22,6 +22,7 @@ from tests.test_pg_adapter import (
     counters,
 )
 from trioq._pg import Connection, connect, is_connection_lost, open_pool
+from trioq._pg.pool import PoolStatistics
 
 __all__ = ["app_name", "counters"]  # fixtures, imported for the tests below
 
@@ -259,3 +260,76 @@ async def test_random_cancellations_of_native_fetches_lose_no_commits(
         [app_name],
     )
     assert busy == []
+
+
+# --- Pool.fetch_native: the pool's hot path for one statement --------------------------------
+
+
+async def test_pool_fetch_native_reuses_one_connection_and_keeps_the_pools_books(
+    pg_url: str,
+) -> None:
+    """Sequential calls take the hot path on one connection; concurrent calls beyond the size
+    wait for a slot (the full path) and never hold more connections than the size."""
+    async with open_pool(pg_url, size=2) as pool:
+        pids = {(await pool.fetch_native(b"SELECT pg_backend_pid()", []))[0][0] for _ in range(20)}
+        assert len(pids) == 1
+        assert pool.statistics() == PoolStatistics(2, 1, 0, 1, 0)
+        peak = 0
+
+        async def call() -> None:
+            nonlocal peak
+            peak = max(peak, pool.statistics().in_use + 1)
+            sql = b"SELECT $2::int FROM pg_sleep($1::float8)"
+            assert await pool.fetch_native(sql, [0.01, 1]) == [(1,)]
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(call)
+        stats = pool.statistics()
+    assert peak <= 2
+    assert (stats.in_use, stats.idle, stats.opened_total, stats.replaced_total) == (0, 2, 2, 0)
+
+
+async def test_pool_fetch_native_after_an_error_or_a_cancellation_frees_its_slot(
+    pg_url: str, observer: Connection
+) -> None:
+    """A size-1 pool: a failed statement and a cancelled one each give the connection back (a
+    slot kept by either would make the next call wait forever), idle and not replaced."""
+    async with open_pool(pg_url, size=1) as pool:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await pool.fetch_native(b"SELECT 1 / $1::int", [0])
+        [(pid,)] = await pool.fetch_native(b"SELECT pg_backend_pid()", [])
+
+        async def work() -> None:
+            await pool.fetch_native(SLEEP, [5])
+
+        assert await cancel_once_sleeping(observer, pid, work) < PROMPT
+        with trio.fail_after(10):
+            assert await pool.fetch_native(b"SELECT pg_backend_pid()", []) == [(pid,)]
+        assert pool.statistics() == PoolStatistics(1, 1, 0, 1, 0)
+
+
+async def test_pool_fetch_native_replaces_a_terminated_connection_and_pings_an_old_one(
+    pg_url: str, observer: Connection
+) -> None:
+    """The hot path leaves what it cannot vouch for to `connection()`: a connection the server
+    hung up on is replaced, one idle past `ping_idle_after` is pinged first."""
+    async with open_pool(pg_url, size=1) as pool:
+        [(killed,)] = await pool.fetch_native(b"SELECT pg_backend_pid()", [])
+        assert await observer.fetchval("SELECT pg_terminate_backend(%s, 5000)", [killed])
+        [(pid,)] = await pool.fetch_native(b"SELECT pg_backend_pid()", [])
+        assert pid != killed
+        assert pool.statistics().replaced_total == 1
+    async with open_pool(pg_url, size=1, ping_idle_after=0) as pool:
+        await pool.fetch_native(b"SELECT 1", [])
+        async with pool.connection() as conn:
+            executed = conn.statistics().statements_executed
+        assert executed == 3  # the ping before the statement, the statement, the ping now
+
+
+async def test_pool_fetch_native_on_a_closed_pool_raises(pg_url: str) -> None:
+    async with open_pool(pg_url, size=1) as pool:
+        pass
+    with pytest.raises(trio.ClosedResourceError):
+        await pool.fetch_native(b"SELECT 1", [])

@@ -413,6 +413,17 @@ class Connection:
             return False
         return raw.pgconn.status == pq.ConnStatus.OK
 
+    def is_idle_nowait(self) -> bool:
+        """`is_reusable_nowait` without reading the socket: for a connection whose statement
+        has just returned (every result read), where nothing new can be waiting yet."""
+        raw = self._raw
+        return (
+            not self._busy
+            and not raw.closed
+            and raw.pgconn.transaction_status == _IDLE
+            and raw.pgconn.status == pq.ConnStatus.OK
+        )
+
     async def _run(self, call: Callable[[RawConnection], T], *, count: bool = True) -> T:
         if self._busy:
             raise trio.BusyResourceError("another task is using this connection")

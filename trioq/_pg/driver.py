@@ -155,17 +155,16 @@ def _element(value: object) -> str:
 def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
     """The statement that inserts `jobs`, and its parameters (every producer sends these).
 
-    A batch of one enqueue call without dedup keys takes the fast path, `job_insert_batch`:
-    its options as scalars and its payloads as one text[] literal (psycopg would dump a list of
-    20,000 payloads element by element: 30 ms against 2 ms). Anything else takes the full
-    `job_insert_many`, one array per column.
+    An enqueue call without dedup keys takes a fast path: `job_insert_one` for a single job
+    (scalars only), `job_insert_batch` for a batch (its options as scalars and its payloads as
+    one text[] literal: psycopg would dump a list of 20,000 payloads element by element, 30 ms
+    against 2 ms). Anything else takes the full `job_insert_many`, one array per column.
     """
     if isinstance(jobs, NewJobs) and jobs.dedup_keys is None:
         job = jobs.template
-        return "job_insert_batch", {
+        params = {
             "queue": job.queue,
             "task": job.task,
-            "payloads": _text_array(jobs.payloads),
             "priority": job.priority,
             "run_at": job.run_at,
             "delay": job.delay_seconds,
@@ -174,12 +173,21 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
             "version": job.version,
             "trace_context": job.trace_context,
         }
+        if len(jobs.payloads) == 1:
+            params["payload"] = jobs.payloads[0]
+            return "job_insert_one", params
+        params["payloads"] = _text_array(jobs.payloads)
+        return "job_insert_batch", params
     return "job_insert_many", insert_params(jobs)
+
+
+# The statements of the fast paths, run on the native libpq path (no thread hop).
+NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
 
 
 def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]:
     """The result rows of `insert_statement`'s statement, in the order of its jobs."""
-    if name == "job_insert_batch":
+    if name in NATIVE_INSERTS:
         return [InsertedJob(row[0], True) for row in rows]
     return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
@@ -359,7 +367,7 @@ class PgDriver:
         self._calls["job_insert_many"] += 1
         name, params = insert_statement(jobs)
         with self._schema_required():
-            if name == "job_insert_batch":  # the single-enqueue hot path: no thread hop
+            if name in NATIVE_INSERTS:  # the enqueue hot path: no thread hop
                 statement = self._positional[name]
                 rows = await conn.fetch_native(statement.text, statement.values(params))
             else:
@@ -367,8 +375,16 @@ class PgDriver:
         return inserted_jobs(name, rows)
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
-        async with self._pool.connection() as conn:
-            return await self._insert(conn, jobs)
+        self._calls["job_insert_many"] += 1
+        name, params = insert_statement(jobs)
+        with self._schema_required():
+            if name in NATIVE_INSERTS:  # the enqueue hot path: no thread hop, no pool context
+                statement = self._positional[name]
+                rows = await self._pool.fetch_native(statement.text, statement.values(params))
+            else:
+                async with self._pool.connection() as conn:
+                    rows = await self._query(conn, name, params)
+        return inserted_jobs(name, rows)
 
     def is_connection_lost(self, exc: BaseException) -> bool:
         return is_connection_lost(exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Unpack
+from typing import Any, Unpack
 
 import attrs
 import psycopg
@@ -103,6 +103,60 @@ class Pool:
                     await self._checkin(conn, replace_if_unusable=True)
                 finally:
                     self._slots.release()
+
+    async def fetch_native(self, sql: bytes, params: list[Any]) -> list[tuple[Any, ...]]:
+        """`Connection.fetch_native` on a borrowed connection: `connection()` for one statement.
+
+        The hot path (a free slot and an idle connection that needs no ping) takes and returns
+        the connection without awaiting anything of its own: the statement's I/O wait is the
+        call's checkpoint. For a single enqueue that is most of the pool's cost (the context
+        manager, a scheduling round to take the slot, two shielded cancel scopes: measured
+        about 25 us of CPU per call against 5 us). Anything else (no slot or no idle
+        connection, one to ping or replace, a statement that failed or was cancelled, a closed
+        pool) takes `connection()`'s path, with its guarantees.
+        """
+        conn = self._take_nowait()
+        if conn is None:
+            async with self.connection() as borrowed:
+                return await borrowed.fetch_native(sql, params)
+        self._in_use += 1
+        try:
+            rows = await conn.fetch_native(sql, params)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                self._in_use -= 1
+                try:
+                    await self._checkin(conn, replace_if_unusable=True)
+                finally:
+                    self._slots.release()
+            raise
+        self._in_use -= 1
+        if self._closed or not conn.is_idle_nowait():
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._checkin(conn, replace_if_unusable=True)
+                finally:
+                    self._slots.release()
+        else:
+            self._idle.append(_IdleConnection(conn, trio.current_time()))
+            self._slots.release()
+        return rows
+
+    def _take_nowait(self) -> Connection | None:
+        """The most recent idle connection with its slot, if both are free and it needs no
+        ping; else None (and nothing taken)."""
+        if self._closed:
+            raise trio.ClosedResourceError("the pool is closed")
+        if not self._idle or self._slots.value == 0:  # value > 0: nobody waits for a slot
+            return None
+        entry = self._idle[-1]
+        if trio.current_time() - entry.idle_since >= self._ping_idle_after:
+            return None
+        if not entry.connection.is_reusable_nowait():
+            return None
+        self._slots.acquire_nowait()
+        self._idle.pop()
+        return entry.connection
 
     async def _checkout(self) -> Connection:
         while self._idle:
