@@ -22,7 +22,13 @@ from tests.test_enqueue import listening, notifications_until
 from trioq._core import codec
 from trioq._core.errors import PayloadError
 from trioq._driver import NewJob, NewJobs
-from trioq._enqueue import EnqueueOptions, TaskDeclaration, build_jobs
+from trioq._enqueue import (
+    FINISHED_STATES,
+    UNFINISHED_STATES,
+    EnqueueOptions,
+    TaskDeclaration,
+    build_jobs,
+)
 from trioq._pg.driver import insert_params, insert_statement
 from trioq._sql import queries
 
@@ -331,3 +337,67 @@ def test_encode_accepts_and_refuses_exactly_what_the_plain_walk_did(value: Any) 
 def test_encode_refuses_nesting_at_the_same_depth_as_before(depth: int, leaf: Any) -> None:
     value = nested(depth, leaf)
     assert outcome(codec.encode, value) == outcome(reference_encode, value)
+
+
+# --- migration 0012: the state, run_at and unique_states CHECKs against the rules they replaced
+
+
+OLD_STATE_RULES = {
+    "jobs_state_check": "state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting',"
+    " 'completed', 'failed', 'cancelled')",
+    "jobs_run_at_check": "run_at IS NOT NULL OR state IN ('waiting', 'completed', 'failed',"
+    " 'cancelled')",
+    "jobs_unique_states_check": "unique_states <@ ARRAY['completed', 'failed', 'cancelled']",
+}
+CANDIDATE_STATES = [*FINISHED_STATES, *UNFINISHED_STATES, "Ready", "", "ready ", "done", None]
+STATE_CASES = [
+    *[
+        (state, run_at, unique_states)
+        for state in CANDIDATE_STATES
+        for run_at in ["2030-01-01 00:00+00", None]
+        for unique_states in [[], ["completed"]]
+    ],
+    *[
+        ("ready", "2030-01-01 00:00+00", unique_states)
+        for unique_states in [
+            ["completed", "failed", "cancelled"],
+            ["failed", "failed"],
+            ["ready"],
+            ["completed", "running"],
+            ["Completed"],
+            [None],
+            ["completed", None],
+            None,
+        ]
+    ],
+]
+
+
+async def test_the_state_checks_accept_exactly_what_the_old_rules_accepted(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Migration 0012 rewrote three CHECKs with array constants (same rules, cheaper to
+    prepare): on every case, each new CHECK as stored evaluates as the rule it replaced (a
+    CHECK fails only on false: NULL passes, so NULL and true are compared as passing)."""
+    async with make_app(pg_url, pg_schema).client(migrate=True):
+        pass
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        stored = dict(
+            conn.execute(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conrelid = %s::regclass AND conname = ANY(%s)",
+                [f"{pg_schema}.jobs", list(OLD_STATE_RULES)],
+            ).fetchall()
+        )
+        assert set(stored) == set(OLD_STATE_RULES)
+        for name, old_rule in OLD_STATE_RULES.items():
+            new_rule = stored[name].removeprefix("CHECK ").removesuffix(" NOT VALID")
+            assert "ARRAY[" not in new_rule and " IN (" not in new_rule
+            for case in STATE_CASES:
+                old, new = conn.execute(
+                    f"SELECT coalesce({old_rule}, true), coalesce({new_rule}, true)"
+                    " FROM (VALUES (%s::text, %s::timestamptz, %s::text[]))"
+                    " AS row(state, run_at, unique_states)",
+                    list(case),
+                ).fetchone() or (None, None)
+                assert (name, case, new) == (name, case, old)

@@ -29,6 +29,7 @@ UNFINISHED_STATES = ("scheduled", "ready", "running", "sleeping", "waiting")
 # With `unique_for` and no `unique_states`, a key stays taken by a *completed* job for the
 # period (Oban's default too): a failed or cancelled job never blocks doing the work again.
 DEFAULT_UNIQUE_FOR_STATES = ("completed",)
+NO_UNIQUE_STATES: tuple[str, ...] = ()
 
 
 class TaskLike(Protocol):
@@ -135,9 +136,18 @@ def build_jobs(
         raise ValueError("run_at: must be timezone-aware (database time is UTC)")
     delay = _seconds("delay", options.delay)
     partition_key = validate_key("partition_key", options.partition_key)
-    keys = _dedup_keys(options.dedup_key, dedup_keys, len(payloads), single)
-    unique_for = _seconds("unique_for", options.unique_for)
-    unique_states = _unique_states(options.unique_states, unique_for, any(keys))
+    if (
+        dedup_keys is None
+        and options.dedup_key is None
+        and options.unique_for is None
+        and options.unique_states is None
+    ):  # no uniqueness at all (most calls): nothing of it to validate
+        keys: list[str | None] = []
+        unique_for, unique_states = None, NO_UNIQUE_STATES
+    else:
+        keys = _dedup_keys(options.dedup_key, dedup_keys, len(payloads), single)
+        unique_for = _seconds("unique_for", options.unique_for)
+        unique_states = _unique_states(options.unique_states, unique_for, any(keys))
     for index, payload in enumerate(payloads):
         check_payload_type(spec, payload, "$" if single else f"[{index}]")
     template = NewJob(

@@ -37,7 +37,14 @@ def enabled() -> bool:
 
 def current_traceparent() -> str | None:
     """The caller's trace context as a `traceparent` header value, or None."""
-    if not enabled():
+    if not available():
+        return None
+    import opentelemetry.trace as trace
+
+    # No valid current span (none open, or only the API's no-op ones): nothing to propagate.
+    # Checked first because it is the common case and costs a third of `enabled()`, on the
+    # path of every enqueue.
+    if not trace.get_current_span().get_span_context().is_valid or not enabled():
         return None
     import opentelemetry.propagate as propagate
 
