@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tests.support import make_app
 from tests.test_enqueue import listening, notifications_until
 from trioq._core import codec
-from trioq._core.errors import PayloadError
+from trioq._core.errors import PayloadError, SchemaNotMigrated
 from trioq._driver import NewJob, NewJobs
 from trioq._enqueue import (
     FINISHED_STATES,
@@ -401,3 +401,32 @@ async def test_the_state_checks_accept_exactly_what_the_old_rules_accepted(
                     list(case),
                 ).fetchone() or (None, None)
                 assert (name, case, new) == (name, case, old)
+
+
+async def test_the_prepared_single_enqueue_survives_schema_changes_on_its_session(
+    pg_url: str, pg_schema: str
+) -> None:
+    """`job_insert_one` is prepared once per session: after a later migration alters the jobs
+    table, and after the schema is dropped (the enqueue says to migrate) and migrated again,
+    the same pooled session enqueues again (PostgreSQL re-plans a prepared statement whose
+    tables changed; its result columns are named, so a new column does not change them)."""
+    app = make_app(pg_url, pg_schema, pool_size=1)
+    async with app.client(migrate=True) as client:
+        first = await client.enqueue(TASK, {"n": 1})
+        async with client.driver._pool.connection() as conn:  # type: ignore[attr-defined]
+            prepared = await conn.fetch("SELECT statement FROM pg_prepared_statements")
+        assert any(f'INSERT INTO "{pg_schema}".jobs' in row[0] for row in prepared)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"ALTER TABLE {pg_schema}.jobs ADD COLUMN extra integer DEFAULT 7")
+            second = await client.enqueue(TASK, {"n": 2})
+            admin.execute(f"DROP SCHEMA {pg_schema} CASCADE")
+            with pytest.raises(SchemaNotMigrated, match="trioq migrate"):
+                await client.enqueue(TASK, {"n": 3})
+        await client.driver.migrate()
+        third = await client.enqueue(TASK, {"n": 4})
+        pool = client.driver._pool  # type: ignore[attr-defined]
+        assert pool.statistics().opened_total == 1  # one session throughout
+    assert second.id > first.id and third.created
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        stored = conn.execute(f"SELECT id, payload FROM {pg_schema}.jobs").fetchall()
+    assert stored == [(third.id, {"n": 4})]
