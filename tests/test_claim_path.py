@@ -188,3 +188,35 @@ async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_sch
             )
     assert claimed == [25] * 10
     assert [tuple(row) for row in rows] == [(5, 5)]
+
+
+async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_primary_key(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A worker that starts on an empty queue has its claim's generic plan made then; before,
+    the keyed source joined jobs to the heads with a seq scan of jobs as the outer side, so
+    that plan read every row of the backlog that arrived later at every claim. The plan
+    (auto_explain, as a notice) of the keyed source has no seq scan."""
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True):
+        pass
+    statement = queries(pg_schema)["job_settle_and_claim"]
+    params = settle_and_claim_params(SettleAndClaim("default", ("noop",), 25, 30.0, uuid.uuid4()))
+    plans: list[str] = []
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(statement, params, prepare=True)  # planned on the empty table
+        conn.execute(
+            f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, priority, run_at,"
+            " created_at) SELECT 'default', 'noop', '{}', 'ready', 0, now(), now()"
+            " FROM generate_series(1, 3000)"
+        )
+        conn.execute("LOAD 'auto_explain'")
+        for setting in ("log_min_duration = 0", "log_level = notice"):
+            conn.execute(f"SET auto_explain.{setting}")
+        conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+        claimed = conn.execute(statement, params, prepare=True).fetchall()
+    [plan] = [text for text in plans if "CTE keyed" in text]
+    keyed = plan.split("CTE keyed")[1].split("CTE unkeyed")[0]
+    assert len(claimed) == 25
+    assert "Seq Scan" not in keyed, keyed

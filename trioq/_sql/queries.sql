@@ -355,12 +355,19 @@ heads AS MATERIALIZED (
     ORDER BY head.priority, head.run_at, head.id
     LIMIT 2 * (SELECT %(limit)s::int)
 ),
+-- Driven from the heads, one primary-key probe each (a join left to the planner took a seq scan
+-- of jobs as its outer side in a generic plan made while the table was empty: every row of a
+-- later backlog read at every claim).
 keyed AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, h.held
-    FROM {schema}.jobs j
-    JOIN heads h ON h.id = j.id AND h.attempt = j.attempt
-    WHERE j.state = 'ready' AND j.run_at <= {schema}.db_now()
-    FOR UPDATE OF j SKIP LOCKED
+    SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+        FROM {schema}.jobs j
+        WHERE j.id = h.id AND j.attempt = h.attempt
+          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+        FOR UPDATE SKIP LOCKED
+    ) AS locked
 ),
 unkeyed AS MATERIALIZED (
     SELECT per_task.*
