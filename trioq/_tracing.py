@@ -35,16 +35,23 @@ def enabled() -> bool:
     return type(provider).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
 
 
+@functools.cache
+def _trace_api() -> Any:
+    """`opentelemetry.trace`, imported once (an import statement on every enqueue showed up in
+    its profile)."""
+    import opentelemetry.trace as trace
+
+    return trace
+
+
 def current_traceparent() -> str | None:
     """The caller's trace context as a `traceparent` header value, or None."""
     if not available():
         return None
-    import opentelemetry.trace as trace
-
     # No valid current span (none open, or only the API's no-op ones): nothing to propagate.
     # Checked first because it is the common case and costs a third of `enabled()`, on the
     # path of every enqueue.
-    if not trace.get_current_span().get_span_context().is_valid or not enabled():
+    if not _trace_api().get_current_span().get_span_context().is_valid or not enabled():
         return None
     import opentelemetry.propagate as propagate
 

@@ -127,11 +127,13 @@ async def fetch(
 
 
 def _missing_statement(results: list[pq.abc.PGresult]) -> bool:
-    return any(
-        result.status == pq.ExecStatus.FATAL_ERROR
-        and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"  # no such statement
-        for result in results
-    )
+    for result in results:  # a loop, not any(genexpr): this runs on every hot statement
+        if (
+            result.status == pq.ExecStatus.FATAL_ERROR
+            and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"  # no such statement
+        ):
+            return True
+    return False
 
 
 def _rows(
