@@ -2,8 +2,9 @@
 
 `Connection` normally runs each call in a worker thread (trioq/_pg/threads.py): a thread start
 and a wake-up of the trio loop per statement, about 60-140 us of a single enqueue's 300-600 us
-on a durable cluster (measured: 2,011 vs 2,785 statements/s for the same insert). For the
-statements where that matters, this module does the same work on libpq's non-blocking API
+on a durable cluster (measured: 2,011 vs 2,785 statements/s for the same insert). Every named
+statement with parameters (the driver's `_query`: claims, checkpoints, renewals, enqueues) goes
+through this module instead, which does the same work on libpq's non-blocking API
 (psycopg's public `pq` layer, which psycopg itself already set non-blocking at connect): send,
 flush while the socket is writable, read while it is readable, all with trio's own I/O waits.
 psycopg has no trio support of its own (its async connection needs asyncio), which is why this
