@@ -404,7 +404,7 @@ class PgDriver:
         async with self._pool.connection() as conn:
             rows = await self._settle_rows(conn, params)
             replied_at = conn.replied_at
-        first = rows[0]
+        first = next(row for row in rows if row[0] is not None)  # the outcome's row
         claimed = tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
         return SettleAndClaimResult(
             settled=tuple(zip(first[0], first[1], strict=True)),
