@@ -333,3 +333,44 @@ async def test_pool_fetch_native_on_a_closed_pool_raises(pg_url: str) -> None:
         pass
     with pytest.raises(trio.ClosedResourceError):
         await pool.fetch_native(b"SELECT 1", [])
+
+
+async def test_a_session_lets_go_of_its_last_result(pg_url: str) -> None:
+    # The per-session transformer must not keep the last reply's rows alive on an idle
+    # pooled connection (a 200-row claim with history can be megabytes).
+    conn = await connect(pg_url)
+    try:
+        rows = await conn.fetch_native(b"SELECT repeat('x', 1000) FROM generate_series(1, 50)", [])
+        assert len(rows) == 50
+        transformer = conn._native.transformer(conn._raw)
+        assert transformer.pgresult is None
+    finally:
+        await conn.close()
+
+
+async def test_settlement_array_literals_round_trip_through_postgres(pg_url: str) -> None:
+    import datetime
+
+    from trioq._pg.driver import _nullable_array
+
+    class Float(float):  # numpy's float64 is one: its repr is np.float64(1.5)
+        def __repr__(self) -> str:
+            return f"Float({float(self)})"
+
+    texts = ['{"a": "\\\\ \\" , } NULL"}', "", "NULL", "ünïcode", None]
+    when = datetime.datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=datetime.UTC)
+    conn = await connect(pg_url)
+    try:
+        rows = await conn.fetch_native(
+            b"SELECT $1::text[], $2::float8[], $3::timestamptz[]",
+            [
+                _nullable_array(texts),
+                _nullable_array([Float(1.5), None, 2]),
+                _nullable_array([when, None]),
+            ],
+        )
+    finally:
+        await conn.close()
+    assert rows == [(texts, [1.5, None, 2.0], [when, None])]
+    with pytest.raises(TypeError, match="array element True"):
+        _nullable_array([True])

@@ -147,9 +147,11 @@ def _nullable_array(values: Sequence[object | None]) -> str:
 def _element(value: object) -> str:
     if isinstance(value, datetime.datetime):
         return f'"{value.isoformat()}"'
-    if isinstance(value, float | int):
-        return repr(value)
-    return _quoted(str(value))
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return repr(float(value))  # a float subclass (numpy) would repr as np.float64(1.5)
+    if isinstance(value, str):
+        return _quoted(value)
+    raise TypeError(f"array element {value!r}: expected str, a number or a datetime")
 
 
 def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:

@@ -146,7 +146,12 @@ def _rows(
             raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
         if result.status == pq.ExecStatus.TUPLES_OK:
             transformer.set_pgresult(result)
-            rows = transformer.load_rows(0, result.ntuples, tuple)
+            try:
+                rows = transformer.load_rows(0, result.ntuples, tuple)
+            finally:
+                # The transformer lives as long as the session: let go of the result, or an
+                # idle pooled connection would keep its last (perhaps large) one in memory.
+                transformer.set_pgresult(None)
     return rows
 
 

@@ -435,7 +435,7 @@ class ClaimLoop:
 
     def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
         received = trio.current_time() if result.replied_at is None else result.replied_at
-        self._db_clock.observe(result.now, received)
+        self._db_clock.observe(result.now, sent, received)
         traced = tracing.enabled() if result.claimed else False
         for job in result.claimed:
             stale = self.running.get(job.id)
@@ -459,9 +459,7 @@ class ClaimLoop:
                 checkpoints=self.checkpoints,
                 now=result.now,
                 confirmed_at=sent,
-                due_at=self._db_clock.to_trio(job.run_at, received)
-                if job.run_at > result.now
-                else None,
+                due_at=self._db_clock.to_trio(job.run_at) if job.run_at > result.now else None,
                 timers=self._timers,
                 traced=traced,
             )

@@ -1,16 +1,19 @@
 """Database time on trio's clock, for holding early-claimed jobs until their run_at.
 
-Every claim round brackets the database's clock: its reply carries the database time as the
-statement ended (`now`, the last row's), and it arrived at trio time `replied_at`, later than
-that moment by the commit (its WAL flush: 1-7 ms for a 200-row claim on a durable cluster) and
-the trip back. So `replied_at - now` is an upper bound of the offset between the two clocks, and
-a job held until `run_at + bound` never starts before its run_at. One round's bound is late by
-that round's commit; the smallest bound of the recent rounds is late only by the quickest one
-(a fraction of a ms), which is what this keeps.
+Every claim round brackets the database's clock. It was sent at trio time `sent_at`, before the
+database read its `now` (the last row's: the statement's end), and its reply arrived at
+`replied_at`, after it: the offset between the two clocks (trio minus database) lies in
+[`sent_at - now`, `replied_at - now`]. A job held until `run_at + upper bound` never starts
+before its run_at. One round's upper bound is late by that round's commit (its WAL flush: 1-7 ms
+for a 200-row claim on a durable cluster) and trip back; the smallest upper bound of the recent
+rounds is late only by the quickest of them (a fraction of a ms), which is what this keeps.
 
-Clocks drift (the database's wall clock is slewed by NTP; trio's is monotonic): a bound ages by
-an allowance of `DRIFT_PER_SECOND` (100 ppm, beyond any sane slew), and bounds older than
-`WINDOW_SECONDS` are dropped, so an old tight bound can never make a job start early.
+An old bound is only as good as the clocks' agreement since it was taken. The database's wall
+clock may be slewed by NTP or stepped (a failover to a host whose clock differs, a resume):
+- a bound ages by `DRIFT_PER_SECOND` (500 ppm, ntpd's largest slew) from when it was taken to
+  the release it maps, and lives at most `WINDOW_SECONDS`;
+- a bound below the newest round's LOWER bound contradicts it (the database clock stepped back,
+  or drifted faster than allowed): it is dropped, and so is every older one.
 """
 
 from __future__ import annotations
@@ -20,26 +23,40 @@ import datetime
 
 import attrs
 
-DRIFT_PER_SECOND = 1e-4
-WINDOW_SECONDS = 10.0
-MAX_BOUNDS = 64
+DRIFT_PER_SECOND = 5e-4
+WINDOW_SECONDS = 2.0
+MAX_BOUNDS = 32
 
 
 @attrs.define(eq=False)
 class DatabaseClock:
     _bounds: collections.deque[tuple[float, float]] = attrs.field(
         factory=lambda: collections.deque(maxlen=MAX_BOUNDS)
-    )  # (trio time of the reply, offset bound)
+    )  # (trio time of the reply, upper bound of the offset), oldest first
 
-    def observe(self, db_now: datetime.datetime, replied_at: float) -> None:
-        """A reply that arrived at trio time `replied_at` carried database time `db_now`."""
-        bounds = self._bounds
-        while bounds and replied_at - bounds[0][0] > WINDOW_SECONDS:
-            bounds.popleft()
-        bounds.append((replied_at, replied_at - db_now.timestamp()))
+    def observe(self, db_now: datetime.datetime, sent_at: float, replied_at: float) -> None:
+        """A round sent at trio time `sent_at` whose reply, carrying database time `db_now`,
+        arrived at `replied_at`."""
+        now = db_now.timestamp()
+        lower = sent_at - now
+        kept = [
+            bound
+            for bound in self._bounds
+            if replied_at - bound[0] <= WINDOW_SECONDS and _aged(bound, replied_at) >= lower
+        ]
+        self._bounds = collections.deque(kept, maxlen=MAX_BOUNDS)
+        self._bounds.append((replied_at, replied_at - now))
 
-    def to_trio(self, db_time: datetime.datetime, at: float) -> float:
-        """The trio time by which `db_time` has surely passed, as known at trio time `at`
-        (after at least one `observe`)."""
-        offset = min(bound + (at - seen) * DRIFT_PER_SECOND for seen, bound in self._bounds)
-        return db_time.timestamp() + offset
+    def to_trio(self, db_time: datetime.datetime) -> float:
+        """The trio time by which `db_time` has surely passed (after at least one
+        `observe`): each bound aged to the release it maps."""
+        target = db_time.timestamp()
+        return min(
+            target + bound + max(0.0, target + bound - seen) * DRIFT_PER_SECOND
+            for seen, bound in self._bounds
+        )
+
+
+def _aged(bound: tuple[float, float], at: float) -> float:
+    seen, offset = bound
+    return offset + max(0.0, at - seen) * DRIFT_PER_SECOND

@@ -63,6 +63,10 @@ class SharedTimers:
     _events: dict[float, trio.Event] = attrs.field(factory=dict)
 
     async def wait_until(self, deadline: float) -> None:
+        if deadline <= trio.current_time():
+            await trio.lowlevel.checkpoint()
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled waiter starts no timer
         event = self._events.get(deadline)
         if event is None:
             event = self._events[deadline] = trio.Event()
