@@ -242,6 +242,7 @@ class Connection:
     _in_transaction_block: bool = attrs.field(default=False, init=False)
     _statements_executed: int = attrs.field(default=0, init=False)
     _native: native.NativeStatements = attrs.field(factory=native.NativeStatements, init=False)
+    _poll: tuple[int, select.poll] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._backend_pid = self._raw.info.backend_pid
@@ -403,8 +404,7 @@ class Connection:
             # sees one or both, so read until nothing is left (a few reads at most).
             # poll(), not select(): select() cannot watch a descriptor above FD_SETSIZE (1024),
             # which a busy process reaches easily, and then raises ValueError.
-            poller = select.poll()
-            poller.register(raw.pgconn.socket, select.POLLIN)
+            poller = self._poller(raw.pgconn.socket)
             for _ in range(4):
                 if not poller.poll(0):
                     break
@@ -412,6 +412,15 @@ class Connection:
         except (OSError, psycopg.OperationalError):
             return False
         return raw.pgconn.status == pq.ConnStatus.OK
+
+    def _poller(self, fd: int) -> select.poll:
+        """A poll object watching `fd`, kept for the session: building one per check showed
+        at ~5% of a single enqueue's Python time."""
+        if self._poll is None or self._poll[0] != fd:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            self._poll = (fd, poller)
+        return self._poll[1]
 
     def is_idle_nowait(self) -> bool:
         """`is_reusable_nowait` without reading the socket: for a connection whose statement
