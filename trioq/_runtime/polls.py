@@ -36,6 +36,11 @@ LEAD_SECONDS = 0.001
 RECHECK_SHARE = 0.05
 RECHECK_MIN = 0.005  # seconds
 
+# The poll a service is about to stand in for is held this share of the poll interval past its
+# due time (the only case where two looks at a queue are more than an interval apart: a service
+# statement sent late by a busy event loop, at most this much).
+HOLD_SHARE = 0.05
+
 # A service waits for a poll to replace at most this share of its own interval, so its period
 # stays within (0.8 + 0.4 jitter + this) x interval, whatever the poll interval.
 ALIGN_SHARE = 0.2
@@ -85,8 +90,13 @@ class PollSharing:
             if target - LEAD_SECONDS >= give_up:
                 await trio.sleep_until(give_up)
                 return None
+            # Hold that poll a little past its time, so a late wake-up of this task (a busy
+            # event loop runs both expired sleeps in one batch, in no fixed order) still
+            # finds it waiting rather than losing the race to the loop's timer.
+            held = target + max(RECHECK_MIN, HOLD_SHARE * self.poll_interval)
+            first.defer_poll(held - self.poll_interval)
             await trio.sleep_until(target - LEAD_SECONDS)
-            if first.poll_due_at() == target:
+            if first.poll_due_at() == held:
                 return target  # that poll has not run: this statement goes in its place
 
     @contextlib.contextmanager
