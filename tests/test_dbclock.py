@@ -65,12 +65,19 @@ def test_a_frozen_database_clock_keeps_holding_jobs_until_their_run_at() -> None
     assert clock.to_trio(db(1.2)) >= last_reply + 0.2
 
 
+# A database clock is slewed (drift, up to the allowance) or stepped (ntpd and chrony step only
+# beyond 128 ms). What a step back hides inside a round's bracket cannot be told apart (see
+# dbclock.py): a held job is then early by at most the newest round's `sent_at -> now` time.
+STEPS = st.one_of(st.just(0.0), st.floats(0.128, 0.3), st.floats(-0.3, -0.128))
+SENT_BEFORE = 0.0001  # the model's statements read the database clock 0.1 ms after sending
+
+
 @given(
     st.lists(
         st.tuples(
             st.floats(0.0, 0.05),  # reply latency
             st.floats(0.0, 1.5),  # gap to the next round
-            st.floats(-0.3, 0.3),  # a step of the database clock before the round
+            STEPS,  # a step of the database clock before the round
             st.floats(-DRIFT_PER_SECOND, DRIFT_PER_SECOND),  # drift rate since the last round
         ),
         min_size=1,
@@ -78,15 +85,17 @@ def test_a_frozen_database_clock_keeps_holding_jobs_until_their_run_at() -> None
     ),
     st.floats(0.0, 0.25),
 )
-def test_a_held_job_is_never_released_before_its_run_at(
+def test_a_held_job_is_released_before_its_run_at_only_within_a_stepped_clocks_bracket(
     rounds: list[tuple[float, float, float, float]], ahead: float
 ) -> None:
     clock = DatabaseClock()
-    trio_now, offset, db_seconds = OFFSET, OFFSET, 0.0
+    trio_now, offset, db_seconds, elapsed = OFFSET, OFFSET, 0.0, 0.0
     for latency, gap, step, drift in rounds:
-        offset += step + drift * gap
+        offset += step + drift * elapsed  # slewed over the time since the last round
         db_seconds = trio_now - offset
-        clock.observe(db(db_seconds), trio_now - 0.0001, trio_now + latency)
+        clock.observe(db(db_seconds), trio_now - SENT_BEFORE, trio_now + latency)
         trio_now += latency + gap
+        elapsed = latency + gap
     due = db_seconds + ahead
-    assert clock.to_trio(db(due)) >= offset + due - 1e-6
+    stepped = any(step for _, _, step, _ in rounds)
+    assert clock.to_trio(db(due)) >= offset + due - (SENT_BEFORE if stepped else 0) - 1e-6

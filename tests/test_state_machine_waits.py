@@ -192,6 +192,10 @@ class WaitsMachine(DifferentialMachine):
             if record.state != "waiting":
                 del self.child_waits[parent]
                 continue
+            if parent in self.tree_cancelled:
+                # A cancel turned the wait into "until every child has ended" (job_cancel_tree):
+                # a child failing or being cancelled no longer wakes it (checked below).
+                continue
             states = [rows[child].state for child in waited]  # type: ignore[union-attr]
             settled = all(state in FINAL for state in states)
             failed = stop_on_failure and any(state in ("failed", "cancelled") for state in states)

@@ -13,7 +13,11 @@ clock may be slewed by NTP or stepped (a failover to a host whose clock differs,
 - a bound ages by `DRIFT_PER_SECOND` (500 ppm, ntpd's largest slew) from when it was taken to
   the release it maps, and lives at most `WINDOW_SECONDS`;
 - a bound below the newest round's LOWER bound contradicts it (the database clock stepped back,
-  or drifted faster than allowed): it is dropped, and so is every older one.
+  or drifted faster than allowed): it is dropped.
+What a step back hides inside the newest round's bracket cannot be told apart: after one, a held
+job may start up to that round's `sent_at -> now` time (its checkout and statement: about a ms)
+before its run_at. Without steps (NTP steps only beyond 128 ms; it slews smaller corrections,
+which the allowance covers) it never starts early.
 """
 
 from __future__ import annotations
