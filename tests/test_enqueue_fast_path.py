@@ -105,7 +105,8 @@ async def test_fast_and_full_statements_write_identical_rows(
     with psycopg.connect(pg_url) as conn:  # one transaction, rolled back
         fast = conn.execute(statements["job_insert_batch"], fast_params).fetchall()
         full = conn.execute(statements["job_insert_many"], insert_params(list(batch))).fetchall()
-        fast_ids, full_ids = [row[0] for row in fast], [row[1] for row in full]
+        [(fast_ids, _sent)] = fast  # one row: the ids as one array, in payload order
+        full_ids = [row[1] for row in full]
         assert [row[2] for row in full] == [True] * len(PAYLOADS)
         one_ids = []
         for payload in PAYLOADS:

@@ -189,6 +189,8 @@ NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
 
 def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]:
     """The result rows of `insert_statement`'s statement, in the order of its jobs."""
+    if name == "job_insert_batch":  # one row: the ids in payload order, as one array
+        return [InsertedJob(job_id, True) for job_id in rows[0][0]]
     if name in NATIVE_INSERTS:
         return [InsertedJob(row[0], True) for row in rows]
     return [InsertedJob(id=row[1], created=row[2]) for row in rows]

@@ -120,11 +120,12 @@ WITH inserted AS (
     ORDER BY p.ord
     RETURNING j.id, j.state
 )
-SELECT i.id, n.sent
-FROM inserted i,
-     (SELECT count(pg_notify({schema}.ready_channel(%(queue)s::text), %(queue)s::text)) AS sent
-      FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS n
-ORDER BY i.id;
+-- The ids come back as ONE array (one row), not one row per job: decoding 20,000 result rows
+-- took 36 ms of a 20,000-row enqueue_many's client time, the array about 2.
+SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
+       (SELECT count(pg_notify({schema}.ready_channel(%(queue)s::text), %(queue)s::text))
+        FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
+FROM inserted i;
 
 -- name: job_insert_one
 -- The single `enqueue` without a dedup key: job_insert_batch for exactly one payload, without
