@@ -97,12 +97,16 @@ class Pool:
         try:
             yield conn
         finally:
-            with trio.CancelScope(shield=True):
-                self._in_use -= 1
-                try:
-                    await self._checkin(conn, replace_if_unusable=True)
-                finally:
-                    self._slots.release()
+            await self._give_back(conn)
+
+    async def _give_back(self, conn: Connection) -> None:
+        """Return a borrowed connection (shielded): checked in, or replaced if unusable."""
+        with trio.CancelScope(shield=True):
+            self._in_use -= 1
+            try:
+                await self._checkin(conn, replace_if_unusable=True)
+            finally:
+                self._slots.release()
 
     async def fetch_native(self, sql: bytes, params: list[Any]) -> list[tuple[Any, ...]]:
         """`Connection.fetch_native` on a borrowed connection: `connection()` for one statement.
@@ -123,21 +127,12 @@ class Pool:
         try:
             rows = await conn.fetch_native(sql, params)
         except BaseException:
-            with trio.CancelScope(shield=True):
-                self._in_use -= 1
-                try:
-                    await self._checkin(conn, replace_if_unusable=True)
-                finally:
-                    self._slots.release()
+            await self._give_back(conn)
             raise
-        self._in_use -= 1
         if self._closed or not conn.is_idle_nowait():
-            with trio.CancelScope(shield=True):
-                try:
-                    await self._checkin(conn, replace_if_unusable=True)
-                finally:
-                    self._slots.release()
+            await self._give_back(conn)
         else:
+            self._in_use -= 1
             self._idle.append(_IdleConnection(conn, trio.current_time()))
             self._slots.release()
         return rows
