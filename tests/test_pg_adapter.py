@@ -44,13 +44,26 @@ async def counters(pg_schema: str, observer: Connection) -> str:
 async def wait_until_sleeping(observer: Connection, pid: int) -> None:
     """Poll pg_stat_activity until backend `pid` is inside pg_sleep."""
     with trio.fail_after(5):
-        while True:
-            wait_event = await observer.fetchval(
-                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [pid]
-            )
-            if wait_event == "PgSleep":
-                return
-            await trio.sleep(0.005)
+        await wait_until_backend_waits(observer, pid, event="PgSleep")
+
+
+async def wait_until_backend_waits(
+    observer: Connection, pid: int, *, event: str | None = None, event_type: str | None = None
+) -> None:
+    """Poll pg_stat_activity until backend `pid` shows the wait event (or event type) given
+    (there is no notification for "the server reached this point"); bound it by the caller's
+    `trio.fail_after`."""
+    while True:
+        row = await observer.fetchrow(
+            "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s", [pid]
+        )
+        if (
+            row is not None
+            and (event is None or row[1] == event)
+            and (event_type is None or row[0] == event_type)
+        ):
+            return
+        await trio.sleep(0.005)
 
 
 async def cancel_once_sleeping(

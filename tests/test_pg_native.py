@@ -20,6 +20,7 @@ from tests.test_pg_adapter import (
     assert_row_lock_free_and_value,
     cancel_once_sleeping,
     counters,
+    wait_until_backend_waits,
 )
 from trioq._pg import Connection, connect, is_connection_lost, open_pool
 from trioq._pg.pool import PoolStatistics
@@ -183,7 +184,9 @@ async def test_a_statement_whose_prepare_was_cancelled_is_prepared_again_under_a
             async with trio.open_nursery() as nursery:
 
                 async def cancel_once_waiting() -> None:
-                    await wait_until_waiting_on_a_lock(observer, conn.backend_pid)
+                    with trio.fail_after(10):
+                        pid = conn.backend_pid
+                        await wait_until_backend_waits(observer, pid, event_type="Lock")
                     scope.cancel()
 
                 nursery.start_soon(cancel_once_waiting)
@@ -194,18 +197,6 @@ async def test_a_statement_whose_prepare_was_cancelled_is_prepared_again_under_a
     finally:
         await conn.close()
         holder.close()
-
-
-async def wait_until_waiting_on_a_lock(observer: Connection, pid: int) -> None:
-    """Poll pg_stat_activity until backend `pid` waits for a lock (as wait_until_sleeping)."""
-    with trio.fail_after(10):
-        while True:
-            wait_event_type = await observer.fetchval(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
-            )
-            if wait_event_type == "Lock":
-                return
-            await trio.sleep(0.005)
 
 
 async def test_a_connection_lost_during_a_native_fetch_is_a_connection_loss(

@@ -374,11 +374,7 @@ class PgDriver:
         self._calls["job_insert_many"] += 1
         name, params = insert_statement(jobs)
         with self._schema_required():
-            if name in NATIVE_INSERTS:  # the enqueue hot path: no thread hop
-                statement = self._positional[name]
-                rows = await conn.fetch_native(statement.text, statement.values(params))
-            else:
-                rows = await self._query(conn, name, params)
+            rows = await self._query(conn, name, params)  # native, as every statement
         return inserted_jobs(name, rows)
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:

@@ -195,15 +195,13 @@ class Run:
         """A job claimed before its run_at (a sleep's wake time, a delay or backoff ending
         within the claim's lookahead) waits in-process until then; afterwards the run's
         database time is its run_at, so the replayed sleep finds itself over. True if it
-        waited."""
-        early = (self.job.run_at - self.now).total_seconds()
-        if early <= 0:
+        waited. The claim loop sets `due_at` exactly for the jobs claimed before their run_at."""
+        if self.due_at is None:
             return False
-        deadline = trio.current_time() + early if self.due_at is None else self.due_at
         if self.timers is None:
-            await trio.sleep_until(deadline)
+            await trio.sleep_until(self.due_at)
         else:
-            await self.timers.wait_until(deadline)
+            await self.timers.wait_until(self.due_at)
         self.now = self.job.run_at
         return True
 
