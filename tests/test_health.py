@@ -9,7 +9,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 import trioq
-from tests.support import make_app, running_worker, wait_until
+from tests.support import make_app, running_worker, scalar, wait_until
 from trioq._runtime.health import serve_health
 from trioq.embedded import EmbeddedPostgres
 
@@ -200,3 +200,38 @@ async def test_livez_stays_up_and_readyz_names_the_database_across_a_postgres_re
             nursery.cancel_scope.cancel()
     finally:
         cluster.stop()
+
+
+async def test_a_lost_lease_counts_as_a_lost_outcome_and_a_lost_lease(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A handler whose lease is taken from it (another token written in SQL) finds out at its
+    next checkpoint write: the attempt ends `lost`, and both `trioq_job_outcomes_total
+    {outcome="lost"}` and `trioq_lost_leases_total` count it."""
+    app = make_app(pg_url, pg_schema)
+    lost = trio.Event()
+
+    @app.task("victim")
+    async def victim(ctx: trioq.Context, payload: object) -> None:
+        await scalar(
+            pg_url,
+            f"UPDATE {pg_schema}.jobs SET lease_token = gen_random_uuid() WHERE id = %s "
+            "RETURNING id",
+            (ctx.job.id,),
+        )
+        await ctx.step("after", lambda: 1)  # fenced: rejected, the attempt is lost
+
+    hooks = trioq.WorkerHooks(
+        on_job_end=lambda job, outcome: lost.set() if outcome == "lost" else None
+    )
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, hooks=hooks, lease_seconds=60) as worker,
+    ):
+        await client.enqueue("victim", {})
+        with trio.fail_after(10):
+            await lost.wait()
+        registry = worker.metrics.registry
+        labels = {"queue": "default", "outcome": "lost"}
+        assert registry.get_sample_value("trioq_job_outcomes_total", labels) == 1
+        assert registry.get_sample_value("trioq_lost_leases_total") == 1

@@ -48,6 +48,7 @@ from .._driver import (
 from .checkpoints import CheckpointWriter
 from .dbclock import DatabaseClock
 from .executor import execute
+from .metrics import JobTally
 from .outcome import outcome_name, settlement_of
 from .run import Run, SharedTimers
 from .settle import SettleBuffer
@@ -125,6 +126,7 @@ class ClaimLoop:
     poll_interval: float
     hooks: WorkerHooks
     checkpoints: CheckpointWriter
+    tally: JobTally | None = None  # the worker's metrics of finished jobs
     write_timeout: float = 30.0
     key_window: int = DEFAULT_KEY_WINDOW
     # The (task, version) pairs served; a job runs on the handler of its own version.
@@ -473,8 +475,10 @@ class ClaimLoop:
 
     async def _run_job(self, run: Run) -> None:
         job = run.job
-        if self.hooks.on_job_start:
-            self.hooks.on_job_start(job)
+        hooks, tally = self.hooks, self.tally
+        if hooks.on_job_start:
+            hooks.on_job_start(job)
+        started = trio.current_time()
         try:
             outcome = await execute(run)
             settlement = settlement_of(run.lease, outcome)
@@ -484,9 +488,14 @@ class ClaimLoop:
             if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]
             self._wake.set()
-            self._settled.unpark_all()  # no waiter, no cost (an Event would be rebuilt per job)
-        if self.hooks.on_job_end:
-            self.hooks.on_job_end(job, outcome_name(outcome))
+            if self._settled:  # someone waits for no handler running (an Event would be per job)
+                self._settled.unpark_all()
+        if tally is not None or hooks.on_job_end:
+            name = outcome_name(outcome)
+            if tally is not None:
+                tally.ended(job.task, job.queue, name, trio.current_time() - started)
+            if hooks.on_job_end:
+                hooks.on_job_end(job, name)
 
 
 __all__ = ["ClaimLoop", "WorkerHooks"]

@@ -38,22 +38,29 @@ log = logging.getLogger("trioq.worker")
 MAX_TRACEBACK_CHARS = 20_000
 
 
+# Entered (and left) once per job when tracing is off: nullcontext is reusable and stateless.
+_NO_SPAN: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
+
+
 async def execute(run: Run) -> Outcome:
-    """Run `run.job`'s handler under `run.scope` and map how it ended to an outcome."""
+    """Run `run.job`'s handler under `run.scope` and map how it ended to an outcome.
+
+    The path of a plain job (no timeout, no hold, no tracing, no children, result None) is
+    kept to what it needs: each optional part is skipped by a test, not entered empty."""
     spec = run.spec
     job = run.job
+    scope = run.scope
     if spec.timeout is not None:
-        run.scope.deadline = trio.current_time() + spec.timeout
+        scope.deadline = trio.current_time() + spec.timeout
     error: BaseException | None = None
     result_json = "null"
     try:
-        with run.scope:
+        with scope:
             if job.cancel_requested:
                 run.cancel("cancelled")
-            held = await run.hold_until_due()
-            # The otel extra, when configured: a span linked to the enqueuer's trace.
-            span: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
-            if run.traced:
+            held = run.due_at is not None and await run.hold_until_due()
+            span = _NO_SPAN
+            if run.traced:  # the otel extra, when configured: a span linked to the enqueuer's
                 span = tracing.job_span(
                     task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
                     traceparent=await _trace_context(run),
@@ -66,10 +73,12 @@ async def execute(run: Run) -> Outcome:
                     # does its bookkeeping (encode, settle, metrics). Shielded: the handler is
                     # done, nothing may cancel its result now.
                     await trio.lowlevel.cancel_shielded_checkpoint()
-                result_json = codec.encode(result, root="result")
-                # Nursery semantics: a workflow completes only once every child it spawned
-                # is final (it waits durably for the ones it did not await itself).
-                await waits.join_children(run)
+                if result is not None:
+                    result_json = codec.encode(result, root="result")
+                if run.unfinished_children:
+                    # Nursery semantics: a workflow completes only once every child it spawned
+                    # is final (it waits durably for the ones it did not await itself).
+                    await waits.join_children(run)
     except trio.Cancelled:
         raise  # not ours: our own scope's cancellation never reaches this point
     except BaseException as exc:
@@ -80,6 +89,14 @@ async def execute(run: Run) -> Outcome:
         if _from_signal(exc):
             raise  # Ctrl-C delivered by trio: it stops the worker, it is not the job's fault
         error = exc
+    if (
+        error is None
+        and run.cancel_reason is None
+        and run.suspension is None
+        and not run.completed_in_transaction
+        and not scope.cancelled_caught
+    ):
+        return Completed(result_json)  # the common end, decided without `_outcome`'s walk
     return _outcome(run, error, result_json)
 
 

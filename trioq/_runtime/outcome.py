@@ -83,6 +83,8 @@ Outcome = (
 
 def settlement_of(lease: Lease, outcome: Outcome) -> Settlement | None:
     """The settle-statement row for `outcome` (None for `Lost`)."""
+    if type(outcome) is Completed:  # nearly every outcome: no pattern match
+        return Settlement(lease, "complete", result_json=outcome.result_json)
     match outcome:
         case Completed(result_json):
             return Settlement(lease, "complete", result_json=result_json)
@@ -103,22 +105,23 @@ def settlement_of(lease: Lease, outcome: Outcome) -> Settlement | None:
     raise AssertionError(f"unknown outcome {outcome!r}")
 
 
+_NAMES: dict[type, str] = {
+    Completed: "completed",
+    CompletedInTransaction: "completed",
+    RetryAt: "retried",
+    Failed: "failed",
+    Cancelled: "cancelled",
+    Released: "released",
+    Lost: "lost",
+}
+
+
 def outcome_name(outcome: Outcome) -> str:
     """The name hooks and logs use: completed, retried, failed, cancelled, released,
     sleeping, waiting, lost."""
-    match outcome:
-        case Completed() | CompletedInTransaction():
-            return "completed"
-        case RetryAt():
-            return "retried"
-        case Failed():
-            return "failed"
-        case Cancelled():
-            return "cancelled"
-        case Released():
-            return "released"
-        case Suspended(state, _, _):
-            return state
-        case Lost():
-            return "lost"
-    raise AssertionError(f"unknown outcome {outcome!r}")
+    if type(outcome) is Suspended:
+        return outcome.state
+    name = _NAMES.get(type(outcome))
+    if name is None:
+        raise AssertionError(f"unknown outcome {outcome!r}")
+    return name

@@ -113,7 +113,8 @@ class Run:
     _position: int = 0
 
     def __attrs_post_init__(self) -> None:
-        self._history = {entry.position: entry for entry in self.job.history}
+        history = self.job.history
+        self._history = {entry.position: entry for entry in history} if history else {}
 
     @property
     def lease(self) -> Lease:

@@ -24,7 +24,7 @@ import trio
 
 from .._core.channels import control_channel, schedules_channel
 from .._core.identifiers import validate_name
-from .._driver import ClaimedJob, Driver, Listener, NewSchedule, WorkerRegistration
+from .._driver import Driver, Listener, NewSchedule, WorkerRegistration
 from .admission import AdmissionControl, validate_mode
 from .checkpoints import CheckpointWriter
 from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
@@ -188,6 +188,7 @@ class Worker:
                 lease_seconds=self.config.lease_seconds,
                 poll_interval=self.config.poll_interval,
                 hooks=hooks,
+                tally=self.metrics.jobs,
                 admitted=functools.partial(self.admission.effective_limit, queue),
                 checkpoints=self.checkpoints,
                 write_timeout=self.config.write_timeout,
@@ -448,28 +449,24 @@ class Worker:
 
 
 def _with_metrics(hooks: WorkerHooks, metrics: WorkerMetrics) -> WorkerHooks:
-    """The claim loops' hooks: the worker's metrics first, then the caller's (test) hooks."""
-    on_round, on_start, on_end = hooks.on_round, hooks.on_job_start, hooks.on_job_end
-    on_poll = hooks.on_poll
+    """The claim loops' per-round hooks: the worker's metrics first, then the caller's (test)
+    hooks. The per-job ones are the caller's alone: the claim loop counts each finished job in
+    `metrics.jobs` itself (no wrapper call per job)."""
+    on_round, on_poll = hooks.on_round, hooks.on_poll
 
     def round_(queue: str, requested: int, claimed: int) -> None:
         metrics.on_round(queue, requested, claimed)
         if on_round:
             on_round(queue, requested, claimed)
 
-    def start(job: ClaimedJob) -> None:
-        metrics.on_job_start(job)
-        if on_start:
-            on_start(job)
-
-    def end(job: ClaimedJob, outcome: str) -> None:
-        metrics.on_job_end(job, outcome)
-        if on_end:
-            on_end(job, outcome)
-
     def poll(queue: str) -> None:
         metrics.poll_wakeups.labels(queue).inc()
         if on_poll:
             on_poll(queue)
 
-    return WorkerHooks(on_round=round_, on_job_start=start, on_job_end=end, on_poll=poll)
+    return WorkerHooks(
+        on_round=round_,
+        on_job_start=hooks.on_job_start,
+        on_job_end=hooks.on_job_end,
+        on_poll=poll,
+    )

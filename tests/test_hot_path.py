@@ -1,0 +1,144 @@
+"""The worker's per-job path (claim loop, executor, settle buffer, metrics): what its cheaper
+bookkeeping must keep. Counts checked against prometheus-client's own types, the settle buffer's
+ownership and order, and the isolation a task per job gives (contextvars, failures, cancels)."""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+import trioq
+from tests.support import running_worker
+from trioq._driver import Lease, Settlement
+from trioq._memory import MemoryDriver
+from trioq._runtime.metrics import HANDLER_BUCKETS, WorkerMetrics
+from trioq._runtime.outcome import (
+    Cancelled,
+    Completed,
+    CompletedInTransaction,
+    Failed,
+    Lost,
+    Released,
+    RetryAt,
+    Suspended,
+    outcome_name,
+)
+from trioq._runtime.settle import SettleBuffer
+
+
+def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, frozenset], float]:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name.startswith(prefix) and not sample.name.endswith("_created")
+    }
+
+
+def test_job_tally_exposes_what_prometheus_clients_counter_and_histogram_would() -> None:
+    durations = [0.0, 0.005, 0.0050001, 0.3, 1.0, 59.9, 300.0, 1800.0, 1800.5, 1e6]
+    metrics = WorkerMetrics()
+    reference = CollectorRegistry()
+    histogram = Histogram(
+        "trioq_handler_seconds", "x", ["task"], buckets=HANDLER_BUCKETS, registry=reference
+    )
+    counter = Counter("trioq_job_outcomes", "x", ["queue", "outcome"], registry=reference)
+    for n, seconds in enumerate(durations):
+        task, outcome = ("a", "completed") if n % 3 else ("b", "failed")
+        metrics.jobs.ended(task, "q", outcome, seconds)
+        histogram.labels(task).observe(seconds)
+        counter.labels("q", outcome).inc()
+    for prefix in ("trioq_handler_seconds", "trioq_job_outcomes"):
+        assert _samples(metrics.registry, prefix) == _samples(reference, prefix)
+    assert metrics.registry.get_sample_value("trioq_lost_leases_total") == 0
+    metrics.jobs.ended("a", "q", "lost", 0.1)
+    assert metrics.registry.get_sample_value("trioq_lost_leases_total") == 1
+    assert metrics.jobs.outcome_count("q", "lost") == 1
+
+
+def test_every_outcome_has_its_name() -> None:
+    names = [
+        outcome_name(outcome)
+        for outcome in (
+            Completed("null"), CompletedInTransaction(), RetryAt("{}", 1.0), Failed("{}"),
+            Cancelled("{}"), Released(), Lost(), Suspended("waiting", None),
+        )
+    ]  # fmt: skip
+    assert names == [
+        "completed", "completed", "retried", "failed", "cancelled", "released", "lost", "waiting",
+    ]  # fmt: skip
+
+
+def _settlement(job_id: int, kind: str = "complete") -> Settlement:
+    lease = Lease(job_id, 1, uuid.uuid4())
+    if kind == "complete":
+        return Settlement(lease, kind, result_json="null")
+    return Settlement(lease, kind)
+
+
+def test_settle_buffer_owns_each_outcome_until_written_and_restores_failed_batches_first() -> None:
+    buffer = SettleBuffer()
+    one, two, three = _settlement(1), _settlement(2), _settlement(3, "release")
+    buffer.add(one, keyed=False)
+    buffer.add(two, keyed=True)
+    first, frees = buffer.take(1)
+    assert (first, frees, buffer.pending, len(buffer)) == ((one,), False, 1, 2)
+    second, frees = buffer.take()
+    assert (second, frees, buffer.pending) == ((two,), True, 0)
+    assert buffer.take() == ((), False)  # nothing pending: an empty batch owns nothing
+    buffer.add(three, keyed=False)
+    assert set(buffer.leases()) == {one.lease, two.lease, three.lease}
+    buffer.restore(second)  # its statement failed: back in front of what finished since
+    buffer.written(first)
+    assert (buffer.pending, len(buffer)) == (2, 2)
+    again, frees = buffer.take()
+    assert (again, frees) == ((two, three), True)  # the restored one still frees its key
+    buffer.written(again)
+    assert (len(buffer), buffer.leases()) == (0, [])
+
+
+async def test_handlers_of_one_round_neither_share_contextvars_nor_failures_nor_cancels(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Ten jobs claimed in one round: each handler sets a contextvar and sees only its own
+    value; one raises, one is cancelled on request, one exits via SystemExit; the rest
+    complete, each with its own result."""
+    app = trioq.App(schema="hot")
+    var: contextvars.ContextVar[int] = contextvars.ContextVar("var")
+    all_set = trio.Event()
+    seen: dict[int, int | None] = {}
+
+    @app.task("probe", max_attempts=1)
+    async def probe(ctx: trioq.Context, payload: dict[str, int]) -> int:
+        n = payload["n"]
+        seen[n] = var.get(None)
+        var.set(n)
+        if len(seen) == 10:
+            all_set.set()
+        await all_set.wait()  # every handler of the round has set its value
+        if n == 3:
+            raise ValueError("three")
+        if n == 4:
+            raise SystemExit(4)
+        if n == 5:
+            await trio.sleep_forever()  # cancelled on request below
+        await trio.sleep(0.1)
+        return var.get() * 10
+
+    driver = MemoryDriver()
+    async with app.client(driver=driver) as client, running_worker(app, concurrency=10):
+        jobs = await client.enqueue_many("probe", [{"n": n} for n in range(10)])
+        with trio.fail_after(30):
+            await all_set.wait()
+            await client.cancel(jobs[5].id)
+            records = [await client.wait_final(job.id) for job in jobs]
+    assert seen == dict.fromkeys(range(10))  # nobody saw another's value
+    states = [record.state for record in records]
+    assert (states[3], records[3].error["type"]) == ("failed", "builtins.ValueError")
+    assert (states[4], records[4].error["type"]) == ("failed", "builtins.SystemExit")
+    assert states[5] == "cancelled"
+    for n in (0, 1, 2, 6, 7, 8, 9):
+        assert (states[n], records[n].result) == ("completed", n * 10)
