@@ -365,3 +365,127 @@ async def test_settlement_array_literals_round_trip_through_postgres(pg_url: str
     assert rows == [(texts, [1.5, None, 2.0], [when, None])]
     with pytest.raises(TypeError, match="array element True"):
         _nullable_array([True])
+
+
+# Every kind of JSON a payload, result or checkpoint can be, as jsonb.
+JSON_VALUES = [
+    "{}", "null", "[]", "0", "-12345678901234567890", "1.5e+100", "true", "false", '""',
+    '"ünïcode \\\\ \\" \\n"', '{"a": {"b": [1, 2.5, null, true, "x"]}, "c": {}}',
+    '[{}, [], [[]], {"": ""}]', '"\\ud83d\\ude00"', '{"k": "' + "x" * 5000 + '"}',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_jsonb_of_every_kind_loads_as_psycopgs_own_loader_loads_it(
+    pg_url: str, binary: bool
+) -> None:
+    """trioq's jsonb loaders (a fast path for `{}` and `null`) give exactly what psycopg's
+    give, in text and binary result format; each `{}` is a new dict (handlers may mutate it)."""
+    sql = (
+        b"SELECT v::jsonb, NULL::jsonb FROM unnest($1::text[]) WITH ORDINALITY AS t(v, n)"
+        b" ORDER BY n"
+    )
+    literal = (
+        "{"
+        + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in JSON_VALUES)
+        + "}"
+    )
+    conn = await connect(pg_url)
+    try:
+        native = await conn.fetch_native(sql, [literal], binary=binary)
+        threaded = await conn.fetch_positional(sql, [literal])
+    finally:
+        await conn.close()
+    assert native == threaded
+    assert [type(row[0]) for row in native] == [type(row[0]) for row in threaded]
+    assert len(native) == len(JSON_VALUES) and all(row[1] is None for row in native)
+    assert native[0][0] == {} and native[0][0] is not threaded[0][0]
+    native[0][0]["mutated"] = True
+    assert (await _first_empty_object(pg_url, binary)) == {}
+
+
+async def _first_empty_object(pg_url: str, binary: bool) -> object:
+    conn = await connect(pg_url)
+    try:
+        rows = await conn.fetch_native(
+            b"SELECT '{}'::jsonb FROM generate_series(1, 2)", [], binary=binary
+        )
+    finally:
+        await conn.close()
+    assert rows[0][0] is not rows[1][0]
+    return rows[0][0]
+
+
+async def test_binary_results_are_the_values_text_results_are(pg_url: str) -> None:
+    """Every column type the claim returns, with and without NULLs, decodes to equal values of
+    equal types in binary and text result format (the claim reads binary)."""
+    sql = (
+        b"SELECT $1::bigint, $2::int, 7::smallint, 'caf\xc3\xa9'::text, $3::uuid, now(),"
+        b" true, '{1,2}'::bigint[], '{a,\"b c\"}'::text[], '{\"a\": 1}'::jsonb,"
+        b" NULL::bigint, NULL::int, NULL::text, NULL::uuid, NULL::timestamptz, NULL::boolean,"
+        b" NULL::bigint[], NULL::text[], '{}'::bigint[], '{}'::text[]"
+    )
+    params = [2**40, 3, "0b9e4d5a-1c2f-4e3d-8a7b-6c5d4e3f2a1b"]
+    conn = await connect(pg_url)
+    try:
+        async with conn.transaction():  # one transaction: now() is the same in both
+            (text_row,) = await conn.fetch_native(sql, params)
+            (binary_row,) = await conn.fetch_native(sql, params, binary=True)
+    finally:
+        await conn.close()
+    assert [type(value) for value in text_row] == [type(value) for value in binary_row]
+    assert text_row == binary_row
+    assert text_row[3] == "caf\u00e9"
+
+
+async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) -> None:
+    """The claim's settlement arrays (tokens as 32 hex digits, kinds unquoted, the all-complete
+    batch's NULL arrays) read back as the settlements they came from."""
+    import datetime
+    import uuid
+
+    from trioq._driver import Lease, SettleAndClaim, Settlement
+    from trioq._pg.driver import settle_and_claim_params
+
+    leases = [Lease(n, n + 1, uuid.uuid4()) for n in range(1, 4)]
+    when = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    batches = [
+        tuple(Settlement(lease, "complete", result_json='{"r": "\\""}') for lease in leases),
+        (
+            Settlement(leases[0], "retry", error_json='{"e": 1}', delay_seconds=2.5),
+            Settlement(leases[1], "sleep", wake_at=when),
+            Settlement(leases[2], "complete", result_json="null"),
+        ),
+        (),
+    ]
+    sql = (
+        b"SELECT $1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[], $6::text[],"
+        b" $7::float8[], $8::timestamptz[]"
+    )
+    names = ("ids", "attempts", "lease_tokens", "kinds", "results", "errors", "delays", "wake_ats")
+    conn = await connect(pg_url)
+    try:
+        for batch in batches:
+            params = settle_and_claim_params(
+                SettleAndClaim(
+                    queue="q",
+                    tasks=("t",),
+                    limit=0,
+                    lease_seconds=1.0,
+                    worker_id=uuid.uuid4(),
+                    settlements=batch,
+                )
+            )
+            ((*arrays,),) = await conn.fetch_native(sql, [params[name] for name in names])
+            assert arrays == [
+                [s.lease.id for s in batch],
+                [s.lease.attempt for s in batch],
+                [s.lease.lease_token for s in batch],
+                [s.kind for s in batch],
+                [s.result_json for s in batch],
+                [s.error_json for s in batch],
+                [s.delay_seconds for s in batch],
+                [s.wake_at for s in batch],
+            ]
+    finally:
+        await conn.close()

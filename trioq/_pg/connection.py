@@ -281,19 +281,27 @@ class Connection:
         return await self._run(partial(_fetch_positional, query=sql, params=params))
 
     async def fetch_native(
-        self, sql: bytes, params: list[Any], *, typed: bool = False
+        self, sql: bytes, params: list[Any], *, typed: bool = False, binary: bool = False
     ) -> list[tuple[Any, ...]]:
         """`fetch_positional` without the worker thread (trioq/_pg/native.py), for the hot
         statements whose cost is mostly the round trip. Untyped, every parameter must be cast in
         the SQL (they are sent as text); `typed`, they are sent as psycopg sends them, so any
-        statement runs. Cancellation behaves as for every other method."""
+        statement runs; `binary`, the result columns come in binary format (only for
+        statements whose columns are all built-in types). Cancellation behaves as for every
+        other method."""
         if self._busy:
             raise trio.BusyResourceError("another task is using this connection")
         self._busy = True
         try:
             self._statements_executed += 1
             return await native.fetch(
-                self._raw, self._native, sql, params, self._cancel_on_server, typed=typed
+                self._raw,
+                self._native,
+                sql,
+                params,
+                self._cancel_on_server,
+                typed=typed,
+                binary=binary,
             )
         finally:
             self._busy = False

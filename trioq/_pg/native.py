@@ -19,6 +19,7 @@ connection is idle and usable afterwards (in a transaction, the transaction has 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,8 +27,9 @@ from typing import Any
 import psycopg
 import trio
 from psycopg import abc, pq
-from psycopg.adapt import PyFormat, Transformer
+from psycopg.adapt import AdaptersMap, Buffer, PyFormat, Transformer
 from psycopg.rows import TupleRow
+from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
 from .threads import cancel_until_done
 
@@ -37,6 +39,49 @@ RawConnection = psycopg.Connection[TupleRow]
 
 _AUTO, _TEXT = PyFormat.AUTO, PyFormat.TEXT
 _OK = frozenset({pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY})
+_BINARY = pq.Format.BINARY
+
+_loads = json.loads
+
+
+class _JsonbLoader(JsonbLoader):
+    """jsonb (text format) as psycopg's loader returns it, cheaper for the common payloads.
+
+    psycopg's loader calls `json.loads(bytes)`, which first runs `json.detect_encoding` in
+    Python: with the `{}` payload most jobs carry that was 1.5 us per claimed row, more than any
+    other column. `{}` and `null` are answered without parsing (a new dict each time: handlers
+    may mutate their payload); anything else is decoded as UTF-8 and parsed, which is what
+    `json.loads(bytes)` does for any text Postgres sends (it has no NUL and no BOM, the only
+    things that make `detect_encoding` answer otherwise)."""
+
+    def load(self, data: Buffer) -> Any:
+        if data == b"{}":
+            return {}
+        if data == b"null":
+            return None
+        return _loads(bytes(data).decode("utf-8", "surrogatepass"))
+
+
+class _JsonbBinaryLoader(JsonbBinaryLoader):
+    """jsonb in binary format: a version byte (1), then the same text."""
+
+    def load(self, data: Buffer) -> Any:
+        if data == b"\x01{}":
+            return {}
+        if not data or data[0] != 1:
+            return super().load(data)  # psycopg's own error (or its answer) for anything else
+        return _loads(bytes(data[1:]).decode("utf-8", "surrogatepass"))
+
+
+class _AdaptContext:
+    """The session's adapters with trioq's jsonb loaders on top (psycopg's `AdaptContext`): a
+    copy, so the connection's own cursors keep psycopg's loaders."""
+
+    def __init__(self, raw: RawConnection) -> None:
+        self.connection = raw
+        self.adapters = AdaptersMap(raw.adapters)
+        self.adapters.register_loader("jsonb", _JsonbLoader)
+        self.adapters.register_loader("jsonb", _JsonbBinaryLoader)
 
 
 class NativeStatements:
@@ -61,7 +106,7 @@ class NativeStatements:
         caches the dumper and loader of each type (a fresh one looks each up again, about
         1.5 us per parameter and per column of a claim round)."""
         if self._transformer is None:
-            self._transformer = Transformer(raw)
+            self._transformer = Transformer(_AdaptContext(raw))
         return self._transformer
 
     def known(self, key: tuple[bytes, tuple[int, ...]]) -> bytes | None:
@@ -86,8 +131,14 @@ async def fetch(
     cancel_on_server: Callable[[], None],
     *,
     typed: bool = False,
+    binary: bool = False,
 ) -> list[tuple[Any, ...]]:
     """Run `sql` (`$n` placeholders) and return its rows.
+
+    `binary` asks for every result column in binary format: the same Python values (psycopg
+    has a binary loader for each built-in type; a type without one would come back as bytes,
+    so only statements whose columns are all built-in ask), decoded with less work (no text
+    parsing of timestamps, uuids and integers: ~25 us less per claim of 25 rows).
 
     Untyped (the default), every parameter is sent as text without a type, so each must be cast
     in the SQL. `typed` sends them as psycopg's own cursor would (its dumpers choose each value's
@@ -108,8 +159,11 @@ async def fetch(
     values = transformer.dump_sequence(params, [_AUTO if typed else _TEXT] * len(params))
     types = transformer.types if typed else None
     formats = transformer.formats if typed else None
+    result_format = _BINARY if binary else pq.Format.TEXT
     if raw.prepare_threshold is None or pgconn.transaction_status != pq.TransactionStatus.IDLE:
-        pgconn.send_query_params(sql, values, param_types=types, param_formats=formats)
+        pgconn.send_query_params(
+            sql, values, param_types=types, param_formats=formats, result_format=result_format
+        )
         return _rows(transformer, await _results(pgconn, cancel_on_server, statements), raw)
     key = (sql, tuple(types or ()))
     for _ in range(2):
@@ -119,7 +173,7 @@ async def fetch(
             pgconn.send_prepare(name, sql, param_types=types)
             _rows(transformer, await _results(pgconn, cancel_on_server, statements), raw)
             statements.prepared(key, name)
-        pgconn.send_query_prepared(name, values, param_formats=formats)
+        pgconn.send_query_prepared(name, values, param_formats=formats, result_format=result_format)
         results = await _results(pgconn, cancel_on_server, statements)
         if not _missing_statement(results):
             break
