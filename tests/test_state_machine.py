@@ -148,6 +148,7 @@ class Leases:
     memory: Lease
     pg: Lease
     next_position: int = 0
+    plain: bool = False  # no partition key, no parent: its completions are marked plain
 
 
 def _row(record: JobRecord | None) -> tuple[Any, ...] | None:
@@ -250,8 +251,8 @@ class DifferentialMachine(RuleBasedStateMachine):
         memory_now, pg_now = self.host.call(self._nows)
         settlements = [
             (
-                self._settlement(self.leases[job].memory, kind, memory_now),
-                self._settlement(self.leases[job].pg, kind, pg_now),
+                self._settlement(self.leases[job].memory, kind, memory_now, self.leases[job].plain),
+                self._settlement(self.leases[job].pg, kind, pg_now, self.leases[job].plain),
             )
             for job, kind in chosen.items()
         ]
@@ -276,8 +277,9 @@ class DifferentialMachine(RuleBasedStateMachine):
             old = self.leases.get(claimed_memory.id)
             if old is not None:
                 self.stale.append(old)
+            assert claimed_memory.plain == claimed_pg.plain
             self.leases[claimed_memory.id] = Leases(
-                claimed_memory.lease, claimed_pg.lease, len(history)
+                claimed_memory.lease, claimed_pg.lease, len(history), claimed_pg.plain
             )
             worker.held.append(claimed_memory.id)
             for other in self.workers.values():
@@ -391,7 +393,9 @@ class DifferentialMachine(RuleBasedStateMachine):
         return memory.now, pg.now
 
     @staticmethod
-    def _settlement(lease: Lease, kind: str, now: datetime.datetime) -> Settlement:
+    def _settlement(
+        lease: Lease, kind: str, now: datetime.datetime, plain: bool = False
+    ) -> Settlement:
         wake_at = now + datetime.timedelta(seconds=SLEEP)
         return Settlement(
             lease,
@@ -400,6 +404,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             error_json=ERROR_JSON if kind in ("retry", "fail", "cancel") else None,
             delay_seconds=DELAY if kind == "retry" else None,
             wake_at=wake_at if kind in ("sleep", "wait") else None,
+            plain=plain,
         )
 
     @staticmethod

@@ -129,6 +129,10 @@ class Settlement:
     error_json: str | None = None
     delay_seconds: float | None = None
     wake_at: datetime.datetime | None = None
+    # The execution's job has no partition key and no parent (`ClaimedJob.plain`): its
+    # completion releases no key and wakes no parent, so a driver may write it with a leaner
+    # statement. False (the default) is always safe.
+    plain: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.kind == "complete" and self.result_json is not None:
@@ -398,12 +402,18 @@ class ClaimedJob:
     cancel_requested: bool
     version: int = 1
     history: tuple[Checkpoint, ...] = ()  # loaded by the claim when the job has any
+    parent_id: int | None = None  # the workflow that spawned this job as a child
     # Built with the job (every claimed job's outcome carries it): a cached_property on this
     # slotted class cost more on first use than building it here.
     lease: Lease = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "lease", Lease(self.id, self.attempt, self.lease_token))
+
+    @property
+    def plain(self) -> bool:
+        """No partition key and no parent: settling it touches only its own row."""
+        return self.partition_key is None and self.parent_id is None
 
 
 @attrs.frozen

@@ -660,6 +660,7 @@ class MemoryDriver:
                 Checkpoint(position, kind, name, _loads(value))
                 for position, (kind, name, value) in sorted(history.items())
             ),
+            parent_id=row.parent_id,
         )
 
     def _finish(self, row: _Row, state: str, now: datetime.datetime) -> None:

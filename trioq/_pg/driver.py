@@ -116,14 +116,32 @@ def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
 
 
 def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
+    """A claimed row: the job's 13 columns, its history (NULL: none), its parent id."""
     history = row[13]
-    job = ClaimedJob(*row[:13])
-    if history is None:
-        return job
-    entries = tuple(
-        Checkpoint(position, kind, name, value) for position, kind, name, value in history
+    entries = (
+        ()
+        if history is None
+        else tuple(
+            Checkpoint(position, kind, name, value) for position, kind, name, value in history
+        )
     )
-    return attrs.evolve(job, history=entries)
+    return ClaimedJob(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        entries,
+        row[14],
+    )
 
 
 def _lease_params(lease: Lease) -> Params:
@@ -196,7 +214,7 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
 # whose 25 rows of 22 columns were the largest decode of a worker's round. Every column of a
 # statement listed here must be of a built-in type (psycopg returns bytes for a type it has
 # no binary loader for).
-BINARY_RESULTS = frozenset({"job_settle_and_claim"})
+BINARY_RESULTS = frozenset({"job_settle_and_claim", "job_settle_and_claim_plain"})
 
 # The statements of the fast paths, run on the native libpq path (no thread hop).
 NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
@@ -314,6 +332,9 @@ class PgDriver:
     _sql: dict[str, str] = attrs.field(init=False)
     _positional: dict[str, PositionalStatement] = attrs.field(init=False)
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
+    # Per queue: whether its last settle-and-claim round saw no ready keyed row and no
+    # scheduled, sleeping or waiting row with a run_at, so the next may be a plain one.
+    _plain_queues: dict[str, bool] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._sql = queries(self.schema)
@@ -421,30 +442,66 @@ class PgDriver:
     def is_connection_lost(self, exc: BaseException) -> bool:
         return is_connection_lost(exc)
 
-    async def _settle_rows(self, conn: Connection, params: SettleAndClaim) -> list[tuple[Any, ...]]:
-        """Run the settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
-        self._calls["job_settle_and_claim"] += 1
+    async def _settle_rows(
+        self, conn: Connection, params: SettleAndClaim, name: str = "job_settle_and_claim"
+    ) -> list[tuple[Any, ...]]:
+        """Run a settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
+        self._calls[name] += 1
         with self._schema_required():
-            return await self._query(conn, "job_settle_and_claim", settle_and_claim_params(params))
+            return await self._query(conn, name, settle_and_claim_params(params))
+
+    def _plain_round(self, params: SettleAndClaim) -> bool:
+        """Whether job_settle_and_claim_plain does this round exactly as the full statement
+        would (queries.sql says when): the outcomes are plain completions and the queue's last
+        round saw no keyed ready row and no suspended row."""
+        if not self._plain_queues.get(params.queue, False):
+            return False
+        for settlement in params.settlements:  # a loop, not all(genexpr): a hot path
+            if not settlement.plain or settlement.kind != "complete":
+                return False
+        return True
 
     async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """Not retried here: a claim whose reply was lost may have committed (its rows then
-        wait for lease recovery); the claim loop keeps the outcomes and retries the round."""
+        wait for lease recovery); the claim loop keeps the outcomes and retries the round.
+
+        Runs job_settle_and_claim_plain instead when `_plain_round` allows; when that one
+        finds keyed or due work it claims nothing and the full statement claims, at once on
+        the same connection, so the round claims what the full statement alone would have.
+        Every reply tells whether the queue's next round may be plain (`_plain_queues`)."""
         async with self._pool.connection() as conn:
+            if self._plain_round(params):
+                rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
+                first = next(row for row in rows if row[0] is not None)  # the outcome's row
+                settled = tuple(zip(first[0], first[1], strict=True))
+                if not first[2]:  # not blocked: this was the whole round
+                    self._plain_queues[params.queue] = not first[3] and first[6] is None
+                    return SettleAndClaimResult(
+                        settled=settled,
+                        claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
+                        now=rows[-1][5],
+                        next_due=first[6],
+                        replied_at=conn.replied_at,
+                    )
+                params = attrs.evolve(params, settlements=())  # written: the claim is left
+            else:
+                settled = None
             rows = await self._settle_rows(conn, params)
             replied_at = conn.replied_at
         first = next(row for row in rows if row[0] is not None)  # the outcome's row
-        claimed = tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
+        next_due = first[6]
+        # A settle-only round (limit 0) visits no keys: it tells nothing about them.
+        self._plain_queues[params.queue] = bool(params.limit) and first[3] == 0 and next_due is None
         return SettleAndClaimResult(
-            settled=tuple(zip(first[0], first[1], strict=True)),
-            claimed=claimed,
+            settled=tuple(zip(first[0], first[1], strict=True)) if settled is None else settled,
+            claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
             key_cursor=first[2],
             keys_visited=first[3],
             promoted=first[4],
             # `now` is read per row as the row is produced: the last row's is the latest, after
             # every claimed row and its history (200 rows with history: ~6 ms after the first).
             now=rows[-1][5],
-            next_due=first[6],
+            next_due=next_due,
             replied_at=replied_at,
         )
 

@@ -481,7 +481,7 @@ class ClaimLoop:
         started = trio.current_time()
         try:
             outcome = await execute(run)
-            settlement = settlement_of(run.lease, outcome)
+            settlement = settlement_of(run.lease, outcome, plain=job.plain)
             if settlement is not None:
                 self._settle.add(settlement, keyed=job.partition_key is not None)
         finally:

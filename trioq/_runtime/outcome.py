@@ -81,13 +81,14 @@ Outcome = (
 )
 
 
-def settlement_of(lease: Lease, outcome: Outcome) -> Settlement | None:
-    """The settle-statement row for `outcome` (None for `Lost`)."""
+def settlement_of(lease: Lease, outcome: Outcome, *, plain: bool = False) -> Settlement | None:
+    """The settle-statement row for `outcome` (None for `Lost`); `plain`: the job has no
+    partition key and no parent (`ClaimedJob.plain`)."""
     if type(outcome) is Completed:  # nearly every outcome: no pattern match
-        return Settlement(lease, "complete", result_json=outcome.result_json)
+        return Settlement(lease, "complete", result_json=outcome.result_json, plain=plain)
     match outcome:
         case Completed(result_json):
-            return Settlement(lease, "complete", result_json=result_json)
+            return Settlement(lease, "complete", result_json=result_json, plain=plain)
         case RetryAt(error_json, delay):
             return Settlement(lease, "retry", error_json=error_json, delay_seconds=delay)
         case Failed(error_json):

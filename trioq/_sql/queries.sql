@@ -476,7 +476,8 @@ claimed AS (
               CASE WHEN j.checkpoint_count > 0 THEN
                   (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
                                     ORDER BY c.position)
-                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history
+                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
+              j.parent_id
 ),
 outcome AS MATERIALIZED (
     -- The notification CTEs are read here (scalar subqueries always run), so they fire even
@@ -508,6 +509,128 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
               ORDER BY j.run_at LIMIT 1),
              (SELECT min(s.run_at) FROM settled s
               WHERE s.state IN ('scheduled', 'sleeping', 'waiting'))) AS next_due,
+       claimed.*
+FROM outcome
+LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
+
+-- name: job_settle_and_claim_plain
+-- The claim loop's round in the common case, as a statement of its own: a plan a fifth the
+-- size of job_settle_and_claim's. PostgreSQL builds a prepared statement's whole plan at every
+-- execution (every CTE, InitPlan, result relation and its indexes and CHECKs), used or not:
+-- that start-up is paid per round, about half a millisecond for the full statement, and a
+-- drain of plain jobs needs none of its keyed, due, promotion, history or parent parts.
+-- PgDriver runs this one instead of job_settle_and_claim only when that changes nothing:
+--  * every outcome is a completion (kind 'complete') of a job without a partition key and
+--    without a parent (the claim returns both; `Settlement.plain`), so no key is released, no
+--    attempt is recorded and no parent woken;
+--  * the queue's last statement saw no ready keyed row and no scheduled, sleeping or waiting
+--    row with a run_at (job_settle_and_claim: no key visited and no next due time; this one:
+--    the two probes below), so there is nothing to promote, nothing to claim early and no key
+--    head to take.
+-- The same completion (fenced exactly so), result notifications, pause check and unkeyed claim
+-- (per served task and version, SKIP LOCKED, claim order) as job_settle_and_claim. Two probes
+-- run first: a ready keyed row in the queue (`keyed_ready`) and the queue's earliest scheduled,
+-- sleeping or waiting run_at (`next_due`). When there is a keyed row, or a row due within the
+-- lookahead, this statement claims nothing (`blocked`) and the driver runs job_settle_and_claim
+-- at once for the claim, so a round claims exactly what the full statement would have; either
+-- probe also sends the queue's next rounds back to the full statement.
+-- The claim's UPDATE finds its rows through the primary key (`= ANY(ARRAY(...))`): a join
+-- left to the planner took a seq scan of jobs in a generic plan (estimates of a LIMIT read
+-- through a sub-select are a tenth of the table).
+WITH input AS MATERIALIZED (
+    SELECT t.*
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
+         AS t(id, attempt, lease_token, result)
+),
+settled AS (
+    UPDATE {schema}.jobs j
+    SET state = 'completed', result = i.result::jsonb, error = NULL,
+        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+    FROM input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.state
+),
+results_notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM settled GROUP BY 1) AS per_channel
+),
+probe AS MATERIALIZED (
+    SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
+           keyed.ready OR coalesce(due.run_at <= {schema}.db_now()
+                                   + (SELECT %(lookahead)s::float8) * interval '1 second',
+                                   false) AS blocked
+    FROM (SELECT EXISTS (SELECT 1 FROM {schema}.jobs j
+                         WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                           AND j.partition_key IS NOT NULL) AS ready) AS keyed
+    LEFT JOIN LATERAL (SELECT j.run_at FROM {schema}.jobs j
+                       WHERE j.queue = (SELECT %(queue)s::text)
+                         AND j.state IN ('scheduled', 'sleeping', 'waiting')
+                         AND j.run_at IS NOT NULL
+                       ORDER BY j.run_at LIMIT 1) AS due ON true
+),
+unkeyed AS MATERIALIZED (
+    SELECT per_task.*
+    FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.jobs j
+        WHERE j.queue = (SELECT %(queue)s::text)
+          AND j.task = served.task
+          AND j.state = 'ready'
+          AND j.partition_key IS NULL
+          AND j.run_at <= {schema}.db_now()
+          AND ((SELECT %(task_versions)s::text[]) IS NULL
+               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT (SELECT %(limit)s::int)
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS per_task
+    WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
+),
+candidates AS MATERIALIZED (
+    SELECT id FROM unkeyed
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p
+                      WHERE p.queue = (SELECT %(queue)s::text))
+    ORDER BY priority, run_at, id
+    LIMIT (SELECT %(limit)s::int)
+),
+claimed AS (
+    UPDATE {schema}.jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
+        worker_id = %(worker_id)s,
+        started_at = greatest({schema}.db_now(), j.run_at),
+        error = NULL
+    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
+    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+              j.version,
+              CASE WHEN j.checkpoint_count > 0 THEN
+                  (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+                                    ORDER BY c.position)
+                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
+              j.parent_id
+),
+outcome AS MATERIALIZED (
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+           coalesce(array_agg(state ORDER BY id), '{}') AS states,
+           (SELECT n FROM results_notified) AS notified  -- read here, so it always runs
+    FROM settled
+)
+-- The columns of job_settle_and_claim, with `blocked` and `keyed_ready` where it has
+-- key_cursor and keys_visited.
+SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
+       CASE WHEN coalesce(claimed.first, true) THEN outcome.states END AS states,
+       (SELECT blocked FROM probe) AS blocked,
+       (SELECT keyed_ready FROM probe) AS keyed_ready,
+       0 AS promoted,
+       {schema}.db_now() + (clock_timestamp() - now()) AS now,
+       (SELECT next_due FROM probe) AS next_due,
        claimed.*
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
