@@ -38,6 +38,8 @@ log = logging.getLogger("trioq.worker")
 MAX_TRACEBACK_CHARS = 20_000
 
 
+_COMPLETED_NULL = Completed("null")
+
 # Entered (and left) once per job when tracing is off: nullcontext is reusable and stateless.
 _NO_SPAN: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
 
@@ -96,7 +98,9 @@ async def execute(run: Run) -> Outcome:
         and not run.completed_in_transaction
         and not scope.cancelled_caught
     ):
-        return Completed(result_json)  # the common end, decided without `_outcome`'s walk
+        # The common end, decided without `_outcome`'s walk (and, for a None result, without
+        # building an outcome: values are frozen, one serves every such job).
+        return _COMPLETED_NULL if result_json == "null" else Completed(result_json)
     return _outcome(run, error, result_json)
 
 
