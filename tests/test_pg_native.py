@@ -460,20 +460,22 @@ async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) ->
     ]
     sql = (
         b"SELECT $1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[], $6::text[],"
-        b" $7::float8[], $8::timestamptz[]"
+        b" $7::float8[], $8::timestamptz[], $9::text[], $10::text[]"
     )
     names = ("ids", "attempts", "lease_tokens", "kinds", "results", "errors", "delays", "wake_ats")
+    names += ("tasks", "task_versions")
     conn = await connect(pg_url)
     try:
         for batch in batches:
             params = settle_and_claim_params(
                 SettleAndClaim(
                     queue="q",
-                    tasks=("t",),
                     limit=0,
                     lease_seconds=1.0,
                     worker_id=uuid.uuid4(),
                     settlements=batch,
+                    tasks=("t", 'q"uo\\te'),
+                    task_versions=None if batch else ("t@1", "t@2"),
                 )
             )
             ((*arrays,),) = await conn.fetch_native(sql, [params[name] for name in names])
@@ -486,6 +488,8 @@ async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) ->
                 [s.error_json for s in batch],
                 [s.delay_seconds for s in batch],
                 [s.wake_at for s in batch],
+                ["t", 'q"uo\\te'],
+                None if batch else ["t@1", "t@2"],
             ]
     finally:
         await conn.close()

@@ -252,13 +252,15 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         "delays": delays,
         "wake_ats": wake_ats,
         "queue": params.queue,
-        "tasks": list(params.tasks),
+        "tasks": _text_array(params.tasks),  # literals too: psycopg's list dumper is Python
         "limit": params.limit,
         "lease_seconds": params.lease_seconds,
         "worker_id": params.worker_id,
         "key_cursor": params.key_cursor,
         "key_window": params.key_window,
-        "task_versions": None if params.task_versions is None else list(params.task_versions),
+        "task_versions": (
+            None if params.task_versions is None else _text_array(params.task_versions)
+        ),
         "promote_limit": params.promote_limit,
         "lookahead": params.lookahead_seconds,
     }
