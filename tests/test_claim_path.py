@@ -169,7 +169,9 @@ async def test_the_claim_keeps_one_generic_plan_on_a_table_with_statistics(
 
 async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_schema: str) -> None:
     """The same through the driver's own path (prepared once per session on a pooled
-    connection): ten claims on a table with statistics, then that session's counts."""
+    connection): ten claims on a table with statistics, then that session's counts. The first
+    round is the full statement, the nine after it the plain one (tests/test_plain_rounds.py):
+    five custom plans, then the generic plan."""
     app = make_app(pg_url, pg_schema)
     async with app.client(migrate=True) as client:
         await client.enqueue_many(trioq.TaskDeclaration("noop"), [{} for _ in range(10_000)])
@@ -183,11 +185,11 @@ async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_sch
         ]
         async with client.transaction() as tx:  # the pool hands out the claims' connection
             rows = await tx.fetch(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                " WHERE statement LIKE '%partition_locks%'"
+                "SELECT statement LIKE '%partition_locks%', generic_plans, custom_plans"
+                " FROM pg_prepared_statements WHERE statement LIKE '%lease_token%' ORDER BY 1"
             )
     assert claimed == [25] * 10
-    assert [tuple(row) for row in rows] == [(5, 5)]
+    assert [tuple(row) for row in rows] == [(False, 4, 5), (True, 0, 1)]
 
 
 async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_primary_key(

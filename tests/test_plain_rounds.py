@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
+import psycopg
 import pytest
 import trio
 
@@ -20,7 +21,8 @@ from trioq._driver import (
     SettleAndClaimResult,
     Settlement,
 )
-from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._pg.driver import PgDriver, open_pg_driver, settle_and_claim_params
+from trioq._sql import queries
 
 WORKER = uuid.uuid4()
 POLL = 60.0  # nothing below may wait for a poll: notifications and timers only
@@ -105,20 +107,19 @@ async def test_a_keyed_row_hands_the_claim_to_the_full_statement_in_the_same_rou
     assert ran == (PLAIN,)
 
 
-async def test_a_suspended_row_sends_the_queue_back_to_the_full_statement(
+async def test_a_row_due_later_keeps_the_queue_plain_and_gives_the_timer_its_due_time(
     driver: PgDriver,
 ) -> None:
     await round_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}", delay_seconds=3600)])
-    ran, result = await round_(driver)
+    await driver.job_insert_many([NewJob("q", "t", "{}")])
+    ran, result = await round_(driver, lookahead=5.0)
     assert ran == (PLAIN,)  # not due within the lookahead: nothing to claim early
-    assert result.claimed == ()
+    assert len(result.claimed) == 1 and result.claimed[0].run_at <= result.now
     assert result.next_due is not None and result.next_due > result.now
-    ran, result = await round_(driver)
-    assert ran == (FULL,)  # promotion and early claims are the full statement's
-    assert result.next_due is not None
-    ran, _ = await round_(driver)
-    assert ran == (FULL,)  # as long as the queue has a suspended row
+    ran, again = await round_(driver, complete(result.claimed), lookahead=5.0)
+    assert ran == (PLAIN,)
+    assert again.next_due == result.next_due  # the loop's timer follows it
 
 
 async def test_a_row_due_within_the_lookahead_is_claimed_in_the_same_round(
@@ -130,6 +131,8 @@ async def test_a_row_due_within_the_lookahead_is_claimed_in_the_same_round(
     assert ran == (PLAIN, FULL)  # blocked: the full statement claims it early
     [job] = result.claimed
     assert job.run_at > result.now  # claimed before its run_at (the executor holds it)
+    ran, _ = await round_(driver, complete([job]), lookahead=5.0)
+    assert ran == (PLAIN,)  # the full one claimed what was due and saw nothing else
 
 
 async def test_only_plain_completions_go_through_the_plain_statement(driver: PgDriver) -> None:
@@ -240,3 +243,31 @@ async def test_a_child_completing_in_plain_mode_wakes_its_suspended_parent(
         ("square", warm.id),
     )
     assert child_parent == workflow.id
+
+
+async def test_a_generic_plan_made_on_an_empty_table_reads_no_table_in_full(
+    pg_url: str, pg_schema: str, driver: PgDriver
+) -> None:
+    """A worker that starts on an empty queue has the plain statement's generic plan made
+    then: no Seq Scan of jobs in it once a backlog arrives (the claim's UPDATE finds its rows by
+    primary key; a join left to the planner took a seq scan in such a plan)."""
+    statement = queries(pg_schema)[PLAIN]
+    params = settle_and_claim_params(SettleAndClaim("q", ("t",), 25, 30.0, WORKER))
+    plans: list[str] = []
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(statement, params, prepare=True)  # planned on the empty table
+        conn.execute(
+            f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, priority, run_at,"
+            " created_at) SELECT 'q', 't', '{}', 'ready', 0, now(), now()"
+            " FROM generate_series(1, 3000)"
+        )
+        conn.execute(f"ANALYZE {pg_schema}.jobs")
+        conn.execute("LOAD 'auto_explain'")
+        for setting in ("log_min_duration = 0", "log_level = notice"):
+            conn.execute(f"SET auto_explain.{setting}")
+        conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+        claimed = conn.execute(statement, params, prepare=True).fetchall()
+    [plan] = [text for text in plans if "CTE unkeyed" in text]
+    assert len(claimed) == 25
+    assert "Seq Scan" not in plan, plan

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import functools
 import math
 import random
 import uuid
@@ -220,6 +221,11 @@ BINARY_RESULTS = frozenset({"job_settle_and_claim", "job_settle_and_claim_plain"
 NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
 
 
+@functools.cache
+def _seconds(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
 def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]:
     """The result rows of `insert_statement`'s statement, in the order of its jobs."""
     if name == "job_insert_batch":  # one row: the ids in payload order, as one array
@@ -334,8 +340,8 @@ class PgDriver:
     _sql: dict[str, str] = attrs.field(init=False)
     _positional: dict[str, PositionalStatement] = attrs.field(init=False)
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
-    # Per queue: whether its last settle-and-claim round saw no ready keyed row and no
-    # scheduled, sleeping or waiting row with a run_at, so the next may be a plain one.
+    # Per queue: whether its last settle-and-claim round saw no ready keyed row and no row due
+    # within the lookahead, so the next may be a plain one.
     _plain_queues: dict[str, bool] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
@@ -453,9 +459,9 @@ class PgDriver:
             return await self._query(conn, name, settle_and_claim_params(params))
 
     def _plain_round(self, params: SettleAndClaim) -> bool:
-        """Whether job_settle_and_claim_plain does this round exactly as the full statement
-        would (queries.sql says when): the outcomes are plain completions and the queue's last
-        round saw no keyed ready row and no suspended row."""
+        """Whether to try job_settle_and_claim_plain (queries.sql says when it does the round
+        exactly as the full statement would, and hands the claim over when not): the outcomes
+        are plain completions and the queue's last round needed no keyed or due claim."""
         if not self._plain_queues.get(params.queue, False):
             return False
         for settlement in params.settlements:  # a loop, not all(genexpr): a hot path
@@ -476,8 +482,7 @@ class PgDriver:
                 rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
                 first = next(row for row in rows if row[0] is not None)  # the outcome's row
                 settled = tuple(zip(first[0], first[1], strict=True))
-                if not first[2]:  # not blocked: this was the whole round
-                    self._plain_queues[params.queue] = not first[3] and first[6] is None
+                if not first[2]:  # not blocked: this was the whole round, and the next may be
                     return SettleAndClaimResult(
                         settled=settled,
                         claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
@@ -491,9 +496,16 @@ class PgDriver:
             rows = await self._settle_rows(conn, params)
             replied_at = conn.replied_at
         first = next(row for row in rows if row[0] is not None)  # the outcome's row
-        next_due = first[6]
-        # A settle-only round (limit 0) visits no keys: it tells nothing about them.
-        self._plain_queues[params.queue] = bool(params.limit) and first[3] == 0 and next_due is None
+        next_due, now = first[6], rows[-1][5]
+        # The next round may be plain when this one saw no ready keyed row, promoted nothing
+        # (a promotion may have left more due rows) and the next due row is beyond the
+        # lookahead. A settle-only round (limit 0) visits no keys: it tells nothing about them.
+        self._plain_queues[params.queue] = (
+            bool(params.limit)
+            and first[3] == 0
+            and first[4] == 0
+            and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
+        )
         return SettleAndClaimResult(
             settled=tuple(zip(first[0], first[1], strict=True)) if settled is None else settled,
             claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
@@ -502,7 +514,7 @@ class PgDriver:
             promoted=first[4],
             # `now` is read per row as the row is produced: the last row's is the latest, after
             # every claimed row and its history (200 rows with history: ~6 ms after the first).
-            now=rows[-1][5],
+            now=now,
             next_due=next_due,
             replied_at=replied_at,
         )

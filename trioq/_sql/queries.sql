@@ -523,17 +523,19 @@ LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS 
 --  * every outcome is a completion (kind 'complete') of a job without a partition key and
 --    without a parent (the claim returns both; `Settlement.plain`), so no key is released, no
 --    attempt is recorded and no parent woken;
---  * the queue's last statement saw no ready keyed row and no scheduled, sleeping or waiting
---    row with a run_at (job_settle_and_claim: no key visited and no next due time; this one:
---    the two probes below), so there is nothing to promote, nothing to claim early and no key
---    head to take.
+--  * the queue's last statement saw no ready keyed row and no row due within the lookahead
+--    (job_settle_and_claim: no key visited, nothing promoted, its next due time beyond the
+--    lookahead; this one: not blocked, below), so there is likely nothing to promote, nothing
+--    to claim early and no key head to take. A queue whose delayed jobs or retries are due
+--    later still runs plain rounds.
 -- The same completion (fenced exactly so), result notifications, pause check and unkeyed claim
 -- (per served task and version, SKIP LOCKED, claim order) as job_settle_and_claim. Two probes
 -- run first: a ready keyed row in the queue (`keyed_ready`) and the queue's earliest scheduled,
 -- sleeping or waiting run_at (`next_due`). When there is a keyed row, or a row due within the
 -- lookahead, this statement claims nothing (`blocked`) and the driver runs job_settle_and_claim
--- at once for the claim, so a round claims exactly what the full statement would have; either
--- probe also sends the queue's next rounds back to the full statement.
+-- at once for the claim, so a round claims exactly what the full statement would have, and the
+-- next round is the full one too until a full round sees no such row. `next_due` also sets the
+-- loop's timer, as the full statement's does.
 -- The claim's UPDATE finds its rows through the primary key (`= ANY(ARRAY(...))`): a join
 -- left to the planner took a seq scan of jobs in a generic plan (estimates of a LIMIT read
 -- through a sub-select are a tenth of the table).
