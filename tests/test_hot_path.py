@@ -59,6 +59,16 @@ def test_job_tally_exposes_what_prometheus_clients_counter_and_histogram_would()
     assert metrics.jobs.outcome_count("q", "lost") == 1
 
 
+def test_per_round_metrics_update_the_children_prometheus_client_exposes() -> None:
+    metrics = WorkerMetrics()
+    for claimed in (3, 0, 5):
+        metrics.on_round("q", 25, claimed)
+    assert metrics.child(metrics.claims, "q") is metrics.claims.labels("q")
+    sample = metrics.registry.get_sample_value
+    assert sample("trioq_claims_total", {"queue": "q"}) == 3
+    assert sample("trioq_claimed_jobs_total", {"queue": "q"}) == 8
+
+
 def test_every_outcome_has_its_name() -> None:
     names = [
         outcome_name(outcome)

@@ -54,6 +54,9 @@ class WorkerMetrics:
     lease_renewals: Counter = attrs.field(init=False)
     lost_leases: Counter = attrs.field(init=False)
     jobs: JobTally = attrs.field(init=False)  # outcomes and handler seconds, per job
+    # Labelled children of the per-round metrics, by (metric, labels): `labels()` takes a lock
+    # and builds its key on every call, and prometheus-client returns the same child each time.
+    _children: dict[tuple[int, tuple[str, ...]], Any] = attrs.field(init=False, factory=dict)
     checkpoints: Counter = attrs.field(init=False)
     database_errors: Counter = attrs.field(init=False)
     queue_demand: Gauge = attrs.field(init=False)
@@ -121,9 +124,17 @@ class WorkerMetrics:
 
     def on_round(self, queue: str, requested: int, claimed: int) -> None:
         if requested:
-            self.claims.labels(queue).inc()
+            self.child(self.claims, queue).inc()
         if claimed:
-            self.claimed_jobs.labels(queue).inc(claimed)
+            self.child(self.claimed_jobs, queue).inc(claimed)
+
+    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once (for the metrics updated every round)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
 
 # The `le` label of each handler bucket, as prometheus-client writes it ("+Inf" last).
@@ -257,8 +268,8 @@ class _InstrumentedDriver:
             if is_claim:
                 queue = args[0].queue
                 elapsed = trio.current_time() - started
-                metrics.claim_statements.labels(queue).inc()
-                metrics.claim_seconds.labels(queue).observe(elapsed)
+                metrics.child(metrics.claim_statements, queue).inc()
+                metrics.child(metrics.claim_seconds, queue).observe(elapsed)
                 if on_claim is not None:
                     on_claim(queue, elapsed)
             elif is_checkpoint:
