@@ -440,8 +440,9 @@ class ClaimLoop:
         received = trio.current_time() if result.replied_at is None else result.replied_at
         self._db_clock.observe(result.now, sent, received)
         traced = tracing.enabled() if result.claimed else False
+        running, versions, tasks, now = self.running, self.versions, self.tasks, result.now
         for job in result.claimed:
-            stale = self.running.get(job.id)
+            stale = running.get(job.id)
             if stale is not None:
                 # Our earlier attempt's lease ran out while its handler still ran and the job
                 # came back to us: that handler no longer owns anything.
@@ -455,18 +456,18 @@ class ClaimLoop:
                 stale.cancel("lost")
             run = Run(
                 job=job,
-                spec=self.versions.get((job.task, job.version)) or self.tasks[job.task],
-                tasks=self.tasks,
+                spec=versions.get((job.task, job.version)) or tasks[job.task],
+                tasks=tasks,
                 driver=self.driver,
                 worker_id=self.worker_id,
                 checkpoints=self.checkpoints,
-                now=result.now,
+                now=now,
                 confirmed_at=sent,
-                due_at=self._db_clock.to_trio(job.run_at) if job.run_at > result.now else None,
+                due_at=self._db_clock.to_trio(job.run_at) if job.run_at > now else None,
                 timers=self._timers,
                 traced=traced,
             )
-            self.running[job.id] = run
+            running[job.id] = run
             handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")
 
     def _task_versions(self) -> tuple[str, ...]:
