@@ -13,6 +13,7 @@ import trioq
 from trioq._core.capacity import claim_size, open_slots
 from trioq._core.retry import RetryPolicy, should_retry
 from trioq._core.states import TERMINAL_STATES, TRANSITIONS, JobState, is_allowed
+from trioq._sql import query_names
 
 # --- retry -----------------------------------------------------------------------------------
 
@@ -169,6 +170,7 @@ def test_every_transition_names_the_statements_allowed_to_make_it() -> None:
     for edge, statements in TRANSITIONS.items():
         assert statements, edge
         assert all(isinstance(name, str) and name for name in statements), edge
+        assert set(statements) <= query_names(), edge  # each one is a statement of queries.sql
     assert is_allowed(JobState.READY, JobState.RUNNING)
     assert not is_allowed(JobState.READY, JobState.COMPLETED)  # a job must run to complete
     assert not is_allowed(JobState.READY, JobState.READY)

@@ -23,15 +23,16 @@ KEY_HOLDING_STATES = frozenset({JobState.RUNNING, JobState.SLEEPING, JobState.WA
 
 S = JobState
 SETTLE = "job_settle_and_claim"
+PLAIN = "job_settle_and_claim_plain"  # the common-case round: unkeyed claims, plain completions
 # (from, to) -> the statement(s) allowed to make that transition.
 TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
     (S.SCHEDULED, S.READY): (SETTLE,),  # promotion when due
     (S.SCHEDULED, S.CANCELLED): ("job_cancel", "job_cancel_children"),
     (S.SCHEDULED, S.WAITING): ("job_cancel",),  # a parent waits for its running children
-    (S.READY, S.RUNNING): (SETTLE,),  # claim
+    (S.READY, S.RUNNING): (SETTLE, PLAIN),  # claim
     (S.READY, S.CANCELLED): ("job_cancel", "job_cancel_children"),
     (S.READY, S.WAITING): ("job_cancel",),  # a parent waits for its running children
-    (S.RUNNING, S.COMPLETED): (SETTLE,),
+    (S.RUNNING, S.COMPLETED): (SETTLE, PLAIN),
     (S.RUNNING, S.SCHEDULED): (SETTLE,),  # retry with backoff
     (S.RUNNING, S.READY): (
         SETTLE,  # drain release (attempt restored), zero-delay retry, suspension already due
