@@ -271,3 +271,34 @@ async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
     [plan] = [text for text in plans if "CTE unkeyed" in text]
     assert len(claimed) == 25
     assert "Seq Scan" not in plan, plan
+
+
+async def test_a_lost_connection_after_a_blocked_plain_round_reports_what_it_wrote(
+    driver: PgDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain statement commits its completions before the full one claims: when the full
+    one then fails with a lost connection, the round still reports the completions (a retried
+    round would find them written and call their leases lost), and the next round, a full one,
+    claims."""
+    await round_(driver)
+    await driver.job_insert_many([NewJob("q", "t", "{}")])
+    ran, result = await round_(driver)
+    assert ran == (PLAIN,)
+    await driver.job_insert_many([NewJob("q", "t", "{}", partition_key="k")])  # blocks the next
+    settle_rows = PgDriver._settle_rows
+
+    async def lose_the_full_one(self, conn, params, name=FULL):  # type: ignore[no-untyped-def]
+        if name == FULL:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await settle_rows(self, conn, params, name)
+
+    monkeypatch.setattr(PgDriver, "_settle_rows", lose_the_full_one)
+    blocked = await driver.job_settle_and_claim(
+        SettleAndClaim("q", ("t",), 25, 30, WORKER, complete(result.claimed))
+    )
+    assert dict(blocked.settled) == {result.claimed[0].id: "completed"}
+    assert blocked.claimed == ()
+    monkeypatch.undo()
+    ran, after = await round_(driver)
+    assert ran == (FULL,)
+    assert [job.partition_key for job in after.claimed] == ["k"]

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import datetime
 import functools
+import logging
 import math
 import random
 import uuid
@@ -87,6 +88,8 @@ from . import Connection, Listener, Pool, is_connection_lost, open_listener, ope
 
 T = TypeVar("T")
 Params = dict[str, Any]
+
+logger = logging.getLogger("trioq.pg")
 
 
 def _lease_arrays(leases: Sequence[Lease]) -> Params:
@@ -482,18 +485,31 @@ class PgDriver:
                 rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
                 first = next(row for row in rows if row[0] is not None)  # the outcome's row
                 settled = tuple(zip(first[0], first[1], strict=True))
+                plain = SettleAndClaimResult(
+                    settled=settled,
+                    claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
+                    now=rows[-1][5],
+                    next_due=first[6],
+                    replied_at=conn.replied_at,
+                )
                 if not first[2]:  # not blocked: this was the whole round, and the next may be
-                    return SettleAndClaimResult(
-                        settled=settled,
-                        claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
-                        now=rows[-1][5],
-                        next_due=first[6],
-                        replied_at=conn.replied_at,
-                    )
+                    return plain
+                self._plain_queues[params.queue] = False
                 params = attrs.evolve(params, settlements=())  # written: the claim is left
+                try:
+                    rows = await self._settle_rows(conn, params)
+                except Exception as exc:
+                    if not is_connection_lost(exc):
+                        raise
+                    # The outcomes are committed: report them (a retried round would find them
+                    # written and call them lost); the next round, a full one, claims.
+                    logger.warning(
+                        "the claim after a plain round failed (%s): the next round claims", exc
+                    )
+                    return plain
             else:
                 settled = None
-            rows = await self._settle_rows(conn, params)
+                rows = await self._settle_rows(conn, params)
             replied_at = conn.replied_at
         first = next(row for row in rows if row[0] is not None)  # the outcome's row
         next_due, now = first[6], rows[-1][5]
