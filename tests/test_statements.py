@@ -15,7 +15,7 @@ from psycopg import sql
 import trioq
 from tests.support import make_app, running_worker
 from trioq._core.identifiers import SCHEMA_PATTERN
-from trioq._sql import positional_queries, queries, to_positional
+from trioq._sql import parse_blocks, positional_queries, queries, to_positional
 
 
 @pytest.fixture
@@ -64,3 +64,20 @@ def test_positional_form_numbers_each_name_once_and_unescapes_percent() -> None:
     assert statement.names == ("a", "b")
     assert statement.values({"b": 2, "a": 1, "unused": 3}) == [1, 2]
     assert set(positional_queries("trioq")) == set(queries("trioq"))
+
+
+def test_a_fragment_is_included_where_a_statement_names_it_and_nowhere_else() -> None:
+    """`-- include: x` lines are replaced by the `-- fragment: x` block's lines (comments and
+    indentation dropped as for any statement); a fragment is no statement of its own, and an
+    include of a fragment that does not exist is an error at load time."""
+    text = (
+        "-- fragment: cols\n-- a comment\n    a, b\n"
+        "-- name: thing_read\nSELECT\n    -- include: cols\nFROM t;\n"
+    )
+    assert parse_blocks(text) == {"thing_read": "SELECT\na, b\nFROM t;"}
+    with pytest.raises(ValueError, match="no fragment 'rows'"):
+        parse_blocks("-- name: thing_read\nSELECT\n-- include: rows\n")
+    claim_columns = "j.version,"
+    for name in ("job_settle_and_claim", "job_settle_and_claim_plain"):
+        assert claim_columns in queries("x")[name]  # both claims read the one column list
+    assert "claim_returning" not in queries("x")

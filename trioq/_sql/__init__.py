@@ -17,7 +17,8 @@ import attrs
 
 from .._core.identifiers import quote_ident, validate_schema
 
-_BLOCK_START = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_BLOCK_START = re.compile(r"^-- (name|fragment): ([a-z_]+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^-- include: ([a-z_]+)\s*$")
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -34,20 +35,42 @@ def _substitute(text: str, schema: str) -> str:
 
 
 def parse_blocks(text: str) -> dict[str, str]:
-    """Split a file of `-- name: x` blocks into {name: statement}; names must be unique."""
+    """Split a file of `-- name: x` blocks into {name: statement}; names must be unique.
+
+    A `-- fragment: y` block is not a statement: a line `-- include: y` in a statement is
+    replaced by its lines, so two statements that must agree (the claim's SET list and the
+    columns `_claimed_job` reads) are written once. Fragments come from this file only."""
     starts = list(_BLOCK_START.finditer(text))
-    blocks: dict[str, str] = {}
+    bodies: dict[str, tuple[str, str]] = {}
     for index, match in enumerate(starts):
         end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
-        name = match.group(1)
-        if name in blocks:
+        kind, name = match.groups()
+        if name in bodies:
             raise ValueError(f"queries.sql: block {name!r} is defined twice")
-        body = text[match.end() : end]
+        bodies[name] = (kind, text[match.end() : end])
+    fragments = {name: body for name, (kind, body) in bodies.items() if kind == "fragment"}
+
+    def expand(body: str) -> list[str]:
+        lines = []
+        for line in body.splitlines():
+            include = _INCLUDE.match(line.strip())
+            if include is None:
+                lines.append(line)
+            elif include.group(1) in fragments:
+                lines.extend(expand(fragments[include.group(1)]))
+            else:
+                raise ValueError(f"queries.sql: no fragment {include.group(1)!r} to include")
+        return lines
+
+    blocks: dict[str, str] = {}
+    for name, (kind, body) in bodies.items():
+        if kind != "name":
+            continue
         # Whole-line comments are documentation for readers; the driver never sends them (a
         # placeholder quoted in a comment would otherwise be parsed as a parameter).
         # Indentation is dropped too: psycopg caches the conversion of statements up to 4 KiB,
         # and the claim statement is over that with its indentation (4,617 bytes).
-        lines = [line.strip() for line in body.splitlines()]
+        lines = [line.strip() for line in expand(body)]
         blocks[name] = "\n".join(line for line in lines if line and not line.startswith("--"))
     return blocks
 

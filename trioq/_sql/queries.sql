@@ -148,6 +148,46 @@ FROM (SELECT d.now,
       FROM (SELECT {schema}.db_now() AS now) AS d) AS n
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 
+-- fragment: unkeyed_scan
+-- The unkeyed claim source of both claim statements, per served task (`served.task`): the scan
+-- of jobs_ready_task_idx in claim order, locking as it goes (SKIP LOCKED: concurrent claimers
+-- skip each other's rows and keep scanning), the worker's handler versions only. `run_at <=
+-- db_now()`: ready means due; a guard for rows written by hand.
+        FROM {schema}.jobs j
+        WHERE j.queue = (SELECT %(queue)s::text)
+          AND j.task = served.task
+          AND j.state = 'ready'
+          AND j.partition_key IS NULL
+          AND j.run_at <= {schema}.db_now()
+          AND ((SELECT %(task_versions)s::text[]) IS NULL
+               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT (SELECT %(limit)s::int)
+        FOR UPDATE OF j SKIP LOCKED
+
+-- fragment: claim_set
+-- The claim's new row (job_settle_and_claim and job_settle_and_claim_plain): a new attempt,
+-- a fresh lease token, the lease from database time.
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
+        worker_id = %(worker_id)s,
+        started_at = greatest({schema}.db_now(), j.run_at),
+        error = NULL
+
+-- fragment: claim_returning
+-- A claimed row as PgDriver's `_claimed_job` reads it (both claim statements): the job's
+-- columns, its history when it has any (one ordered aggregate per such row), its parent.
+    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+              j.version,
+              CASE WHEN j.checkpoint_count > 0 THEN
+                  (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+                                    ORDER BY c.position)
+                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
+              j.parent_id
+
 -- name: job_settle_and_claim
 -- The claim loop's one round trip: record the outcomes of this queue's finished executions,
 -- promote due work, AND claim up to %(limit)s ready jobs, in one statement (the batch is the
@@ -375,17 +415,7 @@ unkeyed AS MATERIALIZED (
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held
-        FROM {schema}.jobs j
-        WHERE j.queue = (SELECT %(queue)s::text)
-          AND j.task = served.task
-          AND j.state = 'ready'
-          AND j.partition_key IS NULL
-          AND j.run_at <= {schema}.db_now()  -- ready means due; a guard for rows written by hand
-          AND ((SELECT %(task_versions)s::text[]) IS NULL
-               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
-        ORDER BY j.priority, j.run_at, j.id
-        LIMIT (SELECT %(limit)s::int)
-        FOR UPDATE OF j SKIP LOCKED
+        -- include: unkeyed_scan
     ) AS per_task
 ),
 candidates AS MATERIALIZED (
@@ -461,23 +491,10 @@ parents_notified AS (
 ),
 claimed AS (
     UPDATE {schema}.jobs j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
-        worker_id = %(worker_id)s,
-        started_at = greatest({schema}.db_now(), j.run_at),
-        error = NULL
+    -- include: claim_set
     FROM candidates c
     WHERE j.id = c.id AND (c.held OR c.id IN (SELECT job_id FROM key_taken))
-    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
-              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-              j.version,
-              CASE WHEN j.checkpoint_count > 0 THEN
-                  (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
-                                    ORDER BY c.position)
-                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
-              j.parent_id
+    -- include: claim_returning
 ),
 outcome AS MATERIALIZED (
     -- The notification CTEs are read here (scalar subqueries always run), so they fire even
@@ -578,17 +595,7 @@ unkeyed AS MATERIALIZED (
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
-        FROM {schema}.jobs j
-        WHERE j.queue = (SELECT %(queue)s::text)
-          AND j.task = served.task
-          AND j.state = 'ready'
-          AND j.partition_key IS NULL
-          AND j.run_at <= {schema}.db_now()
-          AND ((SELECT %(task_versions)s::text[]) IS NULL
-               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
-        ORDER BY j.priority, j.run_at, j.id
-        LIMIT (SELECT %(limit)s::int)
-        FOR UPDATE OF j SKIP LOCKED
+        -- include: unkeyed_scan
     ) AS per_task
     WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
@@ -601,22 +608,9 @@ candidates AS MATERIALIZED (
 ),
 claimed AS (
     UPDATE {schema}.jobs j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
-        worker_id = %(worker_id)s,
-        started_at = greatest({schema}.db_now(), j.run_at),
-        error = NULL
+    -- include: claim_set
     WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
-    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
-              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-              j.version,
-              CASE WHEN j.checkpoint_count > 0 THEN
-                  (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
-                                    ORDER BY c.position)
-                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
-              j.parent_id
+    -- include: claim_returning
 ),
 outcome AS MATERIALIZED (
     SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
