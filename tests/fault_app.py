@@ -13,6 +13,7 @@ The schema comes from `TRIOQ_TEST_SCHEMA` and the server from `TRIOQ_DATABASE_UR
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import queue
@@ -97,9 +98,27 @@ class ExecLog:
             self._idle.put(conn)
             return
 
+    def close(self) -> None:
+        """Close the kept connections (a later write opens new ones)."""
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
 
 _exec_logs: dict[tuple[str, str], ExecLog] = {}
 _exec_logs_lock = threading.Lock()
+
+
+@atexit.register
+def _close_exec_logs() -> None:
+    """The logs live as long as the process; when that is pytest's (the app run in-process),
+    their connections are closed here rather than left to the garbage collector at exit (15
+    ResourceWarnings at the end of every suite run)."""
+    with _exec_logs_lock:
+        for log in _exec_logs.values():
+            log.close()
 
 
 def exec_log(database_url: str, schema: str) -> ExecLog:
