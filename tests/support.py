@@ -75,3 +75,17 @@ async def wait_until(condition: Callable[[], Awaitable[bool]], interval: float =
         if await condition():
             return
         await trio.sleep(interval)
+
+
+def run_explained(
+    conn: psycopg.Connection[Any], statement: str, params: Any
+) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """Run `statement` prepared on `conn` with auto_explain on: its rows and the plans
+    PostgreSQL logged for it (as notices), so a test can read the plan a prepared statement
+    actually ran."""
+    plans: list[str] = []
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("log_min_duration = 0", "log_level = notice"):
+        conn.execute(f"SET auto_explain.{setting}")
+    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    return conn.execute(statement, params, prepare=True).fetchall(), plans

@@ -16,7 +16,7 @@ import psycopg
 import trio
 
 import trioq
-from tests.support import make_app, running_worker
+from tests.support import make_app, run_explained, running_worker
 from trioq._driver import SettleAndClaim
 from trioq._pg.driver import settle_and_claim_params
 from trioq._runtime.claim_loop import WorkerHooks
@@ -204,7 +204,6 @@ async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_prima
         pass
     statement = queries(pg_schema)["job_settle_and_claim"]
     params = settle_and_claim_params(SettleAndClaim("default", ("noop",), 25, 30.0, uuid.uuid4()))
-    plans: list[str] = []
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(statement, params, prepare=True)  # planned on the empty table
@@ -213,11 +212,7 @@ async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_prima
             " created_at) SELECT 'default', 'noop', '{}', 'ready', 0, now(), now()"
             " FROM generate_series(1, 3000)"
         )
-        conn.execute("LOAD 'auto_explain'")
-        for setting in ("log_min_duration = 0", "log_level = notice"):
-            conn.execute(f"SET auto_explain.{setting}")
-        conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
-        claimed = conn.execute(statement, params, prepare=True).fetchall()
+        claimed, plans = run_explained(conn, statement, params)
     [plan] = [text for text in plans if "CTE keyed" in text]
     keyed = plan.split("CTE keyed")[1].split("CTE unkeyed")[0]
     assert len(claimed) == 25

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, running_worker, scalar
+from tests.support import make_app, run_explained, running_worker, scalar
 from trioq._driver import (
     ClaimedJob,
     Lease,
@@ -254,7 +254,6 @@ async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
     of the table)."""
     statement = queries(pg_schema)[PLAIN]
     params = settle_and_claim_params(SettleAndClaim("q", ("t",), 25, 30.0, WORKER))
-    plans: list[str] = []
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(
@@ -263,11 +262,7 @@ async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
             " FROM generate_series(1, 3000)"
         )
         conn.execute(f"ANALYZE {pg_schema}.jobs")
-        conn.execute("LOAD 'auto_explain'")
-        for setting in ("log_min_duration = 0", "log_level = notice"):
-            conn.execute(f"SET auto_explain.{setting}")
-        conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
-        claimed = conn.execute(statement, params, prepare=True).fetchall()
+        claimed, plans = run_explained(conn, statement, params)
     [plan] = [text for text in plans if "CTE unkeyed" in text]
     assert len(claimed) == 25
     assert "Seq Scan" not in plan, plan

@@ -148,6 +148,16 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
     )
 
 
+def _round_rows(
+    rows: Sequence[Sequence[Any]],
+) -> tuple[Sequence[Any], tuple[tuple[int, str], ...], tuple[ClaimedJob, ...]]:
+    """A claim statement's reply (either form): the outcome's row (its first columns carry the
+    settled ids and states, once), the settled (id, state) pairs, the claimed jobs."""
+    first = next(row for row in rows if row[0] is not None)
+    settled = tuple(zip(first[0], first[1], strict=True))
+    return first, settled, tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
+
+
 def _lease_params(lease: Lease) -> Params:
     return {"id": lease.id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 
@@ -483,11 +493,10 @@ class PgDriver:
         async with self._pool.connection() as conn:
             if self._plain_round(params):
                 rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
-                first = next(row for row in rows if row[0] is not None)  # the outcome's row
-                settled = tuple(zip(first[0], first[1], strict=True))
+                first, settled, claimed = _round_rows(rows)
                 plain = SettleAndClaimResult(
                     settled=settled,
-                    claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
+                    claimed=claimed,
                     now=rows[-1][5],
                     next_due=first[6],
                     replied_at=conn.replied_at,
@@ -511,7 +520,7 @@ class PgDriver:
                 settled = None
                 rows = await self._settle_rows(conn, params)
             replied_at = conn.replied_at
-        first = next(row for row in rows if row[0] is not None)  # the outcome's row
+        first, written, claimed = _round_rows(rows)
         next_due, now = first[6], rows[-1][5]
         # The next round may be plain when this one saw no ready keyed row, promoted nothing
         # (a promotion may have left more due rows) and the next due row is beyond the
@@ -523,8 +532,8 @@ class PgDriver:
             and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
         )
         return SettleAndClaimResult(
-            settled=tuple(zip(first[0], first[1], strict=True)) if settled is None else settled,
-            claimed=tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None),
+            settled=written if settled is None else settled,
+            claimed=claimed,
             key_cursor=first[2],
             keys_visited=first[3],
             promoted=first[4],
