@@ -17,11 +17,13 @@ import pytest
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+import trioq
 from tests import support
 from tests.procs import WorkerProc, wait_until, worker_group
 from tests.support import sql_rows
 from tests.test_faults import count_is, producer, started_by
 from trioq import cli
+from trioq._memory import MemoryDriver
 from trioq.producer import SyncProducer
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,6 +157,33 @@ def test_version_help_defaults_and_usage_errors() -> None:
     assert usage.returncode == 2 and "invalid int value" in usage.stderr
     assert run("purge", "--state", "failed", "--older-than", "soon").returncode == 2
     assert run("queue", "pause", url="postgresql://127.0.0.1:1/x").returncode == 2
+
+
+async def test_worker_options_reach_the_workers_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`trioq worker` passes its options on to `App.run_worker` (here: --pipeline, whose default
+    is off)."""
+    seen: list[dict[str, Any]] = []
+
+    async def run_worker(self: trioq.App, **config: Any) -> None:
+        seen.append(config)
+
+    app = trioq.App("postgresql://127.0.0.1:1/unused")
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    for extra, pipeline in (([], False), (["--pipeline", "on"], True)):
+        args = cli.build_parser().parse_args(["worker", "m:app", "--concurrency", "7", *extra])
+        with monkeypatch.context() as patched, trio.CancelScope() as done:
+            patched.setattr(trioq.App, "run_worker", run_worker)
+            await cli._run_worker(app, args, done)
+        assert seen[-1]["pipeline"] is pipeline and seen[-1]["concurrency"] == 7
+        async with app.client(driver=MemoryDriver()):
+            worker = app.worker(["default"], 7, pipeline=pipeline)
+        assert [loop.max_in_flight for loop in worker.loops.values()] == [2 if pipeline else 1]
 
 
 # --- inspect and redrive (in-process: `cli.main`) -------------------------------------------

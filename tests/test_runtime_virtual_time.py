@@ -244,17 +244,15 @@ async def test_unconfirmed_lease_cancels_its_handler_before_recovery_and_a_recla
     assert (record.state, record.attempt, record.result) == ("completed", 2, 2)
 
 
-@pytest.mark.parametrize("max_in_flight", [1, 2])
+@pytest.mark.parametrize("pipeline", [False, True])
 async def test_rounds_in_flight_never_own_more_than_the_slots(
-    autojump_clock: trio.testing.MockClock,
-    monkeypatch: pytest.MonkeyPatch,
-    max_in_flight: int,
+    autojump_clock: trio.testing.MockClock, pipeline: bool
 ) -> None:
-    """Pipelining (off by default, MAX_IN_FLIGHT = 1): with a backlog of instant jobs and two
+    """Pipelining (`pipeline=True`; off by default): with a backlog of instant jobs and two
     rounds allowed, a second settle-and-claim round is sent while the first is in flight (each
     statement takes 2 ms of virtual time here); either way, at every commit the worker's
     running rows stay within its slots."""
-    monkeypatch.setattr(claim_loop, "MAX_IN_FLIGHT", max_in_flight)
+    max_in_flight = claim_loop.PIPELINED_IN_FLIGHT if pipeline else 1
     app = make_app()
     concurrency = 25
 
@@ -288,7 +286,7 @@ async def test_rounds_in_flight_never_own_more_than_the_slots(
 
     async with app.client(driver=SlowStatements()) as client:  # type: ignore[arg-type]
         jobs = await client.enqueue_many("noop", [{} for _ in range(2000)])
-        async with running_worker(app, concurrency=concurrency):
+        async with running_worker(app, concurrency=concurrency, pipeline=pipeline):
             with trio.fail_after(600):
                 for job in jobs:
                     await client.wait_final(job.id)
