@@ -1,7 +1,8 @@
 """What each recorded metric means: label, unit, its baseline counterpart and its target.
 
-Targets are the issue's (2-core machine, PostgreSQL on the same machine, same run), except the
-backlog-flatness bound, which is this suite's reading of "per-job cost must stay flat".
+Targets are the issues' (2-core machine, PostgreSQL on the same machine, same run). The backlog
+flatness bound is issue 9's "per-job cost flat from 3,000 to 100,000 backlog (within 15%)"
+(it was a looser 1.25 here before session 6, which marked 1.19x as met).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def metrics(sizes: Sizes) -> list[Metric]:
             "deep_vs_shallow_cost_per_job",
             f"cost per job, backlog {deep:,} / {shallow:,}",
             "x",
-            target=at_most(1.25, "<= 1.25 (flat; bench's bound)"),
+            target=at_most(1.15, "<= 1.15 (flat within 15%)"),
         ),
         Metric(
             "enqueue",

@@ -77,11 +77,12 @@ TIMER_EARLY_SECONDS = 0.2
 # Rounds in flight at once with pipelining on (`WorkerConfig.pipeline`; off by default: one),
 # and the smallest half of a batch worth its own statement: a split costs one statement more,
 # worth it only when each half still carries a real batch. Measured on the durable benchmark
-# cluster (2 cores shared by PostgreSQL and the workers, alternating runs, 20,000 no-op jobs,
-# concurrency 25): two rounds in flight drained 1.15x as fast with one worker (9,658 against
-# 8,364 jobs/s; the worker's CPU and the server's work overlap) and 0.72x with two (9,898
-# against 13,672: four statements at once on two cores), at twice the statements per job. So it
-# is for a worker whose database has CPU to spare, and off unless asked for.
+# cluster (2 cores shared by PostgreSQL and the workers, 20,000 no-op jobs, concurrency 25),
+# with one worker: 1.15x and 1.07x the jobs/s of one round at a time in two alternating A/B
+# runs, 0.85x in the full benchmark run (bench/RESULTS.md); with two workers 0.72x (four
+# statements at once on two cores); twice the statements per job either way. The overlap of the
+# worker's CPU with the server's work pays only when the database has CPU to spare, so it is
+# off unless asked for.
 PIPELINED_IN_FLIGHT = 2
 MIN_SPLIT = 8
 
