@@ -79,10 +79,10 @@ TIMER_EARLY_SECONDS = 0.2
 # worth it only when each half still carries a real batch. Measured on the durable benchmark
 # cluster (2 cores shared by PostgreSQL and the workers, 20,000 no-op jobs, concurrency 25),
 # with one worker: 1.15x and 1.07x the jobs/s of one round at a time in two alternating A/B
-# runs, 0.85x in the full benchmark run (bench/RESULTS.md); with two workers 0.72x (four
-# statements at once on two cores); twice the statements per job either way. The overlap of the
-# worker's CPU with the server's work pays only when the database has CPU to spare, so it is
-# off unless asked for.
+# runs, 0.85x and 1.10x in two full benchmark runs (bench/RESULTS.md); with two workers
+# 0.65x-0.72x (four statements at once on two cores); twice the statements per job either way.
+# The overlap of the worker's CPU with the server's work pays only when the database has CPU to
+# spare, so it is off unless asked for.
 PIPELINED_IN_FLIGHT = 2
 MIN_SPLIT = 8
 
