@@ -486,6 +486,31 @@ async def test_pool_pings_a_connection_idle_longer_than_the_threshold(pg_url: st
         assert conn.statistics().statements_executed == 0
 
 
+async def test_an_idle_pooled_connection_is_borrowed_and_returned_without_a_scheduling_round(
+    pg_url: str,
+) -> None:
+    """The hot path of `connection()` (a free slot, an idle connection needing no ping) awaits
+    nothing of its own: under an already-cancelled scope the block is entered (the slow path
+    would raise Cancelled at the slot), its first statement is the cancellation point, and the
+    connection goes back idle and usable, not replaced."""
+    async with open_pool(pg_url, size=1) as pool:
+        async with pool.connection() as conn:
+            pid = conn.backend_pid
+        entered = False
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            async with pool.connection() as conn:
+                entered = True
+                assert conn.backend_pid == pid
+                await conn.fetchval("SELECT 1")
+        assert entered and scope.cancelled_caught
+        async with pool.connection() as conn:
+            assert conn.backend_pid == pid
+            assert await conn.fetchval("SELECT 1") == 1
+        stats = pool.statistics()
+        assert (stats.idle, stats.in_use, stats.opened_total, stats.replaced_total) == (1, 0, 1, 0)
+
+
 async def test_pool_opens_connections_lazily_up_to_its_size(pg_url: str) -> None:
     async with open_pool(pg_url, size=3) as pool:
         assert (pool.statistics().idle, pool.statistics().opened_total) == (1, 1)

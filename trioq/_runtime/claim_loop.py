@@ -230,8 +230,10 @@ class ClaimLoop:
         async with trio.open_nursery() as rounds:
             while not (self._stopping and self.owned() == 0 and not self._flights):
                 await self._wait_for_wake()
-                # Let handlers that finish in this same scheduler tick join the batch.
-                await trio.lowlevel.checkpoint()
+                if self.running:
+                    # Let handlers that finish in this same scheduler tick join the batch
+                    # (with none running, nothing can: a notification's round goes at once).
+                    await trio.lowlevel.checkpoint()
                 while len(self._flights) >= self.max_in_flight or (
                     self._flights and self._settle.pending < MIN_SPLIT
                 ):
@@ -244,6 +246,11 @@ class ClaimLoop:
                     await trio.lowlevel.checkpoint()
                 first = self._plan(handlers, split=self.max_in_flight > 1 and not self._flights)
                 if first is None:
+                    continue
+                if self.max_in_flight == 1:
+                    # One round at a time: run it here, not in a task of its own (a spawn and a
+                    # scheduling round less between a wake-up and the statement's send).
+                    await self._fly(handlers, first)
                     continue
                 rounds.start_soon(self._fly, handlers, first)
                 if len(self._flights) < self.max_in_flight and self._settle.pending:
