@@ -386,20 +386,40 @@ def completions_per_second(
     return count / max((stop - start).total_seconds(), 1e-3)
 
 
+NOT_YET_REMOVABLE = re.compile(r"(\d+) are dead but not yet removable")
+
+
+def vacuum_jobs(pg_url: str, schema: str) -> int:
+    """VACUUM the jobs table; the number of dead row versions it had to keep because some
+    snapshot may still see them (from VACUUM VERBOSE's report of the heap)."""
+    reports: list[str] = []
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda notice: reports.append(notice.message_primary or ""))
+        conn.execute(q(schema, "VACUUM (VERBOSE) {s}.jobs"))
+    kept = [int(m.group(1)) for text in reports for m in NOT_YET_REMOVABLE.finditer(text)]
+    assert kept, f"VACUUM VERBOSE reported no tuple counts: {reports}"
+    return kept[0]  # the heap's report comes first, then the TOAST table's
+
+
 @pytest.mark.slow
 async def test_long_repeatable_read_transaction_elsewhere_never_blocks_the_claim(
     pg_url: str, pg_schema: str, tmp_path: Path
 ) -> None:
-    """A REPEATABLE READ transaction holds its snapshot (so vacuum can remove nothing) for 6 s
-    in the middle of a 20,000-job run (the issue's 20,000 jobs; 6 s instead of 60 s): no
-    trioq session is ever blocked by it, the run completes, and throughput after it ends is
-    back to at least 80 % of its rate during it. Dead tuples and lock waits are reported."""
+    """A REPEATABLE READ transaction holds its snapshot for 6 s in the middle of a 20,000-job
+    run (the issue's 20,000 jobs; 6 s instead of 60 s). No trioq session is ever blocked by
+    it, jobs keep completing while it is held, and the run completes with nothing lost or
+    doubled. It recovers: while the snapshot is held, VACUUM must keep every row version the
+    run left dead since; once it ends, VACUUM can remove them again. Throughput during and
+    after it and dead tuples are reported (`-s`); throughput is compared by the benchmark
+    (`python -m bench.long_transaction`), not here, because rates on a shared machine are
+    noise and a timed assertion flakes."""
     total, hold = 20_000, 6.0
     async with producer(pg_url, pg_schema) as client:
         ids = [job.id for job in await client.enqueue_many("quick", [{}] * total)]
     dead_sql = (
         "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'jobs'"
     )
+    completed = "state = 'completed'"
     blocked_by_long_tx, other_lock_waits = 0, 0
     holder = -1  # the long transaction's backend pid, once it runs
 
@@ -438,10 +458,14 @@ async def test_long_repeatable_read_transaction_elsewhere_never_blocks_the_claim
             ).fetchone()
             assert row is not None
             began, holder = row
+            completed_at_start = await count_where(pg_url, pg_schema, completed)
             await trio.sleep(hold)  # the fault's duration
+            completed_while_held = await count_where(pg_url, pg_schema, completed)
             dead_during = (await fetch(pg_url, dead_sql, (pg_schema,)))[0][0]
+            kept_while_held = await trio.to_thread.run_sync(vacuum_jobs, pg_url, pg_schema)
             ended = long_tx.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
             long_tx.execute("COMMIT")
+            kept_after = await trio.to_thread.run_sync(vacuum_jobs, pg_url, pg_schema)
             await wait_until(
                 pg_url,
                 q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state <> 'completed'"),
@@ -454,23 +478,29 @@ async def test_long_repeatable_read_transaction_elsewhere_never_blocks_the_claim
     history = await read_history(pg_url, pg_schema)
     check_history(history, ids)
     ends = sorted(run.end for run in history.runs if run.end is not None)
-    # Rates are compared while the backlog still fills every slot (2 workers x 20): the last 40
-    # completions are the ramp-down, slower by nature, and a larger share of a short tail the
-    # faster the run goes.
-    # "Recovers" is measured from 1 s after the transaction ends: the first claims after it
-    # still step over (and mark dead) the index entries it kept alive.
+    # Rates are reported while the backlog still fills every slot (2 workers x 20): the last
+    # 40 completions are the ramp-down. "After" starts 1 s after the transaction ends.
     saturated_until = ends[-2 * 20]
     recovered = ended + datetime.timedelta(seconds=1)
-    assert saturated_until > recovered + datetime.timedelta(seconds=1), "ended too early"
     during = completions_per_second(ends, began, ended)
     after = completions_per_second(ends, recovered, min(saturated_until, ended + (ended - began)))
+    finished_while_held = completed_while_held - completed_at_start
     print(
-        f"\nlong transaction: {during:.0f} jobs/s during, {after:.0f} jobs/s after; dead tuples "
-        f"{dead_before} before, {dead_during} while held; samples of trioq sessions blocked by "
-        f"it {blocked_by_long_tx}, waiting on other locks {other_lock_waits}"
+        f"\nlong transaction: {during:.0f} jobs/s during, {after:.0f} jobs/s after; "
+        f"{finished_while_held} jobs completed while held; dead tuples {dead_before} before, "
+        f"{dead_during} while held; VACUUM had to keep {kept_while_held} dead row versions "
+        f"while held, {kept_after} after; samples of trioq sessions blocked by it "
+        f"{blocked_by_long_tx}, waiting on other locks {other_lock_waits}"
     )
     assert blocked_by_long_tx == 0
-    assert after >= 0.8 * during
+    # The claim never waited for it: the run went on while it was held.
+    assert finished_while_held > 0
+    # Every job completed while it was held left at least one dead version of its row (its
+    # claim's update) that the snapshot may still see.
+    assert kept_while_held >= finished_while_held, (kept_while_held, finished_while_held)
+    # Once it ends, only versions the runs in flight made dead are kept: at most a few
+    # rounds' worth (2 workers x 20 slots), far fewer than the run left while it was held.
+    assert kept_after < kept_while_held // 10, (kept_after, kept_while_held)
 
 
 # --- 10. clock skew ---------------------------------------------------------------------------
