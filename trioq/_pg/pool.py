@@ -89,9 +89,8 @@ class Pool:
         idle worker that is one scheduling round less (the slot's acquire) and two shielded
         cancel scopes less (the give-back) between a notification and the claim's send.
         """
-        conn = self._take_nowait()
+        conn = self._take_nowait()  # raises on a closed pool
         if conn is not None:
-            self._in_use += 1
             try:
                 yield conn
             except BaseException:
@@ -99,8 +98,6 @@ class Pool:
                 raise
             await self._return(conn)
             return
-        if self._closed:
-            raise trio.ClosedResourceError("the pool is closed")
         await self._slots.acquire()
         try:
             if self._closed:
@@ -149,7 +146,6 @@ class Pool:
         if conn is None:
             async with self.connection() as borrowed:
                 return await borrowed.fetch_native(sql, params)
-        self._in_use += 1
         try:
             rows = await conn.fetch_native(sql, params)
         except BaseException:
@@ -160,7 +156,7 @@ class Pool:
 
     def _take_nowait(self) -> Connection | None:
         """The most recent idle connection with its slot, if both are free and it needs no
-        ping; else None (and nothing taken)."""
+        ping, counted in use; else None (and nothing taken)."""
         if self._closed:
             raise trio.ClosedResourceError("the pool is closed")
         if not self._idle or self._slots.value == 0:  # value > 0: nobody waits for a slot
@@ -172,6 +168,7 @@ class Pool:
             return None
         self._slots.acquire_nowait()
         self._idle.pop()
+        self._in_use += 1
         return entry.connection
 
     async def _checkout(self) -> Connection:
