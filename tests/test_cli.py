@@ -24,6 +24,7 @@ from tests.support import sql_rows
 from tests.test_faults import count_is, producer, started_by
 from trioq import cli
 from trioq._memory import MemoryDriver
+from trioq.cli import commands
 from trioq.producer import SyncProducer
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +180,7 @@ async def test_worker_options_reach_the_workers_configuration(
         args = cli.build_parser().parse_args(["worker", "m:app", "--concurrency", "7", *extra])
         with monkeypatch.context() as patched, trio.CancelScope() as done:
             patched.setattr(trioq.App, "run_worker", run_worker)
-            await cli._run_worker(app, args, done)
+            await commands._run_worker(app, args, done)
         assert seen[-1]["pipeline"] is pipeline and seen[-1]["concurrency"] == 7
         async with app.client(driver=MemoryDriver()):
             worker = app.worker(["default"], 7, pipeline=pipeline)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 
-from trioq.cli_worker import StopRecord, lost_database_while_starting
+from trioq.cli.worker import StopRecord, lost_database_while_starting
 
 SHUTTING_DOWN = psycopg.OperationalError(
     'connection failed: connection to server on socket "/tmp/x/.s.PGSQL.5432" failed: '

@@ -13,9 +13,9 @@ import trioq
 from tests.support import Gate as Latch
 from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
-from trioq._cli_ops import admission_cell
 from trioq._core.admission import AdmissionPolicy
 from trioq._core.explain import ExplainFacts, explain
+from trioq.cli.ops import admission_cell
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 

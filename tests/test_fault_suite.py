@@ -565,7 +565,7 @@ async def test_worker_with_a_handler_blocked_in_a_thread_still_stops_and_the_job
     """SIGTERM to a worker whose handler sits in a 120 s blocking call in a thread (trio cannot
     cancel it): the process still exits within grace + the hard-stop margin (status 4), the
     lease is not renewed past that point, and another worker retries the job."""
-    from trioq.cli_worker import HARD_STOP_MARGIN_SECONDS
+    from trioq.cli.worker import HARD_STOP_MARGIN_SECONDS
 
     grace = 1.0
     async with producer(pg_url, pg_schema) as client:

@@ -1,6 +1,7 @@
 """trioq: durable jobs on PostgreSQL, for trio."""
 
 from ._core.errors import (
+    ConfigurationError,
     EventTimeout,
     JobFailed,
     JobNotFound,
@@ -13,12 +14,12 @@ from ._core.errors import (
 from ._core.explain import Explanation, Gate
 from ._core.retry import RetryPolicy
 from ._core.states import JobState
-from ._enqueue import Job, TaskDeclaration, declare_task
+from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.job_transaction import JobLeaseLost, JobTransaction
 from ._runtime.worker import Worker, WorkerConfig
-from .app import App, ConfigurationError
-from .client import Client, ClientTransaction
+from .app import App
+from .client import Client
 from .context import Context, JobInfo
 
 __all__ = [

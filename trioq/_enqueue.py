@@ -10,15 +10,15 @@ message, before any SQL runs.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 
 from ._core import codec
-from ._core.errors import PayloadError
+from ._core.errors import PayloadError, UnknownTask
 from ._core.identifiers import validate_key, validate_name
-from ._driver import InsertedJob, NewJob, NewJobs
+from ._driver import EmitEvent, InsertedJob, NewJob, NewJobs, Transaction
 from ._tracing import current_traceparent
 
 # A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
@@ -292,3 +292,82 @@ def to_jobs(jobs: Sequence[NewJob], inserted: Sequence[InsertedJob]) -> list[Job
         Job(id=row.id, task=job.task, queue=job.queue, created=row.created)
         for job, row in zip(jobs, inserted, strict=True)
     ]
+
+
+@attrs.define(eq=False)
+class Enqueuer:
+    """Resolves what an enqueue names (a registered task, or a declaration) for the client,
+    its transactions and a job's transaction."""
+
+    tasks: Mapping[str, TaskLike]
+
+    def spec(self, task: str | TaskDeclaration) -> TaskLike:
+        """A registered task by name, or a declaration (a task of another app, say)."""
+        if isinstance(task, TaskDeclaration):
+            return task
+        if not isinstance(task, str):  # a dict or list would fail the lookup with a TypeError
+            raise UnknownTask(f"task: {task!r} is not a task name or a trioq.TaskDeclaration")
+        spec = self.tasks.get(task)
+        if spec is None:
+            raise UnknownTask(
+                f"task: {task!r} is not registered with this app (register it, or enqueue "
+                f"a trioq.TaskDeclaration naming its queue)"
+            )
+        return spec
+
+
+def build_event(key: str, payload: Any) -> EmitEvent:
+    """Validate an event before any SQL: the key like a dedup key, the payload as JSON."""
+    if key is None:
+        raise ValueError("key: an event needs a key (a non-empty string)")
+    validate_key("key", key)
+    return EmitEvent(key, codec.encode(payload, root="payload"))
+
+
+@attrs.define(eq=False)
+class ClientTransaction:
+    """Your SQL and trioq's enqueues in one transaction: they commit or roll back together."""
+
+    _tx: Transaction
+    _enqueuer: Enqueuer
+
+    async def execute(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> None:
+        await self._tx.execute(sql, params)
+
+    async def fetch(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        return await self._tx.fetch(sql, params)
+
+    async def enqueue(
+        self, task: str | TaskDeclaration, payload: Any = None, **options: Any
+    ) -> Job:
+        """Like `Client.enqueue`, inside this transaction."""
+        jobs = build_jobs(
+            self._enqueuer.spec(task), [payload], EnqueueOptions(**options), single=True
+        )
+        return to_jobs(jobs, await self._tx.job_insert_many(jobs))[0]
+
+    async def enqueue_many(
+        self,
+        task: str | TaskDeclaration,
+        payloads: Iterable[Any],
+        *,
+        dedup_keys: Sequence[str | None] | None = None,
+        **options: Any,
+    ) -> list[Job]:
+        """Like `Client.enqueue_many`, inside this transaction."""
+        jobs = build_jobs(
+            self._enqueuer.spec(task),
+            list(payloads),
+            EnqueueOptions(**options),
+            dedup_keys=dedup_keys,
+        )
+        return to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
+
+    async def emit_event(self, key: str, payload: Any = None) -> bool:
+        """Emit inside this transaction: stored, and its waiters woken, only if it commits
+        (see `Client.emit_event`). The transaction must be READ COMMITTED (the default)."""
+        return (await self._tx.event_emit(build_event(key, payload))).first

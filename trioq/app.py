@@ -12,23 +12,20 @@ from typing import Any
 
 import trio
 
-from ._core.errors import TrioqError
+from ._core.errors import ConfigurationError
 from ._core.identifiers import validate_schema
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
 from ._driver import Driver, NewSchedule
-from ._enqueue import TaskDeclaration
+from ._enqueue import Enqueuer, TaskDeclaration
+from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.tasks import Handler, TaskSpec, payload_type_of
 from ._runtime.worker import Worker, WorkerConfig
-from .client import ACTIVE_CLIENT, Client, _Enqueuer, _ResultWatcher
+from .client import Client, _ResultWatcher
 from .schedules import new_schedule
 
 DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
-
-
-class ConfigurationError(TrioqError):
-    """The app is missing something it needs (a database URL, an open client)."""
 
 
 def load_app(path: str) -> App:
@@ -239,7 +236,7 @@ class App:
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
-                client = Client(driver, _Enqueuer(self.tasks), _ResultWatcher(driver, nursery))
+                client = Client(driver, Enqueuer(self.tasks), _ResultWatcher(driver, nursery))
                 token = self._client_var.set(client)
                 active = ACTIVE_CLIENT.set(client)
                 try:

@@ -3,19 +3,17 @@ cancel, and read status. Everything is validated before any SQL runs."""
 
 from __future__ import annotations
 
-import contextvars
 import datetime
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import trio
 
-from ._core import codec
 from ._core.channels import result_channel
-from ._core.errors import JobFailed, JobNotFound, ResultTimeout, UnknownTask
+from ._core.errors import JobFailed, JobNotFound, ResultTimeout
 from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.states import TERMINAL_STATES, JobState
@@ -23,7 +21,6 @@ from ._driver import (
     AttemptRecord,
     Checkpoint,
     Driver,
-    EmitEvent,
     HealthReport,
     JobFilter,
     JobPurge,
@@ -33,106 +30,24 @@ from ._driver import (
     QueuePause,
     QueueStatus,
     ScheduleRecord,
-    Transaction,
     WorkerInfo,
 )
 from ._enqueue import (
     FINISHED_STATES,
     UNFINISHED_STATES,
+    ClientTransaction,
     EnqueueOptions,
+    Enqueuer,
     Job,
     TaskDeclaration,
-    TaskLike,
+    build_event,
     build_jobs,
     seconds_option,
     to_jobs,
 )
-from ._runtime.tasks import TaskSpec
 from .schedules import new_schedule
 
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
-
-# The client whose `app.client()` block the current task runs in (any app): a worker's handlers
-# reach the worker's pool through it (`ctx.client`), with no connections of their own.
-ACTIVE_CLIENT: contextvars.ContextVar[Client | None] = contextvars.ContextVar(
-    "trioq_active_client", default=None
-)
-
-
-@attrs.define(eq=False)
-class _Enqueuer:
-    tasks: Mapping[str, TaskSpec]
-
-    def spec(self, task: str | TaskDeclaration) -> TaskLike:
-        """A registered task by name, or a declaration (a task of another app, say)."""
-        if isinstance(task, TaskDeclaration):
-            return task
-        if not isinstance(task, str):  # a dict or list would fail the lookup with a TypeError
-            raise UnknownTask(f"task: {task!r} is not a task name or a trioq.TaskDeclaration")
-        spec = self.tasks.get(task)
-        if spec is None:
-            raise UnknownTask(
-                f"task: {task!r} is not registered with this app (register it, or enqueue "
-                f"a trioq.TaskDeclaration naming its queue)"
-            )
-        return spec
-
-
-def build_event(key: str, payload: Any) -> EmitEvent:
-    """Validate an event before any SQL: the key like a dedup key, the payload as JSON."""
-    if key is None:
-        raise ValueError("key: an event needs a key (a non-empty string)")
-    validate_key("key", key)
-    return EmitEvent(key, codec.encode(payload, root="payload"))
-
-
-@attrs.define(eq=False)
-class ClientTransaction:
-    """Your SQL and trioq's enqueues in one transaction: they commit or roll back together."""
-
-    _tx: Transaction
-    _enqueuer: _Enqueuer
-
-    async def execute(
-        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
-    ) -> None:
-        await self._tx.execute(sql, params)
-
-    async def fetch(
-        self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
-    ) -> list[tuple[Any, ...]]:
-        return await self._tx.fetch(sql, params)
-
-    async def enqueue(
-        self, task: str | TaskDeclaration, payload: Any = None, **options: Any
-    ) -> Job:
-        """Like `Client.enqueue`, inside this transaction."""
-        jobs = build_jobs(
-            self._enqueuer.spec(task), [payload], EnqueueOptions(**options), single=True
-        )
-        return to_jobs(jobs, await self._tx.job_insert_many(jobs))[0]
-
-    async def enqueue_many(
-        self,
-        task: str | TaskDeclaration,
-        payloads: Iterable[Any],
-        *,
-        dedup_keys: Sequence[str | None] | None = None,
-        **options: Any,
-    ) -> list[Job]:
-        """Like `Client.enqueue_many`, inside this transaction."""
-        jobs = build_jobs(
-            self._enqueuer.spec(task),
-            list(payloads),
-            EnqueueOptions(**options),
-            dedup_keys=dedup_keys,
-        )
-        return to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
-
-    async def emit_event(self, key: str, payload: Any = None) -> bool:
-        """Emit inside this transaction: stored, and its waiters woken, only if it commits
-        (see `Client.emit_event`). The transaction must be READ COMMITTED (the default)."""
-        return (await self._tx.event_emit(build_event(key, payload))).first
 
 
 @attrs.frozen
@@ -225,8 +140,12 @@ class Client:
     """Opened by `app.client()`; safe to share between tasks."""
 
     driver: Driver
-    _enqueuer: _Enqueuer
+    _enqueuer: Enqueuer
     _watcher: _ResultWatcher
+
+    @property
+    def enqueuer(self) -> Enqueuer:
+        return self._enqueuer
 
     async def enqueue(
         self,

@@ -7,6 +7,10 @@ class TrioqError(Exception):
     """Base class of trioq's own errors."""
 
 
+class ConfigurationError(TrioqError):
+    """The app is missing something it needs (a database URL, an open client)."""
+
+
 class PayloadError(TrioqError, ValueError):
     """A payload or result is not JSON trioq can store; the message names the field path."""
 

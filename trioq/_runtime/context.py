@@ -11,16 +11,20 @@ import logging
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
+from .._core.errors import ConfigurationError
 from .._core.retry import RetryPolicy
 from .._enqueue import TaskDeclaration
-from ..client import ACTIVE_CLIENT, Client
 from . import waits
+from .active import ACTIVE_CLIENT
 from .job_transaction import JobTransaction, open_job_transaction
 from .run import Run
+
+if TYPE_CHECKING:  # the public client is above the runtime: named for types only
+    from ..client import Client
 
 
 @attrs.frozen
@@ -79,12 +83,10 @@ class Context:
         read jobs, emit events from a handler."""
         client = ACTIVE_CLIENT.get()
         if client is None:
-            from ..app import ConfigurationError  # app imports the runtime: import late
-
             raise ConfigurationError(
                 "ctx.client: this worker was not started inside `app.client()`"
             )
-        return client
+        return cast("Client", client)
 
     def transaction(self) -> AbstractAsyncContextManager[JobTransaction]:
         """Your SQL, enqueues and (with `tx.complete(result)`) this job's completion in ONE

@@ -19,12 +19,11 @@ import attrs
 from .._core import codec
 from .._core.errors import TrioqError
 from .._driver import Settlement
+from .._enqueue import ClientTransaction
+from .active import ClientPort
 
 if TYPE_CHECKING:
-    from ..client import Client
     from .run import Run
-
-from ..client import ClientTransaction
 
 
 class JobLeaseLost(TrioqError):
@@ -62,11 +61,11 @@ class JobTransaction(ClientTransaction):
 
 
 @asynccontextmanager
-async def open_job_transaction(run: Run, client: Client) -> AsyncIterator[JobTransaction]:
+async def open_job_transaction(run: Run, client: ClientPort) -> AsyncIterator[JobTransaction]:
     """BEGIN on the client's pool; COMMIT on success (then the run is marked completed if the
     block called `complete`), ROLLBACK on any exception or cancellation."""
     async with client.driver.transaction() as tx:
-        job_tx = JobTransaction(tx, client._enqueuer, run=run)
+        job_tx = JobTransaction(tx, client.enqueuer, run=run)
         yield job_tx
     if job_tx.completed:
         run.completed_in_transaction = True

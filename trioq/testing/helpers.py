@@ -18,13 +18,13 @@ from typing import Any
 import attrs
 import trio
 
-from .._core.errors import JobFailed
+from .._core.errors import ConfigurationError, JobFailed
 from .._core.states import JobState
 from .._driver import Driver, JobFilter, JobRecord
 from .._enqueue import TaskDeclaration
 from .._memory import MemoryDriver
 from .._runtime.claim_loop import WorkerHooks
-from ..app import App, ConfigurationError
+from ..app import App
 from ..client import Client
 
 

@@ -17,8 +17,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from ._core.explain import Explanation
-from ._driver import (
+from .._core.explain import Explanation
+from .._driver import (
     HealthReport,
     QueueDemand,
     QueuePause,
@@ -26,7 +26,7 @@ from ._driver import (
     UnroutableJobs,
     WorkerInfo,
 )
-from .client import Client
+from ..client import Client
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ import errno
 import sys
 import traceback
 
-from ._core.errors import JobNotFound, SchemaNotMigrated, TrioqError
+from .._core.errors import JobNotFound, SchemaNotMigrated, TrioqError
 
 OK = 0
 NOT_DONE = 1
@@ -44,7 +44,7 @@ def leaves(error: BaseException) -> list[BaseException]:
 
 def explain(error: BaseException) -> tuple[int, str]:
     """The exit code and the one line for an exception that ended a command."""
-    from ._pg.errors import describe_database_error  # psycopg stays behind the seam
+    from .._pg.errors import describe_database_error  # psycopg stays behind the seam
 
     database = describe_database_error(error)
     if database is not None:

@@ -14,12 +14,14 @@ from typing import Any
 import attrs
 import trio
 
-from . import cli_admin, cli_errors, cli_worker
-from ._core import codec
-from ._core.identifiers import validate_schema
-from ._runtime.health import serve_health
-from ._runtime.worker import Worker
-from .app import DATABASE_URL_ENV, App, load_app
+from .._core import codec
+from .._core.identifiers import validate_schema
+from .._runtime.health import serve_health
+from .._runtime.worker import Worker
+from ..app import DATABASE_URL_ENV, App, load_app
+from . import admin as cli_admin
+from . import errors as cli_errors
+from . import worker as cli_worker
 
 log = logging.getLogger("trioq.cli")
 
@@ -35,7 +37,7 @@ def _with_url(app: App, args: argparse.Namespace) -> App:
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
     app = _with_url(App(schema=validate_schema(args.schema)), args)
-    from ._pg.driver import open_pg_driver
+    from .._pg.driver import open_pg_driver
 
     async with open_pg_driver(app.resolve_database_url(), app.schema, pool_size=1) as driver:
         applied = await driver.migrate()
@@ -161,7 +163,7 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
 async def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ._cli_ops import run_status
+    from .ops import run_status
 
     if args.watch is not None and not args.watch > 0:
         raise ValueError("--watch: must be a number of seconds > 0")
@@ -178,7 +180,7 @@ def _console(console_type: Any) -> Any:
 async def cmd_explain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ._cli_ops import explanation_json, print_explanation
+    from .ops import explanation_json, print_explanation
 
     app = _with_url(App(schema=validate_schema(args.schema)), args)
     async with app.client() as client:
@@ -217,7 +219,7 @@ def _plain(record: Any) -> dict[str, Any]:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     return await run_demo(
         database_url=args.database_url,
@@ -398,11 +400,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure ends in one line and a documented exit code
-    (trioq/cli_errors.py, docs/cli.md)."""
+    (trioq/cli/errors.py, docs/cli.md)."""
     args = build_parser().parse_args(argv)
     level = args.log_level or ("INFO" if args.verbose else "WARNING")
     if getattr(args, "log_format", "text") == "json":
-        from ._runtime.logs import configure_logging
+        from .._runtime.logs import configure_logging
 
         configure_logging("json", level)
     else:
@@ -413,7 +415,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     except BaseException as exc:
         return cli_errors.report(exc, verbose=bool(args.verbose))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

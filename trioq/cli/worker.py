@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from .app import App
-from .cli_errors import ABANDONED
+from ..app import App
+from .errors import ABANDONED
 
 log = logging.getLogger("trioq.cli")
 
@@ -45,8 +45,8 @@ async def wait_for_database(app: App) -> None:
     the network away), retry with exponential backoff up to 30 s, one line per attempt on
     stderr. A URL that cannot work (bad syntax, missing database or role, bad password) raises
     at once: waiting would not fix it."""
-    from ._pg.driver import open_pg_driver  # psycopg stays behind the seam
-    from ._pg.errors import describe_database_error, is_unreachable
+    from .._pg.driver import open_pg_driver  # psycopg stays behind the seam
+    from .._pg.errors import describe_database_error, is_unreachable
 
     delay = FIRST_RETRY_SECONDS
     url = app.resolve_database_url()
@@ -77,7 +77,7 @@ def lost_database_while_starting(exc: BaseException, record: StopRecord) -> bool
     database went away after `wait_for_database` saw it: the command waits and starts again,
     as it does when the database is down at start. Once the worker runs, the runtime's own
     reconnects handle an outage, and an error that escapes is not this."""
-    from ._pg.errors import is_unreachable
+    from .._pg.errors import is_unreachable
 
     if record.started:
         return False

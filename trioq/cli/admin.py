@@ -15,11 +15,11 @@ from typing import Any
 
 import attrs
 
-from ._core.errors import JobNotFound
-from ._core.identifiers import validate_schema
-from ._driver import JobRecord
-from .app import App
-from .client import Client
+from .._core.errors import JobNotFound
+from .._core.identifiers import validate_schema
+from .._driver import JobRecord
+from ..app import App
+from ..client import Client
 
 FINISHED = ("completed", "failed", "cancelled")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
