@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from ._core.errors import ConfigurationError
-from ._core.identifiers import validate_schema
+from ._core.identifiers import validate_prepared_statements, validate_schema
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
 from ._driver import Driver, NewSchedule
@@ -54,14 +54,28 @@ def load_app(path: str) -> App:
 
 
 class App:
-    """Tasks are registered with `@app.task(name)`; `app.client()` opens the database pool."""
+    """Tasks are registered with `@app.task(name)`; `app.client()` opens the database pool.
+
+    Behind a transaction pooler (PgBouncer, RDS Proxy, Supavisor in transaction mode) pass
+    `prepared_statements="off"`: unnamed statements only, no startup options, nothing SET for
+    the session. LISTEN then goes to `listen_url` (a direct connection), or nowhere: the
+    worker polls and `wait_result` polls once a second (docs/operations.md).
+    """
 
     def __init__(
-        self, database_url: str | None = None, schema: str = "trioq", *, pool_size: int = 10
+        self,
+        database_url: str | None = None,
+        schema: str = "trioq",
+        *,
+        pool_size: int = 10,
+        prepared_statements: str = "auto",
+        listen_url: str | None = None,
     ) -> None:
         self.schema = validate_schema(schema)
         self.database_url = database_url
         self.pool_size = pool_size
+        self.prepared_statements = validate_prepared_statements(prepared_statements)
+        self.listen_url = listen_url
         self.tasks: dict[str, TaskSpec] = {}
         self.schedules: dict[str, NewSchedule] = {}  # declared with `periodic`
         # Every registered (task, version); `tasks` holds each task's highest version.
@@ -129,9 +143,22 @@ class App:
     def with_database(self, database_url: str | None, schema: str | None = None) -> App:
         """A copy of this app (same tasks) on another database or schema; tests use it to run
         the real app on a throwaway schema. The copy has its own client."""
-        copy = App(database_url, schema or self.schema, pool_size=self.pool_size)
+        copy = App(
+            database_url,
+            schema or self.schema,
+            pool_size=self.pool_size,
+            prepared_statements=self.prepared_statements,
+            listen_url=self.listen_url,
+        )
         for name, value in vars(self).items():
-            if name not in ("schema", "database_url", "pool_size", "_client_var"):
+            if name not in (
+                "schema",
+                "database_url",
+                "pool_size",
+                "prepared_statements",
+                "listen_url",
+                "_client_var",
+            ):
                 setattr(copy, name, dict(value) if isinstance(value, dict) else value)
         return copy
 
@@ -202,6 +229,12 @@ class App:
             return lambda handler: handler
         return decorate
 
+    @property
+    def listens(self) -> bool:
+        """Whether this app's connections LISTEN for notifications: not behind a transaction
+        pooler (`prepared_statements="off"`) unless `listen_url` says where."""
+        return self.listen_url is not None or self.prepared_statements != "off"
+
     def resolve_database_url(self) -> str:
         url = self.database_url or os.environ.get(DATABASE_URL_ENV)
         if not url:
@@ -263,7 +296,11 @@ class App:
         from ._pg.driver import open_pg_driver  # imported here: psycopg stays behind the seam
 
         async with open_pg_driver(
-            self.resolve_database_url(), self.schema, pool_size=self.pool_size
+            self.resolve_database_url(),
+            self.schema,
+            pool_size=self.pool_size,
+            prepared_statements=self.prepared_statements,
+            listen_conninfo=self.listen_url,
         ) as pg_driver:
             yield pg_driver
 
@@ -281,6 +318,13 @@ class App:
             raise ConfigurationError("run_worker: open `app.client()` first")
         if not self.tasks:
             raise ConfigurationError("run_worker: the app has no registered tasks")
+        if not self.listens:
+            if config.get("notifications"):
+                raise ConfigurationError(
+                    "notifications: with prepared_statements='off' (a transaction pooler) "
+                    "LISTEN needs listen_url, a direct connection; give one, or poll only"
+                )
+            config["notifications"] = False
         worker_config = WorkerConfig(
             queues=tuple(queues or ("default",)), concurrency=concurrency, **config
         )

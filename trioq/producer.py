@@ -8,13 +8,15 @@ run trioq's own statements and validation, and take your psycopg connection (`co
 enqueue inside your transaction.
 """
 
+from ._core.errors import ProducerConnectionError, ProducerError
 from ._enqueue import Job, TaskDeclaration, declare_task
-from ._pg.producer import AsyncProducer, EventOutcome, ProducerError, SyncProducer
+from ._pg.producer import AsyncProducer, EventOutcome, SyncProducer
 
 __all__ = [
     "AsyncProducer",
     "EventOutcome",
     "Job",
+    "ProducerConnectionError",
     "ProducerError",
     "SyncProducer",
     "TaskDeclaration",

@@ -11,6 +11,20 @@ class ConfigurationError(TrioqError):
     """The app is missing something it needs (a database URL, an open client)."""
 
 
+class ProducerError(TrioqError):
+    """A producer cannot do what was asked (no database URL, a statement this schema lacks)."""
+
+
+class ProducerConnectionError(ProducerError):
+    """Opening a producer found the database unusable; the message is one line naming the cause
+    and the fix (the CLI's texts). `permanent`: waiting cannot fix it (a bad URL, a missing
+    database or role, bad authentication, a pooler refusing a startup parameter)."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
 class PayloadError(TrioqError, ValueError):
     """A payload or result is not JSON trioq can store; the message names the field path."""
 

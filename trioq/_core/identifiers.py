@@ -80,3 +80,17 @@ def quote_ident(name: str) -> str:
     """Quote an already validated schema name for inclusion in a statement."""
     validate_schema(name)
     return '"' + name + '"'
+
+
+PREPARED_STATEMENTS = ("auto", "off")
+
+
+def validate_prepared_statements(value: object) -> str:
+    """`prepared_statements` of App, the producers and the CLI: "auto", or "off" behind a
+    transaction pooler (see docs/operations.md)."""
+    if value not in PREPARED_STATEMENTS:
+        raise ValueError(
+            f"prepared_statements: {value!r} must be 'auto' or 'off' ('off' behind a "
+            f"transaction pooler: PgBouncer, RDS Proxy, Supavisor)"
+        )
+    return str(value)

@@ -10,7 +10,7 @@ from trioq._pg.connection import (
     connect,
 )
 from trioq._pg.errors import is_connection_lost
-from trioq._pg.listen import Listener, open_listener
+from trioq._pg.listen import Listener, PollingListener, open_listener
 from trioq._pg.pool import Pool, PoolStatistics, open_pool
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Connection",
     "ConnectionStatistics",
     "Listener",
+    "PollingListener",
     "Pool",
     "PoolStatistics",
     "connect",

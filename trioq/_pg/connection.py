@@ -62,6 +62,7 @@ class ConnectOptions(TypedDict, total=False):
     idle_in_transaction_session_timeout: float | None
     client_connection_check_interval: float | None
     prepare_threshold: int | None
+    transaction_pooler: bool
 
 
 @attrs.frozen
@@ -84,6 +85,7 @@ async def connect(
     idle_in_transaction_session_timeout: float | None = DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
     client_connection_check_interval: float | None = DEFAULT_CLIENT_CONNECTION_CHECK_INTERVAL,
     prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+    transaction_pooler: bool = False,
 ) -> Connection:
     """Open a connection (autocommit) to `conninfo`, a libpq URL or key=value string.
 
@@ -97,6 +99,11 @@ async def connect(
     conninfo's `options` (or PGOPTIONS) win over all of these.
     `prepare_threshold=None` disables server-side prepared statements (PgBouncer < 1.21).
 
+    `transaction_pooler=True` is for a server connection that other clients reuse between
+    transactions (PgBouncer, RDS Proxy or Supavisor in transaction mode): no startup `options`
+    (a pooler refuses them) and nothing SET for the session (it would leak to the next client).
+    trioq's timeouts then apply only inside `transaction()`, as `SET LOCAL`.
+
     A bad conninfo raises `psycopg.ProgrammingError`, a failed connection attempt
     `psycopg.OperationalError`. Cancellation returns at once and leaves no open connection (see
     `open_in_thread`).
@@ -106,10 +113,13 @@ async def connect(
         statement_timeout=statement_timeout,
         idle_in_transaction_session_timeout=idle_in_transaction_session_timeout,
         client_connection_check_interval=client_connection_check_interval,
+        transaction_pooler=transaction_pooler,
     )
     raw = await open_raw_connection(
         session_params(conninfo, options), prepare_threshold=prepare_threshold
     )
+    if transaction_pooler:
+        return Connection(raw, begin=_begin_with_local_timeouts(options))
     conn = Connection(raw)
     try:
         await _apply_statement_timeouts(conn, options)
@@ -137,6 +147,23 @@ _BEGIN_WITH_DEFAULT_TIMEOUTS = (
 )
 
 
+def _begin_with_local_timeouts(options: ConnectOptions) -> str:
+    """BEGIN plus trioq's timeouts as SET LOCAL (they end with the transaction), for a
+    connection whose session is shared with other clients through a pooler."""
+    settings = {
+        "statement_timeout": options.get("statement_timeout", DEFAULT_STATEMENT_TIMEOUT),
+        "idle_in_transaction_session_timeout": options.get(
+            "idle_in_transaction_session_timeout", DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+        ),
+    }
+    statements = ["BEGIN"]
+    for name, seconds in settings.items():
+        milliseconds = _milliseconds(seconds)
+        if milliseconds is not None:  # digits only: _milliseconds formats a rounded number
+            statements.append(f"SET LOCAL {name} = {milliseconds}")
+    return "; ".join(statements)
+
+
 def _milliseconds(seconds: float | None) -> str | None:
     return None if seconds is None else str(round(seconds * 1000))
 
@@ -162,7 +189,8 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     `connect()`; the statement timeouts are not among them).
 
     `options` missing a key means that key's default; `prepare_threshold` and the timeouts are
-    not startup parameters and are ignored here.
+    not startup parameters and are ignored here. With `transaction_pooler`, trioq adds no
+    `options` (the conninfo's own, or PGOPTIONS, are still sent: a pooler may refuse them).
     """
     params: dict[str, Any] = conninfo_to_dict(conninfo)
     for key, (env_var, value) in _LIBPQ_DEFAULTS.items():
@@ -181,9 +209,15 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     ours = [
         f"-c {name}={round(value * 1000)}" for name, value in settings.items() if value is not None
     ]
+    if options.get("transaction_pooler", False):
+        ours = []
     theirs = params.get("options") or os.environ.get("PGOPTIONS") or ""
     # The server applies startup options in order, so the conninfo's own options come last and win.
-    params["options"] = " ".join([*ours, theirs]).strip()
+    startup_options = " ".join([*ours, theirs]).strip()
+    if startup_options:
+        params["options"] = startup_options
+    else:
+        params.pop("options", None)
     return params
 
 
@@ -237,6 +271,9 @@ class Connection:
     """
 
     _raw: RawConnection
+    # What `transaction()` sends to open a transaction with trioq's timeouts: plain BEGIN when
+    # they are set for the session, BEGIN plus SET LOCAL behind a transaction pooler.
+    _begin: str = "BEGIN"
     _backend_pid: int = attrs.field(init=False)
     _busy: bool = attrs.field(default=False, init=False)
     _in_transaction_block: bool = attrs.field(default=False, init=False)
@@ -342,7 +379,7 @@ class Connection:
         try:
             try:
                 # BEGIN inside the try: cancelled while in flight, it may still have run.
-                await self.execute("BEGIN" if trioq_timeouts else _BEGIN_WITH_DEFAULT_TIMEOUTS)
+                await self.execute(self._begin if trioq_timeouts else _BEGIN_WITH_DEFAULT_TIMEOUTS)
                 yield
                 if self._raw.info.transaction_status == pq.TransactionStatus.INERROR:
                     raise psycopg.errors.InFailedSqlTransaction(

@@ -85,7 +85,16 @@ from .._driver import (
     WrittenCheckpoint,
 )
 from .._sql import PositionalStatement, migrations, positional_queries, queries
-from . import Connection, Listener, Pool, is_connection_lost, open_listener, open_pool
+from . import (
+    Connection,
+    ConnectOptions,
+    Listener,
+    PollingListener,
+    Pool,
+    is_connection_lost,
+    open_listener,
+    open_pool,
+)
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -351,7 +360,10 @@ class PgDriver:
     # Lease renewals get a connection of their own: handlers that fill the main pool (say,
     # each inside client.transaction()) must never hold renewals back until leases expire.
     _renewal_pool: Pool
-    _conninfo: str
+    # Where LISTEN goes; None: nowhere (behind a transaction pooler without a listen URL, where
+    # a LISTEN would be silently dead and stay behind for the session's next client).
+    _listen_conninfo: str | None
+    _listen_options: dict[str, Any] = attrs.field(factory=dict)
     _sql: dict[str, str] = attrs.field(init=False)
     _positional: dict[str, PositionalStatement] = attrs.field(init=False)
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
@@ -959,9 +971,17 @@ class PgDriver:
     @asynccontextmanager
     async def open_listener(
         self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
-    ) -> AsyncIterator[Listener]:
+    ) -> AsyncIterator[Listener | PollingListener]:
+        """The LISTEN connection (see `open_pg_driver`), or a `PollingListener` that delivers
+        nothing when there is nowhere to LISTEN: waiters then find results by their poll."""
+        if self._listen_conninfo is None:
+            yield PollingListener()
+            return
         async with open_listener(
-            self._conninfo, on_notify=on_notify, on_reconnect=on_reconnect
+            self._listen_conninfo,
+            on_notify=on_notify,
+            on_reconnect=on_reconnect,
+            **self._listen_options,
         ) as listener:
             yield listener
 
@@ -972,19 +992,44 @@ def _probes(
     return tuple(QueueProbe(*row) for row in zip(queues, work_due, next_due, strict=True))
 
 
+def pooler_options(prepared_statements: str) -> ConnectOptions:
+    """The connection options of a `prepared_statements` setting: "off" (a transaction pooler
+    in front: PgBouncer, RDS Proxy, Supavisor) means unnamed statements only, no startup
+    options and no session settings (see `connect`); "auto" changes nothing."""
+    if prepared_statements == "off":
+        return ConnectOptions(prepare_threshold=None, transaction_pooler=True)
+    return ConnectOptions()
+
+
 @asynccontextmanager
 async def open_pg_driver(
-    conninfo: str, schema: str, *, pool_size: int = 10, **connect_kwargs: Any
+    conninfo: str,
+    schema: str,
+    *,
+    pool_size: int = 10,
+    prepared_statements: str = "auto",
+    listen_conninfo: str | None = None,
+    **connect_kwargs: Any,
 ) -> AsyncIterator[PgDriver]:
     """Open the pools and yield a PgDriver for `schema` (closing the pools on exit).
 
     Connections: `pool_size` for statements, one reserved for lease renewals, and one more for
-    the LISTEN session of each listener opened (a worker opens one).
+    the LISTEN session of each listener opened (a worker opens one), on `listen_conninfo`
+    (None: `conninfo`, or nowhere with `prepared_statements="off"`, see `pooler_options`).
     """
+    options = {**connect_kwargs, **pooler_options(prepared_statements)}
+    if listen_conninfo is None and prepared_statements != "off":
+        listen_conninfo = conninfo
     async with (
-        open_pool(conninfo, size=pool_size, **connect_kwargs) as pool,
+        open_pool(conninfo, size=pool_size, **options) as pool,
         # No ping before a renewal: lease_renew_many is idempotent and retried on a lost
         # connection, so a dead pooled connection costs one retry, not a ping per renewal.
-        open_pool(conninfo, size=1, ping_idle_after=math.inf, **connect_kwargs) as renewal_pool,
+        open_pool(conninfo, size=1, ping_idle_after=math.inf, **options) as renewal_pool,
     ):
-        yield PgDriver(schema=schema, pool=pool, renewal_pool=renewal_pool, conninfo=conninfo)
+        yield PgDriver(
+            schema=schema,
+            pool=pool,
+            renewal_pool=renewal_pool,
+            listen_conninfo=listen_conninfo,
+            listen_options=options,
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import attrs
 import psycopg
 
 # SQLSTATEs whose error means the session ended (or never started) although the client did nothing
@@ -41,23 +42,121 @@ def is_connection_lost(exc: BaseException) -> bool:
     return sqlstate.startswith("08") or sqlstate in _SESSION_ENDED_SQLSTATES
 
 
-_FIX_URL = "fix --database-url or TRIOQ_DATABASE_URL"
+# Where a URL came from, for the fix's wording: the CLI's flag, or a producer's argument.
+CLI_URL = "--database-url or TRIOQ_DATABASE_URL"
+PRODUCER_URL = "the producer's conninfo or TRIOQ_DATABASE_URL"
+_POOLER_FIX = (
+    'behind a transaction pooler, use --prepared-statements off (prepared_statements="off" '
+    "on App and the producers)"
+)
 
 
-def describe_database_error(exc: BaseException) -> str | None:
-    """One line naming why the database could not be used and the fix, or None when `exc` is
-    not about reaching the database (the CLI prints this instead of a traceback)."""
+@attrs.frozen
+class ConnectionProblem:
+    """Why the database cannot be used, in one line naming the fix, and whether waiting could
+    fix it (`permanent`: a URL, database, role, password or pooler setting that cannot work)."""
+
+    permanent: bool
+    message: str
+
+
+@attrs.frozen
+class _Failure:
+    pattern: re.Pattern[str]
+    permanent: bool
+    template: str  # {0}...: the pattern's groups; {where}: where the URL came from
+
+
+def _failure(pattern: str, permanent: bool, template: str) -> _Failure:
+    return _Failure(re.compile(pattern), permanent, template)
+
+
+# libpq's and PgBouncer's messages (English; stable across versions): the one mapping from a
+# connection error to its line, used by the CLI, the worker's start and both producers.
+_CONNECT_FAILURES: tuple[_Failure, ...] = (
+    _failure(
+        r'database "([^"]+)" does not exist|no such database: (\S+)',
+        True,
+        "database {0!r} does not exist: create it (createdb {0}) or fix {where}",
+    ),
+    _failure(
+        r'role "([^"]+)" does not exist',
+        True,
+        "role {0!r} does not exist: create it (createuser {0}) or fix the user in the URL",
+    ),
+    _failure(
+        r'password authentication failed for user "([^"]+)"',
+        True,
+        "password authentication failed for user {0!r}: fix the password in the URL",
+    ),
+    _failure(
+        r'"([\w-]+)" authentication failed|(SASL) authentication failed',
+        True,
+        "{0} authentication failed: fix the user or password in the URL (behind PgBouncer: "
+        "its auth_file)",
+    ),
+    _failure(
+        r'no pg_hba\.conf entry for host "([^"]+)"',
+        True,
+        "the server's pg_hba.conf admits no connection from host {0!r} with this user and "
+        "database: add a line for it, or fix {where}",
+    ),
+    _failure(
+        r"unsupported startup parameter: (\S+)",
+        True,
+        "the server (a pooler?) refuses the startup parameter {0!r}: " + _POOLER_FIX + ", "
+        "which sends none, and take {0!r} out of the URL and PGOPTIONS",
+    ),
+    _failure(
+        r'prepared statement "([^"]+)" (?:does not exist|already exists)'
+        r"|bind message supplies \d+ parameters, but prepared statement \"([^\"]*)\"",
+        True,
+        "prepared statement {0!r} is missing or taken on this server connection: " + _POOLER_FIX,
+    ),
+    _failure(
+        r"failed to resolve host '([^']+)'",
+        False,
+        "cannot resolve host {0!r}: fix the host in the URL",
+    ),
+)
+
+
+def connection_problem(exc: BaseException, where: str = CLI_URL) -> ConnectionProblem | None:
+    """What is wrong when `exc` is about reaching or using the database (see
+    `ConnectionProblem`), or None when it is not. `where` names where the URL came from."""
     if isinstance(exc, psycopg.ProgrammingError) and _is_conninfo_error(str(exc)):
-        return f"the database URL is not valid ({_first_line(exc)}): {_FIX_URL}"
-    if not isinstance(exc, psycopg.OperationalError):
+        return ConnectionProblem(
+            True, f"the database URL is not valid ({_first_line(exc)}): fix {where}"
+        )
+    if not isinstance(exc, psycopg.Error):
         return None
-    for needle, fix in _CONNECT_FAILURES:
-        match = re.search(needle, str(exc))
+    text = str(exc)
+    for failure in _CONNECT_FAILURES:
+        match = failure.pattern.search(text)
         if match:
-            return fix.format(*match.groups())
+            groups = [group for group in match.groups() if group is not None]
+            return ConnectionProblem(
+                failure.permanent, failure.template.format(*groups, where=where)
+            )
     if not is_connection_lost(exc):
         return None
-    return f"cannot connect to PostgreSQL ({_first_line(exc)}): start it, or {_FIX_URL}"
+    return ConnectionProblem(
+        False, f"cannot connect to PostgreSQL ({_first_line(exc)}): start it, or fix {where}"
+    )
+
+
+def describe_database_error(exc: BaseException, where: str = CLI_URL) -> str | None:
+    """One line naming why the database could not be used and the fix, or None when `exc` is
+    not about reaching the database (the CLI prints this instead of a traceback)."""
+    problem = connection_problem(exc, where)
+    return None if problem is None else problem.message
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """The server could not be reached right now (worth retrying), as opposed to a URL,
+    database, role, password or pooler setting that cannot work."""
+    problem = connection_problem(exc)
+    return problem is not None and not problem.permanent and is_connection_lost(exc)
 
 
 def _is_conninfo_error(text: str) -> bool:
@@ -70,30 +169,3 @@ def _is_conninfo_error(text: str) -> bool:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
-
-
-# libpq's messages (English; they are stable across versions): pattern -> what to do.
-_CONNECT_FAILURES: tuple[tuple[str, str], ...] = (
-    (
-        r'database "([^"]+)" does not exist',
-        "database {0!r} does not exist: create it (createdb {0}) or " + _FIX_URL,
-    ),
-    (
-        r'role "([^"]+)" does not exist',
-        "role {0!r} does not exist: create it (createuser {0}) or fix the user in the URL",
-    ),
-    (
-        r'password authentication failed for user "([^"]+)"',
-        "password authentication failed for user {0!r}: fix the password in the URL",
-    ),
-    (r"failed to resolve host '([^']+)'", "cannot resolve host {0!r}: fix the host in the URL"),
-)
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """The server could not be reached right now (worth retrying), as opposed to a URL, database,
-    role or password that cannot work."""
-    if not isinstance(exc, psycopg.OperationalError) or not is_connection_lost(exc):
-        return False
-    text = str(exc)
-    return not any(re.search(needle, text) for needle, _ in _CONNECT_FAILURES[:3])

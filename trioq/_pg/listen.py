@@ -203,6 +203,22 @@ class Listener:
             raw.close()  # PQfinish: sends Terminate without waiting for an answer
 
 
+@attrs.define(eq=False)
+class PollingListener:
+    """Stands in for a LISTEN connection where there is none (a transaction pooler in front and
+    no listen URL): it delivers nothing, so every waiter finds its result by its poll."""
+
+    @property
+    def connected(self) -> bool:
+        return False
+
+    async def listen(self, channel: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def unlisten(self, channel: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+
 def _error_from_result(result: PGresult, encoding: str) -> psycopg.Error:
     sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
     try:

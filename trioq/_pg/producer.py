@@ -11,37 +11,71 @@ connection (`conn=`) so the enqueue commits or rolls back with the caller's tran
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import attrs
 import psycopg
-from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .._core import codec
-from .._core.channels import control_channel, result_channel
-from .._core.errors import JobFailed, JobNotFound, ResultTimeout, SchemaNotMigrated, TrioqError
-from .._core.identifiers import validate_job_id, validate_key, validate_schema
+from .._core.channels import control_channel
+from .._core.errors import (
+    JobFailed,
+    JobNotFound,
+    ProducerConnectionError,
+    ProducerError,
+    ResultTimeout,
+    SchemaNotMigrated,
+)
+from .._core.identifiers import (
+    validate_job_id,
+    validate_key,
+    validate_prepared_statements,
+    validate_schema,
+)
 from .._core.states import TERMINAL_STATES, JobState
 from .._driver import JobRecord, NewJob
 from .._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
 from .._sql import queries
 from .driver import insert_statement, inserted_jobs
+from .errors import PRODUCER_URL, connection_problem
+from .producer_listen import AsyncResultListener, ResultListenerStatistics, SyncResultListener
 
 DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
-_LISTEN = sql.SQL("LISTEN {}")
+# Opening a producer connects once, to fail at once with the cause (psycopg_pool would retry
+# in the background and raise PoolTimeout after `connect_timeout`, the cause only in its log).
+CHECK_TIMEOUT = 3
+# How long a wait_final waits for its channel's LISTEN before it reads the job's state anyway.
+SUBSCRIBE_TIMEOUT = 5.0
 
 SyncConnection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]
 
 
-class ProducerError(TrioqError):
-    """A producer cannot do what was asked (no database URL, a statement this schema lacks)."""
+@attrs.define
+class _ForkCount:
+    """Forks of this process so far, as seen by the child (`os.register_at_fork`)."""
+
+    generation: int = 0
+
+    def forked(self) -> None:
+        self.generation += 1
+
+
+_FORKS = _ForkCount()
+os.register_at_fork(after_in_child=_FORKS.forked)
+# A child keeps its parent's pools and listeners referenced: their connections are the parent's
+# sockets (closing them would end the parent's sessions), their threads did not survive the
+# fork, and their finalisers would only warn.
+_LEFT_BY_PARENT: list[object] = []
 
 
 @attrs.frozen
@@ -131,6 +165,74 @@ def _resolve_url(conninfo: str | None) -> str:
     return url
 
 
+@attrs.frozen
+class _Settings:
+    """What both producers connect with (see `SyncProducer`)."""
+
+    url: str
+    listen_url: str | None  # None: poll for results (a transaction pooler and no listen URL)
+    connect_kwargs: dict[str, Any]
+    pool_size: int
+    connect_timeout: float
+
+    @classmethod
+    def of(
+        cls,
+        conninfo: str | None,
+        prepared_statements: str,
+        listen_url: str | None,
+        pool_size: int,
+        connect_timeout: float,
+    ) -> _Settings:
+        url = _resolve_url(conninfo)
+        off = validate_prepared_statements(prepared_statements) == "off"
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if off:
+            kwargs["prepare_threshold"] = None  # unnamed statements only
+        try:
+            named = "application_name" in conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise _connection_error(exc) from None
+        if not named and not os.environ.get("PGAPPNAME"):
+            kwargs["application_name"] = "trioq-producer"
+        if listen_url is None and not off:
+            listen_url = url
+        return cls(url, listen_url, kwargs, pool_size, connect_timeout)
+
+    @property
+    def listen_kwargs(self) -> dict[str, Any]:
+        return {**self.connect_kwargs, "prepare_threshold": None}
+
+    def check(self) -> None:
+        """Connect once (bounded by CHECK_TIMEOUT): ProducerConnectionError naming the fix."""
+        try:
+            with psycopg.connect(self.url, **self.connect_kwargs, connect_timeout=CHECK_TIMEOUT):
+                pass
+        except psycopg.Error as exc:
+            raise _connection_error(exc) from None
+
+    async def check_async(self) -> None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.url, **self.connect_kwargs, connect_timeout=CHECK_TIMEOUT
+            )
+        except psycopg.Error as exc:
+            raise _connection_error(exc) from None
+        await conn.close()
+
+
+def _connection_error(exc: psycopg.Error) -> ProducerConnectionError | psycopg.Error:
+    """The CLI's one line for `exc` (the shared mapping in errors.py), as a ProducerError."""
+    problem = connection_problem(exc, PRODUCER_URL)
+    if problem is None:
+        return exc
+    return ProducerConnectionError(problem.message, permanent=problem.permanent)
+
+
+def _wait_for_subscription(timeout: float | None) -> float:
+    return SUBSCRIBE_TIMEOUT if timeout is None else max(0.0, min(timeout, SUBSCRIBE_TIMEOUT))
+
+
 def _event_params(key: str, payload: Any) -> dict[str, Any]:
     return {"key": validate_key("key", key), "payload": codec.encode(payload)}
 
@@ -155,6 +257,14 @@ class SyncProducer:
     `conn=` on each call runs it on your psycopg connection, inside your transaction (Django:
     `django.db.connection.connection` inside `transaction.atomic()`; the job exists only if you
     commit). Without it, a pooled autocommit connection is used (`pool_size` at most).
+
+    Constructing it connects once (at most `CHECK_TIMEOUT` seconds) and raises
+    `trioq.ProducerConnectionError`, one line naming the cause and the fix, if that fails.
+    `prepared_statements="off"` behind a transaction pooler (PgBouncer, RDS Proxy, Supavisor):
+    unnamed statements only; result waits then LISTEN on `listen_url` (a direct connection),
+    or poll once a second without one. All waits share one LISTEN connection. Fork-safe: a
+    child process (gunicorn `--preload`, uWSGI, Celery prefork) opens its own pool and listener
+    on first use and never touches the parent's connections.
     """
 
     def __init__(
@@ -165,19 +275,60 @@ class SyncProducer:
         tasks: Iterable[TaskLike] = (),
         pool_size: int = 4,
         connect_timeout: float = 10.0,
+        prepared_statements: str = "auto",
+        listen_url: str | None = None,
     ) -> None:
-        self._url = _resolve_url(conninfo)
         self._statements = _Statements(schema, _task_map(tasks))
-        self._pool = ConnectionPool(
-            self._url,
+        self._settings = _Settings.of(
+            conninfo, prepared_statements, listen_url, pool_size, connect_timeout
+        )
+        self._settings.check()
+        self._fork_lock = threading.Lock()
+        self._generation = _FORKS.generation
+        self._pool = self._new_pool()
+        self._results: SyncResultListener | None = None
+
+    def _new_pool(self) -> ConnectionPool[SyncConnection]:
+        settings = self._settings
+        return ConnectionPool(
+            settings.url,
             min_size=0,
-            max_size=pool_size,
-            kwargs={"autocommit": True, "application_name": "trioq-producer"},
-            timeout=connect_timeout,
+            max_size=settings.pool_size,
+            kwargs=settings.connect_kwargs,
+            timeout=settings.connect_timeout,
             open=True,
         )
 
+    def _this_process(self) -> None:
+        """After a fork, leave the parent's pool and listener alone and start afresh."""
+        if self._generation == _FORKS.generation:
+            return
+        with self._fork_lock:
+            if self._generation == _FORKS.generation:
+                return
+            _LEFT_BY_PARENT.extend([self._pool, self._results])
+            self._pool, self._results = self._new_pool(), None
+            self._generation = _FORKS.generation
+
+    def _result_listener(self) -> SyncResultListener | None:
+        self._this_process()
+        if self._settings.listen_url is None:
+            return None
+        with self._fork_lock:
+            if self._results is None:
+                self._results = SyncResultListener(
+                    self._settings.listen_url, self._settings.listen_kwargs, self.schema
+                )
+            return self._results
+
+    def statistics(self) -> ResultListenerStatistics | None:
+        """The shared result listener's figures (None before the first wait, or without one)."""
+        return None if self._results is None else self._results.statistics()
+
     def close(self) -> None:
+        self._this_process()
+        if self._results is not None:
+            self._results.close()
         self._pool.close()
 
     def __enter__(self) -> SyncProducer:
@@ -191,6 +342,7 @@ class SyncProducer:
         if conn is not None:
             yield conn
             return
+        self._this_process()
         with self._pool.connection() as pooled:
             yield pooled
 
@@ -256,12 +408,16 @@ class SyncProducer:
 
     def wait_final(self, job_id: int, timeout: float | None = 30.0) -> JobRecord:
         """Block until the job is final (woken by its result notification, with a slow poll
-        under it); raises ResultTimeout after `timeout` seconds. Uses a connection of its own
-        for LISTEN, never the caller's."""
+        under it); raises ResultTimeout after `timeout` seconds. Every wait of this producer
+        shares one LISTEN connection (never the caller's)."""
+        job_id = _check_id(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        channel = result_channel(self.schema, _check_id(job_id))
-        with psycopg.connect(self._url, autocommit=True) as listener:
-            listener.execute(_LISTEN.format(sql.Identifier(channel)))
+        results = self._result_listener()
+        if results is None:
+            event = threading.Event()  # never set: poll only
+        else:
+            event = results.watch(job_id, _wait_for_subscription(timeout))
+        try:
             while True:
                 record = self.get_job(job_id)
                 if record.state in TERMINAL_STATES:
@@ -269,8 +425,11 @@ class SyncProducer:
                 left = RESULT_POLL_SECONDS if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise ResultTimeout(f"job {job_id} is still {record.state} after {timeout}s")
-                for _ in listener.notifies(timeout=min(left, RESULT_POLL_SECONDS), stop_after=1):
-                    pass
+                event.wait(min(left, RESULT_POLL_SECONDS))
+                event.clear()
+        finally:
+            if results is not None:
+                results.forget(job_id, event)
 
     def wait_result(self, job_id: int, timeout: float | None = 30.0) -> Any:
         """The job's result once it completes; JobFailed if it ended failed or cancelled."""
@@ -281,7 +440,10 @@ class AsyncProducer:
     """`SyncProducer` for asyncio (FastAPI, aiohttp): the same methods, awaited.
 
     Open it with `await producer.open()` (or `async with AsyncProducer(...)`), e.g. in a FastAPI
-    lifespan; `conn=` takes your `psycopg.AsyncConnection` to enqueue inside your transaction.
+    lifespan; opening connects once and raises `trioq.ProducerConnectionError` as
+    `SyncProducer` does. `conn=` takes your `psycopg.AsyncConnection` to enqueue inside your
+    transaction. Fork-safe like `SyncProducer`: a child process (or another event loop, for the
+    result listener) opens its own pool on first use.
     """
 
     def __init__(
@@ -292,15 +454,27 @@ class AsyncProducer:
         tasks: Iterable[TaskLike] = (),
         pool_size: int = 4,
         connect_timeout: float = 10.0,
+        prepared_statements: str = "auto",
+        listen_url: str | None = None,
     ) -> None:
-        self._url = _resolve_url(conninfo)
         self._statements = _Statements(schema, _task_map(tasks))
-        self._pool = AsyncConnectionPool(
-            self._url,
+        self._settings = _Settings.of(
+            conninfo, prepared_statements, listen_url, pool_size, connect_timeout
+        )
+        self._generation = _FORKS.generation
+        self._pool = self._new_pool()
+        self._opened = False  # open() was called: a child opens its fresh pool on first use
+        self._pool_open = False
+        self._results: AsyncResultListener | None = None
+
+    def _new_pool(self) -> AsyncConnectionPool[AsyncConnection]:
+        settings = self._settings
+        return AsyncConnectionPool(
+            settings.url,
             min_size=0,
-            max_size=pool_size,
-            kwargs={"autocommit": True, "application_name": "trioq-producer"},
-            timeout=connect_timeout,
+            max_size=settings.pool_size,
+            kwargs=settings.connect_kwargs,
+            timeout=settings.connect_timeout,
             open=False,
         )
 
@@ -309,10 +483,41 @@ class AsyncProducer:
         return self._statements.schema
 
     async def open(self) -> None:
-        await self._pool.open()
+        await self._settings.check_async()
+        self._opened = True
+        await self._ready_pool()
+
+    async def _ready_pool(self) -> AsyncConnectionPool[AsyncConnection]:
+        if self._generation != _FORKS.generation:  # see SyncProducer._this_process
+            _LEFT_BY_PARENT.extend([self._pool, self._results])
+            self._pool, self._results, self._pool_open = self._new_pool(), None, False
+            self._generation = _FORKS.generation
+        if self._opened and not self._pool_open:
+            self._pool_open = True
+            await self._pool.open()
+        return self._pool
+
+    def _result_listener(self) -> AsyncResultListener | None:
+        if self._settings.listen_url is None:
+            return None
+        results = self._results
+        if results is None or results.loop is not asyncio.get_running_loop():
+            if results is not None:  # its task died with another event loop
+                _LEFT_BY_PARENT.append(results)
+            results = self._results = AsyncResultListener(
+                self._settings.listen_url, self._settings.listen_kwargs, self.schema
+            )
+        return results
+
+    def statistics(self) -> ResultListenerStatistics | None:
+        """See `SyncProducer.statistics`."""
+        return None if self._results is None else self._results.statistics()
 
     async def close(self) -> None:
-        await self._pool.close()
+        pool = await self._ready_pool()
+        if self._results is not None:
+            await self._results.close()
+        await pool.close()
 
     async def __aenter__(self) -> AsyncProducer:
         await self.open()
@@ -328,7 +533,8 @@ class AsyncProducer:
         with self._statements.schema_required():
             if conn is not None:
                 return await (await conn.execute(text, params)).fetchall()
-            async with self._pool.connection() as pooled:
+            pool = await self._ready_pool()
+            async with pool.connection() as pooled:
                 return await (await pooled.execute(text, params)).fetchall()
 
     async def enqueue(
@@ -380,10 +586,14 @@ class AsyncProducer:
 
     async def wait_final(self, job_id: int, timeout: float | None = 30.0) -> JobRecord:
         """Wait until the job is final; see `SyncProducer.wait_final`."""
+        job_id = _check_id(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        channel = result_channel(self.schema, _check_id(job_id))
-        async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as listener:
-            await listener.execute(_LISTEN.format(sql.Identifier(channel)))
+        results = self._result_listener()
+        if results is None:
+            event = asyncio.Event()  # never set: poll only
+        else:
+            event = await results.watch(job_id, _wait_for_subscription(timeout))
+        try:
             while True:
                 record = await self.get_job(job_id)
                 if record.state in TERMINAL_STATES:
@@ -391,10 +601,12 @@ class AsyncProducer:
                 left = RESULT_POLL_SECONDS if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     raise ResultTimeout(f"job {job_id} is still {record.state} after {timeout}s")
-                async for _ in listener.notifies(
-                    timeout=min(left, RESULT_POLL_SECONDS), stop_after=1
-                ):
-                    pass
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(left, RESULT_POLL_SECONDS))
+                event.clear()
+        finally:
+            if results is not None:
+                results.forget(job_id, event)
 
     async def wait_result(self, job_id: int, timeout: float | None = 30.0) -> Any:
         return _final_result(await self.wait_final(job_id, timeout))

@@ -44,7 +44,11 @@ def job_id(text: str) -> int:
 
 
 def _app(args: argparse.Namespace) -> App:
-    return App(args.database_url, schema=validate_schema(args.schema))
+    return App(
+        args.database_url,
+        schema=validate_schema(args.schema),
+        prepared_statements=getattr(args, "prepared_statements", None) or "auto",
+    )
 
 
 def _plain(value: Any) -> Any:

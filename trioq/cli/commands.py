@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from .._core import codec
-from .._core.identifiers import validate_schema
+from .._core.identifiers import PREPARED_STATEMENTS, validate_schema
 from .._runtime.health import serve_health
 from .._runtime.worker import Worker
 from ..app import DATABASE_URL_ENV, App, load_app
@@ -27,8 +27,13 @@ log = logging.getLogger("trioq.cli")
 
 
 def _with_url(app: App, args: argparse.Namespace) -> App:
+    """The app with the command line's connection options applied (over the app's own)."""
     if args.database_url:
         app.database_url = args.database_url
+    if getattr(args, "prepared_statements", None):
+        app.prepared_statements = args.prepared_statements
+    if getattr(args, "listen_url", None):
+        app.listen_url = args.listen_url
     return app
 
 
@@ -39,7 +44,12 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     app = _with_url(App(schema=validate_schema(args.schema)), args)
     from .._pg.driver import open_pg_driver
 
-    async with open_pg_driver(app.resolve_database_url(), app.schema, pool_size=1) as driver:
+    async with open_pg_driver(
+        app.resolve_database_url(),
+        app.schema,
+        pool_size=1,
+        prepared_statements=app.prepared_statements,
+    ) as driver:
         applied = await driver.migrate()
     print(f"schema {app.schema}: applied {applied or 'nothing (up to date)'}")
     return 0
@@ -103,7 +113,8 @@ async def _run_worker(
         grace_seconds=args.grace,
         maintenance_interval=args.maintenance_interval,
         admission=args.admission,
-        notifications=args.notifications == "on",
+        # Not given: the app decides (on, unless behind a transaction pooler without a listen URL).
+        **({} if args.notifications is None else {"notifications": args.notifications == "on"}),
         pipeline=args.pipeline == "on",
         task_status=task_status,
     )
@@ -251,6 +262,17 @@ def _logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
 
 
+def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """--prepared-statements, accepted before or after the subcommand, like -v."""
+    parser.add_argument(
+        "--prepared-statements",
+        choices=PREPARED_STATEMENTS,
+        default=None if top else argparse.SUPPRESS,
+        help="off: behind a transaction pooler (PgBouncer, RDS Proxy, Supavisor): unnamed "
+        "statements, no startup options, no session SET (None: the app's, else auto)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trioq",
@@ -260,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trioq {_version()}")
     _logging_options(parser, top=True)
+    _connection_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -275,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"libpq URL or conninfo (None: ${DATABASE_URL_ENV})",
         )
         _logging_options(cmd, top=False)
+        _connection_options(cmd, top=False)
         return cmd
 
     migrate = command("migrate", "create or upgrade the schema (safe to run concurrently)")
@@ -319,8 +343,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--notifications",
         choices=("on", "off"),
-        default="on",
-        help="off: poll only, no LISTEN connection (behind a transaction-pooling proxy)",
+        default=None,
+        help="off: poll only, no LISTEN connection (None: on, but off with "
+        "--prepared-statements off and no --listen-url)",
+    )
+    worker.add_argument(
+        "--listen-url",
+        default=None,
+        help="a direct connection for LISTEN, when --database-url is a transaction pooler",
     )
     worker.add_argument(
         "--pipeline",

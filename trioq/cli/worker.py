@@ -52,7 +52,9 @@ async def wait_for_database(app: App) -> None:
     url = app.resolve_database_url()
     while True:
         try:
-            async with open_pg_driver(url, app.schema, pool_size=1):
+            async with open_pg_driver(
+                url, app.schema, pool_size=1, prepared_statements=app.prepared_statements
+            ):
                 return
         except Exception as exc:
             if not is_unreachable(exc):
