@@ -1,0 +1,210 @@
+"""trioq behind PgBouncer in transaction mode (Debian's pgbouncer, started by tests/pgbouncer.py
+in front of the session's cluster): `prepared_statements="off"` on the app, both producers and
+the CLI, LISTEN on a direct `listen_url`, and no session state left behind for the next client
+of a server connection."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+import trioq
+from tests.pgbouncer import PgBouncer, running_pgbouncer
+from tests.support import running_worker, sql_rows, sql_scalar, wait_until
+from trioq.cli.commands import main as cli_main
+from trioq.producer import AsyncProducer, SyncProducer
+
+# What a server connection must not carry to its next client: settings SET for the session,
+# LISTENs, prepared statements. PgBouncer itself SETs the startup parameters it tracks per
+# client (application_name, client_encoding, DateStyle, TimeZone, ...) when it hands a server
+# connection over: those are its own, not a leak.
+SESSION_STATE = """
+SELECT (SELECT count(*) FROM pg_settings WHERE source = 'session'
+        AND name NOT IN ('application_name', 'client_encoding', 'DateStyle', 'TimeZone',
+                         'IntervalStyle', 'standard_conforming_strings')),
+       (SELECT count(*) FROM pg_listening_channels()),
+       (SELECT count(*) FROM pg_prepared_statements)
+"""
+
+
+@pytest.fixture(scope="module")
+def bouncer(pg_url: str) -> Iterator[PgBouncer]:
+    # "single" has one server connection, so every client of it shares the same session.
+    databases = {"postgres": "dbname=postgres", "single": "dbname=postgres pool_size=1"}
+    with running_pgbouncer(pg_url, databases, pool_mode="transaction") as running:
+        yield running
+
+
+def pooled_app(bouncer: PgBouncer, pg_url: str, schema: str, database: str = "postgres") -> Any:
+    app = trioq.App(
+        bouncer.conninfo(database), schema=schema, prepared_statements="off", listen_url=pg_url
+    )
+
+    @app.task("double")
+    async def double(ctx: trioq.Context, payload: dict[str, Any]) -> int:
+        return int(payload["n"]) * 2
+
+    @app.task("approval", queue="flows")
+    async def approval(ctx: trioq.Context, payload: dict[str, Any]) -> Any:
+        await ctx.sleep("cool-off", datetime.timedelta(milliseconds=50))
+        decision = await ctx.wait_for_event(
+            f"approval:{payload['n']}", timeout=datetime.timedelta(seconds=60)
+        )
+        return await ctx.step("record", lambda: {"approved": decision["approved"]})
+
+    return app
+
+
+async def test_migrate_enqueue_from_both_producers_and_8_threads_then_a_worker_drains(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str
+) -> None:
+    app = pooled_app(bouncer, pg_url, pg_schema)
+    url = bouncer.conninfo()
+
+    def from_threads() -> list[int]:
+        with SyncProducer(url, schema=pg_schema, prepared_statements="off") as producer:
+            ids: list[int] = []
+            lock = threading.Lock()
+
+            def enqueue_some(thread: int) -> None:
+                for n in range(25):  # past psycopg's prepare threshold (5) on each connection
+                    job = producer.enqueue("double", {"n": thread * 100 + n})
+                    with lock:
+                        ids.append(job.id)
+
+            threads = [threading.Thread(target=enqueue_some, args=(t,)) for t in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return ids
+
+    async def from_asyncio() -> list[int]:
+        async with AsyncProducer(url, schema=pg_schema, prepared_statements="off") as producer:
+            jobs = [await producer.enqueue("double", {"n": 1000 + n}) for n in range(10)]
+            jobs += await producer.enqueue_many("double", [{"n": 2000 + n} for n in range(10)])
+            return [job.id for job in jobs]
+
+    async with app.client(migrate=True) as client:
+        with trio.fail_after(60):
+            threaded = await trio.to_thread.run_sync(from_threads)
+            awaited = await trio.to_thread.run_sync(asyncio.run, from_asyncio())
+            ours = [(await client.enqueue("double", {"n": 3000 + n})).id for n in range(10)]
+            assert len(set(threaded)) == 200
+            async with running_worker(app, concurrency=10):
+                assert await client.wait_result(ours[-1], timeout=30) == 6018
+                for job_id in threaded + awaited + ours:
+                    await client.wait_final(job_id, timeout=30)
+    states = sql_rows(pg_url, f"SELECT state, count(*) FROM {pg_schema}.jobs GROUP BY state")
+    assert states == [("completed", 230)]
+
+
+async def _state_is(client: trioq.Client, job_id: int, state: str) -> bool:
+    return (await client.get_job(job_id)).state == state
+
+
+async def test_workflow_with_a_sleep_and_an_event_and_results_through_the_listen_url(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str
+) -> None:
+    app = pooled_app(bouncer, pg_url, pg_schema)
+    url = bouncer.conninfo()
+
+    def producer_side(job_id: int) -> tuple[Any, Any]:
+        with SyncProducer(
+            url, schema=pg_schema, prepared_statements="off", listen_url=pg_url
+        ) as producer:
+            first = producer.emit_event("approval:7", {"approved": True})
+            return first, producer.wait_result(job_id, timeout=30)
+
+    async with app.client(migrate=True) as client, running_worker(app, ["flows"]):
+        with trio.fail_after(60):
+            job = await client.enqueue("approval", {"n": 7})
+            # Suspended on the event (after its durable sleep): emitted through the pooler.
+            await wait_until(lambda: _state_is(client, job.id, "waiting"))
+            first, result = await trio.to_thread.run_sync(producer_side, job.id)
+    assert result == {"approved": True}
+    kinds = sql_rows(
+        pg_url, f"SELECT kind FROM {pg_schema}.checkpoints WHERE job_id = %s ORDER BY position",
+        (job.id,),
+    )  # fmt: skip
+    assert [kind for (kind,) in kinds] == ["sleep", "event", "step"]
+    assert first is not None
+
+
+async def test_queue_pause_and_resume_from_the_cli_through_the_pooler(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = pooled_app(bouncer, pg_url, pg_schema)
+    async with app.client(migrate=True):
+        pass
+    url = bouncer.conninfo()
+    for action in ("pause", "resume", "pause"):
+        argv = ["--prepared-statements", "off", "queue", action, "default"]
+        argv += ["--database-url", url, "--schema", pg_schema]
+        assert await trio.to_thread.run_sync(cli_main, argv) == 0, capsys.readouterr().err
+    assert sql_rows(pg_url, f"SELECT queue FROM {pg_schema}.queue_pauses") == [("default",)]
+
+
+async def test_a_pooler_refusing_trioqs_startup_options_is_one_line_naming_the_fix_not_a_retry(
+    bouncer: PgBouncer, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = bouncer.conninfo()
+    with trio.fail_after(30):  # a retried "unreachable" database would wait here forever
+        code = await trio.to_thread.run_sync(
+            cli_main, ["worker", "tests.tx_app:app", "--queue", "ledger", "--database-url", url]
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3
+    assert len(err) == 1
+    assert "refuses the startup parameter 'options'" in err[0]
+    assert "--prepared-statements off" in err[0]
+    with_options = url + " options='-c work_mem=8MB'"
+    with pytest.raises(trioq.ProducerConnectionError, match="--prepared-statements off") as raised:
+        SyncProducer(with_options, schema=pg_schema, prepared_statements="off")
+    assert raised.value.permanent
+    with pytest.raises(trioq.ProducerConnectionError, match="refuses the startup parameter"):
+        await trio.to_thread.run_sync(asyncio.run, AsyncProducer(with_options).open())
+
+
+async def test_no_session_state_reaches_the_next_client_of_the_server_connection(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str
+) -> None:
+    app = pooled_app(bouncer, pg_url, pg_schema, database="single")
+    url = bouncer.conninfo("single")
+
+    def producers() -> None:
+        with SyncProducer(url, schema=pg_schema, prepared_statements="off") as producer:
+            for n in range(10):
+                producer.enqueue("double", {"n": n})
+
+        async def awaited() -> None:
+            async with AsyncProducer(url, schema=pg_schema, prepared_statements="off") as producer:
+                for n in range(10):
+                    await producer.enqueue("double", {"n": n})
+
+        asyncio.run(awaited())
+
+    async with app.client(migrate=True) as client:
+        with trio.fail_after(60):
+            await trio.to_thread.run_sync(producers)
+            async with client.transaction() as tx:  # trioq's own transaction: SET LOCAL
+                await tx.enqueue("double", {"n": 99})
+            async with running_worker(app, concurrency=4):
+                last = await client.enqueue("double", {"n": 100})
+                assert await client.wait_result(last.id, timeout=30) == 200
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.jobs") == 22
+    with psycopg.connect(url, autocommit=True) as plain:
+        assert plain.execute(SESSION_STATE).fetchone() == (0, 0, 0)
+        # The check sees a leak when there is one: a session SET by one client ...
+        plain.execute("SET statement_timeout = 1234")
+    with psycopg.connect(url, autocommit=True) as plain:
+        # ... is what the next client of the one server connection gets.
+        assert plain.execute(SESSION_STATE).fetchone() == (1, 0, 0)
+        plain.execute("RESET ALL")
