@@ -162,7 +162,7 @@ def is_unreachable(exc: BaseException) -> bool:
 def _is_conninfo_error(text: str) -> bool:
     return any(
         part in text
-        for part in ("connection info string", "invalid connection option", "invalid URI", "dsn")
+        for part in ("connection info string", "invalid connection option", "URI", "dsn")
     )
 
 
