@@ -18,6 +18,10 @@ import trio
 import trioq
 from tests.pgbouncer import PgBouncer, running_pgbouncer
 from tests.support import running_worker, sql_rows, sql_scalar, wait_until
+from trioq._pg import ConnectOptions, connect
+from trioq._pg.connection import session_params
+from trioq._pg.errors import connection_problem, is_unreachable
+from trioq.cli.commands import build_parser
 from trioq.cli.commands import main as cli_main
 from trioq.producer import AsyncProducer, SyncProducer
 
@@ -208,3 +212,77 @@ async def test_no_session_state_reaches_the_next_client_of_the_server_connection
         # ... is what the next client of the one server connection gets.
         assert plain.execute(SESSION_STATE).fetchone() == (1, 0, 0)
         plain.execute("RESET ALL")
+
+
+# --- the pieces, on a direct connection ----------------------------------------------------
+
+
+async def test_pooler_mode_sets_nothing_for_the_session_and_its_timeouts_only_locally(
+    pg_url: str,
+) -> None:
+    assert "options" not in session_params(pg_url, ConnectOptions(transaction_pooler=True))
+    assert "options" in session_params(pg_url, ConnectOptions())
+    conn = await connect(pg_url, prepare_threshold=None, transaction_pooler=True)
+    try:
+        settings = "SELECT setting, source FROM pg_settings WHERE name = %s"
+        assert await conn.fetchrow(settings, ["statement_timeout"]) == ("0", "default")
+        assert await conn.fetchval("SHOW client_connection_check_interval") == "0"
+        async with conn.transaction():
+            assert await conn.fetchval("SHOW statement_timeout") == "30s"
+            assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "1min"
+        assert await conn.fetchrow(settings, ["statement_timeout"]) == ("0", "default")
+    finally:
+        await conn.close()
+
+
+def test_pooler_errors_are_permanent_and_name_the_fix_while_a_refused_port_is_retried() -> None:
+    for text in (
+        "connection failed: ... FATAL:  unsupported startup parameter: options",
+        'prepared statement "trioq_0" already exists',
+        'prepared statement "_pg3_0" does not exist',
+        'bind message supplies 10 parameters, but prepared statement "_pg3_1" requires 2',
+    ):
+        error = psycopg.OperationalError(text)
+        assert not is_unreachable(error)
+        problem = connection_problem(error)
+        assert problem is not None and problem.permanent
+        assert "--prepared-statements off" in problem.message
+    refused = psycopg.OperationalError("connection failed: ... Connection refused")
+    assert is_unreachable(refused)
+
+
+def test_off_without_a_listen_url_polls_and_refuses_to_pretend_it_listens() -> None:
+    assert not trioq.App(prepared_statements="off").listens
+    assert trioq.App(prepared_statements="off", listen_url="host=/direct").listens
+    assert trioq.App().listens
+    with pytest.raises(ValueError, match="prepared_statements: 'no' must be 'auto' or 'off'"):
+        trioq.App(prepared_statements="no")
+
+
+async def test_a_worker_behind_a_pooler_without_a_listen_url_polls(
+    bouncer: PgBouncer, pg_schema: str
+) -> None:
+    app = trioq.App(bouncer.conninfo(), schema=pg_schema, prepared_statements="off")
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> None:
+        pass
+
+    async with app.client(migrate=True) as client:
+        with pytest.raises(trioq.ConfigurationError, match="LISTEN needs listen_url"):
+            app.worker(notifications=True)
+        async with running_worker(app) as worker:
+            job = await client.enqueue("noop", None)
+            with trio.fail_after(30):
+                assert (await client.wait_final(job.id)).state == "completed"
+            assert worker.statistics().listener_state == "off"
+
+
+def test_the_clis_prepared_statements_option_goes_before_or_after_the_command() -> None:
+    parser = build_parser()
+    for argv in (
+        ["--prepared-statements", "off", "status"],
+        ["status", "--prepared-statements", "off"],
+    ):
+        assert parser.parse_args(argv).prepared_statements == "off"
+    assert parser.parse_args(["status"]).prepared_statements is None
