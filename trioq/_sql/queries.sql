@@ -1153,9 +1153,12 @@ SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: schema_drop
 -- Test fixtures drop their throwaway schema; a lock held by a leaked session fails the drop
--- after 10 s instead of hanging the test run.
-SET lock_timeout = '10s';
+-- after 10 s instead of hanging the test run. SET LOCAL: behind a transaction pooler a
+-- session SET would stay on the server connection for its next client.
+BEGIN;
+SET LOCAL lock_timeout = '10s';
 DROP SCHEMA IF EXISTS {schema} CASCADE;
+COMMIT;
 
 -- name: task_status
 -- Jobs by (queue, task, version, state), with how many needed more than one attempt: the
