@@ -201,7 +201,8 @@ class _Settings:
 
     @property
     def listen_kwargs(self) -> dict[str, Any]:
-        return {**self.connect_kwargs, "prepare_threshold": None}
+        # Bounded connects: closing the producer waits for its listener's thread.
+        return {**self.connect_kwargs, "prepare_threshold": None, "connect_timeout": 10}
 
     def check(self) -> None:
         """Connect once (bounded by CHECK_TIMEOUT): ProducerConnectionError naming the fix."""
