@@ -15,6 +15,7 @@ import asyncio
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -65,9 +66,13 @@ class _ForkCount:
     """Forks of this process so far, as seen by the child (`os.register_at_fork`)."""
 
     generation: int = 0
+    producers: weakref.WeakSet[SyncProducer] = attrs.field(factory=weakref.WeakSet)
 
     def forked(self) -> None:
         self.generation += 1
+        for producer in self.producers:
+            # Another thread of the parent may have held it at the fork: that thread is gone.
+            producer._fork_lock = threading.Lock()
 
 
 _FORKS = _ForkCount()
@@ -286,6 +291,7 @@ class SyncProducer:
         self._settings.check()
         self._fork_lock = threading.Lock()
         self._generation = _FORKS.generation
+        _FORKS.producers.add(self)
         self._pool = self._new_pool()
         self._results: SyncResultListener | None = None
 
