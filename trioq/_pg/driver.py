@@ -360,6 +360,7 @@ class PgDriver:
     # Lease renewals get a connection of their own: handlers that fill the main pool (say,
     # each inside client.transaction()) must never hold renewals back until leases expire.
     _renewal_pool: Pool
+    _conninfo: str
     # Where LISTEN goes; None: nowhere (behind a transaction pooler without a listen URL, where
     # a LISTEN would be silently dead and stay behind for the session's next client).
     _listen_conninfo: str | None
@@ -1030,6 +1031,7 @@ async def open_pg_driver(
             schema=schema,
             pool=pool,
             renewal_pool=renewal_pool,
+            conninfo=conninfo,
             listen_conninfo=listen_conninfo,
             listen_options=options,
         )
