@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -286,3 +291,51 @@ def test_the_clis_prepared_statements_option_goes_before_or_after_the_command() 
     ):
         assert parser.parse_args(argv).prepared_statements == "off"
     assert parser.parse_args(["status"]).prepared_statements is None
+
+
+async def test_the_cli_worker_runs_behind_the_pooler_and_listens_on_the_listen_url(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str
+) -> None:
+    url = bouncer.conninfo()
+    async with pooled_app(bouncer, pg_url, pg_schema).client(migrate=True):
+        pass
+    command = [sys.executable, "-m", "trioq.cli", "-v", "--prepared-statements", "off"]
+    command += ["worker", "tests.pooler_app:app", "--database-url", url, "--listen-url", pg_url]
+    env = {**os.environ, "TRIOQ_TEST_SCHEMA": pg_schema, "PYTHONUNBUFFERED": "1"}
+    output = bytearray()
+
+    async def says(text: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        return text.encode() in output
+
+    def enqueue_and_wait() -> Any:
+        with SyncProducer(
+            url, schema=pg_schema, prepared_statements="off", listen_url=pg_url
+        ) as producer:
+            return producer.wait_result(producer.enqueue("double", {"n": 21}).id, timeout=30)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(
+                functools.partial(
+                    trio.run_process,
+                    command,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
+            )
+            nursery.start_soon(_read_into, process.stdout, output)
+            await wait_until(lambda: says("trioq worker "))
+            result = await trio.to_thread.run_sync(enqueue_and_wait)
+            process.send_signal(signal.SIGTERM)
+            code = await process.wait()
+    assert result == 42
+    assert code == 0, output.decode()
+    assert b"notifications off" not in output  # LISTEN on the listen URL, not poll-only
+
+
+async def _read_into(stream: Any, into: bytearray) -> None:
+    async for chunk in stream:
+        into.extend(chunk)
