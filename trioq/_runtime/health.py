@@ -74,16 +74,25 @@ async def render_metrics(worker: Worker) -> bytes:
         owned = loop.running + loop.pending_writes
         metrics.open_slots.labels(loop.queue).set(max(0, loop.concurrency - owned))
         metrics.effective_limit.labels(loop.queue).set(worker.effective_limit(loop.queue))
+    metrics.set_listener(stats.listener_connected, stats.listener_state)
+    metrics.leader.set(1 if stats.leader else 0)
+    if stats.leader:
+        await _read_demand(worker)
+    else:
+        metrics.clear_demand()
+    return generate_latest(metrics.registry)
+
+
+async def _read_demand(worker: Worker) -> None:
+    """The leader's database-wide gauges; a failed or slow read leaves the last values."""
     demand = None
     with trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
         try:
             demand = await worker.driver.queue_demand()
-        except Exception as exc:  # the scrape still answers; the gauge keeps its last value
+        except Exception as exc:  # the scrape still answers; the gauges keep their last values
             log.warning("queue demand unavailable for /metrics: %s", exc)
-    for row in demand or ():
-        for kind in ("ready", "running", "scheduled", "sleeping", "waiting", "due_now"):
-            metrics.queue_demand.labels(row.queue, kind).set(getattr(row, kind))
-    return generate_latest(metrics.registry)
+    if demand is not None:
+        worker.metrics.set_demand(worker.config.queues, demand)
 
 
 def health_app(worker: Worker) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
