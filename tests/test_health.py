@@ -261,8 +261,10 @@ async def test_livez_answers_while_the_worker_waits_for_the_database_at_start() 
             await wait_until(lambda: _answers(port))
             assert await http_get(port, "/livez") == (200, "ok\n")
             status, body = await http_get(port, "/readyz")
+            metrics = await http_get(port, "/metrics")
         assert status == 503
         assert json.loads(body)["failing"] == ["starting"]
+        assert metrics[0] == 200 and "process_cpu_seconds_total" in metrics[1]
         assert proc.returncode is None  # still waiting for the database
     finally:
         proc.kill()
