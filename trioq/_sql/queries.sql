@@ -801,19 +801,23 @@ first_schedule AS (
     SELECT name, next_fire_at FROM {schema}.schedules
     ORDER BY next_fire_at NULLS FIRST LIMIT 1
 ),
+-- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
+-- when no worker declared it), as the worker's own retry decision does.
 expired AS (
-    SELECT id FROM {schema}.jobs
+    SELECT j.id, coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts
+    FROM {schema}.jobs j
+    LEFT JOIN {schema}.task_defaults d ON d.task = j.task AND d.version = j.version
     WHERE (SELECT ok FROM leader)
-      AND state = 'running' AND lease_expires_at < {schema}.db_now()
-    ORDER BY lease_expires_at
+      AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
+    ORDER BY j.lease_expires_at
     LIMIT %(recover_limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 ),
 recovered AS (
     UPDATE {schema}.jobs j
     SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                     WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'ready' END,
-        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
+                     WHEN j.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
                            THEN {schema}.db_now() END,
         error = jsonb_build_object('type', 'LeaseExpired',
                                    'message', 'worker lost: lease expired'),
@@ -934,8 +938,12 @@ SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s);
 
 -- name: job_get
+-- max_attempts as the worker applies it: the row's, else its task's declaration (migration 0015).
 SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
-       max_attempts, worker_id, result, error, created_at, started_at, finished_at
+       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
+           AS max_attempts, worker_id, result, error, created_at, started_at,
+       finished_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_explain
@@ -948,7 +956,9 @@ FROM {schema}.jobs WHERE id = %(id)s;
 -- Nothing is locked.
 WITH job AS (SELECT * FROM {schema}.jobs WHERE id = %(id)s)
 SELECT {schema}.db_now(),
-       to_jsonb(job.*),
+       to_jsonb(job.*) || jsonb_build_object('max_attempts', coalesce(job.max_attempts, (
+           SELECT d.max_attempts FROM {schema}.task_defaults d
+           WHERE d.task = job.task AND d.version = job.version), 5)),
        (SELECT to_jsonb(h.*) FROM (
             SELECT k.id, k.state, k.lease_expires_at, k.run_at, k.worker_id
             FROM {schema}.jobs AS k
@@ -977,7 +987,10 @@ FROM job;
 -- filters applied on the fly: an operator's read, not a hot path, so it needs no index of its
 -- own; the LIMIT bounds it when the filters match often.
 SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
-       max_attempts, worker_id, result, error, created_at, started_at, finished_at
+       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
+           AS max_attempts, worker_id, result, error, created_at, started_at,
+       finished_at
 FROM {schema}.jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
@@ -992,7 +1005,8 @@ LIMIT %(limit)s;
 -- name: job_retry
 -- Redrive: a failed or cancelled job goes back to ready at once, keeping its attempts history
 -- (and any workflow checkpoints); it gets at least one more attempt (max_attempts is raised to
--- attempt + 1 if used up, as Oban's retry does). Any other state is left alone and returned.
+-- attempt + 1 if used up, as Oban's retry does; a row without one keeps none while its task's
+-- declaration leaves an attempt). Any other state is left alone and returned.
 -- A job whose dedup key was released to a newer job runs without a key (it has none left).
 WITH target AS (
     SELECT id, state FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
@@ -1000,7 +1014,10 @@ WITH target AS (
 changed AS (
     UPDATE {schema}.jobs j
     SET state = 'ready', run_at = {schema}.db_now(), cancel_requested = false,
-        max_attempts = greatest(j.max_attempts, j.attempt + 1),
+        max_attempts = CASE WHEN coalesce(j.max_attempts, (
+                                SELECT d.max_attempts FROM {schema}.task_defaults d
+                                WHERE d.task = j.task AND d.version = j.version), 5) > j.attempt
+                            THEN j.max_attempts ELSE j.attempt + 1 END,
         result = NULL, error = NULL, finished_at = NULL, worker_id = NULL, started_at = NULL
     FROM target t
     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
@@ -1036,10 +1053,24 @@ SELECT position, kind, name, value FROM {schema}.checkpoints
 WHERE job_id = %(id)s ORDER BY position;
 
 -- name: job_attempts
-SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at
+SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at,
+       trace_id
 FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
 
 -- name: worker_register
+-- Registration also writes the max_attempts each served (task, version) declares
+-- (task_defaults, migration 0015), in the caller's sorted order so that workers starting
+-- together lock the rows in one order; a row already equal is left alone.
+WITH declared AS (
+    INSERT INTO {schema}.task_defaults AS d (task, version, max_attempts, declared_at)
+    SELECT t.task, t.version, t.max_attempts, {schema}.db_now()
+    FROM unnest(%(default_tasks)s::text[], %(default_versions)s::int[],
+                %(default_max_attempts)s::int[]) AS t(task, version, max_attempts)
+    ON CONFLICT (task, version) DO UPDATE
+    SET max_attempts = excluded.max_attempts, declared_at = excluded.declared_at
+    WHERE d.max_attempts <> excluded.max_attempts
+    RETURNING d.task
+)
 INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at,
                              task_versions)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,

@@ -16,7 +16,7 @@ import trio
 
 from .._core import codec
 from .._core.identifiers import PREPARED_STATEMENTS, validate_schema
-from .._runtime.health import serve_health
+from .._runtime.health import HealthTarget, serve_health
 from .._runtime.worker import Worker
 from ..app import DATABASE_URL_ENV, App, load_app
 from . import admin as cli_admin
@@ -58,12 +58,27 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 async def cmd_worker(args: argparse.Namespace) -> int:
     app = _with_url(load_app(args.app), args)
     cli_worker.warn_unserved_queues(app, args.queue or ["default"])
+    # The health server answers from process start: /livez while the command still waits for
+    # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
+    health = HealthTarget()
+    async with trio.open_nursery() as nursery:
+        if args.health_port is not None:
+            port = await nursery.start(serve_health, health, args.health_port, args.health_host)
+            log.info("health on %s:%d", args.health_host, port)
+        try:
+            return await _start_and_serve(app, args, health)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def _start_and_serve(app: App, args: argparse.Namespace, health: HealthTarget) -> int:
     while True:
         await cli_worker.wait_for_database(app)
         stopped = cli_worker.StopRecord()
         try:
-            return await _serve_worker(app, args, stopped)
+            return await _serve_worker(app, args, stopped, health)
         except BaseException as exc:
+            health.worker = None
             if not cli_worker.lost_database_while_starting(exc, stopped):
                 raise
             print(
@@ -73,13 +88,13 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             )
 
 
-async def _serve_worker(app: App, args: argparse.Namespace, stopped: cli_worker.StopRecord) -> int:
+async def _serve_worker(
+    app: App, args: argparse.Namespace, stopped: cli_worker.StopRecord, health: HealthTarget
+) -> int:
     async with app.client(migrate=args.migrate) as _client, trio.open_nursery() as nursery:
         worker: Worker = await nursery.start(_run_worker, app, args, nursery.cancel_scope)
         stopped.started = True
-        if args.health_port is not None:
-            port = await nursery.start(serve_health, worker, args.health_port, args.health_host)
-            log.info("health on %s:%d", args.health_host, port)
+        health.worker = worker
         nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope, stopped)
         print(
             f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
