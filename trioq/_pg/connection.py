@@ -193,9 +193,7 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     `options` (the conninfo's own, or PGOPTIONS, are still sent: a pooler may refuse them).
     """
     params: dict[str, Any] = conninfo_to_dict(conninfo)
-    for key, (env_var, value) in _LIBPQ_DEFAULTS.items():
-        if key not in params and not (env_var and os.environ.get(env_var)):
-            params[key] = value
+    params.update(network_defaults(params))
     application_name = options.get("application_name")
     if application_name is not None:
         params["application_name"] = application_name
@@ -219,6 +217,16 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     else:
         params.pop("options", None)
     return params
+
+
+def network_defaults(params: dict[str, Any]) -> dict[str, str]:
+    """trioq's keepalive, tcp_user_timeout and connect_timeout settings that the libpq
+    parameters `params` (and the PG* environment) leave unset; the producers use them too."""
+    return {
+        key: value
+        for key, (env_var, value) in _LIBPQ_DEFAULTS.items()
+        if key not in params and not (env_var and os.environ.get(env_var))
+    }
 
 
 async def open_raw_connection(

@@ -45,6 +45,7 @@ from .._core.states import TERMINAL_STATES, JobState
 from .._driver import JobRecord, NewJob
 from .._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
 from .._sql import queries
+from .connection import network_defaults
 from .driver import insert_statement, inserted_jobs
 from .errors import PRODUCER_URL, connection_problem
 from .producer_listen import AsyncResultListener, ResultListenerStatistics, SyncResultListener
@@ -191,37 +192,40 @@ class _Settings:
     ) -> _Settings:
         url = _resolve_url(conninfo)
         off = validate_prepared_statements(prepared_statements) == "off"
-        kwargs: dict[str, Any] = {"autocommit": True}
-        if off:
-            kwargs["prepare_threshold"] = None  # unnamed statements only
         try:
-            named = "application_name" in conninfo_to_dict(url)
+            params = conninfo_to_dict(url)
         except psycopg.Error as exc:
             raise _connection_error(exc) from None
-        if not named and not os.environ.get("PGAPPNAME"):
+        # Keepalives and tcp_user_timeout as trioq's own connections have them: a request
+        # thread, or the result listener, never waits hours on a network that went away.
+        kwargs: dict[str, Any] = {"autocommit": True, **network_defaults(params)}
+        if off:
+            kwargs["prepare_threshold"] = None  # unnamed statements only
+        if "application_name" not in params and not os.environ.get("PGAPPNAME"):
             kwargs["application_name"] = "trioq-producer"
         if listen_url is None and not off:
             listen_url = url
         return cls(url, listen_url, kwargs, pool_size, connect_timeout)
 
     @property
+    def _check_kwargs(self) -> dict[str, Any]:
+        return {**self.connect_kwargs, "connect_timeout": CHECK_TIMEOUT}
+
+    @property
     def listen_kwargs(self) -> dict[str, Any]:
-        # Bounded connects: closing the producer waits for its listener's thread.
-        return {**self.connect_kwargs, "prepare_threshold": None, "connect_timeout": 10}
+        return {**self.connect_kwargs, "prepare_threshold": None}
 
     def check(self) -> None:
         """Connect once (bounded by CHECK_TIMEOUT): ProducerConnectionError naming the fix."""
         try:
-            with psycopg.connect(self.url, **self.connect_kwargs, connect_timeout=CHECK_TIMEOUT):
+            with psycopg.connect(self.url, **self._check_kwargs):
                 pass
         except psycopg.Error as exc:
             raise _connection_error(exc) from None
 
     async def check_async(self) -> None:
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.url, **self.connect_kwargs, connect_timeout=CHECK_TIMEOUT
-            )
+            conn = await psycopg.AsyncConnection.connect(self.url, **self._check_kwargs)
         except psycopg.Error as exc:
             raise _connection_error(exc) from None
         await conn.close()
