@@ -1596,3 +1596,224 @@ ORDER BY c.ord;
 SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(position)s,
                                    %(kind)s, %(name)s, %(value)s::jsonb, %(child_ids)s::bigint[],
                                    %(control_channel)s);
+
+-- =============================================================================================
+-- The web dashboard (trioq/dashboard/). Read-only statements, except the audit table's two.
+-- None counts over the whole jobs table: every count walks one partial index and stops at
+-- %(cap)s rows (the page shows "cap+" and the planner's estimate for the table beyond it);
+-- lists are keyset-paged by id. Timings at 1,000,000 jobs: bench/dashboard.py.
+-- =============================================================================================
+
+-- name: dashboard_read_only
+-- Every page's reads: a read-only transaction (a write is refused whatever the role may do)
+-- under a statement timeout, so a slow page cannot pile up queries on a loaded database.
+SET TRANSACTION READ ONLY;
+SET LOCAL statement_timeout = '5s';
+
+-- name: dashboard_queue_counts
+-- One row per known queue: capped counts by state, the oldest due ready job's age (over the
+-- capped rows), and whether it is paused. Queues are found without a table scan: a loose index
+-- scan (one index probe per distinct queue) over each partial index led by `queue` (ready
+-- unkeyed, ready keyed, the due index of scheduled/sleeping/waiting rows), plus the running
+-- rows (jobs_lease_idx, bounded by the workers' slots), the workers' queues and the pauses.
+-- A queue with only finished jobs shows up through the throughput read (jobs_finished_idx).
+WITH RECURSIVE
+ready_unkeyed AS (
+    (SELECT queue FROM {schema}.jobs
+     WHERE state = 'ready' AND partition_key IS NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+            WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM ready_unkeyed r WHERE r.queue IS NOT NULL
+),
+ready_keyed AS (
+    (SELECT queue FROM {schema}.jobs
+     WHERE state = 'ready' AND partition_key IS NOT NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+            WHERE j.state = 'ready' AND j.partition_key IS NOT NULL AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM ready_keyed r WHERE r.queue IS NOT NULL
+),
+due AS (
+    (SELECT queue FROM {schema}.jobs
+     WHERE state IN ('scheduled', 'sleeping', 'waiting') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+            WHERE j.state IN ('scheduled', 'sleeping', 'waiting') AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM due r WHERE r.queue IS NOT NULL
+),
+running AS (
+    SELECT queue, count(*) AS n FROM {schema}.jobs WHERE state = 'running' GROUP BY queue
+),
+queues AS (
+    SELECT queue FROM ready_unkeyed WHERE queue IS NOT NULL
+    UNION SELECT queue FROM ready_keyed WHERE queue IS NOT NULL
+    UNION SELECT queue FROM due WHERE queue IS NOT NULL
+    UNION SELECT queue FROM running
+    UNION SELECT unnest(queues) FROM {schema}.workers
+    UNION SELECT queue FROM {schema}.queue_pauses
+    UNION SELECT unnest(%(also)s::text[])
+),
+now AS (SELECT {schema}.db_now() AS t)
+SELECT q.queue,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs j
+            WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
+            LIMIT %(cap)s) s)
+     + (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs j
+            WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NOT NULL
+            LIMIT %(cap)s) s) AS ready,
+       coalesce((SELECT n FROM running r WHERE r.queue = q.queue), 0) AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs j
+            WHERE j.queue = q.queue AND j.state = 'scheduled' LIMIT %(cap)s) s) AS scheduled,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs j
+            WHERE j.queue = q.queue AND j.state = 'sleeping' LIMIT %(cap)s) s) AS sleeping,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs j
+            WHERE j.queue = q.queue AND j.state = 'waiting' LIMIT %(cap)s) s) AS waiting,
+       extract(epoch FROM now.t - least(
+           (SELECT min(run_at) FROM (SELECT j.run_at FROM {schema}.jobs j
+                WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
+                  AND j.run_at <= now.t LIMIT %(cap)s) s),
+           (SELECT min(run_at) FROM (SELECT j.run_at FROM {schema}.jobs j
+                WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NOT NULL
+                  AND j.run_at <= now.t LIMIT %(cap)s) s)))::float8 AS oldest_due_seconds,
+       (SELECT p.paused_at FROM {schema}.queue_pauses p WHERE p.queue = q.queue) AS paused_at
+FROM queues q CROSS JOIN now
+ORDER BY q.queue;
+
+-- name: dashboard_state_estimates
+-- The planner's estimate of the jobs by state (pg_class.reltuples times pg_stats' frequency of
+-- each common state): shown beside a capped count, where an exact count would scan the table.
+-- NULL until the table was first analyzed.
+SELECT s.state, round(greatest(c.reltuples, 0) * s.freq)::bigint AS estimate
+FROM pg_class c
+CROSS JOIN LATERAL (
+    SELECT v.state, v.freq
+    FROM pg_stats ps,
+         unnest(ps.most_common_vals::text::text[], ps.most_common_freqs) AS v(state, freq)
+    WHERE ps.schemaname = %(schema_name)s AND ps.tablename = 'jobs' AND ps.attname = 'state'
+) s
+WHERE c.oid = '{schema}.jobs'::regclass
+ORDER BY s.state;
+
+-- name: dashboard_throughput
+-- Completed and failed jobs per queue and minute over the last hour: a backward walk of
+-- jobs_finished_idx from now, at most %(cap)s rows; when the cap is reached, `covered_seconds`
+-- says how far back the counts are complete (the chart greys the older minutes).
+WITH recent AS (
+    SELECT queue, state, finished_at FROM {schema}.jobs
+    WHERE state IN ('completed', 'failed', 'cancelled')
+      AND finished_at >= {schema}.db_now() - interval '1 hour'
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+),
+span AS (
+    SELECT count(*) AS n, extract(epoch FROM {schema}.db_now() - min(finished_at))::float8 AS back
+    FROM recent
+)
+SELECT r.queue,
+       least(59, floor(extract(epoch FROM {schema}.db_now() - r.finished_at) / 60))::int
+           AS minutes_ago,
+       count(*) FILTER (WHERE r.state = 'completed') AS completed,
+       count(*) FILTER (WHERE r.state = 'failed') AS failed,
+       CASE WHEN span.n >= %(cap)s THEN span.back END AS covered_seconds
+FROM recent r CROSS JOIN span
+GROUP BY r.queue, 2, span.n, span.back
+ORDER BY r.queue, 2;
+
+-- name: dashboard_job_search
+-- The jobs page: newest first, every filter optional (NULL: any), keyset-paged by id. The
+-- backward primary-key walk (as job_list) stops after %(scan)s rows matching the indexed-free
+-- filters; the payload text filter (a substring of the payload's JSON text) is applied to
+-- those rows only, so a rare text costs at most %(scan)s rows per page. `scanned_to` is the
+-- lowest id walked: the next page starts below it whether or not rows matched.
+WITH scanned AS (
+    SELECT id, queue, task, state, priority, run_at, partition_key, attempt, max_attempts,
+           created_at, finished_at, payload, error
+    FROM {schema}.jobs
+    WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(partition_key)s::text IS NULL OR partition_key = %(partition_key)s::text)
+      AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+      AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+      AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(scan)s
+),
+matched AS (
+    SELECT * FROM scanned
+    WHERE %(text)s::text IS NULL OR strpos(payload::text, %(text)s::text) > 0
+    ORDER BY id DESC
+    LIMIT %(limit)s
+),
+walked AS (SELECT min(id) AS scanned_to, count(*) AS scanned FROM scanned)
+SELECT m.id, m.queue, m.task, m.state, m.priority, m.run_at, m.partition_key, m.attempt,
+       m.max_attempts, m.created_at, m.finished_at, left(m.payload::text, 200),
+       m.error ->> 'message', w.scanned_to, w.scanned
+FROM walked w LEFT JOIN matched m ON true
+ORDER BY m.id DESC;
+
+-- name: dashboard_job_get
+-- One job for its page (primary key): the columns job_get reads plus the workflow's (parent,
+-- wait key, children, version); payload and result as text, cut at %(text_limit)s characters,
+-- with their full lengths, so a huge or deeply nested value is never parsed to be shown.
+SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attempt,
+       max_attempts, worker_id, created_at, started_at, finished_at, version, parent_id,
+       wait_event_key, wait_children, checkpoint_count, cancel_requested,
+       left(payload::text, %(text_limit)s), length(payload::text),
+       left(result::text, %(text_limit)s), length(result::text),
+       left(error::text, %(text_limit)s)
+FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: dashboard_job_history
+-- A workflow's checkpoints with their commit times (the primary key (job_id, position)), values
+-- cut at %(text_limit)s characters, for the timeline.
+SELECT position, kind, name, left(value::text, %(text_limit)s), created_at
+FROM {schema}.checkpoints WHERE job_id = %(id)s ORDER BY position LIMIT 2000;
+
+-- name: dashboard_job_children
+-- A workflow's children (jobs_parent_idx), in spawn order.
+SELECT id, task, state, parent_position, created_at, finished_at
+FROM {schema}.jobs WHERE parent_id = %(id)s ORDER BY parent_position LIMIT 1000;
+
+-- name: dashboard_workflows
+-- Running, sleeping and waiting workflows (jobs with history, or suspended), newest first,
+-- keyset-paged by id, each with what it waits on and its last checkpoint. The running rows
+-- come from jobs_lease_idx and the suspended ones from jobs_due_idx, so finished history is
+-- never walked.
+WITH found AS (
+    (SELECT id FROM {schema}.jobs
+     WHERE state = 'running' AND checkpoint_count > 0
+       AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id FROM {schema}.jobs
+     WHERE state IN ('sleeping', 'waiting')
+       AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+     ORDER BY id DESC LIMIT %(limit)s)
+)
+SELECT j.id, j.queue, j.task, j.state, j.run_at, j.wait_event_key, j.wait_children,
+       j.checkpoint_count, j.created_at, c.kind, c.name, c.created_at
+FROM (SELECT id FROM found ORDER BY id DESC LIMIT %(limit)s) f
+JOIN {schema}.jobs j ON j.id = f.id
+LEFT JOIN {schema}.checkpoints c
+       ON c.job_id = j.id AND c.position = j.checkpoint_count - 1
+ORDER BY j.id DESC;
+
+-- name: dashboard_audit_insert
+-- An admin action, recorded before it runs (so no action goes unrecorded).
+INSERT INTO {schema}.dashboard_audit (at, actor, address, action, target, detail)
+VALUES ({schema}.db_now(), %(actor)s, %(address)s, %(action)s, %(target)s, %(detail)s::jsonb)
+RETURNING id;
+
+-- name: dashboard_audit_finish
+UPDATE {schema}.dashboard_audit SET outcome = %(outcome)s WHERE id = %(id)s AND outcome IS NULL;
+
+-- name: dashboard_audit_list
+SELECT id, at, actor, address, action, target, detail::text, outcome
+FROM {schema}.dashboard_audit
+WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
+ORDER BY id DESC LIMIT %(limit)s;
