@@ -1770,9 +1770,12 @@ FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: dashboard_job_history
 -- A workflow's checkpoints with their commit times (the primary key (job_id, position)), values
--- cut at %(text_limit)s characters, for the timeline.
-SELECT position, kind, name, left(value::text, %(text_limit)s), created_at
-FROM {schema}.checkpoints WHERE job_id = %(id)s ORDER BY position LIMIT 2000;
+-- cut at %(text_limit)s characters, for the timeline; an event wait also gets its event's emit
+-- time (events' primary key), since its checkpoint keeps the time the wait began.
+SELECT c.position, c.kind, c.name, left(c.value::text, %(text_limit)s), c.created_at,
+       CASE WHEN c.kind = 'event' THEN
+           (SELECT e.emitted_at FROM {schema}.events e WHERE e.key = c.name) END
+FROM {schema}.checkpoints c WHERE c.job_id = %(id)s ORDER BY c.position LIMIT 2000;
 
 -- name: dashboard_job_children
 -- A workflow's children (jobs_parent_idx), in spawn order.

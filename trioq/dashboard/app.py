@@ -67,6 +67,7 @@ class Dashboard:
         )
         self.templates.filters["age"] = views.age_text
         self.templates.filters["when"] = _when
+        self.templates.filters["instant"] = _instant
 
     def render(self, request: Request, template: str, context: dict[str, Any]) -> Response:
         cookies = parse_cookies({b"cookie": request.headers.get("cookie", "").encode("latin-1")})
@@ -89,6 +90,13 @@ def _when(moment: Any) -> str:
     if isinstance(moment, datetime.datetime):
         return moment.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
     return "-" if moment is None else str(moment)
+
+
+def _instant(moment: Any) -> str:
+    """To the millisecond, for the timeline (checkpoints often commit within one second)."""
+    if isinstance(moment, datetime.datetime):
+        return moment.astimezone(datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
+    return "-"
 
 
 def _json(data: Any, status: int = 200) -> Response:

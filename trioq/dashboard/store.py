@@ -155,7 +155,9 @@ class Store:
         job["wait_children"] = list(job["wait_children"] or [])
         return {
             "job": job,
-            "history": _rows(("position", "kind", "name", "value", "created_at"), history),
+            "history": _rows(
+                ("position", "kind", "name", "value", "created_at", "emitted_at"), history
+            ),
             "children": _rows(
                 ("id", "task", "state", "parent_position", "created_at", "finished_at"), children
             ),

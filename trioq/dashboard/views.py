@@ -100,6 +100,10 @@ def timeline(
                 end = max(at, wake)
         elif point["kind"] == "event" and isinstance(value, dict):
             entry["detail"] = _event_detail(point["name"], value)
+            emitted = point.get("emitted_at")
+            if emitted is not None and "payload" in value:  # emitted before the wait: no wait
+                entry["duration_seconds"] = max(0.0, (emitted - at).total_seconds())
+                end = max(at, emitted)
         elif point["kind"] == "spawn" and isinstance(value, dict):
             child_id = value.get("child_id")
             entry["link"] = child_id
