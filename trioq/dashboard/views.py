@@ -135,8 +135,11 @@ def timeline_bars(entries: Sequence[dict[str, Any]]) -> None:
     """Give each entry a bar width (percent of the longest duration), in place."""
     longest = max((e["duration_seconds"] or 0.0 for e in entries), default=0.0)
     for entry in entries:
-        duration = entry["duration_seconds"] or 0.0
-        entry["bar_percent"] = 0 if longest <= 0 else max(1, round(100 * duration / longest))
+        duration = entry["duration_seconds"]
+        if duration is None or longest <= 0:
+            entry["bar_percent"] = 0
+        else:
+            entry["bar_percent"] = max(1, round(100 * duration / longest))
 
 
 def chart_bars(completed: Sequence[int], failed: Sequence[int]) -> dict[str, Any]:
