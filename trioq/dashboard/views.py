@@ -150,16 +150,16 @@ def chart_bars(completed: Sequence[int], failed: Sequence[int]) -> dict[str, Any
     bars = []
     for index, (done, bad) in enumerate(zip(completed, failed, strict=True)):
         scale = 0.0 if peak == 0 else (CHART_HEIGHT - 2) / peak
-        done_height = done * scale
-        bad_height = bad * scale
+        done_height = round(done * scale, 2)
+        bad_height = round(bad * scale, 2)
         bars.append(
             {
                 "x": round(index * width, 2),
                 "width": round(max(width - 0.5, 0.5), 2),
                 "done_y": round(CHART_HEIGHT - done_height, 2),
-                "done_height": round(done_height, 2),
+                "done_height": done_height,
                 "bad_y": round(CHART_HEIGHT - done_height - bad_height, 2),
-                "bad_height": round(bad_height, 2),
+                "bad_height": bad_height,
                 "title": f"{60 - index} min ago: {done} completed, {bad} failed",
             }
         )
