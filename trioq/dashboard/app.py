@@ -138,23 +138,41 @@ async def overview(dashboard: Dashboard, request: Request, api: bool) -> Respons
     if api:
         return _json(data)
     fragment = request.url.path.startswith("/fragments/")
-    return dashboard.render(request, "overview_live.html" if fragment else "overview.html", data)
+    template = "overview_live.html" if fragment else "overview.html"
+    return dashboard.render(request, template, _overview_page(data))
 
 
 async def _overview_data(dashboard: Dashboard) -> dict[str, Any]:
-    client = dashboard.store.client
     data = await dashboard.store.overview()
     now = datetime.datetime.now(datetime.UTC)
     workers = []
-    for worker in await client.workers():
+    for worker in await dashboard.store.client.workers():
         record = attrs.asdict(worker)
         record["heartbeat_seconds"] = (now - worker.heartbeat_at).total_seconds()
         workers.append(record)
     data["workers"] = workers
-    data["health"] = attrs.asdict(await client.status_health())
-    for queue in data["queues"]:
-        queue["chart"] = views.chart_bars(queue["completed_per_minute"], queue["failed_per_minute"])
     return data
+
+
+def _overview_page(data: dict[str, Any]) -> dict[str, Any]:
+    """The overview's presentation: charts, and counts past the cap shown as estimates."""
+    cap = data["count_cap"]
+    queues = []
+    for queue in data["queues"]:
+        shown = {}
+        for state in ("ready", "running", "scheduled", "sleeping", "waiting"):
+            capped = queue["due_capped"] and state in ("scheduled", "sleeping", "waiting")
+            estimate = queue["estimates"].get(state)
+            shown[state] = views.count_text(queue[state], cap, estimate, capped=capped)
+        chart = views.chart_bars(queue["completed_per_minute"], queue["failed_per_minute"])
+        queues.append({**queue, "shown": shown, "chart": chart})
+    capped = data["health"]["capped"]
+    health = {
+        key: "-" if n is None else (f"{n:,}+" if key in capped else f"{n:,}")
+        for key, n in data["health"].items()
+        if key != "capped"
+    }
+    return {**data, "queues": queues, "health": health}
 
 
 async def jobs(dashboard: Dashboard, request: Request, api: bool) -> Response:
@@ -168,7 +186,8 @@ async def jobs(dashboard: Dashboard, request: Request, api: bool) -> Response:
 def _job_search(request: Request) -> tuple[JobSearch, dict[str, str]]:
     """The filters from the query string, validated (a bad one is a 400 naming it)."""
     query = request.query_params
-    names = ("state", "task", "queue", "partition_key", "after", "before", "text", "before_id")
+    names = ("state", "task", "queue", "partition_key", "after", "before", "text", "before_id",
+             "before_finished")  # fmt: skip
     form = {name: query.get(name, "").strip() for name in names}
     state = form["state"] or None
     if state is not None and state not in STATES:
@@ -179,7 +198,7 @@ def _job_search(request: Request) -> tuple[JobSearch, dict[str, str]]:
         if len(form[name]) > 512:
             raise ValueError(f"{name}: at most 512 characters")
     search = JobSearch(
-        states=None if state is None else (state,),
+        state=state,
         task=form["task"] or None,
         queue=form["queue"] or None,
         partition_key=form["partition_key"] or None,
@@ -187,6 +206,7 @@ def _job_search(request: Request) -> tuple[JobSearch, dict[str, str]]:
         created_before=_moment("before", form["before"]),
         text=form["text"] or None,
         before_id=_job_id("before_id", form["before_id"]) if form["before_id"] else None,
+        before_finished=_moment("before_finished", form["before_finished"]),
         limit=PAGE_SIZE,
     )
     return search, form

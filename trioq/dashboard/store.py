@@ -18,13 +18,16 @@ from .._driver import Transaction
 from .._sql import queries
 from ..client import Client
 
-COUNT_CAP = 10_000  # a count stops here; the page shows "10000+" and the planner's estimate
-THROUGHPUT_CAP = 50_000  # finished rows read for the last hour's chart
-SEARCH_SCAN = 5_000  # rows walked per jobs page when filtering by payload text
+COUNT_CAP = 1_000  # a count stops here; past it the page shows the planner's estimate
+THROUGHPUT_CAP = 10_000  # finished rows read for the last hour's chart
+SEARCH_WALK = 5_000  # rows read per jobs page when a filter has no index of its own
 TEXT_LIMIT = 64_000  # characters of a payload, result or checkpoint value shown
 PAGE_SIZE = 50
 
+FINISHED = ("completed", "failed", "cancelled")
+_FILTERS = ("state", "task", "queue", "partition_key", "created_after", "created_before", "text")
 _QUEUE_COLUMNS = ("queue", "ready", "running", "scheduled", "sleeping", "waiting",
+                  "due_capped", "sleeping_due", "waiting_due", "overdue_capped",
                   "oldest_due_seconds", "paused_at")  # fmt: skip
 _SEARCH_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "partition_key",
                    "attempt", "max_attempts", "created_at", "finished_at", "payload_head",
@@ -44,11 +47,36 @@ def _rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[dict[st
     return [dict(zip(columns, row, strict=True)) for row in rows]
 
 
+def _health(queues: Sequence[dict[str, Any]], row: Sequence[Any]) -> dict[str, Any]:
+    """`trioq status`'s health list: per-queue sums (capped: `capped` names the inexact ones)
+    and the statement's own counts."""
+    expired, stale, waiting_locks, deadlocks = row
+    sums = {
+        "ready_backlog": ("ready", False),
+        "sleeping_due": ("sleeping_due", True),
+        "active_waits": ("waiting", False),
+        "due_wait_timeouts": ("waiting_due", True),
+    }
+    health: dict[str, Any] = {"capped": []}
+    for key, (column, overdue) in sums.items():
+        health[key] = sum(q[column] for q in queues)
+        capped_flag = "overdue_capped" if overdue else "due_capped"
+        if any(q[column] >= COUNT_CAP or q[capped_flag] for q in queues):
+            health["capped"].append(key)
+    health.update(
+        expired_ownership=expired,
+        stale_running=stale,
+        waiting_locks=waiting_locks,
+        deadlocks=deadlocks,
+    )
+    return health
+
+
 @attrs.frozen
 class JobSearch:
     """The jobs page's filters (None: any); validated by the route before they get here."""
 
-    states: tuple[str, ...] | None = None
+    state: str | None = None
     task: str | None = None
     queue: str | None = None
     partition_key: str | None = None
@@ -56,6 +84,7 @@ class JobSearch:
     created_before: Any = None
     text: str | None = None
     before_id: int | None = None
+    before_finished: Any = None  # with a finished state: the keyset is (finished_at, id)
     limit: int = PAGE_SIZE
 
 
@@ -90,11 +119,10 @@ class Store:
                 _QUEUE_COLUMNS,
                 await self._fetch(tx, "dashboard_queue_counts", cap=COUNT_CAP, also=recent_queues),
             )
-            estimates = dict(
-                await self._fetch(
-                    tx, "dashboard_state_estimates", schema_name=self.client.driver.schema
-                )
+            estimates = await self._fetch(
+                tx, "dashboard_state_estimates", schema_name=self.client.driver.schema
             )
+            [health] = await self._fetch(tx, "dashboard_health")
         by_queue: dict[str, dict[str, list[int]]] = {}
         covered: float | None = None
         for queue, minutes_ago, completed, failed, covered_seconds in minutes:
@@ -102,44 +130,59 @@ class Store:
             series["completed"][59 - minutes_ago] = completed
             series["failed"][59 - minutes_ago] = failed
             covered = covered_seconds if covered_seconds is not None else covered
+        estimated: dict[str, dict[str, int]] = {}
+        for queue_name, state, estimate in estimates:
+            estimated.setdefault(queue_name, {})[state] = estimate
         for queue in queues:
             series = by_queue.get(queue["queue"], {"completed": [0] * 60, "failed": [0] * 60})
             queue["completed_per_minute"] = series["completed"]
             queue["failed_per_minute"] = series["failed"]
+            queue["estimates"] = estimated.get(queue["queue"], {})
         return {
             "queues": queues,
             "count_cap": COUNT_CAP,
-            "state_estimates": estimates,
+            "health": _health(queues, health),
             "throughput_covered_seconds": covered,
         }
 
     # --- jobs -----------------------------------------------------------------------------
 
     async def search(self, search: JobSearch) -> dict[str, Any]:
-        scan = SEARCH_SCAN if search.text is not None else search.limit
+        """One page of jobs. The statement depends on the filter, so that each page reads a
+        bounded number of rows (see the three statements' comments in queries.sql)."""
+        params: dict[str, Any] = {
+            "state": search.state,
+            "task": search.task,
+            "queue": search.queue,
+            "partition_key": search.partition_key,
+            "created_after": search.created_after,
+            "created_before": search.created_before,
+            "text": search.text,
+            "before_id": search.before_id,
+            "limit": search.limit,
+        }
+        filtered = any(params[name] is not None for name in _FILTERS)
+        if search.state in FINISHED and search.text is None:
+            name, walk = "dashboard_job_search_finished", SEARCH_WALK
+            params["before_finished"] = search.before_finished
+        elif search.state in ("sleeping", "waiting") and search.text is None:
+            name, walk = "dashboard_job_search_suspended", search.limit
+        elif search.state == "ready" and search.text is None:
+            name, walk = "dashboard_job_search_ready", search.limit
+        elif search.state is not None and search.text is None:
+            name, walk = "dashboard_job_search_unfinished", search.limit
+        else:
+            name, walk = "dashboard_job_search", SEARCH_WALK if filtered else search.limit
         async with self._reading() as tx:
-            rows = await self._fetch(
-                tx,
-                "dashboard_job_search",
-                states=None if search.states is None else list(search.states),
-                task=search.task,
-                queue=search.queue,
-                partition_key=search.partition_key,
-                created_after=search.created_after,
-                created_before=search.created_before,
-                text=search.text,
-                before_id=search.before_id,
-                scan=scan,
-                limit=search.limit,
-            )
-        scanned_to, scanned = rows[0][-2], rows[0][-1]
-        jobs = _rows(_SEARCH_COLUMNS, [row[:-2] for row in rows if row[0] is not None])
-        # Another page exists if this one walked as far as it could.
-        more = scanned == scan and scanned_to is not None
+            rows = await self._fetch(tx, name, walk=walk, **params)
+        walked_to, walked, walked_to_finished = rows[0][-3:]
+        jobs = _rows(_SEARCH_COLUMNS, [row[:-3] for row in rows if row[0] is not None])
+        more = walked == walk and walked_to is not None  # the walk stopped at its bound
         return {
             "jobs": jobs,
-            "next_before_id": scanned_to if more else None,
-            "scanned": scanned,
+            "next_before_id": walked_to if more else None,
+            "next_before_finished": walked_to_finished if more else None,
+            "walked": walked,
         }
 
     async def job(self, job_id: int) -> dict[str, Any] | None:

@@ -41,8 +41,14 @@ def age_text(seconds: float | None) -> str:
     return f"{seconds:.1f}s"
 
 
-def count_text(count: int, cap: int) -> str:
-    return f"{cap:,}+" if count >= cap else f"{count:,}"
+def count_text(count: int, cap: int, estimate: int | None, *, capped: bool = False) -> str:
+    """An exact count below the cap; past it (or when the walk that counted it stopped early:
+    `capped`) the planner's estimate when it is larger, else "count+"."""
+    if count < cap and not capped:
+        return f"{count:,}"
+    if estimate is not None and estimate > count:
+        return f"≈{estimate:,}"
+    return f"{count:,}+"
 
 
 def _parse(value: str | None) -> Any:
