@@ -137,7 +137,10 @@ class Harness:
             )
             store = Store(client)
             for admin in (True, False):
-                config = DashboardConfig(port=0, admin=admin, refresh_seconds=self.refresh_seconds)
+                # The admin pages refresh slowly: a test clicks their buttons, which a refresh
+                # would replace under the pointer. The read-only overview shows counts change.
+                refresh = 60.0 if admin else self.refresh_seconds
+                config = DashboardConfig(port=0, admin=admin, refresh_seconds=refresh)
                 port = await nursery.start(serve_dashboard, config, store)
                 url = f"http://127.0.0.1:{port}"
                 if admin:

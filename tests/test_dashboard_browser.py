@@ -5,6 +5,7 @@ these tests."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import urllib.error
@@ -71,7 +72,6 @@ def test_overview_shows_a_queues_counts_changing_while_jobs_run(live: Harness, p
     row = page.locator('tr[data-queue="live"]')
     expect(row.locator('[data-count="running"]')).to_have_text("3", timeout=WAIT_MS)
     expect(page.locator("#workers tbody tr")).to_have_count(1)
-    _shoot(page, "overview")
     live.run_sync(live.gate.set)
     for job in jobs:
         live.call(client.wait_result, job.id, timeout=20)
@@ -224,3 +224,48 @@ def test_a_hostile_payload_and_error_render_as_text(live: Harness, page: Page) -
     page.goto(f"{live.admin_url}/jobs/{failing.id}")
     expect(page.locator(".attempt .error-message")).to_have_text(HOSTILE)
     assert page.evaluate("window.__pwned") is None
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url) as response:
+        assert response.headers["content-type"].startswith("application/json")
+        return json.loads(response.read())
+
+
+def test_every_page_answers_as_json_too(live: Harness, page: Page) -> None:
+    client = _client(live)
+    job = live.call(client.enqueue, "echo", {"json": "twin"})
+    live.call(client.wait_result, job.id, timeout=20)
+    overview = _get_json(live.read_only_url + "/api/overview")
+    default = next(q for q in overview["queues"] if q["queue"] == "default")
+    assert sum(default["completed_per_minute"]) >= 1 and len(default["completed_per_minute"]) == 60
+    assert overview["workers"][0]["queues"] == ["default", "live"]
+    jobs = _get_json(live.read_only_url + "/api/jobs?task=echo")["jobs"]
+    assert jobs[0]["id"] == job.id
+    one = _get_json(f"{live.read_only_url}/api/jobs/{job.id}")
+    assert one["job"]["state"] == "completed" and one["explain"]["state"] == "completed"
+    schedules = _get_json(live.read_only_url + "/api/schedules")["schedules"]
+    assert [s["name"] for s in schedules] == ["nightly-digest"]
+    assert "workflows" in _get_json(live.read_only_url + "/api/workflows")
+    page.goto(live.admin_url + "/")
+    expect(page.locator('tr[data-queue="default"] [data-count="completed_hour"]')).not_to_have_text(
+        "0"
+    )
+    _shoot(page, "overview")
+
+
+def test_an_admin_pauses_and_resumes_a_queue_each_action_audited(live: Harness, page: Page) -> None:
+    client = _client(live)
+    page.goto(live.admin_url + "/")
+    row = page.locator('tr[data-queue="live"]')
+    row.locator('form[data-action="pause"] button').click()
+    expect(row.locator(".badge")).to_have_text("paused")
+    assert [p.queue for p in live.call(client.paused_queues)] == ["live"]
+    row.locator('form[data-action="resume"] button').click()
+    expect(row.locator(".badge")).to_have_text("active")
+    assert live.call(client.paused_queues) == []
+    audit = _get_json(live.admin_url + "/api/audit")["audit"]
+    assert [(a["action"], a["target"], a["outcome"]) for a in audit[:2]] == [
+        ("resume", "queue live", "resumed"),
+        ("pause", "queue live", "paused"),
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import sys
 from collections.abc import AsyncIterator
 
@@ -80,7 +81,16 @@ async def cmd_dashboard(args: argparse.Namespace) -> int:
         refresh_seconds=args.refresh,
     )
     async with _clients(args, schema) as (reader, actor), trio.open_nursery() as nursery:
-        port = await nursery.start(serve_dashboard, config, Store(reader, actor), actor)
+        try:
+            port = await nursery.start(serve_dashboard, config, Store(reader, actor), actor)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            from ..cli.errors import UsageError  # the CLI package imports this module
+
+            raise UsageError(
+                f"--port: {args.port} is in use ({exc.strerror}): choose another (0: any free one)"
+            ) from None
         host = f"[{args.host}]" if ":" in args.host else args.host
         mode = "admin: actions allowed and audited" if args.admin else "read-only"
         print(f"trioq dashboard on http://{host}:{port}/ ({mode})", file=sys.stdout, flush=True)
