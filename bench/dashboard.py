@@ -194,7 +194,9 @@ def main() -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE".encode())
     with open(args.out, "w") as out:
-        json.dump({"jobs": args.jobs, "requests": args.requests, "pages": results}, out, indent=2)
+        load = [round(n, 1) for n in os.getloadavg()]
+        record = {"jobs": args.jobs, "requests": args.requests, "load_average": load}
+        json.dump({**record, "pages": results}, out, indent=2)
 
 
 async def _migrate(conninfo: str) -> None:

@@ -269,3 +269,36 @@ def test_an_admin_pauses_and_resumes_a_queue_each_action_audited(live: Harness, 
         ("resume", "queue live", "resumed"),
         ("pause", "queue live", "paused"),
     ]
+
+
+def test_an_admin_cancels_emits_and_purges_through_the_forms(live: Harness, page: Page) -> None:
+    client = _client(live)
+    later = live.call(client.enqueue, "echo", {"later": True}, delay=3600)
+    page.goto(f"{live.admin_url}/jobs/{later.id}")
+    page.click("#cancel")
+    expect(page.locator("#job-state")).to_have_text("cancelled")
+    page.goto(live.admin_url + "/")
+    emit = page.locator('form[data-action="emit"]')
+    emit.locator('input[name="key"]').fill("dashboard:emitted")
+    emit.locator('input[name="payload"]').fill('{"from": "the dashboard"}')
+    emit.locator("button").click()
+    purge = page.locator('form[data-action="purge"]')
+    purge.locator('input[value="cancelled"]').check()
+    purge.locator('input[name="older_than"]').fill("0")
+    purge.locator("button").click()  # not confirmed: refused, nothing deleted
+    expect(page.locator("body")).to_contain_text("confirm: type purge to confirm")
+    assert live.call(client.get_job, later.id).state == "cancelled"
+    page.goto(live.admin_url + "/")
+    purge.locator('input[value="cancelled"]').check()
+    purge.locator('input[name="older_than"]').fill("0")
+    purge.locator('input[name="confirm"]').fill("purge")
+    purge.locator("button").click()
+    audit = _get_json(live.admin_url + "/api/audit")["audit"]
+    assert [(a["action"], a["target"]) for a in audit[:3]] == [
+        ("purge", "jobs"),
+        ("emit", "event dashboard:emitted"),
+        ("cancel", f"job {later.id}"),
+    ]
+    assert audit[0]["outcome"].startswith("deleted ") and audit[1]["outcome"] == "emitted"
+    assert audit[2]["outcome"] == "state cancelled"
+    assert live.call(client.jobs, states=["cancelled"]) == []
