@@ -6,10 +6,17 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
+import trio
 
+import trioq
 from trioq._core.errors import ConfigurationError
 from trioq.cli import main
 from trioq.dashboard import actions, views
@@ -180,3 +187,37 @@ def test_the_chart_stacks_failed_on_completed_and_scales_to_the_busiest_minute()
     assert total == pytest.approx(last["done_height"] * 2 / 3, abs=0.02)
     assert before["bad_y"] + before["bad_height"] == pytest.approx(before["done_y"])
     assert (chart["completed"], chart["failed"], chart["peak"]) == (40, 10, 30)
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+async def _schema_with_a_schedule(pg_url: str, pg_schema: str) -> None:
+    async with trioq.App(pg_url, schema=pg_schema).client(migrate=True) as client:
+        await client.schedule("hourly", trioq.TaskDeclaration("report", queue="reports"),
+                              cron="0 * * * *")  # fmt: skip
+
+
+def test_the_command_serves_its_pages_behind_token_auth(pg_url: str, pg_schema: str) -> None:
+    trio.run(_schema_with_a_schedule, pg_url, pg_schema)
+    env = {**os.environ, TOKEN_ENV: SECRET}
+    argv = [sys.executable, "-m", "trioq.cli", "dashboard", "--database-url", pg_url,
+            "--schema", pg_schema, "--port", "0", "--auth", "token"]  # fmt: skip
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert "(read-only)" in line, line
+            url = line.split(" on ", 1)[1].split()[0].rstrip("/")
+            assert _get(url + "/schedules")[0] == 401
+            status, body = _get(url + "/schedules", {"authorization": f"Bearer {SECRET}"})
+            assert status == 200 and "hourly" in body and "<form" not in body
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

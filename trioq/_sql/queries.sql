@@ -1710,6 +1710,11 @@ CROSS JOIN LATERAL (
 ) overdue
 ORDER BY q.queue;
 
+-- name: dashboard_now
+-- The database's time: ages on the pages (a worker's heartbeat) are measured against it, not
+-- against the dashboard host's clock.
+SELECT {schema}.db_now();
+
 -- name: dashboard_state_estimates
 -- The planner's estimate of the jobs by queue and state, from the joint statistics migration
 -- 0014 creates (pg_stats_ext: the most common (queue, state) pairs, in column order, with their

@@ -144,7 +144,7 @@ async def overview(dashboard: Dashboard, request: Request, api: bool) -> Respons
 
 async def _overview_data(dashboard: Dashboard) -> dict[str, Any]:
     data = await dashboard.store.overview()
-    now = datetime.datetime.now(datetime.UTC)
+    now = data["now"]
     workers = []
     for worker in await dashboard.store.client.workers():
         record = attrs.asdict(worker)

@@ -123,6 +123,7 @@ class Store:
                 tx, "dashboard_state_estimates", schema_name=self.client.driver.schema
             )
             [health] = await self._fetch(tx, "dashboard_health")
+            [(now,)] = await self._fetch(tx, "dashboard_now")
         by_queue: dict[str, dict[str, list[int]]] = {}
         covered: float | None = None
         for queue, minutes_ago, completed, failed, covered_seconds in minutes:
@@ -143,6 +144,7 @@ class Store:
             "count_cap": COUNT_CAP,
             "health": _health(queues, health),
             "throughput_covered_seconds": covered,
+            "now": now,
         }
 
     # --- jobs -----------------------------------------------------------------------------
