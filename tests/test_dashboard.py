@@ -204,10 +204,14 @@ async def _schema_with_a_schedule(pg_url: str, pg_schema: str) -> None:
                               cron="0 * * * *")  # fmt: skip
 
 
-def test_the_command_serves_its_pages_behind_token_auth(pg_url: str, pg_schema: str) -> None:
+def test_the_command_serves_its_pages_read_only_behind_token_auth(
+    pg_url: str, pg_schema: str
+) -> None:
     trio.run(_schema_with_a_schedule, pg_url, pg_schema)
     env = {**os.environ, TOKEN_ENV: SECRET}
-    argv = [sys.executable, "-m", "trioq.cli", "dashboard", "--database-url", pg_url,
+    # Read-only, the pages read through --read-only-url; --database-url is never opened.
+    argv = [sys.executable, "-m", "trioq.cli", "dashboard", "--database-url",
+            "postgresql://127.0.0.1:1/nowhere", "--read-only-url", pg_url,
             "--schema", pg_schema, "--port", "0", "--auth", "token"]  # fmt: skip
     with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) as proc:
         try:

@@ -67,6 +67,7 @@ async def act(dashboard: Dashboard, request: Request) -> Response:
         await dashboard.store.audit_finish(audit_id, f"error: {type(exc).__name__}")
         raise
     await dashboard.store.audit_finish(audit_id, outcome)
+    dashboard.forget_overview()  # the page the action redirects to shows its effect
     return RedirectResponse(_back(_one(form, "next")), status_code=303)
 
 

@@ -57,6 +57,9 @@ class Dashboard:
     actor: Client  # actions go through this client (the read store may use a read-only role)
     csrf: Csrf = attrs.field(factory=Csrf)
     templates: jinja2.Environment = attrs.field(init=False)
+    # The overview's data and when it was read: every open tab polls it, so within half a
+    # refresh interval (at most 1 s) they share one read (ten wall screens cost one).
+    _overview: tuple[float, dict[str, Any]] | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self.templates = jinja2.Environment(
@@ -68,6 +71,9 @@ class Dashboard:
         self.templates.filters["age"] = views.age_text
         self.templates.filters["when"] = _when
         self.templates.filters["instant"] = _instant
+
+    def forget_overview(self) -> None:
+        self._overview = None
 
     def render(self, request: Request, template: str, context: dict[str, Any]) -> Response:
         cookies = parse_cookies({b"cookie": request.headers.get("cookie", "").encode("latin-1")})
@@ -143,6 +149,17 @@ async def overview(dashboard: Dashboard, request: Request, api: bool) -> Respons
 
 
 async def _overview_data(dashboard: Dashboard) -> dict[str, Any]:
+    fresh_for = min(1.0, dashboard.config.refresh_seconds / 2)
+    cached = dashboard._overview
+    if cached is not None and trio.current_time() - cached[0] < fresh_for:
+        return cached[1]
+    read_at = trio.current_time()
+    data = await _read_overview(dashboard)
+    dashboard._overview = (read_at, data)
+    return data
+
+
+async def _read_overview(dashboard: Dashboard) -> dict[str, Any]:
     data = await dashboard.store.overview()
     now = data["now"]
     workers = []
