@@ -195,7 +195,8 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
         with urllib.request.urlopen(request, timeout=30) as response:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
+        with error:
+            return int(error.code), error.read().decode()
 
 
 async def _schema_with_a_schedule(pg_url: str, pg_schema: str) -> None:

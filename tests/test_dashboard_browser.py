@@ -161,7 +161,8 @@ def _post(url: str, data: bytes, cookie: str = "") -> int:
         with urllib.request.urlopen(request) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
-        return int(error.code)
+        with error:
+            return int(error.code)
 
 
 def test_a_read_only_dashboard_has_no_action_buttons_and_refuses_a_forged_post(
@@ -247,6 +248,16 @@ def test_every_page_answers_as_json_too(live: Harness, page: Page) -> None:
     schedules = _get_json(live.read_only_url + "/api/schedules")["schedules"]
     assert [s["name"] for s in schedules] == ["nightly-digest"]
     assert "workflows" in _get_json(live.read_only_url + "/api/workflows")
+    for path, status, message in [
+        ("/api/jobs/999999999", 404, "no job 999999999"),
+        ("/api/jobs?state=bogus", 400, "state: 'bogus' is not a job state"),
+        ("/api/jobs?after=yesterday", 400, "after: 'yesterday' is not a date and time"),
+    ]:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(live.read_only_url + path)
+        with refused.value as error:
+            assert error.code == status
+            assert json.loads(error.read())["error"].startswith(message)
     page.goto(live.admin_url + "/")
     expect(page.locator('tr[data-queue="default"] [data-count="completed_hour"]')).not_to_have_text(
         "0"

@@ -27,7 +27,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .._core.errors import JobNotFound
+from .._core.errors import JobNotFound, SchemaNotMigrated, TrioqError
 from ..client import Client
 from . import actions, views
 from .security import CSRF_COOKIE, Auth, AuthMiddleware, Csrf, parse_cookies
@@ -121,8 +121,13 @@ def _page(dashboard: Dashboard, handler: Handler, api: bool) -> Callable[..., An
         started = time.perf_counter()
         try:
             response = await handler(dashboard, request, api)
-        except (ValueError, JobNotFound) as exc:
-            response = _json({"error": str(exc)}, 400) if api else _error(dashboard, request, exc)
+        except (ValueError, TrioqError) as exc:  # a bad filter, no such job, not migrated
+            status = _status(exc)
+            if api:
+                response = _json({"error": str(exc)}, status)
+            else:
+                response = dashboard.render(request, "error.html", {"message": str(exc)})
+                response.status_code = status
         elapsed = (time.perf_counter() - started) * 1000
         response.headers["server-timing"] = f"app;dur={elapsed:.2f}"
         return response
@@ -130,10 +135,10 @@ def _page(dashboard: Dashboard, handler: Handler, api: bool) -> Callable[..., An
     return endpoint
 
 
-def _error(dashboard: Dashboard, request: Request, exc: Exception) -> Response:
-    response = dashboard.render(request, "error.html", {"message": str(exc)})
-    response.status_code = 404 if isinstance(exc, JobNotFound) else 400
-    return response
+def _status(exc: Exception) -> int:
+    if isinstance(exc, JobNotFound):
+        return 404
+    return 503 if isinstance(exc, SchemaNotMigrated) else 400
 
 
 # --- pages ------------------------------------------------------------------------------------
