@@ -243,6 +243,7 @@ def test_every_page_answers_as_json_too(live: Harness, page: Page) -> None:
     assert overview["workers"][0]["queues"] == ["default", "live"]
     jobs = _get_json(live.read_only_url + "/api/jobs?task=echo")["jobs"]
     assert jobs[0]["id"] == job.id
+    assert jobs[0]["max_attempts"] == 5  # the row's, or the task's declaration
     one = _get_json(f"{live.read_only_url}/api/jobs/{job.id}")
     assert one["job"]["state"] == "completed" and one["explain"]["state"] == "completed"
     schedules = _get_json(live.read_only_url + "/api/schedules")["schedules"]

@@ -1756,9 +1756,12 @@ GROUP BY r.queue, 2, span.n, span.back
 ORDER BY r.queue, 2;
 
 -- fragment: dashboard_job_row
+-- max_attempts as job_get reads it: the row's, else its task's declaration (migration 0015).
 SELECT j.id, j.queue, j.task, j.state, j.priority, j.run_at, j.partition_key, j.attempt,
-       j.max_attempts, j.created_at, j.finished_at, left(j.payload::text, 200) AS payload_head,
-       j.error ->> 'message' AS error_message
+       coalesce(j.max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                                 WHERE d.task = j.task AND d.version = j.version), 5)
+           AS max_attempts, j.created_at, j.finished_at,
+       left(j.payload::text, 200) AS payload_head, j.error ->> 'message' AS error_message
 
 -- fragment: dashboard_job_filters
   AND (%(task)s::text IS NULL OR j.task = %(task)s::text)
@@ -1891,7 +1894,9 @@ ORDER BY m.walked_finished DESC, m.id DESC;
 -- wait key, children, version); payload and result as text, cut at %(text_limit)s characters,
 -- with their full lengths, so a huge or deeply nested value is never parsed to be shown.
 SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attempt,
-       max_attempts, worker_id, created_at, started_at, finished_at, version, parent_id,
+       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5),
+       worker_id, created_at, started_at, finished_at, version, parent_id,
        wait_event_key, wait_children, checkpoint_count, cancel_requested,
        left(payload::text, %(text_limit)s), length(payload::text),
        left(result::text, %(text_limit)s), length(result::text),
