@@ -19,6 +19,7 @@ from .._core.identifiers import PREPARED_STATEMENTS, validate_schema
 from .._runtime.health import HealthTarget, serve_health
 from .._runtime.worker import Worker
 from ..app import DATABASE_URL_ENV, App, load_app
+from ..dashboard import cli as dashboard_cli
 from . import admin as cli_admin
 from . import errors as cli_errors
 from . import worker as cli_worker
@@ -422,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scale", type=int, default=1, help="multiply the demo workload")
     demo.add_argument("--concurrency", type=int, default=25, help="slots per queue")
     cli_admin.add_commands(command, COMMANDS)
+    dashboard = command("dashboard", "a web dashboard: queues, jobs, workflows, schedules")
+    dashboard_cli.add_arguments(dashboard)
+    COMMANDS["dashboard"] = dashboard_cli.cmd_dashboard
     return parser
 
 
