@@ -186,6 +186,9 @@ class WaitsMachine(DifferentialMachine):
             assert record is not None
             if record.state in ("waiting", "sleeping"):  # suspended: no lease, so no slot
                 assert job not in self.leases, record
+            else:  # its event wait ended (a timeout, a recovery, a cancel): it waits no more
+                for waiters in self.event_waiters.values():
+                    waiters.discard(job)
         for parent, (waited, stop_on_failure) in list(self.child_waits.items()):
             record = rows[parent]
             assert record is not None
