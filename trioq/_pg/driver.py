@@ -16,7 +16,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ import trio
 from .._core.channels import control_channel, schedules_channel
 from .._core.errors import SchemaNotMigrated
 from .._core.explain import ExplainFacts
+from .._core.outcomes import rule_of
 from .._core.schedule import fire_dedup_key
 from .._driver import (
     AttemptRecord,
@@ -250,6 +251,28 @@ def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]
     return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
 
+@functools.lru_cache(maxsize=512)
+def _rule_arrays(kinds: tuple[str, ...]) -> Params:
+    """The values the outcome rules (trioq/_core/outcomes.py) decide for a batch of these
+    kinds, as the array literals job_settle_and_claim applies. Cached: a drain sends the same
+    few shapes (25 completions) again and again."""
+    rules = [rule_of(kind) for kind in kinds]
+
+    def flags(values: Iterable[bool]) -> str:
+        return "{" + ",".join(["t" if value else "f" for value in values]) + "}"
+
+    return {
+        "states": "{" + ",".join([rule.state.value for rule in rules]) + "}",
+        "ready_when_due": flags(rule.ready_when_due for rule in rules),
+        "moves_run_at": flags(rule.moves_run_at for rule in rules),
+        "attempt_changes": "{" + ",".join([str(rule.attempt_change) for rule in rules]) + "}",
+        "releases_key": flags(rule.releases_key for rule in rules),
+        "histories": _nullable_array([rule.history for rule in rules]),
+        "finals": flags(rule.final for rule in rules),
+        "clears_worker": flags(rule.clears_worker for rule in rules),
+    }
+
+
 def settle_and_claim_params(params: SettleAndClaim) -> Params:
     """The named parameters of job_settle_and_claim (tests that run it by hand use these too).
 
@@ -258,17 +281,24 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
     SETTLE_KINDS, checked when each Settlement was built), which need no quoting."""
     settlements = params.settlements
     count = len(settlements)
-    kinds = [settlement.kind for settlement in settlements]
+    kinds = tuple([settlement.kind for settlement in settlements])
     if all(kind == "complete" for kind in kinds):
         errors = delays = wake_ats = _nulls(count)
+        results = _nullable_array([settlement.result_json for settlement in settlements])
     else:
-        errors = _nullable_array([settlement.error_json for settlement in settlements])
+        stored = [rule_of(kind) for kind in kinds]
+        results = _nullable_array(
+            [s.result_json if r.stores_result else None for s, r in zip(settlements, stored)]
+        )
+        errors = _nullable_array(
+            [s.error_json if r.stores_error else None for s, r in zip(settlements, stored)]
+        )
         delays = _nullable_array([settlement.delay_seconds for settlement in settlements])
         wake_ats = _nullable_array([settlement.wake_at for settlement in settlements])
     return {
         **_lease_arrays([settlement.lease for settlement in settlements]),
-        "kinds": "{" + ",".join(kinds) + "}",
-        "results": _nullable_array([settlement.result_json for settlement in settlements]),
+        **_rule_arrays(kinds),
+        "results": results,
         "errors": errors,
         "delays": delays,
         "wake_ats": wake_ats,
