@@ -288,10 +288,10 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
     else:
         stored = [rule_of(kind) for kind in kinds]
         results = _nullable_array(
-            [s.result_json if r.stores_result else None for s, r in zip(settlements, stored)]
+            [s.result_json if r.stores_result else None for s, r in zip(settlements, stored, strict=True)]
         )
         errors = _nullable_array(
-            [s.error_json if r.stores_error else None for s, r in zip(settlements, stored)]
+            [s.error_json if r.stores_error else None for s, r in zip(settlements, stored, strict=True)]
         )
         delays = _nullable_array([settlement.delay_seconds for settlement in settlements])
         wake_ats = _nullable_array([settlement.wake_at for settlement in settlements])
