@@ -286,13 +286,9 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         errors = delays = wake_ats = _nulls(count)
         results = _nullable_array([settlement.result_json for settlement in settlements])
     else:
-        stored = [rule_of(kind) for kind in kinds]
-        results = _nullable_array(
-            [s.result_json if r.stores_result else None for s, r in zip(settlements, stored, strict=True)]
-        )
-        errors = _nullable_array(
-            [s.error_json if r.stores_error else None for s, r in zip(settlements, stored, strict=True)]
-        )
+        pairs = [(settlement, rule_of(settlement.kind)) for settlement in settlements]
+        results = _nullable_array([s.result_json if r.stores_result else None for s, r in pairs])
+        errors = _nullable_array([s.error_json if r.stores_error else None for s, r in pairs])
         delays = _nullable_array([settlement.delay_seconds for settlement in settlements])
         wake_ats = _nullable_array([settlement.wake_at for settlement in settlements])
     return {
