@@ -532,6 +532,8 @@ class PgDriver:
                 if not first[2]:  # not blocked: this was the whole round, and the next may be
                     return plain
                 self._plain_queues[params.queue] = False
+                if not params.limit:  # a settle only (the completer's): nothing to claim
+                    return plain
                 params = attrs.evolve(params, settlements=())  # written: the claim is left
                 try:
                     rows = await self._settle_rows(conn, params)
@@ -553,12 +555,12 @@ class PgDriver:
         # The next round may be plain when this one saw no ready keyed row, promoted nothing
         # (a promotion may have left more due rows) and the next due row is beyond the
         # lookahead. A settle-only round (limit 0) visits no keys: it tells nothing about them.
-        self._plain_queues[params.queue] = (
-            bool(params.limit)
-            and first[3] == 0
-            and first[4] == 0
-            and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
-        )
+        if params.limit:
+            self._plain_queues[params.queue] = (
+                first[3] == 0
+                and first[4] == 0
+                and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
+            )
         return SettleAndClaimResult(
             settled=written if settled is None else settled,
             claimed=claimed,

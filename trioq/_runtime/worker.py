@@ -27,7 +27,7 @@ from .._core.identifiers import validate_name
 from .._driver import Driver, Listener, NewSchedule, WorkerRegistration
 from .admission import AdmissionControl, validate_mode
 from .checkpoints import CheckpointWriter
-from .claim_loop import PIPELINED_IN_FLIGHT, ClaimLoop, ClaimLoopStatistics, WorkerHooks
+from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
 from .leadership import Leadership
 from .leases import LeaseRenewer
 from .maintenance import Maintenance
@@ -196,7 +196,6 @@ class Worker:
                 admitted=functools.partial(self.admission.effective_limit, queue),
                 checkpoints=self.checkpoints,
                 write_timeout=self.config.write_timeout,
-                max_in_flight=PIPELINED_IN_FLIGHT if self.config.pipeline else 1,
             )
             for queue in self.config.queues
         }
