@@ -97,7 +97,7 @@ class Host:
         async def work(ctx: trioq.Context, payload: dict[str, str]) -> str:
             host.active += 1
             try:
-                host.check_key_free(ctx.job_id)
+                host.check_key_free(ctx.job.id)
                 behaviour = payload["do"]
                 if behaviour == "fail":
                     raise RuntimeError("handler failed")

@@ -124,9 +124,9 @@ class ClaimLoop:
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
     # The earliest due time of rows the completer wrote into scheduled/sleeping/waiting, and
-    # when: a claim round sent before that write committed could not see them.
+    # the rounds sent before that write committed (they could not see those rows).
     _written_due_at: float | None = None
-    _written_at: float = 0.0
+    _written_before_round: int = 0
     _backoff: float = 0.1
     # Poll sharing (polls.py): when the idle poll is due, its time before a probe held it, and
     # the wait's timer while the loop waits (a round in flight may move it: a sooner due time).
@@ -321,6 +321,7 @@ class ClaimLoop:
     async def _send(self, handlers: trio.Nursery, limit: int) -> None:
         """One claim statement (no outcomes: the completer writes those)."""
         self._rounds += 1
+        round_number = self._rounds
         sent_at = trio.current_time()
         result = await self.driver.job_settle_and_claim(
             SettleAndClaim(
@@ -335,7 +336,7 @@ class ClaimLoop:
                 lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
             )
         )
-        self._after_round(result, limit, sent_at)
+        self._after_round(result, limit, sent_at, round_number)
         self._start(handlers, result, sent_at)
 
     def _written(
@@ -355,17 +356,19 @@ class ClaimLoop:
             due_at = sent_at + max(0.0, wait)
             known = self._written_due_at
             self._written_due_at = due_at if known is None else min(known, due_at)
-            self._written_at = trio.current_time()
+            self._written_before_round = self._rounds
             self._reset_timer()
 
-    def _after_round(self, result: SettleAndClaimResult, limit: int, sent_at: float) -> None:
+    def _after_round(
+        self, result: SettleAndClaimResult, limit: int, sent_at: float, round_number: int
+    ) -> None:
         self._key_cursor = result.key_cursor or ""
         short = len(result.claimed) < limit
         if result.promoted:
             # This statement's snapshot saw the promoted rows as not due: they become
             # claimable in the next round, so run it now.
             self._wake.set()
-        if self._written_due_at is not None and sent_at > self._written_at:
+        if self._written_due_at is not None and round_number > self._written_before_round:
             self._written_due_at = None  # this round saw the completer's rows: it knows
         window_full = limit > 0 and result.keys_visited >= self.key_window
         if window_full and short and self._window_rounds < MAX_WINDOW_ROUNDS:
