@@ -37,6 +37,7 @@ from ._core.identifiers import validate_key, validate_name, validate_schema
 from ._core.outcomes import rule_of, settled_state
 from ._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from ._core.schedule import fire_dedup_key
+from ._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
     CancelChildren,
@@ -96,8 +97,8 @@ from ._sql import migrations
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
 """The memory clock's zero: `clock()` seconds after this instant is "now"."""
 
-FINISHED_STATES = frozenset({"completed", "failed", "cancelled"})
-SUSPENDED_OR_SCHEDULED = frozenset({"scheduled", "sleeping", "waiting"})
+FINISHED_STATES = TERMINAL_STATES
+SUSPENDED_OR_SCHEDULED = SUSPENDED_STATES | {JobState.SCHEDULED}
 _LEASE_EXPIRED_ERROR = '{"type":"LeaseExpired","message":"worker lost: lease expired"}'
 _SECOND = datetime.timedelta(seconds=1)
 
