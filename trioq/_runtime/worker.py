@@ -79,10 +79,6 @@ class WorkerConfig:
     notifications: bool = True
     # How long the listener self-probe waits for its own NOTIFY before falling back to polling.
     probe_timeout: float = 5.0
-    # Two claim rounds in flight per queue instead of one (trioq/_runtime/claim_loop.py,
-    # PIPELINED_IN_FLIGHT): may pay with one worker whose database has CPU to spare; slower
-    # where workers and the database share a few cores (docs/operations.md, "Tuning").
-    pipeline: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.queues:

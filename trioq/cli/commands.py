@@ -119,7 +119,6 @@ async def _run_worker(
         maintenance_interval=args.maintenance_interval,
         admission=args.admission,
         notifications=args.notifications == "on",
-        pipeline=args.pipeline == "on",
         task_status=task_status,
     )
     done.cancel()
@@ -336,12 +335,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("on", "off"),
         default="on",
         help="off: poll only, no LISTEN connection (behind a transaction-pooling proxy)",
-    )
-    worker.add_argument(
-        "--pipeline",
-        choices=("off", "on"),
-        default="off",
-        help="on: two claim rounds in flight per queue (one worker, a database with idle CPU)",
     )
     worker.add_argument(
         "--log-format",
