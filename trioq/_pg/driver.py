@@ -160,6 +160,14 @@ def _round_rows(
     return first, settled, tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
 
 
+def _all_plain(settlements: Sequence[Settlement]) -> bool:
+    """Every outcome a completion of a job without a partition key or a parent."""
+    for settlement in settlements:  # a loop, not all(genexpr): a hot path
+        if not settlement.plain or settlement.kind != "complete":
+            return False
+    return True
+
+
 def _lease_params(lease: Lease) -> Params:
     return {"id": lease.id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 
@@ -230,7 +238,9 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
 # whose 25 rows of 22 columns were the largest decode of a worker's round. Every column of a
 # statement listed here must be of a built-in type (psycopg returns bytes for a type it has
 # no binary loader for).
-BINARY_RESULTS = frozenset({"job_settle_and_claim", "job_settle_and_claim_plain"})
+BINARY_RESULTS = frozenset(
+    {"job_settle_and_claim", "job_settle_and_claim_plain", "job_complete_plain"}
+)
 
 # The statements of the fast paths, run on the native libpq path (no thread hop).
 NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
@@ -518,6 +528,8 @@ class PgDriver:
         finds keyed or due work it claims nothing and the full statement claims, at once on
         the same connection, so the round claims what the full statement alone would have.
         Every reply tells whether the queue's next round may be plain (`_plain_queues`)."""
+        if not params.limit and params.settlements and _all_plain(params.settlements):
+            return await self._complete_plain(params)
         async with self._pool.connection() as conn:
             if self._plain_round(params):
                 rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
@@ -573,6 +585,15 @@ class PgDriver:
             next_due=next_due,
             replied_at=replied_at,
         )
+
+    async def _complete_plain(self, params: SettleAndClaim) -> SettleAndClaimResult:
+        """A settle-only round of plain completions (the completer's common flush)."""
+        async with self._pool.connection() as conn:
+            rows = await self._settle_rows(conn, params, "job_complete_plain")
+            replied_at = conn.replied_at
+        [row] = rows
+        settled = tuple(zip(row[0], row[1], strict=True))
+        return SettleAndClaimResult(settled=settled, claimed=(), now=row[3], replied_at=replied_at)
 
     async def checkpoint_insert_many(
         self, writes: Sequence[CheckpointWrite]

@@ -624,6 +624,38 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
 
+-- name: job_complete_plain
+-- The completer's flush in the common case: every outcome a completion of a job without a
+-- partition key or a parent (`Settlement.plain`), so no key is released, no attempt recorded
+-- and no parent woken. The same fenced completion and result notifications as
+-- job_settle_and_claim, without its claim, promotion and probes: a flush needs none of them,
+-- and PostgreSQL builds a prepared statement's whole plan at every execution.
+WITH input AS MATERIALIZED (
+    SELECT t.*
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
+         AS t(id, attempt, lease_token, result)
+),
+settled AS (
+    UPDATE {schema}.jobs j
+    SET state = 'completed', result = i.result::jsonb, error = NULL,
+        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+    FROM input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.state
+),
+results_notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM settled GROUP BY 1) AS per_channel
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+       coalesce(array_agg(state ORDER BY id), '{}') AS states,
+       (SELECT n FROM results_notified) AS notified,  -- read here, so it always runs
+       {schema}.db_now() + (clock_timestamp() - now()) AS now
+FROM settled;
+
 -- name: checkpoint_insert_many
 -- Group commit of workflow checkpoints: the checkpoints of every concurrently running handler
 -- in one statement. Fenced through the job row: the UPDATE takes the row lock and re-checks
