@@ -275,7 +275,6 @@ class Launcher:
         queues: Sequence[str] = ("default",),
         poll_interval: float = 1.0,
         profile: Path | None = None,
-        pipeline: bool = False,
     ) -> Process:
         """A `trioq worker` process; with `profile`, under cProfile writing there at exit."""
         role = self.db.new_role("bench_w")
@@ -293,8 +292,6 @@ class Launcher:
             str(poll_interval),
             "--grace",
             "10",
-            "--pipeline",
-            "on" if pipeline else "off",
         ]
         for queue in queues:
             argv += ["--queue", queue]

@@ -69,20 +69,6 @@ def metrics(sizes: Sizes) -> list[Metric]:
         ),
         Metric(
             "throughput",
-            "one_worker_pipelined_jobs_per_s",
-            f"1 worker, c={c}, noop, {jobs}, --pipeline on",
-            "jobs/s",
-            "jobs_per_s",
-        ),
-        Metric(
-            "throughput",
-            "two_workers_pipelined_jobs_per_s",
-            f"2 workers, c={c} each, noop, {jobs}, --pipeline on",
-            "jobs/s",
-            "jobs_per_s",
-        ),
-        Metric(
-            "throughput",
             "two_vs_one_worker",
             "2 workers / 1 worker (same repeat)",
             "x",

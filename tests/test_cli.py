@@ -163,8 +163,8 @@ def test_version_help_defaults_and_usage_errors() -> None:
 async def test_worker_options_reach_the_workers_configuration(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`trioq worker` passes its options on to `App.run_worker` (here: --pipeline, whose default
-    is off)."""
+    """`trioq worker` passes its options on to `App.run_worker` (here: --notifications; not
+    given, the app decides: on, unless behind a pooler without a listen URL)."""
     seen: list[dict[str, Any]] = []
 
     async def run_worker(self: trioq.App, **config: Any) -> None:
@@ -176,15 +176,20 @@ async def test_worker_options_reach_the_workers_configuration(
     async def noop(ctx: trioq.Context, payload: object) -> None:
         return None
 
-    for extra, pipeline in (([], False), (["--pipeline", "on"], True)):
+    for extra, notifications in (
+        ([], None),
+        (["--notifications", "on"], True),
+        (["--notifications", "off"], False),
+    ):
         args = cli.build_parser().parse_args(["worker", "m:app", "--concurrency", "7", *extra])
         with monkeypatch.context() as patched, trio.CancelScope() as done:
             patched.setattr(trioq.App, "run_worker", run_worker)
             await commands._run_worker(app, args, done)
-        assert seen[-1]["pipeline"] is pipeline and seen[-1]["concurrency"] == 7
+        assert seen[-1].get("notifications") is notifications and seen[-1]["concurrency"] == 7
         async with app.client(driver=MemoryDriver()):
-            worker = app.worker(["default"], 7, pipeline=pipeline)
-        assert [loop.max_in_flight for loop in worker.loops.values()] == [2 if pipeline else 1]
+            options = {} if notifications is None else {"notifications": notifications}
+            worker = app.worker(["default"], 7, **options)
+        assert worker.config.notifications is (notifications is not False)
 
 
 # --- inspect and redrive (in-process: `cli.main`) -------------------------------------------

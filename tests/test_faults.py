@@ -644,3 +644,139 @@ async def test_job_released_by_a_drain_keeps_its_place_in_its_partition(
         f"release: { {i: r['run_at'] for i, r in released.items()} }"
     )
     assert_no_overlapping_runs(runs, workers=group.procs)
+
+
+# --- the completer: outcomes not yet written --------------------------------------------------
+
+
+@asynccontextmanager
+async def rows_share_locked(pg_url: str, ids: list[int], schema: str) -> AsyncIterator[None]:
+    """Hold FOR SHARE locks on the job rows from another session: every fenced write to them
+    (the completer's flush, lease renewals, lease recovery) waits until the block ends."""
+    import psycopg
+
+    conn = await trio.to_thread.run_sync(psycopg.connect, pg_url)
+    try:
+        await trio.to_thread.run_sync(
+            conn.execute, q(schema, "SELECT id FROM {s}.jobs WHERE id = ANY(%s) FOR SHARE"), (ids,)
+        )
+        yield
+    finally:
+        await trio.to_thread.run_sync(conn.commit)
+        await trio.to_thread.run_sync(conn.close)
+
+
+def ended_by(schema: str, pid: int) -> tuple[sql.Composed, tuple[int]]:
+    return q(
+        schema, "SELECT job_id, attempt FROM {s}.exec_log WHERE event = 'end' AND worker_pid = %s"
+    ), (pid,)
+
+
+BLOCKED_WRITES = (
+    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+    "AND backend_type = 'client backend' AND datname = current_database()"
+)
+
+
+async def test_outcomes_unwritten_at_a_kill_9_are_recovered_and_run_again_without_overlap(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """A's handlers return and hand their outcomes to its completer, whose flush is held back
+    by a lock; A is killed before the flush commits. The rows stay running under A's lease
+    (its key, its lease, nothing written), are recovered once the lease expires, and B runs
+    them again: every job completed, none run twice at once."""
+    n = 5
+    async with (
+        producer(pg_url, pg_schema) as client,
+        worker_group(pg_url, pg_schema, tmp_path) as group,
+    ):
+        a = await group.start("A", concurrency=n, lease=LEASE, poll=POLL, maintenance=MAINTENANCE)
+        b = await group.start("B", concurrency=n, lease=LEASE, poll=POLL, maintenance=MAINTENANCE)
+        b.signal(signal.SIGSTOP)
+        ids = [job.id for job in await client.enqueue_many("work", [{"seconds": 0.5}] * n)]
+        await wait_until(
+            pg_url, *started_by(pg_schema, a.pid), count_is(n), within=10, what="A starts all"
+        )
+        async with rows_share_locked(pg_url, ids, pg_schema):
+            await wait_until(
+                pg_url, *ended_by(pg_schema, a.pid), count_is(n), within=10, what="A's handlers end"
+            )
+            await wait_until(pg_url, BLOCKED_WRITES, None, bool, within=10, what="a held flush")
+            rows = await job_rows(pg_url, pg_schema, ids)
+            assert {row["state"] for row in rows.values()} == {"running"}  # nothing written
+            a.signal(signal.SIGKILL)
+            killed_at = await db_now(pg_url)
+            assert await a.wait_exit(10) == -signal.SIGKILL
+            # A dead client's statement still waiting on a lock would run once it is free
+            # (the server reads the closed socket only afterwards): end it as a crashed host's
+            # connection ends.
+            await fetch(pg_url, f"SELECT pg_terminate_backend(pid) FROM ({BLOCKED_WRITES}) AS b")
+        b.signal(signal.SIGCONT)
+        await wait_until(
+            pg_url,
+            q(pg_schema, "SELECT id FROM {s}.jobs WHERE state = 'completed'"),
+            None,
+            count_is(n),
+            within=LEASE + MAINTENANCE + POLL + 3 + 10,
+            what="all jobs completed",
+        )
+        runs = await read_runs(pg_url, pg_schema)
+        rows = await job_rows(pg_url, pg_schema, ids)
+        attempts = await attempts_of(pg_url, pg_schema, ids)
+        lost = await lost_attempts(pg_url, pg_schema)
+    assert {(row["state"], row["attempt"]) for row in rows.values()} == {("completed", 2)}
+    assert attempts == {job_id: [(1, "lost", a.worker_id)] for job_id in ids}
+    assert sorted((run.pid, run.end_event) for run in runs) == sorted(
+        [(a.pid, "end")] * n + [(b.pid, "end")] * n
+    )
+    assert_no_overlapping_runs(runs, workers=group.procs, died={a.pid: killed_at}, lost=lost)
+
+
+async def test_a_flush_whose_connection_is_cut_is_sent_again_and_each_job_runs_once(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """The completer's flush waits on a lock and its connection is terminated under it (as is
+    every other write waiting there): the flush is sent again and commits once the lock goes;
+    each job ran once and completed with its first attempt."""
+    n = 5
+    async with (
+        producer(pg_url, pg_schema) as client,
+        worker_group(pg_url, pg_schema, tmp_path) as group,
+    ):
+        a = await group.start("A", concurrency=n, lease=30.0, poll=POLL, maintenance=MAINTENANCE)
+        ids = [job.id for job in await client.enqueue_many("work", [{"seconds": 0.5}] * n)]
+        await wait_until(
+            pg_url, *started_by(pg_schema, a.pid), count_is(n), within=10, what="A starts all"
+        )
+        async with rows_share_locked(pg_url, ids, pg_schema):
+            await wait_until(
+                pg_url, *ended_by(pg_schema, a.pid), count_is(n), within=10, what="A's handlers end"
+            )
+            [(blocked,), *_] = await wait_until(
+                pg_url, BLOCKED_WRITES, None, bool, within=10, what="a held flush"
+            )
+            await fetch(pg_url, "SELECT pg_terminate_backend(%s)", (blocked,))
+            await wait_until(
+                pg_url,
+                BLOCKED_WRITES,
+                None,
+                lambda found: any(pid != blocked for (pid,) in found),
+                within=10,
+                what="the flush sent again",
+            )
+        await wait_until(
+            pg_url,
+            q(pg_schema, "SELECT id FROM {s}.jobs WHERE state = 'completed'"),
+            None,
+            count_is(n),
+            within=10,
+            what="all jobs completed",
+        )
+        runs = await read_runs(pg_url, pg_schema)
+        rows = await job_rows(pg_url, pg_schema, ids)
+        attempts = await attempts_of(pg_url, pg_schema, ids)
+    assert {(row["state"], row["attempt"]) for row in rows.values()} == {("completed", 1)}
+    assert attempts == {job_id: [] for job_id in ids}
+    assert sorted((run.job_id, run.attempt, run.end_event) for run in runs) == [
+        (job_id, 1, "end") for job_id in sorted(ids)
+    ]

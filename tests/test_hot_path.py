@@ -1,19 +1,23 @@
-"""The worker's per-job path (claim loop, executor, settle buffer, metrics): what its cheaper
-bookkeeping must keep. Counts checked against prometheus-client's own types, the settle buffer's
-ownership and order, and the isolation a task per job gives (contextvars, failures, cancels)."""
+"""The worker's per-job path (claim loop, executor, completer, metrics): what its cheaper
+bookkeeping must keep. Counts checked against prometheus-client's own types, the completer's
+ownership, bound and order, and the isolation a task per job gives (contextvars, failures,
+cancels)."""
 
 from __future__ import annotations
 
 import contextvars
+import datetime
 import uuid
 
+import pytest
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import Lease, Settlement
+from trioq._driver import Lease, SettleAndClaim, SettleAndClaimResult, Settlement
 from trioq._memory import MemoryDriver
+from trioq._runtime.completer import Completer, open_completer
 from trioq._runtime.metrics import HANDLER_BUCKETS, WorkerMetrics
 from trioq._runtime.outcome import (
     Cancelled,
@@ -26,7 +30,6 @@ from trioq._runtime.outcome import (
     Suspended,
     outcome_name,
 )
-from trioq._runtime.settle import SettleBuffer
 
 
 def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, frozenset], float]:
@@ -82,6 +85,9 @@ def test_every_outcome_has_its_name() -> None:
     ]  # fmt: skip
 
 
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
 def _settlement(job_id: int, kind: str = "complete") -> Settlement:
     lease = Lease(job_id, 1, uuid.uuid4())
     if kind == "complete":
@@ -89,25 +95,60 @@ def _settlement(job_id: int, kind: str = "complete") -> Settlement:
     return Settlement(lease, kind)
 
 
-def test_settle_buffer_owns_each_outcome_until_written_and_restores_failed_batches_first() -> None:
-    buffer = SettleBuffer()
-    one, two, three = _settlement(1), _settlement(2), _settlement(3, "release")
-    buffer.add(one, keyed=False)
-    buffer.add(two, keyed=True)
-    first, frees = buffer.take(1)
-    assert (first, frees, buffer.pending, len(buffer)) == ((one,), False, 1, 2)
-    second, frees = buffer.take()
-    assert (second, frees, buffer.pending) == ((two,), True, 0)
-    assert buffer.take() == ((), False)  # nothing pending: an empty batch owns nothing
-    buffer.add(three, keyed=False)
-    assert set(buffer.leases()) == {one.lease, two.lease, three.lease}
-    buffer.restore(second)  # its statement failed: back in front of what finished since
-    buffer.written(first)
-    assert (buffer.pending, len(buffer)) == (2, 2)
-    again, frees = buffer.take()
-    assert (again, frees) == ((two, three), True)  # the restored one still frees its key
-    buffer.written(again)
-    assert (len(buffer), buffer.leases()) == (0, [])
+async def test_completer_owns_outcomes_until_written_waits_when_full_and_resends_first(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The backlog holds at most max_backlog outcomes (a hand-over then waits); an outcome's
+    lease stays owned until its batch commits; a batch lost with the connection is sent again
+    ahead of newer outcomes, still knowing which outcome frees a key."""
+    sent: list[tuple[int, ...]] = []
+    fail_next = True
+    written: list[tuple[tuple[int, ...], bool]] = []
+    all_written = trio.Event()
+
+    def on_written(batch: tuple[Settlement, ...], frees: bool, *_: object) -> None:
+        written.append((tuple(s.lease.id for s in batch), frees))
+        if len(written) == 2:
+            all_written.set()
+
+    class Driver:
+        def is_connection_lost(self, exc: BaseException) -> bool:
+            return isinstance(exc, ConnectionError)
+
+        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+            nonlocal fail_next
+            await trio.sleep(0.01)
+            sent.append(tuple(s.lease.id for s in params.settlements))
+            if fail_next:
+                fail_next = False
+                raise ConnectionError("lost")
+            settled = tuple((s.lease.id, "completed") for s in params.settlements)
+            return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+
+    completer = Completer(
+        driver=Driver(),  # type: ignore[arg-type]
+        queue="default",
+        tasks=("t",),
+        worker_id=uuid.uuid4(),
+        lease_seconds=30,
+        max_backlog=2,
+        batch_size=2,
+        on_written=on_written,
+    )
+    one, two, three = _settlement(1), _settlement(2, "release"), _settlement(3)
+    completer.hand_over_nowait(one, keyed=False)
+    completer.hand_over_nowait(two, keyed=True)
+    with pytest.raises(trio.WouldBlock):
+        completer.hand_over_nowait(three, keyed=False)
+    assert completer.capacity == 4
+    async with open_completer(completer):
+        await completer.hand_over(three, keyed=False)  # waits until the first batch leaves
+        assert set(completer.leases()) == {one.lease, two.lease, three.lease}
+        with trio.fail_after(5):
+            await all_written.wait()
+    assert sent == [(1, 2), (1, 2), (3,)]  # the lost batch again, ahead of the newer outcome
+    assert written == [((1, 2), True), ((3,), False)]
+    assert completer.statistics().retries == 1 and completer.leases() == []
 
 
 async def test_handlers_of_one_round_neither_share_contextvars_nor_failures_nor_cancels(

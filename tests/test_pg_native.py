@@ -439,11 +439,13 @@ async def test_binary_results_are_the_values_text_results_are(pg_url: str) -> No
 
 
 async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) -> None:
-    """The claim's settlement arrays (tokens as 32 hex digits, kinds unquoted, the all-complete
-    batch's NULL arrays) read back as the settlements they came from."""
+    """The claim's settlement arrays (tokens as 32 hex digits, the states the outcome rules
+    decided, the all-complete batch's NULL arrays) read back as the settlements they came
+    from."""
     import datetime
     import uuid
 
+    from trioq._core.outcomes import rule_of
     from trioq._driver import Lease, SettleAndClaim, Settlement
     from trioq._pg.driver import settle_and_claim_params
 
@@ -462,7 +464,7 @@ async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) ->
         b"SELECT $1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::text[], $6::text[],"
         b" $7::float8[], $8::timestamptz[], $9::text[], $10::text[]"
     )
-    names = ("ids", "attempts", "lease_tokens", "kinds", "results", "errors", "delays", "wake_ats")
+    names = ("ids", "attempts", "lease_tokens", "states", "results", "errors", "delays", "wake_ats")
     names += ("tasks", "task_versions")
     conn = await connect(pg_url)
     try:
@@ -483,7 +485,7 @@ async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) ->
                 [s.lease.id for s in batch],
                 [s.lease.attempt for s in batch],
                 [s.lease.lease_token for s in batch],
-                [s.kind for s in batch],
+                [rule_of(s.kind).state.value for s in batch],
                 [s.result_json for s in batch],
                 [s.error_json for s in batch],
                 [s.delay_seconds for s in batch],

@@ -28,6 +28,7 @@ WORKER = uuid.uuid4()
 POLL = 60.0  # nothing below may wait for a poll: notifications and timers only
 PLAIN = "job_settle_and_claim_plain"
 FULL = "job_settle_and_claim"
+COMPLETE = "job_complete_plain"
 
 
 @pytest.fixture
@@ -65,7 +66,9 @@ async def round_(
         )
     )
     after = driver.statistics().calls
-    ran = tuple(name for name in (PLAIN, FULL) if after.get(name, 0) > before.get(name, 0))
+    ran = tuple(
+        name for name in (PLAIN, FULL, COMPLETE) if after.get(name, 0) > before.get(name, 0)
+    )
     return ran, result
 
 
@@ -153,11 +156,33 @@ async def test_only_plain_completions_go_through_the_plain_statement(driver: PgD
     assert attempts == 1
     # A completion not marked plain (the default) is never taken for one.
     await driver.job_insert_many([NewJob("q", "t", "{}")])
-    ran, result = await round_(driver)  # full (after a settle-only round), and plain mode again
-    assert ran == (FULL,)
+    ran, result = await round_(driver)  # a settle-only round tells nothing of the queue
+    assert ran == (PLAIN,)
     ran, result = await round_(driver, (Settlement(result.claimed[0].lease, "complete", "1"),))
     assert ran == (FULL,)
     assert [state for _, state in result.settled] == ["completed"]
+
+
+async def test_a_settle_only_round_of_plain_completions_runs_the_complete_statement(
+    driver: PgDriver,
+) -> None:
+    """The completer's common flush: plain completions with nothing to claim run
+    job_complete_plain (fenced like the others); a batch with anything else runs the full
+    statement."""
+    await round_(driver)
+    await driver.job_insert_many([NewJob("q", "t", "{}")] * 3)
+    _, result = await round_(driver)
+    first, second, third = result.claimed
+    lease = Lease(second.id, second.attempt, uuid.uuid4())
+    stale = Settlement(lease, "complete", result_json="null", plain=True)
+    ran, written = await round_(driver, (*complete([first]), stale), limit=0)
+    assert ran == (COMPLETE,)
+    assert dict(written.settled) == {first.id: "completed"}  # the stale lease wrote nothing
+    assert written.claimed == () and written.now is not None
+    release = Settlement(third.lease, "release")
+    ran, written = await round_(driver, (*complete([second]), release), limit=0)
+    assert ran == (FULL,)
+    assert dict(written.settled) == {second.id: "completed", third.id: "ready"}
 
 
 async def test_the_plain_claim_keeps_pauses_versions_and_fencing(driver: PgDriver) -> None:

@@ -1,9 +1,11 @@
-"""A Hypothesis machine driving the REAL claim loop and worker on the memory driver under
-trio's MockClock: handlers finish, fail, hang, or sleep durably; the driver loses its
-connection for a few rounds; time advances; at the end the worker drains. After every step the
-capacity invariant is checked against both the loop's own accounting and the stored rows:
-never more running rows owned by the worker than its slots, and every row it owns is one the
-loop accounts for.
+"""A Hypothesis machine driving the REAL claim loop, completer and worker on the memory driver
+under trio's MockClock: handlers (some with a partition key) finish, fail, hang, or sleep
+durably; the driver loses its connection for a few claim rounds or completer flushes; flushes
+are held back for a while; time advances; at the end the worker drains. After every step the
+invariants are checked against the loop's own accounting and the stored rows: handlers running
+<= slots; rows the worker owns <= slots + the completer's capacity, each one accounted for
+under the same lease; and (checked as each handler starts) a partition key's job runs only
+when no other job of its key holds the key, i.e. its predecessor's outcome has committed.
 
 The worker runs in one `trio.run` (with a MockClock that only moves when a rule jumps it) on a
 background thread; each rule runs a coroutine there and then waits until every task is blocked,
@@ -36,17 +38,26 @@ BEHAVIOURS = ("finish", "fail", "hang", "sleep")
 
 @attrs.define(eq=False)
 class FlakyDriver:
-    """The memory driver, whose next `lose` settle-and-claim calls fail as a lost connection."""
+    """The memory driver, whose next `lose` claim rounds and next `fail_flushes` completer
+    flushes fail as a lost connection; while `flush_gate` is set, flushes wait for it."""
 
     inner: MemoryDriver
     lose: int = 0
+    fail_flushes: int = 0
+    flush_gate: trio.Event | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
         await trio.lowlevel.checkpoint()
-        if self.lose:
+        if params.settlements:  # the completer's flush (the claim loop sends no outcomes)
+            if self.flush_gate is not None:
+                await self.flush_gate.wait()
+            if self.fail_flushes:
+                self.fail_flushes -= 1
+                raise ConnectionError("connection lost (injected, flush)")
+        elif self.lose:
             self.lose -= 1
             raise ConnectionError("connection lost (injected)")
         return await self.inner.job_settle_and_claim(params)
@@ -79,16 +90,24 @@ class Host:
         self.app = trioq.App(schema="machine")
         host = self
 
+        self.active = 0  # handlers running now
+        self.violations: list[str] = []
+
         @self.app.task("work", max_attempts=2, retry=trioq.RetryPolicy(base_seconds=5, jitter=0))
         async def work(ctx: trioq.Context, payload: dict[str, str]) -> str:
-            behaviour = payload["do"]
-            if behaviour == "fail":
-                raise RuntimeError("handler failed")
-            if behaviour == "hang":
-                await host.release.wait()
-            if behaviour == "sleep":
-                await ctx.sleep("nap", datetime.timedelta(seconds=20))
-            return behaviour
+            host.active += 1
+            try:
+                host.check_key_free(ctx.job.id)
+                behaviour = payload["do"]
+                if behaviour == "fail":
+                    raise RuntimeError("handler failed")
+                if behaviour == "hang":
+                    await host.release.wait()
+                if behaviour == "sleep":
+                    await ctx.sleep("nap", datetime.timedelta(seconds=20))
+                return behaviour
+            finally:
+                host.active -= 1
 
         self._stop = trio.Event()
         async with (
@@ -103,6 +122,22 @@ class Host:
             await self._stop.wait()
             self.release.set()  # the drain lets hung handlers finish
 
+    def check_key_free(self, job_id: int) -> None:
+        """At a handler's start: no other job of its partition key holds the key (running,
+        or suspended), so its predecessor's outcome has committed."""
+        row = self.memory._rows[job_id]
+        if row.partition_key is None:
+            return
+        holders = [
+            other.id
+            for other in self.memory._rows.values()
+            if other.id != job_id
+            and other.partition_key == row.partition_key
+            and other.state in ("running", "sleeping", "waiting")
+        ]
+        if holders:
+            self.violations.append(f"job {job_id} of key {row.partition_key} ran while {holders}")
+
     def call(self, function: Callable[[], Awaitable[Any]]) -> Any:
         async def settled() -> Any:
             result = await function()
@@ -114,7 +149,9 @@ class Host:
     def close(self) -> None:
         def stop() -> None:
             self.clock.autojump_threshold = 0  # let the drain's timers (backoff, grace) run
-            self.driver.lose = 0
+            self.driver.lose = self.driver.fail_flushes = 0
+            if self.driver.flush_gate is not None:
+                self.driver.flush_gate.set()
             self._stop.set()
 
         trio.from_thread.run_sync(stop, trio_token=self._token)
@@ -128,10 +165,16 @@ class RuntimeMachine(RuleBasedStateMachine):
         super().__init__()
         self.host = Host()
 
-    @rule(behaviours=st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=4))
-    def enqueue(self, behaviours: list[str]) -> None:
-        payloads = [{"do": b} for b in behaviours]
-        self.host.call(lambda: self.host.client.enqueue_many("work", payloads))
+    @rule(
+        behaviours=st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=4),
+        key=st.sampled_from([None, "a", "b"]),
+    )
+    def enqueue(self, behaviours: list[str], key: str | None) -> None:
+        async def enqueue() -> None:
+            for behaviour in behaviours:
+                await self.host.client.enqueue("work", {"do": behaviour}, partition_key=key)
+
+        self.host.call(enqueue)
 
     # Steps shorter than the renewal interval (lease/3): renewals keep up. A longer freeze lets
     # the watchdog give up on leases the database still holds, and the lost handlers' rows stay
@@ -157,24 +200,46 @@ class RuntimeMachine(RuleBasedStateMachine):
     def connection_lost(self, rounds: int) -> None:
         self.host.driver.lose = rounds
 
+    @rule(flushes=st.integers(1, 3))
+    def flushes_fail(self, flushes: int) -> None:
+        self.host.driver.fail_flushes = flushes
+
+    @rule()
+    def flushes_held(self) -> None:
+        if self.host.driver.flush_gate is None:
+            self.host.driver.flush_gate = trio.Event()
+
+    @rule()
+    def flushes_released(self) -> None:
+        async def release() -> None:
+            gate, self.host.driver.flush_gate = self.host.driver.flush_gate, None
+            if gate is not None:
+                gate.set()
+            await trio.lowlevel.checkpoint()
+
+        self.host.call(release)
+
     @invariant()
     def capacity_holds_in_the_loop_and_in_the_rows(self) -> None:
         async def check() -> None:
             worker = self.host.worker
             [loop] = worker.loops.values()
+            bound = CONCURRENCY + loop.completer.capacity
             owned = loop.owned_leases()
+            assert self.host.active <= CONCURRENCY
             assert len(loop.running) <= CONCURRENCY
-            assert len(owned) <= CONCURRENCY, owned
+            assert len(owned) <= bound, owned
             running_rows = [
                 row
                 for row in self.host.memory._rows.values()
                 if row.state == "running" and row.worker_id == worker.worker_id
             ]
-            assert len(running_rows) <= CONCURRENCY, running_rows
-            # Every row running under this worker is one the loop accounts for (running, or
-            # finished with its outcome not yet written), under the same lease.
+            assert len(running_rows) <= bound, running_rows
+            # Every row running under this worker is one the loop accounts for (a running
+            # handler, or an outcome the completer has not written yet), under the same lease.
             held = {(row.id, row.attempt, row.lease_token) for row in running_rows}
             assert held <= {(lease.id, lease.attempt, lease.lease_token) for lease in owned}
+            assert self.host.violations == []
 
         self.host.call(check)
 
@@ -182,7 +247,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.host.close()
 
 
-def test_claim_loop_keeps_capacity_under_finishing_failing_hanging_and_lost_connections() -> None:
+def test_claim_loop_keeps_its_bounds_and_key_order_under_lost_held_and_failed_writes() -> None:
     run_state_machine_as_test(
         RuntimeMachine,
         settings=settings(

@@ -13,7 +13,6 @@ import trioq
 from tests.support import running_worker
 from trioq._driver import RenewalResult, RenewLeases
 from trioq._memory import MemoryDriver
-from trioq._runtime import claim_loop
 from trioq._runtime.polls import LEAD_SECONDS, PollSharing
 
 
@@ -244,37 +243,43 @@ async def test_unconfirmed_lease_cancels_its_handler_before_recovery_and_a_recla
     assert (record.state, record.attempt, record.result) == ("completed", 2, 2)
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-async def test_rounds_in_flight_never_own_more_than_the_slots(
-    autojump_clock: trio.testing.MockClock, pipeline: bool
+async def test_claims_overlap_one_flush_in_flight_within_the_bounds(
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Pipelining (`pipeline=True`; off by default): with a backlog of instant jobs and two
-    rounds allowed, a second settle-and-claim round is sent while the first is in flight (each
-    statement takes 2 ms of virtual time here); either way, at every commit the worker's
-    running rows stay within its slots."""
-    max_in_flight = claim_loop.PIPELINED_IN_FLIGHT if pipeline else 1
+    """With a backlog of instant jobs and statements that take 2 ms of virtual time, the
+    completer's flush and the claim loop's claim are in flight at once, never more than one
+    flush at a time; handlers running stay within the slots, and the worker's running rows
+    (at every commit) within the slots plus the completer's capacity."""
     app = make_app()
     concurrency = 25
+    active = most_active = 0
 
     @app.task("noop")
     async def noop(ctx: trioq.Context, payload: object) -> None:
-        return None
+        nonlocal active, most_active
+        active += 1
+        most_active = max(most_active, active)
+        await trio.lowlevel.checkpoint()
+        active -= 1
 
     inner = MemoryDriver()
-    in_flight = 0
-    most_in_flight = 0
-    most_running = 0
+    claims = flushes = most_together = most_flushes = most_running = 0
 
     class SlowStatements:
-        """The memory driver with a round trip: the claim statement commits after 2 ms."""
+        """The memory driver with a round trip: each statement commits after 2 ms."""
 
         def __getattr__(self, name: str) -> object:
             return getattr(inner, name)
 
         async def job_settle_and_claim(self, params):  # type: ignore[no-untyped-def]
-            nonlocal in_flight, most_in_flight, most_running
-            in_flight += 1
-            most_in_flight = max(most_in_flight, in_flight)
+            nonlocal claims, flushes, most_together, most_flushes, most_running
+            flush = bool(params.settlements)
+            if flush:
+                flushes += 1
+            else:
+                claims += 1
+            most_together = max(most_together, claims + flushes)
+            most_flushes = max(most_flushes, flushes)
             try:
                 await trio.sleep(0.002)
                 result = await inner.job_settle_and_claim(params)
@@ -282,18 +287,23 @@ async def test_rounds_in_flight_never_own_more_than_the_slots(
                 most_running = max(most_running, status.running)
                 return result
             finally:
-                in_flight -= 1
+                if flush:
+                    flushes -= 1
+                else:
+                    claims -= 1
 
     async with app.client(driver=SlowStatements()) as client:  # type: ignore[arg-type]
         jobs = await client.enqueue_many("noop", [{} for _ in range(2000)])
-        async with running_worker(app, concurrency=concurrency, pipeline=pipeline):
+        async with running_worker(app, concurrency=concurrency) as worker:
+            [loop] = worker.loops.values()
             with trio.fail_after(600):
                 for job in jobs:
                     await client.wait_final(job.id)
         [status] = await inner.queue_status()
     assert status.completed == 2000
-    assert most_in_flight == max_in_flight
-    assert 0 < most_running <= concurrency
+    assert (most_together, most_flushes) == (2, 1)
+    assert most_active == concurrency
+    assert 0 < most_running <= concurrency + loop.completer.capacity
 
 
 class _LoopInARound:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol, overload
 
 import attrs
 
+from ._core import outcomes
 from ._core.explain import ExplainFacts
 
 # --- params ---------------------------------------------------------------------------------
@@ -109,8 +110,8 @@ class Lease:
     lease_token: uuid.UUID
 
 
-SETTLE_KINDS = frozenset({"complete", "retry", "fail", "cancel", "release", "sleep", "wait"})
-"""What a settlement may record (see `job_settle_and_claim` in queries.sql for each one's state)."""
+# What a settlement may record; trioq/_core/outcomes.py holds what each kind does to its row.
+SETTLE_KINDS = outcomes.SETTLE_KINDS
 
 
 @attrs.frozen

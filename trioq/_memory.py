@@ -34,8 +34,10 @@ from . import _memory_waits as waits
 from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
 from ._core.explain import ExplainFacts
 from ._core.identifiers import validate_key, validate_name, validate_schema
+from ._core.outcomes import rule_of, settled_state
 from ._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from ._core.schedule import fire_dedup_key
+from ._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
     CancelChildren,
@@ -95,8 +97,8 @@ from ._sql import migrations
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
 """The memory clock's zero: `clock()` seconds after this instant is "now"."""
 
-FINISHED_STATES = frozenset({"completed", "failed", "cancelled"})
-SUSPENDED_OR_SCHEDULED = frozenset({"scheduled", "sleeping", "waiting"})
+FINISHED_STATES = TERMINAL_STATES
+SUSPENDED_OR_SCHEDULED = SUSPENDED_STATES | {JobState.SCHEDULED}
 _LEASE_EXPIRED_ERROR = '{"type":"LeaseExpired","message":"worker lost: lease expired"}'
 _SECOND = datetime.timedelta(seconds=1)
 
@@ -531,34 +533,28 @@ class MemoryDriver:
         row = self._rows.get(settlement.lease.id)
         if row is None or not row.holds(settlement.lease):
             return None
-        kind = settlement.kind
-        if kind == "complete":
-            self._finish(row, "completed", now)
-            row.result_json = settlement.result_json
-            return row
-        if kind in ("fail", "cancel"):
-            row.error_json = settlement.error_json
-            self._finish(row, "failed" if kind == "fail" else "cancelled", now)
-            self._record_attempt(row, row.state, settlement.error_json or "null", now)
-            return row
-        row.end_lease()
-        if kind == "retry":
-            row.error_json = settlement.error_json
-            row.run_at = now + (settlement.delay_seconds or 0.0) * _SECOND
-            row.state = "ready" if row.run_at <= now else "scheduled"
-            self._unlock_partition(row)
-            self._record_attempt(row, "retried", settlement.error_json or "null", now)
-        elif kind == "release":
-            row.state = "ready"
-            row.attempt -= 1
+        rule = rule_of(settlement.kind)  # the one rule every driver applies (_core/outcomes)
+        if rule.moves_run_at:
+            if settlement.kind == "retry":
+                row.run_at = now + (settlement.delay_seconds or 0.0) * _SECOND
+            else:
+                row.run_at = settlement.wake_at
+        row.attempt += rule.attempt_change
+        row.result_json = settlement.result_json if rule.stores_result else None
+        row.error_json = settlement.error_json if rule.stores_error else None
+        if rule.clears_worker:
             row.worker_id = None
             row.started_at = None
-            self._unlock_partition(row)
-        else:  # sleep, wait: the key stays held
-            row.attempt -= 1
-            row.run_at = settlement.wake_at
-            due = row.run_at is not None and row.run_at <= now
-            row.state = "ready" if due else ("sleeping" if kind == "sleep" else "waiting")
+        state = settled_state(rule, row.run_at, now)
+        if rule.final:
+            self._finish(row, state, now)
+        else:
+            row.end_lease()
+            row.state = state
+            if rule.releases_key:
+                self._unlock_partition(row)
+        if rule.history is not None:
+            self._record_attempt(row, rule.history, settlement.error_json or "null", now)
         if row.state == "ready":
             outbox.add(self._ready_channel(row.queue), row.queue)
         return row

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._core.states import TERMINAL_STATES
 from ._driver import (
     CancelChildren,
     CancelOutcome,
@@ -32,7 +33,7 @@ from ._driver import (
 if TYPE_CHECKING:
     from ._memory import MemoryDriver, _Outbox, _Row
 
-FINAL = frozenset({"completed", "failed", "cancelled"})
+FINAL = TERMINAL_STATES
 _SECOND = datetime.timedelta(seconds=1)
 
 

@@ -92,10 +92,9 @@ def run(ctx: Context) -> None:
     sizes, launcher, results = ctx.sizes, ctx.launcher, ctx.results
     n = sizes.throughput_jobs
 
-    def trioq_workers(count: int, pipeline: bool = False) -> StartWorkers:
+    def trioq_workers(count: int) -> StartWorkers:
         return lambda schema: [
-            launcher.trioq_worker(schema, concurrency=sizes.concurrency, pipeline=pipeline)
-            for _ in range(count)
+            launcher.trioq_worker(schema, concurrency=sizes.concurrency) for _ in range(count)
         ]
 
     def baseline(schema: str) -> list[Process]:
@@ -109,16 +108,12 @@ def run(ctx: Context) -> None:
         peer = drain(ctx, pgqueuer, "noop", n, PGQUEUER)
         one = drain(ctx, trioq_workers(1), "noop", n)
         two = drain(ctx, trioq_workers(2), "noop", n)
-        one_piped = drain(ctx, trioq_workers(1, pipeline=True), "noop", n)
-        two_piped = drain(ctx, trioq_workers(2, pipeline=True), "noop", n)
         slow = drain(ctx, trioq_workers(1), "sleep_1ms", n)
         shallow, deep = (drain(ctx, trioq_workers(1), "noop", depth) for depth in sizes.depths)
         record_baseline(ctx, base)
         record_peer(ctx, peer)
         results.add("throughput", "one_worker_jobs_per_s", one.jobs_per_s)
         results.add("throughput", "two_workers_jobs_per_s", two.jobs_per_s)
-        results.add("throughput", "one_worker_pipelined_jobs_per_s", one_piped.jobs_per_s)
-        results.add("throughput", "two_workers_pipelined_jobs_per_s", two_piped.jobs_per_s)
         results.add("throughput", "two_vs_one_worker", two.jobs_per_s / one.jobs_per_s)
         results.add("throughput", "sleep_1ms_jobs_per_s", slow.jobs_per_s)
         results.add("throughput", "shallow_backlog_jobs_per_s", shallow.jobs_per_s)
@@ -145,7 +140,6 @@ def run(ctx: Context) -> None:
             f"throughput repeat {repeat + 1}: raw {base.jobs_per_s:.0f}/s, "
             f"pgqueuer {peer.jobs_per_s:.0f}/s, "
             f"1 worker {one.jobs_per_s:.0f}/s, 2 workers {two.jobs_per_s:.0f}/s, "
-            f"pipelined {one_piped.jobs_per_s:.0f}/s and {two_piped.jobs_per_s:.0f}/s, "
             f"1 ms {slow.jobs_per_s:.0f}/s, depth {sizes.depths[0]} "
             f"{shallow.jobs_per_s:.0f}/s, depth {sizes.depths[1]} {deep.jobs_per_s:.0f}/s"
         )

@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from .states import TERMINAL_STATES
+
 # A worker whose heartbeat is older than this is treated as gone (idle workers beat every 30 s).
 LIVE_HEARTBEAT_SECONDS = 120.0
 
@@ -68,7 +70,7 @@ def _at(value: Any, now: datetime.datetime) -> str:
 def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS) -> Explanation:
     job, now = facts.job, facts.now
     state = str(job["state"])
-    gates = _final_gates(facts) if state in ("completed", "failed", "cancelled") else []
+    gates = _final_gates(facts) if state in TERMINAL_STATES else []
     if not gates:
         gates = [
             _due_gate(job, now),

@@ -30,6 +30,11 @@ TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
     (S.SCHEDULED, S.CANCELLED): ("job_cancel", "job_cancel_children"),
     (S.SCHEDULED, S.WAITING): ("job_cancel",),  # a parent waits for its running children
     (S.READY, S.RUNNING): (SETTLE, PLAIN),  # claim
+    # Due unkeyed rows are claimed by the statement that promotes them (due_unkeyed), and
+    # sleeping or scheduled ones within the claim's lookahead a little early.
+    (S.SCHEDULED, S.RUNNING): (SETTLE,),
+    (S.SLEEPING, S.RUNNING): (SETTLE,),
+    (S.WAITING, S.RUNNING): (SETTLE,),
     (S.READY, S.CANCELLED): ("job_cancel", "job_cancel_children"),
     (S.READY, S.WAITING): ("job_cancel",),  # a parent waits for its running children
     (S.RUNNING, S.COMPLETED): (SETTLE, PLAIN),

@@ -16,7 +16,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ import trio
 from .._core.channels import control_channel, schedules_channel
 from .._core.errors import SchemaNotMigrated
 from .._core.explain import ExplainFacts
+from .._core.outcomes import rule_of
 from .._core.schedule import fire_dedup_key
 from .._driver import (
     AttemptRecord,
@@ -168,6 +169,14 @@ def _round_rows(
     return first, settled, tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
 
 
+def _all_plain(settlements: Sequence[Settlement]) -> bool:
+    """Every outcome a completion of a job without a partition key or a parent."""
+    for settlement in settlements:  # a loop, not all(genexpr): a hot path
+        if not settlement.plain or settlement.kind != "complete":
+            return False
+    return True
+
+
 def _lease_params(lease: Lease) -> Params:
     return {"id": lease.id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 
@@ -238,7 +247,9 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
 # whose 25 rows of 22 columns were the largest decode of a worker's round. Every column of a
 # statement listed here must be of a built-in type (psycopg returns bytes for a type it has
 # no binary loader for).
-BINARY_RESULTS = frozenset({"job_settle_and_claim", "job_settle_and_claim_plain"})
+BINARY_RESULTS = frozenset(
+    {"job_settle_and_claim", "job_settle_and_claim_plain", "job_complete_plain"}
+)
 
 # The statements of the fast paths, run on the native libpq path (no thread hop).
 NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
@@ -259,6 +270,28 @@ def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]
     return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
 
+@functools.lru_cache(maxsize=512)
+def _rule_arrays(kinds: tuple[str, ...]) -> Params:
+    """The values the outcome rules (trioq/_core/outcomes.py) decide for a batch of these
+    kinds, as the array literals job_settle_and_claim applies. Cached: a drain sends the same
+    few shapes (25 completions) again and again."""
+    rules = [rule_of(kind) for kind in kinds]
+
+    def flags(values: Iterable[bool]) -> str:
+        return "{" + ",".join(["t" if value else "f" for value in values]) + "}"
+
+    return {
+        "states": "{" + ",".join([rule.state.value for rule in rules]) + "}",
+        "ready_when_due": flags(rule.ready_when_due for rule in rules),
+        "moves_run_at": flags(rule.moves_run_at for rule in rules),
+        "attempt_changes": "{" + ",".join([str(rule.attempt_change) for rule in rules]) + "}",
+        "releases_key": flags(rule.releases_key for rule in rules),
+        "histories": _nullable_array([rule.history for rule in rules]),
+        "finals": flags(rule.final for rule in rules),
+        "clears_worker": flags(rule.clears_worker for rule in rules),
+    }
+
+
 def settle_and_claim_params(params: SettleAndClaim) -> Params:
     """The named parameters of job_settle_and_claim (tests that run it by hand use these too).
 
@@ -267,17 +300,20 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
     SETTLE_KINDS, checked when each Settlement was built), which need no quoting."""
     settlements = params.settlements
     count = len(settlements)
-    kinds = [settlement.kind for settlement in settlements]
+    kinds = tuple([settlement.kind for settlement in settlements])
     if all(kind == "complete" for kind in kinds):
         errors = delays = wake_ats = _nulls(count)
+        results = _nullable_array([settlement.result_json for settlement in settlements])
     else:
-        errors = _nullable_array([settlement.error_json for settlement in settlements])
+        pairs = [(settlement, rule_of(settlement.kind)) for settlement in settlements]
+        results = _nullable_array([s.result_json if r.stores_result else None for s, r in pairs])
+        errors = _nullable_array([s.error_json if r.stores_error else None for s, r in pairs])
         delays = _nullable_array([settlement.delay_seconds for settlement in settlements])
         wake_ats = _nullable_array([settlement.wake_at for settlement in settlements])
     return {
         **_lease_arrays([settlement.lease for settlement in settlements]),
-        "kinds": "{" + ",".join(kinds) + "}",
-        "results": _nullable_array([settlement.result_json for settlement in settlements]),
+        **_rule_arrays(kinds),
+        "results": results,
         "errors": errors,
         "delays": delays,
         "wake_ats": wake_ats,
@@ -505,6 +541,8 @@ class PgDriver:
         finds keyed or due work it claims nothing and the full statement claims, at once on
         the same connection, so the round claims what the full statement alone would have.
         Every reply tells whether the queue's next round may be plain (`_plain_queues`)."""
+        if not params.limit and params.settlements and _all_plain(params.settlements):
+            return await self._complete_plain(params)
         async with self._pool.connection() as conn:
             if self._plain_round(params):
                 rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
@@ -519,6 +557,8 @@ class PgDriver:
                 if not first[2]:  # not blocked: this was the whole round, and the next may be
                     return plain
                 self._plain_queues[params.queue] = False
+                if not params.limit:  # a settle only (the completer's): nothing to claim
+                    return plain
                 params = attrs.evolve(params, settlements=())  # written: the claim is left
                 try:
                     rows = await self._settle_rows(conn, params)
@@ -540,12 +580,12 @@ class PgDriver:
         # The next round may be plain when this one saw no ready keyed row, promoted nothing
         # (a promotion may have left more due rows) and the next due row is beyond the
         # lookahead. A settle-only round (limit 0) visits no keys: it tells nothing about them.
-        self._plain_queues[params.queue] = (
-            bool(params.limit)
-            and first[3] == 0
-            and first[4] == 0
-            and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
-        )
+        if params.limit:
+            self._plain_queues[params.queue] = (
+                first[3] == 0
+                and first[4] == 0
+                and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
+            )
         return SettleAndClaimResult(
             settled=written if settled is None else settled,
             claimed=claimed,
@@ -558,6 +598,15 @@ class PgDriver:
             next_due=next_due,
             replied_at=replied_at,
         )
+
+    async def _complete_plain(self, params: SettleAndClaim) -> SettleAndClaimResult:
+        """A settle-only round of plain completions (the completer's common flush)."""
+        async with self._pool.connection() as conn:
+            rows = await self._settle_rows(conn, params, "job_complete_plain")
+            replied_at = conn.replied_at
+        [row] = rows
+        settled = tuple(zip(row[0], row[1], strict=True))
+        return SettleAndClaimResult(settled=settled, claimed=(), now=row[3], replied_at=replied_at)
 
     async def checkpoint_insert_many(
         self, writes: Sequence[CheckpointWrite]

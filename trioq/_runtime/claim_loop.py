@@ -1,28 +1,22 @@
 """The claim loop: ONE per queue per worker, owning that queue's slots.
 
-It waits for the first of: a slot settling, a ready notification for its queue, its timer (the
+It waits for the first of: a slot opening, a ready notification for its queue, its timer (the
 poll interval, or the queue's next due time when that is sooner). Then, in one statement
-(`job_settle_and_claim`), it records the outcomes of the queue's finished executions, promotes
-due work, claims at most the open slots, and starts an executor per claimed job. The loop never
-spins: after a round it waits for the next wake-up.
+(`job_settle_and_claim` with no outcomes), it promotes due work, claims at most the open slots,
+and starts an executor per claimed job. The loop never spins: after a round it waits for the
+next wake-up.
 
-Capacity: a job is owned from its claim until the statement that records its outcome commits
-(running, or finished and waiting in the settle buffer). The claim asks for `concurrency -
-running` rows: the outcomes the same statement writes free their slots in the same commit, so
-this worker never owns more running rows in the database than its slots, even for an instant.
+Capacity counts running handlers. A handler that returns hands its outcome to the queue's
+completer (completer.py), which writes outcomes in batches on a connection of its own, and its
+slot opens at once. So: handlers running <= slots; rows this worker owns <= slots + the
+completer's `capacity`; a partition key's next job starts only once its holder's outcome has
+committed (the key stays held in the database until then). Unwritten outcomes keep their
+leases renewed (`owned_leases` includes them).
 
-Pipelining (`WorkerConfig.pipeline`, off by default): up to two rounds are in flight at once
-(each on its own pooled connection), so the handlers' work and the next statement overlap
-instead of alternating. A round in flight holds
-`max(outcomes it settles, jobs it may claim)` slots until its reply arrives: the outcomes are
-owned until its commit, the claimed rows from it. The next round claims only what is left, so
-the two together never own more than the slots. When nothing is in flight and a large batch
-is pending, it is split in two rounds sent together, which starts the alternation.
-
-Errors: a round that fails because the connection was lost is retried with backoff (outcomes
-kept); any other error is a bug or a broken schema and stops the worker with it. On the way
-out, however the loop ends (a hard stop included), buffered outcomes are written once more,
-shielded and bounded by `write_timeout`.
+Errors: a round that fails because the connection was lost is retried with backoff; any other
+error is a bug or a broken schema and stops the worker with it. On the way out, however the
+loop ends (a hard stop included), the completer writes what it holds once more, shielded and
+bounded by `write_timeout`.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -48,12 +42,12 @@ from .._driver import (
     Settlement,
 )
 from .checkpoints import CheckpointWriter
+from .completer import DEFAULT_FLUSH_DELAY, Completer, open_completer
 from .dbclock import DatabaseClock
 from .executor import execute
 from .metrics import JobTally
 from .outcome import outcome_name, settlement_of
 from .run import Run, SharedTimers
-from .settle import SettleBuffer
 from .tasks import TaskSpec
 
 log = logging.getLogger("trioq.worker")
@@ -73,18 +67,6 @@ MAX_WINDOW_ROUNDS = 8
 # lookahead before it runs; ready work sorts before it (claim order is priority, run_at, id).
 CLAIM_LOOKAHEAD_SECONDS = 0.25
 TIMER_EARLY_SECONDS = 0.2
-
-# Rounds in flight at once with pipelining on (`WorkerConfig.pipeline`; off by default: one),
-# and the smallest half of a batch worth its own statement: a split costs one statement more,
-# worth it only when each half still carries a real batch. Measured on the durable benchmark
-# cluster (2 cores shared by PostgreSQL and the workers, 20,000 no-op jobs, concurrency 25),
-# with one worker: 1.15x and 1.07x the jobs/s of one round at a time in two alternating A/B
-# runs, 0.85x and 1.10x in two full benchmark runs (bench/RESULTS.md); with two workers
-# 0.65x-0.72x (four statements at once on two cores); twice the statements per job either way.
-# The overlap of the worker's CPU with the server's work pays only when the database has CPU to
-# spare, so it is off unless asked for.
-PIPELINED_IN_FLIGHT = 2
-MIN_SPLIT = 8
 
 
 @attrs.define(eq=False)
@@ -108,19 +90,6 @@ class ClaimLoopStatistics:
 
 
 @attrs.define(eq=False)
-class _Flight:
-    """A round in flight: the slots it holds until its reply (see the module docstring)."""
-
-    batch: tuple[Settlement, ...]
-    frees_key: bool
-    limit: int
-
-    @property
-    def holds(self) -> int:
-        return max(len(self.batch), self.limit)
-
-
-@attrs.define(eq=False)
 class ClaimLoop:
     queue: str
     concurrency: int
@@ -138,10 +107,13 @@ class ClaimLoop:
     versions: Mapping[tuple[str, int], TaskSpec] = attrs.field(factory=dict)
     # Admission control: the slots this queue may fill now (None: all of `concurrency`).
     admitted: Callable[[], int] | None = None
-    # Rounds in flight at once: 1, or PIPELINED_IN_FLIGHT with pipelining on.
-    max_in_flight: int = 1
+    # The completer's backlog bound (None: the loop's slots) and its partial batches' wait.
+    max_backlog: int | None = None
+    flush_delay: float = DEFAULT_FLUSH_DELAY
+    # Tests delay or fail the completer's flushes here (Completer.before_flush).
+    before_flush: Callable[[tuple[Settlement, ...]], Awaitable[None]] | None = None
     running: dict[int, Run] = attrs.field(factory=dict)
-    _settle: SettleBuffer = attrs.field(factory=SettleBuffer)
+    completer: Completer = attrs.field(init=False)
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _stopping: bool = False
@@ -151,8 +123,10 @@ class ClaimLoop:
     _key_cursor: str = ""
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
-    _flights: list[_Flight] = attrs.field(factory=list)
-    _deferred: bool = False  # a wake-up came while max_in_flight rounds were in flight
+    # The earliest due time of rows the completer wrote into scheduled/sleeping/waiting, and
+    # the rounds sent before that write committed (they could not see those rows).
+    _written_due_at: float | None = None
+    _written_before_round: int = 0
     _backoff: float = 0.1
     # Poll sharing (polls.py): when the idle poll is due, its time before a probe held it, and
     # the wait's timer while the loop waits (a round in flight may move it: a sooner due time).
@@ -162,11 +136,27 @@ class ClaimLoop:
     _timers: SharedTimers | None = None  # holds early-claimed jobs (Run.hold_until_due)
     _db_clock: DatabaseClock = attrs.field(factory=DatabaseClock)
 
+    def __attrs_post_init__(self) -> None:
+        backlog = self.concurrency if self.max_backlog is None else self.max_backlog
+        self.completer = Completer(
+            driver=self.driver,
+            queue=self.queue,
+            tasks=self._served_tasks(),
+            worker_id=self.worker_id,
+            lease_seconds=self.lease_seconds,
+            max_backlog=backlog,
+            batch_size=min(backlog, self.concurrency),
+            flush_delay=self.flush_delay,
+            write_timeout=self.write_timeout,
+            on_written=self._written,
+            before_flush=self.before_flush,
+        )
+
     # --- state the rest of the worker reads ---------------------------------------------
 
     def owned_leases(self) -> list[Lease]:
         """Every lease this loop still holds in the database (running or not yet written)."""
-        return [run.lease for run in self.running.values()] + self._settle.leases()
+        return [run.lease for run in self.running.values()] + self.completer.leases()
 
     def owned(self) -> int:
         return len(self.owned_leases())
@@ -183,14 +173,14 @@ class ClaimLoop:
 
     @property
     def db_healthy(self) -> bool:
-        return self._db_healthy
+        return self._db_healthy and self.completer.healthy
 
     def statistics(self) -> ClaimLoopStatistics:
         return ClaimLoopStatistics(
             queue=self.queue,
             concurrency=self.concurrency,
             running=len(self.running),
-            pending_writes=len(self._settle),
+            pending_writes=len(self.completer),
             rounds=self._rounds,
             claimed_total=self._claimed_total,
         )
@@ -216,54 +206,42 @@ class ClaimLoop:
 
         Cancelling it cancels the running handlers; their rows keep their leases, which expire
         and are recovered (a hard stop; the graceful path is `stop_claiming`). Outcomes already
-        buffered are written on the way out either way.
+        handed to the completer are written on the way out either way.
         """
-        try:
-            async with trio.open_nursery() as handlers:
-                self._timers = SharedTimers(handlers)
-                await self._loop(handlers)
-        finally:
-            await self._final_flush()
+        async with open_completer(self.completer), trio.open_nursery() as handlers:
+            self._timers = SharedTimers(handlers)
+            await self._loop(handlers)
 
     async def _loop(self, handlers: trio.Nursery) -> None:
         self._wake.set()  # the first round runs at once: work may be waiting already
-        async with trio.open_nursery() as rounds:
-            while not (self._stopping and self.owned() == 0 and not self._flights):
-                await self._wait_for_wake()
-                if self.running:
-                    # Let handlers that finish in this same scheduler tick join the batch
-                    # (with none running, nothing can: a notification's round goes at once).
-                    await trio.lowlevel.checkpoint()
-                while len(self._flights) >= self.max_in_flight or (
-                    self._flights and self._settle.pending < MIN_SPLIT
-                ):
-                    # A second round in flight only for a real batch; else wait (no timer:
-                    # its reason is served by the next round) until the round in flight
-                    # returns, or enough outcomes are pending, as a serial loop would.
-                    self._deferred = True
-                    await self._wake.wait()
-                    self._wake = trio.Event()
-                    await trio.lowlevel.checkpoint()
-                first = self._plan(handlers, split=self.max_in_flight > 1 and not self._flights)
-                if first is None:
-                    continue
-                if self.max_in_flight == 1:
-                    # One round at a time: run it here, not in a task of its own (a spawn and a
-                    # scheduling round less between a wake-up and the statement's send).
-                    await self._fly(handlers, first)
-                    continue
-                rounds.start_soon(self._fly, handlers, first)
-                if len(self._flights) < self.max_in_flight and self._settle.pending:
-                    second = self._plan(handlers, split=False)
-                    if second is not None:
-                        rounds.start_soon(self._fly, handlers, second)
+        while not (self._stopping and self.owned() == 0):
+            await self._wait_for_wake()
+            if self.running:
+                # Let handlers that finish in this same scheduler tick open their slots first
+                # (with none running, nothing can: a notification's round goes at once).
+                await trio.lowlevel.checkpoint()
+            limit = self._claim_limit()
+            if limit == 0:
+                # Every slot is busy: the next due time is no reason to wake (an opening slot
+                # wakes the loop, and its round learns the next due time again).
+                self._next_due_at = self._written_due_at = None
+                continue
+            await self._round(handlers, limit)
 
-    async def _fly(self, handlers: trio.Nursery, flight: _Flight) -> None:
-        """Send one planned round; on a lost connection keep its outcomes and back off (the
-        slot in flight stays taken meanwhile, so retries are spaced); any other error is a bug
-        or a broken schema and stops the worker."""
+    def _claim_limit(self) -> int:
+        if self._stopping:
+            return 0
+        # Admission control only lowers what is claimed; running handlers are never touched.
+        slots = (
+            self.concurrency if self.admitted is None else min(self.concurrency, self.admitted())
+        )
+        return claim_size(slots, len(self.running), 0, slots)
+
+    async def _round(self, handlers: trio.Nursery, limit: int) -> None:
+        """One claim round; on a lost connection back off and wake again (any other error is
+        a bug or a broken schema and stops the worker)."""
         try:
-            await self._send(handlers, flight)
+            await self._send(handlers, limit)
         except Exception as exc:
             if not self.driver.is_connection_lost(exc):
                 log.error(
@@ -273,7 +251,7 @@ class ClaimLoop:
                     exc,
                 )
                 raise
-            self._db_healthy = False  # the database is away: keep outcomes, retry later
+            self._db_healthy = False  # the database is away: retry later
             log.warning(
                 "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, self._backoff
             )
@@ -283,11 +261,6 @@ class ClaimLoop:
         else:
             self._db_healthy = True
             self._backoff = 0.1
-        finally:
-            self._flights.remove(flight)
-            if self._deferred or self._stopping:
-                self._deferred = False
-                self._wake.set()
 
     async def _wait_for_wake(self) -> None:
         self._poll_at = trio.current_time() + self.poll_interval
@@ -303,9 +276,11 @@ class ClaimLoop:
         self._wake = trio.Event()
 
     def _timer_deadline(self) -> float:
-        if self._next_due_at is None:
-            return self._poll_at
-        return min(self._poll_at, self._next_due_at)
+        deadline = self._poll_at
+        for due_at in (self._next_due_at, self._written_due_at):
+            if due_at is not None:
+                deadline = min(deadline, due_at)
+        return deadline
 
     # --- poll sharing (polls.py) ---------------------------------------------------------
 
@@ -340,97 +315,61 @@ class ClaimLoop:
         if self._timer is not None:
             self._timer.deadline = self._timer_deadline()
 
-    async def _final_flush(self) -> None:
-        if not self._settle.pending:
-            return
-        with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as scope:
-            try:
-                flight = self._plan(None, split=False)
-                if flight is not None:
-                    await self._send(None, flight)
-                    self._flights.remove(flight)
-            except Exception as exc:
-                log.warning(
-                    "queue %s: %d outcomes not written on the way out (%r); their jobs are "
-                    "recovered when their leases expire",
-                    self.queue,
-                    self._settle.pending,
-                    exc,
-                )
-        if scope.cancelled_caught:
-            log.warning(
-                "queue %s: outcomes not written within %.0fs on the way out; their jobs are "
-                "recovered when their leases expire",
-                self.queue,
-                self.write_timeout,
-            )
+    def _served_tasks(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for name, _ in self.versions) or self.tasks)
 
-    def _plan(self, handlers: trio.Nursery | None, *, split: bool) -> _Flight | None:
-        """Take a batch and decide how many jobs the round may claim; the round is in flight
-        from here (its slots are held). None: nothing to write and no slot to fill. With
-        `handlers` None (the final flush), it only settles."""
-        pending = self._settle.pending
-        take = pending // 2 if split and pending >= 2 * MIN_SPLIT else None
-        batch, frees_key = self._settle.take(take)
-        # Admission control only lowers what is claimed; running handlers are never touched.
-        slots = (
-            self.concurrency if self.admitted is None else min(self.concurrency, self.admitted())
-        )
-        held = sum(flight.holds for flight in self._flights)
-        owned = len(self.running) + self._settle.pending
-        limit = 0 if self._stopping or handlers is None else claim_size(slots, owned, held, slots)
-        if limit == 0 and not batch:
-            # Every slot is busy: the next due time is no reason to wake (a settling slot wakes
-            # the loop, and its round learns the next due time again).
-            self._next_due_at = None
-            return None
-        flight = _Flight(batch, frees_key, limit)
-        self._flights.append(flight)
-        return flight
-
-    async def _send(self, handlers: trio.Nursery | None, flight: _Flight) -> None:
-        """One settle-and-claim statement for a planned round."""
+    async def _send(self, handlers: trio.Nursery, limit: int) -> None:
+        """One claim statement (no outcomes: the completer writes those)."""
         self._rounds += 1
-        batch, limit = flight.batch, flight.limit
+        round_number = self._rounds
         sent_at = trio.current_time()
-        try:
-            result = await self.driver.job_settle_and_claim(
-                SettleAndClaim(
-                    queue=self.queue,
-                    tasks=tuple(dict.fromkeys(name for name, _ in self.versions) or self.tasks),
-                    limit=limit,
-                    lease_seconds=self.lease_seconds,
-                    worker_id=self.worker_id,
-                    settlements=batch,
-                    key_cursor=self._key_cursor,
-                    key_window=self.key_window,
-                    task_versions=self._task_versions() if self.versions else None,
-                    lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
-                )
+        result = await self.driver.job_settle_and_claim(
+            SettleAndClaim(
+                queue=self.queue,
+                tasks=self._served_tasks(),
+                limit=limit,
+                lease_seconds=self.lease_seconds,
+                worker_id=self.worker_id,
+                key_cursor=self._key_cursor,
+                key_window=self.key_window,
+                task_versions=self._task_versions() if self.versions else None,
+                lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
             )
-        except BaseException:
-            self._settle.restore(batch)  # nothing committed (or unknown): keep them
-            raise
-        self._settle.written(batch)
-        lost = len(batch) - len(result.settled)
-        if lost:
-            log.warning(
-                "queue %s: %d outcomes not written: their leases were lost", self.queue, lost
-            )
-        self._after_round(result, limit, flight.frees_key, sent_at)
-        if handlers is not None:
-            self._start(handlers, result, sent_at)
+        )
+        self._after_round(result, limit, sent_at, round_number)
+        self._start(handlers, result, sent_at)
+
+    def _written(
+        self,
+        batch: tuple[Settlement, ...],
+        frees_key: bool,
+        result: SettleAndClaimResult,
+        sent_at: float,
+    ) -> None:
+        """The completer committed `batch`: a freed key or a promoted row may be claimable
+        now, and rows it suspended or scheduled move the timer (a claim round sent before
+        this commit could not see them)."""
+        if frees_key or result.promoted or self._stopping:
+            self._wake.set()
+        if result.next_due is not None:
+            wait = (result.next_due - result.now).total_seconds() - TIMER_EARLY_SECONDS
+            due_at = sent_at + max(0.0, wait)
+            known = self._written_due_at
+            self._written_due_at = due_at if known is None else min(known, due_at)
+            self._written_before_round = self._rounds
+            self._reset_timer()
 
     def _after_round(
-        self, result: SettleAndClaimResult, limit: int, frees_key: bool, sent_at: float
+        self, result: SettleAndClaimResult, limit: int, sent_at: float, round_number: int
     ) -> None:
-        if limit:  # a settle-only round visits no keys: keep the round-robin position
-            self._key_cursor = result.key_cursor or ""
+        self._key_cursor = result.key_cursor or ""
         short = len(result.claimed) < limit
-        if (frees_key and short) or result.promoted:
-            # This statement's snapshot still saw the freed keys as held and the promoted rows
-            # as not due: they become claimable in the next round, so run it now.
+        if result.promoted:
+            # This statement's snapshot saw the promoted rows as not due: they become
+            # claimable in the next round, so run it now.
             self._wake.set()
+        if self._written_due_at is not None and round_number > self._written_before_round:
+            self._written_due_at = None  # this round saw the completer's rows: it knows
         window_full = limit > 0 and result.keys_visited >= self.key_window
         if window_full and short and self._window_rounds < MAX_WINDOW_ROUNDS:
             self._window_rounds += 1
@@ -498,7 +437,11 @@ class ClaimLoop:
             outcome = await execute(run)
             settlement = settlement_of(run.lease, outcome, plain=job.plain)
             if settlement is not None:
-                self._settle.add(settlement, keyed=job.partition_key is not None)
+                keyed = job.partition_key is not None
+                try:
+                    self.completer.hand_over_nowait(settlement, keyed=keyed)
+                except trio.WouldBlock:  # the backlog is full: the slot stays taken meanwhile
+                    await self.completer.hand_over(settlement, keyed=keyed)
         finally:
             if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]

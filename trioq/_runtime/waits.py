@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from .._core import codec
 from .._core.errors import EventTimeout, JobFailed, UnknownTask
 from .._core.identifiers import validate_key
+from .._core.states import TERMINAL_STATES
 from .._driver import (
     CancelChildren,
     ChildOutcome,
@@ -44,7 +45,7 @@ EMIT = "emit"
 SPAWN = "spawn"
 CHILD = "child"
 GATHER = "gather"
-FINAL = frozenset({"completed", "failed", "cancelled"})
+FINAL = TERMINAL_STATES
 
 # A wait that keeps meeting children that finish while it decides gives up after this many
 # fresh snapshots (each retry means a child finished, so this is never reached in practice).

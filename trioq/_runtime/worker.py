@@ -27,7 +27,7 @@ from .._core.identifiers import validate_name
 from .._driver import Driver, Listener, NewSchedule, WorkerRegistration
 from .admission import AdmissionControl, validate_mode
 from .checkpoints import CheckpointWriter
-from .claim_loop import PIPELINED_IN_FLIGHT, ClaimLoop, ClaimLoopStatistics, WorkerHooks
+from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
 from .leadership import Leadership
 from .leases import LeaseRenewer
 from .maintenance import Maintenance
@@ -79,10 +79,6 @@ class WorkerConfig:
     notifications: bool = True
     # How long the listener self-probe waits for its own NOTIFY before falling back to polling.
     probe_timeout: float = 5.0
-    # Two claim rounds in flight per queue instead of one (trioq/_runtime/claim_loop.py,
-    # PIPELINED_IN_FLIGHT): may pay with one worker whose database has CPU to spare; slower
-    # where workers and the database share a few cores (docs/operations.md, "Tuning").
-    pipeline: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.queues:
@@ -196,7 +192,6 @@ class Worker:
                 admitted=functools.partial(self.admission.effective_limit, queue),
                 checkpoints=self.checkpoints,
                 write_timeout=self.config.write_timeout,
-                max_in_flight=PIPELINED_IN_FLIGHT if self.config.pipeline else 1,
             )
             for queue in self.config.queues
         }

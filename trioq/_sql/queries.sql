@@ -193,16 +193,12 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 -- promote due work, AND claim up to %(limit)s ready jobs, in one statement (the batch is the
 -- unit of transfer both ways; with no outcomes it is a plain claim, with limit 0 a plain settle).
 -- Settling is fenced: a row changes only if this attempt still owns it (id, attempt,
--- lease_token, running). One row per outcome, its `kind` deciding the new state:
---   complete -> completed;  fail -> failed;  cancel -> cancelled;
---   retry    -> scheduled at now + delay (ready at once when the delay is 0);
---   release  -> ready, attempt restored (a drain);
---   sleep    -> sleeping until wake_at, attempt restored (ready at once if already due);
---   wait     -> waiting until wake_at (NULL: no deadline), attempt restored.
--- Suspensions (sleep, wait) keep their partition-key lock; every other outcome drops it.
--- Failed, retried and cancelled attempts are appended to attempts; final outcomes are announced
--- on the result channels (one pg_notify per channel per batch); rows that became ready wake
--- their queue.
+-- lease_token, running). One row per outcome, carrying the values its kind's rule decided
+-- (trioq/_core/outcomes.py: new state, run_at, attempt change, key release, history entry,
+-- final); docs/state-machine.md lists them. Final outcomes are announced on the result
+-- channels (one pg_notify per channel per batch); rows that became ready wake their queue.
+-- The worker's completer sends this with limit 0 (a settle only); the claim loop with no
+-- outcomes (a claim only).
 -- Promotion: at most %(promote_limit)s scheduled/sleeping/waiting rows of the queue whose
 -- run_at has passed become ready (jobs_due_idx, SKIP LOCKED so racing workers split them); they
 -- are claimable from the next round (same snapshot), so the statement reports how many it moved
@@ -245,63 +241,60 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 -- aggregate per such row; rows without history never touch the checkpoints table).
 WITH RECURSIVE input AS MATERIALIZED (
     SELECT t.*,
-           CASE t.kind WHEN 'retry' THEN {schema}.db_now() + t.delay * interval '1 second'
-                       WHEN 'sleep' THEN t.wake_at
-                       WHEN 'wait' THEN t.wake_at END AS next_run_at
+           CASE WHEN t.moves_run_at
+                THEN coalesce(t.wake_at, {schema}.db_now() + t.delay * interval '1 second')
+                END AS next_run_at
     FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(kinds)s::text[]),
-                (SELECT %(results)s::text[]), (SELECT %(errors)s::text[]),
-                (SELECT %(delays)s::float8[]), (SELECT %(wake_ats)s::timestamptz[]))
-         AS t(id, attempt, lease_token, kind, result, error, delay, wake_at)
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(states)s::text[]),
+                (SELECT %(ready_when_due)s::bool[]), (SELECT %(moves_run_at)s::bool[]),
+                (SELECT %(attempt_changes)s::int[]), (SELECT %(releases_key)s::bool[]),
+                (SELECT %(histories)s::text[]), (SELECT %(finals)s::bool[]),
+                (SELECT %(clears_worker)s::bool[]), (SELECT %(results)s::text[]),
+                (SELECT %(errors)s::text[]), (SELECT %(delays)s::float8[]),
+                (SELECT %(wake_ats)s::timestamptz[]))
+         AS t(id, attempt, lease_token, state, ready_when_due, moves_run_at, attempt_change,
+              releases_key, history, final, clears_worker, result, error, delay, wake_at)
 ),
+-- The values were decided by the outcome rules (trioq/_core/outcomes.py); this only applies
+-- them, to rows the settling lease still holds. The one comparison left is the database's: a
+-- time-based outcome whose new run_at has passed is ready at once.
 settled AS (
     UPDATE {schema}.jobs j
-    SET state = CASE
-            WHEN i.kind = 'complete' THEN 'completed'
-            WHEN i.kind = 'fail' THEN 'failed'
-            WHEN i.kind = 'cancel' THEN 'cancelled'
-            WHEN i.kind = 'release' THEN 'ready'
-            WHEN i.next_run_at IS NOT NULL AND i.next_run_at <= {schema}.db_now() THEN 'ready'
-            WHEN i.kind = 'retry' THEN 'scheduled'
-            WHEN i.kind = 'sleep' THEN 'sleeping'
-            ELSE 'waiting' END,
-        run_at = CASE WHEN i.kind IN ('retry', 'sleep', 'wait') THEN i.next_run_at
-                      ELSE j.run_at END,
-        attempt = CASE WHEN i.kind IN ('release', 'sleep', 'wait') THEN j.attempt - 1
-                       ELSE j.attempt END,
-        result = CASE WHEN i.kind = 'complete' THEN i.result::jsonb END,
-        error = CASE WHEN i.kind IN ('retry', 'fail', 'cancel') THEN i.error::jsonb END,
-        finished_at = CASE WHEN i.kind IN ('complete', 'fail', 'cancel')
-                           THEN {schema}.db_now() END,
-        worker_id = CASE WHEN i.kind = 'release' THEN NULL ELSE j.worker_id END,
-        started_at = CASE WHEN i.kind = 'release' THEN NULL ELSE j.started_at END,
+    SET state = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
+                     ELSE i.state END,
+        run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
+        attempt = j.attempt + i.attempt_change,
+        result = i.result::jsonb,
+        error = i.error::jsonb,
+        finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
+        worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
+        started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
         lease_token = NULL, lease_expires_at = NULL
     FROM input i
     WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.error, j.run_at, i.kind, j.parent_id
+              j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id
 ),
 unlocked AS (
     DELETE FROM {schema}.partition_locks l
     USING settled s
-    WHERE s.kind NOT IN ('sleep', 'wait') AND s.partition_key IS NOT NULL
+    WHERE s.releases_key AND s.partition_key IS NOT NULL
       AND l.queue = s.queue AND l.partition_key = s.partition_key AND l.job_id = s.id
     RETURNING l.job_id
 ),
 history AS (
     INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
                                    traceback, trace_id, worker_id, started_at, finished_at)
-    SELECT id, attempt,
-           CASE kind WHEN 'retry' THEN 'retried' WHEN 'fail' THEN 'failed' ELSE 'cancelled' END,
+    SELECT id, attempt, history,
            error ->> 'type', error ->> 'message', error ->> 'traceback', error ->> 'trace_id',
            worker_id, started_at, {schema}.db_now()
-    FROM settled WHERE kind IN ('retry', 'fail', 'cancel')
+    FROM settled WHERE history IS NOT NULL
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled WHERE state IN ('completed', 'failed', 'cancelled')
+          FROM settled WHERE final
           GROUP BY 1) AS per_channel
 ),
 due AS MATERIALIZED (
@@ -458,7 +451,7 @@ finished_children AS (
     SELECT s.parent_id, array_agg(s.id) AS ids,
            coalesce(array_agg(s.id) FILTER (WHERE s.state <> 'completed'), '{}') AS failed
     FROM settled s
-    WHERE s.parent_id IS NOT NULL AND s.state IN ('completed', 'failed', 'cancelled')
+    WHERE s.parent_id IS NOT NULL AND s.final
     GROUP BY s.parent_id
 ),
 parents_locked AS MATERIALIZED (
@@ -630,6 +623,38 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        claimed.*
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
+
+-- name: job_complete_plain
+-- The completer's flush in the common case: every outcome a completion of a job without a
+-- partition key or a parent (`Settlement.plain`), so no key is released, no attempt recorded
+-- and no parent woken. The same fenced completion and result notifications as
+-- job_settle_and_claim, without its claim, promotion and probes: a flush needs none of them,
+-- and PostgreSQL builds a prepared statement's whole plan at every execution.
+WITH input AS MATERIALIZED (
+    SELECT t.*
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
+         AS t(id, attempt, lease_token, result)
+),
+settled AS (
+    UPDATE {schema}.jobs j
+    SET state = 'completed', result = i.result::jsonb, error = NULL,
+        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+    FROM input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.state
+),
+results_notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM settled GROUP BY 1) AS per_channel
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+       coalesce(array_agg(state ORDER BY id), '{}') AS states,
+       (SELECT n FROM results_notified) AS notified,  -- read here, so it always runs
+       {schema}.db_now() + (clock_timestamp() - now()) AS now
+FROM settled;
 
 -- name: checkpoint_insert_many
 -- Group commit of workflow checkpoints: the checkpoints of every concurrently running handler

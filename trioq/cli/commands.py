@@ -131,7 +131,6 @@ async def _run_worker(
         admission=args.admission,
         # Not given: the app decides (on, unless behind a transaction pooler without a listen URL).
         **({} if args.notifications is None else {"notifications": args.notifications == "on"}),
-        pipeline=args.pipeline == "on",
         task_status=task_status,
     )
     done.cancel()
@@ -367,12 +366,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen-url",
         default=None,
         help="a direct connection for LISTEN, when --database-url is a transaction pooler",
-    )
-    worker.add_argument(
-        "--pipeline",
-        choices=("off", "on"),
-        default="off",
-        help="on: two claim rounds in flight per queue (one worker, a database with idle CPU)",
     )
     worker.add_argument(
         "--log-format",

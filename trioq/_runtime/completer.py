@@ -1,0 +1,268 @@
+"""The completer: ONE per claim loop, writing the outcomes of that queue's finished executions
+in batches while the loop claims (River's BatchCompleter).
+
+A handler that returns hands its outcome over (`hand_over_nowait`, or `hand_over` when the
+backlog is full) and its slot opens at once: capacity counts running handlers, not unwritten
+outcomes. The completer sends one batch at a time, on a pooled connection of its own, while
+the claim loop's statements run on others. A batch leaves as soon as `batch_size` outcomes
+are pending, or `flush_delay` seconds after the first of them (handlers that end in the same
+moment share a statement).
+
+Bounds: at most `max_backlog` outcomes wait to be sent, and one batch of at most `batch_size`
+is in flight, so the completer never holds more than `capacity` outcomes; a handler whose
+outcome finds the backlog full waits (its slot stays taken) until a batch leaves.
+
+Ownership: an outcome's job stays owned, in the database and in `leases()` (which the lease
+renewer extends), until the statement carrying it commits. Every write is fenced (id,
+attempt, lease_token); an outcome whose lease was lost meanwhile changes nothing. A partition
+key stays held in the database until its holder's outcome commits, so a key's next job never
+starts before that.
+
+Errors: a batch whose statement fails on a lost connection is kept, ahead of newer outcomes,
+and sent again with backoff. Any other error is a bug or a broken schema and stops the worker.
+On the way out (a hard stop included) what is left is written once more, shielded and
+bounded by `write_timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from .._core.outcomes import frees_key
+from .._driver import Driver, Lease, SettleAndClaim, SettleAndClaimResult, Settlement
+
+log = logging.getLogger("trioq.worker")
+
+# A partial batch waits this long after its first outcome for others to join it. The statement
+# costs about the same for 1 outcome as for 25, so a short wait saves statements under load
+# and costs an idle worker's single completion no more than this.
+DEFAULT_FLUSH_DELAY = 0.002
+
+
+@attrs.frozen
+class CompleterStatistics:
+    pending: int  # outcomes waiting to be sent
+    writing: int  # outcomes in the batch in flight
+    flushes: int  # batches written (committed)
+    written: int  # outcomes those batches carried
+    lost: int  # outcomes whose lease was lost before their batch committed
+    retries: int  # batches sent again after a lost connection
+
+
+# Called after each batch commits: the batch, whether it freed a partition key, the reply,
+# and trio's clock when the statement was sent.
+OnWritten = Callable[[tuple[Settlement, ...], bool, SettleAndClaimResult, float], None]
+
+
+@attrs.define(eq=False)
+class Completer:
+    driver: Driver
+    queue: str
+    tasks: tuple[str, ...]
+    worker_id: uuid.UUID
+    lease_seconds: float
+    max_backlog: int
+    batch_size: int
+    flush_delay: float = DEFAULT_FLUSH_DELAY
+    write_timeout: float = 30.0
+    on_written: OnWritten | None = None
+    # Tests delay or fail a flush here: awaited before each statement is sent.
+    before_flush: Callable[[tuple[Settlement, ...]], Awaitable[None]] | None = None
+    _pending: list[Settlement] = attrs.field(factory=list)  # oldest first
+    _frees: list[bool] = attrs.field(factory=list)  # per pending outcome: it frees a key
+    _writing: tuple[Settlement, ...] = ()
+    _has_pending: trio.Event = attrs.field(factory=trio.Event)
+    _batch_full: trio.Event = attrs.field(factory=trio.Event)
+    _room: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _flushes: int = 0
+    _written: int = 0
+    _lost: int = 0
+    _retries: int = 0
+    _backoff: float = 0.1
+    healthy: bool = True  # the last flush succeeded (or none has failed yet)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_backlog < 1 or self.batch_size < 1:
+            raise ValueError("completer: max_backlog and batch_size must be >= 1")
+
+    # --- what the claim loop and the lease renewer read ----------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """The most outcomes the completer ever holds: a full backlog and a batch in flight."""
+        return self.max_backlog + self.batch_size
+
+    def leases(self) -> list[Lease]:
+        """The leases of every outcome not yet written (pending or in flight)."""
+        return [s.lease for s in self._pending] + [s.lease for s in self._writing]
+
+    def __len__(self) -> int:
+        return len(self._pending) + len(self._writing)
+
+    def statistics(self) -> CompleterStatistics:
+        return CompleterStatistics(
+            pending=len(self._pending),
+            writing=len(self._writing),
+            flushes=self._flushes,
+            written=self._written,
+            lost=self._lost,
+            retries=self._retries,
+        )
+
+    # --- handing outcomes over -----------------------------------------------------------
+
+    def hand_over_nowait(self, settlement: Settlement, *, keyed: bool) -> None:
+        """Take `settlement` into the backlog; raises `trio.WouldBlock` when it is full."""
+        if len(self._pending) >= self.max_backlog:
+            raise trio.WouldBlock
+        self._pending.append(settlement)
+        self._frees.append(keyed and frees_key(settlement.kind))
+        if len(self._pending) == 1:
+            self._has_pending.set()
+        if len(self._pending) >= self.batch_size:
+            self._batch_full.set()
+
+    async def hand_over(self, settlement: Settlement, *, keyed: bool) -> None:
+        """Take `settlement`, waiting while the backlog is full. Safe to cancel: a cancelled
+        hand-over leaves nothing behind (the outcome is not written; its lease expires)."""
+        while True:
+            try:
+                self.hand_over_nowait(settlement, keyed=keyed)
+            except trio.WouldBlock:
+                await self._room.park()
+            else:
+                await trio.lowlevel.checkpoint()
+                return
+
+    # --- the service ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Send batches until cancelled (see the module docstring for retries and errors)."""
+        while True:
+            await self._wait_batch()
+            await self._flush_retrying()
+
+    async def _wait_batch(self) -> None:
+        while not self._pending:
+            await self._has_pending.wait()
+            self._has_pending = trio.Event()
+        if len(self._pending) < self.batch_size and self.flush_delay > 0:
+            with trio.move_on_after(self.flush_delay):
+                await self._batch_full.wait()
+        self._batch_full = trio.Event()
+
+    async def _flush_retrying(self) -> None:
+        try:
+            await self._flush()
+        except Exception as exc:
+            if not self.driver.is_connection_lost(exc):
+                log.error(
+                    "queue %s: writing outcomes failed with an unexpected error, stopping the "
+                    "worker: %r",
+                    self.queue,
+                    exc,
+                )
+                raise
+            self.healthy = False
+            self._retries += 1
+            log.warning(
+                "queue %s: writing %d outcomes failed (%s); retrying in %.1fs",
+                self.queue,
+                len(self._pending),
+                exc,
+                self._backoff,
+            )
+            await trio.sleep(self._backoff * (1 + random.random()))
+            self._backoff = min(self._backoff * 2, 5.0)
+        else:
+            self.healthy = True
+            self._backoff = 0.1
+
+    async def _flush(self, limit: int | None = None) -> None:
+        """Send one batch (the oldest `limit` pending outcomes; None: `batch_size`). On any
+        error or cancellation the batch goes back to the front of the backlog: nothing was
+        committed, or it is unknown, and writing it again is fenced."""
+        take = self.batch_size if limit is None else limit
+        batch, frees = tuple(self._pending[:take]), self._frees[:take]
+        del self._pending[:take], self._frees[:take]
+        self._writing = batch
+        self._room.unpark_all()
+        if self._pending:
+            self._has_pending.set()
+        sent_at = trio.current_time()
+        try:
+            if self.before_flush is not None:
+                await self.before_flush(batch)
+            result = await self.driver.job_settle_and_claim(
+                SettleAndClaim(
+                    queue=self.queue,
+                    tasks=self.tasks,
+                    limit=0,
+                    lease_seconds=self.lease_seconds,
+                    worker_id=self.worker_id,
+                    settlements=batch,
+                )
+            )
+        except BaseException:
+            self._pending[:0] = batch
+            self._frees[:0] = frees
+            self._has_pending.set()
+            raise
+        finally:
+            self._writing = ()
+        lost = len(batch) - len(result.settled)
+        self._flushes += 1
+        self._written += len(batch)
+        if lost:
+            self._lost += lost
+            log.warning(
+                "queue %s: %d outcomes not written: their leases were lost", self.queue, lost
+            )
+        if self.on_written is not None:
+            self.on_written(batch, any(frees), result, sent_at)
+
+    async def final_flush(self) -> None:
+        """Write what is left, once, shielded and bounded by `write_timeout` (the way out)."""
+        if not self._pending:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as scope:
+            try:
+                await self._flush(limit=len(self._pending))
+            except Exception as exc:
+                log.warning(
+                    "queue %s: %d outcomes not written on the way out (%r); their jobs are "
+                    "recovered when their leases expire",
+                    self.queue,
+                    len(self._pending),
+                    exc,
+                )
+        if scope.cancelled_caught:
+            log.warning(
+                "queue %s: outcomes not written within %.0fs on the way out; their jobs are "
+                "recovered when their leases expire",
+                self.queue,
+                self.write_timeout,
+            )
+
+
+@asynccontextmanager
+async def open_completer(completer: Completer) -> AsyncIterator[Completer]:
+    """Run `completer` for the body's duration. On the way out, however the body ends, what is
+    left is written once more (`Completer.final_flush`)."""
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(completer.run, name=f"trioq completer {completer.queue}")
+            yield completer
+            nursery.cancel_scope.cancel()
+    finally:
+        await completer.final_flush()
+
+
+__all__ = ["Completer", "CompleterStatistics", "open_completer"]
