@@ -20,7 +20,7 @@ from ._driver import Driver, NewSchedule
 from ._enqueue import Enqueuer, TaskDeclaration
 from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks
-from ._runtime.tasks import Handler, TaskSpec, payload_type_of
+from ._runtime.tasks import DEFAULT_HISTORY_LIMIT, Handler, TaskSpec, payload_type_of
 from ._runtime.worker import Worker, WorkerConfig
 from .client import Client, _ResultWatcher
 from .schedules import new_schedule
@@ -82,6 +82,7 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         version: int | None = None,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
 
@@ -92,6 +93,9 @@ class App:
 
         `name` may be a `trioq.TaskDeclaration` shared with producers: its queue, max_attempts
         and payload class are then the task's (explicit arguments still win).
+
+        `history_limit`: a workflow of this task that would record more checkpoints fails, its
+        error naming `ctx.continue_as_new` (a warning is logged at 80%).
         """
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
         version = declared.version if version is None else version
@@ -117,6 +121,7 @@ class App:
                 timeout=timeout,
                 payload_type=payload_type or declared.payload_type,
                 version=version,
+                history_limit=history_limit,
             )
             self.versions[(spec.name, version)] = spec
             latest = self.tasks.get(spec.name)
