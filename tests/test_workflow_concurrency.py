@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from psycopg import sql
 
 import trioq
 from tests.procs import fetch
 from tests.support import make_app, running_worker, wait_until
+from trioq._memory import MemoryDriver
 
 N = 4
 # The order in which the block's steps finish in the crashed execution (not code order): a
@@ -167,28 +169,51 @@ async def test_a_block_runs_steps_spawns_a_sleep_and_an_event_wait_together(
 # --- continue-as-new and the history limit ----------------------------------------------------
 
 
-async def test_a_looping_workflow_continues_as_new_1000_times_within_a_small_history_limit(
-    pg_url: str, pg_schema: str
-) -> None:
-    app = make_app(pg_url, pg_schema)
-
+def looping_app(app: trioq.App, iterations: int, seen: list[int]) -> trioq.App:
     @app.task("poll", history_limit=3)
     async def poll(ctx: trioq.Context, payload: dict[str, int]) -> dict[str, int]:
-        seen = await ctx.step("read", lambda: payload["i"])
-        await ctx.step("write", lambda: seen + 1)
-        if payload["i"] + 1 < 1000:
+        seen.append(len(await ctx.client.history(ctx.job.id)))
+        value = await ctx.step("read", lambda: payload["i"])
+        await ctx.step("write", lambda: value + 1)
+        if payload["i"] + 1 < iterations:
             await ctx.continue_as_new({"i": payload["i"] + 1})
         return {"iterations": payload["i"] + 1, "attempt": ctx.job.attempt}
 
+    return app
+
+
+async def test_a_looping_workflow_continues_as_new_1000_times_with_a_bounded_history(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The runtime on the in-memory driver (virtual time), 1,000 iterations: each starts with
+    an empty history, and the task's history_limit of 3 is never reached."""
+    seen: list[int] = []
+    app = looping_app(trioq.App(schema="virtual"), 1000, seen)
+    async with app.client(driver=MemoryDriver()) as client, running_worker(app):
+        job = await client.enqueue("poll", {"i": 0})
+        with trio.fail_after(600):
+            result = await client.wait_result(job.id)
+        history = await client.history(job.id)
+    assert result == {"iterations": 1000, "attempt": 1}
+    assert seen == [0] * 1000
+    assert [h.name for h in history] == ["read", "write"]
+
+
+async def test_continue_as_new_on_postgres_keeps_the_job_id_and_ends_each_history(
+    pg_url: str, pg_schema: str
+) -> None:
+    seen: list[int] = []
+    app = looping_app(make_app(pg_url, pg_schema), 50, seen)
     async with app.client(migrate=True) as client, running_worker(app):
         job = await client.enqueue("poll", {"i": 0})
-        with trio.fail_after(120):
+        with trio.fail_after(60):
             result = await client.wait_result(job.id)
         history = await client.history(job.id)
         record = await client.get_job(job.id)
-    assert result == {"iterations": 1000, "attempt": 1}
+    assert result == {"iterations": 50, "attempt": 1}
+    assert seen == [0] * 50
     assert len(history) == 2  # the last iteration's history only
-    assert record.payload == {"i": 999}
+    assert record.payload == {"i": 49}
 
 
 async def test_the_history_limit_fails_the_workflow_naming_continue_as_new_after_a_warning(
