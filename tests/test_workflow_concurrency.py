@@ -335,6 +335,33 @@ async def test_cancelling_a_workflow_cancels_its_step_and_runs_shielded_cleanup_
     assert [(h.name, h.value) for h in history] == [("refund", "refunded")]
 
 
+async def test_cancelling_a_sleeping_workflow_runs_its_cleanup_before_it_is_final(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    calls: list[str] = []
+
+    @app.task("trial")
+    async def trial(ctx: trioq.Context, payload: object) -> None:
+        await ctx.step("start", lambda: calls.append("start"))
+        try:
+            await ctx.sleep("trial period", datetime.timedelta(days=14))
+            await ctx.step("bill", lambda: calls.append("bill"))
+        finally:
+            await ctx.step("close", lambda: calls.append("close"), shielded=True)
+
+    async with app.client(migrate=True) as client, running_worker(app):
+        job = await client.enqueue("trial", {})
+        with trio.fail_after(20):
+            await wait_until(lambda: _in_state(client, job.id, "sleeping"))
+            assert await client.cancel(job.id) == "ready"  # woken to run its cleanup
+            record = await client.wait_final(job.id)
+        history = await client.history(job.id)
+    assert record.state == "cancelled"
+    assert calls == ["start", "close"]
+    assert [h.name for h in history] == ["start", "trial period", "close"]
+
+
 async def test_cancel_follows_each_spawns_policy_and_tree_cancels_them_all(
     pg_url: str, pg_schema: str
 ) -> None:

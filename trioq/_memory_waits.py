@@ -251,8 +251,10 @@ def cancel_tree(
                 blocking = visit(child) or blocking
         if row.state in FINAL or row.state == "running":
             new = row.state
-        else:
-            new = "waiting" if blocking else "cancelled"
+        elif blocking:
+            new = "waiting"
+        else:  # a suspended workflow runs once more, cancelled, for its cleanup steps
+            new = "ready" if row.state in ("sleeping", "waiting") else "cancelled"
         plan[row.id] = (row.state, new)
         return blocking or row.state == "running"
 
@@ -273,6 +275,9 @@ def cancel_tree(
                 for r in driver._rows.values()
                 if r.parent_id == row.id and r.id in plan and plan[r.id][1] not in FINAL
             )
+        elif new == "ready":
+            row.wait_children = None
+            _wake(driver, row, now, outbox)
         else:
             driver._finish(row, "cancelled", now)
             outbox.add(driver._result_channel(row.id), str(row.id))

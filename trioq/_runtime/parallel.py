@@ -176,7 +176,7 @@ class Parallel:
             raise first._error
         latest = max(self._wakes, default=None)
         if latest is not None and latest > run.now:
-            run.suspend("sleeping", latest)
+            await run.suspend_unless_cancelled("sleeping", latest)
         for item, entry, timeout in self._waits:
             try:
                 item._value = await waits.wait_event_at(

@@ -299,7 +299,7 @@ class Run:
                 return
         else:
             value = entry.value
-        self._sleep_until(_wake_at(value))
+        await self._sleep_until(_wake_at(value))
 
     async def sleep_until(self, name: str, when: datetime.datetime) -> None:
         _check_name("sleep_until", name)
@@ -313,13 +313,21 @@ class Run:
             value = await self.record(position, SLEEP, name, value_json)
         else:
             value = entry.value
-        self._sleep_until(_wake_at(value))
+        await self._sleep_until(_wake_at(value))
 
-    def _sleep_until(self, wake_at: datetime.datetime) -> None:
+    async def _sleep_until(self, wake_at: datetime.datetime) -> None:
         # The claim's database time decides: a job that woke early (recovered after a crash
         # during its sleep) sleeps again until the ORIGINAL wake time.
         if wake_at > self.now:
-            self.suspend("sleeping", wake_at)
+            await self.suspend_unless_cancelled("sleeping", wake_at)
+
+    async def suspend_unless_cancelled(
+        self, state: str, until: datetime.datetime | None
+    ) -> NoReturn:
+        """`suspend`, except in a cancelled run (woken to clean up): raise `trio.Cancelled`
+        there, so the handler's cleanup runs rather than the job going back to sleep."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.suspend(state, until)
 
 
 def _wake_at(value: Any) -> datetime.datetime:

@@ -24,6 +24,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+import trio
+
 from .._core import codec
 from .._core.errors import EventTimeout, JobFailed, UnknownTask
 from .._core.identifiers import validate_key
@@ -85,6 +87,8 @@ async def wait_event_at(
         if value.get("timeout"):
             raise EventTimeout(key)
         deadline = datetime.datetime.fromisoformat(value["deadline"])
+    # A cancelled run (woken to clean up) does not wait again: its statement would suspend it.
+    await trio.lowlevel.checkpoint_if_cancelled()
     outcome = await run.driver.job_wait_event(
         WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
     )
@@ -287,6 +291,7 @@ async def _wait(
     record: bool = True,
 ) -> tuple[ChildOutcome, ...]:
     params = WaitChildren(run.lease, position, ids, stop_on_failure, record, kind, name)
+    await trio.lowlevel.checkpoint_if_cancelled()  # as for events (a shielded join goes on)
     for _ in range(MAX_DECISION_ROUNDS):
         outcome: ChildrenWaitOutcome = await run.driver.job_wait_children(params)
         if outcome.state in ("done", "failed"):

@@ -172,7 +172,11 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
                 outcomes.append((job, await client.cancel(job, tree=args.tree)))
             except JobNotFound:
                 outcomes.append((job, "missing"))
-    return _report("cancelled", outcomes, args, wanted="cancelled", also=("running",))
+    # running, ready (a suspended workflow woken to run its cleanup) and waiting (for children)
+    # are on their way to cancelled.
+    return _report(
+        "cancelled", outcomes, args, wanted="cancelled", also=("running", "ready", "waiting")
+    )
 
 
 def _report(

@@ -4,16 +4,30 @@ Both drivers must agree on: `job_continue_as_new` is fenced, deletes the history
 payload, restores the attempts budget and makes the job ready again (same id), detaching its
 children from their positions; a job whose cancel was requested does not continue.
 `job_cancel_with` follows each child's `on_parent_cancel` policy (cancel, abandon, wait), and
-with `tree` cancels every descendant.
+with `tree` cancels every descendant; a cancelled sleeping or waiting workflow is woken,
+flagged, so that its handler runs its cleanup.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 
-from .._driver import CancelJob, CheckpointWrite, ContinueAsNew, Driver, Spawn
-from .conformance import DriverClock, claim, complete, conformance_check, expect, new_job, record
+from .._driver import CancelJob, CheckpointWrite, ContinueAsNew, Driver, Settlement, Spawn
+from .conformance import (
+    DriverClock,
+    claim,
+    complete,
+    conformance_check,
+    expect,
+    fail,
+    new_job,
+    record,
+    settle,
+)
 from .conformance_waits import running
+
+FAR = datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC)
 
 
 @conformance_check
@@ -76,3 +90,19 @@ async def check_cancel_follows_each_childs_policy_unless_the_whole_tree_is_asked
         await complete(driver, parent)  # its worker records the parent (the runtime waits first)
         for job in await claim(driver, 10):
             await complete(driver, job.lease)
+
+
+@conformance_check
+async def check_cancelling_a_sleeping_workflow_wakes_it_flagged_for_its_cleanup(
+    driver: Driver, clock: DriverClock
+) -> None:
+    lease = await running(driver)
+    await driver.checkpoint_insert_many([CheckpointWrite(lease, 0, "step", "a", "1")])
+    await settle(driver, Settlement(lease, "sleep", wake_at=FAR))
+    expect((await record(driver, lease.id)).state, "sleeping", "before the cancel")
+    outcome = await driver.job_cancel(lease.id)
+    expect(outcome and (outcome.previous_state, outcome.state), ("sleeping", "ready"), "cancel")
+    [job] = await claim(driver, 1)
+    expect((job.id, job.cancel_requested, len(job.history)), (lease.id, True, 1), "claimed")
+    await fail(driver, job.lease, None, final_state="cancelled")
+    expect((await record(driver, lease.id)).state, "cancelled", "after its cleanup")

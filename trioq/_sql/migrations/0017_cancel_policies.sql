@@ -11,6 +11,10 @@ ALTER TABLE {schema}.jobs ADD COLUMN on_parent_cancel text NOT NULL DEFAULT 'can
 -- job_cancel_tree (migration 0003) with the policies: the walk skips abandoned children and
 -- keeps "wait" ones (planned unchanged, not flagged, not walked into) as blockers of their
 -- parent, like a running descendant: the parent waits for them, flagged.
+-- Cleanup: a sleeping or waiting workflow that waits for nothing of the tree is no longer
+-- cancelled on the spot: it becomes ready, flagged, so that a worker runs its handler
+-- cancelled (replaying its history) and its cleanup steps (`shielded=True`, in `finally`
+-- blocks) run before its worker records it cancelled; it keeps its partition key meanwhile.
 CREATE FUNCTION {schema}.job_cancel_tree(root_ids bigint[], control_channel text,
                                          whole_tree boolean)
 RETURNS TABLE (id bigint, previous_state text, state text)
@@ -55,6 +59,7 @@ BEGIN
                CASE WHEN n.kept OR n.state IN ('completed', 'failed', 'cancelled', 'running')
                       THEN n.state
                     WHEN n.id IN (SELECT b.id FROM blocked b) THEN 'waiting'
+                    WHEN n.state IN ('sleeping', 'waiting') THEN 'ready'
                     ELSE 'cancelled' END AS new_state,
                n.kept
         FROM nodes n
@@ -73,18 +78,25 @@ BEGIN
             state = p.new_state,
             finished_at = CASE WHEN p.new_state = 'cancelled' THEN {schema}.db_now()
                                ELSE j.finished_at END,
-            run_at = CASE WHEN p.new_state = 'waiting' THEN NULL ELSE j.run_at END,
+            run_at = CASE WHEN p.new_state = 'waiting' THEN NULL
+                          WHEN p.new_state = 'ready' THEN {schema}.db_now()
+                          ELSE j.run_at END,
             wait_event_key = NULL,
             wait_children = CASE WHEN p.new_state = 'waiting' THEN
                                 ARRAY(SELECT c.id FROM plan c
                                       WHERE c.parent_id = p.id
                                         AND c.new_state NOT IN ('completed', 'failed',
                                                                 'cancelled'))
+                                 WHEN p.new_state = 'ready' THEN NULL
                             ELSE j.wait_children END
         FROM plan p
         WHERE j.id = p.id AND NOT p.kept
           AND p.old_state NOT IN ('completed', 'failed', 'cancelled')
-        RETURNING j.id, j.state
+        RETURNING j.id, j.state, j.queue
+    ),
+    woken AS (
+        SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+        FROM (SELECT DISTINCT c.queue FROM changed c WHERE c.state = 'ready') AS q
     ),
     unlocked AS (
         DELETE FROM {schema}.partition_locks l USING changed c
@@ -97,7 +109,8 @@ BEGIN
                                c.id::text)) AS n
         FROM changed c WHERE c.state IN ('running', 'cancelled')
     )
-    SELECT n.n + (SELECT count(*) FROM unlocked) INTO sent FROM notified n;
+    SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w) INTO sent
+    FROM notified n;
     PERFORM {schema}.parents_notify(root_ids);
     RETURN QUERY
         SELECT t.id, t.old_state, t.new_state
