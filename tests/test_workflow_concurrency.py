@@ -8,6 +8,7 @@ import json
 import logging
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 import trio.testing
@@ -461,3 +462,31 @@ async def _children_running(client: trioq.Client, parent_id: int, n: int) -> boo
 
 async def _kid_states(client: trioq.Client, parent_id: int) -> dict[str, str]:
     return {k.payload["policy"]: k.state for k in await _children(client, parent_id)}
+
+
+def test_trioq_job_shows_patch_markers_and_cancel_tree_from_the_command_line(
+    pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trioq import cli
+    from trioq.producer import SyncProducer
+
+    base = ["--database-url", pg_url, "--schema", pg_schema]
+    assert cli.main(["migrate", *base]) == 0
+    with SyncProducer(pg_url, schema=pg_schema) as producer:
+        job = producer.enqueue("invoice", {})
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            _q(
+                pg_schema,
+                "INSERT INTO {s}.checkpoints (job_id, position, kind, name, value, created_at) "
+                "VALUES (%s, 0, 'patch', 'fix-tax', 'null', now())",
+            ),
+            (job.id,),
+        )
+    capsys.readouterr()
+    assert cli.main(["job", *base, str(job.id)]) == 0
+    assert "patches: fix-tax (position 0)" in capsys.readouterr().out
+    assert cli.main(["job", *base, str(job.id), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["patches"] == ["fix-tax"]
+    assert cli.main(["cancel", *base, str(job.id), "--tree", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"jobs": [{"id": job.id, "state": "cancelled"}]}
