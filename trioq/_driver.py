@@ -342,6 +342,9 @@ class Spawn:
     lease: Lease
     position: int
     child: NewJob
+    # What cancelling the parent does to the child: cancel it, abandon it (it runs on, the
+    # parent does not wait), or wait for it (it runs on, the parent is final after it).
+    on_parent_cancel: str = "cancel"
 
 
 @attrs.frozen
@@ -369,6 +372,23 @@ class CancelChildren:
     name: str
     value_json: str
     child_ids: tuple[int, ...]
+
+
+@attrs.frozen
+class ContinueAsNew:
+    """A running workflow ends its history and starts again, same job id, with `payload_json`."""
+
+    lease: Lease
+    payload_json: str
+
+
+@attrs.frozen
+class CancelJob:
+    """Cancel `id` and its descendants; `tree`: every descendant, whatever its spawn's
+    `on_parent_cancel` policy."""
+
+    id: int
+    tree: bool = False
 
 
 # --- records --------------------------------------------------------------------------------
@@ -871,6 +891,15 @@ class Driver(Protocol):
     def open_listener(
         self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
     ) -> AbstractAsyncContextManager[Listener]: ...
+
+    # --- continue-as-new and cancellation policies (docs/workflows.md) ------------------------
+
+    async def job_continue_as_new(self, params: ContinueAsNew) -> str:
+        """ "continued" (history gone, the job ready again with the new payload), "cancelling"
+        (its cancel was requested: nothing changed) or "lost" (the lease no longer holds)."""
+        ...
+
+    async def job_cancel_with(self, params: CancelJob) -> CancelOutcome | None: ...
 
 
 DRIVER_METHODS = frozenset(

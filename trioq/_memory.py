@@ -41,11 +41,13 @@ from ._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
     CancelChildren,
+    CancelJob,
     CancelOutcome,
     Checkpoint,
     CheckpointWrite,
     ChildrenWaitOutcome,
     ClaimedJob,
+    ContinueAsNew,
     DriverStatistics,
     EmitEvent,
     EmitOutcome,
@@ -138,6 +140,7 @@ class _Row:
     wait_event_key: str | None = None
     wait_children: tuple[int, ...] | None = None
     children_settled: int = 0
+    on_parent_cancel: str = "cancel"  # migration 0017: cancel, abandon or wait
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
@@ -1292,6 +1295,40 @@ class MemoryDriver:
             finally:
                 self._listeners.discard(listener)
                 nursery.cancel_scope.cancel()
+
+    # --- continue-as-new and cancellation policies -----------------------------------------
+
+    async def job_continue_as_new(self, params: ContinueAsNew) -> str:
+        now = await self._statement("job_continue_as_new")
+        json.loads(params.payload_json)
+        row = self._rows.get(params.lease.id)
+        if row is None or not row.holds(params.lease):
+            return "lost"
+        if row.cancel_requested:
+            return "cancelling"
+        row.payload_json = params.payload_json
+        row.checkpoint_count = row.children_settled = row.attempt = 0
+        row.state, row.run_at = "ready", now
+        row.end_lease()
+        row.worker_id = row.started_at = None
+        row.wait_children = row.wait_event_key = None
+        self._checkpoints.pop(row.id, None)
+        for child in self._rows.values():
+            if child.parent_id == row.id:
+                child.parent_position = None
+        outbox = _Outbox()
+        outbox.add(self._ready_channel(row.queue), row.queue)
+        self._deliver(outbox)
+        return "continued"
+
+    async def job_cancel_with(self, params: CancelJob) -> CancelOutcome | None:
+        now = await self._statement("job_cancel_with")
+        outbox = _Outbox()
+        outcomes = waits.cancel_tree(
+            self, [params.id], now, outbox, control_channel(self.schema), tree=params.tree
+        )
+        self._deliver(outbox)
+        return outcomes.get(params.id)
 
 
 async def _pump(

@@ -166,6 +166,7 @@ def spawn(driver: MemoryDriver, params: Spawn, now: datetime.datetime) -> tuple[
     child = _new_row(next(driver._ids), params.child, now)
     child.parent_id = parent.id
     child.parent_position = params.position
+    child.on_parent_cancel = params.on_parent_cancel
     _checkpoint(driver, parent, params.position, "spawn", params.child.task, {"child_id": child.id})
     return SpawnOutcome(child.id, True), child
 
@@ -226,28 +227,43 @@ def cancel_tree(
     now: datetime.datetime,
     outbox: _Outbox,
     control_channel: str,
+    *,
+    tree: bool = False,
 ) -> dict[int, CancelOutcome]:
-    """job_cancel_tree: cancel jobs and their descendants (see migration 0003)."""
+    """job_cancel_tree: cancel jobs and their descendants (see migrations 0003 and 0017): a
+    child spawned with on_parent_cancel="abandon" is left out, one with "wait" is left running
+    and its parent waits for it; `tree` cancels every descendant whatever its policy."""
     roots = [driver._rows[i] for i in root_ids if i in driver._rows]
     plan: dict[int, tuple[str, str]] = {}
+    kept: set[int] = set()
 
     def visit(row: _Row) -> bool:
-        """Plan `row`'s subtree; True when it has a running job in it."""
-        children = [r for r in driver._rows.values() if r.parent_id == row.id]
-        below = [visit(child) for child in children]
-        running_below = any(below)
+        """Plan `row`'s subtree; True when it has a job its parent must wait for."""
+        blocking = False
+        for child in [r for r in driver._rows.values() if r.parent_id == row.id]:
+            policy = "cancel" if tree else child.on_parent_cancel
+            if policy == "abandon":
+                continue
+            if policy == "wait":
+                kept.add(child.id)
+                plan[child.id] = (child.state, child.state)
+                blocking = blocking or child.state not in FINAL
+            else:
+                blocking = visit(child) or blocking
         if row.state in FINAL or row.state == "running":
             new = row.state
-        else:
-            new = "waiting" if running_below else "cancelled"
+        elif blocking:
+            new = "waiting"
+        else:  # a suspended workflow runs once more, cancelled, for its cleanup steps
+            new = "ready" if row.state in ("sleeping", "waiting") else "cancelled"
         plan[row.id] = (row.state, new)
-        return running_below or row.state == "running"
+        return blocking or row.state == "running"
 
     for root in roots:
         visit(root)
     for job_id, (old, new) in plan.items():
         row = driver._rows[job_id]
-        if old in FINAL:
+        if old in FINAL or job_id in kept:
             continue
         row.cancel_requested = True
         row.wait_event_key = None
@@ -258,8 +274,11 @@ def cancel_tree(
             row.wait_children = tuple(
                 r.id
                 for r in driver._rows.values()
-                if r.parent_id == row.id and plan.get(r.id, ("", ""))[1] in ("running", "waiting")
+                if r.parent_id == row.id and r.id in plan and plan[r.id][1] not in FINAL
             )
+        elif new == "ready":
+            row.wait_children = None
+            _wake(driver, row, now, outbox)
         else:
             driver._finish(row, "cancelled", now)
             outbox.add(driver._result_channel(row.id), str(row.id))

@@ -20,7 +20,13 @@ from ._driver import Driver, NewSchedule
 from ._enqueue import Enqueuer, TaskDeclaration
 from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks
-from ._runtime.tasks import Handler, TaskSpec, payload_type_of, task_max_attempts
+from ._runtime.tasks import (
+    DEFAULT_HISTORY_LIMIT,
+    Handler,
+    TaskSpec,
+    payload_type_of,
+    task_max_attempts,
+)
 from ._runtime.worker import Worker, WorkerConfig
 from .client import Client, _ResultWatcher
 from .schedules import new_schedule
@@ -96,6 +102,7 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         version: int | None = None,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
 
@@ -111,6 +118,9 @@ class App:
         declaration's, else 5; two of them given with different numbers raise ValueError here.
         They apply to every job of the task that does not carry its own (docs/producers.md,
         "Which option wins").
+
+        `history_limit`: a workflow of this task that would record more checkpoints fails, its
+        error naming `ctx.continue_as_new` (a warning is logged at 80%).
         """
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
         version = declared.version if version is None else version
@@ -137,6 +147,7 @@ class App:
                 timeout=timeout,
                 payload_type=payload_type or declared.payload_type,
                 version=version,
+                history_limit=history_limit,
             )
             self.versions[(spec.name, version)] = spec
             latest = self.tasks.get(spec.name)

@@ -19,6 +19,7 @@ from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
+    CancelJob,
     Checkpoint,
     Driver,
     HealthReport,
@@ -275,10 +276,19 @@ class Client:
         at once, without suspending. Safe to retry."""
         return (await self.driver.event_emit(build_event(key, payload))).first
 
-    async def cancel(self, job_id: int) -> str:
+    async def cancel(self, job_id: int, *, tree: bool = False) -> str:
         """Cancel a job: a ready job at once; a running one through its handler's cancel scope
-        (its worker records `cancelled`). Returns the state after the request."""
-        outcome = await self.driver.job_cancel(validate_job_id(job_id))
+        (its worker records `cancelled`). Returns the state after the request. A workflow's
+        children follow the `on_parent_cancel` policy of their spawn (cancel, abandon, wait);
+        `tree=True` cancels every descendant whatever its policy."""
+        job_id = validate_job_id(job_id)
+        if not isinstance(tree, bool):
+            raise TypeError(f"tree: {tree!r} must be True or False")
+        outcome = await (
+            self.driver.job_cancel_with(CancelJob(job_id, tree=True))
+            if tree
+            else self.driver.job_cancel(job_id)
+        )
         if outcome is None:
             raise JobNotFound(f"job_id: no job {job_id}")
         return outcome.state

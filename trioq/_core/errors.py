@@ -87,3 +87,17 @@ class NondeterminismError(TrioqError):
         self.position = position
         self.recorded = recorded
         self.reached = reached
+
+
+class HistoryLimitExceeded(TrioqError):
+    """A workflow reached its task's `history_limit` of checkpoints. It fails for good (a retry
+    would replay the same history into the same limit): a workflow that loops must call
+    `ctx.continue_as_new(payload)` to start afresh with an empty history."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the workflow reached its history limit of {limit} checkpoints: call "
+            f"ctx.continue_as_new(payload) to carry its state into a fresh history (or raise "
+            f"the task's history_limit)"
+        )
+        self.limit = limit

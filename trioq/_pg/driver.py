@@ -32,12 +32,14 @@ from .._core.schedule import fire_dedup_key
 from .._driver import (
     AttemptRecord,
     CancelChildren,
+    CancelJob,
     CancelOutcome,
     Checkpoint,
     CheckpointWrite,
     ChildOutcome,
     ChildrenWaitOutcome,
     ClaimedJob,
+    ContinueAsNew,
     DriverStatistics,
     EmitEvent,
     EmitOutcome,
@@ -784,6 +786,7 @@ class PgDriver:
                 "partition_keys": [child.partition_key for child in children],
                 "max_attempts": [child.max_attempts for child in children],
                 "versions": [child.version for child in children],
+                "on_parent_cancels": [spawn.on_parent_cancel for spawn in spawns],
             },
         )
         return [SpawnOutcome(row[1], row[2], row[3]) for row in rows]
@@ -1037,6 +1040,24 @@ class PgDriver:
             **self._listen_options,
         ) as listener:
             yield listener
+
+    # --- continue-as-new and cancellation policies ---------------------------------------------
+
+    async def job_continue_as_new(self, params: ContinueAsNew) -> str:
+        """Retried: if a lost reply had continued the job, the retry finds the lease gone
+        ("lost"), which ends the execution as the continuation would."""
+        rows = await self._retrying(
+            "job_continue_as_new",
+            {**_lease_params(params.lease), "payload": params.payload_json},
+        )
+        return str(rows[0][0])
+
+    async def job_cancel_with(self, params: CancelJob) -> CancelOutcome | None:
+        rows = await self._fetch(
+            "job_cancel_with",
+            {"id": params.id, "tree": params.tree, "control_channel": control_channel(self.schema)},
+        )
+        return CancelOutcome(previous_state=rows[0][0], state=rows[0][1]) if rows else None
 
 
 def _probes(

@@ -395,7 +395,9 @@ class ClaimLoop:
         running, versions, tasks, now = self.running, self.versions, self.tasks, result.now
         for job in result.claimed:
             stale = running.get(job.id)
-            if stale is not None:
+            # (A stale run that already suspended or continued durably is only finishing its
+            # bookkeeping: the job is legitimately back, nothing is lost.)
+            if stale is not None and stale.suspension is None:
                 # Our earlier attempt's lease ran out while its handler still ran and the job
                 # came back to us: that handler no longer owns anything.
                 log.warning(

@@ -11,7 +11,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import attrs
 
@@ -21,6 +21,7 @@ from .._enqueue import TaskDeclaration
 from . import waits
 from .active import ACTIVE_CLIENT
 from .job_transaction import JobTransaction, open_job_transaction
+from .parallel import Parallel
 from .run import Run
 
 if TYPE_CHECKING:  # the public client is above the runtime: named for types only
@@ -107,7 +108,12 @@ class Context:
         return self._logger
 
     async def step(
-        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        shielded: bool = False,
     ) -> Any:
         """Run `fn(*args)` (sync or async) once for this job and return its JSON result.
 
@@ -115,9 +121,10 @@ class Context:
         execution of the job returns the stored result without calling `fn`. With `retry`, a
         raising `fn` is retried in place up to `retry.max_attempts` times; then the execution
         fails like a handler error, its stored error naming the step. A sync `fn` runs in the
-        trio thread: wrap blocking work in `trio.to_thread.run_sync`.
+        trio thread: wrap blocking work in `trio.to_thread.run_sync`. `shielded=True`: the step
+        runs even while the job is being cancelled (cleanup in a `finally` block).
         """
-        return await self._run.step(name, fn, *args, retry=retry)
+        return await self._run.step(name, fn, *args, retry=retry, shielded=shielded)
 
     async def sleep(self, name: str, duration: datetime.timedelta) -> None:
         """Sleep durably: the wake time (database now + duration) is stored, the execution ends
@@ -157,6 +164,32 @@ class Context:
         that fails, cancel the unfinished siblings, wait until they are final, and raise its
         `trioq.JobFailed` (nursery semantics; the same on every replay)."""
         return await waits.gather(self._run, child_ids)
+
+    # --- concurrency, continue-as-new, patches (docs/workflows.md) --------------------------
+
+    def parallel(self) -> Parallel:
+        """`async with ctx.parallel() as p:` — `p.step`, `p.spawn`, `p.sleep` and
+        `p.wait_for_event` take their history position when called (in code order, the same
+        on every replay) and run concurrently when the block ends; each returns a handle whose
+        `.result` is read after the block."""
+        return Parallel(self._run)
+
+    async def continue_as_new(self, payload: Any = None) -> NoReturn:
+        """End this workflow's history and run it again from the top with `payload`, as the
+        same job (its id, partition key and waiters are kept; its history and attempt count
+        start afresh). Unfinished children are awaited first. Does not return."""
+        await waits.continue_as_new(self._run, payload)
+
+    async def patched(self, name: str) -> bool:
+        """A patch point (Temporal's model): False when an earlier execution of this job
+        already passed here without the patch (keep the old code), else True (take the new
+        code; recorded, so every replay answers the same). See docs/versions.md."""
+        return await self._run.patched(name)
+
+    def deprecate_patch(self, name: str) -> None:
+        """Replaces `patched(name)` once no job that predates the patch is unfinished: the old
+        branch can go, and jobs that recorded the marker still replay."""
+        self._run.deprecate_patch(name)
 
     def __repr__(self) -> str:
         return f"Context(job={self.job!r}, worker_id={self.worker_id!r})"

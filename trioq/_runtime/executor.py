@@ -16,7 +16,7 @@ import trio
 
 from .. import _tracing as tracing
 from .._core import codec
-from .._core.errors import NondeterminismError
+from .._core.errors import HistoryLimitExceeded, NondeterminismError
 from .._core.retry import should_retry
 from . import waits
 from .context import Context
@@ -31,7 +31,7 @@ from .outcome import (
     Released,
     RetryAt,
 )
-from .run import Run
+from .run import LeaseLost, Run, SuspendExecution
 
 log = logging.getLogger("trioq.worker")
 
@@ -91,6 +91,8 @@ async def execute(run: Run) -> Outcome:
         if _from_signal(exc):
             raise  # Ctrl-C delivered by trio: it stops the worker, it is not the job's fault
         error = exc
+    if run.kept_children and run.cancel_reason == "cancelled" and run.suspension is None:
+        await _join_kept_children(run)
     if (
         error is None
         and run.cancel_reason is None
@@ -102,6 +104,14 @@ async def execute(run: Run) -> Outcome:
         # building an outcome: values are frozen, one serves every such job).
         return _COMPLETED_NULL if result_json == "null" else Completed(result_json)
     return _outcome(run, error, result_json)
+
+
+async def _join_kept_children(run: Run) -> None:
+    """A cancelled workflow is final only after its children spawned with
+    on_parent_cancel="wait": wait for them durably (shielded: the run is cancelled)."""
+    # Suspended (the outcome says so) or lost (the cancel reason says so): nothing more to do.
+    with trio.CancelScope(shield=True), contextlib.suppress(SuspendExecution, LeaseLost):
+        await waits.join_kept_children(run)
 
 
 async def _trace_context(run: Run) -> str | None:
@@ -179,7 +189,7 @@ def failure(run: Run, exc: BaseException) -> Outcome:
         step=step,
         trace_id=run.trace_id,
     )
-    retryable = not isinstance(exc, NondeterminismError)
+    retryable = not isinstance(exc, (NondeterminismError, HistoryLimitExceeded))
     delay = (
         run.spec.retry.delay(job.attempt)
         if retryable and should_retry(job.attempt, run.max_attempts)

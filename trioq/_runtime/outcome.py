@@ -50,14 +50,14 @@ class Suspended:
     woken, or until `until` when it has a deadline), holding its partition key, no attempt
     consumed. `until` is database time."""
 
-    state: str  # "sleeping" or "waiting"
+    state: str  # "sleeping", "waiting", or "continued" (ctx.continue_as_new: ready again)
     until: datetime.datetime | None
     # True when the primitive's own statement already suspended the job (event and child
     # waits decide and suspend under one lock): the settle statement writes nothing for it.
     written: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.state not in ("sleeping", "waiting"):
+        if self.state not in ("sleeping", "waiting", "continued"):
             raise ValueError(f"suspended state {self.state!r} is not sleeping/waiting")
         if self.state == "sleeping" and self.until is None:
             raise ValueError("a sleep needs its wake time")

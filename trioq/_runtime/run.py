@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
@@ -25,7 +26,7 @@ import attrs
 import trio
 
 from .._core import codec
-from .._core.errors import NondeterminismError
+from .._core.errors import HistoryLimitExceeded, NondeterminismError
 from .._core.identifiers import validate_key
 from .._core.retry import DEFAULT_STEP_ATTEMPTS, RetryPolicy, applied_max_attempts
 from .._driver import Checkpoint, CheckpointWrite, ClaimedJob, Driver, Lease
@@ -33,9 +34,12 @@ from .checkpoints import CheckpointLost, CheckpointWriteFailed, CheckpointWriter
 from .outcome import Suspended
 from .tasks import TaskSpec
 
+log = logging.getLogger("trioq.worker")
+
 # Checkpoint kinds recorded by this module (docs/workflows.md lists every kind).
 STEP = "step"
 SLEEP = "sleep"
+PATCH = "patch"
 
 
 class SuspendExecution(BaseException):
@@ -109,12 +113,17 @@ class Run:
     # Children spawned by this job (replayed or new) not yet known to be final: waits.py keeps
     # it, and a handler that returns waits for them before the job completes.
     unfinished_children: list[int] = attrs.field(factory=list)
+    # Of those, the ones spawned with on_parent_cancel="wait": a cancelled run waits for them.
+    kept_children: list[int] = attrs.field(factory=list)
     _history: dict[int, Checkpoint] = attrs.field(init=False)
     _position: int = 0
+    _warn_at: int = attrs.field(init=False)  # the position that logs the 80% warning
+    _warned: bool = False
 
     def __attrs_post_init__(self) -> None:
         history = self.job.history
         self._history = {entry.position: entry for entry in history} if history else {}
+        self._warn_at = (self.spec.history_limit * 4) // 5
 
     @property
     def lease(self) -> Lease:
@@ -139,9 +148,29 @@ class Run:
         position = self._position
         self._position += 1
         entry = self._history.get(position)
-        if entry is not None and (entry.kind, entry.name) != (kind, name):
+        if entry is None:
+            if position >= self._warn_at:
+                self._check_history_limit(position)
+        elif (entry.kind, entry.name) != (kind, name):
             raise NondeterminismError(position, (entry.kind, entry.name), (kind, name))
         return position, entry
+
+    def _check_history_limit(self, position: int) -> None:
+        limit = self.spec.history_limit
+        if position >= limit:
+            raise HistoryLimitExceeded(limit)
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "job %d (%s): history at %d of its %d-checkpoint limit; a workflow that loops "
+                "should call ctx.continue_as_new(payload)",
+                self.job.id, self.job.task, position, limit,
+            )  # fmt: skip
+
+    def replaying(self) -> bool:
+        """Whether history holds a checkpoint at or after the next position: the code is
+        re-running a stretch an earlier execution already passed."""
+        return bool(self._history) and max(self._history) >= self._position
 
     async def record(
         self,
@@ -167,6 +196,11 @@ class Run:
         self.suspension = Suspended("waiting", until, written=True)
         raise SuspendExecution
 
+    def continued(self) -> NoReturn:
+        """End this execution: `job_continue_as_new` already made the job ready again."""
+        self.suspension = Suspended("continued", None, written=True)
+        raise SuspendExecution
+
     def suspend(self, state: str, until: datetime.datetime | None) -> NoReturn:
         """End this execution durably suspended (sleeping/waiting until `until`)."""
         self.suspension = Suspended(state, until)
@@ -175,12 +209,35 @@ class Run:
     # --- primitives ----------------------------------------------------------------------
 
     async def step(
-        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        shielded: bool = False,
     ) -> Any:
         _check_name("step", name)
         position, entry = self.replay(STEP, name)
         if entry is not None:
             return entry.value
+        if not shielded:
+            return await self.run_step(position, name, fn, args, retry)
+        # Cleanup: runs (and records) even while the job is being cancelled, so `finally`
+        # blocks can undo what the workflow did. The checkpoint fence still holds: a cancelled
+        # job stays `running` (flagged) until its worker records the outcome.
+        with trio.CancelScope(shield=True):
+            return await self.run_step(position, name, fn, args, retry)
+
+    async def run_step(
+        self,
+        position: int,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        retry: RetryPolicy | None,
+    ) -> Any:
+        """Call `fn` (retried in place with `retry`) and record its result at `position`."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled run starts no new step
         tries = 1 if retry is None else retry.max_attempts or DEFAULT_STEP_ATTEMPTS
         for attempt in range(1, tries + 1):
             try:
@@ -196,6 +253,30 @@ class Run:
                 await trio.sleep(retry.delay(attempt))
         value_json = codec.encode(result, root=f"step {name!r}")
         return await self.record(position, STEP, name, value_json)
+
+    async def patched(self, name: str) -> bool:
+        """Temporal's patch marker: False where an earlier execution passed this point without
+        the marker (keep the old code path), else True, recording the marker the first time."""
+        _check_name("patched", name)
+        if self.suspension is not None:
+            raise SuspendExecution
+        entry = self._history.get(self._position)
+        if entry is not None and (entry.kind, entry.name) == (PATCH, name):
+            self._position += 1
+            return True
+        if self.replaying():
+            return False  # the marker takes no position in histories written before the patch
+        position, _ = self.replay(PATCH, name)
+        await self.record(position, PATCH, name, "null")
+        return True
+
+    def deprecate_patch(self, name: str) -> None:
+        """Once no unfinished job predates the patch: consume its marker where one is stored,
+        so the old branch can be deleted while workflows that recorded the marker replay."""
+        _check_name("deprecate_patch", name)
+        entry = self._history.get(self._position)
+        if entry is not None and (entry.kind, entry.name) == (PATCH, name):
+            self._position += 1
 
     async def hold_until_due(self) -> bool:
         """A job claimed before its run_at (a sleep's wake time, a delay or backoff ending
@@ -223,7 +304,7 @@ class Run:
                 return
         else:
             value = entry.value
-        self._sleep_until(_wake_at(value))
+        await self._sleep_until(_wake_at(value))
 
     async def sleep_until(self, name: str, when: datetime.datetime) -> None:
         _check_name("sleep_until", name)
@@ -237,13 +318,21 @@ class Run:
             value = await self.record(position, SLEEP, name, value_json)
         else:
             value = entry.value
-        self._sleep_until(_wake_at(value))
+        await self._sleep_until(_wake_at(value))
 
-    def _sleep_until(self, wake_at: datetime.datetime) -> None:
+    async def _sleep_until(self, wake_at: datetime.datetime) -> None:
         # The claim's database time decides: a job that woke early (recovered after a crash
         # during its sleep) sleeps again until the ORIGINAL wake time.
         if wake_at > self.now:
-            self.suspend("sleeping", wake_at)
+            await self.suspend_unless_cancelled("sleeping", wake_at)
+
+    async def suspend_unless_cancelled(
+        self, state: str, until: datetime.datetime | None
+    ) -> NoReturn:
+        """`suspend`, except in a cancelled run (woken to clean up): raise `trio.Cancelled`
+        there, so the handler's cleanup runs rather than the job going back to sleep."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.suspend(state, until)
 
 
 def _wake_at(value: Any) -> datetime.datetime:

@@ -15,6 +15,8 @@ from .._core.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
 Handler = Callable[..., Awaitable[Any]]
 
+DEFAULT_HISTORY_LIMIT = 10_000
+
 
 @attrs.frozen
 class TaskSpec:
@@ -26,6 +28,8 @@ class TaskSpec:
     timeout: float | None = None
     payload_type: Any = None  # an attrs class (structured by cattrs) or None for plain JSON
     version: int = 1  # handler version: a job runs only on workers serving its (task, version)
+    # Checkpoints a workflow may record before it must continue as new (docs/workflows.md).
+    history_limit: int = DEFAULT_HISTORY_LIMIT
 
     def __attrs_post_init__(self) -> None:
         validate_name("task", self.name)
@@ -36,6 +40,12 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: max_attempts must be >= 1")
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             raise ValueError(f"task {self.name!r}: version must be an integer >= 1")
+        if (
+            isinstance(self.history_limit, bool)
+            or not isinstance(self.history_limit, int)
+            or self.history_limit < 1
+        ):
+            raise ValueError(f"task {self.name!r}: history_limit must be an integer >= 1")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"task {self.name!r}: timeout must be > 0 seconds")
 

@@ -24,20 +24,25 @@ import json
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+import trio
+
 from .._core import codec
 from .._core.errors import EventTimeout, JobFailed, UnknownTask
 from .._core.identifiers import validate_key
 from .._core.states import TERMINAL_STATES
 from .._driver import (
     CancelChildren,
+    Checkpoint,
     ChildOutcome,
     ChildrenWaitOutcome,
+    ContinueAsNew,
     EmitEvent,
+    NewJob,
     Spawn,
     WaitChildren,
     WaitEvent,
 )
-from .run import LeaseLost, Run
+from .run import LeaseLost, Run, SuspendExecution
 from .spawner import spawner_for
 
 EVENT = "event"
@@ -56,10 +61,25 @@ MAX_DECISION_ROUNDS = 100
 
 
 async def wait_for_event(run: Run, key: str, timeout: datetime.timedelta) -> Any:  # noqa: ASYNC109
+    check_event_wait(key, timeout)
+    position, entry = run.replay(EVENT, key)
+    return await wait_event_at(run, position, entry, key, timeout)
+
+
+def check_event_wait(key: str, timeout: datetime.timedelta) -> None:
     _check_key("wait_for_event", key)
     if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() < 0:
         raise ValueError(f"wait_for_event {key!r}: timeout must be a non-negative timedelta")
-    position, entry = run.replay(EVENT, key)
+
+
+async def wait_event_at(
+    run: Run,
+    position: int,
+    entry: Checkpoint | None,
+    key: str,
+    timeout: datetime.timedelta,  # noqa: ASYNC109
+) -> Any:
+    """The event wait at `position` (its replayed checkpoint `entry`, or None)."""
     deadline = None
     if entry is not None:
         value = entry.value
@@ -68,6 +88,8 @@ async def wait_for_event(run: Run, key: str, timeout: datetime.timedelta) -> Any
         if value.get("timeout"):
             raise EventTimeout(key)
         deadline = datetime.datetime.fromisoformat(value["deadline"])
+    # A cancelled run (woken to clean up) does not wait again: its statement would suspend it.
+    await trio.lowlevel.checkpoint_if_cancelled()
     outcome = await run.driver.job_wait_event(
         WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
     )
@@ -96,7 +118,25 @@ async def emit_event(run: Run, key: str, payload: Any) -> None:
 
 
 async def spawn(run: Run, task: Any, payload: Any, options: dict[str, Any]) -> int:
+    name, child, policy = prepare_spawn(run, task, payload, options)
+    position, entry = run.replay(SPAWN, name)
+    return await spawn_at(run, position, entry, name, child, policy)
+
+
+ON_PARENT_CANCEL = ("cancel", "abandon", "wait")
+
+
+def prepare_spawn(
+    run: Run, task: Any, payload: Any, options: dict[str, Any]
+) -> tuple[str, NewJob, str]:
+    """Validate a child as `client.enqueue` would: (its task name, the row to insert, its
+    on_parent_cancel policy)."""
     from .._enqueue import EnqueueOptions, TaskDeclaration, build_jobs  # the same validation
+
+    options = dict(options)
+    policy = options.pop("on_parent_cancel", "cancel")
+    if policy not in ON_PARENT_CANCEL:
+        raise ValueError(f"on_parent_cancel: {policy!r} is not one of 'cancel', 'abandon', 'wait'")
 
     if isinstance(task, TaskDeclaration):
         task = task.name
@@ -113,19 +153,42 @@ async def spawn(run: Run, task: Any, payload: Any, options: dict[str, Any]) -> i
             "partition_key: a child cannot share its parent's partition key (the parent "
             "holds it until it is final, so the child could never start)"
         )
-    position, entry = run.replay(SPAWN, task)
+    return task, child, policy
+
+
+async def spawn_at(
+    run: Run,
+    position: int,
+    entry: Checkpoint | None,
+    task: str,
+    child: NewJob,
+    policy: str = "cancel",
+) -> int:
+    """The spawn at `position` (its replayed checkpoint `entry`, or None)."""
     if entry is not None:
-        child_id = int(entry.value["child_id"])
-        run.unfinished_children.append(child_id)
-        return child_id
-    outcome = await spawner_for(run.driver).spawn(Spawn(run.lease, position, child))
+        return _spawned(run, int(entry.value["child_id"]), policy)
+    outcome = await spawner_for(run.driver).spawn(Spawn(run.lease, position, child, policy))
     if outcome.child_id is not None:
-        run.unfinished_children.append(outcome.child_id)
-        return outcome.child_id
+        return _spawned(run, outcome.child_id, policy)
     if outcome.cancelling:
         run.cancel("cancelled")  # the cancel notification is on its way: act on it now
         raise LeaseLost("spawn refused: this job is being cancelled")
     _lost(run, f"spawn {task!r}")
+
+
+def _spawned(run: Run, child_id: int, policy: str) -> int:
+    run.unfinished_children.append(child_id)
+    if policy == "wait":
+        run.kept_children.append(child_id)
+    return child_id
+
+
+async def join_kept_children(run: Run) -> None:
+    """A cancelled run waits (durably) for its children spawned with on_parent_cancel="wait"
+    before its cancellation is recorded: the parent is final after them."""
+    ids = tuple(dict.fromkeys(run.kept_children))
+    await _wait(run, 0, ids, kind="join", name="", record=False)
+    run.kept_children.clear()
 
 
 async def wait_result(run: Run, child_id: int) -> Any:
@@ -192,11 +255,30 @@ async def join_children(run: Run) -> None:
         ids = tuple(dict.fromkeys(run.unfinished_children))
         await _wait(run, 0, ids, kind="join", name="", record=False)
         run.unfinished_children.clear()
+        run.kept_children.clear()
+
+
+async def continue_as_new(run: Run, payload: Any) -> NoReturn:
+    """End the history and start the workflow again, same job id, with `payload`."""
+    payload_json = codec.encode(payload, root="continue_as_new payload")
+    run.spec.load_payload(json.loads(payload_json))  # a payload the handler cannot take fails here
+    if run.suspension is not None:
+        raise SuspendExecution
+    await join_children(run)  # the nursery rule: no child outlives the history that spawned it
+    state = await run.driver.job_continue_as_new(ContinueAsNew(run.lease, payload_json))
+    if state == "continued":
+        run.continued()
+    if state == "cancelling":
+        run.cancel("cancelled")
+        raise LeaseLost("continue_as_new refused: this job is being cancelled")
+    _lost(run, "continue_as_new")
 
 
 def _finished(run: Run, ids: Sequence[int]) -> None:
     done = set(ids)
     run.unfinished_children[:] = [i for i in run.unfinished_children if i not in done]
+    if run.kept_children:
+        run.kept_children[:] = [i for i in run.kept_children if i not in done]
 
 
 async def _wait(
@@ -210,6 +292,7 @@ async def _wait(
     record: bool = True,
 ) -> tuple[ChildOutcome, ...]:
     params = WaitChildren(run.lease, position, ids, stop_on_failure, record, kind, name)
+    await trio.lowlevel.checkpoint_if_cancelled()  # as for events (a shielded join goes on)
     for _ in range(MAX_DECISION_ROUNDS):
         outcome: ChildrenWaitOutcome = await run.driver.job_wait_children(params)
         if outcome.state in ("done", "failed"):

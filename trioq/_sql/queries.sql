@@ -1472,10 +1472,10 @@ WITH input AS MATERIALIZED (
                          %(payloads)s::text[], %(priorities)s::smallint[],
                          %(run_ats)s::timestamptz[], %(delays)s::float8[],
                          %(partition_keys)s::text[], %(max_attempts)s::int[],
-                         %(versions)s::int[])
+                         %(versions)s::int[], %(on_parent_cancels)s::text[])
              WITH ORDINALITY AS t(parent_id, attempt, lease_token, position, queue, task,
                                   payload, priority, run_at, delay, partition_key,
-                                  max_attempts, version, ord)
+                                  max_attempts, version, on_parent_cancel, ord)
 ),
 locked AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs j
@@ -1496,11 +1496,11 @@ owner AS MATERIALIZED (
 child AS (
     INSERT INTO {schema}.jobs AS c (queue, task, payload, state, priority, run_at, partition_key,
                                    max_attempts, created_at, parent_id, parent_position,
-                                   version)
+                                   version, on_parent_cancel)
     SELECT i.queue, i.task, i.payload::jsonb,
            CASE WHEN i.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
            i.priority, i.due_at, i.partition_key, i.max_attempts, {schema}.db_now(),
-           i.parent_id, i.position, i.version
+           i.parent_id, i.position, i.version, i.on_parent_cancel
     FROM (SELECT input.*, coalesce(input.run_at, {schema}.db_now()
                           + coalesce(input.delay, 0) * interval '1 second') AS due_at
           FROM input) AS i
@@ -1627,8 +1627,7 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
                                    %(kind)s, %(name)s, %(value)s::jsonb, %(child_ids)s::bigint[],
                                    %(control_channel)s);
 
--- =============================================================================================
--- The web dashboard (trioq/dashboard/). Read-only statements, except the audit table's two.
+-- ======================================================================================-- The web dashboard (trioq/dashboard/). Read-only statements, except the audit table's two.
 -- None counts over the whole jobs table: every count walks one partial index and stops at
 -- %(cap)s rows (the page shows "cap+" and the planner's estimate for the table beyond it);
 -- lists are keyset-paged by id. Timings at 1,000,000 jobs: bench/dashboard.py.
@@ -2000,3 +1999,51 @@ SELECT id, at, actor, address, action, target, detail::text, outcome
 FROM {schema}.dashboard_audit
 WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
 ORDER BY id DESC LIMIT %(limit)s;
+=======
+-- name: job_continue_as_new
+-- `ctx.continue_as_new(payload)`: the workflow's history ends and it starts again as the SAME
+-- job (clients waiting on its id keep waiting for its final result), fenced by its lease.
+-- Its checkpoints are deleted, its payload replaced, its attempts budget restored (attempt 0:
+-- the next claim makes it 1) and it becomes ready at once with a ready notification; it keeps
+-- its partition-key lock (a ready holder is its key's head). The runtime joined its children
+-- first (the nursery rule), so they are all final: they are detached from their positions,
+-- which the new history will use again (jobs_parent_idx is unique on parent and position). A
+-- job whose cancel was requested continues nothing.
+WITH owner AS MATERIALIZED (
+    SELECT j.id, j.cancel_requested FROM {schema}.jobs j
+    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+      AND j.state = 'running'
+    FOR NO KEY UPDATE
+),
+restarted AS (
+    UPDATE {schema}.jobs j
+    SET payload = %(payload)s::jsonb, checkpoint_count = 0, children_settled = 0,
+        state = 'ready', run_at = {schema}.db_now(), attempt = 0,
+        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, started_at = NULL,
+        wait_children = NULL, wait_event_key = NULL
+    FROM owner o
+    WHERE j.id = o.id AND NOT o.cancel_requested
+    RETURNING j.id, j.queue
+),
+cleared AS (
+    DELETE FROM {schema}.checkpoints c USING restarted r WHERE c.job_id = r.id RETURNING 1
+),
+detached AS (
+    UPDATE {schema}.jobs c SET parent_position = NULL
+    FROM restarted r WHERE c.parent_id = r.id AND c.parent_position IS NOT NULL
+    RETURNING 1
+),
+notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(queue), queue)) AS n FROM restarted
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM restarted) THEN 'continued'
+            WHEN EXISTS (SELECT 1 FROM owner) THEN 'cancelling'
+            ELSE 'lost' END
+FROM notified CROSS JOIN (SELECT count(*) FROM cleared) AS c
+CROSS JOIN (SELECT count(*) FROM detached) AS d;
+
+-- name: job_cancel_with
+-- `client.cancel(id, tree=...)`: job_cancel_tree (migration 0017), which follows each child's
+-- `on_parent_cancel` policy (cancel, abandon, wait) unless `tree` asks for the whole tree.
+SELECT previous_state, state
+FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s, %(tree)s);

@@ -114,6 +114,7 @@ async def cmd_job(args: argparse.Namespace) -> int:
                 "job": _plain(record),
                 "attempts": [_plain(a) for a in attempts],
                 "history": [_plain(h) for h in history],
+                "patches": [h.name for h in history if h.kind == "patch"],
             }
         )
         return 0
@@ -130,6 +131,9 @@ async def cmd_job(args: argparse.Namespace) -> int:
         print(f"\nhistory ({len(history)} checkpoints):")
         for h in history:
             print(f"  {_plain(h)}")
+    patches = [f"{h.name} (position {h.position})" for h in history if h.kind == "patch"]
+    if patches:
+        print(f"\npatches: {', '.join(patches)}")
     return 0
 
 
@@ -169,10 +173,14 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         outcomes = []
         for job in args.job_ids:
             try:
-                outcomes.append((job, await client.cancel(job)))
+                outcomes.append((job, await client.cancel(job, tree=args.tree)))
             except JobNotFound:
                 outcomes.append((job, "missing"))
-    return _report("cancelled", outcomes, args, wanted="cancelled", also=("running",))
+    # running, ready (a suspended workflow woken to run its cleanup) and waiting (for children)
+    # are on their way to cancelled.
+    return _report(
+        "cancelled", outcomes, args, wanted="cancelled", also=("running", "ready", "waiting")
+    )
 
 
 def _report(
@@ -283,6 +291,11 @@ def add_commands(
 
     cancel = common(command("cancel", "cancel jobs (running ones through their worker)"))
     cancel.add_argument("job_ids", type=job_id, nargs="+", metavar="JOB_ID")
+    cancel.add_argument(
+        "--tree",
+        action="store_true",
+        help="cancel every descendant too, whatever its spawn's on_parent_cancel policy",
+    )
     table["cancel"] = cmd_cancel
 
     purge = common(command("purge", "delete finished jobs older than an age"))
