@@ -4,12 +4,14 @@ from ._core.errors import (
     ConfigurationError,
     EventTimeout,
     JobFailed,
+    JobFinished,
     JobNotFound,
     PayloadError,
     ResultTimeout,
     SchemaNotMigrated,
     TrioqError,
     UnknownTask,
+    ValueNotSet,
 )
 from ._core.explain import Explanation, Gate
 from ._core.retry import RetryPolicy
@@ -33,6 +35,7 @@ __all__ = [
     "Gate",
     "Job",
     "JobFailed",
+    "JobFinished",
     "JobInfo",
     "JobLeaseLost",
     "JobNotFound",
@@ -45,6 +48,7 @@ __all__ = [
     "TaskDeclaration",
     "TrioqError",
     "UnknownTask",
+    "ValueNotSet",
     "Worker",
     "WorkerConfig",
     "WorkerHooks",

@@ -36,6 +36,7 @@ from .._driver import (
     WaitChildren,
     WaitEvent,
 )
+from .messages import flush_values
 from .run import LeaseLost, Run
 from .spawner import spawner_for
 
@@ -67,6 +68,8 @@ async def wait_for_event(run: Run, key: str, timeout: datetime.timedelta) -> Any
         if value.get("timeout"):
             raise EventTimeout(key)
         deadline = datetime.datetime.fromisoformat(value["deadline"])
+    if run.pending_values:  # this statement may suspend: ctx.set_value's values go first
+        await flush_values(run)
     outcome = await run.driver.job_wait_event(
         WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
     )
@@ -209,6 +212,8 @@ async def _wait(
     record: bool = True,
 ) -> tuple[ChildOutcome, ...]:
     params = WaitChildren(run.lease, position, ids, stop_on_failure, record, kind, name)
+    if run.pending_values:  # this statement may suspend: ctx.set_value's values go first
+        await flush_values(run)
     for _ in range(MAX_DECISION_ROUNDS):
         outcome: ChildrenWaitOutcome = await run.driver.job_wait_children(params)
         if outcome.state in ("done", "failed"):
