@@ -3,14 +3,17 @@ intervals (only the wake-ups riding the send statements can make these tests fin
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
 import trioq
 from tests.support import make_app, running_worker, scalar, sql_scalar
+from trioq.producer import AsyncProducer, SyncProducer
 
 POLL = 30.0
 FAST_RETRY = trioq.RetryPolicy(base_seconds=0.0, jitter=0.0)
@@ -246,3 +249,45 @@ async def test_workflows_lists_what_each_workflow_waits_on(pg_url: str, pg_schem
             await client.send(children[1], "go", 2)
             with trio.fail_after(10):
                 assert await client.wait_result(jobs["parent"]) == [[1], [2]]
+
+
+async def test_producers_send_in_the_callers_transaction_and_refuse_final_jobs(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("collect")
+    async def collect(ctx: trioq.Context, payload: object) -> Any:
+        got: list[Any] = []
+        while len(got) < 3:
+            got += await ctx.receive("items", timeout=HOUR)
+        return got
+
+    def django_view(job_id: int) -> None:
+        with SyncProducer(pg_url, schema=pg_schema) as producer:
+            with psycopg.connect(pg_url) as conn:  # not autocommit: the caller's transaction
+                producer.send(job_id, "items", "rolled back", conn=conn)
+                conn.rollback()
+                producer.send(job_id, "items", 1, conn=conn)
+                conn.commit()
+            producer.send(job_id, "items", 2)
+
+    async def fastapi_handler(job_id: int) -> None:
+        async with AsyncProducer(pg_url, schema=pg_schema) as producer:
+            await producer.send(job_id, "items", 3)
+
+    async def after_the_end(job_id: int) -> None:
+        async with AsyncProducer(pg_url, schema=pg_schema) as producer:
+            with pytest.raises(trioq.JobFinished, match=f"job {job_id} is completed"):
+                await producer.send(job_id, "items", 4)
+            with pytest.raises(trioq.JobNotFound):
+                await producer.send(999_999, "items", 4)
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("collect", None)
+        async with running_worker(app, poll_interval=POLL):
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(django_view, job.id)
+                await trio.to_thread.run_sync(asyncio.run, fastapi_handler(job.id))
+                assert await client.wait_result(job.id) == [1, 2, 3]
+        await trio.to_thread.run_sync(asyncio.run, after_the_end(job.id))
