@@ -22,6 +22,7 @@ from ..app import DATABASE_URL_ENV, App, load_app
 from . import admin as cli_admin
 from . import errors as cli_errors
 from . import worker as cli_worker
+from . import workflows as cli_workflows
 
 log = logging.getLogger("trioq.cli")
 
@@ -377,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scale", type=int, default=1, help="multiply the demo workload")
     demo.add_argument("--concurrency", type=int, default=25, help="slots per queue")
     cli_admin.add_commands(command, COMMANDS)
+    cli_workflows.add_commands(command, COMMANDS)
     return parser
 
 
