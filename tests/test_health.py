@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 import trioq
 from tests.support import make_app, running_worker, scalar, wait_until
-from trioq._runtime.health import serve_health
+from trioq._runtime.health import HealthTarget, LoopHeartbeat, serve_health
 from trioq.embedded import EmbeddedPostgres
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
@@ -235,3 +242,63 @@ async def test_a_lost_lease_counts_as_a_lost_outcome_and_a_lost_lease(
         labels = {"queue": "default", "outcome": "lost"}
         assert registry.get_sample_value("trioq_job_outcomes_total", labels) == 1
         assert registry.get_sample_value("trioq_lost_leases_total") == 1
+
+
+async def test_livez_answers_while_the_worker_waits_for_the_database_at_start() -> None:
+    """`trioq worker` against a database that is down: the health server is up before the
+    first connection attempt, /livez is 200 (the liveness probe must not restart the pod for an
+    outage) and /readyz 503 naming `starting`, while the command keeps retrying."""
+    with socket.socket() as probe:  # a free port for the worker's health server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [
+        sys.executable, "-m", "trioq.cli", "worker", "workflows.demo:app",
+        "--database-url", "postgresql://127.0.0.1:1/x", "--health-port", str(port),
+    ]  # fmt: skip
+    proc = await trio.lowlevel.open_process(argv, cwd=REPO_ROOT, stderr=subprocess.DEVNULL)
+    try:
+        with trio.fail_after(30):
+            await wait_until(lambda: _answers(port))
+            assert await http_get(port, "/livez") == (200, "ok\n")
+            status, body = await http_get(port, "/readyz")
+            metrics = await http_get(port, "/metrics")
+        assert status == 503
+        assert json.loads(body)["failing"] == ["starting"]
+        assert metrics[0] == 200 and "process_cpu_seconds_total" in metrics[1]
+        assert proc.returncode is None  # still waiting for the database
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def _answers(port: int) -> bool:
+    try:
+        await http_get(port, "/livez")
+    except OSError:
+        return False
+    return True
+
+
+async def test_livez_fails_once_after_the_trio_loop_was_blocked_past_its_bound(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with (
+        app.client(migrate=True),
+        running_worker(app) as worker,
+        trio.open_nursery() as nursery,
+    ):
+        target = HealthTarget(worker, LoopHeartbeat(interval=0.05, bound=1.0))
+        port = await nursery.start(serve_health, target, 0)
+        with trio.fail_after(10):
+            assert (await http_get(port, "/livez"))[0] == 200
+            time.sleep(2.0)  # noqa: ASYNC251 (the fault under test: the trio thread blocked)
+            status, body = await http_get(port, "/livez")
+            assert (status, body.startswith("the trio loop made no progress for")) == (503, True)
+            assert (await http_get(port, "/livez"))[0] == 200  # progressing again
+        nursery.cancel_scope.cancel()

@@ -110,3 +110,5 @@ def test_demo_runs_from_a_scratch_directory_after_installing_the_wheel(
     )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "summary" in demo.stdout.lower(), demo.stdout[-3000:]
+    # The dashboard started: its templates and static files are in the wheel.
+    assert "dashboard (read-only, open while the demo runs): http://" in demo.stdout

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import opentelemetry.trace as trace
+import psycopg
 import pytest
 import trio
 from opentelemetry.sdk.trace import TracerProvider
@@ -15,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import trioq
-from tests.support import make_app, running_worker
+from tests.support import make_app, running_worker, scalar
 from trioq._runtime.logs import JOB_LOGGER
 
 
@@ -49,6 +50,7 @@ async def test_handler_span_links_to_the_enqueuers_trace(
         stored = await client.driver.job_trace_context(job.id)
         with trio.fail_after(10):
             assert await client.wait_result(job.id) == "ok"
+        attempts = await client.attempts(job.id)
     producer = request.get_span_context()
     assert stored is not None and stored.startswith(f"00-{producer.trace_id:032x}-")
     runs = [s for s in spans.get_finished_spans() if s.name == "trioq.job work"]
@@ -62,6 +64,23 @@ async def test_handler_span_links_to_the_enqueuers_trace(
     [line] = [r for r in caplog.records if r.name == JOB_LOGGER]
     failed_run = next(r for r in runs if r.attributes and r.attributes["trioq.job.attempt"] == 1)
     assert line.trace_id == f"{failed_run.context.trace_id:032x}"  # type: ignore[attr-defined]
+    # The attempt's history row stores the same trace id as the log line.
+    [attempt] = attempts
+    assert (attempt.outcome, attempt.trace_id) == ("retried", line.trace_id)  # type: ignore[attr-defined]
+
+
+async def test_sql_enqueue_stores_the_callers_traceparent_and_refuses_a_malformed_one(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with app.client(migrate=True) as client:
+        job_id = await scalar(
+            pg_url, f"SELECT {pg_schema}.enqueue('work', traceparent => %s)", [traceparent]
+        )
+        assert await client.driver.job_trace_context(job_id) == traceparent
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="traceparent: "):
+            await scalar(pg_url, f"SELECT {pg_schema}.enqueue('work', traceparent => 'x-y')")
 
 
 def test_without_the_extra_configured_nothing_of_opentelemetry_is_imported() -> None:

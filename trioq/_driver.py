@@ -35,7 +35,7 @@ class NewJob:
     delay_seconds: float | None = None
     partition_key: str | None = None
     dedup_key: str | None = None
-    max_attempts: int = 5
+    max_attempts: int | None = None  # None: the task's declaration on the worker decides
     # Uniqueness (only with a dedup_key): the key is held while the job is unfinished, and also
     # in `unique_states` (finished states) for `unique_for_seconds` after enqueue (None: until
     # the job is pruned). See docs/uniqueness.md.
@@ -249,6 +249,9 @@ class WorkerRegistration:
     queues: tuple[str, ...]
     concurrency: int
     task_versions: tuple[str, ...] = ()  # 'task@version' pairs served
+    # (task, version, max_attempts) of each served pair, sorted: the declarations that rows
+    # without a max_attempts of their own take (task_defaults, migration 0015)
+    task_defaults: tuple[tuple[str, int, int], ...] = ()
 
 
 @attrs.frozen
@@ -439,7 +442,7 @@ class ClaimedJob:
     task: str
     payload: Any
     attempt: int
-    max_attempts: int
+    max_attempts: int | None  # None: the task's declaration decides (Run.max_attempts)
     lease_token: uuid.UUID
     partition_key: str | None
     priority: int
@@ -607,6 +610,7 @@ class AttemptRecord:
     worker_id: uuid.UUID | None
     started_at: datetime.datetime | None
     finished_at: datetime.datetime
+    trace_id: str | None = None  # the execution's trace id (the otel extra, when configured)
 
 
 @attrs.frozen

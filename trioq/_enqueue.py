@@ -42,7 +42,7 @@ class TaskLike(Protocol):
     def queue(self) -> str: ...
 
     @property
-    def max_attempts(self) -> int: ...
+    def max_attempts(self) -> int | None: ...
 
     @property
     def payload_type(self) -> Any: ...
@@ -56,20 +56,26 @@ class TaskDeclaration:
     `@app.task(SEND_REPLY)`, and a producer enqueues with `producer.enqueue(SEND_REPLY, ...)`
     without importing the worker's code. `payload_type` (an attrs class) makes producers refuse
     payloads that would not structure into it.
+
+    `max_attempts=None` (the default) leaves the number to the worker: jobs enqueued with this
+    declaration store none, and the worker applies its own task declaration (5 if that sets
+    none either). A number given here is stored with each job and wins over the worker's
+    (docs/producers.md, "Which option wins").
     """
 
     name: str = attrs.field(validator=lambda _, __, value: validate_name("task", value))
     queue: str = attrs.field(
         default="default", validator=lambda _, __, value: validate_name("queue", value)
     )
-    max_attempts: int = 5
+    max_attempts: int | None = None
     payload_type: Any = None
     # The handler version new jobs are for (docs/versions.md): a producer of a task whose worker
     # serves version 2 declares version=2.
     version: int = 1
 
     def __attrs_post_init__(self) -> None:
-        _check_max_attempts(self.max_attempts)
+        if self.max_attempts is not None:
+            _check_max_attempts(self.max_attempts)
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             raise ValueError(f"version: {self.version!r} must be a positive integer")
         if self.payload_type is not None and not (
@@ -82,7 +88,7 @@ def declare_task(
     name: str,
     *,
     queue: str = "default",
-    max_attempts: int = 5,
+    max_attempts: int | None = None,
     payload_type: Any = None,
     version: int = 1,
 ) -> TaskDeclaration:
@@ -128,8 +134,14 @@ def build_jobs(
     """
     queue = validate_name("queue", spec.queue if options.queue is None else options.queue)
     _check_priority(options.priority)
-    max_attempts = spec.max_attempts if options.max_attempts is None else options.max_attempts
-    _check_max_attempts(max_attempts)
+    # Stored only when the caller or the declaration it passed says so; otherwise the row has
+    # none and the worker's task declaration decides (docs/producers.md, "Which option wins").
+    # A registered task (the app's own TaskSpec) is the worker's declaration: not copied.
+    max_attempts = options.max_attempts
+    if max_attempts is None and isinstance(spec, TaskDeclaration):
+        max_attempts = spec.max_attempts
+    if max_attempts is not None:
+        _check_max_attempts(max_attempts)
     if options.run_at is not None and options.delay is not None:
         raise ValueError("run_at, delay: give one or the other, not both")
     if options.run_at is not None and options.run_at.tzinfo is None:

@@ -35,6 +35,7 @@ from . import _memory_waits as waits
 from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
 from ._core.explain import ExplainFacts
 from ._core.identifiers import validate_key, validate_name, validate_schema
+from ._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from ._core.schedule import fire_dedup_key
 from ._driver import (
     AttemptRecord,
@@ -122,7 +123,7 @@ class _Row:
     run_at: datetime.datetime | None
     partition_key: str | None
     dedup_key: str | None
-    max_attempts: int
+    max_attempts: int | None  # None: the task's declaration decides (task_defaults)
     created_at: datetime.datetime
     unique_states: tuple[str, ...] = ()
     unique_until: datetime.datetime | None = None
@@ -328,6 +329,8 @@ class MemoryDriver:
     # event key -> (payload JSON, emitted_at; None: only waited for): the events table
     _events: dict[str, waits.EventRow] = attrs.field(init=False, factory=dict)
     _workers: dict[uuid.UUID, _Worker] = attrs.field(init=False, factory=dict)
+    # (task, version) -> max_attempts, as workers register them (the task_defaults table)
+    _task_defaults: dict[tuple[str, int], int] = attrs.field(init=False, factory=dict)
     _paused: dict[str, datetime.datetime] = attrs.field(init=False, factory=dict)
     _listeners: set[MemoryListener] = attrs.field(init=False, factory=set)
     _ids: Iterator[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
@@ -730,6 +733,7 @@ class MemoryDriver:
                 worker_id=row.worker_id,
                 started_at=row.started_at,
                 finished_at=now,
+                trace_id=_json_text_field(error, "trace_id"),
             )
         )
 
@@ -879,7 +883,7 @@ class MemoryDriver:
             row.error_json = _LEASE_EXPIRED_ERROR
             if row.cancel_requested:  # not run again, whatever attempts it had left
                 self._finish(row, "cancelled", now)
-            elif row.attempt >= row.max_attempts:
+            elif row.attempt >= self._max_attempts(row):
                 self._finish(row, "failed", now)
             else:
                 row.state = "ready"
@@ -963,7 +967,7 @@ class MemoryDriver:
     async def job_get(self, job_id: int) -> JobRecord | None:
         await self._statement("job_get")
         row = self._rows.get(job_id)
-        return None if row is None else _job_record(row)
+        return None if row is None else _job_record(row, self._max_attempts(row))
 
     async def job_explain(self, job_id: int) -> ExplainFacts | None:
         now = await self._statement("job_explain")
@@ -998,7 +1002,7 @@ class MemoryDriver:
         attempts = self._attempts.get(job_id, ())
         return ExplainFacts(
             now=now,
-            job=_explain_row(row),
+            job={**_explain_row(row), "max_attempts": self._max_attempts(row)},
             key_holder=_explain_row(holders[0]) if holders else None,
             key_ahead=_explain_row(ahead[0]) if ahead else None,
             workers=tuple(_explain_worker(w) for w in workers),
@@ -1021,7 +1025,7 @@ class MemoryDriver:
     async def job_list(self, params: JobFilter) -> list[JobRecord]:
         now = await self._statement("job_list")
         found = [
-            _job_record(row)
+            _job_record(row, self._max_attempts(row))
             for row in sorted(self._rows.values(), key=lambda row: -row.id)
             if _matches(row, params, now)
         ]
@@ -1036,7 +1040,8 @@ class MemoryDriver:
         previous = row.state
         if previous in ("failed", "cancelled"):
             row.state, row.run_at, row.cancel_requested = "ready", now, False
-            row.max_attempts = max(row.max_attempts, row.attempt + 1)
+            if self._max_attempts(row) <= row.attempt:
+                row.max_attempts = row.attempt + 1
             row.result_json = row.error_json = None
             row.finished_at = row.started_at = row.worker_id = None
             self._open_by_queue.setdefault(row.queue, set()).add(row.id)
@@ -1095,6 +1100,13 @@ class MemoryDriver:
         if params.worker_id in self._workers:
             raise ValueError(f"worker {params.worker_id} is already registered")
         self._workers[params.worker_id] = _Worker(params, started_at=now, heartbeat_at=now)
+        for task, version, max_attempts in params.task_defaults:
+            self._task_defaults[(task, version)] = max_attempts
+
+    def _max_attempts(self, row: _Row) -> int:
+        """The row's max_attempts, else its task's registered declaration, else 5."""
+        declared = self._task_defaults.get((row.task, row.version), DEFAULT_MAX_ATTEMPTS)
+        return applied_max_attempts(row.max_attempts, declared)
 
     async def worker_unregister(self, worker_id: uuid.UUID) -> None:
         await self._statement("worker_unregister")
@@ -1359,7 +1371,7 @@ def _validate_new_job(job: NewJob) -> None:
     validate_name("task", job.task)
     validate_key("partition_key", job.partition_key)
     validate_key("dedup_key", job.dedup_key)
-    if job.max_attempts < 1:
+    if job.max_attempts is not None and job.max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
     json.loads(job.payload_json)
 
@@ -1465,7 +1477,7 @@ def _explain_worker(worker: _Worker) -> dict[str, Any]:
     }
 
 
-def _job_record(row: _Row) -> JobRecord:
+def _job_record(row: _Row, max_attempts: int) -> JobRecord:
     return JobRecord(
         id=row.id,
         queue=row.queue,
@@ -1477,7 +1489,7 @@ def _job_record(row: _Row) -> JobRecord:
         partition_key=row.partition_key,
         dedup_key=row.dedup_key,
         attempt=row.attempt,
-        max_attempts=row.max_attempts,
+        max_attempts=max_attempts,
         worker_id=row.worker_id,
         result=_loads(row.result_json),
         error=_loads(row.error_json),

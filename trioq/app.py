@@ -20,7 +20,7 @@ from ._driver import Driver, NewSchedule
 from ._enqueue import Enqueuer, TaskDeclaration
 from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks
-from ._runtime.tasks import Handler, TaskSpec, payload_type_of
+from ._runtime.tasks import Handler, TaskSpec, payload_type_of, task_max_attempts
 from ._runtime.worker import Worker, WorkerConfig
 from .client import Client, _ResultWatcher
 from .schedules import new_schedule
@@ -92,9 +92,15 @@ class App:
 
         `name` may be a `trioq.TaskDeclaration` shared with producers: its queue, max_attempts
         and payload class are then the task's (explicit arguments still win).
+
+        The task's attempts are `max_attempts`, else `retry.max_attempts`, else the
+        declaration's, else 5; two of them given with different numbers raise ValueError here.
+        They apply to every job of the task that does not carry its own (docs/producers.md,
+        "Which option wins").
         """
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
         version = declared.version if version is None else version
+        attempts = task_max_attempts(declared, max_attempts, retry)
 
         def register(handler: Handler) -> Handler:
             if (declared.name, version) in self.versions:
@@ -112,7 +118,7 @@ class App:
                 name=declared.name,
                 handler=handler,
                 queue=declared.queue if queue is None else queue,
-                max_attempts=declared.max_attempts if max_attempts is None else max_attempts,
+                max_attempts=attempts,
                 retry=retry or RetryPolicy(),
                 timeout=timeout,
                 payload_type=payload_type or declared.payload_type,

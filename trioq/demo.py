@@ -11,7 +11,8 @@ temporary directory and removes it afterwards. The run:
 3. runs the app's `drive_demo(client, scale)` alongside, if it has one (the reference app's
    approver emits the events that release waiting approvals);
 4. shows per-workflow progress live (rich) until everything is final, then a summary table:
-   completed, retried, failed (with the stored reason), slept, waited, children.
+   completed, retried, failed (with the stored reason), slept, waited, children;
+5. serves the read-only web dashboard on a free loopback port while it runs (its URL printed).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ async def _run(app: App, module: Any, scale: int, concurrency: int, console: Con
         )
         run.worker_slots = concurrency * len(queues)
         async with trio.open_nursery() as nursery:
+            await _start_dashboard(nursery, client, console)
             nursery.start_soon(_workers, app, queues, concurrency, client, run)
             drive = getattr(module, "drive_demo", None)  # the people: events, approvals
             if drive is not None:
@@ -117,6 +119,20 @@ async def _run(app: App, module: Any, scale: int, concurrency: int, console: Con
             run.notes = await notes(client)
         await _summary(client, run, console)
     return 0
+
+
+async def _start_dashboard(nursery: trio.Nursery, client: Client, console: Console) -> None:
+    """The read-only dashboard on a free loopback port, open while the demo runs; a machine
+    where it cannot bind runs the demo without it."""
+    from .dashboard.app import DashboardConfig, serve_dashboard
+    from .dashboard.store import Store
+
+    try:
+        port = await nursery.start(serve_dashboard, DashboardConfig(port=0), Store(client))
+    except OSError as exc:
+        console.print(f"dashboard not started ({exc.strerror or exc}); the demo runs without it")
+        return
+    console.print(f"dashboard (read-only, open while the demo runs): http://127.0.0.1:{port}/")
 
 
 async def _workers(

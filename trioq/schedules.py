@@ -6,6 +6,7 @@ from typing import Any
 
 from ._core import codec
 from ._core.identifiers import validate_name
+from ._core.retry import DEFAULT_MAX_ATTEMPTS
 from ._core.schedule import (
     DEFAULT_CATCHUP_LIMIT,
     Cron,
@@ -40,7 +41,8 @@ def new_schedule(
         timezone=parsed.timezone,
         misfire=validate_misfire(misfire).value,
         catchup_limit=validate_catchup_limit(catchup_limit),
-        max_attempts=spec.max_attempts,
+        # A schedule row stores its jobs' attempts (NOT NULL): the declaration's, else 5.
+        max_attempts=DEFAULT_MAX_ATTEMPTS if spec.max_attempts is None else spec.max_attempts,
         version=getattr(spec, "version", 1),
         origin=origin,
     )

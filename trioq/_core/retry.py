@@ -8,6 +8,9 @@ import random
 import attrs
 
 MAX_RETRY_SECONDS = 365 * 24 * 3600.0
+# A task's attempts when nothing declares them, and a step's tries when its policy gives none.
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_STEP_ATTEMPTS = 3
 
 
 @attrs.frozen
@@ -21,9 +24,10 @@ class RetryPolicy:
     base_seconds: float = 1.0
     max_seconds: float = 300.0
     jitter: float = 0.5
-    # Used by `ctx.step(..., retry=policy)` only: how many times the step runs in place at most
-    # (a task's attempts are its `max_attempts`).
-    max_attempts: int = 3
+    # On `ctx.step(..., retry=policy)`: how many times the step runs in place at most (None: 3).
+    # On `@app.task(..., retry=policy)`: the task's attempts, when its own `max_attempts` is not
+    # given (both given and different is an error at declaration).
+    max_attempts: int | None = None
 
     def __attrs_post_init__(self) -> None:
         for field in ("base_seconds", "max_seconds"):
@@ -36,8 +40,9 @@ class RetryPolicy:
                 )
         if not 0.0 <= self.jitter <= 1.0:
             raise ValueError("retry: jitter must be within [0, 1]")
-        if isinstance(self.max_attempts, bool) or not (
-            isinstance(self.max_attempts, int) and 1 <= self.max_attempts <= 1000
+        if self.max_attempts is not None and (
+            isinstance(self.max_attempts, bool)
+            or not (isinstance(self.max_attempts, int) and 1 <= self.max_attempts <= 1000)
         ):
             raise ValueError(
                 f"retry: max_attempts must be an integer in [1, 1000], not {self.max_attempts!r}"
@@ -57,3 +62,10 @@ class RetryPolicy:
 def should_retry(attempt: int, max_attempts: int) -> bool:
     """A failed attempt is retried while attempts remain."""
     return attempt < max_attempts
+
+
+def applied_max_attempts(stored: int | None, declared: int) -> int:
+    """The attempts a job gets: its row's own `max_attempts` (given at enqueue), else the
+    declaration of the task on the worker that runs it. Lease recovery applies the same rule in
+    SQL, with the declarations workers register (task_defaults)."""
+    return declared if stored is None else stored

@@ -805,6 +805,9 @@ class PgDriver:
                 "queues": list(params.queues),
                 "concurrency": params.concurrency,
                 "task_versions": list(params.task_versions),
+                "default_tasks": [task for task, _, _ in params.task_defaults],
+                "default_versions": [version for _, version, _ in params.task_defaults],
+                "default_max_attempts": [attempts for _, _, attempts in params.task_defaults],
             },
         )
 

@@ -65,7 +65,7 @@ class Context:
                 task=job.task,
                 queue=job.queue,
                 attempt=job.attempt,
-                max_attempts=job.max_attempts,
+                max_attempts=self._run.max_attempts,
                 partition_key=job.partition_key,
                 priority=job.priority,
                 created_at=job.created_at,

@@ -145,7 +145,9 @@ def _outcome(run: Run, error: BaseException | None, result_json: str) -> Outcome
         # Cancelled on purpose (and perhaps turned into another error): the reason decides. A
         # handler that finished before the cancellation reached it keeps its result.
         if reason == "cancelled":
-            return Cancelled(error_json("Cancelled", "cancelled on request", None))
+            return Cancelled(
+                error_json("Cancelled", "cancelled on request", None, trace_id=run.trace_id)
+            )
         # Drain, or "unconfirmed": renewals did not get through for 90% of the lease, so it may
         # or may not still be ours. A fenced release hands it back at once, attempt restored, if
         # it is, and changes nothing if not (writing nothing would let it expire into a lost
@@ -177,15 +179,16 @@ def failure(run: Run, exc: BaseException) -> Outcome:
         message,
         "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:],
         step=step,
+        trace_id=run.trace_id,
     )
     retryable = not isinstance(exc, NondeterminismError)
     delay = (
         run.spec.retry.delay(job.attempt)
-        if retryable and should_retry(job.attempt, job.max_attempts)
+        if retryable and should_retry(job.attempt, run.max_attempts)
         else None
     )
     log_job_failure(
-        job_id=job.id, attempt=job.attempt, max_attempts=job.max_attempts, task=job.task,
+        job_id=job.id, attempt=job.attempt, max_attempts=run.max_attempts, task=job.task,
         queue=job.queue, worker_id=run.worker_id, error_type=error_type, message=message,
         retry_in=delay, trace_id=run.trace_id,
     )  # fmt: skip
@@ -199,7 +202,16 @@ def _storable(text: str) -> str:
     return text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
 
 
-def error_json(error_type: str, message: str, tb: str | None, *, step: str | None = None) -> str:
+def error_json(
+    error_type: str,
+    message: str,
+    tb: str | None,
+    *,
+    step: str | None = None,
+    trace_id: str | None = None,
+) -> str:
+    """The error as the settle statement stores it: in the job row, and in the attempt's
+    history row (its `trace_id` too, the execution's span when tracing is configured)."""
     error: dict[str, str | None] = {
         "type": _storable(error_type),
         "message": _storable(message[:4000]),
@@ -207,4 +219,6 @@ def error_json(error_type: str, message: str, tb: str | None, *, step: str | Non
     }
     if step is not None:
         error["step"] = _storable(step)
+    if trace_id is not None:
+        error["trace_id"] = trace_id
     return codec.encode(error, root="error")

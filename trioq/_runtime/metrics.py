@@ -9,7 +9,14 @@ Counts come from four places, none of them a hand-written exposition:
 - `instrument_driver`, a thin proxy around the worker's driver that times the claim statement,
   counts checkpoint writes and database errors (also the admission controller's signals);
 - gauges set from `Worker.statistics()` when `/metrics` is scraped (open slots, effective
-  limit and its reason, queue demand), so nothing polls while nobody scrapes.
+  limit and its reason, listener, leadership, queue demand), so nothing polls while nobody
+  scrapes;
+- prometheus-client's process and platform collectors (CPU, memory, file descriptors, Python).
+
+The database-wide gauges (`trioq_queue_demand`, `trioq_queue_oldest_ready_seconds`) come from
+the leader alone: every replica would read the same rows, and a sum across replicas would
+multiply them. Every queue the worker knows (its own, and any seen in the database since it
+started) is exported with every kind, zeros included, so a queue that empties reads 0.
 """
 
 from __future__ import annotations
@@ -23,15 +30,33 @@ from typing import Any, cast
 
 import attrs
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from .._driver import Driver
+from .._driver import (
+    ChildrenWaitOutcome,
+    Driver,
+    EventWaitOutcome,
+    QueueDemand,
+    SpawnOutcome,
+    WaitChildren,
+    WaitEvent,
+)
 
 # Claim statements are a few ms; a slow one is a database under pressure.
 CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 HANDLER_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+# The columns of `queue_demand()` exported as `trioq_queue_demand{kind=...}`.
+DEMAND_KINDS = ("ready", "running", "scheduled", "sleeping", "waiting", "due_now")
+LISTENER_STATES = ("ok", "down", "polling", "off")
 
 
 def _metrics_registry() -> CollectorRegistry:
@@ -60,6 +85,12 @@ class WorkerMetrics:
     checkpoints: Counter = attrs.field(init=False)
     database_errors: Counter = attrs.field(init=False)
     queue_demand: Gauge = attrs.field(init=False)
+    oldest_ready: Gauge = attrs.field(init=False)
+    listener_connected: Gauge = attrs.field(init=False)
+    listener_state: Gauge = attrs.field(init=False)
+    leader: Gauge = attrs.field(init=False)
+    # Every queue exported by the demand gauges so far: one that empties keeps its series, at 0.
+    known_queues: set[str] = attrs.field(init=False, factory=set)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -115,10 +146,51 @@ class WorkerMetrics:
         )
         self.queue_demand = Gauge(
             "trioq_queue_demand",
-            "Jobs per queue and state (scraped from queue_demand)",
+            "Jobs per queue and kind, database-wide (queue_demand()); exported by the leader only",
             ["queue", "kind"],
             registry=r,
         )
+        self.oldest_ready = Gauge(
+            "trioq_queue_oldest_ready_seconds",
+            "Age of the oldest due ready job per queue (0: none); exported by the leader only",
+            ["queue"],
+            registry=r,
+        )
+        self.listener_connected = Gauge(
+            "trioq_listener_connected",
+            "1 while the LISTEN connection is up (0 when down, or in poll-only mode)",
+            registry=r,
+        )
+        self.listener_state = Gauge(
+            "trioq_listener_state",
+            "1 for the listener's state: ok, down, polling (self-probe failed), off (poll-only)",
+            ["state"],
+            registry=r,
+        )
+        self.leader = Gauge("trioq_leader", "1 while this worker holds the leader seat", registry=r)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+
+    def set_demand(self, served: Sequence[str], demand: Sequence[QueueDemand]) -> None:
+        """Set the database-wide gauges from one `queue_demand()` read (the leader's)."""
+        by_queue = {row.queue: row for row in demand}
+        self.known_queues.update(served, by_queue)
+        for queue in sorted(self.known_queues):
+            row = by_queue.get(queue)
+            for kind in DEMAND_KINDS:
+                self.queue_demand.labels(queue, kind).set(0 if row is None else getattr(row, kind))
+            oldest = None if row is None else row.oldest_ready_seconds
+            self.oldest_ready.labels(queue).set(oldest or 0.0)
+
+    def clear_demand(self) -> None:
+        """A worker that is not the leader exports no database-wide gauge."""
+        self.queue_demand.clear()
+        self.oldest_ready.clear()
+
+    def set_listener(self, connected: bool, state: str) -> None:
+        self.listener_connected.set(1 if connected else 0)
+        for known in LISTENER_STATES:
+            self.listener_state.labels(known).set(1 if known == state else 0)
 
     # --- claim loop hooks (synchronous, cheap) ------------------------------------------
 
@@ -253,7 +325,7 @@ class _InstrumentedDriver:
     def _wrap(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         metrics, on_error, on_claim = self._metrics, self._on_error, self._on_claim
         is_claim = name == "job_settle_and_claim"
-        is_checkpoint = "checkpoint" in name
+        written = CHECKPOINTS_WRITTEN.get(name)
 
         @functools.wraps(method)
         async def call(*args: Any, **kwargs: Any) -> Any:
@@ -272,12 +344,47 @@ class _InstrumentedDriver:
                 metrics.child(metrics.claim_seconds, queue).observe(elapsed)
                 if on_claim is not None:
                     on_claim(queue, elapsed)
-            elif is_checkpoint:
-                batch = args[0] if args else None
-                metrics.checkpoints.inc(len(batch) if isinstance(batch, Sequence) else 1)
+            elif written is not None:
+                count = written(args[0], result)
+                if count:
+                    metrics.checkpoints.inc(count)
             return result
 
         return call
+
+
+# How many new checkpoint rows each statement that writes history wrote, from its params and
+# its result: every primitive's own statement, not only the step writer's (counting those alone
+# left the metric short by the events, spawns and gathers of every workflow).
+def _written_by_checkpoint_insert(writes: Any, result: Sequence[Any]) -> int:
+    return len(result)  # only the writes that held their fence come back
+
+
+def _written_by_event_wait(params: WaitEvent, result: EventWaitOutcome) -> int:
+    # The first wait at a position inserts its row (the event, the timeout, or the pending
+    # deadline); a replay passes the stored deadline and only updates that row.
+    return int(params.deadline is None and result.state != "lost")
+
+
+def _written_by_spawn(spawns: Any, result: Sequence[SpawnOutcome]) -> int:
+    return sum(1 for outcome in result if outcome.created)
+
+
+def _written_by_children_wait(params: WaitChildren, result: ChildrenWaitOutcome) -> int:
+    return int(params.record and result.state == "done")
+
+
+def _written_by_cancel_children(params: Any, result: bool) -> int:
+    return int(result)
+
+
+CHECKPOINTS_WRITTEN: dict[str, Callable[[Any, Any], int]] = {
+    "checkpoint_insert_many": _written_by_checkpoint_insert,
+    "job_wait_event": _written_by_event_wait,
+    "job_spawn_many": _written_by_spawn,
+    "job_wait_children": _written_by_children_wait,
+    "job_cancel_children": _written_by_cancel_children,
+}
 
 
 def instrument_driver(

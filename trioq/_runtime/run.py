@@ -27,7 +27,7 @@ import trio
 from .._core import codec
 from .._core.errors import NondeterminismError
 from .._core.identifiers import validate_key
-from .._core.retry import RetryPolicy
+from .._core.retry import DEFAULT_STEP_ATTEMPTS, RetryPolicy, applied_max_attempts
 from .._driver import Checkpoint, CheckpointWrite, ClaimedJob, Driver, Lease
 from .checkpoints import CheckpointLost, CheckpointWriteFailed, CheckpointWriter
 from .outcome import Suspended
@@ -122,6 +122,11 @@ class Run:
     def lease(self) -> Lease:
         return self.job.lease
 
+    @property
+    def max_attempts(self) -> int:
+        """The job's own max_attempts, else its task's declaration on this worker."""
+        return applied_max_attempts(self.job.max_attempts, self.spec.max_attempts)
+
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
             self.cancel_reason = reason
@@ -189,7 +194,7 @@ class Run:
         position, entry = self.replay(STEP, name)
         if entry is not None:
             return entry.value
-        tries = 1 if retry is None else retry.max_attempts
+        tries = 1 if retry is None else retry.max_attempts or DEFAULT_STEP_ATTEMPTS
         for attempt in range(1, tries + 1):
             try:
                 result = fn(*args)

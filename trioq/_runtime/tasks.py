@@ -11,7 +11,7 @@ import attrs
 
 from .._core.codec import structure_payload
 from .._core.identifiers import validate_name
-from .._core.retry import RetryPolicy
+from .._core.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -65,3 +65,36 @@ def payload_type_of(handler: Handler) -> Any:
         ) from None
     annotation = hints.get(parameters[1].name)
     return annotation if isinstance(annotation, type) and attrs.has(annotation) else None
+
+
+class _Declaration(typing.Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_attempts(self) -> int | None: ...
+
+
+def task_max_attempts(
+    declared: _Declaration, max_attempts: int | None, retry: RetryPolicy | None
+) -> int:
+    """A task's attempts from its declaration: `max_attempts`, else `retry.max_attempts`, else
+    the shared declaration's, else 5. Two of them given with different numbers is an error:
+    silently preferring one is how a `RetryPolicy(max_attempts=2)` came to be ignored."""
+    from_retry = None if retry is None else retry.max_attempts
+    sources = [
+        ("max_attempts", max_attempts),
+        ("retry=RetryPolicy(max_attempts=...)", from_retry),
+        ("the TaskDeclaration's max_attempts", declared.max_attempts),
+    ]
+    given: list[tuple[str, int]] = [(label, value) for label, value in sources if value is not None]
+    # The explicit argument may override the shared declaration (documented); retry may not
+    # disagree with either.
+    if max_attempts is not None:
+        given = [item for item in given if item[0] != "the TaskDeclaration's max_attempts"]
+    if len({value for _, value in given}) > 1:
+        listed = " and ".join(f"{label} = {value}" for label, value in given)
+        raise ValueError(
+            f"task {declared.name!r}: {listed} disagree; give the task's attempts once"
+        )
+    return given[0][1] if given else DEFAULT_MAX_ATTEMPTS

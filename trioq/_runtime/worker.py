@@ -439,6 +439,9 @@ class Worker:
             queues=self.config.queues,
             concurrency=self.config.concurrency,
             task_versions=tuple(sorted(spec.pair for spec in self._served())),
+            task_defaults=tuple(
+                sorted((spec.name, spec.version, spec.max_attempts) for spec in self._served())
+            ),
         )
 
     async def _register_again(self) -> None:

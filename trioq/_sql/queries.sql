@@ -824,19 +824,23 @@ first_schedule AS (
     SELECT name, next_fire_at FROM {schema}.schedules
     ORDER BY next_fire_at NULLS FIRST LIMIT 1
 ),
+-- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
+-- when no worker declared it), as the worker's own retry decision does.
 expired AS (
-    SELECT id FROM {schema}.jobs
+    SELECT j.id, coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts
+    FROM {schema}.jobs j
+    LEFT JOIN {schema}.task_defaults d ON d.task = j.task AND d.version = j.version
     WHERE (SELECT ok FROM leader)
-      AND state = 'running' AND lease_expires_at < {schema}.db_now()
-    ORDER BY lease_expires_at
+      AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
+    ORDER BY j.lease_expires_at
     LIMIT %(recover_limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 ),
 recovered AS (
     UPDATE {schema}.jobs j
     SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                     WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'ready' END,
-        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts
+                     WHEN j.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
+        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
                            THEN {schema}.db_now() END,
         error = jsonb_build_object('type', 'LeaseExpired',
                                    'message', 'worker lost: lease expired'),
@@ -957,27 +961,35 @@ SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s);
 
 -- name: job_get
+-- max_attempts as the worker applies it: the row's, else its task's declaration (migration 0015).
 SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
-       max_attempts, worker_id, result, error, created_at, started_at, finished_at
+       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
+           AS max_attempts, worker_id, result, error, created_at, started_at,
+       finished_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_explain
 -- `trioq explain`: the job row and the facts each claim gate depends on, in one read. Rows are
 -- read as to_jsonb(...) so that columns later migrations add (wait keys, versions) reach the
 -- explanation without this statement changing. Index use: the primary key for the job; the
--- key holder and the key's earlier ready job through the partition indexes (queue, key); the
+-- key holder through partition_locks' primary key (a job running, sleeping or waiting holds its
+-- key's lock; the jobs table has no index of those rows by key, and a scan of it took 750 ms at
+-- 1,000,000 jobs); the key's earlier ready job through jobs_partition_ready_idx; the
 -- last attempt through attempts_job_idx; workers is a small table (each row carries its
 -- admission snapshot, migration 0008); the queue's pause through queue_pauses' primary key.
 -- Nothing is locked.
 WITH job AS (SELECT * FROM {schema}.jobs WHERE id = %(id)s)
 SELECT {schema}.db_now(),
-       to_jsonb(job.*),
+       to_jsonb(job.*) || jsonb_build_object('max_attempts', coalesce(job.max_attempts, (
+           SELECT d.max_attempts FROM {schema}.task_defaults d
+           WHERE d.task = job.task AND d.version = job.version), 5)),
        (SELECT to_jsonb(h.*) FROM (
             SELECT k.id, k.state, k.lease_expires_at, k.run_at, k.worker_id
-            FROM {schema}.jobs AS k
-            WHERE k.queue = job.queue AND k.partition_key = job.partition_key
+            FROM {schema}.partition_locks AS l JOIN {schema}.jobs AS k ON k.id = l.job_id
+            WHERE l.queue = job.queue AND l.partition_key = job.partition_key
               AND k.id <> job.id AND k.state IN ('running', 'sleeping', 'waiting')
-            ORDER BY k.id LIMIT 1) AS h),
+            LIMIT 1) AS h),
        (SELECT to_jsonb(a.*) FROM (
             SELECT k.id, k.priority, k.run_at
             FROM {schema}.jobs AS k
@@ -1000,7 +1012,10 @@ FROM job;
 -- filters applied on the fly: an operator's read, not a hot path, so it needs no index of its
 -- own; the LIMIT bounds it when the filters match often.
 SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
-       max_attempts, worker_id, result, error, created_at, started_at, finished_at
+       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
+           AS max_attempts, worker_id, result, error, created_at, started_at,
+       finished_at
 FROM {schema}.jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
@@ -1015,7 +1030,8 @@ LIMIT %(limit)s;
 -- name: job_retry
 -- Redrive: a failed or cancelled job goes back to ready at once, keeping its attempts history
 -- (and any workflow checkpoints); it gets at least one more attempt (max_attempts is raised to
--- attempt + 1 if used up, as Oban's retry does). Any other state is left alone and returned.
+-- attempt + 1 if used up, as Oban's retry does; a row without one keeps none while its task's
+-- declaration leaves an attempt). Any other state is left alone and returned.
 -- A job whose dedup key was released to a newer job runs without a key (it has none left).
 WITH target AS (
     SELECT id, state FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
@@ -1023,7 +1039,10 @@ WITH target AS (
 changed AS (
     UPDATE {schema}.jobs j
     SET state = 'ready', run_at = {schema}.db_now(), cancel_requested = false,
-        max_attempts = greatest(j.max_attempts, j.attempt + 1),
+        max_attempts = CASE WHEN coalesce(j.max_attempts, (
+                                SELECT d.max_attempts FROM {schema}.task_defaults d
+                                WHERE d.task = j.task AND d.version = j.version), 5) > j.attempt
+                            THEN j.max_attempts ELSE j.attempt + 1 END,
         result = NULL, error = NULL, finished_at = NULL, worker_id = NULL, started_at = NULL
     FROM target t
     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
@@ -1059,10 +1078,24 @@ SELECT position, kind, name, value FROM {schema}.checkpoints
 WHERE job_id = %(id)s ORDER BY position;
 
 -- name: job_attempts
-SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at
+SELECT attempt, outcome, error_type, error_message, traceback, worker_id, started_at, finished_at,
+       trace_id
 FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
 
 -- name: worker_register
+-- Registration also writes the max_attempts each served (task, version) declares
+-- (task_defaults, migration 0015), in the caller's sorted order so that workers starting
+-- together lock the rows in one order; a row already equal is left alone.
+WITH declared AS (
+    INSERT INTO {schema}.task_defaults AS d (task, version, max_attempts, declared_at)
+    SELECT t.task, t.version, t.max_attempts, {schema}.db_now()
+    FROM unnest(%(default_tasks)s::text[], %(default_versions)s::int[],
+                %(default_max_attempts)s::int[]) AS t(task, version, max_attempts)
+    ON CONFLICT (task, version) DO UPDATE
+    SET max_attempts = excluded.max_attempts, declared_at = excluded.declared_at
+    WHERE d.max_attempts <> excluded.max_attempts
+    RETURNING d.task
+)
 INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at,
                              task_versions)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,
@@ -1664,3 +1697,377 @@ WHERE j.state IN ('running', 'sleeping', 'waiting')
   AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
 ORDER BY j.id DESC
 LIMIT %(limit)s;
+
+-- =============================================================================================
+-- The web dashboard (trioq/dashboard/). Read-only statements, except the audit table's two.
+-- None counts over the whole jobs table: every count walks one partial index and stops at
+-- %(cap)s rows (the page shows "cap+" and the planner's estimate for the table beyond it);
+-- lists are keyset-paged by id. Timings at 1,000,000 jobs: bench/dashboard.py.
+-- =============================================================================================
+
+-- name: dashboard_read_only
+-- Every page's reads: a read-only transaction (a write is refused whatever the role may do)
+-- under a statement timeout, so a slow page cannot pile up queries on a loaded database. No
+-- JIT: the capped counts' subplans add up to costs past jit_above_cost, and compiling them took
+-- 2.6 s of a 2.7 s overview at 1,000,000 jobs (bench/dashboard.py) for a 10 ms execution.
+SET TRANSACTION READ ONLY;
+SET LOCAL statement_timeout = '5s';
+SET LOCAL jit = off;
+
+-- name: dashboard_queue_counts
+-- One row per known queue: capped counts by state, the oldest due ready job's age (over the
+-- capped rows), and whether it is paused (about 25 ms for four queues at 1,000,000 jobs on a
+-- loaded machine: bench/dashboard.py). Queues are found without a table scan: a loose index
+-- scan (one index probe per distinct queue) over each partial index led by `queue` (ready
+-- unkeyed, ready keyed, the due index of scheduled/sleeping/waiting rows), plus the running
+-- rows (jobs_lease_idx, bounded by the workers' slots), the workers' queues and the pauses.
+-- A queue with only finished jobs shows up through the throughput read (jobs_finished_idx).
+WITH RECURSIVE
+ready_unkeyed AS (
+    (SELECT queue FROM {schema}.jobs
+     WHERE state = 'ready' AND partition_key IS NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+            WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM ready_unkeyed r WHERE r.queue IS NOT NULL
+),
+ready_keyed AS (
+    (SELECT queue FROM {schema}.jobs
+     WHERE state = 'ready' AND partition_key IS NOT NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+            WHERE j.state = 'ready' AND j.partition_key IS NOT NULL AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM ready_keyed r WHERE r.queue IS NOT NULL
+),
+due AS (
+    (SELECT queue FROM {schema}.jobs
+     WHERE state IN ('scheduled', 'sleeping', 'waiting') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+            WHERE j.state IN ('scheduled', 'sleeping', 'waiting') AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM due r WHERE r.queue IS NOT NULL
+),
+running AS (
+    SELECT queue, count(*) AS n FROM {schema}.jobs WHERE state = 'running' GROUP BY queue
+),
+queues AS (
+    SELECT queue FROM ready_unkeyed WHERE queue IS NOT NULL
+    UNION SELECT queue FROM ready_keyed WHERE queue IS NOT NULL
+    UNION SELECT queue FROM due WHERE queue IS NOT NULL
+    UNION SELECT queue FROM running
+    UNION SELECT unnest(queues) FROM {schema}.workers
+    UNION SELECT queue FROM {schema}.queue_pauses
+    UNION SELECT unnest(%(also)s::text[])
+),
+now AS (SELECT {schema}.db_now() AS t)
+SELECT q.queue, unkeyed.n + keyed.n AS ready,
+       coalesce((SELECT n FROM running r WHERE r.queue = q.queue), 0) AS running,
+       due.scheduled, due.sleeping, due.waiting, due.walked >= 3 * %(cap)s AS due_capped,
+       overdue.sleeping AS sleeping_due, overdue.waiting AS waiting_due,
+       overdue.walked >= %(cap)s AS overdue_capped,
+       extract(epoch FROM now.t - least(unkeyed.oldest, keyed.oldest))::float8
+           AS oldest_due_seconds,
+       (SELECT p.paused_at FROM {schema}.queue_pauses p WHERE p.queue = q.queue) AS paused_at
+FROM queues q CROSS JOIN now
+-- Each walk reads at most %(cap)s index entries (the ready ones index only, run_at included).
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
+    FROM (SELECT j.run_at FROM {schema}.jobs j
+          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
+          LIMIT %(cap)s) s
+) unkeyed
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
+    FROM (SELECT j.run_at FROM {schema}.jobs j
+          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NOT NULL
+          LIMIT %(cap)s) s
+) keyed
+-- One walk of jobs_due_idx (queue, run_at) for the three future-dated states, at most three
+-- caps of rows: when it stops there, `due_capped` says the three counts are lower bounds.
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE s.state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE s.state = 'sleeping') AS sleeping,
+           count(*) FILTER (WHERE s.state = 'waiting') AS waiting,
+           count(*) AS walked
+    FROM (SELECT j.state FROM {schema}.jobs j
+          WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
+          LIMIT 3 * %(cap)s) s
+) due
+-- The same index's range up to now: sleeping and waiting work already due (promotion behind),
+-- for the health list; an index range, so a queue with none costs one probe.
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE s.state = 'sleeping') AS sleeping,
+           count(*) FILTER (WHERE s.state = 'waiting') AS waiting,
+           count(*) AS walked
+    FROM (SELECT j.state FROM {schema}.jobs j
+          WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
+            AND j.run_at <= now.t
+          LIMIT %(cap)s) s
+) overdue
+ORDER BY q.queue;
+
+-- name: dashboard_now
+-- The database's time: ages on the pages (a worker's heartbeat) are measured against it, not
+-- against the dashboard host's clock.
+SELECT {schema}.db_now();
+
+-- name: dashboard_state_estimates
+-- The planner's estimate of the jobs by queue and state, from the joint statistics migration
+-- 0014 creates (pg_stats_ext: the most common (queue, state) pairs, in column order, with their
+-- frequencies, times pg_class.reltuples): shown where a capped count stopped. A catalog read;
+-- no rows until the table was first analyzed, none for pairs too rare to be common ones.
+SELECT s.most_common_vals[i][1] AS queue, s.most_common_vals[i][2] AS state,
+       round(greatest(c.reltuples, 0) * s.most_common_freqs[i])::bigint AS estimate
+FROM pg_stats_ext AS s
+CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
+CROSS JOIN pg_class AS c
+WHERE s.statistics_schemaname = %(schema_name)s AND s.statistics_name = 'jobs_queue_state'
+  AND c.oid = '{schema}.jobs'::regclass
+ORDER BY 1, 2;
+
+-- name: dashboard_throughput
+-- Completed and failed jobs per queue and minute over the last hour: a backward walk of
+-- jobs_finished_idx from now, at most %(cap)s rows (each needs its heap row for queue and
+-- state: 10,000 rows took 20-45 ms on a loaded machine); when the cap is reached,
+-- `covered_seconds` says how far back the counts are complete (the page says so).
+WITH recent AS (
+    SELECT queue, state, finished_at FROM {schema}.jobs
+    WHERE state IN ('completed', 'failed', 'cancelled')
+      AND finished_at >= {schema}.db_now() - interval '1 hour'
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+),
+span AS (
+    SELECT count(*) AS n, extract(epoch FROM {schema}.db_now() - min(finished_at))::float8 AS back
+    FROM recent
+)
+SELECT r.queue,
+       least(59, floor(extract(epoch FROM {schema}.db_now() - r.finished_at) / 60))::int
+           AS minutes_ago,
+       count(*) FILTER (WHERE r.state = 'completed') AS completed,
+       count(*) FILTER (WHERE r.state = 'failed') AS failed,
+       CASE WHEN span.n >= %(cap)s THEN span.back END AS covered_seconds
+FROM recent r CROSS JOIN span
+GROUP BY r.queue, 2, span.n, span.back
+ORDER BY r.queue, 2;
+
+-- fragment: dashboard_job_row
+-- max_attempts as job_get reads it: the row's, else its task's declaration (migration 0015).
+SELECT j.id, j.queue, j.task, j.state, j.priority, j.run_at, j.partition_key, j.attempt,
+       coalesce(j.max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                                 WHERE d.task = j.task AND d.version = j.version), 5)
+           AS max_attempts, j.created_at, j.finished_at,
+       left(j.payload::text, 200) AS payload_head, j.error ->> 'message' AS error_message
+
+-- fragment: dashboard_job_filters
+  AND (%(task)s::text IS NULL OR j.task = %(task)s::text)
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+  AND (%(partition_key)s::text IS NULL OR j.partition_key = %(partition_key)s::text)
+  AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s)
+  AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s)
+  AND (%(text)s::text IS NULL OR strpos(j.payload::text, %(text)s::text) > 0)
+
+-- name: dashboard_job_search
+-- The jobs page, newest first, keyset-paged by id, any filter (NULL: any): walks exactly the
+-- %(walk)s newest ids below `before_id` (the primary key, index only) and filters those rows,
+-- so a page costs at most %(walk)s row reads whatever the filters match (a rare state or text
+-- does not walk the whole table). `walked_to` is the lowest id walked: the next page starts
+-- there whether or not this one matched anything.
+WITH walked AS (
+    SELECT id FROM {schema}.jobs
+    WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
+    ORDER BY id DESC LIMIT %(walk)s
+),
+matched AS (
+    -- include: dashboard_job_row
+    -- `= ANY(ARRAY(...))`: one primary-key probe per walked id. A join to `walked` let the
+    -- planner merge it with its own filtered backward walk of the whole table (910 ms).
+    FROM {schema}.jobs j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM walked))
+      AND (%(state)s::text IS NULL OR j.state = %(state)s::text)
+    -- include: dashboard_job_filters
+    ORDER BY j.id DESC LIMIT %(limit)s
+),
+edge AS (SELECT min(id) AS walked_to, count(*) AS walked FROM walked)
+SELECT m.*, edge.walked_to, edge.walked, NULL::timestamptz
+FROM edge LEFT JOIN matched m ON true
+ORDER BY m.id DESC;
+
+-- name: dashboard_job_search_suspended
+-- The jobs page filtered by sleeping or waiting, newest first: a backward walk of
+-- jobs_suspended_idx (migration 0014), which holds those rows only, in id order.
+WITH matched AS (
+    -- include: dashboard_job_row
+    FROM {schema}.jobs j
+    WHERE j.state = %(state)s::text AND j.state IN ('sleeping', 'waiting')
+      AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+    -- include: dashboard_job_filters
+    ORDER BY j.id DESC LIMIT %(limit)s
+)
+SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
+FROM (SELECT 1) AS one LEFT JOIN matched m ON true
+ORDER BY m.id DESC;
+
+-- name: dashboard_job_search_unfinished
+-- The jobs page filtered by scheduled or running, newest first: the state's partial index
+-- finds its rows (scheduled: jobs_due_idx; running: jobs_lease_idx, bounded by the workers'
+-- slots), then the newest are sorted out. `id + 0` keeps the planner off the primary key's
+-- order: walking it backward until %(limit)s rows of the state turn up can read every finished
+-- row above an older backlog. The cost follows the state's population, not the table's.
+WITH matched AS (
+    -- include: dashboard_job_row
+    FROM {schema}.jobs j
+    WHERE j.state = %(state)s::text AND j.state IN ('scheduled', 'running')
+      AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+    -- include: dashboard_job_filters
+    ORDER BY j.id + 0 DESC LIMIT %(limit)s
+)
+SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
+FROM (SELECT 1) AS one LEFT JOIN matched m ON true
+ORDER BY m.id DESC;
+
+-- name: dashboard_job_search_ready
+-- The jobs page filtered by ready, newest first: the unkeyed and the keyed ready rows each
+-- through their claim index (no one index holds both), the newest of each, then of both.
+-- `id + 0` as in dashboard_job_search_unfinished: the primary key's order walked 880,000
+-- finished rows above a 40,000-row backlog (340 ms); the partial indexes read the backlog
+-- only (bench/dashboard.py).
+WITH ids AS (
+    (SELECT j.id FROM {schema}.jobs j
+     WHERE j.state = 'ready' AND j.partition_key IS NULL
+       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+     -- include: dashboard_job_filters
+     ORDER BY j.id + 0 DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT j.id FROM {schema}.jobs j
+     WHERE j.state = 'ready' AND j.partition_key IS NOT NULL
+       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+     -- include: dashboard_job_filters
+     ORDER BY j.id + 0 DESC LIMIT %(limit)s)
+),
+matched AS (
+    -- include: dashboard_job_row
+    FROM {schema}.jobs j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM ids ORDER BY id DESC LIMIT %(limit)s))
+    ORDER BY j.id DESC
+)
+SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
+FROM (SELECT 1) AS one LEFT JOIN matched m ON true
+ORDER BY m.id DESC;
+
+-- name: dashboard_job_search_finished
+-- The jobs page filtered by one finished state: most recently finished first, keyset-paged by
+-- (finished_at, id), walking at most %(walk)s entries of jobs_finished_idx (every finished
+-- row, of all three states) per page; `walked_to` / `walked_to_finished` is where the walk
+-- stopped.
+WITH walked AS (
+    SELECT id, finished_at FROM {schema}.jobs
+    WHERE state IN ('completed', 'failed', 'cancelled')
+      AND (%(before_finished)s::timestamptz IS NULL
+           OR (finished_at, id) < (%(before_finished)s::timestamptz, %(before_id)s::bigint))
+    ORDER BY finished_at DESC, id DESC LIMIT %(walk)s
+),
+matched AS (
+    -- include: dashboard_job_row
+    , w.finished_at AS walked_finished
+    FROM walked w JOIN {schema}.jobs j ON j.id = w.id
+    WHERE j.state = %(state)s::text
+    -- include: dashboard_job_filters
+    ORDER BY w.finished_at DESC, j.id DESC LIMIT %(limit)s
+),
+edge AS (
+    SELECT id AS walked_to, finished_at AS walked_to_finished, (SELECT count(*) FROM walked) AS n
+    FROM walked ORDER BY finished_at, id LIMIT 1
+)
+SELECT m.id, m.queue, m.task, m.state, m.priority, m.run_at, m.partition_key, m.attempt,
+       m.max_attempts, m.created_at, m.finished_at, m.payload_head, m.error_message,
+       edge.walked_to, edge.n, edge.walked_to_finished
+FROM (SELECT 1) AS one LEFT JOIN edge ON true LEFT JOIN matched m ON true
+ORDER BY m.walked_finished DESC, m.id DESC;
+
+-- name: dashboard_job_get
+-- One job for its page (primary key): the columns job_get reads plus the workflow's (parent,
+-- wait key, children, version); payload and result as text, cut at %(text_limit)s characters,
+-- with their full lengths, so a huge or deeply nested value is never parsed to be shown.
+SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attempt,
+       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5),
+       worker_id, created_at, started_at, finished_at, version, parent_id,
+       wait_event_key, wait_children, checkpoint_count, cancel_requested,
+       left(payload::text, %(text_limit)s), length(payload::text),
+       left(result::text, %(text_limit)s), length(result::text),
+       left(error::text, %(text_limit)s)
+FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: dashboard_job_history
+-- A workflow's checkpoints with their commit times (the primary key (job_id, position)), values
+-- cut at %(text_limit)s characters, for the timeline; an event wait also gets its event's emit
+-- time (events' primary key), since its checkpoint keeps the time the wait began.
+SELECT c.position, c.kind, c.name, left(c.value::text, %(text_limit)s), c.created_at,
+       CASE WHEN c.kind = 'event' THEN
+           (SELECT e.emitted_at FROM {schema}.events e WHERE e.key = c.name) END
+FROM {schema}.checkpoints c WHERE c.job_id = %(id)s ORDER BY c.position LIMIT 2000;
+
+-- name: dashboard_job_children
+-- A workflow's children (jobs_parent_idx), in spawn order.
+SELECT id, task, state, parent_position, created_at, finished_at
+FROM {schema}.jobs WHERE parent_id = %(id)s ORDER BY parent_position LIMIT 1000;
+
+-- name: dashboard_workflows
+-- Running, sleeping and waiting workflows (jobs with history, or suspended), newest first,
+-- keyset-paged by id, each with what it waits on and its last checkpoint. The suspended rows
+-- come from jobs_suspended_idx (migration 0014) in id order and the running ones from
+-- jobs_lease_idx (bounded by the workers' slots), so finished history is never walked.
+WITH found AS (
+    (SELECT id FROM {schema}.jobs
+     WHERE state = 'running' AND checkpoint_count > 0
+       AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id FROM {schema}.jobs
+     WHERE state IN ('sleeping', 'waiting')
+       AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+     ORDER BY id DESC LIMIT %(limit)s)
+)
+SELECT j.id, j.queue, j.task, j.state, j.run_at, j.wait_event_key, j.wait_children,
+       j.checkpoint_count, j.created_at, c.kind, c.name, c.created_at
+FROM (SELECT id FROM found ORDER BY id DESC LIMIT %(limit)s) f
+JOIN {schema}.jobs j ON j.id = f.id
+LEFT JOIN {schema}.checkpoints c
+       ON c.job_id = j.id AND c.position = j.checkpoint_count - 1
+ORDER BY j.id DESC;
+
+-- name: dashboard_health
+-- The overview's health list, the counts not already in dashboard_queue_counts (whose sums give
+-- the ready backlog, due sleeping work, active waits and due wait timeouts, each capped, where
+-- status_health counts the ready backlog with a scan of the whole table: no one index holds
+-- every ready row). Running rows come from jobs_lease_idx (bounded by the slots); the same
+-- liveness rule for workers as status_health (a heartbeat under 120 s old). Nothing locked.
+WITH now AS (SELECT {schema}.db_now() AS t)
+SELECT
+    (SELECT count(*) FROM {schema}.jobs, now
+     WHERE state = 'running' AND lease_expires_at < now.t),
+    (SELECT count(*) FROM {schema}.jobs AS j, now
+     WHERE j.state = 'running' AND NOT EXISTS (
+         SELECT 1 FROM {schema}.workers AS w
+         WHERE w.id = j.worker_id AND w.heartbeat_at > now.t - interval '120 s')),
+    (SELECT count(*) FROM pg_locks WHERE NOT granted),
+    (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database());
+
+-- name: dashboard_audit_insert
+-- An admin action, recorded before it runs (so no action goes unrecorded).
+INSERT INTO {schema}.dashboard_audit (at, actor, address, action, target, detail)
+VALUES ({schema}.db_now(), %(actor)s, %(address)s, %(action)s, %(target)s, %(detail)s::jsonb)
+RETURNING id;
+
+-- name: dashboard_audit_finish
+UPDATE {schema}.dashboard_audit SET outcome = %(outcome)s WHERE id = %(id)s AND outcome IS NULL;
+
+-- name: dashboard_audit_list
+SELECT id, at, actor, address, action, target, detail::text, outcome
+FROM {schema}.dashboard_audit
+WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
+ORDER BY id DESC LIMIT %(limit)s;

@@ -16,9 +16,10 @@ import trio
 
 from .._core import codec
 from .._core.identifiers import validate_schema
-from .._runtime.health import serve_health
+from .._runtime.health import HealthTarget, serve_health
 from .._runtime.worker import Worker
 from ..app import DATABASE_URL_ENV, App, load_app
+from ..dashboard import cli as dashboard_cli
 from . import admin as cli_admin
 from . import errors as cli_errors
 from . import worker as cli_worker
@@ -49,12 +50,27 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 async def cmd_worker(args: argparse.Namespace) -> int:
     app = _with_url(load_app(args.app), args)
     cli_worker.warn_unserved_queues(app, args.queue or ["default"])
+    # The health server answers from process start: /livez while the command still waits for
+    # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
+    health = HealthTarget()
+    async with trio.open_nursery() as nursery:
+        if args.health_port is not None:
+            port = await nursery.start(serve_health, health, args.health_port, args.health_host)
+            log.info("health on %s:%d", args.health_host, port)
+        try:
+            return await _start_and_serve(app, args, health)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def _start_and_serve(app: App, args: argparse.Namespace, health: HealthTarget) -> int:
     while True:
         await cli_worker.wait_for_database(app)
         stopped = cli_worker.StopRecord()
         try:
-            return await _serve_worker(app, args, stopped)
+            return await _serve_worker(app, args, stopped, health)
         except BaseException as exc:
+            health.worker = None
             if not cli_worker.lost_database_while_starting(exc, stopped):
                 raise
             print(
@@ -64,13 +80,13 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             )
 
 
-async def _serve_worker(app: App, args: argparse.Namespace, stopped: cli_worker.StopRecord) -> int:
+async def _serve_worker(
+    app: App, args: argparse.Namespace, stopped: cli_worker.StopRecord, health: HealthTarget
+) -> int:
     async with app.client(migrate=args.migrate) as _client, trio.open_nursery() as nursery:
         worker: Worker = await nursery.start(_run_worker, app, args, nursery.cancel_scope)
         stopped.started = True
-        if args.health_port is not None:
-            port = await nursery.start(serve_health, worker, args.health_port, args.health_host)
-            log.info("health on %s:%d", args.health_host, port)
+        health.worker = worker
         nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope, stopped)
         print(
             f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
@@ -379,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--concurrency", type=int, default=25, help="slots per queue")
     cli_admin.add_commands(command, COMMANDS)
     cli_workflows.add_commands(command, COMMANDS)
+    dashboard = command("dashboard", "a web dashboard: queues, jobs, workflows, schedules")
+    dashboard_cli.add_arguments(dashboard)
+    COMMANDS["dashboard"] = dashboard_cli.cmd_dashboard
     return parser
 
 

@@ -749,6 +749,37 @@ async def check_lease_lost_on_the_last_attempt_fails_the_job(
 
 
 @conformance_check
+async def check_a_row_without_max_attempts_takes_its_tasks_registered_declaration(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """Lease recovery and the readers count the attempts of a row that carries none by the
+    declaration a worker registered for its (task, version), else 5."""
+    [declared, undeclared, own] = await enqueue(
+        driver, new_job(1), new_job(2, task="other"), new_job(3, max_attempts=1)
+    )
+    expect((await record(driver, undeclared)).max_attempts, 5, "no declaration: 5")
+    registration = WorkerRegistration(
+        uuid.uuid4(), "host-a", 11, (QUEUE,), 4, (f"{TASK}@1",), ((TASK, 1, 2),)
+    )
+    await driver.worker_register(registration)
+    expect((await record(driver, declared)).max_attempts, 2, "the registered declaration")
+    expect((await record(driver, own)).max_attempts, 1, "the row's own")
+    for attempt in (1, 2):
+        await claim(driver, lease_seconds=10, tasks=(TASK, "other"))
+        await clock.advance(11)
+        report = await driver.maintenance_pass(MaintenancePass())
+        if attempt == 1:
+            expect(
+                sorted(report.recovered),
+                sorted([(declared, "ready"), (undeclared, "ready"), (own, "failed")]),
+                "first loss",
+            )
+    # Second loss: the declaration's 2 attempts are used up, the default's 5 are not.
+    second = sorted([(declared, "failed"), (undeclared, "ready")])
+    expect(sorted(report.recovered), second, "second loss")
+
+
+@conformance_check
 async def check_recovery_is_bounded_by_its_limit(driver: Driver, clock: DriverClock) -> None:
     await enqueue(driver, *(new_job(n) for n in range(3)))
     await claim(driver, lease_seconds=10)

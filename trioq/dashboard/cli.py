@@ -1,0 +1,100 @@
+"""`trioq dashboard`: its options and its entry point (the CLI package registers both)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import sys
+from collections.abc import AsyncIterator
+
+import trio
+
+from .._core.identifiers import validate_schema
+from ..app import App
+from ..client import Client
+from .security import AUTH_MODES, Auth
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--schema", default="trioq", help="trioq's schema")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (not loopback: --auth)"
+    )
+    parser.add_argument("--port", type=int, default=8080, help="port to bind (0: any free one)")
+    parser.add_argument(
+        "--admin",
+        action="store_true",
+        help="allow actions (retry, cancel, pause, resume, emit, purge), each audited",
+    )
+    parser.add_argument(
+        "--auth",
+        choices=AUTH_MODES,
+        default=None,
+        help="basic ($TRIOQ_DASHBOARD_USER / $TRIOQ_DASHBOARD_PASSWORD) or token "
+        "($TRIOQ_DASHBOARD_TOKEN); required off loopback",
+    )
+    parser.add_argument(
+        "--read-only-url",
+        default=None,
+        metavar="URL",
+        help="read the pages through this URL (a read-only role); actions use --database-url",
+    )
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often the overview's live parts refresh",
+    )
+
+
+@contextlib.asynccontextmanager
+async def _clients(args: argparse.Namespace, schema: str) -> AsyncIterator[tuple[Client, Client]]:
+    """(reader, actor): without --admin only the reading URL is ever opened."""
+    if not args.admin:
+        async with App(args.read_only_url or args.database_url, schema=schema).client() as reader:
+            yield reader, reader
+        return
+    async with App(args.database_url, schema=schema).client() as actor:
+        if args.read_only_url is None:
+            yield actor, actor
+            return
+        async with App(args.read_only_url, schema=schema).client() as reader:
+            yield reader, actor
+
+
+async def cmd_dashboard(args: argparse.Namespace) -> int:
+    from .app import DashboardConfig, serve_dashboard  # the web stack, only when serving
+    from .store import Store
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: {args.port} is not a port (0-65535)")
+    if not args.refresh > 0:
+        raise ValueError("--refresh: must be a number of seconds > 0")
+    schema = validate_schema(args.schema)
+    config = DashboardConfig(
+        host=args.host,
+        port=args.port,
+        admin=args.admin,
+        auth=Auth.from_environment(args.auth, args.host),
+        refresh_seconds=args.refresh,
+    )
+    async with _clients(args, schema) as (reader, actor), trio.open_nursery() as nursery:
+        try:
+            port = await nursery.start(serve_dashboard, config, Store(reader, actor), actor)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            from ..cli.errors import UsageError  # the CLI package imports this module
+
+            raise UsageError(
+                f"--port: {args.port} is in use ({exc.strerror}): choose another (0: any free one)"
+            ) from None
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        mode = "admin: actions allowed and audited" if args.admin else "read-only"
+        print(f"trioq dashboard on http://{host}:{port}/ ({mode})", file=sys.stdout, flush=True)
+    return 0
+
+
+__all__ = ["add_arguments", "cmd_dashboard"]

@@ -1,0 +1,220 @@
+"""Who may see the dashboard and who may act through it.
+
+- Authentication (`--auth basic|token`, the secret from the environment) is checked on every
+  request by `AuthMiddleware`; it is required when binding anything but loopback.
+- CSRF: a signed double-submit token. Each browser gets a random cookie (HttpOnly,
+  SameSite=Strict); each form carries HMAC(server key, cookie). A forged POST from another site
+  has neither the cookie (SameSite) nor a way to compute the field (the key never leaves the
+  process), so it is refused with 403, as every POST is when the dashboard is not `--admin`.
+- Every response carries a Content-Security-Policy allowing only the dashboard's own scripts
+  and styles: even markup that escaped escaping could not run inline script.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+import urllib.parse
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import attrs
+
+from .._core.errors import ConfigurationError
+
+PASSWORD_ENV = "TRIOQ_DASHBOARD_PASSWORD"
+USER_ENV = "TRIOQ_DASHBOARD_USER"
+TOKEN_ENV = "TRIOQ_DASHBOARD_TOKEN"
+CSRF_COOKIE = "trioq_csrf"
+TOKEN_COOKIE = "trioq_token"
+AUTH_MODES = ("basic", "token")
+
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@attrs.frozen
+class Auth:
+    """The configured authentication (mode None: none, loopback only)."""
+
+    mode: str | None = None
+    user: str = "admin"
+    secret: str = attrs.field(default="", repr=False)
+
+    @classmethod
+    def from_environment(cls, mode: str | None, host: str) -> Auth:
+        """Validate `--auth` against the bind address; read the secret from the environment."""
+        if mode is None:
+            if not is_loopback(host):
+                raise ConfigurationError(
+                    f"--auth: required when binding {host!r} (not loopback): "
+                    f"--auth basic (${PASSWORD_ENV}) or --auth token (${TOKEN_ENV})"
+                )
+            return cls()
+        if mode not in AUTH_MODES:
+            raise ConfigurationError(f"--auth: {mode!r} is not one of {', '.join(AUTH_MODES)}")
+        env = PASSWORD_ENV if mode == "basic" else TOKEN_ENV
+        secret = os.environ.get(env, "")
+        if len(secret) < 12:
+            raise ConfigurationError(
+                f"--auth {mode}: set ${env} to a secret of at least 12 characters"
+            )
+        return cls(mode, os.environ.get(USER_ENV) or "admin", secret)
+
+    def identify(self, headers: dict[bytes, bytes], cookies: dict[str, str]) -> str | None:
+        """The caller's name if the request is authenticated, else None."""
+        if self.mode is None:
+            return "local"
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        if self.mode == "basic":
+            return self._basic(authorization)
+        offered = cookies.get(TOKEN_COOKIE, "")
+        if authorization.lower().startswith("bearer "):
+            offered = authorization[7:].strip()
+        return "token" if _same(offered, self.secret) else None
+
+    def _basic(self, authorization: str) -> str | None:
+        if not authorization.lower().startswith("basic "):
+            return None
+        try:
+            decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        user, _, password = decoded.partition(":")
+        return user if _same(user, self.user) and _same(password, self.secret) else None
+
+
+def _same(offered: str, expected: str) -> bool:
+    return hmac.compare_digest(offered.encode(), expected.encode())
+
+
+def parse_cookies(headers: dict[bytes, bytes]) -> dict[str, str]:
+    cookies: dict[str, str] = {}
+    for part in headers.get(b"cookie", b"").decode("latin-1").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name:
+            cookies[name] = value
+    return cookies
+
+
+@attrs.define(eq=False)
+class Csrf:
+    """Signed double-submit tokens; the key lives only in this process."""
+
+    key: bytes = attrs.field(factory=lambda: secrets.token_bytes(32), repr=False)
+
+    def new_nonce(self) -> str:
+        return secrets.token_urlsafe(24)
+
+    def token(self, nonce: str) -> str:
+        return hmac.new(self.key, nonce.encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, nonce: str | None, token: str | None) -> bool:
+        if not nonce or not token:
+            return False
+        return hmac.compare_digest(self.token(nonce), token)
+
+
+class AuthMiddleware:
+    """Refuse unauthenticated requests (401 with a challenge) and add the security headers.
+
+    A token given once as `?token=` is moved into an HttpOnly cookie, so a browser can open a
+    token-protected dashboard from a link."""
+
+    def __init__(self, app: ASGIApp, auth: Auth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        cookies = parse_cookies(headers)
+        query_token = _query_token(scope)
+        if (
+            self.auth.mode == "token"
+            and query_token is not None
+            and _same(query_token, self.auth.secret)
+        ):
+            cookies[TOKEN_COOKIE] = query_token
+            await _redirect_with_cookie(send, scope["path"], query_token)
+            return
+        user = self.auth.identify(headers, cookies)
+        if user is None:
+            await _unauthorized(send, self.auth.mode or "")
+            return
+        scope.setdefault("state", {})["user"] = user
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _query_token(scope: Scope) -> str | None:
+    query: bytes = scope.get("query_string", b"")
+    for part in query.decode("latin-1").split("&"):
+        name, _, value = part.partition("=")
+        if name == "token":
+            return urllib.parse.unquote_plus(value)
+    return None
+
+
+async def _redirect_with_cookie(send: Send, path: str, token: str) -> None:
+    cookie = f"{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [
+                (b"location", path.encode() if path.startswith("/") else b"/"),
+                (b"set-cookie", cookie.encode("latin-1")),
+                *SECURITY_HEADERS,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _unauthorized(send: Send, mode: str) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), *SECURITY_HEADERS]
+    if mode == "basic":
+        headers.append((b"www-authenticate", b'Basic realm="trioq dashboard", charset="UTF-8"'))
+    body = b"authentication required\n"
+    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+__all__ = ["Auth", "AuthMiddleware", "Csrf", "is_loopback"]
