@@ -64,6 +64,28 @@ def make_app(schema: str, database_url: str | None = None) -> trioq.App:
         ids = [await ctx.spawn("fanout_child", None) for _ in range(payload["children"])]
         return len(await ctx.gather(*ids))
 
+    @app.task("message_waiter", max_attempts=1)
+    async def message_waiter(ctx: trioq.Context, payload: object) -> float:
+        await ctx.receive("ping", timeout=datetime.timedelta(hours=1))
+        return time.time()
+
+    @app.task("message_drainer", max_attempts=1)
+    async def message_drainer(ctx: trioq.Context, payload: dict[str, int]) -> float:
+        """Wait for "go", then receive `messages` messages of "items"; returns the seconds
+        the draining took (from the first receive of "items" to the last)."""
+        await ctx.receive("go", timeout=datetime.timedelta(hours=1))
+        start, got = time.time(), 0
+        while got < payload["messages"]:
+            got += len(await ctx.receive("items", timeout=datetime.timedelta(hours=1)))
+        return time.time() - start
+
+    @app.task("value_holder", max_attempts=1)
+    async def value_holder(ctx: trioq.Context, payload: dict[str, float]) -> None:
+        """Publish a value, then keep running (a handler busy for `seconds`)."""
+        await ctx.set_value("progress", {"stage": "working", "done": 41})
+        await ctx.step("publish", _nothing)
+        await trio.sleep(payload["seconds"])
+
     return app
 
 

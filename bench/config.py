@@ -30,6 +30,9 @@ class Sizes:
     event_waiters: int = 500
     fanout_parents: int = 500
     fanout_children: int = 10
+    message_waiters: int = 500  # workflows each waiting in ctx.receive
+    drain_messages: int = 10_000  # messages queued for one workflow, then drained
+    value_reads: int = 2_000  # client.get_value calls on a running workflow
     timeout: float = 600.0  # per wait; a run that hits it failed
 
 
@@ -53,5 +56,8 @@ QUICK = Sizes(
     suspended_drain_jobs=100,
     event_waiters=50,
     fanout_parents=20,
+    message_waiters=50,
+    drain_messages=1_000,
+    value_reads=200,
     timeout=60.0,
 )

@@ -283,6 +283,35 @@ def metrics(sizes: Sizes) -> list[Metric]:
             "jobs/s",
             "jobs_per_s",
         ),
+        *[
+            Metric(
+                "message_latency",
+                f"{p}_ms",
+                f"{sizes.message_waiters} workflows in ctx.receive, client.send COMMIT -> "
+                f"resume {p}",
+                "ms",
+                baseline=f"pickup_{p}_ms",
+                target=at_most(10.0, "<= 10 ms") if p == "p95" else None,
+            )
+            for p in ("p50", "p95", "p99")
+        ],
+        Metric(
+            "message_drain",
+            "messages_per_s",
+            f"{sizes.drain_messages} messages queued for one workflow, drained by receive",
+            "msg/s",
+            target=at_least(5_000.0, ">= 5,000 messages/s"),
+        ),
+        *[
+            Metric(
+                "get_value",
+                f"{p}_ms",
+                f"client.get_value of a running workflow, {sizes.value_reads} calls, {p}",
+                "ms",
+                target=at_most(5.0, "<= 5 ms") if p == "p95" else None,
+            )
+            for p in ("p50", "p95")
+        ],
         Metric(
             "baseline",
             "jobs_per_s",

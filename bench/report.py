@@ -24,6 +24,9 @@ SCENARIOS = (
     "workflows",
     "event_latency",
     "fanout",
+    "message_latency",
+    "message_drain",
+    "get_value",
     "baseline",
     "peer",
 )

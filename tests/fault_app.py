@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import itertools
 import os
 import queue
 import threading
@@ -298,6 +299,26 @@ def build_app(schema: str, database_url: str | None = None) -> trioq.App:
         event = await ctx.wait_for_event(payload["key"], timeout=datetime.timedelta(minutes=5))
         child = await ctx.spawn("crash_child", {"n": event["n"]}, delay=payload["child_delay"])
         return {"count": count, "event": event, "child": await ctx.wait_result(child)}
+
+    @app.task("inbox", queue=QUEUE, max_attempts=20)
+    async def inbox(ctx: trioq.Context, payload: dict[str, Any]) -> list[Any]:
+        """Receive messages of topic `items` until one is "stop"; return the others in order.
+
+        A step after each receive is its next checkpoint. With `pause_first`, attempt 1 logs
+        `start` after its first non-empty receive and then hangs there (the kill -9 test
+        kills it between the receive and that checkpoint)."""
+        got: list[Any] = []
+        for n in itertools.count():
+            batch = await ctx.receive("items", timeout=datetime.timedelta(minutes=5))
+            if batch and payload.get("pause_first") and ctx.job.attempt == 1:
+                await log_fast(ctx, "start")  # "received": the log allows start/end only
+                await trio.sleep_forever()
+            await ctx.set_value("received", len(got) + len(batch))
+            await ctx.step(f"ack{n}", lambda batch=batch: len(batch))
+            got += batch
+            if "stop" in batch:
+                return [item for item in got if item != "stop"]
+        raise AssertionError("unreachable")
 
     return app
 

@@ -260,7 +260,7 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
     ]
     code, text = trioq_cli(capsys, "job", *migrated, str(jobs[0].id))
     assert "Boom: boom" in text and "Traceback: line 1" in text
-    assert "history (1 checkpoints)" in text and "charge" in text
+    assert "timeline (1 checkpoints)" in text and "charge" in text
     assert cli.main(["job", *migrated, "999999"]) == 1
 
     code, purged = trioq_cli(

@@ -178,3 +178,38 @@ async def test_approval_flow_sleeps_waits_for_an_event_and_mails_a_receipt_acros
     assert sorted(asks) == ["approve r1: 200.00?", "approve r2: 900.00?"]  # once each
     for kind in ("sleep", "event", "spawn"):
         assert kinds[("approval_flow", kind)] == 2
+
+
+async def test_review_takes_amendments_and_a_verdict_by_message_and_shows_its_stage(
+    app: trioq.App,
+) -> None:
+    """d1 gets an amendment while it waits, then an approval; its stage is readable from
+    outside at each point. d2 hears nothing within its idle timeout and expires."""
+    async with app.client(migrate=True) as client:
+        d1 = await client.enqueue("review_document", demo.ReviewRequest("d1", "ada", 30))
+        d2 = await client.enqueue("review_document", demo.ReviewRequest("d2", "bob", 0.2))
+        waits: dict[int, int] = collections.Counter()
+        waited = trio.Event()
+
+        def on_job_end(job: object, outcome: str) -> None:
+            if outcome == "waiting" and getattr(job, "id", 0) == d1.id:
+                waits[d1.id] += 1
+                waited.set()
+
+        hooks = trioq.WorkerHooks(on_job_end=on_job_end)
+        async with running_worker(app, ["approvals"], poll_interval=0.1, hooks=hooks):
+            with trio.fail_after(20):
+                await waited.wait()
+                assert await client.get_value(d1.id, "stage") == "in review"
+                waited = trio.Event()
+                await client.send(d1.id, demo.REVIEW_TOPIC, {"action": "amend", "note": "typo"})
+                await waited.wait()  # amended, waiting again
+                assert await client.get_value(d1.id, "revision") == 2
+                await client.send(d1.id, demo.REVIEW_TOPIC, {"action": "approve", "by": "eve"})
+                first = await client.wait_result(d1.id, timeout=20)
+                second = await client.wait_result(d2.id, timeout=20)
+        assert first == {"document_id": "d1", "verdict": "approved", "by": "eve", "revision": 2}
+        assert second == {"document_id": "d2", "verdict": "expired", "revision": 1}
+        assert await client.get_value(d1.id, "stage") == "approved"
+        assert await client.get_value(d2.id, "stage") == "expired"
+    assert [text for _, text in providers.CHAT.sent if text.startswith("d1")] == ["d1 r2: typo"]

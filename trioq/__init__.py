@@ -5,6 +5,7 @@ from ._core.errors import (
     EventTimeout,
     HistoryLimitExceeded,
     JobFailed,
+    JobFinished,
     JobNotFound,
     NondeterminismError,
     PayloadError,
@@ -14,6 +15,7 @@ from ._core.errors import (
     SchemaNotMigrated,
     TrioqError,
     UnknownTask,
+    ValueNotSet,
 )
 from ._core.explain import Explanation, Gate
 from ._core.retry import RetryPolicy
@@ -38,6 +40,7 @@ __all__ = [
     "HistoryLimitExceeded",
     "Job",
     "JobFailed",
+    "JobFinished",
     "JobInfo",
     "JobLeaseLost",
     "JobNotFound",
@@ -53,6 +56,7 @@ __all__ = [
     "TaskDeclaration",
     "TrioqError",
     "UnknownTask",
+    "ValueNotSet",
     "Worker",
     "WorkerConfig",
     "WorkerHooks",

@@ -183,6 +183,9 @@ class CheckpointWrite:
     name: str
     value_json: str | None
     wake_in_seconds: float | None = None
+    # ctx.set_value: (key, value JSON) pairs set since the job's last checkpoint, written in
+    # the same statement (the last of a key wins).
+    values: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen
@@ -383,12 +386,52 @@ class ContinueAsNew:
 
 
 @attrs.frozen
+class MessageSend:
+    """Queue a message for the job `job_id` under `topic` and wake it if it waits for it."""
+
+    job_id: int
+    topic: str
+    payload_json: str
+
+
+@attrs.frozen
 class CancelJob:
     """Cancel `id` and its descendants; `tree`: every descendant, whatever its spawn's
     `on_parent_cancel` policy."""
 
     id: int
     tree: bool = False
+
+
+@attrs.frozen
+class Receive:
+    """A running job takes up to `limit` messages of `topic` as checkpoint `position`, or
+    waits for them until `deadline` (a replay passes the stored one) or, on the first wait,
+    `timeout_seconds` from database time. `values` as in `CheckpointWrite`."""
+
+    lease: Lease
+    position: int
+    topic: str
+    timeout_seconds: float
+    deadline: datetime.datetime | None = None
+    limit: int = 1000
+    values: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class ValueSet:
+    """Write a running job's values (key, value JSON) now, fenced by its lease."""
+
+    lease: Lease
+    values: tuple[tuple[str, str], ...]
+
+
+@attrs.frozen
+class WorkflowFilter:
+    states: tuple[str, ...] | None = None  # of running, sleeping, waiting (None: all three)
+    tasks: tuple[str, ...] | None = None
+    before_id: int | None = None
+    limit: int = 50
 
 
 # --- records --------------------------------------------------------------------------------
@@ -759,6 +802,51 @@ class DriverStatistics:
 NotifyCallback = Callable[[str, str], None]
 
 
+@attrs.frozen
+class SendOutcome:
+    state: str | None  # the job's state as seen (None: no such job)
+    message_id: int | None  # None: not sent (unknown or final job)
+
+
+@attrs.frozen
+class ReceiveOutcome:
+    state: str  # "received", "timeout" (nothing came), "waiting" (suspended), "lost"
+    messages: tuple[Any, ...]
+    deadline: datetime.datetime
+
+
+@attrs.frozen
+class ValueRead:
+    state: str | None  # the job's state (None: no such job)
+    found: bool
+    value: Any
+
+
+@attrs.frozen
+class WorkflowValue:
+    key: str
+    value: Any
+    updated_at: datetime.datetime
+
+
+@attrs.frozen
+class WorkflowRecord:
+    """One unfinished workflow and what it waits on (`trioq workflows`)."""
+
+    id: int
+    task: str
+    queue: str
+    state: str  # running, sleeping or waiting
+    run_at: datetime.datetime | None  # sleeping: the wake time; waiting: the deadline
+    checkpoints: int
+    wait_event_key: str | None
+    wait_topic: str | None
+    waits_for_children: bool
+    children_settled: int
+    children_total: int | None
+    created_at: datetime.datetime
+
+
 # --- the protocol ---------------------------------------------------------------------------
 
 
@@ -885,6 +973,18 @@ class Driver(Protocol):
     async def schedule_next_due(self) -> ScheduleDue: ...
 
     async def schedule_fire_due(self, params: ScheduleFireDue) -> ScheduleFireReport: ...
+
+    async def message_send(self, params: MessageSend) -> SendOutcome: ...
+
+    async def job_receive(self, params: Receive) -> ReceiveOutcome: ...
+
+    async def job_value_set_many(self, params: ValueSet) -> bool: ...
+
+    async def job_value_get(self, job_id: int, key: str) -> ValueRead: ...
+
+    async def job_values(self, job_id: int) -> list[WorkflowValue]: ...
+
+    async def workflow_list(self, params: WorkflowFilter) -> list[WorkflowRecord]: ...
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
 

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import attrs
 
 from ._core import codec
-from ._core.errors import PayloadError, UnknownTask
-from ._core.identifiers import validate_key, validate_name
-from ._driver import EmitEvent, InsertedJob, NewJob, NewJobs, Transaction
+from ._core.errors import JobFinished, JobNotFound, PayloadError, UnknownTask
+from ._core.identifiers import validate_job_id, validate_key, validate_name
+from ._driver import EmitEvent, InsertedJob, MessageSend, NewJob, NewJobs, Transaction
 from ._tracing import current_traceparent
 
 # A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
@@ -334,6 +334,23 @@ def build_event(key: str, payload: Any) -> EmitEvent:
         raise ValueError("key: an event needs a key (a non-empty string)")
     validate_key("key", key)
     return EmitEvent(key, codec.encode(payload, root="payload"))
+
+
+def build_message(job_id: int, topic: str, payload: Any) -> MessageSend:
+    """Validate a message before any SQL: the job id, the topic like an event key, the
+    payload as JSON."""
+    validate_job_id(job_id)
+    if topic is None:
+        raise ValueError("topic: a message needs a topic (a non-empty string)")
+    validate_key("topic", topic)
+    return MessageSend(job_id, topic, codec.encode(payload, root="payload"))
+
+
+def message_refused(job_id: int, state: str | None) -> Exception:
+    """The error for a send that found no job to take it."""
+    if state is None:
+        return JobNotFound(f"job_id: no job {job_id} (a message needs an unfinished job)")
+    return JobFinished(f"job_id: job {job_id} is {state}: a final job receives no messages")
 
 
 @attrs.define(eq=False)

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import trio
 
+from . import _memory_messages as messages
 from . import _memory_waits as waits
 from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
 from ._core.explain import ExplainFacts
@@ -64,6 +65,7 @@ from ._driver import (
     Lease,
     MaintenancePass,
     MaintenanceReport,
+    MessageSend,
     NewJob,
     NewSchedule,
     NotifyCallback,
@@ -72,6 +74,8 @@ from ._driver import (
     QueuePause,
     QueueProbe,
     QueueStatus,
+    Receive,
+    ReceiveOutcome,
     RenewalResult,
     RenewedLease,
     RenewLeases,
@@ -79,6 +83,7 @@ from ._driver import (
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
+    SendOutcome,
     SettleAndClaim,
     SettleAndClaimResult,
     Settlement,
@@ -87,10 +92,15 @@ from ._driver import (
     TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
+    ValueRead,
+    ValueSet,
     WaitChildren,
     WaitEvent,
     WorkerInfo,
     WorkerRegistration,
+    WorkflowFilter,
+    WorkflowRecord,
+    WorkflowValue,
     WrittenCheckpoint,
 )
 from ._memory_schedules import ScheduleTable
@@ -141,6 +151,7 @@ class _Row:
     wait_children: tuple[int, ...] | None = None
     children_settled: int = 0
     on_parent_cancel: str = "cancel"  # migration 0017: cancel, abandon or wait
+    wait_topic: str | None = None  # messages (migration 0016)
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
@@ -332,6 +343,8 @@ class MemoryDriver:
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
     _schedules: ScheduleTable = attrs.field(init=False, factory=ScheduleTable)
     _leader: _LeaderSeat | None = attrs.field(init=False, default=None)  # the leader table
+    # the messages and workflow_values tables (migration 0016)
+    _messages: messages.MessageTable = attrs.field(init=False, factory=messages.MessageTable)
 
     def __attrs_post_init__(self) -> None:
         validate_schema(self.schema)
@@ -681,6 +694,7 @@ class MemoryDriver:
             if write.value_json is not None:
                 json.loads(write.value_json)
         now = await self._statement("checkpoint_insert_many")
+        outbox = _Outbox()
         written: list[WrittenCheckpoint] = []
         for write in writes:
             row = self._rows.get(write.lease.id)
@@ -696,9 +710,12 @@ class MemoryDriver:
                     value_json = json.dumps(value)
                 history[write.position] = (write.kind, write.name, value_json)
             row.checkpoint_count = max(row.checkpoint_count, write.position + 1)
+            if write.values:
+                messages.write_values(self, row.id, write.values, now, outbox)
             written.append(
                 WrittenCheckpoint(row.id, write.position, _loads(history[write.position][2]))
             )
+        self._deliver(outbox)
         return written
 
     def _record_attempt(
@@ -895,6 +912,7 @@ class MemoryDriver:
         """Delete a finished row with its attempts (ON DELETE CASCADE) and its key."""
         del self._rows[row.id]
         self._attempts.pop(row.id, None)
+        self._messages.forget(row.id)
         if row.dedup_key is not None and self._dedup.get(row.dedup_key) == row.id:
             del self._dedup[row.dedup_key]
 
@@ -1254,6 +1272,41 @@ class MemoryDriver:
         self._commit_rows(created, now)
         fired.sort(key=lambda occurrence: (occurrence.fire_at, occurrence.schedule))
         return ScheduleFireReport(leader=True, now=now, due=len(due), fired=tuple(fired))
+
+    # --- messages and workflow values (logic in _memory_messages) ---------------------------
+
+    async def message_send(self, params: MessageSend) -> SendOutcome:
+        now = await self._statement("message_send")
+        outbox = _Outbox()
+        outcome = messages.send(self, params, now, outbox)
+        self._deliver(outbox)
+        return outcome
+
+    async def job_receive(self, params: Receive) -> ReceiveOutcome:
+        now = await self._statement("job_receive")
+        outbox = _Outbox()
+        outcome = messages.receive(self, params, now, outbox)
+        self._deliver(outbox)
+        return outcome
+
+    async def job_value_set_many(self, params: ValueSet) -> bool:
+        now = await self._statement("job_value_set_many")
+        outbox = _Outbox()
+        written = messages.set_values(self, params, now, outbox)
+        self._deliver(outbox)
+        return written
+
+    async def job_value_get(self, job_id: int, key: str) -> ValueRead:
+        await self._statement("job_value_get")
+        return messages.get_value(self, job_id, key)
+
+    async def job_values(self, job_id: int) -> list[WorkflowValue]:
+        await self._statement("job_values")
+        return messages.job_values(self, job_id)
+
+    async def workflow_list(self, params: WorkflowFilter) -> list[WorkflowRecord]:
+        await self._statement("workflow_list")
+        return messages.workflows(self, params)
 
     def _occurrence_row(
         self, schedule: ScheduleRecord, fire_at: datetime.datetime, now: datetime.datetime

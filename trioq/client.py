@@ -13,7 +13,7 @@ import attrs
 import trio
 
 from ._core.channels import result_channel
-from ._core.errors import JobFailed, JobNotFound, ResultTimeout
+from ._core.errors import JobFailed, JobNotFound, ResultTimeout, ValueNotSet
 from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.states import TERMINAL_STATES, JobState
@@ -31,7 +31,10 @@ from ._driver import (
     QueuePause,
     QueueStatus,
     ScheduleRecord,
+    ValueRead,
     WorkerInfo,
+    WorkflowFilter,
+    WorkflowValue,
 )
 from ._enqueue import (
     FINISHED_STATES,
@@ -43,10 +46,13 @@ from ._enqueue import (
     TaskDeclaration,
     build_event,
     build_jobs,
+    build_message,
+    message_refused,
     seconds_option,
     to_jobs,
 )
 from .schedules import new_schedule
+from .workflow_view import WORKFLOW_STATES, WorkflowView
 
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
 
@@ -429,6 +435,92 @@ class Client:
 
     async def schedules(self) -> list[ScheduleRecord]:
         return await self.driver.schedule_list()
+
+    # --- messages, workflow values and the workflow view ---------------------------------
+
+    async def send(self, job_id: int, topic: str, payload: Any = None) -> int:
+        """Send a message to the unfinished job `job_id` under `topic` (one statement,
+        committed on return) and wake it if it waits in `ctx.receive(topic)`. Messages to one
+        job are received in send order, each once. Returns the message id. Raises
+        `trioq.JobNotFound` for an unknown job and `trioq.JobFinished` for a final one. Not
+        retried on a lost connection (a retry could deliver the message twice)."""
+        message = build_message(job_id, topic, payload)
+        outcome = await self.driver.message_send(message)
+        if outcome.message_id is None:
+            raise message_refused(job_id, outcome.state)
+        return outcome.message_id
+
+    async def get_value(
+        self, job_id: int, key: str, *, wait: datetime.timedelta | float | None = None
+    ) -> Any:
+        """The value the workflow `job_id` last published under `key` (`ctx.set_value`),
+        in any state, during and after its run.
+
+        With `wait` (seconds or a timedelta), wait up to that long for the key to be set;
+        woken by the job's result notifications (a value write sends one), with a slow poll
+        under them. Raises `trioq.ValueNotSet` when the key is not set (by then, or when the
+        job ended without setting it) and `trioq.JobNotFound` for an unknown job."""
+        validate_job_id(job_id)
+        if key is None:
+            raise ValueError("key: a value needs a key (a non-empty string)")
+        validate_key("key", key)
+        seconds = _seconds("wait", wait)
+        if seconds is None:
+            return _found(job_id, key, await self.driver.job_value_get(job_id, key), None)
+        deadline = trio.current_time() + seconds
+        event = await self._watcher.watch(job_id)
+        try:
+            while True:
+                read = await self.driver.job_value_get(job_id, key)
+                if read.found or read.state in TERMINAL_STATES or read.state is None:
+                    return _found(job_id, key, read, seconds)
+                if trio.current_time() >= deadline:
+                    return _found(job_id, key, read, seconds)
+                with trio.move_on_at(min(deadline, trio.current_time() + RESULT_POLL_SECONDS)):
+                    await event.wait()
+                if event.is_set():
+                    self._watcher.forget(job_id, event)
+                    event = await self._watcher.watch(job_id)
+        finally:
+            self._watcher.forget(job_id, event)
+
+    async def values(self, job_id: int) -> list[WorkflowValue]:
+        """Every value the job published, by key (`trioq job ID` shows them)."""
+        return await self.driver.job_values(validate_job_id(job_id))
+
+    async def workflows(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        task: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[WorkflowView]:
+        """Unfinished workflows (running with history, sleeping, waiting), newest first, each
+        with what it waits on (`trioq workflows`); page on with `before_id=` the last id."""
+        wanted = None if states is None else _states(states)
+        if wanted is not None and set(wanted) - set(WORKFLOW_STATES):
+            raise ValueError(f"states: {states!r} must name states of {WORKFLOW_STATES}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit: {limit!r} must be an integer in [1, 10000]")
+        records = await self.driver.workflow_list(
+            WorkflowFilter(
+                states=wanted,
+                tasks=None if task is None else (validate_name("task", task),),
+                before_id=None if before_id is None else validate_job_id(before_id),
+                limit=limit,
+            )
+        )
+        return [WorkflowView.of(record) for record in records]
+
+
+def _found(job_id: int, key: str, read: ValueRead, waited: float | None) -> Any:
+    if read.found:
+        return read.value
+    if read.state is None:
+        raise JobNotFound(f"job_id: no job {job_id}")
+    within = "" if waited is None or read.state in TERMINAL_STATES else f" within {waited}s"
+    raise ValueNotSet(f"job {job_id} ({read.state}) has not set {key!r}{within}")
 
 
 def _states(states: Iterable[str] | None) -> tuple[str, ...] | None:

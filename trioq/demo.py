@@ -79,6 +79,7 @@ class _Run:
     phase: str = "worker 1 running"
     killed_running: int = 0
     worker_slots: int = 0
+    notes: list[str] = attrs.field(factory=list)  # the app's own lines (`demo_notes`)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -113,6 +114,9 @@ async def _run(app: App, module: Any, scale: int, concurrency: int, console: Con
             nursery.cancel_scope.cancel()
         if digest_task is not None:
             await client.unschedule(DEMO_SCHEDULE)
+        notes = getattr(module, "demo_notes", None)  # what the app wants shown (values)
+        if notes is not None:
+            run.notes = await notes(client)
         await _summary(client, run, console)
     return 0
 
@@ -225,7 +229,11 @@ def _progress(statuses: list[TaskStatus], schedules: list[Any], run: _Run) -> Gr
 
 # Checkpoint kinds counted by the summary: jobs that slept, waited for an event, spawned
 # children (docs/workflows.md lists the kinds).
-_HISTORY_COLUMNS = {"slept": ("sleep",), "waited": ("event",), "children": ("spawn",)}
+_HISTORY_COLUMNS = {
+    "slept": ("sleep",),
+    "waited": ("event", "receive"),
+    "children": ("spawn",),
+}
 
 
 async def _summary(client: Client, run: _Run, console: Console) -> None:
@@ -255,6 +263,8 @@ async def _summary(client: Client, run: _Run, console: Console) -> None:
             f"{reason.get('type')}: {reason.get('message')}"
         )
     console.print(f"  {run.phase}")
+    for line in run.notes:
+        console.print(f"  {line}")
     console.print(
         f"  cron schedule {DEMO_SCHEDULE!r} (every 2 s) enqueued each fire time once; "
         f"retried jobs keep their failed attempts in the attempts table"

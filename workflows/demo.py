@@ -10,6 +10,9 @@
 - `approval_flow`: a multi-step approval: ask on the chat API (a step), a durable cool-off
   sleep (the slot is freed; a worker crash meanwhile loses nothing), the decision (a step), and
   a receipt to the requester (a step).
+- `review_document`: a review driven by messages (`client.send` / `ctx.receive`): amend any
+  number of times, then approve or reject; its stage and revision are readable from outside
+  while it waits (`ctx.set_value` / `client.get_value`).
 - `nightly_digest`: a scheduled automation: a cron schedule (`@app.periodic`) at 09:00 Paris
   time; the demo adds one firing every 2 seconds.
 
@@ -167,12 +170,82 @@ async def send_receipt(ctx: trioq.Context, payload: dict[str, str]) -> dict[str,
     return {"mailed": to}
 
 
+@attrs.frozen
+class ReviewRequest:
+    document_id: str
+    author: str
+    idle_timeout_seconds: float = 5.0
+
+
+REVIEW_TOPIC = "review"
+
+
+@app.task("review_document", queue="approvals", max_attempts=3)
+async def review_document(ctx: trioq.Context, payload: ReviewRequest) -> dict[str, object]:
+    """A review driven by a stream of messages (`client.send(job_id, "review", {...})`):
+    reviewers ask for amendments any number of times, then approve or reject. Each amendment
+    is published (a step); the stage and the revision are readable from outside while it
+    waits (`client.get_value(job_id, "stage")`, `trioq job ID`). Nobody answering within the
+    idle timeout expires the review."""
+    revision = 1
+    await ctx.set_value("stage", "in review")
+    await ctx.set_value("revision", revision)
+    timeout = datetime.timedelta(seconds=payload.idle_timeout_seconds)
+    while True:
+        messages = await ctx.receive(REVIEW_TOPIC, timeout=timeout)
+        if not messages:
+            await ctx.set_value("stage", "expired")
+            return {"document_id": payload.document_id, "verdict": "expired", "revision": revision}
+        for message in messages:
+            if message.get("action") == "amend":
+                revision += 1
+                await ctx.step(
+                    f"publish revision {revision}",
+                    providers.CHAT.post_message,
+                    f"docs-{payload.author}",
+                    f"{payload.document_id} r{revision}: {message.get('note', '')}",
+                    f"review-{payload.document_id}-r{revision}",
+                )
+                await ctx.set_value("revision", revision)
+                continue
+            verdict = "approved" if message.get("action") == "approve" else "rejected"
+            await ctx.set_value("stage", verdict)
+            return {
+                "document_id": payload.document_id,
+                "verdict": verdict,
+                "by": message.get("by"),
+                "revision": revision,
+            }
+
+
 async def drive_demo(client: trioq.Client, scale: int = 1) -> None:
     """What the people do during `trioq demo`: once the approvals are waiting, an approver
-    answers the even-numbered requests; the others time out and the policy decides."""
+    answers the even-numbered requests; the others time out and the policy decides. Reviewers
+    ask for an amendment on every document, then approve the even ones and reject the odd."""
     await trio.sleep(1.5)  # the demo's approvers take a moment (cool-off is 1 s)
     for n in range(0, 10 * scale, 2):
         await client.emit_event(approval_event(f"req-{n}"), {"approved": True, "by": "manager"})
+    reviews = await client.jobs(task="review_document", limit=10_000)
+    for job in reviews:
+        await client.send(job.id, REVIEW_TOPIC, {"action": "amend", "note": "fix the intro"})
+    await trio.sleep(0.5)
+    for n, job in enumerate(sorted(reviews, key=lambda job: job.id)):
+        action = "approve" if n % 2 == 0 else "reject"
+        await client.send(job.id, REVIEW_TOPIC, {"action": action, "by": f"reviewer-{n % 3}"})
+
+
+async def demo_notes(client: trioq.Client) -> list[str]:
+    """Lines `trioq demo` prints under its summary: what a UI reads from a review."""
+    reviews = await client.jobs(task="review_document", limit=1)
+    if not reviews:
+        return []
+    job_id = reviews[0].id
+    stage = await client.get_value(job_id, "stage")
+    revision = await client.get_value(job_id, "revision")
+    return [
+        f"review job {job_id}: client.get_value -> stage {stage!r}, revision {revision} "
+        f"(messages via client.send; `trioq job {job_id}` shows its timeline)"
+    ]
 
 
 @app.periodic("nightly-digest", cron="0 9 * * *", timezone="Europe/Paris", payload={"team": "core"})
@@ -215,6 +288,10 @@ async def enqueue_demo_jobs(client: trioq.Client, scale: int = 1) -> list[trioq.
             ApprovalRequest(f"req-{n}", f"user-{n % 5}", amount_cents=10_000 * (n + 1))
             for n in range(10 * scale)
         ],
+    )
+    jobs += await client.enqueue_many(
+        "review_document",
+        [ReviewRequest(f"doc-{n}", f"user-{n % 5}") for n in range(4 * scale)],
     )
     for team in ("core", "growth"):
         jobs.append(

@@ -41,7 +41,16 @@ Runner = Callable[[Context], None]
 
 def runners() -> dict[str, Runner]:
     """Runner name -> function, in the order a full run executes them."""
-    from bench.scenarios import enqueue, fairness, idle, latency, throughput, waits, workflows
+    from bench.scenarios import (
+        enqueue,
+        fairness,
+        idle,
+        latency,
+        messages,
+        throughput,
+        waits,
+        workflows,
+    )
 
     return {
         "throughput": throughput.run,  # also: baseline, worker cost, statements per job
@@ -53,4 +62,7 @@ def runners() -> dict[str, Runner]:
         "workflows": workflows.run,
         "event_latency": waits.run_event_latency,
         "fanout": waits.run_fanout,
+        "message_latency": messages.run_message_latency,
+        "message_drain": messages.run_message_drain,
+        "get_value": messages.run_get_value,
     }

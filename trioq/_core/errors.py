@@ -46,6 +46,14 @@ class JobNotFound(TrioqError, LookupError):
     """No job with that id exists (it may have been pruned)."""
 
 
+class JobFinished(TrioqError):
+    """The job is final (completed, failed or cancelled): it receives no more messages."""
+
+
+class ValueNotSet(TrioqError, LookupError):
+    """`client.get_value`: the workflow has not set that key (within the wait, if any)."""
+
+
 class ResultTimeout(TrioqError, TimeoutError):
     """wait_result gave up before the job reached a final state."""
 

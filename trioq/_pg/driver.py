@@ -56,6 +56,7 @@ from .._driver import (
     Lease,
     MaintenancePass,
     MaintenanceReport,
+    MessageSend,
     NewJob,
     NewJobs,
     NewSchedule,
@@ -65,6 +66,8 @@ from .._driver import (
     QueuePause,
     QueueProbe,
     QueueStatus,
+    Receive,
+    ReceiveOutcome,
     RenewalResult,
     RenewedLease,
     RenewLeases,
@@ -73,6 +76,7 @@ from .._driver import (
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
+    SendOutcome,
     SettleAndClaim,
     SettleAndClaimResult,
     Settlement,
@@ -81,10 +85,15 @@ from .._driver import (
     TaskHistoryKind,
     TaskStatus,
     UnroutableJobs,
+    ValueRead,
+    ValueSet,
     WaitChildren,
     WaitEvent,
     WorkerInfo,
     WorkerRegistration,
+    WorkflowFilter,
+    WorkflowRecord,
+    WorkflowValue,
     WrittenCheckpoint,
 )
 from .._sql import PositionalStatement, migrations, positional_queries, queries
@@ -624,6 +633,7 @@ class PgDriver:
                 "names": [write.name for write in writes],
                 "values": [write.value_json for write in writes],
                 "wake_ins": [write.wake_in_seconds for write in writes],
+                **_value_arrays(writes),
             },
         )
         return [WrittenCheckpoint(job_id=row[0], position=row[1], value=row[2]) for row in rows]
@@ -1014,6 +1024,72 @@ class PgDriver:
         )
         return [FiredOccurrence(schedule=row[0], fire_at=row[1], job_id=row[2]) for row in rows]
 
+    # --- messages and workflow values (migration 0016) ----------------------------------
+
+    async def message_send(self, params: MessageSend) -> SendOutcome:
+        """Not retried on a lost connection: a send is not idempotent (a retry after a lost
+        reply would queue the message twice), so the caller sees the error."""
+        values = {"id": params.job_id, "topic": params.topic, "payload": params.payload_json}
+        try:
+            rows = await self._fetch("message_send", values)
+        except (psycopg.errors.RaiseException, psycopg.errors.NoDataFound):
+            # The job became final (or was deleted) between the statement's unlocked read and
+            # the function's lock: read again, which now names its state.
+            rows = await self._fetch("message_send", values)
+        state, message_id = rows[0]
+        return SendOutcome(state, message_id)
+
+    async def job_receive(self, params: Receive) -> ReceiveOutcome:
+        """Retried: a repeated receive of a recorded position returns what it recorded, and
+        one whose lost reply had suspended the job finds the lease gone ("lost")."""
+        rows = await self._retrying(
+            "job_receive",
+            {
+                **_lease_params(params.lease),
+                "position": params.position,
+                "topic": params.topic,
+                "timeout_seconds": params.timeout_seconds,
+                "deadline": params.deadline,
+                "limit": params.limit,
+                "value_keys": [key for key, _ in params.values],
+                "value_values": [value for _, value in params.values],
+            },
+        )
+        state, messages, deadline = rows[0]
+        return ReceiveOutcome(state, tuple(messages or ()), deadline)
+
+    async def job_value_set_many(self, params: ValueSet) -> bool:
+        """Retried: writing the same values again changes nothing."""
+        rows = await self._retrying(
+            "job_value_set_many",
+            {
+                **_lease_params(params.lease),
+                "keys": [key for key, _ in params.values],
+                "values": [value for _, value in params.values],
+            },
+        )
+        return bool(rows[0][0])
+
+    async def job_value_get(self, job_id: int, key: str) -> ValueRead:
+        rows = await self._retrying("job_value_get", {"id": job_id, "key": key})
+        return ValueRead(*rows[0])
+
+    async def job_values(self, job_id: int) -> list[WorkflowValue]:
+        rows = await self._retrying("job_values", {"id": job_id})
+        return [WorkflowValue(*row) for row in rows]
+
+    async def workflow_list(self, params: WorkflowFilter) -> list[WorkflowRecord]:
+        rows = await self._retrying(
+            "workflow_list",
+            {
+                "states": None if params.states is None else list(params.states),
+                "tasks": None if params.tasks is None else list(params.tasks),
+                "before_id": params.before_id,
+                "limit": params.limit,
+            },
+        )
+        return [WorkflowRecord(*row) for row in rows]
+
     # --- transactions and notifications ---------------------------------------------------
 
     @asynccontextmanager
@@ -1058,6 +1134,16 @@ class PgDriver:
             {"id": params.id, "tree": params.tree, "control_channel": control_channel(self.schema)},
         )
         return CancelOutcome(previous_state=rows[0][0], state=rows[0][1]) if rows else None
+
+
+def _value_arrays(writes: Sequence[CheckpointWrite]) -> Params:
+    """The values carried by a batch of checkpoint writes, as three parallel arrays."""
+    carried = [(write.lease.id, key, value) for write in writes for key, value in write.values]
+    return {
+        "value_ids": [job_id for job_id, _, _ in carried],
+        "value_keys": [key for _, key, _ in carried],
+        "value_values": [value for _, _, value in carried],
+    }
 
 
 def _probes(

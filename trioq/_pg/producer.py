@@ -43,7 +43,16 @@ from .._core.identifiers import (
 )
 from .._core.states import TERMINAL_STATES, JobState
 from .._driver import JobRecord, NewJob
-from .._enqueue import EnqueueOptions, Job, TaskDeclaration, TaskLike, build_jobs, to_jobs
+from .._enqueue import (
+    EnqueueOptions,
+    Job,
+    TaskDeclaration,
+    TaskLike,
+    build_jobs,
+    build_message,
+    message_refused,
+    to_jobs,
+)
 from .._sql import queries
 from .connection import network_defaults
 from .driver import insert_statement, inserted_jobs
@@ -247,6 +256,18 @@ def _event_params(key: str, payload: Any) -> dict[str, Any]:
     return {"key": validate_key("key", key), "payload": codec.encode(payload)}
 
 
+def _send_params(job_id: int, topic: str, payload: Any) -> dict[str, Any]:
+    message = build_message(job_id, topic, payload)
+    return {"id": message.job_id, "topic": message.topic, "payload": message.payload_json}
+
+
+def _sent(job_id: int, rows: Sequence[tuple[Any, ...]]) -> int:
+    state, message_id = rows[0]
+    if message_id is None:
+        raise message_refused(job_id, state)
+    return int(message_id)
+
+
 def _check_id(job_id: object) -> int:
     return validate_job_id(job_id)
 
@@ -398,6 +419,14 @@ class SyncProducer:
         text = self._statements.statement("event_emit")
         [row] = self._fetch(text, _event_params(key, payload), conn)
         return EventOutcome(first=bool(row[0]), woken=int(row[1]))
+
+    def send(
+        self, job_id: int, topic: str, payload: Any = None, *, conn: SyncConnection | None = None
+    ) -> int:
+        """Send a message to a workflow (see `trioq.Client.send`); returns the message id."""
+        return _sent(
+            job_id, self._fetch("message_send", _send_params(job_id, topic, payload), conn)
+        )
 
     def cancel(self, job_id: int, *, conn: SyncConnection | None = None) -> str:
         """Cancel a job (see `trioq.Client.cancel`); returns its state after the request."""
@@ -581,6 +610,13 @@ class AsyncProducer:
         text = self._statements.statement("event_emit")
         [row] = await self._fetch(text, _event_params(key, payload), conn)
         return EventOutcome(first=bool(row[0]), woken=int(row[1]))
+
+    async def send(
+        self, job_id: int, topic: str, payload: Any = None, *, conn: AsyncConnection | None = None
+    ) -> int:
+        """Send a message to a workflow (see `trioq.Client.send`); returns the message id."""
+        params = _send_params(job_id, topic, payload)
+        return _sent(job_id, await self._fetch("message_send", params, conn))
 
     async def cancel(self, job_id: int, *, conn: AsyncConnection | None = None) -> str:
         params = {"id": _check_id(job_id), "control_channel": control_channel(self.schema)}

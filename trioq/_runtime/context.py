@@ -18,7 +18,7 @@ import attrs
 from .._core.errors import ConfigurationError
 from .._core.retry import RetryPolicy
 from .._enqueue import TaskDeclaration
-from . import waits
+from . import messages, waits
 from .active import ACTIVE_CLIENT
 from .job_transaction import JobTransaction, open_job_transaction
 from .parallel import Parallel
@@ -190,6 +190,35 @@ class Context:
         """Replaces `patched(name)` once no job that predates the patch is unfinished: the old
         branch can go, and jobs that recorded the marker still replay."""
         self._run.deprecate_patch(name)
+
+    # --- messages and readable state (messages.py) --------------------------------------
+
+    async def receive(
+        self,
+        topic: str,
+        *,
+        timeout: datetime.timedelta,  # noqa: ASYNC109 (a durable deadline, not a cancel scope)
+        limit: int = 1000,
+    ) -> list[Any]:
+        """Return the messages sent to this workflow under `topic` (`client.send`), oldest
+        first, waiting durably for at least one.
+
+        Messages sent before the receive are queued: it takes them all (up to `limit`) at once.
+        Otherwise the execution ends (no slot, lease or connection held; no attempt consumed)
+        and the first send wakes the job, which resumes here and takes everything queued by
+        then. After `timeout` (from the first wait, in database time) it returns `[]`. The
+        messages are recorded as this point's checkpoint in the statement that takes them, so
+        each is delivered once and every replay returns the same list.
+        """
+        return await messages.receive(self._run, topic, timeout, limit)
+
+    async def set_value(self, key: str, value: Any) -> None:
+        """Publish `value` (JSON) under `key` for `client.get_value` and `trioq job ID`.
+
+        No statement of its own: the value is written with the job's next checkpoint (or
+        receive, wait or completion), so a loop that sets progress costs nothing extra. The
+        newest value per key wins; it stays readable after the job ends."""
+        await messages.set_value(self._run, key, value)
 
     def __repr__(self) -> str:
         return f"Context(job={self.job!r}, worker_id={self.worker_id!r})"

@@ -18,7 +18,7 @@ from .. import _tracing as tracing
 from .._core import codec
 from .._core.errors import HistoryLimitExceeded, NondeterminismError
 from .._core.retry import should_retry
-from . import waits
+from . import messages, waits
 from .context import Context
 from .logs import log_job_failure
 from .outcome import (
@@ -77,6 +77,8 @@ async def execute(run: Run) -> Outcome:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 if result is not None:
                     result_json = codec.encode(result, root="result")
+                if run.pending_values and not run.completed_in_transaction:
+                    await messages.flush_values(run)  # ctx.set_value after the last checkpoint
                 if run.unfinished_children:
                     # Nursery semantics: a workflow completes only once every child it spawned
                     # is final (it waits durably for the ones it did not await itself).

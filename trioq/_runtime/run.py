@@ -115,6 +115,8 @@ class Run:
     unfinished_children: list[int] = attrs.field(factory=list)
     # Of those, the ones spawned with on_parent_cancel="wait": a cancelled run waits for them.
     kept_children: list[int] = attrs.field(factory=list)
+    # ctx.set_value: key -> value JSON set since the last write (messages.py carries them).
+    pending_values: dict[str, str] = attrs.field(factory=dict)
     _history: dict[int, Checkpoint] = attrs.field(init=False)
     _position: int = 0
     _warn_at: int = attrs.field(init=False)  # the position that logs the 80% warning
@@ -181,7 +183,9 @@ class Run:
         wake_in_seconds: float | None = None,
     ) -> Any:
         """Store a checkpoint at `position` (fenced, committed on return); the stored value."""
-        write = CheckpointWrite(self.lease, position, kind, name, value_json, wake_in_seconds)
+        write = CheckpointWrite(
+            self.lease, position, kind, name, value_json, wake_in_seconds, self.take_values()
+        )
         try:
             value = await self.checkpoints.write(write)
         except (CheckpointLost, CheckpointWriteFailed) as exc:
@@ -189,6 +193,15 @@ class Run:
             raise LeaseLost(str(exc)) from None
         self._history[position] = Checkpoint(position, kind, name, value)
         return value
+
+    def take_values(self) -> tuple[tuple[str, str], ...]:
+        """ctx.set_value's pending values, handed to the write about to be made (they ride on
+        the next checkpoint: group commit)."""
+        if not self.pending_values:
+            return ()
+        values = tuple(self.pending_values.items())
+        self.pending_values.clear()
+        return values
 
     def suspended_in_place(self, until: datetime.datetime | None) -> NoReturn:
         """End this execution: the primitive's own fenced statement has already made the job

@@ -42,6 +42,7 @@ from .._driver import (
     WaitChildren,
     WaitEvent,
 )
+from .messages import flush_values
 from .run import LeaseLost, Run, SuspendExecution
 from .spawner import spawner_for
 
@@ -90,6 +91,8 @@ async def wait_event_at(
         deadline = datetime.datetime.fromisoformat(value["deadline"])
     # A cancelled run (woken to clean up) does not wait again: its statement would suspend it.
     await trio.lowlevel.checkpoint_if_cancelled()
+    if run.pending_values:  # this statement may suspend: ctx.set_value's values go first
+        await flush_values(run)
     outcome = await run.driver.job_wait_event(
         WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
     )
@@ -293,6 +296,8 @@ async def _wait(
 ) -> tuple[ChildOutcome, ...]:
     params = WaitChildren(run.lease, position, ids, stop_on_failure, record, kind, name)
     await trio.lowlevel.checkpoint_if_cancelled()  # as for events (a shielded join goes on)
+    if run.pending_values:  # this statement may suspend: ctx.set_value's values go first
+        await flush_values(run)
     for _ in range(MAX_DECISION_ROUNDS):
         outcome: ChildrenWaitOutcome = await run.driver.job_wait_children(params)
         if outcome.state in ("done", "failed"):

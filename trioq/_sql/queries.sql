@@ -689,13 +689,36 @@ written AS (
     FROM input i JOIN owner o ON o.id = i.id
     ON CONFLICT (job_id, position) DO NOTHING
     RETURNING job_id, position, value
+),
+-- ctx.set_value: the values set since a job's last checkpoint ride on its next one (empty
+-- arrays for nearly every batch: the CTEs then touch nothing). The last value of a key wins
+-- when a batch carries two writes of one job; waiting `client.get_value` callers are woken on
+-- the job's result channel.
+value_input AS (
+    SELECT DISTINCT ON (v.id, v.key) v.id, v.key, v.value
+    FROM unnest(%(value_ids)s::bigint[], %(value_keys)s::text[], %(value_values)s::text[])
+         WITH ORDINALITY AS v(id, key, value, n)
+    JOIN owner o ON o.id = v.id
+    ORDER BY v.id, v.key, v.n DESC
+),
+values_written AS (
+    INSERT INTO {schema}.workflow_values AS w (job_id, key, value, updated_at)
+    SELECT v.id, v.key, v.value::jsonb, {schema}.db_now() FROM value_input v
+    ON CONFLICT (job_id, key) DO UPDATE SET value = excluded.value,
+                                            updated_at = excluded.updated_at
+    RETURNING w.job_id
+),
+values_notified AS (
+    SELECT count(pg_notify({schema}.result_channel(job_id), job_id::text)) AS n
+    FROM (SELECT DISTINCT job_id FROM values_written) AS changed
 )
 -- A position already taken (a write repeated after a lost connection) returns the stored value.
 SELECT i.id, i.position, coalesce(w.value, e.value)
 FROM input i
 JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
-LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position;
+LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position
+CROSS JOIN values_notified;
 
 -- name: lease_renew_many
 -- ONE statement per worker every lease/3: extend every lease this worker still holds and
@@ -1627,7 +1650,84 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
                                    %(kind)s, %(name)s, %(value)s::jsonb, %(child_ids)s::bigint[],
                                    %(control_channel)s);
 
--- ======================================================================================-- The web dashboard (trioq/dashboard/). Read-only statements, except the audit table's two.
+-- name: message_send
+-- `client.send` and the producers: {schema}.send() (migration 0016) locks the job row, queues
+-- the message and wakes the job if it waits for the topic, in one round trip. The job's state
+-- is read first without a lock only to name the error (unknown or final job) without raising in
+-- the server; the function re-checks it under the lock.
+SELECT j.state,
+       CASE WHEN j.state NOT IN ('completed', 'failed', 'cancelled')
+            THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END
+FROM (SELECT %(id)s::bigint AS id) AS k
+LEFT JOIN {schema}.jobs j ON j.id = k.id;
+
+-- name: job_receive
+-- ctx.receive: job_receive() (migration 0016): fenced, lock then read, so a receive and a send
+-- never miss each other; the messages become the checkpoint in the same transaction.
+SELECT state, messages, deadline
+FROM {schema}.job_receive(%(id)s::bigint, %(attempt)s::int, %(lease_token)s::uuid,
+                          %(position)s::int, %(topic)s::text, %(timeout_seconds)s::float8,
+                          %(deadline)s::timestamptz, %(limit)s::int,
+                          %(value_keys)s::text[], %(value_values)s::jsonb[]);
+
+-- name: job_value_set_many
+-- The values a handler set since its last checkpoint, when no checkpoint follows (the handler
+-- returns, or its next primitive writes with a statement of its own). Fenced by the lease like
+-- a checkpoint; wakes `client.get_value` waiters on the job's result channel.
+WITH owner AS (
+    SELECT j.id FROM {schema}.jobs j
+    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
+      AND j.state = 'running'
+    FOR NO KEY UPDATE
+),
+written AS (
+    INSERT INTO {schema}.workflow_values AS w (job_id, key, value, updated_at)
+    SELECT o.id, v.key, v.value::jsonb, {schema}.db_now()
+    FROM owner o CROSS JOIN unnest(%(keys)s::text[], %(values)s::text[]) AS v(key, value)
+    ON CONFLICT (job_id, key) DO UPDATE SET value = excluded.value,
+                                            updated_at = excluded.updated_at
+    RETURNING w.job_id
+)
+SELECT (SELECT count(*) FROM owner) > 0,
+       (SELECT count(pg_notify({schema}.result_channel(o.id), o.id::text)) FROM owner o)
+FROM (SELECT count(*) FROM written) AS side_effects;
+
+-- name: job_value_get
+-- `client.get_value`: the job's state (NULL: no such job) and the value of `key`, if set, in
+-- one read of two primary keys.
+SELECT j.state, v.value IS NOT NULL, v.value
+FROM (SELECT %(id)s::bigint AS id) AS k
+LEFT JOIN {schema}.jobs j ON j.id = k.id
+LEFT JOIN {schema}.workflow_values v ON v.job_id = j.id AND v.key = %(key)s;
+
+-- name: job_values
+-- Every value a job published (`trioq job ID`), by key.
+SELECT key, value, updated_at FROM {schema}.workflow_values
+WHERE job_id = %(id)s ORDER BY key;
+
+-- name: workflow_list
+-- `trioq workflows` / `client.workflows`: unfinished workflows (a job with history, or one
+-- suspended), newest first, with what each waits on. Keyset-paged by id like job_list, an
+-- operator's read: a backward scan of the primary key, bounded by the LIMIT. The children
+-- counts use jobs_parent_idx, per returned row only.
+SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count, j.wait_event_key,
+       CASE WHEN j.state = 'waiting' THEN j.wait_topic END,
+       j.wait_children IS NOT NULL AND j.state = 'waiting',
+       j.children_settled,
+       CASE WHEN j.wait_children IS NOT NULL AND j.state = 'waiting'
+            THEN (SELECT count(*) FROM {schema}.jobs c WHERE c.parent_id = j.id) END,
+       j.created_at
+FROM {schema}.jobs j
+WHERE j.state IN ('running', 'sleeping', 'waiting')
+  AND (j.state <> 'running' OR j.checkpoint_count > 0)
+  AND (%(states)s::text[] IS NULL OR j.state = ANY(%(states)s::text[]))
+  AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+  AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+ORDER BY j.id DESC
+LIMIT %(limit)s;
+
+-- =============================================================================================
+-- The web dashboard (trioq/dashboard/). Read-only statements, except the audit table's two.
 -- None counts over the whole jobs table: every count walks one partial index and stops at
 -- %(cap)s rows (the page shows "cap+" and the planner's estimate for the table beyond it);
 -- lists are keyset-paged by id. Timings at 1,000,000 jobs: bench/dashboard.py.
@@ -1999,7 +2099,6 @@ SELECT id, at, actor, address, action, target, detail::text, outcome
 FROM {schema}.dashboard_audit
 WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
 ORDER BY id DESC LIMIT %(limit)s;
-=======
 -- name: job_continue_as_new
 -- `ctx.continue_as_new(payload)`: the workflow's history ends and it starts again as the SAME
 -- job (clients waiting on its id keep waiting for its final result), fenced by its lease.

@@ -20,6 +20,7 @@ from .._core.identifiers import validate_schema
 from .._driver import JobRecord
 from ..app import App
 from ..client import Client
+from .workflows import print_workflow
 
 FINISHED = ("completed", "failed", "cancelled")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -108,6 +109,7 @@ async def cmd_job(args: argparse.Namespace) -> int:
         record = await client.get_job(args.job_id)
         attempts = await client.attempts(args.job_id)
         history = await client.history(args.job_id)
+        values = await client.values(args.job_id)
     if args.json:
         _print_json(
             {
@@ -115,6 +117,7 @@ async def cmd_job(args: argparse.Namespace) -> int:
                 "attempts": [_plain(a) for a in attempts],
                 "history": [_plain(h) for h in history],
                 "patches": [h.name for h in history if h.kind == "patch"],
+                "values": {v.key: v.value for v in values},
             }
         )
         return 0
@@ -127,10 +130,7 @@ async def cmd_job(args: argparse.Namespace) -> int:
         print(f"  #{a.attempt} {a.outcome} at {a.finished_at}: {a.error_type}: {a.error_message}")
         if a.traceback and args.tracebacks:
             print("    " + a.traceback.rstrip().replace("\n", "\n    "))
-    if history:
-        print(f"\nhistory ({len(history)} checkpoints):")
-        for h in history:
-            print(f"  {_plain(h)}")
+    print_workflow(history, values)
     patches = [f"{h.name} (position {h.position})" for h in history if h.kind == "patch"]
     if patches:
         print(f"\npatches: {', '.join(patches)}")

@@ -23,6 +23,7 @@ from ..dashboard import cli as dashboard_cli
 from . import admin as cli_admin
 from . import errors as cli_errors
 from . import worker as cli_worker
+from . import workflows as cli_workflows
 
 log = logging.getLogger("trioq.cli")
 
@@ -416,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scale", type=int, default=1, help="multiply the demo workload")
     demo.add_argument("--concurrency", type=int, default=25, help="slots per queue")
     cli_admin.add_commands(command, COMMANDS)
+    cli_workflows.add_commands(command, COMMANDS)
     dashboard = command("dashboard", "a web dashboard: queues, jobs, workflows, schedules")
     dashboard_cli.add_arguments(dashboard)
     COMMANDS["dashboard"] = dashboard_cli.cmd_dashboard

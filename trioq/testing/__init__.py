@@ -40,6 +40,7 @@ __all__ = [
 from . import (
     conformance_continue,  # noqa: F401  (registers the continue-as-new and cancel checks)
     conformance_leadership,  # noqa: F401  (registers the leadership checks)
+    conformance_messages,  # noqa: F401  (registers the message and value checks)
     conformance_schedules,  # noqa: F401  (registers the schedule checks)
     conformance_versions,  # noqa: F401  (registers the version checks)
 )

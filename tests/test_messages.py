@@ -1,0 +1,293 @@
+"""Messages and readable workflow state end to end: real workers on real PostgreSQL, 30 s poll
+intervals (only the wake-ups riding the send statements can make these tests finish in time)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+import trioq
+from tests.support import make_app, running_worker, scalar, sql_scalar
+from trioq.producer import AsyncProducer, SyncProducer
+
+POLL = 30.0
+FAST_RETRY = trioq.RetryPolicy(base_seconds=0.0, jitter=0.0)
+HOUR = datetime.timedelta(hours=1)
+
+
+def waiting_hook(expected: int) -> tuple[trioq.WorkerHooks, trio.Event, list[int]]:
+    suspended = trio.Event()
+    waits: list[int] = []
+
+    def on_end(job: Any, outcome: str) -> None:
+        if outcome in ("waiting", "sleeping"):
+            waits.append(job.id)
+            if len(waits) >= expected:
+                suspended.set()
+
+    return trioq.WorkerHooks(on_job_end=on_end), suspended, waits
+
+
+async def test_messages_sent_before_the_receive_are_taken_at_once_in_send_order(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    executions = 0
+
+    @app.task("review")
+    async def review(ctx: trioq.Context, payload: object) -> Any:
+        nonlocal executions
+        executions += 1
+        return await ctx.receive("review", timeout=HOUR)
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("review", None)
+        for n in range(3):
+            await client.send(job.id, "review", {"n": n})
+        await client.send(job.id, "other", "not for this receive")
+        async with running_worker(app, poll_interval=POLL):
+            with trio.fail_after(10):
+                assert await client.wait_result(job.id) == [{"n": 0}, {"n": 1}, {"n": 2}]
+        [(kind, name, value)] = [(c.kind, c.name, c.value) for c in await client.history(job.id)]
+        assert (kind, name) == ("receive", "review")
+        assert value == {"messages": [{"n": 0}, {"n": 1}, {"n": 2}]}
+        left = await scalar(
+            pg_url, f"SELECT array_agg(topic) FROM {pg_schema}.messages WHERE job_id = %s", [job.id]
+        )
+        assert left == ["other"]  # taken messages are gone; the other topic's stays queued
+    assert executions == 1
+
+
+async def test_a_burst_of_sends_wakes_a_waiting_workflow_once_and_is_received_in_one_claim(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    executions = 0
+    gate = trio.Event()
+
+    @app.task("approve")
+    async def approve(ctx: trioq.Context, payload: object) -> Any:
+        nonlocal executions
+        executions += 1
+        got: list[Any] = []
+        while len(got) < 5:
+            got += await ctx.receive("decision", timeout=HOUR)
+        return got
+
+    hooks, suspended, _ = waiting_hook(1)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("approve", None)
+        async with running_worker(app, poll_interval=POLL, hooks=hooks):
+            with trio.fail_after(10):
+                await suspended.wait()
+                async with client.transaction() as tx:  # one commit: the burst
+                    for n in range(5):
+                        await tx.execute(
+                            f"SELECT {pg_schema}.send(%s, 'decision', %s::jsonb)",
+                            [job.id, f'{{"n": {n}}}'],
+                        )
+                gate.set()
+                assert await client.wait_result(job.id) == [{"n": n} for n in range(5)]
+        history = await client.history(job.id)
+    assert executions == 2  # suspended once, woken once
+    assert [entry.value for entry in history] == [{"messages": [{"n": n} for n in range(5)]}]
+
+
+async def test_receive_times_out_with_an_empty_list_and_replays_the_same(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    calls = 0
+
+    @app.task("poll", retry=FAST_RETRY, max_attempts=2)
+    async def poll(ctx: trioq.Context, payload: object) -> Any:
+        nonlocal calls
+        got = await ctx.receive("late", timeout=datetime.timedelta(0))
+        calls += 1
+        if calls == 1:
+            await ctx.client.send(ctx.job.id, "late", "after the timeout")
+            raise RuntimeError("crash after the receive: the retry replays it")
+        return got
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("poll", None)
+        async with running_worker(app, poll_interval=POLL):
+            with trio.fail_after(10):
+                assert await client.wait_result(job.id) == []  # the replay: still timed out
+    assert calls == 2
+
+
+async def test_sending_to_an_unknown_or_final_job_is_a_clear_error(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("quick")
+    async def quick(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client:
+        with pytest.raises(trioq.JobNotFound, match="no job 999999"):
+            await client.send(999_999, "topic", 1)
+        job = await client.enqueue("quick", None)
+        async with running_worker(app, poll_interval=POLL):
+            with trio.fail_after(10):
+                await client.wait_result(job.id)
+        with pytest.raises(trioq.JobFinished, match=f"job {job.id} is completed"):
+            await client.send(job.id, "topic", 1)
+        with pytest.raises(ValueError, match="topic"):
+            await client.send(job.id, "", 1)
+        with pytest.raises(trioq.PayloadError, match="payload"):
+            await client.send(job.id, "topic", {1, 2})
+        query = f"SELECT {pg_schema}.send(%s, 't', '1')"
+        with pytest.raises(Exception, match=f"job {job.id} is completed"):
+            await trio.to_thread.run_sync(sql_scalar, pg_url, query, [job.id])
+        with pytest.raises(Exception, match="send: no job 999999"):
+            await trio.to_thread.run_sync(sql_scalar, pg_url, query, [999_999])
+
+
+async def test_set_value_is_readable_while_the_workflow_waits_and_after_it_ends(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("progress")
+    async def progress(ctx: trioq.Context, payload: object) -> Any:
+        await ctx.set_value("stage", "started")
+        await ctx.set_value("stage", "waiting for approval")  # the newest value wins
+        decision = await ctx.receive("approval", timeout=HOUR)
+        await ctx.set_value("stage", "approved")
+        await ctx.step("ship", lambda: "shipped")  # carries the value: no statement of its own
+        await ctx.set_value("done", True)  # no checkpoint follows: written with the completion
+        return decision
+
+    hooks, suspended, _ = waiting_hook(1)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("progress", None)
+        with pytest.raises(trioq.ValueNotSet, match="'stage'"):
+            await client.get_value(job.id, "stage")
+        async with running_worker(app, poll_interval=POLL, hooks=hooks):
+            with trio.fail_after(10):
+                await suspended.wait()
+                assert await client.get_value(job.id, "stage") == "waiting for approval"
+                async with trio.open_nursery() as nursery:
+                    done: list[Any] = []
+
+                    async def wait_done() -> None:
+                        done.append(await client.get_value(job.id, "done", wait=10))
+
+                    nursery.start_soon(wait_done)
+                    await client.send(job.id, "approval", "yes")
+                assert done == [True]
+                assert await client.wait_result(job.id) == ["yes"]
+        assert await client.get_value(job.id, "stage") == "approved"
+        values = {value.key: value.value for value in await client.values(job.id)}
+        assert values == {"stage": "approved", "done": True}
+        with pytest.raises(trioq.ValueNotSet, match="'missing'"):
+            await client.get_value(job.id, "missing", wait=5)  # final: no waiting
+        with pytest.raises(trioq.JobNotFound):
+            await client.get_value(999_999, "stage")
+
+
+async def test_workflows_lists_what_each_workflow_waits_on(pg_url: str, pg_schema: str) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("on_message")
+    async def on_message(ctx: trioq.Context, payload: object) -> Any:
+        return await ctx.receive("go", timeout=HOUR)
+
+    @app.task("on_event")
+    async def on_event(ctx: trioq.Context, payload: object) -> Any:
+        return await ctx.wait_for_event("ev:1", timeout=HOUR)
+
+    @app.task("napper")
+    async def napper(ctx: trioq.Context, payload: object) -> None:
+        await ctx.sleep("nap", HOUR)
+
+    @app.task("child")
+    async def child(ctx: trioq.Context, payload: object) -> Any:
+        return await ctx.receive("go", timeout=HOUR)
+
+    @app.task("parent")
+    async def parent(ctx: trioq.Context, payload: object) -> Any:
+        ids = [await ctx.spawn("child", n) for n in range(2)]
+        return await ctx.gather(*ids)
+
+    hooks, suspended, _ = waiting_hook(6)
+    async with app.client(migrate=True) as client:
+        jobs = {
+            task: (await client.enqueue(task, None)).id
+            for task in ("on_message", "on_event", "napper", "parent")
+        }
+        async with running_worker(app, poll_interval=POLL, hooks=hooks, concurrency=6):
+            with trio.fail_after(10):
+                await suspended.wait()
+                views = {view.id: view for view in await client.workflows()}
+                assert views[jobs["on_message"]].waits_on.startswith("message 'go' (until ")
+                assert views[jobs["on_event"]].waits_on.startswith("event 'ev:1'")
+                assert views[jobs["napper"]].state == "sleeping"
+                assert views[jobs["napper"]].waits_on.startswith("sleeping until ")
+                assert views[jobs["parent"]].waits_on == "children 0/2 done"
+                children = sorted(v.id for v in views.values() if v.task == "child")
+                assert len(children) == 2
+                await client.send(children[0], "go", 1)
+                await client.wait_result(children[0])
+                # The parent woke? No: it waits for both; its view counts one done.
+                [parent_view] = [
+                    v for v in await client.workflows(task="parent") if v.id == jobs["parent"]
+                ]
+                assert parent_view.waits_on == "children 1/2 done"
+                sleeping = await client.workflows(states=["sleeping"])
+                assert [view.id for view in sleeping] == [jobs["napper"]]
+            with pytest.raises(ValueError, match="states"):
+                await client.workflows(states=["completed"])
+            await client.send(children[1], "go", 2)
+            with trio.fail_after(10):
+                assert await client.wait_result(jobs["parent"]) == [[1], [2]]
+
+
+async def test_producers_send_in_the_callers_transaction_and_refuse_final_jobs(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("collect")
+    async def collect(ctx: trioq.Context, payload: object) -> Any:
+        got: list[Any] = []
+        while len(got) < 3:
+            got += await ctx.receive("items", timeout=HOUR)
+        return got
+
+    def django_view(job_id: int) -> None:
+        with SyncProducer(pg_url, schema=pg_schema) as producer:
+            with psycopg.connect(pg_url) as conn:  # not autocommit: the caller's transaction
+                producer.send(job_id, "items", "rolled back", conn=conn)
+                conn.rollback()
+                producer.send(job_id, "items", 1, conn=conn)
+                conn.commit()
+            producer.send(job_id, "items", 2)
+
+    async def fastapi_handler(job_id: int) -> None:
+        async with AsyncProducer(pg_url, schema=pg_schema) as producer:
+            await producer.send(job_id, "items", 3)
+
+    async def after_the_end(job_id: int) -> None:
+        async with AsyncProducer(pg_url, schema=pg_schema) as producer:
+            with pytest.raises(trioq.JobFinished, match=f"job {job_id} is completed"):
+                await producer.send(job_id, "items", 4)
+            with pytest.raises(trioq.JobNotFound):
+                await producer.send(999_999, "items", 4)
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("collect", None)
+        async with running_worker(app, poll_interval=POLL):
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(django_view, job.id)
+                await trio.to_thread.run_sync(asyncio.run, fastapi_handler(job.id))
+                assert await client.wait_result(job.id) == [1, 2, 3]
+        await trio.to_thread.run_sync(asyncio.run, after_the_end(job.id))

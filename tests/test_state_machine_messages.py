@@ -1,0 +1,176 @@
+"""The differential machine of tests/test_state_machine.py with messages added: sends (to
+running, suspended, final and not yet started jobs), receives (taking, timing out, suspending),
+replays of recorded and of pending receives after a wake-up or a crash (lease recovery and a
+new claim), mixed with every rule of the base machine (settles, sleeps, recovery, cancel,
+redrive, time). Both drivers must agree on every answer, and on the rows:
+
+- no message lost or delivered twice: per job and topic, the messages recorded by its receive
+  checkpoints followed by the ones still queued are exactly the accepted sends, in send order;
+- a replay of a recorded receive returns the same messages and takes none;
+- no lost wake-up: a job waiting for a topic has no message of that topic queued.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
+
+from tests.test_state_machine import SLEEP, DifferentialMachine
+from trioq._core.identifiers import quote_ident
+from trioq._driver import Driver, MessageSend, Receive
+
+TOPICS = ("t1", "t2")
+
+
+async def _pg_queued(pg: Driver, schema: str) -> list[tuple[Any, ...]]:
+    async with pg.transaction() as tx:
+        return await tx.fetch(
+            f"SELECT job_id, topic, payload FROM {quote_ident(schema)}.messages ORDER BY id"
+        )
+
+
+class MessagesMachine(DifferentialMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: dict[tuple[int, str], list[int]] = {}  # (memory id, topic) -> payloads
+        self.recorded: dict[tuple[int, int], tuple[str, list[Any]]] = {}  # (job, position)
+        # memory id -> (position, topic, deadline) of the receive it suspended in
+        self.pending: dict[int, tuple[int, str, datetime.datetime]] = {}
+        self.next_payload = 0
+
+    def _held_job(self, pick: int) -> int | None:
+        held = sorted(job for w in self.workers.values() for job in w.held if job in self.leases)
+        return held[pick % len(held)] if held else None
+
+    def _suspended(self, job: int) -> None:
+        for worker in self.workers.values():
+            if job in worker.held:
+                worker.held.remove(job)
+        self.stale.append(self.leases.pop(job))
+
+    @precondition(lambda self: bool(self.to_pg))
+    @rule(pick=st.integers(0, 1000), topic=st.sampled_from(TOPICS))
+    def send(self, pick: int, topic: str) -> None:
+        job = sorted(self.to_pg)[pick % len(self.to_pg)]
+        self.next_payload += 1
+        payload = json.dumps(self.next_payload)
+        memory, pg = self.both(
+            "message_send",
+            (MessageSend(job, topic, payload),),
+            (MessageSend(self.to_pg[job], topic, payload),),
+        )
+        assert (memory.state, memory.message_id is None) == (pg.state, pg.message_id is None)
+        if memory.message_id is not None:
+            self.sent.setdefault((job, topic), []).append(self.next_payload)
+
+    def _receive(
+        self, job: int, position: int, topic: str, timeout: float, deadline: Any, limit: int
+    ) -> Any:
+        leases = self.leases[job]
+        memory, pg = self.both(
+            "job_receive",
+            (Receive(leases.memory, position, topic, timeout, deadline, limit),),
+            (Receive(leases.pg, position, topic, timeout, deadline, limit),),
+        )
+        assert (memory.state, memory.messages) == (pg.state, pg.messages), (memory, pg)
+        if memory.state in ("received", "timeout"):
+            earlier = self.recorded.get((job, position))
+            if earlier is not None:
+                assert earlier == (topic, list(memory.messages)), "a replay differs"
+            self.recorded[(job, position)] = (topic, list(memory.messages))
+            self.pending.pop(job, None)
+        elif memory.state == "waiting":
+            self.pending[job] = (position, topic, memory.deadline)
+            self._suspended(job)
+        return memory
+
+    @precondition(lambda self: bool(self.leases))
+    @rule(
+        pick=st.integers(0, 100),
+        topic=st.sampled_from(TOPICS),
+        wait=st.booleans(),
+        limit=st.integers(1, 3),
+    )
+    def receive(self, pick: int, topic: str, wait: bool, limit: int) -> None:
+        job = self._held_job(pick)
+        if job is None or job in self.pending:
+            return
+        position = self.leases[job].next_position
+        outcome = self._receive(job, position, topic, SLEEP if wait else 0.0, None, limit)
+        if outcome.state in ("received", "timeout") and job in self.leases:
+            self.leases[job].next_position = position + 1
+
+    @precondition(lambda self: bool(self.leases) and bool(self.pending))
+    @rule(pick=st.integers(0, 100), limit=st.integers(1, 3))
+    def replay_pending_receive(self, pick: int, limit: int) -> None:
+        """A woken (or recovered) job replays the receive it suspended in."""
+        jobs = [job for job in sorted(self.pending) if job in self.leases]
+        if not jobs:
+            return
+        job = jobs[pick % len(jobs)]
+        position, topic, deadline = self.pending[job]
+        self._receive(job, position, topic, SLEEP, deadline, limit)
+
+    @precondition(lambda self: bool(self.leases) and bool(self.recorded))
+    @rule(pick=st.integers(0, 100))
+    def replay_recorded_receive(self, pick: int) -> None:
+        """A re-claimed job replays a receive its history holds (a crash after the receive)."""
+        done = sorted(key for key in self.recorded if key[0] in self.leases)
+        if not done:
+            return
+        job, position = done[pick % len(done)]
+        topic, _ = self.recorded[(job, position)]
+        outcome = self._receive(job, position, topic, SLEEP, None, 3)
+        assert outcome.state in ("received", "lost"), outcome
+
+    # --- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def every_accepted_send_is_recorded_or_queued_once_in_send_order(self) -> None:
+        queued = self.pair.memory._messages.queued
+        for (job, topic), sent in self.sent.items():
+            taken = [
+                item
+                for (j, _), (t, items) in sorted(self.recorded.items())
+                if j == job and t == topic
+                for item in items
+            ]
+            left = [json.loads(p) for _, p in queued.get(job, {}).get(topic, [])]
+            assert taken + left == sent, (job, topic, taken, left, sent)
+        pg_left: dict[tuple[int, str], list[Any]] = {}
+        for pg_job, topic, payload in self.host.call(_pg_queued, self.pair.pg, self.pair.pg.schema):
+            pg_left.setdefault((self.to_memory[pg_job], topic), []).append(payload)
+        memory_left = {
+            (job, topic): [json.loads(p) for _, p in items]
+            for job, topics in queued.items()
+            for topic, items in topics.items()
+            if items
+        }
+        assert pg_left == memory_left
+
+    @invariant()
+    def no_job_waits_for_a_topic_with_a_queued_message(self) -> None:
+        queued = self.pair.memory._messages.queued
+        for row in self.pair.memory._rows.values():
+            if row.state == "waiting" and row.wait_topic is not None:
+                assert not queued.get(row.id, {}).get(row.wait_topic), row
+
+
+def test_both_drivers_agree_on_messages_across_crashes_and_replays(
+    pg_url: str, pg_schema: str
+) -> None:
+    machine: Any = type("Machine", (MessagesMachine,), {"pg_url": pg_url, "pg_schema": pg_schema})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=8,
+            stateful_step_count=35,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
