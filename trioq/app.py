@@ -6,7 +6,7 @@ import contextvars
 import importlib
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -275,7 +275,7 @@ class App:
 
     def worker(
         self,
-        queues: list[str] | tuple[str, ...] | None = None,
+        queues: Mapping[str, int] | list[str] | tuple[str, ...] | None = None,
         concurrency: int = 10,
         *,
         hooks: WorkerHooks | None = None,
@@ -287,6 +287,9 @@ class App:
             raise ConfigurationError("run_worker: open `app.client()` first")
         if not self.tasks:
             raise ConfigurationError("run_worker: the app has no registered tasks")
+        # A mapping gives each queue its own slots (`{"default": 25, "mail": 2}`).
+        if isinstance(queues, Mapping):
+            config["queue_concurrency"] = tuple(queues.items())
         worker_config = WorkerConfig(
             queues=tuple(queues or ("default",)), concurrency=concurrency, **config
         )
@@ -303,7 +306,7 @@ class App:
 
     async def run_worker(
         self,
-        queues: list[str] | tuple[str, ...] | None = None,
+        queues: Mapping[str, int] | list[str] | tuple[str, ...] | None = None,
         concurrency: int = 10,
         *,
         hooks: WorkerHooks | None = None,
@@ -311,6 +314,8 @@ class App:
         **config: Any,
     ) -> None:
         """Run a worker inside this program until it is drained (`worker.request_drain()`)
-        or cancelled. Use `await nursery.start(app.run_worker, ...)` to get the Worker."""
+        or cancelled. `queues` is a list of names (each gets `concurrency` slots) or a mapping
+        of name to slots (`{"default": 25, "mail": 2}`). Use
+        `await nursery.start(app.run_worker, ...)` to get the Worker."""
         worker = self.worker(queues, concurrency, hooks=hooks, **config)
         await worker.run(task_status=task_status)

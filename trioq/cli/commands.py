@@ -46,8 +46,9 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    queues = cli_worker.parse_queues(args.queue, args.concurrency)  # bad values: before loading
     app = _with_url(load_app(args.app), args)
-    cli_worker.warn_unserved_queues(app, args.queue or ["default"])
+    cli_worker.warn_unserved_queues(app, list(queues))
     # The health server answers from process start: /livez while the command still waits for
     # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
     health = HealthTarget()
@@ -88,7 +89,7 @@ async def _serve_worker(
         nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope, stopped)
         print(
             f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
-            f"concurrency={worker.config.concurrency}",
+            f"concurrency={','.join(str(worker.config.slots(q)) for q in worker.config.queues)}",
             flush=True,
         )
     stopped.finished = True
@@ -111,7 +112,7 @@ async def _run_worker(
 ) -> None:
     """Run the worker; once it has drained, stop the signal handler and health server too."""
     await app.run_worker(
-        queues=args.queue or ["default"],
+        queues=cli_worker.parse_queues(args.queue, args.concurrency),
         concurrency=args.concurrency,
         poll_interval=args.poll_interval,
         lease_seconds=args.lease,
@@ -298,9 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker = command("worker", "run a worker: claim and run jobs until SIGINT/SIGTERM")
     worker.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
     worker.add_argument(
-        "--queue", action="append", help="queue to serve (repeatable; None: default)"
+        "--queue",
+        action="append",
+        metavar="NAME[=SLOTS]",
+        help="queue to serve, with its own slots if given (repeatable; None: default)",
     )
-    worker.add_argument("--concurrency", type=int, default=10, help="slots per queue")
+    worker.add_argument(
+        "--concurrency", type=int, default=10, help="slots of each queue given without =SLOTS"
+    )
     worker.add_argument(
         "--poll-interval",
         type=float,
