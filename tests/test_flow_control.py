@@ -115,6 +115,8 @@ def test_plain_queue_names_take_the_concurrency() -> None:
         (["--queue", "mail=-3"], "--queue mail=-3: expected --queue NAME or --queue NAME=SLOTS"),
         (["--queue", "a", "--queue", "a=2"], "queue 'a' is given twice"),
         (["--concurrency", "0"], "--concurrency 0: must be a whole number from 1 to 10000"),
+        (["--processes", "0"], "--processes 0: must be a whole number from 1 to 256"),
+        (["--processes", "-2"], "--processes -2: must be a whole number from 1 to 256"),
     ],
 )
 def test_bad_slot_values_end_in_one_line_before_anything_runs(
