@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import trio
 
@@ -29,6 +30,37 @@ def worker_pids(schema: str) -> tuple[object, None]:
     return q(schema, "SELECT DISTINCT pid FROM {s}.workers ORDER BY pid"), None
 
 
+async def start_supervisor(
+    pg_url: str, pg_schema: str, log_file: IO[bytes], processes: int
+) -> trio.Process:
+    # fmt: off
+    return await trio.lowlevel.open_process(
+        [
+            sys.executable, "-m", "trioq.cli", "-v", "worker", APP_PATH,
+            "--queue", QUEUE, "--concurrency", "2", "--processes", str(processes),
+            "--lease", str(LEASE), "--poll-interval", str(POLL), "--grace", "10",
+            "--maintenance-interval", str(MAINTENANCE), "--database-url", pg_url,
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, SCHEMA_ENV: pg_schema, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    # fmt: on
+
+
+async def reap(supervisor: trio.Process, pids: set[int]) -> None:
+    """Kill (by pid) every process the test started, directly or through the supervisor."""
+    with trio.CancelScope(shield=True):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if supervisor.returncode is None:
+            supervisor.kill()
+            await supervisor.wait()
+
+
 async def test_processes_3_restarts_a_killed_child_and_sigterm_drains_all(
     pg_url: str, pg_schema: str, tmp_path: Path
 ) -> None:
@@ -36,39 +68,7 @@ async def test_processes_3_restarts_a_killed_child_and_sigterm_drains_all(
     seen_pids: set[int] = set()
     async with producer(pg_url, pg_schema) as client:
         with log_path.open("wb") as log_file:
-            # fmt: off
-            supervisor = await trio.lowlevel.open_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "trioq.cli",
-                    "-v",
-                    "worker",
-                    APP_PATH,
-                    "--queue",
-                    QUEUE,
-                    "--concurrency",
-                    "2",
-                    "--processes",
-                    "3",
-                    "--lease",
-                    str(LEASE),
-                    "--poll-interval",
-                    str(POLL),
-                    "--grace",
-                    "10",
-                    "--maintenance-interval",
-                    str(MAINTENANCE),
-                    "--database-url",
-                    pg_url,
-                ],
-                cwd=REPO_ROOT,
-                env={**os.environ, SCHEMA_ENV: pg_schema, "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
-            # fmt: on
+            supervisor = await start_supervisor(pg_url, pg_schema, log_file, 3)
             try:
                 rows = await wait_until(
                     pg_url, *worker_pids(pg_schema), count_is(3), within=30,
@@ -96,7 +96,7 @@ async def test_processes_3_restarts_a_killed_child_and_sigterm_drains_all(
                     pg_url,
                     q(
                         pg_schema,
-                        "SELECT id FROM {s}.jobs WHERE id = ANY(%s) AND state = 'completed'",
+                        "SELECT id FROM {s}.jobs WHERE id = ANY(%s) AND state = %s",
                     ),
                     (ids, "completed"),
                     count_is(6),
@@ -109,7 +109,7 @@ async def test_processes_3_restarts_a_killed_child_and_sigterm_drains_all(
                     pg_url,
                     q(
                         pg_schema,
-                        "SELECT id FROM {s}.jobs WHERE id = ANY(%s) AND state = 'running'",
+                        "SELECT id FROM {s}.jobs WHERE id = ANY(%s) AND state = %s",
                     ),
                     (drained, "running"),
                     count_is(6),
@@ -120,13 +120,7 @@ async def test_processes_3_restarts_a_killed_child_and_sigterm_drains_all(
                 with trio.fail_after(30):
                     code = await supervisor.wait()
             finally:
-                with trio.CancelScope(shield=True):
-                    for pid in seen_pids:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                    if supervisor.returncode is None:
-                        supervisor.kill()
-                        await supervisor.wait()
+                await reap(supervisor, seen_pids)
         output = log_path.read_text(errors="replace")
         states = await fetch(
             pg_url,
@@ -139,3 +133,29 @@ async def test_processes_3_restarts_a_killed_child_and_sigterm_drains_all(
     assert "SIGTERM: draining 3 worker(s)" in output, output
     assert states == [("completed", 6)], output  # drained, none released or lost
     assert registered == [(victim,)], output  # the live three unregistered on their way out
+
+
+async def test_children_drain_when_their_supervisor_is_killed(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    pids: set[int] = set()
+    async with producer(pg_url, pg_schema):
+        with (tmp_path / "supervisor.log").open("wb") as log_file:
+            supervisor = await start_supervisor(pg_url, pg_schema, log_file, 2)
+            try:
+                rows = await wait_until(
+                    pg_url, *worker_pids(pg_schema), count_is(2), within=30,
+                    what="two worker processes registered",
+                )  # fmt: skip
+                pids.update(pid for (pid,) in rows)
+                supervisor.kill()
+                await supervisor.wait()
+                # Each child saw the pipe close, drained and unregistered its row.
+                await wait_until(
+                    pg_url, *worker_pids(pg_schema), count_is(0), within=30,
+                    what="both children drained after their supervisor died",
+                )  # fmt: skip
+            finally:
+                await reap(supervisor, pids)
+        output = (tmp_path / "supervisor.log").read_text(errors="replace")
+    assert output.count("the --processes supervisor went away: draining") == 2, output
