@@ -113,6 +113,7 @@ def test_plain_queue_names_take_the_concurrency() -> None:
         (["--queue", "mail=x"], "--queue mail=x: expected --queue NAME or --queue NAME=SLOTS"),
         (["--queue", "mail=0"], "--queue mail=0: expected --queue NAME or --queue NAME=SLOTS"),
         (["--queue", "mail=-3"], "--queue mail=-3: expected --queue NAME or --queue NAME=SLOTS"),
+        (["--queue", "mail=²"], "--queue mail=²: expected --queue NAME or --queue NAME=SLOTS"),
         (["--queue", "a", "--queue", "a=2"], "queue 'a' is given twice"),
         (["--concurrency", "0"], "--concurrency 0: must be a whole number from 1 to 10000"),
         (["--processes", "0"], "--processes 0: must be a whole number from 1 to 256"),

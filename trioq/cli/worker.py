@@ -40,7 +40,7 @@ def parse_queues(values: Sequence[str] | None, concurrency: int) -> dict[str, in
         name, sep, count = value.partition("=")
         if not sep:
             number = concurrency
-        elif count.isdigit() and 1 <= int(count) <= MAX_CONCURRENCY:
+        elif count.isascii() and count.isdigit() and 1 <= int(count) <= MAX_CONCURRENCY:
             number = int(count)
         else:
             raise ValueError(f"--queue {value}: expected {QUEUE_FORM}")
