@@ -43,15 +43,6 @@ def test_registering_a_task_twice_is_refused() -> None:
             return None
 
 
-def test_sync_handler_is_refused_at_registration() -> None:
-    app = trioq.App(schema="x")
-    with pytest.raises(TypeError, match="async"):
-
-        @app.task("sync")
-        def handler(ctx: trioq.Context, payload: object) -> None:  # type: ignore[type-var]
-            return None
-
-
 def test_missing_database_url_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRIOQ_DATABASE_URL", raising=False)
     with pytest.raises(trioq.ConfigurationError, match="TRIOQ_DATABASE_URL"):

@@ -552,7 +552,7 @@ async def test_status_lists_workers_and_their_jobs_and_expired_leases_after_kill
         [row] = [line for line in text.splitlines() if f":{a.pid} " in line]  # the workers table
         assert [cell.strip() for cell in row.strip("│ ").split("│")][2:5] == [
             "running",
-            QUEUE,
+            f"{QUEUE}=5",  # each queue with its slots
             "3/5",
         ]
 

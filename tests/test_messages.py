@@ -12,7 +12,7 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, running_worker, scalar, sql_scalar
+from tests.support import make_app, running_worker, scalar, sql_scalar, wait_until
 from trioq.producer import AsyncProducer, SyncProducer
 
 POLL = 30.0
@@ -227,6 +227,12 @@ async def test_workflows_lists_what_each_workflow_waits_on(pg_url: str, pg_schem
         async with running_worker(app, poll_interval=POLL, hooks=hooks, concurrency=6):
             with trio.fail_after(10):
                 await suspended.wait()
+
+                async def napper_sleeps() -> bool:
+                    return (await client.get_job(jobs["napper"])).state == "sleeping"
+
+                # on_job_end fires when the sleep is handed to the completer, before it commits.
+                await wait_until(napper_sleeps)
                 views = {view.id: view for view in await client.workflows()}
                 assert views[jobs["on_message"]].waits_on.startswith("message 'go' (until ")
                 assert views[jobs["on_event"]].waits_on.startswith("event 'ev:1'")

@@ -253,6 +253,8 @@ class WorkerRegistration:
     # (task, version, max_attempts) of each served pair, sorted: the declarations that rows
     # without a max_attempts of their own take (task_defaults, migration 0015)
     task_defaults: tuple[tuple[str, int, int], ...] = ()
+    # The slots of each queue in `queues`, in order (migration 0018); `concurrency` is their sum.
+    queue_concurrency: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -734,6 +736,14 @@ class WorkerInfo:
     # The queues whose effective limit this worker's admission control reduced, as its last
     # heartbeat wrote them (migration 0008); `reduced_for_seconds` as of this read.
     admission: tuple[QueueAdmission, ...] = ()
+    # The slots of each queue in `queues`, in order (migration 0018; empty for older rows).
+    queue_concurrency: tuple[int, ...] = ()
+
+    def slots(self, queue: str) -> int:
+        """This worker's slots for `queue` (its total for a row from before per-queue slots)."""
+        if self.queue_concurrency and queue in self.queues:
+            return self.queue_concurrency[self.queues.index(queue)]
+        return self.concurrency
 
 
 @attrs.frozen

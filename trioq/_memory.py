@@ -1503,6 +1503,8 @@ def _explain_worker(worker: _Worker) -> dict[str, Any]:
         "hostname": registration.hostname,
         "pid": registration.pid,
         "queues": list(registration.queues),
+        "concurrency": registration.concurrency,
+        "queue_concurrency": list(registration.queue_concurrency) or None,
         "task_versions": list(registration.task_versions),
         "state": worker.state,
         "heartbeat_at": worker.heartbeat_at,
@@ -1599,4 +1601,5 @@ def _worker_info(worker: _Worker, running: int, now: datetime.datetime) -> Worke
         running=running,
         task_versions=tuple(registration.task_versions),
         admission=admission,
+        queue_concurrency=tuple(registration.queue_concurrency),
     )

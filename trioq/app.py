@@ -6,7 +6,7 @@ import contextvars
 import importlib
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -323,7 +323,7 @@ class App:
 
     def worker(
         self,
-        queues: list[str] | tuple[str, ...] | None = None,
+        queues: Mapping[str, int] | list[str] | tuple[str, ...] | None = None,
         concurrency: int = 10,
         *,
         hooks: WorkerHooks | None = None,
@@ -342,6 +342,9 @@ class App:
                     "LISTEN needs listen_url, a direct connection; give one, or poll only"
                 )
             config["notifications"] = False
+        # A mapping gives each queue its own slots (`{"default": 25, "mail": 2}`).
+        if isinstance(queues, Mapping):
+            config["queue_concurrency"] = tuple(queues.items())
         worker_config = WorkerConfig(
             queues=tuple(queues or ("default",)), concurrency=concurrency, **config
         )
@@ -358,7 +361,7 @@ class App:
 
     async def run_worker(
         self,
-        queues: list[str] | tuple[str, ...] | None = None,
+        queues: Mapping[str, int] | list[str] | tuple[str, ...] | None = None,
         concurrency: int = 10,
         *,
         hooks: WorkerHooks | None = None,
@@ -366,6 +369,8 @@ class App:
         **config: Any,
     ) -> None:
         """Run a worker inside this program until it is drained (`worker.request_drain()`)
-        or cancelled. Use `await nursery.start(app.run_worker, ...)` to get the Worker."""
+        or cancelled. `queues` is a list of names (each gets `concurrency` slots) or a mapping
+        of name to slots (`{"default": 25, "mail": 2}`). Use
+        `await nursery.start(app.run_worker, ...)` to get the Worker."""
         worker = self.worker(queues, concurrency, hooks=hooks, **config)
         await worker.run(task_status=task_status)

@@ -208,7 +208,15 @@ def _worker_gates(
     live = [w for w in workers if _is_live(w, now, live_seconds)]
     if not live:
         return [Gate("workers", True, f"no live worker serves queue {queue!r}")]
-    gates = [Gate("workers", False, f"{len(live)} live worker(s) serve queue {queue!r}")]
+    slots = [_queue_slots(w, queue) for w in live]
+    gates = [
+        Gate(
+            "workers",
+            False,
+            f"{len(live)} live worker(s) serve queue {queue!r} with "
+            f"{'+'.join(map(str, slots))} slot(s)",
+        )
+    ]
     serving = live
     if any(w.get("task_versions") for w in live):
         pair = f"{task}@{job.get('version', 1)}"
@@ -222,6 +230,14 @@ def _worker_gates(
     accepting = [w for w in serving if w.get("state") != "draining"]
     gates.append(Gate("draining", False, "a serving worker is accepting work"))
     return [*gates, _admission_gate(queue, accepting, now)]
+
+
+def _queue_slots(worker: Row, queue: str) -> int:
+    """The worker's slots for `queue`: its per-queue figure (migration 0018), else its total."""
+    queues, slots = worker.get("queues") or [], worker.get("queue_concurrency")
+    if slots and queue in queues and len(slots) == len(queues):
+        return int(slots[queues.index(queue)])
+    return int(worker.get("concurrency") or 0)
 
 
 # Reason codes of trioq._core.admission, as explain words them.

@@ -869,6 +869,7 @@ class PgDriver:
                 "pid": params.pid,
                 "queues": list(params.queues),
                 "concurrency": params.concurrency,
+                "queue_concurrency": list(params.queue_concurrency) or None,
                 "task_versions": list(params.task_versions),
                 "default_tasks": [task for task, _, _ in params.task_defaults],
                 "default_versions": [version for _, version, _ in params.task_defaults],
@@ -921,6 +922,7 @@ class PgDriver:
                     QueueAdmission(q, int(lim), int(conc), reason, cause, float(age))
                     for q, lim, conc, reason, cause, age in row[10]
                 ),
+                tuple(row[11] or ()),
             )
             for row in rows
         ]

@@ -135,6 +135,10 @@ class ClaimLoop:
     _timer: trio.CancelScope | None = None
     _timers: SharedTimers | None = None  # holds early-claimed jobs (Run.hold_until_due)
     _db_clock: DatabaseClock = attrs.field(factory=DatabaseClock)
+    # Plain `def` handlers run in threads, as many at once as the queue has slots (executor.py).
+    _thread_limiter: trio.CapacityLimiter = attrs.field(
+        default=attrs.Factory(lambda self: trio.CapacityLimiter(self.concurrency), takes_self=True)
+    )
 
     def __attrs_post_init__(self) -> None:
         backlog = self.concurrency if self.max_backlog is None else self.max_backlog
@@ -420,6 +424,7 @@ class ClaimLoop:
                 due_at=self._db_clock.to_trio(job.run_at) if job.run_at > now else None,
                 timers=self._timers,
                 traced=traced,
+                thread_limiter=self._thread_limiter,
             )
             running[job.id] = run
             handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")

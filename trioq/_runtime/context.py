@@ -9,11 +9,12 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import attrs
+import trio
 
 from .._core.errors import ConfigurationError
 from .._core.retry import RetryPolicy
@@ -219,6 +220,29 @@ class Context:
         receive, wait or completion), so a loop that sets progress costs nothing extra. The
         newest value per key wins; it stays readable after the job ends."""
         await messages.set_value(self._run, key, value)
+
+    # --- plain `def` handlers (docs/handlers.md) -------------------------------------------
+
+    def cancelled(self) -> bool:
+        """True once this execution was cancelled (its timeout passed, the worker drains, a
+        cancel was requested, the lease was lost). A plain `def` handler, which trio cannot
+        interrupt, checks it between units of work and returns or raises to stop; its outcome
+        is then the cancellation's (a timeout fails the attempt, a drain releases the job).
+        Callable from the handler's thread and from the trio thread."""
+        try:
+            trio.from_thread.check_cancelled()
+        except trio.Cancelled:
+            return True
+        except RuntimeError:  # not a trio worker thread: the trio thread itself
+            return self._run.cancel_reason is not None or self._run.scope.cancel_called
+        return False
+
+    def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """From a plain `def` handler's thread: run `await fn(*args)` in the trio thread and
+        return its result, e.g. `ctx.call(ctx.step, "charge", charge, order)` or
+        `ctx.call(ctx.client.enqueue, "mail", {...})`. Raises what `fn` raises (a durable
+        sleep or wait ends the execution by raising through the handler: do not catch it)."""
+        return trio.from_thread.run(fn, *args)
 
     def __repr__(self) -> str:
         return f"Context(job={self.job!r}, worker_id={self.worker_id!r})"

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import traceback
+from typing import Any
 
 import trio
 
@@ -68,7 +69,10 @@ async def execute(run: Run) -> Outcome:
                     traceparent=await _trace_context(run),
                 )  # fmt: skip
             with span as run.trace_id:
-                result = await spec.handler(Context(run), spec.load_payload(job.payload))
+                if spec.sync:
+                    result = await run_sync_handler(run, spec.load_payload(job.payload))
+                else:
+                    result = await spec.handler(Context(run), spec.load_payload(job.payload))
                 if held:
                     # Held jobs wake in bursts (one timer for all whose sleeps end together):
                     # yield once, so every handler of the burst resumes before any of them
@@ -114,6 +118,18 @@ async def _join_kept_children(run: Run) -> None:
     # Suspended (the outcome says so) or lost (the cancel reason says so): nothing more to do.
     with trio.CancelScope(shield=True), contextlib.suppress(SuspendExecution, LeaseLost):
         await waits.join_kept_children(run)
+
+
+async def run_sync_handler(run: Run, payload: Any) -> Any:
+    """Run a plain `def` handler in a worker thread, so that it blocks no other handler, claim
+    or lease renewal. Trio cannot interrupt a thread: a cancellation (timeout, drain, cancel
+    request, lost lease) is seen by `ctx.cancelled()` in the thread, and the job's task waits
+    until the function returns; then the cancellation wins over its result."""
+    result = await trio.to_thread.run_sync(
+        run.spec.handler, Context(run), payload, limiter=run.thread_limiter
+    )
+    await trio.lowlevel.checkpoint_if_cancelled()
+    return result
 
 
 async def _trace_context(run: Run) -> str | None:

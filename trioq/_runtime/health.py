@@ -157,6 +157,7 @@ async def render_metrics(worker: Worker) -> bytes:
     for loop in stats.loops:
         owned = loop.running + loop.pending_writes
         metrics.open_slots.labels(loop.queue).set(max(0, loop.concurrency - owned))
+        metrics.queue_concurrency.labels(loop.queue).set(loop.concurrency)
         metrics.effective_limit.labels(loop.queue).set(worker.effective_limit(loop.queue))
     metrics.set_listener(stats.listener_connected, stats.listener_state)
     metrics.leader.set(1 if stats.leader else 0)

@@ -73,6 +73,7 @@ class WorkerMetrics:
     notifications: Counter = attrs.field(init=False)
     poll_wakeups: Counter = attrs.field(init=False)
     open_slots: Gauge = attrs.field(init=False)
+    queue_concurrency: Gauge = attrs.field(init=False)
     effective_limit: Gauge = attrs.field(init=False)
     admission_reason: Gauge = attrs.field(init=False)
     admission_changes: Counter = attrs.field(init=False)
@@ -116,6 +117,9 @@ class WorkerMetrics:
         )
         self.open_slots = Gauge(
             "trioq_open_slots", "Slots not owned by a job", ["queue"], registry=r
+        )
+        self.queue_concurrency = Gauge(
+            "trioq_queue_concurrency", "Slots the worker has for the queue", ["queue"], registry=r
         )
         self.effective_limit = Gauge(
             "trioq_effective_limit",

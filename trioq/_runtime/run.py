@@ -103,6 +103,9 @@ class Run:
     # The otel extra is configured (a real tracer provider): asked once per claim round, not
     # per job (the check reads the environment, which showed at saturation).
     traced: bool = False
+    # The claim loop's threads for plain `def` handlers, sized by the queue's slots (trio's
+    # default limiter has 40 threads for the whole process, shared with the database adapter).
+    thread_limiter: trio.CapacityLimiter | None = None
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     cancel_reason: str | None = None  # "lost", "unconfirmed", "cancelled", "drain"
     suspension: Suspended | None = None

@@ -13,7 +13,8 @@ from .._core.codec import structure_payload
 from .._core.identifiers import validate_name
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
-Handler = Callable[..., Awaitable[Any]]
+# An `async def` handler, or a plain `def` one that the executor runs in a worker thread.
+Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
 
 DEFAULT_HISTORY_LIMIT = 10_000
 
@@ -30,12 +31,24 @@ class TaskSpec:
     version: int = 1  # handler version: a job runs only on workers serving its (task, version)
     # Checkpoints a workflow may record before it must continue as new (docs/workflows.md).
     history_limit: int = DEFAULT_HISTORY_LIMIT
+    # A plain `def` handler: it runs in a worker thread (docs/handlers.md). Decided once here,
+    # not per job.
+    sync: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         validate_name("task", self.name)
         validate_name("queue", self.queue)
-        if not inspect.iscoroutinefunction(self.handler):
-            raise TypeError(f"task {self.name!r}: the handler must be an async function")
+        handler = self.handler
+        if (
+            not callable(handler)
+            or inspect.isasyncgenfunction(handler)
+            or inspect.isgeneratorfunction(handler)
+        ):
+            raise TypeError(
+                f"task {self.name!r}: the handler must be an `async def` or a plain `def` "
+                "function taking (ctx, payload)"
+            )
+        object.__setattr__(self, "sync", not inspect.iscoroutinefunction(handler))
         if self.max_attempts < 1:
             raise ValueError(f"task {self.name!r}: max_attempts must be >= 1")
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:

@@ -60,10 +60,23 @@ class ListenerGuest(Protocol):
     def on_reconnect(self) -> None: ...
 
 
+MAX_CONCURRENCY = 10_000
+
+
+QueueSlots = tuple[tuple[str, int], ...]
+
+
+def _queue_slots(value: Mapping[str, int] | QueueSlots) -> QueueSlots:
+    return tuple(value.items()) if isinstance(value, Mapping) else tuple(value)
+
+
 @attrs.frozen
 class WorkerConfig:
     queues: tuple[str, ...] = ("default",)
-    concurrency: int = 10
+    concurrency: int = 10  # slots of every queue not in `queue_concurrency`
+    # Slots of the queues that have their own (`--queue mail=2`, `queues={"mail": 2}`): a busy
+    # queue never takes another's slots, each has its own claim loop and admission state.
+    queue_concurrency: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_queue_slots)
     poll_interval: float = 1.0
     lease_seconds: float = 30.0
     grace_seconds: float = 30.0
@@ -87,8 +100,12 @@ class WorkerConfig:
             validate_name("queue", queue)
         if len(set(self.queues)) != len(self.queues):
             raise ValueError("queues: a queue is listed twice")
-        if not 1 <= self.concurrency <= 10_000:
-            raise ValueError("concurrency: must be between 1 and 10000")
+        _check_slots(None, self.concurrency)
+        for queue, slots in self.queue_concurrency:
+            _check_slots(queue, slots)
+        unknown = sorted({q for q, _ in self.queue_concurrency} - set(self.queues))
+        if unknown:
+            raise ValueError(f"queue_concurrency: {', '.join(unknown)} not among the queues")
         for field in ("poll_interval", "lease_seconds"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field}: must be > 0")
@@ -101,6 +118,14 @@ class WorkerConfig:
                 " (an idle worker heartbeats with it; one silent for 120 s counts as gone)"
             )
         validate_mode(self.admission)
+
+    def slots(self, queue: str) -> int:
+        """The concurrency of `queue`: its own, else the worker's `concurrency`."""
+        return dict(self.queue_concurrency).get(queue, self.concurrency)
+
+    @property
+    def total_slots(self) -> int:
+        return sum(self.slots(queue) for queue in self.queues)
 
     @property
     def renew_interval(self) -> float:
@@ -119,6 +144,15 @@ class WorkerConfig:
         2.5 intervals leave a whole interval of slack before a live leader loses it, and a dead
         leader's seat is free before its leases expire (25 s against a 30 s lease by default)."""
         return 2.5 * self.maintenance_every
+
+
+def _check_slots(queue: str | None, slots: object) -> None:
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_CONCURRENCY:
+        field = "concurrency" if queue is None else f"queue {queue!r}"
+        raise ValueError(
+            f"{field}: concurrency must be a whole number from 1 to {MAX_CONCURRENCY} "
+            f"(got {slots!r})"
+        )
 
 
 @attrs.frozen
@@ -163,7 +197,7 @@ class Worker:
 
     def __attrs_post_init__(self) -> None:
         self.admission = AdmissionControl(
-            concurrency={queue: self.config.concurrency for queue in self.config.queues},
+            concurrency={queue: self.config.slots(queue) for queue in self.config.queues},
             mode=self.config.admission,
             lease_seconds=self.config.lease_seconds,
             renewal_age=lambda: self.renewer.age(),
@@ -180,7 +214,7 @@ class Worker:
         self.loops = {
             queue: ClaimLoop(
                 queue=queue,
-                concurrency=self.config.concurrency,
+                concurrency=self.config.slots(queue),
                 driver=self.driver,
                 tasks=self.tasks,
                 versions=self.versions or {(s.name, s.version): s for s in self.tasks.values()},
@@ -432,7 +466,8 @@ class Worker:
             hostname=socket.gethostname(),
             pid=os.getpid(),
             queues=self.config.queues,
-            concurrency=self.config.concurrency,
+            concurrency=self.config.total_slots,
+            queue_concurrency=tuple(self.config.slots(queue) for queue in self.config.queues),
             task_versions=tuple(sorted(spec.pair for spec in self._served())),
             task_defaults=tuple(
                 sorted((spec.name, spec.version, spec.max_attempts) for spec in self._served())

@@ -1122,9 +1122,9 @@ WITH declared AS (
     RETURNING d.task
 )
 INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at,
-                             task_versions)
+                             task_versions, queue_concurrency)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,
-        {schema}.db_now(), {schema}.db_now(), %(task_versions)s)
+        {schema}.db_now(), {schema}.db_now(), %(task_versions)s, %(queue_concurrency)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
 RETURNING id;
 
@@ -1209,7 +1209,8 @@ SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, 
                     a.value ->> 'cause',
                     extract(epoch FROM {schema}.db_now() - (a.value ->> 'since')::timestamptz))
                 ORDER BY a.key), '[]'::jsonb)
-        FROM jsonb_each(w.admission) AS a) AS admission
+        FROM jsonb_each(w.admission) AS a) AS admission,
+       w.queue_concurrency
 FROM {schema}.workers w ORDER BY w.started_at;
 
 -- name: queue_pause

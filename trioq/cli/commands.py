@@ -24,6 +24,7 @@ from . import admin as cli_admin
 from . import errors as cli_errors
 from . import worker as cli_worker
 from . import workflows as cli_workflows
+from .processes import ProcessGroup, stop_when_supervisor_dies, validate_processes
 
 log = logging.getLogger("trioq.cli")
 
@@ -58,12 +59,17 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    app = _with_url(load_app(args.app), args)
-    cli_worker.warn_unserved_queues(app, args.queue or ["default"])
+    validate_processes(args.processes)
+    queues = cli_worker.parse_queues(args.queue, args.concurrency)  # bad values: before loading
+    app = _with_url(load_app(args.app), args)  # a bad APP_PATH fails once, not in each child
+    if args.processes > 1:
+        return await ProcessGroup(args.argv, args.processes, args.health_port).run()
+    cli_worker.warn_unserved_queues(app, list(queues))
     # The health server answers from process start: /livez while the command still waits for
     # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
     health = HealthTarget()
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_when_supervisor_dies)  # a child of `--processes N`
         if args.health_port is not None:
             port = await nursery.start(serve_health, health, args.health_port, args.health_host)
             log.info("health on %s:%d", args.health_host, port)
@@ -100,7 +106,7 @@ async def _serve_worker(
         nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope, stopped)
         print(
             f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
-            f"concurrency={worker.config.concurrency}",
+            f"concurrency={','.join(str(worker.config.slots(q)) for q in worker.config.queues)}",
             flush=True,
         )
     stopped.finished = True
@@ -123,7 +129,7 @@ async def _run_worker(
 ) -> None:
     """Run the worker; once it has drained, stop the signal handler and health server too."""
     await app.run_worker(
-        queues=args.queue or ["default"],
+        queues=cli_worker.parse_queues(args.queue, args.concurrency),
         concurrency=args.concurrency,
         poll_interval=args.poll_interval,
         lease_seconds=args.lease,
@@ -323,9 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker = command("worker", "run a worker: claim and run jobs until SIGINT/SIGTERM")
     worker.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
     worker.add_argument(
-        "--queue", action="append", help="queue to serve (repeatable; None: default)"
+        "--queue",
+        action="append",
+        metavar="NAME[=SLOTS]",
+        help="queue to serve, with its own slots if given (repeatable; None: default)",
     )
-    worker.add_argument("--concurrency", type=int, default=10, help="slots per queue")
+    worker.add_argument(
+        "--concurrency", type=int, default=10, help="slots of each queue given without =SLOTS"
+    )
     worker.add_argument(
         "--poll-interval",
         type=float,
@@ -379,6 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--health-host", default="127.0.0.1", help="address of the health server")
     worker.add_argument("--migrate", action="store_true", help="migrate before starting")
+    worker.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N worker processes under one supervisor (health ports P..P+N-1)",
+    )
 
     enqueue = command("enqueue", "enqueue one job")
     enqueue.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
@@ -446,6 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure ends in one line and a documented exit code
     (trioq/cli/errors.py, docs/cli.md)."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `--processes` children reuse it
     level = args.log_level or ("INFO" if args.verbose else "WARNING")
     if getattr(args, "log_format", "text") == "json":
         from .._runtime.logs import configure_logging

@@ -84,6 +84,11 @@ def admission_cell(worker: WorkerInfo) -> str:
     )
 
 
+def queues_cell(worker: WorkerInfo) -> str:
+    """The worker's queues with their slots, e.g. `default=25,mail=2`."""
+    return ",".join(f"{queue}={worker.slots(queue)}" for queue in worker.queues)
+
+
 def status_tables(snapshot: StatusSnapshot) -> Group:
     demand = {row.queue: row for row in snapshot.demand}
     queues = Table(title="queues", title_justify="left")
@@ -108,7 +113,7 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         workers.add_column(name)
     for w in snapshot.workers:
         workers.add_row(
-            str(w.id)[:8], f"{w.hostname}:{w.pid}", w.state, ",".join(w.queues),
+            str(w.id)[:8], f"{w.hostname}:{w.pid}", w.state, queues_cell(w),
             f"{w.running}/{w.concurrency}", f"{w.heartbeat_at:%H:%M:%S}",
             ",".join(w.task_versions) or "-", admission_cell(w),
         )  # fmt: skip

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from .._core.identifiers import validate_name
+from .._runtime.worker import MAX_CONCURRENCY
 from ..app import App
 from .errors import ABANDONED
 
@@ -21,6 +23,32 @@ log = logging.getLogger("trioq.cli")
 
 FIRST_RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 30.0
+
+
+QUEUE_FORM = "--queue NAME or --queue NAME=SLOTS, SLOTS a whole number from 1 to 10000"
+
+
+def parse_queues(values: Sequence[str] | None, concurrency: int) -> dict[str, int]:
+    """`--queue` values as {queue: slots}: `mail=2` gives mail 2 slots, a plain `default` the
+    `--concurrency`. Raises a one-line ValueError naming the accepted form."""
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ValueError(
+            f"--concurrency {concurrency}: must be a whole number from 1 to {MAX_CONCURRENCY}"
+        )
+    slots: dict[str, int] = {}
+    for value in values or ["default"]:
+        name, sep, count = value.partition("=")
+        if not sep:
+            number = concurrency
+        elif count.isascii() and count.isdigit() and 1 <= int(count) <= MAX_CONCURRENCY:
+            number = int(count)
+        else:
+            raise ValueError(f"--queue {value}: expected {QUEUE_FORM}")
+        validate_name("queue", name)
+        if name in slots:
+            raise ValueError(f"--queue {value}: queue {name!r} is given twice")
+        slots[name] = number
+    return slots
 
 
 def warn_unserved_queues(app: App, queues: Sequence[str]) -> list[str]:
