@@ -12,10 +12,12 @@ from ._core.errors import (
     SchemaNotMigrated,
     TrioqError,
     UnknownTask,
+    UnservedTaskWarning,
 )
 from ._core.explain import Explanation, Gate
 from ._core.retry import RetryPolicy
 from ._core.states import JobState
+from ._driver import EventOutcome
 from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.job_transaction import JobLeaseLost, JobTransaction
@@ -30,6 +32,7 @@ __all__ = [
     "ClientTransaction",
     "ConfigurationError",
     "Context",
+    "EventOutcome",
     "EventTimeout",
     "Explanation",
     "Gate",
@@ -49,6 +52,7 @@ __all__ = [
     "TaskDeclaration",
     "TrioqError",
     "UnknownTask",
+    "UnservedTaskWarning",
     "Worker",
     "WorkerConfig",
     "WorkerHooks",

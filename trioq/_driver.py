@@ -450,9 +450,22 @@ class WrittenCheckpoint:
 
 
 @attrs.frozen
-class EmitOutcome:
+class EventOutcome:
+    """What `emit_event` did, from `Client`, `ClientTransaction`, both producers and the SQL
+    function `event_emit` (its columns `emitted_first`, `woken_count`) alike."""
+
     first: bool  # this emit stored the payload (False: the key was emitted before)
     woken: int  # waiting jobs made ready
+
+    def __bool__(self) -> bool:
+        # `if await client.emit_event(...)` would always be true: say which field is meant.
+        raise TypeError(
+            "EventOutcome has no truth value: test .first (this emit stored the "
+            "event) or .woken (the waiting jobs it made ready)"
+        )
+
+
+EmitOutcome = EventOutcome  # the drivers' name for it
 
 
 @attrs.frozen

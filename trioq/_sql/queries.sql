@@ -1224,6 +1224,17 @@ WHERE j.state NOT IN ('running', 'completed', 'failed', 'cancelled')
 GROUP BY j.queue, j.task, j.version
 ORDER BY j.queue, j.task, j.version;
 
+-- name: task_served
+-- A producer's first enqueue of a task name that no declaration it was given knows: does a
+-- live worker serve that task (any version)? A misspelt name would otherwise sit ready forever
+-- in silence. Live = heartbeat within %(stale_seconds)s, as job_unroutable counts it. Read once
+-- per name per producer; the workers table has one row per worker process.
+SELECT EXISTS (
+    SELECT 1 FROM {schema}.workers w, unnest(w.task_versions) AS served(pair)
+    WHERE w.heartbeat_at > {schema}.db_now() - %(stale_seconds)s * interval '1 second'
+      AND w.state <> 'stopped'
+      AND split_part(served.pair, '@', 1) = %(task)s);
+
 -- name: schedule_upsert_many
 -- Schedules declared in code (each starting worker upserts its app's `@app.periodic`) or at
 -- runtime (`client.schedule`), by name. A changed cron or time zone re-times the schedule
