@@ -25,7 +25,7 @@ from tests.test_faults import count_is, producer, started_by
 from trioq import cli
 from trioq._memory import MemoryDriver
 from trioq.cli import commands
-from trioq.producer import SyncProducer
+from trioq.producer import SyncProducer, declare_task
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -196,6 +196,10 @@ def trioq_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]
     return code, json.loads(out) if "--json" in argv else out
 
 
+# Declared, so the producer does not warn that no worker serves them (none runs here).
+NO_WORKER_TASKS = (declare_task("mail"), declare_task("sync"))
+
+
 @pytest.fixture
 def migrated(pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
     base = ["--database-url", pg_url, "--schema", pg_schema]
@@ -207,7 +211,7 @@ def migrated(pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) ->
 def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
     pg_url: str, pg_schema: str, migrated: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with SyncProducer(pg_url, schema=pg_schema) as producer:
+    with SyncProducer(pg_url, schema=pg_schema, tasks=NO_WORKER_TASKS) as producer:
         jobs = producer.enqueue_many("mail", [{"n": n} for n in range(3)], queue="q1")
         other = producer.enqueue("sync", {"n": 9}, queue="q2", partition_key="acct")
     with psycopg.connect(pg_url, autocommit=True) as conn:  # job 0 failed after one attempt
@@ -294,7 +298,7 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
 def test_retry_failed_by_task_redrives_every_failed_job_of_it(
     pg_url: str, pg_schema: str, migrated: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with SyncProducer(pg_url, schema=pg_schema) as producer:
+    with SyncProducer(pg_url, schema=pg_schema, tasks=NO_WORKER_TASKS) as producer:
         mail = producer.enqueue_many("mail", [{}, {}])
         other = producer.enqueue("sync", {})
     with psycopg.connect(pg_url, autocommit=True) as conn:
