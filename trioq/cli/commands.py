@@ -21,6 +21,7 @@ from .._runtime.worker import Worker
 from ..app import DATABASE_URL_ENV, App, load_app
 from ..dashboard import cli as dashboard_cli
 from . import admin as cli_admin
+from . import devdb as cli_devdb
 from . import errors as cli_errors
 from . import worker as cli_worker
 
@@ -426,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard = command("dashboard", "a web dashboard: queues, jobs, workflows, schedules")
     dashboard_cli.add_arguments(dashboard)
     COMMANDS["dashboard"] = dashboard_cli.cmd_dashboard
+    cli_devdb.add_command(command, COMMANDS)
     return parser
 
 
