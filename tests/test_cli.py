@@ -109,7 +109,9 @@ def test_busy_health_port_ends_in_one_line_with_exit_2(pg_url: str, pg_schema: s
             url=make_conninfo(pg_url, options=f"-c search_path={pg_schema}"),
         )
     assert result.returncode == 2, result.stderr
-    assert "choose another --health-port" in result.stderr.strip().splitlines()[-1]
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"--health-port {port}: address already in use on 127.0.0.1" in last
+    assert "choose another --health-port" in last
 
 
 def test_worker_that_cannot_reach_the_database_retries_and_says_so() -> None:

@@ -17,6 +17,7 @@ import attrs
 
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_schema
+from .._core.states import JobState
 from .._driver import JobRecord
 from ..app import App
 from ..client import Client
@@ -256,7 +257,11 @@ def add_commands(
     jobs = common(command("jobs", "list jobs, newest first (filters, paging)"))
     filters(jobs)
     jobs.add_argument(
-        "--state", action="append", default=None, help="only this state (repeatable; default: any)"
+        "--state",
+        action="append",
+        default=None,
+        choices=[state.value for state in JobState],
+        help="only this state (repeatable; default: any)",
     )
     jobs.add_argument("--partition-key", default=None, help="only this partition key")
     jobs.add_argument(
