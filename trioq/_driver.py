@@ -249,6 +249,7 @@ class WorkerRegistration:
     # (task, version, max_attempts) of each served pair, sorted: the declarations that rows
     # without a max_attempts of their own take (task_defaults, migration 0015)
     task_defaults: tuple[tuple[str, int, int], ...] = ()
+    heartbeat_seconds: float | None = None  # the longest gap between its heartbeats (0016)
 
 
 @attrs.frozen
@@ -568,6 +569,8 @@ class JobRecord:
     created_at: datetime.datetime
     started_at: datetime.datetime | None
     finished_at: datetime.datetime | None
+    # Claims so far (migration 0016); `attempt` leaves out a workflow's suspended executions.
+    executions: int = 0
 
 
 @attrs.frozen
@@ -683,6 +686,10 @@ class WorkerInfo:
     # The queues whose effective limit this worker's admission control reduced, as its last
     # heartbeat wrote them (migration 0008); `reduced_for_seconds` as of this read.
     admission: tuple[QueueAdmission, ...] = ()
+    # The longest gap it promised between heartbeats (None: registered by an older version),
+    # and the age of its last heartbeat as of this read (database time).
+    heartbeat_seconds: float | None = None
+    heartbeat_age_seconds: float | None = None
 
 
 @attrs.frozen

@@ -120,6 +120,7 @@ class _Row:
     state: str = "ready"
     checkpoint_count: int = 0
     attempt: int = 0
+    executions: int = 0
     lease_token: uuid.UUID | None = None
     lease_expires_at: datetime.datetime | None = None
     worker_id: uuid.UUID | None = None
@@ -635,6 +636,7 @@ class MemoryDriver:
     def _claim(self, row: _Row, params: SettleAndClaim, now: datetime.datetime) -> ClaimedJob:
         row.state = "running"
         row.attempt += 1
+        row.executions += 1
         row.lease_token = uuid.uuid4()
         row.lease_expires_at = now + params.lease_seconds * _SECOND
         row.worker_id = params.worker_id
@@ -1420,6 +1422,7 @@ def _explain_worker(worker: _Worker) -> dict[str, Any]:
         "task_versions": list(registration.task_versions),
         "state": worker.state,
         "heartbeat_at": worker.heartbeat_at,
+        "heartbeat_seconds": registration.heartbeat_seconds,
         "admission": worker.admission,
     }
 
@@ -1443,6 +1446,7 @@ def _job_record(row: _Row, max_attempts: int) -> JobRecord:
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        executions=row.executions,
     )
 
 
@@ -1513,4 +1517,6 @@ def _worker_info(worker: _Worker, running: int, now: datetime.datetime) -> Worke
         running=running,
         task_versions=tuple(registration.task_versions),
         admission=admission,
+        heartbeat_seconds=registration.heartbeat_seconds,
+        heartbeat_age_seconds=(now - worker.heartbeat_at).total_seconds(),
     )

@@ -811,6 +811,7 @@ class PgDriver:
                 "default_tasks": [task for task, _, _ in params.task_defaults],
                 "default_versions": [version for _, version, _ in params.task_defaults],
                 "default_max_attempts": [attempts for _, _, attempts in params.task_defaults],
+                "heartbeat_seconds": params.heartbeat_seconds,
             },
         )
 
@@ -859,6 +860,8 @@ class PgDriver:
                     QueueAdmission(q, int(lim), int(conc), reason, cause, float(age))
                     for q, lim, conc, reason, cause, age in row[10]
                 ),
+                row[11],
+                row[12],
             )
             for row in rows
         ]

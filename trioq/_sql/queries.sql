@@ -170,6 +170,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 -- a fresh lease token, the lease from database time.
     SET state = 'running',
         attempt = j.attempt + 1,
+        executions = j.executions + 1,
         lease_token = gen_random_uuid(),
         lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
         worker_id = %(worker_id)s,
@@ -943,7 +944,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at
+       finished_at, executions
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_explain
@@ -992,7 +993,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at
+       finished_at, executions
 FROM {schema}.jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
@@ -1074,9 +1075,9 @@ WITH declared AS (
     RETURNING d.task
 )
 INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at,
-                             task_versions)
+                             task_versions, heartbeat_seconds)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,
-        {schema}.db_now(), {schema}.db_now(), %(task_versions)s)
+        {schema}.db_now(), {schema}.db_now(), %(task_versions)s, %(heartbeat_seconds)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
 RETURNING id;
 
@@ -1161,7 +1162,9 @@ SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, 
                     a.value ->> 'cause',
                     extract(epoch FROM {schema}.db_now() - (a.value ->> 'since')::timestamptz))
                 ORDER BY a.key), '[]'::jsonb)
-        FROM jsonb_each(w.admission) AS a) AS admission
+        FROM jsonb_each(w.admission) AS a) AS admission,
+       w.heartbeat_seconds,
+       extract(epoch FROM {schema}.db_now() - w.heartbeat_at)::float8 AS heartbeat_age
 FROM {schema}.workers w ORDER BY w.started_at;
 
 -- name: queue_pause
