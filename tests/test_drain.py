@@ -137,11 +137,22 @@ async def leaves_a_wait_for_an_event_nobody_emitted_then_resumes_it(
     assert await backend.client.wait_result(waiter.id, timeout=1) == {"by": "bob"}
 
 
+async def leaves_a_parent_waiting_on_a_queue_it_does_not_drain(backend: Backend) -> None:
+    job = await backend.client.enqueue("parent_of_one", {})
+    first = await drain(backend.app, "default")  # returns: the child's queue is not drained
+    assert first.completed == ()
+    assert await states(backend.client) == {"parent_of_one": ["waiting"], "square": ["ready"]}
+    second = await drain(backend.app, ["default", "kids"])
+    assert len(second.completed) == 2
+    assert await backend.client.wait_result(job.id, timeout=1) == 50
+
+
 SCENARIOS: dict[str, Callable[[Backend], Awaitable[None]]] = {
     "sleep_then_gather": leaves_a_sleep_alone_until_due_then_finishes_the_fan_out,
     "child_on_another_queue": runs_a_child_on_another_queue_and_resumes_its_parent,
     "event_a_drained_job_emits": resumes_a_wait_whose_event_a_drained_job_emits,
     "event_emitted_between_drains": leaves_a_wait_for_an_event_nobody_emitted_then_resumes_it,
+    "child_on_an_undrained_queue": leaves_a_parent_waiting_on_a_queue_it_does_not_drain,
 }
 
 
