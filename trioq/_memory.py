@@ -32,7 +32,7 @@ import trio
 
 from . import _memory_waits as waits
 from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
-from ._core.explain import ExplainFacts
+from ._core.explain import ExplainFacts, silent_after
 from ._core.identifiers import validate_key, validate_name, validate_schema
 from ._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from ._core.schedule import fire_dedup_key
@@ -1119,7 +1119,8 @@ class MemoryDriver:
         live = {
             worker_id
             for worker_id, worker in self._workers.items()
-            if (now - worker.heartbeat_at).total_seconds() < 120
+            if (now - worker.heartbeat_at).total_seconds()
+            < silent_after(worker.registration.heartbeat_seconds)
         }
         rows = list(self._rows.values())
         return HealthReport(
@@ -1182,7 +1183,9 @@ class MemoryDriver:
         live = [
             worker.registration
             for worker in self._workers.values()
-            if worker.heartbeat_at > now - stale_seconds * _SECOND and worker.state != "stopped"
+            if (now - worker.heartbeat_at).total_seconds()
+            < silent_after(worker.registration.heartbeat_seconds, stale_seconds)
+            and worker.state != "stopped"
         ]
         groups: dict[tuple[str, str, int], set[str]] = collections.defaultdict(set)
         counts: collections.Counter[tuple[str, str, int]] = collections.Counter()

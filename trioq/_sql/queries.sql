@@ -1118,8 +1118,9 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- name: status_health
 -- `trioq status`: the incident health list (counts) and the database pressure figures, one row.
 -- Each count is a separate scalar subquery (the planner uses the state's partial index where
--- one exists; otherwise one pass over the unfinished rows). A worker is live while its
--- heartbeat is under 120 s old (an idle worker beats with its election or maintenance pass,
+-- one exists; otherwise one pass over the unfinished rows). A worker is live until it has been
+-- silent for two of the heartbeat intervals it registered (migration 0016), or 120 s for a
+-- worker that registered none (an idle worker beats with its election or maintenance pass,
 -- at most 1.4 maintenance intervals of <= 60 s apart). pg_stat_* views are the server's
 -- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
 SELECT
@@ -1132,7 +1133,8 @@ SELECT
     (SELECT count(*) FROM {schema}.jobs AS j
      WHERE j.state = 'running' AND NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
-         WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now() - interval '120 s')),
+         WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now()
+               - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')),
     (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting'),
     (SELECT count(*) FROM {schema}.jobs
      WHERE state = 'waiting' AND run_at <= {schema}.db_now()),
@@ -1213,14 +1215,16 @@ GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 -- name: job_unroutable
 -- `trioq status`: jobs waiting to run that no live worker can run, by (queue, task, version):
 -- a deploy that dropped a version while its jobs sleep or wait shows here until a worker
--- serving it returns. Live = heartbeat within %(stale_seconds)s. Scans the unfinished jobs
+-- serving it returns. Live = heartbeat within two of the worker's registered heartbeat
+-- intervals, else %(stale_seconds)s (workers before migration 0016). Scans the unfinished jobs
 -- (not running, not final); a status read, not a hot path.
 SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.state) AS states
 FROM {schema}.jobs j
 WHERE j.state NOT IN ('running', 'completed', 'failed', 'cancelled')
   AND NOT EXISTS (
       SELECT 1 FROM {schema}.workers w
-      WHERE w.heartbeat_at > {schema}.db_now() - %(stale_seconds)s * interval '1 second'
+      WHERE w.heartbeat_at > {schema}.db_now()
+            - coalesce(2 * w.heartbeat_seconds, %(stale_seconds)s) * interval '1 second'
         AND w.state <> 'stopped'
         AND j.queue = ANY(w.queues)
         AND j.task || '@' || j.version = ANY(w.task_versions))
@@ -1230,11 +1234,12 @@ ORDER BY j.queue, j.task, j.version;
 -- name: task_served
 -- A producer's first enqueue of a task name that no declaration it was given knows: does a
 -- live worker serve that task (any version)? A misspelt name would otherwise sit ready forever
--- in silence. Live = heartbeat within %(stale_seconds)s, as job_unroutable counts it. Read once
+-- in silence. Live as job_unroutable counts it. Read once
 -- per name per producer; the workers table has one row per worker process.
 SELECT EXISTS (
     SELECT 1 FROM {schema}.workers w, unnest(w.task_versions) AS served(pair)
-    WHERE w.heartbeat_at > {schema}.db_now() - %(stale_seconds)s * interval '1 second'
+    WHERE w.heartbeat_at > {schema}.db_now()
+          - coalesce(2 * w.heartbeat_seconds, %(stale_seconds)s) * interval '1 second'
       AND w.state <> 'stopped'
       AND split_part(served.pair, '@', 1) = %(task)s);
 

@@ -1328,13 +1328,19 @@ async def check_workers_report_their_heartbeat_interval_and_age(
     driver: Driver, clock: DriverClock
 ) -> None:
     worker_id = uuid.uuid4()
-    registration = WorkerRegistration(worker_id, "host-a", 11, (QUEUE,), 4, heartbeat_seconds=14)
+    registration = WorkerRegistration(
+        worker_id, "host-a", 11, (QUEUE,), 4, (f"{TASK}@1",), heartbeat_seconds=14
+    )
     await driver.worker_register(registration)
-    await clock.advance(40)
+    [job_id] = await enqueue(driver, new_job())
+    expect(await driver.job_unroutable(), [], "unroutable while the worker beats")
+    await clock.advance(40)  # silent for more than two of its 14 s intervals
     [info] = await driver.worker_list()
     expect(info.heartbeat_seconds, 14.0, "registered heartbeat interval")
     assert info.heartbeat_age_seconds is not None and info.heartbeat_age_seconds >= 40, info
-    facts = await driver.job_explain((await enqueue(driver, new_job()))[0])
+    [unroutable] = await driver.job_unroutable()
+    expect((unroutable.task, unroutable.jobs), (TASK, 1), "unroutable once it is silent")
+    facts = await driver.job_explain(job_id)
     assert facts is not None
     expect([w["heartbeat_seconds"] for w in facts.workers], [14.0], "explain's worker rows")
 
