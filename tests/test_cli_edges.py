@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import io
 import json
 import os
 import subprocess
@@ -20,17 +21,12 @@ from tests.test_cli import REPO_ROOT, one_line
 from trioq.cli import commands
 
 
-def trioq_in(
-    directory: Path, *argv: str, stdin: str | None = None, url: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def trioq_in(directory: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     """`python -m trioq.cli ...` run from `directory` (where the app module lives)."""
     env = {k: v for k, v in os.environ.items() if k != "TRIOQ_DATABASE_URL"}
     env["PYTHONPATH"] = REPO_ROOT  # trioq itself from this tree
-    if url is not None:
-        env["TRIOQ_DATABASE_URL"] = url
     return subprocess.run(
         [sys.executable, "-m", "trioq.cli", *argv],
-        input=stdin,
         capture_output=True,
         text=True,
         timeout=60,
@@ -58,9 +54,14 @@ def test_a_missing_dependency_of_the_app_is_named_as_such(tmp_path: Path) -> Non
 
 
 def test_enqueue_reads_json_from_a_file_or_stdin(
-    tmp_path: Path, pg_url: str, pg_schema: str
+    tmp_path: Path,
+    pg_url: str,
+    pg_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    (tmp_path / "my_app.py").write_text(
+    module = f"json_app_{pg_schema}"  # in this process: a module name of its own
+    (tmp_path / f"{module}.py").write_text(
         textwrap.dedent(
             f"""
             import trioq
@@ -72,19 +73,20 @@ def test_enqueue_reads_json_from_a_file_or_stdin(
             """
         )
     )
-    assert trioq_in(tmp_path, "migrate", "--schema", pg_schema, url=pg_url).returncode == 0
+    monkeypatch.chdir(tmp_path)
+    url = ["--database-url", pg_url]
+    assert commands.main(["migrate", "--schema", pg_schema, *url]) == 0
     big = {"rows": ["x" * 100] * 3000}  # about 300 KB: over Linux's 128 KiB per argument
     (tmp_path / "payload.json").write_text(json.dumps(big))
-    from_file = trioq_in(tmp_path, "enqueue", "my_app:app", "ingest", "@payload.json", url=pg_url)
-    from_stdin = trioq_in(
-        tmp_path, "enqueue", "my_app:app", "ingest", "-", stdin='{"n": 1}', url=pg_url
-    )
-    assert from_file.returncode == 0 and from_stdin.returncode == 0, from_file.stderr
+    assert commands.main(["enqueue", f"{module}:app", "ingest", "@payload.json", *url]) == 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"n": 1}'))
+    assert commands.main(["enqueue", f"{module}:app", "ingest", "-", *url]) == 0
     payloads = sql_rows(pg_url, f"SELECT payload FROM {pg_schema}.jobs ORDER BY id")
     assert payloads == [(big,), ({"n": 1},)]
-    missing = trioq_in(tmp_path, "enqueue", "my_app:app", "ingest", "@nope.json", url=pg_url)
-    assert missing.returncode == 2
-    assert "JSON: cannot read 'nope.json' (No such file or directory)" in one_line(missing)
+    capsys.readouterr()
+    assert commands.main(["enqueue", f"{module}:app", "ingest", "@nope.json", *url]) == 2
+    error = capsys.readouterr().err
+    assert "trioq: JSON: cannot read 'nope.json' (No such file or directory)" in error
 
 
 def test_jobs_with_an_unknown_state_lists_the_valid_ones(
