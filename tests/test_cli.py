@@ -25,7 +25,7 @@ from tests.test_faults import count_is, producer, started_by
 from trioq import cli
 from trioq._memory import MemoryDriver
 from trioq.cli import commands
-from trioq.producer import SyncProducer
+from trioq.producer import SyncProducer, declare_task
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +109,9 @@ def test_busy_health_port_ends_in_one_line_with_exit_2(pg_url: str, pg_schema: s
             url=make_conninfo(pg_url, options=f"-c search_path={pg_schema}"),
         )
     assert result.returncode == 2, result.stderr
-    assert "choose another --health-port" in result.stderr.strip().splitlines()[-1]
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"--health-port {port}: address already in use on 127.0.0.1" in last
+    assert "choose another --health-port" in last
 
 
 def test_worker_that_cannot_reach_the_database_retries_and_says_so() -> None:
@@ -201,6 +203,10 @@ def trioq_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]
     return code, json.loads(out) if "--json" in argv else out
 
 
+# Declared, so the producer does not warn that no worker serves them (none runs here).
+NO_WORKER_TASKS = (declare_task("mail"), declare_task("sync"))
+
+
 @pytest.fixture
 def migrated(pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
     base = ["--database-url", pg_url, "--schema", pg_schema]
@@ -212,7 +218,7 @@ def migrated(pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) ->
 def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
     pg_url: str, pg_schema: str, migrated: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with SyncProducer(pg_url, schema=pg_schema) as producer:
+    with SyncProducer(pg_url, schema=pg_schema, tasks=NO_WORKER_TASKS) as producer:
         jobs = producer.enqueue_many("mail", [{"n": n} for n in range(3)], queue="q1")
         other = producer.enqueue("sync", {"n": 9}, queue="q2", partition_key="acct")
     with psycopg.connect(pg_url, autocommit=True) as conn:  # job 0 failed after one attempt
@@ -299,7 +305,7 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
 def test_retry_failed_by_task_redrives_every_failed_job_of_it(
     pg_url: str, pg_schema: str, migrated: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with SyncProducer(pg_url, schema=pg_schema) as producer:
+    with SyncProducer(pg_url, schema=pg_schema, tasks=NO_WORKER_TASKS) as producer:
         mail = producer.enqueue_many("mail", [{}, {}])
         other = producer.enqueue("sync", {})
     with psycopg.connect(pg_url, autocommit=True) as conn:

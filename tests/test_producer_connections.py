@@ -27,6 +27,9 @@ from trioq.producer import AsyncProducer, SyncProducer
 
 BACKENDS = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
 
+# These producers enqueue by name with no worker running: the unserved-name warning is expected.
+pytestmark = pytest.mark.filterwarnings("ignore::trioq.UnservedTaskWarning")
+
 
 def named(pg_url: str) -> tuple[str, str]:
     """A conninfo whose sessions carry a name of their own (to count them), and the name."""

@@ -26,11 +26,15 @@ def flaky_app(pg_url: str, pg_schema: str) -> tuple[trioq.App, list[int]]:
 
 
 async def produce(pg_url: str, pg_schema: str, task: str | TaskDeclaration, **options: int) -> int:
-    """Enqueue from a SyncProducer that declares nothing (in a thread: it blocks)."""
+    """Enqueue from a SyncProducer that declares nothing (in a thread: it blocks). No worker
+    runs yet, so a task named only by a string draws the producer's unserved-name warning."""
 
     def enqueue() -> int:
         with SyncProducer(pg_url, schema=pg_schema) as producer:
-            return producer.enqueue(task, {}, **options).id
+            if not isinstance(task, str):
+                return producer.enqueue(task, {}, **options).id
+            with pytest.warns(trioq.UnservedTaskWarning, match=repr(task)):
+                return producer.enqueue(task, {}, **options).id
 
     return await trio.to_thread.run_sync(enqueue)
 

@@ -61,7 +61,7 @@ async def test_workflow_survives_kill_9_after_each_primitive(
                             within=30,
                             what="the workflow waiting for its event",
                         )
-                        assert await client.emit_event("crash:go", {"n": 14}) is True
+                        assert (await client.emit_event("crash:go", {"n": 14})).first is True
                 result = await client.wait_result(job.id, timeout=60)
     assert result == {"count": 1, "event": {"n": 14}, "child": 42}
     effects = await fetch(

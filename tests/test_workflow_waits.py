@@ -47,8 +47,10 @@ async def test_event_emitted_before_the_wait_is_returned_without_suspending(
         return await ctx.wait_for_event(payload["key"], timeout=datetime.timedelta(hours=1))
 
     async with app.client(migrate=True) as client:
-        assert await client.emit_event("approval:1", {"ok": True}) is True
-        assert await client.emit_event("approval:1", {"ok": False}) is False  # first one wins
+        assert (await client.emit_event("approval:1", {"ok": True})).first is True
+        assert (
+            await client.emit_event("approval:1", {"ok": False})
+        ).first is False  # first one wins
         job = await client.enqueue("await_approval", {"key": "approval:1"})
         async with running_worker(app, poll_interval=POLL):
             with trio.fail_after(10):
@@ -82,7 +84,7 @@ async def test_emit_wakes_every_waiting_workflow_without_a_poll(
                 states = {(await client.get_job(job.id)).state for job in jobs}
                 assert states == {"waiting"}
                 async with client.transaction() as tx:
-                    assert await tx.emit_event("approval:2", {"by": "ann"}) is True
+                    assert (await tx.emit_event("approval:2", {"by": "ann"})).first is True
                 results = [await client.wait_result(job.id) for job in jobs]
     assert results == [{"by": "ann"}] * 3
 
@@ -109,7 +111,7 @@ async def test_event_timeout_is_raised_again_on_replay(pg_url: str, pg_schema: s
         async with running_worker(app, poll_interval=POLL):
             with trio.fail_after(15):
                 assert await client.wait_result(job.id) == "timed out"
-        assert await client.emit_event("never", 1) is True  # too late: history already says
+        assert (await client.emit_event("never", 1)).first is True  # too late: history already says
     assert flaky.calls == 2
     assert waits == 3  # suspended, timed out, then replayed with the same outcome
     kinds = await scalar(

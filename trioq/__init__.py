@@ -15,11 +15,13 @@ from ._core.errors import (
     SchemaNotMigrated,
     TrioqError,
     UnknownTask,
+    UnservedTaskWarning,
     ValueNotSet,
 )
 from ._core.explain import Explanation, Gate
 from ._core.retry import RetryPolicy
 from ._core.states import JobState
+from ._driver import EventOutcome
 from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.job_transaction import JobLeaseLost, JobTransaction
@@ -34,6 +36,7 @@ __all__ = [
     "ClientTransaction",
     "ConfigurationError",
     "Context",
+    "EventOutcome",
     "EventTimeout",
     "Explanation",
     "Gate",
@@ -56,6 +59,7 @@ __all__ = [
     "TaskDeclaration",
     "TrioqError",
     "UnknownTask",
+    "UnservedTaskWarning",
     "ValueNotSet",
     "Worker",
     "WorkerConfig",

@@ -255,6 +255,7 @@ class WorkerRegistration:
     task_defaults: tuple[tuple[str, int, int], ...] = ()
     # The slots of each queue in `queues`, in order (migration 0018); `concurrency` is their sum.
     queue_concurrency: tuple[int, ...] = ()
+    heartbeat_seconds: float | None = None  # the longest gap between its heartbeats (0019)
 
 
 @attrs.frozen
@@ -516,9 +517,22 @@ class WrittenCheckpoint:
 
 
 @attrs.frozen
-class EmitOutcome:
+class EventOutcome:
+    """What `emit_event` did, from `Client`, `ClientTransaction`, both producers and the SQL
+    function `event_emit` (its columns `emitted_first`, `woken_count`) alike."""
+
     first: bool  # this emit stored the payload (False: the key was emitted before)
     woken: int  # waiting jobs made ready
+
+    def __bool__(self) -> bool:
+        # `if await client.emit_event(...)` would always be true: say which field is meant.
+        raise TypeError(
+            "EventOutcome has no truth value: test .first (this emit stored the "
+            "event) or .woken (the waiting jobs it made ready)"
+        )
+
+
+EmitOutcome = EventOutcome  # the drivers' name for it
 
 
 @attrs.frozen
@@ -621,6 +635,8 @@ class JobRecord:
     created_at: datetime.datetime
     started_at: datetime.datetime | None
     finished_at: datetime.datetime | None
+    # Claims so far (migration 0019); `attempt` leaves out a workflow's suspended executions.
+    executions: int = 0
 
 
 @attrs.frozen
@@ -738,6 +754,10 @@ class WorkerInfo:
     admission: tuple[QueueAdmission, ...] = ()
     # The slots of each queue in `queues`, in order (migration 0018; empty for older rows).
     queue_concurrency: tuple[int, ...] = ()
+    # The longest gap it promised between heartbeats (None: registered by an older version),
+    # and the age of its last heartbeat as of this read (database time).
+    heartbeat_seconds: float | None = None
+    heartbeat_age_seconds: float | None = None
 
     def slots(self, queue: str) -> int:
         """This worker's slots for `queue` (its total for a row from before per-queue slots)."""

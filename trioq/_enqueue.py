@@ -18,7 +18,15 @@ import attrs
 from ._core import codec
 from ._core.errors import JobFinished, JobNotFound, PayloadError, UnknownTask
 from ._core.identifiers import validate_job_id, validate_key, validate_name
-from ._driver import EmitEvent, InsertedJob, MessageSend, NewJob, NewJobs, Transaction
+from ._driver import (
+    EmitEvent,
+    EventOutcome,
+    InsertedJob,
+    MessageSend,
+    NewJob,
+    NewJobs,
+    Transaction,
+)
 from ._tracing import current_traceparent
 
 # A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
@@ -396,7 +404,8 @@ class ClientTransaction:
         )
         return to_jobs(jobs, await self._tx.job_insert_many(jobs)) if jobs else []
 
-    async def emit_event(self, key: str, payload: Any = None) -> bool:
+    async def emit_event(self, key: str, payload: Any = None) -> EventOutcome:
         """Emit inside this transaction: stored, and its waiters woken, only if it commits
-        (see `Client.emit_event`). The transaction must be READ COMMITTED (the default)."""
-        return (await self._tx.event_emit(build_event(key, payload))).first
+        (see `Client.emit_event`; `woken` counts the waiters this transaction made ready).
+        The transaction must be READ COMMITTED (the default)."""
+        return await self._tx.event_emit(build_event(key, payload))

@@ -33,7 +33,7 @@ import trio
 from . import _memory_messages as messages
 from . import _memory_waits as waits
 from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
-from ._core.explain import ExplainFacts
+from ._core.explain import ExplainFacts, silent_after
 from ._core.identifiers import validate_key, validate_name, validate_schema
 from ._core.outcomes import rule_of, settled_state
 from ._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
@@ -134,6 +134,7 @@ class _Row:
     state: str = "ready"
     checkpoint_count: int = 0
     attempt: int = 0
+    executions: int = 0
     lease_token: uuid.UUID | None = None
     lease_expires_at: datetime.datetime | None = None
     worker_id: uuid.UUID | None = None
@@ -647,6 +648,7 @@ class MemoryDriver:
     def _claim(self, row: _Row, params: SettleAndClaim, now: datetime.datetime) -> ClaimedJob:
         row.state = "running"
         row.attempt += 1
+        row.executions += 1
         row.lease_token = uuid.uuid4()
         row.lease_expires_at = now + params.lease_seconds * _SECOND
         row.worker_id = params.worker_id
@@ -1134,7 +1136,8 @@ class MemoryDriver:
         live = {
             worker_id
             for worker_id, worker in self._workers.items()
-            if (now - worker.heartbeat_at).total_seconds() < 120
+            if (now - worker.heartbeat_at).total_seconds()
+            < silent_after(worker.registration.heartbeat_seconds)
         }
         rows = list(self._rows.values())
         return HealthReport(
@@ -1197,7 +1200,9 @@ class MemoryDriver:
         live = [
             worker.registration
             for worker in self._workers.values()
-            if worker.heartbeat_at > now - stale_seconds * _SECOND and worker.state != "stopped"
+            if (now - worker.heartbeat_at).total_seconds()
+            < silent_after(worker.registration.heartbeat_seconds, stale_seconds)
+            and worker.state != "stopped"
         ]
         groups: dict[tuple[str, str, int], set[str]] = collections.defaultdict(set)
         counts: collections.Counter[tuple[str, str, int]] = collections.Counter()
@@ -1508,6 +1513,7 @@ def _explain_worker(worker: _Worker) -> dict[str, Any]:
         "task_versions": list(registration.task_versions),
         "state": worker.state,
         "heartbeat_at": worker.heartbeat_at,
+        "heartbeat_seconds": registration.heartbeat_seconds,
         "admission": worker.admission,
     }
 
@@ -1531,6 +1537,7 @@ def _job_record(row: _Row, max_attempts: int) -> JobRecord:
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        executions=row.executions,
     )
 
 
@@ -1602,4 +1609,6 @@ def _worker_info(worker: _Worker, running: int, now: datetime.datetime) -> Worke
         task_versions=tuple(registration.task_versions),
         admission=admission,
         queue_concurrency=tuple(registration.queue_concurrency),
+        heartbeat_seconds=registration.heartbeat_seconds,
+        heartbeat_age_seconds=(now - worker.heartbeat_at).total_seconds(),
     )

@@ -47,9 +47,10 @@ def load_app(path: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        raise _import_error(module_name, exc) from exc
+    except SyntaxError as exc:
         raise ConfigurationError(
-            f"APP_PATH: cannot import module {module_name!r} ({exc}); run from the directory "
-            f"that contains it or install it"
+            f"APP_PATH: {exc.filename}, line {exc.lineno}: {exc.msg} (fix the app module)"
         ) from exc
     app = getattr(module, attribute, None)
     if app is None:
@@ -57,6 +58,21 @@ def load_app(path: str) -> App:
     if not isinstance(app, App):
         raise ConfigurationError(f"APP_PATH: {path!r} is a {type(app).__name__}, not a trioq.App")
     return app
+
+
+def _import_error(module_name: str, exc: ModuleNotFoundError) -> ConfigurationError:
+    """Not found is one thing (wrong directory, not installed); a module that was found but
+    imports one that is missing is another (install that dependency)."""
+    missing = exc.name or ""
+    if missing == module_name or module_name.startswith(missing + "."):
+        return ConfigurationError(
+            f"APP_PATH: cannot import module {module_name!r} ({exc}); run from the directory "
+            f"that contains it or install it"
+        )
+    return ConfigurationError(
+        f"APP_PATH: module {module_name!r} was found, but it imports {missing!r}, which is not "
+        f"installed: install it into the environment trioq runs in"
+    )
 
 
 class App:

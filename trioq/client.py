@@ -22,6 +22,7 @@ from ._driver import (
     CancelJob,
     Checkpoint,
     Driver,
+    EventOutcome,
     HealthReport,
     JobFilter,
     JobPurge,
@@ -275,12 +276,13 @@ class Client:
         finally:
             self._watcher.forget(job_id, event)
 
-    async def emit_event(self, key: str, payload: Any = None) -> bool:
+    async def emit_event(self, key: str, payload: Any = None) -> EventOutcome:
         """Store the event `key` with `payload` and wake every job waiting for it (one
         statement, committed on return). The first emit of a key wins: later emits change
-        nothing and return False. A job that waits for `key` after this returns gets the payload
-        at once, without suspending. Safe to retry."""
-        return (await self.driver.event_emit(build_event(key, payload))).first
+        nothing and return `first=False`. A job that waits for `key` after this returns gets
+        the payload at once, without suspending. Safe to retry. Returns a `trioq.EventOutcome`
+        (`first`, `woken`), as the producers and the SQL function do."""
+        return await self.driver.event_emit(build_event(key, payload))
 
     async def cancel(self, job_id: int, *, tree: bool = False) -> str:
         """Cancel a job: a ready job at once; a running one through its handler's cancel scope

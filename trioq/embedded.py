@@ -63,6 +63,10 @@ class EmbeddedPostgresError(RuntimeError):
     """The embedded cluster could not be found, created, started or stopped."""
 
 
+def _absolute(path: Path | str | None) -> Path | None:
+    return None if path is None else Path(path).absolute()
+
+
 def _frozen_settings(value: Mapping[str, SettingValue]) -> Mapping[str, SettingValue]:
     return MappingProxyType(dict(value))
 
@@ -109,16 +113,22 @@ class EmbeddedPostgres:
 
     Without `data_dir`, the cluster is created in a fresh temporary directory and deleted on
     `stop`. With `data_dir`, an existing cluster there is reused (or a new one created) and kept.
-    The socket and the server log always live in a temporary directory of their own.
+    The socket and the server log live in `socket_dir`, by default a temporary directory of
+    their own.
     """
 
     settings: EmbeddedSettings = attrs.field(factory=EmbeddedSettings)
-    data_dir: Path | None = None
+    # Absolute: the server programs run in the socket directory, not in ours.
+    data_dir: Path | None = attrs.field(default=None, converter=_absolute)
     bindir: Path | None = None
     #: Only names the socket file (there is no TCP listener), so clusters cannot collide on it.
     port: int = 5432
     #: Who runs the server when this process is root.
     os_user: str = "postgres"
+    #: Where the socket and the server log live (created if missing, removed on `stop`).
+    #: None: a fresh temporary directory, so the URL changes at every start; give one (as
+    #: `trioq dev-db` does) to get the same URL each time.
+    socket_dir: Path | None = attrs.field(default=None, converter=_absolute)
 
     _run_dir: Path | None = attrs.field(default=None, init=False)
     _server_bindir: Path | None = attrs.field(default=None, init=False)
@@ -137,7 +147,7 @@ class EmbeddedPostgres:
     @property
     def url(self) -> str:
         """The same target as a ``postgresql://`` URI, for clients that only take URIs."""
-        host = quote(str(self._socket_dir()), safe="")
+        host = quote(str(self._socket_dir()), safe="/")
         return f"postgresql://postgres@/postgres?host={host}&port={self.port}"
 
     @property
@@ -155,7 +165,12 @@ class EmbeddedPostgres:
             return self.conninfo
         bindir = self.bindir or find_postgres_bindir()
         owner = self._server_owner()
-        run_dir = Path(tempfile.mkdtemp(prefix="trioq-pg-", dir=_RUN_DIR_PARENT))
+        self._refuse_a_running_server()
+        if self.socket_dir is None:
+            run_dir = Path(tempfile.mkdtemp(prefix="trioq-pg-", dir=_RUN_DIR_PARENT))
+        else:
+            run_dir = self.socket_dir
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._run_dir, self._server_bindir, self._owner = run_dir, bindir, owner
         try:
             _hand_over(run_dir, owner)
@@ -167,6 +182,25 @@ class EmbeddedPostgres:
             raise
         atexit.register(self._stop_at_exit)
         return self.conninfo
+
+    def _refuse_a_running_server(self) -> None:
+        """Another server already serving this socket or data directory: say so before anything
+        is created (starting would fail, and undoing that start must not touch the other)."""
+        if self.socket_dir is not None:
+            lock = self.socket_dir / f".s.PGSQL.{self.port}.lock"
+            pid = _postmaster_pid(lock)  # a socket lock file starts with the server's pid too
+            if pid is not None:
+                raise EmbeddedPostgresError(
+                    f"port {self.port}: a PostgreSQL server (pid {pid}) already serves "
+                    f"{self.socket_dir}; stop it, or choose another port"
+                )
+        if self.data_dir is not None:
+            pid = _postmaster_pid(self.data_dir / "postmaster.pid")
+            if pid is not None:
+                raise EmbeddedPostgresError(
+                    f"data directory {self.data_dir} is in use by a PostgreSQL server (pid "
+                    f"{pid}); stop it, or choose another data directory"
+                )
 
     def stop(self) -> None:
         """Shut the server down (fast: open sessions are disconnected) and delete its temp dirs.
@@ -477,3 +511,12 @@ def _pgserver_bindir() -> Path | None:
         with contextlib.suppress(ImportError, AttributeError):
             return Path(importlib.import_module(module_name).POSTGRES_BIN_PATH)
     return None
+
+
+if __name__ == "__main__":
+    # `python -m trioq.embedded [--data-dir DIR] [--port P]` is `trioq dev-db`.
+    import sys
+
+    from .cli import main
+
+    sys.exit(main(["dev-db", *sys.argv[1:]]))

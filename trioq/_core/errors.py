@@ -42,6 +42,11 @@ class UnknownTask(TrioqError, LookupError):
     """No task of that name is registered with the app."""
 
 
+class UnservedTaskWarning(UserWarning):
+    """A producer enqueued a task name that no declaration it was given knows and no live
+    worker serves: a misspelt name, or a worker not started yet (`strict=True`: an error)."""
+
+
 class JobNotFound(TrioqError, LookupError):
     """No job with that id exists (it may have been pruned)."""
 

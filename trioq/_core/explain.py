@@ -15,8 +15,11 @@ import attrs
 
 from .states import TERMINAL_STATES
 
-# A worker whose heartbeat is older than this is treated as gone (idle workers beat every 30 s).
+# A worker whose heartbeat is older than this is treated as gone, when it registered no
+# heartbeat interval (workers of versions before migration 0019).
 LIVE_HEARTBEAT_SECONDS = 120.0
+# A worker silent for more than this many of its own heartbeat intervals is probably dead.
+SILENT_INTERVALS = 2.0
 
 Row = Mapping[str, Any]
 
@@ -133,9 +136,26 @@ def _wait_gate(job: Row, now: datetime.datetime) -> Gate:
     return Gate("wait", True, f"waiting{timeout}")
 
 
+def silent_after(
+    heartbeat_seconds: float | None, live_seconds: float = LIVE_HEARTBEAT_SECONDS
+) -> float:
+    """Seconds without a heartbeat after which a worker counts as gone: two of the gaps it
+    promised between heartbeats (`WorkerConfig.heartbeat_every`), else `live_seconds`."""
+    return SILENT_INTERVALS * heartbeat_seconds if heartbeat_seconds else live_seconds
+
+
+def silence(heartbeat_age: float | None, heartbeat_seconds: float | None) -> float | None:
+    """How long the worker has been silent past its promise (its heartbeat's age), or None
+    while it is live."""
+    if heartbeat_age is None or heartbeat_age <= silent_after(heartbeat_seconds):
+        return None
+    return heartbeat_age
+
+
 def _is_live(worker: Row, now: datetime.datetime, live_seconds: float) -> bool:
     beat = when(worker.get("heartbeat_at"))
-    return beat is not None and (now - beat).total_seconds() <= live_seconds
+    limit = silent_after(worker.get("heartbeat_seconds"), live_seconds)
+    return beat is not None and (now - beat).total_seconds() <= limit
 
 
 def _lease_gate(
@@ -281,4 +301,4 @@ def _admission_gate(queue: str, accepting: Sequence[Row], now: datetime.datetime
     return Gate("admission", True, f"admission reduced to {total}: " + "; ".join(parts))
 
 
-__all__ = ["ExplainFacts", "Explanation", "Gate", "explain"]
+__all__ = ["ExplainFacts", "Explanation", "Gate", "explain", "silence", "silent_after"]

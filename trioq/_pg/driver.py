@@ -874,6 +874,7 @@ class PgDriver:
                 "default_tasks": [task for task, _, _ in params.task_defaults],
                 "default_versions": [version for _, version, _ in params.task_defaults],
                 "default_max_attempts": [attempts for _, _, attempts in params.task_defaults],
+                "heartbeat_seconds": params.heartbeat_seconds,
             },
         )
 
@@ -923,6 +924,8 @@ class PgDriver:
                     for q, lim, conc, reason, cause, age in row[10]
                 ),
                 tuple(row[11] or ()),
+                row[12],
+                row[13],
             )
             for row in rows
         ]

@@ -15,6 +15,7 @@ import asyncio
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -34,15 +35,19 @@ from .._core.errors import (
     ProducerError,
     ResultTimeout,
     SchemaNotMigrated,
+    UnknownTask,
+    UnservedTaskWarning,
 )
+from .._core.explain import LIVE_HEARTBEAT_SECONDS
 from .._core.identifiers import (
     validate_job_id,
     validate_key,
+    validate_name,
     validate_prepared_statements,
     validate_schema,
 )
 from .._core.states import TERMINAL_STATES, JobState
-from .._driver import JobRecord, NewJob
+from .._driver import EventOutcome, JobRecord, NewJob
 from .._enqueue import (
     EnqueueOptions,
     Job,
@@ -94,15 +99,6 @@ _LEFT_BY_PARENT: list[object] = []
 
 
 @attrs.frozen
-class EventOutcome:
-    """`first`: this emit stored the event (later emits of a key change nothing); `woken`: the
-    waiting jobs it made ready."""
-
-    first: bool
-    woken: int
-
-
-@attrs.frozen
 class _Insert:
     """One enqueue's statement, built once for the sync and the asyncio producer alike."""
 
@@ -121,7 +117,10 @@ class _Statements:
 
     schema: str
     tasks: dict[str, TaskLike]
+    strict: bool = False
     sql: dict[str, str] = attrs.field(init=False)
+    _served: set[str] = attrs.field(factory=set, init=False)  # names a live worker serves
+    _warned: set[str] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         validate_schema(self.schema)
@@ -155,6 +154,32 @@ class _Statements:
         )
         name, params = insert_statement(jobs)
         return _Insert(name, self.sql[name], params, jobs)
+
+    def unchecked_name(self, task: str | TaskLike) -> str | None:
+        """A task named by a string no declaration knows, still to be looked up (once per name;
+        with `strict`, until a live worker serves it)."""
+        if not isinstance(task, str) or task in self.tasks or task in self._served:
+            return None
+        return None if task in self._warned and not self.strict else task
+
+    def served_params(self, name: str) -> dict[str, Any]:
+        return {"task": validate_name("task", name), "stale_seconds": LIVE_HEARTBEAT_SECONDS}
+
+    def judge(self, name: str, served: bool) -> None:
+        """Warn once per name (`strict`: raise `UnknownTask`, nothing written) when no live
+        worker serves a task the producer has no declaration for."""
+        if served:
+            self._served.add(name)
+            return
+        message = (
+            f"task {name!r}: no declaration given to this producer names it and no live worker "
+            f"serves it, so its jobs wait until one does (a misspelt name? pass tasks=[...] "
+            f"with its trioq.TaskDeclaration, or start a worker that registers it)"
+        )
+        if self.strict:
+            raise UnknownTask(message)
+        self._warned.add(name)
+        warnings.warn(message, UnservedTaskWarning, stacklevel=4)
 
     def statement(self, name: str) -> str:
         text = self.sql.get(name)
@@ -308,8 +333,9 @@ class SyncProducer:
         connect_timeout: float = 10.0,
         prepared_statements: str = "auto",
         listen_url: str | None = None,
+        strict: bool = False,
     ) -> None:
-        self._statements = _Statements(schema, _task_map(tasks))
+        self._statements = _Statements(schema, _task_map(tasks), strict)
         self._settings = _Settings.of(
             conninfo, prepared_statements, listen_url, pool_size, connect_timeout
         )
@@ -395,6 +421,7 @@ class SyncProducer:
     ) -> Job:
         """Insert one job; options as for `trioq.Client.enqueue`."""
         insert = self._statements.insert(task, [payload], options, single=True)
+        self._check_name(task, conn)
         return insert.result(self._fetch(insert.text, insert.params, conn))[0]
 
     def enqueue_many(
@@ -410,7 +437,16 @@ class SyncProducer:
         insert = self._statements.insert(
             task, list(payloads), options, single=False, dedup_keys=dedup_keys
         )
-        return insert.result(self._fetch(insert.text, insert.params, conn)) if insert.jobs else []
+        if not insert.jobs:
+            return []
+        self._check_name(task, conn)
+        return insert.result(self._fetch(insert.text, insert.params, conn))
+
+    def _check_name(self, task: str | TaskLike, conn: SyncConnection | None) -> None:
+        name = self._statements.unchecked_name(task)
+        if name is not None:
+            [row] = self._fetch("task_served", self._statements.served_params(name), conn)
+            self._statements.judge(name, bool(row[0]))
 
     def emit_event(
         self, key: str, payload: Any = None, *, conn: SyncConnection | None = None
@@ -496,8 +532,9 @@ class AsyncProducer:
         connect_timeout: float = 10.0,
         prepared_statements: str = "auto",
         listen_url: str | None = None,
+        strict: bool = False,
     ) -> None:
-        self._statements = _Statements(schema, _task_map(tasks))
+        self._statements = _Statements(schema, _task_map(tasks), strict)
         self._settings = _Settings.of(
             conninfo, prepared_statements, listen_url, pool_size, connect_timeout
         )
@@ -586,6 +623,7 @@ class AsyncProducer:
         **options: Any,
     ) -> Job:
         insert = self._statements.insert(task, [payload], options, single=True)
+        await self._check_name(task, conn)
         return insert.result(await self._fetch(insert.text, insert.params, conn))[0]
 
     async def enqueue_many(
@@ -602,7 +640,14 @@ class AsyncProducer:
         )
         if not insert.jobs:
             return []
+        await self._check_name(task, conn)
         return insert.result(await self._fetch(insert.text, insert.params, conn))
+
+    async def _check_name(self, task: str | TaskLike, conn: AsyncConnection | None) -> None:
+        name = self._statements.unchecked_name(task)
+        if name is not None:
+            [row] = await self._fetch("task_served", self._statements.served_params(name), conn)
+            self._statements.judge(name, bool(row[0]))
 
     async def emit_event(
         self, key: str, payload: Any = None, *, conn: AsyncConnection | None = None

@@ -138,6 +138,13 @@ class WorkerConfig:
         return min(self.lease_seconds / 3, MAX_MAINTENANCE_INTERVAL)
 
     @property
+    def heartbeat_every(self) -> float:
+        """The longest gap between this worker's heartbeats: an idle worker beats with its
+        election or maintenance pass, at most 1.4 intervals apart (see `leader_ttl`); a busy
+        one also with every lease renewal. Registered, so status can tell a silent worker."""
+        return 1.4 * self.maintenance_every
+
+    @property
     def leader_ttl(self) -> float:
         """The leader seat's time to live: the leader extends it with every maintenance pass, at
         most 1.4 intervals apart (1.2 jitter, 0.2 waiting for a claim poll to stand in for), so
@@ -472,6 +479,7 @@ class Worker:
             task_defaults=tuple(
                 sorted((spec.name, spec.version, spec.max_attempts) for spec in self._served())
             ),
+            heartbeat_seconds=self.config.heartbeat_every,
         )
 
     async def _register_again(self) -> None:

@@ -170,6 +170,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 -- a fresh lease token, the lease from database time.
     SET state = 'running',
         attempt = j.attempt + 1,
+        executions = j.executions + 1,
         lease_token = gen_random_uuid(),
         lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
         worker_id = %(worker_id)s,
@@ -991,7 +992,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at
+       finished_at, executions
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_explain
@@ -1040,7 +1041,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at
+       finished_at, executions
 FROM {schema}.jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
@@ -1122,9 +1123,10 @@ WITH declared AS (
     RETURNING d.task
 )
 INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at,
-                             task_versions, queue_concurrency)
+                             task_versions, queue_concurrency, heartbeat_seconds)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s,
-        {schema}.db_now(), {schema}.db_now(), %(task_versions)s, %(queue_concurrency)s)
+        {schema}.db_now(), {schema}.db_now(), %(task_versions)s, %(queue_concurrency)s,
+        %(heartbeat_seconds)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
 RETURNING id;
 
@@ -1165,8 +1167,9 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- name: status_health
 -- `trioq status`: the incident health list (counts) and the database pressure figures, one row.
 -- Each count is a separate scalar subquery (the planner uses the state's partial index where
--- one exists; otherwise one pass over the unfinished rows). A worker is live while its
--- heartbeat is under 120 s old (an idle worker beats with its election or maintenance pass,
+-- one exists; otherwise one pass over the unfinished rows). A worker is live until it has been
+-- silent for two of the heartbeat intervals it registered (migration 0019), or 120 s for a
+-- worker that registered none (an idle worker beats with its election or maintenance pass,
 -- at most 1.4 maintenance intervals of <= 60 s apart). pg_stat_* views are the server's
 -- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
 SELECT
@@ -1179,7 +1182,8 @@ SELECT
     (SELECT count(*) FROM {schema}.jobs AS j
      WHERE j.state = 'running' AND NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
-         WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now() - interval '120 s')),
+         WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now()
+               - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')),
     (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting'),
     (SELECT count(*) FROM {schema}.jobs
      WHERE state = 'waiting' AND run_at <= {schema}.db_now()),
@@ -1210,7 +1214,9 @@ SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, 
                     extract(epoch FROM {schema}.db_now() - (a.value ->> 'since')::timestamptz))
                 ORDER BY a.key), '[]'::jsonb)
         FROM jsonb_each(w.admission) AS a) AS admission,
-       w.queue_concurrency
+       w.queue_concurrency,
+       w.heartbeat_seconds,
+       extract(epoch FROM {schema}.db_now() - w.heartbeat_at)::float8 AS heartbeat_age
 FROM {schema}.workers w ORDER BY w.started_at;
 
 -- name: queue_pause
@@ -1259,19 +1265,33 @@ GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 -- name: job_unroutable
 -- `trioq status`: jobs waiting to run that no live worker can run, by (queue, task, version):
 -- a deploy that dropped a version while its jobs sleep or wait shows here until a worker
--- serving it returns. Live = heartbeat within %(stale_seconds)s. Scans the unfinished jobs
+-- serving it returns. Live = heartbeat within two of the worker's registered heartbeat
+-- intervals, else %(stale_seconds)s (workers before migration 0019). Scans the unfinished jobs
 -- (not running, not final); a status read, not a hot path.
 SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.state) AS states
 FROM {schema}.jobs j
 WHERE j.state NOT IN ('running', 'completed', 'failed', 'cancelled')
   AND NOT EXISTS (
       SELECT 1 FROM {schema}.workers w
-      WHERE w.heartbeat_at > {schema}.db_now() - %(stale_seconds)s * interval '1 second'
+      WHERE w.heartbeat_at > {schema}.db_now()
+            - coalesce(2 * w.heartbeat_seconds, %(stale_seconds)s) * interval '1 second'
         AND w.state <> 'stopped'
         AND j.queue = ANY(w.queues)
         AND j.task || '@' || j.version = ANY(w.task_versions))
 GROUP BY j.queue, j.task, j.version
 ORDER BY j.queue, j.task, j.version;
+
+-- name: task_served
+-- A producer's first enqueue of a task name that no declaration it was given knows: does a
+-- live worker serve that task (any version)? A misspelt name would otherwise sit ready forever
+-- in silence. Live as job_unroutable counts it. Read once
+-- per name per producer; the workers table has one row per worker process.
+SELECT EXISTS (
+    SELECT 1 FROM {schema}.workers w, unnest(w.task_versions) AS served(pair)
+    WHERE w.heartbeat_at > {schema}.db_now()
+          - coalesce(2 * w.heartbeat_seconds, %(stale_seconds)s) * interval '1 second'
+      AND w.state <> 'stopped'
+      AND split_part(served.pair, '@', 1) = %(task)s);
 
 -- name: schedule_upsert_many
 -- Schedules declared in code (each starting worker upserts its app's `@app.periodic`) or at

@@ -17,6 +17,7 @@ import attrs
 
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_schema
+from .._core.states import JobState
 from .._driver import JobRecord
 from ..app import App
 from ..client import Client
@@ -87,11 +88,16 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"jobs": [_plain(r) for r in records], "next_before": _next(records, args)})
         return 0
-    print(f"{'id':>10} {'state':<10} {'task':<24} {'queue':<14} {'try':>5} {'age':>6}  error")
+    # `runs` counts executions (claims); `try` only those that may fail: a workflow's sleep or
+    # wait gives its attempt back, so `try` alone read 0/5 for a workflow that had run twice.
+    print(
+        f"{'id':>10} {'state':<10} {'task':<24} {'queue':<14} {'runs':>4} {'try':>5} {'age':>6}"
+        "  error"
+    )
     for r in records:
         error = (r.error or {}).get("message", "") if isinstance(r.error, dict) else ""
         print(
-            f"{r.id:>10} {r.state:<10} {r.task[:24]:<24} {r.queue[:14]:<14} "
+            f"{r.id:>10} {r.state:<10} {r.task[:24]:<24} {r.queue[:14]:<14} {r.executions:>4} "
             f"{r.attempt:>2}/{r.max_attempts:<2} {_age(r.created_at):>6}  {str(error)[:40]}"
         )
     following = _next(records, args)
@@ -264,7 +270,11 @@ def add_commands(
     jobs = common(command("jobs", "list jobs, newest first (filters, paging)"))
     filters(jobs)
     jobs.add_argument(
-        "--state", action="append", default=None, help="only this state (repeatable; default: any)"
+        "--state",
+        action="append",
+        default=None,
+        choices=[state.value for state in JobState],
+        help="only this state (repeatable; default: any)",
     )
     jobs.add_argument("--partition-key", default=None, help="only this partition key")
     jobs.add_argument(

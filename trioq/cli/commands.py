@@ -1,8 +1,10 @@
-"""`trioq` command line: migrate, worker, enqueue, status, schedules, demo."""
+"""The `trioq` command line: the parser (its summary names every command) and `main`, which runs
+one command and turns any failure into one line and an exit code (errors.py)."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.metadata
 import json
 import logging
@@ -21,6 +23,7 @@ from .._runtime.worker import Worker
 from ..app import DATABASE_URL_ENV, App, load_app
 from ..dashboard import cli as dashboard_cli
 from . import admin as cli_admin
+from . import devdb as cli_devdb
 from . import errors as cli_errors
 from . import worker as cli_worker
 from . import workflows as cli_workflows
@@ -71,7 +74,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stop_when_supervisor_dies)  # a child of `--processes N`
         if args.health_port is not None:
-            port = await nursery.start(serve_health, health, args.health_port, args.health_host)
+            port = await _start_health(nursery, health, args)
             log.info("health on %s:%d", args.health_host, port)
         try:
             return await _start_and_serve(app, args, health)
@@ -118,6 +121,23 @@ async def _serve_worker(
         )
         return cli_errors.ABANDONED
     return 0
+
+
+async def _start_health(
+    nursery: trio.Nursery, health: HealthTarget, args: argparse.Namespace
+) -> int:
+    try:
+        port: int = await nursery.start(serve_health, health, args.health_port, args.health_host)
+    except* OSError as group:  # the bind's own error does not say which address
+        if not any(
+            getattr(leaf, "errno", None) == errno.EADDRINUSE for leaf in cli_errors.leaves(group)
+        ):
+            raise
+        raise cli_errors.PortInUse(
+            f"--health-port {args.health_port}: address already in use on {args.health_host} "
+            f"(another process listens there): choose another --health-port"
+        ) from None
+    return port
 
 
 async def _run_worker(
@@ -171,8 +191,9 @@ async def _drain_on_signal(
 
 async def cmd_enqueue(args: argparse.Namespace) -> int:
     app = _with_url(load_app(args.app), args)
+    text = _json_argument(args.payload)
     try:
-        payload = json.loads(args.payload)
+        payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"JSON: not valid JSON: {exc}") from None
     except RecursionError:  # the decoder recurses once per level: thousands of levels overflow
@@ -191,6 +212,20 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
         )
     print(json.dumps({"id": job.id, "task": job.task, "queue": job.queue, "created": job.created}))
     return 0
+
+
+def _json_argument(value: str) -> str:
+    """`JSON` itself, `@PATH` (a file: a large payload would not fit on a command line) or `-`
+    (standard input)."""
+    if value == "-":
+        return sys.stdin.read()
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as source:
+            return source.read()
+    except OSError as exc:
+        raise ValueError(f"JSON: cannot read {value[1:]!r} ({exc.strerror})") from None
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
@@ -295,10 +330,20 @@ def _connection_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
 
 
+class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends `(default: X)` only where the help does not already say its default, and not
+    for options whose default is "not given" (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action) or text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trioq",
-        description=__doc__,
         epilog="Exit codes: 0 ok, 1 not found or not changed, 2 usage or configuration, "
         "3 database, 4 forced stop abandoned jobs, 130 interrupted (docs/cli.md).",
     )
@@ -312,12 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=help_text,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=_DefaultsOnce,
         )
         cmd.add_argument(
             "--database-url",
             default=None,
-            help=f"libpq URL or conninfo (None: ${DATABASE_URL_ENV})",
+            help=f"libpq URL or conninfo (default: ${DATABASE_URL_ENV})",
         )
         _logging_options(cmd, top=False)
         _connection_options(cmd, top=False)
@@ -332,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue",
         action="append",
         metavar="NAME[=SLOTS]",
-        help="queue to serve, with its own slots if given (repeatable; None: default)",
+        help="queue to serve, its own slots if given (repeatable; default: the default queue)",
     )
     worker.add_argument(
         "--concurrency", type=int, default=10, help="slots of each queue given without =SLOTS"
@@ -401,7 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue = command("enqueue", "enqueue one job")
     enqueue.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
     enqueue.add_argument("task", metavar="TASK", help="the task's name")
-    enqueue.add_argument("payload", metavar="JSON", help="the payload, as JSON")
+    enqueue.add_argument(
+        "payload", metavar="JSON", help="the payload: JSON, @FILE (read from FILE) or - (stdin)"
+    )
     enqueue.add_argument("--queue", default=None, help="queue (None: the task's)")
     enqueue.add_argument(
         "--delay", type=float, default=None, metavar="SECONDS", help="run this much later"
@@ -439,6 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard = command("dashboard", "a web dashboard: queues, jobs, workflows, schedules")
     dashboard_cli.add_arguments(dashboard)
     COMMANDS["dashboard"] = dashboard_cli.cmd_dashboard
+    cli_devdb.add_command(command, COMMANDS)
+    parser.description = "trioq: durable jobs on PostgreSQL. Commands: " + ", ".join(sub.choices)
     return parser
 
 

@@ -17,7 +17,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from .._core.explain import Explanation
+from .._core.explain import Explanation, silence
 from .._driver import (
     HealthReport,
     QueueDemand,
@@ -89,6 +89,24 @@ def queues_cell(worker: WorkerInfo) -> str:
     return ",".join(f"{queue}={worker.slots(queue)}" for queue in worker.queues)
 
 
+def worker_silence(worker: WorkerInfo) -> float | None:
+    """Seconds the worker has been silent, when that is more than two of its heartbeat
+    intervals (it is probably dead: killed, or its host gone); None while it beats."""
+    return silence(worker.heartbeat_age_seconds, worker.heartbeat_seconds)
+
+
+def state_cell(worker: WorkerInfo) -> str:
+    silent = worker_silence(worker)
+    return worker.state if silent is None else f"silent {silent:.0f}s (probably dead)"
+
+
+def heartbeat_cell(worker: WorkerInfo) -> str:
+    """The last heartbeat's age (database time), e.g. `4s ago`."""
+    if worker.heartbeat_age_seconds is None:
+        return f"{worker.heartbeat_at:%H:%M:%S}"
+    return f"{max(worker.heartbeat_age_seconds, 0.0):.0f}s ago"
+
+
 def status_tables(snapshot: StatusSnapshot) -> Group:
     demand = {row.queue: row for row in snapshot.demand}
     queues = Table(title="queues", title_justify="left")
@@ -107,14 +125,16 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         f"queue {p.queue} is PAUSED since {p.paused_at:%Y-%m-%d %H:%M:%S} (trioq queue resume)"
         for p in snapshot.paused
     ]
-    workers = Table(title=f"workers ({len(snapshot.workers)})", title_justify="left")
+    silent = sum(worker_silence(w) is not None for w in snapshot.workers)
+    title = f"workers ({len(snapshot.workers)}" + (f", {silent} silent)" if silent else ")")
+    workers = Table(title=title, title_justify="left")
     for name in ("id", "host:pid", "state", "queues", "running", "heartbeat", "serves",
                  "admission"):  # fmt: skip
         workers.add_column(name)
     for w in snapshot.workers:
         workers.add_row(
-            str(w.id)[:8], f"{w.hostname}:{w.pid}", w.state, queues_cell(w),
-            f"{w.running}/{w.concurrency}", f"{w.heartbeat_at:%H:%M:%S}",
+            str(w.id)[:8], f"{w.hostname}:{w.pid}", state_cell(w), queues_cell(w),
+            f"{w.running}/{w.concurrency}", heartbeat_cell(w),
             ",".join(w.task_versions) or "-", admission_cell(w),
         )  # fmt: skip
     unroutable = [

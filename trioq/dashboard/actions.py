@@ -157,8 +157,8 @@ def _emit(dashboard: Dashboard, form: Form) -> Planned:
         raise ValueError("payload: not valid JSON") from None
 
     async def run() -> str:
-        first = await dashboard.actor.emit_event(key, payload)
-        return "emitted" if first else "already emitted (the first emit of a key wins)"
+        outcome = await dashboard.actor.emit_event(key, payload)
+        return "emitted" if outcome.first else "already emitted (the first emit of a key wins)"
 
     return f"event {key}", {"payload": payload}, run
 

@@ -1324,6 +1324,38 @@ async def check_workers_register_heartbeat_and_are_pruned_when_stale(
 
 
 @conformance_check
+async def check_workers_report_their_heartbeat_interval_and_age(
+    driver: Driver, clock: DriverClock
+) -> None:
+    worker_id = uuid.uuid4()
+    registration = WorkerRegistration(
+        worker_id, "host-a", 11, (QUEUE,), 4, (f"{TASK}@1",), heartbeat_seconds=14
+    )
+    await driver.worker_register(registration)
+    [job_id] = await enqueue(driver, new_job())
+    expect(await driver.job_unroutable(), [], "unroutable while the worker beats")
+    await clock.advance(40)  # silent for more than two of its 14 s intervals
+    [info] = await driver.worker_list()
+    expect(info.heartbeat_seconds, 14.0, "registered heartbeat interval")
+    assert info.heartbeat_age_seconds is not None and info.heartbeat_age_seconds >= 40, info
+    [unroutable] = await driver.job_unroutable()
+    expect((unroutable.task, unroutable.jobs), (TASK, 1), "unroutable once it is silent")
+    facts = await driver.job_explain(job_id)
+    assert facts is not None
+    expect([w["heartbeat_seconds"] for w in facts.workers], [14.0], "explain's worker rows")
+
+
+@conformance_check
+async def check_a_job_counts_its_executions(driver: Driver, clock: DriverClock) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    expect((await record(driver, job_id)).executions, 0, "executions before a claim")
+    [job] = await claim(driver)
+    await fail(driver, job.lease, retry_delay=0)
+    await claim(driver)
+    expect((await record(driver, job_id)).executions, 2, "executions after two claims")
+
+
+@conformance_check
 async def check_heartbeat_stores_the_admission_snapshot_explain_reads(
     driver: Driver, clock: DriverClock
 ) -> None:

@@ -2,7 +2,8 @@
 
 - `run_job(app, task, payload)`: run one job through a real worker on a private in-memory
   driver (a real `Context`, retries, durable primitives) and return its result.
-- `drain(app, queues)`: run every due job of the queues on the app's open client until idle.
+- `drain(app, queues)`: run the queues' work on the app's open client until what is left waits
+  on time (a sleep, a delay) or on something outside the drain.
 - `enqueued_jobs(client, ...)` / `assert_enqueued(client, ...)` / `refute_enqueued(...)`: what
   the code under test enqueued.
 
@@ -86,12 +87,19 @@ async def drain(
     *,
     concurrency: int = 10,
     timeout: float = 30.0,
+    schedules: bool = False,
 ) -> DrainResult:
-    """Run every due job of `queues` (default: every queue the app's tasks use) on the app's
-    open client, including the jobs those jobs enqueue, until none is due or running.
+    """Run the work of `queues` (default: every queue the app's tasks use) on the app's open
+    client until what is left waits on time or on something outside the drain.
 
-    Delayed jobs that are not due yet and retries waiting out their backoff are left alone.
-    Raises `TimeoutError` naming the queues when they do not go idle within `timeout`.
+    It returns once no job of those queues is due, running, or about to be woken by another
+    drained job: jobs the drained jobs enqueue and spawn run too, a workflow whose children all
+    finished or whose event was emitted resumes, a sleep or wait whose time has come resumes.
+    Left alone: sleeps, waits, delays and retry backoffs that are not due yet, and work waiting
+    on jobs of queues that are not drained. `schedules=True` stores the app's declared schedules
+    and fires those that come due while it runs; by default no schedule fires, so counts in a
+    test see only the jobs it enqueued. Raises `TimeoutError` naming the queues when they do
+    not go idle within `timeout`.
     """
     client = _open_client(app)
     names = [queues] if isinstance(queues, str) else list(queues or _app_queues(app))
@@ -103,17 +111,19 @@ async def drain(
             ended[outcome].append(job.id)
 
     hooks = WorkerHooks(on_round=idle.on_round, on_job_end=on_job_end)
+    worker = functools.partial(
+        app.run_worker, names, concurrency, hooks=hooks, grace_seconds=0, run_scheduler=schedules
+    )
     with trio.move_on_after(timeout) as scope:
         async with trio.open_nursery() as nursery:
-            idle.worker = await nursery.start(
-                functools.partial(app.run_worker, names, concurrency, hooks=hooks, grace_seconds=0)
-            )
+            idle.worker = await nursery.start(worker)
             await idle.wait()
             idle.worker.request_drain()
     if scope.cancelled_caught:
         raise TimeoutError(
             f"drain: queues {', '.join(names)} still had due or running jobs after {timeout}s "
-            f"(jobs of tasks this app does not register are never claimed)"
+            f"(jobs of tasks this app does not register are never claimed, nor jobs of a paused "
+            f"queue or of a partition key held by a job that is not drained)"
         )
     return DrainResult(*(tuple(ended[state]) for state in ("completed", "failed", "cancelled")))
 
@@ -121,7 +131,10 @@ async def drain(
 @attrs.define(eq=False)
 class _IdleWatch:
     """Idle = a round claimed less than it asked for while no loop owned anything, confirmed
-    by the database (a job woken by another queue's completion shows up there)."""
+    by the database: no job of the queues is running or due. Due counts work whose time has
+    come but that no claim has promoted yet (a finished sleep, a workflow its last child or an
+    event woke), so a round of one queue that runs before another queue's promotion does not
+    end the drain early."""
 
     driver: Driver
     queues: tuple[str, ...]
@@ -142,8 +155,8 @@ class _IdleWatch:
         while True:
             await self._candidate.wait()
             self._candidate = trio.Event()
-            statuses = await self.driver.queue_status()
-            busy = [s for s in statuses if s.queue in self.queues and (s.ready or s.running)]
+            demand = await self.driver.queue_demand()
+            busy = [d for d in demand if d.queue in self.queues and (d.due_now or d.running)]
             if not busy and self._nothing_owned():
                 return
 
