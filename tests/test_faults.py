@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from psycopg import sql
 
@@ -32,6 +33,9 @@ import trioq
 from tests.fault_app import QUEUE, build_app, create_exec_log
 from tests.procs import REPO_ROOT, WorkerProc, db_now, fetch, wait_until, worker_group
 from tests.support import running_worker
+
+# Slow tier: worker subprocesses killed, paused and signalled; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 LEASE = 2.0  # seconds; renewed every LEASE / 3
 POLL = 0.5
