@@ -10,10 +10,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests import hypothesis_profiles
 from trioq._pg import Connection, connect
 from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
 
 pytest_plugins = ["pytester"]
+
+hypothesis_profiles.load()
 
 SESSION_CLUSTER_SETTINGS = EmbeddedSettings(
     max_connections=300, shared_preload_libraries=("pg_stat_statements",)

@@ -212,6 +212,7 @@ async def test_observe_mode_computes_the_limit_but_changes_nothing(
 # --- injected scheduler lag on Postgres -------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_injected_scheduler_lag_lowers_the_limit_without_cancelling_handlers(
     pg_url: str, pg_schema: str
 ) -> None:

@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.report import SCENARIOS
+
+# Slow tier: the benchmark smoke run takes about 100 s; `pytest -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -57,6 +57,7 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 # --- errors (subprocesses) -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bad_database_urls_end_in_one_line_naming_the_fix_with_exit_3(pg_url: str) -> None:
     params = conninfo_to_dict(pg_url)
     cases = {
@@ -73,6 +74,7 @@ def test_bad_database_urls_end_in_one_line_naming_the_fix_with_exit_3(pg_url: st
         assert (expected in line and "fix" in line) or "create it" in line, line
 
 
+@pytest.mark.slow
 def test_missing_module_or_attribute_ends_in_one_line_with_exit_2() -> None:
     for path, expected in [
         ("no_such_module:app", "cannot import module 'no_such_module'"),
@@ -84,6 +86,7 @@ def test_missing_module_or_attribute_ends_in_one_line_with_exit_2() -> None:
         assert expected in one_line(result)
 
 
+@pytest.mark.slow
 def test_traceback_only_with_verbose_accepted_after_the_subcommand() -> None:
     result = run("jobs", "--database-url", "host=/tmp dbname", "-v")
     assert result.returncode == 3
@@ -148,6 +151,7 @@ def test_worker_that_cannot_reach_the_database_retries_and_says_so() -> None:
     assert any("does not serve" in line for line in lines)  # tasks on other queues: warned
 
 
+@pytest.mark.slow
 def test_version_help_defaults_and_usage_errors() -> None:
     version = run("--version")
     assert version.returncode == 0 and version.stdout.startswith("trioq ")
@@ -318,6 +322,7 @@ def test_retry_failed_by_task_redrives_every_failed_job_of_it(
     assert cli.main(["retry", *migrated, "--failed", "1"]) == 2  # ids and --failed: usage
 
 
+@pytest.mark.slow
 async def test_second_signal_that_abandons_running_jobs_exits_4_and_a_clean_drain_0(
     pg_url: str, pg_schema: str, tmp_path: Any
 ) -> None:

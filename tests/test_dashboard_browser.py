@@ -18,6 +18,9 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.dashboard_support import Harness
 
+# Slow tier: a headless browser per test; `pytest -m "not slow"` leaves the module out.
+pytestmark = pytest.mark.slow
+
 IMAGES = pathlib.Path(__file__).parent.parent / "docs" / "images"
 WAIT_MS = 15_000
 

@@ -20,6 +20,9 @@ from trioq.embedded import (
     find_postgres_bindir,
 )
 
+# Slow tier: each test starts its own PostgreSQL cluster; `pytest -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[EmbeddedPostgres]:

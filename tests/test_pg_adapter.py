@@ -657,7 +657,19 @@ async def test_driver_runs_migrations_and_client_transactions_without_trioqs_tim
 
             with trio.fail_after(10):
                 await wait_until(migrate_is_blocked)
-            await trio.sleep(0.3)  # the timeout (0.1 s) must have had time to fire
+
+            async def migrate_waited_past_the_timeout() -> bool:
+                return bool(
+                    await observer.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+                        "AND query LIKE %s AND clock_timestamp() - state_change > '0.3 s'",
+                        ["%trioq-migrate:%"],
+                    )
+                )
+
+            # The timeout (0.1 s) would have fired by now, as the server's clock says.
+            with trio.fail_after(10):
+                await wait_until(migrate_waited_past_the_timeout)
             await observer.execute(
                 "SELECT pg_advisory_unlock(hashtext('trioq-migrate:' || %s))", [pg_schema]
             )

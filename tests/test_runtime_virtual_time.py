@@ -114,6 +114,54 @@ async def test_delayed_job_runs_when_due_in_virtual_time(
     assert 3600 - 1e-6 <= started[0] - t0 <= 3600 + 5.0
 
 
+async def test_jobs_due_between_polls_start_at_their_due_time_not_the_next_poll(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = make_app()
+    started: list[float] = []
+
+    @app.task("due")
+    async def due(ctx: trioq.Context, payload: object) -> None:
+        started.append(trio.current_time())
+
+    async with app.client(driver=MemoryDriver()) as client, running_worker(app, poll_interval=30):
+        await trio.sleep(0.5)  # past the start-up round of the claim loop
+        t0 = trio.current_time()
+        jobs = [await client.enqueue("due", {}, delay=delay) for delay in (1.0, 1.4, 1.8)]
+        with trio.fail_after(60):
+            for job in jobs:
+                await client.wait_result(job.id, timeout=None)
+    lateness = [start - t0 - delay for start, delay in zip(started, (1.0, 1.4, 1.8), strict=True)]
+    # The worker's timer follows each due time (to database time's microsecond rounding).
+    assert all(-1e-5 <= late <= 1e-3 for late in lateness), lateness
+
+
+async def test_a_freed_slot_refills_at_once_not_at_the_next_poll(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = make_app()
+    starts: list[float] = []
+    ends: list[float] = []
+
+    @app.task("short")
+    async def short(ctx: trioq.Context, payload: object) -> None:
+        starts.append(trio.current_time())
+        await trio.sleep(0.05)
+        ends.append(trio.current_time())
+
+    async with (
+        app.client(driver=MemoryDriver()) as client,
+        running_worker(app, concurrency=1, poll_interval=60),
+    ):
+        jobs = await client.enqueue_many("short", [{}] * 6)
+        with trio.fail_after(600):
+            for job in jobs:
+                await client.wait_result(job.id, timeout=None)
+    gaps = [start - end for start, end in zip(starts[1:], ends, strict=False)]
+    assert len(starts) == 6
+    assert max(gaps) < 1e-3, gaps  # settling a job claims the next in the same round
+
+
 async def test_retries_follow_the_backoff_policy_in_virtual_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

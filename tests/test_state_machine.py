@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -38,6 +39,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from trioq._core.identifiers import quote_ident
 from trioq._driver import (
     Checkpoint,
@@ -469,12 +471,13 @@ async def _records(driver: Driver, job_ids: list[int]) -> list[JobRecord | None]
     return [await driver.job_get(job_id) for job_id in job_ids]
 
 
+@pytest.mark.slow
 def test_both_drivers_agree_on_every_rule(pg_url: str, pg_schema: str) -> None:
     machine = type("Machine", (DifferentialMachine,), {"pg_url": pg_url, "pg_schema": pg_schema})
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=25,
+            max_examples=MACHINE_EXAMPLES,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
 
+from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from tests.test_state_machine import QUEUE, SLEEP, DifferentialMachine, _records
 from trioq._driver import (
     CancelChildren,
@@ -213,12 +215,13 @@ class WaitsMachine(DifferentialMachine):
                     assert child_row is not None and child_row.state in FINAL, (parent, child)
 
 
+@pytest.mark.slow
 def test_both_drivers_agree_on_events_and_children(pg_url: str, pg_schema: str) -> None:
     machine: Any = type("Machine", (WaitsMachine,), {"pg_url": pg_url, "pg_schema": pg_schema})
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=10,
+            max_examples=MACHINE_EXAMPLES,
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
