@@ -524,6 +524,30 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
 
+-- fragment: plain_completions
+-- The fenced completion of plain jobs (no key, no parent) and their result notifications, shared
+-- by job_settle_and_claim_plain and the completer's job_complete_plain.
+WITH input AS MATERIALIZED (
+    SELECT t.*
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
+         AS t(id, attempt, lease_token, result)
+),
+settled AS (
+    UPDATE {schema}.jobs j
+    SET state = 'completed', result = i.result::jsonb, error = NULL,
+        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+    FROM input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.state
+),
+results_notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM settled GROUP BY 1) AS per_channel
+)
+
 -- name: job_settle_and_claim_plain
 -- The claim loop's round in the common case, as a statement of its own: a plan a fifth the
 -- size of job_settle_and_claim's. PostgreSQL builds a prepared statement's whole plan at every
@@ -550,27 +574,8 @@ LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS 
 -- The claim's UPDATE finds its rows through the primary key (`= ANY(ARRAY(...))`): a join
 -- left to the planner took a seq scan of jobs in a generic plan (estimates of a LIMIT read
 -- through a sub-select are a tenth of the table).
-WITH input AS MATERIALIZED (
-    SELECT t.*
-    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
-         AS t(id, attempt, lease_token, result)
-),
-settled AS (
-    UPDATE {schema}.jobs j
-    SET state = 'completed', result = i.result::jsonb, error = NULL,
-        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-      AND j.state = 'running'
-    RETURNING j.id, j.state
-),
-results_notified AS (
-    SELECT count(pg_notify(channel, ids)) AS n
-    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled GROUP BY 1) AS per_channel
-),
-probe AS MATERIALIZED (
+-- include: plain_completions
+, probe AS MATERIALIZED (
     SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
            keyed.ready OR coalesce(due.run_at <= {schema}.db_now()
                                    + (SELECT %(lookahead)s::float8) * interval '1 second',
@@ -631,26 +636,7 @@ LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS 
 -- and no parent woken. The same fenced completion and result notifications as
 -- job_settle_and_claim, without its claim, promotion and probes: a flush needs none of them,
 -- and PostgreSQL builds a prepared statement's whole plan at every execution.
-WITH input AS MATERIALIZED (
-    SELECT t.*
-    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
-         AS t(id, attempt, lease_token, result)
-),
-settled AS (
-    UPDATE {schema}.jobs j
-    SET state = 'completed', result = i.result::jsonb, error = NULL,
-        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-      AND j.state = 'running'
-    RETURNING j.id, j.state
-),
-results_notified AS (
-    SELECT count(pg_notify(channel, ids)) AS n
-    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled GROUP BY 1) AS per_channel
-)
+-- include: plain_completions
 SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        coalesce(array_agg(state ORDER BY id), '{}') AS states,
        (SELECT n FROM results_notified) AS notified,  -- read here, so it always runs
