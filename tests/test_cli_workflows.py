@@ -11,6 +11,9 @@ import pytest
 from trioq import cli
 from trioq.producer import SyncProducer
 
+# Jobs are enqueued by name before a worker serves them: the unserved-name warning is expected.
+pytestmark = pytest.mark.filterwarnings("ignore::trioq.UnservedTaskWarning")
+
 
 def trioq_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
     code = cli.main([*argv])

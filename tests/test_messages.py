@@ -297,3 +297,36 @@ async def test_producers_send_in_the_callers_transaction_and_refuse_final_jobs(
                 await trio.to_thread.run_sync(asyncio.run, fastapi_handler(job.id))
                 assert await client.wait_result(job.id) == [1, 2, 3]
         await trio.to_thread.run_sync(asyncio.run, after_the_end(job.id))
+
+
+async def test_a_ready_job_the_claim_skipped_while_a_send_held_its_row_starts_at_the_commit(
+    pg_url: str, pg_schema: str
+) -> None:
+    # A claim locks with FOR UPDATE SKIP LOCKED; send() holds the job row until the caller's
+    # transaction ends. The round that runs meanwhile skips the job: the send's commit must
+    # wake the queue, or the job waits for the 30 s poll.
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("collect")
+    async def collect(ctx: trioq.Context, payload: object) -> Any:
+        return await ctx.receive("items", timeout=HOUR)
+
+    first_round = trio.Event()
+    claimed: list[int] = []
+
+    def on_round(queue: str, requested: int, got: int) -> None:
+        claimed.append(got)
+        first_round.set()
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("collect", None)
+        # The send's transaction (on `conn`) stays open while the worker's first round runs.
+        with SyncProducer(pg_url, schema=pg_schema) as producer, psycopg.connect(pg_url) as conn:
+            await trio.to_thread.run_sync(lambda: producer.send(job.id, "items", 1, conn=conn))
+            hooks = trioq.WorkerHooks(on_round=on_round)
+            async with running_worker(app, poll_interval=POLL, hooks=hooks):
+                with trio.fail_after(10):
+                    await first_round.wait()
+                    assert claimed[0] == 0  # the row was locked: skipped
+                    await trio.to_thread.run_sync(conn.commit)
+                    assert await client.wait_result(job.id) == [1]

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ._memory import MemoryDriver, _Outbox, _Row
 
 FINAL = frozenset({"completed", "failed", "cancelled"})
+SUSPENDED = frozenset({"scheduled", "sleeping", "waiting"})
 _SECOND = datetime.timedelta(seconds=1)
 
 
@@ -66,6 +67,11 @@ def send(
     state = row.state
     if row.state == "waiting" and row.wait_topic == params.topic:
         row.state, row.run_at, row.wait_topic = "ready", now, None
+    # As send() in migration 0020: a claim may have skipped a ready or due job under the
+    # send's row lock, so its queue is woken (the database delivers it at commit).
+    if row.state == "ready" or (
+        row.state in SUSPENDED and row.run_at is not None and row.run_at <= now
+    ):
         outbox.add(driver._ready_channel(row.queue), row.queue)
     return SendOutcome(state, message_id)
 
