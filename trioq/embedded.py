@@ -515,8 +515,8 @@ def _pgserver_bindir() -> Path | None:
 
 if __name__ == "__main__":
     # `python -m trioq.embedded [--data-dir DIR] [--port P]` is `trioq dev-db`.
+    # Looked up at run time: run as a script this module is `__main__`, and a static import of
+    # the CLI (which imports this module) would read as an import cycle.
     import sys
 
-    from .cli import main
-
-    sys.exit(main(["dev-db", *sys.argv[1:]]))
+    sys.exit(importlib.import_module("trioq.cli").main(["dev-db", *sys.argv[1:]]))
