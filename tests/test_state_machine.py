@@ -1,5 +1,5 @@
 """Differential model test of the job semantics: every Hypothesis rule is applied to BOTH
-drivers, the in-memory one (the executable model, `trioq/_memory.py`) and PostgreSQL (the SQL),
+drivers, the in-memory one (the executable model, `trioq/_memory/`) and PostgreSQL (the SQL),
 and their answers and rows must agree. There is no third copy of the claim algorithm here:
 the two implementations check each other, and the safety invariants are checked on the rows.
 

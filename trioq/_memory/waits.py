@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._core.states import TERMINAL_STATES
-from ._driver import (
+from .._core.states import TERMINAL_STATES
+from .._driver import (
     CancelChildren,
     CancelOutcome,
     ChildOutcome,
@@ -31,7 +31,7 @@ from ._driver import (
 )
 
 if TYPE_CHECKING:
-    from ._memory import MemoryDriver, _Outbox, _Row
+    from .driver import MemoryDriver, _Outbox, _Row
 
 FINAL = TERMINAL_STATES
 _SECOND = datetime.timedelta(seconds=1)
@@ -150,7 +150,7 @@ def _wake(driver: MemoryDriver, row: _Row, now: datetime.datetime, outbox: _Outb
 
 def spawn(driver: MemoryDriver, params: Spawn, now: datetime.datetime) -> tuple[SpawnOutcome, Any]:
     """The outcome, and the new row to commit (None when nothing was inserted)."""
-    from ._memory import _new_row, _validate_new_job
+    from .driver import _new_row, _validate_new_job
 
     _validate_new_job(params.child)
     parent = _owned(driver, params.lease)

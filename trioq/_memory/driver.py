@@ -30,16 +30,14 @@ from typing import Any
 import attrs
 import trio
 
-from . import _memory_messages as messages
-from . import _memory_waits as waits
-from ._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
-from ._core.explain import ExplainFacts, silent_after
-from ._core.identifiers import validate_key, validate_name, validate_schema
-from ._core.outcomes import rule_of, settled_state
-from ._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
-from ._core.schedule import fire_dedup_key
-from ._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
-from ._driver import (
+from .._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
+from .._core.explain import ExplainFacts, silent_after
+from .._core.identifiers import validate_key, validate_name, validate_schema
+from .._core.outcomes import rule_of, settled_state
+from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
+from .._core.schedule import fire_dedup_key
+from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
+from .._driver import (
     AttemptRecord,
     CancelChildren,
     CancelJob,
@@ -103,8 +101,9 @@ from ._driver import (
     WorkflowValue,
     WrittenCheckpoint,
 )
-from ._memory_schedules import ScheduleTable
-from ._sql import migrations
+from .._sql import migrations
+from . import messages, waits
+from .schedules import ScheduleTable
 
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
 """The memory clock's zero: `clock()` seconds after this instant is "now"."""

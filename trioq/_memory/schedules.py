@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from ._core.identifiers import validate_name
-from ._core.schedule import validate_catchup_limit, validate_misfire
-from ._driver import NewSchedule, ScheduleAdvance, ScheduleDue, ScheduleRecord
+from .._core.identifiers import validate_name
+from .._core.schedule import validate_catchup_limit, validate_misfire
+from .._driver import NewSchedule, ScheduleAdvance, ScheduleDue, ScheduleRecord
 
 
 @attrs.define(eq=False)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._driver import (
+from .._driver import (
     MessageSend,
     Receive,
     ReceiveOutcome,
@@ -29,7 +29,7 @@ from ._driver import (
 )
 
 if TYPE_CHECKING:
-    from ._memory import MemoryDriver, _Outbox, _Row
+    from .driver import MemoryDriver, _Outbox, _Row
 
 FINAL = frozenset({"completed", "failed", "cancelled"})
 SUSPENDED = frozenset({"scheduled", "sleeping", "waiting"})
