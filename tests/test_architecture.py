@@ -1,4 +1,11 @@
-"""The folders are the layers (docs/architecture.md): no import up a layer."""
+"""The folders are the layers (docs/architecture.md): no import up a layer, and no import cycle.
+
+Both checks read the same graph: every `import` of a trioq module anywhere in a module, at its
+top or inside a function (a lazy import still runs, and still ties the two modules together), but
+not those under `if TYPE_CHECKING:`, which never run. Importing `a.b` also imports the package
+`a`; that implied edge is not in the graph (every package re-exporting its modules would read
+as a cycle).
+"""
 
 from __future__ import annotations
 
@@ -22,12 +29,14 @@ def _layers() -> list[tuple[str, list[str]]]:
     return layers
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module_name(path: pathlib.Path, root: pathlib.Path = PACKAGE.parent) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if path.name == "__init__.py" else parts)
 
 
-def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
+def _imports(
+    path: pathlib.Path, modules: set[str], root: pathlib.Path = PACKAGE.parent
+) -> set[str]:
     """trioq modules `path` imports at run time (not those under `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
     typing_only = {
@@ -36,7 +45,7 @@ def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for inner in ast.walk(node)
     }
-    name = _module_name(path)
+    name = _module_name(path, root)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -85,3 +94,48 @@ def test_every_module_belongs_to_a_layer_and_imports_none_above_it() -> None:
             if _layer_of(target, layers) > level:
                 upward.append(f"{module} ({layers[level][0]}) imports {target}")
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's cycles as strongly connected components (sorted), each of several modules."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for target in graph.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        reach[start] = seen
+    components = {
+        tuple(sorted({module} | {other for other in reach[module] if module in reach[other]}))
+        for module in graph
+        if module in reach[module]
+    }
+    return [list(component) for component in sorted(components)]
+
+
+def test_the_cycle_check_finds_a_cycle_through_several_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({**graph, "c": {"d"}}) == []
+
+
+def test_the_graph_counts_lazy_imports_but_not_type_checking_ones(
+    tmp_path: pathlib.Path,
+) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "lazy.py").write_text("def f():\n    from .other import g\n")
+    (package / "typing_only.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import other\n"
+    )
+    modules = {"pkg.lazy", "pkg.typing_only", "pkg.other"}
+    assert _imports(package / "lazy.py", modules, root=tmp_path) == {"pkg.other"}
+    assert _imports(package / "typing_only.py", modules, root=tmp_path) == set()
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)

@@ -125,12 +125,12 @@ class Host:
     def check_key_free(self, job_id: int) -> None:
         """At a handler's start: no other job of its partition key holds the key (running,
         or suspended), so its predecessor's outcome has committed."""
-        row = self.memory._rows[job_id]
+        row = self.memory._state.rows[job_id]
         if row.partition_key is None:
             return
         holders = [
             other.id
-            for other in self.memory._rows.values()
+            for other in self.memory._state.rows.values()
             if other.id != job_id
             and other.partition_key == row.partition_key
             and other.state in ("running", "sleeping", "waiting")
@@ -231,7 +231,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             assert len(owned) <= bound, owned
             running_rows = [
                 row
-                for row in self.host.memory._rows.values()
+                for row in self.host.memory._state.rows.values()
                 if row.state == "running" and row.worker_id == worker.worker_id
             ]
             assert len(running_rows) <= bound, running_rows

@@ -132,7 +132,7 @@ class MessagesMachine(DifferentialMachine):
 
     @invariant()
     def every_accepted_send_is_recorded_or_queued_once_in_send_order(self) -> None:
-        queued = self.pair.memory._messages.queued
+        queued = self.pair.memory._state.messages.queued
         for (job, topic), sent in self.sent.items():
             taken = [
                 item
@@ -155,8 +155,8 @@ class MessagesMachine(DifferentialMachine):
 
     @invariant()
     def no_job_waits_for_a_topic_with_a_queued_message(self) -> None:
-        queued = self.pair.memory._messages.queued
-        for row in self.pair.memory._rows.values():
+        queued = self.pair.memory._state.messages.queued
+        for row in self.pair.memory._state.rows.values():
             if row.state == "waiting" and row.wait_topic is not None:
                 assert not queued.get(row.id, {}).get(row.wait_topic), row
 

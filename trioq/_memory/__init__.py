@@ -1,7 +1,8 @@
 """The in-memory driver: the `Driver` protocol with the semantics of `_sql/queries.sql`.
 
-`driver.py` holds `MemoryDriver` and its job table; `waits.py`, `messages.py` and
-`schedules.py` hold the event waits, the messages and values, and the schedules.
+`state.py` holds the tables (`MemoryState`) and the row types; `driver.py` holds `MemoryDriver`,
+which runs each statement over one state; `waits.py`, `messages.py` and `schedules.py` hold the
+event waits and children, the messages and values, and the schedules, as functions over it.
 """
 
 from .driver import MemoryDriver

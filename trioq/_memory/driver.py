@@ -18,25 +18,21 @@ from __future__ import annotations
 
 import collections
 import datetime
-import itertools
 import json
 import math
 import uuid
-import zlib
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import trio
 
-from .._core.channels import CHANNEL_SHARDS, control_channel, result_channel, schedules_channel
+from .._core.channels import control_channel, schedules_channel
 from .._core.explain import ExplainFacts, silent_after
-from .._core.identifiers import validate_key, validate_name, validate_schema
+from .._core.identifiers import validate_schema
 from .._core.outcomes import rule_of, settled_state
-from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from .._core.schedule import fire_dedup_key
-from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
 from .._driver import (
     AttemptRecord,
     CancelChildren,
@@ -103,132 +99,24 @@ from .._driver import (
 )
 from .._sql import migrations
 from . import messages, waits
-from .schedules import ScheduleTable
+from .state import (
+    FINISHED_STATES,
+    SECOND,
+    SUSPENDED_OR_SCHEDULED,
+    LeaderSeat,
+    MemoryListener,
+    MemoryState,
+    Outbox,
+    Row,
+    Worker,
+    before,
+    before_or_at,
+    loads,
+    new_row,
+    validate_new_job,
+)
 
-EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
-"""The memory clock's zero: `clock()` seconds after this instant is "now"."""
-
-FINISHED_STATES = TERMINAL_STATES
-SUSPENDED_OR_SCHEDULED = SUSPENDED_STATES | {JobState.SCHEDULED}
 _LEASE_EXPIRED_ERROR = '{"type":"LeaseExpired","message":"worker lost: lease expired"}'
-_SECOND = datetime.timedelta(seconds=1)
-
-
-@attrs.define(eq=False)
-class _Row:
-    """One job, mutable; JSON columns are kept as text so every read returns fresh objects."""
-
-    id: int
-    queue: str
-    task: str
-    payload_json: str
-    priority: int
-    run_at: datetime.datetime | None
-    partition_key: str | None
-    dedup_key: str | None
-    max_attempts: int | None  # None: the task's declaration decides (task_defaults)
-    created_at: datetime.datetime
-    unique_states: tuple[str, ...] = ()
-    unique_until: datetime.datetime | None = None
-    state: str = "ready"
-    checkpoint_count: int = 0
-    attempt: int = 0
-    executions: int = 0
-    lease_token: uuid.UUID | None = None
-    lease_expires_at: datetime.datetime | None = None
-    worker_id: uuid.UUID | None = None
-    cancel_requested: bool = False
-    result_json: str | None = None
-    error_json: str | None = None
-    started_at: datetime.datetime | None = None
-    finished_at: datetime.datetime | None = None
-    trace_context: str | None = None
-    version: int = 1  # the handler version the job was enqueued for
-    # events and children (migration 0003)
-    parent_id: int | None = None
-    parent_position: int | None = None
-    wait_event_key: str | None = None
-    wait_children: tuple[int, ...] | None = None
-    children_settled: int = 0
-    on_parent_cancel: str = "cancel"  # migration 0017: cancel, abandon or wait
-    wait_topic: str | None = None  # messages (migration 0016)
-
-    @property
-    def claim_order(self) -> tuple[int, datetime.datetime, int]:
-        assert self.run_at is not None  # only ready rows are ordered, and they are due
-        return (self.priority, self.run_at, self.id)
-
-    def holds(self, lease: Lease) -> bool:
-        """The fence every write after a claim passes through."""
-        return (
-            self.state == "running"
-            and self.attempt == lease.attempt
-            and self.lease_token == lease.lease_token
-        )
-
-    def holds_key(self, now: datetime.datetime) -> bool:
-        """Whether this row still holds its dedup key (the `released` CTE's condition)."""
-        if self.state not in FINISHED_STATES:
-            return True
-        return self.state in self.unique_states and (
-            self.unique_until is None or self.unique_until > now
-        )
-
-    def end_lease(self) -> None:
-        self.lease_token = None
-        self.lease_expires_at = None
-
-
-@attrs.define(eq=False)
-class _Worker:
-    registration: WorkerRegistration
-    started_at: datetime.datetime
-    heartbeat_at: datetime.datetime
-    state: str = "running"
-    admission: dict[str, dict[str, Any]] | None = None  # the heartbeat's snapshot (0008)
-
-
-@attrs.define(eq=False)
-class _Outbox:
-    """The notifications of one commit; Postgres collapses identical (channel, payload) pairs."""
-
-    items: dict[tuple[str, str], None] = attrs.field(factory=dict)
-
-    def add(self, channel: str, payload: str) -> None:
-        self.items[(channel, payload)] = None
-
-    def add_grouped(self, ids: Iterable[int], channel_of: Callable[[int], str]) -> None:
-        """One notification per channel, its payload the comma-joined ids (job results)."""
-        by_channel: dict[str, list[str]] = collections.defaultdict(list)
-        for job_id in ids:
-            by_channel[channel_of(job_id)].append(str(job_id))
-        for channel, id_texts in by_channel.items():
-            self.add(channel, ",".join(id_texts))
-
-
-@attrs.define(eq=False)
-class MemoryListener:
-    """A listener on the memory driver; it never disconnects, so `on_reconnect` never runs."""
-
-    _send: trio.MemorySendChannel[tuple[str, str]]
-    _channels: set[str] = attrs.field(factory=set)
-
-    @property
-    def connected(self) -> bool:
-        return True
-
-    async def listen(self, channel: str) -> None:
-        """Subscribe; notifications committed after this returns are delivered."""
-        await trio.lowlevel.checkpoint()
-        self._channels.add(channel)
-
-    async def unlisten(self, channel: str) -> None:
-        await trio.lowlevel.checkpoint()
-        self._channels.discard(channel)
-
-    def _offer(self, channel: str, payload: str) -> None:
-        if channel in self._channels:
-            self._send.send_nowait((channel, payload))
 
 
 @attrs.define(eq=False)
@@ -241,7 +129,7 @@ class MemoryTransaction:
     """
 
     _driver: MemoryDriver
-    _rows: list[_Row] = attrs.field(factory=list)
+    _rows: list[Row] = attrs.field(factory=list)
     _settlements: list[Settlement] = attrs.field(factory=list)
     _events: list[EmitEvent] = attrs.field(factory=list)
     _ended: trio.Event = attrs.field(factory=trio.Event)
@@ -267,7 +155,7 @@ class MemoryTransaction:
         """Fenced now, applied at commit (fenced again then, as the row lock would hold it)."""
         if self._ended.is_set():
             raise RuntimeError("this transaction has already ended")
-        await self._driver._statement("job_settle_and_claim")
+        await self._driver._state.statement("job_settle_and_claim")
         held = [s for s in settlements if self._driver._holds(s.lease)]
         self._settlements.extend(held)
         return [(s.lease.id, _SETTLED_STATE[s.kind]) for s in held]
@@ -277,12 +165,12 @@ class MemoryTransaction:
         outcome is the one the emit would have now."""
         if self._ended.is_set():
             raise RuntimeError("this transaction has already ended")
-        await self._driver._statement("event_emit")
+        await self._driver._state.statement("event_emit")
         json.loads(params.payload_json)
         self._events.append(params)
         emitted_at = (
-            self._driver._events[params.key].emitted_at
-            if params.key in self._driver._events
+            self._driver._state.events[params.key].emitted_at
+            if params.key in self._driver._state.events
             else None
         )
         first = emitted_at is None and params.key not in {e.key for e in self._events[:-1]}
@@ -302,14 +190,6 @@ _SETTLED_STATE = {
 }
 
 
-@attrs.frozen
-class _LeaderSeat:
-    leader_id: uuid.UUID
-    scheduler: bool
-    elected_at: datetime.datetime
-    expires_at: datetime.datetime
-
-
 @attrs.define(eq=False)
 class MemoryDriver:
     """The Driver protocol in memory (see the module docstring for what it guarantees).
@@ -320,58 +200,21 @@ class MemoryDriver:
 
     schema: str = "trioq"
     clock: Callable[[], float] = trio.current_time
-    _rows: dict[int, _Row] = attrs.field(init=False, factory=dict)
-    _open_by_queue: dict[str, set[int]] = attrs.field(init=False, factory=dict)
-    _dedup: dict[str, int] = attrs.field(init=False, factory=dict)
-    _reserved: dict[str, tuple[MemoryTransaction, int]] = attrs.field(init=False, factory=dict)
-    _attempts: dict[int, list[AttemptRecord]] = attrs.field(init=False, factory=dict)
-    # job id -> position -> (kind, name, value JSON): the checkpoints table
-    _checkpoints: dict[int, dict[int, tuple[str, str, str | None]]] = attrs.field(
-        init=False, factory=dict
-    )
-    # (queue, partition key) -> the job holding it: the partition_locks table
-    _key_locks: dict[tuple[str, str], int] = attrs.field(init=False, factory=dict)
-    # event key -> (payload JSON, emitted_at; None: only waited for): the events table
-    _events: dict[str, waits.EventRow] = attrs.field(init=False, factory=dict)
-    _workers: dict[uuid.UUID, _Worker] = attrs.field(init=False, factory=dict)
-    # (task, version) -> max_attempts, as workers register them (the task_defaults table)
-    _task_defaults: dict[tuple[str, int], int] = attrs.field(init=False, factory=dict)
-    _paused: dict[str, datetime.datetime] = attrs.field(init=False, factory=dict)
-    _listeners: set[MemoryListener] = attrs.field(init=False, factory=set)
-    _ids: Iterator[int] = attrs.field(init=False, factory=lambda: itertools.count(1))
-    _migrated: bool = attrs.field(init=False, default=False)
-    _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
-    _schedules: ScheduleTable = attrs.field(init=False, factory=ScheduleTable)
-    _leader: _LeaderSeat | None = attrs.field(init=False, default=None)  # the leader table
-    # the messages and workflow_values tables (migration 0016)
-    _messages: messages.MessageTable = attrs.field(init=False, factory=messages.MessageTable)
+    _state: MemoryState = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         validate_schema(self.schema)
+        self._state = MemoryState(self.schema, self.clock)
 
     def statistics(self) -> DriverStatistics:
-        return DriverStatistics(calls=dict(self._calls))
-
-    def _now(self) -> datetime.datetime:
-        return EPOCH + datetime.timedelta(seconds=self.clock())
-
-    async def _statement(self, name: str) -> datetime.datetime:
-        """Checkpoint, count the statement by its queries.sql name and return its `now`."""
-        await trio.lowlevel.checkpoint()
-        self._calls[name] += 1
-        return self._now()
-
-    def _deliver(self, outbox: _Outbox) -> None:
-        for channel, payload in outbox.items:
-            for listener in self._listeners:
-                listener._offer(channel, payload)
+        return DriverStatistics(calls=dict(self._state.calls))
 
     async def migrate(self) -> list[int]:
         """Nothing to create; reports the schema versions once, like a first migration."""
         await trio.lowlevel.checkpoint()
-        if self._migrated:
+        if self._state.migrated:
             return []
-        self._migrated = True
+        self._state.migrated = True
         return [migration.version for migration in migrations(self.schema)]
 
     # --- enqueue --------------------------------------------------------------------------
@@ -383,13 +226,13 @@ class MemoryDriver:
     async def _insert(
         self, jobs: Sequence[NewJob], transaction: MemoryTransaction | None
     ) -> list[InsertedJob]:
-        now = await self._statement("job_insert_many")
+        now = await self._state.statement("job_insert_many")
         for job in jobs:
-            _validate_new_job(job)
+            validate_new_job(job)
         while (blocker := self._reservation_blocking(jobs, transaction)) is not None:
             await blocker.wait()  # Postgres waits for the other inserter of the key the same way
         results: list[InsertedJob] = []
-        created: list[_Row] = []
+        created: list[Row] = []
         batch_keys: dict[str, int] = {}
         for job in jobs:
             self._release_key(job.dedup_key, now)
@@ -397,17 +240,17 @@ class MemoryDriver:
             if existing is not None:
                 results.append(InsertedJob(id=existing, created=False))
                 continue
-            row = _new_row(next(self._ids), job, now)
+            row = new_row(next(self._state.ids), job, now)
             if row.dedup_key is not None:
                 batch_keys[row.dedup_key] = row.id
             created.append(row)
             results.append(InsertedJob(id=row.id, created=True))
         if transaction is None:
-            self._commit_rows(created, now)
+            self._state.commit_rows(created)
         else:
             for row in created:
                 if row.dedup_key is not None:
-                    self._reserved[row.dedup_key] = (transaction, row.id)
+                    self._state.reserved[row.dedup_key] = (transaction._ended, row.id)
             transaction._rows.extend(created)
         return results
 
@@ -415,16 +258,16 @@ class MemoryDriver:
         self, jobs: Sequence[NewJob], transaction: MemoryTransaction | None
     ) -> trio.Event | None:
         for job in jobs:
-            holder = self._reserved.get(job.dedup_key) if job.dedup_key is not None else None
-            if holder is not None and holder[0] is not transaction:
-                return holder[0]._ended
+            holder = self._state.reserved.get(job.dedup_key) if job.dedup_key is not None else None
+            if holder is not None and (transaction is None or holder[0] is not transaction._ended):
+                return holder[0]
         return None
 
     def _release_key(self, key: str | None, now: datetime.datetime) -> None:
         """A finished job that no longer holds its key gives it up to this enqueue."""
-        holder = self._rows.get(self._dedup[key]) if key in self._dedup else None
+        holder = self._state.rows.get(self._state.dedup[key]) if key in self._state.dedup else None
         if key is not None and holder is not None and not holder.holds_key(now):
-            del self._dedup[key]
+            del self._state.dedup[key]
             holder.dedup_key = None
 
     def _existing_for_key(
@@ -432,35 +275,24 @@ class MemoryDriver:
     ) -> int | None:
         if key is None:
             return None
-        if key in self._dedup:
-            return self._dedup[key]
-        if key in self._reserved and self._reserved[key][0] is transaction:
-            return self._reserved[key][1]
+        if key in self._state.dedup:
+            return self._state.dedup[key]
+        reserved = self._state.reserved.get(key)
+        if reserved is not None and transaction is not None and reserved[0] is transaction._ended:
+            return reserved[1]
         return batch.get(key)
-
-    def _commit_rows(self, rows: Sequence[_Row], now: datetime.datetime) -> None:
-        outbox = _Outbox()
-        for row in rows:
-            self._rows[row.id] = row
-            self._open_by_queue.setdefault(row.queue, set()).add(row.id)
-            if row.dedup_key is not None:
-                self._dedup[row.dedup_key] = row.id
-            # A delayed job wakes its queue too: the round finds it not due and sets its timer
-            # to the job's run_at (as the SQL does).
-            outbox.add(self._ready_channel(row.queue), row.queue)
-        self._deliver(outbox)
 
     def _end_transaction(self, transaction: MemoryTransaction, commit: bool) -> None:
         for row in transaction._rows:
             if row.dedup_key is not None:
-                self._reserved.pop(row.dedup_key, None)
+                self._state.reserved.pop(row.dedup_key, None)
         if commit:
-            self._commit_rows(transaction._rows, self._now())
-            self._commit_settlements(transaction._settlements, self._now())
-            outbox = _Outbox()
+            self._state.commit_rows(transaction._rows)
+            self._commit_settlements(transaction._settlements, self._state.now())
+            outbox = Outbox()
             for event in transaction._events:
-                waits.emit(self, event, self._now(), outbox)
-            self._deliver(outbox)
+                waits.emit(self._state, event, self._state.now(), outbox)
+            self._state.deliver(outbox)
         transaction._rows.clear()
         transaction._settlements.clear()
         transaction._events.clear()
@@ -505,34 +337,34 @@ class MemoryDriver:
             for text in (settlement.result_json, settlement.error_json):
                 if text is not None:
                     json.loads(text)
-        now = await self._statement("job_settle_and_claim")
-        early = now + params.lookahead_seconds * _SECOND
+        now = await self._state.statement("job_settle_and_claim")
+        early = now + params.lookahead_seconds * SECOND
         due = self._due_rows(params.queue, early, params.promote_limit)
         claimable = [
             row
             for row in due
-            if _before_or_at(row.run_at, now) or row.state in ("sleeping", "scheduled")
+            if before_or_at(row.run_at, now) or row.state in ("sleeping", "scheduled")
         ]
         candidates, key_cursor, keys_visited = self._claim_candidates(params, now, claimable)
-        due = [row for row in due if row not in candidates and _before_or_at(row.run_at, now)]
-        outbox = _Outbox()
+        due = [row for row in due if row not in candidates and before_or_at(row.run_at, now)]
+        outbox = Outbox()
         settled_rows = [
             row
             for settlement in params.settlements
             if (row := self._settle(settlement, now, outbox)) is not None
         ]
         settled = [(row.id, row.state) for row in settled_rows]
-        waits.children_finished(self, settled_rows, now, outbox)
+        waits.children_finished(self._state, settled_rows, now, outbox)
         outbox.add_grouped(
             (job_id for job_id, state in settled if state in FINISHED_STATES),
-            self._result_channel,
+            self._state.result_channel,
         )
         for row in due:
             row.state = "ready"
         if due:
-            outbox.add(self._ready_channel(params.queue), params.queue)
+            outbox.add(self._state.ready_channel(params.queue), params.queue)
         claimed = tuple(self._claim(row, params, now) for row in candidates)
-        self._deliver(outbox)
+        self._state.deliver(outbox)
         return SettleAndClaimResult(
             settled=tuple(settled),
             claimed=claimed,
@@ -543,16 +375,14 @@ class MemoryDriver:
             keys_visited=keys_visited,
         )
 
-    def _settle(
-        self, settlement: Settlement, now: datetime.datetime, outbox: _Outbox
-    ) -> _Row | None:
-        row = self._rows.get(settlement.lease.id)
+    def _settle(self, settlement: Settlement, now: datetime.datetime, outbox: Outbox) -> Row | None:
+        row = self._state.rows.get(settlement.lease.id)
         if row is None or not row.holds(settlement.lease):
             return None
         rule = rule_of(settlement.kind)  # the one rule every driver applies (_core/outcomes)
         if rule.moves_run_at:
             if settlement.kind == "retry":
-                row.run_at = now + (settlement.delay_seconds or 0.0) * _SECOND
+                row.run_at = now + (settlement.delay_seconds or 0.0) * SECOND
             else:
                 row.run_at = settlement.wake_at
         row.attempt += rule.attempt_change
@@ -563,79 +393,74 @@ class MemoryDriver:
             row.started_at = None
         state = settled_state(rule, row.run_at, now)
         if rule.final:
-            self._finish(row, state, now)
+            self._state.finish(row, state, now)
         else:
             row.end_lease()
             row.state = state
             if rule.releases_key:
-                self._unlock_partition(row)
+                self._state.unlock_partition(row)
         if rule.history is not None:
             self._record_attempt(row, rule.history, settlement.error_json or "null", now)
         if row.state == "ready":
-            outbox.add(self._ready_channel(row.queue), row.queue)
+            outbox.add(self._state.ready_channel(row.queue), row.queue)
         return row
 
     def _holds(self, lease: Lease) -> bool:
-        row = self._rows.get(lease.id)
+        row = self._state.rows.get(lease.id)
         return row is not None and row.holds(lease)
 
     def _commit_settlements(
         self, settlements: Sequence[Settlement], now: datetime.datetime
     ) -> None:
-        outbox = _Outbox()
+        outbox = Outbox()
         settled = [row for s in settlements if (row := self._settle(s, now, outbox)) is not None]
         outbox.add_grouped(
-            (row.id for row in settled if row.state in FINISHED_STATES), self._result_channel
+            (row.id for row in settled if row.state in FINISHED_STATES), self._state.result_channel
         )
-        self._deliver(outbox)
+        self._state.deliver(outbox)
 
-    def _unlock_partition(self, row: _Row) -> None:
-        if row.partition_key is None:
-            return
-        key = (row.queue, row.partition_key)
-        if self._key_locks.get(key) == row.id:
-            del self._key_locks[key]
-
-    def _due_rows(self, queue: str, now: datetime.datetime, limit: int) -> list[_Row]:
+    def _due_rows(self, queue: str, now: datetime.datetime, limit: int) -> list[Row]:
         due = [
             row
-            for row in map(self._rows.__getitem__, self._open_by_queue.get(queue, ()))
-            if row.state in SUSPENDED_OR_SCHEDULED and _before_or_at(row.run_at, now)
+            for row in map(self._state.rows.__getitem__, self._state.open_by_queue.get(queue, ()))
+            if row.state in SUSPENDED_OR_SCHEDULED and before_or_at(row.run_at, now)
         ]
         return sorted(due, key=lambda row: (row.run_at, row.id))[:limit]
 
     def _next_due(self, queue: str, now: datetime.datetime) -> datetime.datetime | None:
         later = [
             row.run_at
-            for row in map(self._rows.__getitem__, self._open_by_queue.get(queue, ()))
+            for row in map(self._state.rows.__getitem__, self._state.open_by_queue.get(queue, ()))
             if row.state in SUSPENDED_OR_SCHEDULED and row.run_at is not None and row.run_at > now
         ]
         return min(later, default=None)
 
     def _claim_candidates(
-        self, params: SettleAndClaim, now: datetime.datetime, due_rows: Sequence[_Row] = ()
-    ) -> tuple[list[_Row], str | None, int]:
+        self, params: SettleAndClaim, now: datetime.datetime, due_rows: Sequence[Row] = ()
+    ) -> tuple[list[Row], str | None, int]:
         """The jobs to claim, in claim order, the last partition key visited and how many keys
         were visited. `due_rows` (scheduled or suspended rows whose run_at has passed, locked for
         promotion) are candidates too when unkeyed, as in the SQL."""
-        if params.limit == 0 or params.queue in self._paused:
+        if params.limit == 0 or params.queue in self._state.paused:
             return [], None, 0
-        open_rows = [self._rows[job_id] for job_id in self._open_by_queue.get(params.queue, ())]
+        open_rows = [
+            self._state.rows[job_id] for job_id in self._state.open_by_queue.get(params.queue, ())
+        ]
         ready = [row for row in open_rows if row.state == "ready"]
         keys = sorted({row.partition_key for row in ready if row.partition_key is not None})
         visited = _visit_keys(keys, params.key_cursor, params.key_window)
-        due = [row for row in ready if _before_or_at(row.run_at, now)]  # ready means due
-        heads: dict[str, _Row] = {}
+        due = [row for row in ready if before_or_at(row.run_at, now)]  # ready means due
+        heads: dict[str, Row] = {}
         for row in sorted(due, key=lambda row: row.claim_order):
             if row.partition_key is not None:
                 heads.setdefault(row.partition_key, row)
         keyed = []
         for key in visited:
-            holder_id = self._key_locks.get((params.queue, key))
+            holder_id = self._state.key_locks.get((params.queue, key))
             if holder_id is None:
                 head = heads.get(key)
             else:
-                holder = self._rows[holder_id]
+                holder = self._state.rows[holder_id]
                 head = holder if holder in due else None
             if head is not None and _serves(params, head):
                 keyed.append(head)
@@ -644,20 +469,20 @@ class MemoryDriver:
         candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
         return candidates, visited[-1] if visited else None, len(visited)
 
-    def _claim(self, row: _Row, params: SettleAndClaim, now: datetime.datetime) -> ClaimedJob:
+    def _claim(self, row: Row, params: SettleAndClaim, now: datetime.datetime) -> ClaimedJob:
         row.state = "running"
         row.attempt += 1
         row.executions += 1
         row.lease_token = uuid.uuid4()
-        row.lease_expires_at = now + params.lease_seconds * _SECOND
+        row.lease_expires_at = now + params.lease_seconds * SECOND
         row.worker_id = params.worker_id
         assert row.run_at is not None  # a claimable row is due (or due within the lookahead)
         row.started_at = max(now, row.run_at)
         row.error_json = None
         if row.partition_key is not None:
-            self._key_locks[(row.queue, row.partition_key)] = row.id
+            self._state.key_locks[(row.queue, row.partition_key)] = row.id
         assert row.run_at is not None  # a ready row is due
-        history = self._checkpoints.get(row.id, {})
+        history = self._state.checkpoints.get(row.id, {})
         return ClaimedJob(
             id=row.id,
             queue=row.queue,
@@ -673,18 +498,11 @@ class MemoryDriver:
             cancel_requested=row.cancel_requested,
             version=row.version,
             history=tuple(
-                Checkpoint(position, kind, name, _loads(value))
+                Checkpoint(position, kind, name, loads(value))
                 for position, (kind, name, value) in sorted(history.items())
             ),
             parent_id=row.parent_id,
         )
-
-    def _finish(self, row: _Row, state: str, now: datetime.datetime) -> None:
-        row.state = state
-        row.finished_at = now
-        row.end_lease()
-        self._unlock_partition(row)
-        self._open_by_queue[row.queue].discard(row.id)
 
     async def checkpoint_insert_many(
         self, writes: Sequence[CheckpointWrite]
@@ -694,36 +512,36 @@ class MemoryDriver:
         for write in writes:
             if write.value_json is not None:
                 json.loads(write.value_json)
-        now = await self._statement("checkpoint_insert_many")
-        outbox = _Outbox()
+        now = await self._state.statement("checkpoint_insert_many")
+        outbox = Outbox()
         written: list[WrittenCheckpoint] = []
         for write in writes:
-            row = self._rows.get(write.lease.id)
+            row = self._state.rows.get(write.lease.id)
             if row is None or not row.holds(write.lease):
                 continue
-            history = self._checkpoints.setdefault(row.id, {})
+            history = self._state.checkpoints.setdefault(row.id, {})
             if write.position not in history:
                 value_json = write.value_json
                 if write.wake_in_seconds is not None:
                     value = json.loads(value_json) if value_json is not None else {}
-                    wake_at = now + write.wake_in_seconds * _SECOND
+                    wake_at = now + write.wake_in_seconds * SECOND
                     value["wake_at"] = wake_at.isoformat()
                     value_json = json.dumps(value)
                 history[write.position] = (write.kind, write.name, value_json)
             row.checkpoint_count = max(row.checkpoint_count, write.position + 1)
             if write.values:
-                messages.write_values(self, row.id, write.values, now, outbox)
+                messages.write_values(self._state, row.id, write.values, now, outbox)
             written.append(
-                WrittenCheckpoint(row.id, write.position, _loads(history[write.position][2]))
+                WrittenCheckpoint(row.id, write.position, loads(history[write.position][2]))
             )
-        self._deliver(outbox)
+        self._state.deliver(outbox)
         return written
 
     def _record_attempt(
-        self, row: _Row, outcome: str, error_json: str, now: datetime.datetime
+        self, row: Row, outcome: str, error_json: str, now: datetime.datetime
     ) -> None:
         error = json.loads(error_json)
-        self._attempts.setdefault(row.id, []).append(
+        self._state.attempts.setdefault(row.id, []).append(
             AttemptRecord(
                 attempt=row.attempt,
                 outcome=outcome,
@@ -743,8 +561,8 @@ class MemoryDriver:
         Leases not returned are lost; `cancel_requested` carries a pending cancellation. There
         are no row locks here, so every returned lease is confirmed.
         """
-        now = await self._statement("lease_renew_many")
-        worker = self._workers.get(params.worker_id)
+        now = await self._state.statement("lease_renew_many")
+        worker = self._state.workers.get(params.worker_id)
         if worker is not None:
             worker.heartbeat_at = now
             worker.state = params.worker_state
@@ -754,16 +572,16 @@ class MemoryDriver:
                     "concurrency": a.concurrency,
                     "reason": a.reason,
                     "cause": a.cause,
-                    "since": now - a.reduced_for_seconds * _SECOND,
+                    "since": now - a.reduced_for_seconds * SECOND,
                 }
                 for a in params.admission
             } or None
         renewed: dict[int, RenewedLease] = {}
         for lease in params.leases:
-            row = self._rows.get(lease.id)
+            row = self._state.rows.get(lease.id)
             if row is None or not row.holds(lease):
                 continue
-            row.lease_expires_at = now + params.lease_seconds * _SECOND
+            row.lease_expires_at = now + params.lease_seconds * SECOND
             renewed[row.id] = RenewedLease(id=row.id, cancel_requested=row.cancel_requested)
         return RenewalResult(leases=tuple(renewed.values()), registered=worker is not None)
 
@@ -778,13 +596,13 @@ class MemoryDriver:
         'lost' attempts entry. Each sweep is
         bounded by its limit.
         """
-        now = await self._statement("maintenance_pass")
+        now = await self._state.statement("maintenance_pass")
         leader = params.leader_id is None or self._elect(
             params.leader_id, params.scheduler, params.ttl_seconds, now
         )
         registered = self._heartbeat(params.leader_id, now)
         probes = self._probe(params.queues, now)
-        schedules = self._schedules.next_due(now)
+        schedules = self._state.schedules.next_due(now)
         if not leader:
             return MaintenanceReport(
                 leader=False, registered=registered, now=now, probes=probes, schedules=schedules
@@ -797,7 +615,7 @@ class MemoryDriver:
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport:
         """Take the leader seat when free, expired, or held by a leader without the scheduler
         while this candidate runs it; extend it when held by this candidate."""
-        now = await self._statement("leader_elect")
+        now = await self._state.statement("leader_elect")
         return LeadershipReport(
             leader=self._elect(params.worker_id, params.scheduler, params.ttl_seconds, now),
             registered=self._heartbeat(params.worker_id, now),
@@ -806,19 +624,19 @@ class MemoryDriver:
         )
 
     async def leader_resign(self, params: LeaderResign) -> bool:
-        await self._statement("leader_resign")
-        if self._leader is None or self._leader.leader_id != params.worker_id:
+        await self._state.statement("leader_resign")
+        if self._state.leader is None or self._state.leader.leader_id != params.worker_id:
             return False
-        self._leader = None
-        outbox = _Outbox()
+        self._state.leader = None
+        outbox = Outbox()
         outbox.add(control_channel(self.schema), "leader")
-        self._deliver(outbox)
+        self._state.deliver(outbox)
         return True
 
     def _elect(
         self, candidate: uuid.UUID, scheduler: bool, ttl: float, now: datetime.datetime
     ) -> bool:
-        seat = self._leader
+        seat = self._state.leader
         if not (
             seat is None
             or seat.leader_id == candidate
@@ -827,11 +645,11 @@ class MemoryDriver:
         ):
             return False
         elected_at = seat.elected_at if seat is not None and seat.leader_id == candidate else now
-        self._leader = _LeaderSeat(candidate, scheduler, elected_at, now + ttl * _SECOND)
+        self._state.leader = LeaderSeat(candidate, scheduler, elected_at, now + ttl * SECOND)
         return True
 
     def _heartbeat(self, worker_id: uuid.UUID | None, now: datetime.datetime) -> bool:
-        worker = self._workers.get(worker_id) if worker_id is not None else None
+        worker = self._state.workers.get(worker_id) if worker_id is not None else None
         if worker is not None:
             worker.heartbeat_at = now
         return worker is not None
@@ -840,68 +658,68 @@ class MemoryDriver:
         """queue_probe() (migration 0010): is work due, and the first future due time."""
         probes = []
         for queue in sorted(queues):
-            rows = list(map(self._rows.__getitem__, self._open_by_queue.get(queue, ())))
+            rows = list(map(self._state.rows.__getitem__, self._state.open_by_queue.get(queue, ())))
             due = any(
                 row.state == "ready"
-                or (row.state in SUSPENDED_OR_SCHEDULED and _before_or_at(row.run_at, now))
+                or (row.state in SUSPENDED_OR_SCHEDULED and before_or_at(row.run_at, now))
                 for row in rows
             )
             probes.append(QueueProbe(queue, due, self._next_due(queue, now)))
         return tuple(probes)
 
     def _sweep(self, params: MaintenancePass, now: datetime.datetime) -> MaintenanceReport:
-        outbox = _Outbox()
+        outbox = Outbox()
         recovered = self._recover_expired(params.recover_limit, now, outbox)
-        stale_before = now - params.worker_stale_seconds * _SECOND
+        stale_before = now - params.worker_stale_seconds * SECOND
         stale = [
             w
-            for w, worker in self._workers.items()
+            for w, worker in self._state.workers.items()
             if worker.heartbeat_at < stale_before and w != params.leader_id
         ]
         for worker_id in stale:
-            del self._workers[worker_id]
-        pruned = self._prune_finished(now - params.retention_seconds * _SECOND, params.prune_limit)
-        waits.prune_events(self, now - params.retention_seconds * _SECOND, params.prune_limit)
-        self._deliver(outbox)
+            del self._state.workers[worker_id]
+        pruned = self._prune_finished(now - params.retention_seconds * SECOND, params.prune_limit)
+        waits.prune_events(self._state, now - params.retention_seconds * SECOND, params.prune_limit)
+        self._state.deliver(outbox)
         return MaintenanceReport(
             leader=True, recovered=recovered, pruned_jobs=pruned, pruned_workers=len(stale)
         )
 
     def _recover_expired(
-        self, limit: int, now: datetime.datetime, outbox: _Outbox
+        self, limit: int, now: datetime.datetime, outbox: Outbox
     ) -> tuple[tuple[int, str], ...]:
         expired = sorted(
             (
                 row
-                for ids in self._open_by_queue.values()
-                for row in map(self._rows.__getitem__, ids)
-                if row.state == "running" and _before(row.lease_expires_at, now)
+                for ids in self._state.open_by_queue.values()
+                for row in map(self._state.rows.__getitem__, ids)
+                if row.state == "running" and before(row.lease_expires_at, now)
             ),
             key=lambda row: (row.lease_expires_at, row.id),
         )[:limit]
         for row in expired:
             row.error_json = _LEASE_EXPIRED_ERROR
             if row.cancel_requested:  # not run again, whatever attempts it had left
-                self._finish(row, "cancelled", now)
-            elif row.attempt >= self._max_attempts(row):
-                self._finish(row, "failed", now)
+                self._state.finish(row, "cancelled", now)
+            elif row.attempt >= self._state.max_attempts(row):
+                self._state.finish(row, "failed", now)
             else:
                 row.state = "ready"
                 row.end_lease()
-                self._unlock_partition(row)
-                outbox.add(self._ready_channel(row.queue), row.queue)
+                self._state.unlock_partition(row)
+                outbox.add(self._state.ready_channel(row.queue), row.queue)
             self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now)
         final = [row for row in expired if row.state != "ready"]
-        outbox.add_grouped((row.id for row in final), self._result_channel)
-        waits.children_finished(self, final, now, outbox)
+        outbox.add_grouped((row.id for row in final), self._state.result_channel)
+        waits.children_finished(self._state, final, now, outbox)
         return tuple((row.id, row.state) for row in expired)
 
     def _prune_finished(self, finished_before: datetime.datetime, limit: int) -> int:
         old = sorted(
             (
                 row
-                for row in self._rows.values()
-                if row.state in FINISHED_STATES and _before(row.finished_at, finished_before)
+                for row in self._state.rows.values()
+                if row.state in FINISHED_STATES and before(row.finished_at, finished_before)
             ),
             key=lambda row: (row.finished_at, row.id),
         )[:limit]
@@ -909,13 +727,13 @@ class MemoryDriver:
             self._delete(row)
         return len(old)
 
-    def _delete(self, row: _Row) -> None:
+    def _delete(self, row: Row) -> None:
         """Delete a finished row with its attempts (ON DELETE CASCADE) and its key."""
-        del self._rows[row.id]
-        self._attempts.pop(row.id, None)
-        self._messages.forget(row.id)
-        if row.dedup_key is not None and self._dedup.get(row.dedup_key) == row.id:
-            del self._dedup[row.dedup_key]
+        del self._state.rows[row.id]
+        self._state.attempts.pop(row.id, None)
+        self._state.messages.forget(row.id)
+        if row.dedup_key is not None and self._state.dedup.get(row.dedup_key) == row.id:
+            del self._state.dedup[row.dedup_key]
 
     # --- cancel and reads -----------------------------------------------------------------
 
@@ -924,59 +742,63 @@ class MemoryDriver:
         running -> flagged, its worker told (control channel); a parent with a running
         descendant waits for its children, flagged. A finished job is left alone (its state is
         returned twice); None if no such job."""
-        now = await self._statement("job_cancel")
-        outbox = _Outbox()
-        outcomes = waits.cancel_tree(self, [job_id], now, outbox, control_channel(self.schema))
-        self._deliver(outbox)
+        now = await self._state.statement("job_cancel")
+        outbox = Outbox()
+        outcomes = waits.cancel_tree(
+            self._state, [job_id], now, outbox, control_channel(self.schema)
+        )
+        self._state.deliver(outbox)
         return outcomes.get(job_id)
 
     # --- events and children (logic in _memory_waits) --------------------------------------
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
-        now = await self._statement("event_emit")
-        outbox = _Outbox()
-        outcome = waits.emit(self, params, now, outbox)
-        self._deliver(outbox)
+        now = await self._state.statement("event_emit")
+        outbox = Outbox()
+        outcome = waits.emit(self._state, params, now, outbox)
+        self._state.deliver(outbox)
         return outcome
 
     async def job_wait_event(self, params: WaitEvent) -> EventWaitOutcome:
-        now = await self._statement("job_wait_event")
-        return waits.wait_event(self, params, now)
+        now = await self._state.statement("job_wait_event")
+        return waits.wait_event(self._state, params, now)
 
     async def job_spawn_many(self, spawns: Sequence[Spawn]) -> list[SpawnOutcome]:
-        now = await self._statement("job_spawn_many")
+        now = await self._state.statement("job_spawn_many")
         outcomes = []
         for spawn in spawns:
-            outcome, child = waits.spawn(self, spawn, now)
+            outcome, child = waits.spawn(self._state, spawn, now)
             if child is not None:
-                self._commit_rows([child], now)
+                self._state.commit_rows([child])
             outcomes.append(outcome)
         return outcomes
 
     async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome:
-        await self._statement("job_wait_children")
-        return waits.wait_children(self, params)
+        await self._state.statement("job_wait_children")
+        return waits.wait_children(self._state, params)
 
     async def job_cancel_children(self, params: CancelChildren) -> bool:
-        now = await self._statement("job_cancel_children")
-        outbox = _Outbox()
-        accepted = waits.cancel_children(self, params, now, outbox, control_channel(self.schema))
-        self._deliver(outbox)
+        now = await self._state.statement("job_cancel_children")
+        outbox = Outbox()
+        accepted = waits.cancel_children(
+            self._state, params, now, outbox, control_channel(self.schema)
+        )
+        self._state.deliver(outbox)
         return accepted
 
     async def job_get(self, job_id: int) -> JobRecord | None:
-        await self._statement("job_get")
-        row = self._rows.get(job_id)
-        return None if row is None else _job_record(row, self._max_attempts(row))
+        await self._state.statement("job_get")
+        row = self._state.rows.get(job_id)
+        return None if row is None else _job_record(row, self._state.max_attempts(row))
 
     async def job_explain(self, job_id: int) -> ExplainFacts | None:
-        now = await self._statement("job_explain")
-        row = self._rows.get(job_id)
+        now = await self._state.statement("job_explain")
+        row = self._state.rows.get(job_id)
         if row is None:
             return None
         same_key = [
             other
-            for other in self._rows.values()
+            for other in self._state.rows.values()
             if other.id != row.id
             and row.partition_key is not None
             and (other.queue, other.partition_key) == (row.queue, row.partition_key)
@@ -990,76 +812,76 @@ class MemoryDriver:
                 o
                 for o in same_key
                 if o.state == "ready"
-                and _before_or_at(o.run_at, now)
+                and before_or_at(o.run_at, now)
                 and o.claim_order < row.claim_order
             ),
             key=lambda o: o.claim_order,
         )
         workers = sorted(
-            (w for w in self._workers.values() if row.queue in w.registration.queues),
+            (w for w in self._state.workers.values() if row.queue in w.registration.queues),
             key=lambda w: w.started_at,
         )
-        attempts = self._attempts.get(job_id, ())
+        attempts = self._state.attempts.get(job_id, ())
         return ExplainFacts(
             now=now,
-            job={**_explain_row(row), "max_attempts": self._max_attempts(row)},
+            job={**_explain_row(row), "max_attempts": self._state.max_attempts(row)},
             key_holder=_explain_row(holders[0]) if holders else None,
             key_ahead=_explain_row(ahead[0]) if ahead else None,
             workers=tuple(_explain_worker(w) for w in workers),
             last_attempt=attrs.asdict(attempts[-1]) if attempts else None,
             pause=(
-                {"queue": row.queue, "paused_at": self._paused[row.queue]}
-                if row.queue in self._paused
+                {"queue": row.queue, "paused_at": self._state.paused[row.queue]}
+                if row.queue in self._state.paused
                 else None
             ),
         )
 
     async def checkpoint_list(self, job_id: int) -> list[Checkpoint]:
-        await self._statement("checkpoint_list")
-        history = self._checkpoints.get(job_id, {})
+        await self._state.statement("checkpoint_list")
+        history = self._state.checkpoints.get(job_id, {})
         return [
-            Checkpoint(position, kind, name, _loads(value))
+            Checkpoint(position, kind, name, loads(value))
             for position, (kind, name, value) in sorted(history.items())
         ]
 
     async def job_list(self, params: JobFilter) -> list[JobRecord]:
-        now = await self._statement("job_list")
+        now = await self._state.statement("job_list")
         found = [
-            _job_record(row, self._max_attempts(row))
-            for row in sorted(self._rows.values(), key=lambda row: -row.id)
+            _job_record(row, self._state.max_attempts(row))
+            for row in sorted(self._state.rows.values(), key=lambda row: -row.id)
             if _matches(row, params, now)
         ]
         return found[: params.limit]
 
     async def job_retry(self, job_id: int) -> CancelOutcome | None:
         """Redrive a failed or cancelled job (see the job_retry block); others are left alone."""
-        now = await self._statement("job_retry")
-        row = self._rows.get(job_id)
+        now = await self._state.statement("job_retry")
+        row = self._state.rows.get(job_id)
         if row is None:
             return None
         previous = row.state
         if previous in ("failed", "cancelled"):
             row.state, row.run_at, row.cancel_requested = "ready", now, False
-            if self._max_attempts(row) <= row.attempt:
+            if self._state.max_attempts(row) <= row.attempt:
                 row.max_attempts = row.attempt + 1
             row.result_json = row.error_json = None
             row.finished_at = row.started_at = row.worker_id = None
-            self._open_by_queue.setdefault(row.queue, set()).add(row.id)
-            outbox = _Outbox()
-            outbox.add(self._ready_channel(row.queue), row.queue)
-            self._deliver(outbox)
+            self._state.open_by_queue.setdefault(row.queue, set()).add(row.id)
+            outbox = Outbox()
+            outbox.add(self._state.ready_channel(row.queue), row.queue)
+            self._state.deliver(outbox)
         return CancelOutcome(previous, row.state)
 
     async def job_purge(self, params: JobPurge) -> int:
-        now = await self._statement("job_purge")
-        cutoff = now - params.older_than_seconds * _SECOND
+        now = await self._state.statement("job_purge")
+        cutoff = now - params.older_than_seconds * SECOND
         doomed = sorted(
             (
                 row
-                for row in self._rows.values()
+                for row in self._state.rows.values()
                 if row.state in FINISHED_STATES
                 and row.state in params.states
-                and _before(row.finished_at, cutoff)
+                and before(row.finished_at, cutoff)
                 and (params.tasks is None or row.task in params.tasks)
                 and (params.queues is None or row.queue in params.queues)
             ),
@@ -1070,124 +892,113 @@ class MemoryDriver:
         return len(doomed)
 
     async def queue_pause(self, queue: str) -> bool:
-        now = await self._statement("queue_pause")
-        if queue in self._paused:
+        now = await self._state.statement("queue_pause")
+        if queue in self._state.paused:
             return False
-        self._paused[queue] = now
+        self._state.paused[queue] = now
         return True
 
     async def queue_resume(self, queue: str) -> bool:
-        await self._statement("queue_resume")
-        if self._paused.pop(queue, None) is None:
+        await self._state.statement("queue_resume")
+        if self._state.paused.pop(queue, None) is None:
             return False
-        outbox = _Outbox()
-        outbox.add(self._ready_channel(queue), queue)
-        self._deliver(outbox)
+        outbox = Outbox()
+        outbox.add(self._state.ready_channel(queue), queue)
+        self._state.deliver(outbox)
         return True
 
     async def queue_pause_list(self) -> list[QueuePause]:
-        await self._statement("queue_pause_list")
-        return [QueuePause(queue, at) for queue, at in sorted(self._paused.items())]
+        await self._state.statement("queue_pause_list")
+        return [QueuePause(queue, at) for queue, at in sorted(self._state.paused.items())]
 
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
-        await self._statement("job_attempts")
-        return list(self._attempts.get(job_id, ()))
+        await self._state.statement("job_attempts")
+        return list(self._state.attempts.get(job_id, ()))
 
     # --- workers and status ---------------------------------------------------------------
 
     async def worker_register(self, params: WorkerRegistration) -> None:
-        now = await self._statement("worker_register")
-        if params.worker_id in self._workers:
+        now = await self._state.statement("worker_register")
+        if params.worker_id in self._state.workers:
             raise ValueError(f"worker {params.worker_id} is already registered")
-        self._workers[params.worker_id] = _Worker(params, started_at=now, heartbeat_at=now)
+        self._state.workers[params.worker_id] = Worker(params, started_at=now, heartbeat_at=now)
         for task, version, max_attempts in params.task_defaults:
-            self._task_defaults[(task, version)] = max_attempts
-
-    def _max_attempts(self, row: _Row) -> int:
-        """The row's max_attempts, else its task's registered declaration, else 5."""
-        declared = self._task_defaults.get((row.task, row.version), DEFAULT_MAX_ATTEMPTS)
-        return applied_max_attempts(row.max_attempts, declared)
+            self._state.task_defaults[(task, version)] = max_attempts
 
     async def worker_unregister(self, worker_id: uuid.UUID) -> None:
-        await self._statement("worker_unregister")
-        self._workers.pop(worker_id, None)
+        await self._state.statement("worker_unregister")
+        self._state.workers.pop(worker_id, None)
 
     async def queue_status(self) -> list[QueueStatus]:
-        now = await self._statement("queue_status")
-        by_queue: dict[str, list[_Row]] = collections.defaultdict(list)
-        for row in self._rows.values():
+        now = await self._state.statement("queue_status")
+        by_queue: dict[str, list[Row]] = collections.defaultdict(list)
+        for row in self._state.rows.values():
             by_queue[row.queue].append(row)
         return [_queue_status(queue, by_queue[queue], now) for queue in sorted(by_queue)]
 
     async def job_trace_context(self, job_id: int) -> str | None:
-        await self._statement("job_trace_context")
-        row = self._rows.get(job_id)
+        await self._state.statement("job_trace_context")
+        row = self._state.rows.get(job_id)
         return None if row is None else row.trace_context
 
     async def notify_send(self, channel: str, payload: str) -> None:
-        await self._statement("notify_send")
-        outbox = _Outbox()
+        await self._state.statement("notify_send")
+        outbox = Outbox()
         outbox.add(channel, payload)
-        self._deliver(outbox)
+        self._state.deliver(outbox)
 
     async def status_health(self) -> HealthReport:
-        now = await self._statement("status_health")
+        now = await self._state.statement("status_health")
         live = {
             worker_id
-            for worker_id, worker in self._workers.items()
+            for worker_id, worker in self._state.workers.items()
             if (now - worker.heartbeat_at).total_seconds()
             < silent_after(worker.registration.heartbeat_seconds)
         }
-        rows = list(self._rows.values())
+        rows = list(self._state.rows.values())
         return HealthReport(
-            ready_backlog=sum(r.state == "ready" and _before_or_at(r.run_at, now) for r in rows),
+            ready_backlog=sum(r.state == "ready" and before_or_at(r.run_at, now) for r in rows),
             expired_ownership=sum(
-                r.state == "running" and _before(r.lease_expires_at, now) for r in rows
+                r.state == "running" and before(r.lease_expires_at, now) for r in rows
             ),
-            sleeping_due=sum(r.state == "sleeping" and _before_or_at(r.run_at, now) for r in rows),
+            sleeping_due=sum(r.state == "sleeping" and before_or_at(r.run_at, now) for r in rows),
             stale_running=sum(r.state == "running" and r.worker_id not in live for r in rows),
             active_waits=sum(r.state == "waiting" for r in rows),
             due_wait_timeouts=sum(
-                r.state == "waiting" and _before_or_at(r.run_at, now) for r in rows
+                r.state == "waiting" and before_or_at(r.run_at, now) for r in rows
             ),
         )
 
     async def queue_demand(self) -> list[QueueDemand]:
-        now = await self._statement("queue_demand")
-        by_queue: dict[str, list[_Row]] = collections.defaultdict(list)
-        for row in self._rows.values():
+        now = await self._state.statement("queue_demand")
+        by_queue: dict[str, list[Row]] = collections.defaultdict(list)
+        for row in self._state.rows.values():
             if row.state not in FINISHED_STATES:
                 by_queue[row.queue].append(row)
         return [_queue_demand(queue, by_queue[queue], now) for queue in sorted(by_queue)]
 
     async def worker_list(self) -> list[WorkerInfo]:
-        now = await self._statement("worker_list")
+        now = await self._state.statement("worker_list")
         running = collections.Counter(
             row.worker_id
-            for ids in self._open_by_queue.values()
-            for row in map(self._rows.__getitem__, ids)
+            for ids in self._state.open_by_queue.values()
+            for row in map(self._state.rows.__getitem__, ids)
             if row.state == "running"
         )
-        workers = sorted(self._workers.values(), key=lambda worker: worker.started_at)
+        workers = sorted(self._state.workers.values(), key=lambda worker: worker.started_at)
         return [
             _worker_info(worker, running[worker.registration.worker_id], now) for worker in workers
         ]
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
-        await self._statement("ready_channels")
-        return [self._ready_channel(queue) for queue in queues]
-
-    def _ready_channel(self, queue: str) -> str:
-        return f"{self.schema}_ready_{zlib.crc32(queue.encode()) % CHANNEL_SHARDS}"
-
-    def _result_channel(self, job_id: int) -> str:
-        return result_channel(self.schema, job_id)
+        await self._state.statement("ready_channels")
+        return [self._state.ready_channel(queue) for queue in queues]
 
     async def task_history_kinds(self) -> list[TaskHistoryKind]:
-        await self._statement("task_history_kinds")
+        await self._state.statement("task_history_kinds")
         jobs: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
-        for job_id, history in self._checkpoints.items():
-            row = self._rows.get(job_id)
+        for job_id, history in self._state.checkpoints.items():
+            row = self._state.rows.get(job_id)
             if row is None:
                 continue  # pruned with its job
             for kind, _, _ in history.values():
@@ -1195,17 +1006,17 @@ class MemoryDriver:
         return [TaskHistoryKind(task, kind, len(jobs[(task, kind)])) for task, kind in sorted(jobs)]
 
     async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]:
-        now = await self._statement("job_unroutable")
+        now = await self._state.statement("job_unroutable")
         live = [
             worker.registration
-            for worker in self._workers.values()
+            for worker in self._state.workers.values()
             if (now - worker.heartbeat_at).total_seconds()
             < silent_after(worker.registration.heartbeat_seconds, stale_seconds)
             and worker.state != "stopped"
         ]
         groups: dict[tuple[str, str, int], set[str]] = collections.defaultdict(set)
         counts: collections.Counter[tuple[str, str, int]] = collections.Counter()
-        for row in self._rows.values():
+        for row in self._state.rows.values():
             if row.state in FINISHED_STATES or row.state == "running":
                 continue
             pair = f"{row.task}@{row.version}"
@@ -1219,10 +1030,10 @@ class MemoryDriver:
         ]
 
     async def task_status(self) -> list[TaskStatus]:
-        await self._statement("task_status")
+        await self._state.statement("task_status")
         groups: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
         retried: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
-        for row in self._rows.values():
+        for row in self._state.rows.values():
             group = (row.queue, row.task, row.version, row.state)
             groups[group] += 1
             retried[group] += row.attempt > 1
@@ -1231,38 +1042,38 @@ class MemoryDriver:
     # --- schedules ------------------------------------------------------------------------
 
     async def schedule_upsert_many(self, schedules: Sequence[NewSchedule]) -> list[str]:
-        now = await self._statement("schedule_upsert_many")
-        created = [s.name for s in schedules if self._schedules.upsert(s, now)]
+        now = await self._state.statement("schedule_upsert_many")
+        created = [s.name for s in schedules if self._state.schedules.upsert(s, now)]
         if schedules:
             self._notify_schedules()
         return created
 
     async def schedule_delete(self, name: str) -> bool:
-        await self._statement("schedule_delete")
-        deleted = self._schedules.delete(name)
+        await self._state.statement("schedule_delete")
+        deleted = self._state.schedules.delete(name)
         if deleted:
             self._notify_schedules()
         return deleted
 
     async def schedule_list(self) -> list[ScheduleRecord]:
-        await self._statement("schedule_list")
-        return self._schedules.listing()
+        await self._state.statement("schedule_list")
+        return self._state.schedules.listing()
 
     async def schedule_next_due(self) -> ScheduleDue:
-        return self._schedules.next_due(await self._statement("schedule_next_due"))
+        return self._state.schedules.next_due(await self._state.statement("schedule_next_due"))
 
     async def schedule_fire_due(self, params: ScheduleFireDue) -> ScheduleFireReport:
         """One tick (always the leader: single process). The plan runs without yielding, so
         the tick is atomic like the leader's transaction."""
-        now = await self._statement("scheduler_lead")
-        self._calls["schedule_due_lock"] += 1
-        due = self._schedules.due(now, params.limit)
+        now = await self._state.statement("scheduler_lead")
+        self._state.calls["schedule_due_lock"] += 1
+        due = self._state.schedules.due(now, params.limit)
         advances = params.plan(due, now)
         if not advances:
             return ScheduleFireReport(leader=True, now=now, due=len(due))
-        self._calls["schedule_fire_many"] += 1
-        by_name = {row.name: row for row in self._schedules.advance(advances)}
-        created: list[_Row] = []
+        self._state.calls["schedule_fire_many"] += 1
+        by_name = {row.name: row for row in self._state.schedules.advance(advances)}
+        created: list[Row] = []
         fired: list[FiredOccurrence] = []
         for plan in advances:
             schedule = by_name.get(plan.name)
@@ -1273,51 +1084,51 @@ class MemoryDriver:
                 if row is not None:
                     created.append(row)
                     fired.append(FiredOccurrence(plan.name, fire_at, row.id))
-        self._commit_rows(created, now)
+        self._state.commit_rows(created)
         fired.sort(key=lambda occurrence: (occurrence.fire_at, occurrence.schedule))
         return ScheduleFireReport(leader=True, now=now, due=len(due), fired=tuple(fired))
 
     # --- messages and workflow values (logic in _memory_messages) ---------------------------
 
     async def message_send(self, params: MessageSend) -> SendOutcome:
-        now = await self._statement("message_send")
-        outbox = _Outbox()
-        outcome = messages.send(self, params, now, outbox)
-        self._deliver(outbox)
+        now = await self._state.statement("message_send")
+        outbox = Outbox()
+        outcome = messages.send(self._state, params, now, outbox)
+        self._state.deliver(outbox)
         return outcome
 
     async def job_receive(self, params: Receive) -> ReceiveOutcome:
-        now = await self._statement("job_receive")
-        outbox = _Outbox()
-        outcome = messages.receive(self, params, now, outbox)
-        self._deliver(outbox)
+        now = await self._state.statement("job_receive")
+        outbox = Outbox()
+        outcome = messages.receive(self._state, params, now, outbox)
+        self._state.deliver(outbox)
         return outcome
 
     async def job_value_set_many(self, params: ValueSet) -> bool:
-        now = await self._statement("job_value_set_many")
-        outbox = _Outbox()
-        written = messages.set_values(self, params, now, outbox)
-        self._deliver(outbox)
+        now = await self._state.statement("job_value_set_many")
+        outbox = Outbox()
+        written = messages.set_values(self._state, params, now, outbox)
+        self._state.deliver(outbox)
         return written
 
     async def job_value_get(self, job_id: int, key: str) -> ValueRead:
-        await self._statement("job_value_get")
-        return messages.get_value(self, job_id, key)
+        await self._state.statement("job_value_get")
+        return messages.get_value(self._state, job_id, key)
 
     async def job_values(self, job_id: int) -> list[WorkflowValue]:
-        await self._statement("job_values")
-        return messages.job_values(self, job_id)
+        await self._state.statement("job_values")
+        return messages.job_values(self._state, job_id)
 
     async def workflow_list(self, params: WorkflowFilter) -> list[WorkflowRecord]:
-        await self._statement("workflow_list")
-        return messages.workflows(self, params)
+        await self._state.statement("workflow_list")
+        return messages.workflows(self._state, params)
 
     def _occurrence_row(
         self, schedule: ScheduleRecord, fire_at: datetime.datetime, now: datetime.datetime
-    ) -> _Row | None:
+    ) -> Row | None:
         """The job of one occurrence, or None when its dedup key is taken (DO NOTHING)."""
         key = fire_dedup_key(schedule.name, fire_at)
-        if key in self._dedup or key in self._reserved:
+        if key in self._state.dedup or key in self._state.reserved:
             return None
         job = NewJob(
             queue=schedule.queue,
@@ -1328,12 +1139,12 @@ class MemoryDriver:
             max_attempts=schedule.max_attempts,
             unique_states=("completed", "failed", "cancelled"),
         )
-        return _new_row(next(self._ids), job, now)
+        return new_row(next(self._state.ids), job, now)
 
     def _notify_schedules(self) -> None:
-        outbox = _Outbox()
+        outbox = Outbox()
         outbox.add(schedules_channel(self.schema), "schedules")
-        self._deliver(outbox)
+        self._state.deliver(outbox)
 
     # --- notifications --------------------------------------------------------------------
 
@@ -1346,19 +1157,19 @@ class MemoryDriver:
         listener = MemoryListener(send)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_pump, receive, on_notify)
-            self._listeners.add(listener)
+            self._state.listeners.add(listener)
             try:
                 yield listener
             finally:
-                self._listeners.discard(listener)
+                self._state.listeners.discard(listener)
                 nursery.cancel_scope.cancel()
 
     # --- continue-as-new and cancellation policies -----------------------------------------
 
     async def job_continue_as_new(self, params: ContinueAsNew) -> str:
-        now = await self._statement("job_continue_as_new")
+        now = await self._state.statement("job_continue_as_new")
         json.loads(params.payload_json)
-        row = self._rows.get(params.lease.id)
+        row = self._state.rows.get(params.lease.id)
         if row is None or not row.holds(params.lease):
             return "lost"
         if row.cancel_requested:
@@ -1369,22 +1180,22 @@ class MemoryDriver:
         row.end_lease()
         row.worker_id = row.started_at = None
         row.wait_children = row.wait_event_key = None
-        self._checkpoints.pop(row.id, None)
-        for child in self._rows.values():
+        self._state.checkpoints.pop(row.id, None)
+        for child in self._state.rows.values():
             if child.parent_id == row.id:
                 child.parent_position = None
-        outbox = _Outbox()
-        outbox.add(self._ready_channel(row.queue), row.queue)
-        self._deliver(outbox)
+        outbox = Outbox()
+        outbox.add(self._state.ready_channel(row.queue), row.queue)
+        self._state.deliver(outbox)
         return "continued"
 
     async def job_cancel_with(self, params: CancelJob) -> CancelOutcome | None:
-        now = await self._statement("job_cancel_with")
-        outbox = _Outbox()
+        now = await self._state.statement("job_cancel_with")
+        outbox = Outbox()
         outcomes = waits.cancel_tree(
-            self, [params.id], now, outbox, control_channel(self.schema), tree=params.tree
+            self._state, [params.id], now, outbox, control_channel(self.schema), tree=params.tree
         )
-        self._deliver(outbox)
+        self._state.deliver(outbox)
         return outcomes.get(params.id)
 
 
@@ -1403,50 +1214,14 @@ def _visit_keys(keys: Sequence[str], cursor: str, window: int) -> list[str]:
     return (after + [key for key in keys if key <= cursor])[: max(window, 1)]
 
 
-def _validate_new_job(job: NewJob) -> None:
-    validate_name("queue", job.queue)
-    validate_name("task", job.task)
-    validate_key("partition_key", job.partition_key)
-    validate_key("dedup_key", job.dedup_key)
-    if job.max_attempts is not None and job.max_attempts < 1:
-        raise ValueError("max_attempts must be at least 1")
-    json.loads(job.payload_json)
-
-
-def _serves(params: SettleAndClaim, row: _Row) -> bool:
+def _serves(params: SettleAndClaim, row: Row) -> bool:
     """The claim's task filter: the task, and its (task, version) pair when one is given."""
     if row.task not in params.tasks:
         return False
     return params.task_versions is None or f"{row.task}@{row.version}" in params.task_versions
 
 
-def _new_row(job_id: int, job: NewJob, now: datetime.datetime) -> _Row:
-    if job.run_at is not None:
-        run_at = job.run_at if job.run_at.tzinfo else job.run_at.replace(tzinfo=datetime.UTC)
-    else:
-        run_at = now + (job.delay_seconds or 0.0) * _SECOND
-    return _Row(
-        id=job_id,
-        queue=job.queue,
-        task=job.task,
-        payload_json=job.payload_json,
-        priority=job.priority,
-        run_at=run_at,
-        partition_key=job.partition_key,
-        dedup_key=job.dedup_key,
-        max_attempts=job.max_attempts,
-        created_at=now,
-        unique_states=job.unique_states,
-        unique_until=None
-        if job.unique_for_seconds is None or job.dedup_key is None
-        else now + job.unique_for_seconds * _SECOND,
-        version=job.version,
-        state="scheduled" if run_at > now else "ready",
-        trace_context=job.trace_context,
-    )
-
-
-def _matches(row: _Row, params: JobFilter, now: datetime.datetime) -> bool:
+def _matches(row: Row, params: JobFilter, now: datetime.datetime) -> bool:
     return (
         (params.states is None or row.state in params.states)
         and (params.tasks is None or row.task in params.tasks)
@@ -1454,18 +1229,10 @@ def _matches(row: _Row, params: JobFilter, now: datetime.datetime) -> bool:
         and (params.partition_key is None or row.partition_key == params.partition_key)
         and (
             params.older_than_seconds is None
-            or row.created_at < now - params.older_than_seconds * _SECOND
+            or row.created_at < now - params.older_than_seconds * SECOND
         )
         and (params.before_id is None or row.id < params.before_id)
     )
-
-
-def _before(moment: datetime.datetime | None, limit: datetime.datetime) -> bool:
-    return moment is not None and moment < limit
-
-
-def _before_or_at(moment: datetime.datetime | None, limit: datetime.datetime) -> bool:
-    return moment is not None and moment <= limit
 
 
 def _json_text_field(value: Any, key: str) -> str | None:
@@ -1476,11 +1243,7 @@ def _json_text_field(value: Any, key: str) -> str | None:
     return field if isinstance(field, str) else json.dumps(field)
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _explain_row(row: _Row) -> dict[str, Any]:
+def _explain_row(row: Row) -> dict[str, Any]:
     """A row as `to_jsonb(row)` gives it (the columns `trioq explain` reads)."""
     return {
         "id": row.id,
@@ -1495,12 +1258,12 @@ def _explain_row(row: _Row) -> dict[str, Any]:
         "max_attempts": row.max_attempts,
         "lease_expires_at": row.lease_expires_at,
         "worker_id": None if row.worker_id is None else str(row.worker_id),
-        "error": _loads(row.error_json),
+        "error": loads(row.error_json),
         "finished_at": row.finished_at,
     }
 
 
-def _explain_worker(worker: _Worker) -> dict[str, Any]:
+def _explain_worker(worker: Worker) -> dict[str, Any]:
     registration = worker.registration
     return {
         "id": str(registration.worker_id),
@@ -1517,7 +1280,7 @@ def _explain_worker(worker: _Worker) -> dict[str, Any]:
     }
 
 
-def _job_record(row: _Row, max_attempts: int) -> JobRecord:
+def _job_record(row: Row, max_attempts: int) -> JobRecord:
     return JobRecord(
         id=row.id,
         queue=row.queue,
@@ -1531,8 +1294,8 @@ def _job_record(row: _Row, max_attempts: int) -> JobRecord:
         attempt=row.attempt,
         max_attempts=max_attempts,
         worker_id=row.worker_id,
-        result=_loads(row.result_json),
-        error=_loads(row.error_json),
+        result=loads(row.result_json),
+        error=loads(row.error_json),
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
@@ -1540,7 +1303,7 @@ def _job_record(row: _Row, max_attempts: int) -> JobRecord:
     )
 
 
-def _queue_status(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> QueueStatus:
+def _queue_status(queue: str, rows: Sequence[Row], now: datetime.datetime) -> QueueStatus:
     states = collections.Counter(row.state for row in rows)
     due = [row.run_at for row in rows if row.state == "ready" and row.run_at is not None]
     oldest = (now - min(due)).total_seconds() if due else None
@@ -1550,7 +1313,7 @@ def _queue_status(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
         scheduled=states["scheduled"],
         running=states["running"],
         expired_leases=sum(
-            row.state == "running" and _before(row.lease_expires_at, now) for row in rows
+            row.state == "running" and before(row.lease_expires_at, now) for row in rows
         ),
         completed=states["completed"],
         failed=states["failed"],
@@ -1561,7 +1324,7 @@ def _queue_status(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
     )
 
 
-def _queue_demand(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> QueueDemand:
+def _queue_demand(queue: str, rows: Sequence[Row], now: datetime.datetime) -> QueueDemand:
     states = collections.Counter(row.state for row in rows)
     due = [
         row.run_at
@@ -1578,11 +1341,11 @@ def _queue_demand(queue: str, rows: Sequence[_Row], now: datetime.datetime) -> Q
         sleeping=states["sleeping"],
         waiting=states["waiting"],
         due_now=len(due)
-        + sum(row.state in future and _before_or_at(row.run_at, now) for row in rows),
+        + sum(row.state in future and before_or_at(row.run_at, now) for row in rows),
     )
 
 
-def _worker_info(worker: _Worker, running: int, now: datetime.datetime) -> WorkerInfo:
+def _worker_info(worker: Worker, running: int, now: datetime.datetime) -> WorkerInfo:
     registration = worker.registration
     admission = tuple(
         QueueAdmission(

@@ -1,20 +1,16 @@
 """Messages and workflow values for `MemoryDriver`, with the semantics of migration 0016 and
 the `message_send`, `job_receive`, `job_value_*` and `workflow_list` statements of queries.sql.
 
-Plain functions over the driver's tables, each called from one `MemoryDriver` method after its
-statement checkpoint, so each runs atomically (the lock order that makes a send and a receive
-meet lives in the SQL and its interleaving tests).
+Plain functions over the tables of a `MemoryState` (`db`), each called from one `MemoryDriver`
+method after its statement checkpoint, so each runs atomically (the lock order that makes a
+send and a receive meet lives in the SQL and its interleaving tests).
 """
 
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-import attrs
 
 from .._driver import (
     MessageSend,
@@ -27,39 +23,19 @@ from .._driver import (
     WorkflowRecord,
     WorkflowValue,
 )
-
-if TYPE_CHECKING:
-    from .driver import MemoryDriver, _Outbox, _Row
-
-FINAL = frozenset({"completed", "failed", "cancelled"})
-SUSPENDED = frozenset({"scheduled", "sleeping", "waiting"})
-_SECOND = datetime.timedelta(seconds=1)
-
-
-@attrs.define
-class MessageTable:
-    """The messages and workflow_values tables."""
-
-    # job id -> topic -> [(message id, payload JSON)] in send order
-    queued: dict[int, dict[str, list[tuple[int, str]]]] = attrs.field(factory=dict)
-    # job id -> key -> (value JSON, updated_at)
-    values: dict[int, dict[str, tuple[str, datetime.datetime]]] = attrs.field(factory=dict)
-    ids: Any = attrs.field(factory=lambda: itertools.count(1))
-
-    def forget(self, job_id: int) -> None:
-        """ON DELETE CASCADE from the job row."""
-        self.queued.pop(job_id, None)
-        self.values.pop(job_id, None)
+from .state import FINISHED_STATES as FINAL
+from .state import SECOND, MemoryState, Outbox, Row
+from .state import SUSPENDED_OR_SCHEDULED as SUSPENDED
 
 
 def send(
-    driver: MemoryDriver, params: MessageSend, now: datetime.datetime, outbox: _Outbox
+    db: MemoryState, params: MessageSend, now: datetime.datetime, outbox: Outbox
 ) -> SendOutcome:
     json.loads(params.payload_json)
-    row = driver._rows.get(params.job_id)
+    row = db.rows.get(params.job_id)
     if row is None or row.state in FINAL:
         return SendOutcome(None if row is None else row.state, None)
-    table = driver._messages
+    table = db.messages
     message_id = next(table.ids)
     table.queued.setdefault(row.id, {}).setdefault(params.topic, []).append(
         (message_id, params.payload_json)
@@ -72,26 +48,26 @@ def send(
     if row.state == "ready" or (
         row.state in SUSPENDED and row.run_at is not None and row.run_at <= now
     ):
-        outbox.add(driver._ready_channel(row.queue), row.queue)
+        outbox.add(db.ready_channel(row.queue), row.queue)
     return SendOutcome(state, message_id)
 
 
 def receive(
-    driver: MemoryDriver, params: Receive, now: datetime.datetime, outbox: _Outbox
+    db: MemoryState, params: Receive, now: datetime.datetime, outbox: Outbox
 ) -> ReceiveOutcome:
-    deadline = params.deadline or now + params.timeout_seconds * _SECOND
-    row = driver._rows.get(params.lease.id)
+    deadline = params.deadline or now + params.timeout_seconds * SECOND
+    row = db.rows.get(params.lease.id)
     if row is None or not row.holds(params.lease):
         return ReceiveOutcome("lost", (), deadline)
     row.checkpoint_count = max(row.checkpoint_count, params.position + 1)
-    write_values(driver, row.id, params.values, now, outbox)
-    history = driver._checkpoints.setdefault(row.id, {})
+    write_values(db, row.id, params.values, now, outbox)
+    history = db.checkpoints.setdefault(row.id, {})
     stored = history.get(params.position)
     if stored is not None:
         value = json.loads(stored[2] or "null")
         if "messages" in value:
             return ReceiveOutcome("received", tuple(value["messages"]), deadline)
-    by_topic = driver._messages.queued.get(row.id, {})
+    by_topic = db.messages.queued.get(row.id, {})
     queue = by_topic.get(params.topic, [])
     taken, queue[:] = queue[: params.limit], queue[params.limit :]
     if not queue:
@@ -113,61 +89,59 @@ def receive(
 
 
 def write_values(
-    driver: MemoryDriver,
+    db: MemoryState,
     job_id: int,
     values: Iterable[tuple[str, str]],
     now: datetime.datetime,
-    outbox: _Outbox | None = None,
+    outbox: Outbox | None = None,
 ) -> None:
     written = False
     for key, value_json in values:
         json.loads(value_json)
-        driver._messages.values.setdefault(job_id, {})[key] = (value_json, now)
+        db.messages.values.setdefault(job_id, {})[key] = (value_json, now)
         written = True
     if written and outbox is not None:
-        outbox.add(driver._result_channel(job_id), str(job_id))
+        outbox.add(db.result_channel(job_id), str(job_id))
 
 
-def set_values(
-    driver: MemoryDriver, params: ValueSet, now: datetime.datetime, outbox: _Outbox
-) -> bool:
-    row = driver._rows.get(params.lease.id)
+def set_values(db: MemoryState, params: ValueSet, now: datetime.datetime, outbox: Outbox) -> bool:
+    row = db.rows.get(params.lease.id)
     if row is None or not row.holds(params.lease):
         return False
-    write_values(driver, row.id, params.values, now, outbox)
+    write_values(db, row.id, params.values, now, outbox)
     return True
 
 
-def get_value(driver: MemoryDriver, job_id: int, key: str) -> ValueRead:
-    row = driver._rows.get(job_id)
+def get_value(db: MemoryState, job_id: int, key: str) -> ValueRead:
+    row = db.rows.get(job_id)
     if row is None:
         return ValueRead(None, False, None)
-    stored = driver._messages.values.get(job_id, {}).get(key)
+    stored = db.messages.values.get(job_id, {}).get(key)
     if stored is None:
         return ValueRead(row.state, False, None)
     return ValueRead(row.state, True, json.loads(stored[0]))
 
 
-def job_values(driver: MemoryDriver, job_id: int) -> list[WorkflowValue]:
-    stored = driver._messages.values.get(job_id, {})
+def job_values(db: MemoryState, job_id: int) -> list[WorkflowValue]:
+    stored = db.messages.values.get(job_id, {})
     return [
         WorkflowValue(key, json.loads(value), updated_at)
         for key, (value, updated_at) in sorted(stored.items())
     ]
 
 
-def workflows(driver: MemoryDriver, params: WorkflowFilter) -> list[WorkflowRecord]:
+def workflows(db: MemoryState, params: WorkflowFilter) -> list[WorkflowRecord]:
     found = []
-    for row in sorted(driver._rows.values(), key=lambda row: -row.id):
+    for row in sorted(db.rows.values(), key=lambda row: -row.id):
         if not _listed(row, params):
             continue
-        found.append(_record(driver, row))
+        found.append(_record(db, row))
         if len(found) == params.limit:
             break
     return found
 
 
-def _listed(row: _Row, params: WorkflowFilter) -> bool:
+def _listed(row: Row, params: WorkflowFilter) -> bool:
     if row.state not in ("running", "sleeping", "waiting"):
         return False
     if row.state == "running" and row.checkpoint_count == 0:
@@ -179,13 +153,11 @@ def _listed(row: _Row, params: WorkflowFilter) -> bool:
     )
 
 
-def _record(driver: MemoryDriver, row: _Row) -> WorkflowRecord:
+def _record(db: MemoryState, row: Row) -> WorkflowRecord:
     waiting = row.state == "waiting"
     on_children = waiting and row.wait_children is not None
     total = (
-        sum(1 for other in driver._rows.values() if other.parent_id == row.id)
-        if on_children
-        else None
+        sum(1 for other in db.rows.values() if other.parent_id == row.id) if on_children else None
     )
     return WorkflowRecord(
         id=row.id,

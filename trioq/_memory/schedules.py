@@ -1,7 +1,7 @@
 """The schedules table of `MemoryDriver`, with the semantics of the `schedule_*` statements.
 
-Kept apart from `_memory.py` (jobs) so each stays readable; `MemoryDriver` owns one
-`ScheduleTable` and turns its answers into notifications and job rows.
+Kept apart from `driver.py` (jobs) so each stays readable; `MemoryState` holds one
+`ScheduleTable`, and `MemoryDriver` turns its answers into notifications and job rows.
 """
 
 from __future__ import annotations
