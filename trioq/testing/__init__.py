@@ -1,7 +1,6 @@
 """Public test helpers for trioq users (see docs/testing.md) and trioq's own tests."""
 
 from .._memory import MemoryDriver
-from . import conformance_waits as _conformance_waits  # noqa: F401  (registers checks)
 from .conformance import (
     CHECKS,
     ConformanceCheck,
@@ -36,11 +35,3 @@ __all__ = [
     "refute_enqueued",
     "run_job",
 ]
-
-from . import (
-    conformance_continue,  # noqa: F401  (registers the continue-as-new and cancel checks)
-    conformance_leadership,  # noqa: F401  (registers the leadership checks)
-    conformance_messages,  # noqa: F401  (registers the message and value checks)
-    conformance_schedules,  # noqa: F401  (registers the schedule checks)
-    conformance_versions,  # noqa: F401  (registers the version checks)
-)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from .._driver import (
+from ..._driver import (
     CheckpointWrite,
     Driver,
     Lease,
@@ -24,7 +24,7 @@ from .._driver import (
     WaitEvent,
     WorkflowFilter,
 )
-from .conformance import (
+from .harness import (
     DriverClock,
     claim,
     claim_due,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import uuid
 
-from .._core.channels import control_channel
-from .._driver import (
+from ..._core.channels import control_channel
+from ..._driver import (
     Driver,
     LeaderElect,
     LeaderResign,
@@ -19,7 +19,7 @@ from .._driver import (
     QueueProbe,
     WorkerRegistration,
 )
-from .conformance import (
+from .harness import (
     QUEUE,
     DriverClock,
     NotificationRecorder,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from .._driver import (
+from ..._driver import (
     CancelChildren,
     ClaimedJob,
     Driver,
@@ -23,7 +23,7 @@ from .._driver import (
     WaitChildren,
     WaitEvent,
 )
-from .conformance import (
+from .harness import (
     DriverClock,
     claim,
     complete,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from .._driver import Driver, WorkerRegistration
-from .conformance import (
+from ..._driver import Driver, WorkerRegistration
+from .harness import (
     QUEUE,
     TASK,
     DriverClock,

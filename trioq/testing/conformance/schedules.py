@@ -11,9 +11,9 @@ import datetime
 import json
 from collections.abc import Sequence
 
-from .._core.channels import schedules_channel
-from .._core.schedule import fire_dedup_key
-from .._driver import (
+from ..._core.channels import schedules_channel
+from ..._core.schedule import fire_dedup_key
+from ..._driver import (
     CheckpointWrite,
     Driver,
     NewJob,
@@ -23,8 +23,8 @@ from .._driver import (
     ScheduleFireReport,
     ScheduleRecord,
 )
-from .._runtime.scheduler import plan_schedules
-from .conformance import (
+from ..._runtime.scheduler import plan_schedules
+from .harness import (
     QUEUE,
     TASK,
     DriverClock,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import datetime
 import json
 
-from .._driver import CancelJob, CheckpointWrite, ContinueAsNew, Driver, Settlement, Spawn
-from .conformance import (
+from ..._driver import CancelJob, CheckpointWrite, ContinueAsNew, Driver, Settlement, Spawn
+from .harness import (
     DriverClock,
     claim,
     complete,
@@ -25,7 +25,7 @@ from .conformance import (
     record,
     settle,
 )
-from .conformance_waits import running
+from .waits import running
 
 FAR = datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC)
 

@@ -1,0 +1,140 @@
+"""Outcomes: the lease fence, completion, failure and retry, release."""
+
+from __future__ import annotations
+
+import uuid
+
+from ..._driver import Driver, Lease
+from .harness import (
+    DriverClock,
+    claim,
+    claim_due,
+    complete,
+    conformance_check,
+    enqueue,
+    expect,
+    fail,
+    ids,
+    new_job,
+    record,
+    release,
+    renew,
+)
+
+
+@conformance_check
+async def check_stale_lease_changes_nothing(driver: Driver, clock: DriverClock) -> None:
+    await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    before = await record(driver, job.id)
+    stale = [
+        Lease(job.id, job.attempt + 1, job.lease_token),
+        Lease(job.id, job.attempt - 1, job.lease_token),
+        Lease(job.id, job.attempt, uuid.uuid4()),
+    ]
+    for lease in stale:
+        expect(await complete(driver, lease), (), f"completion with {lease}")
+        expect(await fail(driver, lease, retry_delay=None), [], f"failure with {lease}")
+        expect(await release(driver, lease), [], f"release with {lease}")
+        expect(await renew(driver, lease), set(), f"renewal with {lease}")
+    expect(await record(driver, job.id), before, "job after stale writes")
+    expect(await driver.job_attempts(job.id), [], "attempts after stale writes")
+    expect(await complete(driver, job.lease), (job.id,), "completion with the real lease")
+
+
+@conformance_check
+async def check_completion_is_fenced_and_stores_the_result(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(driver, new_job(), new_job())
+    first, second = await claim(driver)
+    done = await complete(driver, first.lease, second.lease, result={"ok": [1, 2]})
+    expect(sorted(done), sorted([first.id, second.id]), "completed ids")
+    row = await record(driver, first.id)
+    expect((row.state, row.result, row.error), ("completed", {"ok": [1, 2]}, None), "job")
+    assert row.finished_at is not None, row
+    expect(await complete(driver, first.lease), (), "a second completion")
+    expect(await fail(driver, first.lease, retry_delay=0), [], "a failure after completion")
+    expect((await record(driver, first.id)).state, "completed", "state after late writes")
+
+
+@conformance_check
+async def check_failure_retries_after_its_delay_then_fails_with_history(
+    driver: Driver, clock: DriverClock
+) -> None:
+    worker_id = uuid.uuid4()
+    [job_id] = await enqueue(driver, new_job(max_attempts=2))
+    [first] = await claim(driver, worker_id=worker_id)
+    error = {"type": "Boom", "message": "first", "traceback": "tb"}
+    expect(await fail(driver, first.lease, 60, error=error), [(job_id, "scheduled")], "retry")
+    row = await record(driver, job_id)
+    expect((row.state, row.attempt, row.error), ("scheduled", 1, error), "job after a retry")
+    expect(await claim(driver), [], "claim before the retry delay passed")
+    await clock.advance(61)
+    [second] = await claim_due(driver, worker_id=worker_id)
+    expect(second.attempt, 2, "attempt of the retry")
+    final_error = {"type": "Boom", "message": "second"}
+    expect(await fail(driver, second.lease, None, error=final_error), [(job_id, "failed")], "end")
+    row = await record(driver, job_id)
+    expect((row.state, row.error), ("failed", final_error), "job after the final failure")
+    assert row.finished_at is not None, row
+    history = [
+        (a.attempt, a.outcome, a.error_type, a.error_message, a.traceback, a.worker_id)
+        for a in await driver.job_attempts(job_id)
+    ]
+    expected = [
+        (1, "retried", "Boom", "first", "tb", worker_id),
+        (2, "failed", "Boom", "second", None, worker_id),
+    ]
+    expect(history, expected, "attempts history")
+
+
+@conformance_check
+async def check_failure_with_zero_delay_is_due_at_once(driver: Driver, clock: DriverClock) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    await fail(driver, job.lease, retry_delay=0)
+    expect(ids(await claim(driver)), [job_id], "claim right after a zero-delay retry")
+
+
+@conformance_check
+async def check_failure_can_end_cancelled(driver: Driver, clock: DriverClock) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    outcome = await fail(driver, job.lease, None, final_state="cancelled")
+    expect(outcome, [(job_id, "cancelled")], "failure outcome")
+    [attempt] = await driver.job_attempts(job_id)
+    expect((attempt.attempt, attempt.outcome), (1, "cancelled"), "attempts history")
+
+
+@conformance_check
+async def check_release_returns_the_job_without_consuming_an_attempt(
+    driver: Driver, clock: DriverClock
+) -> None:
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    expect(await release(driver, job.lease), [job_id], "released ids")
+    row = await record(driver, job_id)
+    expect(
+        (row.state, row.attempt, row.worker_id, row.started_at, row.error),
+        ("ready", 0, None, None, None),
+        "job after release",
+    )
+    expect(await driver.job_attempts(job_id), [], "attempts after release")
+    [again] = await claim(driver)
+    expect((again.id, again.attempt), (job_id, 1), "claim right after the release")
+    expect(await complete(driver, job.lease), (), "completion with the released lease")
+
+
+@conformance_check
+async def check_released_job_keeps_its_place_in_its_partition(
+    driver: Driver, clock: DriverClock
+) -> None:
+    first, _second = await enqueue(
+        driver, new_job(1, partition_key="k"), new_job(2, partition_key="k")
+    )
+    [job] = await claim(driver)
+    expect(job.id, first, "the key's head is claimed")
+    await clock.advance(1)
+    await release(driver, job.lease)
+    expect(ids(await claim(driver, limit=1)), [first], "the key's head after a release")
