@@ -27,6 +27,7 @@ from .harness import (
     expect,
     new_job,
     record,
+    renew,
     settle,
 )
 
@@ -40,9 +41,11 @@ class _Backlog:
 
     total: int
     holders: dict[int, str] = attrs.field(factory=dict)  # job id -> the worker holding it
+    last_holder: dict[int, str] = attrs.field(factory=dict)  # job id -> its last claimer
     claims: collections.Counter[int] = attrs.field(factory=collections.Counter)
     ended: collections.Counter[int] = attrs.field(factory=collections.Counter)
     key_order: dict[str, list[int]] = attrs.field(factory=dict)  # key -> ids in claim order
+    claims_by: collections.Counter[str] = attrs.field(factory=collections.Counter)
     errors: list[str] = attrs.field(factory=list)
 
     def claimed(self, worker: str, job: ClaimedJob) -> None:
@@ -52,24 +55,23 @@ class _Backlog:
             )
         key = job.partition_key
         if key is not None:
-            busy = [i for i, w in self.holders.items() if i in self._keyed(key)]
-            if busy:
-                self.errors.append(f"key {key}: job {job.id} claimed while {busy} run")
-            self.key_order.setdefault(key, []).append(job.id)
-        self.holders[job.id] = worker
+            same_key = self.key_order.setdefault(key, [])
+            running = sorted(set(same_key) & set(self.holders))
+            if running:
+                self.errors.append(f"key {key}: job {job.id} claimed while {running} run")
+            same_key.append(job.id)
+        self.holders[job.id] = self.last_holder[job.id] = worker
         self.claims[job.id] += 1
-
-    def _keyed(self, key: str) -> set[int]:
-        return set(self.key_order.get(key, ()))
+        self.claims_by[worker] += 1
 
 
 async def _work(
-    driver: Driver, backlog: _Backlog, name: str, rivals: dict[str, list[ClaimedJob]]
+    driver: Driver, backlog: _Backlog, name: str, held_by: dict[str, list[ClaimedJob]]
 ) -> None:
     """One worker's claim loop: settle what it finished, claim, renew what it holds, and try
     to write with a forged lease for a job its rival holds."""
     worker_id = uuid.uuid4()
-    held: list[ClaimedJob] = rivals[name]
+    held = held_by[name]
     cursor = ""
     for _ in range(MAX_ROUNDS):
         if not held and sum(backlog.ended.values()) >= backlog.total:
@@ -78,7 +80,7 @@ async def _work(
         for job in held:
             del backlog.holders[job.id]
         held.clear()
-        forged = _forged_lease(rivals, name)
+        forged = _forged_lease(held_by, name)
         if forged is not None:
             settlements.append(Settlement(forged, "complete", result_json='"forged"'))
         result = await claim_round(
@@ -104,9 +106,9 @@ def _outcome(job: ClaimedJob, worker: str) -> Settlement:
     return Settlement(job.lease, "complete", result_json=json.dumps({"by": worker}))
 
 
-def _forged_lease(rivals: dict[str, list[ClaimedJob]], name: str) -> Lease | None:
+def _forged_lease(held_by: dict[str, list[ClaimedJob]], name: str) -> Lease | None:
     """The lease of a job the rival holds, with the right attempt and a token of our own."""
-    theirs = [job for worker, jobs in rivals.items() if worker != name for job in jobs]
+    theirs = [job for worker, jobs in held_by.items() if worker != name for job in jobs]
     return None if not theirs else Lease(theirs[0].id, theirs[0].attempt, uuid.uuid4())
 
 
@@ -143,6 +145,7 @@ async def check_two_workers_at_once_claim_each_job_once_and_end_it_once(
         for name in held:
             nursery.start_soon(_work, driver, backlog, name, held)
     expect(backlog.errors, [], "what the two workers saw")
+    expect(sorted(backlog.claims_by), ["a", "b"], "workers that claimed jobs")
     expect(dict(backlog.ended), dict.fromkeys(job_ids, 1), "completions per job")
     keyed_ids = job_ids[len(unkeyed) :]
     for key in KEYS:
@@ -152,9 +155,9 @@ async def check_two_workers_at_once_claim_each_job_once_and_end_it_once(
         row = await record(driver, job_id)
         executions = 2 if n < len(unkeyed) and n % 2 == 0 else 1
         expect(
-            (row.state, row.executions, backlog.claims[job_id]),
-            ("completed", executions, executions),
-            f"job {job_id}: state, executions and claims",
+            (row.state, row.executions, backlog.claims[job_id], row.result),
+            ("completed", executions, executions, {"by": backlog.last_holder[job_id]}),
+            f"job {job_id}: state, executions, claims and the result its last claimer wrote",
         )
 
 
@@ -181,4 +184,6 @@ async def check_two_settlements_of_one_lease_at_once_end_the_job_once(
         row = await record(driver, job_id)
         expect(settled, [(job_id, row.state)], f"the winning settlement of job {job_id}")
         expect(row.state, {"complete": "completed", "fail": "failed"}[kind], f"job {job_id}")
-        expect(await driver.job_attempts(job_id) != [], kind == "fail", f"history of {job_id}")
+        history = [attempt.outcome for attempt in await driver.job_attempts(job_id)]
+        expect(history, ["failed"] if kind == "fail" else [], f"attempts of job {job_id}")
+    expect(await renew(driver, *(job.lease for job in jobs)), set(), "leases renewed once ended")
