@@ -16,7 +16,6 @@ It exists for model-based tests and for runtime tests under virtual time. What h
 
 from __future__ import annotations
 
-import collections
 import datetime
 import json
 import math
@@ -29,7 +28,7 @@ import attrs
 import trio
 
 from .._core.channels import control_channel, schedules_channel
-from .._core.explain import ExplainFacts, silent_after
+from .._core.explain import ExplainFacts
 from .._core.identifiers import validate_schema
 from .._core.outcomes import rule_of, settled_state
 from .._core.schedule import fire_dedup_key
@@ -63,7 +62,6 @@ from .._driver import (
     NewJob,
     NewSchedule,
     NotifyCallback,
-    QueueAdmission,
     QueueDemand,
     QueuePause,
     QueueProbe,
@@ -98,7 +96,7 @@ from .._driver import (
     WrittenCheckpoint,
 )
 from .._sql import migrations
-from . import messages, waits
+from . import messages, reads, waits
 from .state import (
     FINISHED_STATES,
     SECOND,
@@ -788,70 +786,19 @@ class MemoryDriver:
 
     async def job_get(self, job_id: int) -> JobRecord | None:
         await self._state.statement("job_get")
-        row = self._state.rows.get(job_id)
-        return None if row is None else _job_record(row, self._state.max_attempts(row))
+        return reads.job_get(self._state, job_id)
 
     async def job_explain(self, job_id: int) -> ExplainFacts | None:
         now = await self._state.statement("job_explain")
-        row = self._state.rows.get(job_id)
-        if row is None:
-            return None
-        same_key = [
-            other
-            for other in self._state.rows.values()
-            if other.id != row.id
-            and row.partition_key is not None
-            and (other.queue, other.partition_key) == (row.queue, row.partition_key)
-        ]
-        holders = sorted(
-            (o for o in same_key if o.state in ("running", "sleeping", "waiting")),
-            key=lambda o: o.id,
-        )
-        ahead = sorted(
-            (
-                o
-                for o in same_key
-                if o.state == "ready"
-                and before_or_at(o.run_at, now)
-                and o.claim_order < row.claim_order
-            ),
-            key=lambda o: o.claim_order,
-        )
-        workers = sorted(
-            (w for w in self._state.workers.values() if row.queue in w.registration.queues),
-            key=lambda w: w.started_at,
-        )
-        attempts = self._state.attempts.get(job_id, ())
-        return ExplainFacts(
-            now=now,
-            job={**_explain_row(row), "max_attempts": self._state.max_attempts(row)},
-            key_holder=_explain_row(holders[0]) if holders else None,
-            key_ahead=_explain_row(ahead[0]) if ahead else None,
-            workers=tuple(_explain_worker(w) for w in workers),
-            last_attempt=attrs.asdict(attempts[-1]) if attempts else None,
-            pause=(
-                {"queue": row.queue, "paused_at": self._state.paused[row.queue]}
-                if row.queue in self._state.paused
-                else None
-            ),
-        )
+        return reads.job_explain(self._state, now, job_id)
 
     async def checkpoint_list(self, job_id: int) -> list[Checkpoint]:
         await self._state.statement("checkpoint_list")
-        history = self._state.checkpoints.get(job_id, {})
-        return [
-            Checkpoint(position, kind, name, loads(value))
-            for position, (kind, name, value) in sorted(history.items())
-        ]
+        return reads.checkpoint_list(self._state, job_id)
 
     async def job_list(self, params: JobFilter) -> list[JobRecord]:
         now = await self._state.statement("job_list")
-        found = [
-            _job_record(row, self._state.max_attempts(row))
-            for row in sorted(self._state.rows.values(), key=lambda row: -row.id)
-            if _matches(row, params, now)
-        ]
-        return found[: params.limit]
+        return reads.job_list(self._state, now, params)
 
     async def job_retry(self, job_id: int) -> CancelOutcome | None:
         """Redrive a failed or cancelled job (see the job_retry block); others are left alone."""
@@ -931,10 +878,7 @@ class MemoryDriver:
 
     async def queue_status(self) -> list[QueueStatus]:
         now = await self._state.statement("queue_status")
-        by_queue: dict[str, list[Row]] = collections.defaultdict(list)
-        for row in self._state.rows.values():
-            by_queue[row.queue].append(row)
-        return [_queue_status(queue, by_queue[queue], now) for queue in sorted(by_queue)]
+        return reads.queue_status(self._state, now)
 
     async def job_trace_context(self, job_id: int) -> str | None:
         await self._state.statement("job_trace_context")
@@ -949,46 +893,15 @@ class MemoryDriver:
 
     async def status_health(self) -> HealthReport:
         now = await self._state.statement("status_health")
-        live = {
-            worker_id
-            for worker_id, worker in self._state.workers.items()
-            if (now - worker.heartbeat_at).total_seconds()
-            < silent_after(worker.registration.heartbeat_seconds)
-        }
-        rows = list(self._state.rows.values())
-        return HealthReport(
-            ready_backlog=sum(r.state == "ready" and before_or_at(r.run_at, now) for r in rows),
-            expired_ownership=sum(
-                r.state == "running" and before(r.lease_expires_at, now) for r in rows
-            ),
-            sleeping_due=sum(r.state == "sleeping" and before_or_at(r.run_at, now) for r in rows),
-            stale_running=sum(r.state == "running" and r.worker_id not in live for r in rows),
-            active_waits=sum(r.state == "waiting" for r in rows),
-            due_wait_timeouts=sum(
-                r.state == "waiting" and before_or_at(r.run_at, now) for r in rows
-            ),
-        )
+        return reads.status_health(self._state, now)
 
     async def queue_demand(self) -> list[QueueDemand]:
         now = await self._state.statement("queue_demand")
-        by_queue: dict[str, list[Row]] = collections.defaultdict(list)
-        for row in self._state.rows.values():
-            if row.state not in FINISHED_STATES:
-                by_queue[row.queue].append(row)
-        return [_queue_demand(queue, by_queue[queue], now) for queue in sorted(by_queue)]
+        return reads.queue_demand(self._state, now)
 
     async def worker_list(self) -> list[WorkerInfo]:
         now = await self._state.statement("worker_list")
-        running = collections.Counter(
-            row.worker_id
-            for ids in self._state.open_by_queue.values()
-            for row in map(self._state.rows.__getitem__, ids)
-            if row.state == "running"
-        )
-        workers = sorted(self._state.workers.values(), key=lambda worker: worker.started_at)
-        return [
-            _worker_info(worker, running[worker.registration.worker_id], now) for worker in workers
-        ]
+        return reads.worker_list(self._state, now)
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         await self._state.statement("ready_channels")
@@ -996,48 +909,15 @@ class MemoryDriver:
 
     async def task_history_kinds(self) -> list[TaskHistoryKind]:
         await self._state.statement("task_history_kinds")
-        jobs: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
-        for job_id, history in self._state.checkpoints.items():
-            row = self._state.rows.get(job_id)
-            if row is None:
-                continue  # pruned with its job
-            for kind, _, _ in history.values():
-                jobs[(row.task, kind)].add(job_id)
-        return [TaskHistoryKind(task, kind, len(jobs[(task, kind)])) for task, kind in sorted(jobs)]
+        return reads.task_history_kinds(self._state)
 
     async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]:
         now = await self._state.statement("job_unroutable")
-        live = [
-            worker.registration
-            for worker in self._state.workers.values()
-            if (now - worker.heartbeat_at).total_seconds()
-            < silent_after(worker.registration.heartbeat_seconds, stale_seconds)
-            and worker.state != "stopped"
-        ]
-        groups: dict[tuple[str, str, int], set[str]] = collections.defaultdict(set)
-        counts: collections.Counter[tuple[str, str, int]] = collections.Counter()
-        for row in self._state.rows.values():
-            if row.state in FINISHED_STATES or row.state == "running":
-                continue
-            pair = f"{row.task}@{row.version}"
-            if any(row.queue in w.queues and pair in w.task_versions for w in live):
-                continue
-            groups[(row.queue, row.task, row.version)].add(row.state)
-            counts[(row.queue, row.task, row.version)] += 1
-        return [
-            UnroutableJobs(*group, counts[group], tuple(sorted(groups[group])))
-            for group in sorted(groups)
-        ]
+        return reads.job_unroutable(self._state, now, stale_seconds)
 
     async def task_status(self) -> list[TaskStatus]:
         await self._state.statement("task_status")
-        groups: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
-        retried: collections.Counter[tuple[str, str, int, str]] = collections.Counter()
-        for row in self._state.rows.values():
-            group = (row.queue, row.task, row.version, row.state)
-            groups[group] += 1
-            retried[group] += row.attempt > 1
-        return [TaskStatus(*group, groups[group], retried[group]) for group in sorted(groups)]
+        return reads.task_status(self._state)
 
     # --- schedules ------------------------------------------------------------------------
 
@@ -1221,156 +1101,9 @@ def _serves(params: SettleAndClaim, row: Row) -> bool:
     return params.task_versions is None or f"{row.task}@{row.version}" in params.task_versions
 
 
-def _matches(row: Row, params: JobFilter, now: datetime.datetime) -> bool:
-    return (
-        (params.states is None or row.state in params.states)
-        and (params.tasks is None or row.task in params.tasks)
-        and (params.queues is None or row.queue in params.queues)
-        and (params.partition_key is None or row.partition_key == params.partition_key)
-        and (
-            params.older_than_seconds is None
-            or row.created_at < now - params.older_than_seconds * SECOND
-        )
-        and (params.before_id is None or row.id < params.before_id)
-    )
-
-
 def _json_text_field(value: Any, key: str) -> str | None:
     """Postgres `value ->> key`: text of a string field, JSON text of others, else NULL."""
     if not isinstance(value, dict) or value.get(key) is None:
         return None
     field = value[key]
     return field if isinstance(field, str) else json.dumps(field)
-
-
-def _explain_row(row: Row) -> dict[str, Any]:
-    """A row as `to_jsonb(row)` gives it (the columns `trioq explain` reads)."""
-    return {
-        "id": row.id,
-        "queue": row.queue,
-        "task": row.task,
-        "version": row.version,
-        "state": row.state,
-        "priority": row.priority,
-        "run_at": row.run_at,
-        "partition_key": row.partition_key,
-        "attempt": row.attempt,
-        "max_attempts": row.max_attempts,
-        "lease_expires_at": row.lease_expires_at,
-        "worker_id": None if row.worker_id is None else str(row.worker_id),
-        "error": loads(row.error_json),
-        "finished_at": row.finished_at,
-    }
-
-
-def _explain_worker(worker: Worker) -> dict[str, Any]:
-    registration = worker.registration
-    return {
-        "id": str(registration.worker_id),
-        "hostname": registration.hostname,
-        "pid": registration.pid,
-        "queues": list(registration.queues),
-        "concurrency": registration.concurrency,
-        "queue_concurrency": list(registration.queue_concurrency) or None,
-        "task_versions": list(registration.task_versions),
-        "state": worker.state,
-        "heartbeat_at": worker.heartbeat_at,
-        "heartbeat_seconds": registration.heartbeat_seconds,
-        "admission": worker.admission,
-    }
-
-
-def _job_record(row: Row, max_attempts: int) -> JobRecord:
-    return JobRecord(
-        id=row.id,
-        queue=row.queue,
-        task=row.task,
-        payload=json.loads(row.payload_json),
-        state=row.state,
-        priority=row.priority,
-        run_at=row.run_at,
-        partition_key=row.partition_key,
-        dedup_key=row.dedup_key,
-        attempt=row.attempt,
-        max_attempts=max_attempts,
-        worker_id=row.worker_id,
-        result=loads(row.result_json),
-        error=loads(row.error_json),
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        executions=row.executions,
-    )
-
-
-def _queue_status(queue: str, rows: Sequence[Row], now: datetime.datetime) -> QueueStatus:
-    states = collections.Counter(row.state for row in rows)
-    due = [row.run_at for row in rows if row.state == "ready" and row.run_at is not None]
-    oldest = (now - min(due)).total_seconds() if due else None
-    return QueueStatus(
-        queue=queue,
-        ready=states["ready"],
-        scheduled=states["scheduled"],
-        running=states["running"],
-        expired_leases=sum(
-            row.state == "running" and before(row.lease_expires_at, now) for row in rows
-        ),
-        completed=states["completed"],
-        failed=states["failed"],
-        cancelled=states["cancelled"],
-        oldest_ready_seconds=oldest,
-        sleeping=states["sleeping"],
-        waiting=states["waiting"],
-    )
-
-
-def _queue_demand(queue: str, rows: Sequence[Row], now: datetime.datetime) -> QueueDemand:
-    states = collections.Counter(row.state for row in rows)
-    due = [
-        row.run_at
-        for row in rows
-        if row.state == "ready" and row.run_at is not None and row.run_at <= now
-    ]
-    future = ("scheduled", "sleeping", "waiting")
-    return QueueDemand(
-        queue=queue,
-        ready=len(due),
-        oldest_ready_seconds=(now - min(due)).total_seconds() if due else None,
-        running=states["running"],
-        scheduled=states["scheduled"] + states["ready"] - len(due),
-        sleeping=states["sleeping"],
-        waiting=states["waiting"],
-        due_now=len(due)
-        + sum(row.state in future and before_or_at(row.run_at, now) for row in rows),
-    )
-
-
-def _worker_info(worker: Worker, running: int, now: datetime.datetime) -> WorkerInfo:
-    registration = worker.registration
-    admission = tuple(
-        QueueAdmission(
-            queue,
-            entry["limit"],
-            entry["concurrency"],
-            entry["reason"],
-            entry["cause"],
-            (now - entry["since"]).total_seconds(),
-        )
-        for queue, entry in sorted((worker.admission or {}).items())
-    )
-    return WorkerInfo(
-        id=registration.worker_id,
-        hostname=registration.hostname,
-        pid=registration.pid,
-        queues=tuple(registration.queues),
-        concurrency=registration.concurrency,
-        state=worker.state,
-        started_at=worker.started_at,
-        heartbeat_at=worker.heartbeat_at,
-        running=running,
-        task_versions=tuple(registration.task_versions),
-        admission=admission,
-        queue_concurrency=tuple(registration.queue_concurrency),
-        heartbeat_seconds=registration.heartbeat_seconds,
-        heartbeat_age_seconds=(now - worker.heartbeat_at).total_seconds(),
-    )
