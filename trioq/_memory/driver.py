@@ -733,7 +733,7 @@ class MemoryDriver:
         if row.dedup_key is not None and self._state.dedup.get(row.dedup_key) == row.id:
             del self._state.dedup[row.dedup_key]
 
-    # --- cancel and reads -----------------------------------------------------------------
+    # --- cancel and reads (logic in reads.py) ---------------------------------------------
 
     async def job_cancel(self, job_id: int) -> CancelOutcome | None:
         """Cancel a job and its descendants (job_cancel_tree): not running -> cancelled at once;
@@ -748,7 +748,7 @@ class MemoryDriver:
         self._state.deliver(outbox)
         return outcomes.get(job_id)
 
-    # --- events and children (logic in _memory_waits) --------------------------------------
+    # --- events and children (logic in waits.py) ------------------------------------------
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         now = await self._state.statement("event_emit")
@@ -968,7 +968,7 @@ class MemoryDriver:
         fired.sort(key=lambda occurrence: (occurrence.fire_at, occurrence.schedule))
         return ScheduleFireReport(leader=True, now=now, due=len(due), fired=tuple(fired))
 
-    # --- messages and workflow values (logic in _memory_messages) ---------------------------
+    # --- messages and workflow values (logic in messages.py) ------------------------------
 
     async def message_send(self, params: MessageSend) -> SendOutcome:
         now = await self._state.statement("message_send")
