@@ -358,7 +358,7 @@ class PgDriver:
         """Run the named statement; with parameters, in its positional form (see
         `PositionalStatement`: the cost does not depend on the schema name's length), on the
         trio-native libpq path with psycopg's own parameter types (no worker thread: a thread
-        start and a wake-up of the trio loop per statement were 60-140 us of a short
+        start and a wake-up of the trio loop per statement cost 60-140 us of a short
         statement's latency, and every checkpoint, renewal and claim waits for one)."""
         if params is None:
             return await conn.fetch(self._sql[name])

@@ -49,7 +49,7 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
 def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]:
     """The result rows of `insert_statement`'s statement, in the order of its jobs."""
     if name == "job_insert_batch":  # one row: the ids in payload order, as one array
-        # map over zip: 20,000 ids in 3.5 ms against 6.4 ms for a comprehension of calls
+        # map over zip: half the time of a comprehension of calls (3.5 ms for 20,000 ids)
         return list(map(InsertedJob._make, zip(rows[0][0], itertools.repeat(True))))
     if name in NATIVE_INSERTS:
         return [InsertedJob(row[0], True) for row in rows]
