@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib.metadata
 import json
 import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
-
-import attrs
 
 from .._core.identifiers import PREPARED_STATEMENTS, validate_schema
 from .._pg.libpq import DATABASE_URL_ENV
@@ -315,6 +312,8 @@ async def cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def _plain(record: Any) -> dict[str, Any]:
+    import attrs
+
     return attrs.asdict(record)
 
 
@@ -379,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 not found or not changed, 2 usage or configuration, "
         "3 database, 4 forced stop abandoned jobs, 130 interrupted (docs/cli.md).",
     )
-    parser.add_argument("--version", action="version", version=f"trioq {_version()}")
+    parser.add_argument("--version", action=_PrintVersion)
     _logging_options(parser, top=True)
     _connection_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -523,7 +522,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _PrintVersion(argparse.Action):
+    """argparse's version action, reading the installed version only when asked (the package
+    metadata costs more to import than the rest of the parser)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=0, **kwargs)
+        self.help = "show program's version number and exit"
+        self.default = argparse.SUPPRESS
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"trioq {_version()}")
+        parser.exit()
+
+
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("trioq")
     except importlib.metadata.PackageNotFoundError:  # running from a source tree
