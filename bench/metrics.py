@@ -1,7 +1,7 @@
 """What each recorded metric means: label, unit, its baseline counterpart and its target.
 
-Targets are the issues' (2-core machine, PostgreSQL on the same machine, same run). The backlog
-flatness bound is issue 9's "per-job cost flat from 3,000 to 100,000 backlog (within 15%)"
+Targets are the project's (2-core machine, PostgreSQL on the same machine, same run). The
+backlog flatness bound is "per-job cost flat from 3,000 to 100,000 backlog (within 15%)"
 (it was a looser 1.25 here before session 6, which marked 1.19x as met).
 """
 

@@ -1,4 +1,4 @@
-"""Scheduler benchmark (issue 10): run with `python -m bench.schedules [--seconds 300]`.
+"""Scheduler benchmark: run with `python -m bench.schedules [--seconds 300]`.
 
 1. Idle load: a worker with 25 slots on one queue, poll 1 s, for `--idle-seconds`, first with
    no schedules, then with 10 daily cron schedules; statements per second from

@@ -1,4 +1,4 @@
-"""What the claim statement reads and when due work starts (issue 8 #7, issue 7 item 6).
+"""What the claim statement reads and when due work starts.
 
 The claim's cost is read from the statement's own plan (`EXPLAIN (ANALYZE, BUFFERS)` inside a
 rolled-back transaction), not from timings: the number of buffers it touches is a count that
@@ -142,7 +142,7 @@ FROM generate_series(1, 2000)
 async def test_the_claim_keeps_one_generic_plan_on_a_table_with_statistics(
     pg_url: str, pg_schema: str
 ) -> None:
-    """Regression (issue 7, suspended load): on a table whose statistics show a ready backlog
+    """Regression (suspended load): on a table whose statistics show a ready backlog
     and suspended rows, the plan cache estimated the claim's generic plan dearer than the
     custom plans (which see the limit, the lookahead and the task list) and re-planned the
     statement at every call (2-3 ms of planning each). Read through scalar sub-selects, the

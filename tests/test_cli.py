@@ -190,7 +190,7 @@ async def test_worker_options_reach_the_workers_configuration(
         args = cli.build_parser().parse_args(["worker", "m:app", "--concurrency", "7", *extra])
         with monkeypatch.context() as patched, trio.CancelScope() as done:
             patched.setattr(trioq.App, "run_worker", run_worker)
-            await commands._run_worker(app, args, done)
+            await commands._run_worker(app, args, done, task_status=trio.TASK_STATUS_IGNORED)
         assert seen[-1].get("notifications") is notifications and seen[-1]["concurrency"] == 7
         async with app.client(driver=MemoryDriver()):
             options = {} if notifications is None else {"notifications": notifications}

@@ -29,7 +29,7 @@ from trioq._enqueue import (
     TaskDeclaration,
     build_jobs,
 )
-from trioq._pg.driver import insert_params, insert_statement
+from trioq._pg.inserts import insert_params, insert_statement
 from trioq._sql import queries
 
 TASK = TaskDeclaration("noop", version=3)

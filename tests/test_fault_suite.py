@@ -1,4 +1,4 @@
-"""The fault suite of issue 8: PostgreSQL restarts, a poisoned worker, connection budgets, long
+"""The fault suite: PostgreSQL restarts, a poisoned worker, connection budgets, long
 transactions elsewhere, two schemas, partition races and clock skew, with real worker processes.
 
 Every test's handlers write an execution log (`tests.fault_app`), and `tests.history` checks the

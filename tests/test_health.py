@@ -83,7 +83,7 @@ def _reset_connection(port: int, request: bytes) -> None:
 async def test_a_client_resetting_its_connection_does_not_kill_the_worker(
     pg_url: str, pg_schema: str
 ) -> None:
-    """Issue 8 defect 1: a scraper's TCP RST mid-request or mid-response must stay inside the
+    """Regression: a scraper's TCP RST mid-request or mid-response must stay inside the
     health server; the worker's nursery never sees it."""
     app = make_app(pg_url, pg_schema)
 

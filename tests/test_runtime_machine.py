@@ -178,7 +178,7 @@ class RuntimeMachine(RuleBasedStateMachine):
 
     # Steps shorter than the renewal interval (lease/3): renewals keep up. A longer freeze lets
     # the watchdog give up on leases the database still holds, and the lost handlers' rows stay
-    # running (uncounted) until they expire: issue 8 #6, not this machine's subject.
+    # running (uncounted) until they expire: the watchdog's subject, not this machine's.
     @rule(seconds=st.sampled_from([0.01, 1.0, 7.0]))
     def time_passes(self, seconds: float) -> None:
         async def jump() -> None:

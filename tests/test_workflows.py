@@ -1,6 +1,6 @@
 """Durable workflows on PostgreSQL: steps, determinism, durable sleep, due-time precision, and
-the claim-path defects of issue 8 (#2 one job per key under racing snapshots, #3 outcomes
-flushed on a hard stop, #8 only connection losses are retried)."""
+the claim path's guarantees (one job per key under racing snapshots, outcomes flushed on a hard
+stop, only connection losses retried)."""
 
 from __future__ import annotations
 
@@ -270,7 +270,7 @@ async def all_sleeping(client: trioq.Client, n: int) -> bool:
     return "default" in status and status["default"].sleeping == n
 
 
-# --- due-time precision (issue 7 #6) ---------------------------------------------------------
+# --- due-time precision ---------------------------------------------------------------------
 
 
 async def test_jobs_due_between_polls_start_before_the_next_30_s_poll(
@@ -297,7 +297,7 @@ async def test_jobs_due_between_polls_start_before_the_next_30_s_poll(
     assert max(lateness) < 30.0, lateness  # the worker's timer, not its next poll, started them
 
 
-# --- issue 8 #2: one job per key, even across snapshots --------------------------------------
+# --- one job per key, even across snapshots --------------------------------------------------
 
 
 def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_the_head(
@@ -364,7 +364,7 @@ async def _enqueue(pg_url: str, pg_schema: str, jobs: list[NewJob]) -> None:
         await driver.job_insert_many(jobs)
 
 
-# --- issue 8 #3 and #8: the claim round's error and exit paths (memory driver, virtual time) -
+# --- the claim round's error and exit paths (memory driver, virtual time) -------------------
 
 
 @attrs.define(eq=False)

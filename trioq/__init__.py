@@ -1,4 +1,15 @@
-"""trioq: durable jobs on PostgreSQL, for trio."""
+"""trioq: durable jobs on PostgreSQL, for trio.
+
+The names below are imported at first use (PEP 562), so `import trioq` and the producers of
+`trioq.producer` load neither trio nor the worker runtime until something asks for them
+(docs/producers.md, "Importing trioq in a web process"). The errors and `JobState` are plain
+and imported at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._core.errors import (
     ConfigurationError,
@@ -18,17 +29,54 @@ from ._core.errors import (
     UnservedTaskWarning,
     ValueNotSet,
 )
-from ._core.explain import Explanation, Gate
-from ._core.retry import RetryPolicy
 from ._core.states import JobState
-from ._driver import EventOutcome
-from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
-from ._runtime.claim_loop import WorkerHooks
-from ._runtime.job_transaction import JobLeaseLost, JobTransaction
-from ._runtime.worker import Worker, WorkerConfig
-from .app import App
-from .client import Client
-from .context import Context, JobInfo
+
+if TYPE_CHECKING:
+    from ._core.explain import Explanation, Gate
+    from ._core.retry import RetryPolicy
+    from ._driver import EventOutcome
+    from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
+    from ._runtime.claim_loop import WorkerHooks
+    from ._runtime.job_transaction import JobLeaseLost, JobTransaction
+    from ._runtime.worker import Worker, WorkerConfig
+    from .app import App
+    from .client import Client
+    from .context import Context, JobInfo
+
+# Public name -> the module that defines it, imported when the name is first read.
+_LAZY: dict[str, str] = {
+    "Explanation": "._core.explain",
+    "Gate": "._core.explain",
+    "RetryPolicy": "._core.retry",
+    "EventOutcome": "._driver",
+    "ClientTransaction": "._enqueue",
+    "Job": "._enqueue",
+    "TaskDeclaration": "._enqueue",
+    "declare_task": "._enqueue",
+    "WorkerHooks": "._runtime.claim_loop",
+    "JobLeaseLost": "._runtime.job_transaction",
+    "JobTransaction": "._runtime.job_transaction",
+    "Worker": "._runtime.worker",
+    "WorkerConfig": "._runtime.worker",
+    "App": ".app",
+    "Client": ".client",
+    "Context": ".context",
+    "JobInfo": ".context",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trioq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "App",

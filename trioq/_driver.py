@@ -442,8 +442,7 @@ class WorkflowFilter:
 
 class InsertedJob(NamedTuple):
     """One inserted (or deduplicated) row. A named tuple, not a frozen attrs class: a bulk
-    enqueue builds one per row, 0.25 us each against 0.54 (20,000 rows: 5.1 ms against 10.7 ms
-    of a call that takes ~250 ms on the durable benchmark cluster)."""
+    enqueue builds one per row, in half the time (bench/RESULTS.md, "Design decisions")."""
 
     id: int
     created: bool  # False when a dedup key returned an existing job

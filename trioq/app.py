@@ -18,6 +18,7 @@ from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
 from ._driver import Driver, NewSchedule
 from ._enqueue import Enqueuer, TaskDeclaration
+from ._pg.libpq import DATABASE_URL_ENV as DATABASE_URL_ENV  # re-exported: its old home
 from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks
 from ._runtime.tasks import (
@@ -30,8 +31,6 @@ from ._runtime.tasks import (
 from ._runtime.worker import Worker, WorkerConfig
 from .client import Client, _ResultWatcher
 from .schedules import new_schedule
-
-DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
 
 
 def load_app(path: str) -> App:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._driver import Checkpoint, WorkflowRecord
+if TYPE_CHECKING:  # annotations only: the CLI's parser imports this module
+    from ._driver import Checkpoint, WorkflowRecord
 
 WORKFLOW_STATES = ("running", "sleeping", "waiting")
 

@@ -1,5 +1,5 @@
 """Durable workflows: 3-step workflows (throughput, statements per step), durable sleep resume
-latency, and the suspended-load drain (issue 8 #11: due work is not in the claim's path).
+latency, and the suspended-load drain (due work is not in the claim's path).
 
 - `three_steps`: a backlog of workflows of 3 no-op steps drained by one worker (the throughput
   scenario's drain: t0 = COMMIT of the backlog, end = the last `finished_at`); statements per

@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from trioq._pg import native
+from trioq._pg.libpq import network_defaults
 from trioq._pg.threads import open_in_thread, run_blocking
 
 logger = logging.getLogger("trioq.pg")
@@ -40,18 +41,6 @@ _CANCEL_REQUEST_TIMEOUT = 5.0
 
 _IDLE = pq.TransactionStatus.IDLE
 _IN_TRANSACTION = frozenset({pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR})
-
-# libpq parameters trioq sets unless the conninfo (or the matching PG* environment variable)
-# already does. Keepalives and tcp_user_timeout bound how long a worker thread can stay blocked on
-# a dead network; libpq ignores them for Unix sockets.
-_LIBPQ_DEFAULTS: dict[str, tuple[str, str]] = {
-    "connect_timeout": ("PGCONNECT_TIMEOUT", "10"),
-    "keepalives": ("", "1"),
-    "keepalives_idle": ("", "10"),
-    "keepalives_interval": ("", "5"),
-    "keepalives_count": ("", "3"),
-    "tcp_user_timeout": ("", "30000"),
-}
 
 
 class ConnectOptions(TypedDict, total=False):
@@ -217,16 +206,6 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     else:
         params.pop("options", None)
     return params
-
-
-def network_defaults(params: dict[str, Any]) -> dict[str, str]:
-    """trioq's keepalive, tcp_user_timeout and connect_timeout settings that the libpq
-    parameters `params` (and the PG* environment) leave unset; the producers use them too."""
-    return {
-        key: value
-        for key, (env_var, value) in _LIBPQ_DEFAULTS.items()
-        if key not in params and not (env_var and os.environ.get(env_var))
-    }
 
 
 async def open_raw_connection(

@@ -11,7 +11,6 @@ import collections
 import contextlib
 import datetime
 import functools
-import itertools
 import logging
 import math
 import random
@@ -58,7 +57,6 @@ from .._driver import (
     MaintenanceReport,
     MessageSend,
     NewJob,
-    NewJobs,
     NewSchedule,
     NotifyCallback,
     QueueAdmission,
@@ -107,6 +105,9 @@ from . import (
     open_listener,
     open_pool,
 )
+from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
+from .inserts import quoted as _quoted
+from .inserts import text_array as _text_array
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -192,15 +193,6 @@ def _lease_params(lease: Lease) -> Params:
     return {"id": lease.id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 
 
-def _text_array(values: Sequence[str]) -> str:
-    """A text[] literal: every element double-quoted, backslashes and quotes escaped."""
-    return "{" + ",".join([_quoted(value) for value in values]) + "}"
-
-
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _nullable_array(values: Sequence[object | None]) -> str:
     """An array literal of text, numbers or datetimes (cast in SQL) with NULL for None:
     psycopg dumps a list of 25 strings element by element in Python (60 us per claim round
@@ -225,35 +217,6 @@ def _nulls(count: int) -> str:
     return "{" + ",".join(["NULL"] * count) + "}"
 
 
-def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
-    """The statement that inserts `jobs`, and its parameters (every producer sends these).
-
-    An enqueue call without dedup keys takes a fast path: `job_insert_one` for a single job
-    (scalars only), `job_insert_batch` for a batch (its options as scalars and its payloads as
-    one text[] literal: psycopg would dump a list of 20,000 payloads element by element, 30 ms
-    against 2 ms). Anything else takes the full `job_insert_many`, one array per column.
-    """
-    if isinstance(jobs, NewJobs) and jobs.dedup_keys is None:
-        job = jobs.template
-        params = {
-            "queue": job.queue,
-            "task": job.task,
-            "priority": job.priority,
-            "run_at": job.run_at,
-            "delay": job.delay_seconds,
-            "partition_key": job.partition_key,
-            "max_attempts": job.max_attempts,
-            "version": job.version,
-            "trace_context": job.trace_context,
-        }
-        if len(jobs.payloads) == 1:
-            params["payload"] = jobs.payloads[0]
-            return "job_insert_one", params
-        params["payloads"] = _text_array(jobs.payloads)
-        return "job_insert_batch", params
-    return "job_insert_many", insert_params(jobs)
-
-
 # The statements whose result columns are read in binary format (native.fetch): the claim,
 # whose 25 rows of 22 columns were the largest decode of a worker's round. Every column of a
 # statement listed here must be of a built-in type (psycopg returns bytes for a type it has
@@ -262,23 +225,10 @@ BINARY_RESULTS = frozenset(
     {"job_settle_and_claim", "job_settle_and_claim_plain", "job_complete_plain"}
 )
 
-# The statements of the fast paths, run on the native libpq path (no thread hop).
-NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
-
 
 @functools.cache
 def _seconds(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
-
-
-def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]:
-    """The result rows of `insert_statement`'s statement, in the order of its jobs."""
-    if name == "job_insert_batch":  # one row: the ids in payload order, as one array
-        # map over zip: 20,000 ids in 3.5 ms against 6.4 ms for a comprehension of calls
-        return list(map(InsertedJob._make, zip(rows[0][0], itertools.repeat(True))))
-    if name in NATIVE_INSERTS:
-        return [InsertedJob(row[0], True) for row in rows]
-    return [InsertedJob(id=row[1], created=row[2]) for row in rows]
 
 
 @functools.lru_cache(maxsize=512)
@@ -340,27 +290,6 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         ),
         "promote_limit": params.promote_limit,
         "lookahead": params.lookahead_seconds,
-    }
-
-
-def insert_params(jobs: Sequence[NewJob]) -> Params:
-    """The parallel arrays of the job_insert_many statement."""
-    jobs = list(jobs)  # a NewJobs batch builds its rows on iteration: once, not per column
-    return {
-        "queues": [job.queue for job in jobs],
-        "tasks": [job.task for job in jobs],
-        "payloads": [job.payload_json for job in jobs],
-        "priorities": [job.priority for job in jobs],
-        "run_ats": [job.run_at for job in jobs],
-        "delays": [job.delay_seconds for job in jobs],
-        "partition_keys": [job.partition_key for job in jobs],
-        "dedup_keys": [job.dedup_key for job in jobs],
-        "release_keys": sorted({job.dedup_key for job in jobs if job.dedup_key is not None}),
-        "max_attempts": [job.max_attempts for job in jobs],
-        "unique_fors": [job.unique_for_seconds for job in jobs],
-        "unique_states": [",".join(job.unique_states) for job in jobs],
-        "versions": [job.version for job in jobs],
-        "trace_contexts": [job.trace_context for job in jobs],
     }
 
 
@@ -429,7 +358,7 @@ class PgDriver:
         """Run the named statement; with parameters, in its positional form (see
         `PositionalStatement`: the cost does not depend on the schema name's length), on the
         trio-native libpq path with psycopg's own parameter types (no worker thread: a thread
-        start and a wake-up of the trio loop per statement were 60-140 us of a short
+        start and a wake-up of the trio loop per statement cost 60-140 us of a short
         statement's latency, and every checkpoint, renewal and claim waits for one)."""
         if params is None:
             return await conn.fetch(self._sql[name])

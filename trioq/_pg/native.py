@@ -2,7 +2,7 @@
 
 `Connection` normally runs each call in a worker thread (trioq/_pg/threads.py): a thread start
 and a wake-up of the trio loop per statement, about 60-140 us of a single enqueue's 300-600 us
-on a durable cluster (measured: 2,011 vs 2,785 statements/s for the same insert). Every named
+on a durable cluster (bench/RESULTS.md, "Design decisions"). Every named
 statement with parameters (the driver's `_query`: claims, checkpoints, renewals, enqueues) goes
 through this module instead, which does the same work on libpq's non-blocking API
 (psycopg's public `pq` layer, which psycopg itself already set non-blocking at connect): send,
@@ -48,7 +48,7 @@ class _JsonbLoader(JsonbLoader):
     """jsonb (text format) as psycopg's loader returns it, cheaper for the common payloads.
 
     psycopg's loader calls `json.loads(bytes)`, which first runs `json.detect_encoding` in
-    Python: with the `{}` payload most jobs carry that was 1.5 us per claimed row, more than any
+    Python: with the `{}` payload most jobs carry that is 1.5 us per claimed row, more than any
     other column. `{}` and `null` are answered without parsing (a new dict each time: handlers
     may mutate their payload); anything else is decoded as UTF-8 and parsed, which is what
     `json.loads(bytes)` does for any text Postgres sends (it has no NUL and no BOM, the only

@@ -136,9 +136,9 @@ class Pool:
 
         The hot path (a free slot and an idle connection that needs no ping) is `connection()`'s
         own (`_take_nowait`, `_return`), written out here without the generator context
-        manager: for a single enqueue that alone measured 6-16 us of CPU per call (58-70 us
-        against 64-86 us, one statement on a non-durable cluster). Anything else (no slot or
-        no idle connection, one to ping or replace, a closed pool) goes through
+        manager, which costs a single enqueue 6-16 us of CPU (bench/RESULTS.md, "Design
+        decisions"). Anything else (no slot or no idle connection, one to ping or replace, a
+        closed pool) goes through
         `connection()`, with its guarantees; a statement that fails or is cancelled is given
         back as `connection()` gives it back.
         """

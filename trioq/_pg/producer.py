@@ -11,7 +11,6 @@ connection (`conn=`) so the enqueue commits or rolls back with the caller's tran
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -19,12 +18,9 @@ import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .._core import codec
 from .._core.channels import control_channel
@@ -59,12 +55,21 @@ from .._enqueue import (
     to_jobs,
 )
 from .._sql import queries
-from .connection import network_defaults
-from .driver import insert_statement, inserted_jobs
-from .errors import PRODUCER_URL, connection_problem
-from .producer_listen import AsyncResultListener, ResultListenerStatistics, SyncResultListener
+from .inserts import insert_statement, inserted_jobs
+from .libpq import DATABASE_URL_ENV, network_defaults
 
-DATABASE_URL_ENV = "TRIOQ_DATABASE_URL"
+if TYPE_CHECKING:
+    # psycopg, psycopg_pool and the result listeners are imported when a producer first
+    # connects: `import trioq.producer` costs a web process only what it uses (docs/producers.md).
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+    from .producer_listen import (
+        AsyncResultListener,
+        ResultListenerStatistics,
+        SyncResultListener,
+    )
+
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
 # Opening a producer connects once, to fail at once with the cause (psycopg_pool would retry
 # in the background and raise PoolTimeout after `connect_timeout`, the cause only in its log).
@@ -72,8 +77,8 @@ CHECK_TIMEOUT = 3
 # How long a wait_final waits for its channel's LISTEN before it reads the job's state anyway.
 SUBSCRIBE_TIMEOUT = 5.0
 
-SyncConnection = psycopg.Connection[Any]
-AsyncConnection = psycopg.AsyncConnection[Any]
+SyncConnection: TypeAlias = "psycopg.Connection[Any]"
+AsyncConnection: TypeAlias = "psycopg.AsyncConnection[Any]"
 
 
 @attrs.define
@@ -189,6 +194,8 @@ class _Statements:
 
     @contextmanager
     def schema_required(self) -> Iterator[None]:
+        import psycopg
+
         try:
             yield
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
@@ -226,6 +233,9 @@ class _Settings:
     ) -> _Settings:
         url = _resolve_url(conninfo)
         off = validate_prepared_statements(prepared_statements) == "off"
+        import psycopg  # the producer's first use of psycopg (see the imports above)
+        from psycopg.conninfo import conninfo_to_dict
+
         try:
             params = conninfo_to_dict(url)
         except psycopg.Error as exc:
@@ -251,6 +261,8 @@ class _Settings:
 
     def check(self) -> None:
         """Connect once (bounded by CHECK_TIMEOUT): ProducerConnectionError naming the fix."""
+        import psycopg
+
         try:
             with psycopg.connect(self.url, **self._check_kwargs):
                 pass
@@ -258,6 +270,8 @@ class _Settings:
             raise _connection_error(exc) from None
 
     async def check_async(self) -> None:
+        import psycopg
+
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, **self._check_kwargs)
         except psycopg.Error as exc:
@@ -267,6 +281,8 @@ class _Settings:
 
 def _connection_error(exc: psycopg.Error) -> ProducerConnectionError | psycopg.Error:
     """The CLI's one line for `exc` (the shared mapping in errors.py), as a ProducerError."""
+    from .errors import PRODUCER_URL, connection_problem
+
     problem = connection_problem(exc, PRODUCER_URL)
     if problem is None:
         return exc
@@ -347,6 +363,8 @@ class SyncProducer:
         self._results: SyncResultListener | None = None
 
     def _new_pool(self) -> ConnectionPool[SyncConnection]:
+        from psycopg_pool import ConnectionPool
+
         settings = self._settings
         return ConnectionPool(
             settings.url,
@@ -374,6 +392,8 @@ class SyncProducer:
             return None
         with self._fork_lock:
             if self._results is None:
+                from .producer_listen import SyncResultListener
+
                 self._results = SyncResultListener(
                     self._settings.listen_url, self._settings.listen_kwargs, self.schema
                 )
@@ -545,6 +565,8 @@ class AsyncProducer:
         self._results: AsyncResultListener | None = None
 
     def _new_pool(self) -> AsyncConnectionPool[AsyncConnection]:
+        from psycopg_pool import AsyncConnectionPool
+
         settings = self._settings
         return AsyncConnectionPool(
             settings.url,
@@ -577,10 +599,14 @@ class AsyncProducer:
     def _result_listener(self) -> AsyncResultListener | None:
         if self._settings.listen_url is None:
             return None
+        import asyncio  # imported by the loop that runs us already; not at trioq.producer's import
+
         results = self._results
         if results is None or results.loop is not asyncio.get_running_loop():
             if results is not None:  # its task died with another event loop
                 _LEFT_BY_PARENT.append(results)
+            from .producer_listen import AsyncResultListener
+
             results = self._results = AsyncResultListener(
                 self._settings.listen_url, self._settings.listen_kwargs, self.schema
             )
@@ -678,6 +704,8 @@ class AsyncProducer:
 
     async def wait_final(self, job_id: int, timeout: float | None = 30.0) -> JobRecord:
         """Wait until the job is final; see `SyncProducer.wait_final`."""
+        import asyncio  # see _result_listener
+
         job_id = _check_id(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         results = self._result_listener()

@@ -23,12 +23,10 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -38,6 +36,9 @@ from prometheus_client import (
 )
 
 from .worker import Worker
+
+if TYPE_CHECKING:  # hypercorn is imported only when a server starts (`--health-port`)
+    from hypercorn.config import Config
 
 log = logging.getLogger("trioq.health")
 
@@ -229,6 +230,8 @@ async def _route(method: str, path: str, target: HealthTarget) -> tuple[int, byt
 
 
 def _config(host: str, port: int) -> Config:
+    from hypercorn.config import Config
+
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -247,6 +250,8 @@ async def serve_health(
 ) -> None:
     """Serve until cancelled; reports the bound port (0 picks a free one) through task_status.
     A Worker given directly is reported on as running from the start."""
+    from hypercorn.trio import serve
+
     if isinstance(target, Worker):
         target = HealthTarget(target)
     # hypercorn types ASGI scopes and events as TypedDicts; this app reads them as mappings.

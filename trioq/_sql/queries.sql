@@ -212,7 +212,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 --  * unkeyed: per served task, the scan of jobs_ready_task_idx (queue, task, priority, run_at,
 --    id) in claim order, locked with SKIP LOCKED as it goes (concurrent claimers skip each
 --    other's rows and keep scanning: no collapse when workers compete). One probe per served
---    task, so a backlog of a task this worker does not serve is never scanned (issue 8 #7);
+--    task, so a backlog of a task this worker does not serve is never scanned;
 --    the price is that with several served tasks each holding a backlog, up to limit rows per
 --    task are locked for the statement's duration and the best `limit` of them claimed;
 --  * due: unkeyed rows whose run_at has passed, locked by the promotion (below), claimed in
@@ -225,7 +225,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 --    (a head claimed and failed into a retry by another worker meanwhile is not taken).
 -- The key itself is taken by inserting its partition_locks row (ON CONFLICT DO NOTHING): a
 -- concurrent claimer of the same key waits for our commit and then skips it, so two workers
--- whose snapshots both saw the key free never both run it (issue 8 #2); a head whose key insert
+-- whose snapshots both saw the key free never both run it; a head whose key insert
 -- did nothing is simply not claimed this round (no error).
 -- Every CTE that feeds a LIMIT is MATERIALIZED as an optimisation fence (Oban's trick).
 -- Plan stability: every parameter that shapes an estimate (the limits, queue, tasks, versions,
@@ -235,7 +235,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 -- five custom plans. Seen by value (LIMIT 25 against a generic 10% of the rows, one task
 -- against ten, a lookahead against a default third of jobs_due_idx), the custom plans looked
 -- cheaper whenever the statistics showed a ready backlog or suspended rows, and the statement
--- was planned again at every call: 2-3 ms, more than it takes to run (issue 7, suspended load;
+-- was planned again at every call: 2-3 ms, more than it takes to run (under suspended load;
 -- tests/test_claim_path.py reads pg_prepared_statements). `x = ANY((SELECT a)::text[])`: the
 -- cast keeps ANY from reading the sub-select as a set.
 -- History: a claimed row with checkpoint_count > 0 carries its checkpoints (one ordered

@@ -11,17 +11,19 @@ import datetime
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_schema
 from .._core.states import JobState
-from .._driver import JobRecord
-from ..app import App
-from ..client import Client
 from .workflows import print_workflow
+
+if TYPE_CHECKING:  # imported when a command runs: `trioq --help` builds this parser
+    from .._driver import JobRecord
+    from ..app import App
+    from ..client import Client
 
 FINISHED = ("completed", "failed", "cancelled")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -46,6 +48,8 @@ def job_id(text: str) -> int:
 
 
 def _app(args: argparse.Namespace) -> App:
+    from ..app import App
+
     return App(
         args.database_url,
         schema=validate_schema(args.schema),

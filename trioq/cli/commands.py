@@ -5,29 +5,30 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib.metadata
 import json
 import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import attrs
-import trio
-
-from .._core import codec
 from .._core.identifiers import PREPARED_STATEMENTS, validate_schema
-from .._runtime.health import HealthTarget, serve_health
-from .._runtime.worker import Worker
-from ..app import DATABASE_URL_ENV, App, load_app
+from .._pg.libpq import DATABASE_URL_ENV
 from ..dashboard import cli as dashboard_cli
 from . import admin as cli_admin
 from . import devdb as cli_devdb
 from . import errors as cli_errors
-from . import worker as cli_worker
 from . import workflows as cli_workflows
-from .processes import ProcessGroup, stop_when_supervisor_dies, validate_processes
+
+# Each command imports what it runs (trio, the app, the worker runtime) when it runs, so that
+# `trioq --help` and `trioq --version` load only the parser (docs/cli.md, "Start-up cost").
+if TYPE_CHECKING:
+    import trio
+
+    from .._runtime.health import HealthTarget
+    from .._runtime.worker import Worker
+    from ..app import App
+    from . import worker as cli_worker
 
 log = logging.getLogger("trioq.cli")
 
@@ -47,6 +48,8 @@ def _with_url(app: App, args: argparse.Namespace) -> App:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
+    from ..app import App
+
     app = _with_url(App(schema=validate_schema(args.schema)), args)
     from .._pg.driver import open_pg_driver
 
@@ -62,6 +65,13 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    import trio
+
+    from .._runtime.health import HealthTarget
+    from ..app import load_app
+    from . import worker as cli_worker
+    from .processes import ProcessGroup, stop_when_supervisor_dies, validate_processes
+
     validate_processes(args.processes)
     queues = cli_worker.parse_queues(args.queue, args.concurrency)  # bad values: before loading
     app = _with_url(load_app(args.app), args)  # a bad APP_PATH fails once, not in each child
@@ -83,6 +93,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _start_and_serve(app: App, args: argparse.Namespace, health: HealthTarget) -> int:
+    from . import worker as cli_worker
+
     while True:
         await cli_worker.wait_for_database(app)
         stopped = cli_worker.StopRecord()
@@ -102,6 +114,8 @@ async def _start_and_serve(app: App, args: argparse.Namespace, health: HealthTar
 async def _serve_worker(
     app: App, args: argparse.Namespace, stopped: cli_worker.StopRecord, health: HealthTarget
 ) -> int:
+    import trio
+
     async with app.client(migrate=args.migrate) as _client, trio.open_nursery() as nursery:
         worker: Worker = await nursery.start(_run_worker, app, args, nursery.cancel_scope)
         stopped.started = True
@@ -126,6 +140,8 @@ async def _serve_worker(
 async def _start_health(
     nursery: trio.Nursery, health: HealthTarget, args: argparse.Namespace
 ) -> int:
+    from .._runtime.health import serve_health  # the web server (hypercorn): only on request
+
     try:
         port: int = await nursery.start(serve_health, health, args.health_port, args.health_host)
     except* OSError as group:  # the bind's own error does not say which address
@@ -145,9 +161,11 @@ async def _run_worker(
     args: argparse.Namespace,
     done: trio.CancelScope,
     *,
-    task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Worker],
 ) -> None:
     """Run the worker; once it has drained, stop the signal handler and health server too."""
+    from . import worker as cli_worker
+
     await app.run_worker(
         queues=cli_worker.parse_queues(args.queue, args.concurrency),
         concurrency=args.concurrency,
@@ -167,6 +185,10 @@ async def _drain_on_signal(
     worker: Worker, scope: trio.CancelScope, stopped: cli_worker.StopRecord
 ) -> None:
     """First SIGINT/SIGTERM drains; a second one stops at once (leases then expire)."""
+    import trio
+
+    from . import worker as cli_worker
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if worker.statistics().draining:
@@ -190,6 +212,9 @@ async def _drain_on_signal(
 
 
 async def cmd_enqueue(args: argparse.Namespace) -> int:
+    from .._core import codec
+    from ..app import load_app
+
     app = _with_url(load_app(args.app), args)
     text = _json_argument(args.payload)
     try:
@@ -231,6 +256,7 @@ def _json_argument(value: str) -> str:
 async def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from ..app import App
     from .ops import run_status
 
     if args.watch is not None and not args.watch > 0:
@@ -248,6 +274,7 @@ def _console(console_type: Any) -> Any:
 async def cmd_explain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from ..app import App
     from .ops import explanation_json, print_explanation
 
     app = _with_url(App(schema=validate_schema(args.schema)), args)
@@ -261,6 +288,8 @@ async def cmd_explain(args: argparse.Namespace) -> int:
 
 
 async def cmd_schedules(args: argparse.Namespace) -> int:
+    from ..app import App
+
     app = _with_url(App(schema=validate_schema(args.schema)), args)
     async with app.client() as client:
         schedules = await client.schedules()
@@ -283,6 +312,8 @@ async def cmd_schedules(args: argparse.Namespace) -> int:
 
 
 def _plain(record: Any) -> dict[str, Any]:
+    import attrs
+
     return attrs.asdict(record)
 
 
@@ -347,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 not found or not changed, 2 usage or configuration, "
         "3 database, 4 forced stop abandoned jobs, 130 interrupted (docs/cli.md).",
     )
-    parser.add_argument("--version", action="version", version=f"trioq {_version()}")
+    parser.add_argument("--version", action=_PrintVersion)
     _logging_options(parser, top=True)
     _connection_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -491,7 +522,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _PrintVersion(argparse.Action):
+    """argparse's version action, reading the installed version only when asked (the package
+    metadata costs more to import than the rest of the parser)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=0, **kwargs)
+        self.help = "show program's version number and exit"
+        self.default = argparse.SUPPRESS
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"trioq {_version()}")
+        parser.exit()
+
+
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("trioq")
     except importlib.metadata.PackageNotFoundError:  # running from a source tree
@@ -522,6 +569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        import trio
+
         return trio.run(COMMANDS[args.command], args)
     except SystemExit:
         raise

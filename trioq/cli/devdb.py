@@ -14,10 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import trio
-
-from ..app import DATABASE_URL_ENV
-from ..embedded import EmbeddedPostgres, EmbeddedPostgresError
+from .._pg.libpq import DATABASE_URL_ENV
 from .errors import UsageError
 
 DEFAULT_PORT = 5432
@@ -29,6 +26,10 @@ def socket_dir_for(port: int) -> Path:
 
 
 async def cmd_dev_db(args: argparse.Namespace) -> int:
+    import trio  # here, not at the top: `trioq --help` builds this parser (docs/cli.md)
+
+    from ..embedded import EmbeddedPostgres, EmbeddedPostgresError
+
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port: {args.port} is not a port number (1 to 65535)")
     cluster = EmbeddedPostgres(

@@ -6,17 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core.identifiers import validate_schema
-from .._driver import Checkpoint, WorkflowValue
-from ..app import App
 from ..workflow_view import WORKFLOW_STATES, timeline
+
+if TYPE_CHECKING:
+    from .._driver import Checkpoint, WorkflowValue
 
 Command = Callable[[argparse.Namespace], Any]
 
 
 async def cmd_workflows(args: argparse.Namespace) -> int:
+    from ..app import App  # here: `trioq --help` builds this parser (docs/cli.md)
+
     app = App(args.database_url, schema=validate_schema(args.schema))
     async with app.client() as client:
         views = await client.workflows(

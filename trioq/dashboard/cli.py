@@ -7,13 +7,13 @@ import contextlib
 import errno
 import sys
 from collections.abc import AsyncIterator
-
-import trio
+from typing import TYPE_CHECKING
 
 from .._core.identifiers import validate_schema
-from ..app import App
-from ..client import Client
 from .security import AUTH_MODES, Auth
+
+if TYPE_CHECKING:  # imported when the dashboard runs: `trioq --help` builds its parser
+    from ..client import Client
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @contextlib.asynccontextmanager
 async def _clients(args: argparse.Namespace, schema: str) -> AsyncIterator[tuple[Client, Client]]:
     """(reader, actor): without --admin only the reading URL is ever opened."""
+    from ..app import App
+
     if not args.admin:
         async with App(args.read_only_url or args.database_url, schema=schema).client() as reader:
             yield reader, reader
@@ -65,6 +67,8 @@ async def _clients(args: argparse.Namespace, schema: str) -> AsyncIterator[tuple
 
 
 async def cmd_dashboard(args: argparse.Namespace) -> int:
+    import trio
+
     from .app import DashboardConfig, serve_dashboard  # the web stack, only when serving
     from .store import Store
 

@@ -28,7 +28,7 @@ CREATE INDEX jobs_due_idx ON {schema}.jobs (queue, run_at)
     WHERE state IN ('scheduled', 'sleeping', 'waiting');
 
 -- The claim no longer asks "does this key have a running job" of the jobs table (that read the
--- statement's snapshot, issue 8 #2): the key lock below is the authority.
+-- statement's snapshot: two claims could both see a key free): the key lock below is the authority.
 DROP INDEX {schema}.jobs_partition_running_idx;
 
 -- One row per held partition key: the job that holds it (running, sleeping, waiting, or ready

@@ -1,5 +1,5 @@
 -- The claim's unkeyed source probes the ready rows of each served task in claim order
--- (issue 8 #7: a backlog of a task no worker serves is never scanned by a claim). This index
+-- (so a backlog of a task no worker serves is never scanned by a claim). This index
 -- replaces jobs_ready_unkeyed_idx, which the claim no longer reads; the queue-wide readers
 -- (status, demand) use its (queue) prefix.
 CREATE INDEX jobs_ready_task_idx ON {schema}.jobs (queue, task, priority, run_at, id)
