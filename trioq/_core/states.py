@@ -75,7 +75,7 @@ TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
 # The states a new row may start in -> the statements that insert rows in that state.
 INSERTED: dict[JobState, tuple[str, ...]] = {
     S.READY: ("job_insert_many", "job_spawn_many", "schedule_fire_many"),  # due now
-    S.SCHEDULED: ("job_insert_many", "job_spawn_many", "schedule_fire_many"),  # run_at later
+    S.SCHEDULED: ("job_insert_many", "job_spawn_many"),  # run_at later (an occurrence is due)
 }
 # The states a row may be deleted in -> the statements that delete: final rows only.
 DELETED_BY: dict[JobState, tuple[str, ...]] = {

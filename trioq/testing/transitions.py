@@ -216,7 +216,8 @@ class CheckedDriver:
             # Kept as well as raised: a worker's loop may catch the error and retry.
             self.violations.append(message)
             raise TransitionViolation(message)
-        self._record(before, after, call.method)
+        overlapped = len(call.seen) > 1
+        self._record(before, after, f"{call.method} (overlapped)" if overlapped else call.method)
 
     def _record(self, before: dict[int, str], after: dict[int, str], method: str) -> None:
         for job_id, state in after.items():
