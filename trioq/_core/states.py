@@ -17,6 +17,9 @@ class JobState(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+# The same, and the others, in JobState's order (for messages, choices and tables).
+TERMINAL_IN_ORDER = tuple(state for state in JobState if state in TERMINAL_STATES)
+UNFINISHED_IN_ORDER = tuple(state for state in JobState if state not in TERMINAL_STATES)
 SUSPENDED_STATES = frozenset({JobState.SLEEPING, JobState.WAITING})
 # States whose job holds its partition key (one such job per key at any instant).
 KEY_HOLDING_STATES = frozenset({JobState.RUNNING, JobState.SLEEPING, JobState.WAITING})
