@@ -36,7 +36,7 @@ from .._core.identifiers import validate_key, validate_name, validate_schema
 from .._core.outcomes import rule_of, settled_state
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from .._core.schedule import fire_dedup_key
-from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
+from .._core.states import SUSPENDED_STATES, TERMINAL_IN_ORDER, TERMINAL_STATES, JobState
 from .._driver import (
     AttemptRecord,
     CancelChildren,
@@ -1326,7 +1326,7 @@ class MemoryDriver:
             run_at=fire_at,
             dedup_key=key,
             max_attempts=schedule.max_attempts,
-            unique_states=("completed", "failed", "cancelled"),
+            unique_states=TERMINAL_IN_ORDER,
         )
         return _new_row(next(self._ids), job, now)
 

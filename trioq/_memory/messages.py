@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._core.states import TERMINAL_STATES, JobState
 from .._driver import (
     MessageSend,
     Receive,
@@ -31,8 +32,9 @@ from .._driver import (
 if TYPE_CHECKING:
     from .driver import MemoryDriver, _Outbox, _Row
 
-FINAL = frozenset({"completed", "failed", "cancelled"})
-SUSPENDED = frozenset({"scheduled", "sleeping", "waiting"})
+FINAL = TERMINAL_STATES
+# the states a job is claimable from once due (promotion), besides ready
+SUSPENDED = frozenset({JobState.SCHEDULED, JobState.SLEEPING, JobState.WAITING})
 _SECOND = datetime.timedelta(seconds=1)
 
 
