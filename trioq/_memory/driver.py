@@ -270,7 +270,8 @@ class MemoryTransaction:
         await self._driver._statement("job_settle_and_claim")
         held = [s for s in settlements if self._driver._holds(s.lease)]
         self._settlements.extend(held)
-        return [(s.lease.id, _SETTLED_STATE[s.kind]) for s in held]
+        # the state each rule leaves the job in when not due at once (applied at commit)
+        return [(s.lease.id, rule_of(s.kind).state) for s in held]
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         """Buffered like the enqueues: stored and its waiters woken only at commit. The
@@ -287,19 +288,6 @@ class MemoryTransaction:
         )
         first = emitted_at is None and params.key not in {e.key for e in self._events[:-1]}
         return EmitOutcome(first=first, woken=0)
-
-
-# The state a settlement kind leaves a job in when it is not due at once (memory predictions
-# for a transaction's settlements, applied at commit).
-_SETTLED_STATE = {
-    "complete": "completed",
-    "fail": "failed",
-    "cancel": "cancelled",
-    "retry": "scheduled",
-    "release": "ready",
-    "sleep": "sleeping",
-    "wait": "waiting",
-}
 
 
 @attrs.frozen
