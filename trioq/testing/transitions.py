@@ -12,7 +12,9 @@ transaction with calls inside it) are judged together: a change seen across one 
 been made by any call that was in flight meanwhile, so the statements allowed are those of all
 of them. A write this wrapper does not see breaks that: another process's worker, or raw SQL
 outside a transaction of this driver. So use it only where the calls are serialized, or all
-made through it: the differential machines and the conformance suite.
+made through it: the conformance suite and the differential machines (serial calls), and the
+runtime machine (one worker, every call of which goes through it). A transaction that runs SQL
+of its own (`execute`, `fetch`) leaves itself and the calls overlapping it unchecked.
 """
 
 from __future__ import annotations
@@ -177,8 +179,10 @@ class CheckedDriver:
         return self.inner.schema
 
     def _begin(self, method: str) -> tuple[int, _Call]:
-        call = _Call(method, {method} | {other.method for other in self._in_flight.values()})
-        for other in self._in_flight.values():
+        others = self._in_flight.values()
+        call = _Call(method, {method} | {other.method for other in others})
+        call.unchecked = any(other.unchecked for other in others)
+        for other in others:
             other.seen.add(method)
         token = next(self._ids)
         self._in_flight[token] = call
@@ -237,7 +241,7 @@ class CheckedDriver:
             before = await read_job_states(self.inner)
             try:
                 async with self.inner.transaction() as tx:
-                    yield _CheckedTransaction(tx, call)
+                    yield _CheckedTransaction(tx, self)
             except Exception:
                 await self._check(call, before)
                 raise
@@ -248,12 +252,14 @@ class CheckedDriver:
 
 @attrs.define(eq=False)
 class _CheckedTransaction:
-    """A transaction that marks its call unchecked once the caller runs SQL of their own."""
+    """A transaction that leaves every call in flight unchecked once the caller runs SQL of
+    their own."""
 
     inner: Any
-    call: _Call
+    driver: CheckedDriver
 
     def __getattr__(self, name: str) -> Any:
         if name in ("execute", "fetch"):
-            self.call.unchecked = True
+            for call in self.driver._in_flight.values():
+                call.unchecked = True
         return getattr(self.inner, name)
