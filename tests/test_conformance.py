@@ -18,6 +18,7 @@ from trioq._driver import DRIVER_METHODS, Driver, MaintenancePass, NewJob, Settl
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, open_pg_driver
 from trioq.testing import CHECKS, DriverClock, ManualClock, SqlClock
+from trioq.testing.transitions import CheckedDriver
 
 # check name -> why it fails on Postgres today (each becomes a strict xfail there).
 PG_KNOWN_BUGS: dict[str, str] = {}
@@ -48,14 +49,17 @@ def backend(request: pytest.FixtureRequest) -> tuple[str, str] | None:
 async def driver_and_clock(
     backend: tuple[str, str] | None,
 ) -> AsyncIterator[tuple[Driver, DriverClock]]:
+    """Each driver wrapped in `CheckedDriver`: every row change a check makes must be an edge of
+    the state machine for the statement that made it (the checks call the driver serially)."""
     if backend is None:
         clock = ManualClock()
-        yield MemoryDriver(clock=clock), clock
+        yield CheckedDriver(MemoryDriver(clock=clock)), clock
         return
     conninfo, schema = backend
     async with open_pg_driver(conninfo, schema, pool_size=4) as driver:
         await driver.migrate()
-        yield driver, await SqlClock.install(driver)
+        checked = CheckedDriver(driver)
+        yield checked, await SqlClock.install(driver)  # the clock: raw SQL, unchecked
 
 
 @pytest.mark.parametrize(("check_name", "backend"), _cases(), indirect=["backend"])

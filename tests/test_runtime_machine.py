@@ -30,6 +30,7 @@ import trioq
 from tests.support import running_worker
 from trioq._driver import SettleAndClaim, SettleAndClaimResult
 from trioq._memory import MemoryDriver
+from trioq.testing.transitions import CheckedDriver
 
 CONCURRENCY = 3
 LEASE = 30.0
@@ -85,7 +86,10 @@ class Host:
 
     async def _serve(self) -> None:
         self.memory = MemoryDriver(schema="machine")
-        self.driver = FlakyDriver(self.memory)
+        # Every row change the worker's calls make is checked against TRANSITIONS; its calls
+        # overlap (claim loop, completer, renewals), and the check judges them together.
+        self.checked = CheckedDriver(self.memory)
+        self.driver = FlakyDriver(self.checked)  # type: ignore[arg-type]  (a Driver by proxy)
         self.release = trio.Event()
         self.app = trioq.App(schema="machine")
         host = self
@@ -240,6 +244,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             held = {(row.id, row.attempt, row.lease_token) for row in running_rows}
             assert held <= {(lease.id, lease.attempt, lease.lease_token) for lease in owned}
             assert self.host.violations == []
+            assert self.host.checked.violations == []
 
         self.host.call(check)
 

@@ -57,6 +57,7 @@ from trioq._driver import (
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import open_pg_driver
 from trioq.testing import ManualClock, SqlClock
+from trioq.testing.transitions import CheckedDriver
 
 QUEUE = "q"
 LEASE = 60.0
@@ -112,7 +113,10 @@ class DriverHost:
             clock = ManualClock()
             memory = MemoryDriver(schema=self._schema, clock=clock)
             await memory.migrate()
-            self.pair = Pair(memory, pg, clock, await SqlClock.install(pg))
+            # Every row change either driver makes is checked against TRANSITIONS (the
+            # machine's calls are serial); the clocks' raw SQL goes to the bare driver.
+            checked_memory: Any = CheckedDriver(memory)
+            self.pair = Pair(checked_memory, CheckedDriver(pg), clock, await SqlClock.install(pg))
             self._stop = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
             self._started.set()

@@ -18,6 +18,7 @@ import attrs
 from ._core import codec
 from ._core.errors import JobFinished, JobNotFound, PayloadError, UnknownTask
 from ._core.identifiers import validate_job_id, validate_key, validate_name
+from ._core.states import TERMINAL_IN_ORDER, UNFINISHED_IN_ORDER, JobState
 from ._driver import (
     EmitEvent,
     EventOutcome,
@@ -32,11 +33,11 @@ from ._tracing import current_traceparent
 # A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
 # SQL ("interval out of range"), aborting the caller's transaction.
 MAX_DELAY_SECONDS = 100 * 366 * 86400.0
-FINISHED_STATES = ("completed", "failed", "cancelled")
-UNFINISHED_STATES = ("scheduled", "ready", "running", "sleeping", "waiting")
+FINISHED_STATES = TERMINAL_IN_ORDER
+UNFINISHED_STATES = UNFINISHED_IN_ORDER
 # With `unique_for` and no `unique_states`, a key stays taken by a *completed* job for the
 # period (Oban's default too): a failed or cancelled job never blocks doing the work again.
-DEFAULT_UNIQUE_FOR_STATES = ("completed",)
+DEFAULT_UNIQUE_FOR_STATES = (JobState.COMPLETED,)
 NO_UNIQUE_STATES: tuple[str, ...] = ()
 
 

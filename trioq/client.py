@@ -341,7 +341,9 @@ class Client:
         returns how many were deleted."""
         wanted = _states(states) or ()
         if not wanted or set(wanted) - set(FINISHED_STATES):
-            raise ValueError(f"states: {states!r} must name finished states {FINISHED_STATES}")
+            raise ValueError(
+                f"states: {states!r} must name finished states ({', '.join(FINISHED_STATES)})"
+            )
         age = _seconds("older_than", older_than)
         assert age is not None
         params = JobPurge(
@@ -502,7 +504,7 @@ class Client:
         with what it waits on (`trioq workflows`); page on with `before_id=` the last id."""
         wanted = None if states is None else _states(states)
         if wanted is not None and set(wanted) - set(WORKFLOW_STATES):
-            raise ValueError(f"states: {states!r} must name states of {WORKFLOW_STATES}")
+            raise ValueError(f"states: {states!r} must name states of {', '.join(WORKFLOW_STATES)}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise ValueError(f"limit: {limit!r} must be an integer in [1, 10000]")
         records = await self.driver.workflow_list(

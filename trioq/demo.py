@@ -32,12 +32,13 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from ._core.states import TERMINAL_IN_ORDER, JobState
 from ._driver import JobFilter, TaskStatus
 from ._runtime.worker import Worker
 from .app import DATABASE_URL_ENV, App, load_app
 from .client import Client
 
-FINAL = ("completed", "failed", "cancelled")
+FINAL = TERMINAL_IN_ORDER
 DEMO_SCHEDULE = "demo-digest"
 # Short leases so the jobs of the worker stopped hard come back within seconds, not 30 s.
 DEMO_WORKER_OPTIONS: dict[str, Any] = {
@@ -151,7 +152,7 @@ async def _workers(
         await nursery.start(worker_one)
         while True:  # the database's state: polled, like the display
             statuses = await client.driver.task_status()
-            running = sum(s.jobs for s in statuses if s.state == "running")
+            running = sum(s.jobs for s in statuses if s.state == JobState.RUNNING)
             done = _done(statuses)
             if (done >= run.total / 3 and running) or done >= run.total:
                 break
@@ -209,17 +210,17 @@ def _progress(statuses: list[TaskStatus], schedules: list[Any], run: _Run) -> Gr
     for task, states in sorted(_by_task(statuses).items()):
         total = sum(n for state, n in states.items() if state != "retried")
         done = sum(states[state] for state in FINAL)
-        running += states["running"]
+        running += states[JobState.RUNNING]
         table.add_row(
             task,
             ProgressBar(total=max(total, 1), completed=done, width=24),
             f"{done}/{total}",
-            str(states["ready"] + states["scheduled"]),
-            str(states["running"]),
-            str(states["sleeping"]),
-            str(states["waiting"]),
+            str(states[JobState.READY] + states[JobState.SCHEDULED]),
+            str(states[JobState.RUNNING]),
+            str(states[JobState.SLEEPING]),
+            str(states[JobState.WAITING]),
             str(states["retried"]),
-            str(states["failed"]),
+            str(states[JobState.FAILED]),
         )
     footer = f"running slots {running}/{run.worker_slots}"
     if schedules:
@@ -255,7 +256,7 @@ async def _summary(client: Client, run: _Run, console: Console) -> None:
         counts += [history[task][column] for column in _HISTORY_COLUMNS]
         table.add_row(task, *map(str, counts))
     console.print(table)
-    failed = await client.driver.job_list(JobFilter(states=("failed",), limit=5))
+    failed = await client.driver.job_list(JobFilter(states=(JobState.FAILED,), limit=5))
     for job in failed:
         reason = job.error or {}
         console.print(

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._core.states import JobState
+
 if TYPE_CHECKING:  # annotations only: the CLI's parser imports this module
     from ._driver import Checkpoint, WorkflowRecord
 
-WORKFLOW_STATES = ("running", "sleeping", "waiting")
+WORKFLOW_STATES = (JobState.RUNNING, JobState.SLEEPING, JobState.WAITING)
 
 
 @attrs.frozen
@@ -44,10 +46,10 @@ class WorkflowView:
             queue=record.queue,
             state=record.state,
             waits_on=describe_wait(record),
-            until=record.run_at if record.state in ("sleeping", "waiting") else None,
+            until=record.run_at if record.state in (JobState.SLEEPING, JobState.WAITING) else None,
             checkpoints=record.checkpoints,
             created_at=record.created_at,
-            wait_event_key=record.wait_event_key if record.state == "waiting" else None,
+            wait_event_key=record.wait_event_key if record.state == JobState.WAITING else None,
             wait_topic=record.wait_topic,
             children_done=record.children_settled if on_children else None,
             children_total=record.children_total if on_children else None,
@@ -62,9 +64,9 @@ class WorkflowView:
 
 
 def describe_wait(record: WorkflowRecord) -> str:
-    if record.state == "sleeping":
+    if record.state == JobState.SLEEPING:
         return f"sleeping until {_when(record.run_at)}"
-    if record.state != "waiting":
+    if record.state != JobState.WAITING:
         return ""
     deadline = "" if record.run_at is None else f" (until {_when(record.run_at)})"
     if record.wait_topic is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from .states import TERMINAL_STATES
+from .states import TERMINAL_STATES, JobState
 
 # A worker whose heartbeat is older than this is treated as gone, when it registered no
 # heartbeat interval (workers of versions before migration 0019).
@@ -97,9 +97,9 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
 
 def _final_gates(facts: ExplainFacts) -> list[Gate]:
     job, state = facts.job, facts.job["state"]
-    if state == "completed":
+    if state == JobState.COMPLETED:
         return [Gate("final", True, f"completed at {_at(job.get('finished_at'), facts.now)}")]
-    if state == "cancelled":
+    if state == JobState.CANCELLED:
         return [Gate("final", True, f"cancelled at {_at(job.get('finished_at'), facts.now)}")]
     error = facts.last_attempt or {}
     err_type = error.get("error_type") or (job.get("error") or {}).get("type")
@@ -117,14 +117,18 @@ def _final_gates(facts: ExplainFacts) -> list[Gate]:
 def _due_gate(job: Row, now: datetime.datetime) -> Gate:
     run_at = when(job["run_at"])
     state = job["state"]
-    if state in ("ready", "scheduled", "sleeping") and run_at is not None and run_at > now:
-        verb = "sleeping until" if state == "sleeping" else "not due until"
+    if (
+        state in (JobState.READY, JobState.SCHEDULED, JobState.SLEEPING)
+        and run_at is not None
+        and run_at > now
+    ):
+        verb = "sleeping until" if state == JobState.SLEEPING else "not due until"
         return Gate("due", True, f"{verb} {_at(run_at, now)}")
     return Gate("due", False, "due")
 
 
 def _wait_gate(job: Row, now: datetime.datetime) -> Gate:
-    if job["state"] != "waiting":
+    if job["state"] != JobState.WAITING:
         return Gate("wait", False, "not waiting")
     timeout = f" (times out {_at(job['run_at'], now)})" if job.get("run_at") else ""
     if job.get("wait_event_key"):
@@ -161,7 +165,7 @@ def _is_live(worker: Row, now: datetime.datetime, live_seconds: float) -> bool:
 def _lease_gate(
     job: Row, workers: Sequence[Row], now: datetime.datetime, live_seconds: float
 ) -> Gate:
-    if job["state"] != "running":
+    if job["state"] != JobState.RUNNING:
         return Gate("lease", False, "no lease held")
     worker_id = str(job.get("worker_id"))
     owner = next((w for w in workers if str(w.get("id")) == worker_id), None)
@@ -186,7 +190,7 @@ def _lease_gate(
 def _pause_gate(job: Row, pause: Row | None, now: datetime.datetime) -> Gate:
     # The claim statement checks the pause before it looks at any job of the queue.
     queue = job["queue"]
-    if pause is None or job["state"] not in ("ready", "scheduled"):
+    if pause is None or job["state"] not in (JobState.READY, JobState.SCHEDULED):
         return Gate("paused", False, f"queue {queue!r} is not paused")
     return Gate(
         "paused",
@@ -198,13 +202,13 @@ def _pause_gate(job: Row, pause: Row | None, now: datetime.datetime) -> Gate:
 
 def _key_gate(job: Row, facts: ExplainFacts, now: datetime.datetime) -> Gate:
     key = job.get("partition_key")
-    if key is None or job["state"] not in ("ready", "scheduled"):
+    if key is None or job["state"] not in (JobState.READY, JobState.SCHEDULED):
         return Gate("partition_key", False, "no partition key to wait for")
     holder = facts.key_holder
     if holder is not None:
         lease = (
             f"lease until {_at(holder.get('lease_expires_at'), now)}"
-            if holder.get("state") == "running"
+            if holder.get("state") == JobState.RUNNING
             else f"{holder.get('state')} until {_at(holder.get('run_at'), now)}"
         )
         return Gate(
@@ -222,7 +226,7 @@ def _key_gate(job: Row, facts: ExplainFacts, now: datetime.datetime) -> Gate:
 def _worker_gates(
     job: Row, workers: Sequence[Row], now: datetime.datetime, live_seconds: float
 ) -> list[Gate]:
-    if job["state"] not in ("ready", "scheduled"):
+    if job["state"] not in (JobState.READY, JobState.SCHEDULED):
         return []
     queue, task = job["queue"], job["task"]
     live = [w for w in workers if _is_live(w, now, live_seconds)]

@@ -17,6 +17,9 @@ class JobState(enum.StrEnum):
 
 
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+# The same, and the others, in JobState's order (for messages, choices and tables).
+TERMINAL_IN_ORDER = tuple(state for state in JobState if state in TERMINAL_STATES)
+UNFINISHED_IN_ORDER = tuple(state for state in JobState if state not in TERMINAL_STATES)
 SUSPENDED_STATES = frozenset({JobState.SLEEPING, JobState.WAITING})
 # States whose job holds its partition key (one such job per key at any instant).
 KEY_HOLDING_STATES = frozenset({JobState.RUNNING, JobState.SLEEPING, JobState.WAITING})
@@ -25,41 +28,61 @@ S = JobState
 SETTLE = "job_settle_and_claim"
 PLAIN = "job_settle_and_claim_plain"  # the common-case round: unkeyed claims, plain completions
 # (from, to) -> the statement(s) allowed to make that transition.
+# The cancel statements: each runs job_cancel_tree (migration 0017), which makes a scheduled or
+# ready job cancelled, a sleeping or waiting one ready (flagged: its worker runs the handler
+# cancelled, so its cleanup steps run, then records it cancelled), a parent with a running
+# child waiting (flagged), and wakes the waiting parent of a child it cancelled.
+CANCEL = ("job_cancel", "job_cancel_with", "job_cancel_children")
+# (from, to) -> the statement(s) allowed to make that transition. CheckedDriver
+# (trioq/testing/transitions.py) checks every row change of the conformance suite and the
+# differential machines against this table; docs/state-machine.md's diagram is rendered from it.
 TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
     (S.SCHEDULED, S.READY): (SETTLE,),  # promotion when due
-    (S.SCHEDULED, S.CANCELLED): ("job_cancel", "job_cancel_children"),
-    (S.SCHEDULED, S.WAITING): ("job_cancel",),  # a parent waits for its running children
+    (S.SCHEDULED, S.CANCELLED): CANCEL,
+    (S.SCHEDULED, S.WAITING): CANCEL,  # a parent waits for its running children
     (S.READY, S.RUNNING): (SETTLE, PLAIN),  # claim
     # Due unkeyed rows are claimed by the statement that promotes them (due_unkeyed), and
     # sleeping or scheduled ones within the claim's lookahead a little early.
     (S.SCHEDULED, S.RUNNING): (SETTLE,),
     (S.SLEEPING, S.RUNNING): (SETTLE,),
     (S.WAITING, S.RUNNING): (SETTLE,),
-    (S.READY, S.CANCELLED): ("job_cancel", "job_cancel_children"),
-    (S.READY, S.WAITING): ("job_cancel",),  # a parent waits for its running children
-    (S.RUNNING, S.COMPLETED): (SETTLE, PLAIN),
+    (S.READY, S.CANCELLED): CANCEL,
+    (S.READY, S.WAITING): CANCEL,  # a parent waits for its running children
+    (S.RUNNING, S.COMPLETED): (SETTLE, PLAIN, "job_complete_plain"),
     (S.RUNNING, S.SCHEDULED): (SETTLE,),  # retry with backoff
     (S.RUNNING, S.READY): (
         SETTLE,  # drain release (attempt restored), zero-delay retry, suspension already due
         "maintenance_pass",  # the holder died
+        "job_continue_as_new",  # the same job starts over with a fresh history
     ),
     (S.RUNNING, S.SLEEPING): (SETTLE,),
-    (S.RUNNING, S.WAITING): (SETTLE, "job_wait_event", "job_wait_children"),
+    (S.RUNNING, S.WAITING): (SETTLE, "job_wait_event", "job_wait_children", "job_receive"),
     (S.RUNNING, S.FAILED): (SETTLE, "maintenance_pass"),
-    (S.RUNNING, S.CANCELLED): (SETTLE,),  # handler cancelled on request
-    (S.SLEEPING, S.READY): (SETTLE,),  # promotion at the wake time
-    (S.SLEEPING, S.CANCELLED): ("job_cancel", "job_cancel_children"),
-    (S.SLEEPING, S.WAITING): ("job_cancel",),  # a parent waits for its running children
+    (S.RUNNING, S.CANCELLED): (
+        SETTLE,  # handler cancelled on request
+        "maintenance_pass",  # the holder of a job whose cancel was requested died
+    ),
+    (S.SLEEPING, S.READY): (SETTLE, *CANCEL),  # promotion at the wake time; cancel's cleanup run
+    (S.SLEEPING, S.WAITING): CANCEL,  # a parent waits for its running children
     (S.WAITING, S.READY): (
         SETTLE,  # deadline promotion, and a child's final outcome waking its parent
         "event_emit",  # the event it waits for
+        "message_send",  # a message to a waiting receive
         "maintenance_pass",  # a child failed by lease recovery
-        "job_cancel",  # a child cancelled (parents_notify)
-        "job_cancel_children",
+        *CANCEL,  # its cleanup run, or a child cancelled (parents_notify)
     ),
-    (S.WAITING, S.CANCELLED): ("job_cancel", "job_cancel_children"),
     (S.FAILED, S.READY): ("job_retry",),  # redrive
     (S.CANCELLED, S.READY): ("job_retry",),
+}
+
+# The states a new row may start in -> the statements that insert rows in that state.
+INSERTED: dict[JobState, tuple[str, ...]] = {
+    S.READY: ("job_insert_many", "job_spawn_many", "schedule_fire_many"),  # due now
+    S.SCHEDULED: ("job_insert_many", "job_spawn_many"),  # run_at later (an occurrence is due)
+}
+# The states a row may be deleted in -> the statements that delete: final rows only.
+DELETED_BY: dict[JobState, tuple[str, ...]] = {
+    state: ("job_purge", "maintenance_pass") for state in sorted(TERMINAL_STATES)
 }
 
 

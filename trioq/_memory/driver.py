@@ -32,6 +32,7 @@ from .._core.explain import ExplainFacts
 from .._core.identifiers import validate_schema
 from .._core.outcomes import rule_of, settled_state
 from .._core.schedule import fire_dedup_key
+from .._core.states import TERMINAL_IN_ORDER
 from .._driver import (
     AttemptRecord,
     CancelChildren,
@@ -156,7 +157,8 @@ class MemoryTransaction:
         await self._driver._state.statement("job_settle_and_claim")
         held = [s for s in settlements if self._driver._holds(s.lease)]
         self._settlements.extend(held)
-        return [(s.lease.id, _SETTLED_STATE[s.kind]) for s in held]
+        # the state each rule leaves the job in when not due at once (applied at commit)
+        return [(s.lease.id, rule_of(s.kind).state) for s in held]
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         """Buffered like the enqueues: stored and its waiters woken only at commit. The
@@ -175,17 +177,6 @@ class MemoryTransaction:
         return EmitOutcome(first=first, woken=0)
 
 
-# The state a settlement kind leaves a job in when it is not due at once (memory predictions
-# for a transaction's settlements, applied at commit).
-_SETTLED_STATE = {
-    "complete": "completed",
-    "fail": "failed",
-    "cancel": "cancelled",
-    "retry": "scheduled",
-    "release": "ready",
-    "sleep": "sleeping",
-    "wait": "waiting",
-}
 
 
 @attrs.define(eq=False)
@@ -1017,7 +1008,7 @@ class MemoryDriver:
             run_at=fire_at,
             dedup_key=key,
             max_attempts=schedule.max_attempts,
-            unique_states=("completed", "failed", "cancelled"),
+            unique_states=TERMINAL_IN_ORDER,
         )
         return new_row(next(self._state.ids), job, now)
 

@@ -1086,6 +1086,14 @@ def _probes(
     return tuple(QueueProbe(*row) for row in zip(queues, work_due, next_due, strict=True))
 
 
+async def read_job_states(driver: PgDriver) -> dict[int, str]:
+    """Every job's id and state, read on a pooled connection of its own and not counted in
+    `statistics()` (the transition checker of trioq.testing reads it around each call)."""
+    async with driver._pool.connection() as conn:
+        rows = await conn.fetch(driver._sql["job_states"])
+    return {job_id: state for job_id, state in rows}
+
+
 def pooler_options(prepared_statements: str) -> ConnectOptions:
     """The connection options of a `prepared_statements` setting: "off" (a transaction pooler
     in front: PgBouncer, RDS Proxy, Supavisor) means unnamed statements only, no startup

@@ -11,6 +11,7 @@ import datetime
 
 import attrs
 
+from .._core.states import JobState
 from .._driver import Lease, Settlement
 
 
@@ -57,9 +58,9 @@ class Suspended:
     written: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.state not in ("sleeping", "waiting", "continued"):
+        if self.state not in (JobState.SLEEPING, JobState.WAITING, "continued"):
             raise ValueError(f"suspended state {self.state!r} is not sleeping/waiting")
-        if self.state == "sleeping" and self.until is None:
+        if self.state == JobState.SLEEPING and self.until is None:
             raise ValueError("a sleep needs its wake time")
 
 
@@ -100,7 +101,9 @@ def settlement_of(lease: Lease, outcome: Outcome, *, plain: bool = False) -> Set
         case Suspended(state, until, written):
             if written:
                 return None
-            return Settlement(lease, "sleep" if state == "sleeping" else "wait", wake_at=until)
+            return Settlement(
+                lease, "sleep" if state == JobState.SLEEPING else "wait", wake_at=until
+            )
         case Lost() | CompletedInTransaction():
             return None
     raise AssertionError(f"unknown outcome {outcome!r}")

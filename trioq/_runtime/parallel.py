@@ -32,6 +32,7 @@ import trio
 
 from .._core.errors import EventTimeout
 from .._core.retry import RetryPolicy
+from .._core.states import JobState
 from .._driver import Checkpoint
 from . import waits
 from .run import SLEEP, STEP, Run, _check_name, _wake_at
@@ -176,7 +177,7 @@ class Parallel:
             raise first._error
         latest = max(self._wakes, default=None)
         if latest is not None and latest > run.now:
-            await run.suspend_unless_cancelled("sleeping", latest)
+            await run.suspend_unless_cancelled(JobState.SLEEPING, latest)
         for item, entry, timeout in self._waits:
             try:
                 item._value = await waits.wait_event_at(

@@ -29,6 +29,7 @@ from .._core import codec
 from .._core.errors import HistoryLimitExceeded, NondeterminismError
 from .._core.identifiers import validate_key
 from .._core.retry import DEFAULT_STEP_ATTEMPTS, RetryPolicy, applied_max_attempts
+from .._core.states import JobState
 from .._driver import Checkpoint, CheckpointWrite, ClaimedJob, Driver, Lease
 from .checkpoints import CheckpointLost, CheckpointWriteFailed, CheckpointWriter
 from .outcome import Suspended
@@ -209,7 +210,7 @@ class Run:
     def suspended_in_place(self, until: datetime.datetime | None) -> NoReturn:
         """End this execution: the primitive's own fenced statement has already made the job
         `waiting` (until `until`, or until woken), so nothing is left to settle."""
-        self.suspension = Suspended("waiting", until, written=True)
+        self.suspension = Suspended(JobState.WAITING, until, written=True)
         raise SuspendExecution
 
     def continued(self) -> NoReturn:
@@ -340,7 +341,7 @@ class Run:
         # The claim's database time decides: a job that woke early (recovered after a crash
         # during its sleep) sleeps again until the ORIGINAL wake time.
         if wake_at > self.now:
-            await self.suspend_unless_cancelled("sleeping", wake_at)
+            await self.suspend_unless_cancelled(JobState.SLEEPING, wake_at)
 
     async def suspend_unless_cancelled(
         self, state: str, until: datetime.datetime | None

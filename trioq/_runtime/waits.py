@@ -29,7 +29,7 @@ import trio
 from .._core import codec
 from .._core.errors import EventTimeout, JobFailed, UnknownTask
 from .._core.identifiers import validate_key
-from .._core.states import TERMINAL_STATES
+from .._core.states import TERMINAL_STATES, JobState
 from .._driver import (
     CancelChildren,
     Checkpoint,
@@ -202,7 +202,7 @@ async def wait_result(run: Run, child_id: int) -> Any:
     else:
         [child] = await _wait(run, position, (child_id,), kind=CHILD, name=str(child_id))
     _finished(run, (child_id,))
-    if child.state != "completed":
+    if child.state != JobState.COMPLETED:
         raise _failure(child)
     return child.result
 
@@ -228,7 +228,9 @@ async def _gather(
 ) -> list[Any]:
     if value is None:
         children = await _wait(run, position, ids, kind=GATHER, name=name, stop_on_failure=True)
-        failed = [child for child in children if child.state in ("failed", "cancelled")]
+        failed = [
+            child for child in children if child.state in (JobState.FAILED, JobState.CANCELLED)
+        ]
         if not failed:
             return [child.result for child in children]
         if all(child.state in FINAL for child in children):
@@ -243,7 +245,7 @@ async def _gather(
         value = decision
     if "children" in value:
         stored = _stored_children(value)
-        failed = [child for child in stored if child.state != "completed"]
+        failed = [child for child in stored if child.state != JobState.COMPLETED]
         if failed:
             raise _failure(failed[0])
         return [child.result for child in stored]

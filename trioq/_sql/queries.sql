@@ -981,6 +981,11 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        finished_at, executions
 FROM {schema}.jobs WHERE id = %(id)s;
 
+-- name: job_states
+-- Every job's state, for the transition checker of trioq.testing (a test-only whole-table read:
+-- it diffs the table around each driver call, so it runs only on small test schemas).
+SELECT id, state FROM {schema}.jobs;
+
 -- name: job_explain
 -- `trioq explain`: the job row and the facts each claim gate depends on, in one read. Rows are
 -- read as to_jsonb(...) so that columns later migrations add (wait keys, versions) reach the

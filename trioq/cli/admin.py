@@ -17,7 +17,7 @@ import attrs
 
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_schema
-from .._core.states import JobState
+from .._core.states import TERMINAL_IN_ORDER, JobState
 from .workflows import print_workflow
 
 if TYPE_CHECKING:  # imported when a command runs: `trioq --help` builds this parser
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported when a command runs: `trioq --help` builds this pa
     from ..app import App
     from ..client import Client
 
-FINISHED = ("completed", "failed", "cancelled")
+FINISHED = tuple(state.value for state in TERMINAL_IN_ORDER)  # plain strings: argparse choices
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 Command = Callable[[argparse.Namespace], Any]
@@ -153,9 +153,9 @@ async def cmd_retry(args: argparse.Namespace) -> int:
     async with _app(args).client() as client:
         ids = list(args.job_ids)
         if args.failed:
-            ids = await _all_ids(client, ("failed",), args.task, args.queue)
+            ids = await _all_ids(client, (JobState.FAILED,), args.task, args.queue)
         outcomes = [(job, await _retry_one(client, job)) for job in ids]
-    return _report("retried", outcomes, args, wanted="ready")
+    return _report("retried", outcomes, args, wanted=JobState.READY)
 
 
 async def _retry_one(client: Client, job: int) -> str:
@@ -189,7 +189,11 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     # running, ready (a suspended workflow woken to run its cleanup) and waiting (for children)
     # are on their way to cancelled.
     return _report(
-        "cancelled", outcomes, args, wanted="cancelled", also=("running", "ready", "waiting")
+        "cancelled",
+        outcomes,
+        args,
+        wanted=JobState.CANCELLED,
+        also=(JobState.RUNNING, JobState.READY, JobState.WAITING),
     )
 
 
@@ -216,7 +220,9 @@ async def cmd_purge(args: argparse.Namespace) -> int:
     states = tuple(args.state)
     for state in states:
         if state not in FINISHED:
-            raise ValueError(f"--state: {state!r} is not finished; purge takes {FINISHED}")
+            raise ValueError(
+                f"--state: {state!r} is not finished; purge takes {', '.join(FINISHED)}"
+            )
     async with _app(args).client() as client:
         deleted = await client.purge(
             states=states, older_than=args.older_than, task=args.task, queue=args.queue

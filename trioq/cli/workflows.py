@@ -63,7 +63,7 @@ def add_commands(
     workflows.add_argument(
         "--state",
         action="append",
-        choices=WORKFLOW_STATES,
+        choices=[state.value for state in WORKFLOW_STATES],
         default=None,
         help="only this state (repeatable; default: all three)",
     )

@@ -18,13 +18,14 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from .._core.errors import JobNotFound
+from .._core.states import TERMINAL_IN_ORDER
 from .security import CSRF_COOKIE, parse_cookies
 
 if TYPE_CHECKING:
     from .app import Dashboard
 
 MAX_FORM_BYTES = 256 * 1024
-FINISHED = ("completed", "failed", "cancelled")
+FINISHED = TERMINAL_IN_ORDER
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

@@ -28,6 +28,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._core.errors import JobNotFound, SchemaNotMigrated, TrioqError
+from .._core.states import JobState
 from ..client import Client
 from . import actions, views
 from .security import CSRF_COOKIE, Auth, AuthMiddleware, Csrf, parse_cookies
@@ -35,8 +36,10 @@ from .store import PAGE_SIZE, JobSearch, Store
 
 log = logging.getLogger("trioq.dashboard")
 
-STATES = ("scheduled", "ready", "running", "sleeping", "waiting", "completed", "failed",
-          "cancelled")  # fmt: skip
+STATES = tuple(JobState)
+SUSPENDED_OR_DELAYED = (JobState.SCHEDULED, JobState.SLEEPING, JobState.WAITING)
+# The overview's unfinished columns, in its order, and those whose counts may be capped.
+_SHOWN_STATES = (JobState.READY, JobState.RUNNING, *SUSPENDED_OR_DELAYED)
 
 
 @attrs.frozen
@@ -182,8 +185,8 @@ def _overview_page(data: dict[str, Any]) -> dict[str, Any]:
     queues = []
     for queue in data["queues"]:
         shown = {}
-        for state in ("ready", "running", "scheduled", "sleeping", "waiting"):
-            capped = queue["due_capped"] and state in ("scheduled", "sleeping", "waiting")
+        for state in _SHOWN_STATES:
+            capped = queue["due_capped"] and state in SUSPENDED_OR_DELAYED
             estimate = queue["estimates"].get(state)
             shown[state] = views.count_text(queue[state], cap, estimate, capped=capped)
         chart = views.chart_bars(queue["completed_per_minute"], queue["failed_per_minute"])

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from .._core.states import TERMINAL_IN_ORDER, JobState
 from .._driver import Transaction
 from .._sql import queries
 from ..client import Client
@@ -24,7 +25,7 @@ SEARCH_WALK = 5_000  # rows read per jobs page when a filter has no index of its
 TEXT_LIMIT = 64_000  # characters of a payload, result or checkpoint value shown
 PAGE_SIZE = 50
 
-FINISHED = ("completed", "failed", "cancelled")
+FINISHED = TERMINAL_IN_ORDER
 _FILTERS = ("state", "task", "queue", "partition_key", "created_after", "created_before", "text")
 _QUEUE_COLUMNS = ("queue", "ready", "running", "scheduled", "sleeping", "waiting",
                   "due_capped", "sleeping_due", "waiting_due", "overdue_capped",
@@ -167,9 +168,9 @@ class Store:
         if search.state in FINISHED and search.text is None:
             name, walk = "dashboard_job_search_finished", SEARCH_WALK
             params["before_finished"] = search.before_finished
-        elif search.state in ("sleeping", "waiting") and search.text is None:
+        elif search.state in (JobState.SLEEPING, JobState.WAITING) and search.text is None:
             name, walk = "dashboard_job_search_suspended", search.limit
-        elif search.state == "ready" and search.text is None:
+        elif search.state == JobState.READY and search.text is None:
             name, walk = "dashboard_job_search_ready", search.limit
         elif search.state is not None and search.text is None:
             name, walk = "dashboard_job_search_unfinished", search.limit

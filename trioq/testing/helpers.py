@@ -20,7 +20,7 @@ import attrs
 import trio
 
 from .._core.errors import ConfigurationError, JobFailed
-from .._core.states import JobState
+from .._core.states import TERMINAL_IN_ORDER, JobState
 from .._driver import Driver, JobFilter, JobRecord
 from .._enqueue import TaskDeclaration
 from .._memory import MemoryDriver
@@ -103,7 +103,7 @@ async def drain(
     """
     client = _open_client(app)
     names = [queues] if isinstance(queues, str) else list(queues or _app_queues(app))
-    ended: dict[str, list[int]] = {state: [] for state in ("completed", "failed", "cancelled")}
+    ended: dict[str, list[int]] = {state: [] for state in TERMINAL_IN_ORDER}
     idle = _IdleWatch(client.driver, tuple(names))
 
     def on_job_end(job: Any, outcome: str) -> None:
@@ -125,7 +125,7 @@ async def drain(
             f"(jobs of tasks this app does not register are never claimed, nor jobs of a paused "
             f"queue or of a partition key held by a job that is not drained)"
         )
-    return DrainResult(*(tuple(ended[state]) for state in ("completed", "failed", "cancelled")))
+    return DrainResult(*(tuple(ended[state]) for state in TERMINAL_IN_ORDER))
 
 
 @attrs.define(eq=False)
@@ -210,7 +210,7 @@ async def assert_enqueued(
     task: str | TaskDeclaration | None = None,
     *,
     queue: str | None = None,
-    states: Iterable[str] | None = ("scheduled", "ready"),
+    states: Iterable[str] | None = (JobState.SCHEDULED, JobState.READY),
     payload: Mapping[str, Any] | None = None,
     count: int | None = None,
 ) -> list[JobRecord]:
@@ -233,7 +233,7 @@ async def refute_enqueued(
     task: str | TaskDeclaration | None = None,
     *,
     queue: str | None = None,
-    states: Iterable[str] | None = ("scheduled", "ready"),
+    states: Iterable[str] | None = (JobState.SCHEDULED, JobState.READY),
     payload: Mapping[str, Any] | None = None,
 ) -> None:
     """Assert no job matching the filters is waiting to run."""
