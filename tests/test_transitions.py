@@ -88,7 +88,7 @@ class _RogueDriver(MemoryDriver):
     """A memory driver whose queue_status (a read) completes every job."""
 
     async def queue_status(self) -> list[object]:  # type: ignore[override]
-        for row in self._rows.values():
+        for row in self._state.rows.values():
             row.state = "completed"
         return await super().queue_status()  # type: ignore[return-value]
 

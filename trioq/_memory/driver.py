@@ -177,8 +177,6 @@ class MemoryTransaction:
         return EmitOutcome(first=first, woken=0)
 
 
-
-
 @attrs.define(eq=False)
 class MemoryDriver:
     """The Driver protocol in memory (see the module docstring for what it guarantees).

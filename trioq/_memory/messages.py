@@ -12,7 +12,6 @@ import datetime
 import json
 from collections.abc import Iterable
 
-from .._core.states import TERMINAL_STATES, JobState
 from .._driver import (
     MessageSend,
     Receive,
