@@ -20,6 +20,7 @@ import trio
 from tests.fault_app import QUEUE, SCHEMA_ENV
 from tests.procs import APP_PATH, REPO_ROOT, fetch, wait_until
 from tests.test_faults import count_is, producer, q
+from trioq.cli.processes import SUPERVISOR_FD_ENV
 
 LEASE = 2.0
 POLL = 0.2
@@ -159,3 +160,45 @@ async def test_children_drain_when_their_supervisor_is_killed(
                 await reap(supervisor, pids)
         output = (tmp_path / "supervisor.log").read_text(errors="replace")
     assert output.count("the --processes supervisor went away: draining") == 2, output
+
+
+async def test_a_child_whose_supervisor_died_before_it_started_exits_cleanly(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    """The supervisor's pipe is at EOF from the child's first moment, so the child signals
+    itself before its worker exists. The signal is taken from the command's start: start-up
+    stops, exit 0, no worker row left (the default handler used to kill the process with -15,
+    and one that came after the worker registered left its row behind)."""
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    log_path = tmp_path / "child.log"
+    try:
+        with log_path.open("wb") as log_file:
+            # fmt: off
+            child = await trio.lowlevel.open_process(
+                [
+                    sys.executable, "-m", "trioq.cli", "worker", APP_PATH, "--queue", QUEUE,
+                    "--poll-interval", str(POLL), "--database-url", pg_url,
+                ],
+                cwd=REPO_ROOT,
+                env={**os.environ, SCHEMA_ENV: pg_schema, SUPERVISOR_FD_ENV: str(read_end)},
+                pass_fds=(read_end,),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+            # fmt: on
+            try:
+                with trio.fail_after(30):
+                    code = await child.wait()
+            finally:
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+    finally:
+        os.close(read_end)
+    output = log_path.read_text(errors="replace")
+    assert code == 0, output
+    assert "the --processes supervisor went away: draining" in output, output
+    async with producer(pg_url, pg_schema):
+        assert await fetch(pg_url, *worker_pids(pg_schema)) == [], output

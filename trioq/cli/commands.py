@@ -4,12 +4,14 @@ one command and turns any failure into one line and an exit code (errors.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core.identifiers import PREPARED_STATEMENTS, validate_schema
@@ -81,25 +83,54 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     # The health server answers from process start: /livez while the command still waits for
     # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
     health = HealthTarget()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(stop_when_supervisor_dies)  # a child of `--processes N`
-        if args.health_port is not None:
-            port = await _start_health(nursery, health, args)
-            log.info("health on %s:%d", args.health_host, port)
-        try:
-            return await _start_and_serve(app, args, health)
-        finally:
-            nursery.cancel_scope.cancel()
+    serving = _Serving()
+    # Signals are taken from here on, not from the worker's start: a SIGTERM in between (a
+    # `--processes` child whose supervisor died while it started) found the default handler and
+    # killed the process with its worker row still registered.
+    # Only the main thread can take signals (a command run from another thread, as tests do,
+    # has none to take).
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    receiver = (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+        if in_main_thread
+        else contextlib.nullcontext(None)
+    )
+    with receiver as signals:
+        async with trio.open_nursery() as nursery:
+            if signals is not None:
+                nursery.start_soon(_on_signals, signals, serving, nursery.cancel_scope)
+            nursery.start_soon(stop_when_supervisor_dies)  # a child of `--processes N`
+            if args.health_port is not None:
+                port = await _start_health(nursery, health, args)
+                log.info("health on %s:%d", args.health_host, port)
+            try:
+                serving.code = await _start_and_serve(app, args, health, serving)
+            finally:
+                nursery.cancel_scope.cancel()
+    return serving.code
 
 
-async def _start_and_serve(app: App, args: argparse.Namespace, health: HealthTarget) -> int:
+class _Serving:
+    """What a signal acts on: nothing yet (start-up is cancelled, exit 0), or the running worker
+    (drained, then stopped), with its nursery's scope and its stop record."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self.scope: trio.CancelScope | None = None
+        self.stopped: cli_worker.StopRecord | None = None
+        self.code = 0
+
+
+async def _start_and_serve(
+    app: App, args: argparse.Namespace, health: HealthTarget, serving: _Serving
+) -> int:
     from . import worker as cli_worker
 
     while True:
         await cli_worker.wait_for_database(app)
         stopped = cli_worker.StopRecord()
         try:
-            return await _serve_worker(app, args, stopped, health)
+            return await _serve_worker(app, args, stopped, health, serving)
         except BaseException as exc:
             health.worker = None
             if not cli_worker.lost_database_while_starting(exc, stopped):
@@ -112,7 +143,11 @@ async def _start_and_serve(app: App, args: argparse.Namespace, health: HealthTar
 
 
 async def _serve_worker(
-    app: App, args: argparse.Namespace, stopped: cli_worker.StopRecord, health: HealthTarget
+    app: App,
+    args: argparse.Namespace,
+    stopped: cli_worker.StopRecord,
+    health: HealthTarget,
+    serving: _Serving,
 ) -> int:
     import trio
 
@@ -120,7 +155,7 @@ async def _serve_worker(
         worker: Worker = await nursery.start(_run_worker, app, args, nursery.cancel_scope)
         stopped.started = True
         health.worker = worker
-        nursery.start_soon(_drain_on_signal, worker, nursery.cancel_scope, stopped)
+        serving.worker, serving.scope, serving.stopped = worker, nursery.cancel_scope, stopped
         print(
             f"trioq worker {worker.worker_id} queues={','.join(worker.config.queues)} "
             f"concurrency={','.join(str(worker.config.slots(q)) for q in worker.config.queues)}",
@@ -181,34 +216,42 @@ async def _run_worker(
     done.cancel()
 
 
-async def _drain_on_signal(
-    worker: Worker, scope: trio.CancelScope, stopped: cli_worker.StopRecord
+async def _on_signals(
+    signals: AsyncIterator[int], serving: _Serving, command: trio.CancelScope
 ) -> None:
-    """First SIGINT/SIGTERM drains; a second one stops at once (leases then expire)."""
-    import trio
-
+    """Before the worker runs, SIGINT/SIGTERM cancels the start-up (a worker registered on the
+    way is unregistered as it unwinds). Once it runs, the first signal drains it and a second
+    stops it at once (leases then expire)."""
     from . import worker as cli_worker
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            if worker.statistics().draining:
-                stopped.abandoned = sum(
-                    loop.running + loop.pending_writes for loop in worker.statistics().loops
-                )
-                print("second signal: stopping now", file=sys.stderr, flush=True)
-                cli_worker.exit_if_still_running(cli_worker.HARD_STOP_MARGIN_SECONDS, stopped)
-                scope.cancel()
-                return
+    async for signum in signals:
+        worker, scope, stopped = serving.worker, serving.scope, serving.stopped
+        if worker is None or scope is None or stopped is None:
             print(
-                f"{signal.Signals(signum).name}: draining (stop claiming, grace "
-                f"{worker.config.grace_seconds}s)",
+                f"{signal.Signals(signum).name} before the worker started: stopping",
                 file=sys.stderr,
                 flush=True,
             )
-            worker.request_drain()
-            cli_worker.exit_if_still_running(
-                worker.config.grace_seconds + cli_worker.HARD_STOP_MARGIN_SECONDS, stopped
+            command.cancel()
+            return
+        if worker.statistics().draining:
+            stopped.abandoned = sum(
+                loop.running + loop.pending_writes for loop in worker.statistics().loops
             )
+            print("second signal: stopping now", file=sys.stderr, flush=True)
+            cli_worker.exit_if_still_running(cli_worker.HARD_STOP_MARGIN_SECONDS, stopped)
+            scope.cancel()
+            return
+        print(
+            f"{signal.Signals(signum).name}: draining (stop claiming, grace "
+            f"{worker.config.grace_seconds}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        worker.request_drain()
+        cli_worker.exit_if_still_running(
+            worker.config.grace_seconds + cli_worker.HARD_STOP_MARGIN_SECONDS, stopped
+        )
 
 
 async def cmd_enqueue(args: argparse.Namespace) -> int:
