@@ -44,6 +44,10 @@ class NewJob:
     unique_states: tuple[str, ...] = ()
     version: int = 1  # the handler version this job is for (the enqueuing app's highest)
     trace_context: str | None = None  # the enqueuer's W3C traceparent (the otel extra)
+    # At most `concurrency_limit` jobs of one concurrency key run at once, cluster-wide (a
+    # limit set for a matching pattern wins; none at all: 1). Never with a partition_key.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @attrs.frozen
@@ -59,6 +63,8 @@ class NewJobs(Sequence[NewJob]):
     template: NewJob  # its payload_json and dedup_key are unused
     payloads: Sequence[str]
     dedup_keys: Sequence[str | None] | None = None
+    # Each payload's own concurrency key (a task's key template); None: the template's.
+    concurrency_keys: Sequence[str | None] | None = None
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -73,15 +79,23 @@ class NewJobs(Sequence[NewJob]):
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
         return self._job(
-            self.payloads[index], None if self.dedup_keys is None else self.dedup_keys[index]
+            self.payloads[index],
+            None if self.dedup_keys is None else self.dedup_keys[index],
+            self.template.concurrency_key
+            if self.concurrency_keys is None
+            else self.concurrency_keys[index],
         )
 
     def __iter__(self) -> Iterator[NewJob]:
-        keys = self.dedup_keys if self.dedup_keys is not None else [None] * len(self.payloads)
-        for payload, key in zip(self.payloads, keys, strict=True):
-            yield self._job(payload, key)
+        count = len(self.payloads)
+        keys = self.dedup_keys if self.dedup_keys is not None else [None] * count
+        concurrency = self.concurrency_keys
+        if concurrency is None:
+            concurrency = [self.template.concurrency_key] * count
+        for payload, key, concurrency_key in zip(self.payloads, keys, concurrency, strict=True):
+            yield self._job(payload, key, concurrency_key)
 
-    def _job(self, payload: str, key: str | None) -> NewJob:
+    def _job(self, payload: str, key: str | None, concurrency_key: str | None) -> NewJob:
         job, keyed = self.template, key is not None
         return NewJob(
             job.queue,
@@ -97,6 +111,8 @@ class NewJobs(Sequence[NewJob]):
             job.unique_states if keyed else (),
             job.version,
             job.trace_context,
+            concurrency_key,
+            job.concurrency_limit,
         )
 
 
@@ -159,7 +175,8 @@ class SettleAndClaim:
     worker_id: uuid.UUID
     settlements: tuple[Settlement, ...] = ()
     key_cursor: str = ""  # partition keys: continue the round-robin after this key
-    key_window: int = DEFAULT_KEY_WINDOW  # partition keys: visit at most this many per claim
+    key_window: int = DEFAULT_KEY_WINDOW  # each kind of key: visit at most this many per claim
+    concurrency_cursor: str = ""  # concurrency keys: continue the round-robin after this key
     # 'task@version' pairs this worker serves; None: any version of `tasks` (older callers).
     task_versions: tuple[str, ...] | None = None
     promote_limit: int = DEFAULT_PROMOTE_LIMIT  # due rows made ready per statement
@@ -475,6 +492,7 @@ class ClaimedJob:
     version: int = 1
     history: tuple[Checkpoint, ...] = ()  # loaded by the claim when the job has any
     parent_id: int | None = None  # the workflow that spawned this job as a child
+    concurrency_key: str | None = None  # its slot is released when it stops running
     # Built with the job (every claimed job's outcome carries it): a cached_property on this
     # slotted class cost more on first use than building it here.
     lease: Lease = attrs.field(init=False, eq=False, repr=False)
@@ -496,7 +514,9 @@ class SettleAndClaimResult:
     next_due: datetime.datetime | None = None  # the queue's next scheduled/sleeping/waiting run_at
     promoted: int = 0  # due rows this statement made ready (claimable from the next one)
     key_cursor: str | None = None  # the last partition key visited (None: no keyed work)
-    keys_visited: int = 0  # partition keys the claim looked at (== key_window: window was full)
+    # Keys the claim looked at, the larger of the two kinds (== key_window: a window was full).
+    keys_visited: int = 0
+    concurrency_cursor: str | None = None  # the last concurrency key visited
     # trio's clock when the reply arrived, before its rows were decoded (None: not measured;
     # the caller takes its own clock). The pair (now, replied_at) maps database time to trio's.
     replied_at: float | None = None
@@ -822,6 +842,28 @@ class QueuePause:
 
 
 @attrs.frozen
+class ConcurrencyLimit:
+    """A limit set for a concurrency key or a `prefix*` pattern (concurrency_limits)."""
+
+    pattern: str
+    max_running: int
+    updated_at: datetime.datetime
+
+
+@attrs.frozen
+class ConcurrencyKeyStatus:
+    """A concurrency key with running jobs: how many, and the limit that applies to it."""
+
+    key: str
+    running: int
+    limit: int
+
+    @property
+    def saturated(self) -> bool:
+        return self.running >= self.limit
+
+
+@attrs.frozen
 class DriverStatistics:
     """Statement counts by name since the driver opened (tests and the benchmark read these)."""
 
@@ -966,6 +1008,14 @@ class Driver(Protocol):
     async def queue_resume(self, queue: str) -> bool: ...
 
     async def queue_pause_list(self) -> list[QueuePause]: ...
+
+    async def concurrency_limit_set(self, pattern: str, max_running: int | None) -> bool: ...
+
+    async def concurrency_limit_list(self) -> list[ConcurrencyLimit]: ...
+
+    async def concurrency_key_status(
+        self, keys: Sequence[str] | None = None
+    ) -> list[ConcurrencyKeyStatus]: ...
 
     async def worker_register(self, params: WorkerRegistration) -> None: ...
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import attrs
 
 from ._core import codec
+from ._core import concurrency as concurrency_keys
 from ._core.errors import JobFinished, JobNotFound, PayloadError, UnknownTask
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.states import TERMINAL_IN_ORDER, UNFINISHED_IN_ORDER, JobState
@@ -81,10 +82,17 @@ class TaskDeclaration:
     # The handler version new jobs are for (docs/versions.md): a producer of a task whose worker
     # serves version 2 declares version=2.
     version: int = 1
+    # Each job's concurrency key, from its payload ("tenant:{tenant_id}" or a callable), and
+    # the most of one key's jobs that run at once (docs/flow-control.md).
+    concurrency_key: concurrency_keys.KeyTemplate | None = None
+    concurrency_limit: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.max_attempts is not None:
             _check_max_attempts(self.max_attempts)
+        concurrency_keys.validate_template(self.concurrency_key)
+        if self.concurrency_limit is not None:
+            concurrency_keys.validate_limit("concurrency_limit", self.concurrency_limit)
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             raise ValueError(f"version: {self.version!r} must be a positive integer")
         if self.payload_type is not None and not (
@@ -100,9 +108,13 @@ def declare_task(
     max_attempts: int | None = None,
     payload_type: Any = None,
     version: int = 1,
+    concurrency_key: concurrency_keys.KeyTemplate | None = None,
+    concurrency_limit: int | None = None,
 ) -> TaskDeclaration:
     """A `TaskDeclaration` (see there); the name reads well at module level."""
-    return TaskDeclaration(name, queue, max_attempts, payload_type, version)
+    return TaskDeclaration(
+        name, queue, max_attempts, payload_type, version, concurrency_key, concurrency_limit
+    )
 
 
 @attrs.frozen
@@ -126,6 +138,8 @@ class EnqueueOptions:
     max_attempts: int | None = None
     unique_for: datetime.timedelta | float | None = None
     unique_states: Iterable[str] | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 def build_jobs(
@@ -157,6 +171,12 @@ def build_jobs(
         raise ValueError("run_at: must be timezone-aware (database time is UTC)")
     delay = _seconds("delay", options.delay)
     partition_key = validate_key("partition_key", options.partition_key)
+    concurrency_key, per_payload, concurrency_limit = _concurrency(spec, payloads, options, single)
+    if partition_key is not None and (concurrency_key is not None or per_payload is not None):
+        raise ValueError(
+            "concurrency_key: give a partition_key or a concurrency_key, not both "
+            "(a partition key is the ordered, one-at-a-time case)"
+        )
     if (
         dedup_keys is None
         and options.dedup_key is None
@@ -185,8 +205,33 @@ def build_jobs(
         unique_states=unique_states,
         version=getattr(spec, "version", 1),
         trace_context=current_traceparent(),  # None unless the otel extra is configured
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
     )
-    return NewJobs(template, _encode_all(payloads, single), keys if _any_key(keys) else None)
+    return NewJobs(
+        template, _encode_all(payloads, single), keys if _any_key(keys) else None, per_payload
+    )
+
+
+def _concurrency(
+    spec: TaskLike, payloads: Sequence[Any], options: EnqueueOptions, single: bool
+) -> tuple[str | None, list[str | None] | None, int | None]:
+    """The batch's concurrency key (given at enqueue), or each payload's (the task's key
+    template), and the limit stored with the jobs (given, else the task's)."""
+    template = getattr(spec, "concurrency_key", None)
+    limit = options.concurrency_limit
+    if limit is None:
+        limit = getattr(spec, "concurrency_limit", None)
+    if limit is not None:
+        concurrency_keys.validate_limit("concurrency_limit", limit)
+    if options.concurrency_key is not None or template is None:
+        key = validate_key("concurrency_key", options.concurrency_key)
+        return key, None, limit if key is not None else None
+    keys = [
+        concurrency_keys.key_of(template, payload, "$" if single else f"[{index}]")
+        for index, payload in enumerate(payloads)
+    ]
+    return None, keys, limit
 
 
 def _any_key(keys: Sequence[str | None]) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from ._core.concurrency import KeyTemplate
 from ._core.errors import ConfigurationError
 from ._core.identifiers import validate_prepared_statements, validate_schema
 from ._core.retry import RetryPolicy
@@ -118,6 +119,8 @@ class App:
         timeout: float | None = None,
         version: int | None = None,
         history_limit: int = DEFAULT_HISTORY_LIMIT,
+        concurrency_key: KeyTemplate | None = None,
+        concurrency_limit: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
 
@@ -136,6 +139,11 @@ class App:
 
         `history_limit`: a workflow of this task that would record more checkpoints fails, its
         error naming `ctx.continue_as_new` (a warning is logged at 80%).
+
+        `concurrency_key` (a template over the payload's fields, `"tenant:{tenant_id}"`, or a
+        callable of the payload) gives each job a key; at most `concurrency_limit` jobs of one
+        key run at once across the cluster (default 1; `trioq key limit` overrides it without
+        a restart). See docs/flow-control.md.
         """
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
         version = declared.version if version is None else version
@@ -163,6 +171,12 @@ class App:
                 payload_type=payload_type or declared.payload_type,
                 version=version,
                 history_limit=history_limit,
+                concurrency_key=(
+                    declared.concurrency_key if concurrency_key is None else concurrency_key
+                ),
+                concurrency_limit=(
+                    declared.concurrency_limit if concurrency_limit is None else concurrency_limit
+                ),
             )
             self.versions[(spec.name, version)] = spec
             latest = self.tasks.get(spec.name)

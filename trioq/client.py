@@ -13,6 +13,7 @@ import attrs
 import trio
 
 from ._core.channels import result_channel
+from ._core.concurrency import validate_limit, validate_pattern
 from ._core.errors import JobFailed, JobNotFound, ResultTimeout, ValueNotSet
 from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
@@ -21,6 +22,8 @@ from ._driver import (
     AttemptRecord,
     CancelJob,
     Checkpoint,
+    ConcurrencyKeyStatus,
+    ConcurrencyLimit,
     Driver,
     EventOutcome,
     HealthReport,
@@ -169,12 +172,16 @@ class Client:
         max_attempts: int | None = None,
         unique_for: datetime.timedelta | float | None = None,
         unique_states: Iterable[str] | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Job:
         """Insert one job (one statement) and wake the queue's workers on commit.
 
         `dedup_key` makes the job unique among unfinished jobs of that key; `unique_for` and
         `unique_states` extend that to finished ones (docs/uniqueness.md). When the key is
         taken, the existing job is returned with `created=False` and nothing is written.
+        `concurrency_key` (with `concurrency_limit`, else the task's) caps how many jobs of
+        that key run at once, cluster-wide (docs/flow-control.md).
         """
         options = EnqueueOptions(
             queue,
@@ -186,6 +193,8 @@ class Client:
             max_attempts,
             unique_for,
             unique_states,
+            concurrency_key,
+            concurrency_limit,
         )
         jobs = build_jobs(self._enqueuer.spec(task), [payload], options, single=True)
         return to_jobs(jobs, await self.driver.job_insert_many(jobs))[0]
@@ -204,6 +213,8 @@ class Client:
         dedup_keys: Sequence[str | None] | None = None,
         unique_for: datetime.timedelta | float | None = None,
         unique_states: Iterable[str] | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> list[Job]:
         """Insert a whole batch in ONE statement; results are in the order of `payloads`.
 
@@ -220,6 +231,8 @@ class Client:
             max_attempts,
             unique_for,
             unique_states,
+            concurrency_key,
+            concurrency_limit,
         )
         jobs = build_jobs(self._enqueuer.spec(task), list(payloads), options, dedup_keys=dedup_keys)
         return to_jobs(jobs, await self.driver.job_insert_many(jobs)) if jobs else []
@@ -384,6 +397,23 @@ class Client:
 
     async def paused_queues(self) -> list[QueuePause]:
         return await self.driver.queue_pause_list()
+
+    async def set_key_limit(self, pattern: str, limit: int | None) -> bool:
+        """Cap the running jobs of each concurrency key matching `pattern` (a whole key, or a
+        prefix ending in `*`); None removes the pattern's limit. Workers apply it from their
+        next claim (within one poll interval). Returns False when None found no limit."""
+        validate_pattern(pattern)
+        if limit is not None:
+            validate_limit("limit", limit)
+        return await self.driver.concurrency_limit_set(pattern, limit)
+
+    async def key_limits(self) -> list[ConcurrencyLimit]:
+        return await self.driver.concurrency_limit_list()
+
+    async def key_status(self, keys: Iterable[str] | None = None) -> list[ConcurrencyKeyStatus]:
+        """Concurrency keys with running jobs: running count and the limit that applies."""
+        wanted = None if keys is None else [validate_key("key", key) or "" for key in keys]
+        return await self.driver.concurrency_key_status(wanted)
 
     async def explain(self, job_id: int) -> Explanation:
         """Why the job is (not) running: its claim gates in order, the first blocking one first

@@ -42,6 +42,8 @@ from .._driver import (
     CheckpointWrite,
     ChildrenWaitOutcome,
     ClaimedJob,
+    ConcurrencyKeyStatus,
+    ConcurrencyLimit,
     ContinueAsNew,
     DriverStatistics,
     EmitEvent,
@@ -97,7 +99,7 @@ from .._driver import (
     WrittenCheckpoint,
 )
 from .._sql import migrations
-from . import messages, reads, waits
+from . import concurrency, messages, reads, waits
 from .state import (
     FINISHED_STATES,
     SECOND,
@@ -332,7 +334,9 @@ class MemoryDriver:
             for row in due
             if before_or_at(row.run_at, now) or row.state in ("sleeping", "scheduled")
         ]
-        candidates, key_cursor, keys_visited = self._claim_candidates(params, now, claimable)
+        candidates, key_cursor, keys_visited, concurrency_cursor = self._claim_candidates(
+            params, now, claimable
+        )
         due = [row for row in due if row not in candidates and before_or_at(row.run_at, now)]
         outbox = Outbox()
         settled_rows = [
@@ -360,6 +364,7 @@ class MemoryDriver:
             promoted=len(due),
             key_cursor=key_cursor,
             keys_visited=keys_visited,
+            concurrency_cursor=concurrency_cursor,
         )
 
     def _settle(self, settlement: Settlement, now: datetime.datetime, outbox: Outbox) -> Row | None:
@@ -424,12 +429,13 @@ class MemoryDriver:
 
     def _claim_candidates(
         self, params: SettleAndClaim, now: datetime.datetime, due_rows: Sequence[Row] = ()
-    ) -> tuple[list[Row], str | None, int]:
-        """The jobs to claim, in claim order, the last partition key visited and how many keys
-        were visited. `due_rows` (scheduled or suspended rows whose run_at has passed, locked for
+    ) -> tuple[list[Row], str | None, int, str | None]:
+        """The jobs to claim, in claim order, the last partition key visited, how many keys
+        were visited (the larger of the two kinds) and the last concurrency key visited.
+        `due_rows` (scheduled or suspended rows whose run_at has passed, locked for
         promotion) are candidates too when unkeyed, as in the SQL."""
         if params.limit == 0 or params.queue in self._state.paused:
-            return [], None, 0
+            return [], None, 0, None
         open_rows = [
             self._state.rows[job_id] for job_id in self._state.open_by_queue.get(params.queue, ())
         ]
@@ -451,10 +457,28 @@ class MemoryDriver:
                 head = holder if holder in due else None
             if head is not None and _serves(params, head):
                 keyed.append(head)
-        unkeyed = [row for row in due if row.partition_key is None and _serves(params, row)]
-        unkeyed += [row for row in due_rows if row.partition_key is None and _serves(params, row)]
+        concurrency_keys = sorted(
+            {row.concurrency_key for row in ready if row.concurrency_key is not None}
+        )
+        concurrency_visited = _visit_keys(
+            concurrency_keys, params.concurrency_cursor, params.key_window
+        )
+        keyed += concurrency.concurrency_candidates(
+            self._state,
+            ready,
+            due,
+            concurrency_visited,
+            lambda row: _serves(params, row),
+            params.limit,
+        )
+        unkeyed = [row for row in due + list(due_rows) if _unkeyed(row) and _serves(params, row)]
         candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
-        return candidates, visited[-1] if visited else None, len(visited)
+        return (
+            candidates,
+            visited[-1] if visited else None,
+            max(len(visited), len(concurrency_visited)),
+            concurrency_visited[-1] if concurrency_visited else None,
+        )
 
     def _claim(self, row: Row, params: SettleAndClaim, now: datetime.datetime) -> ClaimedJob:
         row.state = "running"
@@ -489,6 +513,7 @@ class MemoryDriver:
                 for position, (kind, name, value) in sorted(history.items())
             ),
             parent_id=row.parent_id,
+            concurrency_key=row.concurrency_key,
         )
 
     async def checkpoint_insert_many(
@@ -847,6 +872,20 @@ class MemoryDriver:
         await self._state.statement("queue_pause_list")
         return [QueuePause(queue, at) for queue, at in sorted(self._state.paused.items())]
 
+    async def concurrency_limit_set(self, pattern: str, max_running: int | None) -> bool:
+        now = await self._state.statement("concurrency_limit_set")
+        return concurrency.set_limit(self._state, pattern, max_running, now)
+
+    async def concurrency_limit_list(self) -> list[ConcurrencyLimit]:
+        await self._state.statement("concurrency_limit_list")
+        return [limit for _, limit in sorted(self._state.concurrency_limits.items())]
+
+    async def concurrency_key_status(
+        self, keys: Sequence[str] | None = None
+    ) -> list[ConcurrencyKeyStatus]:
+        await self._state.statement("concurrency_key_status")
+        return concurrency.key_status(self._state, keys)
+
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
         await self._state.statement("job_attempts")
         return list(self._state.attempts.get(job_id, ()))
@@ -1081,6 +1120,10 @@ def _visit_keys(keys: Sequence[str], cursor: str, window: int) -> list[str]:
     to and including `cursor`; at most `window` of them (and at least one)."""
     after = [key for key in keys if key > cursor]
     return (after + [key for key in keys if key <= cursor])[: max(window, 1)]
+
+
+def _unkeyed(row: Row) -> bool:
+    return row.partition_key is None and row.concurrency_key is None
 
 
 def _serves(params: SettleAndClaim, row: Row) -> bool:

@@ -24,7 +24,7 @@ from .._core.channels import CHANNEL_SHARDS, result_channel
 from .._core.identifiers import validate_key, validate_name
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
-from .._driver import AttemptRecord, Lease, NewJob, WorkerRegistration
+from .._driver import AttemptRecord, ConcurrencyLimit, Lease, NewJob, WorkerRegistration
 from .schedules import ScheduleTable
 
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
@@ -49,6 +49,8 @@ class Row:
     dedup_key: str | None
     max_attempts: int | None  # None: the task's declaration decides (task_defaults)
     created_at: datetime.datetime
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     unique_states: tuple[str, ...] = ()
     unique_until: datetime.datetime | None = None
     state: str = "ready"
@@ -208,6 +210,8 @@ class MemoryState:
     # (task, version) -> max_attempts, as workers register them (the task_defaults table)
     task_defaults: dict[tuple[str, int], int] = attrs.field(factory=dict)
     paused: dict[str, datetime.datetime] = attrs.field(factory=dict)
+    # pattern -> its limit: the concurrency_limits table (migration 0027)
+    concurrency_limits: dict[str, ConcurrencyLimit] = attrs.field(factory=dict)
     listeners: set[MemoryListener] = attrs.field(factory=set)
     ids: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
     migrated: bool = False
@@ -280,6 +284,9 @@ def validate_new_job(job: NewJob) -> None:
     validate_name("task", job.task)
     validate_key("partition_key", job.partition_key)
     validate_key("dedup_key", job.dedup_key)
+    validate_key("concurrency_key", job.concurrency_key)
+    if job.partition_key is not None and job.concurrency_key is not None:
+        raise ValueError("concurrency_key: give a partition_key or a concurrency_key, not both")
     if job.max_attempts is not None and job.max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
     json.loads(job.payload_json)
@@ -308,6 +315,8 @@ def new_row(job_id: int, job: NewJob, now: datetime.datetime) -> Row:
         version=job.version,
         state="scheduled" if run_at > now else "ready",
         trace_context=job.trace_context,
+        concurrency_key=job.concurrency_key,
+        concurrency_limit=job.concurrency_limit,
     )
 
 

@@ -38,6 +38,8 @@ from .._driver import (
     ChildOutcome,
     ChildrenWaitOutcome,
     ClaimedJob,
+    ConcurrencyKeyStatus,
+    ConcurrencyLimit,
     ContinueAsNew,
     DriverStatistics,
     EmitEvent,
@@ -143,7 +145,8 @@ def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
 
 
 def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
-    """A claimed row: the job's 13 columns, its history (NULL: none), its parent id."""
+    """A claimed row: the job's 13 columns, its history (NULL: none), its parent id, its
+    concurrency key."""
     history = row[13]
     entries = (
         ()
@@ -168,6 +171,7 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
         row[12],
         entries,
         row[14],
+        row[15],
     )
 
 
@@ -178,7 +182,7 @@ def _round_rows(
     settled ids and states, once), the settled (id, state) pairs, the claimed jobs."""
     first = next(row for row in rows if row[0] is not None)
     settled = tuple(zip(first[0], first[1], strict=True))
-    return first, settled, tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
+    return first, settled, tuple(_claimed_job(row[8:]) for row in rows if row[8] is not None)
 
 
 def _all_plain(settlements: Sequence[Settlement]) -> bool:
@@ -285,6 +289,7 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         "worker_id": params.worker_id,
         "key_cursor": params.key_cursor,
         "key_window": params.key_window,
+        "concurrency_cursor": params.concurrency_cursor,
         "task_versions": (
             None if params.task_versions is None else _text_array(params.task_versions)
         ),
@@ -531,6 +536,7 @@ class PgDriver:
             claimed=claimed,
             key_cursor=first[2],
             keys_visited=first[3],
+            concurrency_cursor=first[7],
             promoted=first[4],
             # `now` is read per row as the row is produced: the last row's is the latest, after
             # every claimed row and its history (200 rows with history: ~6 ms after the first).
@@ -786,6 +792,23 @@ class PgDriver:
 
     async def queue_pause_list(self) -> list[QueuePause]:
         return [QueuePause(*row) for row in await self._retrying("queue_pause_list")]
+
+    async def concurrency_limit_set(self, pattern: str, max_running: int | None) -> bool:
+        """Set (or, with None, remove) a key pattern's limit; False: there was none to remove."""
+        if max_running is None:
+            return bool(await self._retrying("concurrency_limit_delete", {"pattern": pattern}))
+        params = {"pattern": pattern, "max_running": max_running}
+        return bool(await self._retrying("concurrency_limit_set", params))
+
+    async def concurrency_limit_list(self) -> list[ConcurrencyLimit]:
+        return [ConcurrencyLimit(*row) for row in await self._retrying("concurrency_limit_list")]
+
+    async def concurrency_key_status(
+        self, keys: Sequence[str] | None = None
+    ) -> list[ConcurrencyKeyStatus]:
+        params = {"keys": None if keys is None else list(keys)}
+        rows = await self._retrying("concurrency_key_status", params)
+        return [ConcurrencyKeyStatus(*row) for row in rows]
 
     # --- workers and status ---------------------------------------------------------------
 

@@ -20,12 +20,18 @@ NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
 def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
     """The statement that inserts `jobs`, and its parameters (every producer sends these).
 
-    An enqueue call without dedup keys takes a fast path: `job_insert_one` for a single job
-    (scalars only), `job_insert_batch` for a batch (its options as scalars and its payloads as
-    one text[] literal: psycopg would dump a list of 20,000 payloads element by element, 30 ms
-    against 2 ms). Anything else takes the full `job_insert_many`, one array per column.
+    An enqueue call without dedup or concurrency keys takes a fast path: `job_insert_one` for
+    a single job (scalars only), `job_insert_batch` for a batch (its options as scalars and its
+    payloads as one text[] literal: psycopg would dump a list of 20,000 payloads element by
+    element, 30 ms against 2 ms). Anything else takes the full `job_insert_many`, one array
+    per column.
     """
-    if isinstance(jobs, NewJobs) and jobs.dedup_keys is None:
+    if (
+        isinstance(jobs, NewJobs)
+        and jobs.dedup_keys is None
+        and jobs.concurrency_keys is None
+        and jobs.template.concurrency_key is None
+    ):
         job = jobs.template
         params = {
             "queue": job.queue,
@@ -74,6 +80,8 @@ def insert_params(jobs: Sequence[NewJob]) -> Params:
         "unique_states": [",".join(job.unique_states) for job in jobs],
         "versions": [job.version for job in jobs],
         "trace_contexts": [job.trace_context for job in jobs],
+        "concurrency_keys": [job.concurrency_key for job in jobs],
+        "concurrency_limits": [job.concurrency_limit for job in jobs],
     }
 
 

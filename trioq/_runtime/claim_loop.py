@@ -121,6 +121,7 @@ class ClaimLoop:
     _claimed_total: int = 0
     _db_healthy: bool = True
     _key_cursor: str = ""
+    _concurrency_cursor: str = ""
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
     # The earliest due time of rows the completer wrote into scheduled/sleeping/waiting, and
@@ -336,6 +337,7 @@ class ClaimLoop:
                 worker_id=self.worker_id,
                 key_cursor=self._key_cursor,
                 key_window=self.key_window,
+                concurrency_cursor=self._concurrency_cursor,
                 task_versions=self._task_versions() if self.versions else None,
                 lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
             )
@@ -367,6 +369,7 @@ class ClaimLoop:
         self, result: SettleAndClaimResult, limit: int, sent_at: float, round_number: int
     ) -> None:
         self._key_cursor = result.key_cursor or ""
+        self._concurrency_cursor = result.concurrency_cursor or ""
         short = len(result.claimed) < limit
         if result.promoted:
             # This statement's snapshot saw the promoted rows as not due: they become
@@ -444,7 +447,8 @@ class ClaimLoop:
             outcome = await execute(run)
             settlement = settlement_of(run.lease, outcome, plain=job.plain)
             if settlement is not None:
-                keyed = job.partition_key is not None
+                # A key frees when the outcome commits: the loop runs again then.
+                keyed = job.partition_key is not None or job.concurrency_key is not None
                 try:
                     self.completer.hand_over_nowait(settlement, keyed=keyed)
                 except trio.WouldBlock:  # the backlog is full: the slot stays taken meanwhile

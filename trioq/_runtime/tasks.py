@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from .._core.codec import structure_payload
+from .._core.concurrency import KeyTemplate, validate_limit, validate_template
 from .._core.identifiers import validate_name
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
@@ -31,6 +32,9 @@ class TaskSpec:
     version: int = 1  # handler version: a job runs only on workers serving its (task, version)
     # Checkpoints a workflow may record before it must continue as new (docs/workflows.md).
     history_limit: int = DEFAULT_HISTORY_LIMIT
+    # Each job's concurrency key from its payload, and the limit per key (docs/flow-control.md).
+    concurrency_key: KeyTemplate | None = None
+    concurrency_limit: int | None = None
     # A plain `def` handler: it runs in a worker thread (docs/handlers.md). Decided once here,
     # not per job.
     sync: bool = attrs.field(init=False, default=False)
@@ -59,6 +63,9 @@ class TaskSpec:
             or self.history_limit < 1
         ):
             raise ValueError(f"task {self.name!r}: history_limit must be an integer >= 1")
+        validate_template(self.concurrency_key)
+        if self.concurrency_limit is not None:
+            validate_limit("concurrency_limit", self.concurrency_limit)
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"task {self.name!r}: timeout must be > 0 seconds")
 

@@ -47,10 +47,11 @@ WITH input AS MATERIALIZED (
                 %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
                 %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[],
                 %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[],
-                %(trace_contexts)s::text[])
+                %(trace_contexts)s::text[], %(concurrency_keys)s::text[],
+                %(concurrency_limits)s::int[])
          WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
                               dedup_key, max_attempts, unique_for, unique_states, version,
-                              trace_context, ord)
+                              trace_context, concurrency_key, concurrency_limit, ord)
 ),
 released AS (
     UPDATE {schema}.jobs j SET dedup_key = NULL
@@ -63,13 +64,14 @@ released AS (
 inserted AS (
     INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
-                                   unique_states, unique_until, version, trace_context)
+                                   unique_states, unique_until, version, trace_context,
+                                   concurrency_key, concurrency_limit)
     SELECT new_id, queue, task, payload::jsonb,
            CASE WHEN due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
            priority, due_at, partition_key, dedup_key, max_attempts, {schema}.db_now(),
            string_to_array(coalesce(unique_states, ''), ','),
            {schema}.db_now() + unique_for * interval '1 second', coalesce(version, 1),
-           trace_context
+           trace_context, concurrency_key, concurrency_limit
     FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
                  coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
                      AS due_at
@@ -158,6 +160,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
           AND j.task = served.task
           AND j.state = 'ready'
           AND j.partition_key IS NULL
+          AND j.concurrency_key IS NULL
           AND j.run_at <= {schema}.db_now()
           AND ((SELECT %(task_versions)s::text[]) IS NULL
                OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
@@ -187,7 +190,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
                   (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
                                     ORDER BY c.position)
                    FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
-              j.parent_id
+              j.parent_id, j.concurrency_key
 
 -- name: job_settle_and_claim
 -- The claim loop's one round trip: record the outcomes of this queue's finished executions,
@@ -299,7 +302,8 @@ results_notified AS (
           GROUP BY 1) AS per_channel
 ),
 due AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state
+    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
+           j.concurrency_key
     FROM {schema}.jobs j
     WHERE j.queue = (SELECT %(queue)s::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
       AND j.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
@@ -312,12 +316,14 @@ due AS MATERIALIZED (
 -- wait deadline ends starts in the round its timer fires, not one round later. Sleeping and
 -- scheduled rows due within %(lookahead)s seconds are taken too: the executor holds such a
 -- job until its run_at (its claim records started_at = run_at), so a burst of wake-ups starts
--- on time rather than a statement and a batch start-up late. Keyed due rows are promoted and
--- claimed next round, through their key's head.
+-- on time rather than a statement and a batch start-up late. Keyed due rows (either kind of
+-- key) are promoted and claimed next round, through their key.
 due_unkeyed AS MATERIALIZED (
-    SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held
+    SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
+           NULL::text AS concurrency_key, NULL::int AS slot
     FROM due d
     WHERE (SELECT %(limit)s::int) > 0 AND d.partition_key IS NULL
+      AND d.concurrency_key IS NULL
       AND (d.run_at <= {schema}.db_now() OR d.state IN ('sleeping', 'scheduled'))
       AND d.task = ANY((SELECT %(tasks)s::text[])::text[])
       AND ((SELECT %(task_versions)s::text[]) IS NULL
@@ -394,10 +400,119 @@ heads AS MATERIALIZED (
 -- of jobs as its outer side in a generic plan made while the table was empty: every row of a
 -- later backlog read at every claim).
 keyed AS MATERIALIZED (
-    SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held
+    SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
+           NULL::text AS concurrency_key, NULL::int AS slot
     FROM heads h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+        FROM {schema}.jobs j
+        WHERE j.id = h.id AND j.attempt = h.attempt
+          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+        FOR UPDATE SKIP LOCKED
+    ) AS locked
+),
+-- Concurrency keys (migration 0027): at most the key's limit running, across queues and
+-- workers. The same loose index scan as ready_keys, over jobs_concurrency_ready_idx, visiting
+-- at most %(key_window)s keys round-robin after %(concurrency_cursor)s. Per key: its limit
+-- (concurrency_limit_of: the longest matching pattern of concurrency_limits, else the
+-- concurrency_limit of the key's first ready row, else 1), the slots held (one
+-- concurrency_holds row per running job of the key, any queue), and up to limit - held of its
+-- due ready rows in claim order, each paired with one of the free slots below the limit,
+-- lowest first. A saturated key yields no row and the scan goes on to the next key, so it
+-- never leaves a slot idle. Atomicity is the holds' primary key (key_concurrency_taken
+-- below). Lowest-first keeps a lowered limit safe too: a slot at or above the new limit is
+-- only ever released, and a claim that saw h of them held picks slots below limit - h.
+ready_concurrency_keys AS (
+    SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
+    FROM (
+        SELECT after_cursor.concurrency_key, false AS wrapped
+        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.concurrency_key IS NOT NULL
+                AND j.concurrency_key > (SELECT %(concurrency_cursor)s::text)
+              ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
+        UNION ALL
+        SELECT from_start.concurrency_key, true
+        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.concurrency_key IS NOT NULL
+              ORDER BY j.concurrency_key LIMIT 1) AS from_start
+        LIMIT 1
+    ) AS first_key
+    WHERE (SELECT %(limit)s::int) > 0
+    UNION ALL
+    SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
+    FROM ready_concurrency_keys k
+    CROSS JOIN LATERAL (
+        SELECT following.concurrency_key, k.wrapped AS wrapped
+        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.concurrency_key > k.concurrency_key
+              ORDER BY j.concurrency_key LIMIT 1) AS following
+        UNION ALL
+        SELECT from_start.concurrency_key, true
+        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.concurrency_key IS NOT NULL
+              ORDER BY j.concurrency_key LIMIT 1) AS from_start
+        WHERE NOT k.wrapped
+        LIMIT 1
+    ) AS next_key
+    WHERE k.n < (SELECT %(key_window)s::int)
+      AND NOT (next_key.wrapped
+               AND next_key.concurrency_key > (SELECT %(concurrency_cursor)s::text))
+      AND NOT (next_key.wrapped AND k.wrapped AND next_key.concurrency_key <= k.concurrency_key)
+),
+concurrency_room AS MATERIALIZED (
+    SELECT k.concurrency_key, lim.max_running,
+           least(greatest(lim.max_running - held.n, 0), (SELECT %(limit)s::int)) AS room
+    FROM ready_concurrency_keys k
+    CROSS JOIN LATERAL (
+        SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
+                   AS max_running
+        FROM {schema}.jobs f
+        WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
+          AND f.state = 'ready'
+        ORDER BY f.priority, f.run_at, f.id LIMIT 1
+    ) AS lim
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM {schema}.concurrency_holds h
+        WHERE h.concurrency_key = k.concurrency_key
+    ) AS held
+),
+concurrency_heads AS MATERIALIZED (
+    SELECT head.id, head.attempt, r.concurrency_key, free.slot
+    FROM concurrency_room r
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.attempt, j.priority, j.run_at,
+               row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
+        FROM {schema}.jobs j
+        WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
+          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
+          AND ((SELECT %(task_versions)s::text[]) IS NULL
+               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT r.room
+    ) AS head
+    JOIN LATERAL (
+        SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS rank
+        FROM generate_series(0, r.max_running - 1) AS s(slot)
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.concurrency_holds h
+                          WHERE h.concurrency_key = r.concurrency_key AND h.slot = s.slot)
+        ORDER BY s.slot
+        LIMIT r.room
+    ) AS free ON free.rank = head.rank
+    WHERE r.room > 0
+    ORDER BY head.priority, head.run_at, head.id
+    LIMIT 2 * (SELECT %(limit)s::int)
+),
+concurrency_keyed AS MATERIALIZED (
+    SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
+           true AS held, h.concurrency_key, h.slot
+    FROM concurrency_heads h
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.queue
         FROM {schema}.jobs j
         WHERE j.id = h.id AND j.attempt = h.attempt
           AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
@@ -408,12 +523,14 @@ unkeyed AS MATERIALIZED (
     SELECT per_task.*
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held
+        SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held,
+               NULL::text AS concurrency_key, NULL::int AS slot
         -- include: unkeyed_scan
     ) AS per_task
 ),
 candidates AS MATERIALIZED (
     SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed
+                   UNION ALL SELECT * FROM concurrency_keyed
                    UNION ALL SELECT * FROM due_unkeyed) AS all_sources
     -- A paused queue (`trioq queue pause`) claims nothing; its completions still go through.
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p
@@ -426,6 +543,18 @@ key_taken AS (
     SELECT queue, partition_key, id FROM candidates WHERE NOT held
     ORDER BY queue, partition_key  -- one lock order for every claimer: no deadlock cycles
     ON CONFLICT (queue, partition_key) DO NOTHING
+    RETURNING job_id
+),
+-- A concurrency key's slot is taken by inserting its holds row, after the partition keys
+-- (the scalar read of key_taken orders the two inserts the same way in every claimer, and the
+-- ORDER BY orders the slots: no deadlock cycles); a conflicting insert waits for the other
+-- claimer's commit, then does nothing, and that job is not claimed this round.
+concurrency_taken AS (
+    INSERT INTO {schema}.concurrency_holds (concurrency_key, slot, job_id)
+    SELECT concurrency_key, slot, id FROM candidates
+    WHERE slot IS NOT NULL AND (SELECT count(*) FROM key_taken) >= 0
+    ORDER BY concurrency_key, slot
+    ON CONFLICT (concurrency_key, slot) DO NOTHING
     RETURNING job_id
 ),
 -- Due rows not claimed here become ready (claimable from the next round: same snapshot).
@@ -487,7 +616,9 @@ claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
     FROM candidates c
-    WHERE j.id = c.id AND (c.held OR c.id IN (SELECT job_id FROM key_taken))
+    WHERE j.id = c.id
+      AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
+           OR c.id IN (SELECT job_id FROM concurrency_taken))
     -- include: claim_returning
 ),
 outcome AS MATERIALIZED (
@@ -504,7 +635,9 @@ outcome AS MATERIALIZED (
 SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        CASE WHEN coalesce(claimed.first, true) THEN outcome.states END AS states,
        (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
-       (SELECT count(*) FROM ready_keys) AS keys_visited,
+       -- Each key scan is bounded by key_window: the window is full when either one's is.
+       greatest((SELECT count(*) FROM ready_keys),
+                (SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
        (SELECT count(*) FROM promoted) AS promoted,
        -- Database time as the statement ends (db_now() is its start, plus the time it ran),
        -- read per row as it is produced: the last row's is the latest. A job claimed early is
@@ -520,6 +653,8 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
               ORDER BY j.run_at LIMIT 1),
              (SELECT min(s.run_at) FROM settled s
               WHERE s.state IN ('scheduled', 'sleeping', 'waiting'))) AS next_due,
+       (SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
+           AS concurrency_cursor,
        claimed.*
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
@@ -582,7 +717,11 @@ results_notified AS (
                                    false) AS blocked
     FROM (SELECT EXISTS (SELECT 1 FROM {schema}.jobs j
                          WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                           AND j.partition_key IS NOT NULL) AS ready) AS keyed
+                           AND j.partition_key IS NOT NULL)
+                 -- jobs_concurrency_ready_idx: one more probe of an index of keyed rows only
+                 OR EXISTS (SELECT 1 FROM {schema}.jobs j
+                            WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                              AND j.concurrency_key IS NOT NULL) AS ready) AS keyed
     LEFT JOIN LATERAL (SELECT j.run_at FROM {schema}.jobs j
                        WHERE j.queue = (SELECT %(queue)s::text)
                          AND j.state IN ('scheduled', 'sleeping', 'waiting')
@@ -626,6 +765,7 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        0 AS promoted,
        {schema}.db_now() + (clock_timestamp() - now()) AS now,
        (SELECT next_due FROM probe) AS next_due,
+       NULL::text AS concurrency_cursor,
        claimed.*
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
@@ -1227,6 +1367,36 @@ SELECT queue, pg_notify({schema}.ready_channel(queue), queue) FROM resumed;
 -- name: queue_pause_list
 SELECT queue, paused_at FROM {schema}.queue_pauses ORDER BY queue;
 
+-- name: concurrency_limit_set
+-- `trioq key limit PATTERN N`: workers read the table in every claim that visits a matching
+-- key, so the limit holds from their next claim round (within one poll interval).
+INSERT INTO {schema}.concurrency_limits AS l (pattern, max_running, updated_at)
+VALUES (%(pattern)s, %(max_running)s, {schema}.db_now())
+ON CONFLICT (pattern) DO UPDATE SET max_running = excluded.max_running,
+                                    updated_at = excluded.updated_at
+RETURNING l.pattern;
+
+-- name: concurrency_limit_delete
+-- `trioq key limit PATTERN none`: the keys it matched fall back to a shorter pattern, their
+-- jobs' own concurrency_limit, or 1.
+DELETE FROM {schema}.concurrency_limits WHERE pattern = %(pattern)s RETURNING pattern;
+
+-- name: concurrency_limit_list
+SELECT pattern, max_running, updated_at FROM {schema}.concurrency_limits ORDER BY pattern;
+
+-- name: concurrency_key_status
+-- Keys with running jobs (concurrency_holds: one row per running job that holds a key, so
+-- the table is as small as the cluster's running keyed jobs), with the limit that applies:
+-- the matching pattern, else the largest concurrency_limit among the key's holders (the
+-- claim reads its next job's, which those usually share). `keys` NULL: every key.
+SELECT h.concurrency_key, count(*)::int AS running,
+       {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS max_running
+FROM {schema}.concurrency_holds h
+LEFT JOIN {schema}.jobs j ON j.id = h.job_id
+WHERE %(keys)s::text[] IS NULL OR h.concurrency_key = ANY(%(keys)s::text[])
+GROUP BY h.concurrency_key
+ORDER BY h.concurrency_key;
+
 -- name: ready_channels
 SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
 
@@ -1765,10 +1935,10 @@ SET LOCAL jit = off;
 WITH RECURSIVE
 ready_unkeyed AS (
     (SELECT queue FROM {schema}.jobs
-     WHERE state = 'ready' AND partition_key IS NULL ORDER BY queue LIMIT 1)
+     WHERE state = 'ready' AND partition_key IS NULL AND concurrency_key IS NULL ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.queue > r.queue
+            WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL AND j.queue > r.queue
             ORDER BY j.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
@@ -1816,7 +1986,7 @@ FROM queues q CROSS JOIN now
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
     FROM (SELECT j.run_at FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
+          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
           LIMIT %(cap)s) s
 ) unkeyed
 CROSS JOIN LATERAL (
@@ -1977,7 +2147,7 @@ ORDER BY m.id DESC;
 -- only (bench/dashboard.py).
 WITH ids AS (
     (SELECT j.id FROM {schema}.jobs j
-     WHERE j.state = 'ready' AND j.partition_key IS NULL
+     WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)

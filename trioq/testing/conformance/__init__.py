@@ -17,13 +17,15 @@ The checks are split by concern, one module each: `claims`, `outcomes` (fence, c
 release), `leases` (renewal and recovery), `keys` (dedup and partition keys), `cancel`,
 `notifications` (transactions and what a commit announces), `status`, `waits` (events and
 children), `messages`, `schedules`, `leadership`, `versions`, `continue_as_new` and
-`concurrency` (two workers at once); `harness` holds what they share.
+`concurrency` (two workers at once), `concurrency_keys` (at most N running per key);
+`harness` holds what they share.
 """
 
 from . import (  # noqa: F401  (each module registers its checks in CHECKS)
     cancel,
     claims,
     concurrency,
+    concurrency_keys,
     continue_as_new,
     keys,
     leadership,

@@ -159,6 +159,7 @@ async def claim_round(
     key_window: int = 200,
     task_versions: Sequence[str] | None = None,
     lookahead_seconds: float = 0.0,
+    concurrency_cursor: str = "",
 ) -> SettleAndClaimResult:
     """One claim loop round trip, with the claimed jobs sorted in claim order."""
     result = await driver.job_settle_and_claim(
@@ -173,6 +174,7 @@ async def claim_round(
             key_window=key_window,
             task_versions=None if task_versions is None else tuple(task_versions),
             lookahead_seconds=lookahead_seconds,
+            concurrency_cursor=concurrency_cursor,
         )
     )
     claimed = sorted(result.claimed, key=lambda job: (job.priority, job.run_at, job.id))

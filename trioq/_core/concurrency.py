@@ -1,0 +1,103 @@
+"""Concurrency keys (docs/flow-control.md): at most N running jobs per key, cluster-wide.
+
+Pure: validation of keys, limits and patterns, a task's key template applied to a payload, and
+which limit applies to a key. The PostgreSQL claim applies `limit_for` as the SQL function
+`concurrency_limit_of` (migration 0027); the memory driver calls it directly.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from .identifiers import validate_key
+
+MAX_LIMIT = 10_000
+DEFAULT_LIMIT = 1  # a key nobody gave a limit runs one job at a time
+LIMIT_FORM = "a whole number from 1 to 10000"
+PATTERN_FORM = "a key (tenant:42) or a prefix ending in * (tenant:*), at most 512 characters"
+
+# A task's key: a template over the payload's fields ("tenant:{tenant_id}") or a callable of
+# the payload returning the key (None: that job has no key).
+KeyTemplate = str | Callable[[Any], str | None]
+
+
+def validate_limit(field: str, value: object) -> int:
+    """A concurrency limit, or one ValueError line naming the field and the accepted form."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise ValueError(f"{field}: {value!r} must be {LIMIT_FORM}")
+    return value
+
+
+def validate_pattern(pattern: object) -> str:
+    """A limit's pattern: a whole key, or a prefix followed by one trailing `*`."""
+    if not isinstance(pattern, str) or "*" in pattern[:-1]:
+        raise ValueError(f"pattern: {pattern!r} must be {PATTERN_FORM}")
+    try:
+        validate_key("pattern", pattern)
+    except ValueError:
+        raise ValueError(f"pattern: {pattern!r} must be {PATTERN_FORM}") from None
+    return pattern
+
+
+def validate_template(template: object) -> KeyTemplate | None:
+    """A task's `concurrency_key`: None, a callable, or a template naming payload fields."""
+    if template is None or callable(template):
+        return template
+    if not isinstance(template, str) or not template:
+        raise ValueError(
+            f"concurrency_key: {template!r} must be a key template such as "
+            "'tenant:{tenant_id}' or a callable of the payload"
+        )
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    except ValueError as exc:
+        raise ValueError(f"concurrency_key: {template!r} is not a valid template ({exc})") from None
+    if not fields:
+        validate_key("concurrency_key", template)  # a constant key: every job shares it
+    return template
+
+
+def key_of(template: KeyTemplate | None, payload: Any, where: str = "$") -> str | None:
+    """The concurrency key a task's template gives `payload`; ValueError naming the field."""
+    if template is None:
+        return None
+    if callable(template):
+        key = template(payload)
+    else:
+        if attrs.has(type(payload)):
+            payload = attrs.asdict(payload)
+        if not isinstance(payload, Mapping):
+            raise ValueError(
+                f"concurrency_key: the template {template!r} needs an object payload, "
+                f"got {type(payload).__name__} at {where}"
+            )
+        try:
+            key = template.format_map(payload)
+        except KeyError as exc:
+            raise ValueError(
+                f"concurrency_key: the template {template!r} names {exc}, which {where} lacks"
+            ) from None
+    return validate_key("concurrency_key", key)
+
+
+def matches(pattern: str, key: str) -> bool:
+    if pattern.endswith("*"):
+        return key.startswith(pattern[:-1])
+    return pattern == key
+
+
+def limit_for(key: str, patterns: Iterable[tuple[str, int]], job_limit: int | None) -> int:
+    """The limit of `key`: the longest matching pattern's (the whole key before a prefix of
+    the same length), else the job's own, else 1."""
+    best: tuple[int, bool, int] | None = None
+    for pattern, limit in patterns:
+        rank = (len(pattern), not pattern.endswith("*"), limit)
+        if matches(pattern, key) and (best is None or rank[:2] > best[:2]):
+            best = rank
+    if best is not None:
+        return best[2]
+    return DEFAULT_LIMIT if job_limit is None else job_limit

@@ -1,0 +1,143 @@
+"""Concurrency keys: at most the key's limit running at once, across queues; a saturated key
+never keeps other keys' or unkeyed jobs from free slots; every way out of `running` frees a
+slot; a pattern's limit wins over the job's own and applies from the next claim."""
+
+from __future__ import annotations
+
+import collections
+
+from ..._driver import ClaimedJob, Driver, MaintenancePass, Settlement
+from .harness import (
+    DriverClock,
+    claim,
+    claim_round,
+    complete,
+    conformance_check,
+    enqueue,
+    expect,
+    fail,
+    ids,
+    new_job,
+    release,
+    settle,
+)
+
+
+def per_key(jobs: list[ClaimedJob]) -> dict[str | None, int]:
+    return dict(collections.Counter(job.concurrency_key for job in jobs))
+
+
+@conformance_check
+async def check_concurrency_key_runs_at_most_its_limit(driver: Driver, clock: DriverClock) -> None:
+    await enqueue(
+        driver,
+        *[new_job(n, concurrency_key="t:1", concurrency_limit=2) for n in range(5)],
+        *[new_job(10 + n, concurrency_key="t:2", concurrency_limit=3) for n in range(2)],
+        new_job(20),
+    )
+    first = await claim(driver, limit=10)
+    expect(per_key(first), {"t:1": 2, "t:2": 2, None: 1}, "first claim per key")
+    expect(await claim(driver, limit=10), [], "claim while t:1 is at its limit")
+    one = next(job for job in first if job.concurrency_key == "t:1")
+    await complete(driver, one.lease)
+    expect(per_key(await claim(driver, limit=10)), {"t:1": 1}, "claim after one t:1 completed")
+
+
+@conformance_check
+async def check_key_at_its_limit_leaves_free_slots_to_other_keys(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A long backlog of one key, ahead in claim order, never fills the claim: the key gives
+    its limit and the other keys and unkeyed jobs fill the rest."""
+    busy = [new_job(n, concurrency_key="busy", concurrency_limit=2, priority=-1) for n in range(30)]
+    others = [new_job(100 + n, concurrency_key=f"other:{n}") for n in range(4)]
+    await enqueue(driver, *busy, *others, new_job(200), new_job(201))
+    first = await claim(driver, limit=5)
+    expect(per_key(first).get("busy"), 2, "the busy key gives its limit")
+    expect(len(first), 5, "the other three slots go to other work")
+    second = await claim(driver, limit=5)
+    expect(per_key(second).get("busy"), None, "the saturated key gives nothing more")
+    expect(len(second), 3, "every other ready job is claimed")
+
+
+@conformance_check
+async def check_concurrency_key_limit_holds_across_queues(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(
+        driver,
+        new_job(1, queue="a", concurrency_key="shared"),
+        new_job(2, queue="b", concurrency_key="shared"),
+    )
+    [running] = await claim(driver, queue="a")
+    expect(await claim(driver, queue="b"), [], "queue b while the key runs in queue a")
+    await complete(driver, running.lease)
+    expect(len(await claim(driver, queue="b")), 1, "queue b once the key is free")
+
+
+@conformance_check
+async def check_every_way_out_of_running_frees_the_key_slot(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """Retry, fail, release (drain), sleep and lease recovery each free the job's slot; a key
+    without any limit runs one job at a time."""
+    await enqueue(driver, *[new_job(n, concurrency_key="k") for n in range(6)])
+    ways = {
+        "retry": lambda job: fail(driver, job.lease, retry_delay=3600),
+        "fail": lambda job: fail(driver, job.lease, None),
+        "release": lambda job: release(driver, job.lease),
+        "sleep": lambda job: settle(driver, Settlement(job.lease, "sleep", wake_at=clock_far(job))),
+    }
+    for way, settle_it in ways.items():
+        [job] = await claim(driver, limit=5)
+        expect(await claim(driver, limit=5), [], f"claim while the key's one slot runs ({way})")
+        await settle_it(job)
+    [job] = await claim(driver, limit=5, lease_seconds=10)
+    await clock.advance(11)
+    report = await driver.maintenance_pass(MaintenancePass())
+    expect(dict(report.recovered).get(job.id), "ready", "the expired lease is recovered")
+    expect(len(await claim(driver, limit=5)), 1, "claim after the lease recovery")
+
+
+def clock_far(job: ClaimedJob) -> object:
+    return job.run_at.replace(year=job.run_at.year + 1)
+
+
+@conformance_check
+async def check_pattern_limit_wins_and_applies_from_the_next_claim(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(
+        driver,
+        *[new_job(n, concurrency_key="tenant:1", concurrency_limit=1) for n in range(6)],
+        *[new_job(10 + n, concurrency_key="tenant:2", concurrency_limit=1) for n in range(3)],
+    )
+    expect(await driver.concurrency_limit_set("tenant:*", 3), True, "set the pattern")
+    expect(await driver.concurrency_limit_set("tenant:2", 2), True, "set the whole key")
+    expect(per_key(await claim(driver)), {"tenant:1": 3, "tenant:2": 2}, "claim under patterns")
+    status = {s.key: (s.running, s.limit) for s in await driver.concurrency_key_status()}
+    expect(status, {"tenant:1": (3, 3), "tenant:2": (2, 2)}, "key status")
+    limits = [(limit.pattern, limit.max_running) for limit in await driver.concurrency_limit_list()]
+    expect(limits, [("tenant:*", 3), ("tenant:2", 2)], "the limits, by pattern")
+    await driver.concurrency_limit_set("tenant:*", 4)
+    expect(per_key(await claim(driver)), {"tenant:1": 1}, "a raised limit, from the next claim")
+    expect(await driver.concurrency_limit_set("tenant:*", None), True, "remove the pattern")
+    expect(await driver.concurrency_limit_set("tenant:*", None), False, "remove it again")
+    expect(await claim(driver), [], "4 running above the job's own limit of 1: nothing more")
+
+
+@conformance_check
+async def check_concurrency_keyed_due_job_is_claimed_through_its_key(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A delayed keyed job becomes claimable when due, under its key's limit."""
+    [later] = await enqueue(driver, new_job(1, concurrency_key="d", delay_seconds=60))
+    [now] = await enqueue(driver, new_job(2, concurrency_key="d"))
+    [job] = await claim(driver)
+    expect(job.id, now, "the due job")
+    await clock.advance(61)
+    first = await claim_round(driver)
+    second = await claim_round(driver) if first.promoted else first
+    expect(ids(list(first.claimed) + list(second.claimed)), [], "due, but the key is at its limit")
+    await complete(driver, job.lease)
+    expect(ids(await claim(driver)), [later], "claimed once the key is free")
