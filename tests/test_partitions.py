@@ -235,8 +235,8 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
         )
         rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
         # Columns: settled ids and states, key cursor, keys visited, promoted, now, next due,
-        # then the claimed job's.
-        return [_claimed_job(row[7:]) for row in rows if row[7] is not None]
+        # concurrency cursor, then the claimed job's.
+        return [_claimed_job(row[8:]) for row in rows if row[8] is not None]
 
     claimed_by_b: list[list[ClaimedJob]] = []
 

@@ -323,7 +323,7 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
             SettleAndClaim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200)
         )
         rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
-        return [_claimed_job(row[7:]) for row in rows if row[7] is not None]
+        return [_claimed_job(row[8:]) for row in rows if row[8] is not None]
 
     claimed_by_b: list[list[Any]] = []
     errors: list[BaseException] = []

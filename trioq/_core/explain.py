@@ -33,6 +33,8 @@ class ExplainFacts:
     workers: tuple[Row, ...] = ()  # registered workers that serve the job's queue
     last_attempt: Row | None = None
     pause: Row | None = None  # the queue's queue_pauses row when it is paused
+    # The job's concurrency key: {"running": n, "limit": l} (None: it has no key)
+    concurrency: Row | None = None
 
 
 @attrs.frozen
@@ -81,6 +83,7 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
             _lease_gate(job, facts.workers, now, live_seconds),
             _pause_gate(job, facts.pause, now),
             _key_gate(job, facts, now),
+            *_concurrency_gates(job, facts.concurrency),
             *_worker_gates(job, facts.workers, now, live_seconds),
         ]
     first = next((gate for gate in gates if gate.blocking), None)
@@ -221,6 +224,17 @@ def _key_gate(job: Row, facts: ExplainFacts, now: datetime.datetime) -> Gate:
             f"partition key {key!r}: job {facts.key_ahead['id']} is ahead of it in key order",
         )
     return Gate("partition_key", False, f"partition key {key!r} is free")
+
+
+def _concurrency_gates(job: Row, concurrency: Row | None) -> list[Gate]:
+    """A gate only for a job with a concurrency key (most jobs have none)."""
+    key = job.get("concurrency_key")
+    if key is None or concurrency is None:
+        return []
+    running, limit = int(concurrency["running"]), int(concurrency["limit"])
+    if job["state"] in (JobState.READY, JobState.SCHEDULED) and running >= limit:
+        return [Gate("concurrency_key", True, f"key {key} at its limit {running}/{limit}")]
+    return [Gate("concurrency_key", False, f"key {key} runs {running}/{limit}")]
 
 
 def _worker_gates(

@@ -29,6 +29,7 @@ from .._driver import (
     UnroutableJobs,
     WorkerInfo,
 )
+from . import concurrency
 from .state import (
     FINISHED_STATES,
     SECOND,
@@ -88,7 +89,16 @@ def job_explain(db: MemoryState, now: datetime.datetime, job_id: int) -> Explain
             if row.queue in db.paused
             else None
         ),
+        concurrency=_concurrency_facts(db, row),
     )
+
+
+def _concurrency_facts(db: MemoryState, row: Row) -> dict[str, Any] | None:
+    key = row.concurrency_key
+    if key is None:
+        return None
+    running = len(concurrency.running_per_key(db).get(key, ()))
+    return {"running": running, "limit": concurrency.key_limit(db, key, row.concurrency_limit)}
 
 
 def checkpoint_list(db: MemoryState, job_id: int) -> list[Checkpoint]:
@@ -226,6 +236,7 @@ def _explain_row(row: Row) -> dict[str, Any]:
         "priority": row.priority,
         "run_at": row.run_at,
         "partition_key": row.partition_key,
+        "concurrency_key": row.concurrency_key,
         "attempt": row.attempt,
         "max_attempts": row.max_attempts,
         "lease_expires_at": row.lease_expires_at,

@@ -837,8 +837,10 @@ class PgDriver:
         rows = await self._retrying("job_explain", {"id": job_id})
         if not rows:
             return None
-        now, job, holder, ahead, workers, last_attempt, pause = rows[0]
-        return ExplainFacts(now, job, holder, ahead, tuple(workers), last_attempt, pause)
+        now, job, holder, ahead, workers, last_attempt, pause, concurrency = rows[0]
+        return ExplainFacts(
+            now, job, holder, ahead, tuple(workers), last_attempt, pause, concurrency
+        )
 
     async def job_trace_context(self, job_id: int) -> str | None:
         rows = await self._retrying("job_trace_context", {"id": job_id})

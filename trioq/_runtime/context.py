@@ -40,6 +40,7 @@ class JobInfo:
     priority: int
     created_at: datetime.datetime
     version: int = 1  # the handler version this job was enqueued for
+    concurrency_key: str | None = None  # at most its limit of this key's jobs run at once
 
 
 class Context:
@@ -72,6 +73,7 @@ class Context:
                 priority=job.priority,
                 created_at=job.created_at,
                 version=job.version,
+                concurrency_key=job.concurrency_key,
             )
         return self._job
 

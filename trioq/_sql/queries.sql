@@ -1160,7 +1160,15 @@ SELECT {schema}.db_now(),
             SELECT attempt, outcome, error_type, error_message, finished_at
             FROM {schema}.attempts WHERE job_id = job.id
             ORDER BY attempt DESC, id DESC LIMIT 1) AS t),
-       (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue)
+       (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue),
+       -- A concurrency key's running count (its holds, by primary key prefix) and the limit
+       -- that applies (the job's own when no pattern matches).
+       (SELECT jsonb_build_object(
+                   'running', (SELECT count(*) FROM {schema}.concurrency_holds AS h
+                               WHERE h.concurrency_key = job.concurrency_key),
+                   'limit', {schema}.concurrency_limit_of(job.concurrency_key,
+                                                          job.concurrency_limit))
+        WHERE job.concurrency_key IS NOT NULL)
 FROM job;
 
 -- name: job_list

@@ -1,0 +1,177 @@
+"""Concurrency keys through the public API and a running worker: a task's key template, a key
+at its limit leaving free slots to other work, a limit changed while the worker runs, a dead
+worker's holds freed by lease recovery, and the values refused."""
+
+from __future__ import annotations
+
+import collections
+import uuid
+from typing import Any
+
+import pytest
+import trio
+
+import trioq
+from tests.support import Gate, make_app, running_worker, sql_rows
+from trioq._driver import MaintenancePass, SettleAndClaim
+
+HOLDS = "SELECT concurrency_key, count(*) FROM {}.concurrency_holds GROUP BY 1 ORDER BY 1"
+
+
+async def test_a_task_template_gives_each_job_its_key_and_the_tasks_limit(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("sync_tenant", concurrency_key="tenant:{tenant_id}", concurrency_limit=3)
+    async def sync_tenant(ctx: trioq.Context, payload: dict[str, Any]) -> None: ...
+
+    async with app.client(migrate=True) as client:
+        jobs = await client.enqueue_many("sync_tenant", [{"tenant_id": n % 2} for n in range(4)])
+        given = await client.enqueue("sync_tenant", {"tenant_id": 9}, concurrency_key="vip")
+        with pytest.raises(ValueError, match=r"^concurrency_key: .*tenant_id"):
+            await client.enqueue("sync_tenant", {"other": 1})
+    rows = sql_rows(
+        pg_url,
+        f"SELECT id, concurrency_key, concurrency_limit FROM {pg_schema}.jobs ORDER BY id",
+    )
+    expected = [(job.id, f"tenant:{n % 2}", 3) for n, job in enumerate(jobs)]
+    assert rows == [*expected, (given.id, "vip", 3)]
+
+
+async def test_a_key_at_its_limit_leaves_free_slots_to_other_keys(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The partition-key regression test, generalised: 20 blocked jobs of one key (limit 2)
+    ahead in claim order, a worker of 5 slots; the other keys' jobs and unkeyed jobs all
+    finish while the busy key runs exactly 2 and its other 18 wait."""
+    app = make_app(pg_url, pg_schema)
+    gate = Gate()
+    running: collections.Counter[str | None] = collections.Counter()
+    peak: collections.Counter[str | None] = collections.Counter()
+
+    @app.task("work", concurrency_limit=2)
+    async def work(ctx: trioq.Context, payload: dict[str, Any]) -> None:
+        key = ctx.job.concurrency_key
+        running[key] += 1
+        peak[key] = max(peak[key], running[key])
+        try:
+            if payload.get("block"):
+                gate.enter()
+                await gate.release.wait()
+        finally:
+            running[key] -= 1
+
+    async with app.client(migrate=True) as client:
+        busy = await client.enqueue_many(
+            "work", [{"block": True}] * 20, concurrency_key="busy", priority=-5
+        )
+        others = [
+            await client.enqueue("work", {}, concurrency_key=f"tenant:{n}") for n in range(12)
+        ]
+        others += await client.enqueue_many("work", [{}] * 8)
+        async with running_worker(app, concurrency=5, poll_interval=30):
+            with trio.fail_after(20):
+                await gate.wait_entered(2)
+                for job in others:
+                    await client.wait_result(job.id)
+            assert gate.entered == 2 and peak["busy"] == 2
+            [status] = await client.key_status(["busy"])
+            assert (status.running, status.limit, status.saturated) == (2, 2, True)
+            explanation = await client.explain(busy[-1].id)
+            assert "key busy at its limit 2/2" in explanation.verdict
+            gate.release.set()
+            with trio.fail_after(20):
+                for job in busy:
+                    await client.wait_result(job.id)
+    assert peak["busy"] == 2
+
+
+async def test_a_limit_raised_while_the_worker_runs_applies_from_the_next_claim(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    gate = Gate()
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: dict[str, Any]) -> None:
+        gate.enter()
+        await gate.release.wait()
+
+    async with app.client(migrate=True) as client:
+        await client.enqueue_many("work", [{}] * 6, concurrency_key="tenant:7")
+        # A poll interval far longer than the test: the change needs no restart and no poll,
+        # the next claim round (here a new job's notification) reads it.
+        async with running_worker(app, concurrency=10, poll_interval=30):
+            with trio.fail_after(20):
+                await gate.wait_entered(1)  # no limit anywhere: one at a time
+                assert await client.set_key_limit("tenant:*", 4)
+                await client.enqueue("work", {}, concurrency_key="tenant:8")
+                await gate.wait_entered(5)  # 3 more of tenant:7, and tenant:8's one
+            rows = sql_rows(pg_url, HOLDS.format(pg_schema))
+            assert rows == [("tenant:7", 4), ("tenant:8", 1)]
+            assert [(lim.pattern, lim.max_running) for lim in await client.key_limits()] == [
+                ("tenant:*", 4)
+            ]
+            gate.release.set()
+
+
+async def test_lease_recovery_of_a_dead_worker_frees_its_key_holds(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A worker that claimed two jobs of a key and died (its leases simply expire) holds the
+    key's slots until the leader's recovery; then the jobs are claimable again."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: dict[str, Any]) -> None: ...
+
+    async with app.client(migrate=True) as client:
+        await client.set_key_limit("k", 2)
+        await client.enqueue_many("work", [{}] * 3, concurrency_key="k")
+        claim = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
+        dead = await client.driver.job_settle_and_claim(claim)
+        assert len(dead.claimed) == 2
+        assert (await client.driver.job_settle_and_claim(claim)).claimed == ()
+        sql_rows(
+            pg_url,
+            f"UPDATE {pg_schema}.jobs SET lease_expires_at = now() - interval '1 second' "
+            "WHERE state = 'running' RETURNING id",
+        )
+        report = await client.driver.maintenance_pass(MaintenancePass())
+        assert sorted(report.recovered) == sorted((job.id, "ready") for job in dead.claimed)
+        assert sql_rows(pg_url, HOLDS.format(pg_schema)) == []
+        assert len((await client.driver.job_settle_and_claim(claim)).claimed) == 2
+
+
+@pytest.mark.parametrize(
+    ("pattern", "limit", "message"),
+    [
+        ("tenant:*", 0, r"^limit: 0 must be a whole number from 1 to 10000$"),
+        ("tenant:*", -2, r"^limit: -2 must be a whole number from 1 to 10000$"),
+        ("tenant:*", 10_001, r"^limit: 10001 must be a whole number"),
+        ("", 3, r"^pattern: '' must be a key \(tenant:42\) or a prefix ending in \*"),
+        ("ten*ant:*", 3, r"^pattern: 'ten\*ant:\*' must be a key"),
+    ],
+)
+async def test_bad_key_limits_are_refused_in_one_line_and_change_nothing(
+    pg_url: str, pg_schema: str, pattern: str, limit: int, message: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        with pytest.raises(ValueError, match=message):
+            await client.set_key_limit(pattern, limit)
+        assert await client.key_limits() == []
+
+
+def test_task_declarations_refuse_bad_concurrency_options() -> None:
+    app = trioq.App("postgresql://unused", schema="unused")
+    with pytest.raises(ValueError, match=r"^concurrency_limit: 0 must be a whole number"):
+        app.task("a", concurrency_key="k:{id}", concurrency_limit=0)(_handler)
+    with pytest.raises(ValueError, match=r"^concurrency_key: '' must be a key template"):
+        app.task("b", concurrency_key="")(_handler)
+    with pytest.raises(ValueError, match=r"^concurrency_key: 'k:\{' is not a valid template"):
+        trioq.declare_task("c", concurrency_key="k:{")
+
+
+async def _handler(ctx: trioq.Context, payload: Any) -> None: ...
