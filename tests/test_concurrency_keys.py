@@ -5,6 +5,7 @@ worker's holds freed by lease recovery, and the values refused."""
 from __future__ import annotations
 
 import collections
+import json
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ import trio
 
 import trioq
 from tests.support import Gate, make_app, running_worker, sql_rows
+from trioq import cli
 from trioq._driver import MaintenancePass, SettleAndClaim
 
 HOLDS = "SELECT concurrency_key, count(*) FROM {}.concurrency_holds GROUP BY 1 ORDER BY 1"
@@ -175,3 +177,43 @@ def test_task_declarations_refuse_bad_concurrency_options() -> None:
 
 
 async def _handler(ctx: trioq.Context, payload: Any) -> None: ...
+
+
+def test_trioq_key_limit_sets_lists_and_removes_limits_and_status_names_a_full_key(
+    pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--database-url", pg_url, "--schema", pg_schema]
+    assert cli.main(["migrate", *base]) == 0
+    assert cli.main(["key", "limit", "tenant:*", "3", *base]) == 0
+    assert cli.main(["key", "limit", "tenant:42", "1", *base]) == 0
+    capsys.readouterr()
+    for bad in ("0", "-1", "x", "10001"):
+        assert cli.main(["key", "limit", "tenant:*", bad, *base]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"key limit: {bad!r} must be none or a whole number from 1 to 10000")
+        assert len(err.splitlines()) == 1
+    assert cli.main(["key", "limit", "a*b", "3", *base]) == 2
+    assert "pattern: 'a*b' must be a key" in capsys.readouterr().err
+
+    async def fill_one_key() -> None:
+        app = make_app(pg_url, pg_schema)
+        async with app.client() as client:
+            work = trioq.declare_task("work")
+            await client.enqueue_many(work, [{}] * 2, concurrency_key="tenant:42")
+            claim = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
+            assert len((await client.driver.job_settle_and_claim(claim)).claimed) == 1
+
+    trio.run(fill_one_key)
+    assert cli.main(["key", "list", *base, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(row["pattern"], row["max_running"]) for row in listed["limits"]] == [
+        ("tenant:*", 3),
+        ("tenant:42", 1),
+    ]
+    assert listed["keys"] == [{"key": "tenant:42", "running": 1, "limit": 1}]
+    assert cli.main(["status", *base]) == 0
+    assert "key tenant:42 at its limit 1/1" in capsys.readouterr().out
+    assert cli.main(["key", "limit", "tenant:42", "none", *base]) == 0
+    assert capsys.readouterr().out.strip() == "key tenant:42: limit removed"
+    assert cli.main(["key", "list", *base]) == 0
+    assert "key tenant:42 runs 1/3" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._core.concurrency import LIMIT_FORM, MAX_LIMIT, validate_pattern
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_schema
 from .._core.states import TERMINAL_IN_ORDER, JobState
@@ -260,6 +261,58 @@ async def cmd_queue(args: argparse.Namespace) -> int:
     return 0
 
 
+def key_limit(text: str) -> int | None:
+    """`trioq key limit PATTERN N|none`: a limit, or None to remove the pattern's."""
+    if text == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise ValueError(f"key limit: {text!r} must be none or {LIMIT_FORM}")
+    return value
+
+
+async def cmd_key(args: argparse.Namespace) -> int:
+    if args.action == "limit" and (args.pattern is None or args.limit is None):
+        raise ValueError(
+            "key limit: name the pattern and the limit (trioq key limit PATTERN N|none)"
+        )
+    limit = key_limit(args.limit) if args.action == "limit" else None
+    if args.action == "limit":
+        validate_pattern(args.pattern)  # refused before anything connects
+    async with _app(args).client() as client:
+        changed = True
+        if args.action == "limit":
+            changed = await client.set_key_limit(args.pattern, limit)
+        limits = await client.key_limits()
+        keys = await client.key_status()
+    if args.json:
+        _print_json(
+            {
+                "changed": changed,
+                "limits": [_plain(limit) for limit in limits],
+                "keys": [_plain(key) for key in keys],
+            }
+        )
+        return 0
+    if args.action == "limit":
+        if limit is None:
+            print(f"key {args.pattern}: limit removed" + ("" if changed else " (it had none)"))
+        else:
+            print(f"key {args.pattern}: at most {args.limit} running")
+        return 0
+    for row in limits:
+        print(f"{row.pattern}: at most {row.max_running} running (set {row.updated_at})")
+    if not limits:
+        print("no key limits set (keys use their task's limit, else 1)")
+    for key in keys:
+        state = "at its limit" if key.saturated else "runs"
+        print(f"key {key.key} {state} {key.running}/{key.limit}")
+    return 0
+
+
 # --- parsing ----------------------------------------------------------------------------------
 
 
@@ -332,6 +385,16 @@ def add_commands(
     queue.add_argument("action", choices=("pause", "resume", "list"))
     queue.add_argument("name", nargs="?", default=None, metavar="NAME")
     table["queue"] = cmd_queue
+
+    key = common(command("key", "limit how many jobs of a concurrency key run at once"))
+    key.add_argument("action", choices=("limit", "list"))
+    key.add_argument(
+        "pattern", nargs="?", default=None, metavar="PATTERN", help="a key, or a prefix ending in *"
+    )
+    key.add_argument(
+        "limit", nargs="?", default=None, metavar="N|none", help="at most N running; none: remove"
+    )
+    table["key"] = cmd_key
 
 
 __all__ = ["add_commands", "duration"]

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from .._core.explain import Explanation, silence
 from .._driver import (
+    ConcurrencyKeyStatus,
     HealthReport,
     QueueDemand,
     QueuePause,
@@ -37,6 +38,7 @@ class StatusSnapshot:
     health: HealthReport
     paused: tuple[QueuePause, ...] = ()
     unroutable: tuple[UnroutableJobs, ...] = ()
+    keys: tuple[ConcurrencyKeyStatus, ...] = ()  # concurrency keys with running jobs
 
 
 async def read_status(client: Client) -> StatusSnapshot:
@@ -47,6 +49,7 @@ async def read_status(client: Client) -> StatusSnapshot:
         health=await client.status_health(),
         paused=tuple(await client.paused_queues()),
         unroutable=tuple(await client.driver.job_unroutable()),
+        keys=tuple(await client.key_status()),
     )
 
 
@@ -124,6 +127,12 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
     paused = [
         f"queue {p.queue} is PAUSED since {p.paused_at:%Y-%m-%d %H:%M:%S} (trioq queue resume)"
         for p in snapshot.paused
+    ]
+    # Only the keys at their limit: their next jobs wait (the others are fine).
+    paused += [
+        f"key {k.key} at its limit {k.running}/{k.limit} (trioq key limit to change it)"
+        for k in snapshot.keys
+        if k.saturated
     ]
     silent = sum(worker_silence(w) is not None for w in snapshot.workers)
     title = f"workers ({len(snapshot.workers)}" + (f", {silent} silent)" if silent else ")")
