@@ -170,15 +170,14 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 
 -- fragment: claim_set
 -- The claim's new row (job_settle_and_claim and job_settle_and_claim_plain): a new attempt,
--- a fresh lease token, the lease from database time.
+-- a fresh lease token, the lease from database time; each statement sets started_at after it.
     SET state = 'running',
         attempt = j.attempt + 1,
         executions = j.executions + 1,
         lease_token = gen_random_uuid(),
         lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
         worker_id = %(worker_id)s,
-        started_at = greatest({schema}.db_now(), j.run_at),
-        error = NULL
+        error = NULL,
 
 -- fragment: claim_returning
 -- A claimed row as PgDriver's `_claimed_job` reads it (both claim statements): the job's
@@ -615,6 +614,13 @@ parents_notified AS (
 claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
+        -- A concurrency-keyed job starts when its slot was taken, after this statement's
+        -- snapshot (the statement's start can precede the commit that freed the slot by the
+        -- plan's start-up, a few ms under load): stored start and finish times then never
+        -- show more than the key's limit at once.
+        started_at = CASE WHEN c.slot IS NULL THEN greatest({schema}.db_now(), j.run_at)
+                          ELSE greatest({schema}.db_now() + (clock_timestamp() - now()),
+                                        j.run_at) END
     FROM candidates c
     WHERE j.id = c.id
       AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
@@ -747,6 +753,7 @@ candidates AS MATERIALIZED (
 claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
+        started_at = greatest({schema}.db_now(), j.run_at)
     WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
     -- include: claim_returning
 ),
