@@ -4,11 +4,13 @@ worker's holds freed by lease recovery, and the values refused."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
@@ -16,6 +18,7 @@ import trioq
 from tests.support import Gate, make_app, running_worker, sql_rows
 from trioq import cli
 from trioq._driver import MaintenancePass, SettleAndClaim
+from trioq.producer import AsyncProducer, SyncProducer
 
 HOLDS = "SELECT concurrency_key, count(*) FROM {}.concurrency_holds GROUP BY 1 ORDER BY 1"
 
@@ -217,3 +220,54 @@ def test_trioq_key_limit_sets_lists_and_removes_limits_and_status_names_a_full_k
     assert capsys.readouterr().out.strip() == "key tenant:42: limit removed"
     assert cli.main(["key", "list", *base]) == 0
     assert "key tenant:42 runs 1/3" in capsys.readouterr().out
+
+
+def test_producers_and_sql_enqueue_store_the_concurrency_key_and_its_limit(
+    pg_url: str, pg_schema: str
+) -> None:
+    sync_tenant = trioq.declare_task(
+        "sync_tenant", concurrency_key="tenant:{tenant_id}", concurrency_limit=2
+    )
+    other = trioq.declare_task("other")
+
+    async def migrate() -> None:
+        async with make_app(pg_url, pg_schema).client(migrate=True):
+            pass
+
+    trio.run(migrate)
+    with SyncProducer(pg_url, schema=pg_schema, tasks=[sync_tenant, other]) as producer:
+        by_template = producer.enqueue(sync_tenant, {"tenant_id": 5})
+        given = producer.enqueue(other, {}, concurrency_key="acct:1", concurrency_limit=4)
+
+    async def from_asyncio() -> list[trioq.Job]:
+        async with AsyncProducer(pg_url, schema=pg_schema, tasks=[sync_tenant]) as producer:
+            return await producer.enqueue_many(sync_tenant, [{"tenant_id": 6}, {"tenant_id": 7}])
+
+    batch = asyncio.run(from_asyncio())
+    from_sql = sql_rows(
+        pg_url,
+        f"SELECT {pg_schema}.enqueue('other', concurrency_key => 'acct:2', concurrency_limit => 3)",
+    )[0][0]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="concurrency_limit: 0 must"):
+        sql_rows(
+            pg_url,
+            f"SELECT {pg_schema}.enqueue('other', concurrency_key => 'a', concurrency_limit => 0)",
+        )
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="not both"):
+        sql_rows(
+            pg_url,
+            f"SELECT {pg_schema}.enqueue('other', partition_key => 'p', concurrency_key => 'a')",
+        )
+    rows = dict(
+        (row[0], row[1:])
+        for row in sql_rows(
+            pg_url, f"SELECT id, concurrency_key, concurrency_limit FROM {pg_schema}.jobs"
+        )
+    )
+    assert rows == {
+        by_template.id: ("tenant:5", 2),
+        given.id: ("acct:1", 4),
+        batch[0].id: ("tenant:6", 2),
+        batch[1].id: ("tenant:7", 2),
+        from_sql: ("acct:2", 3),
+    }

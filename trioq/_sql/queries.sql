@@ -1944,18 +1944,29 @@ SET LOCAL jit = off;
 -- capped rows), and whether it is paused (about 25 ms for four queues at 1,000,000 jobs on a
 -- loaded machine: bench/dashboard.py). Queues are found without a table scan: a loose index
 -- scan (one index probe per distinct queue) over each partial index led by `queue` (ready
--- unkeyed, ready keyed, the due index of scheduled/sleeping/waiting rows), plus the running
+-- unkeyed, ready partition-keyed, ready concurrency-keyed, the due index of scheduled/sleeping/waiting rows), plus the running
 -- rows (jobs_lease_idx, bounded by the workers' slots), the workers' queues and the pauses.
 -- A queue with only finished jobs shows up through the throughput read (jobs_finished_idx).
 WITH RECURSIVE
 ready_unkeyed AS (
     (SELECT queue FROM {schema}.jobs
-     WHERE state = 'ready' AND partition_key IS NULL AND concurrency_key IS NULL ORDER BY queue LIMIT 1)
+     WHERE state = 'ready' AND partition_key IS NULL AND concurrency_key IS NULL
+     ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL AND j.queue > r.queue
+            WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
+              AND j.queue > r.queue
             ORDER BY j.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
+),
+ready_concurrency_keyed AS (
+    (SELECT queue FROM {schema}.jobs
+     WHERE state = 'ready' AND concurrency_key IS NOT NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+            WHERE j.state = 'ready' AND j.concurrency_key IS NOT NULL AND j.queue > r.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM ready_concurrency_keyed r WHERE r.queue IS NOT NULL
 ),
 ready_keyed AS (
     (SELECT queue FROM {schema}.jobs
@@ -1981,6 +1992,7 @@ running AS (
 queues AS (
     SELECT queue FROM ready_unkeyed WHERE queue IS NOT NULL
     UNION SELECT queue FROM ready_keyed WHERE queue IS NOT NULL
+    UNION SELECT queue FROM ready_concurrency_keyed WHERE queue IS NOT NULL
     UNION SELECT queue FROM due WHERE queue IS NOT NULL
     UNION SELECT queue FROM running
     UNION SELECT unnest(queues) FROM {schema}.workers
@@ -1988,12 +2000,13 @@ queues AS (
     UNION SELECT unnest(%(also)s::text[])
 ),
 now AS (SELECT {schema}.db_now() AS t)
-SELECT q.queue, unkeyed.n + keyed.n AS ready,
+SELECT q.queue, unkeyed.n + keyed.n + concurrency_keyed.n AS ready,
        coalesce((SELECT n FROM running r WHERE r.queue = q.queue), 0) AS running,
        due.scheduled, due.sleeping, due.waiting, due.walked >= 3 * %(cap)s AS due_capped,
        overdue.sleeping AS sleeping_due, overdue.waiting AS waiting_due,
        overdue.walked >= %(cap)s AS overdue_capped,
-       extract(epoch FROM now.t - least(unkeyed.oldest, keyed.oldest))::float8
+       extract(epoch FROM now.t - least(unkeyed.oldest, keyed.oldest,
+                                        concurrency_keyed.oldest))::float8
            AS oldest_due_seconds,
        (SELECT p.paused_at FROM {schema}.queue_pauses p WHERE p.queue = q.queue) AS paused_at
 FROM queues q CROSS JOIN now
@@ -2001,9 +2014,16 @@ FROM queues q CROSS JOIN now
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
     FROM (SELECT j.run_at FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
+          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
+            AND j.concurrency_key IS NULL
           LIMIT %(cap)s) s
 ) unkeyed
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
+    FROM (SELECT j.run_at FROM {schema}.jobs j
+          WHERE j.queue = q.queue AND j.state = 'ready' AND j.concurrency_key IS NOT NULL
+          LIMIT %(cap)s) s
+) concurrency_keyed
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
     FROM (SELECT j.run_at FROM {schema}.jobs j
@@ -2155,8 +2175,8 @@ FROM (SELECT 1) AS one LEFT JOIN matched m ON true
 ORDER BY m.id DESC;
 
 -- name: dashboard_job_search_ready
--- The jobs page filtered by ready, newest first: the unkeyed and the keyed ready rows each
--- through their claim index (no one index holds both), the newest of each, then of both.
+-- The jobs page filtered by ready, newest first: the unkeyed, partition-keyed and
+-- concurrency-keyed ready rows each through their claim index (no one index holds all), the newest of each, then of both.
 -- `id + 0` as in dashboard_job_search_unfinished: the primary key's order walked 880,000
 -- finished rows above a 40,000-row backlog (340 ms); the partial indexes read the backlog
 -- only (bench/dashboard.py).
@@ -2169,6 +2189,12 @@ WITH ids AS (
     UNION ALL
     (SELECT j.id FROM {schema}.jobs j
      WHERE j.state = 'ready' AND j.partition_key IS NOT NULL
+       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+     -- include: dashboard_job_filters
+     ORDER BY j.id + 0 DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT j.id FROM {schema}.jobs j
+     WHERE j.state = 'ready' AND j.concurrency_key IS NOT NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
