@@ -62,6 +62,9 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
 NO_JOB_WRITES = frozenset(
     {
         "checkpoint_list",
+        "concurrency_key_status",
+        "concurrency_limit_list",
+        "concurrency_limit_set",
         "is_connection_lost",
         "job_attempts",
         "job_explain",
@@ -78,6 +81,9 @@ NO_JOB_WRITES = frozenset(
         "notify_send",
         "open_listener",
         "queue_demand",
+        "concurrency_key_status",
+        "concurrency_limit_list",
+        "concurrency_limit_set",
         "queue_pause",
         "queue_pause_list",
         "queue_resume",
