@@ -18,6 +18,7 @@ import trioq
 from tests.support import Gate, make_app, running_worker, sql_rows
 from trioq import cli
 from trioq._driver import MaintenancePass, SettleAndClaim
+from trioq._sql import migrations, queries
 from trioq.producer import AsyncProducer, SyncProducer
 
 HOLDS = "SELECT concurrency_key, count(*) FROM {}.concurrency_holds GROUP BY 1 ORDER BY 1"
@@ -271,3 +272,46 @@ def test_producers_and_sql_enqueue_store_the_concurrency_key_and_its_limit(
         batch[1].id: ("tenant:7", 2),
         from_sql: ("acct:2", 3),
     }
+
+
+def test_migration_0027_keeps_live_rows_claimable_and_old_sql_enqueue_calls_working(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A schema at the version before concurrency keys, with ready, delayed and running jobs:
+    migrating it keeps every row, and the ready ones are claimed through the rebuilt index."""
+    with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
+        conn.execute(queries(pg_schema)["migration_prepare"])
+        for migration in migrations(pg_schema):
+            if migration.version < 27:
+                conn.execute(migration.sql)
+                conn.execute(
+                    queries(pg_schema)["migration_record"],
+                    {"version": migration.version, "name": migration.name},
+                )
+        for call in ("'work'", "'work', '{}', 'default', now() + interval '1 hour'"):
+            conn.execute(f"SELECT {pg_schema}.enqueue({call})")
+        conn.execute(f"SELECT {pg_schema}.enqueue('work', partition_key => 'p')")
+        conn.execute(
+            f"UPDATE {pg_schema}.jobs SET state = 'running', attempt = 1, "
+            "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour' "
+            "WHERE partition_key = 'p'"
+        )
+    before = sql_rows(pg_url, f"SELECT id, state FROM {pg_schema}.jobs ORDER BY id")
+
+    async def migrate_and_claim() -> tuple[set[int], int]:
+        app = make_app(pg_url, pg_schema)
+        async with app.client(migrate=True) as client:
+            # A call written for the old signature (by position) still works.
+            old_style = sql_rows(
+                pg_url, f"SELECT {pg_schema}.enqueue('work', '{{}}', 'default', NULL, 0::smallint)"
+            )[0][0]
+            claim = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
+            claimed = (await client.driver.job_settle_and_claim(claim)).claimed
+            return {job.id for job in claimed}, old_style
+
+    claimed, old_style = trio.run(migrate_and_claim)
+    ready, delayed, running = before
+    assert (ready[1], delayed[1], running[1]) == ("ready", "scheduled", "running")
+    assert claimed == {ready[0], old_style}
+    after = sql_rows(pg_url, f"SELECT id, state FROM {pg_schema}.jobs ORDER BY id")
+    assert after == [(ready[0], "running"), delayed, running, (old_style, "running")]

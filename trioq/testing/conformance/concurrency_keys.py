@@ -140,3 +140,21 @@ async def check_concurrency_keyed_due_job_is_claimed_through_its_key(
     expect(ids(list(first.claimed) + list(second.claimed)), [], "due, but the key is at its limit")
     await complete(driver, job.lease)
     expect(ids(await claim(driver)), [later], "claimed once the key is free")
+
+
+@conformance_check
+async def check_a_lowered_limit_starts_nothing_until_running_is_below_it(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """Running jobs above a lowered limit finish; no new one starts until fewer than the new
+    limit run, and then only up to it."""
+    await enqueue(driver, *[new_job(n, concurrency_key="low") for n in range(8)])
+    await driver.concurrency_limit_set("low", 4)
+    running = await claim(driver)
+    expect(len(running), 4, "claimed under the limit of 4")
+    await driver.concurrency_limit_set("low", 2)
+    await complete(driver, running[0].lease)
+    expect(await claim(driver), [], "3 running, limit 2: nothing starts")
+    await complete(driver, running[1].lease, running[2].lease)
+    expect(len(await claim(driver)), 1, "1 running (its slot above the new limit): 1 more")
+    expect(await claim(driver), [], "2 running: at the new limit")
