@@ -732,6 +732,8 @@ class PgDriver:
                 "max_attempts": [child.max_attempts for child in children],
                 "versions": [child.version for child in children],
                 "on_parent_cancels": [spawn.on_parent_cancel for spawn in spawns],
+                "concurrency_keys": [child.concurrency_key for child in children],
+                "concurrency_limits": [child.concurrency_limit for child in children],
             },
         )
         return [SpawnOutcome(row[1], row[2], row[3]) for row in rows]

@@ -1692,10 +1692,12 @@ WITH input AS MATERIALIZED (
                          %(payloads)s::text[], %(priorities)s::smallint[],
                          %(run_ats)s::timestamptz[], %(delays)s::float8[],
                          %(partition_keys)s::text[], %(max_attempts)s::int[],
-                         %(versions)s::int[], %(on_parent_cancels)s::text[])
+                         %(versions)s::int[], %(on_parent_cancels)s::text[],
+                         %(concurrency_keys)s::text[], %(concurrency_limits)s::int[])
              WITH ORDINALITY AS t(parent_id, attempt, lease_token, position, queue, task,
                                   payload, priority, run_at, delay, partition_key,
-                                  max_attempts, version, on_parent_cancel, ord)
+                                  max_attempts, version, on_parent_cancel, concurrency_key,
+                                  concurrency_limit, ord)
 ),
 locked AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs j
@@ -1716,11 +1718,12 @@ owner AS MATERIALIZED (
 child AS (
     INSERT INTO {schema}.jobs AS c (queue, task, payload, state, priority, run_at, partition_key,
                                    max_attempts, created_at, parent_id, parent_position,
-                                   version, on_parent_cancel)
+                                   version, on_parent_cancel, concurrency_key, concurrency_limit)
     SELECT i.queue, i.task, i.payload::jsonb,
            CASE WHEN i.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
            i.priority, i.due_at, i.partition_key, i.max_attempts, {schema}.db_now(),
-           i.parent_id, i.position, i.version, i.on_parent_cancel
+           i.parent_id, i.position, i.version, i.on_parent_cancel, i.concurrency_key,
+           i.concurrency_limit
     FROM (SELECT input.*, coalesce(input.run_at, {schema}.db_now()
                           + coalesce(input.delay, 0) * interval '1 second') AS due_at
           FROM input) AS i

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import datetime
 
-from ..._driver import ClaimedJob, Driver, MaintenancePass, Settlement
+from ..._driver import ClaimedJob, Driver, MaintenancePass, Settlement, Spawn
 from .harness import (
     DriverClock,
     claim,
@@ -158,3 +158,17 @@ async def check_a_lowered_limit_starts_nothing_until_running_is_below_it(
     await complete(driver, running[1].lease, running[2].lease)
     expect(len(await claim(driver)), 1, "1 running (its slot above the new limit): 1 more")
     expect(await claim(driver), [], "2 running: at the new limit")
+
+
+@conformance_check
+async def check_a_spawned_child_keeps_its_concurrency_key(
+    driver: Driver, clock: DriverClock
+) -> None:
+    await enqueue(driver, new_job(1))
+    [parent] = await claim(driver)
+    child = new_job(2, concurrency_key="kid", concurrency_limit=1)
+    [spawned] = await driver.job_spawn_many([Spawn(parent.lease, 0, child)])
+    await enqueue(driver, new_job(3, concurrency_key="kid"))
+    claimed = await claim(driver)
+    expect([job.concurrency_key for job in claimed], ["kid"], "one job of the key runs")
+    expect(ids(claimed), [spawned.child_id], "the child, first in claim order")
