@@ -501,23 +501,27 @@ class PgDriver:
     async def _gated_round(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """A limited queue's round, in one transaction: the gate (it locks the queue's limits
         row until COMMIT and says how many jobs may start), the round claiming at most that
-        many, and the starts entered in the rate's log. Rows due within the lookahead are not
-        claimed early here: a start is counted when it is recorded, at the claim."""
+        many, and the claimed rows' start time and rate log entries (queue_limit_spend; the
+        migration says why the start time is the gate's). Rows due within the lookahead are
+        not claimed early here: a start is counted when it is recorded, at the claim."""
         queue = params.queue
         async with self._pool.connection() as conn, conn.transaction():
             self._calls["queue_limit_gate"] += 1
             [gate] = await self._query(
                 conn, "queue_limit_gate", {"queue": queue, "requested": params.limit}
             )
-            allowed, running, global_limit, rate_allowed, _, next_start_at = gate
+            allowed, running, global_limit, rate_allowed, _, next_start_at, started_at = gate
             self._limited.note(queue, global_limit is not None or rate_allowed is not None)
             result = await self._round(
                 conn, attrs.evolve(params, limit=allowed, lookahead_seconds=0.0)
             )
-            if rate_allowed is not None and result.claimed:
+            if result.claimed and started_at is not None:
                 self._calls["queue_limit_spend"] += 1
+                claimed = [job.id for job in result.claimed]
                 [[next_start_at]] = await self._query(
-                    conn, "queue_limit_spend", {"queue": queue, "started": len(result.claimed)}
+                    conn,
+                    "queue_limit_spend",
+                    {"queue": queue, "claimed": claimed, "started_at": started_at},
                 )
             elif allowed:
                 next_start_at = None  # nothing started: the window is not full

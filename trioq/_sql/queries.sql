@@ -2168,13 +2168,14 @@ SELECT EXISTS (SELECT 1 FROM {schema}.queue_limits q WHERE q.queue = %(queue)s::
 -- name: queue_limit_gate
 -- A limited queue's claim, first statement of its transaction (the function's comment in
 -- migration 0023 explains the lock and the fresh snapshot of the running count).
-SELECT allowed, running, global_limit, rate_allowed, rate_period, next_start_at
+SELECT allowed, running, global_limit, rate_allowed, rate_period, next_start_at, started_at
 FROM {schema}.queue_limit_gate(%(queue)s::text, %(requested)s::int);
 
 -- name: queue_limit_spend
--- A limited queue's claim, after the claim statement and before COMMIT: its starts enter the
--- rate's log (run only when the queue has a rate and the claim took jobs).
-SELECT {schema}.queue_limit_spend(%(queue)s::text, %(started)s::int);
+-- A limited queue's claim, after the claim statement and before COMMIT (run only when it took
+-- jobs): their start time, and with a rate their entry in its log.
+SELECT {schema}.queue_limit_spend(%(queue)s::text, %(claimed)s::bigint[],
+                                  %(started_at)s::timestamptz);
 
 -- name: queue_limit_set
 -- `trioq queue limit` / `trioq queue rate`: merge the change into the queue's row; a queue left

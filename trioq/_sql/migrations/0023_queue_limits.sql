@@ -28,16 +28,22 @@ CREATE TABLE {schema}.queue_limits (
 -- (every running row, filtered by queue): its cost grows with the cluster's running jobs and
 -- is paid by limited queues only; an index on (queue) WHERE state = 'running' would be paid
 -- by every claim and settle of every queue.
+-- `started_at`: the claim's start time, read after the count (database time, as db_now()
+-- moves). queue_limit_spend stores it on the claimed rows and in the rate's log: the
+-- transaction's own now() is its BEGIN, before the lock wait, and a job another worker
+-- settled during that wait (not counted) would seem to overlap the new ones. Read after the
+-- count, every job not counted finished before it, and the stored start and finish times
+-- show the limit exactly. They increase from one limited claim to the next (one at a time).
 -- Rate: `next_start_at` is when the next start is allowed once this claim has used `allowed`
--- (NULL: a start is allowed now). The caller records its starts with queue_limit_spend.
+-- (NULL: a start is allowed now).
 CREATE FUNCTION {schema}.queue_limit_gate(
     gate_queue text, requested integer,
     OUT allowed integer, OUT running integer, OUT global_limit integer,
-    OUT rate_allowed integer, OUT rate_period double precision, OUT next_start_at timestamptz)
+    OUT rate_allowed integer, OUT rate_period double precision, OUT next_start_at timestamptz,
+    OUT started_at timestamptz)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     l {schema}.queue_limits%ROWTYPE;
-    gate_now timestamptz := {schema}.db_now();
     recent integer;
 BEGIN
     allowed := requested;
@@ -53,41 +59,47 @@ BEGIN
         WHERE j.state = 'running' AND j.queue = gate_queue;
         allowed := least(allowed, greatest(l.global_limit - running, 0));
     END IF;
+    started_at := {schema}.db_now() + (clock_timestamp() - now());
     IF l.rate_allowed IS NOT NULL THEN
         SELECT count(*) INTO recent FROM unnest(l.recent_starts) AS s(at)
-        WHERE s.at > gate_now - l.rate_period * interval '1 second';
+        WHERE s.at > started_at - l.rate_period * interval '1 second';
         allowed := least(allowed, greatest(l.rate_allowed - recent, 0));
         -- The window is full once this claim's starts are in: the next start is allowed when
         -- the oldest start still counted leaves it.
         IF recent + allowed >= l.rate_allowed THEN
             next_start_at := (SELECT s.at FROM unnest(l.recent_starts) AS s(at)
-                              WHERE s.at > gate_now - l.rate_period * interval '1 second'
+                              WHERE s.at > started_at - l.rate_period * interval '1 second'
                               ORDER BY s.at OFFSET (recent + allowed - l.rate_allowed) LIMIT 1)
                              + l.rate_period * interval '1 second';
-            next_start_at := coalesce(next_start_at, gate_now + l.rate_period * interval '1 second');
+            next_start_at := coalesce(next_start_at,
+                                      started_at + l.rate_period * interval '1 second');
         END IF;
     END IF;
 END
 $$;
 
 -- A limited claim's starts, recorded in its transaction (the gate's lock is still held): the
--- log keeps the newest rate_allowed start times, oldest first. Stored at db_now(), the time the
--- claimed rows record as started_at (the same transaction). Returns when the next start is
--- allowed (NULL: now).
-CREATE FUNCTION {schema}.queue_limit_spend(spend_queue text, started integer)
+-- claimed rows' started_at becomes the gate's `started_at` (see above), and with a rate the
+-- log keeps the newest rate_allowed start times, oldest first. Returns when the next start is
+-- allowed (NULL: now, or no rate).
+CREATE FUNCTION {schema}.queue_limit_spend(spend_queue text, claimed bigint[],
+                                           claimed_at timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     l {schema}.queue_limits%ROWTYPE;
     kept timestamptz[];
 BEGIN
+    UPDATE {schema}.jobs j SET started_at = claimed_at
+    WHERE claimed_at IS NOT NULL AND j.id = ANY(claimed) AND j.state = 'running';
     SELECT * INTO l FROM {schema}.queue_limits q WHERE q.queue = spend_queue FOR UPDATE;
-    IF NOT FOUND OR l.rate_allowed IS NULL OR started <= 0 THEN
+    IF NOT FOUND OR l.rate_allowed IS NULL OR cardinality(claimed) = 0 THEN
         RETURN NULL;
     END IF;
     kept := ARRAY(SELECT newest.at FROM (
                       SELECT s.at FROM unnest(l.recent_starts
-                                              || array_fill({schema}.db_now(), ARRAY[started]))
+                                              || array_fill(claimed_at,
+                                                            ARRAY[cardinality(claimed)]))
                                        AS s(at)
                       ORDER BY s.at DESC LIMIT l.rate_allowed) AS newest
                   ORDER BY newest.at);
