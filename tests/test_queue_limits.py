@@ -1,0 +1,141 @@
+"""Cluster-wide queue limits through the public API, the CLI and a running worker (the
+drivers' rules are in trioq/testing/conformance/limits.py; the 4-process race is in
+tests/test_queue_limits_race.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trioq
+from tests.support import Gate, make_app, running_worker, wait_until
+from trioq import cli
+from trioq._core.limits import Rate, parse_global_limit, parse_rate
+from trioq._memory import MemoryDriver
+
+
+def trioq_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
+    code = cli.main([*argv])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out) if "--json" in argv and code == 0 else captured.out
+    return code, out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"),
+    [("100/m", Rate(100, 60)), ("5/s", Rate(5, 1)), (" 7 / hour ", Rate(7, 3600)), ("none", None)],
+)
+def test_rates_are_read_as_n_per_period(text: str, rate: Rate | None) -> None:
+    assert parse_rate("rate", text) == rate
+
+
+@pytest.mark.parametrize("text", ["0/s", "-1/m", "100/fortnight", "x/m", "100", "1.5/s", ""])
+def test_a_bad_rate_names_the_accepted_form(text: str) -> None:
+    with pytest.raises(ValueError, match=r"^rate .*: expected N/PERIOD, .* one of s, m, h"):
+        parse_rate("rate", text)
+
+
+@pytest.mark.parametrize("value", [0, -1, "0", "-3", "x", 1.5, True, 100_001])
+def test_a_bad_global_limit_names_the_accepted_form(value: object) -> None:
+    with pytest.raises(ValueError, match=r"^limit .*: expected a whole number from 1 to 100000"):
+        parse_global_limit("limit", value)
+
+
+def test_the_app_refuses_bad_limits_naming_the_queue() -> None:
+    with pytest.raises(ValueError, match=r"^queue_limits\['partner'\] 0: expected a whole"):
+        trioq.App(queue_limits={"partner": 0})
+    with pytest.raises(ValueError, match=r"^queue_rates\['partner'\] '100/fortnight': expected"):
+        trioq.App(queue_rates={"partner": "100/fortnight"})
+
+
+def test_queue_limit_and_rate_from_the_command_line_and_bad_values_change_nothing(
+    pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--database-url", pg_url, "--schema", pg_schema]
+    assert cli.main(["migrate", *base]) == 0
+    capsys.readouterr()
+    code, text, _ = trioq_cli(capsys, "queue", "limit", "partner", "5", *base)
+    assert (code, text) == (0, "partner: global limit 5 (0 running)\n")
+    code, shown, _ = trioq_cli(capsys, "queue", "rate", "partner", "100/m", *base, "--json")
+    assert code == 0 and shown["limits"]["rate"] == "100/m"
+    assert shown["limits"]["global_limit"] == 5
+    for action, value in [("limit", "0"), ("limit", "-2"), ("rate", "100/fortnight")]:
+        code, _, err = trioq_cli(capsys, "queue", action, "partner", value, *base)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "expected" in err and value in err, err
+    code, _, err = trioq_cli(capsys, "queue", "rate", "partner", "x/m", *base)
+    assert code == 2 and "N/PERIOD" in err
+    code, text, _ = trioq_cli(capsys, "queue", "list", *base)
+    assert text == "partner: global limit 5 (0 running), rate 100/m (0 in the current window)\n"
+    assert trioq_cli(capsys, "queue", "limit", "partner", "none", *base)[0] == 0
+    code, text, _ = trioq_cli(capsys, "queue", "rate", "partner", "none", *base)
+    assert (code, text) == (0, "queue partner: no global or rate limit\n")
+    assert trioq_cli(capsys, "queue", "list", *base)[1] == "no paused or limited queues\n"
+
+
+async def test_a_limit_set_while_the_worker_runs_applies_without_a_restart(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A global limit of 1 lets one of 6 blocked jobs run; raised to 4 while the worker runs,
+    four run within the poll interval; from the next claim on, never more than the limit."""
+    app = make_app(pg_url, pg_schema, queue_limits={"partner": 1})
+    gate = Gate()
+
+    @app.task("call_partner", queue="partner")
+    async def call_partner(ctx: trioq.Context, payload: object) -> None:
+        gate.enter()
+        await gate.release.wait()
+
+    async with app.client(migrate=True) as client:
+        await client.enqueue_many("call_partner", [{}] * 6)
+        async with running_worker(app, ["partner"], concurrency=10, poll_interval=0.2):
+            with trio.fail_after(10):
+                await gate.wait_entered(1)
+            [limit] = await client.queue_limits()
+            assert (limit.global_limit, limit.running) == (1, 1)
+            await client.set_queue_limit("partner", 4)
+            with trio.fail_after(10):
+                await gate.wait_entered(4)
+            [limit] = await client.queue_limits()
+            assert limit.running == 4
+            gate.release.set()
+
+            async def all_done() -> bool:
+                jobs = await client.jobs(queue="partner")
+                return {job.state for job in jobs} == {trioq.JobState.COMPLETED}
+
+            with trio.fail_after(20):
+                await wait_until(all_done)
+
+
+async def test_a_rate_limited_queue_sleeps_until_its_next_start_instead_of_polling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Virtual time on the memory driver: with 2/m, two of five jobs start at once; the claim
+    loop then sends no claim until the window frees a start (60 s later), whatever its 1 s
+    poll interval, and the next two start then."""
+    app = trioq.App(schema="virtual", queue_rates={"partner": "2/m"})
+    started: list[float] = []
+
+    @app.task("call_partner", queue="partner")
+    async def call_partner(ctx: trioq.Context, payload: object) -> None:
+        started.append(trio.current_time())
+
+    driver = MemoryDriver()
+    async with app.client(driver=driver) as client:
+        await client.enqueue_many("call_partner", [{}] * 5)
+        t0 = trio.current_time()
+        async with running_worker(app, ["partner"], concurrency=10, poll_interval=1.0):
+            await trio.sleep(1)
+            assert len(started) == 2
+            claims = driver.statistics().calls["queue_limit_gate"]
+            await trio.sleep(57)  # the window is full until t0 + 60
+            assert driver.statistics().calls["queue_limit_gate"] == claims
+            assert len(started) == 2
+            await trio.sleep(5)
+            assert len(started) == 4
+    assert started[2] - t0 == pytest.approx(60, abs=0.5)
