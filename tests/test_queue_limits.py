@@ -13,9 +13,13 @@ import trio.testing
 
 import trioq
 from tests.support import Gate, make_app, running_worker, wait_until
+from tests.test_metrics import samples_of
 from trioq import cli
+from trioq._core.explain import Gate as ExplainGate
 from trioq._core.limits import Rate, parse_global_limit, parse_rate
 from trioq._memory import MemoryDriver
+from trioq.cli.ops import limit_line, read_status
+from trioq.testing.conformance import claim
 
 
 def trioq_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
@@ -129,9 +133,11 @@ async def test_a_rate_limited_queue_sleeps_until_its_next_start_instead_of_polli
     async with app.client(driver=driver) as client:
         await client.enqueue_many("call_partner", [{}] * 5)
         t0 = trio.current_time()
-        async with running_worker(app, ["partner"], concurrency=10, poll_interval=1.0):
+        async with running_worker(app, ["partner"], concurrency=10, poll_interval=1.0) as worker:
             await trio.sleep(1)
             assert len(started) == 2
+            samples = await samples_of(worker)
+            assert samples[("trioq_queue_held_by_limit", (("limit", "rate"), ("queue", "partner")))]
             claims = driver.statistics().calls["queue_limit_gate"]
             await trio.sleep(57)  # the window is full until t0 + 60
             assert driver.statistics().calls["queue_limit_gate"] == claims
@@ -139,3 +145,38 @@ async def test_a_rate_limited_queue_sleeps_until_its_next_start_instead_of_polli
             await trio.sleep(5)
             assert len(started) == 4
     assert started[2] - t0 == pytest.approx(60, abs=0.5)
+
+
+async def test_explain_and_status_name_the_global_limit_and_the_rate_limit() -> None:
+    app = trioq.App(schema="virtual", queue_limits={"partner": 1})
+
+    @app.task("call_partner", queue="partner")
+    async def call_partner(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    driver = MemoryDriver()
+    async with app.client(driver=driver) as client:
+        for change in app.queue_limits:
+            await driver.queue_limit_set(change)
+        first, second, third = await client.enqueue_many("call_partner", [{}, {}, {}])
+        [claimed] = await claim(driver, 10, queue="partner", tasks=("call_partner",))
+        assert claimed.id == first.id
+        why = await client.explain(second.id)
+        assert why.blocked_by == "limits"
+        assert why.verdict == "queue 'partner' at its global limit 1/1 (all workers)"
+        snapshot = await read_status(client)
+        assert [limit_line(limit) for limit in snapshot.limits] == [
+            "queue partner at its global limit 1/1"
+        ]
+        await client.set_queue_limit("partner", None)
+        await client.set_queue_rate("partner", "1/h")
+        gates = {gate.name: gate for gate in (await client.explain(second.id)).gates}
+        assert gates["limits"] == ExplainGate("limits", False, "queue 'partner' under its rate 1/h")
+        [limit] = await client.queue_limits()
+        assert limit.recent_starts == 0  # the first start came before the rate was set
+        assert len(await claim(driver, 10, queue="partner", tasks=("call_partner",))) == 1
+        why = await client.explain(third.id)
+        assert why.verdict.startswith("queue 'partner' rate limited until 20"), why.verdict
+        assert why.verdict.endswith("(in 3600s) (1/h)"), why.verdict
+        [line] = [limit_line(limit) for limit in (await read_status(client)).limits]
+        assert line.startswith("queue partner rate 1/h: 1 started in the window, rate limited")

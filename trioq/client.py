@@ -417,6 +417,12 @@ class Client:
         facts = await self.driver.job_explain(validate_job_id(job_id))
         if facts is None:
             raise JobNotFound(f"job_id: no job {job_id}")
+        queue = facts.job["queue"]
+        for limit in await self.driver.queue_limit_list():  # one row per limited queue
+            if limit.queue == queue:
+                rate = None if limit.rate is None else str(limit.rate)
+                row = {**attrs.asdict(limit, recurse=False), "rate": rate}
+                facts = attrs.evolve(facts, limits=row)
         return explain(facts)
 
     async def status_health(self) -> HealthReport:

@@ -21,6 +21,7 @@ from .._core.explain import Explanation, silence
 from .._driver import (
     HealthReport,
     QueueDemand,
+    QueueLimit,
     QueuePause,
     QueueStatus,
     UnroutableJobs,
@@ -37,6 +38,7 @@ class StatusSnapshot:
     health: HealthReport
     paused: tuple[QueuePause, ...] = ()
     unroutable: tuple[UnroutableJobs, ...] = ()
+    limits: tuple[QueueLimit, ...] = ()
 
 
 async def read_status(client: Client) -> StatusSnapshot:
@@ -47,6 +49,7 @@ async def read_status(client: Client) -> StatusSnapshot:
         health=await client.status_health(),
         paused=tuple(await client.paused_queues()),
         unroutable=tuple(await client.driver.job_unroutable()),
+        limits=tuple(await client.queue_limits()),
     )
 
 
@@ -100,6 +103,21 @@ def state_cell(worker: WorkerInfo) -> str:
     return worker.state if silent is None else f"silent {silent:.0f}s (probably dead)"
 
 
+def limit_line(limit: QueueLimit) -> str:
+    """`queue partner at its global limit 5/5; rate 100/m: 100 started in the window, rate
+    limited until 12:00:03`, for `trioq status` and `trioq explain`."""
+    parts = []
+    if limit.global_limit is not None:
+        at = "at its" if limit.running >= limit.global_limit else "under its"
+        parts.append(f"{at} global limit {limit.running}/{limit.global_limit}")
+    if limit.rate is not None:
+        rate = f"rate {limit.rate}: {limit.recent_starts} started in the window"
+        if limit.rate_limited_until is not None:
+            rate += f", rate limited until {limit.rate_limited_until:%Y-%m-%d %H:%M:%S.%f}"
+        parts.append(rate)
+    return f"queue {limit.queue} " + "; ".join(parts)
+
+
 def heartbeat_cell(worker: WorkerInfo) -> str:
     """The last heartbeat's age (database time), e.g. `4s ago`."""
     if worker.heartbeat_age_seconds is None:
@@ -125,6 +143,7 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         f"queue {p.queue} is PAUSED since {p.paused_at:%Y-%m-%d %H:%M:%S} (trioq queue resume)"
         for p in snapshot.paused
     ]
+    limited = [limit_line(limit) for limit in snapshot.limits]
     silent = sum(worker_silence(w) is not None for w in snapshot.workers)
     title = f"workers ({len(snapshot.workers)}" + (f", {silent} silent)" if silent else ")")
     workers = Table(title=title, title_justify="left")
@@ -174,7 +193,7 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         ("jobs last autovacuum", vacuum),
     ]:
         pressure.add_row(label, text)
-    return Group(queues, *paused, workers, *unroutable, health, pressure)
+    return Group(queues, *paused, *limited, workers, *unroutable, health, pressure)
 
 
 async def run_status(client: Client, args: argparse.Namespace, console: Console) -> int:
