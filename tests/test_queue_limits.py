@@ -4,15 +4,17 @@ tests/test_queue_limits_race.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 import trio.testing
 
 import trioq
-from tests.support import Gate, make_app, running_worker, wait_until
+from tests.support import Gate, make_app, running_worker, scalar, wait_until
 from tests.test_metrics import samples_of
 from trioq import cli
 from trioq._core.explain import Gate as ExplainGate
@@ -180,3 +182,63 @@ async def test_explain_and_status_name_the_global_limit_and_the_rate_limit() -> 
         assert why.verdict.endswith("(in 3600s) (1/h)"), why.verdict
         [line] = [limit_line(limit) for limit in (await read_status(client)).limits]
         assert line.startswith("queue partner rate 1/h: 1 started in the window, rate limited")
+
+
+async def test_a_claim_waiting_for_the_gate_counts_the_jobs_claimed_while_it_waited(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Another session holds the queue's gate and has made 3 of its jobs running, not yet
+    committed; a worker's claim waits for the lock (seen in pg_stat_activity) and, once the
+    other commits, counts those 3 against the limit of 3 and claims none. A count on the
+    snapshot from before the lock wait would have seen 0 running and claimed 3 more."""
+    app = make_app(pg_url, pg_schema, queue_limits={"partner": 3})
+
+    @app.task("call", queue="partner")
+    async def call(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client:
+        for change in app.queue_limits:
+            await client.driver.queue_limit_set(change)
+        jobs = [job.id for job in await client.enqueue_many("call", [{}] * 6, queue="partner")]
+        other = await trio.to_thread.run_sync(
+            functools.partial(psycopg.connect, pg_url, autocommit=True)
+        )
+
+        async def run(query: str, params: Any = None) -> None:
+            await trio.to_thread.run_sync(other.execute, query, params)
+
+        with other:
+            await run("BEGIN")
+            await run(f"SELECT * FROM {pg_schema}.queue_limit_gate('partner', 3)")
+            await run(
+                f"UPDATE {pg_schema}.jobs SET state = 'running', attempt = 1, "
+                "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 min' "
+                "WHERE id = ANY(%s)",
+                (jobs[:3],),
+            )
+            claimed: list[int] = []
+
+            async def claim_partner() -> None:
+                found = await claim(client.driver, 10, queue="partner", tasks=("call",))
+                claimed.extend(job.id for job in found)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim_partner)
+
+                async def waits_for_the_lock() -> bool:
+                    return bool(
+                        await scalar(
+                            pg_url,
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                            "'Lock' AND query LIKE '%%queue_limit_gate%%'",
+                        )
+                    )
+
+                with trio.fail_after(10):
+                    await wait_until(waits_for_the_lock)
+                assert claimed == []
+                await run("COMMIT")
+            assert claimed == []
+        [limit] = await client.queue_limits()
+        assert limit.running == 3
