@@ -17,6 +17,7 @@ import attrs
 
 from ._core import outcomes
 from ._core.explain import ExplainFacts
+from ._core.limits import Rate
 
 # --- params ---------------------------------------------------------------------------------
 
@@ -520,6 +521,11 @@ class SettleAndClaimResult:
     # trio's clock when the reply arrived, before its rows were decoded (None: not measured;
     # the caller takes its own clock). The pair (now, replied_at) maps database time to trio's.
     replied_at: float | None = None
+    # The queue's rate limit allows no start before this (database time; None: no rate limit
+    # holds the claim back). The claim loop sleeps until then instead of asking again.
+    rate_limited_until: datetime.datetime | None = None
+    # The queue's global limit held this claim back (it claimed fewer than it asked for).
+    at_global_limit: bool = False
 
     @property
     def settled_ids(self) -> tuple[int, ...]:
@@ -836,6 +842,31 @@ class ScheduleFireReport:
 
 
 @attrs.frozen
+class QueueLimitSet:
+    """`trioq queue limit` / `trioq queue rate`: change one or both of a queue's cluster-wide
+    limits (`set_limit`/`set_rate` say which; a None value removes that limit). A queue left
+    with neither has no row, and its claim pays nothing for limits."""
+
+    queue: str
+    set_limit: bool = False
+    global_limit: int | None = None
+    set_rate: bool = False
+    rate: Rate | None = None
+
+
+@attrs.frozen
+class QueueLimit:
+    """A queue's cluster-wide limits and where it stands against them now."""
+
+    queue: str
+    global_limit: int | None
+    rate: Rate | None
+    running: int  # the queue's running jobs, across workers
+    recent_starts: int  # starts within the rate's current window (0 without a rate)
+    rate_limited_until: datetime.datetime | None  # no start before this (None: one may start)
+
+
+@attrs.frozen
 class QueuePause:
     queue: str
     paused_at: datetime.datetime
@@ -1016,6 +1047,9 @@ class Driver(Protocol):
     async def concurrency_key_status(
         self, keys: Sequence[str] | None = None
     ) -> list[ConcurrencyKeyStatus]: ...
+    async def queue_limit_set(self, params: QueueLimitSet) -> None: ...
+
+    async def queue_limit_list(self) -> list[QueueLimit]: ...
 
     async def worker_register(self, params: WorkerRegistration) -> None: ...
 

@@ -14,10 +14,11 @@ import trio
 
 from ._core.concurrency import KeyTemplate
 from ._core.errors import ConfigurationError
-from ._core.identifiers import validate_prepared_statements, validate_schema
+from ._core.identifiers import validate_name, validate_prepared_statements, validate_schema
+from ._core.limits import parse_global_limit, parse_rate
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
-from ._driver import Driver, NewSchedule
+from ._driver import Driver, NewSchedule, QueueLimitSet
 from ._enqueue import Enqueuer, TaskDeclaration
 from ._pg.libpq import DATABASE_URL_ENV as DATABASE_URL_ENV  # re-exported: its old home
 from ._runtime.active import ACTIVE_CLIENT
@@ -75,6 +76,26 @@ def _import_error(module_name: str, exc: ModuleNotFoundError) -> ConfigurationEr
     )
 
 
+def queue_limit_changes(
+    limits: Mapping[str, int | None], rates: Mapping[str, str | None]
+) -> tuple[QueueLimitSet, ...]:
+    """The App's declared limits as the changes a starting worker writes (a queue named in
+    one mapping keeps the other limit as stored)."""
+    changes = []
+    for queue in sorted({*limits, *rates}):
+        validate_name("queue_limits" if queue in limits else "queue_rates", queue)
+        changes.append(
+            QueueLimitSet(
+                queue,
+                set_limit=queue in limits,
+                global_limit=parse_global_limit(f"queue_limits[{queue!r}]", limits.get(queue)),
+                set_rate=queue in rates,
+                rate=parse_rate(f"queue_rates[{queue!r}]", rates.get(queue)),
+            )
+        )
+    return tuple(changes)
+
+
 class App:
     """Tasks are registered with `@app.task(name)`; `app.client()` opens the database pool.
 
@@ -92,8 +113,13 @@ class App:
         pool_size: int = 10,
         prepared_statements: str = "auto",
         listen_url: str | None = None,
+        queue_limits: Mapping[str, int | None] | None = None,
+        queue_rates: Mapping[str, str | None] | None = None,
     ) -> None:
         self.schema = validate_schema(schema)
+        # Cluster-wide limits (docs/flow-control.md), checked here and written by each worker
+        # as it starts: `queue_limits={"partner": 5}`, `queue_rates={"partner": "100/m"}`.
+        self.queue_limits = queue_limit_changes(queue_limits or {}, queue_rates or {})
         self.database_url = database_url
         self.pool_size = pool_size
         self.prepared_statements = validate_prepared_statements(prepared_statements)
@@ -402,4 +428,6 @@ class App:
         of name to slots (`{"default": 25, "mail": 2}`). Use
         `await nursery.start(app.run_worker, ...)` to get the Worker."""
         worker = self.worker(queues, concurrency, hooks=hooks, **config)
+        for change in self.queue_limits:
+            await worker.driver.queue_limit_set(change)
         await worker.run(task_status=task_status)

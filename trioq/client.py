@@ -17,6 +17,7 @@ from ._core.concurrency import validate_limit, validate_pattern
 from ._core.errors import JobFailed, JobNotFound, ResultTimeout, ValueNotSet
 from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
+from ._core.limits import Rate, parse_global_limit, parse_rate
 from ._core.states import TERMINAL_STATES, JobState
 from ._driver import (
     AttemptRecord,
@@ -32,6 +33,8 @@ from ._driver import (
     JobRecord,
     Listener,
     QueueDemand,
+    QueueLimit,
+    QueueLimitSet,
     QueuePause,
     QueueStatus,
     ScheduleRecord,
@@ -415,12 +418,41 @@ class Client:
         wanted = None if keys is None else [validate_key("key", key) or "" for key in keys]
         return await self.driver.concurrency_key_status(wanted)
 
+    async def set_queue_limit(self, queue: str, limit: int | str | None) -> None:
+        """At most `limit` jobs of `queue` running at once across every worker (None or
+        "none": no global limit). Workers apply it from their next claim, within a second;
+        running jobs are never stopped. Bad values raise ValueError and change nothing."""
+        change = QueueLimitSet(
+            validate_name("queue", queue),
+            set_limit=True,
+            global_limit=parse_global_limit("limit", limit),
+        )
+        await self.driver.queue_limit_set(change)
+
+    async def set_queue_rate(self, queue: str, rate: str | Rate | None) -> None:
+        """At most N starts of `queue`'s jobs in any window of PERIOD ("100/m", "5/s"; None
+        or "none": no rate limit), across every worker, from their next claim."""
+        change = QueueLimitSet(
+            validate_name("queue", queue), set_rate=True, rate=parse_rate("rate", rate)
+        )
+        await self.driver.queue_limit_set(change)
+
+    async def queue_limits(self) -> list[QueueLimit]:
+        """Each queue with a cluster-wide limit, against it now."""
+        return await self.driver.queue_limit_list()
+
     async def explain(self, job_id: int) -> Explanation:
         """Why the job is (not) running: its claim gates in order, the first blocking one first
         in `verdict` (`trioq explain JOB_ID`)."""
         facts = await self.driver.job_explain(validate_job_id(job_id))
         if facts is None:
             raise JobNotFound(f"job_id: no job {job_id}")
+        queue = facts.job["queue"]
+        for limit in await self.driver.queue_limit_list():  # one row per limited queue
+            if limit.queue == queue:
+                rate = None if limit.rate is None else str(limit.rate)
+                row = {**attrs.asdict(limit, recurse=False), "rate": rate}
+                facts = attrs.evolve(facts, limits=row)
         return explain(facts)
 
     async def status_health(self) -> HealthReport:

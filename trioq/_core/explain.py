@@ -35,6 +35,9 @@ class ExplainFacts:
     pause: Row | None = None  # the queue's queue_pauses row when it is paused
     # The job's concurrency key: {"running": n, "limit": l} (None: it has no key)
     concurrency: Row | None = None
+    # The queue's cluster-wide limits against them now (global_limit, running, rate,
+    # rate_limited_until), when it has any (Client.explain adds them).
+    limits: Row | None = None
 
 
 @attrs.frozen
@@ -82,6 +85,7 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
             _wait_gate(job, now),
             _lease_gate(job, facts.workers, now, live_seconds),
             _pause_gate(job, facts.pause, now),
+            _limits_gate(job, facts.limits, now),
             _key_gate(job, facts, now),
             *_concurrency_gates(job, facts.concurrency),
             *_worker_gates(job, facts.workers, now, live_seconds),
@@ -188,6 +192,30 @@ def _lease_gate(
         f"running on worker {worker_id} ({where}), attempt {job['attempt']}/"
         f"{job['max_attempts']}, lease until {_at(expires, now)}",
     )
+
+
+def _limits_gate(job: Row, limits: Row | None, now: datetime.datetime) -> Gate:
+    # The claim's gate (migration 0023) runs before it looks at any job of the queue.
+    queue = job["queue"]
+    if limits is None:
+        return Gate("limits", False, f"queue {queue!r} has no global or rate limit")
+    waiting = job["state"] in (JobState.READY, JobState.SCHEDULED)
+    limit, running = limits.get("global_limit"), limits.get("running", 0)
+    until = when(limits.get("rate_limited_until"))
+    if waiting and limit is not None and running >= limit:
+        return Gate(
+            "limits", True, f"queue {queue!r} at its global limit {running}/{limit} (all workers)"
+        )
+    if waiting and until is not None and until > now:
+        return Gate(
+            "limits",
+            True,
+            f"queue {queue!r} rate limited until {_at(until, now)} ({limits.get('rate')})",
+        )
+    parts = [f"global limit {running}/{limit}"] if limit is not None else []
+    if limits.get("rate") is not None:
+        parts.append(f"rate {limits['rate']}")
+    return Gate("limits", False, f"queue {queue!r} under its " + " and ".join(parts))
 
 
 def _pause_gate(job: Row, pause: Row | None, now: datetime.datetime) -> Gate:

@@ -66,6 +66,8 @@ from .._driver import (
     NewSchedule,
     NotifyCallback,
     QueueDemand,
+    QueueLimit,
+    QueueLimitSet,
     QueuePause,
     QueueProbe,
     QueueStatus,
@@ -99,7 +101,7 @@ from .._driver import (
     WrittenCheckpoint,
 )
 from .._sql import migrations
-from . import concurrency, messages, reads, waits
+from . import concurrency, limits, messages, reads, waits
 from .state import (
     FINISHED_STATES,
     SECOND,
@@ -327,6 +329,10 @@ class MemoryDriver:
                 if text is not None:
                     json.loads(text)
         now = await self._state.statement("job_settle_and_claim")
+        gated = limits.gate(self._state, params.queue, params.limit, now) if params.limit else None
+        if gated is not None:  # a limited queue: its gate's count, no early claims
+            self._state.calls["queue_limit_gate"] += 1
+            params = attrs.evolve(params, limit=gated.allowed, lookahead_seconds=0.0)
         early = now + params.lookahead_seconds * SECOND
         due = self._due_rows(params.queue, early, params.promote_limit)
         claimable = [
@@ -356,7 +362,18 @@ class MemoryDriver:
             outbox.add(self._state.ready_channel(params.queue), params.queue)
         claimed = tuple(self._claim(row, params, now) for row in candidates)
         self._state.deliver(outbox)
+        rate_limited_until = None
+        if gated is not None:
+            rate_limited_until = (
+                limits.spend(self._state, params.queue, len(claimed), now)
+                if claimed
+                else None
+                if gated.allowed
+                else gated.next_start_at
+            )
         return SettleAndClaimResult(
+            rate_limited_until=rate_limited_until,
+            at_global_limit=gated is not None and gated.at_global_limit,
             settled=tuple(settled),
             claimed=claimed,
             now=now,
@@ -867,6 +884,17 @@ class MemoryDriver:
         outbox.add(self._state.ready_channel(queue), queue)
         self._state.deliver(outbox)
         return True
+
+    async def queue_limit_set(self, params: QueueLimitSet) -> None:
+        await self._state.statement("queue_limit_set")
+        limits.change(self._state, params)
+        outbox = Outbox()  # a raised limit may free slots: wake the queue's workers
+        outbox.add(self._state.ready_channel(params.queue), params.queue)
+        self._state.deliver(outbox)
+
+    async def queue_limit_list(self) -> list[QueueLimit]:
+        now = await self._state.statement("queue_limit_list")
+        return limits.listing(self._state, now)
 
     async def queue_pause_list(self) -> list[QueuePause]:
         await self._state.statement("queue_pause_list")

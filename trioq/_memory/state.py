@@ -22,6 +22,7 @@ import trio
 
 from .._core.channels import CHANNEL_SHARDS, result_channel
 from .._core.identifiers import validate_key, validate_name
+from .._core.limits import Rate
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
 from .._driver import AttemptRecord, ConcurrencyLimit, Lease, NewJob, WorkerRegistration
@@ -33,6 +34,15 @@ EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
 FINISHED_STATES = TERMINAL_STATES
 SUSPENDED_OR_SCHEDULED = SUSPENDED_STATES | {JobState.SCHEDULED}
 SECOND = datetime.timedelta(seconds=1)
+
+
+@attrs.define(eq=False)
+class QueueLimitRow:
+    """One queue's cluster-wide limits; `recent_starts` is the rate's log, oldest first."""
+
+    global_limit: int | None = None
+    rate: Rate | None = None
+    recent_starts: tuple[datetime.datetime, ...] = ()
 
 
 @attrs.define(eq=False)
@@ -212,6 +222,8 @@ class MemoryState:
     paused: dict[str, datetime.datetime] = attrs.field(factory=dict)
     # pattern -> its limit: the concurrency_limits table (migration 0027)
     concurrency_limits: dict[str, ConcurrencyLimit] = attrs.field(factory=dict)
+    # queue -> its cluster-wide limits (the queue_limits table, migration 0023)
+    limits: dict[str, QueueLimitRow] = attrs.field(factory=dict)
     listeners: set[MemoryListener] = attrs.field(factory=set)
     ids: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
     migrated: bool = False

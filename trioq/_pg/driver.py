@@ -26,6 +26,7 @@ import trio
 from .._core.channels import control_channel, schedules_channel
 from .._core.errors import SchemaNotMigrated
 from .._core.explain import ExplainFacts
+from .._core.limits import Rate
 from .._core.outcomes import rule_of
 from .._core.schedule import fire_dedup_key
 from .._driver import (
@@ -63,6 +64,8 @@ from .._driver import (
     NotifyCallback,
     QueueAdmission,
     QueueDemand,
+    QueueLimit,
+    QueueLimitSet,
     QueuePause,
     QueueProbe,
     QueueStatus,
@@ -110,6 +113,7 @@ from . import (
 from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
+from .limits import LimitedQueues
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -352,6 +356,7 @@ class PgDriver:
     # Per queue: whether its last settle-and-claim round saw no ready keyed row and no row due
     # within the lookahead, so the next may be a plain one.
     _plain_queues: dict[str, bool] = attrs.field(init=False, factory=dict)
+    _limited: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
 
     def __attrs_post_init__(self) -> None:
         self._sql = queries(self.schema)
@@ -485,41 +490,85 @@ class PgDriver:
         Runs job_settle_and_claim_plain instead when `_plain_round` allows; when that one
         finds keyed or due work it claims nothing and the full statement claims, at once on
         the same connection, so the round claims what the full statement alone would have.
-        Every reply tells whether the queue's next round may be plain (`_plain_queues`)."""
+        Every reply tells whether the queue's next round may be plain (`_plain_queues`).
+        A claim of a queue with cluster-wide limits goes through its gate (`_gated_round`)."""
         if not params.limit and params.settlements and _all_plain(params.settlements):
             return await self._complete_plain(params)
+        if params.limit and await self._limited.limited(params.queue, self._queue_limited):
+            return await self._gated_round(params)
         async with self._pool.connection() as conn:
-            if self._plain_round(params):
-                rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
-                first, settled, claimed = _round_rows(rows)
-                plain = SettleAndClaimResult(
-                    settled=settled,
-                    claimed=claimed,
-                    now=rows[-1][5],
-                    next_due=first[6],
-                    replied_at=conn.replied_at,
+            return await self._round(conn, params)
+
+    async def _queue_limited(self, queue: str) -> bool:
+        [[limited]] = await self._fetch("queue_limited", {"queue": queue})
+        return bool(limited)
+
+    async def _gated_round(self, params: SettleAndClaim) -> SettleAndClaimResult:
+        """A limited queue's round, in one transaction: the gate (it locks the queue's limits
+        row until COMMIT and says how many jobs may start), the round claiming at most that
+        many, and the claimed rows' start time and rate log entries (queue_limit_spend; the
+        migration says why the start time is the gate's). Rows due within the lookahead are
+        not claimed early here: a start is counted when it is recorded, at the claim."""
+        queue = params.queue
+        async with self._pool.connection() as conn, conn.transaction():
+            self._calls["queue_limit_gate"] += 1
+            [gate] = await self._query(
+                conn, "queue_limit_gate", {"queue": queue, "requested": params.limit}
+            )
+            allowed, running, global_limit, rate_allowed, _, next_start_at, started_at = gate
+            self._limited.note(queue, global_limit is not None or rate_allowed is not None)
+            result = await self._round(
+                conn, attrs.evolve(params, limit=allowed, lookahead_seconds=0.0)
+            )
+            if result.claimed and started_at is not None:
+                self._calls["queue_limit_spend"] += 1
+                claimed = [job.id for job in result.claimed]
+                [[next_start_at]] = await self._query(
+                    conn,
+                    "queue_limit_spend",
+                    {"queue": queue, "claimed": claimed, "started_at": started_at},
                 )
-                if not first[2]:  # not blocked: this was the whole round, and the next may be
-                    return plain
-                self._plain_queues[params.queue] = False
-                if not params.limit:  # a settle only (the completer's): nothing to claim
-                    return plain
-                params = attrs.evolve(params, settlements=())  # written: the claim is left
-                try:
-                    rows = await self._settle_rows(conn, params)
-                except Exception as exc:
-                    if not is_connection_lost(exc):
-                        raise
-                    # The outcomes are committed: report them (a retried round would find them
-                    # written and call them lost); the next round, a full one, claims.
-                    logger.warning(
-                        "the claim after a plain round failed (%s): the next round claims", exc
-                    )
-                    return plain
-            else:
-                settled = None
+            elif allowed:
+                next_start_at = None  # nothing started: the window is not full
+        return attrs.evolve(
+            result,
+            rate_limited_until=next_start_at,
+            at_global_limit=global_limit is not None and running + allowed >= global_limit,
+        )
+
+    async def _round(self, conn: Connection, params: SettleAndClaim) -> SettleAndClaimResult:
+        """One settle-and-claim round on `conn` (see job_settle_and_claim)."""
+        if self._plain_round(params):
+            rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
+            first, settled, claimed = _round_rows(rows)
+            plain = SettleAndClaimResult(
+                settled=settled,
+                claimed=claimed,
+                now=rows[-1][5],
+                next_due=first[6],
+                replied_at=conn.replied_at,
+            )
+            if not first[2]:  # not blocked: this was the whole round, and the next may be
+                return plain
+            self._plain_queues[params.queue] = False
+            if not params.limit:  # a settle only (the completer's): nothing to claim
+                return plain
+            params = attrs.evolve(params, settlements=())  # written: the claim is left
+            try:
                 rows = await self._settle_rows(conn, params)
-            replied_at = conn.replied_at
+            except Exception as exc:
+                if not is_connection_lost(exc):
+                    raise
+                # The outcomes are committed: report them (a retried round would find them
+                # written and call them lost); the next round, a full one, claims.
+                logger.warning(
+                    "the claim after a plain round failed (%s): the next round claims", exc
+                )
+                return plain
+        else:
+            settled = None
+            rows = await self._settle_rows(conn, params)
+        replied_at = conn.replied_at
         first, written, claimed = _round_rows(rows)
         next_due, now = first[6], rows[-1][5]
         # The next round may be plain when this one saw no ready keyed row, promoted nothing
@@ -811,6 +860,37 @@ class PgDriver:
         params = {"keys": None if keys is None else list(keys)}
         rows = await self._retrying("concurrency_key_status", params)
         return [ConcurrencyKeyStatus(*row) for row in rows]
+
+    async def queue_limit_set(self, params: QueueLimitSet) -> None:
+        """Retried on a lost connection: applying the same change twice leaves the same row."""
+        rate = params.rate
+        await self._retrying(
+            "queue_limit_set",
+            {
+                "queue": params.queue,
+                "set_limit": params.set_limit,
+                "global_limit": params.global_limit,
+                "set_rate": params.set_rate,
+                "rate_allowed": None if rate is None else rate.allowed,
+                "rate_period": None if rate is None else rate.period,
+            },
+        )
+        self._limited.forget(params.queue)
+
+    async def queue_limit_list(self) -> list[QueueLimit]:
+        return [
+            QueueLimit(
+                queue=queue,
+                global_limit=global_limit,
+                rate=None if allowed is None else Rate(allowed, period),
+                running=running,
+                recent_starts=recent,
+                rate_limited_until=until,
+            )
+            for queue, global_limit, allowed, period, running, recent, until in (
+                await self._retrying("queue_limit_list")
+            )
+        ]
 
     # --- workers and status ---------------------------------------------------------------
 

@@ -128,6 +128,9 @@ class ClaimLoop:
     # the rounds sent before that write committed (they could not see those rows).
     _written_due_at: float | None = None
     _written_before_round: int = 0
+    # trio time before which the queue's rate limit allows no start: wake-ups before it run no
+    # round (a stream of notifications would otherwise ask the gate again and again).
+    _rate_limited_at: float | None = None
     _backoff: float = 0.1
     # Poll sharing (polls.py): when the idle poll is due, its time before a probe held it, and
     # the wait's timer while the loop waits (a round in flight may move it: a sooner due time).
@@ -226,6 +229,10 @@ class ClaimLoop:
                 # (with none running, nothing can: a notification's round goes at once).
                 await trio.lowlevel.checkpoint()
             limit = self._claim_limit()
+            if limit and self._rate_limited_at is not None:
+                if trio.current_time() < self._rate_limited_at:
+                    continue  # the timer fires when a start is allowed
+                self._rate_limited_at = None
             if limit == 0:
                 # Every slot is busy: the next due time is no reason to wake (an opening slot
                 # wakes the loop, and its round learns the next due time again).
@@ -282,7 +289,7 @@ class ClaimLoop:
 
     def _timer_deadline(self) -> float:
         deadline = self._poll_at
-        for due_at in (self._next_due_at, self._written_due_at):
+        for due_at in (self._next_due_at, self._written_due_at, self._rate_limited_at):
             if due_at is not None:
                 deadline = min(deadline, due_at)
         return deadline
@@ -390,6 +397,11 @@ class ClaimLoop:
             # that comes early finds the row not due yet and sets the timer again.
             wait = (result.next_due - result.now).total_seconds() - TIMER_EARLY_SECONDS
             self._next_due_at = sent_at + max(0.0, wait)
+        self._rate_limited_at = None
+        if result.rate_limited_until is not None:
+            wait = (result.rate_limited_until - result.now).total_seconds()
+            if wait > 0:
+                self._rate_limited_at = sent_at + wait
         self._reset_timer()
         self._claimed_total += len(result.claimed)
         if self.hooks.on_round:

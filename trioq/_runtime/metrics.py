@@ -46,6 +46,7 @@ from .._driver import (
     Driver,
     EventWaitOutcome,
     QueueDemand,
+    SettleAndClaimResult,
     SpawnOutcome,
     WaitChildren,
     WaitEvent,
@@ -73,6 +74,10 @@ class WorkerMetrics:
     notifications: Counter = attrs.field(init=False)
     poll_wakeups: Counter = attrs.field(init=False)
     open_slots: Gauge = attrs.field(init=False)
+    held_by_limit: Gauge = attrs.field(init=False)
+    # Queues whose claims a cluster-wide limit has held back: only their rounds set the gauge
+    # (a queue that never met a limit pays no gauge update per round).
+    limited_queues: set[str] = attrs.field(init=False, factory=set)
     queue_concurrency: Gauge = attrs.field(init=False)
     effective_limit: Gauge = attrs.field(init=False)
     admission_reason: Gauge = attrs.field(init=False)
@@ -117,6 +122,13 @@ class WorkerMetrics:
         )
         self.open_slots = Gauge(
             "trioq_open_slots", "Slots not owned by a job", ["queue"], registry=r
+        )
+        self.held_by_limit = Gauge(
+            "trioq_queue_held_by_limit",
+            "1 while the queue's last claim here was held back by its cluster-wide limit "
+            "(limit: global or rate)",
+            ["queue", "limit"],
+            registry=r,
         )
         self.queue_concurrency = Gauge(
             "trioq_queue_concurrency", "Slots the worker has for the queue", ["queue"], registry=r
@@ -203,6 +215,13 @@ class WorkerMetrics:
             self.child(self.claims, queue).inc()
         if claimed:
             self.child(self.claimed_jobs, queue).inc(claimed)
+
+    def held(self, queue: str, result: SettleAndClaimResult) -> None:
+        """A limited queue's claim: whether its global or rate limit held it back."""
+        self.limited_queues.add(queue)
+        self.held_by_limit.labels(queue, "global").set(1 if result.at_global_limit else 0)
+        rate_held = result.rate_limited_until is not None
+        self.held_by_limit.labels(queue, "rate").set(1 if rate_held else 0)
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once (for the metrics updated every round)."""
@@ -348,6 +367,12 @@ class _InstrumentedDriver:
                 metrics.child(metrics.claim_seconds, queue).observe(elapsed)
                 if on_claim is not None:
                     on_claim(queue, elapsed)
+                if args[0].limit and (
+                    result.at_global_limit
+                    or result.rate_limited_until is not None
+                    or queue in metrics.limited_queues
+                ):
+                    metrics.held(queue, result)
             elif written is not None:
                 count = written(args[0], result)
                 if count:

@@ -2372,3 +2372,79 @@ CROSS JOIN (SELECT count(*) FROM detached) AS d;
 -- `on_parent_cancel` policy (cancel, abandon, wait) unless `tree` asks for the whole tree.
 SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s, %(tree)s);
+
+-- name: queue_limited
+-- Whether the queue has cluster-wide limits (a row of queue_limits): PgDriver asks once a
+-- second per limited or unlimited queue it claims for, so a limit set while workers run takes
+-- effect within a second, and an unlimited queue's claim statement stays as it is.
+SELECT EXISTS (SELECT 1 FROM {schema}.queue_limits q WHERE q.queue = %(queue)s::text);
+
+-- name: queue_limit_gate
+-- A limited queue's claim, first statement of its transaction (the function's comment in
+-- migration 0023 explains the lock and the fresh snapshot of the running count).
+SELECT allowed, running, global_limit, rate_allowed, rate_period, next_start_at, started_at
+FROM {schema}.queue_limit_gate(%(queue)s::text, %(requested)s::int);
+
+-- name: queue_limit_spend
+-- A limited queue's claim, after the claim statement and before COMMIT (run only when it took
+-- jobs): their start time, and with a rate their entry in its log.
+SELECT {schema}.queue_limit_spend(%(queue)s::text, %(claimed)s::bigint[],
+                                  %(started_at)s::timestamptz);
+
+-- name: queue_limit_set
+-- `trioq queue limit` / `trioq queue rate`: merge the change into the queue's row; a queue left
+-- with no limit loses its row. The queue's workers are woken (a raised limit may free slots);
+-- a lowered limit applies from their next claim, and running jobs are never stopped.
+WITH wanted AS (
+    SELECT %(queue)s::text AS queue,
+           %(set_limit)s::bool AS set_limit, %(global_limit)s::int AS global_limit,
+           %(set_rate)s::bool AS set_rate, %(rate_allowed)s::int AS rate_allowed,
+           %(rate_period)s::float8 AS rate_period
+),
+current AS MATERIALIZED (
+    SELECT q.* FROM {schema}.queue_limits q JOIN wanted w ON q.queue = w.queue FOR UPDATE OF q
+),
+merged AS MATERIALIZED (
+    SELECT w.queue,
+           CASE WHEN w.set_limit THEN w.global_limit ELSE c.global_limit END AS global_limit,
+           CASE WHEN w.set_rate THEN w.rate_allowed ELSE c.rate_allowed END AS rate_allowed,
+           CASE WHEN w.set_rate THEN w.rate_period ELSE c.rate_period END AS rate_period
+    FROM wanted w LEFT JOIN current c ON true
+),
+removed AS (
+    DELETE FROM {schema}.queue_limits q USING merged m
+    WHERE q.queue = m.queue AND m.global_limit IS NULL AND m.rate_allowed IS NULL
+    RETURNING q.queue
+),
+upserted AS (
+    INSERT INTO {schema}.queue_limits AS q (queue, global_limit, rate_allowed, rate_period,
+                                            updated_at)
+    SELECT m.queue, m.global_limit, m.rate_allowed, m.rate_period, {schema}.db_now()
+    FROM merged m WHERE m.global_limit IS NOT NULL OR m.rate_allowed IS NOT NULL
+    ON CONFLICT (queue) DO UPDATE
+        SET global_limit = excluded.global_limit, rate_allowed = excluded.rate_allowed,
+            rate_period = excluded.rate_period, updated_at = excluded.updated_at
+    RETURNING q.queue
+)
+SELECT pg_notify({schema}.ready_channel(w.queue), w.queue),
+       (SELECT count(*) FROM removed) + (SELECT count(*) FROM upserted) AS changed
+FROM wanted w;
+
+-- name: queue_limit_list
+-- Each limited queue against its limits now (status, explain, /metrics): its running jobs
+-- across workers, the starts in the rate's window, and when the next start is allowed when
+-- the window is full (the oldest start it counts, plus the period).
+SELECT q.queue, q.global_limit, q.rate_allowed, q.rate_period,
+       (SELECT count(*) FROM {schema}.jobs j
+        WHERE j.state = 'running' AND j.queue = q.queue)::int AS running,
+       coalesce(w.counted, 0)::int AS recent_starts,
+       CASE WHEN w.counted >= q.rate_allowed
+            THEN w.starts[w.counted - q.rate_allowed + 1]
+                 + q.rate_period * interval '1 second' END AS rate_limited_until
+FROM {schema}.queue_limits q
+LEFT JOIN LATERAL (
+    SELECT count(*) AS counted, array_agg(s.at ORDER BY s.at) AS starts
+    FROM unnest(q.recent_starts) AS s(at)
+    WHERE s.at > {schema}.db_now() - q.rate_period * interval '1 second'
+) AS w ON q.rate_allowed IS NOT NULL
+ORDER BY q.queue;

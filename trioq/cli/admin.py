@@ -15,14 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._core.concurrency import LIMIT_FORM, MAX_LIMIT, validate_pattern
+from .._core.concurrency import LIMIT_FORM as KEY_LIMIT_FORM
+from .._core.concurrency import MAX_LIMIT, validate_pattern
 from .._core.errors import JobNotFound
-from .._core.identifiers import validate_schema
+from .._core.identifiers import validate_name, validate_schema
+from .._core.limits import LIMIT_FORM, RATE_FORM, parse_global_limit, parse_rate
 from .._core.states import TERMINAL_IN_ORDER, JobState
 from .workflows import print_workflow
 
 if TYPE_CHECKING:  # imported when a command runs: `trioq --help` builds this parser
-    from .._driver import JobRecord
+    from .._driver import JobRecord, QueueLimit
     from ..app import App
     from ..client import Client
 
@@ -240,6 +242,10 @@ async def cmd_purge(args: argparse.Namespace) -> int:
 async def cmd_queue(args: argparse.Namespace) -> int:
     if args.action != "list" and args.name is None:
         raise ValueError(f"queue {args.action}: name the queue (trioq queue {args.action} NAME)")
+    if args.action in ("limit", "rate"):
+        return await _queue_limits(args)
+    if args.value is not None:
+        raise ValueError(f"queue {args.action}: takes only the queue's name, not {args.value!r}")
     async with _app(args).client() as client:
         if args.action == "pause":
             changed = await client.pause_queue(args.name)
@@ -248,16 +254,22 @@ async def cmd_queue(args: argparse.Namespace) -> int:
         else:
             changed = True
         paused = await client.paused_queues()
+        limits = await client.queue_limits() if args.action == "list" else []
     if args.json:
-        _print_json({"changed": changed, "paused": [_plain(p) for p in paused]})
+        shown = {"changed": changed, "paused": [_plain(p) for p in paused]}
+        if args.action == "list":
+            shown["limits"] = [_limit_json(limit) for limit in limits]
+        _print_json(shown)
     elif args.action != "list":
         verb = "paused" if args.action == "pause" else "resumed"
         print(f"queue {args.name}: {verb}" + ("" if changed else f" (it already was {verb})"))
     else:
         for p in paused:
             print(f"{p.queue}: paused since {p.paused_at}")
-        if not paused:
-            print("no paused queues")
+        for limit in limits:
+            print(_limit_line(limit))
+        if not paused and not limits:
+            print("no paused or limited queues")
     return 0
 
 
@@ -270,7 +282,7 @@ def key_limit(text: str) -> int | None:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LIMIT:
-        raise ValueError(f"key limit: {text!r} must be none or {LIMIT_FORM}")
+        raise ValueError(f"key limit: {text!r} must be none or {KEY_LIMIT_FORM}")
     return value
 
 
@@ -311,6 +323,47 @@ async def cmd_key(args: argparse.Namespace) -> int:
         state = "at its limit" if key.saturated else "runs"
         print(f"key {key.key} {state} {key.running}/{key.limit}")
     return 0
+
+
+async def _queue_limits(args: argparse.Namespace) -> int:
+    """`trioq queue limit NAME N|none`, `trioq queue rate NAME N/PERIOD|none`: the value is
+    checked before connecting, so a bad one changes nothing."""
+    validate_name("queue", args.name)
+    if args.value is None:
+        form = LIMIT_FORM if args.action == "limit" else RATE_FORM
+        raise ValueError(f"queue {args.action} {args.name}: give a value, {form}")
+    async with _app(args).client() as client:
+        if args.action == "limit":
+            limit = parse_global_limit("limit", args.value)
+            await client.set_queue_limit(args.name, limit)
+        else:
+            await client.set_queue_rate(args.name, parse_rate("rate", args.value))
+        limits = {limit.queue: limit for limit in await client.queue_limits()}
+    current = limits.get(args.name)
+    if args.json:
+        _print_json({"queue": args.name, "limits": _limit_json(current)})
+    elif current is None:
+        print(f"queue {args.name}: no global or rate limit")
+    else:
+        print(_limit_line(current))
+    return 0
+
+
+def _limit_json(limit: QueueLimit | None) -> dict[str, Any] | None:
+    if limit is None:
+        return None
+    return {**_plain(limit), "rate": None if limit.rate is None else str(limit.rate)}
+
+
+def _limit_line(limit: QueueLimit) -> str:
+    parts = []
+    if limit.global_limit is not None:
+        parts.append(f"global limit {limit.global_limit} ({limit.running} running)")
+    if limit.rate is not None:
+        parts.append(f"rate {limit.rate} ({limit.recent_starts} in the current window)")
+        if limit.rate_limited_until is not None:
+            parts.append(f"rate limited until {limit.rate_limited_until}")
+    return f"{limit.queue}: " + ", ".join(parts)
 
 
 # --- parsing ----------------------------------------------------------------------------------
@@ -381,9 +434,12 @@ def add_commands(
     filters(purge)
     table["purge"] = cmd_purge
 
-    queue = common(command("queue", "pause or resume a queue (workers stop claiming it)"))
-    queue.add_argument("action", choices=("pause", "resume", "list"))
+    queue = common(
+        command("queue", "pause, resume or limit a queue (limit: N|none, rate: N/PERIOD|none)")
+    )
+    queue.add_argument("action", choices=("pause", "resume", "list", "limit", "rate"))
     queue.add_argument("name", nargs="?", default=None, metavar="NAME")
+    queue.add_argument("value", nargs="?", default=None, metavar="VALUE")
     table["queue"] = cmd_queue
 
     key = common(command("key", "limit how many jobs of a concurrency key run at once"))

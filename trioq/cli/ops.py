@@ -22,6 +22,7 @@ from .._driver import (
     ConcurrencyKeyStatus,
     HealthReport,
     QueueDemand,
+    QueueLimit,
     QueuePause,
     QueueStatus,
     UnroutableJobs,
@@ -39,6 +40,7 @@ class StatusSnapshot:
     paused: tuple[QueuePause, ...] = ()
     unroutable: tuple[UnroutableJobs, ...] = ()
     keys: tuple[ConcurrencyKeyStatus, ...] = ()  # concurrency keys with running jobs
+    limits: tuple[QueueLimit, ...] = ()
 
 
 async def read_status(client: Client) -> StatusSnapshot:
@@ -50,6 +52,7 @@ async def read_status(client: Client) -> StatusSnapshot:
         paused=tuple(await client.paused_queues()),
         unroutable=tuple(await client.driver.job_unroutable()),
         keys=tuple(await client.key_status()),
+        limits=tuple(await client.queue_limits()),
     )
 
 
@@ -103,6 +106,21 @@ def state_cell(worker: WorkerInfo) -> str:
     return worker.state if silent is None else f"silent {silent:.0f}s (probably dead)"
 
 
+def limit_line(limit: QueueLimit) -> str:
+    """`queue partner at its global limit 5/5; rate 100/m: 100 started in the window, rate
+    limited until 12:00:03`, for `trioq status` and `trioq explain`."""
+    parts = []
+    if limit.global_limit is not None:
+        at = "at its" if limit.running >= limit.global_limit else "under its"
+        parts.append(f"{at} global limit {limit.running}/{limit.global_limit}")
+    if limit.rate is not None:
+        rate = f"rate {limit.rate}: {limit.recent_starts} started in the window"
+        if limit.rate_limited_until is not None:
+            rate += f", rate limited until {limit.rate_limited_until:%Y-%m-%d %H:%M:%S.%f}"
+        parts.append(rate)
+    return f"queue {limit.queue} " + "; ".join(parts)
+
+
 def heartbeat_cell(worker: WorkerInfo) -> str:
     """The last heartbeat's age (database time), e.g. `4s ago`."""
     if worker.heartbeat_age_seconds is None:
@@ -134,6 +152,7 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         for k in snapshot.keys
         if k.saturated
     ]
+    limited = [limit_line(limit) for limit in snapshot.limits]
     silent = sum(worker_silence(w) is not None for w in snapshot.workers)
     title = f"workers ({len(snapshot.workers)}" + (f", {silent} silent)" if silent else ")")
     workers = Table(title=title, title_justify="left")
@@ -183,7 +202,7 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         ("jobs last autovacuum", vacuum),
     ]:
         pressure.add_row(label, text)
-    return Group(queues, *paused, workers, *unroutable, health, pressure)
+    return Group(queues, *paused, *limited, workers, *unroutable, health, pressure)
 
 
 async def run_status(client: Client, args: argparse.Namespace, console: Console) -> int:

@@ -36,7 +36,8 @@ from .._memory import MemoryDriver
 # queries.sql it runs that may do so (the memory driver mirrors them under the same names).
 METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     "job_insert_many": ("job_insert_many",),
-    "job_settle_and_claim": (SETTLE, PLAIN, "job_complete_plain"),
+    # queue_limit_spend: a limited claim's start time on the rows it claimed (no state change).
+    "job_settle_and_claim": (SETTLE, PLAIN, "job_complete_plain", "queue_limit_spend"),
     "checkpoint_insert_many": ("checkpoint_insert_many",),
     "lease_renew_many": ("lease_renew_many",),
     "maintenance_pass": ("maintenance_pass",),
@@ -81,6 +82,8 @@ NO_JOB_WRITES = frozenset(
         "notify_send",
         "open_listener",
         "queue_demand",
+        "queue_limit_list",
+        "queue_limit_set",
         "queue_pause",
         "queue_pause_list",
         "queue_resume",

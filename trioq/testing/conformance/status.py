@@ -210,8 +210,8 @@ async def check_heartbeat_stores_the_admission_snapshot_explain_reads(
     expect(why.blocked_by, "admission", "gate of a job whose only worker is reduced")
     expect(
         [gate.name for gate in why.gates],
-        ["due", "wait", "lease", "paused", "partition_key", "workers", "version", "draining",
-         "admission"],
+        ["due", "wait", "lease", "paused", "limits", "partition_key", "workers", "version",
+         "draining", "admission"],
         "gates of a ready job",
     )  # fmt: skip
     assert why.verdict.startswith("admission reduced to 1 of 4 because it is recovering from "

@@ -1,0 +1,121 @@
+"""Four `trioq worker` processes race for one queue with a global limit of 5 and a rate limit
+of 50/s: the peak concurrency, from the stored start and finish times and sampled live, never
+exceeds 5, and no window of 1 s holds more than 50 stored starts."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from psycopg import sql
+
+from tests.fault_app import QUEUE, build_app, create_exec_log
+from tests.procs import fetch, wait_until, worker_group
+
+JOBS = 400
+GLOBAL_LIMIT = 5
+RATE = 50  # starts per second
+SAMPLE_EVERY = 0.005  # the live sampler's cadence (it observes; nothing waits on it)
+
+
+def q(schema: str, template: str) -> sql.Composed:
+    return sql.SQL(template).format(s=sql.Identifier(schema))
+
+
+def peak(intervals: list[tuple[datetime.datetime, datetime.datetime]]) -> int:
+    """The most intervals [start, finish) open at once (a finish at t closes before a start
+    at t opens)."""
+    events = sorted([(f, -1) for _, f in intervals] + [(s, 1) for s, _ in intervals])
+    running = highest = 0
+    for _, change in events:
+        running += change
+        highest = max(highest, running)
+    return highest
+
+
+def busiest_window(starts: list[datetime.datetime], window: datetime.timedelta) -> int:
+    """The most starts in any window [t, t + window), t a start (where the maximum is)."""
+    starts = sorted(starts)
+    highest, first = 0, 0
+    for last, at in enumerate(starts):
+        while starts[first] <= at - window:
+            first += 1
+        highest = max(highest, last - first + 1)
+    return highest
+
+
+def sample_running(pg_url: str, query: sql.Composed, stop: threading.Event) -> list[int]:
+    counts = []
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        while not stop.is_set():
+            row = conn.execute(query).fetchone()
+            assert row is not None
+            counts.append(int(row[0]))
+            time.sleep(SAMPLE_EVERY)
+    return counts
+
+
+@pytest.mark.slow
+async def test_four_worker_processes_never_exceed_a_global_limit_of_5_or_a_rate_of_50_per_s(
+    pg_url: str, pg_schema: str, tmp_path: Path
+) -> None:
+    # One job in four holds its slot 0.3 s (the global limit binds), the others 10 ms (the
+    # rate binds): 400 jobs take at least 8 s at 50/s.
+    payloads = [{"seconds": 0.3 if n % 4 == 0 else 0.01} for n in range(JOBS)]
+    app = build_app(pg_schema, pg_url)
+    async with app.client(migrate=True) as client:
+        await trio.to_thread.run_sync(create_exec_log, pg_url, pg_schema)
+        await client.set_queue_limit(QUEUE, GLOBAL_LIMIT)
+        await client.set_queue_rate(QUEUE, f"{RATE}/s")
+        await client.enqueue_many("quick", payloads)
+    stop = threading.Event()
+    live: list[int] = []
+    running = q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'running'")
+
+    async def sample() -> None:
+        live.extend(await trio.to_thread.run_sync(sample_running, pg_url, running, stop))
+
+    async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
+        for n in range(4):  # each with 10 slots: 40 seats race for 5
+            await group.start(f"W{n}", concurrency=10, lease=10.0, poll=0.2)
+        nursery.start_soon(sample)
+        await wait_until(
+            pg_url,
+            q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'completed'"),
+            None,
+            lambda rows: rows[0][0] == JOBS,
+            within=120,
+            what="every job completed",
+        )
+        stop.set()
+    stored: list[Any] = await fetch(
+        pg_url, q(pg_schema, "SELECT started_at, finished_at, attempt FROM {s}.jobs")
+    )
+    assert {attempt for _, _, attempt in stored} == {1}  # one run each: no lease was lost
+    executions = await fetch(
+        pg_url,
+        q(
+            pg_schema,
+            "SELECT min(db_ts) FILTER (WHERE event = 'start'), "
+            "max(db_ts) FILTER (WHERE event = 'end') FROM {s}.exec_log GROUP BY job_id, attempt",
+        ),
+    )
+    stored_peak = peak([(start, finish) for start, finish, _ in stored])
+    handler_peak = peak(executions)
+    window = busiest_window([start for start, _, _ in stored], datetime.timedelta(seconds=1))
+    print(
+        f"\nglobal limit {GLOBAL_LIMIT}, rate {RATE}/s, 4 processes: peak running {stored_peak} "
+        f"(stored start/finish), {handler_peak} (handler start/end), {max(live)} (sampled "
+        f"live, {len(live)} samples); most starts in a 1 s window {window}"
+    )
+    assert len(executions) == JOBS
+    assert stored_peak == GLOBAL_LIMIT  # reached, never exceeded
+    assert handler_peak <= GLOBAL_LIMIT
+    assert max(live) <= GLOBAL_LIMIT and len(live) > 100
+    assert RATE * 0.8 <= window <= RATE  # the rate binds and holds
