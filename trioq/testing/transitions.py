@@ -37,7 +37,7 @@ from .._memory import MemoryDriver
 METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     "job_insert_many": ("job_insert_many",),
     "job_settle_and_claim": (SETTLE, PLAIN, "job_complete_plain"),
-    "checkpoint_insert_many": ("checkpoint_insert_many",),
+    "checkpoint_insert_many": ("checkpoint_insert_many", "checkpoint_insert_many_plain"),
     "lease_renew_many": ("lease_renew_many",),
     "maintenance_pass": ("maintenance_pass",),
     "job_cancel": ("job_cancel",),
