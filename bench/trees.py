@@ -9,8 +9,8 @@ Each checkout needs its own `.venv` (`pip install -e .`). Per repeat, every tree
 `--jobs` workflows of 3 no-op steps on a fresh schema that its own worker migrates (its own
 migrations); the backlog is enqueued by that tree's code too, in one transaction. The order of
 the trees rotates with the repeat. Reported per tree: the median workflows/s (t0 = the
-backlog's COMMIT, end = the last `finished_at`), the worker's CPU ms per workflow and the
-worker's statements per workflow, and every tree's rate as a ratio to the first tree's in the
+backlog's COMMIT, end = the last `finished_at`), the worker's CPU ms, its statements and their
+server execution ms per workflow, and every tree's rate as a ratio to the first tree's in the
 same repeat (median of the ratios).
 """
 
@@ -59,7 +59,7 @@ def drain(db: Database, launcher: Launcher, tree: Path, jobs: int) -> dict[str, 
         t0 = float(out.stdout.strip())
         db.wait_count(TRIOQ.completed(schema), [], jobs, FULL.timeout, worker.check_alive)
         cpu = worker.cpu_seconds() - cpu_before
-        statements, _ = db.statement_totals([worker.role])
+        statements, db_ms = db.statement_totals([worker.role])
         last = db.scalar(TRIOQ.last_finished(schema))
         worker.stop()
     finally:
@@ -68,6 +68,7 @@ def drain(db: Database, launcher: Launcher, tree: Path, jobs: int) -> dict[str, 
         "workflows_per_s": jobs / (last - t0),
         "cpu_ms_per_workflow": cpu * 1000 / jobs,
         "statements_per_workflow": statements / jobs,
+        "server_ms_per_workflow": db_ms / jobs,
     }
 
 
