@@ -149,6 +149,37 @@ async def test_the_send_that_wakes_a_receive_is_its_checkpoint_and_the_replay_ru
     assert second > first  # a delivered message takes its id from the queue's: send order
 
 
+async def test_a_receive_suspended_before_wait_position_existed_is_woken_and_takes_the_queue(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row that suspended in a receive before migration 0025 has no wait_position: the send
+    queues the message and wakes the job as before, and the woken receive takes it."""
+    app = make_app(pg_url, pg_schema)
+    receives = _count_receive_statements(monkeypatch)
+
+    @app.task("approve")
+    async def approve(ctx: trioq.Context, payload: object) -> Any:
+        return await ctx.receive("decision", timeout=HOUR)
+
+    hooks, suspended, _ = waiting_hook(1)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("approve", None)
+        async with running_worker(app, poll_interval=POLL, hooks=hooks):
+            with trio.fail_after(10):
+                await suspended.wait()
+                await scalar(
+                    pg_url,
+                    f"UPDATE {pg_schema}.jobs SET wait_position = NULL WHERE id = %s "
+                    "RETURNING wait_topic",
+                    [job.id],
+                )
+                await client.send(job.id, "decision", "old row")
+                assert await client.wait_result(job.id) == ["old row"]
+        history = await client.history(job.id)
+    assert [entry.value for entry in history] == [{"messages": ["old row"]}]
+    assert receives == [0, 0]  # the woken receive took the message from the queue
+
+
 async def test_receive_times_out_with_an_empty_list_and_replays_the_same(
     pg_url: str, pg_schema: str
 ) -> None:
