@@ -71,9 +71,12 @@ class Database:
     def scalar(self, sql: str, params: Sequence[Any] | None = None) -> Any:
         return self.fetch(sql, params)[0][0]
 
-    def fresh_schema(self) -> str:
-        """A new, migrated trioq schema (`bench_<n>`)."""
+    def fresh_schema(self, *, migrate: bool = True) -> str:
+        """A new, migrated trioq schema (`bench_<n>`); with `migrate=False` only its name (a
+        worker started with `migrate=True` creates it with its own tree's migrations)."""
         schema = f"bench_{next(self._names)}"
+        if not migrate:
+            return schema
 
         async def migrate() -> None:
             async with make_app(schema, self.conninfo(HARNESS_ROLE)).client(migrate=True):
@@ -275,12 +278,17 @@ class Launcher:
         queues: Sequence[str] = ("default",),
         poll_interval: float = 1.0,
         profile: Path | None = None,
+        tree: Path | None = None,
+        migrate: bool = False,
     ) -> Process:
-        """A `trioq worker` process; with `profile`, under cProfile writing there at exit."""
+        """A `trioq worker` process; with `profile`, under cProfile writing there at exit. With
+        `tree`, the worker of another checkout (its `.venv` and its code, bench.app included);
+        with `migrate`, it migrates the schema first."""
         role = self.db.new_role("bench_w")
         profiler = [] if profile is None else ["-m", "cProfile", "-o", str(profile)]
+        python = sys.executable if tree is None else str(tree / ".venv" / "bin" / "python")
         argv = [
-            sys.executable,
+            python,
             *profiler,
             "-m",
             "trioq.cli",
@@ -295,8 +303,10 @@ class Launcher:
         ]
         for queue in queues:
             argv += ["--queue", queue]
+        if migrate:
+            argv.append("--migrate")
         env = {"TRIOQ_DATABASE_URL": self.db.conninfo(role), SCHEMA_ENV: schema}
-        process = self._spawn(f"trioq worker {role}", role, argv, env)
+        process = self._spawn(f"trioq worker {role}", role, argv, env, cwd=tree)
         process.wait_for_line(b"trioq worker ")
         return process
 
@@ -344,12 +354,19 @@ class Launcher:
         process.wait_for_line(b"ready")
         return process
 
-    def _spawn(self, name: str, role: str, argv: list[str], env: dict[str, str]) -> Process:
+    def _spawn(
+        self,
+        name: str,
+        role: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path | None = None,
+    ) -> Process:
         log_path = self.log_dir / f"{role}.log"
         with log_path.open("wb") as log:
             popen = subprocess.Popen(
                 argv,
-                cwd=REPO_ROOT,
+                cwd=REPO_ROOT if cwd is None else cwd,
                 env={**os.environ, **env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -64,11 +64,11 @@ async def test_messages_sent_before_the_receive_are_taken_at_once_in_send_order(
 
 
 async def test_a_burst_of_sends_wakes_a_waiting_workflow_once_and_is_received_in_one_claim(
-    pg_url: str, pg_schema: str
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = make_app(pg_url, pg_schema)
     executions = 0
-    gate = trio.Event()
+    receives = _count_receive_statements(monkeypatch)
 
     @app.task("approve")
     async def approve(ctx: trioq.Context, payload: object) -> Any:
@@ -91,11 +91,93 @@ async def test_a_burst_of_sends_wakes_a_waiting_workflow_once_and_is_received_in
                             f"SELECT {pg_schema}.send(%s, 'decision', %s::jsonb)",
                             [job.id, f'{{"n": {n}}}'],
                         )
-                gate.set()
                 assert await client.wait_result(job.id) == [{"n": n} for n in range(5)]
         history = await client.history(job.id)
     assert executions == 2  # suspended once, woken once
-    assert [entry.value for entry in history] == [{"messages": [{"n": n} for n in range(5)]}]
+    # The first send wrote itself into the suspended receive (replayed without a statement);
+    # the rest were queued and the next receive took them in one statement, not suspending.
+    assert [entry.value for entry in history] == [
+        {"messages": [{"n": 0}]},
+        {"messages": [{"n": n} for n in range(1, 5)]},
+    ]
+    assert receives == [0, 1]  # the suspending receive, then the one that took the rest
+
+
+def _count_receive_statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The positions of the job_receive statements the worker sends, in order."""
+    from trioq._pg.driver import PgDriver
+
+    positions: list[int] = []
+    original = PgDriver.job_receive
+
+    async def counted(self: PgDriver, params: Any) -> Any:
+        positions.append(params.position)
+        return await original(self, params)
+
+    monkeypatch.setattr(PgDriver, "job_receive", counted)
+    return positions
+
+
+async def test_the_send_that_wakes_a_receive_is_its_checkpoint_and_the_replay_runs_no_statement(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    receives = _count_receive_statements(monkeypatch)
+
+    @app.task("approve")
+    async def approve(ctx: trioq.Context, payload: object) -> Any:
+        return await ctx.receive("decision", timeout=HOUR)
+
+    hooks, suspended, _ = waiting_hook(1)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("approve", None)
+        async with running_worker(app, poll_interval=POLL, hooks=hooks):
+            with trio.fail_after(10):
+                await suspended.wait()
+                pending = [entry.value for entry in await client.history(job.id)]
+                assert list(pending[0]) == ["deadline"]
+                first = await client.send(job.id, "decision", "yes")
+                assert await client.wait_result(job.id) == ["yes"]
+        history = await client.history(job.id)
+        queued = await scalar(
+            pg_url, f"SELECT count(*) FROM {pg_schema}.messages WHERE job_id = %s", [job.id]
+        )
+        second = await client.send((await client.enqueue("approve", None)).id, "decision", "queued")
+    assert [entry.value for entry in history] == [{"messages": ["yes"]}]
+    assert queued == 0  # delivered into the checkpoint, never queued
+    assert receives == [0]  # only the receive that suspended: the woken one replayed history
+    assert second > first  # a delivered message takes its id from the queue's: send order
+
+
+async def test_a_receive_suspended_before_wait_position_existed_is_woken_and_takes_the_queue(
+    pg_url: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row that suspended in a receive before migration 0025 has no wait_position: the send
+    queues the message and wakes the job as before, and the woken receive takes it."""
+    app = make_app(pg_url, pg_schema)
+    receives = _count_receive_statements(monkeypatch)
+
+    @app.task("approve")
+    async def approve(ctx: trioq.Context, payload: object) -> Any:
+        return await ctx.receive("decision", timeout=HOUR)
+
+    hooks, suspended, _ = waiting_hook(1)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("approve", None)
+        async with running_worker(app, poll_interval=POLL, hooks=hooks):
+            with trio.fail_after(10):
+                await suspended.wait()
+                await scalar(
+                    pg_url,
+                    f"UPDATE {pg_schema}.jobs SET wait_position = NULL WHERE id = %s "
+                    "RETURNING wait_topic",
+                    [job.id],
+                )
+                await client.send(job.id, "decision", "old row")
+                assert await client.wait_result(job.id) == ["old row"]
+        history = await client.history(job.id)
+    assert [entry.value for entry in history] == [{"messages": ["old row"]}]
+    assert receives == [0, 0]  # the woken receive took the message from the queue
 
 
 async def test_receive_times_out_with_an_empty_list_and_replays_the_same(

@@ -7,6 +7,7 @@ redrive, time). Both drivers must agree on every answer, and on the rows:
 - no message lost or delivered twice: per job and topic, the messages recorded by its receive
   checkpoints followed by the ones still queued are exactly the accepted sends, in send order;
 - a replay of a recorded receive returns the same messages and takes none;
+- the send that wakes a job suspended in a receive of its topic is that receive's checkpoint;
 - no lost wake-up: a job waiting for a topic has no message of that topic queued.
 """
 
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
 
+from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from tests.test_state_machine import SLEEP, DifferentialMachine
 from trioq._core.identifiers import quote_ident
 from trioq._driver import Driver, MessageSend, Receive
@@ -59,6 +61,17 @@ class MessagesMachine(DifferentialMachine):
         job = sorted(self.to_pg)[pick % len(self.to_pg)]
         self.next_payload += 1
         payload = json.dumps(self.next_payload)
+        row = self.pair.memory._state.rows.get(job)
+        pending = self.pending.get(job)
+        # The model: a job suspended in a receive of this topic (not yet woken, by a send or
+        # its deadline's promotion) gets the message as that receive's checkpoint.
+        delivers = (
+            pending is not None
+            and pending[1] == topic
+            and row is not None
+            and row.state == "waiting"
+            and row.wait_topic == topic
+        )
         memory, pg = self.both(
             "message_send",
             (MessageSend(job, topic, payload),),
@@ -67,6 +80,19 @@ class MessagesMachine(DifferentialMachine):
         assert (memory.state, memory.message_id is None) == (pg.state, pg.message_id is None)
         if memory.message_id is not None:
             self.sent.setdefault((job, topic), []).append(self.next_payload)
+        if delivers:
+            assert pending is not None
+            assert memory.message_id is not None
+            self.recorded[(job, pending[0])] = (topic, [self.next_payload])
+            del self.pending[job]
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(pick=st.integers(0, 100))
+    def send_to_a_suspended_receive(self, pick: int) -> None:
+        """A send of the topic a suspended receive waits for (the path that delivers into the
+        receive's checkpoint, or queues when the deadline's promotion woke the job first)."""
+        job = sorted(self.pending)[pick % len(self.pending)]
+        self.send(sorted(self.to_pg).index(job), self.pending[job][1])
 
     def _receive(
         self, job: int, position: int, topic: str, timeout: float, deadline: Any, limit: int
@@ -154,6 +180,18 @@ class MessagesMachine(DifferentialMachine):
         assert pg_left == memory_left
 
     @invariant()
+    def every_recorded_receive_is_in_the_history(self) -> None:
+        """A receive the model saw recorded (by the receive, or by the send that woke it) is
+        the job's checkpoint at its position, with the same messages."""
+        checkpoints = self.pair.memory._state.checkpoints
+        for (job, position), (topic, messages) in self.recorded.items():
+            stored = checkpoints.get(job, {}).get(position)
+            if stored is None:
+                continue  # history gone with the job (purged) or a redrive's fresh start
+            assert stored[:2] == ("receive", topic), (job, position, stored)
+            assert json.loads(stored[2] or "null") == {"messages": messages}, (job, stored)
+
+    @invariant()
     def no_job_waits_for_a_topic_with_a_queued_message(self) -> None:
         queued = self.pair.memory._state.messages.queued
         for row in self.pair.memory._state.rows.values():
@@ -168,7 +206,7 @@ def test_both_drivers_agree_on_messages_across_crashes_and_replays(
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=8,
+            max_examples=MACHINE_EXAMPLES,
             stateful_step_count=35,
             deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -455,3 +455,37 @@ async def test_a_lost_connection_in_the_claim_round_is_retried(
         job = await client.enqueue("work", {})
         with trio.fail_after(60):
             assert await client.wait_result(job.id, timeout=None) == "ok"
+
+
+async def test_a_checkpoint_batch_without_values_is_written_by_the_plain_statement(
+    driver: PgDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain workflow's checkpoints skip the values' CTEs; a batch carrying a value still
+    writes it (and both are fenced alike)."""
+    sent: list[str] = []
+    original = PgDriver._retrying
+
+    async def recording(self: PgDriver, name: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(name)
+        return await original(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(PgDriver, "_retrying", recording)
+    await driver.job_insert_many([NewJob("default", "flow", "{}")])
+    claim = await driver.job_settle_and_claim(
+        SettleAndClaim("default", ("flow",), 1, 30, uuid.uuid4())
+    )
+    [job] = claim.claimed
+    sent.clear()
+    [plain] = await driver.checkpoint_insert_many([CheckpointWrite(job.lease, 0, "step", "a", "1")])
+    valued = CheckpointWrite(job.lease, 1, "step", "b", "2", values=(("progress", '"half"'),))
+    [carried] = await driver.checkpoint_insert_many([valued])
+    stale = attrs.evolve(job.lease, attempt=job.lease.attempt + 1)
+    lost = await driver.checkpoint_insert_many([CheckpointWrite(stale, 2, "step", "c", "3")])
+    assert sent == [
+        "checkpoint_insert_many_plain",
+        "checkpoint_insert_many",
+        "checkpoint_insert_many_plain",
+    ]
+    assert (plain.value, carried.value, lost) == (1, 2, [])
+    read = await driver.job_value_get(job.id, "progress")
+    assert (read.found, read.value) == (True, "half")

@@ -1,5 +1,6 @@
-"""Messages and workflow values for `MemoryDriver`, with the semantics of migration 0016 and
-the `message_send`, `job_receive`, `job_value_*` and `workflow_list` statements of queries.sql.
+"""Messages and workflow values for `MemoryDriver`, with the semantics of migrations 0016 and
+0025 and the `message_send`, `job_receive`, `job_value_*` and `workflow_list` statements of
+queries.sql.
 
 Plain functions over the tables of a `MemoryState` (`db`), each called from one `MemoryDriver`
 method after its statement checkpoint, so each runs atomically (the lock order that makes a
@@ -37,12 +38,16 @@ def send(
         return SendOutcome(None if row is None else row.state, None)
     table = db.messages
     message_id = next(table.ids)
+    if _deliver(db, row, params):
+        row.state, row.run_at, row.wait_topic, row.wait_position = "ready", now, None, None
+        outbox.add(db.ready_channel(row.queue), row.queue)
+        return SendOutcome("waiting", message_id)
     table.queued.setdefault(row.id, {}).setdefault(params.topic, []).append(
         (message_id, params.payload_json)
     )
     state = row.state
     if row.state == "waiting" and row.wait_topic == params.topic:
-        row.state, row.run_at, row.wait_topic = "ready", now, None
+        row.state, row.run_at, row.wait_topic, row.wait_position = "ready", now, None, None
     # As send() in migration 0020: a claim may have skipped a ready or due job under the
     # send's row lock, so its queue is woken (the database delivers it at commit).
     if row.state == "ready" or (
@@ -50,6 +55,23 @@ def send(
     ):
         outbox.add(db.ready_channel(row.queue), row.queue)
     return SendOutcome(state, message_id)
+
+
+def _deliver(db: MemoryState, row: Row, params: MessageSend) -> bool:
+    """As send() in migration 0025: a job waiting for this topic at a known position gets the
+    message as that receive's checkpoint (replacing the pending deadline); True if it did."""
+    if row.state != "waiting" or row.wait_topic != params.topic or row.wait_position is None:
+        return False
+    history = db.checkpoints.get(row.id, {})
+    stored = history.get(row.wait_position)
+    if stored is None or stored[:2] != ("receive", params.topic):
+        return False
+    value = json.loads(stored[2] or "null")
+    if "deadline" not in value or "messages" in value:
+        return False
+    messages = {"messages": [json.loads(params.payload_json)]}
+    history[row.wait_position] = ("receive", params.topic, json.dumps(messages))
+    return True
 
 
 def receive(
@@ -76,7 +98,7 @@ def receive(
     if messages or deadline <= now:
         value = {"messages": messages}
         history[params.position] = ("receive", params.topic, json.dumps(value))
-        row.wait_topic = None
+        row.wait_topic = row.wait_position = None
         return ReceiveOutcome("received" if messages else "timeout", tuple(messages), deadline)
     if stored is None:
         pending = {"deadline": deadline.isoformat()}
@@ -85,6 +107,7 @@ def receive(
     row.attempt -= 1
     row.end_lease()
     row.wait_topic, row.wait_event_key, row.wait_children = params.topic, None, None
+    row.wait_position = params.position
     return ReceiveOutcome("waiting", (), deadline)
 
 

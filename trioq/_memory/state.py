@@ -85,6 +85,7 @@ class Row:
     children_settled: int = 0
     on_parent_cancel: str = "cancel"  # migration 0017: cancel, abandon or wait
     wait_topic: str | None = None  # messages (migration 0016)
+    wait_position: int | None = None  # the suspended receive's position (migration 0025)
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:

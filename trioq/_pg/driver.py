@@ -608,18 +608,20 @@ class PgDriver:
     ) -> list[WrittenCheckpoint]:
         """Retried on a lost connection: a repeated write finds its position taken and its
         fence still held, so it reports the write without storing it twice."""
-        rows = await self._retrying(
-            "checkpoint_insert_many",
-            {
-                **_lease_arrays([write.lease for write in writes]),
-                "positions": [write.position for write in writes],
-                "kinds": [write.kind for write in writes],
-                "names": [write.name for write in writes],
-                "values": [write.value_json for write in writes],
-                "wake_ins": [write.wake_in_seconds for write in writes],
-                **_value_arrays(writes),
-            },
-        )
+        params = {
+            **_lease_arrays([write.lease for write in writes]),
+            "positions": [write.position for write in writes],
+            "kinds": [write.kind for write in writes],
+            "names": [write.name for write in writes],
+            "values": [write.value_json for write in writes],
+            "wake_ins": [write.wake_in_seconds for write in writes],
+        }
+        if any(write.values for write in writes):
+            rows = await self._retrying(
+                "checkpoint_insert_many", {**params, **_value_arrays(writes)}
+            )
+        else:  # a plain workflow's batch: no ctx.set_value to carry
+            rows = await self._retrying("checkpoint_insert_many_plain", params)
         return [WrittenCheckpoint(job_id=row[0], position=row[1], value=row[2]) for row in rows]
 
     async def lease_renew_many(self, params: RenewLeases) -> RenewalResult:

@@ -208,10 +208,11 @@ class Context:
 
         Messages sent before the receive are queued: it takes them all (up to `limit`) at once.
         Otherwise the execution ends (no slot, lease or connection held; no attempt consumed)
-        and the first send wakes the job, which resumes here and takes everything queued by
-        then. After `timeout` (from the first wait, in database time) it returns `[]`. The
-        messages are recorded as this point's checkpoint in the statement that takes them, so
-        each is delivered once and every replay returns the same list.
+        and the first send wakes the job and becomes this receive's result: it resumes here
+        with that one message (later sends are queued for the next receive). After `timeout`
+        (from the first wait, in database time) it returns `[]`. The messages are recorded as
+        this point's checkpoint in the statement that takes (or delivers) them, so each is
+        delivered once and every replay returns the same list.
         """
         return await messages.receive(self._run, topic, timeout, limit)
 

@@ -6,7 +6,9 @@ statement of its own (`job_receive`), because "messages queued -> take them, els
 must be decided under the job row lock that a send takes too (migration 0016). The messages it
 takes become its checkpoint in the same transaction, so each is delivered once and a replay
 returns the same list. A suspended receive ends the execution with `Run.suspended_in_place`,
-and the settle statement writes nothing for it.
+and the settle statement writes nothing for it. The send that wakes it writes its message as
+that checkpoint (migration 0025), so the woken handler's replay below returns it from history
+without a statement.
 
 Values are not history: `set_value` keeps the newest value per key on the run and the next
 write carries them (a checkpoint through the group commit, a receive, or, when the handler
@@ -14,7 +16,8 @@ suspends or returns first, `flush_values`). A replay sets the same values again,
 nothing.
 
 Checkpoint kind written here:
-  receive  {"deadline": t} while waiting, then {"messages": [payload, ...]} ([]: timed out)
+  receive  {"deadline": t} while waiting, then {"messages": [payload, ...]} ([]: timed out;
+           one payload when written by the waking send)
 """
 
 from __future__ import annotations

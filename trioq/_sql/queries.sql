@@ -790,14 +790,7 @@ SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        {schema}.db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: checkpoint_insert_many
--- Group commit of workflow checkpoints: the checkpoints of every concurrently running handler
--- in one statement. Fenced through the job row: the UPDATE takes the row lock and re-checks
--- (id, attempt, lease_token, running) on its newest version, so a write racing a lease recovery
--- either commits before it or changes nothing; a job not returned has lost its lease. The job
--- row's checkpoint_count becomes the next free position (the claim loads history only when it
--- is above 0). A value given as `wake_in` seconds is stored as {"wake_at": db_now() + wake_in}
--- merged into the value object: durable sleeps take their wake time from database time.
+-- fragment: checkpoint_writes
 WITH input AS MATERIALIZED (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
                          %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
@@ -823,11 +816,31 @@ written AS (
     FROM input i JOIN owner o ON o.id = i.id
     ON CONFLICT (job_id, position) DO NOTHING
     RETURNING job_id, position, value
-),
--- ctx.set_value: the values set since a job's last checkpoint ride on its next one (empty
--- arrays for nearly every batch: the CTEs then touch nothing). The last value of a key wins
--- when a batch carries two writes of one job; waiting `client.get_value` callers are woken on
--- the job's result channel.
+)
+
+-- fragment: checkpoints_written
+-- A position already taken (a write repeated after a lost connection) returns the stored value.
+SELECT i.id, i.position, coalesce(w.value, e.value)
+FROM input i
+JOIN owner o ON o.id = i.id
+LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
+LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position
+
+-- name: checkpoint_insert_many
+-- Group commit of workflow checkpoints: the checkpoints of every concurrently running handler
+-- in one statement. Fenced through the job row: the UPDATE takes the row lock and re-checks
+-- (id, attempt, lease_token, running) on its newest version, so a write racing a lease recovery
+-- either commits before it or changes nothing; a job not returned has lost its lease. The job
+-- row's checkpoint_count becomes the next free position (the claim loads history only when it
+-- is above 0). A value given as `wake_in` seconds is stored as {"wake_at": db_now() + wake_in}
+-- merged into the value object: durable sleeps take their wake time from database time.
+-- This form also writes the ctx.set_value values the batch carries; a batch that carries none
+-- is sent as checkpoint_insert_many_plain (below).
+-- include: checkpoint_writes
+-- The values set since a job's last checkpoint ride on its next one. The last value of a key
+-- wins when a batch carries two writes of one job; waiting `client.get_value` callers are
+-- woken on the job's result channel.
+,
 value_input AS (
     SELECT DISTINCT ON (v.id, v.key) v.id, v.key, v.value
     FROM unnest(%(value_ids)s::bigint[], %(value_keys)s::text[], %(value_values)s::text[])
@@ -846,13 +859,16 @@ values_notified AS (
     SELECT count(pg_notify({schema}.result_channel(job_id), job_id::text)) AS n
     FROM (SELECT DISTINCT job_id FROM values_written) AS changed
 )
--- A position already taken (a write repeated after a lost connection) returns the stored value.
-SELECT i.id, i.position, coalesce(w.value, e.value)
-FROM input i
-JOIN owner o ON o.id = i.id
-LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
-LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position
+-- include: checkpoints_written
 CROSS JOIN values_notified;
+
+-- name: checkpoint_insert_many_plain
+-- checkpoint_insert_many for a batch that carries no values (nearly every batch: a plain
+-- workflow's steps): the same checkpoint writes without the values' CTEs, which a 3-step
+-- workflow paid on each of its checkpoints (bench/RESULTS.md, "Messages and values").
+-- include: checkpoint_writes
+-- include: checkpoints_written
+;
 
 -- name: lease_renew_many
 -- ONE statement per worker every lease/3: extend every lease this worker still holds and

@@ -38,7 +38,7 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     "job_insert_many": ("job_insert_many",),
     # queue_limit_spend: a limited claim's start time on the rows it claimed (no state change).
     "job_settle_and_claim": (SETTLE, PLAIN, "job_complete_plain", "queue_limit_spend"),
-    "checkpoint_insert_many": ("checkpoint_insert_many",),
+    "checkpoint_insert_many": ("checkpoint_insert_many", "checkpoint_insert_many_plain"),
     "lease_renew_many": ("lease_renew_many",),
     "maintenance_pass": ("maintenance_pass",),
     "job_cancel": ("job_cancel",),

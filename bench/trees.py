@@ -1,0 +1,121 @@
+"""`python -m bench.trees`: the 3-step workflow drain of `bench.scenarios.workflows`, run by the
+workers of several checkouts of trioq in one embedded cluster, interleaved, so their rates
+compare as ratios within one run (a shared, loaded machine makes figures from separate runs
+noise).
+
+python -m bench.trees --tree base=/work/wt-base --tree head=. --repeats 5
+
+Each checkout needs its own `.venv` (`pip install -e .`). Per repeat, every tree drains
+`--jobs` workflows of 3 no-op steps on a fresh schema that its own worker migrates (its own
+migrations); the backlog is enqueued by that tree's code too, in one transaction. The order of
+the trees rotates with the repeat. Reported per tree: the median workflows/s (t0 = the
+backlog's COMMIT, end = the last `finished_at`), the worker's CPU ms, its statements and their
+server execution ms per workflow, and every tree's rate as a ratio to the first tree's in the
+same repeat (median of the ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from bench.config import FULL
+from bench.harness import HARNESS_ROLE, Database, Launcher, open_database
+from bench.jobs import TRIOQ
+
+ENQUEUE = """
+import sys, time, trio
+from bench.app import make_app
+async def main():
+    app = make_app(sys.argv[2], sys.argv[1])
+    async with app.client() as client:
+        async with client.transaction() as tx:
+            await tx.enqueue_many("three_steps", [{}] * int(sys.argv[3]))
+        print(time.time())
+trio.run(main)
+"""
+
+
+def drain(db: Database, launcher: Launcher, tree: Path, jobs: int) -> dict[str, float]:
+    schema = db.fresh_schema(migrate=False)
+    try:
+        worker = launcher.trioq_worker(
+            schema, concurrency=FULL.concurrency, tree=tree, migrate=True
+        )
+        cpu_before = worker.cpu_seconds()
+        db.reset_statements()
+        out = subprocess.run(
+            [str(tree / ".venv/bin/python"), "-c", ENQUEUE, db.conninfo(HARNESS_ROLE), schema,
+             str(jobs)],
+            cwd=tree, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"enqueue in {tree} failed: {out.stderr[-2000:]}")
+        t0 = float(out.stdout.strip())
+        db.wait_count(TRIOQ.completed(schema), [], jobs, FULL.timeout, worker.check_alive)
+        cpu = worker.cpu_seconds() - cpu_before
+        statements, db_ms = db.statement_totals([worker.role])
+        last = db.scalar(TRIOQ.last_finished(schema))
+        worker.stop()
+    finally:
+        db.drop_schema(schema)
+    return {
+        "workflows_per_s": jobs / (last - t0),
+        "cpu_ms_per_workflow": cpu * 1000 / jobs,
+        "statements_per_workflow": statements / jobs,
+        "server_ms_per_workflow": db_ms / jobs,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.trees", description=__doc__)
+    parser.add_argument("--tree", action="append", required=True, help="NAME=PATH")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=FULL.workflow_jobs)
+    parser.add_argument("--output", type=Path, default=None, help="JSON of every repeat")
+    args = parser.parse_args(argv)
+    trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
+    ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
+    with open_database() as db:
+        launcher = Launcher(db, Path(tempfile.mkdtemp(prefix="trioq-bench-trees-")))
+        try:
+            for repeat in range(args.repeats):
+                shift = repeat % len(trees)
+                order = trees[shift:] + trees[:shift]
+                load = os.getloadavg()[0]
+                got = {name: drain(db, launcher, path, args.jobs) for name, path in order}
+                for name, _ in trees:
+                    runs[name].append(got[name])
+                    rate = got[name]["workflows_per_s"]
+                    ratios[name].append(rate / got[trees[0][0]]["workflows_per_s"])
+                print(
+                    f"repeat {repeat + 1} (load {load:.2f}): "
+                    + ", ".join(
+                        f"{name} {got[name]['workflows_per_s']:.0f}/s "
+                        f"{got[name]['cpu_ms_per_workflow']:.2f} cpu ms"
+                        for name, _ in trees
+                    ),
+                    flush=True,
+                )
+        finally:
+            launcher.stop_all()
+    summary = {
+        name: {key: statistics.median(run[key] for run in runs[name]) for key in runs[name][0]}
+        | {f"vs_{trees[0][0]}": statistics.median(ratios[name])}
+        for name, _ in trees
+    }
+    summary["_load_average_at_end"] = {"1min": os.getloadavg()[0]}
+    print(json.dumps(summary, indent=2))
+    if args.output is not None:
+        args.output.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
