@@ -167,6 +167,9 @@ class SettleAndClaim:
     # executor holds them until their run_at, so they start on time instead of a statement and
     # a batch start-up late (0: only rows already due).
     lookahead_seconds: float = 0.0
+    # The claiming worker traces its executions: their spans' trace ids are the lease tokens
+    # (_tracing.py), so a lost attempt's row can carry one (jobs.traced, migration 0022).
+    traced: bool = False
 
 
 @attrs.frozen
