@@ -100,6 +100,14 @@ def test_cli_help_and_version_load_only_the_parser(argv: list[str]) -> None:
     )
     heavy = WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq._driver", "cattrs")
     assert _of(loaded, heavy) == []
+    # Nor the dashboard's security module (hashlib, secrets).
+    assert _of(loaded, ("trioq.dashboard.security", "hashlib")) == []
+
+
+def test_the_dashboard_parser_offers_the_auth_modes_security_accepts() -> None:
+    from trioq.dashboard import cli, security
+
+    assert cli.AUTH_MODES == security.AUTH_MODES
 
 
 def test_a_worker_without_health_port_does_not_load_the_health_server() -> None:

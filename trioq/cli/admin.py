@@ -13,8 +13,6 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_schema
 from .._core.states import TERMINAL_IN_ORDER, JobState
@@ -58,6 +56,8 @@ def _app(args: argparse.Namespace) -> App:
 
 
 def _plain(value: Any) -> Any:
+    import attrs  # here: the parser that `trioq --help` builds needs none of it
+
     return attrs.asdict(value) if attrs.has(type(value)) else value
 
 
@@ -131,6 +131,8 @@ async def cmd_job(args: argparse.Namespace) -> int:
             }
         )
         return 0
+    import attrs
+
     for field in attrs.fields(type(record)):
         value = getattr(record, field.name)
         shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
