@@ -37,6 +37,24 @@ def test_importing_the_producer_loads_neither_the_worker_side_nor_psycopg() -> N
     )
     assert _of(loaded, WORKER_SIDE + CONNECTION_SIDE) == []
     assert "trioq._pg.producer" in loaded  # the classes were imported, not deferred
+    # Nor the driver seam's record classes, cattrs (built at the first typed payload) or the
+    # statements' file loader (at the first statement).
+    assert _of(loaded, ("trioq._driver", "cattrs", "importlib.resources")) == []
+
+
+def test_a_typed_payload_builds_the_converter_at_first_use() -> None:
+    bare, used = _loaded_after(
+        """
+        import attrs
+        from trioq._core import codec
+        snapshot()
+        @attrs.frozen
+        class Point:
+            x: int
+        assert codec.encode(Point(1)) == '{"x":1}'
+        """
+    )
+    assert "cattrs" not in bare and "cattrs" in used
 
 
 def test_a_producer_imports_psycopg_when_built_and_still_not_trio() -> None:
@@ -82,6 +100,14 @@ def test_cli_help_and_version_load_only_the_parser(argv: list[str]) -> None:
     )
     heavy = WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq._driver", "cattrs")
     assert _of(loaded, heavy) == []
+    # Nor the dashboard's security module (hashlib, secrets).
+    assert _of(loaded, ("trioq.dashboard.security", "hashlib")) == []
+
+
+def test_the_dashboard_parser_offers_the_auth_modes_security_accepts() -> None:
+    from trioq.dashboard import cli, security
+
+    assert cli.AUTH_MODES == security.AUTH_MODES
 
 
 def test_a_worker_without_health_port_does_not_load_the_health_server() -> None:

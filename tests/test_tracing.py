@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import trioq
 from tests.support import make_app, running_worker, scalar
+from trioq._driver import MaintenancePass
 from trioq._runtime.logs import JOB_LOGGER
 
 
@@ -108,3 +109,38 @@ async def test_jobs_run_untraced_when_no_tracer_provider_is_configured(
         assert await client.driver.job_trace_context(job.id) is None
         # Only the line above read it: the worker fetched no trace context for its handler.
         assert client.driver.statistics().calls["job_trace_context"] == 1
+
+
+async def test_a_lost_attempt_stores_the_trace_id_of_the_span_that_lost_it(
+    pg_url: str, pg_schema: str, spans: InMemorySpanExporter
+) -> None:
+    """Lease recovery never sees a dead worker's span, yet the lost attempt's row names its
+    trace: the span's trace id is the lease token, which the recovery writes."""
+    app = make_app(pg_url, pg_schema)
+    ended = trio.Event()
+
+    @app.task("stalls", max_attempts=1)
+    async def stalls(ctx: trioq.Context, payload: object) -> None:
+        # The worker "dies" for the database: its lease runs out and the leader recovers it.
+        await scalar(
+            pg_url,
+            f"UPDATE {pg_schema}.jobs SET lease_expires_at = now() - interval '1 second' "
+            "WHERE id = %s RETURNING id",
+            (ctx.job.id,),
+        )
+        report = await ctx_client.driver.maintenance_pass(MaintenancePass())
+        assert report.recovered == ((ctx.job.id, "failed"),)
+
+    hooks = trioq.WorkerHooks(on_job_end=lambda job, outcome: ended.set())
+    async with (
+        app.client(migrate=True) as ctx_client,
+        running_worker(app, hooks=hooks, lease_seconds=60),
+    ):
+        job = await ctx_client.enqueue("stalls", {})
+        with trio.fail_after(10):
+            await ended.wait()
+        attempts = await ctx_client.attempts(job.id)
+    [run] = [s for s in spans.get_finished_spans() if s.name == "trioq.job stalls"]
+    [attempt] = attempts
+    assert attempt.outcome == "lost"
+    assert attempt.trace_id == f"{run.context.trace_id:032x}"

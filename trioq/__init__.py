@@ -34,8 +34,8 @@ from ._core.states import JobState
 if TYPE_CHECKING:
     from ._core.explain import Explanation, Gate
     from ._core.retry import RetryPolicy
-    from ._driver import EventOutcome
     from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
+    from ._records import EventOutcome
     from ._runtime.claim_loop import WorkerHooks
     from ._runtime.job_transaction import JobLeaseLost, JobTransaction
     from ._runtime.worker import Worker, WorkerConfig
@@ -48,7 +48,7 @@ _LAZY: dict[str, str] = {
     "Explanation": "._core.explain",
     "Gate": "._core.explain",
     "RetryPolicy": "._core.retry",
-    "EventOutcome": "._driver",
+    "EventOutcome": "._records",
     "ClientTransaction": "._enqueue",
     "Job": "._enqueue",
     "TaskDeclaration": "._enqueue",

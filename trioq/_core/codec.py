@@ -7,15 +7,17 @@ Everything a job stores (payloads, results, step outputs) goes through `encode`,
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import cattrs
 
 import attrs
-import cattrs
-from cattrs.v import format_exception
 
 from .errors import PayloadError
 
@@ -28,11 +30,6 @@ JSONB_OVERHEAD_BYTES = 64
 MAX_DEPTH = 64
 # Python refuses to print an int of more than 4300 digits (sys.int_info); stay well below that.
 MAX_INT_BITS = 10_000
-
-# Strict structuring: unknown (misspelt) keys are refused, and a JSON value of the wrong type is
-# never coerced (cattrs' default would turn 2.7 into 2, true into 1 and 5 into "5"). An int is
-# accepted where a float is declared: JSON has one number type, and 5 is a valid float.
-converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 
 
 class StrictTypeError(TypeError):
@@ -51,18 +48,29 @@ def _strict(kind: type) -> Any:
     return structure_exactly
 
 
-for _kind in (int, float, str, bool):
-    converter.register_structure_hook(_kind, _strict(_kind))
-converter.register_unstructure_hook(datetime.datetime, lambda value: value.isoformat())
-converter.register_structure_hook(
-    datetime.datetime, lambda value, _: datetime.datetime.fromisoformat(value)
-)
-converter.register_unstructure_hook(datetime.date, lambda value: value.isoformat())
-converter.register_structure_hook(
-    datetime.date, lambda value, _: datetime.date.fromisoformat(value)
-)
-converter.register_unstructure_hook(uuid.UUID, str)
-converter.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
+@functools.cache
+def converter() -> cattrs.Converter:
+    """The one converter, built at first use: a producer that enqueues plain JSON never
+    imports cattrs (a fifth of `import trioq.producer`, bench/RESULTS.md "Import costs").
+
+    Strict structuring: unknown (misspelt) keys are refused, and a JSON value of the wrong type
+    is never coerced (cattrs' default would turn 2.7 into 2, true into 1 and 5 into "5"). An int
+    is accepted where a float is declared: JSON has one number type, and 5 is a valid float."""
+    import cattrs
+
+    made = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    for kind in (int, float, str, bool):
+        made.register_structure_hook(kind, _strict(kind))
+    made.register_unstructure_hook(datetime.datetime, lambda value: value.isoformat())
+    made.register_structure_hook(
+        datetime.datetime, lambda value, _: datetime.datetime.fromisoformat(value)
+    )
+    made.register_unstructure_hook(datetime.date, lambda value: value.isoformat())
+    made.register_structure_hook(datetime.date, lambda value, _: datetime.date.fromisoformat(value))
+    made.register_unstructure_hook(uuid.UUID, str)
+    made.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
+    return made
+
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
@@ -105,7 +113,7 @@ def to_json_value(value: Any, depth: int = 0) -> Any:
     if type(value) in _SCALARS or depth > MAX_DEPTH:
         return value
     if attrs.has(type(value)):
-        return converter.unstructure(value)
+        return converter().unstructure(value)
     if isinstance(value, list | tuple):
         return [to_json_value(item, depth + 1) for item in value]
     if isinstance(value, dict):
@@ -141,13 +149,13 @@ def decode(text: str | None) -> Any:
 
 def structure(value: Any, cls: Any) -> Any:
     """Turn a stored JSON value into `cls` (an attrs class or any type cattrs knows)."""
-    return converter.structure(value, cls)
+    return converter().structure(value, cls)
 
 
 def structure_payload(value: Any, cls: Any, *, root: str = "$") -> Any:
     """`structure`, but a misfit raises PayloadError naming every offending path."""
     try:
-        return converter.structure(value, cls)
+        return converter().structure(value, cls)
     except Exception:
         problems = structure_problems(value, cls, root=root)
         raise PayloadError(root, f"does not fit {cls.__name__}: {'; '.join(problems)}") from None
@@ -155,8 +163,10 @@ def structure_payload(value: Any, cls: Any, *, root: str = "$") -> Any:
 
 def structure_problems(value: Any, cls: Any, *, root: str = "$") -> list[str]:
     """Every reason `value` does not structure into `cls`, each naming its path (empty: fits)."""
+    import cattrs
+
     try:
-        converter.structure(value, cls)
+        converter().structure(value, cls)
     except cattrs.BaseValidationError as exc:
         return cattrs.transform_error(exc, path=root, format_exception=_describe)
     except Exception as exc:  # a hook that raised outside a validation group
@@ -167,6 +177,8 @@ def structure_problems(value: Any, cls: Any, *, root: str = "$") -> list[str]:
 def _describe(exc: BaseException, kind: Any) -> str:
     if isinstance(exc, StrictTypeError | ValueError):
         return str(exc)
+    from cattrs.v import format_exception
+
     return format_exception(exc, kind)
 
 

@@ -502,6 +502,7 @@ class MemoryDriver:
         row.attempt += 1
         row.executions += 1
         row.lease_token = uuid.uuid4()
+        row.traced = params.traced
         row.lease_expires_at = now + params.lease_seconds * SECOND
         row.worker_id = params.worker_id
         assert row.run_at is not None  # a claimable row is due (or due within the lookahead)
@@ -567,7 +568,12 @@ class MemoryDriver:
         return written
 
     def _record_attempt(
-        self, row: Row, outcome: str, error_json: str, now: datetime.datetime
+        self,
+        row: Row,
+        outcome: str,
+        error_json: str,
+        now: datetime.datetime,
+        trace_id: str | None = None,
     ) -> None:
         error = json.loads(error_json)
         self._state.attempts.setdefault(row.id, []).append(
@@ -580,7 +586,7 @@ class MemoryDriver:
                 worker_id=row.worker_id,
                 started_at=row.started_at,
                 finished_at=now,
-                trace_id=_json_text_field(error, "trace_id"),
+                trace_id=trace_id or _json_text_field(error, "trace_id"),
             )
         )
 
@@ -728,6 +734,8 @@ class MemoryDriver:
         )[:limit]
         for row in expired:
             row.error_json = _LEASE_EXPIRED_ERROR
+            # A traced execution's span took its trace id from the lease token (_tracing.py).
+            trace_id = row.lease_token.hex if row.traced and row.lease_token else None
             if row.cancel_requested:  # not run again, whatever attempts it had left
                 self._state.finish(row, "cancelled", now)
             elif row.attempt >= self._state.max_attempts(row):
@@ -737,7 +745,7 @@ class MemoryDriver:
                 row.end_lease()
                 self._state.unlock_partition(row)
                 outbox.add(self._state.ready_channel(row.queue), row.queue)
-            self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now)
+            self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now, trace_id)
         final = [row for row in expired if row.state != "ready"]
         outbox.add_grouped((row.id for row in final), self._state.result_channel)
         waits.children_finished(self._state, final, now, outbox)

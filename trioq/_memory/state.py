@@ -68,6 +68,7 @@ class Row:
     attempt: int = 0
     executions: int = 0
     lease_token: uuid.UUID | None = None
+    traced: bool = False  # migration 0022: the claiming worker traces (its span id = the token)
     lease_expires_at: datetime.datetime | None = None
     worker_id: uuid.UUID | None = None
     cancel_requested: bool = False

@@ -299,6 +299,7 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         ),
         "promote_limit": params.promote_limit,
         "lookahead": params.lookahead_seconds,
+        "traced": params.traced,
     }
 
 

@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from .._driver import InsertedJob, NewJob, NewJobs
+from .._records import InsertedJob, NewJob, NewJobs
 
 Params = dict[str, Any]
 

@@ -43,7 +43,6 @@ from .._core.identifiers import (
     validate_schema,
 )
 from .._core.states import TERMINAL_STATES, JobState
-from .._driver import EventOutcome, JobRecord, NewJob
 from .._enqueue import (
     EnqueueOptions,
     Job,
@@ -54,6 +53,7 @@ from .._enqueue import (
     message_refused,
     to_jobs,
 )
+from .._records import EventOutcome, JobRecord, NewJob
 from .._sql import queries
 from .inserts import insert_statement, inserted_jobs
 from .libpq import DATABASE_URL_ENV, network_defaults

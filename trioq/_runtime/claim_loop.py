@@ -335,6 +335,7 @@ class ClaimLoop:
         self._rounds += 1
         round_number = self._rounds
         sent_at = trio.current_time()
+        traced = tracing.enabled()
         result = await self.driver.job_settle_and_claim(
             SettleAndClaim(
                 queue=self.queue,
@@ -347,10 +348,12 @@ class ClaimLoop:
                 concurrency_cursor=self._concurrency_cursor,
                 task_versions=self._task_versions() if self.versions else None,
                 lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
+                # Lost attempts' trace ids: the claim records that spans take the token's id.
+                traced=traced and tracing.ids_from_leases(),
             )
         )
         self._after_round(result, limit, sent_at, round_number)
-        self._start(handlers, result, sent_at)
+        self._start(handlers, result, sent_at, traced)
 
     def _written(
         self,
@@ -407,10 +410,11 @@ class ClaimLoop:
         if self.hooks.on_round:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
 
-    def _start(self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float) -> None:
+    def _start(
+        self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float, traced: bool
+    ) -> None:
         received = trio.current_time() if result.replied_at is None else result.replied_at
         self._db_clock.observe(result.now, sent, received)
-        traced = tracing.enabled() if result.claimed else False
         running, versions, tasks, now = self.running, self.versions, self.tasks, result.now
         for job in result.claimed:
             stale = running.get(job.id)

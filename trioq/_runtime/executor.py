@@ -66,7 +66,7 @@ async def execute(run: Run) -> Outcome:
             if run.traced:  # the otel extra, when configured: a span linked to the enqueuer's
                 span = tracing.job_span(
                     task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
-                    traceparent=await _trace_context(run),
+                    traceparent=await _trace_context(run), trace_id=job.lease_token.int,
                 )  # fmt: skip
             with span as run.trace_id:
                 if spec.sync:

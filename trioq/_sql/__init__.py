@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from importlib import resources
 from typing import Any
 
 import attrs
@@ -77,6 +76,8 @@ def parse_blocks(text: str) -> dict[str, str]:
 
 @functools.cache
 def _raw_queries() -> dict[str, str]:
+    from importlib import resources  # here: its import is a tenth of the producer's
+
     return parse_blocks(resources.files(__package__).joinpath("queries.sql").read_text())
 
 
@@ -132,6 +133,8 @@ def query_names() -> frozenset[str]:
 
 def migrations(schema: str) -> list[Migration]:
     """The numbered migrations, in order, with the schema substituted."""
+    from importlib import resources
+
     folder = resources.files(__package__).joinpath("migrations")
     found = []
     for entry in folder.iterdir():

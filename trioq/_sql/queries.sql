@@ -175,6 +175,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
         attempt = j.attempt + 1,
         executions = j.executions + 1,
         lease_token = gen_random_uuid(),
+        traced = %(traced)s,
         lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
         worker_id = %(worker_id)s,
         error = NULL,
@@ -1002,7 +1003,9 @@ first_schedule AS (
 -- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
 -- when no worker declared it), as the worker's own retry decision does.
 expired AS (
-    SELECT j.id, coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts
+    SELECT j.id, coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts,
+           -- A traced execution's span took its trace id from the lease token (_tracing.py).
+           CASE WHEN j.traced THEN replace(j.lease_token::text, '-', '') END AS trace_id
     FROM {schema}.jobs j
     LEFT JOIN {schema}.task_defaults d ON d.task = j.task AND d.version = j.version
     WHERE (SELECT ok FROM leader)
@@ -1023,7 +1026,7 @@ recovered AS (
     FROM expired e
     WHERE j.id = e.id AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.parent_id
+              j.parent_id, e.trace_id
 ),
 -- A child failed (or cancelled) for good here wakes its parent here (as in job_settle_and_claim).
 finished_children AS (
@@ -1058,9 +1061,9 @@ unlocked AS (
 ),
 history AS (
     INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
-                                   worker_id, started_at, finished_at)
+                                   worker_id, started_at, finished_at, trace_id)
     SELECT id, attempt, 'lost', 'LeaseExpired', 'worker lost: lease expired', worker_id,
-           started_at, {schema}.db_now()
+           started_at, {schema}.db_now(), trace_id
     FROM recovered
 ),
 notified AS (

@@ -13,8 +13,6 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from .._core.concurrency import LIMIT_FORM as KEY_LIMIT_FORM
 from .._core.concurrency import MAX_LIMIT, validate_pattern
 from .._core.errors import JobNotFound
@@ -61,6 +59,8 @@ def _app(args: argparse.Namespace) -> App:
 
 
 def _plain(value: Any) -> Any:
+    import attrs  # here: the parser that `trioq --help` builds needs none of it
+
     return attrs.asdict(value) if attrs.has(type(value)) else value
 
 
@@ -134,6 +134,8 @@ async def cmd_job(args: argparse.Namespace) -> int:
             }
         )
         return 0
+    import attrs
+
     for field in attrs.fields(type(record)):
         value = getattr(record, field.name)
         shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value

@@ -10,7 +10,10 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from .._core.identifiers import validate_schema
-from .security import AUTH_MODES, Auth
+
+# security.AUTH_MODES (tests/test_import_costs.py checks they agree): importing that module for
+# the parser's choices cost `trioq --help` a third of its imports (hashlib, ipaddress, attrs).
+AUTH_MODES = ("basic", "token")
 
 if TYPE_CHECKING:  # imported when the dashboard runs: `trioq --help` builds its parser
     from ..client import Client
@@ -69,6 +72,7 @@ async def _clients(args: argparse.Namespace, schema: str) -> AsyncIterator[tuple
 async def cmd_dashboard(args: argparse.Namespace) -> int:
     import trio
 
+    from . import security
     from .app import DashboardConfig, serve_dashboard  # the web stack, only when serving
     from .store import Store
 
@@ -81,7 +85,7 @@ async def cmd_dashboard(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         admin=args.admin,
-        auth=Auth.from_environment(args.auth, args.host),
+        auth=security.Auth.from_environment(args.auth, args.host),
         refresh_seconds=args.refresh,
     )
     async with _clients(args, schema) as (reader, actor), trio.open_nursery() as nursery:

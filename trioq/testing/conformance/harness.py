@@ -160,6 +160,7 @@ async def claim_round(
     task_versions: Sequence[str] | None = None,
     lookahead_seconds: float = 0.0,
     concurrency_cursor: str = "",
+    traced: bool = False,
 ) -> SettleAndClaimResult:
     """One claim loop round trip, with the claimed jobs sorted in claim order."""
     result = await driver.job_settle_and_claim(
@@ -175,6 +176,7 @@ async def claim_round(
             task_versions=None if task_versions is None else tuple(task_versions),
             lookahead_seconds=lookahead_seconds,
             concurrency_cursor=concurrency_cursor,
+            traced=traced,
         )
     )
     claimed = sorted(result.claimed, key=lambda job: (job.priority, job.run_at, job.id))
@@ -190,6 +192,7 @@ async def claim(
     lease_seconds: float = LEASE_SECONDS,
     worker_id: uuid.UUID | None = None,
     settlements: Sequence[Settlement] = (),
+    traced: bool = False,
 ) -> list[ClaimedJob]:
     """Claim up to `limit` jobs; the result is sorted in claim order."""
     result = await claim_round(
@@ -200,6 +203,7 @@ async def claim(
         lease_seconds=lease_seconds,
         worker_id=worker_id,
         settlements=settlements,
+        traced=traced,
     )
     return list(result.claimed)
 

@@ -66,6 +66,32 @@ async def check_expired_lease_is_recovered_and_its_holder_fenced(
 
 
 @conformance_check
+async def check_a_lost_attempt_carries_its_traced_executions_trace_id(
+    driver: Driver, clock: DriverClock
+) -> None:
+    # A tracing worker's span has the lease token as its trace id (trioq/_tracing.py); the
+    # recovery that writes the lost attempt knows only the row.
+    [job_id] = await enqueue(driver, new_job(max_attempts=3))
+    [traced] = await claim(driver, lease_seconds=10, traced=True)
+    await clock.advance(11)
+    await driver.maintenance_pass(MaintenancePass())
+    [untraced] = await claim(driver, lease_seconds=10)
+    await clock.advance(11)
+    await driver.maintenance_pass(MaintenancePass())
+    [last] = await claim(driver, lease_seconds=10, traced=True)
+    await clock.advance(11)
+    report = await driver.maintenance_pass(MaintenancePass())
+    expect(report.recovered, ((job_id, "failed"),), "the last attempt lost")
+    attempts = await driver.job_attempts(job_id)
+    expect(
+        [(a.attempt, a.outcome, a.trace_id) for a in attempts],
+        [(1, "lost", traced.lease_token.hex), (2, "lost", None), (3, "lost", last.lease_token.hex)],
+        "lost attempts: the traced ones name the token, the untraced one nothing",
+    )
+    expect(untraced.attempt, 2, "the untraced claim")
+
+
+@conformance_check
 async def check_lease_lost_on_the_last_attempt_fails_the_job(
     driver: Driver, clock: DriverClock
 ) -> None:
