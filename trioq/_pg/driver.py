@@ -212,6 +212,43 @@ def _element(value: object) -> str:
     raise TypeError(f"array element {value!r}: expected str, a number or a datetime")
 
 
+def _results_array(settlements: Sequence[Settlement]) -> str:
+    """The results of completions as a text[] literal (`_nullable_array`), with the no-op
+    handler's "null" answered without quoting: most jobs of a drain return None."""
+    return (
+        "{"
+        + ",".join(
+            [
+                _QUOTED_NULL if (r := s.result_json) == "null" else _results_element(r)
+                for s in settlements
+            ]
+        )
+        + "}"
+    )
+
+
+_QUOTED_NULL = _quoted("null")
+
+
+def _results_element(value: str | None) -> str:
+    return "NULL" if value is None else _quoted(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_text_array(values: tuple[str, ...]) -> str:
+    """A worker's task list, the same tuple every round: quoted once."""
+    return _text_array(values)
+
+
+def complete_plain_params(settlements: Sequence[Settlement]) -> Params:
+    """The parameters of job_complete_plain (the completer's common flush): the fences and
+    the results, nothing the full statement's rules need."""
+    return {
+        **_lease_arrays([settlement.lease for settlement in settlements]),
+        "results": _results_array(settlements),
+    }
+
+
 def _nulls(count: int) -> str:
     """An array literal of `count` NULLs."""
     return "{" + ",".join(["NULL"] * count) + "}"
@@ -264,7 +301,7 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
     kinds = tuple([settlement.kind for settlement in settlements])
     if all(kind == "complete" for kind in kinds):
         errors = delays = wake_ats = _nulls(count)
-        results = _nullable_array([settlement.result_json for settlement in settlements])
+        results = _results_array(settlements)
     else:
         pairs = [(settlement, rule_of(settlement.kind)) for settlement in settlements]
         results = _nullable_array([s.result_json if r.stores_result else None for s, r in pairs])
@@ -279,14 +316,14 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         "delays": delays,
         "wake_ats": wake_ats,
         "queue": params.queue,
-        "tasks": _text_array(params.tasks),  # literals too: psycopg's list dumper is Python
+        "tasks": _cached_text_array(params.tasks),  # a literal: psycopg's list dumper is Python
         "limit": params.limit,
         "lease_seconds": params.lease_seconds,
         "worker_id": params.worker_id,
         "key_cursor": params.key_cursor,
         "key_window": params.key_window,
         "task_versions": (
-            None if params.task_versions is None else _text_array(params.task_versions)
+            None if params.task_versions is None else _cached_text_array(params.task_versions)
         ),
         "promote_limit": params.promote_limit,
         "lookahead": params.lookahead_seconds,
@@ -541,8 +578,11 @@ class PgDriver:
 
     async def _complete_plain(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """A settle-only round of plain completions (the completer's common flush)."""
+        name = "job_complete_plain"
+        self._calls[name] += 1
         async with self._pool.connection() as conn:
-            rows = await self._settle_rows(conn, params, "job_complete_plain")
+            with self._schema_required():
+                rows = await self._query(conn, name, complete_plain_params(params.settlements))
             replied_at = conn.replied_at
         [row] = rows
         settled = tuple(zip(row[0], row[1], strict=True))
