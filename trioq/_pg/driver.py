@@ -142,9 +142,10 @@ def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
     }
 
 
-def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
-    """A claimed row: the job's 13 columns, its history (NULL: none), its parent id."""
-    history = row[13]
+def _claimed_job(row: Sequence[Any], at: int = 0) -> ClaimedJob:
+    """A claimed row from column `at` on: the job's 13 columns, its history (NULL: none), its
+    parent id. Read in place (a slice per claimed row copied its 22 columns first)."""
+    history = row[at + 13]
     entries = (
         ()
         if history is None
@@ -153,21 +154,21 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
         )
     )
     return ClaimedJob(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        row[5],
-        row[6],
-        row[7],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
+        row[at],
+        row[at + 1],
+        row[at + 2],
+        row[at + 3],
+        row[at + 4],
+        row[at + 5],
+        row[at + 6],
+        row[at + 7],
+        row[at + 8],
+        row[at + 9],
+        row[at + 10],
+        row[at + 11],
+        row[at + 12],
         entries,
-        row[14],
+        row[at + 14],
     )
 
 
@@ -178,7 +179,8 @@ def _round_rows(
     settled ids and states, once), the settled (id, state) pairs, the claimed jobs."""
     first = next(row for row in rows if row[0] is not None)
     settled = tuple(zip(first[0], first[1], strict=True))
-    return first, settled, tuple(_claimed_job(row[7:]) for row in rows if row[7] is not None)
+    claimed = tuple([_claimed_job(row, 7) for row in rows if row[7] is not None])
+    return first, settled, claimed
 
 
 def _all_plain(settlements: Sequence[Settlement]) -> bool:
