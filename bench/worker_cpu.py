@@ -3,9 +3,10 @@
     python -m bench.worker_cpu --jobs 20000 --repeats 5 --root /path/to/other/checkout
 
 Each repeat drains one backlog of no-op jobs (concurrency 25, one worker) on the raw loop, then
-on this checkout's trioq, then on each `--root` checkout's (same schema version: they share the
-migrations), in that order, so the systems see the same load. Worker CPU is user+sys of the
-worker process from the backlog's COMMIT to the last completion (throughput.py's `drain`).
+on this checkout's trioq and each `--root` checkout's (same schema version: they share the
+migrations), the checkouts' order rotated each repeat, so the systems see the same load.
+Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
+(throughput.py's `drain`).
 Prints per repeat and the medians; ratios are taken within a repeat. `--py-spy OUT` records one
 extra drain of this checkout's worker with py-spy (flame graph) instead.
 """
@@ -130,7 +131,11 @@ def main() -> None:
             base_us = base.cpu_seconds / n * 1e6
             cpu["raw"].append(base_us)
             rate["raw"].append(base.jobs_per_s)
-            for name, root in roots.items():
+            # Rotated each repeat: the drain right after the raw loop's paid more (server and
+            # worker) in a first run, whichever checkout it was.
+            order = list(roots.items())
+            order = order[repeat % len(order) :] + order[: repeat % len(order)]
+            for name, root in order:
                 run = drain(ctx, lambda s, r=root: [trioq_worker(launcher, s, r)], "noop", n, TRIOQ)
                 print(line(name, run), flush=True)
                 us = run.cpu_seconds / n * 1e6
