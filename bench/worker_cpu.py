@@ -8,7 +8,9 @@ migrations), the checkouts' order rotated each repeat, so the systems see the sa
 Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
 (throughput.py's `drain`).
 Prints per repeat and the medians; ratios are taken within a repeat. `--py-spy OUT` records one
-extra drain of this checkout's worker with py-spy (flame graph) instead.
+drain of this checkout's worker (or the first `--root`'s) with py-spy instead, only samples
+holding the GIL (`--gil`: on 2 shared cores a process is often preempted mid-call, which plain
+sampling counts as running).
 """
 
 from __future__ import annotations
@@ -110,8 +112,10 @@ def main() -> None:
         if args.py_spy is not None:
             spies: list[subprocess.Popen[bytes]] = []
 
+            spied_root = args.root[0] if args.root else REPO_ROOT  # the first --root, if any
+
             def spied(schema: str) -> list[Process]:
-                worker = trioq_worker(launcher, schema, REPO_ROOT)
+                worker = trioq_worker(launcher, schema, spied_root)
                 argv = ["py-spy", "record", "-r", "400", "--gil", "-f", args.format]
                 argv += ["-o", str(args.py_spy)]
                 spies.append(subprocess.Popen([*argv, "--pid", str(worker.popen.pid)]))
