@@ -30,3 +30,23 @@ def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> N
     report = json.loads((tmp_path / "results.json").read_text())
     assert set(SCENARIOS) <= set(report["scenarios"])
     assert (tmp_path / "RESULTS.md").read_text().startswith("# trioq benchmark results")
+
+
+def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
+    """`python -m bench.worker_cpu`: the raw loop and this checkout's worker, one tiny repeat,
+    with medians and the ratio; its cProfile mode writes a profile."""
+    profile = tmp_path / "worker.prof"
+    outputs = []
+    for extra in ([], ["--cprofile", str(profile)]):
+        result = subprocess.run(
+            [sys.executable, "-m", "bench.worker_cpu", "--jobs", "200", "--repeats", "1", *extra],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        outputs.append(result.stdout)
+    assert "medians:" in outputs[0] and "x raw CPU/job" in outputs[0]
+    assert "cprofile:" in outputs[1] and profile.stat().st_size > 0

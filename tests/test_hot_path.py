@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 import trio
+import trio.testing
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 import trioq
@@ -149,6 +150,71 @@ async def test_completer_owns_outcomes_until_written_waits_when_full_and_resends
     assert sent == [(1, 2), (1, 2), (3,)]  # the lost batch again, ahead of the newer outcome
     assert written == [((1, 2), True), ((3,), False)]
     assert completer.statistics().retries == 1 and completer.leases() == []
+
+
+async def test_waiting_hand_overs_enter_the_backlog_in_order_and_a_cancelled_one_leaves_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Hand-overs that find the backlog full wait; as a batch leaves, the oldest waiting ones
+    are taken (their tasks return, the outcome already in the backlog), in the order they
+    came; a waiting hand-over that is cancelled is never written, and a new hand-over does
+    not overtake the waiting ones."""
+    release = trio.Event()
+    sent: list[tuple[int, ...]] = []
+
+    class Driver:
+        def is_connection_lost(self, exc: BaseException) -> bool:
+            return False
+
+        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+            sent.append(tuple(s.lease.id for s in params.settlements))
+            await release.wait()
+            settled = tuple((s.lease.id, "completed") for s in params.settlements)
+            return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+
+    completer = Completer(
+        driver=Driver(),  # type: ignore[arg-type]
+        queue="default",
+        tasks=("t",),
+        worker_id=uuid.uuid4(),
+        lease_seconds=30,
+        max_backlog=1,
+        batch_size=1,
+        flush_delay=0,
+    )
+    returned: list[int] = []
+
+    async def hand(job_id: int, cancel_scope: trio.CancelScope | None = None) -> None:
+        with cancel_scope or trio.CancelScope():
+            await completer.hand_over(_settlement(job_id), keyed=False)
+            returned.append(job_id)
+
+    completer.hand_over_nowait(_settlement(1), keyed=False)
+    two_scope = trio.CancelScope()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            # Waiting before the completer runs: 2, 3 and 4 find the backlog (1) full.
+            nursery.start_soon(hand, 2, two_scope)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(hand, 3)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(hand, 4)
+            await trio.testing.wait_all_tasks_blocked()
+            two_scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.WouldBlock):  # room or not, 3 and 4 go first
+                completer.hand_over_nowait(_settlement(5), keyed=False)
+            assert returned == []
+            async with open_completer(completer):
+                await trio.testing.wait_all_tasks_blocked()
+                # Batch (1) in flight; 3 took its room, 4 still waits.
+                assert sent == [(1,)] and returned == [3]
+                assert {lease.id for lease in completer.leases()} == {1, 3}
+                release.set()
+                while len(sent) < 3:
+                    await trio.testing.wait_all_tasks_blocked()
+    assert sent == [(1,), (3,), (4,)]  # 2 was cancelled while waiting: never written
+    assert returned == [3, 4] and completer.leases() == []
 
 
 async def test_handlers_of_one_round_neither_share_contextvars_nor_failures_nor_cancels(

@@ -148,10 +148,11 @@ def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
     }
 
 
-def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
-    """A claimed row: the job's 13 columns, its history (NULL: none), its parent id, its
-    concurrency key."""
-    history = row[13]
+def _claimed_job(row: Sequence[Any], at: int = 0) -> ClaimedJob:
+    """A claimed row from column `at` on: the job's 13 columns, its history (NULL: none), its
+    parent id, its concurrency key. Read in place (a slice per claimed row copied its columns
+    first)."""
+    history = row[at + 13]
     entries = (
         ()
         if history is None
@@ -160,22 +161,22 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
         )
     )
     return ClaimedJob(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        row[5],
-        row[6],
-        row[7],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
+        row[at],
+        row[at + 1],
+        row[at + 2],
+        row[at + 3],
+        row[at + 4],
+        row[at + 5],
+        row[at + 6],
+        row[at + 7],
+        row[at + 8],
+        row[at + 9],
+        row[at + 10],
+        row[at + 11],
+        row[at + 12],
         entries,
-        row[14],
-        row[15],
+        row[at + 14],
+        row[at + 15],
     )
 
 
@@ -186,7 +187,8 @@ def _round_rows(
     settled ids and states, once), the settled (id, state) pairs, the claimed jobs."""
     first = next(row for row in rows if row[0] is not None)
     settled = tuple(zip(first[0], first[1], strict=True))
-    return first, settled, tuple(_claimed_job(row[8:]) for row in rows if row[8] is not None)
+    claimed = tuple([_claimed_job(row, 8) for row in rows if row[8] is not None])
+    return first, settled, claimed
 
 
 def _all_plain(settlements: Sequence[Settlement]) -> bool:
@@ -218,6 +220,43 @@ def _element(value: object) -> str:
     if isinstance(value, str):
         return _quoted(value)
     raise TypeError(f"array element {value!r}: expected str, a number or a datetime")
+
+
+def _results_array(settlements: Sequence[Settlement]) -> str:
+    """The results of completions as a text[] literal (`_nullable_array`), with the no-op
+    handler's "null" answered without quoting: most jobs of a drain return None."""
+    return (
+        "{"
+        + ",".join(
+            [
+                _QUOTED_NULL if (r := s.result_json) == "null" else _results_element(r)
+                for s in settlements
+            ]
+        )
+        + "}"
+    )
+
+
+_QUOTED_NULL = _quoted("null")
+
+
+def _results_element(value: str | None) -> str:
+    return "NULL" if value is None else _quoted(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_text_array(values: tuple[str, ...]) -> str:
+    """A worker's task list, the same tuple every round: quoted once."""
+    return _text_array(values)
+
+
+def complete_plain_params(settlements: Sequence[Settlement]) -> Params:
+    """The parameters of job_complete_plain (the completer's common flush): the fences and
+    the results, nothing the full statement's rules need."""
+    return {
+        **_lease_arrays([settlement.lease for settlement in settlements]),
+        "results": _results_array(settlements),
+    }
 
 
 def _nulls(count: int) -> str:
@@ -272,7 +311,7 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
     kinds = tuple([settlement.kind for settlement in settlements])
     if all(kind == "complete" for kind in kinds):
         errors = delays = wake_ats = _nulls(count)
-        results = _nullable_array([settlement.result_json for settlement in settlements])
+        results = _results_array(settlements)
     else:
         pairs = [(settlement, rule_of(settlement.kind)) for settlement in settlements]
         results = _nullable_array([s.result_json if r.stores_result else None for s, r in pairs])
@@ -287,7 +326,7 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         "delays": delays,
         "wake_ats": wake_ats,
         "queue": params.queue,
-        "tasks": _text_array(params.tasks),  # literals too: psycopg's list dumper is Python
+        "tasks": _cached_text_array(params.tasks),  # a literal: psycopg's list dumper is Python
         "limit": params.limit,
         "lease_seconds": params.lease_seconds,
         "worker_id": params.worker_id,
@@ -295,7 +334,7 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         "key_window": params.key_window,
         "concurrency_cursor": params.concurrency_cursor,
         "task_versions": (
-            None if params.task_versions is None else _text_array(params.task_versions)
+            None if params.task_versions is None else _cached_text_array(params.task_versions)
         ),
         "promote_limit": params.promote_limit,
         "lookahead": params.lookahead_seconds,
@@ -597,8 +636,11 @@ class PgDriver:
 
     async def _complete_plain(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """A settle-only round of plain completions (the completer's common flush)."""
+        name = "job_complete_plain"
+        self._calls[name] += 1
         async with self._pool.connection() as conn:
-            rows = await self._settle_rows(conn, params, "job_complete_plain")
+            with self._schema_required():
+                rows = await self._query(conn, name, complete_plain_params(params.settlements))
             replied_at = conn.replied_at
         [row] = rows
         settled = tuple(zip(row[0], row[1], strict=True))

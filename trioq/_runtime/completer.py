@@ -80,7 +80,11 @@ class Completer:
     _writing: tuple[Settlement, ...] = ()
     _has_pending: trio.Event = attrs.field(factory=trio.Event)
     _batch_full: trio.Event = attrs.field(factory=trio.Event)
-    _room: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    # Hand-overs waiting for room, oldest first: task -> (outcome, frees a key). When a batch
+    # leaves, the completer itself moves the oldest of them into the backlog and reschedules
+    # their tasks, which return at once: no retry, no extra checkpoint. In a durable drain
+    # about half the handlers wait here (the flush in flight is slower than the claim).
+    _waiting: dict[trio.lowlevel.Task, tuple[Settlement, bool]] = attrs.field(factory=dict)
     _flushes: int = 0
     _written: int = 0
     _lost: int = 0
@@ -119,11 +123,15 @@ class Completer:
     # --- handing outcomes over -----------------------------------------------------------
 
     def hand_over_nowait(self, settlement: Settlement, *, keyed: bool) -> None:
-        """Take `settlement` into the backlog; raises `trio.WouldBlock` when it is full."""
-        if len(self._pending) >= self.max_backlog:
+        """Take `settlement` into the backlog; raises `trio.WouldBlock` when it is full (or
+        when earlier hand-overs wait for room: they go first)."""
+        if len(self._pending) >= self.max_backlog or self._waiting:
             raise trio.WouldBlock
+        self._take(settlement, keyed and frees_key(settlement.kind))
+
+    def _take(self, settlement: Settlement, frees: bool) -> None:
         self._pending.append(settlement)
-        self._frees.append(keyed and frees_key(settlement.kind))
+        self._frees.append(frees)
         if len(self._pending) == 1:
             self._has_pending.set()
         if len(self._pending) >= self.batch_size:
@@ -132,14 +140,29 @@ class Completer:
     async def hand_over(self, settlement: Settlement, *, keyed: bool) -> None:
         """Take `settlement`, waiting while the backlog is full. Safe to cancel: a cancelled
         hand-over leaves nothing behind (the outcome is not written; its lease expires)."""
-        while True:
-            try:
-                self.hand_over_nowait(settlement, keyed=keyed)
-            except trio.WouldBlock:
-                await self._room.park()
-            else:
-                await trio.lowlevel.checkpoint()
-                return
+        try:
+            self.hand_over_nowait(settlement, keyed=keyed)
+        except trio.WouldBlock:
+            pass
+        else:
+            await trio.lowlevel.checkpoint()
+            return
+        task = trio.lowlevel.current_task()
+        self._waiting[task] = (settlement, keyed and frees_key(settlement.kind))
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            del self._waiting[task]  # still waiting, so not taken: nothing is left behind
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _admit_waiting(self) -> None:
+        """Move the oldest waiting hand-overs into the room a batch just left."""
+        waiting = self._waiting
+        while waiting and len(self._pending) < self.max_backlog:
+            task = next(iter(waiting))
+            self._take(*waiting.pop(task))
+            trio.lowlevel.reschedule(task)
 
     # --- the service ---------------------------------------------------------------------
 
@@ -193,7 +216,8 @@ class Completer:
         batch, frees = tuple(self._pending[:take]), self._frees[:take]
         del self._pending[:take], self._frees[:take]
         self._writing = batch
-        self._room.unpark_all()
+        if self._waiting:
+            self._admit_waiting()
         if self._pending:
             self._has_pending.set()
         sent_at = trio.current_time()

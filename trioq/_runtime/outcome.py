@@ -85,8 +85,8 @@ Outcome = (
 def settlement_of(lease: Lease, outcome: Outcome, *, plain: bool = False) -> Settlement | None:
     """The settle-statement row for `outcome` (None for `Lost`); `plain`: the job has no
     partition key and no parent (`ClaimedJob.plain`)."""
-    if type(outcome) is Completed:  # nearly every outcome: no pattern match
-        return Settlement(lease, "complete", result_json=outcome.result_json, plain=plain)
+    if type(outcome) is Completed:  # nearly every outcome: no pattern match, no keywords
+        return Settlement(lease, "complete", outcome.result_json, None, None, None, plain)
     match outcome:
         case Completed(result_json):
             return Settlement(lease, "complete", result_json=result_json, plain=plain)

@@ -1,0 +1,165 @@
+"""Worker CPU per job, interleaved: the raw loop vs trioq from one or more checkouts.
+
+    python -m bench.worker_cpu --jobs 20000 --repeats 5 --root /path/to/other/checkout
+
+Each repeat drains one backlog of no-op jobs (concurrency 25, one worker) on the raw loop, then
+on this checkout's trioq and each `--root` checkout's (same schema version: they share the
+migrations), the checkouts' order rotated each repeat, so the systems see the same load.
+Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
+(throughput.py's `drain`).
+Prints per repeat and the medians; ratios are taken within a repeat. `--py-spy OUT` records one
+drain of this checkout's worker (or the first `--root`'s) with py-spy instead, only samples
+holding the GIL (`--gil`: on 2 shared cores a process is often preempted mid-call, which plain
+sampling counts as running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.app import SCHEMA_ENV
+from bench.config import FULL
+from bench.harness import REPO_ROOT, Launcher, Process, open_database
+from bench.jobs import RAW, TRIOQ
+from bench.scenarios import Context, Results
+from bench.scenarios.throughput import Drain, drain
+
+# The worker under cProfile with a CPU-time clock of its main thread: py-spy and cProfile's
+# default clock count wall time, and on 2 shared cores a process that wakes PostgreSQL is often
+# preempted inside the send (py-spy put 15% of a drain on `send_query_prepared`).
+PROFILED = """
+import cProfile, runpy, sys, time
+out = sys.argv.pop(1)
+profile = cProfile.Profile(time.thread_time)
+sys.argv[0] = "trioq"
+try:
+    profile.runcall(runpy.run_module, "trioq.cli", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+finally:
+    profile.dump_stats(out)
+"""
+
+
+def trioq_worker(
+    launcher: Launcher, schema: str, root: Path, profile: Path | None = None
+) -> Process:
+    """`trioq worker` with the package imported from `root` (its cwd comes first on sys.path);
+    with `profile`, under cProfile (main thread CPU time) writing there at exit."""
+    role = launcher.db.new_role("bench_w")
+    entry = ["-m", "trioq.cli"] if profile is None else ["-c", PROFILED, str(profile)]
+    argv = [
+        sys.executable,
+        *entry,
+        "worker",
+        "bench.app:app",
+        "--concurrency",
+        "25",
+        "--grace",
+        "10",
+    ]
+    env = {"TRIOQ_DATABASE_URL": launcher.db.conninfo(role), SCHEMA_ENV: schema}
+    log_path = launcher.log_dir / f"{role}.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            argv,
+            cwd=root,
+            env={**os.environ, **env, "PYTHONPATH": str(root)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+    process = Process(f"trioq worker {role}", role, popen, log_path)
+    launcher.started.append(process)
+    process.wait_for_line(b"trioq worker ")
+    return process
+
+
+def line(name: str, run: Drain) -> str:
+    us = run.cpu_seconds / run.jobs * 1e6
+    return (
+        f"{name:>10}: {run.jobs_per_s:8.0f} jobs/s  {us:6.1f} us CPU/job  "
+        f"{run.statements_per_job:.3f} stmt/job  {run.db_us_per_job:6.1f} us server exec/job"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--root", action="append", default=[], type=Path)
+    parser.add_argument("--py-spy", type=Path, default=None)
+    parser.add_argument("--cprofile", type=Path, default=None)
+    parser.add_argument("--format", default="raw", help="py-spy's output format (raw, flamegraph)")
+    args = parser.parse_args()
+    roots = {"this": REPO_ROOT, **{str(root): root for root in args.root}}
+    with tempfile.TemporaryDirectory() as logs, open_database() as db:
+        launcher = Launcher(db, Path(logs))
+        ctx = Context(db, launcher, FULL, Results())
+        n = args.jobs
+        if args.cprofile is not None:
+            run = drain(
+                ctx, lambda s: [trioq_worker(launcher, s, REPO_ROOT, args.cprofile)], "noop", n
+            )
+            print(line("cprofile", run))
+            return
+        if args.py_spy is not None:
+            spies: list[subprocess.Popen[bytes]] = []
+
+            spied_root = args.root[0] if args.root else REPO_ROOT  # the first --root, if any
+
+            def spied(schema: str) -> list[Process]:
+                worker = trioq_worker(launcher, schema, spied_root)
+                argv = ["py-spy", "record", "-r", "400", "--gil", "-f", args.format]
+                argv += ["-o", str(args.py_spy)]
+                spies.append(subprocess.Popen([*argv, "--pid", str(worker.popen.pid)]))
+                return [worker]
+
+            run = drain(ctx, spied, "noop", n)
+            spies[0].wait(60)  # it writes its output once the worker has exited
+            print(line("py-spy", run))
+            return
+        cpu: dict[str, list[float]] = {"raw": []}
+        rate: dict[str, list[float]] = {"raw": []}
+        stmts: dict[str, list[float]] = {}
+        ratio: dict[str, list[float]] = {}
+        for repeat in range(args.repeats):
+            base = drain(ctx, lambda s: [launcher.baseline_worker(s, expect=n)], "noop", n, RAW)
+            print(f"repeat {repeat + 1}\n{line('raw', base)}", flush=True)
+            base_us = base.cpu_seconds / n * 1e6
+            cpu["raw"].append(base_us)
+            rate["raw"].append(base.jobs_per_s)
+            # Rotated each repeat: the drain right after the raw loop's paid more (server and
+            # worker) in a first run, whichever checkout it was.
+            order = list(roots.items())
+            order = order[repeat % len(order) :] + order[: repeat % len(order)]
+            for name, root in order:
+                run = drain(ctx, lambda s, r=root: [trioq_worker(launcher, s, r)], "noop", n, TRIOQ)
+                print(line(name, run), flush=True)
+                us = run.cpu_seconds / n * 1e6
+                cpu.setdefault(name, []).append(us)
+                rate.setdefault(name, []).append(run.jobs_per_s)
+                stmts.setdefault(name, []).append(run.statements_per_job)
+                ratio.setdefault(name, []).append(us / base_us)
+        print("medians:")
+        for name in cpu:
+            extra = ""
+            if name in ratio:
+                extra = (
+                    f"  {statistics.median(ratio[name]):.2f}x raw CPU/job"
+                    f"  {statistics.median(stmts[name]):.3f} stmt/job"
+                )
+            print(
+                f"{name:>10}: {statistics.median(rate[name]):8.0f} jobs/s"
+                f"  {statistics.median(cpu[name]):6.1f} us CPU/job{extra}"
+            )
+
+
+if __name__ == "__main__":
+    main()
