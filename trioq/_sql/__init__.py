@@ -67,8 +67,8 @@ def parse_blocks(text: str) -> dict[str, str]:
             continue
         # Whole-line comments are documentation for readers; the driver never sends them (a
         # placeholder quoted in a comment would otherwise be parsed as a parameter).
-        # Indentation is dropped too: psycopg caches the conversion of statements up to 4 KiB,
-        # and the claim statement is over that with its indentation (4,617 bytes).
+        # Indentation is dropped too: psycopg caches the conversion of statements only up to
+        # 4 KiB, and the hot statements are several times that.
         lines = [line.strip() for line in expand(body)]
         blocks[name] = "\n".join(line for line in lines if line and not line.startswith("--"))
     return blocks

@@ -592,22 +592,7 @@ parents_locked AS MATERIALIZED (
     ORDER BY p.id
     FOR NO KEY UPDATE OF p
 ),
-parents_woken AS (
-    UPDATE {schema}.jobs p
-    SET children_settled = p.children_settled + cardinality(f.ids),
-        wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                             THEN ARRAY(SELECT unnest(p.wait_children) EXCEPT SELECT unnest(f.ids))
-                             ELSE p.wait_children END,
-        state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                          AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                     THEN 'ready' ELSE p.state END,
-        run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                           AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                      THEN {schema}.db_now() ELSE p.run_at END
-    FROM finished_children f JOIN parents_locked l ON l.id = f.parent_id
-    WHERE p.id = f.parent_id
-    RETURNING p.queue, p.state
-),
+-- include: parents_wake
 parents_notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM parents_woken WHERE state = 'ready') AS q
@@ -665,6 +650,29 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        claimed.*
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
+
+-- fragment: parents_wake
+-- The parent wake-up of the statements that finish children (job_settle_and_claim,
+-- maintenance_pass), the rule of parents_notify in migration 0003: each locked parent
+-- (parents_locked) counts its finished children (finished_children: parent_id, ids, failed), and
+-- a waiting parent drops them from wait_children and becomes ready when none it waits for is left
+-- or one of them did not complete.
+parents_woken AS (
+    UPDATE {schema}.jobs p
+    SET children_settled = p.children_settled + cardinality(f.ids),
+        wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                             THEN ARRAY(SELECT unnest(p.wait_children) EXCEPT SELECT unnest(f.ids))
+                             ELSE p.wait_children END,
+        state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                          AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                     THEN 'ready' ELSE p.state END,
+        run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                           AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                      THEN {schema}.db_now() ELSE p.run_at END
+    FROM finished_children f JOIN parents_locked l ON l.id = f.parent_id
+    WHERE p.id = f.parent_id
+    RETURNING p.queue, p.state
+),
 
 -- fragment: plain_completions
 -- The fenced completion of plain jobs (no key, no parent) and their result notifications, shared
@@ -1028,9 +1036,9 @@ recovered AS (
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
               j.parent_id, e.trace_id
 ),
--- A child failed (or cancelled) for good here wakes its parent here (as in job_settle_and_claim).
+-- A child failed (or cancelled) for good here wakes its parent here (fragment parents_wake).
 finished_children AS (
-    SELECT r.parent_id, array_agg(r.id) AS ids
+    SELECT r.parent_id, array_agg(r.id) AS ids, array_agg(r.id) AS failed
     FROM recovered r WHERE r.parent_id IS NOT NULL AND r.state IN ('failed', 'cancelled')
     GROUP BY r.parent_id
 ),
@@ -1041,20 +1049,7 @@ parents_locked AS MATERIALIZED (
     ORDER BY p.id
     FOR NO KEY UPDATE OF p
 ),
-parents_woken AS (
-    UPDATE {schema}.jobs p
-    SET children_settled = p.children_settled + cardinality(f.ids),
-        wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                             THEN ARRAY(SELECT unnest(p.wait_children) EXCEPT SELECT unnest(f.ids))
-                             ELSE p.wait_children END,
-        state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                     THEN 'ready' ELSE p.state END,
-        run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                      THEN {schema}.db_now() ELSE p.run_at END
-    FROM finished_children f JOIN parents_locked l ON l.id = f.parent_id
-    WHERE p.id = f.parent_id
-    RETURNING p.queue, p.state
-),
+-- include: parents_wake
 unlocked AS (
     DELETE FROM {schema}.partition_locks l USING recovered r
     WHERE l.queue = r.queue AND l.partition_key = r.partition_key AND l.job_id = r.id

@@ -3,8 +3,8 @@
 Both drivers must agree on: the first emit of a key wins; an event emitted before a wait is
 received without suspending; a wait suspends (`waiting`, lease dropped, attempt restored) and
 every waiter of a key is woken by its emit; spawns are exactly once per parent position and
-fenced; a child's final outcome wakes a parent waiting for it; gather's fail-fast cancels the
-unfinished siblings; cancelling a parent cancels its children.
+fenced; a child's final outcome (settled, or lost by lease expiry) wakes a parent waiting for
+it; gather's fail-fast cancels the unfinished siblings; cancelling a parent cancels its children.
 """
 
 from __future__ import annotations
@@ -226,6 +226,22 @@ async def check_child_completion_wakes_its_waiting_parent(
     expect(again.id, parent.id, "the parent runs again")
     done = await driver.job_wait_children(WaitChildren(again.lease, 2, (first.id, second.id)))
     expect([c.result for c in done.children], [None, 2], "the results")
+
+
+@conformance_check
+async def check_child_lost_by_lease_expiry_wakes_its_waiting_parent(
+    driver: Driver, clock: DriverClock
+) -> None:
+    parent = await running(driver)
+    spawned = await driver.job_spawn_many([Spawn(parent, 0, new_job(1, max_attempts=1))])
+    [child] = await claim(driver, 1)
+    expect(child.id, spawned[0].child_id, "the claimed child")
+    outcome = await driver.job_wait_children(WaitChildren(parent, 1, (child.id,)))
+    expect(outcome.state, "waiting", "the parent suspends")
+    await clock.advance(HOUR)
+    recovered = (await driver.maintenance_pass(MaintenancePass())).recovered
+    expect(recovered, ((child.id, "failed"),), "the lost child has no attempt left")
+    expect((await record(driver, parent.id)).state, "ready", "recovery wakes the parent")
 
 
 @conformance_check
