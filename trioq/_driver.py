@@ -44,6 +44,11 @@ class NewJob:
     unique_states: tuple[str, ...] = ()
     version: int = 1  # the handler version this job is for (the enqueuing app's highest)
     trace_context: str | None = None  # the enqueuer's W3C traceparent (the otel extra)
+    # The whole-workflow deadline: an absolute time, or seconds from the database's now; and who
+    # set it ("set at enqueue", "set by task X"), for the error stored when it passes.
+    deadline_at: datetime.datetime | None = None
+    deadline_seconds: float | None = None
+    deadline_source: str | None = None
 
 
 @attrs.frozen
@@ -97,6 +102,9 @@ class NewJobs(Sequence[NewJob]):
             job.unique_states if keyed else (),
             job.version,
             job.trace_context,
+            job.deadline_at,
+            job.deadline_seconds,
+            job.deadline_source,
         )
 
 
@@ -225,6 +233,7 @@ class MaintenancePass:
     scheduler: bool = True  # the leader runs the scheduler
     ttl_seconds: float = 30.0  # the seat's time to live from this pass
     queues: tuple[str, ...] = ()  # the leader's queues, probed (see QueueProbe)
+    deadline_limit: int = 1000  # jobs past their deadline cancelled per pass
 
 
 @attrs.frozen
@@ -599,6 +608,7 @@ class MaintenanceReport:
     now: datetime.datetime | None = None  # database time of the pass
     probes: tuple[QueueProbe, ...] = ()  # one per queue of MaintenancePass.queues
     schedules: ScheduleDue | None = None  # the scheduler's idle read, done by the pass
+    deadlines_passed: int = 0  # jobs cancelled because their deadline passed
 
 
 @attrs.frozen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import datetime
 import importlib
 import os
 import sys
@@ -17,7 +18,7 @@ from ._core.identifiers import validate_prepared_statements, validate_schema
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
 from ._driver import Driver, NewSchedule
-from ._enqueue import Enqueuer, TaskDeclaration
+from ._enqueue import Enqueuer, TaskDeclaration, check_deadline
 from ._pg.libpq import DATABASE_URL_ENV as DATABASE_URL_ENV  # re-exported: its old home
 from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks
@@ -118,6 +119,7 @@ class App:
         timeout: float | None = None,
         version: int | None = None,
         history_limit: int = DEFAULT_HISTORY_LIMIT,
+        deadline: datetime.timedelta | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
 
@@ -136,7 +138,13 @@ class App:
 
         `history_limit`: a workflow of this task that would record more checkpoints fails, its
         error naming `ctx.continue_as_new` (a warning is logged at 80%).
+
+        `deadline` (a timedelta): each job of the task enqueued by this app without its own
+        `deadline=` must be finished that long after its enqueue, or it is cancelled.
         """
+        if deadline is not None and not isinstance(deadline, datetime.timedelta):
+            raise ValueError(f"deadline: {deadline!r} must be a positive timedelta")
+        deadline_seconds = check_deadline(deadline)
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
         version = declared.version if version is None else version
         attempts = task_max_attempts(declared, max_attempts, retry)
@@ -160,6 +168,7 @@ class App:
                 max_attempts=attempts,
                 retry=retry or RetryPolicy(),
                 timeout=timeout,
+                deadline=deadline_seconds if isinstance(deadline_seconds, float) else None,
                 payload_type=payload_type or declared.payload_type,
                 version=version,
                 history_limit=history_limit,

@@ -169,12 +169,15 @@ class Client:
         max_attempts: int | None = None,
         unique_for: datetime.timedelta | float | None = None,
         unique_states: Iterable[str] | None = None,
+        deadline: datetime.datetime | datetime.timedelta | None = None,
     ) -> Job:
         """Insert one job (one statement) and wake the queue's workers on commit.
 
         `dedup_key` makes the job unique among unfinished jobs of that key; `unique_for` and
         `unique_states` extend that to finished ones (docs/uniqueness.md). When the key is
         taken, the existing job is returned with `created=False` and nothing is written.
+        `deadline` (an aware datetime, or a timedelta from now) bounds the whole workflow: when
+        it passes, the job and its children are cancelled (docs/flow-control.md).
         """
         options = EnqueueOptions(
             queue,
@@ -186,6 +189,7 @@ class Client:
             max_attempts,
             unique_for,
             unique_states,
+            deadline,
         )
         jobs = build_jobs(self._enqueuer.spec(task), [payload], options, single=True)
         return to_jobs(jobs, await self.driver.job_insert_many(jobs))[0]
@@ -204,6 +208,7 @@ class Client:
         dedup_keys: Sequence[str | None] | None = None,
         unique_for: datetime.timedelta | float | None = None,
         unique_states: Iterable[str] | None = None,
+        deadline: datetime.datetime | datetime.timedelta | None = None,
     ) -> list[Job]:
         """Insert a whole batch in ONE statement; results are in the order of `payloads`.
 
@@ -220,6 +225,7 @@ class Client:
             max_attempts,
             unique_for,
             unique_states,
+            deadline,
         )
         jobs = build_jobs(self._enqueuer.spec(task), list(payloads), options, dedup_keys=dedup_keys)
         return to_jobs(jobs, await self.driver.job_insert_many(jobs)) if jobs else []

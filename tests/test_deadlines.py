@@ -1,0 +1,123 @@
+"""A whole-workflow `deadline=`: validated at enqueue, stored on the row, inherited by
+children, and enforced by the leader's deadline pass (the job and its children end cancelled,
+the stored error naming the deadline and who set it)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import trio
+
+import trioq
+from tests.support import running_worker
+from trioq._driver import JobFilter, MaintenancePass
+
+
+def deadline_app(database_url: str, schema: str) -> tuple[trioq.App, trio.Event]:
+    app = trioq.App(database_url=database_url, schema=schema)
+    started = trio.Event()
+
+    @app.task("forever", max_attempts=5)
+    async def forever(ctx: trioq.Context, payload: object) -> None:
+        started.set()
+        await trio.sleep(3600)
+
+    @app.task("parent")
+    async def parent(ctx: trioq.Context, payload: object) -> None:
+        await ctx.spawn("forever", {})
+        await ctx.sleep(datetime.timedelta(hours=1))
+
+    @app.task("bounded", deadline=datetime.timedelta(minutes=5))
+    async def bounded(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    return app, started
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (datetime.datetime(2030, 1, 1), "deadline: datetime.datetime(2030, 1, 1, 0, 0) is naive"),
+        (datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC), "has passed"),
+        (datetime.timedelta(seconds=-1), "is not positive"),
+        (5, "is not a datetime or timedelta"),
+    ],
+)
+async def test_a_bad_deadline_is_refused_before_anything_is_written(
+    pg_url: str, pg_schema: str, value: object, message: str
+) -> None:
+    app, _ = deadline_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        with pytest.raises(ValueError, match=r"^deadline: ") as refused:
+            await client.enqueue("forever", {}, deadline=value)  # type: ignore[arg-type]
+        assert message in str(refused.value)
+        assert "aware datetime in the future or a positive timedelta" in str(refused.value)
+        assert await client.driver.job_list(trioq_states()) == []
+
+
+def trioq_states() -> JobFilter:
+    return JobFilter()
+
+
+async def test_a_running_job_past_its_deadline_is_cancelled_not_retried_on_postgres(
+    pg_url: str, pg_schema: str
+) -> None:
+    app, started = deadline_app(pg_url, pg_schema)
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, ["default"], maintenance_interval=0.2),
+    ):
+        job = await client.enqueue("forever", {}, deadline=datetime.timedelta(seconds=1))
+        with trio.fail_after(30):
+            await started.wait()
+            with pytest.raises(trioq.JobFailed):
+                await client.wait_result(job.id, timeout=30)
+        row = await client.driver.job_get(job.id)
+        attempts = await client.driver.job_attempts(job.id)
+    assert row is not None and row.state == "cancelled"
+    assert row.error is not None and row.error["type"] == "DeadlineExceeded"
+    assert row.error["message"].startswith("deadline passed at ")
+    assert row.error["message"].endswith("(set at enqueue)")
+    assert [a.outcome for a in attempts] == ["cancelled"]
+
+
+async def test_a_sleeping_workflow_past_its_deadline_is_cancelled_with_its_child_on_postgres(
+    pg_url: str, pg_schema: str
+) -> None:
+    app, started = deadline_app(pg_url, pg_schema)
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, ["default"], maintenance_interval=0.2),
+    ):
+        job = await client.enqueue("parent", {}, deadline=datetime.timedelta(seconds=1))
+        with trio.fail_after(30):
+            await started.wait()
+            with pytest.raises(trioq.JobFailed):
+                await client.wait_result(job.id, timeout=30)
+        parent = await client.driver.job_get(job.id)
+        [child] = [j for j in await client.driver.job_list(trioq_states()) if j.id != job.id]
+    assert parent is not None and parent.state == "cancelled"
+    assert parent.error is not None and "(set at enqueue)" in parent.error["message"]
+    assert child.state == "cancelled"
+
+
+async def test_a_task_deadline_is_stored_and_a_pass_cancels_a_ready_job(
+    pg_url: str, pg_schema: str
+) -> None:
+    app, _ = deadline_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("bounded", {})
+        async with client.transaction() as tx:
+            [(at, source)] = await tx.fetch(
+                f"SELECT deadline_at - created_at, deadline_source FROM {pg_schema}.jobs"
+            )
+            assert (at, source) == (datetime.timedelta(minutes=5), "set by task bounded")
+            await tx.execute(
+                f"UPDATE {pg_schema}.jobs SET deadline_at = now() - interval '1 second'"
+            )
+        report = await client.driver.maintenance_pass(MaintenancePass())
+        row = await client.driver.job_get(job.id)
+    assert report.deadlines_passed == 1
+    assert row is not None and row.state == "cancelled"
+    assert row.error is not None and row.error["message"].endswith("(set by task bounded)")
