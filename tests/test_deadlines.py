@@ -8,10 +8,12 @@ import datetime
 
 import pytest
 import trio
+import trio.testing
 
 import trioq
 from tests.support import running_worker
 from trioq._driver import JobFilter, MaintenancePass
+from trioq._memory import MemoryDriver
 
 
 def deadline_app(database_url: str, schema: str) -> tuple[trioq.App, trio.Event]:
@@ -26,7 +28,7 @@ def deadline_app(database_url: str, schema: str) -> tuple[trioq.App, trio.Event]
     @app.task("parent")
     async def parent(ctx: trioq.Context, payload: object) -> None:
         await ctx.spawn("forever", {})
-        await ctx.sleep(datetime.timedelta(hours=1))
+        await ctx.sleep("nap", datetime.timedelta(hours=1))
 
     @app.task("bounded", deadline=datetime.timedelta(minutes=5))
     async def bounded(ctx: trioq.Context, payload: object) -> None:
@@ -121,3 +123,61 @@ async def test_a_task_deadline_is_stored_and_a_pass_cancels_a_ready_job(
     assert report.deadlines_passed == 1
     assert row is not None and row.state == "cancelled"
     assert row.error is not None and row.error["message"].endswith("(set by task bounded)")
+
+
+def memory_app() -> tuple[trioq.App, dict[str, trio.Event]]:
+    app = trioq.App(schema="deadlines")
+    started = {name: trio.Event() for name in ("running", "sleeping", "waiting", "child")}
+
+    @app.task("running")
+    async def running(ctx: trioq.Context, payload: object) -> None:
+        started["running"].set()
+        await trio.sleep(3600)
+
+    @app.task("sleeping")
+    async def sleeping(ctx: trioq.Context, payload: object) -> None:
+        started["sleeping"].set()
+        await ctx.sleep("nap", datetime.timedelta(hours=1))
+
+    @app.task("waiting")
+    async def waiting(ctx: trioq.Context, payload: object) -> None:
+        started["waiting"].set()
+        await ctx.wait_for_event("never", timeout=datetime.timedelta(hours=1))
+
+    @app.task("child")
+    async def child(ctx: trioq.Context, payload: object) -> None:
+        started["child"].set()
+        await trio.sleep(3600)
+
+    @app.task("parent")
+    async def parent(ctx: trioq.Context, payload: object) -> None:
+        await ctx.spawn("child", {})
+        await ctx.sleep("nap", datetime.timedelta(hours=1))
+
+    return app, started
+
+
+@pytest.mark.parametrize("task", ["running", "sleeping", "waiting", "parent"])
+async def test_a_deadline_cancels_the_workflow_wherever_it_is_under_virtual_time(
+    autojump_clock: trio.testing.MockClock, task: str
+) -> None:
+    app, started = memory_app()
+    async with (
+        app.client(driver=MemoryDriver()) as client,
+        running_worker(app, ["default"], maintenance_interval=5),
+    ):
+        job = await client.enqueue(task, {}, deadline=datetime.timedelta(minutes=1))
+        begun = trio.current_time()
+        await started["child" if task == "parent" else task].wait()
+        with pytest.raises(trioq.JobFailed):
+            await client.wait_result(job.id, timeout=600)
+        elapsed = trio.current_time() - begun
+        rows = await client.driver.job_list(JobFilter())
+    assert {row.state for row in rows} == {"cancelled"}  # the child too, for the parent
+    [row] = [row for row in rows if row.id == job.id]
+    assert row.error is not None and row.error["type"] == "DeadlineExceeded"
+    assert row.error["message"].endswith("(set at enqueue)")
+    if task == "parent":
+        [child] = [row for row in rows if row.id != job.id]
+        assert child.error is None or "DeadlineExceeded" in str(child.error)
+    assert 60 <= elapsed < 600  # at the deadline (plus a maintenance interval), not the hour

@@ -73,6 +73,8 @@ class Row:
     children_settled: int = 0
     on_parent_cancel: str = "cancel"  # migration 0017: cancel, abandon or wait
     wait_topic: str | None = None  # messages (migration 0016)
+    deadline_at: datetime.datetime | None = None  # migration 0021
+    deadline_source: str | None = None
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
@@ -308,6 +310,20 @@ def new_row(job_id: int, job: NewJob, now: datetime.datetime) -> Row:
         version=job.version,
         state="scheduled" if run_at > now else "ready",
         trace_context=job.trace_context,
+        deadline_at=job.deadline_at
+        if job.deadline_seconds is None
+        else now + job.deadline_seconds * SECOND,
+        deadline_source=job.deadline_source,
+    )
+
+
+def deadline_error(row: Row) -> str:
+    """deadline_error() (migration 0021): the stored error of a job whose deadline passed."""
+    assert row.deadline_at is not None
+    at = row.deadline_at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    source = row.deadline_source or "set at enqueue"
+    return json.dumps(
+        {"type": "DeadlineExceeded", "message": f"deadline passed at {at} ({source})"}
     )
 
 
