@@ -25,6 +25,7 @@ from . import (  # noqa: F401  (each module registers its checks in CHECKS)
     claims,
     concurrency,
     continue_as_new,
+    deadlines,
     keys,
     leadership,
     leases,
