@@ -12,6 +12,7 @@ import trio.testing
 
 import trioq
 from tests.support import running_worker
+from trioq._core.explain import explain
 from trioq._driver import JobFilter, MaintenancePass
 from trioq._memory import MemoryDriver
 
@@ -181,3 +182,21 @@ async def test_a_deadline_cancels_the_workflow_wherever_it_is_under_virtual_time
         [child] = [row for row in rows if row.id != job.id]
         assert child.error is None or "DeadlineExceeded" in str(child.error)
     assert 60 <= elapsed < 600  # at the deadline (plus a maintenance interval), not the hour
+
+
+async def test_explain_shows_the_deadline_and_says_when_it_passed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, started = memory_app()
+    async with app.client(driver=MemoryDriver()) as client:
+        job = await client.enqueue("running", {}, deadline=datetime.timedelta(minutes=1))
+        facts = await client.driver.job_explain(job.id)
+        assert facts is not None
+        [gate] = [gate for gate in explain(facts).gates if gate.name == "deadline"]
+        assert gate.detail.startswith("deadline ") and gate.detail.endswith("(set at enqueue)")
+        await trio.sleep(61)
+        await client.driver.maintenance_pass(MaintenancePass())
+        facts = await client.driver.job_explain(job.id)
+        assert facts is not None
+    verdict = explain(facts).verdict
+    assert verdict.startswith("cancelled at ") and "deadline passed at " in verdict
