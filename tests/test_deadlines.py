@@ -187,7 +187,7 @@ async def test_a_deadline_cancels_the_workflow_wherever_it_is_under_virtual_time
 async def test_explain_shows_the_deadline_and_says_when_it_passed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    app, started = memory_app()
+    app, _ = memory_app()
     async with app.client(driver=MemoryDriver()) as client:
         job = await client.enqueue("running", {}, deadline=datetime.timedelta(minutes=1))
         facts = await client.driver.job_explain(job.id)
