@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 
+import psycopg
 import pytest
 import trio
 import trio.testing
@@ -200,3 +201,28 @@ async def test_explain_shows_the_deadline_and_says_when_it_passed(
         assert facts is not None
     verdict = explain(facts).verdict
     assert verdict.startswith("cancelled at ") and "deadline passed at " in verdict
+
+
+async def test_the_sql_enqueue_takes_a_deadline_and_refuses_a_passed_one(
+    pg_url: str, pg_schema: str
+) -> None:
+    app, _ = deadline_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        async with client.transaction() as tx:
+            [(job_id,)] = await tx.fetch(
+                f"SELECT {pg_schema}.enqueue('forever', "
+                f"deadline => {pg_schema}.db_now() + interval '1 minute')"
+            )
+            [(left, source)] = await tx.fetch(
+                f"SELECT deadline_at - created_at, deadline_source FROM {pg_schema}.jobs "
+                "WHERE id = %s",
+                [job_id],
+            )
+        assert (left, source) == (datetime.timedelta(minutes=1), "set at enqueue")
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"deadline: .* has passed"):
+            async with client.transaction() as tx:
+                await tx.execute(
+                    f"SELECT {pg_schema}.enqueue('forever', "
+                    f"deadline => {pg_schema}.db_now() - interval '1 second')"
+                )
+        assert len(await client.driver.job_list(JobFilter())) == 1
