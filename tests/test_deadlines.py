@@ -12,10 +12,13 @@ import trio
 import trio.testing
 
 import trioq
-from tests.support import running_worker
+from tests.support import running_worker, sql_rows
 from trioq._core.explain import explain
 from trioq._driver import JobFilter, MaintenancePass
 from trioq._memory import MemoryDriver
+from trioq.producer import SyncProducer, declare_task
+
+FOREVER = declare_task("forever")
 
 
 def deadline_app(database_url: str, schema: str) -> tuple[trioq.App, trio.Event]:
@@ -226,3 +229,21 @@ async def test_the_sql_enqueue_takes_a_deadline_and_refuses_a_passed_one(
                     f"deadline => {pg_schema}.db_now() - interval '1 second')"
                 )
         assert len(await client.driver.job_list(JobFilter())) == 1
+
+
+async def test_the_sync_producer_stores_a_deadline_and_refuses_a_naive_one(
+    pg_url: str, pg_schema: str
+) -> None:
+    app, _ = deadline_app(pg_url, pg_schema)
+
+    def produce() -> int:
+        with SyncProducer(pg_url, schema=pg_schema) as producer:
+            with pytest.raises(ValueError, match=r"^deadline: .* is naive"):
+                producer.enqueue(FOREVER, {}, deadline=datetime.datetime(2099, 1, 1))
+            return producer.enqueue(FOREVER, {}, deadline=datetime.timedelta(hours=2)).id
+
+    async with app.client(migrate=True):
+        job_id = await trio.to_thread.run_sync(produce)
+    assert sql_rows(
+        pg_url, f"SELECT id, deadline_at - created_at, deadline_source FROM {pg_schema}.jobs"
+    ) == [(job_id, datetime.timedelta(hours=2), "set at enqueue")]
