@@ -49,6 +49,8 @@ BEGIN
         WHERE j.deadline_at IS NOT NULL AND NOT j.cancel_requested
           AND j.state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting')
           AND j.deadline_at <= {schema}.db_now()
+          -- A lost lease is the recovery's (the same maintenance statement): next pass.
+          AND NOT (j.state = 'running' AND j.lease_expires_at < {schema}.db_now())
         ORDER BY j.deadline_at
         LIMIT max_jobs
         FOR NO KEY UPDATE OF j SKIP LOCKED) AS p;
