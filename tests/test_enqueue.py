@@ -435,6 +435,11 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"unique_states": ["completed"]}, "unique_states"),
     ({"dedup_key": "k", "unique_states": "completed"}, "unique_states"),
     ({"dedup_key": "k", "unique_states": ["done"]}, "unique_states"),
+    ({"deadline": NAIVE}, "deadline"),
+    ({"deadline": datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)}, "deadline"),
+    ({"deadline": datetime.timedelta(seconds=-1)}, "deadline"),
+    ({"deadline": datetime.timedelta(0)}, "deadline"),
+    ({"deadline": 60}, "deadline"),
 ]
 
 

@@ -162,6 +162,7 @@ class MaintenancePass:
     scheduler: bool = True  # the leader runs the scheduler
     ttl_seconds: float = 30.0  # the seat's time to live from this pass
     queues: tuple[str, ...] = ()  # the leader's queues, probed (see QueueProbe)
+    deadline_limit: int = 1000  # jobs past their deadline cancelled per pass
 
 
 @attrs.frozen
@@ -500,6 +501,7 @@ class MaintenanceReport:
     now: datetime.datetime | None = None  # database time of the pass
     probes: tuple[QueueProbe, ...] = ()  # one per queue of MaintenancePass.queues
     schedules: ScheduleDue | None = None  # the scheduler's idle read, done by the pass
+    deadlines_passed: int = 0  # jobs cancelled because their deadline passed
 
 
 @attrs.frozen

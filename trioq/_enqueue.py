@@ -135,6 +135,7 @@ class EnqueueOptions:
     unique_states: Iterable[str] | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    deadline: datetime.datetime | datetime.timedelta | None = None
 
 
 def build_jobs(
@@ -165,6 +166,7 @@ def build_jobs(
     if options.run_at is not None and options.run_at.tzinfo is None:
         raise ValueError("run_at: must be timezone-aware (database time is UTC)")
     delay = _seconds("delay", options.delay)
+    deadline_at, deadline_seconds, deadline_source = _deadline(spec, options.deadline)
     partition_key = validate_key("partition_key", options.partition_key)
     concurrency_key, per_payload, concurrency_limit = _concurrency(spec, payloads, options, single)
     if partition_key is not None and (concurrency_key is not None or per_payload is not None):
@@ -202,6 +204,9 @@ def build_jobs(
         trace_context=current_traceparent(),  # None unless the otel extra is configured
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
+        deadline_at=deadline_at,
+        deadline_seconds=deadline_seconds,
+        deadline_source=deadline_source,
     )
     return NewJobs(
         template, _encode_all(payloads, single), keys if _any_key(keys) else None, per_payload
@@ -227,6 +232,40 @@ def _concurrency(
         for index, payload in enumerate(payloads)
     ]
     return None, keys, limit
+
+
+def check_deadline(value: object) -> datetime.datetime | float | None:
+    """A deadline option as an aware datetime or seconds from now, or a ValueError naming it."""
+    if value is None:
+        return None
+    form = "an aware datetime in the future or a positive timedelta"
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"deadline: {value!r} is naive (give {form})")
+        if value <= datetime.datetime.now(datetime.UTC):
+            raise ValueError(f"deadline: {value.isoformat()} has passed (give {form})")
+        return value
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+        if not 0 < seconds <= MAX_DELAY_SECONDS:
+            raise ValueError(f"deadline: {value!r} is not positive (give {form})")
+        return seconds
+    raise ValueError(f"deadline: {value!r} is not a datetime or timedelta (give {form})")
+
+
+def _deadline(
+    spec: TaskLike, option: datetime.datetime | datetime.timedelta | None
+) -> tuple[datetime.datetime | None, float | None, str | None]:
+    """(deadline_at, deadline_seconds, source): the enqueue's own, else the task's."""
+    value, source = check_deadline(option), "set at enqueue"
+    if value is None:
+        value = getattr(spec, "deadline", None)
+        source = f"set by task {spec.name}"
+    if value is None:
+        return None, None, None
+    if isinstance(value, datetime.datetime):
+        return value, None, source
+    return None, float(value), source
 
 
 def _any_key(keys: Sequence[str | None]) -> bool:

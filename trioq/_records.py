@@ -37,6 +37,11 @@ class NewJob:
     # limit set for a matching pattern wins; none at all: 1). Never with a partition_key.
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    # The whole-workflow deadline: an absolute time, or seconds from the database's now; and who
+    # set it ("set at enqueue", "set by task X"), for the error stored when it passes.
+    deadline_at: datetime.datetime | None = None
+    deadline_seconds: float | None = None
+    deadline_source: str | None = None
 
 
 @attrs.frozen
@@ -102,6 +107,9 @@ class NewJobs(Sequence[NewJob]):
             job.trace_context,
             concurrency_key,
             job.concurrency_limit,
+            job.deadline_at,
+            job.deadline_seconds,
+            job.deadline_source,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import datetime
 import importlib
 import os
 import sys
@@ -19,7 +20,7 @@ from ._core.limits import parse_global_limit, parse_rate
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
 from ._driver import Driver, NewSchedule, QueueLimitSet
-from ._enqueue import Enqueuer, TaskDeclaration
+from ._enqueue import Enqueuer, TaskDeclaration, check_deadline
 from ._pg.libpq import DATABASE_URL_ENV as DATABASE_URL_ENV  # re-exported: its old home
 from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks
@@ -147,6 +148,7 @@ class App:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         concurrency_key: KeyTemplate | None = None,
         concurrency_limit: int | None = None,
+        deadline: datetime.timedelta | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
 
@@ -170,7 +172,12 @@ class App:
         callable of the payload) gives each job a key; at most `concurrency_limit` jobs of one
         key run at once across the cluster (default 1; `trioq key limit` overrides it without
         a restart). See docs/flow-control.md.
+        `deadline` (a timedelta): each job of the task enqueued by this app without its own
+        `deadline=` must be finished that long after its enqueue, or it is cancelled.
         """
+        if deadline is not None and not isinstance(deadline, datetime.timedelta):
+            raise ValueError(f"deadline: {deadline!r} must be a positive timedelta")
+        deadline_seconds = check_deadline(deadline)
         declared = name if isinstance(name, TaskDeclaration) else TaskDeclaration(name)
         version = declared.version if version is None else version
         attempts = task_max_attempts(declared, max_attempts, retry)
@@ -194,6 +201,7 @@ class App:
                 max_attempts=attempts,
                 retry=retry or RetryPolicy(),
                 timeout=timeout,
+                deadline=deadline_seconds if isinstance(deadline_seconds, float) else None,
                 payload_type=payload_type or declared.payload_type,
                 version=version,
                 history_limit=history_limit,

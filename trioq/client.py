@@ -177,6 +177,7 @@ class Client:
         unique_states: Iterable[str] | None = None,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        deadline: datetime.datetime | datetime.timedelta | None = None,
     ) -> Job:
         """Insert one job (one statement) and wake the queue's workers on commit.
 
@@ -185,6 +186,8 @@ class Client:
         taken, the existing job is returned with `created=False` and nothing is written.
         `concurrency_key` (with `concurrency_limit`, else the task's) caps how many jobs of
         that key run at once, cluster-wide (docs/flow-control.md).
+        `deadline` (an aware datetime, or a timedelta from now) bounds the whole workflow: when
+        it passes, the job and its children are cancelled (docs/flow-control.md).
         """
         options = EnqueueOptions(
             queue,
@@ -198,6 +201,7 @@ class Client:
             unique_states,
             concurrency_key,
             concurrency_limit,
+            deadline,
         )
         jobs = build_jobs(self._enqueuer.spec(task), [payload], options, single=True)
         return to_jobs(jobs, await self.driver.job_insert_many(jobs))[0]
@@ -218,6 +222,7 @@ class Client:
         unique_states: Iterable[str] | None = None,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        deadline: datetime.datetime | datetime.timedelta | None = None,
     ) -> list[Job]:
         """Insert a whole batch in ONE statement; results are in the order of `payloads`.
 
@@ -236,6 +241,7 @@ class Client:
             unique_states,
             concurrency_key,
             concurrency_limit,
+            deadline,
         )
         jobs = build_jobs(self._enqueuer.spec(task), list(payloads), options, dedup_keys=dedup_keys)
         return to_jobs(jobs, await self.driver.job_insert_many(jobs)) if jobs else []

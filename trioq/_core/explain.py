@@ -90,6 +90,11 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
             *_concurrency_gates(job, facts.concurrency),
             *_worker_gates(job, facts.workers, now, live_seconds),
         ]
+        deadline = when(job.get("deadline_at"))
+        if deadline is not None:  # never blocking: it says when the pass will cancel it
+            source = job.get("deadline_source") or "set at enqueue"
+            passed = "deadline passed" if deadline <= now else "deadline"
+            gates.append(Gate("deadline", False, f"{passed} {_at(deadline, now)} ({source})"))
     first = next((gate for gate in gates if gate.blocking), None)
     if first is not None:
         verdict = first.detail
@@ -107,6 +112,10 @@ def _final_gates(facts: ExplainFacts) -> list[Gate]:
     if state == JobState.COMPLETED:
         return [Gate("final", True, f"completed at {_at(job.get('finished_at'), facts.now)}")]
     if state == JobState.CANCELLED:
+        error = job.get("error") or {}
+        if error.get("type") == "DeadlineExceeded":  # cancelled by the deadline pass
+            at = _at(job.get("finished_at"), facts.now)
+            return [Gate("final", True, f"cancelled at {at}: {error.get('message')}")]
         return [Gate("final", True, f"cancelled at {_at(job.get('finished_at'), facts.now)}")]
     error = facts.last_attempt or {}
     err_type = error.get("error_type") or (job.get("error") or {}).get("type")

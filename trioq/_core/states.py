@@ -31,8 +31,9 @@ PLAIN = "job_settle_and_claim_plain"  # the common-case round: unkeyed claims, p
 # The cancel statements: each runs job_cancel_tree (migration 0017), which makes a scheduled or
 # ready job cancelled, a sleeping or waiting one ready (flagged: its worker runs the handler
 # cancelled, so its cleanup steps run, then records it cancelled), a parent with a running
-# child waiting (flagged), and wakes the waiting parent of a child it cancelled.
-CANCEL = ("job_cancel", "job_cancel_with", "job_cancel_children")
+# child waiting (flagged), and wakes the waiting parent of a child it cancelled. The leader's
+# maintenance pass runs it too, for jobs past their deadline (job_deadline_pass, migration 0021).
+CANCEL = ("job_cancel", "job_cancel_with", "job_cancel_children", "maintenance_pass")
 # (from, to) -> the statement(s) allowed to make that transition. CheckedDriver
 # (trioq/testing/transitions.py) checks every row change of the conformance suite and the
 # differential machines against this table; docs/state-machine.md's diagram is rendered from it.

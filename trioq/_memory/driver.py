@@ -114,6 +114,7 @@ from .state import (
     Worker,
     before,
     before_or_at,
+    deadline_error,
     loads,
     new_row,
     validate_new_job,
@@ -397,6 +398,8 @@ class MemoryDriver:
         row.attempt += rule.attempt_change
         row.result_json = settlement.result_json if rule.stores_result else None
         row.error_json = settlement.error_json if rule.stores_error else None
+        if settlement.kind == "cancel" and before_or_at(row.deadline_at, now):
+            row.error_json = deadline_error(row)  # cancelled by the deadline pass
         if rule.clears_worker:
             row.worker_id = None
             row.started_at = None
@@ -713,12 +716,38 @@ class MemoryDriver:
         ]
         for worker_id in stale:
             del self._state.workers[worker_id]
+        passed = self._deadline_pass(params.deadline_limit, now, outbox)
         pruned = self._prune_finished(now - params.retention_seconds * SECOND, params.prune_limit)
         waits.prune_events(self._state, now - params.retention_seconds * SECOND, params.prune_limit)
         self._state.deliver(outbox)
         return MaintenanceReport(
-            leader=True, recovered=recovered, pruned_jobs=pruned, pruned_workers=len(stale)
+            leader=True,
+            recovered=recovered,
+            pruned_jobs=pruned,
+            pruned_workers=len(stale),
+            deadlines_passed=passed,
         )
+
+    def _deadline_pass(self, limit: int, now: datetime.datetime, outbox: Outbox) -> int:
+        """job_deadline_pass (migration 0021): cancel, with their trees, at most `limit`
+        unfinished jobs whose deadline has passed, in deadline order; no retry."""
+        passed = sorted(
+            (
+                row
+                for row in self._state.rows.values()
+                if before_or_at(row.deadline_at, now)
+                and not row.cancel_requested
+                and row.state not in FINISHED_STATES
+            ),
+            key=lambda row: (row.deadline_at, row.id),
+        )[:limit]
+        for row in passed:
+            row.error_json = deadline_error(row)
+        if passed:
+            waits.cancel_tree(
+                self._state, [row.id for row in passed], now, outbox, control_channel(self.schema)
+            )
+        return len(passed)
 
     def _recover_expired(
         self, limit: int, now: datetime.datetime, outbox: Outbox

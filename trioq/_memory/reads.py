@@ -243,6 +243,8 @@ def _explain_row(row: Row) -> dict[str, Any]:
         "worker_id": None if row.worker_id is None else str(row.worker_id),
         "error": loads(row.error_json),
         "finished_at": row.finished_at,
+        "deadline_at": row.deadline_at,
+        "deadline_source": row.deadline_source,
     }
 
 

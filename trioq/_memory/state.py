@@ -87,6 +87,8 @@ class Row:
     on_parent_cancel: str = "cancel"  # migration 0017: cancel, abandon or wait
     wait_topic: str | None = None  # messages (migration 0016)
     wait_position: int | None = None  # the suspended receive's position (migration 0025)
+    deadline_at: datetime.datetime | None = None  # migration 0021
+    deadline_source: str | None = None
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
@@ -331,6 +333,20 @@ def new_row(job_id: int, job: NewJob, now: datetime.datetime) -> Row:
         trace_context=job.trace_context,
         concurrency_key=job.concurrency_key,
         concurrency_limit=job.concurrency_limit,
+        deadline_at=job.deadline_at
+        if job.deadline_seconds is None
+        else now + job.deadline_seconds * SECOND,
+        deadline_source=job.deadline_source,
+    )
+
+
+def deadline_error(row: Row) -> str:
+    """deadline_error() (migration 0021): the stored error of a job whose deadline passed."""
+    assert row.deadline_at is not None
+    at = row.deadline_at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    source = row.deadline_source or "set at enqueue"
+    return json.dumps(
+        {"type": "DeadlineExceeded", "message": f"deadline passed at {at} ({source})"}
     )
 
 

@@ -151,6 +151,11 @@ def spawn(db: MemoryState, params: Spawn, now: datetime.datetime) -> tuple[Spawn
     child.parent_id = parent.id
     child.parent_position = params.position
     child.on_parent_cancel = params.on_parent_cancel
+    # A child inherits its workflow's deadline (migration 0021), and only that.
+    child.deadline_at = parent.deadline_at
+    child.deadline_source = (
+        None if parent.deadline_at is None else f"inherited from job {parent.id}"
+    )
     _checkpoint(db, parent, params.position, "spawn", params.child.task, {"child_id": child.id})
     return SpawnOutcome(child.id, True), child
 

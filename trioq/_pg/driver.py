@@ -698,10 +698,12 @@ class PgDriver:
                 "scheduler": params.scheduler,
                 "ttl_seconds": params.ttl_seconds,
                 "queues": list(params.queues),
+                "deadline_limit": params.deadline_limit,
+                "control_channel": control_channel(self.schema),
             },
         )
         leader, recovered, pruned_workers, pruned_jobs, _, registered, now, *rest = rows[0]
-        queues, work_due, next_due, any_schedule, next_fire_at = rest
+        queues, work_due, next_due, any_schedule, next_fire_at, deadlines_passed = rest
         return MaintenanceReport(
             leader=bool(leader),
             recovered=tuple((int(job_id), state) for job_id, state in recovered),
@@ -711,6 +713,7 @@ class PgDriver:
             now=now,
             probes=_probes(queues, work_due, next_due),
             schedules=ScheduleDue(now=now, any_schedule=any_schedule, next_fire_at=next_fire_at),
+            deadlines_passed=deadlines_passed,
         )
 
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport:

@@ -43,6 +43,9 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
             "max_attempts": job.max_attempts,
             "version": job.version,
             "trace_context": job.trace_context,
+            "deadline_at": job.deadline_at,
+            "deadline": job.deadline_seconds,
+            "deadline_source": job.deadline_source,
         }
         if len(jobs.payloads) == 1:
             params["payload"] = jobs.payloads[0]
@@ -82,6 +85,9 @@ def insert_params(jobs: Sequence[NewJob]) -> Params:
         "trace_contexts": [job.trace_context for job in jobs],
         "concurrency_keys": [job.concurrency_key for job in jobs],
         "concurrency_limits": [job.concurrency_limit for job in jobs],
+        "deadline_ats": [job.deadline_at for job in jobs],
+        "deadlines": [job.deadline_seconds for job in jobs],
+        "deadline_sources": [job.deadline_source for job in jobs],
     }
 
 

@@ -89,6 +89,7 @@ class Maintenance:
             full = (
                 len(report.recovered) >= params.recover_limit
                 or report.pruned_jobs >= params.prune_limit
+                or report.deadlines_passed >= params.deadline_limit
             )
             if not full:
                 return True
@@ -102,6 +103,8 @@ class Maintenance:
         self._pruned_workers += report.pruned_workers
         if report.recovered:
             log.warning("recovered %d jobs with expired leases", len(report.recovered))
+        if report.deadlines_passed:
+            log.info("cancelled %d jobs past their deadline", report.deadlines_passed)
         if self.scheduler is not None and report.schedules is not None and report.leader:
             self.scheduler.observed(report.schedules)
         if self.on_pass is not None:

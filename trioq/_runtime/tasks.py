@@ -28,6 +28,9 @@ class TaskSpec:
     max_attempts: int = 5
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     timeout: float | None = None
+    # Seconds from enqueue the whole workflow has (docs/flow-control.md, "Timeouts and
+    # deadlines"); the client stores it as each job's deadline unless the enqueue gives one.
+    deadline: float | None = None
     payload_type: Any = None  # an attrs class (structured by cattrs) or None for plain JSON
     version: int = 1  # handler version: a job runs only on workers serving its (task, version)
     # Checkpoints a workflow may record before it must continue as new (docs/workflows.md).
@@ -68,6 +71,8 @@ class TaskSpec:
             validate_limit("concurrency_limit", self.concurrency_limit)
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"task {self.name!r}: timeout must be > 0 seconds")
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(f"task {self.name!r}: deadline must be a positive timedelta")
 
     @property
     def pair(self) -> str:

@@ -48,10 +48,12 @@ WITH input AS MATERIALIZED (
                 %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[],
                 %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[],
                 %(trace_contexts)s::text[], %(concurrency_keys)s::text[],
-                %(concurrency_limits)s::int[])
+                %(concurrency_limits)s::int[], %(deadline_ats)s::timestamptz[],
+                %(deadlines)s::float8[], %(deadline_sources)s::text[])
          WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
                               dedup_key, max_attempts, unique_for, unique_states, version,
-                              trace_context, concurrency_key, concurrency_limit, ord)
+                              trace_context, concurrency_key, concurrency_limit, deadline_at,
+                              deadline, deadline_source, ord)
 ),
 released AS (
     UPDATE {schema}.jobs j SET dedup_key = NULL
@@ -65,13 +67,16 @@ inserted AS (
     INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
                                    unique_states, unique_until, version, trace_context,
-                                   concurrency_key, concurrency_limit)
+                                   concurrency_key, concurrency_limit, deadline_at,
+                                   deadline_source)
     SELECT new_id, queue, task, payload::jsonb,
            CASE WHEN due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
            priority, due_at, partition_key, dedup_key, max_attempts, {schema}.db_now(),
            string_to_array(coalesce(unique_states, ''), ','),
            {schema}.db_now() + unique_for * interval '1 second', coalesce(version, 1),
-           trace_context, concurrency_key, concurrency_limit
+           trace_context, concurrency_key, concurrency_limit,
+           coalesce(deadline_at, {schema}.db_now() + deadline * interval '1 second'),
+           deadline_source
     FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
                  coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
                      AS due_at
@@ -109,11 +114,14 @@ ORDER BY i.ord;
 WITH inserted AS (
     INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
                                    partition_key, max_attempts, created_at, version,
-                                   trace_context)
+                                   trace_context, deadline_at, deadline_source)
     SELECT %(queue)s::text, %(task)s::text, p.payload::jsonb,
            CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
            %(priority)s::smallint, n.due_at, %(partition_key)s::text, %(max_attempts)s::int,
-           n.now, %(version)s::int, %(trace_context)s::text
+           n.now, %(version)s::int, %(trace_context)s::text,
+           coalesce(%(deadline_at)s::timestamptz,
+                    n.now + %(deadline)s::float8 * interval '1 second'),
+           %(deadline_source)s::text
     FROM (SELECT d.now,
                  coalesce(%(run_at)s::timestamptz,
                           d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at
@@ -139,11 +147,14 @@ FROM inserted i;
 -- RETURNING, inside the transaction (delivered only if it commits), also for a delayed job, as
 -- job_insert_batch does.
 INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at, partition_key,
-                               max_attempts, created_at, version, trace_context)
+                               max_attempts, created_at, version, trace_context, deadline_at,
+                               deadline_source)
 SELECT %(queue)s::text, %(task)s::text, %(payload)s::jsonb,
        CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
        %(priority)s::smallint, n.due_at, %(partition_key)s::text, %(max_attempts)s::int, n.now,
-       %(version)s::int, %(trace_context)s::text
+       %(version)s::int, %(trace_context)s::text,
+       coalesce(%(deadline_at)s::timestamptz, n.now + %(deadline)s::float8 * interval '1 second'),
+       %(deadline_source)s::text
 FROM (SELECT d.now,
              coalesce(%(run_at)s::timestamptz,
                       d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at
@@ -269,7 +280,12 @@ settled AS (
         run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
         attempt = j.attempt + i.attempt_change,
         result = i.result::jsonb,
-        error = i.error::jsonb,
+        -- A cancelled attempt of a job past its deadline was cancelled by the deadline pass
+        -- (job_deadline_pass, migration 0021): its error says so. Rows without a deadline
+        -- compare one NULL, and only when cancelled.
+        error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= {schema}.db_now()
+                     THEN {schema}.deadline_error(j.deadline_at, j.deadline_source)
+                     ELSE i.error::jsonb END,
         finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
         worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
         started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
@@ -1071,6 +1087,14 @@ results_notified AS (
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
           FROM recovered WHERE state <> 'ready' GROUP BY 1) AS per_channel
 ),
+-- Deadlines (migration 0021): one bounded pass of job_deadline_pass over jobs_deadline_idx,
+-- the leader's only; a function so that its tree cancel (job_cancel_tree) runs as it does for
+-- `client.cancel`. Read by the final SELECT, so it always runs.
+deadlines AS MATERIALIZED (
+    SELECT CASE WHEN (SELECT ok FROM leader)
+                THEN {schema}.job_deadline_pass(%(deadline_limit)s, %(control_channel)s)
+                ELSE 0 END AS n
+),
 stale_workers AS (
     DELETE FROM {schema}.workers
     WHERE (SELECT ok FROM leader)
@@ -1119,7 +1143,8 @@ SELECT (SELECT ok FROM leader),
        {schema}.db_now(),
        probe.queues, probe.work_due, probe.next_due,
        EXISTS (SELECT 1 FROM first_schedule),
-       (SELECT next_fire_at FROM first_schedule)
+       (SELECT next_fire_at FROM first_schedule),
+       (SELECT n FROM deadlines)
 FROM probe;
 
 -- name: job_cancel
@@ -1732,15 +1757,20 @@ owner AS MATERIALIZED (
 child AS (
     INSERT INTO {schema}.jobs AS c (queue, task, payload, state, priority, run_at, partition_key,
                                    max_attempts, created_at, parent_id, parent_position,
-                                   version, on_parent_cancel, concurrency_key, concurrency_limit)
+                                   version, on_parent_cancel, concurrency_key, concurrency_limit,
+                                   deadline_at, deadline_source)
     SELECT i.queue, i.task, i.payload::jsonb,
            CASE WHEN i.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
            i.priority, i.due_at, i.partition_key, i.max_attempts, {schema}.db_now(),
            i.parent_id, i.position, i.version, i.on_parent_cancel, i.concurrency_key,
-           i.concurrency_limit
+           i.concurrency_limit,
+           -- A child inherits its workflow's deadline (migration 0021).
+           p.deadline_at,
+           CASE WHEN p.deadline_at IS NOT NULL THEN 'inherited from job ' || p.id END
     FROM (SELECT input.*, coalesce(input.run_at, {schema}.db_now()
                           + coalesce(input.delay, 0) * interval '1 second') AS due_at
           FROM input) AS i
+    JOIN {schema}.jobs p ON p.id = i.parent_id
     WHERE (i.parent_id, i.attempt, i.lease_token) IN
           (SELECT id, attempt, lease_token FROM owner)
     ORDER BY i.ord

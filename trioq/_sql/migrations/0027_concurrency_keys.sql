@@ -79,10 +79,11 @@ CREATE TRIGGER jobs_concurrency_release_delete AFTER DELETE ON {schema}.jobs
     FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL AND OLD.state = 'running')
     EXECUTE FUNCTION {schema}.concurrency_release();
 
--- The SQL enqueue gains `concurrency_key` and `concurrency_limit` (last, so calls by name or
--- position from before keep working); the signature changes, so it is dropped and created.
+-- The SQL enqueue gains `concurrency_key` and `concurrency_limit` (last, after migration
+-- 0021's `deadline`, so calls by name or position from before keep working); the signature
+-- changes, so it is dropped and created.
 DROP FUNCTION {schema}.enqueue(text, jsonb, text, timestamptz, smallint, text, text, integer,
-                               interval, text[], text);
+                               interval, text[], text, timestamptz);
 
 CREATE FUNCTION {schema}.enqueue(
     task              text,
@@ -96,6 +97,7 @@ CREATE FUNCTION {schema}.enqueue(
     unique_for        interval    DEFAULT NULL,
     unique_states     text[]      DEFAULT NULL,
     traceparent       text        DEFAULT NULL,
+    deadline          timestamptz DEFAULT NULL,
     concurrency_key   text        DEFAULT NULL,
     concurrency_limit integer     DEFAULT NULL
 ) RETURNS bigint
@@ -117,6 +119,10 @@ BEGIN
        AND enqueue.traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
         RAISE EXCEPTION 'traceparent: % is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)',
             enqueue.traceparent USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.deadline IS NOT NULL AND enqueue.deadline <= {schema}.db_now() THEN
+        RAISE EXCEPTION 'deadline: % has passed (give a future timestamptz)',
+            enqueue.deadline USING ERRCODE = '22023';
     END IF;
     IF enqueue.concurrency_key IS NOT NULL AND enqueue.partition_key IS NOT NULL THEN
         RAISE EXCEPTION 'concurrency_key: give a partition_key or a concurrency_key, not both'
@@ -142,14 +148,16 @@ BEGIN
     INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
                                    unique_states, unique_until, trace_context,
-                                   concurrency_key, concurrency_limit)
+                                   concurrency_key, concurrency_limit, deadline_at,
+                                   deadline_source)
     VALUES (enqueue.queue, enqueue.task, enqueue.payload,
             CASE WHEN due > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
             enqueue.priority, due,
             enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts, {schema}.db_now(),
             held, CASE WHEN enqueue.dedup_key IS NOT NULL
                        THEN {schema}.db_now() + enqueue.unique_for END,
-            enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit)
+            enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
+            enqueue.deadline, CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
     DO UPDATE SET dedup_key = excluded.dedup_key
     RETURNING j.id INTO job_id;

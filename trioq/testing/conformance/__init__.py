@@ -27,6 +27,7 @@ from . import (  # noqa: F401  (each module registers its checks in CHECKS)
     concurrency,
     concurrency_keys,
     continue_as_new,
+    deadlines,
     keys,
     leadership,
     leases,
