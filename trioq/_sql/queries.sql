@@ -616,11 +616,13 @@ parents_notified AS (
 claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
-        -- A concurrency-keyed job starts when its slot was taken, after this statement's
-        -- snapshot (the statement's start can precede the commit that freed the slot by the
-        -- plan's start-up, a few ms under load): stored start and finish times then never
-        -- show more than the key's limit at once.
-        started_at = CASE WHEN c.slot IS NULL THEN greatest({schema}.db_now(), j.run_at)
+        -- A keyed job (a partition or a concurrency key) starts when its key or slot was
+        -- taken, after this statement's snapshot (the statement's start can precede the
+        -- commit that freed the key, when the claim waited for its lock: a few ms under
+        -- load): stored start and finish times then never show a key's runs overlapping or
+        -- more than its limit at once.
+        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
+                          THEN greatest({schema}.db_now(), j.run_at)
                           ELSE greatest({schema}.db_now() + (clock_timestamp() - now()),
                                         j.run_at) END
     FROM candidates c
