@@ -4,8 +4,9 @@ durably; the driver loses its connection for a few claim rounds or completer flu
 are held back for a while; time advances; at the end the worker drains. After every step the
 invariants are checked against the loop's own accounting and the stored rows: handlers running
 <= slots; jobs buffered <= prefetch; rows the worker owns <= slots + prefetch + the completer's
-capacity, each one accounted for under the same lease (prefetched ones included); and (checked as each handler starts) a partition key's job runs only
-when no other job of its key holds the key, i.e. its predecessor's outcome has committed.
+capacity, each one accounted for under the same lease (prefetched ones included); and (checked
+as each handler starts) a partition key's job runs only when no other job of its key holds the
+key, i.e. its predecessor's outcome has committed. The machine runs with prefetch 0 and 2.
 
 The worker runs in one `trio.run` (with a MockClock that only moves when a rule jumps it) on a
 background thread; each rule runs a coroutine there and then waits until every task is blocked,
