@@ -311,8 +311,9 @@ class ClaimLoop:
         if self._stopping:
             return 0
         slots = self._slots_now()
-        # Admission's reduced slots also shrink the buffer: it never holds more than will start.
-        room = slots + min(self.prefetch, slots)
+        # Reduced by admission control, the buffer shrinks with the slots: it holds no more
+        # than will start next.
+        room = slots + (self.prefetch if slots == self.concurrency else min(self.prefetch, slots))
         held = len(self.running) + len(self._buffer)
         return claim_size(room, held, self._reserved, room)
 

@@ -93,7 +93,7 @@ class WorkerConfig:
     notifications: bool = True
     # How long the listener self-probe waits for its own NOTIFY before falling back to polling.
     probe_timeout: float = 5.0
-    # Jobs each queue's loop keeps claimed ahead of its free slots (at most its slots; 0: off).
+    # Jobs each queue's loop keeps claimed ahead of its free slots (0: off).
     prefetch: int = DEFAULT_PREFETCH
 
     def __attrs_post_init__(self) -> None:
