@@ -275,8 +275,11 @@ class Launcher:
         queues: Sequence[str] = ("default",),
         poll_interval: float = 1.0,
         profile: Path | None = None,
+        prefetch: int | None = None,
+        health_port: int | None = None,
     ) -> Process:
-        """A `trioq worker` process; with `profile`, under cProfile writing there at exit."""
+        """A `trioq worker` process; with `profile`, under cProfile writing there at exit;
+        `prefetch` None: the worker's default; `health_port`: serve /metrics there."""
         role = self.db.new_role("bench_w")
         profiler = [] if profile is None else ["-m", "cProfile", "-o", str(profile)]
         argv = [
@@ -295,6 +298,10 @@ class Launcher:
         ]
         for queue in queues:
             argv += ["--queue", queue]
+        if prefetch is not None:
+            argv += ["--prefetch", str(prefetch)]
+        if health_port is not None:
+            argv += ["--health-port", str(health_port)]
         env = {"TRIOQ_DATABASE_URL": self.db.conninfo(role), SCHEMA_ENV: schema}
         process = self._spawn(f"trioq worker {role}", role, argv, env)
         process.wait_for_line(b"trioq worker ")
