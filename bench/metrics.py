@@ -477,15 +477,15 @@ def scaling_metrics(sizes: Sizes) -> list[Metric]:
 
 
 def prefetch_metrics(sizes: Sizes) -> list[Metric]:
-    """Prefetch 0 vs the default, interleaved (bench/scenarios/scaling.py)."""
+    """Prefetch 0 vs one slot count ahead, interleaved (bench/scenarios/scaling.py)."""
     c = sizes.concurrency
     found = []
-    for label in ("off", "default"):
+    for label in ("off", "on"):
         found += [
             Metric(
                 "prefetch",
                 f"{label}_one_worker_jobs_per_s",
-                f"prefetch {label}: 1 worker",
+                f"prefetch {label}: 1 worker, c={c}",
                 "jobs/s",
             ),
             Metric(
@@ -499,7 +499,7 @@ def prefetch_metrics(sizes: Sizes) -> list[Metric]:
             ),
         ]
     found += [
-        Metric("prefetch", f"{metric}_default_vs_off", f"default / off: {metric}", "x")
+        Metric("prefetch", f"{metric}_on_vs_off", f"prefetch {c} / prefetch 0: {metric}", "x")
         for metric in ("one_worker_jobs_per_s", "two_workers_jobs_per_s", "pickup_p95_ms")
     ]
     return found
