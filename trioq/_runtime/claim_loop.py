@@ -4,7 +4,9 @@ It waits for the first of: a slot opening, a ready notification for its queue, i
 poll interval, or the queue's next due time when that is sooner). Then, in one statement
 (`job_settle_and_claim` with no outcomes), it promotes due work, claims at most the open slots,
 and starts an executor per claimed job. The loop never spins: after a round it waits for the
-next wake-up.
+next wake-up (a claim that comes back empty right after a full one, or in the first round, is
+retried at once, once: work is likely ready and rows another statement held for a moment were
+passed over by SKIP LOCKED).
 
 Capacity counts running handlers. A handler that returns hands its outcome to the queue's
 completer (completer.py), which writes outcomes in batches on a connection of its own, and its
