@@ -51,6 +51,7 @@ class Samples:
     vacuum_lock_waits: int = 0  # samples with an autovacuum worker waiting on a lock
     autovacuums: int = 0  # autovacuum runs on the schema's tables during the drain
     autoanalyzes: int = 0
+    lock_events: dict[str, int] = attrs.field(factory=dict)  # Lock wait_event -> backends summed
 
 
 def _vacuum_counts(conn: psycopg.Connection[tuple[int, int]], schema: str) -> tuple[int, int]:
@@ -83,12 +84,16 @@ def sampling(ctx: Context, schema: str, roles: list[str]) -> Iterator[Samples]:
                 " (SELECT count(*) FROM pg_locks WHERE NOT granted),"
                 " (SELECT count(*) FROM pg_stat_progress_vacuum v JOIN pg_class c"
                 "    ON c.oid = v.relid JOIN pg_namespace n ON n.oid = c.relnamespace"
-                "   WHERE n.nspname = %s)"
+                "   WHERE n.nspname = %s),"
+                " coalesce(array_agg(wait_event) FILTER (WHERE usename = ANY(%s)"
+                "                   AND wait_event_type = 'Lock'), '{}')"
                 " FROM pg_stat_activity",
-                (roles, roles, schema),
+                (roles, roles, schema, roles),
             ).fetchone()
             assert row is not None
-            locks, lwlocks, vacuum_locks, ungranted, vacuums = row
+            locks, lwlocks, vacuum_locks, ungranted, vacuums, events = row
+            for event in events:
+                found.lock_events[event] = found.lock_events.get(event, 0) + 1
             found.samples += 1
             found.lock_waits += locks
             found.lwlock_waits += lwlocks
@@ -217,6 +222,8 @@ def run(ctx: Context) -> None:
             add("scaling", f"{name}_autovacuums", run_.samples.autovacuums)
             add("scaling", f"{name}_vacuum_running_samples", run_.samples.vacuum_in_progress)
             add("scaling", f"{name}_vacuum_lock_wait_samples", run_.samples.vacuum_lock_waits)
+            if repeat == 0:
+                ctx.results.note("scaling", f"{name}_lock_wait_events", run_.samples.lock_events)
         ctx.log(
             f"scaling repeat {repeat + 1}: "
             + ", ".join(
