@@ -275,7 +275,7 @@ def run_prefetch(ctx: Context) -> None:
         for metric in ("one_worker_jobs_per_s", "two_workers_jobs_per_s", "pickup_p95_ms"):
             add(
                 "prefetch",
-                f"{metric}_default_vs_off",
-                values[f"default_{metric}"][-1] / values[f"off_{metric}"][-1],
+                f"{metric}_on_vs_off",
+                values[f"on_{metric}"][-1] / values[f"off_{metric}"][-1],
             )
         ctx.log(f"prefetch repeat {repeat + 1}: " + "; ".join(line))
