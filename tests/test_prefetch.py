@@ -108,21 +108,22 @@ async def test_a_prefetched_jobs_lease_is_renewed_while_it_waits(
 
 @attrs.define(eq=False)
 class EmptyOnce:
-    """The memory driver, whose first claim round returns nothing (rows another statement held
-    for a moment, passed over by SKIP LOCKED) while work is ready."""
+    """The memory driver, whose second claim round returns nothing (rows another statement
+    held for a moment, passed over by SKIP LOCKED) while work is ready."""
 
     inner: MemoryDriver
-    claims: list[tuple[float, int]] = attrs.field(factory=list)  # (time, claimed)
+    claims: list[tuple[float, int, int]] = attrs.field(factory=list)  # (time, asked, claimed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+        empty = len(self.claims) == 1 and params.limit > 0
         result = await self.inner.job_settle_and_claim(
-            attrs.evolve(params, limit=0) if not self.claims and params.limit else params
+            attrs.evolve(params, limit=0) if empty else params
         )
         if params.limit:
-            self.claims.append((trio.current_time(), len(result.claimed)))
+            self.claims.append((trio.current_time(), params.limit, len(result.claimed)))
         return result
 
 
@@ -132,22 +133,25 @@ async def test_an_empty_claim_while_work_is_ready_is_retried_at_once(
 ) -> None:
     app = trioq.App(schema="prefetch")
     done = trio.Event()
+    finished = 0
 
     @app.task("noop")
     async def noop(ctx: trioq.Context, payload: object) -> None:
-        done.set()
+        nonlocal finished
+        finished += 1
+        if finished == 10:
+            done.set()
 
     driver = EmptyOnce(MemoryDriver())
     async with app.client(driver=driver) as client:  # type: ignore[arg-type]
-        await client.enqueue("noop", {})
-        started = trio.current_time()
-        async with running_worker(app, concurrency=4, prefetch=prefetch, poll_interval=10.0):
+        await client.enqueue_many("noop", [{} for _ in range(10)])
+        async with running_worker(app, concurrency=2, prefetch=prefetch, poll_interval=10.0):
             with trio.fail_after(60):
                 await done.wait()
-    (_, first), (second_at, second) = driver.claims[:2]
-    assert (first, second) == (0, 1), driver.claims
+    (_, asked, first), (empty_at, _, second), (retry_at, _, third) = driver.claims[:3]
+    assert first == asked and second == 0 and third > 0, driver.claims
     # Retried at once: not after the 10 s poll interval.
-    assert second_at - started < 1.0, driver.claims
+    assert retry_at - empty_at < 1.0, driver.claims
 
 
 @pytest.mark.parametrize("workers", [2, 4])

@@ -4,9 +4,9 @@ It waits for the first of: a slot opening, a ready notification for its queue, i
 poll interval, or the queue's next due time when that is sooner). Then, in one statement
 (`job_settle_and_claim` with no outcomes), it promotes due work, claims at most the open slots,
 and starts an executor per claimed job. The loop never spins: after a round it waits for the
-next wake-up (a claim that comes back empty right after a full one, or in the first round, is
-retried at once, once: work is likely ready and rows another statement held for a moment were
-passed over by SKIP LOCKED).
+next wake-up (a claim that comes back empty right after a full one is retried at once, once:
+work is likely ready and rows another statement held for a moment were passed over by SKIP
+LOCKED).
 
 Capacity counts running handlers. A handler that returns hands its outcome to the queue's
 completer (completer.py), which writes outcomes in batches on a connection of its own, and its
@@ -150,10 +150,11 @@ class ClaimLoop:
     _in_flight: int = 0  # claim rounds sent and not yet answered
     _reserved: int = 0  # the jobs those rounds asked for
     _pending_wake: bool = False  # a wake-up came while no round could be sent
-    # The last claim filled what it asked for, or the loop just started: work is likely ready,
-    # so an empty claim (rows another statement held for a moment, which SKIP LOCKED passes
-    # over) is retried at once, once, instead of after the poll interval.
-    _expect_work: bool = True
+    # The last claim filled what it asked for: work is likely ready, so an empty claim (rows
+    # another statement held for a moment, which SKIP LOCKED passes over) is retried at once,
+    # once, instead of after the poll interval. (Not at start-up: an idle queue's first round
+    # stays one statement.)
+    _expect_work: bool = False
     _handlers: trio.Nursery | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
