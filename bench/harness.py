@@ -280,10 +280,13 @@ class Launcher:
         profile: Path | None = None,
         tree: Path | None = None,
         migrate: bool = False,
+        prefetch: int | None = None,
+        health_port: int | None = None,
     ) -> Process:
         """A `trioq worker` process; with `profile`, under cProfile writing there at exit. With
         `tree`, the worker of another checkout (its `.venv` and its code, bench.app included);
-        with `migrate`, it migrates the schema first."""
+        with `migrate`, it migrates the schema first; `prefetch` None: the worker's default;
+        `health_port`: serve /metrics there."""
         role = self.db.new_role("bench_w")
         profiler = [] if profile is None else ["-m", "cProfile", "-o", str(profile)]
         python = sys.executable if tree is None else str(tree / ".venv" / "bin" / "python")
@@ -305,6 +308,10 @@ class Launcher:
             argv += ["--queue", queue]
         if migrate:
             argv.append("--migrate")
+        if prefetch is not None:
+            argv += ["--prefetch", str(prefetch)]
+        if health_port is not None:
+            argv += ["--health-port", str(health_port)]
         env = {"TRIOQ_DATABASE_URL": self.db.conninfo(role), SCHEMA_ENV: schema}
         process = self._spawn(f"trioq worker {role}", role, argv, env, cwd=tree)
         process.wait_for_line(b"trioq worker ")

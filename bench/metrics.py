@@ -312,6 +312,8 @@ def metrics(sizes: Sizes) -> list[Metric]:
             )
             for p in ("p50", "p95")
         ],
+        *scaling_metrics(sizes),
+        *prefetch_metrics(sizes),
         Metric(
             "baseline",
             "jobs_per_s",
@@ -419,3 +421,85 @@ def metrics(sizes: Sizes) -> list[Metric]:
         Metric("peer", "enqueue_bulk_rows_per_s", "PgQueuer enqueue of a list", "rows/s"),
         Metric("peer", "idle_statements_per_s", f"PgQueuer idle, batch {c}", "stmt/s"),
     ]
+
+
+def scaling_metrics(sizes: Sizes) -> list[Metric]:
+    """One backlog drained by 1-8 worker processes (bench/scenarios/scaling.py)."""
+    n, c = sizes.throughput_jobs, sizes.concurrency
+    found = []
+    for workers in (1, 2, 4, 8):
+        w = f"{workers} worker{'s' if workers > 1 else ''}"
+        name = f"{workers}_workers"
+        found += [
+            Metric("scaling", f"{name}_jobs_per_s", f"{w}, c={c} each, {n:,} noop jobs", "jobs/s"),
+            Metric(
+                "scaling",
+                f"{name}_vs_best",
+                f"{w} / the best count (same repeat)",
+                "x",
+                target=at_least(0.9, ">= 0.9") if workers == 8 else None,
+            ),
+            Metric("scaling", f"{name}_claim_p99_ms", f"{w}: claim statement p99 (bucket)", "ms"),
+            Metric(
+                "scaling",
+                f"{name}_smallest_share",
+                f"{w}: least-busy worker's jobs / fair share",
+                "x",
+            ),
+            Metric(
+                "scaling",
+                f"{name}_lock_wait_samples",
+                f"{w}: worker backends in a Lock wait, summed over 20 ms samples",
+                "",
+            ),
+            Metric(
+                "scaling",
+                f"{name}_lwlock_wait_samples",
+                f"{w}: worker backends in an LWLock wait, summed over samples",
+                "",
+            ),
+            Metric("scaling", f"{name}_ungranted_locks_peak", f"{w}: most ungranted pg_locks", ""),
+            Metric("scaling", f"{name}_autovacuums", f"{w}: autovacuum runs during the drain", ""),
+            Metric(
+                "scaling",
+                f"{name}_vacuum_running_samples",
+                f"{w}: samples with a vacuum in progress",
+                "",
+            ),
+            Metric(
+                "scaling",
+                f"{name}_vacuum_lock_wait_samples",
+                f"{w}: samples with autovacuum waiting on a lock",
+                "",
+            ),
+        ]
+    return found
+
+
+def prefetch_metrics(sizes: Sizes) -> list[Metric]:
+    """Prefetch 0 vs one slot count ahead, interleaved (bench/scenarios/scaling.py)."""
+    c = sizes.concurrency
+    found = []
+    for label in ("off", "on"):
+        found += [
+            Metric(
+                "prefetch",
+                f"{label}_one_worker_jobs_per_s",
+                f"prefetch {label}: 1 worker, c={c}",
+                "jobs/s",
+            ),
+            Metric(
+                "prefetch",
+                f"{label}_two_workers_jobs_per_s",
+                f"prefetch {label}: 2 workers",
+                "jobs/s",
+            ),
+            Metric(
+                "prefetch", f"{label}_pickup_p95_ms", f"prefetch {label}: pickup p95, c={c}", "ms"
+            ),
+        ]
+    found += [
+        Metric("prefetch", f"{metric}_on_vs_off", f"prefetch {c} / prefetch 0: {metric}", "x")
+        for metric in ("one_worker_jobs_per_s", "two_workers_jobs_per_s", "pickup_p95_ms")
+    ]
+    return found

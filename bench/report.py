@@ -27,6 +27,8 @@ SCENARIOS = (
     "message_latency",
     "message_drain",
     "get_value",
+    "scaling",
+    "prefetch",
     "baseline",
     "peer",
 )

@@ -3,9 +3,10 @@ under trio's MockClock: handlers (some with a partition key) finish, fail, hang,
 durably; the driver loses its connection for a few claim rounds or completer flushes; flushes
 are held back for a while; time advances; at the end the worker drains. After every step the
 invariants are checked against the loop's own accounting and the stored rows: handlers running
-<= slots; rows the worker owns <= slots + the completer's capacity, each one accounted for
-under the same lease; and (checked as each handler starts) a partition key's job runs only
-when no other job of its key holds the key, i.e. its predecessor's outcome has committed.
+<= slots; jobs buffered <= prefetch; rows the worker owns <= slots + prefetch + the completer's
+capacity, each one accounted for under the same lease (prefetched ones included); and (checked
+as each handler starts) a partition key's job runs only when no other job of its key holds the
+key, i.e. its predecessor's outcome has committed. The machine runs with prefetch 0 and 2.
 
 The worker runs in one `trio.run` (with a MockClock that only moves when a rule jumps it) on a
 background thread; each rule runs a coroutine there and then waits until every task is blocked,
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, settings
@@ -65,7 +67,8 @@ class FlakyDriver:
 
 
 class Host:
-    def __init__(self) -> None:
+    def __init__(self, prefetch: int) -> None:
+        self.prefetch = prefetch
         self.clock = trio.testing.MockClock()
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -117,7 +120,11 @@ class Host:
         async with (
             self.app.client(driver=self.driver) as client,  # type: ignore[arg-type]
             running_worker(
-                self.app, concurrency=CONCURRENCY, lease_seconds=LEASE, poll_interval=1.0
+                self.app,
+                concurrency=CONCURRENCY,
+                lease_seconds=LEASE,
+                poll_interval=1.0,
+                prefetch=self.prefetch,
             ) as worker,
         ):
             self.client, self.worker = client, worker
@@ -165,9 +172,11 @@ class Host:
 
 
 class RuntimeMachine(RuleBasedStateMachine):
+    PREFETCH = 0
+
     def __init__(self) -> None:
         super().__init__()
-        self.host = Host()
+        self.host = Host(self.PREFETCH)
 
     @rule(
         behaviours=st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=4),
@@ -228,10 +237,12 @@ class RuntimeMachine(RuleBasedStateMachine):
         async def check() -> None:
             worker = self.host.worker
             [loop] = worker.loops.values()
-            bound = CONCURRENCY + loop.completer.capacity
+            prefetch = self.host.prefetch
+            bound = CONCURRENCY + prefetch + loop.completer.capacity
             owned = loop.owned_leases()
             assert self.host.active <= CONCURRENCY
             assert len(loop.running) <= CONCURRENCY
+            assert len(loop.prefetched()) <= prefetch, loop.prefetched()
             assert len(owned) <= bound, owned
             running_rows = [
                 row
@@ -240,7 +251,8 @@ class RuntimeMachine(RuleBasedStateMachine):
             ]
             assert len(running_rows) <= bound, running_rows
             # Every row running under this worker is one the loop accounts for (a running
-            # handler, or an outcome the completer has not written yet), under the same lease.
+            # handler, a prefetched job, or an outcome the completer has not written yet),
+            # under the same lease.
             held = {(row.id, row.attempt, row.lease_token) for row in running_rows}
             assert held <= {(lease.id, lease.attempt, lease.lease_token) for lease in owned}
             assert self.host.violations == []
@@ -252,9 +264,16 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.host.close()
 
 
-def test_claim_loop_keeps_its_bounds_and_key_order_under_lost_held_and_failed_writes() -> None:
+class PrefetchingMachine(RuntimeMachine):
+    PREFETCH = 2
+
+
+@pytest.mark.parametrize("machine", [RuntimeMachine, PrefetchingMachine], ids=["0", "2"])
+def test_claim_loop_keeps_its_bounds_and_key_order_under_lost_held_and_failed_writes(
+    machine: type[RuntimeMachine],
+) -> None:
     run_state_machine_as_test(
-        RuntimeMachine,
+        machine,
         settings=settings(
             max_examples=30,
             stateful_step_count=25,

@@ -77,3 +77,39 @@ def test_migration_tunes_the_jobs_table_for_its_churn(pg_url: str, pg_schema: st
     options = dict(option.split("=") for option in row[0])
     assert options["fillfactor"] == "80"
     assert float(options["autovacuum_vacuum_scale_factor"]) <= 0.02
+
+
+def test_vacuum_never_truncates_the_hot_tables_and_rows_survive(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Vacuum's tail truncation takes an ACCESS EXCLUSIVE lock that stalls every claim: the
+    tables each state change writes turn it off (migration 24), keeping the rows they hold."""
+    import psycopg
+
+    import trioq._sql as sql
+
+    hot = ("jobs", "partition_locks", "attempts", "checkpoints", "workers")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {pg_schema}")
+        for migration in sql.migrations(pg_schema):
+            if migration.version == 24:
+                conn.execute(
+                    f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, priority, run_at,"
+                    " created_at) SELECT 'default', 'noop', '{}', 'ready', 0, now(), now()"
+                    " FROM generate_series(1, 50)"
+                )
+            conn.execute(migration.sql)
+        options = {
+            table: conn.execute(
+                "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+                (f"{pg_schema}.{table}",),
+            ).fetchone()
+            for table in hot
+        }
+        ready = conn.execute(f"SELECT count(*) FROM {pg_schema}.jobs WHERE state = 'ready'")
+        count = ready.fetchone()
+    for table, row in options.items():
+        assert row is not None and row[0] is not None, table
+        stored = dict(option.split("=", 1) for option in row[0])
+        assert stored.get("vacuum_truncate") in ("off", "false"), (table, row[0])
+    assert count == (50,)

@@ -47,6 +47,7 @@ def runners() -> dict[str, Runner]:
         idle,
         latency,
         messages,
+        scaling,
         throughput,
         waits,
         workflows,
@@ -65,4 +66,6 @@ def runners() -> dict[str, Runner]:
         "message_latency": messages.run_message_latency,
         "message_drain": messages.run_message_drain,
         "get_value": messages.run_get_value,
+        "scaling": scaling.run,
+        "prefetch": scaling.run_prefetch,
     }

@@ -11,6 +11,7 @@ dearer as the backlog deepens).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,13 @@ def drain(
     jobs: int,
     system: System = TRIOQ,
     prepare: Callable[[str], None] | None = None,
+    observe: Callable[[str], contextlib.AbstractContextManager[None]] | None = None,
+    before_stop: Callable[[str], None] | None = None,
 ) -> Drain:
     """Run one backlog of `jobs` jobs of `task` to completion on freshly started workers
-    (`prepare(schema)` first fills the fresh schema with whatever else the scenario needs)."""
+    (`prepare(schema)` first fills the fresh schema with whatever else the scenario needs;
+    `observe(schema)` is entered around the drain; `before_stop(schema)` runs once it is
+    done, with the workers still up)."""
     db = ctx.db
     schema = db.fresh_schema()
     try:
@@ -68,13 +73,16 @@ def drain(
             prepare(schema)
         workers = start_workers(schema)
         cpu_before = sum(worker.cpu_seconds() for worker in workers)
-        t0 = system.enqueue(db, schema, task, jobs, db.reset_statements)
 
         def all_alive() -> None:
             for worker in workers:
                 worker.check_alive()
 
-        db.wait_count(system.completed(schema), [], jobs, ctx.sizes.timeout, all_alive)
+        with contextlib.nullcontext() if observe is None else observe(schema):
+            t0 = system.enqueue(db, schema, task, jobs, db.reset_statements)
+            db.wait_count(system.completed(schema), [], jobs, ctx.sizes.timeout, all_alive)
+        if before_stop is not None:
+            before_stop(schema)
         cpu_after = sum(worker.cpu_seconds() for worker in workers)
         roles = [worker.role for worker in workers]
         statements, db_ms = db.statement_totals(roles)

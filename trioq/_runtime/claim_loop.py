@@ -4,7 +4,9 @@ It waits for the first of: a slot opening, a ready notification for its queue, i
 poll interval, or the queue's next due time when that is sooner). Then, in one statement
 (`job_settle_and_claim` with no outcomes), it promotes due work, claims at most the open slots,
 and starts an executor per claimed job. The loop never spins: after a round it waits for the
-next wake-up.
+next wake-up (a claim that comes back empty right after a full one is retried at once, once:
+work is likely ready and rows another statement held for a moment were passed over by SKIP
+LOCKED).
 
 Capacity counts running handlers. A handler that returns hands its outcome to the queue's
 completer (completer.py), which writes outcomes in batches on a connection of its own, and its
@@ -12,6 +14,15 @@ slot opens at once. So: handlers running <= slots; rows this worker owns <= slot
 completer's `capacity`; a partition key's next job starts only once its holder's outcome has
 committed (the key stays held in the database until then). Unwritten outcomes keep their
 leases renewed (`owned_leases` includes them).
+
+Bounded prefetch (`prefetch=N`, 0: off): a claim asks for the open slots plus the room in an
+in-process buffer of claimed jobs, and a slot that opens takes the buffer's next job at once,
+without a round trip. Once the buffer holds fewer than its low watermark a refill starts, with
+up to `MAX_REFILLS_IN_FLIGHT` claim rounds in flight. Buffered jobs are owned: their leases are
+renewed with the running ones, a buffered keyed job holds its key as a running one does, and
+the bound becomes rows owned <= slots + prefetch + the completer's `capacity`. A drain hands
+every buffered job back with a fenced release (ready again, attempt restored); a hard stop
+leaves them to lease expiry, as it does running ones.
 
 Errors: a round that fails because the connection was lost is retried with backoff; any other
 error is a bug or a broken schema and stops the worker with it. On the way out, however the
@@ -21,6 +32,9 @@ bounded by `write_timeout`.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import datetime
 import logging
 import random
 import time
@@ -31,7 +45,7 @@ import attrs
 import trio
 
 from .. import _tracing as tracing
-from .._core.capacity import claim_size
+from .._core.capacity import MAX_REFILLS_IN_FLIGHT, claim_size, low_watermark
 from .._driver import (
     DEFAULT_KEY_WINDOW,
     ClaimedJob,
@@ -68,6 +82,21 @@ MAX_WINDOW_ROUNDS = 8
 CLAIM_LOOKAHEAD_SECONDS = 0.25
 TIMER_EARLY_SECONDS = 0.2
 
+# The share of the lease after which a job whose lease the database has not confirmed is no
+# longer ours to run: past it another worker may recover the job. The watchdog cancels running
+# handlers at this point, and a buffered job this old is dropped instead of started.
+LEASE_MARGIN = 0.9
+
+
+@attrs.define(eq=False)
+class Prefetched:
+    """A claimed job waiting in the buffer for a slot; its lease is renewed meanwhile."""
+
+    job: ClaimedJob
+    now: datetime.datetime  # database time of its claim
+    confirmed_at: float  # trio time its lease was last confirmed (the claim, then renewals)
+    traced: bool
+
 
 @attrs.define(eq=False)
 class WorkerHooks:
@@ -87,6 +116,7 @@ class ClaimLoopStatistics:
     pending_writes: int
     rounds: int
     claimed_total: int
+    prefetched: int = 0
 
 
 @attrs.define(eq=False)
@@ -112,8 +142,20 @@ class ClaimLoop:
     flush_delay: float = DEFAULT_FLUSH_DELAY
     # Tests delay or fail the completer's flushes here (Completer.before_flush).
     before_flush: Callable[[tuple[Settlement, ...]], Awaitable[None]] | None = None
+    # Claimed jobs kept ahead of the free slots (0: claim only for open slots).
+    prefetch: int = 0
     running: dict[int, Run] = attrs.field(factory=dict)
     completer: Completer = attrs.field(init=False)
+    _buffer: collections.deque[Prefetched] = attrs.field(factory=collections.deque)
+    _in_flight: int = 0  # claim rounds sent and not yet answered
+    _reserved: int = 0  # the jobs those rounds asked for
+    _pending_wake: bool = False  # a wake-up came while no round could be sent
+    # The last claim filled what it asked for: work is likely ready, so an empty claim (rows
+    # another statement held for a moment, which SKIP LOCKED passes over) is retried at once,
+    # once, instead of after the poll interval. (Not at start-up: an idle queue's first round
+    # stays one statement.)
+    _expect_work: bool = False
+    _handlers: trio.Nursery | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _stopping: bool = False
@@ -164,7 +206,11 @@ class ClaimLoop:
 
     def owned_leases(self) -> list[Lease]:
         """Every lease this loop still holds in the database (running or not yet written)."""
-        return [run.lease for run in self.running.values()] + self.completer.leases()
+        return (
+            [run.lease for run in self.running.values()]
+            + [entry.job.lease for entry in self._buffer]
+            + self.completer.leases()
+        )
 
     def owned(self) -> int:
         return len(self.owned_leases())
@@ -179,6 +225,15 @@ class ClaimLoop:
         }
         return [lease for lease in self.owned_leases() if lease not in cancelled]
 
+    def prefetched(self) -> list[Prefetched]:
+        """The buffered jobs, oldest claim first."""
+        return list(self._buffer)
+
+    def drop_prefetched(self, entry: Prefetched) -> None:
+        """The database no longer has `entry`'s lease (the renewer saw it lost): never start it."""
+        with contextlib.suppress(ValueError):  # started or released meanwhile
+            self._buffer.remove(entry)
+
     @property
     def db_healthy(self) -> bool:
         return self._db_healthy and self.completer.healthy
@@ -191,10 +246,13 @@ class ClaimLoop:
             pending_writes=len(self.completer),
             rounds=self._rounds,
             claimed_total=self._claimed_total,
+            prefetched=len(self._buffer),
         )
 
     def wake(self) -> None:
         """Ask for a round now (a notification arrived, or a slot settled)."""
+        if self._in_flight:
+            self._pending_wake = True
         self._wake.set()
 
     async def wait_no_running(self) -> None:
@@ -218,36 +276,106 @@ class ClaimLoop:
         """
         async with open_completer(self.completer), trio.open_nursery() as handlers:
             self._timers = SharedTimers(handlers)
+            self._handlers = handlers
             await self._loop(handlers)
 
     async def _loop(self, handlers: trio.Nursery) -> None:
         self._wake.set()  # the first round runs at once: work may be waiting already
-        while not (self._stopping and self.owned() == 0):
+        while not (self._stopping and self.owned() == 0 and self._in_flight == 0):
             await self._wait_for_wake()
+            if self._stopping:
+                await self._release_prefetched()
+                continue
             if self.running:
                 # Let handlers that finish in this same scheduler tick open their slots first
                 # (with none running, nothing can: a notification's round goes at once).
                 await trio.lowlevel.checkpoint()
+            self._start_prefetched()
+            if self._in_flight and not self._may_refill():
+                self._pending_wake = True  # reconsider when a round in flight answers
+                continue
             limit = self._claim_limit()
             if limit and self._rate_limited_at is not None:
                 if trio.current_time() < self._rate_limited_at:
                     continue  # the timer fires when a start is allowed
                 self._rate_limited_at = None
             if limit == 0:
-                # Every slot is busy: the next due time is no reason to wake (an opening slot
-                # wakes the loop, and its round learns the next due time again).
-                self._next_due_at = self._written_due_at = None
+                if not self._in_flight:
+                    # Every slot is busy: the next due time is no reason to wake (an opening
+                    # slot wakes the loop, and its round learns the next due time again).
+                    self._next_due_at = self._written_due_at = None
                 continue
-            await self._round(handlers, limit)
+            if self.prefetch == 0:
+                await self._round(handlers, limit)  # one round at a time, as it answers
+            else:
+                self._in_flight += 1
+                self._reserved += limit
+                handlers.start_soon(self._refill, handlers, limit, name="trioq claim round")
+
+    def _slots_now(self) -> int:
+        # Admission control only lowers what is claimed; running handlers are never touched.
+        if self.admitted is None:
+            return self.concurrency
+        return min(self.concurrency, self.admitted())
 
     def _claim_limit(self) -> int:
         if self._stopping:
             return 0
-        # Admission control only lowers what is claimed; running handlers are never touched.
-        slots = (
-            self.concurrency if self.admitted is None else min(self.concurrency, self.admitted())
+        slots = self._slots_now()
+        # Reduced by admission control, the buffer shrinks with the slots: it holds no more
+        # than will start next.
+        room = slots + (self.prefetch if slots == self.concurrency else min(self.prefetch, slots))
+        held = len(self.running) + len(self._buffer)
+        return claim_size(room, held, self._reserved, room)
+
+    def _may_refill(self) -> bool:
+        """Another round may go while one is in flight: the buffer is below its low watermark
+        and fewer than `MAX_REFILLS_IN_FLIGHT` are out."""
+        return self._in_flight < MAX_REFILLS_IN_FLIGHT and len(self._buffer) < low_watermark(
+            self.prefetch
         )
-        return claim_size(slots, len(self.running), 0, slots)
+
+    async def _refill(self, handlers: trio.Nursery, limit: int) -> None:
+        try:
+            await self._round(handlers, limit)
+        finally:
+            self._in_flight -= 1
+            self._reserved -= limit
+            if self._pending_wake or self._stopping:
+                self._pending_wake = False
+                self._wake.set()
+
+    def _start_prefetched(self) -> None:
+        """Start buffered jobs on the free slots, oldest claim first."""
+        buffer = self._buffer
+        if not buffer or self._stopping:
+            return
+        slots = self._slots_now()
+        handlers = self._handlers
+        assert handlers is not None
+        deadline = trio.current_time() - LEASE_MARGIN * self.lease_seconds
+        while buffer and len(self.running) < slots:
+            entry = buffer.popleft()
+            if entry.confirmed_at <= deadline:
+                # Its lease went unconfirmed for most of its length while it waited: another
+                # worker may recover it now, so running it here could overlap that run.
+                log.warning(
+                    "prefetched job %d attempt %d: lease not confirmed for %.1fs, not started",
+                    entry.job.id,
+                    entry.job.attempt,
+                    trio.current_time() - entry.confirmed_at,
+                )
+                continue
+            self._start_one(handlers, entry)
+
+    async def _release_prefetched(self) -> None:
+        """Drain: hand every buffered job back (ready, attempt restored, fenced)."""
+        while self._buffer:
+            entry = self._buffer.popleft()
+            job = entry.job
+            await self.completer.hand_over(
+                Settlement(job.lease, "release"), keyed=job.partition_key is not None
+            )
 
     async def _round(self, handlers: trio.Nursery, limit: int) -> None:
         """One claim round; on a lost connection back off and wake again (any other error is
@@ -381,6 +509,11 @@ class ClaimLoop:
         self._key_cursor = result.key_cursor or ""
         self._concurrency_cursor = result.concurrency_cursor or ""
         short = len(result.claimed) < limit
+        if not result.claimed and limit > 0 and self._expect_work:
+            self._expect_work = False
+            self._wake.set()  # an empty claim right after a full one: retry once, at once
+        else:
+            self._expect_work = not short
         if result.promoted:
             # This statement's snapshot saw the promoted rows as not due: they become
             # claimable in the next round, so run it now.
@@ -415,38 +548,52 @@ class ClaimLoop:
     ) -> None:
         received = trio.current_time() if result.replied_at is None else result.replied_at
         self._db_clock.observe(result.now, sent, received)
-        running, versions, tasks, now = self.running, self.versions, self.tasks, result.now
-        for job in result.claimed:
-            stale = running.get(job.id)
-            # (A stale run that already suspended or continued durably is only finishing its
-            # bookkeeping: the job is legitimately back, nothing is lost.)
-            if stale is not None and stale.suspension is None:
-                # Our earlier attempt's lease ran out while its handler still ran and the job
-                # came back to us: that handler no longer owns anything.
-                log.warning(
-                    "job %d attempt %d reclaimed as attempt %d while still running here: "
-                    "cancelling the old attempt",
-                    job.id,
-                    stale.job.attempt,
-                    job.attempt,
-                )
-                stale.cancel("lost")
-            run = Run(
-                job=job,
-                spec=versions.get((job.task, job.version)) or tasks[job.task],
-                tasks=tasks,
-                driver=self.driver,
-                worker_id=self.worker_id,
-                checkpoints=self.checkpoints,
-                now=now,
-                confirmed_at=sent,
-                due_at=self._db_clock.to_trio(job.run_at) if job.run_at > now else None,
-                timers=self._timers,
-                traced=traced,
-                thread_limiter=self._thread_limiter,
+        if not result.claimed:
+            return
+        now = result.now
+        if not self._buffer and not self.prefetch:
+            for job in result.claimed:
+                self._start_one(handlers, Prefetched(job, now, sent, traced))
+            return
+        # Buffered jobs were claimed earlier: they start first.
+        self._buffer.extend(Prefetched(job, now, sent, traced) for job in result.claimed)
+        if self._stopping:
+            self._wake.set()  # the loop hands them back
+        else:
+            self._start_prefetched()
+
+    def _start_one(self, handlers: trio.Nursery, entry: Prefetched) -> None:
+        job, running, now = entry.job, self.running, entry.now
+        stale = running.get(job.id)
+        # (A stale run that already suspended or continued durably is only finishing its
+        # bookkeeping: the job is legitimately back, nothing is lost.)
+        if stale is not None and stale.suspension is None:
+            # Our earlier attempt's lease ran out while its handler still ran and the job
+            # came back to us: that handler no longer owns anything.
+            log.warning(
+                "job %d attempt %d reclaimed as attempt %d while still running here: "
+                "cancelling the old attempt",
+                job.id,
+                stale.job.attempt,
+                job.attempt,
             )
-            running[job.id] = run
-            handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")
+            stale.cancel("lost")
+        run = Run(
+            job=job,
+            spec=self.versions.get((job.task, job.version)) or self.tasks[job.task],
+            tasks=self.tasks,
+            driver=self.driver,
+            worker_id=self.worker_id,
+            checkpoints=self.checkpoints,
+            now=now,
+            confirmed_at=entry.confirmed_at,
+            due_at=self._db_clock.to_trio(job.run_at) if job.run_at > now else None,
+            timers=self._timers,
+            traced=entry.traced,
+            thread_limiter=self._thread_limiter,
+        )
+        running[job.id] = run
+        handlers.start_soon(self._run_job, run, name=f"trioq job {job.id}")
 
     def _task_versions(self) -> tuple[str, ...]:
         return tuple(sorted(spec.pair for spec in self.versions.values()))
@@ -472,7 +619,11 @@ class ClaimLoop:
         finally:
             if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]
-            self._wake.set()
+            if self._buffer and not self._stopping:
+                self._start_prefetched()  # the slot takes the next claimed job at once
+            buffered = len(self._buffer)
+            if not buffered or buffered < low_watermark(self.prefetch) or self._stopping:
+                self._wake.set()  # claim for the slot, or refill below the low watermark
             if self._settled:  # someone waits for no handler running (an Event would be per job)
                 self._settled.unpark_all()
         if tally is not None or hooks.on_job_end:
@@ -483,4 +634,4 @@ class ClaimLoop:
                 hooks.on_job_end(job, name)
 
 
-__all__ = ["ClaimLoop", "WorkerHooks"]
+__all__ = ["ClaimLoop", "Prefetched", "WorkerHooks"]

@@ -109,6 +109,20 @@ class LeaseRenewer:
     ) -> None:
         still_owned = {row.id: row for row in renewed}
         for loop in self.loops:
+            for waiting in loop.prefetched():  # claimed ahead, not started: never start a lost one
+                if waiting.job.lease not in requested:
+                    continue
+                row = still_owned.get(waiting.job.id)
+                if row is None:
+                    log.warning(
+                        "lost ownership of prefetched job %d attempt %d: dropping it",
+                        waiting.job.id,
+                        waiting.job.attempt,
+                    )
+                    self._lost += 1
+                    loop.drop_prefetched(waiting)
+                elif row.confirmed:  # a cancel request is seen once it runs (next renewal)
+                    waiting.confirmed_at = max(waiting.confirmed_at, sent_at)
             for entry in list(loop.running.values()):
                 if entry.job.lease not in requested or entry.cancel_reason is not None:
                     continue

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from .claim_loop import ClaimLoop
+from .claim_loop import LEASE_MARGIN, ClaimLoop
 
 log = logging.getLogger("trioq.worker")
 
 # The share of the lease after which an unconfirmed handler is cancelled.
-MARGIN = 0.9
+MARGIN = LEASE_MARGIN
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ from typing import Protocol
 import attrs
 import trio
 
+from .._core.capacity import DEFAULT_PREFETCH
 from .._core.channels import control_channel, schedules_channel
 from .._core.identifiers import validate_name
 from .._driver import Driver, Listener, NewSchedule, WorkerRegistration
@@ -92,6 +93,8 @@ class WorkerConfig:
     notifications: bool = True
     # How long the listener self-probe waits for its own NOTIFY before falling back to polling.
     probe_timeout: float = 5.0
+    # Jobs each queue's loop keeps claimed ahead of its free slots (0: off).
+    prefetch: int = DEFAULT_PREFETCH
 
     def __attrs_post_init__(self) -> None:
         if not self.queues:
@@ -118,6 +121,15 @@ class WorkerConfig:
                 " (an idle worker heartbeats with it; one silent for 120 s counts as gone)"
             )
         validate_mode(self.admission)
+        if (
+            isinstance(self.prefetch, bool)
+            or not isinstance(self.prefetch, int)
+            or not 0 <= self.prefetch <= MAX_CONCURRENCY
+        ):
+            raise ValueError(
+                f"prefetch: must be a whole number from 0 to {MAX_CONCURRENCY}, "
+                f"got {self.prefetch!r}"
+            )
 
     def slots(self, queue: str) -> int:
         """The concurrency of `queue`: its own, else the worker's `concurrency`."""
@@ -233,6 +245,7 @@ class Worker:
                 admitted=functools.partial(self.admission.effective_limit, queue),
                 checkpoints=self.checkpoints,
                 write_timeout=self.config.write_timeout,
+                prefetch=self.config.prefetch,
             )
             for queue in self.config.queues
         }

@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._core.capacity import DEFAULT_PREFETCH
 from .._core.identifiers import PREPARED_STATEMENTS, validate_schema
 from .._pg.libpq import DATABASE_URL_ENV
 from ..dashboard import cli as dashboard_cli
@@ -209,6 +210,7 @@ async def _run_worker(
         grace_seconds=args.grace,
         maintenance_interval=args.maintenance_interval,
         admission=args.admission,
+        prefetch=args.prefetch,
         # Not given: the app decides (on, unless behind a transaction pooler without a listen URL).
         **({} if args.notifications is None else {"notifications": args.notifications == "on"}),
         task_status=task_status,
@@ -462,6 +464,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         metavar="SECONDS",
         help="claim at least this often without a notification",
+    )
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=DEFAULT_PREFETCH,
+        metavar="N",
+        help=f"jobs each queue keeps claimed ahead of its free slots (0: off; default "
+        f"{DEFAULT_PREFETCH})",
     )
     worker.add_argument(
         "--lease", type=float, default=30.0, metavar="SECONDS", help="job lease length"

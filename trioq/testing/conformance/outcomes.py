@@ -138,3 +138,47 @@ async def check_released_job_keeps_its_place_in_its_partition(
     await clock.advance(1)
     await release(driver, job.lease)
     expect(ids(await claim(driver, limit=1)), [first], "the key's head after a release")
+
+
+@conformance_check
+async def check_prefetched_batch_release_hands_every_job_back_in_place(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A draining worker releases its prefetched jobs (claimed, never started) in one fenced
+    statement: each is ready again with its attempt count unchanged and no owner, a keyed one
+    frees its key and stays its key's head, and a stale lease in the same batch changes
+    nothing."""
+    head_a, _next_a, head_b, plain_1, plain_2 = await enqueue(
+        driver,
+        new_job(1, partition_key="a"),
+        new_job(2, partition_key="a"),
+        new_job(3, partition_key="b"),
+        new_job(4),
+        new_job(5),
+    )
+    claimed = await claim(driver)
+    expect(sorted(ids(claimed)), sorted([head_a, head_b, plain_1, plain_2]), "prefetched ids")
+    first = {job.id: job for job in claimed}
+    # Nothing else is claimable: the key's next job waits while its head is prefetched.
+    expect(await claim(driver, limit=1), [], "claim while the keys are held")
+    released = await release(
+        driver, *(job.lease for job in claimed), Lease(plain_1, 2, first[plain_1].lease_token)
+    )
+    expect(sorted(released), sorted(first), "released ids (the stale lease is not among them)")
+    for job_id in first:
+        row = await record(driver, job_id)
+        expect(
+            (row.state, row.attempt, row.worker_id, row.started_at),
+            ("ready", 0, None, None),
+            f"job {job_id} after the release",
+        )
+        expect(await driver.job_attempts(job_id), [], f"attempts of job {job_id}")
+    again = await claim(driver)
+    expect(
+        sorted((job.id, job.attempt) for job in again),
+        sorted((job_id, 1) for job_id in first),
+        "the same heads claimed again, first attempt",
+    )
+    expect(
+        await release(driver, *(job.lease for job in claimed)), [], "a second release, old leases"
+    )
