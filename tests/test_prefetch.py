@@ -148,9 +148,12 @@ async def test_an_empty_claim_while_work_is_ready_is_retried_at_once(
         async with running_worker(app, concurrency=2, prefetch=prefetch, poll_interval=10.0):
             with trio.fail_after(60):
                 await done.wait()
-    (_, asked, first), (empty_at, _, second), (retry_at, _, third) = driver.claims[:3]
-    assert first == asked and second == 0 and third > 0, driver.claims
-    # Retried at once: not after the 10 s poll interval.
+    (_, asked, first), (empty_at, _, second) = driver.claims[:2]
+    assert first == asked and second == 0, driver.claims
+    # Retried at once: a claim that takes work follows within a second, not after the 10 s poll
+    # interval. (With refills in flight, the round answered right after the empty one may be
+    # another refill that also found nothing, depending on trio's scheduling order.)
+    retry_at = next(at for at, _, claimed in driver.claims[2:] if claimed > 0)
     assert retry_at - empty_at < 1.0, driver.claims
 
 
