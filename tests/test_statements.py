@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,6 +65,22 @@ def test_positional_form_numbers_each_name_once_and_unescapes_percent() -> None:
     assert statement.names == ("a", "b")
     assert statement.values({"b": 2, "a": 1, "unused": 3}) == [1, 2]
     assert set(positional_queries("trioq")) == set(queries("trioq"))
+
+
+def test_a_fragment_with_names_is_included_with_the_includes_names() -> None:
+    """`-- fragment: y(a, b)` writes `@a@`, `@b@`; each include gives its own names (the claim's
+    one loose index scan serves partition keys and concurrency keys), and a wrong count of
+    names is an error at load time."""
+    text = (
+        "-- fragment: pick(col, tab)\n    SELECT @col@ FROM @tab@\n"
+        "-- name: both\n-- include: pick(a, t)\nUNION ALL\n-- include: pick(b, u)\n"
+    )
+    assert parse_blocks(text) == {"both": "SELECT a FROM t\nUNION ALL\nSELECT b FROM u"}
+    with pytest.raises(ValueError, match="takes 2 names"):
+        parse_blocks("-- fragment: pick(col, tab)\nx\n-- name: one\n-- include: pick(a)\n")
+    claim = queries("x")["job_settle_and_claim"]
+    assert re.search(r"@[a-z_]+@", claim) is None  # every marker replaced
+    assert "FROM ready_keys k" in claim and "FROM ready_concurrency_keys k" in claim
 
 
 def test_a_fragment_is_included_where_a_statement_names_it_and_nowhere_else() -> None:

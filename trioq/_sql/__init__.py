@@ -16,8 +16,8 @@ import attrs
 
 from .._core.identifiers import quote_ident, validate_schema
 
-_BLOCK_START = re.compile(r"^-- (name|fragment): ([a-z_]+)\s*$", re.MULTILINE)
-_INCLUDE = re.compile(r"^-- include: ([a-z_]+)\s*$")
+_BLOCK_START = re.compile(r"^-- (name|fragment): ([a-z_]+)(?:\(([a-z_, ]*)\))?\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^-- include: ([a-z_]+)(?:\(([a-z_, ]*)\))?\s*$")
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -33,20 +33,29 @@ def _substitute(text: str, schema: str) -> str:
     return text.replace("{schema}", quote_ident(schema)).replace("{schema_name}", schema)
 
 
+def _names(text: str | None) -> list[str]:
+    return [] if not text else [name.strip() for name in text.split(",")]
+
+
 def parse_blocks(text: str) -> dict[str, str]:
     """Split a file of `-- name: x` blocks into {name: statement}; names must be unique.
 
     A `-- fragment: y` block is not a statement: a line `-- include: y` in a statement is
     replaced by its lines, so two statements that must agree (the claim's SET list and the
-    columns `_claimed_job` reads) are written once. Fragments come from this file only."""
+    columns `_claimed_job` reads) are written once. A fragment may take names,
+    `-- fragment: y(a, b)`, written `@a@` in its body and given by `-- include: y(x, z)` (the
+    same loose index scan visits partition keys and concurrency keys). Fragments come from
+    this file only."""
     starts = list(_BLOCK_START.finditer(text))
     bodies: dict[str, tuple[str, str]] = {}
+    parameters: dict[str, list[str]] = {}
     for index, match in enumerate(starts):
         end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
-        kind, name = match.groups()
+        kind, name, names = match.groups()
         if name in bodies:
             raise ValueError(f"queries.sql: block {name!r} is defined twice")
         bodies[name] = (kind, text[match.end() : end])
+        parameters[name] = _names(names)
     fragments = {name: body for name, (kind, body) in bodies.items() if kind == "fragment"}
 
     def expand(body: str) -> list[str]:
@@ -55,10 +64,21 @@ def parse_blocks(text: str) -> dict[str, str]:
             include = _INCLUDE.match(line.strip())
             if include is None:
                 lines.append(line)
-            elif include.group(1) in fragments:
-                lines.extend(expand(fragments[include.group(1)]))
-            else:
-                raise ValueError(f"queries.sql: no fragment {include.group(1)!r} to include")
+                continue
+            name, values = include.group(1), _names(include.group(2))
+            if name not in fragments:
+                raise ValueError(f"queries.sql: no fragment {name!r} to include")
+            if len(values) != len(parameters[name]):
+                raise ValueError(
+                    f"queries.sql: fragment {name!r} takes {len(parameters[name])} names "
+                    f"({', '.join(parameters[name])}), given {len(values)}"
+                )
+            # A parameterised fragment's @param@ markers become the include's identifiers
+            # (fixed names in this file, never user input).
+            included = fragments[name]
+            for parameter, value in zip(parameters[name], values, strict=True):
+                included = included.replace(f"@{parameter}@", value)
+            lines.extend(expand(included))
         return lines
 
     blocks: dict[str, str] = {}

@@ -203,6 +203,50 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
                    FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
               j.parent_id, j.concurrency_key
 
+-- fragment: key_visit(cte, key, cursor)
+-- The keys with ready jobs of one kind (@key@), visited as a loose index scan: round-robin
+-- from the cursor (the last key the previous claim visited), wrapping once to the start, at
+-- most the key window per claim. A recursive CTE named @cte@ that includes this yields
+-- (@key@, n, wrapped). Partition keys and concurrency keys are visited the same way.
+    SELECT first_key.@key@, 1 AS n, first_key.wrapped
+    FROM (
+        SELECT after_cursor.@key@, false AS wrapped
+        FROM (SELECT j.@key@ FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.@key@ IS NOT NULL
+                AND j.@key@ > (SELECT %(@cursor@)s::text)
+              ORDER BY j.@key@ LIMIT 1) AS after_cursor
+        UNION ALL
+        SELECT from_start.@key@, true
+        FROM (SELECT j.@key@ FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.@key@ IS NOT NULL
+              ORDER BY j.@key@ LIMIT 1) AS from_start
+        LIMIT 1
+    ) AS first_key
+    WHERE (SELECT %(limit)s::int) > 0
+    UNION ALL
+    SELECT next_key.@key@, k.n + 1, next_key.wrapped
+    FROM @cte@ k
+    CROSS JOIN LATERAL (
+        SELECT following.@key@, k.wrapped AS wrapped
+        FROM (SELECT j.@key@ FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.@key@ > k.@key@
+              ORDER BY j.@key@ LIMIT 1) AS following
+        UNION ALL
+        SELECT from_start.@key@, true
+        FROM (SELECT j.@key@ FROM {schema}.jobs j
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                AND j.@key@ IS NOT NULL
+              ORDER BY j.@key@ LIMIT 1) AS from_start
+        WHERE NOT k.wrapped
+        LIMIT 1
+    ) AS next_key
+    WHERE k.n < (SELECT %(key_window)s::int)
+      AND NOT (next_key.wrapped AND next_key.@key@ > (SELECT %(@cursor@)s::text))
+      AND NOT (next_key.wrapped AND k.wrapped AND next_key.@key@ <= k.@key@)
+
 -- name: job_settle_and_claim
 -- The claim loop's one round trip: record the outcomes of this queue's finished executions,
 -- promote due work, AND claim up to %(limit)s ready jobs, in one statement (the batch is the
@@ -348,44 +392,7 @@ due_unkeyed AS MATERIALIZED (
     LIMIT (SELECT %(limit)s::int)
 ),
 ready_keys AS (
-    SELECT first_key.partition_key, 1 AS n, first_key.wrapped
-    FROM (
-        SELECT after_cursor.partition_key, false AS wrapped
-        FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.partition_key IS NOT NULL
-                AND j.partition_key > (SELECT %(key_cursor)s::text)
-              ORDER BY j.partition_key LIMIT 1) AS after_cursor
-        UNION ALL
-        SELECT from_start.partition_key, true
-        FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.partition_key IS NOT NULL
-              ORDER BY j.partition_key LIMIT 1) AS from_start
-        LIMIT 1
-    ) AS first_key
-    WHERE (SELECT %(limit)s::int) > 0
-    UNION ALL
-    SELECT next_key.partition_key, k.n + 1, next_key.wrapped
-    FROM ready_keys k
-    CROSS JOIN LATERAL (
-        SELECT following.partition_key, k.wrapped AS wrapped
-        FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.partition_key > k.partition_key
-              ORDER BY j.partition_key LIMIT 1) AS following
-        UNION ALL
-        SELECT from_start.partition_key, true
-        FROM (SELECT j.partition_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.partition_key IS NOT NULL
-              ORDER BY j.partition_key LIMIT 1) AS from_start
-        WHERE NOT k.wrapped
-        LIMIT 1
-    ) AS next_key
-    WHERE k.n < (SELECT %(key_window)s::int)
-      AND NOT (next_key.wrapped AND next_key.partition_key > (SELECT %(key_cursor)s::text))
-      AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
+    -- include: key_visit(ready_keys, partition_key, key_cursor)
 ),
 heads AS MATERIALIZED (
     SELECT head.id, head.attempt, head.held
@@ -439,45 +446,7 @@ keyed AS MATERIALIZED (
 -- below). Lowest-first keeps a lowered limit safe too: a slot at or above the new limit is
 -- only ever released, and a claim that saw h of them held picks slots below limit - h.
 ready_concurrency_keys AS (
-    SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
-    FROM (
-        SELECT after_cursor.concurrency_key, false AS wrapped
-        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.concurrency_key IS NOT NULL
-                AND j.concurrency_key > (SELECT %(concurrency_cursor)s::text)
-              ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
-        UNION ALL
-        SELECT from_start.concurrency_key, true
-        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.concurrency_key IS NOT NULL
-              ORDER BY j.concurrency_key LIMIT 1) AS from_start
-        LIMIT 1
-    ) AS first_key
-    WHERE (SELECT %(limit)s::int) > 0
-    UNION ALL
-    SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
-    FROM ready_concurrency_keys k
-    CROSS JOIN LATERAL (
-        SELECT following.concurrency_key, k.wrapped AS wrapped
-        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.concurrency_key > k.concurrency_key
-              ORDER BY j.concurrency_key LIMIT 1) AS following
-        UNION ALL
-        SELECT from_start.concurrency_key, true
-        FROM (SELECT j.concurrency_key FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                AND j.concurrency_key IS NOT NULL
-              ORDER BY j.concurrency_key LIMIT 1) AS from_start
-        WHERE NOT k.wrapped
-        LIMIT 1
-    ) AS next_key
-    WHERE k.n < (SELECT %(key_window)s::int)
-      AND NOT (next_key.wrapped
-               AND next_key.concurrency_key > (SELECT %(concurrency_cursor)s::text))
-      AND NOT (next_key.wrapped AND k.wrapped AND next_key.concurrency_key <= k.concurrency_key)
+    -- include: key_visit(ready_concurrency_keys, concurrency_key, concurrency_cursor)
 ),
 concurrency_room AS MATERIALIZED (
     SELECT k.concurrency_key, lim.max_running,
