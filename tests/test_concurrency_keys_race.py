@@ -5,53 +5,26 @@ times and from the handlers' own log, and sampled live, never exceeds 3."""
 from __future__ import annotations
 
 import collections
-import datetime
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import trio
-from psycopg import sql
 
 from tests.fault_app import build_app, create_exec_log
 from tests.procs import fetch, wait_until, worker_group
+from tests.races import Interval, peak, q, sample
 
 KEYS = ("tenant:a", "tenant:b", "tenant:c")
 PER_KEY = 100
 UNKEYED = 60
 LIMIT = 3
-SAMPLE_EVERY = 0.005  # the live sampler's cadence (it observes; nothing waits on it)
-
-Interval = tuple[datetime.datetime, datetime.datetime]
 
 
-def q(schema: str, template: str) -> sql.Composed:
-    return sql.SQL(template).format(s=sql.Identifier(schema))
-
-
-def peak(intervals: list[Interval]) -> int:
-    """The most intervals [start, finish) open at once (a finish at t closes before a start
-    at t opens)."""
-    events = sorted([(f, -1) for _, f in intervals] + [(s, 1) for s, _ in intervals])
-    running = highest = 0
-    for _, change in events:
-        running += change
-        highest = max(highest, running)
-    return highest
-
-
-def sample_running(pg_url: str, query: sql.Composed, stop: threading.Event) -> list[int]:
-    """The most running jobs of any one key, per sample (one consistent snapshot each)."""
-    highest = []
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        while not stop.is_set():
-            rows = conn.execute(query).fetchall()
-            highest.append(max((int(n) for _, n in rows), default=0))
-            time.sleep(SAMPLE_EVERY)
-    return highest
+def most_of_a_key(rows: list[tuple[Any, ...]]) -> int:
+    """The most running jobs of any one key in a sample."""
+    return max((int(n) for _, n in rows), default=0)
 
 
 @pytest.mark.slow
@@ -71,13 +44,13 @@ async def test_four_worker_processes_never_run_more_than_3_of_a_key(
         "WHERE state = 'running' AND concurrency_key IS NOT NULL GROUP BY 1",
     )
 
-    async def sample() -> None:
-        live.extend(await trio.to_thread.run_sync(sample_running, pg_url, per_key, stop))
+    async def sample_live() -> None:
+        live.extend(await trio.to_thread.run_sync(sample, pg_url, per_key, stop, most_of_a_key))
 
     async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
         for n in range(4):  # each with 10 slots: 40 seats, 3 per key allowed
             await group.start(f"W{n}", concurrency=10, lease=10.0, poll=0.2)
-        nursery.start_soon(sample)
+        nursery.start_soon(sample_live)
         # Enqueued once all four run, so they all race for every key.
         async with app.client() as client:
             for key in KEYS:  # 20 ms to 110 ms each: the limit binds, slots are plentiful

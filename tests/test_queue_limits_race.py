@@ -6,37 +6,19 @@ from __future__ import annotations
 
 import datetime
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import trio
-from psycopg import sql
 
 from tests.fault_app import QUEUE, build_app, create_exec_log
 from tests.procs import fetch, wait_until, worker_group
+from tests.races import peak, q, sample
 
 JOBS = 400
 GLOBAL_LIMIT = 5
 RATE = 50  # starts per second
-SAMPLE_EVERY = 0.005  # the live sampler's cadence (it observes; nothing waits on it)
-
-
-def q(schema: str, template: str) -> sql.Composed:
-    return sql.SQL(template).format(s=sql.Identifier(schema))
-
-
-def peak(intervals: list[tuple[datetime.datetime, datetime.datetime]]) -> int:
-    """The most intervals [start, finish) open at once (a finish at t closes before a start
-    at t opens)."""
-    events = sorted([(f, -1) for _, f in intervals] + [(s, 1) for s, _ in intervals])
-    running = highest = 0
-    for _, change in events:
-        running += change
-        highest = max(highest, running)
-    return highest
 
 
 def busiest_window(starts: list[datetime.datetime], window: datetime.timedelta) -> int:
@@ -50,15 +32,8 @@ def busiest_window(starts: list[datetime.datetime], window: datetime.timedelta) 
     return highest
 
 
-def sample_running(pg_url: str, query: sql.Composed, stop: threading.Event) -> list[int]:
-    counts = []
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        while not stop.is_set():
-            row = conn.execute(query).fetchone()
-            assert row is not None
-            counts.append(int(row[0]))
-            time.sleep(SAMPLE_EVERY)
-    return counts
+def count(rows: list[tuple[Any, ...]]) -> int:
+    return int(rows[0][0])
 
 
 @pytest.mark.slow
@@ -78,13 +53,13 @@ async def test_four_worker_processes_never_exceed_a_global_limit_of_5_or_a_rate_
     live: list[int] = []
     running = q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'running'")
 
-    async def sample() -> None:
-        live.extend(await trio.to_thread.run_sync(sample_running, pg_url, running, stop))
+    async def sample_live() -> None:
+        live.extend(await trio.to_thread.run_sync(sample, pg_url, running, stop, count))
 
     async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
         for n in range(4):  # each with 10 slots: 40 seats race for 5
             await group.start(f"W{n}", concurrency=10, lease=10.0, poll=0.2)
-        nursery.start_soon(sample)
+        nursery.start_soon(sample_live)
         await wait_until(
             pg_url,
             q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'completed'"),
