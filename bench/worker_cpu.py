@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.app import SCHEMA_ENV
 from bench.config import FULL
-from bench.harness import REPO_ROOT, Launcher, Process, open_database
+from bench.harness import CLOCK_TICKS, REPO_ROOT, Launcher, Process, open_database
 from bench.jobs import RAW, TRIOQ
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
@@ -132,7 +132,9 @@ def main() -> None:
         for repeat in range(args.repeats):
             base = drain(ctx, lambda s: [launcher.baseline_worker(s, expect=n)], "noop", n, RAW)
             print(f"repeat {repeat + 1}\n{line('raw', base)}", flush=True)
-            base_us = base.cpu_seconds / n * 1e6
+            # /proc counts CPU in clock ticks (10 ms): a drain shorter than one tick (the raw
+            # loop's 200 jobs of the smoke test on a fast machine) reads 0, so count it as one.
+            base_us = max(base.cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
             cpu["raw"].append(base_us)
             rate["raw"].append(base.jobs_per_s)
             # Rotated each repeat: the drain right after the raw loop's paid more (server and
