@@ -142,9 +142,12 @@ def test_an_admin_retry_of_a_failed_job_runs_it_again(live: Harness, page: Page)
     assert live.call(client.wait_final, job.id, timeout=20).state == "failed"
     page.goto(f"{live.admin_url}/jobs/{job.id}")
     expect(page.locator(".attempt .error-message")).to_have_text("upstream said no")
-    page.click("#retry")
+    # The form's POST answers 303 back to the job page: wait for that navigation, or a
+    # reload issued while it is in flight finds no page attached (it failed CI once).
+    with page.expect_navigation(url=f"**/jobs/{job.id}"):
+        page.click("#retry")
     assert live.call(client.wait_result, job.id, timeout=20) == "second attempt"
-    page.reload()
+    page.goto(f"{live.admin_url}/jobs/{job.id}")
     expect(page.locator("#job-state")).to_have_text("completed")
     page.goto(live.admin_url + "/audit")
     first = page.locator("#audit tbody tr").first
