@@ -118,6 +118,79 @@ async def test_a_limit_set_while_the_worker_runs_applies_without_a_restart(
                 await wait_until(all_done)
 
 
+async def test_a_listening_worker_reads_limits_once_and_again_when_told(
+    pg_url: str, pg_schema: str
+) -> None:
+    """An idle worker whose listener works probes an unlimited queue's limits once (not once
+    per poll interval: that doubled its idle statements), and reads them again when a limit is
+    set from another process (the control channel's 'limits:QUEUE'), claiming through the
+    gate from then on."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("call_partner", queue="partner")
+    async def call_partner(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, ["partner"], concurrency=5, poll_interval=0.05) as worker,
+    ):
+
+        def calls(name: str) -> int:
+            return worker.driver.statistics().calls.get(name, 0)
+
+        async def idled() -> bool:  # 60 idle polls: 3 s or more, three old refresh periods
+            return calls("job_settle_and_claim_plain") >= 60
+
+        with trio.fail_after(20):
+            await wait_until(idled)
+        assert calls("queue_limited") <= 2  # the first claim's, and after the self-probe
+        assert calls("queue_limit_gate") == 0
+        await client.set_queue_limit("partner", 3)  # the client's own driver, not the worker's
+
+        async def gated() -> bool:
+            return calls("queue_limit_gate") >= 1
+
+        with trio.fail_after(10):
+            await wait_until(gated)
+
+
+async def test_a_polling_worker_reads_a_new_limit_within_a_refresh(
+    pg_url: str, pg_schema: str
+) -> None:
+    """With notifications off nothing tells the worker: it reads an unlimited queue's limits
+    again once per refresh (a second), so a limit set meanwhile still applies without a
+    restart."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("call_partner", queue="partner")
+    async def call_partner(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(
+            app, ["partner"], concurrency=5, poll_interval=0.05, notifications=False
+        ) as worker,
+    ):
+
+        def calls(name: str) -> int:
+            return worker.driver.statistics().calls.get(name, 0)
+
+        async def claimed() -> bool:
+            return calls("job_settle_and_claim_plain") >= 1
+
+        with trio.fail_after(10):
+            await wait_until(claimed)
+        await client.set_queue_limit("partner", 3)
+
+        async def gated() -> bool:
+            return calls("queue_limit_gate") >= 1
+
+        with trio.fail_after(10):
+            await wait_until(gated)
+
+
 async def test_a_rate_limited_queue_sleeps_until_its_next_start_instead_of_polling(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -903,6 +903,14 @@ class Driver(Protocol):
     ) -> list[ConcurrencyKeyStatus]: ...
     async def queue_limit_set(self, params: QueueLimitSet) -> None: ...
 
+    def queue_limits_changed(self, queue: str | None) -> None:
+        """A 'limits:QUEUE' control notification arrived (None: the listener reconnected and
+        may have missed some): the driver reads the queue's limits again at its next claim."""
+
+    def queue_limits_notified(self, live: bool) -> None:
+        """Whether this process's listener receives notifications (its self-probe arrived):
+        then limit changes arrive as notifications instead of being polled for."""
+
     async def queue_limit_list(self) -> list[QueueLimit]: ...
 
     async def worker_register(self, params: WorkerRegistration) -> None: ...

@@ -929,6 +929,12 @@ class MemoryDriver:
         outbox.add(self._state.ready_channel(params.queue), params.queue)
         self._state.deliver(outbox)
 
+    def queue_limits_changed(self, queue: str | None) -> None:
+        """Nothing is cached: every claim reads the limits from the state."""
+
+    def queue_limits_notified(self, live: bool) -> None:
+        """Nothing is polled for: see queue_limits_changed."""
+
     async def queue_limit_list(self) -> list[QueueLimit]:
         now = await self._state.statement("queue_limit_list")
         return limits.listing(self._state, now)

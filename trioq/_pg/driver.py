@@ -921,9 +921,16 @@ class PgDriver:
                 "set_rate": params.set_rate,
                 "rate_allowed": None if rate is None else rate.allowed,
                 "rate_period": None if rate is None else rate.period,
+                "control_channel": control_channel(self.schema),
             },
         )
         self._limited.forget(params.queue)
+
+    def queue_limits_changed(self, queue: str | None) -> None:
+        self._limited.forget(queue)
+
+    def queue_limits_notified(self, live: bool) -> None:
+        self._limited.follow_notifications(live)
 
     async def queue_limit_list(self) -> list[QueueLimit]:
         return [

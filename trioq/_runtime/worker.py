@@ -402,6 +402,7 @@ class Worker:
             self._probe_done.set()
             return
         self._probe_failed = True
+        self.driver.queue_limits_notified(False)
         self._probe_done.set()
         log.warning(
             "worker %s: the listener received no notification in %.1fs (a transaction-pooling "
@@ -445,9 +446,13 @@ class Worker:
             return
         if channel == control_channel(self.driver.schema) and payload == self._probe_payload:
             self._probe_arrived.set()
+            self.driver.queue_limits_notified(True)
             if self._probe_failed:
                 self._probe_failed = False
                 log.warning("worker %s: notifications arrive again", self.worker_id)
+            return
+        if channel == control_channel(self.driver.schema) and payload.startswith("limits:"):
+            self.driver.queue_limits_changed(payload.removeprefix("limits:"))
             return
         if channel == control_channel(self.driver.schema) and payload == "leader":
             self.leadership.wake()  # the leader gave its seat up
@@ -462,6 +467,7 @@ class Worker:
             self.listener_guest.on_notify(channel, payload)
 
     def _on_reconnect(self) -> None:
+        self.driver.queue_limits_changed(None)  # a limits notification may have been missed
         for loop in self.loops.values():
             loop.wake()  # catch up on notifications missed while disconnected
         self.scheduler.wake()

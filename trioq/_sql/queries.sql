@@ -2389,9 +2389,10 @@ SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s, %(tree)s);
 
 -- name: queue_limited
--- Whether the queue has cluster-wide limits (a row of queue_limits): PgDriver asks once a
--- second per limited or unlimited queue it claims for, so a limit set while workers run takes
--- effect within a second, and an unlimited queue's claim statement stays as it is.
+-- Whether the queue has cluster-wide limits (a row of queue_limits), so an unlimited queue's
+-- claim statement stays as it is. PgDriver asks at its first claim of a queue, again after a
+-- 'limits:QUEUE' control notification or a listener reconnect, and once per poll interval
+-- only while it has no working listener (trioq/_pg/limits.py).
 SELECT EXISTS (SELECT 1 FROM {schema}.queue_limits q WHERE q.queue = %(queue)s::text);
 
 -- name: queue_limit_gate
@@ -2408,8 +2409,9 @@ SELECT {schema}.queue_limit_spend(%(queue)s::text, %(claimed)s::bigint[],
 
 -- name: queue_limit_set
 -- `trioq queue limit` / `trioq queue rate`: merge the change into the queue's row; a queue left
--- with no limit loses its row. The queue's workers are woken (a raised limit may free slots);
--- a lowered limit applies from their next claim, and running jobs are never stopped.
+-- with no limit loses its row. The queue's workers are woken (a raised limit may free slots)
+-- and told on the control channel ('limits:QUEUE') to read the queue's limits again; a lowered
+-- limit applies from their next claim, and running jobs are never stopped.
 WITH wanted AS (
     SELECT %(queue)s::text AS queue,
            %(set_limit)s::bool AS set_limit, %(global_limit)s::int AS global_limit,
@@ -2442,6 +2444,7 @@ upserted AS (
     RETURNING q.queue
 )
 SELECT pg_notify({schema}.ready_channel(w.queue), w.queue),
+       pg_notify(%(control_channel)s, 'limits:' || w.queue),
        (SELECT count(*) FROM removed) + (SELECT count(*) FROM upserted) AS changed
 FROM wanted w;
 
