@@ -4,13 +4,16 @@ compare as ratios within one run (a shared, loaded machine makes figures from se
 noise).
 
 python -m bench.trees --tree base=/work/wt-base --tree head=. --repeats 5
+python -m bench.trees --tree base=/work/wt-base --tree head=. --task noop --jobs 20000
 
 Each checkout needs its own `.venv` (`pip install -e .`). Per repeat, every tree drains
 `--jobs` workflows of 3 no-op steps on a fresh schema that its own worker migrates (its own
 migrations); the backlog is enqueued by that tree's code too, in one transaction. The order of
-the trees rotates with the repeat. Reported per tree: the median workflows/s (t0 = the
-backlog's COMMIT, end = the last `finished_at`), the worker's CPU ms, its statements and their
-server execution ms per workflow, and every tree's rate as a ratio to the first tree's in the
+the trees rotates with the repeat. `--task noop` drains plain no-op jobs instead (each tree on
+its own schema, so each pays its own migrations' triggers and indexes). Reported per tree:
+the median workflows (jobs) per second (t0 = the backlog's COMMIT, end = the last
+`finished_at`), the worker's CPU ms, its statements and their server execution ms per
+workflow, and every tree's rate as a ratio to the first tree's in the
 same repeat (median of the ratios).
 """
 
@@ -35,13 +38,15 @@ async def main():
     app = make_app(sys.argv[2], sys.argv[1])
     async with app.client() as client:
         async with client.transaction() as tx:
-            await tx.enqueue_many("three_steps", [{}] * int(sys.argv[3]))
+            await tx.enqueue_many(sys.argv[4], [{}] * int(sys.argv[3]))
         print(time.time())
 trio.run(main)
 """
 
 
-def drain(db: Database, launcher: Launcher, tree: Path, jobs: int) -> dict[str, float]:
+def drain(
+    db: Database, launcher: Launcher, tree: Path, jobs: int, task: str = "three_steps"
+) -> dict[str, float]:
     schema = db.fresh_schema(migrate=False)
     try:
         worker = launcher.trioq_worker(
@@ -51,7 +56,7 @@ def drain(db: Database, launcher: Launcher, tree: Path, jobs: int) -> dict[str, 
         db.reset_statements()
         out = subprocess.run(
             [str(tree / ".venv/bin/python"), "-c", ENQUEUE, db.conninfo(HARNESS_ROLE), schema,
-             str(jobs)],
+             str(jobs), task],
             cwd=tree, capture_output=True, text=True, check=False,
         )  # fmt: skip
         if out.returncode != 0:
@@ -78,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=FULL.workflow_jobs)
     parser.add_argument("--output", type=Path, default=None, help="JSON of every repeat")
+    parser.add_argument(
+        "--task", default="three_steps", help="bench.app's task to drain (noop: a plain job)"
+    )
     args = parser.parse_args(argv)
     trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
@@ -89,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                 shift = repeat % len(trees)
                 order = trees[shift:] + trees[:shift]
                 load = os.getloadavg()[0]
-                got = {name: drain(db, launcher, path, args.jobs) for name, path in order}
+                got = {
+                    name: drain(db, launcher, path, args.jobs, args.task) for name, path in order
+                }
                 for name, _ in trees:
                     runs[name].append(got[name])
                     rate = got[name]["workflows_per_s"]
