@@ -523,15 +523,11 @@ class PgDriver:
         conn: Connection,
         params: SettleAndClaim,
         name: str = "job_settle_and_claim",
-        claim_at: datetime.datetime | None = None,
     ) -> list[tuple[Any, ...]]:
         """Run a settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
         self._calls[name] += 1
-        values = settle_and_claim_params(params)
-        if name == "job_settle_and_claim_rated":
-            values["claim_at"] = claim_at
         with self._schema_required():
-            return await self._query(conn, name, values)
+            return await self._query(conn, name, settle_and_claim_params(params))
 
     def _plain_round(self, params: SettleAndClaim) -> bool:
         """Whether to try job_settle_and_claim_plain (queries.sql says when it does the round
@@ -592,7 +588,6 @@ class PgDriver:
             result = await self._round(
                 conn,
                 attrs.evolve(params, limit=allowed, lookahead_seconds=0.0),
-                claim_at=started_at,
             )
             if result.claimed and started_at is not None:
                 self._calls["queue_limit_spend"] += 1
@@ -614,13 +609,11 @@ class PgDriver:
         self,
         conn: Connection,
         params: SettleAndClaim,
-        claim_at: datetime.datetime | None = None,
     ) -> SettleAndClaimResult:
         """One settle-and-claim round on `conn` (see job_settle_and_claim). While some key
-        has a rate, a claim's full statement is job_settle_and_claim_rated, whose rated starts
-        are stamped `claim_at` (a gated round's time; None: the claim's clock). Whether one
-        has is read only for a full claim (`key_rated`, at most once a second): plain rounds
-        and settles never ask."""
+        has a rate, a claim's full statement is job_settle_and_claim_rated. Whether one has
+        is read only for a full claim (`key_rated`, at most once a second): plain rounds and
+        settles never ask."""
         if self._plain_round(params):
             rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
             first, settled, claimed = _round_rows(rows)
@@ -639,7 +632,7 @@ class PgDriver:
             params = attrs.evolve(params, settlements=())  # written: the claim is left
             rated = await self._key_rated(conn)
             try:
-                rows = await self._settle_rows(conn, params, _full(rated), claim_at)
+                rows = await self._settle_rows(conn, params, _full(rated))
             except Exception as exc:
                 if not is_connection_lost(exc):
                     raise
@@ -652,7 +645,7 @@ class PgDriver:
         else:
             settled = None
             rated = bool(params.limit) and await self._key_rated(conn)
-            rows = await self._settle_rows(conn, params, _full(rated), claim_at)
+            rows = await self._settle_rows(conn, params, _full(rated))
         replied_at = conn.replied_at
         first, written, claimed = _round_rows(rows)
         next_due, now = first[6], rows[-1][5]

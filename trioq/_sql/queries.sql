@@ -741,29 +741,25 @@ concurrency_heads AS MATERIALIZED (
 -- A rated key's start slot is taken first (after the partition keys, slots in one order for
 -- every claimer), then its holds row, only for the jobs whose start slot was taken: a holds
 -- row of a job that is not claimed would never be released. The slot's start time is the
--- claim's: the queue gate's time in a gated round (%(claim_at)s, which queue_limit_spend
--- stores as the jobs' start), else the clock as the row is written, and the WHERE compares the
--- slot's newest version against the time being stored, so stored starts of one slot are
--- always a period apart. A start slot taken for a job whose holds insert then conflicts is
+-- clock as the row is written (after this statement's snapshot, as a keyed job's start must
+-- be; a limited queue's queue_limit_spend keeps it, migration 0028), and the WHERE compares
+-- the slot's newest version against the time being stored (SET evaluates after it, later or
+-- equal), so stored starts of one slot are always a period apart. A start slot taken for a job whose holds insert then conflicts is
 -- spent without a start (the key starts one fewer in that window: never more).
 rate_taken AS (
     INSERT INTO {schema}.concurrency_rate_starts AS s (concurrency_key, slot, started_at,
                                                       rate_period, job_id)
     SELECT DISTINCT ON (h.concurrency_key, h.rate_slot)
            h.concurrency_key, h.rate_slot,
-           coalesce((SELECT %(claim_at)s::timestamptz),
-                    {schema}.db_now() + (clock_timestamp() - now())),
-           h.rate_period, h.id
+           {schema}.db_now() + (clock_timestamp() - now()), h.rate_period, h.id
     FROM concurrency_heads h
     WHERE h.rate_slot IS NOT NULL AND h.id IN (SELECT id FROM candidates)
       AND (SELECT count(*) FROM key_taken) >= 0
     ORDER BY h.concurrency_key, h.rate_slot
     ON CONFLICT (concurrency_key, slot) DO UPDATE
-        SET started_at = coalesce((SELECT %(claim_at)s::timestamptz),
-                                  {schema}.db_now() + (clock_timestamp() - now())),
+        SET started_at = {schema}.db_now() + (clock_timestamp() - now()),
             rate_period = excluded.rate_period, job_id = excluded.job_id
-        WHERE s.started_at <= coalesce((SELECT %(claim_at)s::timestamptz),
-                                       {schema}.db_now() + (clock_timestamp() - now()))
+        WHERE s.started_at <= {schema}.db_now() + (clock_timestamp() - now())
                               - excluded.rate_period * interval '1 second'
     RETURNING s.job_id, s.concurrency_key, s.started_at
 ),
