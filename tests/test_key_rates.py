@@ -4,16 +4,18 @@ tests/test_key_rates_race.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 import trio.testing
 
 import trioq
-from tests.support import make_app, running_worker
+from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
 from trioq._driver import SettleAndClaim
 from trioq._memory import MemoryDriver
@@ -187,3 +189,66 @@ async def test_without_key_rates_claims_run_the_statements_they_ran_before(
         result = await driver.job_settle_and_claim(params)
         assert driver.statistics().calls["job_settle_and_claim_rated"] == 1
         assert len(result.claimed) == 5 and result.key_rate_limited_until is not None
+
+
+async def test_a_claim_racing_for_a_start_slot_rechecks_it_after_the_other_commits(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Another session has taken the only start slot of a key rated 1/h and not committed; a
+    worker's claim, whose snapshot saw the slot free, waits for that row (seen in
+    pg_stat_activity) and, once the other commits, finds the slot's newest start inside the
+    window and claims nothing. A slot judged on the claim's snapshot would have started a
+    second job in the same hour."""
+    app = make_app(pg_url, pg_schema)
+    work = trioq.declare_task("work")
+    async with app.client(migrate=True) as client:
+        await client.set_key_rate("k", "1/h")
+        first, _ = await client.enqueue_many(
+            work, [{}] * 2, concurrency_key="k", concurrency_limit=10
+        )
+        other = await trio.to_thread.run_sync(
+            functools.partial(psycopg.connect, pg_url, autocommit=True)
+        )
+
+        async def run(query: str, params: Any = None) -> None:
+            await trio.to_thread.run_sync(other.execute, query, params)
+
+        with other:
+            await run("BEGIN")
+            await run(
+                f"INSERT INTO {pg_schema}.concurrency_rate_starts "
+                "(concurrency_key, slot, started_at, rate_period, job_id) "
+                f"VALUES ('k', 0, {pg_schema}.db_now(), 3600, %s)",
+                (first.id,),
+            )
+            claimed: list[int] = []
+
+            async def claim_k() -> None:
+                found = await claim(client.driver, 10, tasks=("work",))
+                claimed.extend(job.id for job in found)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim_k)
+
+                async def waits_for_the_slot() -> bool:
+                    # The claim waits for the other transaction (its uncommitted slot row);
+                    # pg_stat_activity keeps only the statement's first 1 KiB.
+                    return bool(
+                        await scalar(
+                            pg_url,
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                            "'Lock' AND wait_event = 'transactionid' "
+                            "AND query LIKE 'WITH RECURSIVE input%%'",
+                        )
+                    )
+
+                with trio.fail_after(10):
+                    await wait_until(waits_for_the_slot)
+                assert claimed == []
+                await run("COMMIT")
+            assert claimed == []
+        [rated] = await client.key_rate_status()
+        assert (rated.key, rated.recent_starts) == ("k", 1)
+        assert (
+            await scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.concurrency_holds") == 0
+        )  # no hold was left behind for the job not claimed

@@ -519,10 +519,7 @@ class PgDriver:
         return is_connection_lost(exc)
 
     async def _settle_rows(
-        self,
-        conn: Connection,
-        params: SettleAndClaim,
-        name: str = "job_settle_and_claim",
+        self, conn: Connection, params: SettleAndClaim, name: str = "job_settle_and_claim"
     ) -> list[tuple[Any, ...]]:
         """Run a settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
         self._calls[name] += 1
@@ -586,8 +583,7 @@ class PgDriver:
             allowed, running, global_limit, rate_allowed, _, next_start_at, started_at = gate
             self._limited.note(queue, global_limit is not None or rate_allowed is not None)
             result = await self._round(
-                conn,
-                attrs.evolve(params, limit=allowed, lookahead_seconds=0.0),
+                conn, attrs.evolve(params, limit=allowed, lookahead_seconds=0.0)
             )
             if result.claimed and started_at is not None:
                 self._calls["queue_limit_spend"] += 1
@@ -605,11 +601,7 @@ class PgDriver:
             at_global_limit=global_limit is not None and running + allowed >= global_limit,
         )
 
-    async def _round(
-        self,
-        conn: Connection,
-        params: SettleAndClaim,
-    ) -> SettleAndClaimResult:
+    async def _round(self, conn: Connection, params: SettleAndClaim) -> SettleAndClaimResult:
         """One settle-and-claim round on `conn` (see job_settle_and_claim). While some key
         has a rate, a claim's full statement is job_settle_and_claim_rated. Whether one has
         is read only for a full claim (`key_rated`, at most once a second): plain rounds and
