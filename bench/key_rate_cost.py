@@ -3,7 +3,7 @@
     python -m bench.key_rate_cost --jobs 10000 --keys 50 --repeats 7
 
 Each repeat drains the same backlog of no-op jobs spread over `--keys` concurrency keys (a key
-limit of 1000 set by pattern, so no key's limit binds) on one worker of 25 slots, twice, in
+limit of 30 set by pattern, so no key's limit binds) on one worker of 25 slots, twice, in
 an order alternating per repeat: with no key rate (job_settle_and_claim, as before key rates
 existed), and with `trioq key rate 'k:*' 10000/s` (job_settle_and_claim_rated, a rate no key
 reaches). Prints per repeat and the medians of the per-repeat ratios (rated / unrated).
@@ -29,6 +29,7 @@ from bench.scenarios.throughput import Drain, drain
 from bench.worker_cpu import line
 
 RATE = "10000/s"  # far above what one worker starts per key
+KEY_LIMIT = 30  # above the worker's 25 slots: no key's limit binds either
 
 
 def keyed_system(keys: int) -> System:
@@ -59,7 +60,7 @@ def limits(db: Database, rate: str | None) -> Callable[[str], None]:
     def prepare(schema: str) -> None:
         async def run() -> None:
             async with make_app(schema, db.conninfo(HARNESS_ROLE)).client() as client:
-                await client.set_key_limit("k:*", 1000)
+                await client.set_key_limit("k:*", KEY_LIMIT)
                 if rate is not None:
                     await client.set_key_rate("k:*", rate)
 
