@@ -421,6 +421,10 @@ class SettleAndClaimResult:
     rate_limited_until: datetime.datetime | None = None
     # The queue's global limit held this claim back (it claimed fewer than it asked for).
     at_global_limit: bool = False
+    # A concurrency key's rate held some of its ready jobs back: its next start is allowed from
+    # then (database time; the earliest among such keys). Other keys and slots are unaffected:
+    # the claim loop's timer follows it, as it follows next_due.
+    key_rate_limited_until: datetime.datetime | None = None
 
     @property
     def settled_ids(self) -> tuple[int, ...]:
@@ -736,6 +740,25 @@ class ConcurrencyLimit:
 
 
 @attrs.frozen
+class ConcurrencyRate:
+    """A rate set for a concurrency key or a `prefix*` pattern (concurrency_rates)."""
+
+    pattern: str
+    rate: Rate
+    updated_at: datetime.datetime
+
+
+@attrs.frozen
+class KeyRateStatus:
+    """A rated key with starts in its window now, and when the next is allowed (None: now)."""
+
+    key: str
+    rate: Rate
+    recent_starts: int
+    rate_limited_until: datetime.datetime | None
+
+
+@attrs.frozen
 class ConcurrencyKeyStatus:
     """A concurrency key with running jobs: how many, and the limit that applies to it."""
 
@@ -901,6 +924,13 @@ class Driver(Protocol):
     async def concurrency_key_status(
         self, keys: Sequence[str] | None = None
     ) -> list[ConcurrencyKeyStatus]: ...
+
+    async def concurrency_rate_set(self, pattern: str, rate: Rate | None) -> bool: ...
+
+    async def concurrency_rate_list(self) -> list[ConcurrencyRate]: ...
+
+    async def concurrency_rate_status(self) -> list[KeyRateStatus]: ...
+
     async def queue_limit_set(self, params: QueueLimitSet) -> None: ...
 
     def queue_limits_changed(self, queue: str | None) -> None:

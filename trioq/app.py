@@ -13,10 +13,10 @@ from typing import Any
 
 import trio
 
-from ._core.concurrency import KeyTemplate
+from ._core.concurrency import KeyTemplate, validate_pattern
 from ._core.errors import ConfigurationError
 from ._core.identifiers import validate_name, validate_prepared_statements, validate_schema
-from ._core.limits import parse_global_limit, parse_rate
+from ._core.limits import Rate, parse_global_limit, parse_rate
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
 from ._driver import Driver, NewSchedule, QueueLimitSet
@@ -97,6 +97,16 @@ def queue_limit_changes(
     return tuple(changes)
 
 
+def key_rate_changes(rates: Mapping[str, str | None]) -> tuple[tuple[str, Rate | None], ...]:
+    """The App's declared key rates, checked, as (pattern, rate) pairs a starting worker
+    writes (None removes that pattern's rate)."""
+    changes = []
+    for pattern in sorted(rates):
+        validate_pattern(pattern)
+        changes.append((pattern, parse_rate(f"key_rates[{pattern!r}]", rates[pattern])))
+    return tuple(changes)
+
+
 class App:
     """Tasks are registered with `@app.task(name)`; `app.client()` opens the database pool.
 
@@ -116,11 +126,14 @@ class App:
         listen_url: str | None = None,
         queue_limits: Mapping[str, int | None] | None = None,
         queue_rates: Mapping[str, str | None] | None = None,
+        key_rates: Mapping[str, str | None] | None = None,
     ) -> None:
         self.schema = validate_schema(schema)
         # Cluster-wide limits (docs/flow-control.md), checked here and written by each worker
         # as it starts: `queue_limits={"partner": 5}`, `queue_rates={"partner": "100/m"}`.
         self.queue_limits = queue_limit_changes(queue_limits or {}, queue_rates or {})
+        # Per concurrency key pattern: `key_rates={"tenant:*": "10/s"}`, written the same way.
+        self.key_rates = key_rate_changes(key_rates or {})
         self.database_url = database_url
         self.pool_size = pool_size
         self.prepared_statements = validate_prepared_statements(prepared_statements)
@@ -438,4 +451,6 @@ class App:
         worker = self.worker(queues, concurrency, hooks=hooks, **config)
         for change in self.queue_limits:
             await worker.driver.queue_limit_set(change)
+        for pattern, rate in self.key_rates:
+            await worker.driver.concurrency_rate_set(pattern, rate)
         await worker.run(task_status=task_status)

@@ -25,12 +25,14 @@ from ._driver import (
     Checkpoint,
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
+    ConcurrencyRate,
     Driver,
     EventOutcome,
     HealthReport,
     JobFilter,
     JobPurge,
     JobRecord,
+    KeyRateStatus,
     Listener,
     QueueDemand,
     QueueLimit,
@@ -423,6 +425,22 @@ class Client:
         """Concurrency keys with running jobs: running count and the limit that applies."""
         wanted = None if keys is None else [validate_key("key", key) or "" for key in keys]
         return await self.driver.concurrency_key_status(wanted)
+
+    async def set_key_rate(self, pattern: str, rate: str | Rate | None) -> bool:
+        """At most N starts of each concurrency key matching `pattern` (a whole key, or a
+        prefix ending in `*`) in any window of PERIOD ("10/s", "100/m"; None or "none":
+        remove the pattern's rate), across every queue and worker, from their next claim
+        (within a second). Bad values raise ValueError and change nothing. Returns False when
+        None found no rate."""
+        validate_pattern(pattern)
+        return await self.driver.concurrency_rate_set(pattern, parse_rate("rate", rate))
+
+    async def key_rates(self) -> list[ConcurrencyRate]:
+        return await self.driver.concurrency_rate_list()
+
+    async def key_rate_status(self) -> list[KeyRateStatus]:
+        """Rated keys with starts in their window now, and when the next start is allowed."""
+        return await self.driver.concurrency_rate_status()
 
     async def set_queue_limit(self, queue: str, limit: int | str | None) -> None:
         """At most `limit` jobs of `queue` running at once across every worker (None or

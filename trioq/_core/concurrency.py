@@ -1,19 +1,24 @@
-"""Concurrency keys (docs/flow-control.md): at most N running jobs per key, cluster-wide.
+"""Concurrency keys (docs/flow-control.md): at most N running jobs per key, cluster-wide,
+and at most N starts per period per key.
 
 Pure: validation of keys, limits and patterns, a task's key template applied to a payload, and
-which limit applies to a key. The PostgreSQL claim applies `limit_for` as the SQL function
-`concurrency_limit_of` (migration 0027); the memory driver calls it directly.
+which limit or rate applies to a key. The PostgreSQL claim applies `limit_for` as the SQL
+function `concurrency_limit_of` (migration 0027) and `rate_for` as `concurrency_rate_of`
+(migration 0028); the memory driver calls them directly.
 """
 
 from __future__ import annotations
 
 import string
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from .identifiers import validate_key
+from .limits import Rate
+
+_Value = TypeVar("_Value")
 
 MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 1  # a key nobody gave a limit runs one job at a time
@@ -90,14 +95,26 @@ def matches(pattern: str, key: str) -> bool:
     return pattern == key
 
 
+def longest_match(key: str, patterns: Iterable[tuple[str, _Value]]) -> _Value | None:
+    """The value of the longest pattern matching `key` (the whole key before a prefix of the
+    same length); None: no pattern matches."""
+    best: tuple[int, bool] | None = None
+    value: _Value | None = None
+    for pattern, candidate in patterns:
+        rank = (len(pattern), not pattern.endswith("*"))
+        if matches(pattern, key) and (best is None or rank > best):
+            best, value = rank, candidate
+    return value
+
+
 def limit_for(key: str, patterns: Iterable[tuple[str, int]], job_limit: int | None) -> int:
-    """The limit of `key`: the longest matching pattern's (the whole key before a prefix of
-    the same length), else the job's own, else 1."""
-    best: tuple[int, bool, int] | None = None
-    for pattern, limit in patterns:
-        rank = (len(pattern), not pattern.endswith("*"), limit)
-        if matches(pattern, key) and (best is None or rank[:2] > best[:2]):
-            best = rank
-    if best is not None:
-        return best[2]
+    """The limit of `key`: the longest matching pattern's, else the job's own, else 1."""
+    limit = longest_match(key, patterns)
+    if limit is not None:
+        return limit
     return DEFAULT_LIMIT if job_limit is None else job_limit
+
+
+def rate_for(key: str, patterns: Iterable[tuple[str, Rate]]) -> Rate | None:
+    """The rate of `key`: the longest matching pattern's; None: the key has no rate."""
+    return longest_match(key, patterns)

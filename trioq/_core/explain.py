@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from .limits import Rate
 from .states import TERMINAL_STATES, JobState
 
 # A worker whose heartbeat is older than this is treated as gone, when it registered no
@@ -33,7 +34,8 @@ class ExplainFacts:
     workers: tuple[Row, ...] = ()  # registered workers that serve the job's queue
     last_attempt: Row | None = None
     pause: Row | None = None  # the queue's queue_pauses row when it is paused
-    # The job's concurrency key: {"running": n, "limit": l} (None: it has no key)
+    # The job's concurrency key: {"running": n, "limit": l}, and with a rate (migration 0028)
+    # rate_allowed, rate_period, recent_starts, rate_limited_until (None: it has no key)
     concurrency: Row | None = None
     # The queue's cluster-wide limits against them now (global_limit, running, rate,
     # rate_limited_until), when it has any (Client.explain adds them).
@@ -87,7 +89,7 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
             _pause_gate(job, facts.pause, now),
             _limits_gate(job, facts.limits, now),
             _key_gate(job, facts, now),
-            *_concurrency_gates(job, facts.concurrency),
+            *_concurrency_gates(job, facts.concurrency, now),
             *_worker_gates(job, facts.workers, now, live_seconds),
         ]
         deadline = when(job.get("deadline_at"))
@@ -263,15 +265,30 @@ def _key_gate(job: Row, facts: ExplainFacts, now: datetime.datetime) -> Gate:
     return Gate("partition_key", False, f"partition key {key!r} is free")
 
 
-def _concurrency_gates(job: Row, concurrency: Row | None) -> list[Gate]:
-    """A gate only for a job with a concurrency key (most jobs have none)."""
+def _concurrency_gates(job: Row, concurrency: Row | None, now: datetime.datetime) -> list[Gate]:
+    """Gates only for a job with a concurrency key (most jobs have none): its limit, and its
+    rate when the key has one."""
     key = job.get("concurrency_key")
     if key is None or concurrency is None:
         return []
+    waiting = job["state"] in (JobState.READY, JobState.SCHEDULED)
     running, limit = int(concurrency["running"]), int(concurrency["limit"])
-    if job["state"] in (JobState.READY, JobState.SCHEDULED) and running >= limit:
-        return [Gate("concurrency_key", True, f"key {key} at its limit {running}/{limit}")]
-    return [Gate("concurrency_key", False, f"key {key} runs {running}/{limit}")]
+    if waiting and running >= limit:
+        gates = [Gate("concurrency_key", True, f"key {key} at its limit {running}/{limit}")]
+    else:
+        gates = [Gate("concurrency_key", False, f"key {key} runs {running}/{limit}")]
+    if concurrency.get("rate_allowed") is not None:
+        gates.append(_key_rate_gate(key, concurrency, waiting, now))
+    return gates
+
+
+def _key_rate_gate(key: str, concurrency: Row, waiting: bool, now: datetime.datetime) -> Gate:
+    rate = Rate(int(concurrency["rate_allowed"]), float(concurrency["rate_period"]))
+    until = when(concurrency.get("rate_limited_until"))
+    if waiting and until is not None and until > now:
+        return Gate("key_rate", True, f"rate limited until {_at(until, now)} ({rate}, key {key})")
+    recent = concurrency.get("recent_starts", 0)
+    return Gate("key_rate", False, f"key {key} under its rate {rate} ({recent} in the window)")
 
 
 def _worker_gates(

@@ -30,6 +30,7 @@ import trio
 from .._core.channels import control_channel, schedules_channel
 from .._core.explain import ExplainFacts
 from .._core.identifiers import validate_schema
+from .._core.limits import Rate
 from .._core.outcomes import rule_of, settled_state
 from .._core.schedule import fire_dedup_key
 from .._core.states import TERMINAL_IN_ORDER
@@ -44,6 +45,7 @@ from .._driver import (
     ClaimedJob,
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
+    ConcurrencyRate,
     ContinueAsNew,
     DriverStatistics,
     EmitEvent,
@@ -55,6 +57,7 @@ from .._driver import (
     JobFilter,
     JobPurge,
     JobRecord,
+    KeyRateStatus,
     LeaderElect,
     LeaderResign,
     LeadershipReport,
@@ -341,8 +344,9 @@ class MemoryDriver:
             for row in due
             if before_or_at(row.run_at, now) or row.state in ("sleeping", "scheduled")
         ]
+        rated: list[concurrency.RatedKey] = []
         candidates, key_cursor, keys_visited, concurrency_cursor = self._claim_candidates(
-            params, now, claimable
+            params, now, claimable, rated
         )
         due = [row for row in due if row not in candidates and before_or_at(row.run_at, now)]
         outbox = Outbox()
@@ -362,6 +366,7 @@ class MemoryDriver:
         if due:
             outbox.add(self._state.ready_channel(params.queue), params.queue)
         claimed = tuple(self._claim(row, params, now) for row in candidates)
+        key_rate_limited_until = concurrency.rate_spend(self._state, rated, candidates, now)
         self._state.deliver(outbox)
         rate_limited_until = None
         if gated is not None:
@@ -383,6 +388,7 @@ class MemoryDriver:
             key_cursor=key_cursor,
             keys_visited=keys_visited,
             concurrency_cursor=concurrency_cursor,
+            key_rate_limited_until=key_rate_limited_until,
         )
 
     def _settle(self, settlement: Settlement, now: datetime.datetime, outbox: Outbox) -> Row | None:
@@ -448,7 +454,11 @@ class MemoryDriver:
         return min(later, default=None)
 
     def _claim_candidates(
-        self, params: SettleAndClaim, now: datetime.datetime, due_rows: Sequence[Row] = ()
+        self,
+        params: SettleAndClaim,
+        now: datetime.datetime,
+        due_rows: Sequence[Row] = (),
+        rated: list[concurrency.RatedKey] | None = None,
     ) -> tuple[list[Row], str | None, int, str | None]:
         """The jobs to claim, in claim order, the last partition key visited, how many keys
         were visited (the larger of the two kinds) and the last concurrency key visited.
@@ -490,6 +500,8 @@ class MemoryDriver:
             concurrency_visited,
             lambda row: _serves(params, row),
             params.limit,
+            now,
+            rated,
         )
         unkeyed = [row for row in due + list(due_rows) if _unkeyed(row) and _serves(params, row)]
         candidates = sorted(keyed + unkeyed, key=lambda row: row.claim_order)[: params.limit]
@@ -956,6 +968,18 @@ class MemoryDriver:
     ) -> list[ConcurrencyKeyStatus]:
         await self._state.statement("concurrency_key_status")
         return concurrency.key_status(self._state, keys)
+
+    async def concurrency_rate_set(self, pattern: str, rate: Rate | None) -> bool:
+        now = await self._state.statement("concurrency_rate_set")
+        return concurrency.set_rate(self._state, pattern, rate, now)
+
+    async def concurrency_rate_list(self) -> list[ConcurrencyRate]:
+        await self._state.statement("concurrency_rate_list")
+        return [rate for _, rate in sorted(self._state.concurrency_rates.items())]
+
+    async def concurrency_rate_status(self) -> list[KeyRateStatus]:
+        now = await self._state.statement("concurrency_rate_status")
+        return concurrency.rate_status(self._state, now)
 
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
         await self._state.statement("job_attempts")

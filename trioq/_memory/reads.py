@@ -89,16 +89,20 @@ def job_explain(db: MemoryState, now: datetime.datetime, job_id: int) -> Explain
             if row.queue in db.paused
             else None
         ),
-        concurrency=_concurrency_facts(db, row),
+        concurrency=_concurrency_facts(db, row, now),
     )
 
 
-def _concurrency_facts(db: MemoryState, row: Row) -> dict[str, Any] | None:
+def _concurrency_facts(db: MemoryState, row: Row, now: datetime.datetime) -> dict[str, Any] | None:
     key = row.concurrency_key
     if key is None:
         return None
     running = len(concurrency.running_per_key(db).get(key, ()))
-    return {"running": running, "limit": concurrency.key_limit(db, key, row.concurrency_limit)}
+    return {
+        "running": running,
+        "limit": concurrency.key_limit(db, key, row.concurrency_limit),
+        **concurrency.rate_facts(db, key, now),
+    }
 
 
 def checkpoint_list(db: MemoryState, job_id: int) -> list[Checkpoint]:

@@ -25,7 +25,14 @@ from .._core.identifiers import validate_key, validate_name
 from .._core.limits import Rate
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
-from .._driver import AttemptRecord, ConcurrencyLimit, Lease, NewJob, WorkerRegistration
+from .._driver import (
+    AttemptRecord,
+    ConcurrencyLimit,
+    ConcurrencyRate,
+    Lease,
+    NewJob,
+    WorkerRegistration,
+)
 from .schedules import ScheduleTable
 
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
@@ -226,6 +233,11 @@ class MemoryState:
     paused: dict[str, datetime.datetime] = attrs.field(factory=dict)
     # pattern -> its limit: the concurrency_limits table (migration 0027)
     concurrency_limits: dict[str, ConcurrencyLimit] = attrs.field(factory=dict)
+    # pattern -> its rate: the concurrency_rates table (migration 0028)
+    concurrency_rates: dict[str, ConcurrencyRate] = attrs.field(factory=dict)
+    # key -> its newest start times, oldest first (the SQL spreads them over slot rows, for
+    # its racing claimers: concurrency_rate_starts; one claim at a time needs only the log)
+    key_starts: dict[str, tuple[datetime.datetime, ...]] = attrs.field(factory=dict)
     # queue -> its cluster-wide limits (the queue_limits table, migration 0023)
     limits: dict[str, QueueLimitRow] = attrs.field(factory=dict)
     listeners: set[MemoryListener] = attrs.field(factory=set)

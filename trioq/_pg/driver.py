@@ -41,6 +41,7 @@ from .._driver import (
     ClaimedJob,
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
+    ConcurrencyRate,
     ContinueAsNew,
     DriverStatistics,
     EmitEvent,
@@ -52,6 +53,7 @@ from .._driver import (
     JobFilter,
     JobPurge,
     JobRecord,
+    KeyRateStatus,
     LeaderElect,
     LeaderResign,
     LeadershipReport,
@@ -191,6 +193,11 @@ def _round_rows(
     return first, settled, claimed
 
 
+def _full(rated: bool) -> str:
+    """The full settle-and-claim statement: with key rates (some key has one) or without."""
+    return "job_settle_and_claim_rated" if rated else "job_settle_and_claim"
+
+
 def _all_plain(settlements: Sequence[Settlement]) -> bool:
     """Every outcome a completion of a job without a partition key or a parent."""
     for settlement in settlements:  # a loop, not all(genexpr): a hot path
@@ -269,7 +276,12 @@ def _nulls(count: int) -> str:
 # statement listed here must be of a built-in type (psycopg returns bytes for a type it has
 # no binary loader for).
 BINARY_RESULTS = frozenset(
-    {"job_settle_and_claim", "job_settle_and_claim_plain", "job_complete_plain"}
+    {
+        "job_settle_and_claim",
+        "job_settle_and_claim_rated",
+        "job_settle_and_claim_plain",
+        "job_complete_plain",
+    }
 )
 
 
@@ -397,6 +409,8 @@ class PgDriver:
     # within the lookahead, so the next may be a plain one.
     _plain_queues: dict[str, bool] = attrs.field(init=False, factory=dict)
     _limited: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
+    # Whether any key has a rate (one entry, ""): keyed claims then run the rated statement.
+    _rated: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
 
     def __attrs_post_init__(self) -> None:
         self._sql = queries(self.schema)
@@ -539,6 +553,17 @@ class PgDriver:
         async with self._pool.connection() as conn:
             return await self._round(conn, params)
 
+    async def _key_rated(self, conn: Connection) -> bool:
+        """Whether some key has a rate (cached for a second), asked on the round's own
+        connection: a claim holding one never waits for another."""
+
+        async def read(_: str) -> bool:
+            self._calls["key_rated"] += 1
+            [[rated]] = await self._query(conn, "key_rated", None)
+            return bool(rated)
+
+        return await self._rated.limited("", read)
+
     async def _queue_limited(self, queue: str) -> bool:
         [[limited]] = await self._fetch("queue_limited", {"queue": queue})
         return bool(limited)
@@ -577,7 +602,10 @@ class PgDriver:
         )
 
     async def _round(self, conn: Connection, params: SettleAndClaim) -> SettleAndClaimResult:
-        """One settle-and-claim round on `conn` (see job_settle_and_claim)."""
+        """One settle-and-claim round on `conn` (see job_settle_and_claim). While some key
+        has a rate, a claim's full statement is job_settle_and_claim_rated. Whether one has
+        is read only for a full claim (`key_rated`, at most once a second): plain rounds and
+        settles never ask."""
         if self._plain_round(params):
             rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
             first, settled, claimed = _round_rows(rows)
@@ -594,8 +622,9 @@ class PgDriver:
             if not params.limit:  # a settle only (the completer's): nothing to claim
                 return plain
             params = attrs.evolve(params, settlements=())  # written: the claim is left
+            rated = await self._key_rated(conn)
             try:
-                rows = await self._settle_rows(conn, params)
+                rows = await self._settle_rows(conn, params, _full(rated))
             except Exception as exc:
                 if not is_connection_lost(exc):
                     raise
@@ -607,7 +636,8 @@ class PgDriver:
                 return plain
         else:
             settled = None
-            rows = await self._settle_rows(conn, params)
+            rated = bool(params.limit) and await self._key_rated(conn)
+            rows = await self._settle_rows(conn, params, _full(rated))
         replied_at = conn.replied_at
         first, written, claimed = _round_rows(rows)
         next_due, now = first[6], rows[-1][5]
@@ -632,6 +662,7 @@ class PgDriver:
             now=now,
             next_due=next_due,
             replied_at=replied_at,
+            key_rate_limited_until=first[-1] if rated else None,
         )
 
     async def _complete_plain(self, params: SettleAndClaim) -> SettleAndClaimResult:
@@ -908,6 +939,31 @@ class PgDriver:
         params = {"keys": None if keys is None else list(keys)}
         rows = await self._retrying("concurrency_key_status", params)
         return [ConcurrencyKeyStatus(*row) for row in rows]
+
+    async def concurrency_rate_set(self, pattern: str, rate: Rate | None) -> bool:
+        """Set (or, with None, remove) a key pattern's rate; False: there was none to remove.
+        This process's claims read the rates again at their next round."""
+        self._rated.forget("")
+        if rate is None:
+            return bool(await self._retrying("concurrency_rate_delete", {"pattern": pattern}))
+        params = {"pattern": pattern, "rate_allowed": rate.allowed, "rate_period": rate.period}
+        return bool(await self._retrying("concurrency_rate_set", params))
+
+    async def concurrency_rate_list(self) -> list[ConcurrencyRate]:
+        return [
+            ConcurrencyRate(pattern, Rate(allowed, period), updated_at)
+            for pattern, allowed, period, updated_at in await self._retrying(
+                "concurrency_rate_list"
+            )
+        ]
+
+    async def concurrency_rate_status(self) -> list[KeyRateStatus]:
+        return [
+            KeyRateStatus(key, Rate(allowed, period), recent, until)
+            for key, allowed, period, recent, until in await self._retrying(
+                "concurrency_rate_status"
+            )
+        ]
 
     async def queue_limit_set(self, params: QueueLimitSet) -> None:
         """Retried on a lost connection: applying the same change twice leaves the same row."""

@@ -533,6 +533,14 @@ class ClaimLoop:
             # that comes early finds the row not due yet and sets the timer again.
             wait = (result.next_due - result.now).total_seconds() - TIMER_EARLY_SECONDS
             self._next_due_at = sent_at + max(0.0, wait)
+        if result.key_rate_limited_until is not None:
+            # A key waits for its rate: a due time for that key only (slots, notifications
+            # and other keys still drive rounds), with no early margin (a round before it
+            # would find the key still held back).
+            wait = (result.key_rate_limited_until - result.now).total_seconds()
+            rate_at = sent_at + max(0.0, wait)
+            known = self._next_due_at
+            self._next_due_at = rate_at if known is None else min(known, rate_at)
         self._rate_limited_at = None
         if result.rate_limited_until is not None:
             wait = (result.rate_limited_until - result.now).total_seconds()

@@ -247,7 +247,10 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
       AND NOT (next_key.wrapped AND next_key.@key@ > (SELECT %(@cursor@)s::text))
       AND NOT (next_key.wrapped AND k.wrapped AND next_key.@key@ <= k.@key@)
 
--- name: job_settle_and_claim
+-- fragment: settle_and_claim(rate)
+-- Two statements are this one: job_settle_and_claim (`unrated`: while no key has a rate) and
+-- job_settle_and_claim_rated (`rated`), which differ only in the concurrency-key fragments
+-- named `*_@rate@` below (the rate's start slots, migration 0028) and one reply column.
 -- The claim loop's one round trip: record the outcomes of this queue's finished executions,
 -- promote due work, AND claim up to %(limit)s ready jobs, in one statement (the batch is the
 -- unit of transfer both ways; with no outcomes it is a plain claim, with limit 0 a plain settle).
@@ -448,50 +451,8 @@ keyed AS MATERIALIZED (
 ready_concurrency_keys AS (
     -- include: key_visit(ready_concurrency_keys, concurrency_key, concurrency_cursor)
 ),
-concurrency_room AS MATERIALIZED (
-    SELECT k.concurrency_key, lim.max_running,
-           least(greatest(lim.max_running - held.n, 0), (SELECT %(limit)s::int)) AS room
-    FROM ready_concurrency_keys k
-    CROSS JOIN LATERAL (
-        SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
-                   AS max_running
-        FROM {schema}.jobs f
-        WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
-          AND f.state = 'ready'
-        ORDER BY f.priority, f.run_at, f.id LIMIT 1
-    ) AS lim
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM {schema}.concurrency_holds h
-        WHERE h.concurrency_key = k.concurrency_key
-    ) AS held
-),
-concurrency_heads AS MATERIALIZED (
-    SELECT head.id, head.attempt, r.concurrency_key, free.slot
-    FROM concurrency_room r
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.attempt, j.priority, j.run_at,
-               row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-        FROM {schema}.jobs j
-        WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
-          AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
-          AND ((SELECT %(task_versions)s::text[]) IS NULL
-               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
-        ORDER BY j.priority, j.run_at, j.id
-        LIMIT r.room
-    ) AS head
-    JOIN LATERAL (
-        SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS rank
-        FROM generate_series(0, r.max_running - 1) AS s(slot)
-        WHERE NOT EXISTS (SELECT 1 FROM {schema}.concurrency_holds h
-                          WHERE h.concurrency_key = r.concurrency_key AND h.slot = s.slot)
-        ORDER BY s.slot
-        LIMIT r.room
-    ) AS free ON free.rank = head.rank
-    WHERE r.room > 0
-    ORDER BY head.priority, head.run_at, head.id
-    LIMIT 2 * (SELECT %(limit)s::int)
-),
+-- include: concurrency_room_@rate@
+-- include: concurrency_heads_@rate@
 concurrency_keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
            true AS held, h.concurrency_key, h.slot
@@ -530,18 +491,7 @@ key_taken AS (
     ON CONFLICT (queue, partition_key) DO NOTHING
     RETURNING job_id
 ),
--- A concurrency key's slot is taken by inserting its holds row, after the partition keys
--- (the scalar read of key_taken orders the two inserts the same way in every claimer, and the
--- ORDER BY orders the slots: no deadlock cycles); a conflicting insert waits for the other
--- claimer's commit, then does nothing, and that job is not claimed this round.
-concurrency_taken AS (
-    INSERT INTO {schema}.concurrency_holds (concurrency_key, slot, job_id)
-    SELECT concurrency_key, slot, id FROM candidates
-    WHERE slot IS NOT NULL AND (SELECT count(*) FROM key_taken) >= 0
-    ORDER BY concurrency_key, slot
-    ON CONFLICT (concurrency_key, slot) DO NOTHING
-    RETURNING job_id
-),
+-- include: concurrency_taken_@rate@
 -- Due rows not claimed here become ready (claimable from the next round: same snapshot).
 promoted AS (
     UPDATE {schema}.jobs j SET state = 'ready'
@@ -585,15 +535,7 @@ parents_notified AS (
 claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
-        -- A keyed job (a partition or a concurrency key) starts when its key or slot was
-        -- taken, after this statement's snapshot (the statement's start can precede the
-        -- commit that freed the key, when the claim waited for its lock: a few ms under
-        -- load): stored start and finish times then never show a key's runs overlapping or
-        -- more than its limit at once.
-        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
-                          THEN greatest({schema}.db_now(), j.run_at)
-                          ELSE greatest({schema}.db_now() + (clock_timestamp() - now()),
-                                        j.run_at) END
+        -- include: claim_started_at_@rate@
     FROM candidates c
     WHERE j.id = c.id
       AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
@@ -635,8 +577,245 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        (SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
            AS concurrency_cursor,
        claimed.*
+       -- include: claim_reply_@rate@
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
+
+-- fragment: concurrency_room_unrated
+concurrency_room AS MATERIALIZED (
+    SELECT k.concurrency_key, lim.max_running,
+           least(greatest(lim.max_running - held.n, 0), (SELECT %(limit)s::int)) AS room
+    FROM ready_concurrency_keys k
+    CROSS JOIN LATERAL (
+        SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
+                   AS max_running
+        FROM {schema}.jobs f
+        WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
+          AND f.state = 'ready'
+        ORDER BY f.priority, f.run_at, f.id LIMIT 1
+    ) AS lim
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM {schema}.concurrency_holds h
+        WHERE h.concurrency_key = k.concurrency_key
+    ) AS held
+),
+-- fragment: concurrency_heads_unrated
+concurrency_heads AS MATERIALIZED (
+    SELECT head.id, head.attempt, r.concurrency_key, free.slot
+    FROM concurrency_room r
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.attempt, j.priority, j.run_at,
+               row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
+        FROM {schema}.jobs j
+        WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
+          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
+          AND ((SELECT %(task_versions)s::text[]) IS NULL
+               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT r.room
+    ) AS head
+    JOIN LATERAL (
+        SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS rank
+        FROM generate_series(0, r.max_running - 1) AS s(slot)
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.concurrency_holds h
+                          WHERE h.concurrency_key = r.concurrency_key AND h.slot = s.slot)
+        ORDER BY s.slot
+        LIMIT r.room
+    ) AS free ON free.rank = head.rank
+    WHERE r.room > 0
+    ORDER BY head.priority, head.run_at, head.id
+    LIMIT 2 * (SELECT %(limit)s::int)
+),
+-- fragment: concurrency_taken_unrated
+-- A concurrency key's slot is taken by inserting its holds row, after the partition keys
+-- (the scalar read of key_taken orders the two inserts the same way in every claimer, and the
+-- ORDER BY orders the slots: no deadlock cycles); a conflicting insert waits for the other
+-- claimer's commit, then does nothing, and that job is not claimed this round.
+concurrency_taken AS (
+    INSERT INTO {schema}.concurrency_holds (concurrency_key, slot, job_id)
+    SELECT concurrency_key, slot, id FROM candidates
+    WHERE slot IS NOT NULL AND (SELECT count(*) FROM key_taken) >= 0
+    ORDER BY concurrency_key, slot
+    ON CONFLICT (concurrency_key, slot) DO NOTHING
+    RETURNING job_id
+),
+-- fragment: claim_started_at_unrated
+        -- A keyed job (a partition or a concurrency key) starts when its key or slot was
+        -- taken, after this statement's snapshot (the statement's start can precede the
+        -- commit that freed the key, when the claim waited for its lock: a few ms under
+        -- load): stored start and finish times then never show a key's runs overlapping or
+        -- more than its limit at once.
+        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
+                          THEN greatest({schema}.db_now(), j.run_at)
+                          ELSE greatest({schema}.db_now() + (clock_timestamp() - now()),
+                                        j.run_at) END
+-- fragment: claim_reply_unrated
+-- Nothing: the reply's columns end with the claimed row's.
+
+-- fragment: concurrency_room_rated
+-- As concurrency_room_unrated, and per key the rate of concurrency_rate_of (migration 0028)
+-- with the key's starts in its window (concurrency_rate_starts, counted at the statement's
+-- start: an earlier time counts more starts, never fewer), read in one pass over the key's
+-- slot rows (at most rate_allowed of them, the primary key's prefix): the count, the slots
+-- free again (`stale`, their start a period old) and the next slot never used. `room` is
+-- the tighter of the limit's and the rate's; `rate_room` and `other_room` tell the reply
+-- whether the rate is what held the key back, `oldest` when its window first changes.
+concurrency_room AS MATERIALIZED (
+    SELECT k.concurrency_key, lim.max_running, rate.rate_allowed, rate.rate_period,
+           recent.stale, recent.next_slot, recent.oldest,
+           CASE WHEN rate.rate_allowed IS NOT NULL
+                THEN greatest(rate.rate_allowed - recent.n, 0) END AS rate_room,
+           least(greatest(lim.max_running - held.n, 0), (SELECT %(limit)s::int)) AS other_room,
+           least(greatest(lim.max_running - held.n, 0), (SELECT %(limit)s::int),
+                 CASE WHEN rate.rate_allowed IS NOT NULL
+                      THEN greatest(rate.rate_allowed - recent.n, 0) END) AS room
+    FROM ready_concurrency_keys k
+    CROSS JOIN LATERAL (
+        SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
+                   AS max_running
+        FROM {schema}.jobs f
+        WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
+          AND f.state = 'ready'
+        ORDER BY f.priority, f.run_at, f.id LIMIT 1
+    ) AS lim
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM {schema}.concurrency_holds h
+        WHERE h.concurrency_key = k.concurrency_key
+    ) AS held
+    LEFT JOIN LATERAL {schema}.concurrency_rate_of(k.concurrency_key) AS rate ON true
+    LEFT JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE s.started_at > w.start) AS n,
+               min(s.started_at) FILTER (WHERE s.started_at > w.start) AS oldest,
+               coalesce(array_agg(s.slot ORDER BY s.slot)
+                            FILTER (WHERE s.started_at <= w.start
+                                      AND s.slot < rate.rate_allowed), '{}') AS stale,
+               coalesce(max(s.slot) + 1, 0) AS next_slot
+        FROM (SELECT {schema}.db_now() - rate.rate_period * interval '1 second' AS start) AS w
+        LEFT JOIN {schema}.concurrency_rate_starts s ON s.concurrency_key = k.concurrency_key
+    ) AS recent ON rate.rate_allowed IS NOT NULL
+),
+
+-- fragment: concurrency_heads_rated
+-- As concurrency_heads_unrated, each head of a rated key also paired with one of the key's
+-- free start slots, lowest first: the slots free again, then new ones after the highest
+-- (slots are taken lowest first, so a key's rows are slots 0 to next_slot - 1). Racing
+-- claimers that saw the same rows pick the same slots and collide, as with holds, which
+-- keeps a lowered rate exact (a start in a slot at or above the new rate still counts in
+-- `room`, and its slot is never taken again). No slot is probed one by one: the free ones
+-- come from the one pass over the key's rows above, so a rate of thousands per period costs
+-- a read of its rows, not a probe per candidate slot (at 10000/s over 50 keys the two ways
+-- drained at the same 0.67-0.68x of the unrated statement's rate: bench/RESULTS.md).
+concurrency_heads AS MATERIALIZED (
+    SELECT head.id, head.attempt, r.concurrency_key, free.slot, rate_free.slot AS rate_slot,
+           r.rate_period
+    FROM concurrency_room r
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.attempt, j.priority, j.run_at,
+               row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
+        FROM {schema}.jobs j
+        WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
+          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
+          AND ((SELECT %(task_versions)s::text[]) IS NULL
+               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT r.room
+    ) AS head
+    JOIN LATERAL (
+        SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS rank
+        FROM generate_series(0, r.max_running - 1) AS s(slot)
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.concurrency_holds h
+                          WHERE h.concurrency_key = r.concurrency_key AND h.slot = s.slot)
+        ORDER BY s.slot
+        LIMIT r.room
+    ) AS free ON free.rank = head.rank
+    LEFT JOIN LATERAL (
+        SELECT f.slot, row_number() OVER (ORDER BY f.slot) AS rank
+        FROM (SELECT unnest(r.stale) AS slot
+              UNION ALL
+              SELECT generate_series(r.next_slot,
+                                     least(r.rate_allowed, r.next_slot + r.room) - 1)) AS f
+        WHERE r.rate_allowed IS NOT NULL  -- least() skips a NULL: no slots for unrated keys
+        ORDER BY f.slot
+        LIMIT r.room
+    ) AS rate_free ON rate_free.rank = head.rank
+    WHERE r.room > 0 AND (r.rate_allowed IS NULL OR rate_free.slot IS NOT NULL)
+    ORDER BY head.priority, head.run_at, head.id
+    LIMIT 2 * (SELECT %(limit)s::int)
+),
+
+-- fragment: concurrency_taken_rated
+-- A rated key's start slot is taken first (after the partition keys, slots in one order for
+-- every claimer), then its holds row, only for the jobs whose start slot was taken: a holds
+-- row of a job that is not claimed would never be released. The slot's start time is the
+-- clock as the row is written (after this statement's snapshot, as a keyed job's start must
+-- be; a limited queue's queue_limit_spend keeps it, migration 0028), and the WHERE compares
+-- the slot's newest version against the time being stored (SET evaluates after it, later or
+-- equal), so stored starts of one slot are always a period apart. A start slot taken for a job whose holds insert then conflicts is
+-- spent without a start (the key starts one fewer in that window: never more).
+rate_taken AS (
+    INSERT INTO {schema}.concurrency_rate_starts AS s (concurrency_key, slot, started_at,
+                                                      rate_period, job_id)
+    SELECT DISTINCT ON (h.concurrency_key, h.rate_slot)
+           h.concurrency_key, h.rate_slot,
+           {schema}.db_now() + (clock_timestamp() - now()), h.rate_period, h.id
+    FROM concurrency_heads h
+    WHERE h.rate_slot IS NOT NULL AND h.id IN (SELECT id FROM candidates)
+      AND (SELECT count(*) FROM key_taken) >= 0
+    ORDER BY h.concurrency_key, h.rate_slot
+    ON CONFLICT (concurrency_key, slot) DO UPDATE
+        SET started_at = {schema}.db_now() + (clock_timestamp() - now()),
+            rate_period = excluded.rate_period, job_id = excluded.job_id
+        WHERE s.started_at <= {schema}.db_now() + (clock_timestamp() - now())
+                              - excluded.rate_period * interval '1 second'
+    RETURNING s.job_id, s.concurrency_key, s.started_at
+),
+concurrency_taken AS (
+    INSERT INTO {schema}.concurrency_holds (concurrency_key, slot, job_id)
+    SELECT c.concurrency_key, c.slot, c.id FROM candidates c
+    WHERE c.slot IS NOT NULL AND (SELECT count(*) FROM key_taken) >= 0
+      AND (c.id NOT IN (SELECT h.id FROM concurrency_heads h WHERE h.rate_slot IS NOT NULL)
+           OR c.id IN (SELECT t.job_id FROM rate_taken t))
+    ORDER BY c.concurrency_key, c.slot
+    ON CONFLICT (concurrency_key, slot) DO NOTHING
+    RETURNING job_id
+),
+
+-- fragment: claim_started_at_rated
+        -- As claim_started_at_unrated; a rated key's job starts at its start slot's time, so
+        -- the stored starts show the rate exactly.
+        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
+                          THEN greatest({schema}.db_now(), j.run_at)
+                          ELSE greatest(coalesce((SELECT t.started_at FROM rate_taken t
+                                                  WHERE t.job_id = j.id),
+                                                 {schema}.db_now()
+                                                 + (clock_timestamp() - now())),
+                                        j.run_at) END
+
+-- fragment: claim_reply_rated
+       -- The earliest time a visited key that its rate held back may start again: the oldest
+       -- start in its window leaves it (the first taken here, when the window had none). The
+       -- claim loop's timer follows it (no poll while a key waits for its rate); NULL: no key
+       -- was held back by its rate (a key held back by its limit waits for a slot).
+       , (SELECT min(coalesce(r.oldest, taken.first) + r.rate_period * interval '1 second')
+          FROM concurrency_room r
+          CROSS JOIN LATERAL (SELECT count(*) AS n, min(t.started_at) AS first FROM rate_taken t
+                              WHERE t.concurrency_key = r.concurrency_key) AS taken
+          WHERE r.rate_room < r.other_room AND r.rate_room <= taken.n)
+           AS key_rate_limited_until
+
+-- name: job_settle_and_claim
+-- The claim loop's full round (settle_and_claim above) while no key rate is set anywhere.
+-- include: settle_and_claim(unrated)
+
+-- name: job_settle_and_claim_rated
+-- The full round while some key has a rate (a row of concurrency_rates, migration 0028): the
+-- same statement, its concurrency-key part also taking each rated key's start slots, and
+-- one more column, key_rate_limited_until. PgDriver runs it instead of job_settle_and_claim
+-- only then, so a cluster without key rates claims with the statement it had before.
+-- include: settle_and_claim(rated)
+
 
 -- fragment: parents_wake
 -- The parent wake-up of the statements that finish children (job_settle_and_claim,
@@ -1185,6 +1364,22 @@ SELECT {schema}.db_now(),
                                WHERE h.concurrency_key = job.concurrency_key),
                    'limit', {schema}.concurrency_limit_of(job.concurrency_key,
                                                           job.concurrency_limit))
+               -- The key's rate (migration 0028) and its starts in the window now.
+               || coalesce((SELECT jsonb_build_object(
+                                'rate_allowed', r.rate_allowed, 'rate_period', r.rate_period,
+                                'recent_starts', w.n, 'rate_limited_until',
+                                CASE WHEN w.n >= r.rate_allowed
+                                     THEN w.starts[w.n - r.rate_allowed + 1]
+                                          + r.rate_period * interval '1 second' END)
+                            FROM {schema}.concurrency_rate_of(job.concurrency_key) AS r
+                            CROSS JOIN LATERAL (
+                                SELECT count(*) AS n,
+                                       array_agg(s.started_at ORDER BY s.started_at) AS starts
+                                FROM {schema}.concurrency_rate_starts s
+                                WHERE s.concurrency_key = job.concurrency_key
+                                  AND s.started_at > {schema}.db_now()
+                                                     - r.rate_period * interval '1 second'
+                            ) AS w), '{}'::jsonb)
         WHERE job.concurrency_key IS NOT NULL)
 FROM job;
 
@@ -1408,6 +1603,46 @@ DELETE FROM {schema}.concurrency_limits WHERE pattern = %(pattern)s RETURNING pa
 
 -- name: concurrency_limit_list
 SELECT pattern, max_running, updated_at FROM {schema}.concurrency_limits ORDER BY pattern;
+
+-- name: key_rated
+-- Whether any key has a rate (a row of concurrency_rates): PgDriver asks once a second and
+-- runs job_settle_and_claim_rated for its keyed claims only while one is set.
+SELECT EXISTS (SELECT 1 FROM {schema}.concurrency_rates);
+
+-- name: concurrency_rate_set
+-- `trioq key rate PATTERN N/PERIOD`: read by every claim that visits a matching key, from the
+-- workers' next rated round (within a second: key_rated). Ready keyed rows are woken at once
+-- by the caller's next round; a lowered rate counts the starts already in the window.
+INSERT INTO {schema}.concurrency_rates AS r (pattern, rate_allowed, rate_period, updated_at)
+VALUES (%(pattern)s, %(rate_allowed)s, %(rate_period)s, {schema}.db_now())
+ON CONFLICT (pattern) DO UPDATE SET rate_allowed = excluded.rate_allowed,
+                                    rate_period = excluded.rate_period,
+                                    updated_at = excluded.updated_at
+RETURNING r.pattern;
+
+-- name: concurrency_rate_delete
+-- `trioq key rate PATTERN none`: the keys it matched fall back to a shorter pattern's rate, or
+-- none. Their start slots stay (a rate set again counts the starts still in its window).
+DELETE FROM {schema}.concurrency_rates WHERE pattern = %(pattern)s RETURNING pattern;
+
+-- name: concurrency_rate_list
+SELECT pattern, rate_allowed, rate_period, updated_at
+FROM {schema}.concurrency_rates ORDER BY pattern;
+
+-- name: concurrency_rate_status
+-- Rated keys with starts in their window now (`trioq key list`, status): how many, and when
+-- the next start is allowed when the window is full. Reads the start slots of keys whose
+-- slots were written within the longest period (a whole-table read of a table of N rows per
+-- rated key: an operator's command, not a claim's).
+SELECT s.concurrency_key, r.rate_allowed, r.rate_period, count(*)::int AS recent,
+       CASE WHEN count(*) >= r.rate_allowed
+            THEN (array_agg(s.started_at ORDER BY s.started_at))[count(*) - r.rate_allowed + 1]
+                 + r.rate_period * interval '1 second' END AS until
+FROM {schema}.concurrency_rate_starts s
+CROSS JOIN LATERAL {schema}.concurrency_rate_of(s.concurrency_key) AS r
+WHERE s.started_at > {schema}.db_now() - r.rate_period * interval '1 second'
+GROUP BY s.concurrency_key, r.rate_allowed, r.rate_period
+ORDER BY s.concurrency_key;
 
 -- name: concurrency_key_status
 -- Keys with running jobs (concurrency_holds: one row per running job that holds a key, so

@@ -17,12 +17,19 @@ from .._core.concurrency import LIMIT_FORM as KEY_LIMIT_FORM
 from .._core.concurrency import MAX_LIMIT, validate_pattern
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_name, validate_schema
-from .._core.limits import LIMIT_FORM, RATE_FORM, parse_global_limit, parse_rate
+from .._core.limits import LIMIT_FORM, RATE_FORM, Rate, parse_global_limit, parse_rate
 from .._core.states import TERMINAL_IN_ORDER, JobState
 from .workflows import print_workflow
 
 if TYPE_CHECKING:  # imported when a command runs: `trioq --help` builds this parser
-    from .._driver import JobRecord, QueueLimit
+    from .._driver import (
+        ConcurrencyKeyStatus,
+        ConcurrencyLimit,
+        ConcurrencyRate,
+        JobRecord,
+        KeyRateStatus,
+        QueueLimit,
+    )
     from ..app import App
     from ..client import Client
 
@@ -289,42 +296,76 @@ def key_limit(text: str) -> int | None:
 
 
 async def cmd_key(args: argparse.Namespace) -> int:
-    if args.action == "limit" and (args.pattern is None or args.limit is None):
+    """`trioq key limit|rate PATTERN VALUE`, `trioq key list`: the value and the pattern are
+    checked before connecting, so a bad one changes nothing."""
+    if args.action != "list" and (args.pattern is None or args.limit is None):
+        form = "N|none" if args.action == "limit" else "N/PERIOD|none"
         raise ValueError(
-            "key limit: name the pattern and the limit (trioq key limit PATTERN N|none)"
+            f"key {args.action}: name the pattern and the {args.action} "
+            f"(trioq key {args.action} PATTERN {form})"
         )
     limit = key_limit(args.limit) if args.action == "limit" else None
-    if args.action == "limit":
-        validate_pattern(args.pattern)  # refused before anything connects
+    rate = parse_rate("key rate", args.limit) if args.action == "rate" else None
+    if args.action != "list":
+        validate_pattern(args.pattern)
     async with _app(args).client() as client:
         changed = True
         if args.action == "limit":
             changed = await client.set_key_limit(args.pattern, limit)
+        elif args.action == "rate":
+            changed = await client.set_key_rate(args.pattern, rate)
         limits = await client.key_limits()
+        rates = await client.key_rates()
         keys = await client.key_status()
+        rated = await client.key_rate_status()
     if args.json:
         _print_json(
             {
                 "changed": changed,
                 "limits": [_plain(limit) for limit in limits],
+                "rates": [{**_plain(row), "rate": str(row.rate)} for row in rates],
                 "keys": [_plain(key) for key in keys],
+                "rated_keys": [{**_plain(key), "rate": str(key.rate)} for key in rated],
             }
         )
         return 0
-    if args.action == "limit":
-        if limit is None:
-            print(f"key {args.pattern}: limit removed" + ("" if changed else " (it had none)"))
-        else:
-            print(f"key {args.pattern}: at most {args.limit} running")
+    if args.action != "list":
+        print(_key_change_line(args.action, args.pattern, limit, rate, changed))
         return 0
+    _print_key_list(limits, rates, keys, rated)
+    return 0
+
+
+def _key_change_line(
+    action: str, pattern: str, limit: int | None, rate: Rate | None, changed: bool
+) -> str:
+    if action == "limit" and limit is not None:
+        return f"key {pattern}: at most {limit} running"
+    if action == "rate" and rate is not None:
+        return f"key {pattern}: at most {rate} starts"
+    return f"key {pattern}: {action} removed" + ("" if changed else " (it had none)")
+
+
+def _print_key_list(
+    limits: Sequence[ConcurrencyLimit],
+    rates: Sequence[ConcurrencyRate],
+    keys: Sequence[ConcurrencyKeyStatus],
+    rated: Sequence[KeyRateStatus],
+) -> None:
     for row in limits:
         print(f"{row.pattern}: at most {row.max_running} running (set {row.updated_at})")
     if not limits:
         print("no key limits set (keys use their task's limit, else 1)")
+    for rate_row in rates:
+        print(f"{rate_row.pattern}: at most {rate_row.rate} starts (set {rate_row.updated_at})")
     for key in keys:
         state = "at its limit" if key.saturated else "runs"
         print(f"key {key.key} {state} {key.running}/{key.limit}")
-    return 0
+    for entry in rated:
+        line = f"key {entry.key} rate {entry.rate}: {entry.recent_starts} started in the window"
+        if entry.rate_limited_until is not None:
+            line += f", rate limited until {entry.rate_limited_until}"
+        print(line)
 
 
 async def _queue_limits(args: argparse.Namespace) -> int:
@@ -444,13 +485,19 @@ def add_commands(
     queue.add_argument("value", nargs="?", default=None, metavar="VALUE")
     table["queue"] = cmd_queue
 
-    key = common(command("key", "limit how many jobs of a concurrency key run at once"))
-    key.add_argument("action", choices=("limit", "list"))
+    key = common(
+        command("key", "limit how many jobs of a concurrency key run at once, or start per period")
+    )
+    key.add_argument("action", choices=("limit", "rate", "list"))
     key.add_argument(
         "pattern", nargs="?", default=None, metavar="PATTERN", help="a key, or a prefix ending in *"
     )
     key.add_argument(
-        "limit", nargs="?", default=None, metavar="N|none", help="at most N running; none: remove"
+        "limit",
+        nargs="?",
+        default=None,
+        metavar="VALUE",
+        help="limit: N (at most N running) or none; rate: N/PERIOD (5/s, 100/m) or none",
     )
     table["key"] = cmd_key
 

@@ -21,6 +21,7 @@ from .._core.explain import Explanation, silence
 from .._driver import (
     ConcurrencyKeyStatus,
     HealthReport,
+    KeyRateStatus,
     QueueDemand,
     QueueLimit,
     QueuePause,
@@ -41,6 +42,7 @@ class StatusSnapshot:
     unroutable: tuple[UnroutableJobs, ...] = ()
     keys: tuple[ConcurrencyKeyStatus, ...] = ()  # concurrency keys with running jobs
     limits: tuple[QueueLimit, ...] = ()
+    rated_keys: tuple[KeyRateStatus, ...] = ()  # rated keys with starts in their window
 
 
 async def read_status(client: Client) -> StatusSnapshot:
@@ -53,6 +55,7 @@ async def read_status(client: Client) -> StatusSnapshot:
         unroutable=tuple(await client.driver.job_unroutable()),
         keys=tuple(await client.key_status()),
         limits=tuple(await client.queue_limits()),
+        rated_keys=tuple(await client.key_rate_status()),
     )
 
 
@@ -151,6 +154,13 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         f"key {k.key} at its limit {k.running}/{k.limit} (trioq key limit to change it)"
         for k in snapshot.keys
         if k.saturated
+    ]
+    # Only the rated keys whose window is full: their next start waits for it.
+    paused += [
+        f"key {k.key} rate {k.rate}: rate limited until "
+        f"{k.rate_limited_until:%Y-%m-%d %H:%M:%S.%f} ({k.recent_starts} started in the window)"
+        for k in snapshot.rated_keys
+        if k.rate_limited_until is not None
     ]
     limited = [limit_line(limit) for limit in snapshot.limits]
     silent = sum(worker_silence(w) is not None for w in snapshot.workers)

@@ -37,7 +37,14 @@ from .._memory import MemoryDriver
 METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     "job_insert_many": ("job_insert_many",),
     # queue_limit_spend: a limited claim's start time on the rows it claimed (no state change).
-    "job_settle_and_claim": (SETTLE, PLAIN, "job_complete_plain", "queue_limit_spend"),
+    # job_settle_and_claim_rated: the full statement while key rates exist (the same edges).
+    "job_settle_and_claim": (
+        SETTLE,
+        "job_settle_and_claim_rated",
+        PLAIN,
+        "job_complete_plain",
+        "queue_limit_spend",
+    ),
     "checkpoint_insert_many": ("checkpoint_insert_many", "checkpoint_insert_many_plain"),
     "lease_renew_many": ("lease_renew_many",),
     "maintenance_pass": ("maintenance_pass",),
@@ -66,6 +73,9 @@ NO_JOB_WRITES = frozenset(
         "concurrency_key_status",
         "concurrency_limit_list",
         "concurrency_limit_set",
+        "concurrency_rate_list",
+        "concurrency_rate_set",
+        "concurrency_rate_status",
         "is_connection_lost",
         "job_attempts",
         "job_explain",

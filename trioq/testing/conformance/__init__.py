@@ -17,8 +17,9 @@ The checks are split by concern, one module each: `claims`, `outcomes` (fence, c
 release), `leases` (renewal and recovery), `keys` (dedup and partition keys), `cancel`,
 `notifications` (transactions and what a commit announces), `status`, `waits` (events and
 children), `messages`, `schedules`, `leadership`, `versions`, `continue_as_new`, `limits`
-(cluster-wide queue limits), `concurrency_keys` (at most N running per key) and `concurrency`
-(two workers at once); `harness` holds what they share.
+(cluster-wide queue limits), `concurrency_keys` (at most N running per key), `key_rates` (at
+most N starts per period per key) and `concurrency` (two workers at once); `harness` holds what
+they share.
 """
 
 from . import (  # noqa: F401  (each module registers its checks in CHECKS)
@@ -28,6 +29,7 @@ from . import (  # noqa: F401  (each module registers its checks in CHECKS)
     concurrency_keys,
     continue_as_new,
     deadlines,
+    key_rates,
     keys,
     leadership,
     leases,
