@@ -98,7 +98,8 @@ def _concurrency_facts(db: MemoryState, row: Row) -> dict[str, Any] | None:
     if key is None:
         return None
     running = len(concurrency.running_per_key(db).get(key, ()))
-    return {"running": running, "limit": concurrency.key_limit(db, key, row.concurrency_limit)}
+    applied = concurrency.queue_key_limit(db, row.queue, key, row.concurrency_limit)
+    return {"running": running, "limit": applied.limit, "head_id": applied.head_id}
 
 
 def checkpoint_list(db: MemoryState, job_id: int) -> list[Checkpoint]:

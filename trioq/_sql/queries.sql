@@ -438,7 +438,8 @@ keyed AS MATERIALIZED (
 -- workers. The same loose index scan as ready_keys, over jobs_concurrency_ready_idx, visiting
 -- at most %(key_window)s keys round-robin after %(concurrency_cursor)s. Per key: its limit
 -- (concurrency_limit_of: the longest matching pattern of concurrency_limits, else the
--- concurrency_limit of the key's first ready row, else 1), the slots held (one
+-- concurrency_limit of the key's first ready row, else 1: trioq/_core/concurrency.py
+-- `claim_limit`, which job_explain reports too), the slots held (one
 -- concurrency_holds row per running job of the key, any queue), and up to limit - held of its
 -- due ready rows in claim order, each paired with one of the free slots below the limit,
 -- lowest first. A saturated key yields no row and the scan goes on to the next key, so it
@@ -1179,12 +1180,24 @@ SELECT {schema}.db_now(),
             ORDER BY attempt DESC, id DESC LIMIT 1) AS t),
        (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue),
        -- A concurrency key's running count (its holds, by primary key prefix) and the limit
-       -- that applies (the job's own when no pattern matches).
+       -- the claim applies (trioq/_core/concurrency.py `claim_limit`): a matching pattern's,
+       -- else that of the key's head, its first ready job of the queue in claim order
+       -- (jobs_concurrency_ready_idx; the claim's concurrency_room reads the same row), else
+       -- 1; with no ready job of the key, the job's own stands in for the head's.
        (SELECT jsonb_build_object(
                    'running', (SELECT count(*) FROM {schema}.concurrency_holds AS h
                                WHERE h.concurrency_key = job.concurrency_key),
-                   'limit', {schema}.concurrency_limit_of(job.concurrency_key,
-                                                          job.concurrency_limit))
+                   'limit', {schema}.concurrency_limit_of(
+                                job.concurrency_key,
+                                CASE WHEN head.id IS NULL THEN job.concurrency_limit
+                                     ELSE head.concurrency_limit END),
+                   'head_id', head.id)
+        FROM (SELECT 1) AS one
+        LEFT JOIN LATERAL (
+            SELECT f.id, f.concurrency_limit FROM {schema}.jobs AS f
+            WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
+              AND f.state = 'ready'
+            ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
         WHERE job.concurrency_key IS NOT NULL)
 FROM job;
 
