@@ -5,6 +5,7 @@ the stored error naming the deadline and who set it)."""
 from __future__ import annotations
 
 import datetime
+import json
 
 import psycopg
 import pytest
@@ -13,6 +14,7 @@ import trio.testing
 
 import trioq
 from tests.support import running_worker, sql_rows
+from trioq import cli
 from trioq._core.explain import explain
 from trioq._driver import JobFilter, MaintenancePass
 from trioq._memory import MemoryDriver
@@ -247,3 +249,30 @@ async def test_the_sync_producer_stores_a_deadline_and_refuses_a_naive_one(
     assert sql_rows(
         pg_url, f"SELECT id, deadline_at - created_at, deadline_source FROM {pg_schema}.jobs"
     ) == [(job_id, datetime.timedelta(hours=2), "set at enqueue")]
+
+
+def test_trioq_job_shows_the_deadline_and_the_reason_it_cancelled_the_job(
+    pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--database-url", pg_url, "--schema", pg_schema]
+    assert cli.main(["migrate", *base]) == 0
+    with SyncProducer(pg_url, schema=pg_schema) as producer:
+        ahead = producer.enqueue(FOREVER, {}, deadline=datetime.timedelta(hours=2)).id
+        passed = producer.enqueue(FOREVER, {}, deadline=datetime.timedelta(hours=1)).id
+    sql_rows(
+        pg_url,
+        f"UPDATE {pg_schema}.jobs SET deadline_at = now() - interval '1 second' "
+        "WHERE id = %s RETURNING id",
+        [passed],
+    )
+    assert sql_rows(pg_url, f"SELECT {pg_schema}.job_deadline_pass(10, 'unused')") == [(1,)]
+    capsys.readouterr()
+    assert cli.main(["job", *base, str(ahead), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["job"]
+    assert shown["deadline_source"] == "set at enqueue" and shown["deadline_at"] is not None
+    assert cli.main(["job", *base, str(ahead)]) == 0
+    text = capsys.readouterr().out
+    assert "\ndeadline: " in text and "(set at enqueue)\n" in text and "passed" not in text
+    assert cli.main(["job", *base, str(passed)]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("deadline")]
+    assert "(set at enqueue): passed, the job was cancelled (deadline passed at " in line

@@ -178,3 +178,6 @@ class JobRecord:
     finished_at: datetime.datetime | None
     # Claims so far (migration 0019); `attempt` leaves out a workflow's suspended executions.
     executions: int = 0
+    # When the whole job must be finished, and who set it (migration 0021; None: no deadline).
+    deadline_at: datetime.datetime | None = None
+    deadline_source: str | None = None

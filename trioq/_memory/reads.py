@@ -286,6 +286,8 @@ def _job_record(row: Row, max_attempts: int) -> JobRecord:
         started_at=row.started_at,
         finished_at=row.finished_at,
         executions=row.executions,
+        deadline_at=row.deadline_at,
+        deadline_source=row.deadline_source,
     )
 
 

@@ -1136,7 +1136,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at, executions
+       finished_at, executions, deadline_at, deadline_source
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_states
@@ -1210,7 +1210,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at, executions
+       finished_at, executions, deadline_at, deadline_source
 FROM {schema}.jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
@@ -2281,7 +2281,7 @@ SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attem
        wait_event_key, wait_children, checkpoint_count, cancel_requested,
        left(payload::text, %(text_limit)s), length(payload::text),
        left(result::text, %(text_limit)s), length(result::text),
-       left(error::text, %(text_limit)s)
+       left(error::text, %(text_limit)s), deadline_at, deadline_source
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: dashboard_job_history
