@@ -5,6 +5,7 @@ these tests."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 import shutil
@@ -291,8 +292,11 @@ def test_an_admin_pauses_and_resumes_a_queue_each_action_audited(live: Harness, 
 
 def test_an_admin_cancels_emits_and_purges_through_the_forms(live: Harness, page: Page) -> None:
     client = _client(live)
-    later = live.call(client.enqueue, "echo", {"later": True}, delay=3600)
+    later = live.call(
+        client.enqueue, "echo", {"later": True}, delay=3600, deadline=datetime.timedelta(hours=2)
+    )
     page.goto(f"{live.admin_url}/jobs/{later.id}")
+    expect(page.locator("#deadline")).to_contain_text("(set at enqueue)")
     page.click("#cancel")
     expect(page.locator("#job-state")).to_have_text("cancelled")
     page.goto(live.admin_url + "/")

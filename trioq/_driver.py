@@ -188,9 +188,10 @@ class WorkerRegistration:
     queues: tuple[str, ...]
     concurrency: int
     task_versions: tuple[str, ...] = ()  # 'task@version' pairs served
-    # (task, version, max_attempts) of each served pair, sorted: the declarations that rows
-    # without a max_attempts of their own take (task_defaults, migration 0015)
-    task_defaults: tuple[tuple[str, int, int], ...] = ()
+    # (task, version, max_attempts, deadline seconds or None) of each served pair, sorted: the
+    # declarations that rows without a max_attempts of their own take (task_defaults, migration
+    # 0015), and the deadline inserts give jobs without one of their own (migration 0029)
+    task_defaults: tuple[tuple[str, int, int, float | None], ...] = ()
     # The slots of each queue in `queues`, in order (migration 0018); `concurrency` is their sum.
     queue_concurrency: tuple[int, ...] = ()
     heartbeat_seconds: float | None = None  # the longest gap between its heartbeats (0019)

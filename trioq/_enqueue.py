@@ -207,6 +207,8 @@ def build_jobs(
         deadline_at=deadline_at,
         deadline_seconds=deadline_seconds,
         deadline_source=deadline_source,
+        # A task this app registers has its deadline (or none) in its own declaration.
+        task_deadline=isinstance(spec, TaskDeclaration),
     )
     return NewJobs(
         template, _encode_all(payloads, single), keys if _any_key(keys) else None, per_payload

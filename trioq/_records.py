@@ -42,6 +42,10 @@ class NewJob:
     deadline_at: datetime.datetime | None = None
     deadline_seconds: float | None = None
     deadline_source: str | None = None
+    # Without a deadline of its own, the insert gives it the one its task's workers registered
+    # (task_defaults, migration 0029). False when the enqueuing app registers the task itself:
+    # its declaration decides, and the insert reads nothing.
+    task_deadline: bool = True
 
 
 @attrs.frozen
@@ -110,6 +114,7 @@ class NewJobs(Sequence[NewJob]):
             job.deadline_at,
             job.deadline_seconds,
             job.deadline_source,
+            job.task_deadline,
         )
 
 
@@ -178,3 +183,6 @@ class JobRecord:
     finished_at: datetime.datetime | None
     # Claims so far (migration 0019); `attempt` leaves out a workflow's suspended executions.
     executions: int = 0
+    # When the whole job must be finished, and who set it (migration 0021; None: no deadline).
+    deadline_at: datetime.datetime | None = None
+    deadline_source: str | None = None

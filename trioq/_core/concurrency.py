@@ -2,9 +2,10 @@
 and at most N starts per period per key.
 
 Pure: validation of keys, limits and patterns, a task's key template applied to a payload, and
-which limit or rate applies to a key. The PostgreSQL claim applies `limit_for` as the SQL
-function `concurrency_limit_of` (migration 0027) and `rate_for` as `concurrency_rate_of`
-(migration 0028); the memory driver calls them directly.
+which limit or rate applies to a key (`claim_limit`: one rule for the claim and for `explain`).
+The PostgreSQL claim and `job_explain` apply it as the SQL function `concurrency_limit_of`
+(migration 0027) over the key's head (queries.sql: `concurrency_room`, `job_explain`), and
+`rate_for` as `concurrency_rate_of` (migration 0028); the memory driver calls them directly.
 """
 
 from __future__ import annotations
@@ -118,3 +119,32 @@ def limit_for(key: str, patterns: Iterable[tuple[str, int]], job_limit: int | No
 def rate_for(key: str, patterns: Iterable[tuple[str, Rate]]) -> Rate | None:
     """The rate of `key`: the longest matching pattern's; None: the key has no rate."""
     return longest_match(key, patterns)
+
+
+# One ready job of a key, as `claim_limit` reads it: (its claim order, e.g. (priority, run_at,
+# id), its id, its own concurrency_limit).
+ReadyJob = tuple[Any, int, int | None]
+
+
+@attrs.frozen
+class KeyLimit:
+    limit: int
+    head_id: int | None  # the key's next job, whose own limit applies unless a pattern's does
+
+
+def claim_limit(
+    key: str,
+    patterns: Iterable[tuple[str, int]],
+    ready: Iterable[ReadyJob],
+    own_limit: int | None = None,
+) -> KeyLimit:
+    """The limit a claim applies to `key` in a queue, and `explain` reports for any job of it:
+    the longest matching pattern's, else the `concurrency_limit` of the key's head (its first
+    ready job of the queue in claim order), else 1. The claim decides a key's room once per
+    visit, from its head, before it picks jobs, so every job of the key starts under that one
+    limit, whatever its own; with no ready job of the key (nothing for a claim to decide),
+    `own_limit` (the explained job's) stands in for the head's."""
+    head = min(ready, default=None, key=lambda job: job[0])
+    if head is None:
+        return KeyLimit(limit_for(key, patterns, own_limit), None)
+    return KeyLimit(limit_for(key, patterns, head[2]), head[1])

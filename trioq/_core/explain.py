@@ -34,8 +34,9 @@ class ExplainFacts:
     workers: tuple[Row, ...] = ()  # registered workers that serve the job's queue
     last_attempt: Row | None = None
     pause: Row | None = None  # the queue's queue_pauses row when it is paused
-    # The job's concurrency key: {"running": n, "limit": l}, and with a rate (migration 0028)
-    # rate_allowed, rate_period, recent_starts, rate_limited_until (None: it has no key)
+    # The job's concurrency key: {"running": n, "limit": l, "head_id": the key's next job}, the
+    # limit the claim applies (`_core.concurrency.claim_limit`), and with a rate (migration
+    # 0028) rate_allowed, rate_period, recent_starts, rate_limited_until (None: it has no key)
     concurrency: Row | None = None
     # The queue's cluster-wide limits against them now (global_limit, running, rate,
     # rate_limited_until), when it has any (Client.explain adds them).
@@ -273,10 +274,18 @@ def _concurrency_gates(job: Row, concurrency: Row | None, now: datetime.datetime
         return []
     waiting = job["state"] in (JobState.READY, JobState.SCHEDULED)
     running, limit = int(concurrency["running"]), int(concurrency["limit"])
+    head = concurrency.get("head_id")
+    # The claim takes one limit per key (`claim_limit`): say so when another job's applies.
+    whose = (
+        ""
+        if head is None or int(head) == int(job["id"])
+        else f" (the claim takes the key's limit from its next job, {head}, unless a pattern "
+        "sets it)"
+    )
     if waiting and running >= limit:
-        gates = [Gate("concurrency_key", True, f"key {key} at its limit {running}/{limit}")]
+        gates = [Gate("concurrency_key", True, f"key {key} at its limit {running}/{limit}{whose}")]
     else:
-        gates = [Gate("concurrency_key", False, f"key {key} runs {running}/{limit}")]
+        gates = [Gate("concurrency_key", False, f"key {key} runs {running}/{limit}{whose}")]
     if concurrency.get("rate_allowed") is not None:
         gates.append(_key_rate_gate(key, concurrency, waiting, now))
     return gates

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from .._core import limits as rules
-from .._core.concurrency import limit_for, rate_for
+from .._core.concurrency import KeyLimit, ReadyJob, claim_limit, limit_for, rate_for
 from .._driver import (
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
@@ -36,9 +36,25 @@ def running_per_key(state: MemoryState) -> dict[str, list[Row]]:
     return running
 
 
+def patterns(state: MemoryState) -> list[tuple[str, int]]:
+    return [(limit.pattern, limit.max_running) for limit in state.concurrency_limits.values()]
+
+
 def key_limit(state: MemoryState, key: str, job_limit: int | None) -> int:
-    patterns = [(limit.pattern, limit.max_running) for limit in state.concurrency_limits.values()]
-    return limit_for(key, patterns, job_limit)
+    return limit_for(key, patterns(state), job_limit)
+
+
+def queue_key_limit(
+    state: MemoryState, queue: str, key: str, own_limit: int | None = None
+) -> KeyLimit:
+    """The limit a claim of `queue` applies to `key` (`claim_limit`: its head's, or a
+    pattern's), as `explain` reports it."""
+    ready = [
+        (row.claim_order, row.id, row.concurrency_limit)
+        for row in (state.rows[job_id] for job_id in state.open_by_queue.get(queue, ()))
+        if row.state == "ready" and row.concurrency_key == key
+    ]
+    return claim_limit(key, patterns(state), ready, own_limit)
 
 
 def key_rate(state: MemoryState, key: str) -> rules.Rate | None:
@@ -74,24 +90,27 @@ def concurrency_candidates(
     rated: list[RatedKey] | None = None,
 ) -> list[Row]:
     """Up to limit - running due rows of each visited key, in claim order: a key at its limit
-    gives none, and the others still give theirs. The limit is the key's first ready row's
-    (as in the SQL), unless a pattern matches. A rated key gives at most the starts its
+    gives none, and the others still give theirs. The limit is `claim_limit`'s (the key's
+    head's unless a pattern matches, as in the SQL). A rated key gives at most the starts its
     window has left; `rated` collects those keys for the reply (`rate_spend`)."""
     running = running_per_key(state)
     wanted = set(visited)
-    first: dict[str, Row] = {}
-    for row in sorted(ready, key=lambda row: row.claim_order):
+    ready_per_key: dict[str, list[ReadyJob]] = {}
+    for row in ready:
         if row.concurrency_key in wanted:
-            first.setdefault(row.concurrency_key, row)
+            ready_per_key.setdefault(row.concurrency_key, []).append(
+                (row.claim_order, row.id, row.concurrency_limit)
+            )
+    known = patterns(state)
     per_key: dict[str, list[Row]] = {}
     for row in sorted(due, key=lambda row: row.claim_order):
         if row.concurrency_key in wanted and serves(row):
             per_key.setdefault(row.concurrency_key, []).append(row)
     taken: list[Row] = []
     for key in visited:
-        if key not in first:
+        if key not in ready_per_key:
             continue
-        room = key_limit(state, key, first[key].concurrency_limit) - len(running.get(key, ()))
+        room = claim_limit(key, known, ready_per_key[key]).limit - len(running.get(key, ()))
         room = max(0, min(room, limit))
         rate = key_rate(state, key)
         if rate is not None:

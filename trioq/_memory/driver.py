@@ -235,7 +235,7 @@ class MemoryDriver:
             if existing is not None:
                 results.append(InsertedJob(id=existing, created=False))
                 continue
-            row = new_row(next(self._state.ids), job, now)
+            row = new_row(next(self._state.ids), job, now, self._state.task_deadline(job))
             if row.dedup_key is not None:
                 batch_keys[row.dedup_key] = row.id
             created.append(row)
@@ -992,8 +992,12 @@ class MemoryDriver:
         if params.worker_id in self._state.workers:
             raise ValueError(f"worker {params.worker_id} is already registered")
         self._state.workers[params.worker_id] = Worker(params, started_at=now, heartbeat_at=now)
-        for task, version, max_attempts in params.task_defaults:
+        for task, version, max_attempts, deadline in params.task_defaults:
             self._state.task_defaults[(task, version)] = max_attempts
+            if deadline is None:
+                self._state.task_deadlines.pop((task, version), None)
+            else:
+                self._state.task_deadlines[(task, version)] = deadline
 
     async def worker_unregister(self, worker_id: uuid.UUID) -> None:
         await self._state.statement("worker_unregister")
@@ -1142,7 +1146,7 @@ class MemoryDriver:
             max_attempts=schedule.max_attempts,
             unique_states=TERMINAL_IN_ORDER,
         )
-        return new_row(next(self._state.ids), job, now)
+        return new_row(next(self._state.ids), job, now, self._state.task_deadline(job))
 
     def _notify_schedules(self) -> None:
         outbox = Outbox()

@@ -98,9 +98,11 @@ def _concurrency_facts(db: MemoryState, row: Row, now: datetime.datetime) -> dic
     if key is None:
         return None
     running = len(concurrency.running_per_key(db).get(key, ()))
+    applied = concurrency.queue_key_limit(db, row.queue, key, row.concurrency_limit)
     return {
         "running": running,
-        "limit": concurrency.key_limit(db, key, row.concurrency_limit),
+        "limit": applied.limit,
+        "head_id": applied.head_id,
         **concurrency.rate_facts(db, key, now),
     }
 
@@ -289,6 +291,8 @@ def _job_record(row: Row, max_attempts: int) -> JobRecord:
         started_at=row.started_at,
         finished_at=row.finished_at,
         executions=row.executions,
+        deadline_at=row.deadline_at,
+        deadline_source=row.deadline_source,
     )
 
 

@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from .._core.channels import CHANNEL_SHARDS, result_channel
+from .._core.deadlines import SET_AT_ENQUEUE, own_deadline
 from .._core.identifiers import validate_key, validate_name
 from .._core.limits import Rate
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
@@ -230,6 +231,8 @@ class MemoryState:
     workers: dict[uuid.UUID, Worker] = attrs.field(factory=dict)
     # (task, version) -> max_attempts, as workers register them (the task_defaults table)
     task_defaults: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    # (task, version) -> its deadline in seconds, as workers register them (migration 0029)
+    task_deadlines: dict[tuple[str, int], float] = attrs.field(factory=dict)
     paused: dict[str, datetime.datetime] = attrs.field(factory=dict)
     # pattern -> its limit: the concurrency_limits table (migration 0027)
     concurrency_limits: dict[str, ConcurrencyLimit] = attrs.field(factory=dict)
@@ -279,6 +282,11 @@ class MemoryState:
         declared = self.task_defaults.get((row.task, row.version), DEFAULT_MAX_ATTEMPTS)
         return applied_max_attempts(row.max_attempts, declared)
 
+    def task_deadline(self, job: NewJob) -> float | None:
+        """The deadline, in seconds, the workers of `job`'s (task, version) registered, when
+        the enqueuer asks for it (`NewJob.task_deadline`)."""
+        return self.task_deadlines.get((job.task, job.version)) if job.task_deadline else None
+
     def finish(self, row: Row, state: str, now: datetime.datetime) -> None:
         row.state = state
         row.finished_at = now
@@ -320,11 +328,18 @@ def validate_new_job(job: NewJob) -> None:
     json.loads(job.payload_json)
 
 
-def new_row(job_id: int, job: NewJob, now: datetime.datetime) -> Row:
+def new_row(
+    job_id: int, job: NewJob, now: datetime.datetime, task_deadline: float | None = None
+) -> Row:
+    """The row an insert writes; `task_deadline` is the task's registered deadline in seconds
+    (task_defaults), for a job without one of its own."""
     if job.run_at is not None:
         run_at = job.run_at if job.run_at.tzinfo else job.run_at.replace(tzinfo=datetime.UTC)
     else:
         run_at = now + (job.delay_seconds or 0.0) * SECOND
+    deadline = own_deadline(
+        job.deadline_at, job.deadline_seconds, job.deadline_source, job.task, task_deadline, now
+    )
     return Row(
         id=job_id,
         queue=job.queue,
@@ -345,10 +360,8 @@ def new_row(job_id: int, job: NewJob, now: datetime.datetime) -> Row:
         trace_context=job.trace_context,
         concurrency_key=job.concurrency_key,
         concurrency_limit=job.concurrency_limit,
-        deadline_at=job.deadline_at
-        if job.deadline_seconds is None
-        else now + job.deadline_seconds * SECOND,
-        deadline_source=job.deadline_source,
+        deadline_at=None if deadline is None else deadline.at,
+        deadline_source=None if deadline is None else deadline.source,
     )
 
 
@@ -356,7 +369,7 @@ def deadline_error(row: Row) -> str:
     """deadline_error() (migration 0021): the stored error of a job whose deadline passed."""
     assert row.deadline_at is not None
     at = row.deadline_at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    source = row.deadline_source or "set at enqueue"
+    source = row.deadline_source or SET_AT_ENQUEUE
     return json.dumps(
         {"type": "DeadlineExceeded", "message": f"deadline passed at {at} ({source})"}
     )

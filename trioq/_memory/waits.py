@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from .._core.deadlines import Deadline, child_deadline
 from .._driver import (
     CancelChildren,
     CancelOutcome,
@@ -147,15 +148,15 @@ def spawn(db: MemoryState, params: Spawn, now: datetime.datetime) -> tuple[Spawn
                 db, parent, params.position, "spawn", params.child.task, {"child_id": row.id}
             )
             return SpawnOutcome(row.id, False), None
-    child = new_row(next(db.ids), params.child, now)
+    child = new_row(next(db.ids), params.child, now, db.task_deadline(params.child))
     child.parent_id = parent.id
     child.parent_position = params.position
     child.on_parent_cancel = params.on_parent_cancel
-    # A child inherits its workflow's deadline (migration 0021), and only that.
-    child.deadline_at = parent.deadline_at
-    child.deadline_source = (
-        None if parent.deadline_at is None else f"inherited from job {parent.id}"
-    )
+    # The earlier of the child's own deadline and its workflow's (migration 0029).
+    own = None if child.deadline_at is None else Deadline(child.deadline_at, child.deadline_source)
+    deadline = child_deadline(own, parent.deadline_at, parent.id)
+    if deadline is not None:
+        child.deadline_at, child.deadline_source = deadline.at, deadline.source
     _checkpoint(db, parent, params.position, "spawn", params.child.task, {"child_id": child.id})
     return SpawnOutcome(child.id, True), child
 

@@ -862,6 +862,10 @@ class PgDriver:
                 "on_parent_cancels": [spawn.on_parent_cancel for spawn in spawns],
                 "concurrency_keys": [child.concurrency_key for child in children],
                 "concurrency_limits": [child.concurrency_limit for child in children],
+                "deadline_ats": [child.deadline_at for child in children],
+                "deadlines": [child.deadline_seconds for child in children],
+                "deadline_sources": [child.deadline_source for child in children],
+                "task_deadlines": [child.task_deadline for child in children],
             },
         )
         return [SpawnOutcome(row[1], row[2], row[3]) for row in rows]
@@ -1016,9 +1020,10 @@ class PgDriver:
                 "concurrency": params.concurrency,
                 "queue_concurrency": list(params.queue_concurrency) or None,
                 "task_versions": list(params.task_versions),
-                "default_tasks": [task for task, _, _ in params.task_defaults],
-                "default_versions": [version for _, version, _ in params.task_defaults],
-                "default_max_attempts": [attempts for _, _, attempts in params.task_defaults],
+                "default_tasks": [row[0] for row in params.task_defaults],
+                "default_versions": [row[1] for row in params.task_defaults],
+                "default_max_attempts": [row[2] for row in params.task_defaults],
+                "default_deadlines": [row[3] for row in params.task_defaults],
                 "heartbeat_seconds": params.heartbeat_seconds,
             },
         )

@@ -46,6 +46,7 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
             "deadline_at": job.deadline_at,
             "deadline": job.deadline_seconds,
             "deadline_source": job.deadline_source,
+            "task_deadline": job.task_deadline,
         }
         if len(jobs.payloads) == 1:
             params["payload"] = jobs.payloads[0]
@@ -88,6 +89,7 @@ def insert_params(jobs: Sequence[NewJob]) -> Params:
         "deadline_ats": [job.deadline_at for job in jobs],
         "deadlines": [job.deadline_seconds for job in jobs],
         "deadline_sources": [job.deadline_source for job in jobs],
+        "task_deadlines": [job.task_deadline for job in jobs],
     }
 
 

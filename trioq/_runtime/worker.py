@@ -496,7 +496,10 @@ class Worker:
             queue_concurrency=tuple(self.config.slots(queue) for queue in self.config.queues),
             task_versions=tuple(sorted(spec.pair for spec in self._served())),
             task_defaults=tuple(
-                sorted((spec.name, spec.version, spec.max_attempts) for spec in self._served())
+                sorted(
+                    (spec.name, spec.version, spec.max_attempts, spec.deadline)
+                    for spec in self._served()
+                )
             ),
             heartbeat_seconds=self.config.heartbeat_every,
         )

@@ -49,11 +49,12 @@ WITH input AS MATERIALIZED (
                 %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[],
                 %(trace_contexts)s::text[], %(concurrency_keys)s::text[],
                 %(concurrency_limits)s::int[], %(deadline_ats)s::timestamptz[],
-                %(deadlines)s::float8[], %(deadline_sources)s::text[])
+                %(deadlines)s::float8[], %(deadline_sources)s::text[],
+                %(task_deadlines)s::boolean[])
          WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
                               dedup_key, max_attempts, unique_for, unique_states, version,
                               trace_context, concurrency_key, concurrency_limit, deadline_at,
-                              deadline, deadline_source, ord)
+                              deadline, deadline_source, task_deadline, ord)
 ),
 released AS (
     UPDATE {schema}.jobs j SET dedup_key = NULL
@@ -69,18 +70,26 @@ inserted AS (
                                    unique_states, unique_until, version, trace_context,
                                    concurrency_key, concurrency_limit, deadline_at,
                                    deadline_source)
-    SELECT new_id, queue, task, payload::jsonb,
+    SELECT new_id, queue, first_of_key.task, payload::jsonb,
            CASE WHEN due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
-           priority, due_at, partition_key, dedup_key, max_attempts, {schema}.db_now(),
-           string_to_array(coalesce(unique_states, ''), ','),
-           {schema}.db_now() + unique_for * interval '1 second', coalesce(version, 1),
+           priority, due_at, partition_key, dedup_key, first_of_key.max_attempts,
+           {schema}.db_now(), string_to_array(coalesce(unique_states, ''), ','),
+           {schema}.db_now() + unique_for * interval '1 second',
+           coalesce(first_of_key.version, 1),
            trace_context, concurrency_key, concurrency_limit,
-           coalesce(deadline_at, {schema}.db_now() + deadline * interval '1 second'),
-           deadline_source
+           coalesce(deadline_at, {schema}.db_now() + coalesce(deadline, t.deadline_seconds)
+                                                     * interval '1 second'),
+           coalesce(deadline_source, 'set by task ' || t.task)
     FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
                  coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
                      AS due_at
           FROM input) AS first_of_key
+    -- The task's registered deadline for rows without their own, as in job_insert_one.
+    LEFT JOIN {schema}.task_defaults t
+           ON first_of_key.task_deadline
+          AND first_of_key.deadline_at IS NULL AND first_of_key.deadline IS NULL
+          AND t.task = first_of_key.task AND t.version = coalesce(first_of_key.version, 1)
+          AND t.deadline_seconds IS NOT NULL
     WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) >= 0
     ORDER BY ord
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
@@ -120,12 +129,21 @@ WITH inserted AS (
            %(priority)s::smallint, n.due_at, %(partition_key)s::text, %(max_attempts)s::int,
            n.now, %(version)s::int, %(trace_context)s::text,
            coalesce(%(deadline_at)s::timestamptz,
-                    n.now + %(deadline)s::float8 * interval '1 second'),
-           %(deadline_source)s::text
+                    n.now + coalesce(%(deadline)s::float8, n.task_seconds)
+                            * interval '1 second'),
+           coalesce(%(deadline_source)s::text,
+                    CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || %(task)s::text
+                    END)
+    -- task_seconds: the task's registered deadline for jobs without their own, read once for
+    -- the batch (as in job_insert_one).
     FROM (SELECT d.now,
                  coalesce(%(run_at)s::timestamptz,
-                          d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at
-          FROM (SELECT {schema}.db_now() AS now) AS d) AS n,
+                          d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at,
+                 CASE WHEN %(task_deadline)s::boolean AND %(deadline_at)s::timestamptz IS NULL
+                           AND %(deadline)s::float8 IS NULL
+                      THEN {schema}.task_deadline_seconds(%(task)s::text, %(version)s::int)
+                 END AS task_seconds
+          FROM (SELECT {schema}.db_now() AS now) AS d OFFSET 0) AS n,
          unnest(%(payloads)s::text[]) WITH ORDINALITY AS p(payload, ord)
     ORDER BY p.ord
     RETURNING j.id, j.state
@@ -146,6 +164,11 @@ FROM inserted i;
 -- compares them); a job due later is `scheduled`. Its queue's ready notification is sent by
 -- RETURNING, inside the transaction (delivered only if it commits), also for a delayed job, as
 -- job_insert_batch does.
+-- A job without a deadline of its own takes its task's, as the task's workers registered it
+-- (task_defaults, migration 0029; the rule: trioq/_core/deadlines.py `own_deadline`), from
+-- the enqueue, unless its enqueuer registers the task itself (%(task_deadline)s false: its
+-- declaration decides). task_deadline_seconds() is called only then (CASE), and once
+-- (OFFSET 0 keeps `n` a subquery, not one call per reference).
 INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at, partition_key,
                                max_attempts, created_at, version, trace_context, deadline_at,
                                deadline_source)
@@ -153,12 +176,18 @@ SELECT %(queue)s::text, %(task)s::text, %(payload)s::jsonb,
        CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
        %(priority)s::smallint, n.due_at, %(partition_key)s::text, %(max_attempts)s::int, n.now,
        %(version)s::int, %(trace_context)s::text,
-       coalesce(%(deadline_at)s::timestamptz, n.now + %(deadline)s::float8 * interval '1 second'),
-       %(deadline_source)s::text
+       coalesce(%(deadline_at)s::timestamptz,
+                n.now + coalesce(%(deadline)s::float8, n.task_seconds) * interval '1 second'),
+       coalesce(%(deadline_source)s::text,
+                CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || %(task)s::text END)
 FROM (SELECT d.now,
              coalesce(%(run_at)s::timestamptz,
-                      d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at
-      FROM (SELECT {schema}.db_now() AS now) AS d) AS n
+                      d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at,
+             CASE WHEN %(task_deadline)s::boolean AND %(deadline_at)s::timestamptz IS NULL
+                       AND %(deadline)s::float8 IS NULL
+                  THEN {schema}.task_deadline_seconds(%(task)s::text, %(version)s::int)
+             END AS task_seconds
+      FROM (SELECT {schema}.db_now() AS now) AS d OFFSET 0) AS n
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 
 -- fragment: unkeyed_scan
@@ -441,7 +470,8 @@ keyed AS MATERIALIZED (
 -- workers. The same loose index scan as ready_keys, over jobs_concurrency_ready_idx, visiting
 -- at most %(key_window)s keys round-robin after %(concurrency_cursor)s. Per key: its limit
 -- (concurrency_limit_of: the longest matching pattern of concurrency_limits, else the
--- concurrency_limit of the key's first ready row, else 1), the slots held (one
+-- concurrency_limit of the key's first ready row, else 1: trioq/_core/concurrency.py
+-- `claim_limit`, which job_explain reports too), the slots held (one
 -- concurrency_holds row per running job of the key, any queue), and up to limit - held of its
 -- due ready rows in claim order, each paired with one of the free slots below the limit,
 -- lowest first. A saturated key yields no row and the scan goes on to the next key, so it
@@ -1314,7 +1344,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at, executions
+       finished_at, executions, deadline_at, deadline_source
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_states
@@ -1358,12 +1388,18 @@ SELECT {schema}.db_now(),
             ORDER BY attempt DESC, id DESC LIMIT 1) AS t),
        (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue),
        -- A concurrency key's running count (its holds, by primary key prefix) and the limit
-       -- that applies (the job's own when no pattern matches).
+       -- the claim applies (trioq/_core/concurrency.py `claim_limit`): a matching pattern's,
+       -- else that of the key's head, its first ready job of the queue in claim order
+       -- (jobs_concurrency_ready_idx; the claim's concurrency_room reads the same row), else
+       -- 1; with no ready job of the key, the job's own stands in for the head's.
        (SELECT jsonb_build_object(
                    'running', (SELECT count(*) FROM {schema}.concurrency_holds AS h
                                WHERE h.concurrency_key = job.concurrency_key),
-                   'limit', {schema}.concurrency_limit_of(job.concurrency_key,
-                                                          job.concurrency_limit))
+                   'limit', {schema}.concurrency_limit_of(
+                                job.concurrency_key,
+                                CASE WHEN head.id IS NULL THEN job.concurrency_limit
+                                     ELSE head.concurrency_limit END),
+                   'head_id', head.id)
                -- The key's rate (migration 0028) and its starts in the window now.
                || coalesce((SELECT jsonb_build_object(
                                 'rate_allowed', r.rate_allowed, 'rate_period', r.rate_period,
@@ -1380,6 +1416,12 @@ SELECT {schema}.db_now(),
                                   AND s.started_at > {schema}.db_now()
                                                      - r.rate_period * interval '1 second'
                             ) AS w), '{}'::jsonb)
+        FROM (SELECT 1) AS one
+        LEFT JOIN LATERAL (
+            SELECT f.id, f.concurrency_limit FROM {schema}.jobs AS f
+            WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
+              AND f.state = 'ready'
+            ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
         WHERE job.concurrency_key IS NOT NULL)
 FROM job;
 
@@ -1392,7 +1434,7 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at, executions
+       finished_at, executions, deadline_at, deadline_source
 FROM {schema}.jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
@@ -1460,17 +1502,22 @@ SELECT attempt, outcome, error_type, error_message, traceback, worker_id, starte
 FROM {schema}.attempts WHERE job_id = %(id)s ORDER BY id;
 
 -- name: worker_register
--- Registration also writes the max_attempts each served (task, version) declares
--- (task_defaults, migration 0015), in the caller's sorted order so that workers starting
--- together lock the rows in one order; a row already equal is left alone.
+-- Registration also writes the max_attempts and the deadline each served (task, version)
+-- declares (task_defaults, migrations 0015 and 0029; a deadline removed from the declaration
+-- is removed here too), in the caller's sorted order so that workers starting together lock
+-- the rows in one order; a row already equal is left alone.
 WITH declared AS (
-    INSERT INTO {schema}.task_defaults AS d (task, version, max_attempts, declared_at)
-    SELECT t.task, t.version, t.max_attempts, {schema}.db_now()
+    INSERT INTO {schema}.task_defaults AS d (task, version, max_attempts, deadline_seconds,
+                                             declared_at)
+    SELECT t.task, t.version, t.max_attempts, t.deadline_seconds, {schema}.db_now()
     FROM unnest(%(default_tasks)s::text[], %(default_versions)s::int[],
-                %(default_max_attempts)s::int[]) AS t(task, version, max_attempts)
+                %(default_max_attempts)s::int[], %(default_deadlines)s::float8[])
+         AS t(task, version, max_attempts, deadline_seconds)
     ON CONFLICT (task, version) DO UPDATE
-    SET max_attempts = excluded.max_attempts, declared_at = excluded.declared_at
-    WHERE d.max_attempts <> excluded.max_attempts
+    SET max_attempts = excluded.max_attempts, deadline_seconds = excluded.deadline_seconds,
+        declared_at = excluded.declared_at
+    WHERE (d.max_attempts, d.deadline_seconds)
+          IS DISTINCT FROM (excluded.max_attempts, excluded.deadline_seconds)
     RETURNING d.task
 )
 INSERT INTO {schema}.workers (id, hostname, pid, queues, concurrency, started_at, heartbeat_at,
@@ -1826,11 +1873,16 @@ fires AS (
 ),
 inserted AS (
     INSERT INTO {schema}.jobs (queue, task, payload, run_at, dedup_key, unique_states,
-                               max_attempts, version, created_at)
+                               max_attempts, version, created_at, deadline_at, deadline_source)
     SELECT a.queue, a.task, a.payload, f.fire_at, f.dedup_key,
            ARRAY['completed', 'failed', 'cancelled'], a.max_attempts, a.version,
-           {schema}.db_now()
+           {schema}.db_now(),
+           -- The task's registered deadline (migration 0029), from the enqueue.
+           {schema}.db_now() + t.deadline_seconds * interval '1 second',
+           'set by task ' || t.task
     FROM fires f JOIN advanced a ON a.name = f.name
+    LEFT JOIN {schema}.task_defaults t
+           ON t.task = a.task AND t.version = a.version AND t.deadline_seconds IS NOT NULL
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id, dedup_key, queue
 ),
@@ -1938,11 +1990,14 @@ WITH input AS MATERIALIZED (
                          %(run_ats)s::timestamptz[], %(delays)s::float8[],
                          %(partition_keys)s::text[], %(max_attempts)s::int[],
                          %(versions)s::int[], %(on_parent_cancels)s::text[],
-                         %(concurrency_keys)s::text[], %(concurrency_limits)s::int[])
+                         %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
+                         %(deadline_ats)s::timestamptz[], %(deadlines)s::float8[],
+                         %(deadline_sources)s::text[], %(task_deadlines)s::boolean[])
              WITH ORDINALITY AS t(parent_id, attempt, lease_token, position, queue, task,
                                   payload, priority, run_at, delay, partition_key,
                                   max_attempts, version, on_parent_cancel, concurrency_key,
-                                  concurrency_limit, ord)
+                                  concurrency_limit, deadline_at, deadline, deadline_source,
+                                  task_deadline, ord)
 ),
 locked AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs j
@@ -1970,13 +2025,29 @@ child AS (
            i.priority, i.due_at, i.partition_key, i.max_attempts, {schema}.db_now(),
            i.parent_id, i.position, i.version, i.on_parent_cancel, i.concurrency_key,
            i.concurrency_limit,
-           -- A child inherits its workflow's deadline (migration 0021).
-           p.deadline_at,
-           CASE WHEN p.deadline_at IS NOT NULL THEN 'inherited from job ' || p.id END
+           -- The earlier of the child's own deadline (the spawn's, else its task's) and its
+           -- workflow's, which it inherits on a tie (migrations 0021 and 0029; the rule:
+           -- trioq/_core/deadlines.py `child_deadline`).
+           CASE WHEN rule.inherits THEN p.deadline_at ELSE own.deadline_at END,
+           CASE WHEN rule.inherits THEN 'inherited from job ' || p.id
+                ELSE own.deadline_source END
     FROM (SELECT input.*, coalesce(input.run_at, {schema}.db_now()
                           + coalesce(input.delay, 0) * interval '1 second') AS due_at
           FROM input) AS i
     JOIN {schema}.jobs p ON p.id = i.parent_id
+    LEFT JOIN {schema}.task_defaults t
+           ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
+          AND t.task = i.task AND t.version = i.version AND t.deadline_seconds IS NOT NULL
+    CROSS JOIN LATERAL (
+        SELECT coalesce(i.deadline_at, {schema}.db_now()
+                        + coalesce(i.deadline, t.deadline_seconds) * interval '1 second')
+                   AS deadline_at,
+               coalesce(i.deadline_source, 'set by task ' || t.task) AS deadline_source
+    ) AS own
+    CROSS JOIN LATERAL (
+        SELECT p.deadline_at IS NOT NULL
+               AND (own.deadline_at IS NULL OR p.deadline_at <= own.deadline_at) AS inherits
+    ) AS rule
     WHERE (i.parent_id, i.attempt, i.lease_token) IN
           (SELECT id, attempt, lease_token FROM owner)
     ORDER BY i.ord
@@ -2503,7 +2574,7 @@ SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attem
        wait_event_key, wait_children, checkpoint_count, cancel_requested,
        left(payload::text, %(text_limit)s), length(payload::text),
        left(result::text, %(text_limit)s), length(result::text),
-       left(error::text, %(text_limit)s)
+       left(error::text, %(text_limit)s), deadline_at, deadline_source
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: dashboard_job_history

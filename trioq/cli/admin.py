@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.concurrency import LIMIT_FORM as KEY_LIMIT_FORM
 from .._core.concurrency import MAX_LIMIT, validate_pattern
+from .._core.deadlines import describe as describe_deadline
 from .._core.errors import JobNotFound
 from .._core.identifiers import validate_name, validate_schema
 from .._core.limits import LIMIT_FORM, RATE_FORM, Rate, parse_global_limit, parse_rate
@@ -147,6 +148,9 @@ async def cmd_job(args: argparse.Namespace) -> int:
         value = getattr(record, field.name)
         shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
         print(f"{field.name:>16}: {shown}")
+    deadline = describe_deadline(record.deadline_at, record.deadline_source, record.error)
+    if deadline is not None:
+        print(f"\ndeadline: {deadline}")
     print(f"\nattempts ({len(attempts)} that did not complete):")
     for a in attempts:
         print(f"  #{a.attempt} {a.outcome} at {a.finished_at}: {a.error_type}: {a.error_message}")

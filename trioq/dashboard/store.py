@@ -37,7 +37,7 @@ _JOB_COLUMNS = ("id", "queue", "task", "state", "priority", "run_at", "partition
                 "dedup_key", "attempt", "max_attempts", "worker_id", "created_at", "started_at",
                 "finished_at", "version", "parent_id", "wait_event_key", "wait_children",
                 "checkpoint_count", "cancel_requested", "payload", "payload_length", "result",
-                "result_length", "error")  # fmt: skip
+                "result_length", "error", "deadline_at", "deadline_source")  # fmt: skip
 _WORKFLOW_COLUMNS = ("id", "queue", "task", "state", "run_at", "wait_event_key",
                      "wait_children", "checkpoint_count", "created_at", "last_kind",
                      "last_name", "last_at")  # fmt: skip

@@ -94,6 +94,8 @@ NO_JOB_WRITES = frozenset(
         "queue_demand",
         "queue_limit_list",
         "queue_limit_set",
+        "queue_limits_changed",
+        "queue_limits_notified",
         "queue_pause",
         "queue_pause_list",
         "queue_resume",
@@ -123,6 +125,8 @@ _CHECKED_CALLS = (set(METHOD_STATEMENTS) | NO_JOB_WRITES) - {
     "statistics",
     "is_connection_lost",
     "open_listener",
+    "queue_limits_changed",
+    "queue_limits_notified",
 }
 
 

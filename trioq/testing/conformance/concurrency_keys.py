@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import datetime
 
+from ..._core.explain import explain
 from ..._driver import ClaimedJob, Driver, MaintenancePass, Settlement, Spawn
 from .harness import (
     DriverClock,
@@ -172,3 +173,39 @@ async def check_a_spawned_child_keeps_its_concurrency_key(
     claimed = await claim(driver)
     expect([job.concurrency_key for job in claimed], ["kid"], "one job of the key runs")
     expect(ids(claimed), [spawned.child_id], "the child, first in claim order")
+
+
+@conformance_check
+async def check_explain_reports_the_limit_the_claim_applies_to_a_key(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """Jobs of one key that carry different limits: the claim takes the key's limit from its
+    next job (its first ready one in claim order), and explain reports that limit for every
+    job of the key, not the job's own (`_core.concurrency.claim_limit`)."""
+
+    async def key_gate(job_id: int) -> tuple[bool, str]:
+        facts = await driver.job_explain(job_id)
+        assert facts is not None
+        [gate] = [gate for gate in explain(facts).gates if gate.name == "concurrency_key"]
+        return gate.blocking, gate.detail.split(" (")[0]
+
+    await enqueue(driver, new_job(0, concurrency_key="k", concurrency_limit=3))
+    await claim(driver)
+    [strict, loose] = await enqueue(
+        driver,
+        new_job(1, concurrency_key="k", concurrency_limit=1),
+        new_job(2, concurrency_key="k", concurrency_limit=3),
+    )
+    expect(await claim(driver), [], "the next job's limit of 1, with one running")
+    for job_id in (strict, loose):
+        expect(await key_gate(job_id), (True, "key k at its limit 1/1"), f"explain {job_id}")
+    # The other way round: a next job that allows 3 lets a job that carries 1 start beside it.
+    [head, second, carries_one] = await enqueue(
+        driver,
+        new_job(3, concurrency_key="j", concurrency_limit=3, priority=-1),
+        new_job(4, concurrency_key="j", concurrency_limit=3, priority=-1),
+        new_job(5, concurrency_key="j", concurrency_limit=1),
+    )
+    expect(ids(await claim(driver, limit=1)), [head], "the first job of j")
+    expect(await key_gate(carries_one), (False, "key j runs 1/3"), "explain the one carrying 1")
+    expect(ids(await claim(driver)), [second, carries_one], "both start, under the next's 3")

@@ -118,7 +118,7 @@ async def check_a_row_without_max_attempts_takes_its_tasks_registered_declaratio
     )
     expect((await record(driver, undeclared)).max_attempts, 5, "no declaration: 5")
     registration = WorkerRegistration(
-        uuid.uuid4(), "host-a", 11, (QUEUE,), 4, (f"{TASK}@1",), ((TASK, 1, 2),)
+        uuid.uuid4(), "host-a", 11, (QUEUE,), 4, (f"{TASK}@1",), ((TASK, 1, 2, None),)
     )
     await driver.worker_register(registration)
     expect((await record(driver, declared)).max_attempts, 2, "the registered declaration")
