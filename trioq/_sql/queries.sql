@@ -556,31 +556,17 @@ ready_notified AS (
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready'
           UNION SELECT (SELECT %(queue)s::text) WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
--- Children finished here wake their parents IN THIS STATEMENT (parents_notify in migration
--- 0003 explains the rule; docs/workflows.md "Lock order" why no wake-up is lost): lock each
--- unfinished parent in id order, count the children, and make a waiting parent ready when none
--- it waits for is left or one of them failed. Parents this statement already writes (settled,
--- promoted or claimed here) are left out: a row is updated once per statement, and such a
--- parent cannot be deciding a wait right now.
-finished_children AS (
-    SELECT s.parent_id, array_agg(s.id) AS ids,
-           coalesce(array_agg(s.id) FILTER (WHERE s.state <> 'completed'), '{}') AS failed
-    FROM settled s
-    WHERE s.parent_id IS NOT NULL AND s.final
-    GROUP BY s.parent_id
-),
-parents_locked AS MATERIALIZED (
-    SELECT p.id FROM {schema}.jobs p JOIN finished_children f ON f.parent_id = p.id
-    WHERE p.state NOT IN ('completed', 'failed', 'cancelled')
-      AND p.id NOT IN (SELECT id FROM input) AND p.id NOT IN (SELECT id FROM due)
-      AND p.id NOT IN (SELECT id FROM candidates)
-    ORDER BY p.id
-    FOR NO KEY UPDATE OF p
-),
--- include: parents_wake
-parents_notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM parents_woken WHERE state = 'ready') AS q
+-- Children finished here wake their parents IN THIS STATEMENT: parents_notify (migration
+-- 0030) holds the rule, docs/workflows.md "Lock order" says why no wake-up is lost. Parents
+-- this statement writes itself (settled, promoted or claimed here) are left to it. A round
+-- that finished no child does not enter the function.
+parents_woken AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM settled WHERE final AND parent_id IS NOT NULL)
+                THEN {schema}.parents_notify(
+                         ARRAY(SELECT id FROM settled WHERE final AND parent_id IS NOT NULL),
+                         ARRAY(SELECT id FROM input UNION ALL SELECT id FROM due
+                               UNION ALL SELECT id FROM candidates))
+                ELSE 0 END AS n
 ),
 claimed AS (
     UPDATE {schema}.jobs j
@@ -606,7 +592,7 @@ outcome AS MATERIALIZED (
     SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
            coalesce(array_agg(state ORDER BY id), '{}') AS states,
            (SELECT n FROM results_notified) + (SELECT n FROM ready_notified)
-           + (SELECT n FROM parents_notified) AS notified
+           + (SELECT n FROM parents_woken) AS notified
     FROM settled
 )
 -- The settled ids and states come on the first row only (NULL on the others): decoding two
@@ -637,29 +623,6 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        claimed.*
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
-
--- fragment: parents_wake
--- The parent wake-up of the statements that finish children (job_settle_and_claim,
--- maintenance_pass), the rule of parents_notify in migration 0003: each locked parent
--- (parents_locked) counts its finished children (finished_children: parent_id, ids, failed), and
--- a waiting parent drops them from wait_children and becomes ready when none it waits for is left
--- or one of them did not complete.
-parents_woken AS (
-    UPDATE {schema}.jobs p
-    SET children_settled = p.children_settled + cardinality(f.ids),
-        wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                             THEN ARRAY(SELECT unnest(p.wait_children) EXCEPT SELECT unnest(f.ids))
-                             ELSE p.wait_children END,
-        state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                          AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                     THEN 'ready' ELSE p.state END,
-        run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                           AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                      THEN {schema}.db_now() ELSE p.run_at END
-    FROM finished_children f JOIN parents_locked l ON l.id = f.parent_id
-    WHERE p.id = f.parent_id
-    RETURNING p.queue, p.state
-),
 
 -- fragment: plain_completions
 -- The fenced completion of plain jobs (no key, no parent) and their result notifications, shared
@@ -1023,20 +986,17 @@ recovered AS (
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
               j.parent_id, e.trace_id
 ),
--- A child failed (or cancelled) for good here wakes its parent here (fragment parents_wake).
-finished_children AS (
-    SELECT r.parent_id, array_agg(r.id) AS ids, array_agg(r.id) AS failed
-    FROM recovered r WHERE r.parent_id IS NOT NULL AND r.state IN ('failed', 'cancelled')
-    GROUP BY r.parent_id
+-- A child failed (or cancelled) for good here wakes its parent here (parents_notify, migration
+-- 0030); rows this pass recovers are left to it. Read by `notified`, so it always runs.
+parents_woken AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM recovered
+                             WHERE state <> 'ready' AND parent_id IS NOT NULL)
+                THEN {schema}.parents_notify(
+                         ARRAY(SELECT id FROM recovered
+                               WHERE state <> 'ready' AND parent_id IS NOT NULL),
+                         ARRAY(SELECT id FROM expired))
+                ELSE 0 END AS n
 ),
-parents_locked AS MATERIALIZED (
-    SELECT p.id FROM {schema}.jobs p JOIN finished_children f ON f.parent_id = p.id
-    WHERE p.state NOT IN ('completed', 'failed', 'cancelled')
-      AND p.id NOT IN (SELECT id FROM expired)
-    ORDER BY p.id
-    FOR NO KEY UPDATE OF p
-),
--- include: parents_wake
 unlocked AS (
     DELETE FROM {schema}.partition_locks l USING recovered r
     WHERE l.queue = r.queue AND l.partition_key = r.partition_key AND l.job_id = r.id
@@ -1049,9 +1009,9 @@ history AS (
     FROM recovered
 ),
 notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM recovered WHERE state = 'ready'
-          UNION SELECT queue FROM parents_woken WHERE state = 'ready') AS q
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue))
+           + (SELECT n FROM parents_woken) AS n
+    FROM (SELECT DISTINCT queue FROM recovered WHERE state = 'ready') AS q
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
@@ -1125,7 +1085,8 @@ FROM probe;
 -- its worker told on the control channel (its handler is cancelled and the outcome recorded as
 -- cancelled by that worker); a parent with a running descendant waits, flagged, until its
 -- children are final (a parent is never final before its children), then its worker records
--- it cancelled. A cancelled child tells its parent (parents_notify), in the same statement.
+-- it cancelled. A cancelled child tells its parent in the same statement (parents_notify,
+-- migration 0030: the rule the settle and recovery statements call too).
 SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s);
 
