@@ -892,21 +892,10 @@ LEFT JOIN (
 -- name: leader_elect
 -- A follower's periodic statement (every maintenance interval, the leader sends
 -- maintenance_pass instead): try to take the leader seat (leader_elect(), migration 0010: free,
--- expired, or held by a leader without the scheduler while this worker runs it), heartbeat the
--- worker row, and probe this worker's queues (queue_probe(), three LIMIT 1 index probes per
--- queue) so the statement stands in for the claim loops' next idle poll. `registered` is false
--- when the worker row is gone (pruned after a long pause): the runtime registers again.
-WITH heartbeat AS (
-    UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now()
-    WHERE id = %(worker_id)s
-    RETURNING id
-),
-probe AS (
-    SELECT coalesce(array_agg(queue ORDER BY queue), '{}') AS queues,
-           coalesce(array_agg(work_due ORDER BY queue), '{}') AS work_due,
-           coalesce(array_agg(next_due ORDER BY queue), '{}') AS next_due
-    FROM {schema}.queue_probe(%(queues)s::text[])
-)
+-- expired, or held by a leader without the scheduler while this worker runs it), with the
+-- heartbeat and queue probe the leader's pass sends too (maintenance_heartbeat, below it).
+WITH
+-- include: maintenance_heartbeat(worker_id)
 SELECT coalesce({schema}.leader_elect(%(worker_id)s, %(scheduler)s, %(ttl_seconds)s), false),
        (SELECT count(*) FROM heartbeat) > 0,
        {schema}.db_now(),
@@ -922,30 +911,59 @@ WITH resigned AS (
 SELECT count(pg_notify(%(control_channel)s, 'leader')) FROM resigned;
 
 -- name: maintenance_pass
--- One maintenance pass as ONE statement (idle workers must stay cheap): lease recovery, stale
--- worker pruning and retention, each bounded by a LIMIT (the runtime loops while a batch comes
--- back full). Leadership: the elected leader sends it (every maintenance interval), and its first
--- CTE extends the leader's seat (leader_elect(), migration 0010); every other CTE is gated on
--- that, so a leader whose seat was taken meanwhile (it stalled past the TTL) sweeps nothing and
--- learns it is a follower. With no leader_id (an operator's or a test's one-off pass) it sweeps
--- without the election: every sweep is SKIP LOCKED and re-checks its rows, so a pass racing the
--- leader's is safe. The pass also heartbeats the leader's worker row, probes its queues
--- (queue_probe(), so it stands in for the claim loops' next idle poll) and reads the schedule
--- due first (the scheduler's idle read, one probe of schedules_next_fire_idx), so an idle leader
--- sends no other periodic statement.
--- Lease recovery re-checks the expiry inside the UPDATE (River #1302): a lease renewed or a job
--- finished between the scan and the UPDATE is left alone. Jobs with attempts left go back to
--- ready (keeping run_at, so they keep their place in their partition key) and wake their
--- queue; the others fail with "worker lost". A job whose cancel was requested is not run again:
--- it ends cancelled (its lost attempt is still recorded), whatever attempts it had left.
-WITH leader AS MATERIALIZED (
+-- One maintenance pass as ONE statement (idle workers must stay cheap), composed of its parts
+-- below, one concern each: the election gates every sweep, the heartbeat and the schedules'
+-- read are the leader's idle reads, then lease recovery, deadlines and retention, each sweep
+-- bounded by a LIMIT (the runtime loops while a batch comes back full). The elected leader
+-- sends it every maintenance interval, so an idle leader sends no other periodic statement.
+-- With no leader_id (an operator's or a test's one-off pass) it sweeps without the election:
+-- every sweep is SKIP LOCKED and re-checks its rows, so a pass racing the leader's is safe.
+-- Each part is a list of CTEs without a trailing comma; the commas between them are here.
+WITH
+-- include: maintenance_election
+,
+-- include: maintenance_heartbeat(leader_id)
+,
+-- include: maintenance_schedules
+,
+-- include: maintenance_recovery
+,
+-- include: maintenance_deadlines
+,
+-- include: maintenance_retention
+SELECT (SELECT ok FROM leader),
+       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
+       (SELECT count(*) FROM stale_workers),
+       (SELECT count(*) FROM pruned),
+       (SELECT n FROM notified) + (SELECT n FROM results_notified)
+       + (SELECT count(*) FROM old_events),
+       (SELECT count(*) FROM heartbeat) > 0,
+       {schema}.db_now(),
+       probe.queues, probe.work_due, probe.next_due,
+       EXISTS (SELECT 1 FROM first_schedule),
+       (SELECT next_fire_at FROM first_schedule),
+       (SELECT n FROM deadlines)
+FROM probe;
+
+-- fragment: maintenance_election
+-- Leadership, `leader`: extends the leader's seat (leader_elect(), migration 0010). Every sweep
+-- of the pass is gated on it, so a leader whose seat was taken meanwhile (it stalled past the
+-- TTL) sweeps nothing and learns it is a follower. No leader_id: a one-off pass, no election.
+leader AS MATERIALIZED (
     SELECT CASE WHEN %(leader_id)s::uuid IS NULL THEN true
                 ELSE coalesce({schema}.leader_elect(%(leader_id)s::uuid, %(scheduler)s,
                                                    %(ttl_seconds)s), false) END AS ok
-),
+)
+
+-- fragment: maintenance_heartbeat(worker)
+-- The worker's periodic liveness, shared by leader_elect (a follower's) and maintenance_pass
+-- (the leader's): `heartbeat` stamps the worker row (no row: it was pruned after a long pause,
+-- and the runtime registers again), `probe` probes the worker's queues (queue_probe(), three
+-- LIMIT 1 index probes per queue) so the statement stands in for the claim loops' next idle
+-- poll.
 heartbeat AS (
     UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now()
-    WHERE id = %(leader_id)s::uuid
+    WHERE id = %(@worker@)s::uuid
     RETURNING id
 ),
 probe AS (
@@ -953,11 +971,26 @@ probe AS (
            coalesce(array_agg(work_due ORDER BY queue), '{}') AS work_due,
            coalesce(array_agg(next_due ORDER BY queue), '{}') AS next_due
     FROM {schema}.queue_probe(%(queues)s::text[])
-),
+)
+
+-- fragment: maintenance_schedules
+-- The scheduler's idle read, `first_schedule`: the schedule due first (one probe of
+-- schedules_next_fire_idx), so the leader's scheduler needs no statement of its own to learn
+-- when to wake.
 first_schedule AS (
     SELECT name, next_fire_at FROM {schema}.schedules
     ORDER BY next_fire_at NULLS FIRST LIMIT 1
-),
+)
+
+-- fragment: maintenance_recovery
+-- Lease recovery: `expired` running jobs (at most recover_limit, oldest expiry first, SKIP
+-- LOCKED) are `recovered`; their keys are released (`unlocked`), their lost attempts recorded
+-- (`history`), their parents told (`parents_woken`), their queues and result channels
+-- notified. The UPDATE re-checks the expiry (River #1302): a lease renewed or a job finished
+-- between the scan and the UPDATE is left alone. Jobs with attempts left go back to ready
+-- (keeping run_at, so they keep their place in their partition key) and wake their queue; the
+-- others fail with "worker lost". A job whose cancel was requested is not run again: it ends
+-- cancelled (its lost attempt is still recorded), whatever attempts it had left.
 -- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
 -- when no worker declared it), as the worker's own retry decision does.
 expired AS (
@@ -1017,15 +1050,23 @@ results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
           FROM recovered WHERE state <> 'ready' GROUP BY 1) AS per_channel
-),
--- Deadlines (migration 0021): one bounded pass of job_deadline_pass over jobs_deadline_idx,
--- the leader's only; a function so that its tree cancel (job_cancel_tree) runs as it does for
--- `client.cancel`. Read by the final SELECT, so it always runs.
+)
+
+-- fragment: maintenance_deadlines
+-- Deadlines (migration 0021), `deadlines`: one bounded pass of job_deadline_pass over
+-- jobs_deadline_idx, the leader's only; a function so that its tree cancel (job_cancel_tree)
+-- runs as it does for `client.cancel`. Read by the final SELECT, so it always runs.
 deadlines AS MATERIALIZED (
     SELECT CASE WHEN (SELECT ok FROM leader)
                 THEN {schema}.job_deadline_pass(%(deadline_limit)s, %(control_channel)s)
                 ELSE 0 END AS n
-),
+)
+
+-- fragment: maintenance_retention
+-- Retention, each bounded by prune_limit: `stale_workers` (no heartbeat for
+-- worker_stale_seconds) are deleted, finished jobs older than retention_seconds are `pruned`
+-- (their attempts, checkpoints and messages go with them: ON DELETE CASCADE), and so are
+-- `old_events`.
 stale_workers AS (
     DELETE FROM {schema}.workers
     WHERE (SELECT ok FROM leader)
@@ -1064,19 +1105,6 @@ old_events AS (
                       WHERE j.wait_event_key = e.key AND j.state = 'waiting')
     RETURNING e.key
 )
-SELECT (SELECT ok FROM leader),
-       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
-       (SELECT count(*) FROM stale_workers),
-       (SELECT count(*) FROM pruned),
-       (SELECT n FROM notified) + (SELECT n FROM results_notified)
-       + (SELECT count(*) FROM old_events),
-       (SELECT count(*) FROM heartbeat) > 0,
-       {schema}.db_now(),
-       probe.queues, probe.work_due, probe.next_due,
-       EXISTS (SELECT 1 FROM first_schedule),
-       (SELECT next_fire_at FROM first_schedule),
-       (SELECT n FROM deadlines)
-FROM probe;
 
 -- name: job_cancel
 -- Cancel a job and, recursively, every unfinished job it spawned (job_cancel_tree, migration
