@@ -15,6 +15,9 @@ the median workflows (jobs) per second (t0 = the backlog's COMMIT, end = the las
 `finished_at`), the worker's CPU ms, its statements and their server execution ms per
 workflow, and every tree's rate as a ratio to the first tree's in the
 same repeat (median of the ratios).
+`--fanout N`: each workflow is a parent that spawns N no-op children and gathers them
+(`fanout_parent`): every child's completion wakes its parent through the settle statement;
+`settle_ms_per_workflow` is the server execution of job_settle_and_claim alone.
 """
 
 from __future__ import annotations
@@ -38,14 +41,33 @@ async def main():
     app = make_app(sys.argv[2], sys.argv[1])
     async with app.client() as client:
         async with client.transaction() as tx:
-            await tx.enqueue_many(sys.argv[4], [{}] * int(sys.argv[3]))
+            payload = {"children": int(sys.argv[5])} if sys.argv[4] == "fanout_parent" else {}
+            await tx.enqueue_many(sys.argv[4], [payload] * int(sys.argv[3]))
         print(time.time())
 trio.run(main)
 """
 
 
+# job_settle_and_claim's text as pg_stat_statements shows it (its plain form starts otherwise).
+SETTLE_QUERY = "WITH RECURSIVE input AS MATERIALIZED%"
+
+
+def settle_ms(db: Database, role: str) -> float:
+    rows = db.fetch(
+        "SELECT coalesce(sum(s.total_exec_time), 0) FROM pg_stat_statements s"
+        " JOIN pg_roles r ON r.oid = s.userid WHERE r.rolname = %s AND s.query LIKE %s",
+        [role, SETTLE_QUERY],
+    )
+    return float(rows[0][0])
+
+
 def drain(
-    db: Database, launcher: Launcher, tree: Path, jobs: int, task: str = "three_steps"
+    db: Database,
+    launcher: Launcher,
+    tree: Path,
+    jobs: int,
+    task: str = "three_steps",
+    fanout: int = 0,
 ) -> dict[str, float]:
     schema = db.fresh_schema(migrate=False)
     try:
@@ -56,15 +78,17 @@ def drain(
         db.reset_statements()
         out = subprocess.run(
             [str(tree / ".venv/bin/python"), "-c", ENQUEUE, db.conninfo(HARNESS_ROLE), schema,
-             str(jobs), task],
+             str(jobs), task, str(fanout)],
             cwd=tree, capture_output=True, text=True, check=False,
         )  # fmt: skip
         if out.returncode != 0:
             raise RuntimeError(f"enqueue in {tree} failed: {out.stderr[-2000:]}")
         t0 = float(out.stdout.strip())
-        db.wait_count(TRIOQ.completed(schema), [], jobs, FULL.timeout, worker.check_alive)
+        finished = jobs * (fanout + 1)
+        db.wait_count(TRIOQ.completed(schema), [], finished, FULL.timeout, worker.check_alive)
         cpu = worker.cpu_seconds() - cpu_before
         statements, db_ms = db.statement_totals([worker.role])
+        settle = settle_ms(db, worker.role)
         last = db.scalar(TRIOQ.last_finished(schema))
         worker.stop()
     finally:
@@ -74,6 +98,7 @@ def drain(
         "cpu_ms_per_workflow": cpu * 1000 / jobs,
         "statements_per_workflow": statements / jobs,
         "server_ms_per_workflow": db_ms / jobs,
+        "settle_ms_per_workflow": settle / jobs,
     }
 
 
@@ -86,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--task", default="three_steps", help="bench.app's task to drain (noop: a plain job)"
     )
+    parser.add_argument("--fanout", type=int, default=0, help="N children per workflow")
     args = parser.parse_args(argv)
+    task = "fanout_parent" if args.fanout else args.task
     trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
@@ -98,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 order = trees[shift:] + trees[:shift]
                 load = os.getloadavg()[0]
                 got = {
-                    name: drain(db, launcher, path, args.jobs, args.task) for name, path in order
+                    name: drain(db, launcher, path, args.jobs, task, args.fanout)
+                    for name, path in order
                 }
                 for name, _ in trees:
                     runs[name].append(got[name])

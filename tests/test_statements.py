@@ -98,3 +98,13 @@ def test_a_fragment_is_included_where_a_statement_names_it_and_nowhere_else() ->
     for name in ("job_settle_and_claim", "job_settle_and_claim_plain"):
         assert claim_columns in queries("x")[name]  # both claims read the one column list
     assert "claim_returning" not in queries("x")
+
+
+def test_the_parent_wake_up_is_written_once_and_called_where_children_end() -> None:
+    """The rule (a parent counts its finished children; a waiting one is woken when none it
+    waits for is left or one did not complete) is parents_notify() of migration 0030, which
+    the cancels call too. No statement writes a parent's count itself."""
+    statements = queries("x")
+    assert [name for name, text in statements.items() if "children_settled + " in text] == []
+    for name in ("job_settle_and_claim", "maintenance_pass"):
+        assert '"x".parents_notify(' in statements[name], name

@@ -191,7 +191,7 @@ def wait_children(db: MemoryState, params: WaitChildren) -> ChildrenWaitOutcome:
 def children_finished(
     db: MemoryState, rows: Iterable[Row], now: datetime.datetime, outbox: Outbox
 ) -> None:
-    """Rows that just became final tell their parents (parents_notify in migration 0003)."""
+    """Rows that just became final tell their parents (parents_notify in migration 0030)."""
     by_parent: dict[int, list[Row]] = {}
     for row in rows:
         if row.parent_id is not None and row.state in FINAL:

@@ -536,31 +536,17 @@ ready_notified AS (
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready'
           UNION SELECT (SELECT %(queue)s::text) WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
--- Children finished here wake their parents IN THIS STATEMENT (parents_notify in migration
--- 0003 explains the rule; docs/workflows.md "Lock order" why no wake-up is lost): lock each
--- unfinished parent in id order, count the children, and make a waiting parent ready when none
--- it waits for is left or one of them failed. Parents this statement already writes (settled,
--- promoted or claimed here) are left out: a row is updated once per statement, and such a
--- parent cannot be deciding a wait right now.
-finished_children AS (
-    SELECT s.parent_id, array_agg(s.id) AS ids,
-           coalesce(array_agg(s.id) FILTER (WHERE s.state <> 'completed'), '{}') AS failed
-    FROM settled s
-    WHERE s.parent_id IS NOT NULL AND s.final
-    GROUP BY s.parent_id
-),
-parents_locked AS MATERIALIZED (
-    SELECT p.id FROM {schema}.jobs p JOIN finished_children f ON f.parent_id = p.id
-    WHERE p.state NOT IN ('completed', 'failed', 'cancelled')
-      AND p.id NOT IN (SELECT id FROM input) AND p.id NOT IN (SELECT id FROM due)
-      AND p.id NOT IN (SELECT id FROM candidates)
-    ORDER BY p.id
-    FOR NO KEY UPDATE OF p
-),
--- include: parents_wake
-parents_notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM parents_woken WHERE state = 'ready') AS q
+-- Children finished here wake their parents IN THIS STATEMENT: parents_notify (migration
+-- 0030) holds the rule, docs/workflows.md "Lock order" says why no wake-up is lost. Parents
+-- this statement writes itself (settled, promoted or claimed here) are left to it. A round
+-- that finished no child does not enter the function.
+parents_woken AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM settled WHERE final AND parent_id IS NOT NULL)
+                THEN {schema}.parents_notify(
+                         ARRAY(SELECT id FROM settled WHERE final AND parent_id IS NOT NULL),
+                         ARRAY(SELECT id FROM input UNION ALL SELECT id FROM due
+                               UNION ALL SELECT id FROM candidates))
+                ELSE 0 END AS n
 ),
 claimed AS (
     UPDATE {schema}.jobs j
@@ -578,7 +564,7 @@ outcome AS MATERIALIZED (
     SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
            coalesce(array_agg(state ORDER BY id), '{}') AS states,
            (SELECT n FROM results_notified) + (SELECT n FROM ready_notified)
-           + (SELECT n FROM parents_notified) AS notified
+           + (SELECT n FROM parents_woken) AS notified
     FROM settled
 )
 -- The settled ids and states come on the first row only (NULL on the others): decoding two
@@ -846,29 +832,6 @@ concurrency_taken AS (
 -- only then, so a cluster without key rates claims with the statement it had before.
 -- include: settle_and_claim(rated)
 
-
--- fragment: parents_wake
--- The parent wake-up of the statements that finish children (job_settle_and_claim,
--- maintenance_pass), the rule of parents_notify in migration 0003: each locked parent
--- (parents_locked) counts its finished children (finished_children: parent_id, ids, failed), and
--- a waiting parent drops them from wait_children and becomes ready when none it waits for is left
--- or one of them did not complete.
-parents_woken AS (
-    UPDATE {schema}.jobs p
-    SET children_settled = p.children_settled + cardinality(f.ids),
-        wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                             THEN ARRAY(SELECT unnest(p.wait_children) EXCEPT SELECT unnest(f.ids))
-                             ELSE p.wait_children END,
-        state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                          AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                     THEN 'ready' ELSE p.state END,
-        run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
-                           AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                      THEN {schema}.db_now() ELSE p.run_at END
-    FROM finished_children f JOIN parents_locked l ON l.id = f.parent_id
-    WHERE p.id = f.parent_id
-    RETURNING p.queue, p.state
-),
 
 -- fragment: plain_completions
 -- The fenced completion of plain jobs (no key, no parent) and their result notifications, shared
@@ -1138,21 +1101,10 @@ LEFT JOIN (
 -- name: leader_elect
 -- A follower's periodic statement (every maintenance interval, the leader sends
 -- maintenance_pass instead): try to take the leader seat (leader_elect(), migration 0010: free,
--- expired, or held by a leader without the scheduler while this worker runs it), heartbeat the
--- worker row, and probe this worker's queues (queue_probe(), three LIMIT 1 index probes per
--- queue) so the statement stands in for the claim loops' next idle poll. `registered` is false
--- when the worker row is gone (pruned after a long pause): the runtime registers again.
-WITH heartbeat AS (
-    UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now()
-    WHERE id = %(worker_id)s
-    RETURNING id
-),
-probe AS (
-    SELECT coalesce(array_agg(queue ORDER BY queue), '{}') AS queues,
-           coalesce(array_agg(work_due ORDER BY queue), '{}') AS work_due,
-           coalesce(array_agg(next_due ORDER BY queue), '{}') AS next_due
-    FROM {schema}.queue_probe(%(queues)s::text[])
-)
+-- expired, or held by a leader without the scheduler while this worker runs it), with the
+-- heartbeat and queue probe the leader's pass sends too (maintenance_heartbeat, below it).
+WITH
+-- include: maintenance_heartbeat(worker_id)
 SELECT coalesce({schema}.leader_elect(%(worker_id)s, %(scheduler)s, %(ttl_seconds)s), false),
        (SELECT count(*) FROM heartbeat) > 0,
        {schema}.db_now(),
@@ -1168,30 +1120,59 @@ WITH resigned AS (
 SELECT count(pg_notify(%(control_channel)s, 'leader')) FROM resigned;
 
 -- name: maintenance_pass
--- One maintenance pass as ONE statement (idle workers must stay cheap): lease recovery, stale
--- worker pruning and retention, each bounded by a LIMIT (the runtime loops while a batch comes
--- back full). Leadership: the elected leader sends it (every maintenance interval), and its first
--- CTE extends the leader's seat (leader_elect(), migration 0010); every other CTE is gated on
--- that, so a leader whose seat was taken meanwhile (it stalled past the TTL) sweeps nothing and
--- learns it is a follower. With no leader_id (an operator's or a test's one-off pass) it sweeps
--- without the election: every sweep is SKIP LOCKED and re-checks its rows, so a pass racing the
--- leader's is safe. The pass also heartbeats the leader's worker row, probes its queues
--- (queue_probe(), so it stands in for the claim loops' next idle poll) and reads the schedule
--- due first (the scheduler's idle read, one probe of schedules_next_fire_idx), so an idle leader
--- sends no other periodic statement.
--- Lease recovery re-checks the expiry inside the UPDATE (River #1302): a lease renewed or a job
--- finished between the scan and the UPDATE is left alone. Jobs with attempts left go back to
--- ready (keeping run_at, so they keep their place in their partition key) and wake their
--- queue; the others fail with "worker lost". A job whose cancel was requested is not run again:
--- it ends cancelled (its lost attempt is still recorded), whatever attempts it had left.
-WITH leader AS MATERIALIZED (
+-- One maintenance pass as ONE statement (idle workers must stay cheap), composed of its parts
+-- below, one concern each: the election gates every sweep, the heartbeat and the schedules'
+-- read are the leader's idle reads, then lease recovery, deadlines and retention, each sweep
+-- bounded by a LIMIT (the runtime loops while a batch comes back full). The elected leader
+-- sends it every maintenance interval, so an idle leader sends no other periodic statement.
+-- With no leader_id (an operator's or a test's one-off pass) it sweeps without the election:
+-- every sweep is SKIP LOCKED and re-checks its rows, so a pass racing the leader's is safe.
+-- Each part is a list of CTEs without a trailing comma; the commas between them are here.
+WITH
+-- include: maintenance_election
+,
+-- include: maintenance_heartbeat(leader_id)
+,
+-- include: maintenance_schedules
+,
+-- include: maintenance_recovery
+,
+-- include: maintenance_deadlines
+,
+-- include: maintenance_retention
+SELECT (SELECT ok FROM leader),
+       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
+       (SELECT count(*) FROM stale_workers),
+       (SELECT count(*) FROM pruned),
+       (SELECT n FROM notified) + (SELECT n FROM results_notified)
+       + (SELECT count(*) FROM old_events),
+       (SELECT count(*) FROM heartbeat) > 0,
+       {schema}.db_now(),
+       probe.queues, probe.work_due, probe.next_due,
+       EXISTS (SELECT 1 FROM first_schedule),
+       (SELECT next_fire_at FROM first_schedule),
+       (SELECT n FROM deadlines)
+FROM probe;
+
+-- fragment: maintenance_election
+-- Leadership, `leader`: extends the leader's seat (leader_elect(), migration 0010). Every sweep
+-- of the pass is gated on it, so a leader whose seat was taken meanwhile (it stalled past the
+-- TTL) sweeps nothing and learns it is a follower. No leader_id: a one-off pass, no election.
+leader AS MATERIALIZED (
     SELECT CASE WHEN %(leader_id)s::uuid IS NULL THEN true
                 ELSE coalesce({schema}.leader_elect(%(leader_id)s::uuid, %(scheduler)s,
                                                    %(ttl_seconds)s), false) END AS ok
-),
+)
+
+-- fragment: maintenance_heartbeat(worker)
+-- The worker's periodic liveness, shared by leader_elect (a follower's) and maintenance_pass
+-- (the leader's): `heartbeat` stamps the worker row (no row: it was pruned after a long pause,
+-- and the runtime registers again), `probe` probes the worker's queues (queue_probe(), three
+-- LIMIT 1 index probes per queue) so the statement stands in for the claim loops' next idle
+-- poll.
 heartbeat AS (
     UPDATE {schema}.workers SET heartbeat_at = {schema}.db_now()
-    WHERE id = %(leader_id)s::uuid
+    WHERE id = %(@worker@)s::uuid
     RETURNING id
 ),
 probe AS (
@@ -1199,11 +1180,26 @@ probe AS (
            coalesce(array_agg(work_due ORDER BY queue), '{}') AS work_due,
            coalesce(array_agg(next_due ORDER BY queue), '{}') AS next_due
     FROM {schema}.queue_probe(%(queues)s::text[])
-),
+)
+
+-- fragment: maintenance_schedules
+-- The scheduler's idle read, `first_schedule`: the schedule due first (one probe of
+-- schedules_next_fire_idx), so the leader's scheduler needs no statement of its own to learn
+-- when to wake.
 first_schedule AS (
     SELECT name, next_fire_at FROM {schema}.schedules
     ORDER BY next_fire_at NULLS FIRST LIMIT 1
-),
+)
+
+-- fragment: maintenance_recovery
+-- Lease recovery: `expired` running jobs (at most recover_limit, oldest expiry first, SKIP
+-- LOCKED) are `recovered`; their keys are released (`unlocked`), their lost attempts recorded
+-- (`history`), their parents told (`parents_woken`), their queues and result channels
+-- notified. The UPDATE re-checks the expiry (River #1302): a lease renewed or a job finished
+-- between the scan and the UPDATE is left alone. Jobs with attempts left go back to ready
+-- (keeping run_at, so they keep their place in their partition key) and wake their queue; the
+-- others fail with "worker lost". A job whose cancel was requested is not run again: it ends
+-- cancelled (its lost attempt is still recorded), whatever attempts it had left.
 -- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
 -- when no worker declared it), as the worker's own retry decision does.
 expired AS (
@@ -1232,20 +1228,17 @@ recovered AS (
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
               j.parent_id, e.trace_id
 ),
--- A child failed (or cancelled) for good here wakes its parent here (fragment parents_wake).
-finished_children AS (
-    SELECT r.parent_id, array_agg(r.id) AS ids, array_agg(r.id) AS failed
-    FROM recovered r WHERE r.parent_id IS NOT NULL AND r.state IN ('failed', 'cancelled')
-    GROUP BY r.parent_id
+-- A child failed (or cancelled) for good here wakes its parent here (parents_notify, migration
+-- 0030); rows this pass recovers are left to it. Read by `notified`, so it always runs.
+parents_woken AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM recovered
+                             WHERE state <> 'ready' AND parent_id IS NOT NULL)
+                THEN {schema}.parents_notify(
+                         ARRAY(SELECT id FROM recovered
+                               WHERE state <> 'ready' AND parent_id IS NOT NULL),
+                         ARRAY(SELECT id FROM expired))
+                ELSE 0 END AS n
 ),
-parents_locked AS MATERIALIZED (
-    SELECT p.id FROM {schema}.jobs p JOIN finished_children f ON f.parent_id = p.id
-    WHERE p.state NOT IN ('completed', 'failed', 'cancelled')
-      AND p.id NOT IN (SELECT id FROM expired)
-    ORDER BY p.id
-    FOR NO KEY UPDATE OF p
-),
--- include: parents_wake
 unlocked AS (
     DELETE FROM {schema}.partition_locks l USING recovered r
     WHERE l.queue = r.queue AND l.partition_key = r.partition_key AND l.job_id = r.id
@@ -1258,23 +1251,31 @@ history AS (
     FROM recovered
 ),
 notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM recovered WHERE state = 'ready'
-          UNION SELECT queue FROM parents_woken WHERE state = 'ready') AS q
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue))
+           + (SELECT n FROM parents_woken) AS n
+    FROM (SELECT DISTINCT queue FROM recovered WHERE state = 'ready') AS q
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
           FROM recovered WHERE state <> 'ready' GROUP BY 1) AS per_channel
-),
--- Deadlines (migration 0021): one bounded pass of job_deadline_pass over jobs_deadline_idx,
--- the leader's only; a function so that its tree cancel (job_cancel_tree) runs as it does for
--- `client.cancel`. Read by the final SELECT, so it always runs.
+)
+
+-- fragment: maintenance_deadlines
+-- Deadlines (migration 0021), `deadlines`: one bounded pass of job_deadline_pass over
+-- jobs_deadline_idx, the leader's only; a function so that its tree cancel (job_cancel_tree)
+-- runs as it does for `client.cancel`. Read by the final SELECT, so it always runs.
 deadlines AS MATERIALIZED (
     SELECT CASE WHEN (SELECT ok FROM leader)
                 THEN {schema}.job_deadline_pass(%(deadline_limit)s, %(control_channel)s)
                 ELSE 0 END AS n
-),
+)
+
+-- fragment: maintenance_retention
+-- Retention, each bounded by prune_limit: `stale_workers` (no heartbeat for
+-- worker_stale_seconds) are deleted, finished jobs older than retention_seconds are `pruned`
+-- (their attempts, checkpoints and messages go with them: ON DELETE CASCADE), and so are
+-- `old_events`.
 stale_workers AS (
     DELETE FROM {schema}.workers
     WHERE (SELECT ok FROM leader)
@@ -1313,19 +1314,6 @@ old_events AS (
                       WHERE j.wait_event_key = e.key AND j.state = 'waiting')
     RETURNING e.key
 )
-SELECT (SELECT ok FROM leader),
-       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
-       (SELECT count(*) FROM stale_workers),
-       (SELECT count(*) FROM pruned),
-       (SELECT n FROM notified) + (SELECT n FROM results_notified)
-       + (SELECT count(*) FROM old_events),
-       (SELECT count(*) FROM heartbeat) > 0,
-       {schema}.db_now(),
-       probe.queues, probe.work_due, probe.next_due,
-       EXISTS (SELECT 1 FROM first_schedule),
-       (SELECT next_fire_at FROM first_schedule),
-       (SELECT n FROM deadlines)
-FROM probe;
 
 -- name: job_cancel
 -- Cancel a job and, recursively, every unfinished job it spawned (job_cancel_tree, migration
@@ -1334,7 +1322,8 @@ FROM probe;
 -- its worker told on the control channel (its handler is cancelled and the outcome recorded as
 -- cancelled by that worker); a parent with a running descendant waits, flagged, until its
 -- children are final (a parent is never final before its children), then its worker records
--- it cancelled. A cancelled child tells its parent (parents_notify), in the same statement.
+-- it cancelled. A cancelled child tells its parent in the same statement (parents_notify,
+-- migration 0030: the rule the settle and recovery statements call too).
 SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s);
 

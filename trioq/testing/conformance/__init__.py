@@ -16,10 +16,10 @@ order, so anything the action sent has arrived by then.
 The checks are split by concern, one module each: `claims`, `outcomes` (fence, complete, fail,
 release), `leases` (renewal and recovery), `keys` (dedup and partition keys), `cancel`,
 `notifications` (transactions and what a commit announces), `status`, `waits` (events and
-children), `messages`, `schedules`, `leadership`, `versions`, `continue_as_new`, `limits`
-(cluster-wide queue limits), `concurrency_keys` (at most N running per key), `key_rates` (at
-most N starts per period per key) and `concurrency` (two workers at once); `harness` holds what
-they share.
+children), `parents` (a child's end wakes its parent, whichever statement ends it),
+`messages`, `schedules`, `leadership`, `versions`, `continue_as_new`, `limits` (cluster-wide
+queue limits), `concurrency_keys` (at most N running per key), `key_rates` (at most N starts
+per period per key) and `concurrency` (two workers at once); `harness` holds what they share.
 """
 
 from . import (  # noqa: F401  (each module registers its checks in CHECKS)
@@ -37,6 +37,7 @@ from . import (  # noqa: F401  (each module registers its checks in CHECKS)
     messages,
     notifications,
     outcomes,
+    parents,
     schedules,
     status,
     versions,
