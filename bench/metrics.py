@@ -454,8 +454,21 @@ def scaling_metrics(sizes: Sizes) -> list[Metric]:
             ),
             Metric(
                 "scaling",
+                f"{name}_object_lock_wait_samples",
+                f"{w}: of those, waits on 'object' (the NOTIFY commit lock)",
+                "",
+            ),
+            Metric(
+                "scaling",
                 f"{name}_lwlock_wait_samples",
                 f"{w}: worker backends in an LWLock wait, summed over samples",
+                "",
+            ),
+            Metric("scaling", f"{name}_statements_per_job", f"{w}: worker statements per job", ""),
+            Metric(
+                "scaling",
+                f"{name}_notifications_per_job",
+                f"{w}: notifications per job (result and ready channels)",
                 "",
             ),
             Metric("scaling", f"{name}_ungranted_locks_peak", f"{w}: most ungranted pg_locks", ""),

@@ -270,7 +270,9 @@ class Client:
     async def wait_result(self, job_id: int, timeout: float | None = 30.0) -> Any:
         """Wait until the job is final; return its result, or raise JobFailed.
 
-        Woken by the job's result notification; a slow poll covers lost notifications.
+        Registers the wait on the job's row first (a job nobody waits for is finished without
+        a notification), then is woken by the job's result notification; a slow poll covers
+        lost notifications.
         Raises ResultTimeout after `timeout` seconds (the job itself is not affected).
         """
         record = await self.wait_final(job_id, timeout)
@@ -286,6 +288,8 @@ class Client:
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         event = await self._watcher.watch(job_id)
         try:
+            # LISTEN, then register, then read: the job's end is notified or seen by the read.
+            await self.driver.job_result_watch(job_id)
             while True:
                 record = await self.get_job(job_id)
                 if record.state in TERMINAL_STATES:
@@ -560,6 +564,7 @@ class Client:
         deadline = trio.current_time() + seconds
         event = await self._watcher.watch(job_id)
         try:
+            await self.driver.job_result_watch(job_id)  # its end is notified too (see wait_final)
             while True:
                 read = await self.driver.job_value_get(job_id, key)
                 if read.found or read.state in TERMINAL_STATES or read.state is None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 
 import attrs
 import psycopg
+from psycopg import sql
 
 from bench.harness import Process
 from bench.jobs import TRIOQ
@@ -52,6 +53,24 @@ class Samples:
     autovacuums: int = 0  # autovacuum runs on the schema's tables during the drain
     autoanalyzes: int = 0
     lock_events: dict[str, int] = attrs.field(factory=dict)  # Lock wait_event -> backends summed
+    notifications: int = 0  # received on the schema's 64 result and 64 ready channels
+
+
+def _listen_to_every_channel(conn: psycopg.Connection[tuple[int, int]], schema: str) -> None:
+    for kind in ("result", "ready"):
+        for shard in range(64):
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{schema}_{kind}_{shard}")))
+
+
+def _count_notifications(
+    conn: psycopg.Connection[tuple[int, int]], found: Samples, stop: threading.Event
+) -> None:
+    """Count every notification the listening session receives until `stop`."""
+    while not stop.is_set():
+        for _ in conn.notifies(timeout=SAMPLE_SECONDS):
+            found.notifications += 1
+    for _ in conn.notifies(timeout=0.2):  # the last flush's, sent as the drain was seen done
+        found.notifications += 1
 
 
 def _vacuum_counts(conn: psycopg.Connection[tuple[int, int]], schema: str) -> tuple[int, int]:
@@ -101,16 +120,24 @@ def sampling(ctx: Context, schema: str, roles: list[str]) -> Iterator[Samples]:
             found.vacuum_in_progress += vacuums > 0
             found.vacuum_lock_waits += vacuum_locks > 0
 
+    listener = psycopg.connect(ctx.db.conninfo(role), autocommit=True)
+    _listen_to_every_channel(listener, schema)  # before the backlog is enqueued
     thread = threading.Thread(target=sample, daemon=True)
+    counter = threading.Thread(
+        target=_count_notifications, args=(listener, found, stop), daemon=True
+    )
+    counter.start()
     thread.start()
     try:
         yield found
     finally:
         stop.set()
         thread.join()
+        counter.join()
         after = _vacuum_counts(conn, schema)
         found.autovacuums, found.autoanalyzes = after[0] - before[0], after[1] - before[1]
         conn.close()
+        listener.close()
 
 
 def free_port() -> int:
@@ -150,6 +177,8 @@ class ScaledDrain:
     claim_p99_ms: float
     smallest_share: float  # the least-busy worker's jobs vs a fair share (1.0: even)
     samples: Samples
+    statements_per_job: float
+    notifications_per_job: float
 
 
 def scaled_drain(ctx: Context, workers: int, prefetch: int | None = None) -> ScaledDrain:
@@ -202,6 +231,8 @@ def scaled_drain(ctx: Context, workers: int, prefetch: int | None = None) -> Sca
         bucket_percentile(merged, 99) * 1000,
         smallest,
         watch["found"],
+        result.statements_per_job,
+        watch["found"].notifications / sizes.throughput_jobs,
     )
 
 
@@ -217,6 +248,14 @@ def run(ctx: Context) -> None:
             add("scaling", f"{name}_claim_p99_ms", run_.claim_p99_ms)
             add("scaling", f"{name}_smallest_share", run_.smallest_share)
             add("scaling", f"{name}_lock_wait_samples", run_.samples.lock_waits)
+            # 'object': the database-wide lock a commit that sent a NOTIFY takes
+            add(
+                "scaling",
+                f"{name}_object_lock_wait_samples",
+                run_.samples.lock_events.get("object", 0),
+            )
+            add("scaling", f"{name}_statements_per_job", run_.statements_per_job)
+            add("scaling", f"{name}_notifications_per_job", run_.notifications_per_job)
             add("scaling", f"{name}_lwlock_wait_samples", run_.samples.lwlock_waits)
             add("scaling", f"{name}_ungranted_locks_peak", run_.samples.ungranted_peak)
             add("scaling", f"{name}_autovacuums", run_.samples.autovacuums)
@@ -229,8 +268,10 @@ def run(ctx: Context) -> None:
             + ", ".join(
                 f"{r.workers}w {r.jobs_per_s:.0f}/s ({r.jobs_per_s / best:.2f}x best, claim p99"
                 f" {r.claim_p99_ms:g} ms, least {r.smallest_share:.2f} of fair, lock waits"
-                f" {r.samples.lock_waits}/{r.samples.samples}, autovacuums"
-                f" {r.samples.autovacuums})"
+                f" {r.samples.lock_waits}/{r.samples.samples}"
+                f" (object {r.samples.lock_events.get('object', 0)}), autovacuums"
+                f" {r.samples.autovacuums}, {r.statements_per_job:.3f} stmt/job,"
+                f" {r.notifications_per_job:.3f} notify/job)"
                 for r in runs
             )
         )

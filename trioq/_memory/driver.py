@@ -357,10 +357,7 @@ class MemoryDriver:
         ]
         settled = [(row.id, row.state) for row in settled_rows]
         waits.children_finished(self._state, settled_rows, now, outbox)
-        outbox.add_grouped(
-            (job_id for job_id, state in settled if state in FINISHED_STATES),
-            self._state.result_channel,
-        )
+        self._state.announce_results(settled_rows, outbox)
         for row in due:
             row.state = "ready"
         if due:
@@ -432,9 +429,7 @@ class MemoryDriver:
     ) -> None:
         outbox = Outbox()
         settled = [row for s in settlements if (row := self._settle(s, now, outbox)) is not None]
-        outbox.add_grouped(
-            (row.id for row in settled if row.state in FINISHED_STATES), self._state.result_channel
-        )
+        self._state.announce_results(settled, outbox)
         self._state.deliver(outbox)
 
     def _due_rows(self, queue: str, now: datetime.datetime, limit: int) -> list[Row]:
@@ -788,7 +783,7 @@ class MemoryDriver:
                 outbox.add(self._state.ready_channel(row.queue), row.queue)
             self._record_attempt(row, "lost", _LEASE_EXPIRED_ERROR, now, trace_id)
         final = [row for row in expired if row.state != "ready"]
-        outbox.add_grouped((row.id for row in final), self._state.result_channel)
+        self._state.announce_results(final, outbox)
         waits.children_finished(self._state, final, now, outbox)
         return tuple((row.id, row.state) for row in expired)
 
@@ -867,6 +862,19 @@ class MemoryDriver:
     async def job_get(self, job_id: int) -> JobRecord | None:
         await self._state.statement("job_get")
         return reads.job_get(self._state, job_id)
+
+    async def job_result_watch(self, job_id: int) -> None:
+        """Set the row's result_watched flag (final or unknown jobs: nothing); a ready or due
+        row wakes its queue, as PostgreSQL's does for a claim that skipped the locked row."""
+        now = await self._state.statement("job_result_watch")
+        row = self._state.rows.get(job_id)
+        if row is None or row.result_watched or row.state in FINISHED_STATES:
+            return
+        row.result_watched = True
+        if row.state == "ready" or (row.state != "running" and before_or_at(row.run_at, now)):
+            outbox = Outbox()
+            outbox.add(self._state.ready_channel(row.queue), row.queue)
+            self._state.deliver(outbox)
 
     async def job_explain(self, job_id: int) -> ExplainFacts | None:
         now = await self._state.statement("job_explain")

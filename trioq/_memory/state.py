@@ -97,6 +97,7 @@ class Row:
     wait_position: int | None = None  # the suspended receive's position (migration 0025)
     deadline_at: datetime.datetime | None = None  # migration 0021
     deadline_source: str | None = None
+    result_watched: bool = False  # migration 0031: a waiter registered (job_result_watch)
 
     @property
     def claim_order(self) -> tuple[int, datetime.datetime, int]:
@@ -271,6 +272,12 @@ class MemoryState:
 
     def result_channel(self, job_id: int) -> str:
         return result_channel(self.schema, job_id)
+
+    def announce_results(self, rows: Iterable[Row], outbox: Outbox) -> None:
+        """The result notifications of the final rows a waiter registered for (the settle,
+        plain completion and recovery statements' rule)."""
+        watched = (row.id for row in rows if row.state in FINISHED_STATES and row.result_watched)
+        outbox.add_grouped(watched, self.result_channel)
 
     def owned(self, lease: Lease) -> Row | None:
         """The row `lease` still holds, else None (the fence of every write after a claim)."""

@@ -783,6 +783,9 @@ class PgDriver:
         rows = await self._retrying("job_get", {"id": job_id})
         return JobRecord(*rows[0]) if rows else None
 
+    async def job_result_watch(self, job_id: int) -> None:
+        await self._retrying("job_result_watch", {"id": job_id})  # setting a flag: idempotent
+
     async def job_attempts(self, job_id: int) -> list[AttemptRecord]:
         rows = await self._retrying("job_attempts", {"id": job_id})
         return [AttemptRecord(*row) for row in rows]

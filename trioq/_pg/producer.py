@@ -505,7 +505,8 @@ class SyncProducer:
     def wait_final(self, job_id: int, timeout: float | None = 30.0) -> JobRecord:
         """Block until the job is final (woken by its result notification, with a slow poll
         under it); raises ResultTimeout after `timeout` seconds. Every wait of this producer
-        shares one LISTEN connection (never the caller's)."""
+        shares one LISTEN connection (never the caller's). The wait registers on the job's row
+        first: a job nobody waits for ends without a notification."""
         job_id = _check_id(job_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         results = self._result_listener()
@@ -514,6 +515,8 @@ class SyncProducer:
         else:
             event = results.watch(job_id, _wait_for_subscription(timeout))
         try:
+            if results is not None:  # LISTEN, register, read (trioq.Client.wait_final)
+                self._fetch("job_result_watch", {"id": job_id}, None)
             while True:
                 record = self.get_job(job_id)
                 if record.state in TERMINAL_STATES:
@@ -714,6 +717,8 @@ class AsyncProducer:
         else:
             event = await results.watch(job_id, _wait_for_subscription(timeout))
         try:
+            if results is not None:  # see SyncProducer.wait_final
+                await self._fetch("job_result_watch", {"id": job_id}, None)
             while True:
                 record = await self.get_job(job_id)
                 if record.state in TERMINAL_STATES:

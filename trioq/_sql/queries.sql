@@ -286,8 +286,9 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
 -- Settling is fenced: a row changes only if this attempt still owns it (id, attempt,
 -- lease_token, running). One row per outcome, carrying the values its kind's rule decided
 -- (trioq/_core/outcomes.py: new state, run_at, attempt change, key release, history entry,
--- final); docs/state-machine.md lists them. Final outcomes are announced on the result
--- channels (one pg_notify per channel per batch); rows that became ready wake their queue.
+-- final); docs/state-machine.md lists them. Final outcomes of jobs somebody waits for
+-- (result_watched) are announced on the result channels (one pg_notify per channel per batch);
+-- rows that became ready wake their queue (one pg_notify per queue).
 -- The worker's completer sends this with limit 0 (a settle only); the claim loop with no
 -- outcomes (a claim only).
 -- Promotion: at most %(promote_limit)s scheduled/sleeping/waiting rows of the queue whose
@@ -370,7 +371,8 @@ settled AS (
     WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id
+              j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
+              j.result_watched
 ),
 unlocked AS (
     DELETE FROM {schema}.partition_locks l
@@ -387,10 +389,12 @@ history AS (
            worker_id, started_at, {schema}.db_now()
     FROM settled WHERE history IS NOT NULL
 ),
+-- Only jobs a waiter registered for (result_watched, job_result_watch): a commit that sent a
+-- NOTIFY takes a database-wide lock, and the flushes of 8 workers queued on it.
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled WHERE final
+          FROM settled WHERE final AND result_watched
           GROUP BY 1) AS per_channel
 ),
 due AS MATERIALIZED (
@@ -834,8 +838,10 @@ concurrency_taken AS (
 
 
 -- fragment: plain_completions
--- The fenced completion of plain jobs (no key, no parent) and their result notifications, shared
--- by job_settle_and_claim_plain and the completer's job_complete_plain.
+-- The fenced completion of plain jobs (no key, no parent) and the result notifications of those
+-- a waiter registered for (result_watched), shared by job_settle_and_claim_plain and the
+-- completer's job_complete_plain. With nobody waiting the statement sends no NOTIFY, so its
+-- commit skips the database-wide lock that notifying commits queue on.
 WITH input AS MATERIALIZED (
     SELECT t.*
     FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
@@ -849,12 +855,12 @@ settled AS (
     FROM input i
     WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
-    RETURNING j.id, j.state
+    RETURNING j.id, j.state, j.result_watched
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled GROUP BY 1) AS per_channel
+          FROM settled WHERE result_watched GROUP BY 1) AS per_channel
 )
 
 -- name: job_settle_and_claim_plain
@@ -1226,7 +1232,7 @@ recovered AS (
     FROM expired e
     WHERE j.id = e.id AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.parent_id, e.trace_id
+              j.parent_id, e.trace_id, j.result_watched
 ),
 -- A child failed (or cancelled) for good here wakes its parent here (parents_notify, migration
 -- 0030); rows this pass recovers are left to it. Read by `notified`, so it always runs.
@@ -1258,7 +1264,7 @@ notified AS (
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM recovered WHERE state <> 'ready' GROUP BY 1) AS per_channel
+          FROM recovered WHERE state <> 'ready' AND result_watched GROUP BY 1) AS per_channel
 )
 
 -- fragment: maintenance_deadlines
@@ -1335,6 +1341,27 @@ SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_k
            AS max_attempts, worker_id, result, error, created_at, started_at,
        finished_at, executions, deadline_at, deadline_source
 FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: job_result_watch
+-- A waiter (`wait_result`, `wait_final`, `get_value(wait=)`) registers before its first read of
+-- the job's state, after it LISTENs: the statements that make a job final notify its result
+-- channel only when result_watched is set. Race: this UPDATE and the fenced UPDATE that
+-- finishes the job both lock the row. If the finish holds it, this waits for its commit, re-reads
+-- the newest version, finds it final and writes nothing: the waiter's read that follows sees the
+-- final state. If this holds it, the finish waits for this commit and re-reads the row with the
+-- flag set: it notifies. A set flag is not written again (a second waiter costs no write).
+-- A claim skips a row this holds (SKIP LOCKED): a ready or due row registered here wakes its
+-- queue again, after this commit, so a claim that skipped it runs once more at once (a job
+-- enqueued and waited for at once would otherwise wait for the next poll).
+WITH watched AS (
+    UPDATE {schema}.jobs SET result_watched = true
+    WHERE id = %(id)s AND NOT result_watched
+      AND state NOT IN ('completed', 'failed', 'cancelled')
+    RETURNING queue, state, run_at
+)
+SELECT count(pg_notify({schema}.ready_channel(queue), queue))
+FROM watched
+WHERE state = 'ready' OR (state <> 'running' AND run_at <= {schema}.db_now());
 
 -- name: job_states
 -- Every job's state, for the transition checker of trioq.testing (a test-only whole-table read:

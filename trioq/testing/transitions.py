@@ -47,6 +47,7 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     ),
     "checkpoint_insert_many": ("checkpoint_insert_many", "checkpoint_insert_many_plain"),
     "lease_renew_many": ("lease_renew_many",),
+    "job_result_watch": ("job_result_watch",),  # a waiter's flag (no state change)
     "maintenance_pass": ("maintenance_pass",),
     "job_cancel": ("job_cancel",),
     "job_cancel_with": ("job_cancel_with",),

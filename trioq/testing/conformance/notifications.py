@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from ..._core.channels import control_channel, result_channel
+from ..._core.states import TERMINAL_STATES
 from ..._driver import CheckpointWrite, Driver, MaintenancePass, Settlement
 from .harness import (
+    QUEUE,
     DriverClock,
     NotificationRecorder,
     claim,
@@ -173,7 +175,7 @@ async def check_due_work_is_claimed_by_the_statement_that_finds_it_due(
 
 
 @conformance_check
-async def check_final_states_are_announced_on_result_channels(
+async def check_final_states_of_watched_jobs_are_announced_on_result_channels(
     driver: Driver, clock: DriverClock
 ) -> None:
     recorder = NotificationRecorder()
@@ -182,6 +184,8 @@ async def check_final_states_are_announced_on_result_channels(
     async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
         for channel in channels:
             await listener.listen(channel)
+        for job_id in job_ids:
+            await driver.job_result_watch(job_id)
         expect(await driver.job_cancel(job_ids[4]) is not None, True, "cancel")
         one, two, three, four = await claim(driver)
         await complete(driver, one.lease, two.lease)
@@ -192,12 +196,70 @@ async def check_final_states_are_announced_on_result_channels(
 
 
 @conformance_check
+async def check_final_states_nobody_waits_for_are_not_announced(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """The statements that finish jobs (the plain completion, the full settle with a key
+    released, a failure, a cancelled attempt) send no result notification for a job no waiter
+    registered for: a commit that notifies takes a database-wide lock."""
+    recorder = NotificationRecorder()
+    job_ids = await enqueue(
+        driver, new_job(0), new_job(1, partition_key="k"), new_job(2), new_job(3)
+    )
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        for channel in {result_channel(driver.schema, job_id) for job_id in job_ids}:
+            await listener.listen(channel)
+        plain, keyed, failed, cancelled = sorted(await claim(driver), key=lambda job: job.id)
+        expect(await complete(driver, plain.lease), (plain.id,), "a plain completion")
+        expect(await complete(driver, keyed.lease), (keyed.id,), "a keyed completion")
+        await fail(driver, failed.lease, retry_delay=None)
+        await fail(driver, cancelled.lease, retry_delay=None, final_state="cancelled")
+        await flush_notifications(driver, listener, recorder)
+    for job_id in job_ids:
+        expect((await record(driver, job_id)).state in TERMINAL_STATES, True, "finished")
+        expect(recorder.ids_on(result_channel(driver.schema, job_id)), set(), "ids announced")
+
+
+@conformance_check
+async def check_watching_a_ready_or_due_job_wakes_its_queue_once(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A claim skips a row a registration holds (SKIP LOCKED on PostgreSQL), so registering
+    for a ready or due job sends its queue's ready notification once the registration commits.
+    Registering for a running, finished or unknown job, or again, sends nothing."""
+    recorder = NotificationRecorder()
+    [queue_channel] = await driver.ready_channels([QUEUE])
+    wake = (queue_channel, QUEUE)
+    running, done, ready, due = await enqueue(
+        driver, new_job(0), new_job(1), new_job(2), new_job(3, delay_seconds=5)
+    )
+    claimed = {job.id: job for job in await claim(driver, 2)}
+    expect(sorted(claimed), [running, done], "the first two by id")
+    await complete(driver, claimed[done].lease)
+    await clock.advance(6)
+    async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
+        await listener.listen(queue_channel)
+        for job_id in (running, done, 10**9):
+            await driver.job_result_watch(job_id)
+        await flush_notifications(driver, listener, recorder)
+        expect(recorder.received.count(wake), 0, "wake-ups for running, finished, unknown")
+        await driver.job_result_watch(ready)
+        await recorder.wait_for(*wake)
+        await driver.job_result_watch(ready)
+        await driver.job_result_watch(due)
+        await flush_notifications(driver, listener, recorder)
+        expect(recorder.received.count(wake), 2, "wake-ups for ready, ready again, due")
+    expect((await record(driver, ready)).state, "ready", "a registration changes no state")
+
+
+@conformance_check
 async def check_retry_is_not_announced_as_a_result(driver: Driver, clock: DriverClock) -> None:
     recorder = NotificationRecorder()
     [job_id] = await enqueue(driver, new_job())
     channel = result_channel(driver.schema, job_id)
     async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
         await listener.listen(channel)
+        await driver.job_result_watch(job_id)
         [job] = await claim(driver)
         await fail(driver, job.lease, retry_delay=60)
         await flush_notifications(driver, listener, recorder)
@@ -243,15 +305,21 @@ async def check_job_failed_by_recovery_is_announced_on_its_result_channel(
     driver: Driver, clock: DriverClock
 ) -> None:
     recorder = NotificationRecorder()
-    [job_id] = await enqueue(driver, new_job(max_attempts=1))
-    channel = result_channel(driver.schema, job_id)
+    job_id, unwatched = await enqueue(
+        driver, new_job(0, max_attempts=1), new_job(1, max_attempts=1)
+    )
+    channels = {result_channel(driver.schema, n) for n in (job_id, unwatched)}
     await claim(driver, lease_seconds=10)
     async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
-        await listener.listen(channel)
+        for channel in channels:
+            await listener.listen(channel)
+        await driver.job_result_watch(job_id)
         await clock.advance(11)
         await driver.maintenance_pass(MaintenancePass())
         await flush_notifications(driver, listener, recorder)
-    expect(recorder.ids_on(channel), {job_id}, "ids announced after the final lease loss")
+    announced = set().union(*(recorder.ids_on(channel) for channel in channels))
+    expect(announced, {job_id}, "ids announced after the final lease loss (only the watched)")
+    expect((await record(driver, unwatched)).state, "failed", "the unwatched job failed too")
 
 
 @conformance_check

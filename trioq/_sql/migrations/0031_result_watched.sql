@@ -1,0 +1,13 @@
+-- trioq schema, version 31: result notifications only for jobs somebody waits for.
+--
+-- Every flush of the completer used to pg_notify the result channels of every job it finished.
+-- PostgreSQL takes one database-wide lock at the COMMIT of each transaction that sent a NOTIFY
+-- (async.c, PreCommit_Notify), so with several workers their flushes' commits queued behind
+-- each other (the scaling benchmark's lock waits were almost all `wait_event = 'object'`).
+-- A waiter (`wait_result`, `wait_final`, `get_value(wait=)`) now sets `result_watched` on the
+-- job row (job_result_watch) before it reads the job's state, and the statements that make a
+-- job final announce it only when the flag is set. The flag is written under the row lock, so
+-- the fenced UPDATE that finishes the job either sees it (it re-reads the row's newest version
+-- after waiting) or has committed before the waiter's read, which then sees the final state.
+-- A constant default: no row is rewritten, the column is added in the catalog only.
+ALTER TABLE {schema}.jobs ADD COLUMN result_watched boolean NOT NULL DEFAULT false;
