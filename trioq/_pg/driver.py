@@ -114,6 +114,7 @@ from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
 from .limits import LimitedQueues
+from .replies import ClaimedRow, CompletePlain, PlainRound, Round
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -148,11 +149,32 @@ def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
     }
 
 
-def _claimed_job(row: Sequence[Any], at: int = 0) -> ClaimedJob:
-    """A claimed row from column `at` on: the job's 13 columns, its history (NULL: none), its
-    parent id, its concurrency key. Read in place (a slice per claimed row copied its columns
-    first)."""
-    history = row[at + 13]
+# A claimed row's column positions (`ClaimedRow`) as module constants: the claim reads 16 per
+# claimed row, and a global is the cheapest index on Python 3.11 (125 ns for the 16; class
+# attributes cost twice that).
+_ID = ClaimedRow.id
+_QUEUE = ClaimedRow.queue
+_TASK = ClaimedRow.task
+_PAYLOAD = ClaimedRow.payload
+_ATTEMPT = ClaimedRow.attempt
+_MAX_ATTEMPTS = ClaimedRow.max_attempts
+_LEASE_TOKEN = ClaimedRow.lease_token
+_PARTITION_KEY = ClaimedRow.partition_key
+_PRIORITY = ClaimedRow.priority
+_RUN_AT = ClaimedRow.run_at
+_CREATED_AT = ClaimedRow.created_at
+_CANCEL_REQUESTED = ClaimedRow.cancel_requested
+_VERSION = ClaimedRow.version
+_HISTORY = ClaimedRow.history
+_PARENT_ID = ClaimedRow.parent_id
+_CONCURRENCY_KEY = ClaimedRow.concurrency_key
+
+
+def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
+    """A claimed job from a round's row (`ClaimedRow`): its columns, its history (NULL: none),
+    its parent id, its concurrency key. Read in place (a slice per claimed row copied its
+    columns first)."""
+    history = row[_HISTORY]
     entries = (
         ()
         if history is None
@@ -161,33 +183,34 @@ def _claimed_job(row: Sequence[Any], at: int = 0) -> ClaimedJob:
         )
     )
     return ClaimedJob(
-        row[at],
-        row[at + 1],
-        row[at + 2],
-        row[at + 3],
-        row[at + 4],
-        row[at + 5],
-        row[at + 6],
-        row[at + 7],
-        row[at + 8],
-        row[at + 9],
-        row[at + 10],
-        row[at + 11],
-        row[at + 12],
+        row[_ID],
+        row[_QUEUE],
+        row[_TASK],
+        row[_PAYLOAD],
+        row[_ATTEMPT],
+        row[_MAX_ATTEMPTS],
+        row[_LEASE_TOKEN],
+        row[_PARTITION_KEY],
+        row[_PRIORITY],
+        row[_RUN_AT],
+        row[_CREATED_AT],
+        row[_CANCEL_REQUESTED],
+        row[_VERSION],
         entries,
-        row[at + 14],
-        row[at + 15],
+        row[_PARENT_ID],
+        row[_CONCURRENCY_KEY],
     )
 
 
 def _round_rows(
     rows: Sequence[Sequence[Any]],
 ) -> tuple[Sequence[Any], tuple[tuple[int, str], ...], tuple[ClaimedJob, ...]]:
-    """A claim statement's reply (either form): the outcome's row (its first columns carry the
-    settled ids and states, once), the settled (id, state) pairs, the claimed jobs."""
-    first = next(row for row in rows if row[0] is not None)
-    settled = tuple(zip(first[0], first[1], strict=True))
-    claimed = tuple([_claimed_job(row, 8) for row in rows if row[8] is not None])
+    """A claim statement's reply (either form: `Round`, `PlainRound`): the outcome's row (its
+    first columns carry the settled ids and states, once), the settled (id, state) pairs, the
+    claimed jobs."""
+    first = next(row for row in rows if row[Round.ids] is not None)
+    settled = tuple(zip(first[Round.ids], first[Round.states], strict=True))
+    claimed = tuple([_claimed_job(row) for row in rows if row[_ID] is not None])
     return first, settled, claimed
 
 
@@ -372,7 +395,7 @@ class PgTransaction:
             promote_limit=0,
         )
         rows = await self._driver._settle_rows(self._conn, params)
-        return list(zip(rows[0][0], rows[0][1], strict=True))
+        return list(zip(rows[0][Round.ids], rows[0][Round.states], strict=True))
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         return await self._driver._emit(self._conn, params)
@@ -584,11 +607,12 @@ class PgDriver:
             plain = SettleAndClaimResult(
                 settled=settled,
                 claimed=claimed,
-                now=rows[-1][5],
-                next_due=first[6],
+                now=rows[-1][PlainRound.now],
+                next_due=first[PlainRound.next_due],
                 replied_at=conn.replied_at,
             )
-            if not first[2]:  # not blocked: this was the whole round, and the next may be
+            # Not blocked: this was the whole round, and the next may be plain too.
+            if not first[PlainRound.blocked]:
                 return plain
             self._plain_queues[params.queue] = False
             if not params.limit:  # a settle only (the completer's): nothing to claim
@@ -610,23 +634,23 @@ class PgDriver:
             rows = await self._settle_rows(conn, params)
         replied_at = conn.replied_at
         first, written, claimed = _round_rows(rows)
-        next_due, now = first[6], rows[-1][5]
+        next_due, now = first[Round.next_due], rows[-1][Round.now]
         # The next round may be plain when this one saw no ready keyed row, promoted nothing
         # (a promotion may have left more due rows) and the next due row is beyond the
         # lookahead. A settle-only round (limit 0) visits no keys: it tells nothing about them.
         if params.limit:
             self._plain_queues[params.queue] = (
-                first[3] == 0
-                and first[4] == 0
+                first[Round.keys_visited] == 0
+                and first[Round.promoted] == 0
                 and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
             )
         return SettleAndClaimResult(
             settled=written if settled is None else settled,
             claimed=claimed,
-            key_cursor=first[2],
-            keys_visited=first[3],
-            concurrency_cursor=first[7],
-            promoted=first[4],
+            key_cursor=first[Round.key_cursor],
+            keys_visited=first[Round.keys_visited],
+            concurrency_cursor=first[Round.concurrency_cursor],
+            promoted=first[Round.promoted],
             # `now` is read per row as the row is produced: the last row's is the latest, after
             # every claimed row and its history (200 rows with history: ~6 ms after the first).
             now=now,
@@ -643,8 +667,10 @@ class PgDriver:
                 rows = await self._query(conn, name, complete_plain_params(params.settlements))
             replied_at = conn.replied_at
         [row] = rows
-        settled = tuple(zip(row[0], row[1], strict=True))
-        return SettleAndClaimResult(settled=settled, claimed=(), now=row[3], replied_at=replied_at)
+        settled = tuple(zip(row[CompletePlain.ids], row[CompletePlain.states], strict=True))
+        return SettleAndClaimResult(
+            settled=settled, claimed=(), now=row[CompletePlain.now], replied_at=replied_at
+        )
 
     async def checkpoint_insert_many(
         self, writes: Sequence[CheckpointWrite]

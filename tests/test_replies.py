@@ -1,0 +1,107 @@
+"""The reply columns the driver reads by name (trioq/_pg/replies.py) are the statements' own, as
+PostgreSQL describes them: a statement that gains, loses, renames or moves a column fails here
+until its class in replies.py follows."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import attrs
+import psycopg
+import pytest
+import trio
+from psycopg import pq, sql
+
+from trioq._driver import (
+    ClaimedJob,
+)
+from trioq._pg import replies
+from trioq._pg.driver import open_pg_driver
+from trioq._sql import positional_queries
+
+
+def _reply_classes() -> Iterator[type[replies.Reply]]:
+    pending = list(replies.Reply.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__ == replies.__name__:  # not a test's (a failed class may linger)
+            yield cls
+
+
+def _described(conninfo: str, schema: str, names: set[str]) -> dict[str, tuple[str, ...]]:
+    """Each named statement's result columns, from the server's description of it prepared
+    (nothing runs: PostgreSQL plans no statement to describe it)."""
+    statements = positional_queries(schema)
+    columns = {}
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        pgconn = conn.pgconn
+        for name in sorted(names):
+            prepared = pgconn.prepare(b"described_" + name.encode(), statements[name].text)
+            assert prepared.status == pq.ExecStatus.COMMAND_OK, (name, prepared.error_message)
+            description = pgconn.describe_prepared(b"described_" + name.encode())
+            columns[name] = tuple(
+                (description.fname(index) or b"").decode() for index in range(description.nfields)
+            )
+    return columns
+
+
+async def _migrate(conninfo: str, schema: str) -> None:
+    async with open_pg_driver(conninfo, schema, pool_size=1) as driver:
+        await driver.migrate()
+
+
+@pytest.fixture(scope="module")
+def described(pg_url: str) -> Iterator[dict[str, tuple[str, ...]]]:
+    """The described columns of every statement these tests check, on one migrated schema."""
+    schema = f"t_{secrets.token_hex(8)}"
+    names = {name for cls in _reply_classes() for name in cls.statements}
+    try:
+        trio.run(_migrate, pg_url, schema)
+        yield _described(pg_url, schema, names)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_each_reply_class_names_its_statements_columns_in_order(
+    described: dict[str, tuple[str, ...]],
+) -> None:
+    mismatched = {
+        name: (cls.__name__, cls.all_columns(), described[name])
+        for cls in _reply_classes()
+        for name in cls.statements
+        if cls.all_columns() != described[name]
+    }
+    assert mismatched == {}, "\n".join(f"{k}: {v}" for k, v in mismatched.items())
+
+
+def test_both_rounds_share_the_columns_one_decode_reads() -> None:
+    """`_round_rows` reads either round's reply through Round's positions."""
+    shared = ("ids", "states", "promoted", "now", "next_due", "concurrency_cursor")
+    assert [getattr(replies.PlainRound, name) for name in shared] == [
+        getattr(replies.Round, name) for name in shared
+    ]
+    assert replies.PlainRound.then is replies.Round.then is replies.ClaimedRow
+
+
+def test_a_claimed_row_has_the_claimed_jobs_fields_in_order() -> None:
+    """`_claimed_job` passes the claimed columns to ClaimedJob by position."""
+    fields = tuple(field.name for field in attrs.fields(ClaimedJob) if field.init)
+    assert replies.ClaimedRow.columns[: len(fields)] == fields
+
+
+def test_each_statement_has_one_reply_class_and_columns_are_numbered_in_order() -> None:
+    named = [name for cls in _reply_classes() for name in cls.statements]
+    assert len(named) == len(set(named))
+    for cls in _reply_classes():
+        positions = [getattr(cls, column) for column in cls.columns]
+        assert positions == list(range(positions[0], positions[0] + len(positions)))
+
+
+def test_a_following_class_must_start_where_the_columns_before_it_end() -> None:
+    with pytest.raises(TypeError, match="starts at column 8, after 1 columns"):
+
+        class Wrong(replies.Reply, then=replies.ClaimedRow):
+            only: int

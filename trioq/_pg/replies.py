@@ -1,0 +1,119 @@
+"""The columns of each statement's reply, by name.
+
+A reply row is a tuple (no dict per row: the claim decodes 25 rows a round); the driver reads
+it by position, and the positions come from here: each `Reply` subclass lists one statement's
+final SELECT (or RETURNING) columns in order, and each becomes the position of its column
+once, when this module is imported. `row[Claim.next_due]` then costs what `row[6]` did, and
+means the same column in every reply that has one.
+
+tests/test_replies.py describes each statement on PostgreSQL and fails when its columns and
+its class here differ (a column added, removed, renamed or moved), and when a record built
+from a whole row (`RECORDS`) no longer has the statement's columns as its fields.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class Reply:
+    """One statement's reply columns: each `name: ClassVar[int]` annotation of a subclass, in
+    order, is set to its column's position (from `start`). `then` is a class whose columns
+    follow these (its `start` must be where they end): the claimed job's columns after a
+    round's own."""
+
+    statements: ClassVar[tuple[str, ...]] = ()
+    columns: ClassVar[tuple[str, ...]] = ()
+    then: ClassVar[type[Reply] | None] = None
+
+    def __init_subclass__(
+        cls,
+        *,
+        statements: tuple[str, ...] = (),
+        start: int = 0,
+        then: type[Reply] | None = None,
+    ) -> None:
+        super().__init_subclass__()
+        names = tuple(cls.__annotations__)  # its own (Python >= 3.10), in order
+        for position, name in enumerate(names, start):
+            setattr(cls, name, position)
+        if then is not None and then.first_position() != start + len(names):
+            raise TypeError(
+                f"{cls.__name__}: {then.__name__} starts at column {then.first_position()}, "
+                f"after {start + len(names)} columns"
+            )
+        cls.statements = statements
+        cls.columns = names
+        cls.then = then
+
+    @classmethod
+    def first_position(cls) -> int:
+        return int(getattr(cls, cls.columns[0]))
+
+    @classmethod
+    def all_columns(cls) -> tuple[str, ...]:
+        """The statement's whole column list: these, then `then`'s."""
+        return cls.columns + (() if cls.then is None else cls.then.all_columns())
+
+
+# --- the claim loop's round -------------------------------------------------------------------
+
+
+class ClaimedRow(Reply, start=8):
+    """A claimed job's columns (the `claim_returning` fragment, then the round's `first` flag),
+    after the 8 columns of either round's reply; NULL on the one row of a round that claimed
+    nothing."""
+
+    id: ClassVar[int]
+    queue: ClassVar[int]
+    task: ClassVar[int]
+    payload: ClassVar[int]
+    attempt: ClassVar[int]
+    max_attempts: ClassVar[int]
+    lease_token: ClassVar[int]
+    partition_key: ClassVar[int]
+    priority: ClassVar[int]
+    run_at: ClassVar[int]
+    created_at: ClassVar[int]
+    cancel_requested: ClassVar[int]
+    version: ClassVar[int]
+    history: ClassVar[int]
+    parent_id: ClassVar[int]
+    concurrency_key: ClassVar[int]
+    first: ClassVar[int]
+
+
+class Round(Reply, statements=("job_settle_and_claim",), then=ClaimedRow):
+    """job_settle_and_claim. `ids` and `states` (the settled outcomes) are set on the first row
+    only; `now` is read as each row is produced (the last row's is the latest)."""
+
+    ids: ClassVar[int]
+    states: ClassVar[int]
+    key_cursor: ClassVar[int]
+    keys_visited: ClassVar[int]
+    promoted: ClassVar[int]
+    now: ClassVar[int]
+    next_due: ClassVar[int]
+    concurrency_cursor: ClassVar[int]
+
+
+class PlainRound(Reply, statements=("job_settle_and_claim_plain",), then=ClaimedRow):
+    """job_settle_and_claim_plain: Round's columns, with `blocked` and `keyed_ready` where
+    Round has `key_cursor` and `keys_visited` (the same positions of `ids`, `states`, `now`
+    and `next_due` let one decode read both)."""
+
+    ids: ClassVar[int]
+    states: ClassVar[int]
+    blocked: ClassVar[int]
+    keyed_ready: ClassVar[int]
+    promoted: ClassVar[int]
+    now: ClassVar[int]
+    next_due: ClassVar[int]
+    concurrency_cursor: ClassVar[int]
+
+
+class CompletePlain(Reply, statements=("job_complete_plain",)):
+    ids: ClassVar[int]
+    states: ClassVar[int]
+    notified: ClassVar[int]
+    now: ClassVar[int]
