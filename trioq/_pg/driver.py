@@ -114,7 +114,7 @@ from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
 from .limits import LimitedQueues
-from .replies import ClaimedRow, CompletePlain, PlainRound, Round
+from .replies import CheckpointWritten, ClaimedRow, CompletePlain, LeaseRenewal, PlainRound, Round
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -691,7 +691,14 @@ class PgDriver:
             )
         else:  # a plain workflow's batch: no ctx.set_value to carry
             rows = await self._retrying("checkpoint_insert_many_plain", params)
-        return [WrittenCheckpoint(job_id=row[0], position=row[1], value=row[2]) for row in rows]
+        return [
+            WrittenCheckpoint(
+                job_id=row[CheckpointWritten.id],
+                position=row[CheckpointWritten.position],
+                value=row[CheckpointWritten.value],
+            )
+            for row in rows
+        ]
 
     async def lease_renew_many(self, params: RenewLeases) -> RenewalResult:
         rows = await self._retrying(
@@ -705,9 +712,10 @@ class PgDriver:
             },
             pool=self._renewal_pool,
         )
+        leases = LeaseRenewal.id  # a RenewedLease from here on
         return RenewalResult(
-            leases=tuple(RenewedLease(*row[1:]) for row in rows if row[1] is not None),
-            registered=bool(rows[0][0]),
+            leases=tuple(RenewedLease(*row[leases:]) for row in rows if row[leases] is not None),
+            registered=bool(rows[0][LeaseRenewal.registered]),
         )
 
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:

@@ -117,3 +117,24 @@ class CompletePlain(Reply, statements=("job_complete_plain",)):
     states: ClassVar[int]
     notified: ClassVar[int]
     now: ClassVar[int]
+
+
+# --- leases and checkpoints -------------------------------------------------------------------
+
+
+class LeaseRenewal(Reply, statements=("lease_renew_many",)):
+    """One row per lease still held (`id` NULL on the one row when none is); `registered` is
+    the same on every row. The columns from `id` on are a RenewedLease."""
+
+    registered: ClassVar[int]
+    id: ClassVar[int]
+    cancel_requested: ClassVar[int]
+    confirmed: ClassVar[int]
+
+
+class CheckpointWritten(
+    Reply, statements=("checkpoint_insert_many", "checkpoint_insert_many_plain")
+):
+    id: ClassVar[int]
+    position: ClassVar[int]
+    value: ClassVar[int]

@@ -816,7 +816,7 @@ written AS (
 
 -- fragment: checkpoints_written
 -- A position already taken (a write repeated after a lost connection) returns the stored value.
-SELECT i.id, i.position, coalesce(w.value, e.value)
+SELECT i.id, i.position, coalesce(w.value, e.value) AS value
 FROM input i
 JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
