@@ -114,7 +114,22 @@ from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
 from .limits import LimitedQueues
-from .replies import CheckpointWritten, ClaimedRow, CompletePlain, LeaseRenewal, PlainRound, Round
+from .replies import (
+    CheckpointWritten,
+    ChildrenCancelled,
+    ChildrenWait,
+    ClaimedRow,
+    CompletePlain,
+    ContinuedAsNew,
+    EventWait,
+    LeaseRenewal,
+    MessageSent,
+    PlainRound,
+    Received,
+    Round,
+    Spawned,
+    ValuesSet,
+)
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -842,8 +857,12 @@ class PgDriver:
                 "deadline": params.deadline,
             },
         )
-        state, payload, deadline, owned = rows[0]
-        return EventWaitOutcome(state if owned else "lost", payload, deadline)
+        row = rows[0]
+        return EventWaitOutcome(
+            row[EventWait.state] if row[EventWait.owned] else "lost",
+            row[EventWait.payload],
+            row[EventWait.deadline],
+        )
 
     async def job_spawn_many(self, spawns: Sequence[Spawn]) -> list[SpawnOutcome]:
         """Retried: the (parent, position) key returns the child a lost reply had inserted."""
@@ -867,7 +886,8 @@ class PgDriver:
                 "concurrency_limits": [child.concurrency_limit for child in children],
             },
         )
-        return [SpawnOutcome(row[1], row[2], row[3]) for row in rows]
+        outcome = Spawned.child_id  # a SpawnOutcome from here on
+        return [SpawnOutcome(*row[outcome:]) for row in rows]
 
     async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome:
         rows = await self._retrying(
@@ -882,8 +902,9 @@ class PgDriver:
                 "name": params.name,
             },
         )
-        children = tuple(ChildOutcome(*row[1:]) for row in rows if row[1] is not None)
-        return ChildrenWaitOutcome(rows[0][0], children)
+        child = ChildrenWait.id  # a ChildOutcome from here on
+        children = tuple(ChildOutcome(*row[child:]) for row in rows if row[child] is not None)
+        return ChildrenWaitOutcome(rows[0][ChildrenWait.outcome], children)
 
     async def job_cancel_children(self, params: CancelChildren) -> bool:
         rows = await self._retrying(
@@ -898,7 +919,7 @@ class PgDriver:
                 "control_channel": control_channel(self.schema),
             },
         )
-        return bool(rows[0][0])
+        return bool(rows[0][ChildrenCancelled.owned])
 
     async def job_retry(self, job_id: int) -> CancelOutcome | None:
         rows = await self._fetch("job_retry", {"id": job_id})
@@ -1166,8 +1187,7 @@ class PgDriver:
             # The job became final (or was deleted) between the statement's unlocked read and
             # the function's lock: read again, which now names its state.
             rows = await self._fetch("message_send", values)
-        state, message_id = rows[0]
-        return SendOutcome(state, message_id)
+        return SendOutcome(rows[0][MessageSent.state], rows[0][MessageSent.message_id])
 
     async def job_receive(self, params: Receive) -> ReceiveOutcome:
         """Retried: a repeated receive of a recorded position returns what it recorded, and
@@ -1185,8 +1205,10 @@ class PgDriver:
                 "value_values": [value for _, value in params.values],
             },
         )
-        state, messages, deadline = rows[0]
-        return ReceiveOutcome(state, tuple(messages or ()), deadline)
+        row = rows[0]
+        return ReceiveOutcome(
+            row[Received.state], tuple(row[Received.messages] or ()), row[Received.deadline]
+        )
 
     async def job_value_set_many(self, params: ValueSet) -> bool:
         """Retried: writing the same values again changes nothing."""
@@ -1198,7 +1220,7 @@ class PgDriver:
                 "values": [value for _, value in params.values],
             },
         )
-        return bool(rows[0][0])
+        return bool(rows[0][ValuesSet.owned])
 
     async def job_value_get(self, job_id: int, key: str) -> ValueRead:
         rows = await self._retrying("job_value_get", {"id": job_id, "key": key})
@@ -1256,7 +1278,7 @@ class PgDriver:
             "job_continue_as_new",
             {**_lease_params(params.lease), "payload": params.payload_json},
         )
-        return str(rows[0][0])
+        return str(rows[0][ContinuedAsNew.outcome])
 
     async def job_cancel_with(self, params: CancelJob) -> CancelOutcome | None:
         rows = await self._fetch(

@@ -57,6 +57,7 @@ from .._records import EventOutcome, JobRecord, NewJob
 from .._sql import queries
 from .inserts import insert_statement, inserted_jobs
 from .libpq import DATABASE_URL_ENV, network_defaults
+from .replies import EventEmitted, MessageSent
 
 if TYPE_CHECKING:
     # psycopg, psycopg_pool and the result listeners are imported when a producer first
@@ -303,7 +304,7 @@ def _send_params(job_id: int, topic: str, payload: Any) -> dict[str, Any]:
 
 
 def _sent(job_id: int, rows: Sequence[tuple[Any, ...]]) -> int:
-    state, message_id = rows[0]
+    state, message_id = rows[0][MessageSent.state], rows[0][MessageSent.message_id]
     if message_id is None:
         raise message_refused(job_id, state)
     return int(message_id)
@@ -474,7 +475,9 @@ class SyncProducer:
         """Store the event `key` and wake the jobs waiting for it (`ctx.wait_for_event`)."""
         text = self._statements.statement("event_emit")
         [row] = self._fetch(text, _event_params(key, payload), conn)
-        return EventOutcome(first=bool(row[0]), woken=int(row[1]))
+        return EventOutcome(
+            first=bool(row[EventEmitted.emitted_first]), woken=int(row[EventEmitted.woken_count])
+        )
 
     def send(
         self, job_id: int, topic: str, payload: Any = None, *, conn: SyncConnection | None = None
@@ -680,7 +683,9 @@ class AsyncProducer:
     ) -> EventOutcome:
         text = self._statements.statement("event_emit")
         [row] = await self._fetch(text, _event_params(key, payload), conn)
-        return EventOutcome(first=bool(row[0]), woken=int(row[1]))
+        return EventOutcome(
+            first=bool(row[EventEmitted.emitted_first]), woken=int(row[EventEmitted.woken_count])
+        )
 
     async def send(
         self, job_id: int, topic: str, payload: Any = None, *, conn: AsyncConnection | None = None

@@ -138,3 +138,62 @@ class CheckpointWritten(
     id: ClassVar[int]
     position: ClassVar[int]
     value: ClassVar[int]
+
+
+# --- events, children, messages, values -------------------------------------------------------
+
+
+class EventEmitted(Reply, statements=("event_emit",)):
+    emitted_first: ClassVar[int]
+    woken_count: ClassVar[int]
+
+
+class EventWait(Reply, statements=("job_wait_event",)):
+    state: ClassVar[int]
+    payload: ClassVar[int]
+    deadline: ClassVar[int]
+    owned: ClassVar[int]
+
+
+class Spawned(Reply, statements=("job_spawn_many",)):
+    """One row per spawn, in order; the columns from `child_id` on are a SpawnOutcome."""
+
+    ord: ClassVar[int]
+    child_id: ClassVar[int]
+    created: ClassVar[int]
+    cancelling: ClassVar[int]
+
+
+class ChildrenWait(Reply, statements=("job_wait_children",)):
+    """One row per child (`id` NULL on the one row when the wait suspends or was lost);
+    `outcome` is the same on every row. The columns from `id` on are a ChildOutcome."""
+
+    outcome: ClassVar[int]
+    id: ClassVar[int]
+    state: ClassVar[int]
+    result: ClassVar[int]
+    error: ClassVar[int]
+
+
+class ChildrenCancelled(Reply, statements=("job_cancel_children",)):
+    owned: ClassVar[int]
+
+
+class MessageSent(Reply, statements=("message_send",)):
+    state: ClassVar[int]
+    message_id: ClassVar[int]
+
+
+class Received(Reply, statements=("job_receive",)):
+    state: ClassVar[int]
+    messages: ClassVar[int]
+    deadline: ClassVar[int]
+
+
+class ValuesSet(Reply, statements=("job_value_set_many",)):
+    owned: ClassVar[int]
+    notified: ClassVar[int]
+
+
+class ContinuedAsNew(Reply, statements=("job_continue_as_new",)):
+    outcome: ClassVar[int]

@@ -1761,7 +1761,7 @@ notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM child WHERE created AND state = 'ready') AS q
 )
-SELECT i.ord, c.id, coalesce(c.created, false),
+SELECT i.ord, c.id AS child_id, coalesce(c.created, false) AS created,
        EXISTS (SELECT 1 FROM {schema}.jobs j
                WHERE j.id = i.parent_id AND j.attempt = i.attempt
                  AND j.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
@@ -1853,7 +1853,7 @@ result AS (
                 ELSE d.state END AS state
     FROM decision d CROSS JOIN (SELECT count(*) FROM written) AS side_effects
 )
-SELECT r.state, c.id, c.state, c.result, c.error
+SELECT r.state AS outcome, c.id, c.state, c.result, c.error
 FROM result r LEFT JOIN children c ON r.state IN ('done', 'failed', 'unknown')
 ORDER BY c.ord;
 
@@ -1863,7 +1863,7 @@ ORDER BY c.ord;
 -- (job_cancel_tree in migration 0003: running ones are flagged and their workers told).
 SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(position)s,
                                    %(kind)s, %(name)s, %(value)s::jsonb, %(child_ids)s::bigint[],
-                                   %(control_channel)s);
+                                   %(control_channel)s) AS owned;
 
 -- name: message_send
 -- `client.send` and the producers: {schema}.send() (migration 0016) locks the job row, queues
@@ -1872,7 +1872,7 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
 -- the server; the function re-checks it under the lock.
 SELECT j.state,
        CASE WHEN j.state NOT IN ('completed', 'failed', 'cancelled')
-            THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END
+            THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END AS message_id
 FROM (SELECT %(id)s::bigint AS id) AS k
 LEFT JOIN {schema}.jobs j ON j.id = k.id;
 
@@ -1903,8 +1903,9 @@ written AS (
                                             updated_at = excluded.updated_at
     RETURNING w.job_id
 )
-SELECT (SELECT count(*) FROM owner) > 0,
+SELECT (SELECT count(*) FROM owner) > 0 AS owned,
        (SELECT count(pg_notify({schema}.result_channel(o.id), o.id::text)) FROM owner o)
+           AS notified
 FROM (SELECT count(*) FROM written) AS side_effects;
 
 -- name: job_value_get
@@ -2378,7 +2379,7 @@ notified AS (
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM restarted) THEN 'continued'
             WHEN EXISTS (SELECT 1 FROM owner) THEN 'cancelling'
-            ELSE 'lost' END
+            ELSE 'lost' END AS outcome
 FROM notified CROSS JOIN (SELECT count(*) FROM cleared) AS c
 CROSS JOIN (SELECT count(*) FROM detached) AS d;
 
