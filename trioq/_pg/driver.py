@@ -115,20 +115,32 @@ from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
 from .limits import LimitedQueues
 from .replies import (
+    Cancelled,
     CheckpointWritten,
     ChildrenCancelled,
     ChildrenWait,
     ClaimedRow,
     CompletePlain,
     ContinuedAsNew,
+    EventEmitted,
     EventWait,
+    JobStateRow,
     LeaseRenewal,
     MessageSent,
+    MigrationApplied,
     PlainRound,
+    QueueLimited,
+    QueueLimitGate,
+    QueueLimitRow,
+    QueueLimitSpent,
+    ReadyChannel,
     Received,
     Round,
     Spawned,
+    TraceContext,
+    Unroutable,
     ValuesSet,
+    WorkerRow,
 )
 
 T = TypeVar("T")
@@ -506,7 +518,8 @@ class PgDriver:
         async with self._pool.connection() as conn, conn.transaction(trioq_timeouts=False):
             await conn.execute(self._sql["migration_lock"], {"schema_name": self.schema})
             await conn.execute(self._sql["migration_prepare"])
-            done = {row[0] for row in await conn.fetch(self._sql["migration_applied"])}
+            applied_rows = await conn.fetch(self._sql["migration_applied"])
+            done = {row[MigrationApplied.version] for row in applied_rows}
             for migration in migrations(self.schema):
                 if migration.version in done:
                     continue
@@ -578,8 +591,8 @@ class PgDriver:
             return await self._round(conn, params)
 
     async def _queue_limited(self, queue: str) -> bool:
-        [[limited]] = await self._fetch("queue_limited", {"queue": queue})
-        return bool(limited)
+        [row] = await self._fetch("queue_limited", {"queue": queue})
+        return bool(row[QueueLimited.limited])
 
     async def _gated_round(self, params: SettleAndClaim) -> SettleAndClaimResult:
         """A limited queue's round, in one transaction: the gate (it locks the queue's limits
@@ -593,7 +606,11 @@ class PgDriver:
             [gate] = await self._query(
                 conn, "queue_limit_gate", {"queue": queue, "requested": params.limit}
             )
-            allowed, running, global_limit, rate_allowed, _, next_start_at, started_at = gate
+            allowed, running = gate[QueueLimitGate.allowed], gate[QueueLimitGate.running]
+            global_limit = gate[QueueLimitGate.global_limit]
+            rate_allowed = gate[QueueLimitGate.rate_allowed]
+            next_start_at = gate[QueueLimitGate.next_start_at]
+            started_at = gate[QueueLimitGate.started_at]
             self._limited.note(queue, global_limit is not None or rate_allowed is not None)
             result = await self._round(
                 conn, attrs.evolve(params, limit=allowed, lookahead_seconds=0.0)
@@ -601,11 +618,12 @@ class PgDriver:
             if result.claimed and started_at is not None:
                 self._calls["queue_limit_spend"] += 1
                 claimed = [job.id for job in result.claimed]
-                [[next_start_at]] = await self._query(
+                [spent] = await self._query(
                     conn,
                     "queue_limit_spend",
                     {"queue": queue, "claimed": claimed, "started_at": started_at},
                 )
+                next_start_at = spent[QueueLimitSpent.next_start_at]
             elif allowed:
                 next_start_at = None  # nothing started: the window is not full
         return attrs.evolve(
@@ -795,7 +813,7 @@ class PgDriver:
         rows = await self._fetch(
             "job_cancel", {"id": job_id, "control_channel": control_channel(self.schema)}
         )
-        return CancelOutcome(previous_state=rows[0][0], state=rows[0][1]) if rows else None
+        return _cancel_outcome(rows)
 
     async def job_get(self, job_id: int) -> JobRecord | None:
         rows = await self._retrying("job_get", {"id": job_id})
@@ -835,14 +853,14 @@ class PgDriver:
             rows = await conn.fetch(
                 self._sql["event_emit"], {"key": params.key, "payload": params.payload_json}
             )
-        return EmitOutcome(first=rows[0][0], woken=rows[0][1])
+        return _emitted(rows)
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         """Retried when the connection drops: a second emit of the same key changes nothing."""
         rows = await self._retrying(
             "event_emit", {"key": params.key, "payload": params.payload_json}
         )
-        return EmitOutcome(first=rows[0][0], woken=rows[0][1])
+        return _emitted(rows)
 
     async def job_wait_event(self, params: WaitEvent) -> EventWaitOutcome:
         """Retried: if the lost reply had suspended the job, the retry finds the lease gone
@@ -923,7 +941,7 @@ class PgDriver:
 
     async def job_retry(self, job_id: int) -> CancelOutcome | None:
         rows = await self._fetch("job_retry", {"id": job_id})
-        return CancelOutcome(previous_state=rows[0][0], state=rows[0][1]) if rows else None
+        return _cancel_outcome(rows)
 
     async def job_purge(self, params: JobPurge) -> int:
         rows = await self._fetch(
@@ -990,16 +1008,18 @@ class PgDriver:
     async def queue_limit_list(self) -> list[QueueLimit]:
         return [
             QueueLimit(
-                queue=queue,
-                global_limit=global_limit,
-                rate=None if allowed is None else Rate(allowed, period),
-                running=running,
-                recent_starts=recent,
-                rate_limited_until=until,
+                queue=row[QueueLimitRow.queue],
+                global_limit=row[QueueLimitRow.global_limit],
+                rate=(
+                    None
+                    if (allowed := row[QueueLimitRow.rate_allowed]) is None
+                    else Rate(allowed, row[QueueLimitRow.rate_period])
+                ),
+                running=row[QueueLimitRow.running],
+                recent_starts=row[QueueLimitRow.recent_starts],
+                rate_limited_until=row[QueueLimitRow.rate_limited_until],
             )
-            for queue, global_limit, allowed, period, running, recent, until in (
-                await self._retrying("queue_limit_list")
-            )
+            for row in await self._retrying("queue_limit_list")
         ]
 
     # --- workers and status ---------------------------------------------------------------
@@ -1036,7 +1056,7 @@ class PgDriver:
 
     async def job_trace_context(self, job_id: int) -> str | None:
         rows = await self._retrying("job_trace_context", {"id": job_id})
-        return rows[0][0] if rows else None
+        return rows[0][TraceContext.trace_context] if rows else None
 
     async def notify_send(self, channel: str, payload: str) -> None:
         await self._retrying("notify_send", {"channel": channel, "payload": payload})
@@ -1055,30 +1075,30 @@ class PgDriver:
         rows = await self._retrying("worker_list")
         return [
             WorkerInfo(
-                row[0],
-                row[1],
-                row[2],
-                tuple(row[3]),
-                row[4],
-                row[5],
-                row[6],
-                row[7],
-                row[8],
-                tuple(row[9]),
+                row[WorkerRow.id],
+                row[WorkerRow.hostname],
+                row[WorkerRow.pid],
+                tuple(row[WorkerRow.queues]),
+                row[WorkerRow.concurrency],
+                row[WorkerRow.state],
+                row[WorkerRow.started_at],
+                row[WorkerRow.heartbeat_at],
+                row[WorkerRow.running],
+                tuple(row[WorkerRow.task_versions]),
                 tuple(
                     QueueAdmission(q, int(lim), int(conc), reason, cause, float(age))
-                    for q, lim, conc, reason, cause, age in row[10]
+                    for q, lim, conc, reason, cause, age in row[WorkerRow.admission]
                 ),
-                tuple(row[11] or ()),
-                row[12],
-                row[13],
+                tuple(row[WorkerRow.queue_concurrency] or ()),
+                row[WorkerRow.heartbeat_seconds],
+                row[WorkerRow.heartbeat_age],
             )
             for row in rows
         ]
 
     async def ready_channels(self, queues: Sequence[str]) -> list[str]:
         rows = await self._retrying("ready_channels", {"queues": list(queues)})
-        return [row[0] for row in rows]
+        return [row[ReadyChannel.channel] for row in rows]
 
     async def task_history_kinds(self) -> list[TaskHistoryKind]:
         return [TaskHistoryKind(*row) for row in await self._retrying("task_history_kinds")]
@@ -1086,8 +1106,14 @@ class PgDriver:
     async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]:
         rows = await self._retrying("job_unroutable", {"stale_seconds": stale_seconds})
         return [
-            UnroutableJobs(queue, task, version, jobs, tuple(sorted(states)))
-            for queue, task, version, jobs, states in rows
+            UnroutableJobs(
+                row[Unroutable.queue],
+                row[Unroutable.task],
+                row[Unroutable.version],
+                row[Unroutable.jobs],
+                tuple(sorted(row[Unroutable.states])),
+            )
+            for row in rows
         ]
 
     async def task_status(self) -> list[TaskStatus]:
@@ -1285,7 +1311,22 @@ class PgDriver:
             "job_cancel_with",
             {"id": params.id, "tree": params.tree, "control_channel": control_channel(self.schema)},
         )
-        return CancelOutcome(previous_state=rows[0][0], state=rows[0][1]) if rows else None
+        return _cancel_outcome(rows)
+
+
+def _cancel_outcome(rows: Sequence[Sequence[Any]]) -> CancelOutcome | None:
+    """What job_cancel, job_cancel_with or job_retry did (None: no such job)."""
+    if not rows:
+        return None
+    return CancelOutcome(
+        previous_state=rows[0][Cancelled.previous_state], state=rows[0][Cancelled.state]
+    )
+
+
+def _emitted(rows: Sequence[Sequence[Any]]) -> EmitOutcome:
+    return EmitOutcome(
+        first=rows[0][EventEmitted.emitted_first], woken=rows[0][EventEmitted.woken_count]
+    )
 
 
 def _value_arrays(writes: Sequence[CheckpointWrite]) -> Params:
@@ -1309,7 +1350,7 @@ async def read_job_states(driver: PgDriver) -> dict[int, str]:
     `statistics()` (the transition checker of trioq.testing reads it around each call)."""
     async with driver._pool.connection() as conn:
         rows = await conn.fetch(driver._sql["job_states"])
-    return {job_id: state for job_id, state in rows}
+    return {row[JobStateRow.id]: row[JobStateRow.state] for row in rows}
 
 
 def pooler_options(prepared_statements: str) -> ConnectOptions:

@@ -57,7 +57,7 @@ from .._records import EventOutcome, JobRecord, NewJob
 from .._sql import queries
 from .inserts import insert_statement, inserted_jobs
 from .libpq import DATABASE_URL_ENV, network_defaults
-from .replies import EventEmitted, MessageSent
+from .replies import Cancelled, EventEmitted, MessageSent
 
 if TYPE_CHECKING:
     # psycopg, psycopg_pool and the result listeners are imported when a producer first
@@ -493,7 +493,7 @@ class SyncProducer:
         rows = self._fetch("job_cancel", params, conn)
         if not rows:
             raise JobNotFound(f"job_id: no job {job_id}")
-        return str(rows[0][1])
+        return str(rows[0][Cancelled.state])
 
     @property
     def schema(self) -> str:
@@ -699,7 +699,7 @@ class AsyncProducer:
         rows = await self._fetch("job_cancel", params, conn)
         if not rows:
             raise JobNotFound(f"job_id: no job {job_id}")
-        return str(rows[0][1])
+        return str(rows[0][Cancelled.state])
 
     async def get_job(self, job_id: int, *, conn: AsyncConnection | None = None) -> JobRecord:
         rows = await self._fetch("job_get", {"id": _check_id(job_id)}, conn)

@@ -197,3 +197,81 @@ class ValuesSet(Reply, statements=("job_value_set_many",)):
 
 class ContinuedAsNew(Reply, statements=("job_continue_as_new",)):
     outcome: ClassVar[int]
+
+
+# --- jobs, queues, workers --------------------------------------------------------------------
+
+
+class Cancelled(Reply, statements=("job_cancel", "job_cancel_with", "job_retry")):
+    previous_state: ClassVar[int]
+    state: ClassVar[int]
+
+
+class TraceContext(Reply, statements=("job_trace_context",)):
+    trace_context: ClassVar[int]
+
+
+class JobStateRow(Reply, statements=("job_states",)):
+    id: ClassVar[int]
+    state: ClassVar[int]
+
+
+class MigrationApplied(Reply, statements=("migration_applied",)):
+    version: ClassVar[int]
+
+
+class ReadyChannel(Reply, statements=("ready_channels",)):
+    channel: ClassVar[int]
+
+
+class Unroutable(Reply, statements=("job_unroutable",)):
+    queue: ClassVar[int]
+    task: ClassVar[int]
+    version: ClassVar[int]
+    jobs: ClassVar[int]
+    states: ClassVar[int]
+
+
+class WorkerRow(Reply, statements=("worker_list",)):
+    id: ClassVar[int]
+    hostname: ClassVar[int]
+    pid: ClassVar[int]
+    queues: ClassVar[int]
+    concurrency: ClassVar[int]
+    state: ClassVar[int]
+    started_at: ClassVar[int]
+    heartbeat_at: ClassVar[int]
+    running: ClassVar[int]
+    task_versions: ClassVar[int]
+    admission: ClassVar[int]
+    queue_concurrency: ClassVar[int]
+    heartbeat_seconds: ClassVar[int]
+    heartbeat_age: ClassVar[int]
+
+
+class QueueLimited(Reply, statements=("queue_limited",)):
+    limited: ClassVar[int]
+
+
+class QueueLimitGate(Reply, statements=("queue_limit_gate",)):
+    allowed: ClassVar[int]
+    running: ClassVar[int]
+    global_limit: ClassVar[int]
+    rate_allowed: ClassVar[int]
+    rate_period: ClassVar[int]
+    next_start_at: ClassVar[int]
+    started_at: ClassVar[int]
+
+
+class QueueLimitSpent(Reply, statements=("queue_limit_spend",)):
+    next_start_at: ClassVar[int]
+
+
+class QueueLimitRow(Reply, statements=("queue_limit_list",)):
+    queue: ClassVar[int]
+    global_limit: ClassVar[int]
+    rate_allowed: ClassVar[int]
+    rate_period: ClassVar[int]
+    running: ClassVar[int]
+    recent_starts: ClassVar[int]
+    rate_limited_until: ClassVar[int]

@@ -1423,7 +1423,7 @@ GROUP BY h.concurrency_key
 ORDER BY h.concurrency_key;
 
 -- name: ready_channels
-SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
+SELECT {schema}.ready_channel(q) AS channel FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: schema_drop
 -- Test fixtures drop their throwaway schema; a lock held by a leaked session fails the drop
@@ -2394,7 +2394,7 @@ FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s, %(tree
 -- claim statement stays as it is. PgDriver asks at its first claim of a queue, again after a
 -- 'limits:QUEUE' control notification or a listener reconnect, and once per poll interval
 -- only while it has no working listener (trioq/_pg/limits.py).
-SELECT EXISTS (SELECT 1 FROM {schema}.queue_limits q WHERE q.queue = %(queue)s::text);
+SELECT EXISTS (SELECT 1 FROM {schema}.queue_limits q WHERE q.queue = %(queue)s::text) AS limited;
 
 -- name: queue_limit_gate
 -- A limited queue's claim, first statement of its transaction (the function's comment in
@@ -2406,7 +2406,7 @@ FROM {schema}.queue_limit_gate(%(queue)s::text, %(requested)s::int);
 -- A limited queue's claim, after the claim statement and before COMMIT (run only when it took
 -- jobs): their start time, and with a rate their entry in its log.
 SELECT {schema}.queue_limit_spend(%(queue)s::text, %(claimed)s::bigint[],
-                                  %(started_at)s::timestamptz);
+                                  %(started_at)s::timestamptz) AS next_start_at;
 
 -- name: queue_limit_set
 -- `trioq queue limit` / `trioq queue rate`: merge the change into the queue's row; a queue left
