@@ -125,6 +125,8 @@ from .replies import (
     EventEmitted,
     EventWait,
     JobStateRow,
+    LeaderElected,
+    LeaderResigned,
     LeaseRenewal,
     MessageSent,
     MigrationApplied,
@@ -136,6 +138,10 @@ from .replies import (
     ReadyChannel,
     Received,
     Round,
+    ScheduleFired,
+    ScheduleNextDue,
+    SchedulerLead,
+    ScheduleUpserted,
     Spawned,
     TraceContext,
     Unroutable,
@@ -794,20 +800,24 @@ class PgDriver:
                 "queues": list(params.queues),
             },
         )
-        leader, registered, now, queues, work_due, next_due = rows[0]
+        row = rows[0]
         return LeadershipReport(
-            leader=bool(leader),
-            registered=bool(registered),
-            now=now,
-            probes=_probes(queues, work_due, next_due),
+            leader=bool(row[LeaderElected.leader]),
+            registered=bool(row[LeaderElected.registered]),
+            now=row[LeaderElected.now],
+            probes=_probes(
+                row[LeaderElected.queues],
+                row[LeaderElected.work_due],
+                row[LeaderElected.next_due],
+            ),
         )
 
     async def leader_resign(self, params: LeaderResign) -> bool:
-        [(resigned,)] = await self._fetch(
+        [row] = await self._fetch(
             "leader_resign",
             {"worker_id": params.worker_id, "control_channel": control_channel(self.schema)},
         )
-        return bool(resigned)
+        return bool(row[LeaderResigned.resigned])
 
     async def job_cancel(self, job_id: int) -> CancelOutcome | None:
         rows = await self._fetch(
@@ -1140,7 +1150,7 @@ class PgDriver:
                 "channel": schedules_channel(self.schema),
             },
         )
-        return [row[0] for row in rows if row[1]]
+        return [row[ScheduleUpserted.name] for row in rows if row[ScheduleUpserted.created]]
 
     async def schedule_delete(self, name: str) -> bool:
         rows = await self._retrying(
@@ -1152,8 +1162,12 @@ class PgDriver:
         return [ScheduleRecord(*row) for row in await self._retrying("schedule_list")]
 
     async def schedule_next_due(self) -> ScheduleDue:
-        [(now, any_schedule, next_fire_at)] = await self._retrying("schedule_next_due")
-        return ScheduleDue(now=now, any_schedule=any_schedule, next_fire_at=next_fire_at)
+        [row] = await self._retrying("schedule_next_due")
+        return ScheduleDue(
+            now=row[ScheduleNextDue.now],
+            any_schedule=row[ScheduleNextDue.any_schedule],
+            next_fire_at=row[ScheduleNextDue.next_fire_at],
+        )
 
     async def schedule_fire_due(self, params: ScheduleFireDue) -> ScheduleFireReport:
         """One tick in one transaction, done only by the holder of the scheduler lock.
@@ -1162,10 +1176,9 @@ class PgDriver:
         scheduler's next tick does it. Cancelling it rolls the whole tick back."""
         async with self._pool.connection() as conn, conn.transaction():
             with self._schema_required():
-                [(leader, now)] = await self._counted(
-                    conn, "scheduler_lead", {"schema_name": self.schema}
-                )
-                if not leader:
+                [lead] = await self._counted(conn, "scheduler_lead", {"schema_name": self.schema})
+                now = lead[SchedulerLead.now]
+                if not lead[SchedulerLead.leader]:
                     return ScheduleFireReport(leader=False, now=now)
                 rows = await self._counted(
                     conn, "schedule_due_lock", {"now": now, "limit": params.limit}
@@ -1199,7 +1212,14 @@ class PgDriver:
                 "fire_keys": [fire_dedup_key(name, fire) for name, fire in fires],
             },
         )
-        return [FiredOccurrence(schedule=row[0], fire_at=row[1], job_id=row[2]) for row in rows]
+        return [
+            FiredOccurrence(
+                schedule=row[ScheduleFired.name],
+                fire_at=row[ScheduleFired.fire_at],
+                job_id=row[ScheduleFired.id],
+            )
+            for row in rows
+        ]
 
     # --- messages and workflow values (migration 0016) ----------------------------------
 

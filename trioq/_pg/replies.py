@@ -275,3 +275,41 @@ class QueueLimitRow(Reply, statements=("queue_limit_list",)):
     running: ClassVar[int]
     recent_starts: ClassVar[int]
     rate_limited_until: ClassVar[int]
+
+
+# --- leadership and schedules -----------------------------------------------------------------
+
+
+class LeaderElected(Reply, statements=("leader_elect",)):
+    leader: ClassVar[int]
+    registered: ClassVar[int]
+    now: ClassVar[int]
+    queues: ClassVar[int]
+    work_due: ClassVar[int]
+    next_due: ClassVar[int]
+
+
+class LeaderResigned(Reply, statements=("leader_resign",)):
+    resigned: ClassVar[int]
+
+
+class ScheduleUpserted(Reply, statements=("schedule_upsert_many",)):
+    name: ClassVar[int]
+    created: ClassVar[int]
+
+
+class ScheduleNextDue(Reply, statements=("schedule_next_due",)):
+    now: ClassVar[int]
+    any_schedule: ClassVar[int]
+    next_fire_at: ClassVar[int]
+
+
+class SchedulerLead(Reply, statements=("scheduler_lead",)):
+    leader: ClassVar[int]
+    now: ClassVar[int]
+
+
+class ScheduleFired(Reply, statements=("schedule_fire_many",)):
+    name: ClassVar[int]
+    fire_at: ClassVar[int]
+    id: ClassVar[int]

@@ -944,9 +944,10 @@ probe AS (
            coalesce(array_agg(next_due ORDER BY queue), '{}') AS next_due
     FROM {schema}.queue_probe(%(queues)s::text[])
 )
-SELECT coalesce({schema}.leader_elect(%(worker_id)s, %(scheduler)s, %(ttl_seconds)s), false),
-       (SELECT count(*) FROM heartbeat) > 0,
-       {schema}.db_now(),
+SELECT coalesce({schema}.leader_elect(%(worker_id)s, %(scheduler)s, %(ttl_seconds)s), false)
+           AS leader,
+       (SELECT count(*) FROM heartbeat) > 0 AS registered,
+       {schema}.db_now() AS now,
        probe.queues, probe.work_due, probe.next_due
 FROM probe;
 
@@ -956,7 +957,7 @@ FROM probe;
 WITH resigned AS (
     DELETE FROM {schema}.leader WHERE leader_id = %(worker_id)s RETURNING leader_id
 )
-SELECT count(pg_notify(%(control_channel)s, 'leader')) FROM resigned;
+SELECT count(pg_notify(%(control_channel)s, 'leader')) AS resigned FROM resigned;
 
 -- name: maintenance_pass
 -- One maintenance pass as ONE statement (idle workers must stay cheap): lease recovery, stale
@@ -1536,7 +1537,7 @@ FROM {schema}.schedules ORDER BY name;
 -- name: schedule_next_due
 -- The scheduler's idle read, one index probe and no lock: database time and the schedule
 -- due first (a NULL next_fire_at, a new or re-timed schedule, sorts first: due now).
-SELECT {schema}.db_now(), first.name IS NOT NULL, first.next_fire_at
+SELECT {schema}.db_now() AS now, first.name IS NOT NULL AS any_schedule, first.next_fire_at
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
     SELECT name, next_fire_at FROM {schema}.schedules
@@ -1548,8 +1549,8 @@ LEFT JOIN LATERAL (
 -- advisory lock, tried (never waited for) at the start of the scheduler's transaction and
 -- released at its COMMIT; no connection is pinned and leadership moves as soon as the holder's
 -- transaction (or process) ends. `now` is read once and used for the whole tick.
-SELECT pg_try_advisory_xact_lock(hashtext('trioq-scheduler:' || %(schema_name)s)),
-       {schema}.db_now();
+SELECT pg_try_advisory_xact_lock(hashtext('trioq-scheduler:' || %(schema_name)s)) AS leader,
+       {schema}.db_now() AS now;
 
 -- name: schedule_due_lock
 -- Inside the leader's transaction: the due schedules, locked so a concurrent
