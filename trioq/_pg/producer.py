@@ -57,7 +57,7 @@ from .._records import EventOutcome, JobRecord, NewJob
 from .._sql import queries
 from .inserts import insert_statement, inserted_jobs
 from .libpq import DATABASE_URL_ENV, network_defaults
-from .replies import Cancelled, EventEmitted, MessageSent
+from .replies import Cancelled, EventEmitted, MessageSent, TaskServed
 
 if TYPE_CHECKING:
     # psycopg, psycopg_pool and the result listeners are imported when a producer first
@@ -467,7 +467,7 @@ class SyncProducer:
         name = self._statements.unchecked_name(task)
         if name is not None:
             [row] = self._fetch("task_served", self._statements.served_params(name), conn)
-            self._statements.judge(name, bool(row[0]))
+            self._statements.judge(name, bool(row[TaskServed.served]))
 
     def emit_event(
         self, key: str, payload: Any = None, *, conn: SyncConnection | None = None
@@ -676,7 +676,7 @@ class AsyncProducer:
         name = self._statements.unchecked_name(task)
         if name is not None:
             [row] = await self._fetch("task_served", self._statements.served_params(name), conn)
-            self._statements.judge(name, bool(row[0]))
+            self._statements.judge(name, bool(row[TaskServed.served]))
 
     async def emit_event(
         self, key: str, payload: Any = None, *, conn: AsyncConnection | None = None

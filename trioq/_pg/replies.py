@@ -313,3 +313,29 @@ class ScheduleFired(Reply, statements=("schedule_fire_many",)):
     name: ClassVar[int]
     fire_at: ClassVar[int]
     id: ClassVar[int]
+
+
+# --- inserts (the driver's and the producers') ------------------------------------------------
+
+
+class Inserted(Reply, statements=("job_insert_many",)):
+    """One row per job, in the batch's order; `created` is false for a dedup key's existing
+    job."""
+
+    ord: ClassVar[int]
+    id: ClassVar[int]
+    created: ClassVar[int]
+
+
+class InsertedBatch(Reply, statements=("job_insert_batch",)):
+    ids: ClassVar[int]
+    sent: ClassVar[int]
+
+
+class InsertedOne(Reply, statements=("job_insert_one",)):
+    id: ClassVar[int]
+    notified: ClassVar[int]
+
+
+class TaskServed(Reply, statements=("task_served",)):
+    served: ClassVar[int]

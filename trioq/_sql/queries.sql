@@ -91,7 +91,7 @@ notified AS (
     SELECT count(pg_notify({schema}.ready_channel(due.queue), due.queue)) AS n
     FROM (SELECT DISTINCT queue FROM inserted WHERE created) AS due
 )
-SELECT i.ord, coalesce(fresh.id, existing.id), coalesce(fresh.created, false)
+SELECT i.ord, coalesce(fresh.id, existing.id) AS id, coalesce(fresh.created, false) AS created
 FROM input i
 LEFT JOIN inserted fresh ON fresh.id = i.new_id
 LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
@@ -159,7 +159,7 @@ FROM (SELECT d.now,
              coalesce(%(run_at)s::timestamptz,
                       d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at
       FROM (SELECT {schema}.db_now() AS now) AS d) AS n
-RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
+RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: unkeyed_scan
 -- The unkeyed claim source of both claim statements, per served task (`served.task`): the scan
@@ -1478,7 +1478,7 @@ SELECT EXISTS (
     WHERE w.heartbeat_at > {schema}.db_now()
           - coalesce(2 * w.heartbeat_seconds, %(stale_seconds)s) * interval '1 second'
       AND w.state <> 'stopped'
-      AND split_part(served.pair, '@', 1) = %(task)s);
+      AND split_part(served.pair, '@', 1) = %(task)s) AS served;
 
 -- name: schedule_upsert_many
 -- Schedules declared in code (each starting worker upserts its app's `@app.periodic`) or at
