@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 import psycopg
@@ -14,11 +15,54 @@ import trio
 from psycopg import pq, sql
 
 from trioq._driver import (
+    AttemptRecord,
+    Checkpoint,
+    ChildOutcome,
     ClaimedJob,
+    ConcurrencyKeyStatus,
+    ConcurrencyLimit,
+    HealthReport,
+    JobRecord,
+    QueueDemand,
+    QueuePause,
+    QueueStatus,
+    RenewedLease,
+    ScheduleRecord,
+    SpawnOutcome,
+    TaskHistoryKind,
+    TaskStatus,
+    ValueRead,
+    WorkflowRecord,
+    WorkflowValue,
 )
 from trioq._pg import replies
 from trioq._pg.driver import open_pg_driver
 from trioq._sql import positional_queries
+
+# The statements whose rows (from column `start` on) are passed whole, by position, to a record's
+# constructor: the record's fields are the statement's columns, in order.
+RECORDS: dict[str, tuple[type[Any], int]] = {
+    "job_get": (JobRecord, 0),
+    "job_list": (JobRecord, 0),
+    "job_attempts": (AttemptRecord, 0),
+    "checkpoint_list": (Checkpoint, 0),
+    "status_health": (HealthReport, 0),
+    "queue_demand": (QueueDemand, 0),
+    "queue_status": (QueueStatus, 0),
+    "queue_pause_list": (QueuePause, 0),
+    "concurrency_limit_list": (ConcurrencyLimit, 0),
+    "concurrency_key_status": (ConcurrencyKeyStatus, 0),
+    "task_history_kinds": (TaskHistoryKind, 0),
+    "task_status": (TaskStatus, 0),
+    "schedule_list": (ScheduleRecord, 0),
+    "schedule_due_lock": (ScheduleRecord, 0),
+    "job_value_get": (ValueRead, 0),
+    "job_values": (WorkflowValue, 0),
+    "workflow_list": (WorkflowRecord, 0),
+    "lease_renew_many": (RenewedLease, replies.LeaseRenewal.id),
+    "job_spawn_many": (SpawnOutcome, replies.Spawned.child_id),
+    "job_wait_children": (ChildOutcome, replies.ChildrenWait.id),
+}
 
 
 def _reply_classes() -> Iterator[type[replies.Reply]]:
@@ -57,6 +101,7 @@ def described(pg_url: str) -> Iterator[dict[str, tuple[str, ...]]]:
     """The described columns of every statement these tests check, on one migrated schema."""
     schema = f"t_{secrets.token_hex(8)}"
     names = {name for cls in _reply_classes() for name in cls.statements}
+    names |= set(RECORDS)
     try:
         trio.run(_migrate, pg_url, schema)
         yield _described(pg_url, schema, names)
@@ -74,6 +119,17 @@ def test_each_reply_class_names_its_statements_columns_in_order(
         for name in cls.statements
         if cls.all_columns() != described[name]
     }
+    assert mismatched == {}, "\n".join(f"{k}: {v}" for k, v in mismatched.items())
+
+
+def test_a_record_built_from_a_whole_row_has_the_statements_columns_as_its_fields(
+    described: dict[str, tuple[str, ...]],
+) -> None:
+    mismatched = {}
+    for name, (record, start) in RECORDS.items():
+        fields = tuple(field.name for field in attrs.fields(record) if field.init)
+        if fields != described[name][start:]:
+            mismatched[name] = (record.__name__, fields, described[name][start:])
     assert mismatched == {}, "\n".join(f"{k}: {v}" for k, v in mismatched.items())
 
 

@@ -1331,31 +1331,31 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
 SELECT
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'ready' AND run_at <= {schema}.db_now()),
+     WHERE state = 'ready' AND run_at <= {schema}.db_now()) AS ready_backlog,
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'running' AND lease_expires_at < {schema}.db_now()),
+     WHERE state = 'running' AND lease_expires_at < {schema}.db_now()) AS expired_ownership,
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'sleeping' AND run_at <= {schema}.db_now()),
+     WHERE state = 'sleeping' AND run_at <= {schema}.db_now()) AS sleeping_due,
     (SELECT count(*) FROM {schema}.jobs AS j
      WHERE j.state = 'running' AND NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
          WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now()
-               - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')),
-    (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting'),
+               - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')) AS stale_running,
+    (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting') AS active_waits,
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'waiting' AND run_at <= {schema}.db_now()),
-    (SELECT count(*) FROM pg_locks WHERE NOT granted),
-    (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()),
+     WHERE state = 'waiting' AND run_at <= {schema}.db_now()) AS due_wait_timeouts,
+    (SELECT count(*) FROM pg_locks WHERE NOT granted) AS waiting_locks,
+    (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()) AS deadlocks,
     (SELECT coalesce(jsonb_object_agg(s.state, s.n), '{}'::jsonb) FROM (
          SELECT coalesce(state, 'background') AS state, count(*) AS n FROM pg_stat_activity
-         WHERE datname = current_database() GROUP BY 1) AS s),
+         WHERE datname = current_database() GROUP BY 1) AS s) AS backends,
     (SELECT count(*) FROM pg_stat_activity
-     WHERE datname = current_database() AND wait_event_type = 'Lock'),
+     WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
     (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
-     WHERE datname = current_database()),
-    pg_table_size('{schema}.jobs'::regclass),
-    pg_indexes_size('{schema}.jobs'::regclass),
-    t.n_dead_tup, t.n_live_tup, t.last_autovacuum
+     WHERE datname = current_database()) AS cache_hit_ratio,
+    pg_table_size('{schema}.jobs'::regclass) AS jobs_table_bytes,
+    pg_indexes_size('{schema}.jobs'::regclass) AS jobs_index_bytes,
+    t.n_dead_tup AS dead_tuples, t.n_live_tup AS live_tuples, t.last_autovacuum
 FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs'::regclass;
 
 -- name: worker_list
@@ -1415,8 +1415,8 @@ SELECT pattern, max_running, updated_at FROM {schema}.concurrency_limits ORDER B
 -- the table is as small as the cluster's running keyed jobs), with the limit that applies:
 -- the matching pattern, else the largest concurrency_limit among the key's holders (the
 -- claim reads its next job's, which those usually share). `keys` NULL: every key.
-SELECT h.concurrency_key, count(*)::int AS running,
-       {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS max_running
+SELECT h.concurrency_key AS key, count(*)::int AS running,
+       {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS limit
 FROM {schema}.concurrency_holds h
 LEFT JOIN {schema}.jobs j ON j.id = h.job_id
 WHERE %(keys)s::text[] IS NULL OR h.concurrency_key = ANY(%(keys)s::text[])
@@ -1912,7 +1912,7 @@ FROM (SELECT count(*) FROM written) AS side_effects;
 -- name: job_value_get
 -- `client.get_value`: the job's state (NULL: no such job) and the value of `key`, if set, in
 -- one read of two primary keys.
-SELECT j.state, v.value IS NOT NULL, v.value
+SELECT j.state, v.value IS NOT NULL AS found, v.value
 FROM (SELECT %(id)s::bigint AS id) AS k
 LEFT JOIN {schema}.jobs j ON j.id = k.id
 LEFT JOIN {schema}.workflow_values v ON v.job_id = j.id AND v.key = %(key)s;
@@ -1927,12 +1927,14 @@ WHERE job_id = %(id)s ORDER BY key;
 -- suspended), newest first, with what each waits on. Keyset-paged by id like job_list, an
 -- operator's read: a backward scan of the primary key, bounded by the LIMIT. The children
 -- counts use jobs_parent_idx, per returned row only.
-SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count, j.wait_event_key,
-       CASE WHEN j.state = 'waiting' THEN j.wait_topic END,
-       j.wait_children IS NOT NULL AND j.state = 'waiting',
+SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count AS checkpoints,
+       j.wait_event_key,
+       CASE WHEN j.state = 'waiting' THEN j.wait_topic END AS wait_topic,
+       j.wait_children IS NOT NULL AND j.state = 'waiting' AS waits_for_children,
        j.children_settled,
        CASE WHEN j.wait_children IS NOT NULL AND j.state = 'waiting'
-            THEN (SELECT count(*) FROM {schema}.jobs c WHERE c.parent_id = j.id) END,
+            THEN (SELECT count(*) FROM {schema}.jobs c WHERE c.parent_id = j.id) END
+           AS children_total,
        j.created_at
 FROM {schema}.jobs j
 WHERE j.state IN ('running', 'sleeping', 'waiting')
