@@ -38,6 +38,7 @@ from trioq._driver import (
 from trioq._pg import replies
 from trioq._pg.driver import open_pg_driver
 from trioq._sql import positional_queries
+from trioq.dashboard import store
 
 # The statements whose rows (from column `start` on) are passed whole, by position, to a record's
 # constructor: the record's fields are the statement's columns, in order.
@@ -62,6 +63,25 @@ RECORDS: dict[str, tuple[type[Any], int]] = {
     "lease_renew_many": (RenewedLease, replies.LeaseRenewal.id),
     "job_spawn_many": (SpawnOutcome, replies.Spawned.child_id),
     "job_wait_children": (ChildOutcome, replies.ChildrenWait.id),
+}
+
+# The dashboard reads these statements' rows into dicts by these names; a search statement's
+# rows carry three columns of its walk after the job's.
+DASHBOARD: dict[str, tuple[str, ...]] = {
+    "dashboard_queue_counts": store._QUEUE_COLUMNS,
+    "dashboard_job_get": store._JOB_COLUMNS,
+    "dashboard_workflows": store._WORKFLOW_COLUMNS,
+    "dashboard_audit_list": store._AUDIT_COLUMNS,
+    **{
+        name: store._SEARCH_COLUMNS
+        for name in (
+            "dashboard_job_search",
+            "dashboard_job_search_suspended",
+            "dashboard_job_search_unfinished",
+            "dashboard_job_search_ready",
+            "dashboard_job_search_finished",
+        )
+    },
 }
 
 
@@ -101,7 +121,7 @@ def described(pg_url: str) -> Iterator[dict[str, tuple[str, ...]]]:
     """The described columns of every statement these tests check, on one migrated schema."""
     schema = f"t_{secrets.token_hex(8)}"
     names = {name for cls in _reply_classes() for name in cls.statements}
-    names |= set(RECORDS)
+    names |= set(RECORDS) | set(DASHBOARD)
     try:
         trio.run(_migrate, pg_url, schema)
         yield _described(pg_url, schema, names)
@@ -130,6 +150,18 @@ def test_a_record_built_from_a_whole_row_has_the_statements_columns_as_its_field
         fields = tuple(field.name for field in attrs.fields(record) if field.init)
         if fields != described[name][start:]:
             mismatched[name] = (record.__name__, fields, described[name][start:])
+    assert mismatched == {}, "\n".join(f"{k}: {v}" for k, v in mismatched.items())
+
+
+def test_the_dashboards_column_names_are_its_statements_columns(
+    described: dict[str, tuple[str, ...]],
+) -> None:
+    mismatched = {
+        name: (columns, described[name])
+        for name, columns in DASHBOARD.items()
+        if described[name][: len(columns)] != columns
+        or len(described[name]) != len(columns) + (3 if "search" in name else 0)
+    }
     assert mismatched == {}, "\n".join(f"{k}: {v}" for k, v in mismatched.items())
 
 

@@ -2267,12 +2267,13 @@ ORDER BY m.walked_finished DESC, m.id DESC;
 -- with their full lengths, so a huge or deeply nested value is never parsed to be shown.
 SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attempt,
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
-                             WHERE d.task = jobs.task AND d.version = jobs.version), 5),
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
+           AS max_attempts,
        worker_id, created_at, started_at, finished_at, version, parent_id,
        wait_event_key, wait_children, checkpoint_count, cancel_requested,
-       left(payload::text, %(text_limit)s), length(payload::text),
-       left(result::text, %(text_limit)s), length(result::text),
-       left(error::text, %(text_limit)s)
+       left(payload::text, %(text_limit)s) AS payload, length(payload::text) AS payload_length,
+       left(result::text, %(text_limit)s) AS result, length(result::text) AS result_length,
+       left(error::text, %(text_limit)s) AS error
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: dashboard_job_history
@@ -2306,7 +2307,8 @@ WITH found AS (
      ORDER BY id DESC LIMIT %(limit)s)
 )
 SELECT j.id, j.queue, j.task, j.state, j.run_at, j.wait_event_key, j.wait_children,
-       j.checkpoint_count, j.created_at, c.kind, c.name, c.created_at
+       j.checkpoint_count, j.created_at, c.kind AS last_kind, c.name AS last_name,
+       c.created_at AS last_at
 FROM (SELECT id FROM found ORDER BY id DESC LIMIT %(limit)s) f
 JOIN {schema}.jobs j ON j.id = f.id
 LEFT JOIN {schema}.checkpoints c
