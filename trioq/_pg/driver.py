@@ -124,6 +124,7 @@ from .replies import (
     ContinuedAsNew,
     EventEmitted,
     EventWait,
+    Explained,
     JobStateRow,
     LeaderElected,
     LeaderResigned,
@@ -1059,9 +1060,16 @@ class PgDriver:
         rows = await self._retrying("job_explain", {"id": job_id})
         if not rows:
             return None
-        now, job, holder, ahead, workers, last_attempt, pause, concurrency = rows[0]
+        row = rows[0]
         return ExplainFacts(
-            now, job, holder, ahead, tuple(workers), last_attempt, pause, concurrency
+            row[Explained.now],
+            row[Explained.job],
+            row[Explained.key_holder],
+            row[Explained.key_ahead],
+            tuple(row[Explained.workers]),
+            row[Explained.last_attempt],
+            row[Explained.pause],
+            row[Explained.concurrency],
         )
 
     async def job_trace_context(self, job_id: int) -> str | None:

@@ -207,6 +207,19 @@ class Cancelled(Reply, statements=("job_cancel", "job_cancel_with", "job_retry")
     state: ClassVar[int]
 
 
+class Explained(Reply, statements=("job_explain",)):
+    """`trioq explain`'s facts (each a jsonb document but `now`)."""
+
+    now: ClassVar[int]
+    job: ClassVar[int]
+    key_holder: ClassVar[int]
+    key_ahead: ClassVar[int]
+    workers: ClassVar[int]
+    last_attempt: ClassVar[int]
+    pause: ClassVar[int]
+    concurrency: ClassVar[int]
+
+
 class TraceContext(Reply, statements=("job_trace_context",)):
     trace_context: ClassVar[int]
 

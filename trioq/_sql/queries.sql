@@ -1155,30 +1155,30 @@ SELECT id, state FROM {schema}.jobs;
 -- admission snapshot, migration 0008); the queue's pause through queue_pauses' primary key.
 -- Nothing is locked.
 WITH job AS (SELECT * FROM {schema}.jobs WHERE id = %(id)s)
-SELECT {schema}.db_now(),
+SELECT {schema}.db_now() AS now,
        to_jsonb(job.*) || jsonb_build_object('max_attempts', coalesce(job.max_attempts, (
            SELECT d.max_attempts FROM {schema}.task_defaults d
-           WHERE d.task = job.task AND d.version = job.version), 5)),
+           WHERE d.task = job.task AND d.version = job.version), 5)) AS job,
        (SELECT to_jsonb(h.*) FROM (
             SELECT k.id, k.state, k.lease_expires_at, k.run_at, k.worker_id
             FROM {schema}.partition_locks AS l JOIN {schema}.jobs AS k ON k.id = l.job_id
             WHERE l.queue = job.queue AND l.partition_key = job.partition_key
               AND k.id <> job.id AND k.state IN ('running', 'sleeping', 'waiting')
-            LIMIT 1) AS h),
+            LIMIT 1) AS h) AS key_holder,
        (SELECT to_jsonb(a.*) FROM (
             SELECT k.id, k.priority, k.run_at
             FROM {schema}.jobs AS k
             WHERE k.queue = job.queue AND k.partition_key = job.partition_key
               AND k.id <> job.id AND k.state = 'ready' AND k.run_at <= {schema}.db_now()
               AND (k.priority, k.run_at, k.id) < (job.priority, job.run_at, job.id)
-            ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a),
+            ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a) AS key_ahead,
        (SELECT coalesce(jsonb_agg(to_jsonb(w.*) ORDER BY w.started_at), '[]'::jsonb)
-        FROM {schema}.workers AS w WHERE job.queue = ANY (w.queues)),
+        FROM {schema}.workers AS w WHERE job.queue = ANY (w.queues)) AS workers,
        (SELECT to_jsonb(t.*) FROM (
             SELECT attempt, outcome, error_type, error_message, finished_at
             FROM {schema}.attempts WHERE job_id = job.id
-            ORDER BY attempt DESC, id DESC LIMIT 1) AS t),
-       (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue),
+            ORDER BY attempt DESC, id DESC LIMIT 1) AS t) AS last_attempt,
+       (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue) AS pause,
        -- A concurrency key's running count (its holds, by primary key prefix) and the limit
        -- that applies (the job's own when no pattern matches).
        (SELECT jsonb_build_object(
@@ -1186,7 +1186,7 @@ SELECT {schema}.db_now(),
                                WHERE h.concurrency_key = job.concurrency_key),
                    'limit', {schema}.concurrency_limit_of(job.concurrency_key,
                                                           job.concurrency_limit))
-        WHERE job.concurrency_key IS NOT NULL)
+        WHERE job.concurrency_key IS NOT NULL) AS concurrency
 FROM job;
 
 -- name: job_list
