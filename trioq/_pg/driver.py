@@ -129,6 +129,7 @@ from .replies import (
     LeaderElected,
     LeaderResigned,
     LeaseRenewal,
+    Maintenance,
     MessageSent,
     MigrationApplied,
     PlainRound,
@@ -776,18 +777,23 @@ class PgDriver:
                 "control_channel": control_channel(self.schema),
             },
         )
-        leader, recovered, pruned_workers, pruned_jobs, _, registered, now, *rest = rows[0]
-        queues, work_due, next_due, any_schedule, next_fire_at, deadlines_passed = rest
+        row, now = rows[0], rows[0][Maintenance.now]
         return MaintenanceReport(
-            leader=bool(leader),
-            recovered=tuple((int(job_id), state) for job_id, state in recovered),
-            pruned_jobs=pruned_jobs,
-            pruned_workers=pruned_workers,
-            registered=bool(registered),
+            leader=bool(row[Maintenance.leader]),
+            recovered=tuple((int(job_id), state) for job_id, state in row[Maintenance.recovered]),
+            pruned_jobs=row[Maintenance.pruned_jobs],
+            pruned_workers=row[Maintenance.pruned_workers],
+            registered=bool(row[Maintenance.registered]),
             now=now,
-            probes=_probes(queues, work_due, next_due),
-            schedules=ScheduleDue(now=now, any_schedule=any_schedule, next_fire_at=next_fire_at),
-            deadlines_passed=deadlines_passed,
+            probes=_probes(
+                row[Maintenance.queues], row[Maintenance.work_due], row[Maintenance.next_due]
+            ),
+            schedules=ScheduleDue(
+                now=now,
+                any_schedule=row[Maintenance.any_schedule],
+                next_fire_at=row[Maintenance.next_fire_at],
+            ),
+            deadlines_passed=row[Maintenance.deadlines_passed],
         )
 
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport:

@@ -302,6 +302,22 @@ class LeaderElected(Reply, statements=("leader_elect",)):
     next_due: ClassVar[int]
 
 
+class Maintenance(Reply, statements=("maintenance_pass",)):
+    leader: ClassVar[int]
+    recovered: ClassVar[int]
+    pruned_workers: ClassVar[int]
+    pruned_jobs: ClassVar[int]
+    side_effects: ClassVar[int]  # read so that its CTEs run; the driver ignores it
+    registered: ClassVar[int]
+    now: ClassVar[int]
+    queues: ClassVar[int]
+    work_due: ClassVar[int]
+    next_due: ClassVar[int]
+    any_schedule: ClassVar[int]
+    next_fire_at: ClassVar[int]
+    deadlines_passed: ClassVar[int]
+
+
 class LeaderResigned(Reply, statements=("leader_resign",)):
     resigned: ClassVar[int]
 

@@ -1105,18 +1105,18 @@ old_events AS (
                       WHERE j.wait_event_key = e.key AND j.state = 'waiting')
     RETURNING e.key
 )
-SELECT (SELECT ok FROM leader),
-       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
-       (SELECT count(*) FROM stale_workers),
-       (SELECT count(*) FROM pruned),
+SELECT (SELECT ok FROM leader) AS leader,
+       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered) AS recovered,
+       (SELECT count(*) FROM stale_workers) AS pruned_workers,
+       (SELECT count(*) FROM pruned) AS pruned_jobs,
        (SELECT n FROM notified) + (SELECT n FROM results_notified)
-       + (SELECT count(*) FROM old_events),
-       (SELECT count(*) FROM heartbeat) > 0,
-       {schema}.db_now(),
+       + (SELECT count(*) FROM old_events) AS side_effects,
+       (SELECT count(*) FROM heartbeat) > 0 AS registered,
+       {schema}.db_now() AS now,
        probe.queues, probe.work_due, probe.next_due,
-       EXISTS (SELECT 1 FROM first_schedule),
-       (SELECT next_fire_at FROM first_schedule),
-       (SELECT n FROM deadlines)
+       EXISTS (SELECT 1 FROM first_schedule) AS any_schedule,
+       (SELECT next_fire_at FROM first_schedule) AS next_fire_at,
+       (SELECT n FROM deadlines) AS deadlines_passed
 FROM probe;
 
 -- name: job_cancel
