@@ -50,3 +50,19 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
         outputs.append(result.stdout)
     assert "medians:" in outputs[0] and "x raw CPU/job" in outputs[0]
     assert "cprofile:" in outputs[1] and profile.stat().st_size > 0
+
+
+def test_plan_cache_comparison_runs_both_drains_and_reports_medians() -> None:
+    """`python -m bench.plan_cache`: this checkout's plain and keyed drains, one tiny repeat."""
+    argv = ["--quick", "--repeats", "1", "--plain-jobs", "200", "--keyed-jobs", "200"]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.plan_cache", *argv],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    medians = result.stdout.split("medians:")[1]
+    assert "plain this" in medians and "keyed this" in medians and "us plan/job" in medians

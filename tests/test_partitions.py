@@ -18,6 +18,7 @@ import trioq
 from tests.support import make_app, running_worker, sql_rows
 from trioq._driver import ClaimedJob, NewJob, SettleAndClaim, Settlement
 from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver, settle_and_claim_params
+from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()
@@ -234,9 +235,7 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             SettleAndClaim("q", ("t",), 1, 30, uuid.uuid4(), settlements, key_window=200)
         )
         rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
-        # Columns: settled ids and states, key cursor, keys visited, promoted, now, next due,
-        # concurrency cursor, then the claimed job's.
-        return [_claimed_job(row[8:]) for row in rows if row[8] is not None]
+        return [_claimed_job(row) for row in rows if row[ClaimedRow.id] is not None]
 
     claimed_by_b: list[list[ClaimedJob]] = []
 

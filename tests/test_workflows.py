@@ -28,6 +28,7 @@ from trioq._driver import (
 )
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver, settle_and_claim_params
+from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 from trioq.testing import SqlClock
 
@@ -323,7 +324,7 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
             SettleAndClaim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200)
         )
         rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
-        return [_claimed_job(row[8:]) for row in rows if row[8] is not None]
+        return [_claimed_job(row) for row in rows if row[ClaimedRow.id] is not None]
 
     claimed_by_b: list[list[Any]] = []
     errors: list[BaseException] = []

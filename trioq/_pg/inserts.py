@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._records import InsertedJob, NewJob, NewJobs
+from .replies import Inserted, InsertedBatch, InsertedOne
 
 Params = dict[str, Any]
 
@@ -60,10 +61,11 @@ def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]
     """The result rows of `insert_statement`'s statement, in the order of its jobs."""
     if name == "job_insert_batch":  # one row: the ids in payload order, as one array
         # map over zip: half the time of a comprehension of calls (3.5 ms for 20,000 ids)
-        return list(map(InsertedJob._make, zip(rows[0][0], itertools.repeat(True))))
-    if name in NATIVE_INSERTS:
-        return [InsertedJob(row[0], True) for row in rows]
-    return [InsertedJob(id=row[1], created=row[2]) for row in rows]
+        ids = rows[0][InsertedBatch.ids]
+        return list(map(InsertedJob._make, zip(ids, itertools.repeat(True))))
+    if name == "job_insert_one":
+        return [InsertedJob(row[InsertedOne.id], True) for row in rows]
+    return [InsertedJob(id=row[Inserted.id], created=row[Inserted.created]) for row in rows]
 
 
 def insert_params(jobs: Sequence[NewJob]) -> Params:

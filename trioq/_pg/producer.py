@@ -57,6 +57,7 @@ from .._records import EventOutcome, JobRecord, NewJob
 from .._sql import queries
 from .inserts import insert_statement, inserted_jobs
 from .libpq import DATABASE_URL_ENV, network_defaults
+from .replies import Cancelled, EventEmitted, MessageSent, TaskServed
 
 if TYPE_CHECKING:
     # psycopg, psycopg_pool and the result listeners are imported when a producer first
@@ -303,7 +304,7 @@ def _send_params(job_id: int, topic: str, payload: Any) -> dict[str, Any]:
 
 
 def _sent(job_id: int, rows: Sequence[tuple[Any, ...]]) -> int:
-    state, message_id = rows[0]
+    state, message_id = rows[0][MessageSent.state], rows[0][MessageSent.message_id]
     if message_id is None:
         raise message_refused(job_id, state)
     return int(message_id)
@@ -466,7 +467,7 @@ class SyncProducer:
         name = self._statements.unchecked_name(task)
         if name is not None:
             [row] = self._fetch("task_served", self._statements.served_params(name), conn)
-            self._statements.judge(name, bool(row[0]))
+            self._statements.judge(name, bool(row[TaskServed.served]))
 
     def emit_event(
         self, key: str, payload: Any = None, *, conn: SyncConnection | None = None
@@ -474,7 +475,9 @@ class SyncProducer:
         """Store the event `key` and wake the jobs waiting for it (`ctx.wait_for_event`)."""
         text = self._statements.statement("event_emit")
         [row] = self._fetch(text, _event_params(key, payload), conn)
-        return EventOutcome(first=bool(row[0]), woken=int(row[1]))
+        return EventOutcome(
+            first=bool(row[EventEmitted.emitted_first]), woken=int(row[EventEmitted.woken_count])
+        )
 
     def send(
         self, job_id: int, topic: str, payload: Any = None, *, conn: SyncConnection | None = None
@@ -490,7 +493,7 @@ class SyncProducer:
         rows = self._fetch("job_cancel", params, conn)
         if not rows:
             raise JobNotFound(f"job_id: no job {job_id}")
-        return str(rows[0][1])
+        return str(rows[0][Cancelled.state])
 
     @property
     def schema(self) -> str:
@@ -676,14 +679,16 @@ class AsyncProducer:
         name = self._statements.unchecked_name(task)
         if name is not None:
             [row] = await self._fetch("task_served", self._statements.served_params(name), conn)
-            self._statements.judge(name, bool(row[0]))
+            self._statements.judge(name, bool(row[TaskServed.served]))
 
     async def emit_event(
         self, key: str, payload: Any = None, *, conn: AsyncConnection | None = None
     ) -> EventOutcome:
         text = self._statements.statement("event_emit")
         [row] = await self._fetch(text, _event_params(key, payload), conn)
-        return EventOutcome(first=bool(row[0]), woken=int(row[1]))
+        return EventOutcome(
+            first=bool(row[EventEmitted.emitted_first]), woken=int(row[EventEmitted.woken_count])
+        )
 
     async def send(
         self, job_id: int, topic: str, payload: Any = None, *, conn: AsyncConnection | None = None
@@ -697,7 +702,7 @@ class AsyncProducer:
         rows = await self._fetch("job_cancel", params, conn)
         if not rows:
             raise JobNotFound(f"job_id: no job {job_id}")
-        return str(rows[0][1])
+        return str(rows[0][Cancelled.state])
 
     async def get_job(self, job_id: int, *, conn: AsyncConnection | None = None) -> JobRecord:
         rows = await self._fetch("job_get", {"id": _check_id(job_id)}, conn)

@@ -100,7 +100,7 @@ notified AS (
     SELECT count(pg_notify({schema}.ready_channel(due.queue), due.queue)) AS n
     FROM (SELECT DISTINCT queue FROM inserted WHERE created) AS due
 )
-SELECT i.ord, coalesce(fresh.id, existing.id), coalesce(fresh.created, false)
+SELECT i.ord, coalesce(fresh.id, existing.id) AS id, coalesce(fresh.created, false) AS created
 FROM input i
 LEFT JOIN inserted fresh ON fresh.id = i.new_id
 LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
@@ -188,7 +188,7 @@ FROM (SELECT d.now,
                   THEN {schema}.task_deadline_seconds(%(task)s::text, %(version)s::int)
              END AS task_seconds
       FROM (SELECT {schema}.db_now() AS now) AS d OFFSET 0) AS n
-RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue);
+RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: unkeyed_scan
 -- The unkeyed claim source of both claim statements, per served task (`served.task`): the scan
@@ -994,7 +994,7 @@ written AS (
 
 -- fragment: checkpoints_written
 -- A position already taken (a write repeated after a lost connection) returns the stored value.
-SELECT i.id, i.position, coalesce(w.value, e.value)
+SELECT i.id, i.position, coalesce(w.value, e.value) AS value
 FROM input i
 JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
@@ -1111,9 +1111,10 @@ LEFT JOIN (
 -- heartbeat and queue probe the leader's pass sends too (maintenance_heartbeat, below it).
 WITH
 -- include: maintenance_heartbeat(worker_id)
-SELECT coalesce({schema}.leader_elect(%(worker_id)s, %(scheduler)s, %(ttl_seconds)s), false),
-       (SELECT count(*) FROM heartbeat) > 0,
-       {schema}.db_now(),
+SELECT coalesce({schema}.leader_elect(%(worker_id)s, %(scheduler)s, %(ttl_seconds)s), false)
+           AS leader,
+       (SELECT count(*) FROM heartbeat) > 0 AS registered,
+       {schema}.db_now() AS now,
        probe.queues, probe.work_due, probe.next_due
 FROM probe;
 
@@ -1123,7 +1124,7 @@ FROM probe;
 WITH resigned AS (
     DELETE FROM {schema}.leader WHERE leader_id = %(worker_id)s RETURNING leader_id
 )
-SELECT count(pg_notify(%(control_channel)s, 'leader')) FROM resigned;
+SELECT count(pg_notify(%(control_channel)s, 'leader')) AS resigned FROM resigned;
 
 -- name: maintenance_pass
 -- One maintenance pass as ONE statement (idle workers must stay cheap), composed of its parts
@@ -1146,18 +1147,18 @@ WITH
 -- include: maintenance_deadlines
 ,
 -- include: maintenance_retention
-SELECT (SELECT ok FROM leader),
-       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered),
-       (SELECT count(*) FROM stale_workers),
-       (SELECT count(*) FROM pruned),
+SELECT (SELECT ok FROM leader) AS leader,
+       (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered) AS recovered,
+       (SELECT count(*) FROM stale_workers) AS pruned_workers,
+       (SELECT count(*) FROM pruned) AS pruned_jobs,
        (SELECT n FROM notified) + (SELECT n FROM results_notified)
-       + (SELECT count(*) FROM old_events),
-       (SELECT count(*) FROM heartbeat) > 0,
-       {schema}.db_now(),
+       + (SELECT count(*) FROM old_events) AS side_effects,
+       (SELECT count(*) FROM heartbeat) > 0 AS registered,
+       {schema}.db_now() AS now,
        probe.queues, probe.work_due, probe.next_due,
-       EXISTS (SELECT 1 FROM first_schedule),
-       (SELECT next_fire_at FROM first_schedule),
-       (SELECT n FROM deadlines)
+       EXISTS (SELECT 1 FROM first_schedule) AS any_schedule,
+       (SELECT next_fire_at FROM first_schedule) AS next_fire_at,
+       (SELECT n FROM deadlines) AS deadlines_passed
 FROM probe;
 
 -- fragment: maintenance_election
@@ -1379,30 +1380,30 @@ SELECT id, state FROM {schema}.jobs;
 -- admission snapshot, migration 0008); the queue's pause through queue_pauses' primary key.
 -- Nothing is locked.
 WITH job AS (SELECT * FROM {schema}.jobs WHERE id = %(id)s)
-SELECT {schema}.db_now(),
+SELECT {schema}.db_now() AS now,
        to_jsonb(job.*) || jsonb_build_object('max_attempts', coalesce(job.max_attempts, (
            SELECT d.max_attempts FROM {schema}.task_defaults d
-           WHERE d.task = job.task AND d.version = job.version), 5)),
+           WHERE d.task = job.task AND d.version = job.version), 5)) AS job,
        (SELECT to_jsonb(h.*) FROM (
             SELECT k.id, k.state, k.lease_expires_at, k.run_at, k.worker_id
             FROM {schema}.partition_locks AS l JOIN {schema}.jobs AS k ON k.id = l.job_id
             WHERE l.queue = job.queue AND l.partition_key = job.partition_key
               AND k.id <> job.id AND k.state IN ('running', 'sleeping', 'waiting')
-            LIMIT 1) AS h),
+            LIMIT 1) AS h) AS key_holder,
        (SELECT to_jsonb(a.*) FROM (
             SELECT k.id, k.priority, k.run_at
             FROM {schema}.jobs AS k
             WHERE k.queue = job.queue AND k.partition_key = job.partition_key
               AND k.id <> job.id AND k.state = 'ready' AND k.run_at <= {schema}.db_now()
               AND (k.priority, k.run_at, k.id) < (job.priority, job.run_at, job.id)
-            ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a),
+            ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a) AS key_ahead,
        (SELECT coalesce(jsonb_agg(to_jsonb(w.*) ORDER BY w.started_at), '[]'::jsonb)
-        FROM {schema}.workers AS w WHERE job.queue = ANY (w.queues)),
+        FROM {schema}.workers AS w WHERE job.queue = ANY (w.queues)) AS workers,
        (SELECT to_jsonb(t.*) FROM (
             SELECT attempt, outcome, error_type, error_message, finished_at
             FROM {schema}.attempts WHERE job_id = job.id
-            ORDER BY attempt DESC, id DESC LIMIT 1) AS t),
-       (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue),
+            ORDER BY attempt DESC, id DESC LIMIT 1) AS t) AS last_attempt,
+       (SELECT to_jsonb(p.*) FROM {schema}.queue_pauses AS p WHERE p.queue = job.queue) AS pause,
        -- A concurrency key's running count (its holds, by primary key prefix) and the limit
        -- the claim applies (trioq/_core/concurrency.py `claim_limit`): a matching pattern's,
        -- else that of the key's head, its first ready job of the queue in claim order
@@ -1438,7 +1439,7 @@ SELECT {schema}.db_now(),
             WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
               AND f.state = 'ready'
             ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
-        WHERE job.concurrency_key IS NOT NULL)
+        WHERE job.concurrency_key IS NOT NULL) AS concurrency
 FROM job;
 
 -- name: job_list
@@ -1588,31 +1589,31 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
 SELECT
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'ready' AND run_at <= {schema}.db_now()),
+     WHERE state = 'ready' AND run_at <= {schema}.db_now()) AS ready_backlog,
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'running' AND lease_expires_at < {schema}.db_now()),
+     WHERE state = 'running' AND lease_expires_at < {schema}.db_now()) AS expired_ownership,
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'sleeping' AND run_at <= {schema}.db_now()),
+     WHERE state = 'sleeping' AND run_at <= {schema}.db_now()) AS sleeping_due,
     (SELECT count(*) FROM {schema}.jobs AS j
      WHERE j.state = 'running' AND NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
          WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now()
-               - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')),
-    (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting'),
+               - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')) AS stale_running,
+    (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting') AS active_waits,
     (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'waiting' AND run_at <= {schema}.db_now()),
-    (SELECT count(*) FROM pg_locks WHERE NOT granted),
-    (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()),
+     WHERE state = 'waiting' AND run_at <= {schema}.db_now()) AS due_wait_timeouts,
+    (SELECT count(*) FROM pg_locks WHERE NOT granted) AS waiting_locks,
+    (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()) AS deadlocks,
     (SELECT coalesce(jsonb_object_agg(s.state, s.n), '{}'::jsonb) FROM (
          SELECT coalesce(state, 'background') AS state, count(*) AS n FROM pg_stat_activity
-         WHERE datname = current_database() GROUP BY 1) AS s),
+         WHERE datname = current_database() GROUP BY 1) AS s) AS backends,
     (SELECT count(*) FROM pg_stat_activity
-     WHERE datname = current_database() AND wait_event_type = 'Lock'),
+     WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
     (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
-     WHERE datname = current_database()),
-    pg_table_size('{schema}.jobs'::regclass),
-    pg_indexes_size('{schema}.jobs'::regclass),
-    t.n_dead_tup, t.n_live_tup, t.last_autovacuum
+     WHERE datname = current_database()) AS cache_hit_ratio,
+    pg_table_size('{schema}.jobs'::regclass) AS jobs_table_bytes,
+    pg_indexes_size('{schema}.jobs'::regclass) AS jobs_index_bytes,
+    t.n_dead_tup AS dead_tuples, t.n_live_tup AS live_tuples, t.last_autovacuum
 FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs'::regclass;
 
 -- name: worker_list
@@ -1712,8 +1713,8 @@ ORDER BY s.concurrency_key;
 -- the table is as small as the cluster's running keyed jobs), with the limit that applies:
 -- the matching pattern, else the largest concurrency_limit among the key's holders (the
 -- claim reads its next job's, which those usually share). `keys` NULL: every key.
-SELECT h.concurrency_key, count(*)::int AS running,
-       {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS max_running
+SELECT h.concurrency_key AS key, count(*)::int AS running,
+       {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS limit
 FROM {schema}.concurrency_holds h
 LEFT JOIN {schema}.jobs j ON j.id = h.job_id
 WHERE %(keys)s::text[] IS NULL OR h.concurrency_key = ANY(%(keys)s::text[])
@@ -1721,7 +1722,7 @@ GROUP BY h.concurrency_key
 ORDER BY h.concurrency_key;
 
 -- name: ready_channels
-SELECT {schema}.ready_channel(q) FROM unnest(%(queues)s::text[]) AS q;
+SELECT {schema}.ready_channel(q) AS channel FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: schema_drop
 -- Test fixtures drop their throwaway schema; a lock held by a leaked session fails the drop
@@ -1775,7 +1776,7 @@ SELECT EXISTS (
     WHERE w.heartbeat_at > {schema}.db_now()
           - coalesce(2 * w.heartbeat_seconds, %(stale_seconds)s) * interval '1 second'
       AND w.state <> 'stopped'
-      AND split_part(served.pair, '@', 1) = %(task)s);
+      AND split_part(served.pair, '@', 1) = %(task)s) AS served;
 
 -- name: schedule_upsert_many
 -- Schedules declared in code (each starting worker upserts its app's `@app.periodic`) or at
@@ -1834,7 +1835,7 @@ FROM {schema}.schedules ORDER BY name;
 -- name: schedule_next_due
 -- The scheduler's idle read, one index probe and no lock: database time and the schedule
 -- due first (a NULL next_fire_at, a new or re-timed schedule, sorts first: due now).
-SELECT {schema}.db_now(), first.name IS NOT NULL, first.next_fire_at
+SELECT {schema}.db_now() AS now, first.name IS NOT NULL AS any_schedule, first.next_fire_at
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
     SELECT name, next_fire_at FROM {schema}.schedules
@@ -1846,8 +1847,8 @@ LEFT JOIN LATERAL (
 -- advisory lock, tried (never waited for) at the start of the scheduler's transaction and
 -- released at its COMMIT; no connection is pinned and leadership moves as soon as the holder's
 -- transaction (or process) ends. `now` is read once and used for the whole tick.
-SELECT pg_try_advisory_xact_lock(hashtext('trioq-scheduler:' || %(schema_name)s)),
-       {schema}.db_now();
+SELECT pg_try_advisory_xact_lock(hashtext('trioq-scheduler:' || %(schema_name)s)) AS leader,
+       {schema}.db_now() AS now;
 
 -- name: schedule_due_lock
 -- Inside the leader's transaction: the due schedules, locked so a concurrent
@@ -2083,7 +2084,7 @@ notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM child WHERE created AND state = 'ready') AS q
 )
-SELECT i.ord, c.id, coalesce(c.created, false),
+SELECT i.ord, c.id AS child_id, coalesce(c.created, false) AS created,
        EXISTS (SELECT 1 FROM {schema}.jobs j
                WHERE j.id = i.parent_id AND j.attempt = i.attempt
                  AND j.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
@@ -2175,7 +2176,7 @@ result AS (
                 ELSE d.state END AS state
     FROM decision d CROSS JOIN (SELECT count(*) FROM written) AS side_effects
 )
-SELECT r.state, c.id, c.state, c.result, c.error
+SELECT r.state AS outcome, c.id, c.state, c.result, c.error
 FROM result r LEFT JOIN children c ON r.state IN ('done', 'failed', 'unknown')
 ORDER BY c.ord;
 
@@ -2185,7 +2186,7 @@ ORDER BY c.ord;
 -- (job_cancel_tree in migration 0003: running ones are flagged and their workers told).
 SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(position)s,
                                    %(kind)s, %(name)s, %(value)s::jsonb, %(child_ids)s::bigint[],
-                                   %(control_channel)s);
+                                   %(control_channel)s) AS owned;
 
 -- name: message_send
 -- `client.send` and the producers: {schema}.send() (migration 0016) locks the job row, queues
@@ -2194,7 +2195,7 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
 -- the server; the function re-checks it under the lock.
 SELECT j.state,
        CASE WHEN j.state NOT IN ('completed', 'failed', 'cancelled')
-            THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END
+            THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END AS message_id
 FROM (SELECT %(id)s::bigint AS id) AS k
 LEFT JOIN {schema}.jobs j ON j.id = k.id;
 
@@ -2225,14 +2226,15 @@ written AS (
                                             updated_at = excluded.updated_at
     RETURNING w.job_id
 )
-SELECT (SELECT count(*) FROM owner) > 0,
+SELECT (SELECT count(*) FROM owner) > 0 AS owned,
        (SELECT count(pg_notify({schema}.result_channel(o.id), o.id::text)) FROM owner o)
+           AS notified
 FROM (SELECT count(*) FROM written) AS side_effects;
 
 -- name: job_value_get
 -- `client.get_value`: the job's state (NULL: no such job) and the value of `key`, if set, in
 -- one read of two primary keys.
-SELECT j.state, v.value IS NOT NULL, v.value
+SELECT j.state, v.value IS NOT NULL AS found, v.value
 FROM (SELECT %(id)s::bigint AS id) AS k
 LEFT JOIN {schema}.jobs j ON j.id = k.id
 LEFT JOIN {schema}.workflow_values v ON v.job_id = j.id AND v.key = %(key)s;
@@ -2247,12 +2249,14 @@ WHERE job_id = %(id)s ORDER BY key;
 -- suspended), newest first, with what each waits on. Keyset-paged by id like job_list, an
 -- operator's read: a backward scan of the primary key, bounded by the LIMIT. The children
 -- counts use jobs_parent_idx, per returned row only.
-SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count, j.wait_event_key,
-       CASE WHEN j.state = 'waiting' THEN j.wait_topic END,
-       j.wait_children IS NOT NULL AND j.state = 'waiting',
+SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count AS checkpoints,
+       j.wait_event_key,
+       CASE WHEN j.state = 'waiting' THEN j.wait_topic END AS wait_topic,
+       j.wait_children IS NOT NULL AND j.state = 'waiting' AS waits_for_children,
        j.children_settled,
        CASE WHEN j.wait_children IS NOT NULL AND j.state = 'waiting'
-            THEN (SELECT count(*) FROM {schema}.jobs c WHERE c.parent_id = j.id) END,
+            THEN (SELECT count(*) FROM {schema}.jobs c WHERE c.parent_id = j.id) END
+           AS children_total,
        j.created_at
 FROM {schema}.jobs j
 WHERE j.state IN ('running', 'sleeping', 'waiting')
@@ -2585,12 +2589,13 @@ ORDER BY m.walked_finished DESC, m.id DESC;
 -- with their full lengths, so a huge or deeply nested value is never parsed to be shown.
 SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attempt,
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
-                             WHERE d.task = jobs.task AND d.version = jobs.version), 5),
+                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
+           AS max_attempts,
        worker_id, created_at, started_at, finished_at, version, parent_id,
        wait_event_key, wait_children, checkpoint_count, cancel_requested,
-       left(payload::text, %(text_limit)s), length(payload::text),
-       left(result::text, %(text_limit)s), length(result::text),
-       left(error::text, %(text_limit)s), deadline_at, deadline_source
+       left(payload::text, %(text_limit)s) AS payload, length(payload::text) AS payload_length,
+       left(result::text, %(text_limit)s) AS result, length(result::text) AS result_length,
+       left(error::text, %(text_limit)s) AS error, deadline_at, deadline_source
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: dashboard_job_history
@@ -2624,7 +2629,8 @@ WITH found AS (
      ORDER BY id DESC LIMIT %(limit)s)
 )
 SELECT j.id, j.queue, j.task, j.state, j.run_at, j.wait_event_key, j.wait_children,
-       j.checkpoint_count, j.created_at, c.kind, c.name, c.created_at
+       j.checkpoint_count, j.created_at, c.kind AS last_kind, c.name AS last_name,
+       c.created_at AS last_at
 FROM (SELECT id FROM found ORDER BY id DESC LIMIT %(limit)s) f
 JOIN {schema}.jobs j ON j.id = f.id
 LEFT JOIN {schema}.checkpoints c
@@ -2700,7 +2706,7 @@ notified AS (
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM restarted) THEN 'continued'
             WHEN EXISTS (SELECT 1 FROM owner) THEN 'cancelling'
-            ELSE 'lost' END
+            ELSE 'lost' END AS outcome
 FROM notified CROSS JOIN (SELECT count(*) FROM cleared) AS c
 CROSS JOIN (SELECT count(*) FROM detached) AS d;
 
@@ -2715,7 +2721,7 @@ FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s, %(tree
 -- claim statement stays as it is. PgDriver asks at its first claim of a queue, again after a
 -- 'limits:QUEUE' control notification or a listener reconnect, and once per poll interval
 -- only while it has no working listener (trioq/_pg/limits.py).
-SELECT EXISTS (SELECT 1 FROM {schema}.queue_limits q WHERE q.queue = %(queue)s::text);
+SELECT EXISTS (SELECT 1 FROM {schema}.queue_limits q WHERE q.queue = %(queue)s::text) AS limited;
 
 -- name: queue_limit_gate
 -- A limited queue's claim, first statement of its transaction (the function's comment in
@@ -2727,7 +2733,7 @@ FROM {schema}.queue_limit_gate(%(queue)s::text, %(requested)s::int);
 -- A limited queue's claim, after the claim statement and before COMMIT (run only when it took
 -- jobs): their start time, and with a rate their entry in its log.
 SELECT {schema}.queue_limit_spend(%(queue)s::text, %(claimed)s::bigint[],
-                                  %(started_at)s::timestamptz);
+                                  %(started_at)s::timestamptz) AS next_start_at;
 
 -- name: queue_limit_set
 -- `trioq queue limit` / `trioq queue rate`: merge the change into the queue's row; a queue left
