@@ -110,6 +110,41 @@ class Database:
     def drop_schema(self, schema: str) -> None:
         self.conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
+    def server_cpu_seconds(self) -> float:
+        """User + system CPU of the whole cluster so far, less the harness's own session: the
+        postmaster, each live child (backends, WAL writer, checkpointer, autovacuum workers)
+        and the children that exited (the postmaster's cutime/cstime count them once reaped).
+        pg_stat_statements' execution time leaves out parse, bind, commit (its WAL write) and
+        the protocol; this is what the server's processes spent, read from /proc."""
+        harness = self._harness_pid()
+        postmaster = _stat_fields(harness)[1]
+        total = sum(_stat_fields(postmaster)[11:15])
+        for pid in _child_pids(postmaster):
+            if pid != harness:
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    total += sum(_stat_fields(pid)[11:13])
+        return total / CLOCK_TICKS
+
+    def _harness_pid(self) -> int:
+        return int(self.conn.info.backend_pid)
+
+    def wait_harness_sessions_gone(self, timeout: float = 5.0) -> None:
+        """Wait until the harness's other sessions (an enqueue's own client) have exited and
+        been reaped, so their CPU lands in the postmaster's cutime before a measured window
+        starts, not inside it (a reaped process leaves /proc; a zombie does not)."""
+        harness = self._harness_pid()
+        postmaster = _stat_fields(harness)[1]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            others = [
+                pid
+                for pid in _child_pids(postmaster)
+                if pid != harness and HARNESS_ROLE.encode() in _cmdline(pid)
+            ]
+            if not others:
+                return
+            time.sleep(0.001)
+
     def reset_statements(self) -> None:
         self.conn.execute("SELECT pg_stat_statements_reset()")
 
@@ -163,6 +198,31 @@ class Database:
             if time.monotonic() > deadline:
                 raise BenchError(f"timed out after {timeout:.0f}s: {count}/{expected} ({sql})")
             time.sleep(POLL_SECONDS)
+
+
+def _stat_fields(pid: int) -> list[int]:
+    """/proc/PID/stat's numeric fields after the command name: [0] state (as 0), [1] ppid,
+    [11] utime, [12] stime, [13] cutime, [14] cstime (clock ticks)."""
+    rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return [0, *(int(field) for field in rest[1:15])]
+
+
+def _cmdline(pid: int) -> bytes:
+    """A backend's process title (`postgres: ROLE DATABASE ...`); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def _child_pids(parent: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError, IndexError):
+                if _stat_fields(int(entry.name))[1] == parent:
+                    children.append(int(entry.name))
+    return children
 
 
 @contextlib.contextmanager

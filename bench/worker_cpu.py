@@ -6,7 +6,8 @@ Each repeat drains one backlog of no-op jobs (concurrency 25, one worker) on the
 on this checkout's trioq and each `--root` checkout's (same schema version: they share the
 migrations), the checkouts' order rotated each repeat, so the systems see the same load.
 Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
-(throughput.py's `drain`).
+(throughput.py's `drain`); server CPU is that of the whole PostgreSQL cluster (its processes
+read from /proc, less the harness's session) over the same window.
 Prints per repeat and the medians; ratios are taken within a repeat. `--py-spy OUT` records one
 drain of this checkout's worker (or the first `--root`'s) with py-spy instead, only samples
 holding the GIL (`--gil`: on 2 shared cores a process is often preempted mid-call, which plain
@@ -85,7 +86,8 @@ def line(name: str, run: Drain) -> str:
     us = run.cpu_seconds / run.jobs * 1e6
     return (
         f"{name:>10}: {run.jobs_per_s:8.0f} jobs/s  {us:6.1f} us CPU/job  "
-        f"{run.statements_per_job:.3f} stmt/job  {run.db_us_per_job:6.1f} us server exec/job"
+        f"{run.statements_per_job:.3f} stmt/job  {run.db_us_per_job:6.1f} us server exec/job  "
+        f"{run.server_us_per_job:6.1f} us server CPU/job"
     )
 
 
@@ -125,18 +127,29 @@ def main() -> None:
             spies[0].wait(60)  # it writes its output once the worker has exited
             print(line("py-spy", run))
             return
-        cpu: dict[str, list[float]] = {"raw": []}
-        rate: dict[str, list[float]] = {"raw": []}
-        stmts: dict[str, list[float]] = {}
-        ratio: dict[str, list[float]] = {}
-        for repeat in range(args.repeats):
-            base = drain(ctx, lambda s: [launcher.baseline_worker(s, expect=n)], "noop", n, RAW)
-            print(f"repeat {repeat + 1}\n{line('raw', base)}", flush=True)
+        figures: dict[str, dict[str, list[float]]] = {}
+
+        def record(name: str, run: Drain, base: Drain | None) -> None:
             # /proc counts CPU in clock ticks (10 ms): a drain shorter than one tick (the raw
             # loop's 200 jobs of the smoke test on a fast machine) reads 0, so count it as one.
-            base_us = max(base.cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
-            cpu["raw"].append(base_us)
-            rate["raw"].append(base.jobs_per_s)
+            cpu_us = max(run.cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
+            server_us = max(run.server_cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
+            row = figures.setdefault(name, {})
+            row.setdefault("jobs/s", []).append(run.jobs_per_s)
+            row.setdefault("us CPU/job", []).append(cpu_us)
+            row.setdefault("us server/job", []).append(server_us)
+            row.setdefault("stmt/job", []).append(run.statements_per_job)
+            if base is not None:
+                base_cpu = max(base.cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
+                base_server = max(base.server_cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
+                row.setdefault("x raw CPU/job", []).append(cpu_us / base_cpu)
+                row.setdefault("x raw server/job", []).append(server_us / base_server)
+                row.setdefault("x raw jobs/s", []).append(run.jobs_per_s / base.jobs_per_s)
+
+        for repeat in range(args.repeats):
+            base = drain(ctx, lambda s: [launcher.baseline_worker(s, expect=n)], "noop", n, RAW)
+            print(f"repeat {repeat + 1} (load {load()})\n{line('raw', base)}", flush=True)
+            record("raw", base, None)
             # Rotated each repeat: the drain right after the raw loop's paid more (server and
             # worker) in a first run, whichever checkout it was.
             order = list(roots.items())
@@ -144,23 +157,16 @@ def main() -> None:
             for name, root in order:
                 run = drain(ctx, lambda s, r=root: [trioq_worker(launcher, s, r)], "noop", n, TRIOQ)
                 print(line(name, run), flush=True)
-                us = run.cpu_seconds / n * 1e6
-                cpu.setdefault(name, []).append(us)
-                rate.setdefault(name, []).append(run.jobs_per_s)
-                stmts.setdefault(name, []).append(run.statements_per_job)
-                ratio.setdefault(name, []).append(us / base_us)
-        print("medians:")
-        for name in cpu:
-            extra = ""
-            if name in ratio:
-                extra = (
-                    f"  {statistics.median(ratio[name]):.2f}x raw CPU/job"
-                    f"  {statistics.median(stmts[name]):.3f} stmt/job"
-                )
-            print(
-                f"{name:>10}: {statistics.median(rate[name]):8.0f} jobs/s"
-                f"  {statistics.median(cpu[name]):6.1f} us CPU/job{extra}"
-            )
+                record(name, run, base)
+        print(f"medians: ({args.repeats} repeats, load {load()})")
+        for name, row in figures.items():
+            cells = [f"{statistics.median(values):.3f} {label}" for label, values in row.items()]
+            print(f"{name:>10}: " + "  ".join(cells))
+
+
+def load() -> str:
+    """The 1, 5 and 15-minute load averages, as uptime prints them."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 if __name__ == "__main__":

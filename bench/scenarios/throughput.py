@@ -34,6 +34,9 @@ class Drain:
     cpu_seconds: float
     peak_rss_mb: float
     top_statements: list[dict[str, Any]]
+    # CPU of the whole PostgreSQL cluster (all its processes, less the harness's session) from
+    # just after the backlog's COMMIT to the last completion (Database.server_cpu_seconds).
+    server_cpu_seconds: float = 0.0
 
     @property
     def jobs_per_s(self) -> float:
@@ -46,6 +49,10 @@ class Drain:
     @property
     def db_us_per_job(self) -> float:
         return self.db_ms * 1000 / self.jobs
+
+    @property
+    def server_us_per_job(self) -> float:
+        return self.server_cpu_seconds / self.jobs * 1e6
 
     @property
     def cpu_s_per_10k(self) -> float:
@@ -80,7 +87,10 @@ def drain(
 
         with contextlib.nullcontext() if observe is None else observe(schema):
             t0 = system.enqueue(db, schema, task, jobs, db.reset_statements)
+            db.wait_harness_sessions_gone()  # the enqueue's own session is not the drain's
+            server_before = db.server_cpu_seconds()
             db.wait_count(system.completed(schema), [], jobs, ctx.sizes.timeout, all_alive)
+            server_cpu = db.server_cpu_seconds() - server_before
         if before_stop is not None:
             before_stop(schema)
         cpu_after = sum(worker.cpu_seconds() for worker in workers)
@@ -91,7 +101,9 @@ def drain(
         last = db.scalar(system.last_finished(schema))
         for worker in workers:
             worker.stop()
-        return Drain(jobs, last - t0, statements, db_ms, cpu_after - cpu_before, peak_rss, top)
+        return Drain(
+            jobs, last - t0, statements, db_ms, cpu_after - cpu_before, peak_rss, top, server_cpu
+        )
     finally:
         db.drop_schema(schema)
 
