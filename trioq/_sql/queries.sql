@@ -601,11 +601,10 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
 
--- fragment: concurrency_room_unrated
-concurrency_room AS MATERIALIZED (
-    SELECT k.concurrency_key, lim.max_running,
-           least(greatest(lim.max_running - held.n, 0), (SELECT %(limit)s::int)) AS room
-    FROM ready_concurrency_keys k
+-- fragment: concurrency_key_limit_held
+-- Both concurrency_room variants: per ready key `k`, the limit the claim applies
+-- (`lim.max_running`: a pattern's, else its first ready job's, trioq/_core/concurrency.py
+-- `claim_limit`) and its held slots (`held.n`).
     CROSS JOIN LATERAL (
         SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
                    AS max_running
@@ -618,11 +617,10 @@ concurrency_room AS MATERIALIZED (
         SELECT count(*) AS n FROM {schema}.concurrency_holds h
         WHERE h.concurrency_key = k.concurrency_key
     ) AS held
-),
--- fragment: concurrency_heads_unrated
-concurrency_heads AS MATERIALIZED (
-    SELECT head.id, head.attempt, r.concurrency_key, free.slot
-    FROM concurrency_room r
+
+-- fragment: concurrency_key_heads_free
+-- Both concurrency_heads variants: per key with room `r`, its first `r.room` due jobs in
+-- claim order (`head`), each paired with one of the key's free holds slots (`free`).
     CROSS JOIN LATERAL (
         SELECT j.id, j.attempt, j.priority, j.run_at,
                row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
@@ -643,6 +641,19 @@ concurrency_heads AS MATERIALIZED (
         ORDER BY s.slot
         LIMIT r.room
     ) AS free ON free.rank = head.rank
+
+-- fragment: concurrency_room_unrated
+concurrency_room AS MATERIALIZED (
+    SELECT k.concurrency_key, lim.max_running,
+           least(greatest(lim.max_running - held.n, 0), (SELECT %(limit)s::int)) AS room
+    FROM ready_concurrency_keys k
+    -- include: concurrency_key_limit_held
+),
+-- fragment: concurrency_heads_unrated
+concurrency_heads AS MATERIALIZED (
+    SELECT head.id, head.attempt, r.concurrency_key, free.slot
+    FROM concurrency_room r
+    -- include: concurrency_key_heads_free
     WHERE r.room > 0
     ORDER BY head.priority, head.run_at, head.id
     LIMIT 2 * (SELECT %(limit)s::int)
@@ -691,18 +702,7 @@ concurrency_room AS MATERIALIZED (
                  CASE WHEN rate.rate_allowed IS NOT NULL
                       THEN greatest(rate.rate_allowed - recent.n, 0) END) AS room
     FROM ready_concurrency_keys k
-    CROSS JOIN LATERAL (
-        SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
-                   AS max_running
-        FROM {schema}.jobs f
-        WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
-          AND f.state = 'ready'
-        ORDER BY f.priority, f.run_at, f.id LIMIT 1
-    ) AS lim
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM {schema}.concurrency_holds h
-        WHERE h.concurrency_key = k.concurrency_key
-    ) AS held
+    -- include: concurrency_key_limit_held
     LEFT JOIN LATERAL {schema}.concurrency_rate_of(k.concurrency_key) AS rate ON true
     LEFT JOIN LATERAL (
         SELECT count(*) FILTER (WHERE s.started_at > w.start) AS n,
@@ -730,26 +730,7 @@ concurrency_heads AS MATERIALIZED (
     SELECT head.id, head.attempt, r.concurrency_key, free.slot, rate_free.slot AS rate_slot,
            r.rate_period
     FROM concurrency_room r
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.attempt, j.priority, j.run_at,
-               row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-        FROM {schema}.jobs j
-        WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
-          AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
-          AND ((SELECT %(task_versions)s::text[]) IS NULL
-               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
-        ORDER BY j.priority, j.run_at, j.id
-        LIMIT r.room
-    ) AS head
-    JOIN LATERAL (
-        SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS rank
-        FROM generate_series(0, r.max_running - 1) AS s(slot)
-        WHERE NOT EXISTS (SELECT 1 FROM {schema}.concurrency_holds h
-                          WHERE h.concurrency_key = r.concurrency_key AND h.slot = s.slot)
-        ORDER BY s.slot
-        LIMIT r.room
-    ) AS free ON free.rank = head.rank
+    -- include: concurrency_key_heads_free
     LEFT JOIN LATERAL (
         SELECT f.slot, row_number() OVER (ORDER BY f.slot) AS rank
         FROM (SELECT unnest(r.stale) AS slot
