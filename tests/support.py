@@ -11,6 +11,7 @@ import psycopg
 import trio
 
 import trioq
+from trioq._pg import Connection
 
 
 def make_app(pg_url: str, pg_schema: str, **kwargs: Any) -> trioq.App:
@@ -89,3 +90,14 @@ def run_explained(
         conn.execute(f"SET auto_explain.{setting}")
     conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
     return conn.execute(statement, params, prepare=True).fetchall(), plans
+
+
+async def blocked_on_a_lock(observer: Connection, pg_schema: str) -> bool:
+    """Whether some session's statement on `pg_schema` waits for a lock (an interleaving test's
+    held transaction has blocked it)."""
+    count = await observer.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND position(%s in query) > 0",
+        [pg_schema],
+    )
+    return bool(count)

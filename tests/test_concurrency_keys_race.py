@@ -5,7 +5,6 @@ times and from the handlers' own log, and sampled live, never exceeds 3."""
 from __future__ import annotations
 
 import collections
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,8 @@ import pytest
 import trio
 
 from tests.fault_app import build_app, create_exec_log
-from tests.procs import fetch, wait_until, worker_group
-from tests.races import Interval, peak, q, sample
+from tests.procs import fetch
+from tests.races import Interval, peak, q, race
 
 KEYS = ("tenant:a", "tenant:b", "tenant:c")
 PER_KEY = 100
@@ -36,36 +35,21 @@ async def test_four_worker_processes_never_run_more_than_3_of_a_key(
         await trio.to_thread.run_sync(create_exec_log, pg_url, pg_schema)
         await client.set_key_limit("tenant:*", LIMIT)
     total = len(KEYS) * PER_KEY + UNKEYED
-    stop = threading.Event()
-    live: list[int] = []
     per_key = q(
         pg_schema,
         "SELECT concurrency_key, count(*) FROM {s}.jobs "
         "WHERE state = 'running' AND concurrency_key IS NOT NULL GROUP BY 1",
     )
 
-    async def sample_live() -> None:
-        live.extend(await trio.to_thread.run_sync(sample, pg_url, per_key, stop, most_of_a_key))
-
-    async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
-        for n in range(4):  # each with 10 slots: 40 seats, 3 per key allowed
-            await group.start(f"W{n}", concurrency=10, lease=10.0, poll=0.2)
-        nursery.start_soon(sample_live)
-        # Enqueued once all four run, so they all race for every key.
+    async def enqueue() -> None:
         async with app.client() as client:
             for key in KEYS:  # 20 ms to 110 ms each: the limit binds, slots are plentiful
                 payloads = [{"seconds": 0.02 + 0.03 * (n % 4)} for n in range(PER_KEY)]
                 await client.enqueue_many("quick", payloads, concurrency_key=key)
             await client.enqueue_many("quick", [{"seconds": 0.02}] * UNKEYED)
-        await wait_until(
-            pg_url,
-            q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'completed'"),
-            None,
-            lambda rows: rows[0][0] == total,
-            within=180,
-            what="every job completed",
-        )
-        stop.set()
+
+    # 4 processes with 10 slots each: 40 seats, 3 per key allowed.
+    live = await race(pg_url, pg_schema, tmp_path, per_key, most_of_a_key, total, enqueue)
     stored: list[Any] = await fetch(
         pg_url,
         q(pg_schema, "SELECT concurrency_key, started_at, finished_at, attempt FROM {s}.jobs"),

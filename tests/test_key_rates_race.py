@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,8 @@ import pytest
 import trio
 
 from tests.fault_app import QUEUE, build_app, create_exec_log
-from tests.procs import fetch, wait_until, worker_group
-from tests.races import Interval, peak, q, sample
-from tests.test_queue_limits_race import busiest_window
+from tests.procs import fetch
+from tests.races import Interval, busiest_window, peak, q, race
 
 KEYS = ("tenant:a", "tenant:b", "tenant:c")
 SECOND = datetime.timedelta(seconds=1)
@@ -50,27 +48,9 @@ async def _race(
 ) -> tuple[list[Any], dict[str, list[Interval]], list[int]]:
     """Start 4 workers of 10 slots, enqueue, wait for every job; the stored rows, the
     handlers' own intervals by key ("-": unkeyed) and the live samples."""
-    stop = threading.Event()
-    live: list[int] = []
-    query = sampled_query(pg_schema)
-
-    async def sample_live() -> None:
-        live.extend(await trio.to_thread.run_sync(sample, pg_url, query, stop, first_column_first))
-
-    async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
-        for n in range(4):  # 40 seats race for every limit
-            await group.start(f"W{n}", concurrency=10, lease=10.0, poll=0.2)
-        nursery.start_soon(sample_live)
-        await enqueue()  # once all four run, so they all race for every job
-        await wait_until(
-            pg_url,
-            q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'completed'"),
-            None,
-            lambda rows: rows[0][0] == total,
-            within=180,
-            what="every job completed",
-        )
-        stop.set()
+    live = await race(
+        pg_url, pg_schema, tmp_path, sampled_query(pg_schema), first_column_first, total, enqueue
+    )
     stored: list[Any] = await fetch(
         pg_url,
         q(pg_schema, "SELECT concurrency_key, started_at, finished_at, attempt FROM {s}.jobs"),

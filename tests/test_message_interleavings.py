@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from tests.support import wait_until
+from tests.support import blocked_on_a_lock, wait_until
 from trioq._driver import Driver, Lease, MessageSend, Receive
 from trioq._pg import Connection, connect
 from trioq._pg.driver import open_pg_driver
@@ -32,15 +32,6 @@ async def session(pg_url: str) -> AsyncIterator[Connection]:
         yield conn
     finally:
         await conn.close()
-
-
-async def blocked_on_a_lock(observer: Connection, pg_schema: str) -> bool:
-    count = await observer.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND position(%s in query) > 0",
-        [pg_schema],
-    )
-    return bool(count)
 
 
 async def running_job(driver: Driver) -> Lease:

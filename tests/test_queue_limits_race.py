@@ -5,7 +5,6 @@ exceeds 5, and no window of 1 s holds more than 50 stored starts."""
 from __future__ import annotations
 
 import datetime
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +12,12 @@ import pytest
 import trio
 
 from tests.fault_app import QUEUE, build_app, create_exec_log
-from tests.procs import fetch, wait_until, worker_group
-from tests.races import peak, q, sample
+from tests.procs import fetch
+from tests.races import busiest_window, peak, q, race
 
 JOBS = 400
 GLOBAL_LIMIT = 5
 RATE = 50  # starts per second
-
-
-def busiest_window(starts: list[datetime.datetime], window: datetime.timedelta) -> int:
-    """The most starts in any window [t, t + window), t a start (where the maximum is)."""
-    starts = sorted(starts)
-    highest, first = 0, 0
-    for last, at in enumerate(starts):
-        while starts[first] <= at - window:
-            first += 1
-        highest = max(highest, last - first + 1)
-    return highest
 
 
 def count(rows: list[tuple[Any, ...]]) -> int:
@@ -49,26 +37,9 @@ async def test_four_worker_processes_never_exceed_a_global_limit_of_5_or_a_rate_
         await client.set_queue_limit(QUEUE, GLOBAL_LIMIT)
         await client.set_queue_rate(QUEUE, f"{RATE}/s")
         await client.enqueue_many("quick", payloads)
-    stop = threading.Event()
-    live: list[int] = []
     running = q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'running'")
-
-    async def sample_live() -> None:
-        live.extend(await trio.to_thread.run_sync(sample, pg_url, running, stop, count))
-
-    async with worker_group(pg_url, pg_schema, tmp_path) as group, trio.open_nursery() as nursery:
-        for n in range(4):  # each with 10 slots: 40 seats race for 5
-            await group.start(f"W{n}", concurrency=10, lease=10.0, poll=0.2)
-        nursery.start_soon(sample_live)
-        await wait_until(
-            pg_url,
-            q(pg_schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'completed'"),
-            None,
-            lambda rows: rows[0][0] == JOBS,
-            within=120,
-            what="every job completed",
-        )
-        stop.set()
+    # 4 processes with 10 slots each: 40 seats race for 5.
+    live = await race(pg_url, pg_schema, tmp_path, running, count, JOBS, within=120)
     stored: list[Any] = await fetch(
         pg_url, q(pg_schema, "SELECT started_at, finished_at, attempt FROM {s}.jobs")
     )

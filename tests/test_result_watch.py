@@ -20,7 +20,7 @@ import trio
 import trioq
 import trioq._pg.producer
 import trioq.client
-from tests.support import Gate, make_app, running_worker, scalar, wait_until
+from tests.support import Gate, blocked_on_a_lock, make_app, running_worker, scalar, wait_until
 from trioq._core.channels import result_channel
 from trioq._driver import Driver, Lease, SettleAndClaim, Settlement
 from trioq._pg import Connection, connect
@@ -46,15 +46,6 @@ async def session(pg_url: str) -> AsyncIterator[Connection]:
         yield conn
     finally:
         await conn.close()
-
-
-async def blocked_on_a_lock(observer: Connection, pg_schema: str) -> bool:
-    count = await observer.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND position(%s in query) > 0",
-        [pg_schema],
-    )
-    return bool(count)
 
 
 async def watched(pg_url: str, pg_schema: str, job_id: int) -> bool:

@@ -15,6 +15,7 @@ import pytest
 import trio
 from support import wait_until
 
+from tests.support import blocked_on_a_lock
 from trioq._driver import Driver, EmitEvent, Lease, Spawn, WaitChildren, WaitEvent
 from trioq._pg import Connection, connect
 from trioq._pg.driver import open_pg_driver
@@ -37,15 +38,6 @@ async def session(pg_url: str) -> AsyncIterator[Connection]:
         yield conn
     finally:
         await conn.close()
-
-
-async def blocked_on_a_lock(observer: Connection, pg_schema: str) -> bool:
-    count = await observer.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND position(%s in query) > 0",
-        [pg_schema],
-    )
-    return bool(count)
 
 
 async def running_job(driver: Driver) -> Lease:
