@@ -55,7 +55,9 @@ def summarize_metric(metric: Metric, results: Results) -> dict[str, Any] | None:
     summary["ratio_to_peer"] = ratio_to_baseline(values, peer) if metric.baseline else None
     if metric.target is not None:
         summary["target"] = metric.target.text
-        summary["met"] = metric.target.met(summary["median"], summary["ratio_to_baseline"])
+        summary["met"] = metric.target.met(
+            summary["median"], summary["ratio_to_baseline"], summary["ratio_to_peer"]
+        )
     return summary
 
 

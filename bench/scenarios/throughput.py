@@ -144,6 +144,7 @@ def run(ctx: Context) -> None:
         results.add("database_load", "statements_per_job", one.statements_per_job)
         results.add("database_load", "statements_per_job_two_workers", two.statements_per_job)
         results.add("database_load", "db_us_per_job", one.db_us_per_job)
+        results.add("database_load", "server_cpu_us_per_job", one.server_us_per_job)
         results.add("database_load", "db_us_per_job_shallow_backlog", shallow.db_us_per_job)
         results.add("database_load", "db_us_per_job_deep_backlog", deep.db_us_per_job)
         for name, run_ in (
@@ -169,6 +170,7 @@ def record_baseline(ctx: Context, base: Drain) -> None:
     ctx.results.add("baseline", "jobs_per_s", base.jobs_per_s)
     ctx.results.add("baseline", "statements_per_job", base.statements_per_job)
     ctx.results.add("baseline", "db_us_per_job", base.db_us_per_job)
+    ctx.results.add("baseline", "server_cpu_us_per_job", base.server_us_per_job)
     ctx.results.add("baseline", "cpu_s_per_10k_jobs", base.cpu_s_per_10k)
     ctx.results.add("baseline", "peak_rss_mb", base.peak_rss_mb)
 
@@ -215,5 +217,6 @@ def record_peer(ctx: Context, peer: Drain) -> None:
     ctx.results.add("peer", "jobs_per_s", peer.jobs_per_s)
     ctx.results.add("peer", "statements_per_job", peer.statements_per_job)
     ctx.results.add("peer", "db_us_per_job", peer.db_us_per_job)
+    ctx.results.add("peer", "server_cpu_us_per_job", peer.server_us_per_job)
     ctx.results.add("peer", "cpu_s_per_10k_jobs", peer.cpu_s_per_10k)
     ctx.results.add("peer", "peak_rss_mb", peer.peak_rss_mb)
