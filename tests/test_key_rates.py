@@ -175,7 +175,7 @@ async def test_without_key_rates_claims_run_the_statements_they_ran_before(
         for _ in range(4):
             await driver.job_settle_and_claim(params)
         calls = dict(driver.statistics().calls)
-        assert calls["job_settle_and_claim_plain"] == 3 and calls["job_settle_and_claim"] == 1
+        assert calls["job_claim_plain"] == 3 and calls["job_settle_and_claim"] == 1
         assert calls.get("key_rated", 0) <= 1 and "job_settle_and_claim_rated" not in calls
         await client.enqueue_many(work, [{}] * 20, concurrency_key="k", concurrency_limit=50)
         for _ in range(3):

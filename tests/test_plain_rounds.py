@@ -27,6 +27,7 @@ from trioq._sql import queries
 WORKER = uuid.uuid4()
 POLL = 60.0  # nothing below may wait for a poll: notifications and timers only
 PLAIN = "job_settle_and_claim_plain"
+CLAIM = "job_claim_plain"  # the plain round with no outcomes
 FULL = "job_settle_and_claim"
 COMPLETE = "job_complete_plain"
 
@@ -67,7 +68,7 @@ async def round_(
     )
     after = driver.statistics().calls
     ran = tuple(
-        name for name in (PLAIN, FULL, COMPLETE) if after.get(name, 0) > before.get(name, 0)
+        name for name in (PLAIN, CLAIM, FULL, COMPLETE) if after.get(name, 0) > before.get(name, 0)
     )
     return ran, result
 
@@ -79,7 +80,7 @@ async def test_the_first_round_is_full_and_an_empty_queue_makes_the_next_plain(
     assert ran == (FULL,)  # nothing is known about the queue yet
     await driver.job_insert_many([NewJob("q", "t", '{"n": 1}')] * 3)
     ran, result = await round_(driver)
-    assert ran == (PLAIN,)
+    assert ran == (CLAIM,)
     assert [job.payload for job in result.claimed] == [{"n": 1}] * 3
     assert all(job.plain for job in result.claimed)
     ran, result = await round_(driver, complete(result.claimed))
@@ -96,7 +97,7 @@ async def test_a_keyed_row_hands_the_claim_to_the_full_statement_in_the_same_rou
     ran, result = await round_(driver)
     # The plain statement saw the keyed row and claimed nothing; the full one claimed both,
     # as it would have alone.
-    assert ran == (PLAIN, FULL)
+    assert ran == (CLAIM, FULL)
     assert sorted(job.partition_key or "" for job in result.claimed) == ["", "k"]
     keyed = next(job for job in result.claimed if job.partition_key == "k")
     assert not keyed.plain
@@ -107,7 +108,7 @@ async def test_a_keyed_row_hands_the_claim_to_the_full_statement_in_the_same_rou
     locks = f'SELECT count(*) FROM "{driver.schema}".partition_locks'
     assert await scalar(driver._conninfo, locks) == 0
     ran, _ = await round_(driver)  # no keyed or suspended row seen: plain again
-    assert ran == (PLAIN,)
+    assert ran == (CLAIM,)
 
 
 async def test_a_row_due_later_keeps_the_queue_plain_and_gives_the_timer_its_due_time(
@@ -117,7 +118,7 @@ async def test_a_row_due_later_keeps_the_queue_plain_and_gives_the_timer_its_due
     await driver.job_insert_many([NewJob("q", "t", "{}", delay_seconds=3600)])
     await driver.job_insert_many([NewJob("q", "t", "{}")])
     ran, result = await round_(driver, lookahead=5.0)
-    assert ran == (PLAIN,)  # not due within the lookahead: nothing to claim early
+    assert ran == (CLAIM,)  # not due within the lookahead: nothing to claim early
     assert len(result.claimed) == 1 and result.claimed[0].run_at <= result.now
     assert result.next_due is not None and result.next_due > result.now
     ran, again = await round_(driver, complete(result.claimed), lookahead=5.0)
@@ -131,7 +132,7 @@ async def test_a_row_due_within_the_lookahead_is_claimed_in_the_same_round(
     await round_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}", delay_seconds=0.5)])
     ran, result = await round_(driver, lookahead=5.0)
-    assert ran == (PLAIN, FULL)  # blocked: the full statement claims it early
+    assert ran == (CLAIM, FULL)  # blocked: the full statement claims it early
     [job] = result.claimed
     assert job.run_at > result.now  # claimed before its run_at (the executor holds it)
     ran, _ = await round_(driver, complete([job]), lookahead=5.0)
@@ -142,7 +143,7 @@ async def test_only_plain_completions_go_through_the_plain_statement(driver: PgD
     await round_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}")] * 2)
     ran, result = await round_(driver)
-    assert ran == (PLAIN,)
+    assert ran == (CLAIM,)
     first, second = result.claimed
     failed = Settlement(second.lease, "fail", error_json='{"type": "E", "message": "m"}')
     ran, result = await round_(driver, (*complete([first]), failed), limit=0)
@@ -157,7 +158,7 @@ async def test_only_plain_completions_go_through_the_plain_statement(driver: PgD
     # A completion not marked plain (the default) is never taken for one.
     await driver.job_insert_many([NewJob("q", "t", "{}")])
     ran, result = await round_(driver)  # a settle-only round tells nothing of the queue
-    assert ran == (PLAIN,)
+    assert ran == (CLAIM,)
     ran, result = await round_(driver, (Settlement(result.claimed[0].lease, "complete", "1"),))
     assert ran == (FULL,)
     assert [state for _, state in result.settled] == ["completed"]
@@ -189,7 +190,7 @@ async def test_the_plain_claim_keeps_pauses_versions_and_fencing(driver: PgDrive
     await round_(driver, versions=("t@1",))
     await driver.job_insert_many([NewJob("q", "t", "{}", version=2), NewJob("q", "t", "{}")])
     ran, result = await round_(driver, versions=("t@1",))
-    assert ran == (PLAIN,)
+    assert ran == (CLAIM,)
     assert [job.version for job in result.claimed] == [1]  # the v2 job is not this worker's
     (job,) = result.claimed
     wrong_token = Lease(job.id, job.attempt, uuid.uuid4())
@@ -225,7 +226,7 @@ async def test_a_worker_drains_plain_jobs_on_the_plain_statement_and_keyed_and_d
         with trio.fail_after(20):
             jobs = await client.enqueue_many("t", [{"n": n} for n in range(40)])
             assert [await client.wait_result(job.id) for job in jobs] == list(range(40))
-            assert client.driver.statistics().calls.get(PLAIN, 0) > 0
+            assert client.driver.statistics().calls.get(CLAIM, 0) > 0
             keyed = await client.enqueue("t", {"n": 1}, partition_key="k")
             assert await client.wait_result(keyed.id) == 1
             due = await client.enqueue("t", {"n": 2}, delay=0.3)
@@ -270,14 +271,15 @@ async def test_a_child_completing_in_plain_mode_wakes_its_suspended_parent(
     assert child_parent == workflow.id
 
 
+@pytest.mark.parametrize("name", [PLAIN, CLAIM])
 async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
-    pg_url: str, pg_schema: str, driver: PgDriver
+    pg_url: str, pg_schema: str, driver: PgDriver, name: str
 ) -> None:
-    """The plain statement's generic plan on a table whose statistics show a backlog has no
-    Seq Scan of jobs: its claim's UPDATE finds the rows by primary key (a join left to the
+    """The plain statements' generic plan on a table whose statistics show a backlog has no
+    Seq Scan of jobs: the claim's UPDATE finds the rows by primary key (a join left to the
     planner hashed a seq scan of jobs: a LIMIT read through a sub-select is estimated at a tenth
     of the table)."""
-    statement = queries(pg_schema)[PLAIN]
+    statement = queries(pg_schema)[name]
     params = settle_and_claim_params(SettleAndClaim("q", ("t",), 25, 30.0, WORKER))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -303,7 +305,7 @@ async def test_a_lost_connection_after_a_blocked_plain_round_reports_what_it_wro
     await round_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}")])
     ran, result = await round_(driver)
-    assert ran == (PLAIN,)
+    assert ran == (CLAIM,)
     await driver.job_insert_many([NewJob("q", "t", "{}", partition_key="k")])  # blocks the next
     settle_rows = PgDriver._settle_rows
 

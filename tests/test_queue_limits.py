@@ -140,7 +140,7 @@ async def test_a_listening_worker_reads_limits_once_and_again_when_told(
             return worker.driver.statistics().calls.get(name, 0)
 
         async def idled() -> bool:  # 60 idle polls: 3 s or more, three old refresh periods
-            return calls("job_settle_and_claim_plain") >= 60
+            return calls("job_claim_plain") >= 60
 
         with trio.fail_after(20):
             await wait_until(idled)
@@ -178,7 +178,7 @@ async def test_a_polling_worker_reads_a_new_limit_within_a_refresh(
             return worker.driver.statistics().calls.get(name, 0)
 
         async def claimed() -> bool:
-            return calls("job_settle_and_claim_plain") >= 1
+            return calls("job_claim_plain") >= 1
 
         with trio.fail_after(10):
             await wait_until(claimed)

@@ -95,7 +95,7 @@ def test_a_fragment_is_included_where_a_statement_names_it_and_nowhere_else() ->
     with pytest.raises(ValueError, match="no fragment 'rows'"):
         parse_blocks("-- name: thing_read\nSELECT\n-- include: rows\n")
     claim_columns = "j.version,"
-    for name in ("job_settle_and_claim", "job_settle_and_claim_plain"):
+    for name in ("job_settle_and_claim", "job_settle_and_claim_plain", "job_claim_plain"):
         assert claim_columns in queries("x")[name]  # both claims read the one column list
     assert "claim_returning" not in queries("x")
 

@@ -27,6 +27,7 @@ KEY_HOLDING_STATES = frozenset({JobState.RUNNING, JobState.SLEEPING, JobState.WA
 S = JobState
 SETTLE = "job_settle_and_claim"
 PLAIN = "job_settle_and_claim_plain"  # the common-case round: unkeyed claims, plain completions
+CLAIM_PLAIN = "job_claim_plain"  # the same round with no outcomes (the claim loop's own)
 # (from, to) -> the statement(s) allowed to make that transition.
 # The cancel statements: each runs job_cancel_tree (migration 0017), which makes a scheduled or
 # ready job cancelled, a sleeping or waiting one ready (flagged: its worker runs the handler
@@ -41,7 +42,7 @@ TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
     (S.SCHEDULED, S.READY): (SETTLE,),  # promotion when due
     (S.SCHEDULED, S.CANCELLED): CANCEL,
     (S.SCHEDULED, S.WAITING): CANCEL,  # a parent waits for its running children
-    (S.READY, S.RUNNING): (SETTLE, PLAIN),  # claim
+    (S.READY, S.RUNNING): (SETTLE, PLAIN, CLAIM_PLAIN),  # claim
     # Due unkeyed rows are claimed by the statement that promotes them (due_unkeyed), and
     # sleeping or scheduled ones within the claim's lookahead a little early.
     (S.SCHEDULED, S.RUNNING): (SETTLE,),

@@ -338,6 +338,7 @@ BINARY_RESULTS = frozenset(
         "job_settle_and_claim",
         "job_settle_and_claim_rated",
         "job_settle_and_claim_plain",
+        "job_claim_plain",
         "job_complete_plain",
     }
 )
@@ -671,7 +672,10 @@ class PgDriver:
         is read only for a full claim (`key_rated`, at most once a second): plain rounds and
         settles never ask."""
         if self._plain_round(params):
-            rows = await self._settle_rows(conn, params, "job_settle_and_claim_plain")
+            # The claim loop's rounds carry no outcomes (the completer writes them): the
+            # claim-only form then, without the completion's UPDATE (queries.sql).
+            name = "job_settle_and_claim_plain" if params.settlements else "job_claim_plain"
+            rows = await self._settle_rows(conn, params, name)
             first, settled, claimed = _round_rows(rows)
             plain = SettleAndClaimResult(
                 settled=settled,

@@ -97,10 +97,12 @@ class Round(Reply, statements=("job_settle_and_claim",), then=ClaimedRow):
     concurrency_cursor: ClassVar[int]
 
 
-class PlainRound(Reply, statements=("job_settle_and_claim_plain",), then=ClaimedRow):
-    """job_settle_and_claim_plain: Round's columns, with `blocked` and `keyed_ready` where
-    Round has `key_cursor` and `keys_visited` (the same positions of `ids`, `states`, `now`
-    and `next_due` let one decode read both)."""
+class PlainRound(
+    Reply, statements=("job_settle_and_claim_plain", "job_claim_plain"), then=ClaimedRow
+):
+    """job_settle_and_claim_plain and job_claim_plain: Round's columns, with `blocked` and
+    `keyed_ready` where Round has `key_cursor` and `keys_visited` (the same positions of `ids`,
+    `states`, `now` and `next_due` let one decode read both)."""
 
     ids: ClassVar[int]
     states: ClassVar[int]

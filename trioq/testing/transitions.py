@@ -28,7 +28,15 @@ from typing import Any
 
 import attrs
 
-from .._core.states import DELETED_BY, INSERTED, PLAIN, SETTLE, TRANSITIONS, JobState
+from .._core.states import (
+    CLAIM_PLAIN,
+    DELETED_BY,
+    INSERTED,
+    PLAIN,
+    SETTLE,
+    TRANSITIONS,
+    JobState,
+)
 from .._driver import Driver
 from .._memory import MemoryDriver
 
@@ -42,6 +50,7 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
         SETTLE,
         "job_settle_and_claim_rated",
         PLAIN,
+        CLAIM_PLAIN,
         "job_complete_plain",
         "queue_limit_spend",
     ),
