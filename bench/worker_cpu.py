@@ -3,8 +3,9 @@
     python -m bench.worker_cpu --jobs 20000 --repeats 5 --root /path/to/other/checkout
 
 Each repeat drains one backlog of no-op jobs (concurrency 25, one worker) on the raw loop, then
-on this checkout's trioq and each `--root` checkout's (same schema version: they share the
-migrations), the checkouts' order rotated each repeat, so the systems see the same load.
+on this checkout's trioq and each `--root` checkout's, each on a schema its own migrations
+made (a checkout's tables, indexes and CHECKs are part of its server CPU per job), the
+checkouts' order rotated each repeat, so the systems see the same load.
 Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
 (throughput.py's `drain`); server CPU is that of the whole PostgreSQL cluster (its processes
 read from /proc, less the harness's session) over the same window.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from bench.app import SCHEMA_ENV
 from bench.config import FULL
-from bench.harness import CLOCK_TICKS, REPO_ROOT, Launcher, Process, open_database
+from bench.harness import CLOCK_TICKS, HARNESS_ROLE, REPO_ROOT, Launcher, Process, open_database
 from bench.jobs import RAW, TRIOQ
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
@@ -48,11 +49,38 @@ finally:
 """
 
 
+# A checkout's own migrations: the drain's fresh schema was migrated by this checkout's.
+MIGRATE = """
+import sys, trio
+from bench.app import make_app
+async def main():
+    async with make_app(sys.argv[2], sys.argv[1]).client(migrate=True):
+        pass
+trio.run(main)
+"""
+
+
+def own_schema(launcher: Launcher, schema: str, root: Path) -> None:
+    """Give `schema` the migrations of `root` (another checkout's schema may differ: its
+    tables, indexes and CHECKs are part of what its server CPU per job measures)."""
+    if root.resolve() == REPO_ROOT.resolve():
+        return
+    launcher.db.drop_schema(schema)
+    subprocess.run(
+        [sys.executable, "-c", MIGRATE, launcher.db.conninfo(HARNESS_ROLE), schema],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=True,
+    )
+
+
 def trioq_worker(
     launcher: Launcher, schema: str, root: Path, profile: Path | None = None
 ) -> Process:
-    """`trioq worker` with the package imported from `root` (its cwd comes first on sys.path);
-    with `profile`, under cProfile (main thread CPU time) writing there at exit."""
+    """`trioq worker` with the package imported from `root` (its cwd comes first on sys.path),
+    on `schema` migrated by `root`'s migrations; with `profile`, under cProfile (main thread
+    CPU time) writing there at exit."""
+    own_schema(launcher, schema, root)
     role = launcher.db.new_role("bench_w")
     entry = ["-m", "trioq.cli"] if profile is None else ["-c", PROFILED, str(profile)]
     argv = [

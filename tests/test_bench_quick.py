@@ -53,6 +53,19 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
     assert "cprofile:" in outputs[1] and profile.stat().st_size > 0
 
 
+def test_hot_path_cost_replays_the_drain_on_each_variant() -> None:
+    """`python -m bench.hot_path_cost`: the claim and flush statements of a tiny drain on the
+    table as migrated and without its CHECKs, with the medians and the ratio to `base`."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.hot_path_cost", "--jobs", "100", "--repeats", "1",
+         "--variant", "no_checks"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "medians:" in result.stdout and "x base" in result.stdout
+    assert "no_checks:" in result.stdout
+
+
 def test_plan_cache_comparison_runs_both_drains_and_reports_medians() -> None:
     """`python -m bench.plan_cache`: this checkout's plain and keyed drains, one tiny repeat."""
     argv = ["--quick", "--repeats", "1", "--plain-jobs", "200", "--keyed-jobs", "200"]

@@ -379,15 +379,21 @@ async def test_the_state_checks_accept_exactly_what_the_old_rules_accepted(
 ) -> None:
     """Migration 0012 rewrote three CHECKs with array constants (same rules, cheaper to
     prepare): on every case, each new CHECK as stored evaluates as the rule it replaced (a
-    CHECK fails only on false: NULL passes, so NULL and true are compared as passing)."""
+    CHECK fails only on false: NULL passes, so NULL and true are compared as passing).
+    Migration 0032 made unique_states's a domain's (VALUE is then its column)."""
     async with make_app(pg_url, pg_schema).client(migrate=True):
         pass
     with psycopg.connect(pg_url, autocommit=True) as conn:
         stored = dict(
             conn.execute(
-                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
-                " WHERE conrelid = %s::regclass AND conname = ANY(%s)",
-                [f"{pg_schema}.jobs", list(OLD_STATE_RULES)],
+                "SELECT c.conname,"
+                " replace(pg_get_constraintdef(c.oid), 'VALUE', coalesce(a.attname, 'VALUE'))"
+                " FROM pg_constraint c"
+                " LEFT JOIN pg_attribute a ON a.attrelid = %s::regclass"
+                "  AND a.atttypid = c.contypid AND c.contypid <> 0"
+                " WHERE (c.conrelid = %s::regclass OR a.attname IS NOT NULL)"
+                "  AND c.conname = ANY(%s)",
+                [f"{pg_schema}.jobs", f"{pg_schema}.jobs", list(OLD_STATE_RULES)],
             ).fetchall()
         )
         assert set(stored) == set(OLD_STATE_RULES)

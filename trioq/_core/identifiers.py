@@ -1,7 +1,8 @@
 """Identifier rules: schema, queue and task names are validated before they reach SQL.
 
-The same patterns are enforced by CHECK constraints in the schema, so a raw INSERT with a bad
-name is rejected by Postgres too.
+The same patterns are enforced by the schema (the jobs table's queue and task columns are
+domains with a CHECK, migration 0032), so a raw INSERT with a bad name is rejected by Postgres
+too.
 """
 
 from __future__ import annotations
