@@ -66,6 +66,28 @@ def test_hot_path_cost_replays_the_drain_on_each_variant() -> None:
     assert "no_checks:" in result.stdout
 
 
+def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
+    """`python -m bench.runtime_cpu`: the stub-driver drain of this checkout, one tiny repeat
+    with a slow flush (the completer's backlog fills): every job takes at least one task step
+    and the medians are printed."""
+    argv = ["--jobs", "300", "--repeats", "1", "--flush-ms", "2", "--claim-ms", "0.2"]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.runtime_cpu", *argv],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "medians:" in result.stdout
+    [medians] = [line for line in result.stdout.splitlines() if line.strip().startswith("this:")][
+        -1:
+    ]
+    steps = float(medians.split("us CPU/job")[1].split("task steps/job")[0])
+    assert steps >= 1.0
+
+
 def test_plan_cache_comparison_runs_both_drains_and_reports_medians() -> None:
     """`python -m bench.plan_cache`: this checkout's plain and keyed drains, one tiny repeat."""
     argv = ["--quick", "--repeats", "1", "--plain-jobs", "200", "--keyed-jobs", "200"]

@@ -217,6 +217,66 @@ async def test_waiting_hand_overs_enter_the_backlog_in_order_and_a_cancelled_one
     assert returned == [3, 4] and completer.leases() == []
 
 
+async def test_held_outcomes_keep_their_slots_and_leases_until_they_enter_the_backlog(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A hand-over that finds the backlog full is held without waiting: it counts as a taken
+    slot (`held`) and an owned lease until a batch leaves room; it then enters the backlog in
+    the order it came, among waiting hand-overs too, and `on_room` says its slot is open."""
+    release = trio.Event()
+    sent: list[tuple[int, ...]] = []
+    rooms: list[int] = []
+
+    class Driver:
+        def is_connection_lost(self, exc: BaseException) -> bool:
+            return False
+
+        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+            sent.append(tuple(s.lease.id for s in params.settlements))
+            await release.wait()
+            settled = tuple((s.lease.id, "completed") for s in params.settlements)
+            return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+
+    completer = Completer(
+        driver=Driver(),  # type: ignore[arg-type]
+        queue="default",
+        tasks=("t",),
+        worker_id=uuid.uuid4(),
+        lease_seconds=30,
+        max_backlog=1,
+        batch_size=1,
+        flush_delay=0,
+        on_room=lambda: rooms.append(completer.held),
+    )
+    returned: list[int] = []
+
+    async def hand(job_id: int) -> None:
+        await completer.hand_over(_settlement(job_id), keyed=False)
+        returned.append(job_id)
+
+    assert completer.hand_over_or_hold(_settlement(1), keyed=False)
+    assert not completer.hand_over_or_hold(_settlement(2), keyed=True)  # full: held
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hand, 3)  # a waiting hand-over, after the held one
+            await trio.testing.wait_all_tasks_blocked()
+            assert not completer.hand_over_or_hold(_settlement(4), keyed=False)  # 3 waits
+            assert completer.held == 2 and len(completer) == 3
+            assert completer.statistics().held == 2
+            # Held outcomes are owned (renewed); a waiting task still owns its job itself.
+            assert {lease.id for lease in completer.leases()} == {1, 2, 4}
+            async with open_completer(completer):
+                await trio.testing.wait_all_tasks_blocked()
+                # Batch (1) in flight; the held 2 took its room: its slot opened.
+                assert sent == [(1,)] and rooms == [1] and returned == []
+                release.set()
+                while len(sent) < 4:
+                    await trio.testing.wait_all_tasks_blocked()
+    assert sent == [(1,), (2,), (3,), (4,)]
+    assert returned == [3] and rooms == [1, 0]
+    assert completer.held == 0 and completer.leases() == []
+
+
 async def test_handlers_of_one_round_neither_share_contextvars_nor_failures_nor_cancels(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -241,7 +241,8 @@ class RuntimeMachine(RuleBasedStateMachine):
             bound = CONCURRENCY + prefetch + loop.completer.capacity
             owned = loop.owned_leases()
             assert self.host.active <= CONCURRENCY
-            assert len(loop.running) <= CONCURRENCY
+            # A held outcome (the completer's backlog was full) keeps its handler's slot.
+            assert len(loop.running) + loop.completer.held <= CONCURRENCY
             assert len(loop.prefetched()) <= prefetch, loop.prefetched()
             assert len(owned) <= bound, owned
             running_rows = [

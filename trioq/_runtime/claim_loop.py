@@ -10,8 +10,10 @@ LOCKED).
 
 Capacity counts running handlers. A handler that returns hands its outcome to the queue's
 completer (completer.py), which writes outcomes in batches on a connection of its own, and its
-slot opens at once. So: handlers running <= slots; rows this worker owns <= slots + the
-completer's `capacity`; a partition key's next job starts only once its holder's outcome has
+slot opens at once (when the completer's backlog is full the outcome is held there, its slot
+taken until it enters the backlog; the handler's task ends either way). So: handlers running
+(and held outcomes) <= slots; rows this worker owns <= slots + the completer's `capacity`; a
+partition key's next job starts only once its holder's outcome has
 committed (the key stays held in the database until then). Unwritten outcomes keep their
 leases renewed (`owned_leases` includes them).
 
@@ -58,7 +60,7 @@ from .._driver import (
 from .checkpoints import CheckpointWriter
 from .completer import DEFAULT_FLUSH_DELAY, Completer, open_completer
 from .dbclock import DatabaseClock
-from .executor import execute
+from .executor import COMPLETED_NULL, execute
 from .metrics import JobTally
 from .outcome import outcome_name, settlement_of
 from .run import Run, SharedTimers
@@ -182,11 +184,13 @@ class ClaimLoop:
     _timers: SharedTimers | None = None  # holds early-claimed jobs (Run.hold_until_due)
     _db_clock: DatabaseClock = attrs.field(factory=DatabaseClock)
     # Plain `def` handlers run in threads, as many at once as the queue has slots (executor.py).
+    _low_watermark: int = attrs.field(init=False, default=0)
     _thread_limiter: trio.CapacityLimiter = attrs.field(
         default=attrs.Factory(lambda self: trio.CapacityLimiter(self.concurrency), takes_self=True)
     )
 
     def __attrs_post_init__(self) -> None:
+        self._low_watermark = low_watermark(self.prefetch)  # read as every handler ends
         backlog = self.concurrency if self.max_backlog is None else self.max_backlog
         self.completer = Completer(
             driver=self.driver,
@@ -200,6 +204,7 @@ class ClaimLoop:
             write_timeout=self.write_timeout,
             on_written=self._written,
             before_flush=self.before_flush,
+            on_room=self._slots_opened,
         )
 
     # --- state the rest of the worker reads ---------------------------------------------
@@ -325,7 +330,7 @@ class ClaimLoop:
         # Reduced by admission control, the buffer shrinks with the slots: it holds no more
         # than will start next.
         room = slots + (self.prefetch if slots == self.concurrency else min(self.prefetch, slots))
-        held = len(self.running) + len(self._buffer)
+        held = len(self.running) + self.completer.held + len(self._buffer)
         return claim_size(room, held, self._reserved, room)
 
     def _may_refill(self) -> bool:
@@ -354,7 +359,8 @@ class ClaimLoop:
         handlers = self._handlers
         assert handlers is not None
         deadline = trio.current_time() - LEASE_MARGIN * self.lease_seconds
-        while buffer and len(self.running) < slots:
+        completer = self.completer
+        while buffer and len(self.running) + completer.held < slots:
             entry = buffer.popleft()
             if entry.confirmed_at <= deadline:
                 # Its lease went unconfirmed for most of its length while it waited: another
@@ -366,7 +372,7 @@ class ClaimLoop:
                     trio.current_time() - entry.confirmed_at,
                 )
                 continue
-            self._start_one(handlers, entry)
+            self._start_one(handlers, entry.job, entry.now, entry.confirmed_at, entry.traced)
 
     async def _release_prefetched(self) -> None:
         """Drain: hand every buffered job back (ready, attempt restored, fenced)."""
@@ -560,8 +566,8 @@ class ClaimLoop:
             return
         now = result.now
         if not self._buffer and not self.prefetch:
-            for job in result.claimed:
-                self._start_one(handlers, Prefetched(job, now, sent, traced))
+            for job in result.claimed:  # no buffer entry to build: each starts at once
+                self._start_one(handlers, job, now, sent, traced)
             return
         # Buffered jobs were claimed earlier: they start first.
         self._buffer.extend(Prefetched(job, now, sent, traced) for job in result.claimed)
@@ -570,8 +576,17 @@ class ClaimLoop:
         else:
             self._start_prefetched()
 
-    def _start_one(self, handlers: trio.Nursery, entry: Prefetched) -> None:
-        job, running, now = entry.job, self.running, entry.now
+    def _start_one(
+        self,
+        handlers: trio.Nursery,
+        job: ClaimedJob,
+        now: datetime.datetime,
+        confirmed_at: float,
+        traced: bool,
+    ) -> None:
+        """Start `job` (claimed at database time `now`, its lease confirmed at trio time
+        `confirmed_at`) on a slot."""
+        running = self.running
         stale = running.get(job.id)
         # (A stale run that already suspended or continued durably is only finishing its
         # bookkeeping: the job is legitimately back, nothing is lost.)
@@ -586,18 +601,19 @@ class ClaimLoop:
                 job.attempt,
             )
             stale.cancel("lost")
+        versions = self.versions
         run = Run(
             job=job,
-            spec=self.versions.get((job.task, job.version)) or self.tasks[job.task],
+            spec=(versions and versions.get((job.task, job.version))) or self.tasks[job.task],
             tasks=self.tasks,
             driver=self.driver,
             worker_id=self.worker_id,
             checkpoints=self.checkpoints,
             now=now,
-            confirmed_at=entry.confirmed_at,
+            confirmed_at=confirmed_at,
             due_at=self._db_clock.to_trio(job.run_at) if job.run_at > now else None,
             timers=self._timers,
-            traced=entry.traced,
+            traced=traced,
             thread_limiter=self._thread_limiter,
         )
         running[job.id] = run
@@ -608,34 +624,41 @@ class ClaimLoop:
 
     # --- one job -------------------------------------------------------------------------
 
+    def _slots_opened(self) -> None:
+        """A handler ended, or held outcomes entered the completer's backlog: start buffered
+        jobs on the open slots, and claim for them (or refill below the low watermark)."""
+        if self._buffer and not self._stopping:
+            self._start_prefetched()  # the slot takes the next claimed job at once
+        buffered = len(self._buffer)
+        if not buffered or buffered < self._low_watermark or self._stopping:
+            self._wake.set()
+
     async def _run_job(self, run: Run) -> None:
         job = run.job
         hooks, tally = self.hooks, self.tally
         if hooks.on_job_start:
             hooks.on_job_start(job)
         started = time.perf_counter()  # the handler's run time, for metrics: real seconds
+        opened = True  # the slot opens as the handler ends, unless its outcome is held
         try:
             outcome = await execute(run)
             settlement = settlement_of(run.lease, outcome, plain=job.plain)
             if settlement is not None:
                 # A key frees when the outcome commits: the loop runs again then.
                 keyed = job.partition_key is not None or job.concurrency_key is not None
-                try:
-                    self.completer.hand_over_nowait(settlement, keyed=keyed)
-                except trio.WouldBlock:  # the backlog is full: the slot stays taken meanwhile
-                    await self.completer.hand_over(settlement, keyed=keyed)
+                # A full backlog holds the outcome, and the slot stays taken until a batch
+                # leaves room for it (`_slots_opened`); this task ends either way.
+                opened = self.completer.hand_over_or_hold(settlement, keyed=keyed)
         finally:
             if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]
-            if self._buffer and not self._stopping:
-                self._start_prefetched()  # the slot takes the next claimed job at once
-            buffered = len(self._buffer)
-            if not buffered or buffered < low_watermark(self.prefetch) or self._stopping:
-                self._wake.set()  # claim for the slot, or refill below the low watermark
+            if opened:
+                self._slots_opened()
             if self._settled:  # someone waits for no handler running (an Event would be per job)
                 self._settled.unpark_all()
         if tally is not None or hooks.on_job_end:
-            name = outcome_name(outcome)
+            # Nearly every outcome of a drain is the executor's one shared Completed(None).
+            name = "completed" if outcome is COMPLETED_NULL else outcome_name(outcome)
             if tally is not None:
                 tally.ended(job.task, job.queue, name, time.perf_counter() - started)
             if hooks.on_job_end:

@@ -1,16 +1,20 @@
 """The completer: ONE per claim loop, writing the outcomes of that queue's finished executions
 in batches while the loop claims (River's BatchCompleter).
 
-A handler that returns hands its outcome over (`hand_over_nowait`, or `hand_over` when the
-backlog is full) and its slot opens at once: capacity counts running handlers, not unwritten
-outcomes. The completer sends one batch at a time, on a pooled connection of its own, while
-the claim loop's statements run on others. A batch leaves as soon as `batch_size` outcomes
-are pending, or `flush_delay` seconds after the first of them (handlers that end in the same
-moment share a statement).
+A handler that returns hands its outcome over (`hand_over_or_hold`) and its slot opens at
+once: capacity counts running handlers, not unwritten outcomes. When the backlog is full the
+outcome is held (`held`) and keeps its handler's slot taken until a batch leaves room for it;
+the handler's task ends meanwhile (a parked task cost a reschedule and a task step more: 2.07
+-> 1.12 task steps per job where the flush is the bottleneck, bench.runtime_cpu; in a durable
+one-worker drain 6% of outcomes found the backlog full). The completer sends one batch at a
+time, on a pooled connection of its own, while the claim loop's statements run on others. A
+batch leaves as soon as `batch_size` outcomes are pending, or `flush_delay` seconds after the
+first of them (handlers that end in the same moment share a statement).
 
 Bounds: at most `max_backlog` outcomes wait to be sent, and one batch of at most `batch_size`
-is in flight, so the completer never holds more than `capacity` outcomes; a handler whose
-outcome finds the backlog full waits (its slot stays taken) until a batch leaves.
+is in flight, so the completer never holds more than `capacity` outcomes in them; an outcome
+that finds the backlog full is held (its slot stays taken: no new job starts on it) until a
+batch leaves.
 
 Ownership: an outcome's job stays owned, in the database and in `leases()` (which the lease
 renewer extends), until the statement carrying it commits. Every write is fenced (id,
@@ -21,7 +25,8 @@ starts before that.
 Errors: a batch whose statement fails on a lost connection is kept, ahead of newer outcomes,
 and sent again with backoff. Any other error is a bug or a broken schema and stops the worker.
 On the way out (a hard stop included) what is left is written once more, shielded and
-bounded by `write_timeout`.
+bounded by `write_timeout`; a held outcome, not yet in the backlog, is left to lease expiry
+then, as a handler waiting to hand over is cancelled by a hard stop.
 """
 
 from __future__ import annotations
@@ -54,11 +59,19 @@ class CompleterStatistics:
     written: int  # outcomes those batches carried
     lost: int  # outcomes whose lease was lost before their batch committed
     retries: int  # batches sent again after a lost connection
+    held: int = 0  # outcomes waiting for room in the backlog, each keeping its slot taken
 
 
 # Called after each batch commits: the batch, whether it freed a partition key, the reply,
 # and trio's clock when the statement was sent.
 OnWritten = Callable[[tuple[Settlement, ...], bool, SettleAndClaimResult, float], None]
+
+
+class _Held:
+    """The key of a held outcome among the hand-overs waiting for room (a task is the key of
+    a waiting `hand_over`)."""
+
+    __slots__ = ()
 
 
 @attrs.define(eq=False)
@@ -80,11 +93,14 @@ class Completer:
     _writing: tuple[Settlement, ...] = ()
     _has_pending: trio.Event = attrs.field(factory=trio.Event)
     _batch_full: trio.Event = attrs.field(factory=trio.Event)
-    # Hand-overs waiting for room, oldest first: task -> (outcome, frees a key). When a batch
-    # leaves, the completer itself moves the oldest of them into the backlog and reschedules
-    # their tasks, which return at once: no retry, no extra checkpoint. In a durable drain
-    # about half the handlers wait here (the flush in flight is slower than the claim).
-    _waiting: dict[trio.lowlevel.Task, tuple[Settlement, bool]] = attrs.field(factory=dict)
+    # Called when held outcomes entered the backlog: their slots are open now.
+    on_room: Callable[[], None] | None = None
+    # Hand-overs waiting for room, oldest first: task (`hand_over`) or a `_Held` key
+    # (`hand_over_or_hold`) -> (outcome, frees a key). When a batch leaves, the completer
+    # itself moves the oldest of them into the backlog, rescheduling a waiting task (which
+    # returns at once: no retry, no extra checkpoint) or opening a held outcome's slot.
+    _waiting: dict[trio.lowlevel.Task | _Held, tuple[Settlement, bool]] = attrs.field(factory=dict)
+    _held: int = 0  # of `_waiting`, the held outcomes
     _flushes: int = 0
     _written: int = 0
     _lost: int = 0
@@ -103,12 +119,24 @@ class Completer:
         """The most outcomes the completer ever holds: a full backlog and a batch in flight."""
         return self.max_backlog + self.batch_size
 
+    @property
+    def held(self) -> int:
+        """Outcomes whose handler ended while the backlog was full: each keeps its slot taken
+        until it enters the backlog."""
+        return self._held
+
     def leases(self) -> list[Lease]:
-        """The leases of every outcome not yet written (pending or in flight)."""
-        return [s.lease for s in self._pending] + [s.lease for s in self._writing]
+        """The leases of every outcome not yet written (held, pending or in flight); a task
+        waiting in `hand_over` still owns its job as a running handler."""
+        leases = [s.lease for s in self._pending] + [s.lease for s in self._writing]
+        if self._held:
+            held = [s.lease for key, (s, _) in self._waiting.items() if isinstance(key, _Held)]
+            leases += held
+        return leases
 
     def __len__(self) -> int:
-        return len(self._pending) + len(self._writing)
+        """Outcomes not yet written: held, pending or in flight."""
+        return len(self._pending) + len(self._writing) + self._held
 
     def statistics(self) -> CompleterStatistics:
         return CompleterStatistics(
@@ -118,6 +146,7 @@ class Completer:
             written=self._written,
             lost=self._lost,
             retries=self._retries,
+            held=self._held,
         )
 
     # --- handing outcomes over -----------------------------------------------------------
@@ -128,6 +157,18 @@ class Completer:
         if len(self._pending) >= self.max_backlog or self._waiting:
             raise trio.WouldBlock
         self._take(settlement, keyed and frees_key(settlement.kind))
+
+    def hand_over_or_hold(self, settlement: Settlement, *, keyed: bool) -> bool:
+        """Take `settlement` into the backlog (True), or, when it is full (or earlier
+        hand-overs wait for room), hold it until a batch leaves room (False): the caller's
+        slot stays taken until then (`held`, `on_room`). Never waits."""
+        frees = keyed and frees_key(settlement.kind)
+        if len(self._pending) >= self.max_backlog or self._waiting:
+            self._waiting[_Held()] = (settlement, frees)
+            self._held += 1
+            return False
+        self._take(settlement, frees)
+        return True
 
     def _take(self, settlement: Settlement, frees: bool) -> None:
         self._pending.append(settlement)
@@ -159,10 +200,17 @@ class Completer:
     def _admit_waiting(self) -> None:
         """Move the oldest waiting hand-overs into the room a batch just left."""
         waiting = self._waiting
+        opened = False
         while waiting and len(self._pending) < self.max_backlog:
-            task = next(iter(waiting))
-            self._take(*waiting.pop(task))
-            trio.lowlevel.reschedule(task)
+            key = next(iter(waiting))
+            self._take(*waiting.pop(key))
+            if isinstance(key, _Held):
+                self._held -= 1
+                opened = True
+            else:
+                trio.lowlevel.reschedule(key)
+        if opened and self.on_room is not None:
+            self.on_room()
 
     # --- the service ---------------------------------------------------------------------
 

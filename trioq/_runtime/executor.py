@@ -39,10 +39,9 @@ log = logging.getLogger("trioq.worker")
 MAX_TRACEBACK_CHARS = 20_000
 
 
-_COMPLETED_NULL = Completed("null")
-
-# Entered (and left) once per job when tracing is off: nullcontext is reusable and stateless.
-_NO_SPAN: contextlib.AbstractContextManager[str | None] = contextlib.nullcontext()
+# The outcome of every job that returns None: values are frozen, one serves them all (the
+# claim loop names it without `outcome_name`'s lookup).
+COMPLETED_NULL = Completed("null")
 
 
 async def execute(run: Run) -> Outcome:
@@ -62,31 +61,16 @@ async def execute(run: Run) -> Outcome:
             if job.cancel_requested:
                 run.cancel("cancelled")
             held = run.due_at is not None and await run.hold_until_due()
-            span = _NO_SPAN
             if run.traced:  # the otel extra, when configured: a span linked to the enqueuer's
                 span = tracing.job_span(
                     task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
                     traceparent=await _trace_context(run), trace_id=job.lease_token.int,
                 )  # fmt: skip
-            with span as run.trace_id:
-                if spec.sync:
-                    result = await run_sync_handler(run, spec.load_payload(job.payload))
-                else:
-                    result = await spec.handler(Context(run), spec.load_payload(job.payload))
-                if held:
-                    # Held jobs wake in bursts (one timer for all whose sleeps end together):
-                    # yield once, so every handler of the burst resumes before any of them
-                    # does its bookkeeping (encode, settle, metrics). Shielded: the handler is
-                    # done, nothing may cancel its result now.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                if result is not None:
-                    result_json = codec.encode(result, root="result")
-                if run.pending_values and not run.completed_in_transaction:
-                    await messages.flush_values(run)  # ctx.set_value after the last checkpoint
-                if run.unfinished_children:
-                    # Nursery semantics: a workflow completes only once every child it spawned
-                    # is final (it waits durably for the ones it did not await itself).
-                    await waits.join_children(run)
+                with span as run.trace_id:
+                    result_json = await _handle(run, held)
+            else:
+                # No span to enter: a nullcontext's enter and exit were 0.3 us of every job.
+                result_json = await _handle(run, held)
     except trio.Cancelled:
         raise  # not ours: our own scope's cancellation never reaches this point
     except BaseException as exc:
@@ -108,8 +92,32 @@ async def execute(run: Run) -> Outcome:
     ):
         # The common end, decided without `_outcome`'s walk (and, for a None result, without
         # building an outcome: values are frozen, one serves every such job).
-        return _COMPLETED_NULL if result_json == "null" else Completed(result_json)
+        return COMPLETED_NULL if result_json == "null" else Completed(result_json)
     return _outcome(run, error, result_json)
+
+
+async def _handle(run: Run, held: bool) -> str:
+    """Run the handler and what must follow it inside the job's scope (and span); return
+    the result as JSON."""
+    spec = run.spec
+    if spec.sync:
+        result = await run_sync_handler(run, spec.load_payload(run.job.payload))
+    else:
+        result = await spec.handler(Context(run), spec.load_payload(run.job.payload))
+    if held:
+        # Held jobs wake in bursts (one timer for all whose sleeps end together): yield once,
+        # so every handler of the burst resumes before any of them does its bookkeeping
+        # (encode, settle, metrics). Shielded: the handler is done, nothing may cancel its
+        # result now.
+        await trio.lowlevel.cancel_shielded_checkpoint()
+    result_json = "null" if result is None else codec.encode(result, root="result")
+    if run.pending_values and not run.completed_in_transaction:
+        await messages.flush_values(run)  # ctx.set_value after the last checkpoint
+    if run.unfinished_children:
+        # Nursery semantics: a workflow completes only once every child it spawned is final
+        # (it waits durably for the ones it did not await itself).
+        await waits.join_children(run)
+    return result_json
 
 
 async def _join_kept_children(run: Run) -> None:
