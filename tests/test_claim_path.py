@@ -217,3 +217,42 @@ async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_prima
     keyed = plan.split("CTE keyed")[1].split("CTE unkeyed")[0]
     assert len(claimed) == 25
     assert "Seq Scan" not in keyed, keyed
+
+
+async def test_an_idle_worker_runs_one_claim_per_notified_job(pg_url: str, pg_schema: str) -> None:
+    """Jobs enqueued one at a time into an idle worker: each notification's round claims its
+    job, and the slot its handler frees claims nothing more (that claim found nothing: the
+    round before it was short and nothing new was notified). Rounds run one after another, so
+    once a job's handler has started its round has been counted. (The client waits on the
+    handler, not on the job's result: a result watch on a ready job notifies its queue once
+    more, a round that may find nothing.)"""
+    app = make_app(pg_url, pg_schema)
+    rounds: list[tuple[int, int]] = []
+    first_round = trio.Event()
+    send, started = trio.open_memory_channel[int](10)
+
+    def on_round(queue: str, requested: int, claimed: int) -> None:
+        rounds.append((requested, claimed))
+        first_round.set()
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> None:
+        send.send_nowait(payload["n"])
+
+    hooks = WorkerHooks(on_round=on_round)
+    async with (
+        app.client(migrate=True) as client,
+        running_worker(app, concurrency=2, poll_interval=30.0, hooks=hooks),
+    ):
+        with trio.fail_after(10):
+            await first_round.wait()  # the start-up round (it found nothing)
+            # A first job: start-up's wake-ups (the listener's self-probe among them) are
+            # over once it has run.
+            await client.enqueue("noop", {"n": -1})
+            assert await started.receive() == -1
+            before = len(rounds)
+            for n in range(6):
+                await client.enqueue("noop", {"n": n})
+                assert await started.receive() == n
+            after = rounds[before:]
+    assert [claimed for _, claimed in after] == [1] * 6, after

@@ -157,6 +157,12 @@ class ClaimLoop:
     # once, instead of after the poll interval. (Not at start-up: an idle queue's first round
     # stays one statement.)
     _expect_work: bool = False
+    # A slot that opens claims again only when work may be waiting: the last claim filled what
+    # it asked for, met a limit or keyed work, or a wake-up (a notification, the poll timer)
+    # came while every slot was busy. After a short claim of plain work nothing more was ready
+    # then, and anything enqueued since notifies: an idle worker ran two claims per job before
+    # (the second found nothing).
+    _claim_wanted: bool = False
     _handlers: trio.Nursery | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -305,6 +311,7 @@ class ClaimLoop:
                     continue  # the timer fires when a start is allowed
                 self._rate_limited_at = None
             if limit == 0:
+                self._claim_wanted = True  # this wake-up claims when a slot opens
                 if not self._in_flight:
                     # Every slot is busy: the next due time is no reason to wake (an opening
                     # slot wakes the loop, and its round learns the next due time again).
@@ -520,6 +527,15 @@ class ClaimLoop:
             self._wake.set()  # an empty claim right after a full one: retry once, at once
         else:
             self._expect_work = not short
+        # Held back by a limit or by keys (a key or limit slot another worker frees notifies
+        # no one): a slot that opens claims again, as before.
+        self._claim_wanted = (
+            not short
+            or result.at_global_limit
+            or result.rate_limited_until is not None
+            or result.key_cursor is not None
+            or result.concurrency_cursor is not None
+        )
         if result.promoted:
             # This statement's snapshot saw the promoted rows as not due: they become
             # claimable in the next round, so run it now.
@@ -630,7 +646,7 @@ class ClaimLoop:
         if self._buffer and not self._stopping:
             self._start_prefetched()  # the slot takes the next claimed job at once
         buffered = len(self._buffer)
-        if not buffered or buffered < self._low_watermark or self._stopping:
+        if self._stopping or (buffered < self._low_watermark if buffered else self._claim_wanted):
             self._wake.set()
 
     async def _run_job(self, run: Run) -> None:
