@@ -17,9 +17,10 @@ pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> None:
+def run_module(module: str, *argv: str) -> str:
+    """`python -m MODULE ARGV...` from the repository root; its output, once it exited 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--output", str(tmp_path)],
+        [sys.executable, "-m", module, *argv],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -27,6 +28,11 @@ def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> N
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> None:
+    run_module("bench", "--quick", "--output", str(tmp_path))
     report = json.loads((tmp_path / "results.json").read_text())
     assert set(SCENARIOS) <= set(report["scenarios"])
     assert (tmp_path / "RESULTS.md").read_text().startswith("# trioq benchmark results")
@@ -38,16 +44,7 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
     profile = tmp_path / "worker.prof"
     outputs = []
     for extra in ([], ["--cprofile", str(profile)]):
-        result = subprocess.run(
-            [sys.executable, "-m", "bench.worker_cpu", "--jobs", "200", "--repeats", "1", *extra],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        outputs.append(result.stdout)
+        outputs.append(run_module("bench.worker_cpu", "--jobs", "200", "--repeats", "1", *extra))
     assert "medians:" in outputs[0] and "x raw CPU/job" in outputs[0]
     assert "x raw server/job" in outputs[0]
     assert "cprofile:" in outputs[1] and profile.stat().st_size > 0
@@ -56,14 +53,11 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
 def test_hot_path_cost_replays_the_drain_on_each_variant() -> None:
     """`python -m bench.hot_path_cost`: the claim and flush statements of a tiny drain on the
     table as migrated and without its CHECKs, with the medians and the ratio to `base`."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.hot_path_cost", "--jobs", "100", "--repeats", "1",
-         "--variant", "no_checks"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "medians:" in result.stdout and "x base" in result.stdout
-    assert "no_checks:" in result.stdout
+    out = run_module(
+        "bench.hot_path_cost", "--jobs", "100", "--repeats", "1", "--variant", "no_checks"
+    )
+    assert "medians:" in out and "x base" in out
+    assert "no_checks:" in out
 
 
 def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
@@ -71,19 +65,9 @@ def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
     with a slow flush (the completer's backlog fills): every job takes at least one task step
     and the medians are printed."""
     argv = ["--jobs", "300", "--repeats", "1", "--flush-ms", "2", "--claim-ms", "0.2"]
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.runtime_cpu", *argv],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "medians:" in result.stdout
-    [medians] = [line for line in result.stdout.splitlines() if line.strip().startswith("this:")][
-        -1:
-    ]
+    out = run_module("bench.runtime_cpu", *argv)
+    assert "medians:" in out
+    [medians] = [line for line in out.splitlines() if line.strip().startswith("this:")][-1:]
     steps = float(medians.split("us CPU/job")[1].split("task steps/job")[0])
     assert steps >= 1.0
 
@@ -91,14 +75,6 @@ def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
 def test_plan_cache_comparison_runs_both_drains_and_reports_medians() -> None:
     """`python -m bench.plan_cache`: this checkout's plain and keyed drains, one tiny repeat."""
     argv = ["--quick", "--repeats", "1", "--plain-jobs", "200", "--keyed-jobs", "200"]
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.plan_cache", *argv],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    medians = result.stdout.split("medians:")[1]
+    out = run_module("bench.plan_cache", *argv)
+    medians = out.split("medians:")[1]
     assert "plain this" in medians and "keyed this" in medians and "us plan/job" in medians

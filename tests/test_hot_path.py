@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 import datetime
 import uuid
+from typing import Any
 
 import pytest
 import trio
@@ -152,15 +153,11 @@ async def test_completer_owns_outcomes_until_written_waits_when_full_and_resends
     assert completer.statistics().retries == 1 and completer.leases() == []
 
 
-async def test_waiting_hand_overs_enter_the_backlog_in_order_and_a_cancelled_one_leaves_nothing(
-    autojump_clock: trio.abc.Clock,
-) -> None:
-    """Hand-overs that find the backlog full wait; as a batch leaves, the oldest waiting ones
-    are taken (their tasks return, the outcome already in the backlog), in the order they
-    came; a waiting hand-over that is cancelled is never written, and a new hand-over does
-    not overtake the waiting ones."""
-    release = trio.Event()
-    sent: list[tuple[int, ...]] = []
+def _one_outcome_completer(
+    release: trio.Event, sent: list[tuple[int, ...]], **extra: Any
+) -> Completer:
+    """A completer whose backlog holds one outcome, batches of one sent at once, on a driver
+    that records each batch's job ids in `sent` and answers once `release` is set."""
 
     class Driver:
         def is_connection_lost(self, exc: BaseException) -> bool:
@@ -172,7 +169,7 @@ async def test_waiting_hand_overs_enter_the_backlog_in_order_and_a_cancelled_one
             settled = tuple((s.lease.id, "completed") for s in params.settlements)
             return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
 
-    completer = Completer(
+    return Completer(
         driver=Driver(),  # type: ignore[arg-type]
         queue="default",
         tasks=("t",),
@@ -181,7 +178,21 @@ async def test_waiting_hand_overs_enter_the_backlog_in_order_and_a_cancelled_one
         max_backlog=1,
         batch_size=1,
         flush_delay=0,
+        **extra,
     )
+
+
+async def test_waiting_hand_overs_enter_the_backlog_in_order_and_a_cancelled_one_leaves_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Hand-overs that find the backlog full wait; as a batch leaves, the oldest waiting ones
+    are taken (their tasks return, the outcome already in the backlog), in the order they
+    came; a waiting hand-over that is cancelled is never written, and a new hand-over does
+    not overtake the waiting ones."""
+    release = trio.Event()
+    sent: list[tuple[int, ...]] = []
+
+    completer = _one_outcome_completer(release, sent)
     returned: list[int] = []
 
     async def hand(job_id: int, cancel_scope: trio.CancelScope | None = None) -> None:
@@ -227,27 +238,7 @@ async def test_held_outcomes_keep_their_slots_and_leases_until_they_enter_the_ba
     sent: list[tuple[int, ...]] = []
     rooms: list[int] = []
 
-    class Driver:
-        def is_connection_lost(self, exc: BaseException) -> bool:
-            return False
-
-        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
-            sent.append(tuple(s.lease.id for s in params.settlements))
-            await release.wait()
-            settled = tuple((s.lease.id, "completed") for s in params.settlements)
-            return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
-
-    completer = Completer(
-        driver=Driver(),  # type: ignore[arg-type]
-        queue="default",
-        tasks=("t",),
-        worker_id=uuid.uuid4(),
-        lease_seconds=30,
-        max_backlog=1,
-        batch_size=1,
-        flush_delay=0,
-        on_room=lambda: rooms.append(completer.held),
-    )
+    completer = _one_outcome_completer(release, sent, on_room=lambda: rooms.append(completer.held))
     returned: list[int] = []
 
     async def hand(job_id: int) -> None:

@@ -889,6 +889,16 @@ claimed AS (
     -- include: claim_returning
 )
 
+-- fragment: plain_claim_columns
+-- The reply columns after ids and states, the same for both plain statements.
+       (SELECT blocked FROM probe) AS blocked,
+       (SELECT keyed_ready FROM probe) AS keyed_ready,
+       0 AS promoted,
+       {schema}.db_now() + (clock_timestamp() - now()) AS now,
+       (SELECT next_due FROM probe) AS next_due,
+       NULL::text AS concurrency_cursor,
+       claimed.*
+
 -- name: job_settle_and_claim_plain
 -- The claim loop's round in the common case, as a statement of its own: a plan a fifth the
 -- size of job_settle_and_claim's. PostgreSQL builds a prepared statement's whole plan at every
@@ -928,13 +938,7 @@ claimed AS (
 -- key_cursor and keys_visited.
 SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        CASE WHEN coalesce(claimed.first, true) THEN outcome.states END AS states,
-       (SELECT blocked FROM probe) AS blocked,
-       (SELECT keyed_ready FROM probe) AS keyed_ready,
-       0 AS promoted,
-       {schema}.db_now() + (clock_timestamp() - now()) AS now,
-       (SELECT next_due FROM probe) AS next_due,
-       NULL::text AS concurrency_cursor,
-       claimed.*
+-- include: plain_claim_columns
 FROM outcome
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
 
@@ -952,13 +956,7 @@ WITH
 -- include: plain_claim
 SELECT CASE WHEN coalesce(claimed.first, true) THEN '{}'::bigint[] END AS ids,
        CASE WHEN coalesce(claimed.first, true) THEN '{}'::text[] END AS states,
-       (SELECT blocked FROM probe) AS blocked,
-       (SELECT keyed_ready FROM probe) AS keyed_ready,
-       0 AS promoted,
-       {schema}.db_now() + (clock_timestamp() - now()) AS now,
-       (SELECT next_due FROM probe) AS next_due,
-       NULL::text AS concurrency_cursor,
-       claimed.*
+-- include: plain_claim_columns
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
 
