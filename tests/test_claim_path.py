@@ -16,7 +16,7 @@ import psycopg
 import trio
 
 import trioq
-from tests.support import make_app, run_explained, running_worker
+from tests.support import Gate, make_app, run_explained, running_worker
 from trioq._driver import SettleAndClaim
 from trioq._pg.driver import settle_and_claim_params
 from trioq._runtime.claim_loop import WorkerHooks
@@ -256,3 +256,32 @@ async def test_an_idle_worker_runs_one_claim_per_notified_job(pg_url: str, pg_sc
                 assert await started.receive() == n
             after = rounds[before:]
     assert [claimed for _, claimed in after] == [1] * 6, after
+
+
+async def test_without_notifications_a_slot_that_opens_claims_work_enqueued_meanwhile(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Poll-only (no LISTEN): nothing announces a job enqueued after a short claim, so the
+    slot a handler frees claims again at once, not at the next poll (30 s here)."""
+    app = make_app(pg_url, pg_schema)
+    gate = Gate()
+    started = trio.Event()
+
+    @app.task("hold")
+    async def hold(ctx: trioq.Context, payload: Any) -> None:
+        gate.enter()
+        await gate.release.wait()
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: Any) -> None:
+        started.set()
+
+    async with app.client(migrate=True) as client:
+        await client.enqueue("hold", {})
+        await client.enqueue("hold", {})
+        async with running_worker(app, concurrency=3, poll_interval=30.0, notifications=False):
+            with trio.fail_after(10):
+                await gate.wait_entered(2)  # the first claim: 2 of 3 slots, short
+                await client.enqueue("noop", {})
+                gate.release.set()  # the held handlers end: their slots claim again
+                await started.wait()

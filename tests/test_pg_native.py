@@ -108,6 +108,29 @@ async def test_a_statement_psycopg_deallocated_is_prepared_again_in_and_out_of_t
         await conn.close()
 
 
+async def test_a_prepared_statement_whose_result_type_a_migration_changed_is_prepared_again(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A migration that changes a returned column's type under a running worker (0032 made 14
+    of the jobs table's columns domains) fails the session's prepared statement with "cached
+    plan must not change result type" (0A000): outside a transaction it is prepared again."""
+    table = f"{pg_schema}.retyped"
+    conn = await connect(pg_url)
+    try:
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {pg_schema}")
+        await conn.execute(f"CREATE TABLE {table} (name text)")
+        await conn.execute(f"INSERT INTO {table} VALUES ('a')")
+        sql = f"SELECT name FROM {table} WHERE $1::int > 0".encode()
+        assert await conn.fetch_native(sql, [1]) == [("a",)]
+        await conn.execute(
+            f"CREATE DOMAIN {pg_schema}.short_name AS text CHECK (length(VALUE) < 9)"
+        )
+        await conn.execute(f"ALTER TABLE {table} ALTER COLUMN name TYPE {pg_schema}.short_name")
+        assert await conn.fetch_native(sql, [2]) == [("a",)]
+    finally:
+        await conn.close()
+
+
 async def test_a_server_error_raises_its_psycopg_class_and_the_connection_stays_usable(
     pg_url: str,
 ) -> None:

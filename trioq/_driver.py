@@ -426,6 +426,9 @@ class SettleAndClaimResult:
     # then (database time; the earliest among such keys). Other keys and slots are unaffected:
     # the claim loop's timer follows it, as it follows next_due.
     key_rate_limited_until: datetime.datetime | None = None
+    # A plain round saw work only the full statement claims (keyed or due rows) and the full
+    # claim did not follow (its connection was lost): the claim loop claims again.
+    blocked: bool = False
 
     @property
     def settled_ids(self) -> tuple[int, ...]:

@@ -702,7 +702,7 @@ class PgDriver:
                 logger.warning(
                     "the claim after a plain round failed (%s): the next round claims", exc
                 )
-                return plain
+                return attrs.evolve(plain, blocked=True)
         else:
             settled = None
             rated = bool(params.limit) and await self._key_rated(conn)

@@ -183,9 +183,14 @@ async def fetch(
 
 def _missing_statement(results: list[pq.abc.PGresult]) -> bool:
     for result in results:  # a loop, not any(genexpr): this runs on every hot statement
-        if (
-            result.status == pq.ExecStatus.FATAL_ERROR
-            and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"  # no such statement
+        if result.status == pq.ExecStatus.FATAL_ERROR and result.error_field(
+            pq.DiagnosticField.SQLSTATE
+        ) in (
+            b"26000",  # no such statement
+            # "cached plan must not change result type": a migration changed a column the
+            # statement returns (0032 made 14 of them domains) under a running worker; outside
+            # a transaction nothing ran, so preparing again is safe.
+            b"0A000",
         ):
             return True
     return False

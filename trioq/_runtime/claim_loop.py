@@ -139,6 +139,10 @@ class ClaimLoop:
     versions: Mapping[tuple[str, int], TaskSpec] = attrs.field(factory=dict)
     # Admission control: the slots this queue may fill now (None: all of `concurrency`).
     admitted: Callable[[], int] | None = None
+    # Whether ready notifications reach this worker now (listener connected, self-probe not
+    # failed). None or False: a slot that opens always claims again (polling mode: nothing
+    # announces work enqueued after a short claim).
+    notifications_live: Callable[[], bool] | None = None
     # The completer's backlog bound (None: the loop's slots) and its partial batches' wait.
     max_backlog: int | None = None
     flush_delay: float = DEFAULT_FLUSH_DELAY
@@ -158,11 +162,13 @@ class ClaimLoop:
     # stays one statement.)
     _expect_work: bool = False
     # A slot that opens claims again only when work may be waiting: the last claim filled what
-    # it asked for, met a limit or keyed work, or a wake-up (a notification, the poll timer)
-    # came while every slot was busy. After a short claim of plain work nothing more was ready
-    # then, and anything enqueued since notifies: an idle worker ran two claims per job before
-    # (the second found nothing).
+    # it asked for, met a limit or keyed work, served several tasks, or a wake-up (a
+    # notification, the poll timer) came while every slot was busy, or notifications are not
+    # live. After a short claim of one task's plain work nothing more was ready then, and
+    # anything enqueued since notifies: an idle worker ran two claims per job before (the
+    # second found nothing).
     _claim_wanted: bool = False
+    _many_tasks: bool = attrs.field(init=False, default=False)
     _handlers: trio.Nursery | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -196,6 +202,10 @@ class ClaimLoop:
     )
 
     def __attrs_post_init__(self) -> None:
+        # Serving several tasks, a claim locks up to its limit per task and claims its limit in
+        # all: rows it passed over stay locked until it commits, and another worker's claim
+        # that skipped them comes back short with work ready (no notification follows).
+        self._many_tasks = len(self._served_tasks()) > 1
         self._low_watermark = low_watermark(self.prefetch)  # read as every handler ends
         backlog = self.concurrency if self.max_backlog is None else self.max_backlog
         self.completer = Completer(
@@ -285,10 +295,16 @@ class ClaimLoop:
         and are recovered (a hard stop; the graceful path is `stop_claiming`). Outcomes already
         handed to the completer are written on the way out either way.
         """
-        async with open_completer(self.completer), trio.open_nursery() as handlers:
-            self._timers = SharedTimers(handlers)
-            self._handlers = handlers
-            await self._loop(handlers)
+        async with open_completer(self.completer):
+            try:
+                async with trio.open_nursery() as handlers:
+                    self._timers = SharedTimers(handlers)
+                    self._handlers = handlers
+                    await self._loop(handlers)
+            finally:
+                # The completer's last write may still open held outcomes' slots
+                # (`_slots_opened`): nothing starts on a closed nursery.
+                self._handlers = None
 
     async def _loop(self, handlers: trio.Nursery) -> None:
         self._wake.set()  # the first round runs at once: work may be waiting already
@@ -362,9 +378,10 @@ class ClaimLoop:
         buffer = self._buffer
         if not buffer or self._stopping:
             return
-        slots = self._slots_now()
         handlers = self._handlers
-        assert handlers is not None
+        if handlers is None:  # the loop has ended (a hard stop): buffered jobs never start
+            return
+        slots = self._slots_now()
         deadline = trio.current_time() - LEASE_MARGIN * self.lease_seconds
         completer = self.completer
         while buffer and len(self.running) + completer.held < slots:
@@ -531,6 +548,10 @@ class ClaimLoop:
         # no one): a slot that opens claims again, as before.
         self._claim_wanted = (
             not short
+            or self._many_tasks
+            or result.blocked
+            or self.notifications_live is None
+            or not self.notifications_live()
             or result.at_global_limit
             or result.rate_limited_until is not None
             or result.key_cursor is not None

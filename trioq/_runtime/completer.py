@@ -264,12 +264,12 @@ class Completer:
         batch, frees = tuple(self._pending[:take]), self._frees[:take]
         del self._pending[:take], self._frees[:take]
         self._writing = batch
-        if self._waiting:
-            self._admit_waiting()
-        if self._pending:
-            self._has_pending.set()
         sent_at = trio.current_time()
         try:
+            if self._waiting:
+                self._admit_waiting()
+            if self._pending:
+                self._has_pending.set()
             if self.before_flush is not None:
                 await self.before_flush(batch)
             result = await self.driver.job_settle_and_claim(

@@ -246,6 +246,7 @@ class Worker:
                 checkpoints=self.checkpoints,
                 write_timeout=self.config.write_timeout,
                 prefetch=self.config.prefetch,
+                notifications_live=self._notifications_live,
             )
             for queue in self.config.queues
         }
@@ -300,6 +301,16 @@ class Worker:
     def effective_limit(self, queue: str) -> int:
         """The slots of `queue` this worker may fill now (its concurrency unless reduced)."""
         return self.admission.effective_limit(queue)
+
+    def _notifications_live(self) -> bool:
+        """Ready notifications reach this worker (on, connected, self-probe not failed)."""
+        listener = self._listener
+        return (
+            self.config.notifications
+            and not self._probe_failed
+            and listener is not None
+            and listener.connected
+        )
 
     def statistics(self) -> WorkerStatistics:
         listener_connected = self._listener is not None and self._listener.connected
