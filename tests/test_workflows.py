@@ -490,3 +490,31 @@ async def test_a_checkpoint_batch_without_values_is_written_by_the_plain_stateme
     assert (plain.value, carried.value, lost) == (1, 2, [])
     read = await driver.job_value_get(job.id, "progress")
     assert (read.found, read.value) == (True, "half")
+
+
+async def test_a_repeated_checkpoint_write_answers_the_stored_value(driver: PgDriver) -> None:
+    """A batch sent again after a lost connection finds its positions taken: each write is
+    answered with the value stored first (not the repeat's), beside a new write in the same
+    batch, and names and values that need quoting in an array literal arrive intact."""
+    await driver.job_insert_many([NewJob("default", "flow", "{}")])
+    claim = await driver.job_settle_and_claim(
+        SettleAndClaim("default", ("flow",), 1, 30, uuid.uuid4())
+    )
+    [job] = claim.claimed
+    name = 'odd "name", {with} \\ quotes'
+    [first] = await driver.checkpoint_insert_many(
+        [CheckpointWrite(job.lease, 0, "step", name, '{"a": "x\\"y", "b": null}')]
+    )
+    again, new = await driver.checkpoint_insert_many(
+        [
+            CheckpointWrite(job.lease, 0, "step", name, '"other"'),
+            CheckpointWrite(job.lease, 1, "sleep", "nap", None, wake_in_seconds=1.5),
+        ]
+    )
+    assert first.value == again.value == {"a": 'x"y', "b": None}
+    assert (new.position, sorted(new.value)) == (1, ["wake_at"])
+    stored = await driver.checkpoint_list(job.id)
+    assert [(c.position, c.kind, c.name) for c in stored] == [
+        (0, "step", name),
+        (1, "sleep", "nap"),
+    ]

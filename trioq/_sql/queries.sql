@@ -1002,12 +1002,15 @@ written AS (
 )
 
 -- fragment: checkpoints_written
--- A position already taken (a write repeated after a lost connection) returns the stored value.
-SELECT i.id, i.position, coalesce(w.value, e.value) AS value
+-- A position already taken (a write repeated after a lost connection) returns the stored value,
+-- read only then: coalesce runs the sub-select for a write that stored nothing, where a join
+-- probed the checkpoints index once per write of every batch.
+SELECT i.id, i.position,
+       coalesce(w.value, (SELECT e.value FROM {schema}.checkpoints e
+                          WHERE e.job_id = i.id AND e.position = i.position)) AS value
 FROM input i
 JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
-LEFT JOIN {schema}.checkpoints e ON e.job_id = i.id AND e.position = i.position
 
 -- name: checkpoint_insert_many
 -- Group commit of workflow checkpoints: the checkpoints of every concurrently running handler
