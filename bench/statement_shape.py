@@ -25,13 +25,12 @@ import os
 import statistics
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
 from bench import baseline
 from bench.harness import HARNESS_ROLE, Database, open_database
-from bench.hot_path_cost import BATCH, schedstat_ns
+from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
 from trioq._sql import queries
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -78,25 +77,6 @@ INSERT_ONE = {
 }
 
 
-def _array(values: list[object]) -> str:
-    return "{" + ",".join(str(value) for value in values) + "}"
-
-
-def _complete(
-    conn: Conn, schema: str, ids: list[object], attempts: list[object], tokens: list[Any]
-) -> None:
-    conn.execute(
-        queries(schema)["job_complete_plain"],
-        {
-            "ids": _array(ids),
-            "attempts": _array(attempts),
-            "lease_tokens": _array([token.hex for token in tokens]),
-            "results": _array(['"null"'] * len(ids)),
-        },
-        prepare=True,
-    ).fetchall()
-
-
 def _round(system: str, conn: Conn, schema: str) -> int:
     """One claim and completion of up to BATCH jobs; the number claimed."""
     if system == "raw":
@@ -105,28 +85,18 @@ def _round(system: str, conn: Conn, schema: str) -> int:
             claim.replace("$2", "%(limit)s"), {"limit": BATCH}, prepare=True
         ).fetchall()
         if rows:
-            complete = baseline.COMPLETE_SQL.format(schema=schema)
-            complete = complete.replace("$1", "%(ids)s").replace("$2", "%(tokens)s")
+            raw_complete = baseline.COMPLETE_SQL.format(schema=schema)
+            raw_complete = raw_complete.replace("$1", "%(ids)s").replace("$2", "%(tokens)s")
             params = {"ids": [r[0] for r in rows], "tokens": [r[3] for r in rows]}
             conn.execute(
-                complete.replace("$3", "%(results)s"),
+                raw_complete.replace("$3", "%(results)s"),
                 {**params, "results": ["null"] * len(rows)},
                 prepare=True,
             )
         return len(rows)
     if system == "trioq":
-        claim_params: dict[str, Any] = {
-            "lookahead": 1.0,
-            "queue": "default",
-            "tasks": "{noop}",
-            "task_versions": None,
-            "limit": BATCH,
-            "traced": False,
-            "lease_seconds": 30.0,
-            "worker_id": uuid.uuid4(),
-        }
         reply = conn.execute(
-            queries(schema)["job_claim_plain"], claim_params, prepare=True
+            queries(schema)["job_claim_plain"], claim_params(), prepare=True
         ).fetchall()
         rows = [row[8:] for row in reply if row[8] is not None]  # the claimed row's columns
     else:
@@ -136,7 +106,7 @@ def _round(system: str, conn: Conn, schema: str) -> int:
             prepare=True,
         ).fetchall()
     if rows:
-        _complete(conn, schema, [r[0] for r in rows], [r[4] for r in rows], [r[6] for r in rows])
+        complete(conn, schema, [(row[0], row[4], row[6]) for row in rows])
     return len(rows)
 
 
@@ -149,17 +119,10 @@ def drain(db: Database, schema: str, system: str, jobs: int) -> float:
                 " SELECT 'default', 'noop', '{}' FROM generate_series(1, %s)",
                 [jobs],
             )
+            conn.execute(f"ANALYZE {schema}.raw_jobs")
+            conn.execute("CHECKPOINT")
         else:
-            conn.execute(
-                f"INSERT INTO {schema}.jobs (queue, task, payload, state, priority, run_at,"
-                " max_attempts, created_at, version)"
-                " SELECT 'default', 'noop', '{}', 'ready', 0, now() - interval '1 s', 1, now(), 1"
-                " FROM generate_series(1, %s)",
-                [jobs],
-            )
-        conn.execute(f"ANALYZE {schema}.jobs")
-        conn.execute(f"ANALYZE {schema}.raw_jobs")
-        conn.execute("CHECKPOINT")
+            insert_backlog(conn, schema, jobs)
         pid = conn.info.backend_pid
         before, done = schedstat_ns(pid), 0
         while done < jobs and (claimed := _round(system, conn, schema)):
