@@ -19,7 +19,8 @@ import argparse
 import os
 import statistics
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import psycopg
 
@@ -97,11 +98,9 @@ def cluster_ns(postmaster: int, skip: int) -> int:
     return total
 
 
-def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
-    """Backend and cluster CPU (us) and WAL bytes per job of one drain of `jobs` jobs."""
-    sql = queries(schema)
-    claim_params = {
-        **{name: "{}" for name in ("ids", "attempts", "lease_tokens", "results")},
+def claim_params() -> dict[str, Any]:
+    """The claim parameters of a one-worker drain of `noop` jobs in the default queue."""
+    return {
         "lookahead": 1.0,
         "queue": "default",
         "tasks": "{noop}",
@@ -111,16 +110,51 @@ def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
         "lease_seconds": 30.0,
         "worker_id": uuid.uuid4(),
     }
+
+
+def insert_backlog(conn: psycopg.Connection[tuple[object, ...]], schema: str, jobs: int) -> None:
+    """`jobs` ready no-op jobs in one statement, analyzed and checkpointed (so every replay
+    writes the same full-page images)."""
+    conn.execute(
+        f"INSERT INTO {schema}.jobs (queue, task, payload, state, priority, run_at,"
+        " max_attempts, created_at, version)"
+        " SELECT 'default', 'noop', '{}', 'ready', 0, now() - interval '1 s', 1, now(), 1"
+        " FROM generate_series(1, %s)",
+        [jobs],
+    )
+    conn.execute(f"ANALYZE {schema}.jobs")
+    conn.execute("CHECKPOINT")
+
+
+def complete(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, leases: list[tuple[Any, Any, Any]]
+) -> None:
+    """job_complete_plain for the claimed (id, attempt, lease token) triples."""
+
+    def array(values: Iterable[object]) -> str:
+        return "{" + ",".join(str(value) for value in values) + "}"
+
+    conn.execute(
+        queries(schema)["job_complete_plain"],
+        {
+            "ids": array(job_id for job_id, _, _ in leases),
+            "attempts": array(attempt for _, attempt, _ in leases),
+            "lease_tokens": array(token.hex for _, _, token in leases),
+            "results": array(['"null"'] * len(leases)),
+        },
+        prepare=True,
+    ).fetchall()
+
+
+def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
+    """Backend and cluster CPU (us) and WAL bytes per job of one drain of `jobs` jobs."""
+    sql = queries(schema)
+    params = {
+        **{name: "{}" for name in ("ids", "attempts", "lease_tokens", "results")},
+        **claim_params(),
+    }
     with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
-        conn.execute(
-            f"INSERT INTO {schema}.jobs (queue, task, payload, state, priority, run_at,"
-            " max_attempts, created_at, version)"
-            " SELECT 'default', 'noop', '{}', 'ready', 0, now() - interval '1 s', 1, now(), 1"
-            " FROM generate_series(1, %s)",
-            [jobs],
-        )
-        conn.execute(f"ANALYZE {schema}.jobs")
-        conn.execute("CHECKPOINT")
+        insert_backlog(conn, schema, jobs)
         pid = conn.info.backend_pid
         with open(f"/proc/{pid}/stat") as stat:
             postmaster = int(stat.read().rsplit(")", 1)[1].split()[1])
@@ -129,20 +163,11 @@ def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
         backend_before, cluster_before = schedstat_ns(pid), cluster_ns(postmaster, harness)
         done = 0
         while done < jobs:
-            cursor = conn.execute(sql["job_settle_and_claim_plain"], claim_params, prepare=True)
+            cursor = conn.execute(sql["job_settle_and_claim_plain"], params, prepare=True)
             claimed = [row for row in cursor.fetchall() if row[8] is not None]  # id
             if not claimed:
                 break
-            conn.execute(
-                sql["job_complete_plain"],
-                {
-                    "ids": "{" + ",".join(str(row[8]) for row in claimed) + "}",
-                    "attempts": "{" + ",".join(str(row[12]) for row in claimed) + "}",
-                    "lease_tokens": "{" + ",".join(row[14].hex for row in claimed) + "}",
-                    "results": "{" + ",".join(['"null"'] * len(claimed)) + "}",
-                },
-                prepare=True,
-            ).fetchall()
+            complete(conn, schema, [(row[8], row[12], row[14]) for row in claimed])
             done += len(claimed)
         backend = schedstat_ns(pid) - backend_before
         cluster = cluster_ns(postmaster, harness) - cluster_before

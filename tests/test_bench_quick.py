@@ -60,6 +60,17 @@ def test_hot_path_cost_replays_the_drain_on_each_variant() -> None:
     assert "no_checks:" in out
 
 
+def test_statement_shape_replays_each_system_on_the_drain_and_the_enqueue() -> None:
+    """`python -m bench.statement_shape`: trioq's statements, minimal ones on the same table
+    and the raw loop's, for a tiny drain and a few single inserts, with the ratios to trioq."""
+    out = run_module("bench.statement_shape", "--jobs", "100", "--repeats", "1")
+    medians = out.split("medians:")[1]
+    for replay in ("drain", "enqueue"):
+        for system in ("trioq", "minimal", "raw"):
+            assert f"{replay} {system:>7}:" in medians, out
+    assert medians.count("x trioq") == 6
+
+
 def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
     """`python -m bench.runtime_cpu`: the stub-driver drain of this checkout, one tiny repeat
     with a slow flush (the completer's backlog fills): every job takes at least one task step

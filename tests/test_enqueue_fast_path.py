@@ -186,6 +186,29 @@ async def test_a_batch_sends_one_ready_notification_and_a_delayed_batch_one_too(
     assert seen == ["bulk", "bulk", "end"]
 
 
+async def test_the_sql_enqueue_of_a_delayed_job_sends_its_ready_notification_too(
+    pg_url: str, pg_schema: str
+) -> None:
+    """As the Python statements do: a job enqueued from SQL for later wakes its queue's idle
+    workers, which set their timers to its due time (without it they learned it at the next
+    poll). Notifications arrive in commit order, so `later` before `end` means it was sent."""
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        channels = await client.driver.ready_channels(["later", "end"])
+    with listening(pg_url, channels) as listener, psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"SELECT {pg_schema}.enqueue('noop', queue => 'later',"
+            " run_at => now() + interval '1 hour')"
+        )
+        conn.execute(f"SELECT {pg_schema}.enqueue('noop', queue => 'end')")
+        seen = await trio.to_thread.run_sync(notifications_until, listener, "end")
+        [[state]] = conn.execute(
+            f"SELECT state FROM {pg_schema}.jobs WHERE queue = 'later'"
+        ).fetchall()
+    assert seen == ["later", "end"]
+    assert state == "scheduled"
+
+
 OLD_NAME_RULE = "^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"
 NAMES = [
     "a",

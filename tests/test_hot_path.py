@@ -218,9 +218,10 @@ async def test_waiting_hand_overs_enter_the_backlog_in_order_and_a_cancelled_one
             assert returned == []
             async with open_completer(completer):
                 await trio.testing.wait_all_tasks_blocked()
-                # Batch (1) in flight; 3 took its room, 4 still waits.
+                # Batch (1) in flight; 3 took its room, 4 still waits (owned: its lease is
+                # renewed); the cancelled 2 is owned by nobody.
                 assert sent == [(1,)] and returned == [3]
-                assert {lease.id for lease in completer.leases()} == {1, 3}
+                assert {lease.id for lease in completer.leases()} == {1, 3, 4}
                 release.set()
                 while len(sent) < 3:
                     await trio.testing.wait_all_tasks_blocked()
@@ -252,10 +253,11 @@ async def test_held_outcomes_keep_their_slots_and_leases_until_they_enter_the_ba
             nursery.start_soon(hand, 3)  # a waiting hand-over, after the held one
             await trio.testing.wait_all_tasks_blocked()
             assert not completer.hand_over_or_hold(_settlement(4), keyed=False)  # 3 waits
-            assert completer.held == 2 and len(completer) == 3
+            assert completer.held == 2 and len(completer) == 4
             assert completer.statistics().held == 2
-            # Held outcomes are owned (renewed); a waiting task still owns its job itself.
-            assert {lease.id for lease in completer.leases()} == {1, 2, 4}
+            # Held outcomes and waiting hand-overs (a drain's releases of prefetched jobs,
+            # owned nowhere else meanwhile) are owned: the renewer extends their leases.
+            assert {lease.id for lease in completer.leases()} == {1, 2, 3, 4}
             async with open_completer(completer):
                 await trio.testing.wait_all_tasks_blocked()
                 # Batch (1) in flight; the held 2 took its room: its slot opened.

@@ -126,17 +126,19 @@ class Completer:
         return self._held
 
     def leases(self) -> list[Lease]:
-        """The leases of every outcome not yet written (held, pending or in flight); a task
-        waiting in `hand_over` still owns its job as a running handler."""
+        """The leases of every outcome not yet written: waiting for room (held, or a task in
+        `hand_over`), pending or in flight. A task waiting in `hand_over` is a drain handing
+        a prefetched job back (handlers hold instead): that job is in neither the buffer nor
+        the running handlers any more, so its lease is renewed from here, or it could run out
+        while a slow flush keeps the backlog full and cost the job an attempt it never ran."""
         leases = [s.lease for s in self._pending] + [s.lease for s in self._writing]
-        if self._held:
-            held = [s.lease for key, (s, _) in self._waiting.items() if isinstance(key, _Held)]
-            leases += held
+        if self._waiting:
+            leases += [s.lease for s, _ in self._waiting.values()]
         return leases
 
     def __len__(self) -> int:
-        """Outcomes not yet written: held, pending or in flight."""
-        return len(self._pending) + len(self._writing) + self._held
+        """Outcomes not yet written: waiting for room, pending or in flight."""
+        return len(self._pending) + len(self._writing) + len(self._waiting)
 
     def statistics(self) -> CompleterStatistics:
         return CompleterStatistics(
