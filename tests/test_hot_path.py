@@ -17,8 +17,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import Lease, SettleAndClaim, SettleAndClaimResult, Settlement
+from trioq._driver import ClaimedJob, Lease, SettleAndClaim, SettleAndClaimResult, Settlement
 from trioq._memory import MemoryDriver
+from trioq._runtime.checkpoints import CheckpointWriter
+from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
 from trioq._runtime.completer import Completer, open_completer
 from trioq._runtime.metrics import HANDLER_BUCKETS, WorkerMetrics
 from trioq._runtime.outcome import (
@@ -32,6 +34,7 @@ from trioq._runtime.outcome import (
     Suspended,
     outcome_name,
 )
+from trioq._runtime.tasks import TaskSpec
 
 
 def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, frozenset], float]:
@@ -268,6 +271,68 @@ async def test_held_outcomes_keep_their_slots_and_leases_until_they_enter_the_ba
     assert sent == [(1,), (2,), (3,), (4,)]
     assert returned == [3] and rooms == [1, 0]
     assert completer.held == 0 and completer.leases() == []
+
+
+async def test_a_hard_stop_writes_what_is_left_and_starts_no_buffered_job() -> None:
+    """A hard stop while a flush hangs, outcomes are held (the backlog is full) and claimed
+    jobs wait in the prefetch buffer: the completer's last write takes the held outcomes in,
+    which opens their slots, and nothing may start on them (the handlers' nursery is closed).
+    Every outcome handed over is written by that last write; no buffered job ever ran."""
+    first_flush = trio.Event()
+    written: list[int] = []
+    started: list[int] = []
+    jobs = [
+        ClaimedJob(i, "default", "noop", {}, 1, None, uuid.uuid4(), None, 0, NOW, NOW, False)
+        for i in range(1, 9)
+    ]
+
+    class Driver:
+        flushes = 0
+
+        def is_connection_lost(self, exc: BaseException) -> bool:
+            return False
+
+        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+            if params.settlements:
+                Driver.flushes += 1
+                if Driver.flushes == 1:
+                    first_flush.set()
+                    await trio.sleep_forever()  # hangs until the hard stop cancels it
+                written.extend(s.lease.id for s in params.settlements)
+                settled = tuple((s.lease.id, "completed") for s in params.settlements)
+                return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+            claimed = tuple(jobs[: params.limit])
+            del jobs[: params.limit]
+            return SettleAndClaimResult(settled=(), claimed=claimed, now=NOW)
+
+    async def noop(ctx: Any, payload: Any) -> None:
+        started.append(ctx.job.id)
+
+    loop = ClaimLoop(
+        queue="default",
+        concurrency=2,
+        driver=Driver(),  # type: ignore[arg-type]
+        tasks={"noop": TaskSpec("noop", noop, max_attempts=1)},
+        worker_id=uuid.uuid4(),
+        lease_seconds=30,
+        poll_interval=60,
+        hooks=WorkerHooks(),
+        checkpoints=CheckpointWriter(MemoryDriver()),
+        max_backlog=1,
+        flush_delay=0,
+        prefetch=2,
+    )
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(loop.run)
+            await first_flush.wait()
+            # Until every slot is held by an outcome waiting for room and the buffer is full.
+            while not (loop.completer.held == 2 and len(loop.prefetched()) == 2):
+                await trio.testing.wait_all_tasks_blocked()
+            handed_over = sorted(started)
+            nursery.cancel_scope.cancel()  # the hard stop
+    assert sorted(started) == handed_over  # no buffered job started after the stop
+    assert sorted(written) == handed_over  # the last write carried every outcome
 
 
 async def test_handlers_of_one_round_neither_share_contextvars_nor_failures_nor_cancels(

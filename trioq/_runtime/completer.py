@@ -25,8 +25,9 @@ starts before that.
 Errors: a batch whose statement fails on a lost connection is kept, ahead of newer outcomes,
 and sent again with backoff. Any other error is a bug or a broken schema and stops the worker.
 On the way out (a hard stop included) what is left is written once more, shielded and
-bounded by `write_timeout`; a held outcome, not yet in the backlog, is left to lease expiry
-then, as a handler waiting to hand over is cancelled by a hard stop.
+bounded by `write_timeout`: the backlog and the held outcomes with it (their handlers have
+finished; left to lease expiry, their jobs would run again). A hand-over still waiting then
+was cancelled with its task and is left to lease expiry.
 """
 
 from __future__ import annotations
@@ -303,7 +304,16 @@ class Completer:
             self.on_written(batch, any(frees), result, sent_at)
 
     async def final_flush(self) -> None:
-        """Write what is left, once, shielded and bounded by `write_timeout` (the way out)."""
+        """Write what is left, once, shielded and bounded by `write_timeout` (the way out):
+        the backlog and every held outcome, past the backlog's bound (this is the last
+        statement, and the jobs of held outcomes are finished)."""
+        if self._held:
+            held = [key for key in self._waiting if isinstance(key, _Held)]
+            for key in held:
+                self._take(*self._waiting.pop(key))
+            self._held = 0
+            if self.on_room is not None:
+                self.on_room()  # their slots open; the loop has ended, so nothing starts
         if not self._pending:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as scope:
