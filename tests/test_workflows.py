@@ -128,6 +128,37 @@ async def test_step_writes_of_concurrent_handlers_share_statements(
     assert statements < written / 3  # group commit: several handlers per statement
 
 
+async def test_a_deleted_jobs_checkpoints_go_with_it_and_other_jobs_keep_theirs(
+    pg_url: str, pg_schema: str
+) -> None:
+    """checkpoints has no foreign key to jobs (migration 0033): the jobs_checkpoints_delete
+    trigger removes the history of deleted jobs, as ON DELETE CASCADE did, for a DELETE of
+    several jobs in one statement and for `purge`."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("flow")
+    async def flow(ctx: trioq.Context, payload: object) -> int:
+        return await ctx.step("a", lambda: 1) + await ctx.step("b", lambda: 2)
+
+    def histories(conn: psycopg.Connection[Any]) -> dict[int, int]:
+        rows = conn.execute(
+            f"SELECT job_id, count(*) FROM {pg_schema}.checkpoints GROUP BY job_id"
+        ).fetchall()
+        return dict(rows)
+
+    async with app.client(migrate=True) as client:
+        jobs = [job.id for job in await client.enqueue_many("flow", [{}] * 3)]
+        async with running_worker(app):
+            with trio.fail_after(30):
+                assert [await client.wait_result(job_id) for job_id in jobs] == [3] * 3
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            assert histories(conn) == dict.fromkeys(jobs, 2)
+            conn.execute(f"DELETE FROM {pg_schema}.jobs WHERE id = ANY(%s)", [jobs[:2]])
+            assert histories(conn) == {jobs[2]: 2}
+            assert await client.purge(states=["completed"], older_than=0) == 1
+            assert histories(conn) == {}
+
+
 # --- determinism -----------------------------------------------------------------------------
 
 

@@ -34,10 +34,25 @@ class CheckpointWriteFailed(Exception):
 
 @attrs.define(eq=False)
 class _Pending:
+    """One write and its writer, parked until the write's batch has an answer. The writer
+    task is rescheduled directly, not through a trio.Event per write: the Event's creation,
+    wait and set were 10% of a 3-step workflow's runtime CPU on a stub driver."""
+
     write: CheckpointWrite
-    done: trio.Event = attrs.field(factory=trio.Event)
+    writer: trio.lowlevel.Task | None  # None once woken, or when its wait was cancelled
     value: Any = None
     error: BaseException | None = None
+
+    def abort(self, _: object) -> trio.lowlevel.Abort:
+        """The writer was cancelled while waiting: it stops waiting, the write stays in its
+        batch (it may still commit)."""
+        self.writer = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def wake(self) -> None:
+        if self.writer is not None:
+            trio.lowlevel.reschedule(self.writer)
+            self.writer = None
 
 
 @attrs.define(eq=False)
@@ -54,10 +69,10 @@ class CheckpointWriter:
         Raises `CheckpointLost` when the lease no longer holds, `CheckpointWriteFailed` when
         the database could not be reached.
         """
-        entry = _Pending(write)
+        entry = _Pending(write, trio.lowlevel.current_task())
         self._pending.append(entry)
         self._wake.set()
-        await entry.done.wait()
+        await trio.lowlevel.wait_task_rescheduled(entry.abort)
         if entry.error is not None:
             raise entry.error
         return entry.value
@@ -80,7 +95,7 @@ class CheckpointWriter:
         finally:
             for entry in self._pending:
                 entry.error = CheckpointWriteFailed("the worker is stopping")
-                entry.done.set()
+                entry.wake()
             self._pending.clear()
 
     async def _flush(self, batch: list[_Pending]) -> None:
@@ -98,7 +113,7 @@ class CheckpointWriter:
                     if isinstance(error, Exception)
                     else CheckpointWriteFailed("checkpoint write interrupted")
                 )
-                entry.done.set()
+                entry.wake()
             if not isinstance(exc, Exception):
                 raise
             if error is exc:
@@ -116,4 +131,4 @@ class CheckpointWriter:
                     f"job {entry.write.lease.id}: lease lost before checkpoint "
                     f"{entry.write.position} was written"
                 )
-            entry.done.set()
+            entry.wake()

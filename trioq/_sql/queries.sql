@@ -1016,7 +1016,9 @@ LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
 -- Group commit of workflow checkpoints: the checkpoints of every concurrently running handler
 -- in one statement. Fenced through the job row: the UPDATE takes the row lock and re-checks
 -- (id, attempt, lease_token, running) on its newest version, so a write racing a lease recovery
--- either commits before it or changes nothing; a job not returned has lost its lease. The job
+-- either commits before it or changes nothing; a job not returned has lost its lease. That lock
+-- is also what keeps a DELETE of the job out until the checkpoints are committed (checkpoints
+-- has no foreign key, migration 0033: its per-row check was a fifth of this statement). The job
 -- row's checkpoint_count becomes the next free position (the claim loads history only when it
 -- is above 0). A value given as `wake_in` seconds is stored as {"wake_at": db_now() + wake_in}
 -- merged into the value object: durable sleeps take their wake time from database time.
@@ -1293,7 +1295,8 @@ deadlines AS MATERIALIZED (
 -- fragment: maintenance_retention
 -- Retention, each bounded by prune_limit: `stale_workers` (no heartbeat for
 -- worker_stale_seconds) are deleted, finished jobs older than retention_seconds are `pruned`
--- (their attempts, checkpoints and messages go with them: ON DELETE CASCADE), and so are
+-- (their attempts and messages go with them: ON DELETE CASCADE; their checkpoints through the
+-- jobs_checkpoints_delete trigger, migration 0033), and so are
 -- `old_events`.
 stale_workers AS (
     DELETE FROM {schema}.workers
@@ -1507,7 +1510,7 @@ FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
 -- than older_than ago, oldest first through jobs_finished_idx, at most `limit` per statement
 -- (the client loops while a batch comes back full). SKIP LOCKED: rows another session holds
 -- (retention, a concurrent purge) are left for the next batch. Attempts go with their job (ON
--- DELETE CASCADE).
+-- DELETE CASCADE), checkpoints too (the jobs_checkpoints_delete trigger, migration 0033).
 WITH doomed AS (
     SELECT id FROM {schema}.jobs
     WHERE state = ANY(%(states)s::text[]) AND state IN ('completed', 'failed', 'cancelled')
