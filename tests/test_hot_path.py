@@ -17,7 +17,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import ClaimedJob, Lease, SettleAndClaim, SettleAndClaimResult, Settlement
+from trioq._driver import (
+    ClaimedJob,
+    EventWaitOutcome,
+    Lease,
+    SettleAndClaim,
+    SettleAndClaimResult,
+    Settlement,
+)
 from trioq._memory import MemoryDriver
 from trioq._runtime.checkpoints import CheckpointWriter
 from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
@@ -333,6 +340,81 @@ async def test_a_hard_stop_writes_what_is_left_and_starts_no_buffered_job() -> N
             nursery.cancel_scope.cancel()  # the hard stop
     assert sorted(started) == handed_over  # no buffered job started after the stop
     assert sorted(written) == handed_over  # the last write carried every outcome
+
+
+async def test_a_wait_suspended_while_a_round_was_in_flight_still_sets_the_timer(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """An event wait with a timeout suspends the job in its own statement. A claim round sent
+    while the job still ran (woken by a notification) answers after that commit, from a
+    snapshot that saw the job running, with no due time: the wait's deadline must still set
+    the loop's timer, or the timed-out job waits for the 60 s poll."""
+    base = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    waited = trio.Event()
+    late_round = trio.Event()  # a claim round after the first virtual second
+    rounds: list[float] = []  # trio time of each claim round
+    deadlines: list[datetime.datetime] = []  # the suspended job's, once its wait committed
+    job = ClaimedJob(1, "default", "waits", {}, 1, None, uuid.uuid4(), None, 0, base, base, False)
+
+    def db_now() -> datetime.datetime:
+        return base + datetime.timedelta(seconds=trio.current_time())
+
+    class Driver:
+        def is_connection_lost(self, exc: BaseException) -> bool:
+            return False
+
+        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+            if params.settlements:
+                settled = tuple((s.lease.id, "completed") for s in params.settlements)
+                return SettleAndClaimResult(settled=settled, claimed=(), now=db_now())
+            rounds.append(trio.current_time())
+            if rounds[-1] >= 1.0:
+                late_round.set()
+            # A round sees the suspended row's due time only if sent after its commit, and
+            # only before the claim's lookahead (0.25 s) reaches it: a round within it claims
+            # the job early instead (here the test has its answer by then).
+            lookahead = datetime.timedelta(seconds=0.25)
+            next_due = deadlines[0] if deadlines and db_now() < deadlines[0] - lookahead else None
+            if len(rounds) == 2:
+                await waited.wait()  # in flight while the wait's statement commits
+            await trio.lowlevel.checkpoint()
+            claimed = (job,) if len(rounds) == 1 else ()
+            return SettleAndClaimResult(
+                settled=(), claimed=claimed, now=db_now(), next_due=next_due
+            )
+
+        async def job_wait_event(self, params: Any) -> EventWaitOutcome:
+            deadlines.append(db_now() + datetime.timedelta(seconds=params.timeout_seconds))
+            waited.set()
+            return EventWaitOutcome("waiting", None, deadlines[0])
+
+    async def waits(ctx: trioq.Context, payload: Any) -> None:
+        loop.wake()  # a notification: round 2 goes out while this job runs
+        await trio.testing.wait_all_tasks_blocked()
+        await ctx.wait_for_event("never", timeout=datetime.timedelta(seconds=2))
+
+    loop = ClaimLoop(
+        queue="default",
+        concurrency=2,
+        driver=Driver(),  # type: ignore[arg-type]
+        tasks={"waits": TaskSpec("waits", waits, max_attempts=1)},
+        worker_id=uuid.uuid4(),
+        lease_seconds=30,
+        poll_interval=60,
+        hooks=WorkerHooks(),
+        checkpoints=CheckpointWriter(MemoryDriver()),
+        flush_delay=0,
+        # Notifications are live: after a short claim, a slot that opens claims nothing more
+        # (the round after the suspension that would see its due time is never sent).
+        notifications_live=lambda: True,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(loop.run)
+        with trio.fail_after(10):  # virtual seconds: the poll is at 60
+            await late_round.wait()
+        nursery.cancel_scope.cancel()
+    assert rounds[1] < 1.0  # sent while the job ran
+    assert 1.5 <= rounds[-1] <= 2.5  # the next round: at the wait's deadline (2 s)
 
 
 async def test_handlers_of_one_round_neither_share_contextvars_nor_failures_nor_cancels(

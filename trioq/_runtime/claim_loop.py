@@ -62,7 +62,7 @@ from .completer import DEFAULT_FLUSH_DELAY, Completer, open_completer
 from .dbclock import DatabaseClock
 from .executor import COMPLETED_NULL, execute
 from .metrics import JobTally
-from .outcome import outcome_name, settlement_of
+from .outcome import Suspended, outcome_name, settlement_of
 from .run import Run, SharedTimers
 from .tasks import TaskSpec
 
@@ -533,6 +533,18 @@ class ClaimLoop:
             self._written_before_round = self._rounds
             self._reset_timer()
 
+    def _suspended_until(self, until: datetime.datetime) -> None:
+        """A primitive's own statement (an event or children wait) suspended a job until
+        `until` (database time) and committed: the timer takes that due time, as after a
+        completer's write. A round sent while the job still ran (a notification, another
+        slot) could not see it, and its answer cleared the timer: the job then waited for the
+        poll (seen as a workflow test stuck for its 30 s poll, 1 run in 5)."""
+        due_at = self._db_clock.to_trio(until) - TIMER_EARLY_SECONDS
+        known = self._written_due_at
+        self._written_due_at = due_at if known is None else min(known, due_at)
+        self._written_before_round = self._rounds
+        self._reset_timer()
+
     def _after_round(
         self, result: SettleAndClaimResult, limit: int, sent_at: float, round_number: int
     ) -> None:
@@ -679,6 +691,8 @@ class ClaimLoop:
         opened = True  # the slot opens as the handler ends, unless its outcome is held
         try:
             outcome = await execute(run)
+            if type(outcome) is Suspended and outcome.written and outcome.until is not None:
+                self._suspended_until(outcome.until)
             settlement = settlement_of(run.lease, outcome, plain=job.plain)
             if settlement is not None:
                 # A key frees when the outcome commits: the loop runs again then.
