@@ -417,6 +417,63 @@ async def test_a_wait_suspended_while_a_round_was_in_flight_still_sets_the_timer
     assert 1.5 <= rounds[-1] <= 2.5  # the next round: at the wait's deadline (2 s)
 
 
+async def test_jobs_claimed_for_slots_admission_took_away_go_back_beyond_the_prefetch() -> None:
+    """A round in flight asked for 3 slots and 2 prefetched; before it answers, admission
+    control cuts the queue to 1 slot. One job starts, the buffer keeps its 2, and the other 2
+    are handed back (fenced releases through the completer): the buffer never holds more
+    than `prefetch`."""
+    answer = trio.Event()
+    releases: list[int] = []
+    slots = [3]
+    jobs = [
+        ClaimedJob(i, "default", "blocks", {}, 1, None, uuid.uuid4(), None, 0, NOW, NOW, False)
+        for i in range(1, 6)
+    ]
+
+    class Driver:
+        def is_connection_lost(self, exc: BaseException) -> bool:
+            return False
+
+        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+            if params.settlements:
+                releases.extend(s.lease.id for s in params.settlements if s.kind == "release")
+                settled = tuple((s.lease.id, "ready") for s in params.settlements)
+                return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+            await answer.wait()
+            claimed = tuple(jobs[: params.limit])
+            del jobs[: params.limit]
+            return SettleAndClaimResult(settled=(), claimed=claimed, now=NOW)
+
+    async def blocks(ctx: Any, payload: Any) -> None:
+        await trio.sleep_forever()
+
+    loop = ClaimLoop(
+        queue="default",
+        concurrency=3,
+        driver=Driver(),  # type: ignore[arg-type]
+        tasks={"blocks": TaskSpec("blocks", blocks, max_attempts=1)},
+        worker_id=uuid.uuid4(),
+        lease_seconds=30,
+        poll_interval=60,
+        hooks=WorkerHooks(),
+        checkpoints=CheckpointWriter(MemoryDriver()),
+        admitted=lambda: slots[0],
+        flush_delay=0,
+        prefetch=2,
+    )
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(loop.run)
+            await trio.testing.wait_all_tasks_blocked()  # the first round (5 jobs) waits
+            slots[0] = 1  # admission cuts the queue to one slot
+            answer.set()
+            while len(releases) < 2:
+                await trio.testing.wait_all_tasks_blocked()
+            assert len(loop.running) == 1 and len(loop.prefetched()) == 2
+            nursery.cancel_scope.cancel()
+    assert sorted(releases) == [4, 5]  # the newest claimed go back
+
+
 async def test_handlers_of_one_round_neither_share_contextvars_nor_failures_nor_cancels(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -624,6 +624,23 @@ class ClaimLoop:
             self._wake.set()  # the loop hands them back
         else:
             self._start_prefetched()
+            self._release_excess(handlers)
+
+    def _release_excess(self, handlers: trio.Nursery) -> None:
+        """Jobs claimed for slots that admission control took away while their round was in
+        flight cannot start, and the buffer holds at most `prefetch`: the rest go back (ready,
+        attempt restored, fenced), newest first. Found by the runtime machine: a limit cut
+        from 3 to 1 left 3 jobs in a buffer of 2."""
+        while len(self._buffer) > self.prefetch:
+            job = self._buffer.pop().job
+            handlers.start_soon(self._release, job, name=f"trioq release {job.id}")
+
+    async def _release(self, job: ClaimedJob) -> None:
+        # Waiting for room in a full backlog, the release's lease is renewed (the completer
+        # counts waiting hand-overs among its owned leases).
+        await self.completer.hand_over(
+            Settlement(job.lease, "release"), keyed=job.partition_key is not None
+        )
 
     def _start_one(
         self,
