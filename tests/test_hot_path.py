@@ -280,6 +280,24 @@ async def test_held_outcomes_keep_their_slots_and_leases_until_they_enter_the_ba
     assert completer.held == 0 and completer.leases() == []
 
 
+def _stub_loop(driver: object, handler: Any, **options: Any) -> ClaimLoop:
+    """A claim loop of the default queue on a stub `driver`, serving one task named after
+    `handler` (one attempt), its partial batches sent at once, its poll a minute away."""
+    name = handler.__name__
+    return ClaimLoop(
+        queue="default",
+        driver=driver,  # type: ignore[arg-type]
+        tasks={name: TaskSpec(name, handler, max_attempts=1)},
+        worker_id=uuid.uuid4(),
+        lease_seconds=30,
+        poll_interval=60,
+        hooks=WorkerHooks(),
+        checkpoints=CheckpointWriter(MemoryDriver()),
+        flush_delay=0,
+        **options,
+    )
+
+
 async def test_a_hard_stop_writes_what_is_left_and_starts_no_buffered_job() -> None:
     """A hard stop while a flush hangs, outcomes are held (the backlog is full) and claimed
     jobs wait in the prefetch buffer: the completer's last write takes the held outcomes in,
@@ -315,18 +333,11 @@ async def test_a_hard_stop_writes_what_is_left_and_starts_no_buffered_job() -> N
     async def noop(ctx: Any, payload: Any) -> None:
         started.append(ctx.job.id)
 
-    loop = ClaimLoop(
-        queue="default",
+    loop = _stub_loop(
+        Driver(),
+        noop,
         concurrency=2,
-        driver=Driver(),  # type: ignore[arg-type]
-        tasks={"noop": TaskSpec("noop", noop, max_attempts=1)},
-        worker_id=uuid.uuid4(),
-        lease_seconds=30,
-        poll_interval=60,
-        hooks=WorkerHooks(),
-        checkpoints=CheckpointWriter(MemoryDriver()),
         max_backlog=1,
-        flush_delay=0,
         prefetch=2,
     )
     with trio.fail_after(10):
@@ -393,17 +404,10 @@ async def test_a_wait_suspended_while_a_round_was_in_flight_still_sets_the_timer
         await trio.testing.wait_all_tasks_blocked()
         await ctx.wait_for_event("never", timeout=datetime.timedelta(seconds=2))
 
-    loop = ClaimLoop(
-        queue="default",
+    loop = _stub_loop(
+        Driver(),
+        waits,
         concurrency=2,
-        driver=Driver(),  # type: ignore[arg-type]
-        tasks={"waits": TaskSpec("waits", waits, max_attempts=1)},
-        worker_id=uuid.uuid4(),
-        lease_seconds=30,
-        poll_interval=60,
-        hooks=WorkerHooks(),
-        checkpoints=CheckpointWriter(MemoryDriver()),
-        flush_delay=0,
         # Notifications are live: after a short claim, a slot that opens claims nothing more
         # (the round after the suspension that would see its due time is never sent).
         notifications_live=lambda: True,
@@ -447,18 +451,11 @@ async def test_jobs_claimed_for_slots_admission_took_away_go_back_beyond_the_pre
     async def blocks(ctx: Any, payload: Any) -> None:
         await trio.sleep_forever()
 
-    loop = ClaimLoop(
-        queue="default",
+    loop = _stub_loop(
+        Driver(),
+        blocks,
         concurrency=3,
-        driver=Driver(),  # type: ignore[arg-type]
-        tasks={"blocks": TaskSpec("blocks", blocks, max_attempts=1)},
-        worker_id=uuid.uuid4(),
-        lease_seconds=30,
-        poll_interval=60,
-        hooks=WorkerHooks(),
-        checkpoints=CheckpointWriter(MemoryDriver()),
         admitted=lambda: slots[0],
-        flush_delay=0,
         prefetch=2,
     )
     with trio.fail_after(10):

@@ -401,11 +401,7 @@ class ClaimLoop:
     async def _release_prefetched(self) -> None:
         """Drain: hand every buffered job back (ready, attempt restored, fenced)."""
         while self._buffer:
-            entry = self._buffer.popleft()
-            job = entry.job
-            await self.completer.hand_over(
-                Settlement(job.lease, "release"), keyed=job.partition_key is not None
-            )
+            await self._release(self._buffer.popleft().job)
 
     async def _round(self, handlers: trio.Nursery, limit: int) -> None:
         """One claim round; on a lost connection back off and wake again (any other error is
@@ -527,11 +523,7 @@ class ClaimLoop:
             self._wake.set()
         if result.next_due is not None:
             wait = (result.next_due - result.now).total_seconds() - TIMER_EARLY_SECONDS
-            due_at = sent_at + max(0.0, wait)
-            known = self._written_due_at
-            self._written_due_at = due_at if known is None else min(known, due_at)
-            self._written_before_round = self._rounds
-            self._reset_timer()
+            self._written_due(sent_at + max(0.0, wait))
 
     def _suspended_until(self, until: datetime.datetime) -> None:
         """A primitive's own statement (an event or children wait) suspended a job until
@@ -539,7 +531,11 @@ class ClaimLoop:
         completer's write. A round sent while the job still ran (a notification, another
         slot) could not see it, and its answer cleared the timer: the job then waited for the
         poll (seen as a workflow test stuck for its 30 s poll, 1 run in 5)."""
-        due_at = self._db_clock.to_trio(until) - TIMER_EARLY_SECONDS
+        self._written_due(self._db_clock.to_trio(until) - TIMER_EARLY_SECONDS)
+
+    def _written_due(self, due_at: float) -> None:
+        """A write outside the claim rounds made a row due at trio time `due_at`: the timer
+        follows it until a round sent after now answers (its snapshot sees the row)."""
         known = self._written_due_at
         self._written_due_at = due_at if known is None else min(known, due_at)
         self._written_before_round = self._rounds
@@ -636,8 +632,9 @@ class ClaimLoop:
             handlers.start_soon(self._release, job, name=f"trioq release {job.id}")
 
     async def _release(self, job: ClaimedJob) -> None:
-        # Waiting for room in a full backlog, the release's lease is renewed (the completer
-        # counts waiting hand-overs among its owned leases).
+        """Hand a claimed job that never started back (ready, attempt restored, fenced).
+        Waiting for room in a full backlog, its lease is renewed (the completer counts
+        waiting hand-overs among its owned leases)."""
         await self.completer.hand_over(
             Settlement(job.lease, "release"), keyed=job.partition_key is not None
         )

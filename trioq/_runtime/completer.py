@@ -200,11 +200,12 @@ class Completer:
 
         await trio.lowlevel.wait_task_rescheduled(abort)
 
-    def _admit_waiting(self) -> None:
-        """Move the oldest waiting hand-overs into the room a batch just left."""
+    def _admit_waiting(self, *, unbounded: bool = False) -> None:
+        """Move the oldest waiting hand-overs into the room a batch just left (`unbounded`:
+        all of them, past the backlog's bound, for the last write)."""
         waiting = self._waiting
         opened = False
-        while waiting and len(self._pending) < self.max_backlog:
+        while waiting and (unbounded or len(self._pending) < self.max_backlog):
             key = next(iter(waiting))
             self._take(*waiting.pop(key))
             if isinstance(key, _Held):
@@ -307,13 +308,9 @@ class Completer:
         """Write what is left, once, shielded and bounded by `write_timeout` (the way out):
         the backlog and every held outcome, past the backlog's bound (this is the last
         statement, and the jobs of held outcomes are finished)."""
-        if self._held:
-            held = [key for key in self._waiting if isinstance(key, _Held)]
-            for key in held:
-                self._take(*self._waiting.pop(key))
-            self._held = 0
-            if self.on_room is not None:
-                self.on_room()  # their slots open; the loop has ended, so nothing starts
+        if self._waiting:
+            # Held outcomes' slots open (`on_room`); the loop has ended, so nothing starts.
+            self._admit_waiting(unbounded=True)
         if not self._pending:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as scope:
