@@ -22,6 +22,7 @@ import collections
 import datetime
 import json
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -192,16 +193,26 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.stale: list[Leases] = []
         self.workers = {name: SimWorker(name, *spec) for name, spec in WORKERS.items()}
         self.dedup_keys = 0
+        self._synced_at = time.monotonic()
 
     def both(
         self, method: str, memory_args: tuple[Any, ...], pg_args: tuple[Any, ...]
     ) -> tuple[Any, Any]:
         memory = self.host.call(getattr(self.pair.memory, method), *memory_args)
         pg = self.host.call(getattr(self.pair.pg, method), *pg_args)
-        # Real time passes between two Postgres statements: so does the memory clock, or rows
-        # written by successive statements would tie in claim order on one side only.
-        self.host.call(self.pair.memory_clock.advance, 0.001)
+        self._follow_real_time()
         return memory, pg
+
+    def _follow_real_time(self) -> None:
+        """Postgres's `db_now()` follows the real clock: the memory clock follows it too, by the
+        real time since the last call (at least 1 ms, or rows written by successive statements
+        would tie in claim order on one side only). A fixed step let the clocks drift apart by
+        the example's whole duration: 5.3 s in an example of a slow run, which failed the
+        next-due comparison and would, past 6 s, move a due time across "now" on one side."""
+        now = time.monotonic()
+        step = max(0.001, now - self._synced_at)
+        self._synced_at = now
+        self.host.call(self.pair.memory_clock.advance, step)
 
     # --- rules ----------------------------------------------------------------------------
 
