@@ -401,6 +401,20 @@ class Launcher:
         process.wait_for_line(b"ready")
         return process
 
+    def trio_floor_worker(
+        self, schema: str, *, expect: int, batch: int = 25, scope: bool = True
+    ) -> Process:
+        """The raw loop's algorithm on trio and trioq's statement path (bench/trio_floor.py),
+        on the raw loop's own table."""
+        role = self.db.new_role("bench_floor")
+        self.db.install_raw(schema)
+        argv = [sys.executable, "-m", "bench.trio_floor", "--dsn", self.db.conninfo(role)]
+        argv += ["--schema", schema, "--batch", str(batch), "--expect", str(expect)]
+        argv.append("--scope" if scope else "--no-scope")
+        process = self._spawn(f"trio floor {role}", role, argv, {})
+        process.wait_for_line(b"ready")
+        return process
+
     def pgq_worker(self, schema: str, *, batch: int = 25, record: Path | None = None) -> Process:
         """A PgQueuer worker (its schema objects installed into `schema` first)."""
         self.db.pgq(schema, "install")

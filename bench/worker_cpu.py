@@ -9,6 +9,9 @@ checkouts' order rotated each repeat, so the systems see the same load.
 Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
 (throughput.py's `drain`); server CPU is that of the whole PostgreSQL cluster (its processes
 read from /proc, less the harness's session) over the same window.
+`--trio-floor` adds two more systems to each repeat, the raw loop's algorithm on trio and
+trioq's statement path (bench/trio_floor.py), with a cancel scope per job (`floor`) and without
+(`floor-ns`): what trio and the driver cost before any of trioq's runtime.
 Prints per repeat and the medians; ratios are taken within a repeat. `--py-spy OUT` records one
 drain of this checkout's worker (or the first `--root`'s) with py-spy instead, only samples
 holding the GIL (`--gil`: on 2 shared cores a process is often preempted mid-call, which plain
@@ -23,12 +26,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.app import SCHEMA_ENV
 from bench.config import FULL
 from bench.harness import CLOCK_TICKS, HARNESS_ROLE, REPO_ROOT, Launcher, Process, open_database
-from bench.jobs import RAW, TRIOQ
+from bench.jobs import RAW, TRIOQ, System
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
 
@@ -127,6 +131,12 @@ def main() -> None:
     parser.add_argument("--py-spy", type=Path, default=None)
     parser.add_argument("--cprofile", type=Path, default=None)
     parser.add_argument("--format", default="raw", help="py-spy's output format (raw, flamegraph)")
+    parser.add_argument(
+        "--trio-floor",
+        action="store_true",
+        help="also run the raw loop on trio and trioq's statement path (bench/trio_floor.py),"
+        " with and without a cancel scope per job",
+    )
     args = parser.parse_args()
     roots = {"this": REPO_ROOT, **{str(root): root for root in args.root}}
     with tempfile.TemporaryDirectory() as logs, open_database() as db:
@@ -180,10 +190,22 @@ def main() -> None:
             record("raw", base, None)
             # Rotated each repeat: the drain right after the raw loop's paid more (server and
             # worker) in a first run, whichever checkout it was.
-            order = list(roots.items())
-            order = order[repeat % len(order) :] + order[: repeat % len(order)]
-            for name, root in order:
-                run = drain(ctx, lambda s, r=root: [trioq_worker(launcher, s, r)], "noop", n, TRIOQ)
+            systems: list[tuple[str, Callable[[str], list[Process]], System]] = [
+                (name, lambda s, r=root: [trioq_worker(launcher, s, r)], TRIOQ)
+                for name, root in roots.items()
+            ]
+            if args.trio_floor:
+                for scope in (True, False):
+                    systems.append(
+                        (
+                            "floor" if scope else "floor-ns",
+                            lambda s, c=scope: [launcher.trio_floor_worker(s, expect=n, scope=c)],
+                            RAW,
+                        )
+                    )
+            order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
+            for name, start, system in order:
+                run = drain(ctx, start, "noop", n, system)
                 print(line(name, run), flush=True)
                 record(name, run, base)
         print(f"medians: ({args.repeats} repeats, load {load()})")

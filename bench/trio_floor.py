@@ -1,0 +1,131 @@
+"""The trio floor: the raw baseline's loop (bench/baseline.py) written for trio, on trioq's own
+statement path, so a worker CPU ratio splits into what trio and the driver cost and what the
+runtime around them costs.
+
+It runs the raw loop's statements (CLAIM_SQL, COMPLETE_SQL) on the raw loop's own table with
+the raw loop's algorithm: one claim connection asking for at most the open slots, one
+completion connection with one flush in flight, a slot opening as its handler returns. What
+changes is what trioq keeps by design:
+- trio in place of asyncio, a task per job (`nursery.start_soon`);
+- with `--scope` (the default), each job's handler inside a `trio.CancelScope` of its own, as
+  trioq's executor runs it (a job is cancelled alone: a timeout, a cancel request, a lost
+  lease); `--no-scope` leaves it out, to price it;
+- trioq's native statement path (`trioq._pg.connection.Connection.fetch_native`: libpq through
+  psycopg's `pq` layer, binary results, the claim's payload decoded by trioq's jsonb loader) in
+  place of asyncpg, whose protocol and record decode are written in C.
+
+`python -m bench.trio_floor --dsn ... --schema ... --expect N` prints `ready` once connected,
+stops claiming after N jobs and waits to be stopped (SIGTERM), as the raw loop does, so the
+harness reads its CPU the same way. `python -m bench.worker_cpu --trio-floor` runs it between
+the raw loop and trioq in every repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import trio
+
+from bench.baseline import CLAIM_SQL, COMPLETE_SQL
+from trioq._pg.connection import Connection, connect
+
+IDLE_POLL_SECONDS = 0.002  # only while the harness commits the backlog, as the raw loop's
+
+
+async def noop(payload: object) -> None:
+    return None
+
+
+HANDLERS = {"noop": noop}
+
+
+class Worker:
+    """Claims on one connection, completes on another; one completion flush in flight."""
+
+    def __init__(self, done_conn: Connection, complete_sql: bytes, scope: bool) -> None:
+        self.done_conn = done_conn
+        self.complete_sql = complete_sql
+        self.scope = scope
+        self.pending: list[tuple[int, Any, str]] = []
+        self.have_pending = trio.Event()
+        self.slot_freed = trio.Event()
+        self.running = 0
+
+    async def run_job(self, row: tuple[Any, ...]) -> None:
+        job_id, task, payload, lease_token = row
+        if self.scope:
+            with trio.CancelScope():
+                result = await HANDLERS[task](payload)
+        else:
+            result = await HANDLERS[task](payload)
+        self.pending.append((job_id, lease_token, json.dumps(result)))
+        self.running -= 1
+        self.have_pending.set()
+        self.slot_freed.set()
+
+    async def complete_forever(self) -> None:
+        while True:
+            if not self.pending:
+                self.have_pending = trio.Event()
+                await self.have_pending.wait()
+                continue
+            batch, self.pending = self.pending, []
+            # Array literals, as trioq's completer sends its fences and results.
+            ids = "{" + ",".join([str(job_id) for job_id, _, _ in batch]) + "}"
+            tokens = "{" + ",".join([str(token) for _, token, _ in batch]) + "}"
+            results = "{" + ",".join([json.dumps(result) for _, _, result in batch]) + "}"
+            await self.done_conn.fetch_native(self.complete_sql, [ids, tokens, results])
+
+
+async def run_worker(
+    dsn: str, schema: str, queue: str, batch: int, expect: int, scope: bool
+) -> None:
+    claim_conn = await connect(dsn)
+    done_conn = await connect(dsn)
+    claim_sql = CLAIM_SQL.format(schema=schema).replace("$2", "$2::int").encode()
+    complete_sql = COMPLETE_SQL.format(schema=schema).encode()
+    worker = Worker(done_conn, complete_sql, scope)
+    print("ready", flush=True)
+    claimed = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.complete_forever)
+        while claimed < expect:
+            free = batch - worker.running
+            if free == 0:
+                worker.slot_freed = trio.Event()
+                await worker.slot_freed.wait()
+                continue
+            rows = await claim_conn.fetch_native(claim_sql, [queue, str(free)], binary=True)
+            if not rows:
+                await trio.sleep(IDLE_POLL_SECONDS)
+                continue
+            claimed += len(rows)
+            worker.running += len(rows)
+            for row in rows:
+                nursery.start_soon(worker.run_job, row)
+        # Stay alive (and silent) so the harness can read this process's CPU and peak RSS.
+        await trio.sleep_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.trio_floor", description=__doc__)
+    parser.add_argument("--dsn", required=True, help="a libpq conninfo")
+    parser.add_argument("--schema", required=True)
+    parser.add_argument("--queue", default="default")
+    parser.add_argument("--batch", type=int, default=25, help="slots")
+    parser.add_argument("--expect", type=int, required=True, help="stop claiming after this many")
+    parser.add_argument(
+        "--scope",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each handler in a cancel scope of its own, as trioq's (default: on)",
+    )
+    args = parser.parse_args(argv)
+    trio.run(run_worker, args.dsn, args.schema, args.queue, args.batch, args.expect, args.scope)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
