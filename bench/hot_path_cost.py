@@ -127,15 +127,19 @@ def insert_backlog(conn: psycopg.Connection[tuple[object, ...]], schema: str, jo
 
 
 def complete(
-    conn: psycopg.Connection[tuple[object, ...]], schema: str, leases: list[tuple[Any, Any, Any]]
+    conn: psycopg.Connection[tuple[object, ...]],
+    schema: str,
+    leases: list[tuple[Any, Any, Any]],
+    sql: str | None = None,
 ) -> None:
-    """job_complete_plain for the claimed (id, attempt, lease token) triples."""
+    """job_complete_plain (or `sql`, taking the same parameters) for the claimed (id, attempt,
+    lease token) triples."""
 
     def array(values: Iterable[object]) -> str:
         return "{" + ",".join(str(value) for value in values) + "}"
 
     conn.execute(
-        queries(schema)["job_complete_plain"],
+        sql or queries(schema)["job_complete_plain"],
         {
             "ids": array(job_id for job_id, _, _ in leases),
             "attempts": array(attempt for _, attempt, _ in leases),

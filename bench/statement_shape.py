@@ -1,8 +1,8 @@
-"""Server CPU per job: trioq's statements against minimal ones on the same jobs table, and the
-raw loop's on its own table, so a gap splits into what the statements cost and what the table
-costs.
+"""Server CPU per job: trioq's statements against minimal ones on the same jobs table, the raw
+loop's on its own table, and a prototype of a narrow hot table, so a gap splits into what the
+statements cost and what the table costs.
 
-    python -m bench.statement_shape --jobs 10000 --repeats 6
+    python -m bench.statement_shape --jobs 10000 --repeats 6 [--system narrow ...]
 
 Two replays per system, each on a fresh schema, the systems rotated each repeat, on one
 session (durable cluster: every statement commits and waits for its WAL flush):
@@ -14,8 +14,14 @@ session (durable cluster: every statement commits and waits for its WAL flush):
 - enqueue: single inserts, one per statement. `trioq` runs job_insert_one (the client's single
   enqueue), `minimal` a bare INSERT into jobs of the same job with its notification, `raw`
   the raw loop's INSERT_SQL.
-Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratio
-to `trioq`'s in the same repeat (median of the ratios).
+`narrow`, `ncopy`, `nwide` and `nlate` are variants of a PROTOTYPE (bench/narrow_table.py,
+bench-only SQL, no migration): ready and running jobs' claim-path state in a small table of
+its own, jobs_hot, the wide record in jobs written at the enqueue (`nlate`: only at the end);
+their enqueue is job_insert_one's insert plus the hot row, their claim job_claim_plain's shape
+on jobs_hot, their completion a fenced DELETE from jobs_hot with the outcome written into jobs.
+Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
+to `trioq`'s and to `raw`'s in the same repeat (medians of the ratios). `--system` runs only
+the systems named (trioq and raw always run).
 """
 
 from __future__ import annotations
@@ -28,13 +34,13 @@ from collections.abc import Callable
 
 import psycopg
 
-from bench import baseline
+from bench import baseline, narrow_table
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
 from trioq._sql import queries
 
 Conn = psycopg.Connection[tuple[object, ...]]
-SYSTEMS = ("trioq", "minimal", "raw")
+SYSTEMS = ("trioq", "minimal", "raw", *narrow_table.VARIANTS)
 
 MINIMAL_CLAIM = """
 UPDATE {schema}.jobs j
@@ -77,8 +83,20 @@ INSERT_ONE = {
 }
 
 
+def _narrow_round(variant: narrow_table.Variant, conn: Conn, schema: str) -> int:
+    """The prototype's claim of up to BATCH jobs from jobs_hot and their completion."""
+    reply = conn.execute(variant.claim_sql(schema), claim_params(), prepare=True).fetchall()
+    rows = [row[3:] for row in reply if row[3] is not None]  # the claimed row's columns
+    if rows:
+        leases = [(row[0], row[4], row[6]) for row in rows]
+        complete(conn, schema, leases, variant.complete_sql(schema))
+    return len(rows)
+
+
 def _round(system: str, conn: Conn, schema: str) -> int:
     """One claim and completion of up to BATCH jobs; the number claimed."""
+    if system in narrow_table.VARIANTS:
+        return _narrow_round(narrow_table.VARIANTS[system], conn, schema)
     if system == "raw":
         claim = baseline.CLAIM_SQL.format(schema=schema).replace("$1", "'default'")
         rows = conn.execute(
@@ -121,6 +139,8 @@ def drain(db: Database, schema: str, system: str, jobs: int) -> float:
             )
             conn.execute(f"ANALYZE {schema}.raw_jobs")
             conn.execute("CHECKPOINT")
+        elif system in narrow_table.VARIANTS:
+            narrow_table.VARIANTS[system].insert_backlog(conn, schema, jobs)
         else:
             insert_backlog(conn, schema, jobs)
         pid = conn.info.backend_pid
@@ -140,6 +160,8 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
         sql = sql.replace("$1", "%(queue)s").replace("$2", "%(task)s").replace("$3", "%(payload)s")
     elif system == "trioq":
         sql = queries(schema)["job_insert_one"]
+    elif system in narrow_table.VARIANTS:
+        sql = narrow_table.VARIANTS[system].insert_sql(db.conn, schema)
     else:
         sql = MINIMAL_INSERT.format(schema=schema)
     params = INSERT_ONE if "%(" in sql else None
@@ -164,16 +186,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--system", action="append", default=[], choices=SYSTEMS, help="default: every system"
+    )
     args = parser.parse_args()
+    # trioq and raw always run: every ratio is to one of them, in the same repeat
+    systems = [name for name in SYSTEMS if name in {"trioq", "raw", *args.system}]
+    if not args.system:
+        systems = list(SYSTEMS)
     figures: dict[tuple[str, str], list[float]] = {}
     with open_database() as db:
         for repeat in range(args.repeats):
-            order = SYSTEMS[repeat % 3 :] + SYSTEMS[: repeat % 3]
+            turn = repeat % len(systems)
+            order = systems[turn:] + systems[:turn]
             for replay_name, replay in REPLAYS.items():
                 for system in order:
                     schema = db.fresh_schema()
                     try:
                         db.install_raw(schema)
+                        if system in narrow_table.VARIANTS:
+                            narrow_table.VARIANTS[system].install(db.conn, schema)
                         us = replay(db, schema, system, args.jobs)
                     finally:
                         db.drop_schema(schema)
@@ -185,11 +217,15 @@ def main() -> None:
                     )
     print(f"medians: ({args.repeats} repeats of {args.jobs} jobs)")
     for (replay_name, system), runs in figures.items():
-        base = figures[(replay_name, "trioq")]
-        ratio = statistics.median(a / b for a, b in zip(runs, base, strict=True))
+        ratios = [
+            statistics.median(
+                a / b for a, b in zip(runs, figures[(replay_name, base)], strict=True)
+            )
+            for base in ("trioq", "raw")
+        ]
         print(
             f"{replay_name:>7} {system:>7}: {statistics.median(runs):6.1f} us backend/job"
-            f"  {ratio:.3f} x trioq"
+            f"  {ratios[0]:.3f} x trioq  {ratios[1]:.3f} x raw"
         )
 
 
