@@ -28,15 +28,9 @@ from typing import Any
 
 import trio
 
-from bench.baseline import CLAIM_SQL, COMPLETE_SQL
+from bench.baseline import CLAIM_SQL, COMPLETE_SQL, IDLE_POLL_SECONDS, noop
 from trioq._pg.connection import Connection, connect
-
-IDLE_POLL_SECONDS = 0.002  # only while the harness commits the backlog, as the raw loop's
-
-
-async def noop(payload: object) -> None:
-    return None
-
+from trioq._pg.driver import _results_element
 
 HANDLERS = {"noop": noop}
 
@@ -72,10 +66,11 @@ class Worker:
                 await self.have_pending.wait()
                 continue
             batch, self.pending = self.pending, []
-            # Array literals, as trioq's completer sends its fences and results.
+            # Array literals, as trioq's completer sends its fences and results (each result's
+            # JSON quoted once, by the driver's own element quoting).
             ids = "{" + ",".join([str(job_id) for job_id, _, _ in batch]) + "}"
             tokens = "{" + ",".join([str(token) for _, token, _ in batch]) + "}"
-            results = "{" + ",".join([json.dumps(result) for _, _, result in batch]) + "}"
+            results = "{" + ",".join([_results_element(result) for _, _, result in batch]) + "}"
             await self.done_conn.fetch_native(self.complete_sql, [ids, tokens, results])
 
 
