@@ -1,10 +1,13 @@
 """The folders are the layers (docs/architecture.md): no import up a layer, and no import cycle.
 
-Both checks read the same graph: every `import` of a trioq module anywhere in a module, at its
-top or inside a function (a lazy import still runs, and still ties the two modules together), but
-not those under `if TYPE_CHECKING:`, which never run. Importing `a.b` also imports the package
-`a`; that implied edge is not in the graph (every package re-exporting its modules would read
-as a cycle).
+Both checks read every `import` of a trioq module anywhere in a module, at its top or inside a
+function (a lazy import still runs, and still ties the two modules together), and every
+`importlib.import_module("trioq....")` with a literal name (a lookup at run time is an import).
+The cycle check also reads imports under `if TYPE_CHECKING:` (two modules that name each other
+even for types cannot be read or moved apart); the layer check does not (a lower layer may name
+a higher one's class in an annotation, as the runtime's Context names the public Client).
+Importing `a.b` also imports the package `a`; that implied edge is not in the graph (every
+package re-exporting its modules would read as a cycle).
 """
 
 from __future__ import annotations
@@ -35,16 +38,24 @@ def _module_name(path: pathlib.Path, root: pathlib.Path = PACKAGE.parent) -> str
 
 
 def _imports(
-    path: pathlib.Path, modules: set[str], root: pathlib.Path = PACKAGE.parent
+    path: pathlib.Path,
+    modules: set[str],
+    root: pathlib.Path = PACKAGE.parent,
+    typing: bool = True,
 ) -> set[str]:
-    """trioq modules `path` imports at run time (not those under `if TYPE_CHECKING:`)."""
+    """trioq modules `path` imports: statements anywhere (under TYPE_CHECKING too when
+    `typing`) and `import_module` calls with a literal module name."""
     tree = ast.parse(path.read_text())
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for inner in ast.walk(node)
-    }
+    typing_only = (
+        set()
+        if typing
+        else {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+    )
     name = _module_name(path, root)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: set[str] = set()
@@ -61,12 +72,25 @@ def _imports(
             found.update(submodules)
             if len(submodules) < len(node.names):  # some names come from the module itself
                 found.add(base)
+        elif _is_import_module_call(node):
+            found.add(node.args[0].value)  # type: ignore[attr-defined]
     return {module for module in found if module in modules and module != name}
 
 
-def _graph() -> dict[str, set[str]]:
+def _is_import_module_call(node: ast.AST) -> bool:
+    """`importlib.import_module("literal")` or `import_module("literal")`."""
+    return (
+        isinstance(node, ast.Call)
+        and ast.unparse(node.func).split(".")[-1] == "import_module"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    )
+
+
+def _graph(typing: bool = True) -> dict[str, set[str]]:
     paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
-    return {name: _imports(path, set(paths)) for name, path in paths.items()}
+    return {name: _imports(path, set(paths), typing=typing) for name, path in paths.items()}
 
 
 def _layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int:
@@ -88,7 +112,7 @@ def test_every_module_belongs_to_a_layer_and_imports_none_above_it() -> None:
     layers = _layers()
     assert [name for name, _ in layers][:2] == ["core", "sql"], "the layer table was not found"
     upward = []
-    for module, imported in sorted(_graph().items()):
+    for module, imported in sorted(_graph(typing=False).items()):
         level = _layer_of(module, layers)
         for target in sorted(imported):
             if _layer_of(target, layers) > level:
@@ -122,7 +146,7 @@ def test_the_cycle_check_finds_a_cycle_through_several_modules() -> None:
     assert _cycles({**graph, "c": {"d"}}) == []
 
 
-def test_the_graph_counts_lazy_imports_but_not_type_checking_ones(
+def test_the_graph_counts_lazy_type_checking_and_import_module_imports(
     tmp_path: pathlib.Path,
 ) -> None:
     package = tmp_path / "pkg"
@@ -131,9 +155,13 @@ def test_the_graph_counts_lazy_imports_but_not_type_checking_ones(
     (package / "typing_only.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import other\n"
     )
-    modules = {"pkg.lazy", "pkg.typing_only", "pkg.other"}
-    assert _imports(package / "lazy.py", modules, root=tmp_path) == {"pkg.other"}
-    assert _imports(package / "typing_only.py", modules, root=tmp_path) == set()
+    (package / "looked_up.py").write_text(
+        "import importlib\nimportlib.import_module('pkg.other').main()\n"
+    )
+    modules = {"pkg.lazy", "pkg.typing_only", "pkg.looked_up", "pkg.other"}
+    for name in ("lazy", "typing_only", "looked_up"):
+        assert _imports(package / f"{name}.py", modules, root=tmp_path) == {"pkg.other"}, name
+    assert _imports(package / "typing_only.py", modules, root=tmp_path, typing=False) == set()
 
 
 def test_no_module_imports_itself_through_others() -> None:

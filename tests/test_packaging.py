@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 
 import pytest
 import setuptools
@@ -23,6 +24,20 @@ def test_every_package_of_trioq_is_listed_for_the_wheel() -> None:
     found = setuptools.find_packages(str(ROOT), include=["trioq", "trioq.*"])
     assert set(found) <= set(config["packages"]), "add the new package to pyproject.toml"
     assert config["package-dir"] == {"trioq_workflows": "workflows"}
+
+
+def test_the_pre_commit_hooks_run_every_check_ci_runs_before_the_tests() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    checks = ci[ci.index('echo "--- lint and types"') : ci.index('echo "--- tests')]
+    commands = [line.strip() for line in checks.splitlines()[1:] if line.strip()]
+    assert commands, "the lint step of .ci/run was not found"
+    hooks = (ROOT / ".pre-commit-config.yaml").read_text()
+    entries = [
+        line.split("entry:", 1)[1].strip() for line in hooks.splitlines() if "entry:" in line
+    ]
+    assert entries
+    missing = [command for command in commands if command not in entries]
+    assert not missing, f"add these .ci/run checks to .pre-commit-config.yaml: {missing}"
 
 
 def _source_digest() -> str:
@@ -64,6 +79,13 @@ def built_wheel(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> pathl
             shutil.copy(ROOT / name, source / name)
     _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(cache), str(source))
     return sorted(cache.glob("trioq-*.whl"))[0]
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_py_typed_and_the_embedded_package(built_wheel: pathlib.Path) -> None:
+    names = set(zipfile.ZipFile(built_wheel).namelist())
+    assert "trioq/py.typed" in names, "users' type checkers would ignore trioq's annotations"
+    assert {"trioq/embedded/__init__.py", "trioq/embedded/__main__.py"} <= names
 
 
 @pytest.mark.slow

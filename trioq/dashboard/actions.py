@@ -12,17 +12,16 @@ import json
 import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from .._core.errors import JobNotFound
 from .._core.states import TERMINAL_IN_ORDER
-from .security import CSRF_COOKIE, parse_cookies
-
-if TYPE_CHECKING:
-    from .app import Dashboard
+from ..client import Client
+from .security import CSRF_COOKIE, Csrf, parse_cookies
+from .store import Store
 
 MAX_FORM_BYTES = 256 * 1024
 FINISHED = TERMINAL_IN_ORDER
@@ -30,6 +29,30 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 Form = dict[str, list[str]]
+
+
+class AdminSwitch(Protocol):
+    @property
+    def admin(self) -> bool: ...
+
+
+class Dashboard(Protocol):
+    """What an action uses of the dashboard (`app.Dashboard` is one). Named here, not imported
+    from the app, which routes requests to this module: no import cycle, even for types."""
+
+    @property
+    def config(self) -> AdminSwitch: ...
+
+    @property
+    def csrf(self) -> Csrf: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def actor(self) -> Client: ...
+
+    def forget_overview(self) -> None: ...
 
 
 async def act(dashboard: Dashboard, request: Request) -> Response:

@@ -511,12 +511,3 @@ def _pgserver_bindir() -> Path | None:
         with contextlib.suppress(ImportError, AttributeError):
             return Path(importlib.import_module(module_name).POSTGRES_BIN_PATH)
     return None
-
-
-if __name__ == "__main__":
-    # `python -m trioq.embedded [--data-dir DIR] [--port P]` is `trioq dev-db`.
-    # Looked up at run time: run as a script this module is `__main__`, and a static import of
-    # the CLI (which imports this module) would read as an import cycle.
-    import sys
-
-    sys.exit(importlib.import_module("trioq.cli").main(["dev-db", *sys.argv[1:]]))
