@@ -7,7 +7,31 @@
 SELECT pg_advisory_xact_lock(hashtext('trioq-migrate:' || %(schema_name)s));
 
 -- name: migration_prepare
-CREATE SCHEMA IF NOT EXISTS {schema};
+-- The schema is created only when missing: CREATE SCHEMA IF NOT EXISTS checks the database's
+-- CREATE privilege even when the schema exists, and the least-privilege owner of
+-- docs/operations.md has none (a superuser creates the schema for it). A schema that exists,
+-- holds no trioq migrations and belongs to a role the migrating one is not a member of is
+-- refused: whoever prepared it would own what the migration puts in it (and could, say,
+-- replace trioq's functions).
+DO $$
+DECLARE
+    owner_name name;
+BEGIN
+    SELECT nspowner::regrole::name INTO owner_name
+    FROM pg_namespace WHERE nspname = '{schema_name}';
+    IF NOT FOUND THEN
+        CREATE SCHEMA {schema};
+    ELSIF NOT pg_has_role(owner_name, 'MEMBER')
+        AND to_regclass('{schema}.migrations') IS NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('schema %s belongs to role %s and holds no trioq tables: '
+                'migrate as that role, or drop the schema or give it to %s '
+                '(ALTER SCHEMA %s OWNER TO %s)', '{schema_name}', owner_name, current_user,
+                '{schema_name}', current_user);
+    END IF;
+END
+$$;
 CREATE TABLE IF NOT EXISTS {schema}.migrations (
     version    integer     PRIMARY KEY,
     name       text        NOT NULL,
