@@ -131,8 +131,11 @@ class WorkerGroup:
         maintenance: float = 0.5,
         ready_within: float = 15.0,
         env: dict[str, str] | None = None,
+        source: Path = REPO_ROOT,
     ) -> WorkerProc:
-        """Spawn a worker and return once it is registered and its claim loop runs."""
+        """Spawn a worker and return once it is registered and its claim loop runs. `source`:
+        the checkout whose trioq and tests.fault_app it runs (an older release's, in the
+        upgrade test)."""
         args = [
             sys.executable,
             "-m",
@@ -160,6 +163,9 @@ class WorkerGroup:
             "TRIOQ_DATABASE_URL": self.pg_url,
             SCHEMA_ENV: self.schema,
             "PYTHONUNBUFFERED": "1",
+            # `-m` puts the working directory first on sys.path: `source`'s trioq wins over the
+            # installed one.
+            "PYTHONPATH": str(source),
             **(env or {}),
         }
         log_path = self.log_dir / f"worker-{name}.log"
@@ -167,7 +173,7 @@ class WorkerGroup:
         try:
             process = await trio.lowlevel.open_process(
                 args,
-                cwd=REPO_ROOT,
+                cwd=source,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
