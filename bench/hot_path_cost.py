@@ -3,7 +3,7 @@
     python -m bench.hot_path_cost --jobs 10000 --repeats 12 --variant no_checks --variant floor
 
 Replays a one-worker drain's statements on one session, without a worker: claim 25 ready
-jobs (job_settle_and_claim_plain, no outcomes), complete them (job_complete_plain), until the
+jobs (job_claim_plain), complete them (job_complete_plain), until the
 backlog is gone. Each variant is a fresh schema with this checkout's migrations, then the
 variant's changes (drop every CHECK of jobs, the concurrency-release trigger, some indexes),
 so the cost of each element of the table shows as the difference it makes. Reported per
@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from bench.harness import HARNESS_ROLE, Database, open_database
+from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 
 BATCH = 25
@@ -153,10 +154,7 @@ def complete(
 def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
     """Backend and cluster CPU (us) and WAL bytes per job of one drain of `jobs` jobs."""
     sql = queries(schema)
-    params = {
-        **{name: "{}" for name in ("ids", "attempts", "lease_tokens", "results")},
-        **claim_params(),
-    }
+    params = claim_params()
     with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
         insert_backlog(conn, schema, jobs)
         pid = conn.info.backend_pid
@@ -167,11 +165,18 @@ def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
         backend_before, cluster_before = schedstat_ns(pid), cluster_ns(postmaster, harness)
         done = 0
         while done < jobs:
-            cursor = conn.execute(sql["job_settle_and_claim_plain"], params, prepare=True)
-            claimed = [row for row in cursor.fetchall() if row[8] is not None]  # id
+            cursor = conn.execute(sql["job_claim_plain"], params, prepare=True)
+            claimed = [row for row in cursor.fetchall() if row[ClaimedRow.id] is not None]
             if not claimed:
                 break
-            complete(conn, schema, [(row[8], row[12], row[14]) for row in claimed])
+            complete(
+                conn,
+                schema,
+                [
+                    (row[ClaimedRow.id], row[ClaimedRow.attempt], row[ClaimedRow.lease_token])
+                    for row in claimed
+                ],
+            )
             done += len(claimed)
         backend = schedstat_ns(pid) - backend_before
         cluster = cluster_ns(postmaster, harness) - cluster_before

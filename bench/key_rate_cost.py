@@ -4,8 +4,8 @@
 
 Each repeat drains the same backlog of no-op jobs spread over `--keys` concurrency keys (a key
 limit of 30 set by pattern, so no key's limit binds) on one worker of 25 slots, twice, in
-an order alternating per repeat: with no key rate (job_settle_and_claim, as before key rates
-existed), and with `trioq key rate 'k:*' 10000/s` (job_settle_and_claim_rated, a rate no key
+an order alternating per repeat: with no key rate (job_claim, as before key rates
+existed), and with `trioq key rate 'k:*' 10000/s` (job_claim_rated, a rate no key
 reaches). Prints per repeat and the medians of the per-repeat ratios (rated / unrated).
 """
 

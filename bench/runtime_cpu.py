@@ -29,7 +29,8 @@ from bench.harness import REPO_ROOT
 CHILD = """
 import cProfile, datetime, json, pstats, sys, time, uuid
 import trio
-from trioq._driver import ClaimedJob, SettleAndClaimResult
+import trioq._driver as seam
+from trioq._driver import ClaimedJob
 from trioq._runtime.checkpoints import CheckpointWriter
 from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
 from trioq._runtime.metrics import WorkerMetrics, instrument_driver
@@ -53,21 +54,33 @@ class Stub:
     def is_connection_lost(self, exc):
         return False
 
-    async def job_settle_and_claim(self, p):
-        delay = flush_s if p.settlements else claim_s
+    async def _answer(self, limit, settlements):
+        delay = flush_s if settlements else claim_s
         if delay:
             await trio.sleep(delay)
         else:
             await trio.lowlevel.checkpoint()
         claimed = ()
-        if p.limit:
-            claimed = tuple(self.claimed[: p.limit])
-            del self.claimed[: p.limit]
-        self.done += len(p.settlements)
+        if limit:
+            claimed = tuple(self.claimed[:limit])
+            del self.claimed[:limit]
+        self.done += len(settlements)
         if self.done >= jobs:
             self.finished.set()
-        settled = tuple((s.lease.id, "completed") for s in p.settlements)
-        return SettleAndClaimResult(settled=settled, claimed=claimed, now=NOW)
+        return tuple((s.lease.id, "completed") for s in settlements), claimed
+
+    # A checkout's seam: one fused round (before the split) or a claim and a settle.
+    async def job_settle_and_claim(self, p):
+        settled, claimed = await self._answer(p.limit, p.settlements)
+        return seam.SettleAndClaimResult(settled=settled, claimed=claimed, now=NOW)
+
+    async def job_claim(self, p):
+        _, claimed = await self._answer(p.limit, ())
+        return seam.ClaimResult(claimed=claimed, now=NOW)
+
+    async def job_settle_many(self, settlements):
+        settled, _ = await self._answer(0, settlements)
+        return seam.SettleResult(settled=settled, now=NOW)
 
 
 async def noop(ctx, payload):

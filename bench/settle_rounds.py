@@ -1,12 +1,13 @@
-"""`python -m bench.settle_rounds`: server time of job_settle_and_claim, per call, for the
+"""`python -m bench.settle_rounds`: server time of the settle statement, per call, for the
 checkouts given, interleaved in one embedded cluster (a ratio within one run is the figure).
 
     python -m bench.settle_rounds --tree base=/path/to/checkout --tree head=. --repeats 5
 
 Each checkout needs its own `.venv`. Per repeat and mode, each tree's code (its PgDriver, its
 migrations, on a fresh schema) runs `--rounds` rounds of 25 settlements in one statement
-(limit 0), each round after a claim of the 25 jobs, and pg_stat_statements gives the mean
-server execution of job_settle_and_claim over the claims and settles of the run:
+each round after a claim of the 25 jobs, and pg_stat_statements gives the mean server
+execution of the settle statement (job_settle_many; in checkouts from before the claim and the
+settle were split, job_settle_and_claim, whose calls include the claims):
 - `children`: 25 parents, each waiting for one child; the 25 children complete (each round
   wakes 25 parents);
 - `no_children`: 25 jobs without a parent fail (the full statement; no parent to wake).
@@ -29,7 +30,9 @@ from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
 ROUNDS = """
 import sys, uuid, trio
 from trioq._pg.driver import open_pg_driver
-from trioq._driver import NewJob, SettleAndClaim, Settlement, Spawn, WaitChildren
+import trioq._driver as seam
+from trioq._driver import NewJob, Settlement, Spawn, WaitChildren
+SPLIT = hasattr(seam, "Claim")  # the claim and the settle are two methods
 
 conninfo, schema, mode, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 BATCH = 25
@@ -37,8 +40,14 @@ BATCH = 25
 async def claim(driver, queue):
     claimed = []
     while len(claimed) < BATCH:
-        params = SettleAndClaim(queue, ("echo",), BATCH - len(claimed), 600.0, uuid.uuid4(), ())
-        claimed += (await driver.job_settle_and_claim(params)).claimed
+        if SPLIT:
+            params = seam.Claim(queue, ("echo",), BATCH - len(claimed), 600.0, uuid.uuid4())
+            claimed += (await driver.job_claim(params)).claimed
+        else:
+            params = seam.SettleAndClaim(
+                queue, ("echo",), BATCH - len(claimed), 600.0, uuid.uuid4(), ()
+            )
+            claimed += (await driver.job_settle_and_claim(params)).claimed
     return claimed
 
 async def main():
@@ -60,18 +69,23 @@ async def main():
             settlements = tuple(
                 Settlement(j.lease, kind, result_json="1", error_json=error) for j in jobs
             )
-            params = SettleAndClaim(queue, ("echo",), 0, 600.0, uuid.uuid4(), settlements)
-            assert len((await driver.job_settle_and_claim(params)).settled) == BATCH
+            if SPLIT:
+                assert len((await driver.job_settle_many(settlements)).settled) == BATCH
+            else:
+                params = seam.SettleAndClaim(queue, ("echo",), 0, 600.0, uuid.uuid4(), settlements)
+                assert len((await driver.job_settle_and_claim(params)).settled) == BATCH
 
 trio.run(main)
 """
-SETTLE_QUERY = "WITH RECURSIVE input AS MATERIALIZED%"
+# The settle statement's text as pg_stat_statements shows it, either seam (checkpoint writes
+# start with the same CTE name but read no moves_run_at).
+SETTLE_QUERY = "WITH%input AS MATERIALIZED%moves_run_at%"
 MODES = ("children", "no_children")
 
 
 def run_tree(conn: psycopg.Connection, conninfo: str, tree: Path, schema: str, mode: str,
              rounds: int) -> float:  # fmt: skip
-    """Mean server ms per job_settle_and_claim call of one run of `tree`'s code."""
+    """Mean server ms per settle statement call of one run of `tree`'s code."""
     conn.execute("SELECT pg_stat_statements_reset()")
     argv = [str(tree / ".venv/bin/python"), "-c", ROUNDS, conninfo, schema, mode, str(rounds)]
     env = {**os.environ, "PYTHONPATH": str(tree)}

@@ -37,6 +37,7 @@ import psycopg
 from bench import baseline, narrow_table
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
+from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -116,7 +117,8 @@ def _round(system: str, conn: Conn, schema: str) -> int:
         reply = conn.execute(
             queries(schema)["job_claim_plain"], claim_params(), prepare=True
         ).fetchall()
-        rows = [row[8:] for row in reply if row[8] is not None]  # the claimed row's columns
+        first = ClaimedRow.id  # the claimed row's columns start here
+        rows = [row[first:] for row in reply if row[first] is not None]
     else:
         rows = conn.execute(
             MINIMAL_CLAIM.format(schema=schema),

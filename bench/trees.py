@@ -17,7 +17,8 @@ workflow, and every tree's rate as a ratio to the first tree's in the
 same repeat (median of the ratios).
 `--fanout N`: each workflow is a parent that spawns N no-op children and gathers them
 (`fanout_parent`): every child's completion wakes its parent through the settle statement;
-`settle_ms_per_workflow` is the server execution of job_settle_and_claim alone.
+`settle_ms_per_workflow` is the server execution of the settle statement alone (job_settle_many;
+job_settle_and_claim in checkouts from before the claim and the settle were split).
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ trio.run(main)
 """
 
 
-# job_settle_and_claim's text as pg_stat_statements shows it (its plain form starts otherwise).
-SETTLE_QUERY = "WITH RECURSIVE input AS MATERIALIZED%"
+# The settle statement's text as pg_stat_statements shows it, either seam (its plain form
+# starts otherwise; checkpoint writes start with the same CTE name but read no moves_run_at).
+SETTLE_QUERY = "WITH%input AS MATERIALIZED%moves_run_at%"
 
 
 def settle_ms(db: Database, role: str) -> float:

@@ -131,11 +131,11 @@ class FailingClaims(MemoryDriver):
 
     failing = False
 
-    async def job_settle_and_claim(self, params):  # type: ignore[no-untyped-def]
+    async def job_claim(self, params):  # type: ignore[no-untyped-def]
         if self.failing:
             await trio.sleep(0.01)
             raise ConnectionError("injected: database unreachable")
-        return await super().job_settle_and_claim(params)
+        return await super().job_claim(params)
 
 
 async def _errors_then_recovery(mode: str) -> tuple[list, list, trioq.Worker]:

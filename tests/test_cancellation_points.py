@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from tests.procs import fetch
 from tests.test_identifiers import run_property
 from trioq._driver import (
+    Claim,
     ClaimedJob,
     MaintenancePass,
     NewJob,
     RenewLeases,
-    SettleAndClaim,
     Settlement,
 )
 from trioq._pg.driver import PgDriver, open_pg_driver
@@ -52,7 +52,7 @@ async def step(driver: PgDriver, held: list[ClaimedJob], operation: str) -> None
     if operation == "enqueue":
         await driver.job_insert_many([NewJob(QUEUE, "t", "{}") for _ in range(3)])
     elif operation == "claim":
-        result = await driver.job_settle_and_claim(SettleAndClaim(QUEUE, ("t",), 3, LEASE, worker))
+        result = await driver.job_claim(Claim(QUEUE, ("t",), 3, LEASE, worker))
         held.extend(result.claimed)
     elif operation == "renew" and held:
         await driver.lease_renew_many(
@@ -60,9 +60,7 @@ async def step(driver: PgDriver, held: list[ClaimedJob], operation: str) -> None
         )
     elif operation in SETTLEMENTS and held:
         job = held.pop()
-        await driver.job_settle_and_claim(
-            SettleAndClaim(QUEUE, ("t",), 0, LEASE, worker, (SETTLEMENTS[operation](job),))
-        )
+        await driver.job_settle_many([SETTLEMENTS[operation](job)])
     elif operation == "maintenance":
         await driver.maintenance_pass(MaintenancePass())
 

@@ -12,26 +12,25 @@ import time
 import uuid
 from typing import Any
 
+import attrs
 import psycopg
 import trio
 
 import trioq
 from tests.support import Gate, make_app, run_explained, running_worker
-from trioq._driver import SettleAndClaim
-from trioq._pg.driver import settle_and_claim_params
+from trioq._driver import Claim
+from trioq._pg.driver import claim_params
 from trioq._runtime.claim_loop import WorkerHooks
 from trioq._sql import queries
 
 
 def _claim_buffers(pg_url: str, schema: str, tasks: list[str]) -> tuple[int, int]:
     """(shared buffers touched, rows claimed) by one claim of `tasks`, rolled back."""
-    statement = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries(schema)["job_settle_and_claim"]
+    statement = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries(schema)["job_claim"]
     with psycopg.connect(pg_url) as conn:
         [[plan]] = conn.execute(
             statement,
-            settle_and_claim_params(
-                SettleAndClaim("default", tuple(tasks), 25, 30.0, uuid.uuid4())
-            ),
+            claim_params(Claim("default", tuple(tasks), 25, 30.0, uuid.uuid4())),
         ).fetchall()
         conn.rollback()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
@@ -151,8 +150,8 @@ async def test_the_claim_keeps_one_generic_plan_on_a_table_with_statistics(
     app = make_app(pg_url, pg_schema)
     async with app.client(migrate=True) as client:
         await client.enqueue_many(trioq.TaskDeclaration("noop"), [{} for _ in range(10_000)])
-    statement = queries(pg_schema)["job_settle_and_claim"]
-    params = settle_and_claim_params(SettleAndClaim("default", ("noop",), 25, 30.0, uuid.uuid4()))
+    statement = queries(pg_schema)["job_claim"]
+    params = claim_params(Claim("default", ("noop",), 25, 30.0, uuid.uuid4()))
     with psycopg.connect(pg_url) as conn:
         for fill in SUSPENDED_FILL.format(schema=pg_schema).split(";"):
             conn.execute(fill)
@@ -170,7 +169,7 @@ async def test_the_claim_keeps_one_generic_plan_on_a_table_with_statistics(
 async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_schema: str) -> None:
     """The same through the driver's own path (prepared once per session on a pooled
     connection): ten claims on a table with statistics, then that session's counts. The first
-    round is the full statement, the nine after it the plain one (tests/test_plain_rounds.py):
+    claim is the full statement, the nine after it the plain one (tests/test_plain_rounds.py):
     five custom plans, then the generic plan."""
     app = make_app(pg_url, pg_schema)
     async with app.client(migrate=True) as client:
@@ -179,10 +178,12 @@ async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_sch
             for fill in SUSPENDED_FILL.format(schema=pg_schema).split(";"):
                 conn.execute(fill)
             conn.execute(f"ANALYZE {pg_schema}.jobs")
-        claim = SettleAndClaim("default", ("noop",), 25, 30.0, uuid.uuid4())
-        claimed = [
-            len((await client.driver.job_settle_and_claim(claim)).claimed) for _ in range(10)
-        ]
+        claim = Claim("default", ("noop",), 25, 30.0, uuid.uuid4())
+        claimed = []
+        for _ in range(10):  # each claim in the form the one before said, as the claim loop
+            result = await client.driver.job_claim(claim)
+            claimed.append(len(result.claimed))
+            claim = attrs.evolve(claim, plain=result.plain_next)
         async with client.transaction() as tx:  # the pool hands out the claims' connection
             rows = await tx.fetch(
                 "SELECT statement LIKE '%partition_locks%', generic_plans, custom_plans"
@@ -202,8 +203,8 @@ async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_prima
     app = make_app(pg_url, pg_schema)
     async with app.client(migrate=True):
         pass
-    statement = queries(pg_schema)["job_settle_and_claim"]
-    params = settle_and_claim_params(SettleAndClaim("default", ("noop",), 25, 30.0, uuid.uuid4()))
+    statement = queries(pg_schema)["job_claim"]
+    params = claim_params(Claim("default", ("noop",), 25, 30.0, uuid.uuid4()))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(statement, params, prepare=True)  # planned on the empty table

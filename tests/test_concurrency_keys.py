@@ -17,7 +17,7 @@ import trio
 import trioq
 from tests.support import Gate, make_app, running_worker, sql_rows
 from trioq import cli
-from trioq._driver import MaintenancePass, SettleAndClaim
+from trioq._driver import Claim, MaintenancePass
 from trioq._sql import migrations, queries
 from trioq.producer import AsyncProducer, SyncProducer
 
@@ -135,10 +135,10 @@ async def test_lease_recovery_of_a_dead_worker_frees_its_key_holds(
     async with app.client(migrate=True) as client:
         await client.set_key_limit("k", 2)
         await client.enqueue_many("work", [{}] * 3, concurrency_key="k")
-        claim = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
-        dead = await client.driver.job_settle_and_claim(claim)
+        claim = Claim("default", ("work",), 10, 30, uuid.uuid4())
+        dead = await client.driver.job_claim(claim)
         assert len(dead.claimed) == 2
-        assert (await client.driver.job_settle_and_claim(claim)).claimed == ()
+        assert (await client.driver.job_claim(claim)).claimed == ()
         sql_rows(
             pg_url,
             f"UPDATE {pg_schema}.jobs SET lease_expires_at = now() - interval '1 second' "
@@ -147,7 +147,7 @@ async def test_lease_recovery_of_a_dead_worker_frees_its_key_holds(
         report = await client.driver.maintenance_pass(MaintenancePass())
         assert sorted(report.recovered) == sorted((job.id, "ready") for job in dead.claimed)
         assert sql_rows(pg_url, HOLDS.format(pg_schema)) == []
-        assert len((await client.driver.job_settle_and_claim(claim)).claimed) == 2
+        assert len((await client.driver.job_claim(claim)).claimed) == 2
 
 
 @pytest.mark.parametrize(
@@ -204,8 +204,8 @@ def test_trioq_key_limit_sets_lists_and_removes_limits_and_status_names_a_full_k
         async with app.client() as client:
             work = trioq.declare_task("work")
             await client.enqueue_many(work, [{}] * 2, concurrency_key="tenant:42")
-            claim = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
-            assert len((await client.driver.job_settle_and_claim(claim)).claimed) == 1
+            claim = Claim("default", ("work",), 10, 30, uuid.uuid4())
+            assert len((await client.driver.job_claim(claim)).claimed) == 1
 
     trio.run(fill_one_key)
     assert cli.main(["key", "list", *base, "--json"]) == 0
@@ -305,8 +305,8 @@ def test_migration_0027_keeps_live_rows_claimable_and_old_sql_enqueue_calls_work
             old_style = sql_rows(
                 pg_url, f"SELECT {pg_schema}.enqueue('work', '{{}}', 'default', NULL, 0::smallint)"
             )[0][0]
-            claim = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
-            claimed = (await client.driver.job_settle_and_claim(claim)).claimed
+            claim = Claim("default", ("work",), 10, 30, uuid.uuid4())
+            claimed = (await client.driver.job_claim(claim)).claimed
             return {job.id for job in claimed}, old_style
 
     claimed, old_style = trio.run(migrate_and_claim)

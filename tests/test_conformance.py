@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from trioq._driver import DRIVER_METHODS, Driver, MaintenancePass, NewJob, SettleAndClaim
+from trioq._driver import DRIVER_METHODS, Claim, Driver, MaintenancePass, NewJob
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, open_pg_driver
 from trioq.testing import CHECKS, DriverClock, ManualClock, SqlClock
@@ -94,8 +94,8 @@ async def test_memory_driver_leases_expire_in_trio_virtual_time(
 ) -> None:
     driver = MemoryDriver()
     await driver.job_insert_many([NewJob("default", "echo", "{}")])
-    claim = SettleAndClaim("default", ("echo",), 1, 30.0, uuid.uuid4())
-    [job] = (await driver.job_settle_and_claim(claim)).claimed
+    claim = Claim("default", ("echo",), 1, 30.0, uuid.uuid4())
+    [job] = (await driver.job_claim(claim)).claimed
     mock_clock.jump(29)
     assert (await driver.maintenance_pass(MaintenancePass())).recovered == ()
     mock_clock.jump(2)

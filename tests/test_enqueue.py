@@ -21,7 +21,7 @@ import trioq
 import trioq.client
 from tests.support import Gate, make_app, running_worker, scalar
 from trioq._core import codec
-from trioq._driver import SettleAndClaim
+from trioq._driver import Claim
 
 
 class RollBack(Exception):
@@ -114,8 +114,8 @@ async def test_job_enqueued_in_open_transaction_is_invisible_to_other_sessions_u
             job = await tx.enqueue("count", {"n": 1})
             assert await job_count(pg_url, pg_schema, "id = %s", (job.id,)) == 0
             # The claim statement a worker runs, on another pooled connection, finds nothing.
-            claim = await client.driver.job_settle_and_claim(
-                SettleAndClaim(
+            claim = await client.driver.job_claim(
+                Claim(
                     queue="default",
                     tasks=("count",),
                     limit=10,

@@ -268,7 +268,7 @@ async def test_a_worker_at_a_reduced_admission_limit_is_named(pg_url: str, pg_sc
         first = await client.enqueue("hold", {})
         with trio.fail_after(20):
             await latch.wait_entered(1)
-            worker.admission.record_error("job_settle_and_claim", ConnectionError("injected"))
+            worker.admission.record_error("job_claim", ConnectionError("injected"))
             await cut_written.wait()
         second = await client.enqueue("hold", {})
         why = await client.explain(second.id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 import datetime
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,12 +19,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 import trioq
 from tests.support import running_worker
 from trioq._driver import (
+    Claim,
     ClaimedJob,
+    ClaimResult,
     EventWaitOutcome,
     Lease,
-    SettleAndClaim,
-    SettleAndClaimResult,
     Settlement,
+    SettleResult,
 )
 from trioq._memory import MemoryDriver
 from trioq._runtime.checkpoints import CheckpointWriter
@@ -127,22 +129,19 @@ async def test_completer_owns_outcomes_until_written_waits_when_full_and_resends
         def is_connection_lost(self, exc: BaseException) -> bool:
             return isinstance(exc, ConnectionError)
 
-        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+        async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
             nonlocal fail_next
             await trio.sleep(0.01)
-            sent.append(tuple(s.lease.id for s in params.settlements))
+            sent.append(tuple(s.lease.id for s in settlements))
             if fail_next:
                 fail_next = False
                 raise ConnectionError("lost")
-            settled = tuple((s.lease.id, "completed") for s in params.settlements)
-            return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+            settled = tuple((s.lease.id, "completed") for s in settlements)
+            return SettleResult(settled=settled, now=NOW)
 
     completer = Completer(
         driver=Driver(),  # type: ignore[arg-type]
         queue="default",
-        tasks=("t",),
-        worker_id=uuid.uuid4(),
-        lease_seconds=30,
         max_backlog=2,
         batch_size=2,
         on_written=on_written,
@@ -173,18 +172,15 @@ def _one_outcome_completer(
         def is_connection_lost(self, exc: BaseException) -> bool:
             return False
 
-        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
-            sent.append(tuple(s.lease.id for s in params.settlements))
+        async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+            sent.append(tuple(s.lease.id for s in settlements))
             await release.wait()
-            settled = tuple((s.lease.id, "completed") for s in params.settlements)
-            return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+            settled = tuple((s.lease.id, "completed") for s in settlements)
+            return SettleResult(settled=settled, now=NOW)
 
     return Completer(
         driver=Driver(),  # type: ignore[arg-type]
         queue="default",
-        tasks=("t",),
-        worker_id=uuid.uuid4(),
-        lease_seconds=30,
         max_backlog=1,
         batch_size=1,
         flush_delay=0,
@@ -317,18 +313,19 @@ async def test_a_hard_stop_writes_what_is_left_and_starts_no_buffered_job() -> N
         def is_connection_lost(self, exc: BaseException) -> bool:
             return False
 
-        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
-            if params.settlements:
-                Driver.flushes += 1
-                if Driver.flushes == 1:
-                    first_flush.set()
-                    await trio.sleep_forever()  # hangs until the hard stop cancels it
-                written.extend(s.lease.id for s in params.settlements)
-                settled = tuple((s.lease.id, "completed") for s in params.settlements)
-                return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+        async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+            Driver.flushes += 1
+            if Driver.flushes == 1:
+                first_flush.set()
+                await trio.sleep_forever()  # hangs until the hard stop cancels it
+            written.extend(s.lease.id for s in settlements)
+            settled = tuple((s.lease.id, "completed") for s in settlements)
+            return SettleResult(settled=settled, now=NOW)
+
+        async def job_claim(self, params: Claim) -> ClaimResult:
             claimed = tuple(jobs[: params.limit])
             del jobs[: params.limit]
-            return SettleAndClaimResult(settled=(), claimed=claimed, now=NOW)
+            return ClaimResult(claimed=claimed, now=NOW)
 
     async def noop(ctx: Any, payload: Any) -> None:
         started.append(ctx.job.id)
@@ -374,10 +371,11 @@ async def test_a_wait_suspended_while_a_round_was_in_flight_still_sets_the_timer
         def is_connection_lost(self, exc: BaseException) -> bool:
             return False
 
-        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
-            if params.settlements:
-                settled = tuple((s.lease.id, "completed") for s in params.settlements)
-                return SettleAndClaimResult(settled=settled, claimed=(), now=db_now())
+        async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+            settled = tuple((s.lease.id, "completed") for s in settlements)
+            return SettleResult(settled=settled, now=db_now())
+
+        async def job_claim(self, params: Claim) -> ClaimResult:
             rounds.append(trio.current_time())
             if rounds[-1] >= 1.0:
                 late_round.set()
@@ -390,9 +388,7 @@ async def test_a_wait_suspended_while_a_round_was_in_flight_still_sets_the_timer
                 await waited.wait()  # in flight while the wait's statement commits
             await trio.lowlevel.checkpoint()
             claimed = (job,) if len(rounds) == 1 else ()
-            return SettleAndClaimResult(
-                settled=(), claimed=claimed, now=db_now(), next_due=next_due
-            )
+            return ClaimResult(claimed=claimed, now=db_now(), next_due=next_due)
 
         async def job_wait_event(self, params: Any) -> EventWaitOutcome:
             deadlines.append(db_now() + datetime.timedelta(seconds=params.timeout_seconds))
@@ -438,15 +434,16 @@ async def test_jobs_claimed_for_slots_admission_took_away_go_back_beyond_the_pre
         def is_connection_lost(self, exc: BaseException) -> bool:
             return False
 
-        async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
-            if params.settlements:
-                releases.extend(s.lease.id for s in params.settlements if s.kind == "release")
-                settled = tuple((s.lease.id, "ready") for s in params.settlements)
-                return SettleAndClaimResult(settled=settled, claimed=(), now=NOW)
+        async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+            releases.extend(s.lease.id for s in settlements if s.kind == "release")
+            settled = tuple((s.lease.id, "ready") for s in settlements)
+            return SettleResult(settled=settled, now=NOW)
+
+        async def job_claim(self, params: Claim) -> ClaimResult:
             await answer.wait()
             claimed = tuple(jobs[: params.limit])
             del jobs[: params.limit]
-            return SettleAndClaimResult(settled=(), claimed=claimed, now=NOW)
+            return ClaimResult(claimed=claimed, now=NOW)
 
     async def blocks(ctx: Any, payload: Any) -> None:
         await trio.sleep_forever()

@@ -9,6 +9,7 @@ import json
 import uuid
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 import trio
@@ -17,7 +18,7 @@ import trio.testing
 import trioq
 from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
-from trioq._driver import SettleAndClaim
+from trioq._driver import Claim
 from trioq._memory import MemoryDriver
 from trioq.cli.ops import read_status, status_tables
 from trioq.testing.conformance import claim
@@ -74,8 +75,8 @@ def test_trioq_key_rate_sets_lists_and_removes_rates_and_status_names_a_full_win
             await client.enqueue_many(
                 work, [{}] * 2, concurrency_key="tenant:42", concurrency_limit=5
             )
-            round_ = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
-            result = await client.driver.job_settle_and_claim(round_)
+            round_ = Claim("default", ("work",), 10, 30, uuid.uuid4())
+            result = await client.driver.job_claim(round_)
             assert len(result.claimed) == 1  # the rate's one start this hour
             assert result.key_rate_limited_until is not None
 
@@ -126,10 +127,10 @@ async def test_a_rate_limited_key_waits_for_its_window_while_other_work_runs(
             await client.enqueue("other", {})
             await trio.sleep(1)
             assert started[2][0] == "-" and started[2][1] - t0 < 2
-            claims = driver.statistics().calls["job_settle_and_claim"]
+            claims = driver.statistics().calls["job_claim"]
             await trio.sleep(56)  # until t0 + 58: the key's window is full until t0 + 60
             assert len(started) == 3
-            polls = driver.statistics().calls["job_settle_and_claim"] - claims
+            polls = driver.statistics().calls["job_claim"] - claims
             assert polls <= 3, polls  # the polls at 25 s and 50 s, no more
             await trio.sleep(5)
             assert len(started) == 5
@@ -162,32 +163,39 @@ async def test_explain_and_status_name_a_key_held_back_by_its_rate() -> None:
 async def test_without_key_rates_claims_run_the_statements_they_ran_before(
     pg_url: str, pg_schema: str
 ) -> None:
-    """A cluster with no key rate never runs the rated statement: unkeyed rounds are plain
-    (only a queue's first round is a full one, and asks whether a rate exists), keyed rounds
-    run job_settle_and_claim, asking at most once a second; once a rate is set, keyed rounds
-    run the rated one."""
+    """A cluster with no key rate never runs the rated statement: unkeyed claims are plain
+    (only a queue's first claim is a full one, and asks whether a rate exists), keyed claims
+    run job_claim, asking at most once a second; once a rate is set, keyed claims run the
+    rated one. Each claim asks for the form its predecessor said (`plain_next`), as the claim
+    loop does."""
     app = make_app(pg_url, pg_schema)
     work = trioq.declare_task("work")
     async with app.client(migrate=True) as client:
         driver = client.driver
         await client.enqueue_many(work, [{}] * 30)
-        params = SettleAndClaim("default", ("work",), 10, 30, uuid.uuid4())
+        params = Claim("default", ("work",), 10, 30, uuid.uuid4())
+        plain = False
+
+        async def claim() -> None:
+            nonlocal plain
+            plain = (await driver.job_claim(attrs.evolve(params, plain=plain))).plain_next
+
         for _ in range(4):
-            await driver.job_settle_and_claim(params)
+            await claim()
         calls = dict(driver.statistics().calls)
-        assert calls["job_claim_plain"] == 3 and calls["job_settle_and_claim"] == 1
-        assert calls.get("key_rated", 0) <= 1 and "job_settle_and_claim_rated" not in calls
+        assert calls["job_claim_plain"] == 3 and calls["job_claim"] == 1
+        assert calls.get("key_rated", 0) <= 1 and "job_claim_rated" not in calls
         await client.enqueue_many(work, [{}] * 20, concurrency_key="k", concurrency_limit=50)
         for _ in range(3):
-            await driver.job_settle_and_claim(params)
+            await claim()
         calls = dict(driver.statistics().calls)
-        assert calls["job_settle_and_claim"] >= 3, calls  # keyed rounds: the full statement
-        assert calls["key_rated"] <= calls["job_settle_and_claim"], calls
-        assert "job_settle_and_claim_rated" not in calls, calls
+        assert calls["job_claim"] >= 3, calls  # keyed rounds: the full statement
+        assert calls["key_rated"] <= calls["job_claim"], calls
+        assert "job_claim_rated" not in calls, calls
         await client.set_key_rate("k", "5/h")
         await client.enqueue_many(work, [{}] * 10, concurrency_key="k", concurrency_limit=50)
-        result = await driver.job_settle_and_claim(params)
-        assert driver.statistics().calls["job_settle_and_claim_rated"] == 1
+        result = await driver.job_claim(params)
+        assert driver.statistics().calls["job_claim_rated"] == 1
         assert len(result.claimed) == 5 and result.key_rate_limited_until is not None
 
 
@@ -238,7 +246,7 @@ async def test_a_claim_racing_for_a_start_slot_rechecks_it_after_the_other_commi
                             pg_url,
                             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
                             "'Lock' AND wait_event = 'transactionid' "
-                            "AND query LIKE 'WITH RECURSIVE input%%'",
+                            "AND query LIKE 'WITH RECURSIVE%%due AS MATERIALIZED%%'",
                         )
                     )
 

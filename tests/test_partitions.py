@@ -16,8 +16,8 @@ import trio
 
 import trioq
 from tests.support import make_app, running_worker, sql_rows
-from trioq._driver import ClaimedJob, NewJob, SettleAndClaim, Settlement
-from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver, settle_and_claim_params
+from trioq._driver import Claim, ClaimedJob, NewJob, Settlement
+from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
 from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 
@@ -46,16 +46,18 @@ async def claim(
     key_cursor: str = "",
     key_window: int = 200,
 ) -> list[ClaimedJob]:
-    result = await driver.job_settle_and_claim(
-        SettleAndClaim(
+    """Write `completions` (the completer's statement), then claim."""
+    if completions:
+        await driver.job_settle_many(
+            [Settlement(job.lease, "complete", result_json="null") for job in completions]
+        )
+    result = await driver.job_claim(
+        Claim(
             queue="q",
             tasks=("t",),
             limit=limit,
             lease_seconds=30,
             worker_id=WORKER,
-            settlements=tuple(
-                Settlement(job.lease, "complete", result_json="null") for job in completions
-            ),
             key_cursor=key_cursor,
             key_window=key_window,
         )
@@ -70,13 +72,10 @@ async def test_second_job_of_a_key_waits_for_the_first_and_runs_in_order(
     first = await claim(driver)
     assert [job.id for job in first] == [inserted[0].id]
     assert await claim(driver) == []
-    # The statement that completes the key's running job sees the key as held (one snapshot);
-    # the next statement claims the key's next job.
-    assert await claim(driver, completions=first) == []
-    second = await claim(driver)
+    # Once the key's running job's outcome is written, the next claim takes the key's next job.
+    second = await claim(driver, completions=first)
     assert [job.id for job in second] == [inserted[1].id]
-    await claim(driver, completions=second)
-    third = await claim(driver)
+    third = await claim(driver, completions=second)
     assert [job.id for job in third] == [inserted[2].id]
 
 
@@ -91,7 +90,7 @@ async def test_retrying_job_does_not_hold_its_key(driver: PgDriver) -> None:
     [running] = await claim(driver)
     assert running.id == first.id
     retry = Settlement(running.lease, "retry", error_json='{"type": "E"}', delay_seconds=3600)
-    await driver.job_settle_and_claim(SettleAndClaim("q", ("t",), 0, 30, WORKER, (retry,)))
+    await driver.job_settle_many([retry])
     assert [job.id for job in await claim(driver)] == [second.id]
 
 
@@ -117,8 +116,8 @@ async def test_keys_beyond_the_window_are_visited_round_robin(driver: PgDriver) 
     seen: list[str | None] = []
     cursor = ""
     for _ in range(4):
-        result = await driver.job_settle_and_claim(
-            SettleAndClaim(
+        result = await driver.job_claim(
+            Claim(
                 queue="q",
                 tasks=("t",),
                 limit=3,
@@ -223,19 +222,14 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             "RETURN now(); END $$"
         )
 
-    def raw_claim(
-        conn: psycopg.Connection[tuple[Any, ...]], retry: ClaimedJob | None = None
-    ) -> list[ClaimedJob]:
-        settlements = (
-            (Settlement(retry.lease, "retry", error_json='{"type": "E"}', delay_seconds=3600),)
-            if retry
-            else ()
-        )
-        params = settle_and_claim_params(
-            SettleAndClaim("q", ("t",), 1, 30, uuid.uuid4(), settlements, key_window=200)
-        )
-        rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
+    def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[ClaimedJob]:
+        params = claim_params(Claim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200))
+        rows = conn.execute(statements["job_claim"], params).fetchall()
         return [_claimed_job(row) for row in rows if row[ClaimedRow.id] is not None]
+
+    def raw_retry(conn: psycopg.Connection[tuple[Any, ...]], job: ClaimedJob) -> None:
+        retry = Settlement(job.lease, "retry", error_json='{"type": "E"}', delay_seconds=3600)
+        conn.execute(statements["job_settle_many"], settle_params([retry]))
 
     claimed_by_b: list[list[ClaimedJob]] = []
 
@@ -255,7 +249,7 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
             assert time.monotonic() < deadline, "B never stalled"
             time.sleep(0.01)
         [k1] = raw_claim(a)
-        assert raw_claim(a, retry=k1) == []  # the key is free from the next statement
+        raw_retry(a, k1)  # the key is free once the retry is written
         [k2] = raw_claim(a)
         b.join(timeout=20)
         running = a.execute(
@@ -286,8 +280,8 @@ async def test_free_slots_reach_keys_beyond_a_window_of_busy_keys_without_waitin
         await driver.job_insert_many(
             [NewJob("q", "t", "{}", partition_key=f"a{i:03}") for i in range(210)] * 2
         )
-        held = await driver.job_settle_and_claim(
-            SettleAndClaim(
+        held = await driver.job_claim(
+            Claim(
                 queue="q",
                 tasks=("t",),
                 limit=210,

@@ -462,15 +462,15 @@ async def test_binary_results_are_the_values_text_results_are(pg_url: str) -> No
 
 
 async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) -> None:
-    """The claim's settlement arrays (tokens as 32 hex digits, the states the outcome rules
-    decided, the all-complete batch's NULL arrays) read back as the settlements they came
-    from."""
+    """The settle's arrays (tokens as 32 hex digits, the states the outcome rules decided,
+    the all-complete batch's NULL arrays) and the claim's task arrays read back as the values
+    they came from."""
     import datetime
     import uuid
 
     from trioq._core.outcomes import rule_of
-    from trioq._driver import Lease, SettleAndClaim, Settlement
-    from trioq._pg.driver import settle_and_claim_params
+    from trioq._driver import Claim, Lease, Settlement
+    from trioq._pg.driver import claim_params, settle_params
 
     leases = [Lease(n, n + 1, uuid.uuid4()) for n in range(1, 4)]
     when = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
@@ -492,13 +492,12 @@ async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) ->
     conn = await connect(pg_url)
     try:
         for batch in batches:
-            params = settle_and_claim_params(
-                SettleAndClaim(
+            params = settle_params(batch) | claim_params(
+                Claim(
                     queue="q",
                     limit=0,
                     lease_seconds=1.0,
                     worker_id=uuid.uuid4(),
-                    settlements=batch,
                     tasks=("t", 'q"uo\\te'),
                     task_versions=None if batch else ("t@1", "t@2"),
                 )

@@ -1,6 +1,8 @@
-"""The plain round (queries.sql job_settle_and_claim_plain): PgDriver runs the lean statement
-only when it does exactly what the full one would, and goes back to the full one as soon as a
-round needs it (a keyed or due row, an outcome other than a plain completion)."""
+"""The plain claim and the plain completion (queries.sql job_claim_plain, job_complete_plain).
+The claim loop asks for the plain claim when the queue's last claim said the next may be plain
+(`ClaimResult.plain_next`); PgDriver runs it only when it does exactly what the full one would,
+and hands the claim to the full one in the same call as soon as a keyed or due row shows up.
+The completer's settle runs job_complete_plain only for completions of plain jobs."""
 
 from __future__ import annotations
 
@@ -14,22 +16,24 @@ import trio
 import trioq
 from tests.support import make_app, run_explained, running_worker, scalar
 from trioq._driver import (
+    Claim,
     ClaimedJob,
+    ClaimResult,
     Lease,
     NewJob,
-    SettleAndClaim,
-    SettleAndClaimResult,
     Settlement,
+    SettleResult,
 )
-from trioq._pg.driver import PgDriver, open_pg_driver, settle_and_claim_params
+from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()
 POLL = 60.0  # nothing below may wait for a poll: notifications and timers only
-PLAIN = "job_settle_and_claim_plain"
-CLAIM = "job_claim_plain"  # the plain round with no outcomes
-FULL = "job_settle_and_claim"
+CLAIM = "job_claim_plain"
+FULL = "job_claim"
+SETTLE = "job_settle_many"
 COMPLETE = "job_complete_plain"
+STATEMENTS = (CLAIM, FULL, SETTLE, COMPLETE)
 
 
 @pytest.fixture
@@ -45,110 +49,122 @@ def complete(jobs: Sequence[ClaimedJob]) -> tuple[Settlement, ...]:
     )
 
 
-async def round_(
+def _ran(driver: PgDriver, before: dict[str, int]) -> tuple[str, ...]:
+    after = driver.statistics().calls
+    return tuple(name for name in STATEMENTS if after.get(name, 0) > before.get(name, 0))
+
+
+async def claim_(
     driver: PgDriver,
-    settlements: tuple[Settlement, ...] = (),
+    plain: bool = False,
     limit: int = 25,
     versions: tuple[str, ...] | None = None,
     lookahead: float = 0.0,
-) -> tuple[tuple[str, ...], SettleAndClaimResult]:
-    """One round; returns the statements it ran, in order, and its result."""
+) -> tuple[tuple[str, ...], ClaimResult]:
+    """One claim; returns the statements it ran, in order, and its result."""
     before = dict(driver.statistics().calls)
-    result = await driver.job_settle_and_claim(
-        SettleAndClaim(
+    result = await driver.job_claim(
+        Claim(
             queue="q",
             tasks=("t",),
             limit=limit,
             lease_seconds=30,
             worker_id=WORKER,
-            settlements=settlements,
             task_versions=versions,
             lookahead_seconds=lookahead,
+            plain=plain,
         )
     )
-    after = driver.statistics().calls
-    ran = tuple(
-        name for name in (PLAIN, CLAIM, FULL, COMPLETE) if after.get(name, 0) > before.get(name, 0)
-    )
-    return ran, result
+    return _ran(driver, before), result
 
 
-async def test_the_first_round_is_full_and_an_empty_queue_makes_the_next_plain(
+async def settle_(
+    driver: PgDriver, settlements: Sequence[Settlement]
+) -> tuple[tuple[str, ...], SettleResult]:
+    """One settle (the completer's flush); the statements it ran and its result."""
+    before = dict(driver.statistics().calls)
+    result = await driver.job_settle_many(settlements)
+    return _ran(driver, before), result
+
+
+async def test_the_first_claim_is_full_and_an_empty_queue_makes_the_next_plain(
     driver: PgDriver,
 ) -> None:
-    ran, _ = await round_(driver)
+    ran, first = await claim_(driver)
     assert ran == (FULL,)  # nothing is known about the queue yet
+    assert first.plain_next
     await driver.job_insert_many([NewJob("q", "t", '{"n": 1}')] * 3)
-    ran, result = await round_(driver)
+    ran, result = await claim_(driver, plain=first.plain_next)
     assert ran == (CLAIM,)
     assert [job.payload for job in result.claimed] == [{"n": 1}] * 3
-    assert all(job.plain for job in result.claimed)
-    ran, result = await round_(driver, complete(result.claimed))
-    assert ran == (PLAIN,)
-    assert sorted(state for _, state in result.settled) == ["completed"] * 3
+    assert all(job.plain for job in result.claimed) and result.plain_next
+    ran, written = await settle_(driver, complete(result.claimed))
+    assert ran == (COMPLETE,)
+    assert sorted(state for _, state in written.settled) == ["completed"] * 3
 
 
-async def test_a_keyed_row_hands_the_claim_to_the_full_statement_in_the_same_round(
+async def test_a_keyed_row_hands_the_claim_to_the_full_statement_in_the_same_call(
     driver: PgDriver,
 ) -> None:
-    await round_(driver)  # full, empty: plain from here
+    _, first = await claim_(driver)  # full, empty: plain from here
     await driver.job_insert_many([NewJob("q", "t", "{}", partition_key="k")])
     await driver.job_insert_many([NewJob("q", "t", "{}")])
-    ran, result = await round_(driver)
+    ran, result = await claim_(driver, plain=first.plain_next)
     # The plain statement saw the keyed row and claimed nothing; the full one claimed both,
     # as it would have alone.
     assert ran == (CLAIM, FULL)
     assert sorted(job.partition_key or "" for job in result.claimed) == ["", "k"]
     keyed = next(job for job in result.claimed if job.partition_key == "k")
     assert not keyed.plain
-    # The keyed job's completion is not plain: the full statement releases its key.
-    ran, result = await round_(driver, complete(result.claimed))
-    assert ran == (FULL,)
-    assert sorted(state for _, state in result.settled) == ["completed"] * 2
+    assert not result.plain_next  # it visited a key
+    # The keyed job's completion is not plain: the full settle releases its key.
+    ran, written = await settle_(driver, complete(result.claimed))
+    assert ran == (SETTLE,)
+    assert sorted(state for _, state in written.settled) == ["completed"] * 2
     locks = f'SELECT count(*) FROM "{driver.schema}".partition_locks'
     assert await scalar(driver._conninfo, locks) == 0
-    ran, _ = await round_(driver)  # no keyed or suspended row seen: plain again
-    assert ran == (CLAIM,)
+    ran, again = await claim_(driver, plain=result.plain_next)
+    assert ran == (FULL,)
+    assert again.plain_next  # no keyed or suspended row seen: plain again
 
 
 async def test_a_row_due_later_keeps_the_queue_plain_and_gives_the_timer_its_due_time(
     driver: PgDriver,
 ) -> None:
-    await round_(driver)
+    await claim_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}", delay_seconds=3600)])
     await driver.job_insert_many([NewJob("q", "t", "{}")])
-    ran, result = await round_(driver, lookahead=5.0)
+    ran, result = await claim_(driver, plain=True, lookahead=5.0)
     assert ran == (CLAIM,)  # not due within the lookahead: nothing to claim early
     assert len(result.claimed) == 1 and result.claimed[0].run_at <= result.now
     assert result.next_due is not None and result.next_due > result.now
-    ran, again = await round_(driver, complete(result.claimed), lookahead=5.0)
-    assert ran == (PLAIN,)
+    assert result.plain_next
+    ran, again = await claim_(driver, plain=True, lookahead=5.0)
+    assert ran == (CLAIM,)
     assert again.next_due == result.next_due  # the loop's timer follows it
 
 
-async def test_a_row_due_within_the_lookahead_is_claimed_in_the_same_round(
+async def test_a_row_due_within_the_lookahead_is_claimed_in_the_same_call(
     driver: PgDriver,
 ) -> None:
-    await round_(driver)
+    await claim_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}", delay_seconds=0.5)])
-    ran, result = await round_(driver, lookahead=5.0)
+    ran, result = await claim_(driver, plain=True, lookahead=5.0)
     assert ran == (CLAIM, FULL)  # blocked: the full statement claims it early
     [job] = result.claimed
     assert job.run_at > result.now  # claimed before its run_at (the executor holds it)
-    ran, _ = await round_(driver, complete([job]), lookahead=5.0)
-    assert ran == (PLAIN,)  # the full one claimed what was due and saw nothing else
+    assert result.plain_next  # the full one claimed what was due and saw nothing else
 
 
 async def test_only_plain_completions_go_through_the_plain_statement(driver: PgDriver) -> None:
-    await round_(driver)
+    await claim_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}")] * 2)
-    ran, result = await round_(driver)
-    assert ran == (CLAIM,)
+    _, result = await claim_(driver, plain=True)
     first, second = result.claimed
     failed = Settlement(second.lease, "fail", error_json='{"type": "E", "message": "m"}')
-    ran, result = await round_(driver, (*complete([first]), failed), limit=0)
-    assert ran == (FULL,)  # a failure records its attempt: the full statement's work
-    assert dict(result.settled) == {first.id: "completed", second.id: "failed"}
+    ran, written = await settle_(driver, (*complete([first]), failed))
+    assert ran == (SETTLE,)  # a failure records its attempt: the full statement's work
+    assert dict(written.settled) == {first.id: "completed", second.id: "failed"}
     attempts = await scalar(
         driver._conninfo,
         f'SELECT count(*) FROM "{driver.schema}".attempts WHERE job_id = %s',
@@ -157,53 +173,68 @@ async def test_only_plain_completions_go_through_the_plain_statement(driver: PgD
     assert attempts == 1
     # A completion not marked plain (the default) is never taken for one.
     await driver.job_insert_many([NewJob("q", "t", "{}")])
-    ran, result = await round_(driver)  # a settle-only round tells nothing of the queue
-    assert ran == (CLAIM,)
-    ran, result = await round_(driver, (Settlement(result.claimed[0].lease, "complete", "1"),))
-    assert ran == (FULL,)
-    assert [state for _, state in result.settled] == ["completed"]
+    _, result = await claim_(driver, plain=True)
+    ran, written = await settle_(driver, (Settlement(result.claimed[0].lease, "complete", "1"),))
+    assert ran == (SETTLE,)
+    assert [state for _, state in written.settled] == ["completed"]
 
 
-async def test_a_settle_only_round_of_plain_completions_runs_the_complete_statement(
+async def test_a_settle_of_plain_completions_runs_the_complete_statement(
     driver: PgDriver,
 ) -> None:
-    """The completer's common flush: plain completions with nothing to claim run
-    job_complete_plain (fenced like the others); a batch with anything else runs the full
-    statement."""
-    await round_(driver)
+    """The completer's common flush: plain completions run job_complete_plain (fenced like
+    the others); a batch with anything else runs job_settle_many."""
+    await claim_(driver)
     await driver.job_insert_many([NewJob("q", "t", "{}")] * 3)
-    _, result = await round_(driver)
+    _, result = await claim_(driver, plain=True)
     first, second, third = result.claimed
     lease = Lease(second.id, second.attempt, uuid.uuid4())
     stale = Settlement(lease, "complete", result_json="null", plain=True)
-    ran, written = await round_(driver, (*complete([first]), stale), limit=0)
+    ran, written = await settle_(driver, (*complete([first]), stale))
     assert ran == (COMPLETE,)
     assert dict(written.settled) == {first.id: "completed"}  # the stale lease wrote nothing
-    assert written.claimed == () and written.now is not None
+    assert written.now is not None and written.next_due is None
     release = Settlement(third.lease, "release")
-    ran, written = await round_(driver, (*complete([second]), release), limit=0)
-    assert ran == (FULL,)
+    ran, written = await settle_(driver, (*complete([second]), release))
+    assert ran == (SETTLE,)
     assert dict(written.settled) == {second.id: "completed", third.id: "ready"}
 
 
+async def test_a_settle_reports_the_earliest_due_time_of_the_rows_it_suspended(
+    driver: PgDriver,
+) -> None:
+    """The claim loop's timer takes it: a claim sent before the settle committed could not see
+    those rows."""
+    await driver.job_insert_many([NewJob("q", "t", "{}")] * 2)
+    _, result = await claim_(driver)
+    first, second = result.claimed
+    retried = Settlement(first.lease, "retry", error_json='{"type": "E"}', delay_seconds=60)
+    later = Settlement(second.lease, "retry", error_json='{"type": "E"}', delay_seconds=600)
+    _, written = await settle_(driver, (retried, later))
+    assert dict(written.settled) == {first.id: "scheduled", second.id: "scheduled"}
+    assert written.next_due is not None
+    assert 59 <= (written.next_due - written.now).total_seconds() <= 61
+
+
 async def test_the_plain_claim_keeps_pauses_versions_and_fencing(driver: PgDriver) -> None:
-    await round_(driver, versions=("t@1",))
+    await claim_(driver, versions=("t@1",))
     await driver.job_insert_many([NewJob("q", "t", "{}", version=2), NewJob("q", "t", "{}")])
-    ran, result = await round_(driver, versions=("t@1",))
+    ran, result = await claim_(driver, plain=True, versions=("t@1",))
     assert ran == (CLAIM,)
     assert [job.version for job in result.claimed] == [1]  # the v2 job is not this worker's
     (job,) = result.claimed
     wrong_token = Lease(job.id, job.attempt, uuid.uuid4())
     stale = Settlement(wrong_token, "complete", result_json="null", plain=True)
-    ran, lost = await round_(driver, (stale,), versions=("t@1",))
-    assert ran == (PLAIN,)
+    ran, lost = await settle_(driver, (stale,))
+    assert ran == (COMPLETE,)
     assert lost.settled == ()  # fenced: nothing written
     assert await driver.queue_pause("q")
     await driver.job_insert_many([NewJob("q", "t", "{}")])
-    ran, paused = await round_(driver, complete([job]), versions=("t@1",))
-    assert ran == (PLAIN,)
-    assert dict(paused.settled) == {job.id: "completed"}  # completions still go through
+    ran, paused = await claim_(driver, plain=True, versions=("t@1",))
+    assert ran == (CLAIM,)
     assert paused.claimed == ()  # a paused queue claims nothing
+    _, written = await settle_(driver, complete([job]))
+    assert dict(written.settled) == {job.id: "completed"}  # completions still go through
 
 
 async def test_a_worker_drains_plain_jobs_on_the_plain_statement_and_keyed_and_due_jobs_promptly(
@@ -271,16 +302,16 @@ async def test_a_child_completing_in_plain_mode_wakes_its_suspended_parent(
     assert child_parent == workflow.id
 
 
-@pytest.mark.parametrize("name", [PLAIN, CLAIM])
+@pytest.mark.parametrize("name", [CLAIM])
 async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
     pg_url: str, pg_schema: str, driver: PgDriver, name: str
 ) -> None:
-    """The plain statements' generic plan on a table whose statistics show a backlog has no
+    """The plain claim's generic plan on a table whose statistics show a backlog has no
     Seq Scan of jobs: the claim's UPDATE finds the rows by primary key (a join left to the
     planner hashed a seq scan of jobs: a LIMIT read through a sub-select is estimated at a tenth
     of the table)."""
     statement = queries(pg_schema)[name]
-    params = settle_and_claim_params(SettleAndClaim("q", ("t",), 25, 30.0, WORKER))
+    params = claim_params(Claim("q", ("t",), 25, 30.0, WORKER))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(
@@ -295,32 +326,25 @@ async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
     assert "Seq Scan" not in plan, plan
 
 
-async def test_a_lost_connection_after_a_blocked_plain_round_reports_what_it_wrote(
+async def test_a_lost_connection_in_the_full_claim_after_a_blocked_plain_one_claims_nothing(
     driver: PgDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The plain statement commits its completions before the full one claims: when the full
-    one then fails with a lost connection, the round still reports the completions (a retried
-    round would find them written and call their leases lost), and the next round, a full one,
-    claims."""
-    await round_(driver)
-    await driver.job_insert_many([NewJob("q", "t", "{}")])
-    ran, result = await round_(driver)
-    assert ran == (CLAIM,)
-    await driver.job_insert_many([NewJob("q", "t", "{}", partition_key="k")])  # blocks the next
-    settle_rows = PgDriver._settle_rows
+    """A blocked plain claim wrote nothing: when the full claim then fails with a lost
+    connection, the call raises (the claim loop claims again at its next wake-up), and the next
+    claim, a full one, takes the keyed job."""
+    _, first = await claim_(driver)
+    await driver.job_insert_many([NewJob("q", "t", "{}", partition_key="k")])  # blocks
+    query = PgDriver._query
 
-    async def lose_the_full_one(self, conn, params, name=FULL):  # type: ignore[no-untyped-def]
+    async def lose_the_full_one(self, conn, name, params):  # type: ignore[no-untyped-def]
         if name == FULL:
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return await settle_rows(self, conn, params, name)
+        return await query(self, conn, name, params)
 
-    monkeypatch.setattr(PgDriver, "_settle_rows", lose_the_full_one)
-    blocked = await driver.job_settle_and_claim(
-        SettleAndClaim("q", ("t",), 25, 30, WORKER, complete(result.claimed))
-    )
-    assert dict(blocked.settled) == {result.claimed[0].id: "completed"}
-    assert blocked.claimed == ()
+    monkeypatch.setattr(PgDriver, "_query", lose_the_full_one)
+    with pytest.raises(psycopg.OperationalError):
+        await claim_(driver, plain=first.plain_next)
     monkeypatch.undo()
-    ran, after = await round_(driver)
+    ran, after = await claim_(driver)
     assert ran == (FULL,)
     assert [job.partition_key for job in after.claimed] == ["k"]

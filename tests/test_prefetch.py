@@ -15,7 +15,7 @@ import trio.testing
 
 import trioq
 from tests.support import Gate, make_app, running_worker, sql_rows, wait_until
-from trioq._driver import SettleAndClaim, SettleAndClaimResult
+from trioq._driver import Claim, ClaimResult
 from trioq._memory import MemoryDriver
 
 
@@ -117,11 +117,9 @@ class EmptyOnce:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+    async def job_claim(self, params: Claim) -> ClaimResult:
         empty = len(self.claims) == 1 and params.limit > 0
-        result = await self.inner.job_settle_and_claim(
-            attrs.evolve(params, limit=0) if empty else params
-        )
+        result = await self.inner.job_claim(attrs.evolve(params, limit=0) if empty else params)
         if params.limit:
             self.claims.append((trio.current_time(), params.limit, len(result.claimed)))
         return result

@@ -165,13 +165,14 @@ def test_the_dashboards_column_names_are_its_statements_columns(
     assert mismatched == {}, "\n".join(f"{k}: {v}" for k, v in mismatched.items())
 
 
-def test_both_rounds_share_the_columns_one_decode_reads() -> None:
-    """`_round_rows` reads either round's reply through Round's positions."""
-    shared = ("ids", "states", "promoted", "now", "next_due", "concurrency_cursor")
-    assert [getattr(replies.PlainRound, name) for name in shared] == [
-        getattr(replies.Round, name) for name in shared
+def test_both_claims_share_the_columns_one_decode_reads() -> None:
+    """`_claimed_jobs` reads either claim's reply through ClaimedRow's positions, and `now`
+    and `next_due` are at the same positions in both."""
+    shared = ("promoted", "now", "next_due", "concurrency_cursor")
+    assert [getattr(replies.PlainClaimed, name) for name in shared] == [
+        getattr(replies.Claimed, name) for name in shared
     ]
-    assert replies.PlainRound.then is replies.Round.then is replies.ClaimedRow
+    assert replies.PlainClaimed.then is replies.Claimed.then is replies.ClaimedRow
 
 
 def test_a_claimed_row_has_the_claimed_jobs_fields_in_order() -> None:
@@ -189,7 +190,7 @@ def test_each_statement_has_one_reply_class_and_columns_are_numbered_in_order() 
 
 
 def test_a_following_class_must_start_where_the_columns_before_it_end() -> None:
-    with pytest.raises(TypeError, match="starts at column 8, after 1 columns"):
+    with pytest.raises(TypeError, match="starts at column 6, after 1 columns"):
 
         class Wrong(replies.Reply, then=replies.ClaimedRow):
             only: int

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,13 +21,13 @@ import trioq._pg.producer
 import trioq.client
 from tests.support import Gate, blocked_on_a_lock, make_app, running_worker, scalar, wait_until
 from trioq._core.channels import result_channel
-from trioq._driver import Driver, Lease, SettleAndClaim, Settlement
+from trioq._driver import Driver, Lease, Settlement
 from trioq._pg import Connection, connect
 from trioq._pg.driver import complete_plain_params, open_pg_driver
 from trioq._sql import queries
 from trioq.producer import AsyncProducer, SyncProducer
 from trioq.testing.conformance import NotificationRecorder, claim, enqueue, new_job, record
-from trioq.testing.conformance.harness import LEASE_SECONDS, QUEUE, TASK
+from trioq.testing.conformance.harness import QUEUE
 
 
 @pytest.fixture
@@ -72,7 +71,7 @@ async def test_a_watch_that_locks_the_row_first_is_notified_by_the_blocked_compl
                 await session.fetch(queries(pg_schema)["job_result_watch"], {"id": job.id})
 
                 async def flush() -> None:
-                    completed.append(await driver.job_settle_and_claim(flush_of(job.lease, plain)))
+                    completed.append(await driver.job_settle_many(flush_of(job.lease, plain)))
 
                 nursery.start_soon(flush)
                 await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
@@ -129,11 +128,10 @@ async def test_a_claim_that_skipped_a_row_a_watch_held_is_woken_again(
     assert [job.id for job in await claim(driver, 1)] == [job_id]
 
 
-def flush_of(lease: Lease, plain: bool) -> SettleAndClaim:
-    """A settle-only round completing `lease` (the completer's flush); `plain` sends it as
-    job_complete_plain, else as job_settle_and_claim."""
-    settlement = Settlement(lease, "complete", result_json=json.dumps(7), plain=plain)
-    return SettleAndClaim(QUEUE, (TASK,), 0, LEASE_SECONDS, uuid.uuid4(), (settlement,))
+def flush_of(lease: Lease, plain: bool) -> list[Settlement]:
+    """The completer's flush completing `lease`: `plain` sends it as job_complete_plain,
+    else as job_settle_many."""
+    return [Settlement(lease, "complete", result_json=json.dumps(7), plain=plain)]
 
 
 # --- every waiter path, woken by the notification alone --------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import SettleAndClaim, SettleAndClaimResult
+from trioq._driver import Claim, ClaimResult, Settlement, SettleResult
 from trioq._memory import MemoryDriver
 from trioq.testing.transitions import CheckedDriver
 
@@ -52,18 +52,21 @@ class FlakyDriver:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+    async def job_claim(self, params: Claim) -> ClaimResult:
         await trio.lowlevel.checkpoint()
-        if params.settlements:  # the completer's flush (the claim loop sends no outcomes)
-            if self.flush_gate is not None:
-                await self.flush_gate.wait()
-            if self.fail_flushes:
-                self.fail_flushes -= 1
-                raise ConnectionError("connection lost (injected, flush)")
-        elif self.lose:
+        if self.lose:
             self.lose -= 1
             raise ConnectionError("connection lost (injected)")
-        return await self.inner.job_settle_and_claim(params)
+        return await self.inner.job_claim(params)
+
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+        await trio.lowlevel.checkpoint()
+        if self.flush_gate is not None:
+            await self.flush_gate.wait()
+        if self.fail_flushes:
+            self.fail_flushes -= 1
+            raise ConnectionError("connection lost (injected, flush)")
+        return await self.inner.job_settle_many(settlements)
 
 
 class Host:

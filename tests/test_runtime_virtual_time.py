@@ -50,7 +50,7 @@ async def test_idle_queues_are_looked_at_once_per_interval_whatever_the_slot_cou
 ) -> None:
     calls = await idle_minute([f"q{n}" for n in range(queue_count)])
     probes = sum(calls.get(name, 0) for name in PROBING)
-    looks_per_queue = calls["job_settle_and_claim"] / queue_count + probes
+    looks_per_queue = calls["job_claim"] / queue_count + probes
     # A look is a claim poll or a probe standing in for one: once per poll interval, never
     # more than an interval apart (a probe sent just before a poll was due replaces it).
     assert 60 <= looks_per_queue <= 61, calls
@@ -64,7 +64,7 @@ async def test_idle_worker_sends_at_most_one_statement_per_second_per_queue(
     calls = await idle_minute([f"q{n}" for n in range(queue_count)])
     # The lone worker leads: its maintenance pass heartbeats, keeps the seat and reads the
     # schedules, so no renewal, election or scheduler statement is sent while it is idle.
-    assert set(calls) == {"job_settle_and_claim", "maintenance_pass"}, calls
+    assert set(calls) == {"job_claim", "maintenance_pass"}, calls
     assert sum(calls.values()) <= 60 * queue_count, calls
 
 
@@ -319,9 +319,14 @@ async def test_claims_overlap_one_flush_in_flight_within_the_bounds(
         def __getattr__(self, name: str) -> object:
             return getattr(inner, name)
 
-        async def job_settle_and_claim(self, params):  # type: ignore[no-untyped-def]
+        async def job_claim(self, params):  # type: ignore[no-untyped-def]
+            return await self._statement(False, inner.job_claim, params)
+
+        async def job_settle_many(self, settlements):  # type: ignore[no-untyped-def]
+            return await self._statement(True, inner.job_settle_many, settlements)
+
+        async def _statement(self, flush, method, argument):  # type: ignore[no-untyped-def]
             nonlocal claims, flushes, most_together, most_flushes, most_running
-            flush = bool(params.settlements)
             if flush:
                 flushes += 1
             else:
@@ -330,7 +335,7 @@ async def test_claims_overlap_one_flush_in_flight_within_the_bounds(
             most_flushes = max(most_flushes, flushes)
             try:
                 await trio.sleep(0.002)
-                result = await inner.job_settle_and_claim(params)
+                result = await method(argument)
                 [status] = await inner.queue_status()
                 most_running = max(most_running, status.running)
                 return result

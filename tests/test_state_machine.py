@@ -45,14 +45,14 @@ from trioq._core.identifiers import quote_ident
 from trioq._driver import (
     Checkpoint,
     CheckpointWrite,
+    Claim,
+    ClaimResult,
     Driver,
     JobRecord,
     Lease,
     MaintenancePass,
     NewJob,
     RenewLeases,
-    SettleAndClaim,
-    SettleAndClaimResult,
     Settlement,
 )
 from trioq._memory import MemoryDriver
@@ -274,11 +274,18 @@ class DifferentialMachine(RuleBasedStateMachine):
             for job, kind in chosen.items()
         ]
         limit = max(0, worker.slots - len(worker.held) + len(chosen))
-        memory, pg = self.both(
-            "job_settle_and_claim",
-            (self._params(worker, limit, window, [m for m, _ in settlements]),),
-            (self._params(worker, limit, window, [p for _, p in settlements]),),
-        )
+        # The worker's completer writes the outcomes, then its claim loop claims.
+        if settlements:
+            memory_written, pg_written = self.both(
+                "job_settle_many",
+                ([m for m, _ in settlements],),
+                ([p for _, p in settlements],),
+            )
+            assert sorted(memory_written.settled) == sorted(
+                (self.to_memory[job], state) for job, state in pg_written.settled
+            )
+        params = self._params(worker, limit, window)
+        memory, pg = self.both("job_claim", (params,), (params,))
         self._compare_rounds(memory, pg)
         worker.key_cursor = memory.key_cursor or ""
         worker.held = [job for job in worker.held if job not in chosen]
@@ -352,10 +359,8 @@ class DifferentialMachine(RuleBasedStateMachine):
                 outcome = self.host.call(driver.checkpoint_insert_many, [write])
             else:
                 now = datetime.datetime.now(datetime.UTC)
-                params = SettleAndClaim(
-                    QUEUE, (), 0, LEASE, uuid.uuid4(), (self._settlement(lease, kind, now),)
-                )
-                outcome = self.host.call(driver.job_settle_and_claim, params).settled
+                settlements = [self._settlement(lease, kind, now)]
+                outcome = self.host.call(driver.job_settle_many, settlements).settled
             assert not outcome, (kind, lease, outcome)
 
     @rule(seconds=st.sampled_from([TICK, PAST_EVERY_LEASE]))
@@ -404,9 +409,9 @@ class DifferentialMachine(RuleBasedStateMachine):
     # --- helpers --------------------------------------------------------------------------
 
     async def _nows(self) -> tuple[datetime.datetime, datetime.datetime]:
-        empty = SettleAndClaim(QUEUE, (), 0, LEASE, uuid.uuid4(), promote_limit=0)
-        memory = await self.pair.memory.job_settle_and_claim(empty)
-        pg = await self.pair.pg.job_settle_and_claim(empty)
+        empty = Claim(QUEUE, (), 0, LEASE, uuid.uuid4(), promote_limit=0)
+        memory = await self.pair.memory.job_claim(empty)
+        pg = await self.pair.pg.job_claim(empty)
         return memory.now, pg.now
 
     @staticmethod
@@ -425,24 +430,18 @@ class DifferentialMachine(RuleBasedStateMachine):
         )
 
     @staticmethod
-    def _params(
-        worker: SimWorker, limit: int, window: int, settlements: list[Settlement]
-    ) -> SettleAndClaim:
-        return SettleAndClaim(
+    def _params(worker: SimWorker, limit: int, window: int) -> Claim:
+        return Claim(
             QUEUE,
             worker.tasks,
             limit,
             LEASE,
             worker.worker_id,
-            tuple(settlements),
             key_cursor=worker.key_cursor,
             key_window=window,
         )
 
-    def _compare_rounds(self, memory: SettleAndClaimResult, pg: SettleAndClaimResult) -> None:
-        assert sorted(memory.settled) == sorted(
-            (self.to_memory[job], state) for job, state in pg.settled
-        )
+    def _compare_rounds(self, memory: ClaimResult, pg: ClaimResult) -> None:
         assert sorted(job.id for job in memory.claimed) == sorted(
             self.to_memory[job.id] for job in pg.claimed
         )

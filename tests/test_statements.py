@@ -78,7 +78,7 @@ def test_a_fragment_with_names_is_included_with_the_includes_names() -> None:
     assert parse_blocks(text) == {"both": "SELECT a FROM t\nUNION ALL\nSELECT b FROM u"}
     with pytest.raises(ValueError, match="takes 2 names"):
         parse_blocks("-- fragment: pick(col, tab)\nx\n-- name: one\n-- include: pick(a)\n")
-    claim = queries("x")["job_settle_and_claim"]
+    claim = queries("x")["job_claim"]
     assert re.search(r"@[a-z_]+@", claim) is None  # every marker replaced
     assert "FROM ready_keys k" in claim and "FROM ready_concurrency_keys k" in claim
 
@@ -95,7 +95,7 @@ def test_a_fragment_is_included_where_a_statement_names_it_and_nowhere_else() ->
     with pytest.raises(ValueError, match="no fragment 'rows'"):
         parse_blocks("-- name: thing_read\nSELECT\n-- include: rows\n")
     claim_columns = "j.version,"
-    for name in ("job_settle_and_claim", "job_settle_and_claim_plain", "job_claim_plain"):
+    for name in ("job_claim", "job_claim_rated", "job_claim_plain"):
         assert claim_columns in queries("x")[name]  # both claims read the one column list
     assert "claim_returning" not in queries("x")
 
@@ -106,5 +106,5 @@ def test_the_parent_wake_up_is_written_once_and_called_where_children_end() -> N
     the cancels call too. No statement writes a parent's count itself."""
     statements = queries("x")
     assert [name for name, text in statements.items() if "children_settled + " in text] == []
-    for name in ("job_settle_and_claim", "maintenance_pass"):
+    for name in ("job_settle_many", "maintenance_pass"):
         assert '"x".parents_notify(' in statements[name], name

@@ -9,7 +9,7 @@ import re
 import pytest
 import trio
 
-from trioq._core.states import DELETED_BY, INSERTED, SETTLE, TRANSITIONS, JobState
+from trioq._core.states import CLAIM, DELETED_BY, INSERTED, TRANSITIONS, JobState
 from trioq._driver import DRIVER_METHODS, NewJob
 from trioq._memory import MemoryDriver
 from trioq._sql import migrations, queries, query_names
@@ -72,11 +72,11 @@ def test_every_statement_the_state_machine_names_is_run_by_a_listed_method() -> 
 
 def test_changes_outside_the_state_machine_are_reported() -> None:
     ready, running = JobState.READY, JobState.RUNNING
-    assert transition_errors({1: ready}, {1: running}, frozenset({SETTLE})) == []
-    [skipped] = transition_errors({1: ready}, {1: "completed"}, frozenset({SETTLE}))
+    assert transition_errors({1: ready}, {1: running}, frozenset({CLAIM})) == []
+    [skipped] = transition_errors({1: ready}, {1: "completed"}, frozenset({CLAIM}))
     assert "ready -> completed" in skipped
     [wrong_statement] = transition_errors({1: ready}, {1: running}, frozenset({"job_cancel"}))
-    assert "job_settle_and_claim" in wrong_statement  # names the statements that may
+    assert "job_claim" in wrong_statement  # names the statements that may
     [born_running] = transition_errors({}, {1: running}, frozenset({"job_insert_many"}))
     assert "inserted as running" in born_running
     [deleted_live] = transition_errors({1: ready}, {}, frozenset({"job_purge"}))

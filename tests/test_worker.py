@@ -25,9 +25,9 @@ async def test_job_runs_and_its_result_is_returned(pg_url: str, pg_schema: str) 
 
 
 def claim_rounds(client: trioq.Client) -> int:
-    """Claim statements run so far (any form of the round: claim-only, plain or full)."""
+    """Claim statements run so far (either form: plain or full)."""
     calls = client.driver.statistics().calls
-    forms = ("job_settle_and_claim", "job_settle_and_claim_plain", "job_claim_plain")
+    forms = ("job_claim", "job_claim_rated", "job_claim_plain")
     return sum(calls.get(name, 0) for name in forms)
 
 

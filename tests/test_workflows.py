@@ -8,7 +8,7 @@ import datetime
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import attrs
@@ -21,13 +21,15 @@ import trioq
 from tests.support import make_app, running_worker, wait_until
 from trioq._driver import (
     CheckpointWrite,
+    Claim,
+    ClaimResult,
     MaintenancePass,
     NewJob,
-    SettleAndClaim,
-    SettleAndClaimResult,
+    Settlement,
+    SettleResult,
 )
 from trioq._memory import MemoryDriver
-from trioq._pg.driver import PgDriver, _claimed_job, open_pg_driver, settle_and_claim_params
+from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver
 from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 from trioq.testing import SqlClock
@@ -242,9 +244,7 @@ async def test_crash_during_a_durable_sleep_resumes_at_the_original_wake_time(
     not a fresh full sleep."""
     clock = await SqlClock.install(driver)
     [inserted] = await driver.job_insert_many([NewJob("default", "nap", "{}")])
-    claim = await driver.job_settle_and_claim(
-        SettleAndClaim("default", ("nap",), 1, 5, uuid.uuid4())
-    )
+    claim = await driver.job_claim(Claim("default", ("nap",), 1, 5, uuid.uuid4()))
     [job] = claim.claimed
     [written] = await driver.checkpoint_insert_many(
         [CheckpointWrite(job.lease, 0, "sleep", "nap", "{}", wake_in_seconds=10)]
@@ -351,10 +351,8 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
         )
 
     def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Any]:
-        params = settle_and_claim_params(
-            SettleAndClaim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200)
-        )
-        rows = conn.execute(statements["job_settle_and_claim"], params).fetchall()
+        params = claim_params(Claim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200))
+        rows = conn.execute(statements["job_claim"], params).fetchall()
         return [_claimed_job(row) for row in rows if row[ClaimedRow.id] is not None]
 
     claimed_by_b: list[list[Any]] = []
@@ -401,7 +399,8 @@ async def _enqueue(pg_url: str, pg_schema: str, jobs: list[NewJob]) -> None:
 
 @attrs.define(eq=False)
 class FaultyDriver:
-    """Wraps a MemoryDriver: the n-th settle-and-claim hangs or raises, as told."""
+    """Wraps a MemoryDriver: the n-th claim or settle (counted together, in call order: the
+    claim loop's and the completer's statements) hangs or raises, as told."""
 
     inner: MemoryDriver
     hang_on: int | None = None
@@ -412,7 +411,7 @@ class FaultyDriver:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+    async def _call(self) -> None:
         self.calls += 1
         if self.calls == self.hang_on:
             self.hanging.set()
@@ -420,7 +419,14 @@ class FaultyDriver:
         if self.calls in self.raise_on:
             await trio.lowlevel.checkpoint()
             raise self.raise_on[self.calls]
-        return await self.inner.job_settle_and_claim(params)
+
+    async def job_claim(self, params: Claim) -> ClaimResult:
+        await self._call()
+        return await self.inner.job_claim(params)
+
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+        await self._call()
+        return await self.inner.job_settle_many(settlements)
 
 
 async def test_outcomes_buffered_at_a_hard_stop_are_written_on_the_way_out(
@@ -435,7 +441,8 @@ async def test_outcomes_buffered_at_a_hard_stop_are_written_on_the_way_out(
         return "result"
 
     memory = MemoryDriver()
-    # Round 1 claims the job; round 2 (carrying its completion) hangs: a database that stalls.
+    # Call 1 claims the job; call 2 (the completer writing its completion) hangs: a database
+    # that stalls.
     faulty = FaultyDriver(memory, hang_on=2)
     async with app.client(driver=faulty) as client:  # type: ignore[arg-type]
         job = await client.enqueue("work", {})
@@ -503,9 +510,7 @@ async def test_a_checkpoint_batch_without_values_is_written_by_the_plain_stateme
 
     monkeypatch.setattr(PgDriver, "_retrying", recording)
     await driver.job_insert_many([NewJob("default", "flow", "{}")])
-    claim = await driver.job_settle_and_claim(
-        SettleAndClaim("default", ("flow",), 1, 30, uuid.uuid4())
-    )
+    claim = await driver.job_claim(Claim("default", ("flow",), 1, 30, uuid.uuid4()))
     [job] = claim.claimed
     sent.clear()
     [plain] = await driver.checkpoint_insert_many([CheckpointWrite(job.lease, 0, "step", "a", "1")])
@@ -528,9 +533,7 @@ async def test_a_repeated_checkpoint_write_answers_the_stored_value(driver: PgDr
     answered with the value stored first (not the repeat's), beside a new write in the same
     batch, and names and values that need quoting in an array literal arrive intact."""
     await driver.job_insert_many([NewJob("default", "flow", "{}")])
-    claim = await driver.job_settle_and_claim(
-        SettleAndClaim("default", ("flow",), 1, 30, uuid.uuid4())
-    )
+    claim = await driver.job_claim(Claim("default", ("flow",), 1, 30, uuid.uuid4()))
     [job] = claim.claimed
     name = 'odd "name", {with} \\ quotes'
     [first] = await driver.checkpoint_insert_many(

@@ -84,13 +84,15 @@ class Settlement:
 
 
 @attrs.frozen
-class SettleAndClaim:
+class Claim:
+    """The claim loop's claim of up to `limit` ready jobs of `queue` (outcomes are not part of
+    it: the completer writes them with `job_settle_many`)."""
+
     queue: str
     tasks: tuple[str, ...]
     limit: int
     lease_seconds: float
     worker_id: uuid.UUID
-    settlements: tuple[Settlement, ...] = ()
     key_cursor: str = ""  # partition keys: continue the round-robin after this key
     key_window: int = DEFAULT_KEY_WINDOW  # each kind of key: visit at most this many per claim
     concurrency_cursor: str = ""  # concurrency keys: continue the round-robin after this key
@@ -104,6 +106,10 @@ class SettleAndClaim:
     # The claiming worker traces its executions: their spans' trace ids are the lease tokens
     # (_tracing.py), so a lost attempt's row can carry one (jobs.traced, migration 0022).
     traced: bool = False
+    # The caller's choice, from the queue's last claim (`ClaimResult.plain_next`): try the
+    # lean claim of unkeyed ready rows first. A driver claims exactly what the full claim would
+    # either way (PgDriver falls back to it when keyed or due work shows up).
+    plain: bool = False
 
 
 @attrs.frozen
@@ -404,8 +410,7 @@ class ClaimedJob:
 
 
 @attrs.frozen
-class SettleAndClaimResult:
-    settled: tuple[tuple[int, str], ...]  # (job id, new state) of each settlement that held
+class ClaimResult:
     claimed: tuple[ClaimedJob, ...]
     now: datetime.datetime  # database time as the statement ended
     next_due: datetime.datetime | None = None  # the queue's next scheduled/sleeping/waiting run_at
@@ -426,9 +431,18 @@ class SettleAndClaimResult:
     # then (database time; the earliest among such keys). Other keys and slots are unaffected:
     # the claim loop's timer follows it, as it follows next_due.
     key_rate_limited_until: datetime.datetime | None = None
-    # A plain round saw work only the full statement claims (keyed or due rows) and the full
-    # claim did not follow (its connection was lost): the claim loop claims again.
-    blocked: bool = False
+    # This claim saw no keyed or due work: the next may be a plain one (`Claim.plain`).
+    plain_next: bool = False
+
+
+@attrs.frozen
+class SettleResult:
+    settled: tuple[tuple[int, str], ...]  # (job id, new state) of each settlement that held
+    now: datetime.datetime  # database time as the statement ended
+    # The earliest new run_at of the rows suspended or scheduled by these outcomes (the claim
+    # loop's timer takes it: a claim sent before this commit could not see them).
+    next_due: datetime.datetime | None = None
+    replied_at: float | None = None  # trio's clock when the reply arrived (None: not measured)
 
     @property
     def settled_ids(self) -> tuple[int, ...]:
@@ -855,10 +869,10 @@ class Transaction(Protocol):
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
 
-    async def job_settle_many(self, settlements: Sequence[Settlement]) -> list[tuple[int, str]]:
-        """Settle running jobs (fenced) inside this transaction, with the claim loop's settle
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+        """Settle running jobs (fenced) inside this transaction, with the completer's settle
         statement: the settlement commits with the caller's writes or not at all (a handler's
-        transactional completion). Returns (id, new state) of the rows whose fence held."""
+        transactional completion). `settled`: (id, new state) of the rows whose fence held."""
         ...
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome: ...
@@ -877,7 +891,18 @@ class Driver(Protocol):
         """True when `exc` means the database connection was lost (retry later), not a bug."""
         ...
 
-    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult: ...
+    async def job_claim(self, params: Claim) -> ClaimResult:
+        """The claim loop's claim: promote the queue's due work and claim up to `limit` ready
+        jobs (fewer when a queue limit, a key or its limit holds them back). Not retried here:
+        a claim whose reply was lost may have committed (its rows then wait for lease recovery)."""
+        ...
+
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+        """The completer's flush: record finished executions' outcomes, fenced, in one statement
+        (their keys released, history written, waiters and parents woken, ready rows'
+        queues notified). Not retried here: the completer keeps the batch and writes it again
+        (fenced: a batch that committed is not applied twice)."""
+        ...
 
     async def checkpoint_insert_many(
         self, writes: Sequence[CheckpointWrite]

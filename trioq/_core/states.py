@@ -25,9 +25,10 @@ SUSPENDED_STATES = frozenset({JobState.SLEEPING, JobState.WAITING})
 KEY_HOLDING_STATES = frozenset({JobState.RUNNING, JobState.SLEEPING, JobState.WAITING})
 
 S = JobState
-SETTLE = "job_settle_and_claim"
-PLAIN = "job_settle_and_claim_plain"  # the common-case round: unkeyed claims, plain completions
-CLAIM_PLAIN = "job_claim_plain"  # the same round with no outcomes (the claim loop's own)
+CLAIM = "job_claim"  # the claim loop's: promotes due rows, claims ready (and due) ones
+CLAIM_PLAIN = "job_claim_plain"  # the common-case claim: unkeyed ready rows only
+SETTLE = "job_settle_many"  # the completer's: every outcome's rule
+COMPLETE_PLAIN = "job_complete_plain"  # the common-case flush: completions of plain jobs
 # (from, to) -> the statement(s) allowed to make that transition.
 # The cancel statements: each runs job_cancel_tree (migration 0017), which makes a scheduled or
 # ready job cancelled, a sleeping or waiting one ready (flagged: its worker runs the handler
@@ -39,18 +40,18 @@ CANCEL = ("job_cancel", "job_cancel_with", "job_cancel_children", "maintenance_p
 # (trioq/testing/transitions.py) checks every row change of the conformance suite and the
 # differential machines against this table; docs/state-machine.md's diagram is rendered from it.
 TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
-    (S.SCHEDULED, S.READY): (SETTLE,),  # promotion when due
+    (S.SCHEDULED, S.READY): (CLAIM,),  # promotion when due
     (S.SCHEDULED, S.CANCELLED): CANCEL,
     (S.SCHEDULED, S.WAITING): CANCEL,  # a parent waits for its running children
-    (S.READY, S.RUNNING): (SETTLE, PLAIN, CLAIM_PLAIN),  # claim
+    (S.READY, S.RUNNING): (CLAIM, CLAIM_PLAIN),  # claim
     # Due unkeyed rows are claimed by the statement that promotes them (due_unkeyed), and
     # sleeping or scheduled ones within the claim's lookahead a little early.
-    (S.SCHEDULED, S.RUNNING): (SETTLE,),
-    (S.SLEEPING, S.RUNNING): (SETTLE,),
-    (S.WAITING, S.RUNNING): (SETTLE,),
+    (S.SCHEDULED, S.RUNNING): (CLAIM,),
+    (S.SLEEPING, S.RUNNING): (CLAIM,),
+    (S.WAITING, S.RUNNING): (CLAIM,),
     (S.READY, S.CANCELLED): CANCEL,
     (S.READY, S.WAITING): CANCEL,  # a parent waits for its running children
-    (S.RUNNING, S.COMPLETED): (SETTLE, PLAIN, "job_complete_plain"),
+    (S.RUNNING, S.COMPLETED): (SETTLE, COMPLETE_PLAIN),
     (S.RUNNING, S.SCHEDULED): (SETTLE,),  # retry with backoff
     (S.RUNNING, S.READY): (
         SETTLE,  # drain release (attempt restored), zero-delay retry, suspension already due
@@ -64,10 +65,11 @@ TRANSITIONS: dict[tuple[JobState, JobState], tuple[str, ...]] = {
         SETTLE,  # handler cancelled on request
         "maintenance_pass",  # the holder of a job whose cancel was requested died
     ),
-    (S.SLEEPING, S.READY): (SETTLE, *CANCEL),  # promotion at the wake time; cancel's cleanup run
+    (S.SLEEPING, S.READY): (CLAIM, *CANCEL),  # promotion at the wake time; cancel's cleanup run
     (S.SLEEPING, S.WAITING): CANCEL,  # a parent waits for its running children
     (S.WAITING, S.READY): (
-        SETTLE,  # deadline promotion, and a child's final outcome waking its parent
+        CLAIM,  # deadline promotion
+        SETTLE,  # a child's final outcome waking its parent
         "event_emit",  # the event it waits for
         "message_send",  # a message to a waiting receive
         "maintenance_pass",  # a child failed by lease recovery

@@ -42,7 +42,9 @@ from .._driver import (
     Checkpoint,
     CheckpointWrite,
     ChildrenWaitOutcome,
+    Claim,
     ClaimedJob,
+    ClaimResult,
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
     ConcurrencyRate,
@@ -84,9 +86,8 @@ from .._driver import (
     ScheduleFireReport,
     ScheduleRecord,
     SendOutcome,
-    SettleAndClaim,
-    SettleAndClaimResult,
     Settlement,
+    SettleResult,
     Spawn,
     SpawnOutcome,
     TaskHistoryKind,
@@ -158,15 +159,17 @@ class MemoryTransaction:
             raise RuntimeError("this transaction has already ended")
         return await self._driver._insert(jobs, self)
 
-    async def job_settle_many(self, settlements: Sequence[Settlement]) -> list[tuple[int, str]]:
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
         """Fenced now, applied at commit (fenced again then, as the row lock would hold it)."""
         if self._ended.is_set():
             raise RuntimeError("this transaction has already ended")
-        await self._driver._state.statement("job_settle_and_claim")
+        now = await self._driver._state.statement("job_settle_many")
         held = [s for s in settlements if self._driver._holds(s.lease)]
         self._settlements.extend(held)
         # the state each rule leaves the job in when not due at once (applied at commit)
-        return [(s.lease.id, rule_of(s.kind).state) for s in held]
+        return SettleResult(
+            settled=tuple((s.lease.id, rule_of(s.kind).state) for s in held), now=now
+        )
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         """Buffered like the enqueues: stored and its waiters woken only at commit. The
@@ -316,23 +319,18 @@ class MemoryDriver:
         lost one (anything else is a bug, as on Postgres)."""
         return isinstance(exc, ConnectionError)
 
-    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
-        """Settle this worker's finished executions (fenced), promote due work, and claim up to
-        `limit` ready jobs.
+    async def job_claim(self, params: Claim) -> ClaimResult:
+        """Promote due work, and claim up to `limit` ready jobs.
 
-        Like the single SQL statement, the claim and the promotion see the state before the
-        settlements: a partition key freed here, or a job promoted here, is claimable from the
-        next call. Keyed jobs come from at most `key_window` keys visited round-robin after
-        `key_cursor`; a key whose lock is held is skipped unless its holder is ready again
-        (woken from a suspension), which is then the key's only candidate.
-        """
+        Like the SQL statement, the claim sees the state before the promotion: a job promoted
+        here is claimable from the next call (unkeyed due rows are claimed at once). Keyed jobs
+        come from at most `key_window` keys visited round-robin after `key_cursor`; a key whose
+        lock is held is skipped unless its holder is ready again (woken from a suspension),
+        which is then the key's only candidate. `Claim.plain` changes nothing here (one
+        algorithm serves both of PgDriver's claim forms)."""
         if params.limit < 0:
             raise ValueError("limit must not be negative")
-        for settlement in params.settlements:
-            for text in (settlement.result_json, settlement.error_json):
-                if text is not None:
-                    json.loads(text)
-        now = await self._state.statement("job_settle_and_claim")
+        now = await self._state.statement("job_claim")
         gated = limits.gate(self._state, params.queue, params.limit, now) if params.limit else None
         if gated is not None:  # a limited queue: its gate's count, no early claims
             self._state.calls["queue_limit_gate"] += 1
@@ -350,14 +348,6 @@ class MemoryDriver:
         )
         due = [row for row in due if row not in candidates and before_or_at(row.run_at, now)]
         outbox = Outbox()
-        settled_rows = [
-            row
-            for settlement in params.settlements
-            if (row := self._settle(settlement, now, outbox)) is not None
-        ]
-        settled = [(row.id, row.state) for row in settled_rows]
-        waits.children_finished(self._state, settled_rows, now, outbox)
-        self._state.announce_results(settled_rows, outbox)
         for row in due:
             row.state = "ready"
         if due:
@@ -374,18 +364,51 @@ class MemoryDriver:
                 if gated.allowed
                 else gated.next_start_at
             )
-        return SettleAndClaimResult(
+        next_due = self._next_due(params.queue, now)  # rows claimed early are running now
+        return ClaimResult(
             rate_limited_until=rate_limited_until,
             at_global_limit=gated is not None and gated.at_global_limit,
-            settled=tuple(settled),
             claimed=claimed,
             now=now,
-            next_due=self._next_due(params.queue, now),  # rows claimed early are running now
+            next_due=next_due,
             promoted=len(due),
             key_cursor=key_cursor,
             keys_visited=keys_visited,
             concurrency_cursor=concurrency_cursor,
             key_rate_limited_until=key_rate_limited_until,
+            plain_next=(
+                keys_visited == 0
+                and not due
+                and (next_due is None or next_due > now + params.lookahead_seconds * SECOND)
+            ),
+        )
+
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+        """Record finished executions' outcomes, fenced (the SQL statement's rules: keys
+        released, history written, waiters and parents woken, ready rows' queues notified)."""
+        for settlement in settlements:
+            for text in (settlement.result_json, settlement.error_json):
+                if text is not None:
+                    json.loads(text)
+        now = await self._state.statement("job_settle_many")
+        outbox = Outbox()
+        settled_rows = [
+            row
+            for settlement in settlements
+            if (row := self._settle(settlement, now, outbox)) is not None
+        ]
+        waits.children_finished(self._state, settled_rows, now, outbox)
+        self._state.announce_results(settled_rows, outbox)
+        self._state.deliver(outbox)
+        suspended = [
+            row.run_at
+            for row in settled_rows
+            if row.state in SUSPENDED_OR_SCHEDULED and row.run_at is not None
+        ]
+        return SettleResult(
+            settled=tuple((row.id, row.state) for row in settled_rows),
+            now=now,
+            next_due=min(suspended, default=None),
         )
 
     def _settle(self, settlement: Settlement, now: datetime.datetime, outbox: Outbox) -> Row | None:
@@ -450,7 +473,7 @@ class MemoryDriver:
 
     def _claim_candidates(
         self,
-        params: SettleAndClaim,
+        params: Claim,
         now: datetime.datetime,
         due_rows: Sequence[Row] = (),
         rated: list[concurrency.RatedKey] | None = None,
@@ -507,7 +530,7 @@ class MemoryDriver:
             concurrency_visited[-1] if concurrency_visited else None,
         )
 
-    def _claim(self, row: Row, params: SettleAndClaim, now: datetime.datetime) -> ClaimedJob:
+    def _claim(self, row: Row, params: Claim, now: datetime.datetime) -> ClaimedJob:
         row.state = "running"
         row.attempt += 1
         row.executions += 1
@@ -1233,7 +1256,7 @@ def _unkeyed(row: Row) -> bool:
     return row.partition_key is None and row.concurrency_key is None
 
 
-def _serves(params: SettleAndClaim, row: Row) -> bool:
+def _serves(params: Claim, row: Row) -> bool:
     """The claim's task filter: the task, and its (task, version) pair when one is given."""
     if row.task not in params.tasks:
         return False

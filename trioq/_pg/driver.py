@@ -38,7 +38,9 @@ from .._driver import (
     CheckpointWrite,
     ChildOutcome,
     ChildrenWaitOutcome,
+    Claim,
     ClaimedJob,
+    ClaimResult,
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
     ConcurrencyRate,
@@ -82,9 +84,8 @@ from .._driver import (
     ScheduleFireReport,
     ScheduleRecord,
     SendOutcome,
-    SettleAndClaim,
-    SettleAndClaimResult,
     Settlement,
+    SettleResult,
     Spawn,
     SpawnOutcome,
     TaskHistoryKind,
@@ -121,6 +122,7 @@ from .replies import (
     CheckpointWritten,
     ChildrenCancelled,
     ChildrenWait,
+    Claimed,
     ClaimedRow,
     CompletePlain,
     ContinuedAsNew,
@@ -134,18 +136,18 @@ from .replies import (
     Maintenance,
     MessageSent,
     MigrationApplied,
-    PlainRound,
+    PlainClaimed,
     QueueLimited,
     QueueLimitGate,
     QueueLimitRow,
     QueueLimitSpent,
     ReadyChannel,
     Received,
-    Round,
     ScheduleFired,
     ScheduleNextDue,
     SchedulerLead,
     ScheduleUpserted,
+    Settled,
     Spawned,
     TraceContext,
     Unroutable,
@@ -239,21 +241,14 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
     )
 
 
-def _round_rows(
-    rows: Sequence[Sequence[Any]],
-) -> tuple[Sequence[Any], tuple[tuple[int, str], ...], tuple[ClaimedJob, ...]]:
-    """A claim statement's reply (either form: `Round`, `PlainRound`): the outcome's row (its
-    first columns carry the settled ids and states, once), the settled (id, state) pairs, the
-    claimed jobs."""
-    first = next(row for row in rows if row[Round.ids] is not None)
-    settled = tuple(zip(first[Round.ids], first[Round.states], strict=True))
-    claimed = tuple([_claimed_job(row) for row in rows if row[_ID] is not None])
-    return first, settled, claimed
+def _claimed_jobs(rows: Sequence[Sequence[Any]]) -> tuple[ClaimedJob, ...]:
+    """The claimed jobs of a claim's reply (either form: `Claimed`, `PlainClaimed`)."""
+    return tuple([_claimed_job(row) for row in rows if row[_ID] is not None])
 
 
 def _full(rated: bool) -> str:
-    """The full settle-and-claim statement: with key rates (some key has one) or without."""
-    return "job_settle_and_claim_rated" if rated else "job_settle_and_claim"
+    """The full claim statement: with key rates (some key has one) or without."""
+    return "job_claim_rated" if rated else "job_claim"
 
 
 def _all_plain(settlements: Sequence[Settlement]) -> bool:
@@ -369,17 +364,11 @@ def _nulls(count: int) -> str:
 
 
 # The statements whose result columns are read in binary format (native.fetch): the claim,
-# whose 25 rows of 22 columns were the largest decode of a worker's round. Every column of a
-# statement listed here must be of a built-in type (psycopg returns bytes for a type it has
-# no binary loader for).
+# whose 25 rows of 22 columns were the largest decode of a worker's round, and the settles.
+# Every column of a statement listed here must be of a built-in type (psycopg returns bytes for
+# a type it has no binary loader for).
 BINARY_RESULTS = frozenset(
-    {
-        "job_settle_and_claim",
-        "job_settle_and_claim_rated",
-        "job_settle_and_claim_plain",
-        "job_claim_plain",
-        "job_complete_plain",
-    }
+    {"job_claim", "job_claim_rated", "job_claim_plain", "job_settle_many", "job_complete_plain"}
 )
 
 
@@ -391,7 +380,7 @@ def _seconds(seconds: float) -> datetime.timedelta:
 @functools.lru_cache(maxsize=512)
 def _rule_arrays(kinds: tuple[str, ...]) -> Params:
     """The values the outcome rules (trioq/_core/outcomes.py) decide for a batch of these
-    kinds, as the array literals job_settle_and_claim applies. Cached: a drain sends the same
+    kinds, as the array literals job_settle_many applies. Cached: a drain sends the same
     few shapes (25 completions) again and again."""
     rules = [rule_of(kind) for kind in kinds]
 
@@ -410,13 +399,12 @@ def _rule_arrays(kinds: tuple[str, ...]) -> Params:
     }
 
 
-def settle_and_claim_params(params: SettleAndClaim) -> Params:
-    """The named parameters of job_settle_and_claim (tests that run it by hand use these too).
+def settle_params(settlements: Sequence[Settlement]) -> Params:
+    """The named parameters of job_settle_many (tests that run it by hand use these too).
 
     The common batch is all completions: their error, delay and wake-up arrays are all NULL
     and are written without looking at each settlement again; kinds are bare words (one of
     SETTLE_KINDS, checked when each Settlement was built), which need no quoting."""
-    settlements = params.settlements
     count = len(settlements)
     kinds = tuple([settlement.kind for settlement in settlements])
     if all(kind == "complete" for kind in kinds):
@@ -435,6 +423,13 @@ def settle_and_claim_params(params: SettleAndClaim) -> Params:
         "errors": errors,
         "delays": delays,
         "wake_ats": wake_ats,
+    }
+
+
+def claim_params(params: Claim) -> Params:
+    """The named parameters of job_claim, job_claim_rated and job_claim_plain (tests that run
+    them by hand use these too)."""
+    return {
         "queue": params.queue,
         "tasks": _cached_text_array(params.tasks),  # a literal: psycopg's list dumper is Python
         "limit": params.limit,
@@ -468,21 +463,9 @@ class PgTransaction:
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]:
         return await self._driver._insert(self._conn, jobs)
 
-    async def job_settle_many(self, settlements: Sequence[Settlement]) -> list[tuple[int, str]]:
-        """The settle statement with nothing to claim or promote, on this transaction."""
-        if not settlements:
-            return []
-        params = SettleAndClaim(
-            queue="",
-            tasks=(),
-            limit=0,
-            lease_seconds=1.0,
-            worker_id=uuid.UUID(int=0),
-            settlements=tuple(settlements),
-            promote_limit=0,
-        )
-        rows = await self._driver._settle_rows(self._conn, params)
-        return list(zip(rows[0][Round.ids], rows[0][Round.states], strict=True))
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
+        """The completer's settle statement, on this transaction."""
+        return await self._driver._settle(self._conn, settlements)
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome:
         return await self._driver._emit(self._conn, params)
@@ -505,7 +488,6 @@ class PgDriver:
     _calls: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
     # Per queue: whether its last settle-and-claim round saw no ready keyed row and no row due
     # within the lookahead, so the next may be a plain one.
-    _plain_queues: dict[str, bool] = attrs.field(init=False, factory=dict)
     _limited: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
     # Whether any key has a rate (one entry, ""): keyed claims then run the rated statement.
     _rated: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
@@ -617,43 +599,17 @@ class PgDriver:
     def is_connection_lost(self, exc: BaseException) -> bool:
         return is_connection_lost(exc)
 
-    async def _settle_rows(
-        self, conn: Connection, params: SettleAndClaim, name: str = "job_settle_and_claim"
-    ) -> list[tuple[Any, ...]]:
-        """Run a settle-and-claim statement on `conn` (pooled, or a caller's transaction)."""
-        self._calls[name] += 1
-        with self._schema_required():
-            return await self._query(conn, name, settle_and_claim_params(params))
-
-    def _plain_round(self, params: SettleAndClaim) -> bool:
-        """Whether to try job_settle_and_claim_plain (queries.sql says when it does the round
-        exactly as the full statement would, and hands the claim over when not): the outcomes
-        are plain completions and the queue's last round needed no keyed or due claim."""
-        if not self._plain_queues.get(params.queue, False):
-            return False
-        for settlement in params.settlements:  # a loop, not all(genexpr): a hot path
-            if not settlement.plain or settlement.kind != "complete":
-                return False
-        return True
-
-    async def job_settle_and_claim(self, params: SettleAndClaim) -> SettleAndClaimResult:
+    async def job_claim(self, params: Claim) -> ClaimResult:
         """Not retried here: a claim whose reply was lost may have committed (its rows then
-        wait for lease recovery); the claim loop keeps the outcomes and retries the round.
-
-        Runs job_settle_and_claim_plain instead when `_plain_round` allows; when that one
-        finds keyed or due work it claims nothing and the full statement claims, at once on
-        the same connection, so the round claims what the full statement alone would have.
-        Every reply tells whether the queue's next round may be plain (`_plain_queues`).
-        A claim of a queue with cluster-wide limits goes through its gate (`_gated_round`)."""
-        if not params.limit and params.settlements and _all_plain(params.settlements):
-            return await self._complete_plain(params)
-        if params.limit and await self._limited.limited(params.queue, self._queue_limited):
-            return await self._gated_round(params)
+        wait for lease recovery); the claim loop claims again at its next wake-up.
+        A claim of a queue with cluster-wide limits goes through its gate (`_gated_claim`)."""
+        if await self._limited.limited(params.queue, self._queue_limited):
+            return await self._gated_claim(params)
         async with self._pool.connection() as conn:
-            return await self._round(conn, params)
+            return await self._claim(conn, params)
 
     async def _key_rated(self, conn: Connection) -> bool:
-        """Whether some key has a rate (cached for a second), asked on the round's own
+        """Whether some key has a rate (cached for a second), asked on the claim's own
         connection: a claim holding one never waits for another."""
 
         async def read(_: str) -> bool:
@@ -667,10 +623,10 @@ class PgDriver:
         [row] = await self._fetch("queue_limited", {"queue": queue})
         return bool(row[QueueLimited.limited])
 
-    async def _gated_round(self, params: SettleAndClaim) -> SettleAndClaimResult:
-        """A limited queue's round, in one transaction: the gate (it locks the queue's limits
-        row until COMMIT and says how many jobs may start), the round claiming at most that
-        many, and the claimed rows' start time and rate log entries (queue_limit_spend; the
+    async def _gated_claim(self, params: Claim) -> ClaimResult:
+        """A limited queue's claim, in one transaction: the gate (it locks the queue's limits
+        row until COMMIT and says how many jobs may start), the claim of at most that many,
+        and the claimed rows' start time and rate log entries (queue_limit_spend; the
         migration says why the start time is the gate's). Rows due within the lookahead are
         not claimed early here: a start is counted when it is recorded, at the claim."""
         queue = params.queue
@@ -685,7 +641,7 @@ class PgDriver:
             next_start_at = gate[QueueLimitGate.next_start_at]
             started_at = gate[QueueLimitGate.started_at]
             self._limited.note(queue, global_limit is not None or rate_allowed is not None)
-            result = await self._round(
+            result = await self._claim(
                 conn, attrs.evolve(params, limit=allowed, lookahead_seconds=0.0)
             )
             if result.claimed and started_at is not None:
@@ -705,86 +661,81 @@ class PgDriver:
             at_global_limit=global_limit is not None and running + allowed >= global_limit,
         )
 
-    async def _round(self, conn: Connection, params: SettleAndClaim) -> SettleAndClaimResult:
-        """One settle-and-claim round on `conn` (see job_settle_and_claim). While some key
-        has a rate, a claim's full statement is job_settle_and_claim_rated. Whether one has
-        is read only for a full claim (`key_rated`, at most once a second): plain rounds and
-        settles never ask."""
-        if self._plain_round(params):
-            # The claim loop's rounds carry no outcomes (the completer writes them): the
-            # claim-only form then, without the completion's UPDATE (queries.sql).
-            name = "job_settle_and_claim_plain" if params.settlements else "job_claim_plain"
-            rows = await self._settle_rows(conn, params, name)
-            first, settled, claimed = _round_rows(rows)
-            plain = SettleAndClaimResult(
-                settled=settled,
-                claimed=claimed,
-                now=rows[-1][PlainRound.now],
-                next_due=first[PlainRound.next_due],
-                replied_at=conn.replied_at,
-            )
-            # Not blocked: this was the whole round, and the next may be plain too.
-            if not first[PlainRound.blocked]:
-                return plain
-            self._plain_queues[params.queue] = False
-            if not params.limit:  # a settle only (the completer's): nothing to claim
-                return plain
-            params = attrs.evolve(params, settlements=())  # written: the claim is left
-            rated = await self._key_rated(conn)
-            try:
-                rows = await self._settle_rows(conn, params, _full(rated))
-            except Exception as exc:
-                if not is_connection_lost(exc):
-                    raise
-                # The outcomes are committed: report them (a retried round would find them
-                # written and call them lost); the next round, a full one, claims.
-                logger.warning(
-                    "the claim after a plain round failed (%s): the next round claims", exc
-                )
-                return attrs.evolve(plain, blocked=True)
-        else:
-            settled = None
+    async def _claim(self, conn: Connection, params: Claim) -> ClaimResult:
+        """One claim on `conn`: job_claim_plain when the caller asks for it (`Claim.plain`)
+        and it finds neither keyed nor due work; else the full job_claim (job_claim_rated
+        while some key has a rate; whether one has is read only for a full claim, at most once
+        a second). A plain claim that finds such work claims nothing and the full statement
+        claims at once on the same connection, so the claim takes what the full statement
+        alone would have (queries.sql, job_claim_plain)."""
+        claim = claim_params(params)
+        with self._schema_required():
+            if params.plain:
+                self._calls["job_claim_plain"] += 1
+                rows = await self._query(conn, "job_claim_plain", claim)
+                first = rows[0]
+                if not first[PlainClaimed.blocked]:
+                    return ClaimResult(
+                        claimed=_claimed_jobs(rows),
+                        now=rows[-1][PlainClaimed.now],
+                        next_due=first[PlainClaimed.next_due],
+                        replied_at=conn.replied_at,
+                        plain_next=True,
+                    )
             rated = bool(params.limit) and await self._key_rated(conn)
-            rows = await self._settle_rows(conn, params, _full(rated))
-        replied_at = conn.replied_at
-        first, written, claimed = _round_rows(rows)
-        next_due, now = first[Round.next_due], rows[-1][Round.now]
-        # The next round may be plain when this one saw no ready keyed row, promoted nothing
-        # (a promotion may have left more due rows) and the next due row is beyond the
-        # lookahead. A settle-only round (limit 0) visits no keys: it tells nothing about them.
-        if params.limit:
-            self._plain_queues[params.queue] = (
-                first[Round.keys_visited] == 0
-                and first[Round.promoted] == 0
-                and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
-            )
-        return SettleAndClaimResult(
-            settled=written if settled is None else settled,
-            claimed=claimed,
-            key_cursor=first[Round.key_cursor],
-            keys_visited=first[Round.keys_visited],
-            concurrency_cursor=first[Round.concurrency_cursor],
-            promoted=first[Round.promoted],
+            name = _full(rated)
+            self._calls[name] += 1
+            rows = await self._query(conn, name, claim)
+        first = rows[0]
+        next_due, now = first[Claimed.next_due], rows[-1][Claimed.now]
+        return ClaimResult(
+            claimed=_claimed_jobs(rows),
+            key_cursor=first[Claimed.key_cursor],
+            keys_visited=first[Claimed.keys_visited],
+            concurrency_cursor=first[Claimed.concurrency_cursor],
+            promoted=first[Claimed.promoted],
             # `now` is read per row as the row is produced: the last row's is the latest, after
             # every claimed row and its history (200 rows with history: ~6 ms after the first).
             now=now,
             next_due=next_due,
-            replied_at=replied_at,
+            replied_at=conn.replied_at,
             key_rate_limited_until=first[-1] if rated else None,
+            # The next claim may be plain when this one saw no ready keyed row, promoted
+            # nothing (a promotion may have left more due rows) and the next due row is beyond
+            # the lookahead.
+            plain_next=(
+                first[Claimed.keys_visited] == 0
+                and first[Claimed.promoted] == 0
+                and (next_due is None or next_due > now + _seconds(params.lookahead_seconds))
+            ),
         )
 
-    async def _complete_plain(self, params: SettleAndClaim) -> SettleAndClaimResult:
-        """A settle-only round of plain completions (the completer's common flush)."""
-        name = "job_complete_plain"
-        self._calls[name] += 1
+    async def job_settle_many(self, settlements: Sequence[Settlement]) -> SettleResult:
         async with self._pool.connection() as conn:
-            with self._schema_required():
-                rows = await self._query(conn, name, complete_plain_params(params.settlements))
-            replied_at = conn.replied_at
-        [row] = rows
-        settled = tuple(zip(row[CompletePlain.ids], row[CompletePlain.states], strict=True))
-        return SettleAndClaimResult(
-            settled=settled, claimed=(), now=row[CompletePlain.now], replied_at=replied_at
+            return await self._settle(conn, settlements)
+
+    async def _settle(self, conn: Connection, settlements: Sequence[Settlement]) -> SettleResult:
+        """job_complete_plain when every outcome is a completion of a job without a partition
+        key or a parent (`Settlement.plain`: the completer's common flush), else
+        job_settle_many; on `conn` (pooled, or a caller's transaction)."""
+        with self._schema_required():
+            if _all_plain(settlements):
+                self._calls["job_complete_plain"] += 1
+                [row] = await self._query(
+                    conn, "job_complete_plain", complete_plain_params(settlements)
+                )
+                ids, states = row[CompletePlain.ids], row[CompletePlain.states]
+                now, next_due = row[CompletePlain.now], None
+            else:
+                self._calls["job_settle_many"] += 1
+                [row] = await self._query(conn, "job_settle_many", settle_params(settlements))
+                ids, states, now = row[Settled.ids], row[Settled.states], row[Settled.now]
+                next_due = row[Settled.next_due]
+        return SettleResult(
+            settled=tuple(zip(ids, states, strict=True)),
+            now=now,
+            next_due=next_due,
+            replied_at=conn.replied_at,
         )
 
     async def checkpoint_insert_many(

@@ -56,13 +56,12 @@ class Reply:
         return cls.columns + (() if cls.then is None else cls.then.all_columns())
 
 
-# --- the claim loop's round -------------------------------------------------------------------
+# --- the claim loop's claim and the completer's settle ------------------------------------------
 
 
-class ClaimedRow(Reply, start=8):
-    """A claimed job's columns (the `claim_returning` fragment, then the round's `first` flag),
-    after the 8 columns of either round's reply; NULL on the one row of a round that claimed
-    nothing."""
+class ClaimedRow(Reply, start=6):
+    """A claimed job's columns (the `claim_returning` fragment), after the 6 columns of either
+    claim's reply; NULL on the one row of a claim that claimed nothing."""
 
     id: ClassVar[int]
     queue: ClassVar[int]
@@ -80,15 +79,13 @@ class ClaimedRow(Reply, start=8):
     history: ClassVar[int]
     parent_id: ClassVar[int]
     concurrency_key: ClassVar[int]
-    first: ClassVar[int]
 
 
-class Round(Reply, statements=("job_settle_and_claim",), then=ClaimedRow):
-    """job_settle_and_claim. `ids` and `states` (the settled outcomes) are set on the first row
-    only; `now` is read as each row is produced (the last row's is the latest)."""
+class Claimed(Reply, statements=("job_claim",), then=ClaimedRow):
+    """job_claim (job_claim_rated adds key_rate_limited_until after the claimed row's columns).
+    The statement's columns are the same on every row; `now` is read as each row is produced
+    (the last row's is the latest)."""
 
-    ids: ClassVar[int]
-    states: ClassVar[int]
     key_cursor: ClassVar[int]
     keys_visited: ClassVar[int]
     promoted: ClassVar[int]
@@ -97,21 +94,25 @@ class Round(Reply, statements=("job_settle_and_claim",), then=ClaimedRow):
     concurrency_cursor: ClassVar[int]
 
 
-class PlainRound(
-    Reply, statements=("job_settle_and_claim_plain", "job_claim_plain"), then=ClaimedRow
-):
-    """job_settle_and_claim_plain and job_claim_plain: Round's columns, with `blocked` and
-    `keyed_ready` where Round has `key_cursor` and `keys_visited` (the same positions of `ids`,
-    `states`, `now` and `next_due` let one decode read both)."""
+class PlainClaimed(Reply, statements=("job_claim_plain",), then=ClaimedRow):
+    """job_claim_plain: Claimed's columns, with `blocked` and `keyed_ready` where Claimed has
+    `key_cursor` and `keys_visited` (the same positions of `now` and `next_due` let one decode
+    read both)."""
 
-    ids: ClassVar[int]
-    states: ClassVar[int]
     blocked: ClassVar[int]
     keyed_ready: ClassVar[int]
     promoted: ClassVar[int]
     now: ClassVar[int]
     next_due: ClassVar[int]
     concurrency_cursor: ClassVar[int]
+
+
+class Settled(Reply, statements=("job_settle_many",)):
+    ids: ClassVar[int]
+    states: ClassVar[int]
+    now: ClassVar[int]
+    next_due: ClassVar[int]
+    notified: ClassVar[int]
 
 
 class CompletePlain(Reply, statements=("job_complete_plain",)):

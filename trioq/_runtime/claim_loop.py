@@ -2,7 +2,7 @@
 
 It waits for the first of: a slot opening, a ready notification for its queue, its timer (the
 poll interval, or the queue's next due time when that is sooner). Then, in one statement
-(`job_settle_and_claim` with no outcomes), it promotes due work, claims at most the open slots,
+(`Driver.job_claim`), it promotes due work, claims at most the open slots,
 and starts an executor per claimed job. The loop never spins: after a round it waits for the
 next wake-up (a claim that comes back empty right after a full one is retried at once, once:
 work is likely ready and rows another statement held for a moment were passed over by SKIP
@@ -50,12 +50,13 @@ from .. import _tracing as tracing
 from .._core.capacity import MAX_REFILLS_IN_FLIGHT, claim_size, low_watermark
 from .._driver import (
     DEFAULT_KEY_WINDOW,
+    Claim,
     ClaimedJob,
+    ClaimResult,
     Driver,
     Lease,
-    SettleAndClaim,
-    SettleAndClaimResult,
     Settlement,
+    SettleResult,
 )
 from .checkpoints import CheckpointWriter
 from .completer import DEFAULT_FLUSH_DELAY, Completer, open_completer
@@ -177,6 +178,9 @@ class ClaimLoop:
     _claimed_total: int = 0
     _db_healthy: bool = True
     _key_cursor: str = ""
+    # The last claim saw no keyed or due work: the next asks for the plain claim first
+    # (`Claim.plain`; PgDriver falls back to the full one when that work shows up).
+    _plain: bool = False
     _concurrency_cursor: str = ""
     _window_rounds: int = 0
     _next_due_at: float | None = None  # trio time of the queue's next due row, if sooner
@@ -211,9 +215,6 @@ class ClaimLoop:
         self.completer = Completer(
             driver=self.driver,
             queue=self.queue,
-            tasks=self._served_tasks(),
-            worker_id=self.worker_id,
-            lease_seconds=self.lease_seconds,
             max_backlog=backlog,
             batch_size=min(backlog, self.concurrency),
             flush_delay=self.flush_delay,
@@ -490,8 +491,8 @@ class ClaimLoop:
         round_number = self._rounds
         sent_at = trio.current_time()
         traced = tracing.enabled()
-        result = await self.driver.job_settle_and_claim(
-            SettleAndClaim(
+        result = await self.driver.job_claim(
+            Claim(
                 queue=self.queue,
                 tasks=self._served_tasks(),
                 limit=limit,
@@ -504,6 +505,7 @@ class ClaimLoop:
                 lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
                 # Lost attempts' trace ids: the claim records that spans take the token's id.
                 traced=traced and tracing.ids_from_leases(),
+                plain=self._plain,
             )
         )
         self._after_round(result, limit, sent_at, round_number)
@@ -513,13 +515,13 @@ class ClaimLoop:
         self,
         batch: tuple[Settlement, ...],
         frees_key: bool,
-        result: SettleAndClaimResult,
+        result: SettleResult,
         sent_at: float,
     ) -> None:
-        """The completer committed `batch`: a freed key or a promoted row may be claimable
-        now, and rows it suspended or scheduled move the timer (a claim round sent before
-        this commit could not see them)."""
-        if frees_key or result.promoted or self._stopping:
+        """The completer committed `batch`: a freed key may be claimable now, and rows it
+        suspended or scheduled move the timer (a claim round sent before this commit could not
+        see them)."""
+        if frees_key or self._stopping:
             self._wake.set()
         if result.next_due is not None:
             wait = (result.next_due - result.now).total_seconds() - TIMER_EARLY_SECONDS
@@ -542,9 +544,10 @@ class ClaimLoop:
         self._reset_timer()
 
     def _after_round(
-        self, result: SettleAndClaimResult, limit: int, sent_at: float, round_number: int
+        self, result: ClaimResult, limit: int, sent_at: float, round_number: int
     ) -> None:
         self._key_cursor = result.key_cursor or ""
+        self._plain = result.plain_next
         self._concurrency_cursor = result.concurrency_cursor or ""
         short = len(result.claimed) < limit
         if not result.claimed and limit > 0 and self._expect_work:
@@ -557,7 +560,6 @@ class ClaimLoop:
         self._claim_wanted = (
             not short
             or self._many_tasks
-            or result.blocked
             or self.notifications_live is None
             or not self.notifications_live()
             or result.at_global_limit
@@ -603,7 +605,7 @@ class ClaimLoop:
             self.hooks.on_round(self.queue, limit, len(result.claimed))
 
     def _start(
-        self, handlers: trio.Nursery, result: SettleAndClaimResult, sent: float, traced: bool
+        self, handlers: trio.Nursery, result: ClaimResult, sent: float, traced: bool
     ) -> None:
         received = trio.current_time() if result.replied_at is None else result.replied_at
         self._db_clock.observe(result.now, sent, received)

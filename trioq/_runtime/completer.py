@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import random
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -42,7 +41,7 @@ import attrs
 import trio
 
 from .._core.outcomes import frees_key
-from .._driver import Driver, Lease, SettleAndClaim, SettleAndClaimResult, Settlement
+from .._driver import Driver, Lease, Settlement, SettleResult
 
 log = logging.getLogger("trioq.worker")
 
@@ -65,7 +64,7 @@ class CompleterStatistics:
 
 # Called after each batch commits: the batch, whether it freed a partition key, the reply,
 # and trio's clock when the statement was sent.
-OnWritten = Callable[[tuple[Settlement, ...], bool, SettleAndClaimResult, float], None]
+OnWritten = Callable[[tuple[Settlement, ...], bool, SettleResult, float], None]
 
 
 class _Held:
@@ -79,9 +78,6 @@ class _Held:
 class Completer:
     driver: Driver
     queue: str
-    tasks: tuple[str, ...]
-    worker_id: uuid.UUID
-    lease_seconds: float
     max_backlog: int
     batch_size: int
     flush_delay: float = DEFAULT_FLUSH_DELAY
@@ -276,16 +272,7 @@ class Completer:
                 self._has_pending.set()
             if self.before_flush is not None:
                 await self.before_flush(batch)
-            result = await self.driver.job_settle_and_claim(
-                SettleAndClaim(
-                    queue=self.queue,
-                    tasks=self.tasks,
-                    limit=0,
-                    lease_seconds=self.lease_seconds,
-                    worker_id=self.worker_id,
-                    settlements=batch,
-                )
-            )
+            result = await self.driver.job_settle_many(batch)
         except BaseException:
             self._pending[:0] = batch
             self._frees[:0] = frees

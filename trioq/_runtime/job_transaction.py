@@ -49,10 +49,10 @@ class JobTransaction(ClientTransaction):
             raise RuntimeError("complete: this job is already completed in this transaction")
         result_json = codec.encode(result, root="result")
         lease = self._run.lease
-        settled = await self._tx.job_settle_many(
+        written = await self._tx.job_settle_many(
             [Settlement(lease, "complete", result_json=result_json)]
         )
-        if not settled:
+        if not written.settled:
             raise JobLeaseLost(
                 f"job {lease.id} attempt {lease.attempt}: the lease is no longer held; "
                 "nothing was completed"

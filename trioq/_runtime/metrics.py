@@ -43,10 +43,10 @@ from prometheus_client.utils import floatToGoString
 
 from .._driver import (
     ChildrenWaitOutcome,
+    ClaimResult,
     Driver,
     EventWaitOutcome,
     QueueDemand,
-    SettleAndClaimResult,
     SpawnOutcome,
     WaitChildren,
     WaitEvent,
@@ -216,7 +216,7 @@ class WorkerMetrics:
         if claimed:
             self.child(self.claimed_jobs, queue).inc(claimed)
 
-    def held(self, queue: str, result: SettleAndClaimResult) -> None:
+    def held(self, queue: str, result: ClaimResult) -> None:
         """A limited queue's claim: whether its global or rate limit held it back."""
         self.limited_queues.add(queue)
         self.held_by_limit.labels(queue, "global").set(1 if result.at_global_limit else 0)
@@ -347,7 +347,7 @@ class _InstrumentedDriver:
 
     def _wrap(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         metrics, on_error, on_claim = self._metrics, self._on_error, self._on_claim
-        is_claim = name == "job_settle_and_claim"
+        is_claim = name == "job_claim"
         written = CHECKPOINTS_WRITTEN.get(name)
 
         @functools.wraps(method)

@@ -233,7 +233,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         FOR UPDATE OF j SKIP LOCKED
 
 -- fragment: claim_set
--- The claim's new row (job_settle_and_claim and job_settle_and_claim_plain): a new attempt,
+-- The claim's new row (job_claim and job_claim_plain): a new attempt,
 -- a fresh lease token, the lease from database time; each statement sets started_at after it.
     SET state = 'running',
         attempt = j.attempt + 1,
@@ -300,21 +300,13 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
       AND NOT (next_key.wrapped AND next_key.@key@ > (SELECT %(@cursor@)s::text))
       AND NOT (next_key.wrapped AND k.wrapped AND next_key.@key@ <= k.@key@)
 
--- fragment: settle_and_claim(rate)
--- Two statements are this one: job_settle_and_claim (`unrated`: while no key has a rate) and
--- job_settle_and_claim_rated (`rated`), which differ only in the concurrency-key fragments
--- named `*_@rate@` below (the rate's start slots, migration 0028) and one reply column.
--- The claim loop's one round trip: record the outcomes of this queue's finished executions,
--- promote due work, AND claim up to %(limit)s ready jobs, in one statement (the batch is the
--- unit of transfer both ways; with no outcomes it is a plain claim, with limit 0 a plain settle).
--- Settling is fenced: a row changes only if this attempt still owns it (id, attempt,
--- lease_token, running). One row per outcome, carrying the values its kind's rule decided
--- (trioq/_core/outcomes.py: new state, run_at, attempt change, key release, history entry,
--- final); docs/state-machine.md lists them. Final outcomes of jobs somebody waits for
--- (result_watched) are announced on the result channels (one pg_notify per channel per batch);
--- rows that became ready wake their queue (one pg_notify per queue).
--- The worker's completer sends this with limit 0 (a settle only); the claim loop with no
--- outcomes (a claim only).
+-- fragment: claim(rate)
+-- Two statements are this one: job_claim (`unrated`: while no key has a rate) and
+-- job_claim_rated (`rated`), which differ only in the concurrency-key fragments named
+-- `*_@rate@` below (the rate's start slots, migration 0028) and one reply column.
+-- The claim loop's full claim: promote due work AND claim up to %(limit)s ready jobs, in one
+-- statement. Outcomes are not written here: the completer writes them with job_settle_many
+-- (or job_complete_plain), on its own connection, while the claim loop claims.
 -- Promotion: at most %(promote_limit)s scheduled/sleeping/waiting rows of the queue whose
 -- run_at has passed become ready (jobs_due_idx, SKIP LOCKED so racing workers split them); they
 -- are claimable from the next round (same snapshot), so the statement reports how many it moved
@@ -344,7 +336,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 -- did nothing is simply not claimed this round (no error).
 -- Every CTE that feeds a LIMIT is MATERIALIZED as an optimisation fence (Oban's trick).
 -- Plan stability: every parameter that shapes an estimate (the limits, queue, tasks, versions,
--- key cursor and window, lookahead, the outcome arrays) is read through a scalar sub-select,
+-- key cursor and window, lookahead) is read through a scalar sub-select,
 -- `(SELECT %(x)s)`, an InitPlan the planner does not look into. A custom plan is therefore
 -- estimated exactly like the generic plan, and the plan cache keeps the generic plan after its
 -- five custom plans. Seen by value (LIMIT 25 against a generic 10% of the rows, one task
@@ -355,72 +347,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 -- cast keeps ANY from reading the sub-select as a set.
 -- History: a claimed row with checkpoint_count > 0 carries its checkpoints (one ordered
 -- aggregate per such row; rows without history never touch the checkpoints table).
-WITH RECURSIVE input AS MATERIALIZED (
-    SELECT t.*,
-           CASE WHEN t.moves_run_at
-                THEN coalesce(t.wake_at, {schema}.db_now() + t.delay * interval '1 second')
-                END AS next_run_at
-    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(states)s::text[]),
-                (SELECT %(ready_when_due)s::bool[]), (SELECT %(moves_run_at)s::bool[]),
-                (SELECT %(attempt_changes)s::int[]), (SELECT %(releases_key)s::bool[]),
-                (SELECT %(histories)s::text[]), (SELECT %(finals)s::bool[]),
-                (SELECT %(clears_worker)s::bool[]), (SELECT %(results)s::text[]),
-                (SELECT %(errors)s::text[]), (SELECT %(delays)s::float8[]),
-                (SELECT %(wake_ats)s::timestamptz[]))
-         AS t(id, attempt, lease_token, state, ready_when_due, moves_run_at, attempt_change,
-              releases_key, history, final, clears_worker, result, error, delay, wake_at)
-),
--- The values were decided by the outcome rules (trioq/_core/outcomes.py); this only applies
--- them, to rows the settling lease still holds. The one comparison left is the database's: a
--- time-based outcome whose new run_at has passed is ready at once.
-settled AS (
-    UPDATE {schema}.jobs j
-    SET state = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
-                     ELSE i.state END,
-        run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
-        attempt = j.attempt + i.attempt_change,
-        result = i.result::jsonb,
-        -- A cancelled attempt of a job past its deadline was cancelled by the deadline pass
-        -- (job_deadline_pass, migration 0021): its error says so. Rows without a deadline
-        -- compare one NULL, and only when cancelled.
-        error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= {schema}.db_now()
-                     THEN {schema}.deadline_error(j.deadline_at, j.deadline_source)
-                     ELSE i.error::jsonb END,
-        finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
-        worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
-        started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
-        lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-      AND j.state = 'running'
-    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
-              j.result_watched
-),
-unlocked AS (
-    DELETE FROM {schema}.partition_locks l
-    USING settled s
-    WHERE s.releases_key AND s.partition_key IS NOT NULL
-      AND l.queue = s.queue AND l.partition_key = s.partition_key AND l.job_id = s.id
-    RETURNING l.job_id
-),
-history AS (
-    INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
-                                   traceback, trace_id, worker_id, started_at, finished_at)
-    SELECT id, attempt, history,
-           error ->> 'type', error ->> 'message', error ->> 'traceback', error ->> 'trace_id',
-           worker_id, started_at, {schema}.db_now()
-    FROM settled WHERE history IS NOT NULL
-),
--- Only jobs a waiter registered for (result_watched, job_result_watch): a commit that sent a
--- NOTIFY takes a database-wide lock, and the flushes of 8 workers queued on it.
-results_notified AS (
-    SELECT count(pg_notify(channel, ids)) AS n
-    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled WHERE final AND result_watched
-          GROUP BY 1) AS per_channel
-),
+WITH RECURSIVE
 due AS MATERIALIZED (
     SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
            j.concurrency_key
@@ -561,20 +488,7 @@ promoted AS (
 ),
 ready_notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready'
-          UNION SELECT (SELECT %(queue)s::text) WHERE EXISTS (SELECT 1 FROM promoted)) AS q
-),
--- Children finished here wake their parents IN THIS STATEMENT: parents_notify (migration
--- 0030) holds the rule, docs/workflows.md "Lock order" says why no wake-up is lost. Parents
--- this statement writes itself (settled, promoted or claimed here) are left to it. A round
--- that finished no child does not enter the function.
-parents_woken AS MATERIALIZED (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM settled WHERE final AND parent_id IS NOT NULL)
-                THEN {schema}.parents_notify(
-                         ARRAY(SELECT id FROM settled WHERE final AND parent_id IS NOT NULL),
-                         ARRAY(SELECT id FROM input UNION ALL SELECT id FROM due
-                               UNION ALL SELECT id FROM candidates))
-                ELSE 0 END AS n
+    FROM (SELECT (SELECT %(queue)s::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 claimed AS (
     UPDATE {schema}.jobs j
@@ -585,21 +499,10 @@ claimed AS (
       AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
            OR c.id IN (SELECT job_id FROM concurrency_taken))
     -- include: claim_returning
-),
-outcome AS MATERIALIZED (
-    -- The notification CTEs are read here (scalar subqueries always run), so they fire even
-    -- when nothing was settled.
-    SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
-           coalesce(array_agg(state ORDER BY id), '{}') AS states,
-           (SELECT n FROM results_notified) + (SELECT n FROM ready_notified)
-           + (SELECT n FROM parents_woken) AS notified
-    FROM settled
 )
--- The settled ids and states come on the first row only (NULL on the others): decoding two
--- 25-element arrays on each of 25 rows was 40 us of the worker's CPU per round.
-SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
-       CASE WHEN coalesce(claimed.first, true) THEN outcome.states END AS states,
-       (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
+-- The statement's own columns on every row (their sub-selects run once, as InitPlans), then
+-- the claimed row's; one row of NULL job columns when nothing was claimed.
+SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
        -- Each key scan is bounded by key_window: the window is full when either one's is.
        greatest((SELECT count(*) FROM ready_keys),
                 (SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
@@ -608,22 +511,21 @@ SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
        -- read per row as it is produced: the last row's is the latest. A job claimed early is
        -- held until its run_at mapped from these (trioq/_runtime/dbclock.py), never before.
        {schema}.db_now() + (clock_timestamp() - now()) AS now,
-       -- The snapshot cannot see the rows settled here as scheduled/sleeping/waiting: their
-       -- new run_at comes from the settlement itself.
-       least((SELECT j.run_at FROM {schema}.jobs j
-              WHERE j.queue = (SELECT %(queue)s::text)
-                AND j.state IN ('scheduled', 'sleeping', 'waiting')
-                AND j.run_at > {schema}.db_now()
-                AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
-              ORDER BY j.run_at LIMIT 1),
-             (SELECT min(s.run_at) FROM settled s
-              WHERE s.state IN ('scheduled', 'sleeping', 'waiting'))) AS next_due,
+       (SELECT j.run_at FROM {schema}.jobs j
+        WHERE j.queue = (SELECT %(queue)s::text)
+          AND j.state IN ('scheduled', 'sleeping', 'waiting')
+          AND j.run_at > {schema}.db_now()
+          AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
+        ORDER BY j.run_at LIMIT 1) AS next_due,
        (SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
            AS concurrency_cursor,
        claimed.*
        -- include: claim_reply_@rate@
-FROM outcome
-LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
+FROM (SELECT 1) AS one
+LEFT JOIN claimed ON true
+-- A one-time filter that is always true reads ready_notified, so its NOTIFY runs (a CTE without
+-- a data change runs only when read).
+WHERE (SELECT n FROM ready_notified) >= 0;
 
 -- fragment: concurrency_key_limit_held
 -- Both concurrency_room variants: per ready key `k`, the limit the claim applies
@@ -830,48 +732,146 @@ concurrency_taken AS (
           WHERE r.rate_room < r.other_room AND r.rate_room <= taken.n)
            AS key_rate_limited_until
 
--- name: job_settle_and_claim
--- The claim loop's full round (settle_and_claim above) while no key rate is set anywhere.
--- include: settle_and_claim(unrated)
+-- name: job_claim
+-- The claim loop's full claim (the claim fragment above) while no key rate is set anywhere.
+-- include: claim(unrated)
 
--- name: job_settle_and_claim_rated
--- The full round while some key has a rate (a row of concurrency_rates, migration 0028): the
+-- name: job_claim_rated
+-- The full claim while some key has a rate (a row of concurrency_rates, migration 0028): the
 -- same statement, its concurrency-key part also taking each rated key's start slots, and
--- one more column, key_rate_limited_until. PgDriver runs it instead of job_settle_and_claim
--- only then, so a cluster without key rates claims with the statement it had before.
--- include: settle_and_claim(rated)
+-- one more column, key_rate_limited_until. PgDriver runs it instead of job_claim only then,
+-- so a cluster without key rates claims with the statement it had before.
+-- include: claim(rated)
 
-
--- fragment: plain_completions
--- The fenced completion of plain jobs (no key, no parent) and the result notifications of those
--- a waiter registered for (result_watched), shared by job_settle_and_claim_plain and the
--- completer's job_complete_plain. With nobody waiting the statement sends no NOTIFY, so its
--- commit skips the database-wide lock that notifying commits queue on.
+-- name: job_settle_many
+-- The completer's flush (and a handler's transactional completion): record the outcomes of
+-- finished executions, fenced, in one statement; the batch is the unit of transfer. A row
+-- changes only if this attempt still owns it (id, attempt, lease_token, running). One row per
+-- outcome, carrying the values its kind's rule decided (trioq/_core/outcomes.py: new state,
+-- run_at, attempt change, key release, history entry, final); docs/state-machine.md lists
+-- them. Final outcomes of jobs somebody waits for (result_watched) are announced on the result
+-- channels (one pg_notify per channel per batch); rows that became ready wake their queue (one
+-- pg_notify per queue); finished children wake their parents. Nothing is claimed or promoted
+-- here (the claim loop's job_claim does both), so outcomes are written beside the next claim
+-- instead of inside it. The reply is one row: the ids and states whose fence held, database
+-- time, and the earliest new run_at among the rows suspended or scheduled here (the claim
+-- loop's timer takes it: a claim sent before this commit could not see them).
+-- Every parameter is read through a scalar sub-select, as in the claim (plan stability).
 WITH input AS MATERIALIZED (
-    SELECT t.*
+    SELECT t.*,
+           CASE WHEN t.moves_run_at
+                THEN coalesce(t.wake_at, {schema}.db_now() + t.delay * interval '1 second')
+                END AS next_run_at
     FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
-         AS t(id, attempt, lease_token, result)
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(states)s::text[]),
+                (SELECT %(ready_when_due)s::bool[]), (SELECT %(moves_run_at)s::bool[]),
+                (SELECT %(attempt_changes)s::int[]), (SELECT %(releases_key)s::bool[]),
+                (SELECT %(histories)s::text[]), (SELECT %(finals)s::bool[]),
+                (SELECT %(clears_worker)s::bool[]), (SELECT %(results)s::text[]),
+                (SELECT %(errors)s::text[]), (SELECT %(delays)s::float8[]),
+                (SELECT %(wake_ats)s::timestamptz[]))
+         AS t(id, attempt, lease_token, state, ready_when_due, moves_run_at, attempt_change,
+              releases_key, history, final, clears_worker, result, error, delay, wake_at)
 ),
+-- The values were decided by the outcome rules (trioq/_core/outcomes.py); this only applies
+-- them, to rows the settling lease still holds. The one comparison left is the database's: a
+-- time-based outcome whose new run_at has passed is ready at once.
 settled AS (
     UPDATE {schema}.jobs j
-    SET state = 'completed', result = i.result::jsonb, error = NULL,
-        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+    SET state = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
+                     ELSE i.state END,
+        run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
+        attempt = j.attempt + i.attempt_change,
+        result = i.result::jsonb,
+        -- A cancelled attempt of a job past its deadline was cancelled by the deadline pass
+        -- (job_deadline_pass, migration 0021): its error says so. Rows without a deadline
+        -- compare one NULL, and only when cancelled.
+        error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= {schema}.db_now()
+                     THEN {schema}.deadline_error(j.deadline_at, j.deadline_source)
+                     ELSE i.error::jsonb END,
+        finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
+        worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
+        started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
+        lease_token = NULL, lease_expires_at = NULL
     FROM input i
     WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
-    RETURNING j.id, j.state, j.result_watched
+    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
+              j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
+              j.result_watched
 ),
+unlocked AS (
+    DELETE FROM {schema}.partition_locks l
+    USING settled s
+    WHERE s.releases_key AND s.partition_key IS NOT NULL
+      AND l.queue = s.queue AND l.partition_key = s.partition_key AND l.job_id = s.id
+    RETURNING l.job_id
+),
+history AS (
+    INSERT INTO {schema}.attempts (job_id, attempt, outcome, error_type, error_message,
+                                   traceback, trace_id, worker_id, started_at, finished_at)
+    SELECT id, attempt, history,
+           error ->> 'type', error ->> 'message', error ->> 'traceback', error ->> 'trace_id',
+           worker_id, started_at, {schema}.db_now()
+    FROM settled WHERE history IS NOT NULL
+),
+-- Only jobs a waiter registered for (result_watched, job_result_watch): a commit that sent a
+-- NOTIFY takes a database-wide lock, and the flushes of 8 workers queued on it.
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
     FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled WHERE result_watched GROUP BY 1) AS per_channel
+          FROM settled WHERE final AND result_watched
+          GROUP BY 1) AS per_channel
+),
+ready_notified AS (
+    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready') AS q
+),
+-- Children finished here wake their parents IN THIS STATEMENT: parents_notify (migration
+-- 0030) holds the rule, docs/workflows.md "Lock order" says why no wake-up is lost. Parents
+-- this statement settles itself are left to it. A batch that finished no child does not
+-- enter the function.
+parents_woken AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM settled WHERE final AND parent_id IS NOT NULL)
+                THEN {schema}.parents_notify(
+                         ARRAY(SELECT id FROM settled WHERE final AND parent_id IS NOT NULL),
+                         ARRAY(SELECT id FROM input))
+                ELSE 0 END AS n
 )
+-- The notification CTEs are read here (scalar sub-selects always run), so they fire even when
+-- nothing was settled.
+SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+       coalesce(array_agg(state ORDER BY id), '{}') AS states,
+       {schema}.db_now() + (clock_timestamp() - now()) AS now,
+       min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next_due,
+       (SELECT n FROM results_notified) + (SELECT n FROM ready_notified)
+       + (SELECT n FROM parents_woken) AS notified
+FROM settled;
 
--- fragment: plain_claim
--- The claim of job_settle_and_claim_plain and job_claim_plain (see the first): the probes for
--- keyed and due work, then the unkeyed claim unless they block it.
-probe AS MATERIALIZED (
+
+-- name: job_claim_plain
+-- The claim loop's claim in the common case, as a statement of its own: a plan a fifth the size
+-- of job_claim's. PostgreSQL builds a prepared statement's whole plan at every execution (every
+-- CTE, InitPlan, result relation and its indexes and CHECKs), used or not: that start-up is
+-- paid per claim, about half a millisecond for the full statement, and a drain of plain jobs
+-- needs none of its keyed, due and promotion parts. The claim loop asks for it (`Claim.plain`)
+-- when the queue's last claim said the next may be plain (`ClaimResult.plain_next`: it saw no
+-- ready keyed row, promoted nothing, and its next due time was beyond the lookahead), so there
+-- is likely nothing to promote, nothing to claim early and no key head to take. A queue whose
+-- delayed jobs or retries are due later still claims plainly.
+-- The same pause check and unkeyed claim (per served task and version, SKIP LOCKED, claim
+-- order) as job_claim. Two probes run first: a ready keyed row in the queue (`keyed_ready`) and
+-- the queue's earliest scheduled, sleeping or waiting run_at (`next_due`). When there is a
+-- keyed row, or a row due within the lookahead, this statement claims nothing (`blocked`) and
+-- PgDriver runs job_claim at once on the same connection, so a claim takes exactly what the
+-- full statement would have, and the next claims are full ones until a full claim sees no such
+-- row. `next_due` also sets the loop's timer, as the full statement's does.
+-- The claim's UPDATE finds its rows through the primary key (`= ANY(ARRAY(...))`): a join
+-- left to the planner took a seq scan of jobs in a generic plan (estimates of a LIMIT read
+-- through a sub-select are a tenth of the table). One enqueue, then one claim of it, 300 times,
+-- on a durable cluster (load 2.3): the claim's round trip, commit included, 0.590 ms (p50)
+-- (the raw loop's claim on its own table: 0.362 ms).
+WITH probe AS MATERIALIZED (
     SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
            keyed.ready OR coalesce(due.run_at <= {schema}.db_now()
                                    + (SELECT %(lookahead)s::float8) * interval '1 second',
@@ -912,85 +912,45 @@ claimed AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
     -- include: claim_returning
 )
-
--- fragment: plain_claim_columns
--- The reply columns after ids and states, the same for both plain statements.
-       (SELECT blocked FROM probe) AS blocked,
+-- job_claim's columns, with `blocked` and `keyed_ready` where it has key_cursor and
+-- keys_visited (the same positions of `now` and `next_due` let one decode read both).
+SELECT (SELECT blocked FROM probe) AS blocked,
        (SELECT keyed_ready FROM probe) AS keyed_ready,
        0 AS promoted,
        {schema}.db_now() + (clock_timestamp() - now()) AS now,
        (SELECT next_due FROM probe) AS next_due,
        NULL::text AS concurrency_cursor,
        claimed.*
-
--- name: job_settle_and_claim_plain
--- The claim loop's round in the common case, as a statement of its own: a plan a fifth the
--- size of job_settle_and_claim's. PostgreSQL builds a prepared statement's whole plan at every
--- execution (every CTE, InitPlan, result relation and its indexes and CHECKs), used or not:
--- that start-up is paid per round, about half a millisecond for the full statement, and a
--- drain of plain jobs needs none of its keyed, due, promotion, history or parent parts.
--- PgDriver runs this one instead of job_settle_and_claim only when that changes nothing:
---  * every outcome is a completion (kind 'complete') of a job without a partition key and
---    without a parent (the claim returns both; `Settlement.plain`), so no key is released, no
---    attempt is recorded and no parent woken;
---  * the queue's last statement saw no ready keyed row and no row due within the lookahead
---    (job_settle_and_claim: no key visited, nothing promoted, its next due time beyond the
---    lookahead; this one: not blocked, below), so there is likely nothing to promote, nothing
---    to claim early and no key head to take. A queue whose delayed jobs or retries are due
---    later still runs plain rounds.
--- The same completion (fenced exactly so), result notifications, pause check and unkeyed claim
--- (per served task and version, SKIP LOCKED, claim order) as job_settle_and_claim. Two probes
--- run first: a ready keyed row in the queue (`keyed_ready`) and the queue's earliest scheduled,
--- sleeping or waiting run_at (`next_due`). When there is a keyed row, or a row due within the
--- lookahead, this statement claims nothing (`blocked`) and the driver runs job_settle_and_claim
--- at once for the claim, so a round claims exactly what the full statement would have, and the
--- next round is the full one too until a full round sees no such row. `next_due` also sets the
--- loop's timer, as the full statement's does.
--- The claim's UPDATE finds its rows through the primary key (`= ANY(ARRAY(...))`): a join
--- left to the planner took a seq scan of jobs in a generic plan (estimates of a LIMIT read
--- through a sub-select are a tenth of the table).
--- include: plain_completions
-,
--- include: plain_claim
-, outcome AS MATERIALIZED (
-    SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
-           coalesce(array_agg(state ORDER BY id), '{}') AS states,
-           (SELECT n FROM results_notified) AS notified  -- read here, so it always runs
-    FROM settled
-)
--- The columns of job_settle_and_claim, with `blocked` and `keyed_ready` where it has
--- key_cursor and keys_visited.
-SELECT CASE WHEN coalesce(claimed.first, true) THEN outcome.ids END AS ids,
-       CASE WHEN coalesce(claimed.first, true) THEN outcome.states END AS states,
--- include: plain_claim_columns
-FROM outcome
-LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
-
--- name: job_claim_plain
--- job_settle_and_claim_plain with no outcomes to write: the claim loop's own round (its
--- outcomes go to the completer, so its rounds never carry any). Without the completion's
--- UPDATE, its unnest and its notifications, PostgreSQL no longer builds a second result
--- relation (the jobs table with its indexes and CHECKs) at every execution. One enqueue, then
--- one claim of it, 300 times, the forms interleaved, on a durable cluster (load 2.3): the
--- claim's round trip, commit included, 0.685 ms (p50) as job_settle_and_claim_plain, 0.590 ms
--- as this statement (the raw loop's claim on its own table: 0.362 ms). The same columns and
--- the same blocked/next_due answers; PgDriver falls back to the full statement exactly as
--- after a plain round.
-WITH
--- include: plain_claim
-SELECT CASE WHEN coalesce(claimed.first, true) THEN '{}'::bigint[] END AS ids,
-       CASE WHEN coalesce(claimed.first, true) THEN '{}'::text[] END AS states,
--- include: plain_claim_columns
 FROM (SELECT 1) AS one
-LEFT JOIN (SELECT claimed.*, row_number() OVER () = 1 AS first FROM claimed) AS claimed ON true;
+LEFT JOIN claimed ON true;
 
 -- name: job_complete_plain
--- The completer's flush in the common case: every outcome a completion of a job without a
--- partition key or a parent (`Settlement.plain`), so no key is released, no attempt recorded
--- and no parent woken. The same fenced completion and result notifications as
--- job_settle_and_claim, without its claim, promotion and probes: a flush needs none of them,
--- and PostgreSQL builds a prepared statement's whole plan at every execution.
--- include: plain_completions
+-- The completer's flush in the common case, chosen by PgDriver.job_settle_many: every outcome a
+-- completion of a job without a partition key or a parent (`Settlement.plain`), so no key is
+-- released, no attempt recorded, no parent woken and no row suspended. The same fenced
+-- completion and result notifications as job_settle_many, without the rest: PostgreSQL builds
+-- a prepared statement's whole plan at every execution. With nobody waiting the statement
+-- sends no NOTIFY, so its commit skips the database-wide lock that notifying commits queue on.
+WITH input AS MATERIALIZED (
+    SELECT t.*
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
+         AS t(id, attempt, lease_token, result)
+),
+settled AS (
+    UPDATE {schema}.jobs j
+    SET state = 'completed', result = i.result::jsonb, error = NULL,
+        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+    FROM input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.state, j.result_watched
+),
+results_notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM settled WHERE result_watched GROUP BY 1) AS per_channel
+)
 SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        coalesce(array_agg(state ORDER BY id), '{}') AS states,
        (SELECT n FROM results_notified) AS notified,  -- read here, so it always runs
@@ -1709,7 +1669,7 @@ SELECT pattern, max_running, updated_at FROM {schema}.concurrency_limits ORDER B
 
 -- name: key_rated
 -- Whether any key has a rate (a row of concurrency_rates): PgDriver asks once a second and
--- runs job_settle_and_claim_rated for its keyed claims only while one is set.
+-- runs job_claim_rated for its keyed claims only while one is set.
 SELECT EXISTS (SELECT 1 FROM {schema}.concurrency_rates);
 
 -- name: concurrency_rate_set

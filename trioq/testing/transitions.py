@@ -29,10 +29,11 @@ from typing import Any
 import attrs
 
 from .._core.states import (
+    CLAIM,
     CLAIM_PLAIN,
+    COMPLETE_PLAIN,
     DELETED_BY,
     INSERTED,
-    PLAIN,
     SETTLE,
     TRANSITIONS,
     JobState,
@@ -45,15 +46,9 @@ from .._memory import MemoryDriver
 METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     "job_insert_many": ("job_insert_many",),
     # queue_limit_spend: a limited claim's start time on the rows it claimed (no state change).
-    # job_settle_and_claim_rated: the full statement while key rates exist (the same edges).
-    "job_settle_and_claim": (
-        SETTLE,
-        "job_settle_and_claim_rated",
-        PLAIN,
-        CLAIM_PLAIN,
-        "job_complete_plain",
-        "queue_limit_spend",
-    ),
+    # job_claim_rated: the full statement while key rates exist (the same edges).
+    "job_claim": (CLAIM, "job_claim_rated", CLAIM_PLAIN, "queue_limit_spend"),
+    "job_settle_many": (SETTLE, COMPLETE_PLAIN),
     "checkpoint_insert_many": ("checkpoint_insert_many", "checkpoint_insert_many_plain"),
     "lease_renew_many": ("lease_renew_many",),
     "job_result_watch": ("job_result_watch",),  # a waiter's flag (no state change)
@@ -74,7 +69,7 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     # What a Transaction offers: job_insert_many, job_settle_many (the settle statement) and
     # event_emit. Its raw execute/fetch are the caller's SQL: a transaction that used them is
     # not checked (SqlClock's time travel is one).
-    "transaction": ("job_insert_many", SETTLE, "event_emit"),
+    "transaction": ("job_insert_many", SETTLE, COMPLETE_PLAIN, "event_emit"),
 }
 # The Driver methods that change no jobs row (a test checks the two lists cover the protocol).
 NO_JOB_WRITES = frozenset(

@@ -83,11 +83,10 @@ async def _work(
         forged = _forged_lease(held_by, name)
         if forged is not None:
             settlements.append(Settlement(forged, "complete", result_json='"forged"'))
-        result = await claim_round(
-            driver, 3, worker_id=worker_id, settlements=settlements, key_cursor=cursor, key_window=2
-        )
+        written = await driver.job_settle_many(settlements)
+        result = await claim_round(driver, 3, worker_id=worker_id, key_cursor=cursor, key_window=2)
         cursor = result.key_cursor or cursor
-        for job_id, state in result.settled:
+        for job_id, state in written.settled:
             if forged is not None and job_id == forged.id:
                 backlog.errors.append(f"{name}'s forged completion of job {job_id} took effect")
             if state == "completed":

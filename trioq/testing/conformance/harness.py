@@ -13,15 +13,15 @@ import attrs
 import trio
 
 from ..._driver import (
+    Claim,
     ClaimedJob,
+    ClaimResult,
     Driver,
     JobRecord,
     Lease,
     Listener,
     NewJob,
     RenewLeases,
-    SettleAndClaim,
-    SettleAndClaimResult,
     Settlement,
 )
 from ..._sql import queries
@@ -154,23 +154,21 @@ async def claim_round(
     tasks: Sequence[str] = (TASK,),
     lease_seconds: float = LEASE_SECONDS,
     worker_id: uuid.UUID | None = None,
-    settlements: Sequence[Settlement] = (),
     key_cursor: str = "",
     key_window: int = 200,
     task_versions: Sequence[str] | None = None,
     lookahead_seconds: float = 0.0,
     concurrency_cursor: str = "",
     traced: bool = False,
-) -> SettleAndClaimResult:
-    """One claim loop round trip, with the claimed jobs sorted in claim order."""
-    result = await driver.job_settle_and_claim(
-        SettleAndClaim(
+) -> ClaimResult:
+    """One claim of the claim loop, with the claimed jobs sorted in claim order."""
+    result = await driver.job_claim(
+        Claim(
             queue=queue,
             tasks=tuple(tasks),
             limit=limit,
             lease_seconds=lease_seconds,
             worker_id=worker_id or uuid.uuid4(),
-            settlements=tuple(settlements),
             key_cursor=key_cursor,
             key_window=key_window,
             task_versions=None if task_versions is None else tuple(task_versions),
@@ -191,7 +189,6 @@ async def claim(
     tasks: Sequence[str] = (TASK,),
     lease_seconds: float = LEASE_SECONDS,
     worker_id: uuid.UUID | None = None,
-    settlements: Sequence[Settlement] = (),
     traced: bool = False,
 ) -> list[ClaimedJob]:
     """Claim up to `limit` jobs; the result is sorted in claim order."""
@@ -202,19 +199,15 @@ async def claim(
         tasks=tasks,
         lease_seconds=lease_seconds,
         worker_id=worker_id,
-        settlements=settlements,
         traced=traced,
     )
     return list(result.claimed)
 
 
-async def settle(
-    driver: Driver, *settlements: Settlement, queue: str = QUEUE
-) -> list[tuple[int, str]]:
-    """Settle without claiming; returns (id, new state) of each settlement that held."""
-    outcome = await driver.job_settle_and_claim(
-        SettleAndClaim(queue, (TASK,), 0, LEASE_SECONDS, uuid.uuid4(), tuple(settlements))
-    )
+async def settle(driver: Driver, *settlements: Settlement) -> list[tuple[int, str]]:
+    """Write outcomes (the completer's statement); returns (id, new state) of each settlement
+    that held."""
+    outcome = await driver.job_settle_many(settlements)
     return sorted(outcome.settled)
 
 

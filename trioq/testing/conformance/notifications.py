@@ -56,17 +56,27 @@ async def check_settle_in_a_transaction_commits_with_it_or_not_at_all(
     done = Settlement(job.lease, "complete", result_json='{"ok": true}')
     try:
         async with driver.transaction() as tx:
-            expect(await tx.job_settle_many([done]), [(job_id, "completed")], "inside, rolled back")
+            expect(
+                list((await tx.job_settle_many([done])).settled),
+                [(job_id, "completed")],
+                "inside, rolled back",
+            )
             raise _Rollback
     except _Rollback:
         pass
     expect((await record(driver, job_id)).state, "running", "after the rollback")
     async with driver.transaction() as tx:
-        expect(await tx.job_settle_many([done]), [(job_id, "completed")], "inside, committed")
+        expect(
+            list((await tx.job_settle_many([done])).settled),
+            [(job_id, "completed")],
+            "inside, committed",
+        )
     finished = await record(driver, job_id)
     expect((finished.state, finished.result), ("completed", {"ok": True}), "after the commit")
     async with driver.transaction() as tx:
-        expect(await tx.job_settle_many([done]), [], "the same lease again (fenced)")
+        expect(
+            list((await tx.job_settle_many([done])).settled), [], "the same lease again (fenced)"
+        )
     expect(await claim(driver), [], "a completed job is never claimed again")
 
 

@@ -34,6 +34,7 @@ from .harness import (
     fail,
     new_job,
     record,
+    settle,
 )
 
 HOUR = 3600.0
@@ -142,11 +143,11 @@ async def check_a_child_that_did_not_complete_wakes_a_parent_waiting_for_others_
 
 
 @conformance_check
-async def check_a_child_settled_in_the_round_that_claims_its_parent(
+async def check_a_child_settled_right_before_the_claim_of_its_parent(
     driver: Driver, clock: DriverClock
 ) -> None:
-    """The round that records a child's completion also promotes and claims its parent (due:
-    its event wait timed out): the parent is claimed once, nothing else changes it."""
+    """A child's completion is written while its parent is due (its event wait timed out);
+    the next claim promotes and claims the parent: claimed once, nothing else changes it."""
     await enqueue(driver, new_job(0))
     [parent] = await claim(driver, 1)
     [spawned] = await driver.job_spawn_many([Spawn(parent.lease, 0, new_job(1))])
@@ -156,7 +157,8 @@ async def check_a_child_settled_in_the_round_that_claims_its_parent(
     expect(waiting.state, "waiting", "the parent waits for an event")
     await clock.advance(11)
     done = Settlement(child.lease, "complete", result_json=json.dumps(1))
-    claimed = await claim(driver, settlements=[done])
+    await settle(driver, done)
+    claimed = await claim(driver)
     expect([job.id for job in claimed], [parent.id], "the timed-out parent, claimed at once")
     expect((await record(driver, child.id)).state, "completed", "the child")
     [again] = claimed

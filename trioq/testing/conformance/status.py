@@ -263,7 +263,7 @@ async def check_statistics_count_statements_by_name(driver: Driver, clock: Drive
     await claim(driver)
     await driver.maintenance_pass(MaintenancePass())
     after = driver.statistics().calls
-    for name in ("job_insert_many", "job_settle_and_claim", "maintenance_pass"):
+    for name in ("job_insert_many", "job_claim", "maintenance_pass"):
         expect(after.get(name, 0) - before.get(name, 0), 1, f"calls of {name}")
     unknown = set(after) - query_names()
     expect(unknown, set(), "counted names that are not statements of queries.sql")
