@@ -12,6 +12,17 @@ import trio
 
 import trioq
 from trioq._pg import Connection
+from trioq._sql import functions, queries
+
+
+def apply_functions(conn: psycopg.Connection[Any], schema: str) -> None:
+    """What `migrate` does before the migrations, for a test that replays them one by one: the
+    SQL functions' current bodies (trioq/_sql/functions/), unchecked until they run."""
+    statements = queries(schema)
+    with conn.transaction():
+        conn.execute(statements["migration_functions_unchecked"])
+        for function in functions(schema):
+            conn.execute(function.sql)  # type: ignore[arg-type]
 
 
 def make_app(pg_url: str, pg_schema: str, **kwargs: Any) -> trioq.App:

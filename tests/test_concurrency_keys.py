@@ -15,10 +15,11 @@ import pytest
 import trio
 
 import trioq
+from tests.releases import previous_release_migrations
 from tests.support import Gate, make_app, running_worker, sql_rows
 from trioq import cli
 from trioq._driver import Claim, MaintenancePass
-from trioq._sql import migrations, queries
+from trioq._sql import queries
 from trioq.producer import AsyncProducer, SyncProducer
 
 HOLDS = "SELECT concurrency_key, count(*) FROM {}.concurrency_holds GROUP BY 1 ORDER BY 1"
@@ -281,7 +282,7 @@ def test_migration_0027_keeps_live_rows_claimable_and_old_sql_enqueue_calls_work
     migrating it keeps every row, and the ready ones are claimed through the rebuilt index."""
     with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
         conn.execute(queries(pg_schema)["migration_prepare"])
-        for migration in migrations(pg_schema):
+        for migration in previous_release_migrations(pg_schema):  # as version 26 left it
             if migration.version < 27:
                 conn.execute(migration.sql)
                 conn.execute(

@@ -7,7 +7,7 @@ import json
 import trio
 
 import trioq
-from tests.support import make_app, running_worker, scalar
+from tests.support import apply_functions, make_app, running_worker, scalar
 from trioq import cli
 
 
@@ -68,6 +68,7 @@ def test_migration_tunes_the_jobs_table_for_its_churn(pg_url: str, pg_schema: st
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {pg_schema}")
+        apply_functions(conn, pg_schema)
         for migration in sql.migrations(pg_schema):
             conn.execute(migration.sql)
         row = conn.execute(
@@ -91,6 +92,7 @@ def test_vacuum_never_truncates_the_hot_tables_and_rows_survive(
     hot = ("jobs", "partition_locks", "attempts", "checkpoints", "workers")
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {pg_schema}")
+        apply_functions(conn, pg_schema)
         for migration in sql.migrations(pg_schema):
             if migration.version == 24:
                 conn.execute(

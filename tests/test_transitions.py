@@ -12,7 +12,7 @@ import trio
 from trioq._core.states import CLAIM, DELETED_BY, INSERTED, TRANSITIONS, JobState
 from trioq._driver import DRIVER_METHODS, NewJob
 from trioq._memory import MemoryDriver
-from trioq._sql import migrations, queries, query_names
+from trioq._sql import functions, queries, query_names
 from trioq.testing.transitions import (
     METHOD_STATEMENTS,
     NO_JOB_WRITES,
@@ -33,10 +33,11 @@ FUNCTION = re.compile(
 
 
 def _functions_that_write_jobs() -> set[str]:
-    """The plpgsql/sql functions of the migrations that write jobs, directly or through another."""
+    """The plpgsql/sql functions (trioq/_sql/functions/) that write jobs, directly or through
+    another."""
     bodies: dict[str, str] = {}
-    for migration in migrations(SCHEMA):
-        for name, body in FUNCTION.findall(migration.sql):
+    for function in functions(SCHEMA):
+        for name, body in FUNCTION.findall(function.sql):
             bodies[name] = bodies.get(name, "") + body
     writers = {name for name, body in bodies.items() if WRITES_JOBS.search(body)}
     while True:

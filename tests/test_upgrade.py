@@ -11,11 +11,7 @@ runs again, every workflow step has its side effect once.
 
 from __future__ import annotations
 
-import io
 import signal
-import subprocess
-import sys
-import tarfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,13 +23,11 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from tests.fault_app import QUEUE, build_app, create_exec_log
-from tests.procs import REPO_ROOT, fetch, wait_until, worker_group
+from tests.procs import fetch, wait_until, worker_group
+from tests.releases import extract_previous_release, run_previous_cli
 
 pytestmark = pytest.mark.slow
 
-# The release before this one: main as the previous release landed. Move it forward at each
-# release (docs/operations.md, "Upgrading", says what this test showed for the pair).
-PREVIOUS_RELEASE = "2358787331d66e1e21a9a7ee275cd8b51f98e732"
 LEASE = 2.0
 GRACE = 1.0
 ALL_SUSPENDED = {"running", "sleeping", "waiting", "scheduled"}
@@ -42,41 +36,11 @@ ALL_SUSPENDED = {"running", "sleeping", "waiting", "scheduled"}
 @pytest.fixture(scope="module")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The previous release's tree (trioq/ and tests/), extracted from this clone's history."""
-    target = tmp_path_factory.mktemp("previous-release")
-    try:
-        archive = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", PREVIOUS_RELEASE],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        ).stdout
-    except subprocess.CalledProcessError as exc:
-        raise AssertionError(
-            f"the previous release {PREVIOUS_RELEASE[:7]} is not in this clone "
-            f"({exc.stderr.decode().strip()}): fetch the whole history (git fetch --unshallow)"
-        ) from None
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(target, filter="data")
-    return target
+    return extract_previous_release(tmp_path_factory.mktemp("previous-release"))
 
 
 def q(schema: str, template: str) -> sql.Composed:
     return sql.SQL(template).format(s=sql.Identifier(schema))
-
-
-async def run_cli(source: Path, pg_url: str, *args: str) -> str:
-    """`python -m trioq.cli ARGS` of the checkout `source` (its trioq first on sys.path)."""
-    result = await trio.run_process(
-        [sys.executable, "-m", "trioq.cli", *args, "--database-url", pg_url],
-        cwd=source,
-        env={"PYTHONPATH": str(source), "PATH": "/usr/bin:/bin"},
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    output = result.stdout.decode() + result.stderr.decode()
-    assert result.returncode == 0, f"{args} of {source}: {output}"
-    return output
 
 
 async def enqueue(pg_url: str, schema: str, task: str, payload: Any, **options: Any) -> int:
@@ -128,7 +92,9 @@ async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
     pg_url: str, pg_schema: str, tmp_path: Path, previous_release: Path
 ) -> None:
     schema = pg_schema
-    await run_cli(previous_release, pg_url, "migrate", "--schema", schema)
+    await trio.to_thread.run_sync(
+        run_previous_cli, previous_release, pg_url, "migrate", "--schema", schema
+    )
     await trio.to_thread.run_sync(create_exec_log, pg_url, schema)
     app = build_app(schema, pg_url)
     async with worker_group(pg_url, schema, tmp_path) as group:

@@ -102,7 +102,14 @@ from .._driver import (
     WorkflowValue,
     WrittenCheckpoint,
 )
-from .._sql import PositionalStatement, migrations, positional_queries, queries
+from .._sql import (
+    PositionalStatement,
+    functions,
+    functions_digest,
+    migrations,
+    positional_queries,
+    queries,
+)
 from . import (
     Connection,
     ConnectOptions,
@@ -129,6 +136,8 @@ from .replies import (
     EventEmitted,
     EventWait,
     Explained,
+    FunctionDigest,
+    FunctionDigestKept,
     JobStateRow,
     LeaderElected,
     LeaderResigned,
@@ -556,7 +565,8 @@ class PgDriver:
     # --- schema ---------------------------------------------------------------------------
 
     async def migrate(self) -> list[int]:
-        """Apply missing migrations under an advisory lock; returns the versions applied."""
+        """Apply the SQL functions' current bodies and the missing migrations, in one
+        transaction under an advisory lock; returns the migration versions applied."""
         applied: list[int] = []
         # Migrations may run long (an index build on a big table): not under trioq's timeouts.
         async with self._pool.connection() as conn, conn.transaction(trioq_timeouts=False):
@@ -564,6 +574,16 @@ class PgDriver:
             await conn.execute(self._sql["migration_prepare"])
             applied_rows = await conn.fetch(self._sql["migration_applied"])
             done = {row[MigrationApplied.version] for row in applied_rows}
+            bodies = functions(self.schema)
+            digest = functions_digest(bodies)
+            changed = await self._functions_changed(conn, digest)
+            if changed:
+                # Before the migrations, whose triggers name them (queries.sql says why they
+                # are not checked here).
+                await conn.execute(self._sql["migration_functions_unchecked"])
+                for function in bodies:
+                    await conn.execute(function.sql)
+                await conn.execute(self._sql["migration_functions_checked"])
             for migration in migrations(self.schema):
                 if migration.version in done:
                     continue
@@ -573,7 +593,19 @@ class PgDriver:
                     {"version": migration.version, "name": migration.name},
                 )
                 applied.append(migration.version)
+            if changed:
+                await conn.execute(
+                    self._sql["migration_function_digest_record"], {"digest": digest}
+                )
         return applied
+
+    async def _functions_changed(self, conn: Connection, digest: str) -> bool:
+        """Whether the functions' bodies differ from what the last migrate applied."""
+        [kept] = await conn.fetch(self._sql["migration_function_digest_kept"])
+        if not kept[FunctionDigestKept.kept]:
+            return True
+        rows = await conn.fetch(self._sql["migration_function_digest"])
+        return [row[FunctionDigest.digest] for row in rows] != [digest]
 
     # --- jobs -----------------------------------------------------------------------------
 

@@ -236,6 +236,14 @@ class MigrationApplied(Reply, statements=("migration_applied",)):
     version: ClassVar[int]
 
 
+class FunctionDigestKept(Reply, statements=("migration_function_digest_kept",)):
+    kept: ClassVar[int]
+
+
+class FunctionDigest(Reply, statements=("migration_function_digest",)):
+    digest: ClassVar[int]
+
+
 class ReadyChannel(Reply, statements=("ready_channels",)):
     channel: ClassVar[int]
 

@@ -1,4 +1,16 @@
-"""All of trioq's SQL: named statements (`queries.sql`) and numbered migrations.
+"""All of trioq's SQL: named statements (`queries.sql`), SQL functions (`functions/`) and
+numbered migrations (`migrations/`).
+
+Each SQL function lives in one file of `functions/` holding only its current body
+(`CREATE OR REPLACE FUNCTION`), applied by `migrate` before the pending migrations (so a
+migration's trigger or data move finds the functions it names) whenever they differ from what it
+applied last (their digest is kept in the schema); migrations hold only what must
+happen in order: tables, indexes, triggers, data moves, and the DROP of a function signature
+that is gone. The rule for a function's change (docs/operations.md, "Upgrading"): its body
+changes in place at the next migrate, and old workers call the new body from then on; a change
+CREATE OR REPLACE cannot make (another return type, a parameter renamed or its default removed)
+or that old callers cannot live with gets a new function name, and a later release drops the
+old one.
 
 Statements are loaded once per schema: `{schema}` becomes the quoted, validated schema name
 and `{schema_name}` the bare one (it matches `[a-z_][a-z0-9_]*`, so it is safe in a literal).
@@ -8,6 +20,7 @@ Nothing else is ever substituted into SQL text; values are bound parameters.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -149,6 +162,33 @@ def positional_queries(schema: str) -> dict[str, PositionalStatement]:
 
 def query_names() -> frozenset[str]:
     return frozenset(_raw_queries())
+
+
+@attrs.frozen
+class SqlFunction:
+    name: str
+    sql: str
+
+
+def functions_digest(found: list[SqlFunction]) -> str:
+    """What `migrate` keeps to tell whether the bodies changed since it last applied them."""
+    digest = hashlib.sha256()
+    for function in found:
+        digest.update(function.name.encode() + b"\0" + function.sql.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def functions(schema: str) -> list[SqlFunction]:
+    """The SQL functions' current bodies (one file each, sorted by name), schema substituted."""
+    from importlib import resources
+
+    folder = resources.files(__package__).joinpath("functions")
+    found = [
+        SqlFunction(entry.name.removesuffix(".sql"), _substitute(entry.read_text(), schema))
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    ]
+    return sorted(found, key=lambda function: function.name)
 
 
 def migrations(schema: str) -> list[Migration]:

@@ -38,6 +38,27 @@ CREATE TABLE IF NOT EXISTS {schema}.migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: migration_function_digest_kept
+-- Whether the schema keeps the functions' digest yet (migration 0035).
+SELECT to_regclass('{schema}.function_digest') IS NOT NULL AS kept;
+
+-- name: migration_function_digest
+-- The digest of the function bodies the last migrate applied (no row: none recorded).
+SELECT digest FROM {schema}.function_digest;
+
+-- name: migration_function_digest_record
+WITH forgotten AS (DELETE FROM {schema}.function_digest)
+INSERT INTO {schema}.function_digest (digest, applied_at) VALUES (%(digest)s, now());
+
+-- name: migration_functions_unchecked
+-- While migrate applies the functions' bodies, before the pending migrations: a body is not
+-- checked against tables a pending migration has yet to create (this transaction only);
+-- PostgreSQL checks it when it runs.
+SET LOCAL check_function_bodies = off;
+
+-- name: migration_functions_checked
+SET LOCAL check_function_bodies = on;
+
 -- name: migration_applied
 SELECT version FROM {schema}.migrations ORDER BY version;
 
@@ -611,7 +632,7 @@ concurrency_taken AS (
 -- Nothing: the reply's columns end with the claimed row's.
 
 -- fragment: concurrency_room_rated
--- As concurrency_room_unrated, and per key the rate of concurrency_rate_of (migration 0028)
+-- As concurrency_room_unrated, and per key the rate of concurrency_rate_of
 -- with the key's starts in its window (concurrency_rate_starts, counted at the statement's
 -- start: an earlier time counts more starts, never fewer), read in one pass over the key's
 -- slot rows (at most rate_allowed of them, the primary key's prefix): the count, the slots
@@ -677,7 +698,7 @@ concurrency_heads AS MATERIALIZED (
 -- every claimer), then its holds row, only for the jobs whose start slot was taken: a holds
 -- row of a job that is not claimed would never be released. The slot's start time is the
 -- clock as the row is written (after this statement's snapshot, as a keyed job's start must
--- be; a limited queue's queue_limit_spend keeps it, migration 0028), and the WHERE compares
+-- be; a limited queue's queue_limit_spend keeps it), and the WHERE compares
 -- the slot's newest version against the time being stored (SET evaluates after it, later or
 -- equal), so stored starts of one slot are always a period apart. A start slot taken for a job whose holds insert then conflicts is
 -- spent without a start (the key starts one fewer in that window: never more).
@@ -784,7 +805,7 @@ settled AS (
         attempt = j.attempt + i.attempt_change,
         result = i.result::jsonb,
         -- A cancelled attempt of a job past its deadline was cancelled by the deadline pass
-        -- (job_deadline_pass, migration 0021): its error says so. Rows without a deadline
+        -- (job_deadline_pass): its error says so. Rows without a deadline
         -- compare one NULL, and only when cancelled.
         error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= {schema}.db_now()
                      THEN {schema}.deadline_error(j.deadline_at, j.deadline_source)
@@ -827,8 +848,8 @@ ready_notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready') AS q
 ),
--- Children finished here wake their parents IN THIS STATEMENT: parents_notify (migration
--- 0030) holds the rule, docs/workflows.md "Lock order" says why no wake-up is lost. Parents
+-- Children finished here wake their parents IN THIS STATEMENT: parents_notify (its file in
+-- functions/) holds the rule, docs/workflows.md "Lock order" says why no wake-up is lost. Parents
 -- this statement settles itself are left to it. A batch that finished no child does not
 -- enter the function.
 parents_woken AS MATERIALIZED (
@@ -1104,7 +1125,7 @@ LEFT JOIN (
 
 -- name: leader_elect
 -- A follower's periodic statement (every maintenance interval, the leader sends
--- maintenance_pass instead): try to take the leader seat (leader_elect(), migration 0010: free,
+-- maintenance_pass instead): try to take the leader seat (leader_elect(): free,
 -- expired, or held by a leader without the scheduler while this worker runs it), with the
 -- heartbeat and queue probe the leader's pass sends too (maintenance_heartbeat, below it).
 WITH
@@ -1160,7 +1181,7 @@ SELECT (SELECT ok FROM leader) AS leader,
 FROM probe;
 
 -- fragment: maintenance_election
--- Leadership, `leader`: extends the leader's seat (leader_elect(), migration 0010). Every sweep
+-- Leadership, `leader`: extends the leader's seat (leader_elect()). Every sweep
 -- of the pass is gated on it, so a leader whose seat was taken meanwhile (it stalled past the
 -- TTL) sweeps nothing and learns it is a follower. No leader_id: a one-off pass, no election.
 leader AS MATERIALIZED (
@@ -1926,7 +1947,7 @@ UPDATE {schema}.test_clock SET offset_seconds = offset_seconds + %(seconds)s;
 
 -- name: event_emit
 -- Store an event (the first emit of a key wins; later emits change nothing) and wake its
--- waiters, in one round trip: event_emit() (migration 0003) takes the event row lock in one
+-- waiters, in one round trip: event_emit() takes the event row lock in one
 -- statement and wakes the waiting jobs in a later one, with a fresh snapshot. The lock order
 -- (event row, then job rows) and why no wake-up is lost are in docs/workflows.md.
 SELECT emitted_first, woken_count FROM {schema}.event_emit(%(key)s, %(payload)s::jsonb);
@@ -2182,13 +2203,13 @@ ORDER BY c.ord;
 -- name: job_cancel_children
 -- gather's fail-fast, fenced by the parent's lease: record which child failed first as the
 -- parent's checkpoint, then cancel the unfinished siblings and their own children
--- (job_cancel_tree in migration 0003: running ones are flagged and their workers told).
+-- (job_cancel_tree: running ones are flagged and their workers told).
 SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(position)s,
                                    %(kind)s, %(name)s, %(value)s::jsonb, %(child_ids)s::bigint[],
                                    %(control_channel)s) AS owned;
 
 -- name: message_send
--- `client.send` and the producers: {schema}.send() (migration 0016) locks the job row, queues
+-- `client.send` and the producers: {schema}.send() locks the job row, queues
 -- the message and wakes the job if it waits for the topic, in one round trip. The job's state
 -- is read first without a lock only to name the error (unknown or final job) without raising in
 -- the server; the function re-checks it under the lock.
@@ -2199,7 +2220,7 @@ FROM (SELECT %(id)s::bigint AS id) AS k
 LEFT JOIN {schema}.jobs j ON j.id = k.id;
 
 -- name: job_receive
--- ctx.receive: job_receive() (migration 0016): fenced, lock then read, so a receive and a send
+-- ctx.receive: job_receive(): fenced, lock then read, so a receive and a send
 -- never miss each other; the messages become the checkpoint in the same transaction.
 SELECT state, messages, deadline
 FROM {schema}.job_receive(%(id)s::bigint, %(attempt)s::int, %(lease_token)s::uuid,
@@ -2710,7 +2731,7 @@ FROM notified CROSS JOIN (SELECT count(*) FROM cleared) AS c
 CROSS JOIN (SELECT count(*) FROM detached) AS d;
 
 -- name: job_cancel_with
--- `client.cancel(id, tree=...)`: job_cancel_tree (migration 0017), which follows each child's
+-- `client.cancel(id, tree=...)`: job_cancel_tree (functions/job_cancel_tree.sql), which follows each child's
 -- `on_parent_cancel` policy (cancel, abandon, wait) unless `tree` asks for the whole tree.
 SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s, %(tree)s);

@@ -34,53 +34,6 @@ CREATE TABLE {schema}.concurrency_rate_starts (
     PRIMARY KEY (concurrency_key, slot)
 );
 
--- The rate that applies to `key`: the longest matching pattern (the whole key before a prefix
--- of the same length), as concurrency_limit_of picks a limit; no row: the key has no rate.
-CREATE FUNCTION {schema}.concurrency_rate_of(key text)
-RETURNS TABLE (rate_allowed integer, rate_period double precision)
-LANGUAGE sql STABLE AS $$
-    SELECT r.rate_allowed, r.rate_period FROM {schema}.concurrency_rates r
-    WHERE r.pattern = key
-       OR (right(r.pattern, 1) = '*' AND starts_with(key, left(r.pattern, -1)))
-    ORDER BY length(r.pattern) DESC, right(r.pattern, 1) = '*' LIMIT 1
-$$;
+-- concurrency_rate_of(): its current body is trioq/_sql/functions/concurrency_rate_of.sql.
 
--- A limited queue's claim (migration 0023) that also takes concurrency keys: its stored start
--- is the later of the gate's time and the claim's own. The gate's time comes before the claim
--- statement's snapshot, and a key's slot freed by a job that finished in between is taken by
--- the claim: stored as the gate's time, that start preceded the finish, and the stored
--- intervals showed a key limit of 3 reached 5 times at once with 4 workers racing (the
--- handlers' own log: 3). The claim stores a keyed job's start from its clock after its
--- snapshot, so the later time keeps both the queue's and the key's stored intervals exact.
--- The rate's log takes the starts as stored: each is after the gate's count, before this
--- claim's commit (so before the next gate's time), which keeps the window rule exact on
--- stored starts.
-CREATE OR REPLACE FUNCTION {schema}.queue_limit_spend(spend_queue text, claimed bigint[],
-                                                      claimed_at timestamptz)
-RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    l {schema}.queue_limits%ROWTYPE;
-    kept timestamptz[];
-BEGIN
-    UPDATE {schema}.jobs j SET started_at = greatest(j.started_at, claimed_at)
-    WHERE claimed_at IS NOT NULL AND j.id = ANY(claimed) AND j.state = 'running';
-    SELECT * INTO l FROM {schema}.queue_limits q WHERE q.queue = spend_queue FOR UPDATE;
-    IF NOT FOUND OR l.rate_allowed IS NULL OR cardinality(claimed) = 0 THEN
-        RETURN NULL;
-    END IF;
-    kept := ARRAY(SELECT newest.at FROM (
-                      SELECT s.at FROM (
-                          SELECT unnest(l.recent_starts) AS at
-                          UNION ALL
-                          SELECT coalesce(j.started_at, claimed_at) FROM unnest(claimed) AS c(id)
-                          LEFT JOIN {schema}.jobs j ON j.id = c.id) AS s
-                      ORDER BY s.at DESC LIMIT l.rate_allowed) AS newest
-                  ORDER BY newest.at);
-    UPDATE {schema}.queue_limits q SET recent_starts = kept WHERE q.queue = spend_queue;
-    IF cardinality(kept) < l.rate_allowed THEN
-        RETURN NULL;
-    END IF;
-    RETURN kept[1] + l.rate_period * interval '1 second';
-END
-$$;
+-- queue_limit_spend(): its current body is trioq/_sql/functions/queue_limit_spend.sql.

@@ -16,13 +16,7 @@
 -- the catalog change only (no scan, no rewrite).
 ALTER TABLE {schema}.checkpoints DROP CONSTRAINT checkpoints_job_id_fkey;
 
-CREATE FUNCTION {schema}.checkpoints_delete_of_jobs() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    DELETE FROM {schema}.checkpoints c USING deleted_jobs d WHERE c.job_id = d.id;
-    RETURN NULL;
-END
-$$;
+-- checkpoints_delete_of_jobs(): its current body is trioq/_sql/functions/checkpoints_delete_of_jobs.sql.
 
 CREATE TRIGGER jobs_checkpoints_delete AFTER DELETE ON {schema}.jobs
 REFERENCING OLD TABLE AS deleted_jobs

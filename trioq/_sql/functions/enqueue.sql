@@ -1,0 +1,99 @@
+-- Enqueue from SQL (a trigger, a procedure, any stack), inside the caller's transaction, with
+-- the options of the Python enqueue (docs/producers.md, "From SQL"). Returns the job's id, or
+-- the id of the job holding `dedup_key` (docs/uniqueness.md). A job is `scheduled` when due
+-- later, else `ready`; its queue's ready notification is sent either way (when the caller's
+-- transaction commits), as the Python statements do, so an idle worker's timer follows a job
+-- due later instead of finding it at its next poll.
+CREATE OR REPLACE FUNCTION {schema}.enqueue(
+    task              text,
+    payload           jsonb       DEFAULT 'null',
+    queue             text        DEFAULT 'default',
+    run_at            timestamptz DEFAULT NULL,
+    priority          smallint    DEFAULT 0,
+    partition_key     text        DEFAULT NULL,
+    dedup_key         text        DEFAULT NULL,
+    max_attempts      integer     DEFAULT NULL,
+    unique_for        interval    DEFAULT NULL,
+    unique_states     text[]      DEFAULT NULL,
+    traceparent       text        DEFAULT NULL,
+    deadline          timestamptz DEFAULT NULL,
+    concurrency_key   text        DEFAULT NULL,
+    concurrency_limit integer     DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    job_id bigint;
+    due    timestamptz := coalesce(enqueue.run_at, {schema}.db_now());
+    held   text[] := CASE WHEN enqueue.dedup_key IS NULL THEN '{}'
+                          WHEN enqueue.unique_states IS NOT NULL
+                              THEN ARRAY(SELECT s FROM unnest(enqueue.unique_states) AS s
+                                         WHERE s IN ('completed', 'failed', 'cancelled'))
+                          WHEN enqueue.unique_for IS NOT NULL THEN ARRAY['completed']
+                          ELSE '{}' END;
+    job_deadline        timestamptz := enqueue.deadline;
+    job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
+BEGIN
+    -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
+    -- be dropped, unlinked, by the worker's propagator much later.
+    IF enqueue.traceparent IS NOT NULL
+       AND enqueue.traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
+        RAISE EXCEPTION 'traceparent: % is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)',
+            enqueue.traceparent USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.deadline IS NOT NULL AND enqueue.deadline <= {schema}.db_now() THEN
+        RAISE EXCEPTION 'deadline: % has passed (give a future timestamptz)',
+            enqueue.deadline USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.concurrency_key IS NOT NULL AND enqueue.partition_key IS NOT NULL THEN
+        RAISE EXCEPTION 'concurrency_key: give a partition_key or a concurrency_key, not both'
+            USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.concurrency_key IS NOT NULL
+       AND length(enqueue.concurrency_key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'concurrency_key: must be 1 to 512 characters' USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.concurrency_limit IS NOT NULL
+       AND enqueue.concurrency_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'concurrency_limit: % must be a whole number from 1 to 10000',
+            enqueue.concurrency_limit USING ERRCODE = '22023';
+    END IF;
+    -- No deadline given: the task's, as its workers registered it (version 1: this function
+    -- enqueues for the default handler version).
+    IF job_deadline IS NULL THEN
+        SELECT {schema}.db_now() + d.deadline_seconds * interval '1 second',
+               'set by task ' || d.task
+        INTO job_deadline, job_deadline_source
+        FROM {schema}.task_defaults d
+        WHERE d.task = enqueue.task AND d.version = 1 AND d.deadline_seconds IS NOT NULL;
+    END IF;
+    IF enqueue.dedup_key IS NOT NULL THEN
+        UPDATE {schema}.jobs j SET dedup_key = NULL
+        WHERE j.dedup_key = enqueue.dedup_key
+          AND j.state IN ('completed', 'failed', 'cancelled')
+          AND NOT (j.state = ANY(j.unique_states)
+                   AND (j.unique_until IS NULL OR j.unique_until > {schema}.db_now()));
+    END IF;
+    -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
+    INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
+                                   partition_key, dedup_key, max_attempts, created_at,
+                                   unique_states, unique_until, trace_context,
+                                   concurrency_key, concurrency_limit, deadline_at,
+                                   deadline_source)
+    VALUES (enqueue.queue, enqueue.task, enqueue.payload,
+            CASE WHEN due > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
+            enqueue.priority, due,
+            enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts, {schema}.db_now(),
+            held, CASE WHEN enqueue.dedup_key IS NOT NULL
+                       THEN {schema}.db_now() + enqueue.unique_for END,
+            enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
+            job_deadline, job_deadline_source)
+    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
+    DO UPDATE SET dedup_key = excluded.dedup_key
+    RETURNING j.id INTO job_id;
+    -- Also for a job due later: the queue's idle workers wake, read its due time and set
+    -- their timers to it, as they do for the Python statements' delayed jobs.
+    PERFORM pg_notify({schema}.ready_channel(enqueue.queue), enqueue.queue);
+    RETURN job_id;
+END
+$$;

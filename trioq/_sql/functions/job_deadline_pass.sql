@@ -1,0 +1,36 @@
+-- One bounded deadline pass: at most `max_jobs` unfinished jobs whose deadline has passed, in
+-- deadline order (jobs_deadline_idx), are cancelled with their trees (job_cancel_tree,
+-- which follows each child's on_parent_cancel policy): a scheduled or ready job
+-- ends cancelled at once, a running one is flagged and its worker told on `control_channel`
+-- (its handler is cancelled and its attempt recorded cancelled with the deadline error), a
+-- sleeping or waiting workflow is woken, flagged, to run its cleanup. No retry: a deadline is
+-- the workflow's own limit, not a failure another attempt could fix (Temporal's workflow
+-- execution timeout ends the run the same way). The rows are locked with SKIP LOCKED, so a
+-- pass racing a cancel or a settle leaves those rows to the next pass. Returns how many jobs
+-- it cancelled (the runtime loops while a full batch comes back).
+CREATE OR REPLACE FUNCTION {schema}.job_deadline_pass(max_jobs integer, control_channel text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    passed bigint[];
+BEGIN
+    SELECT array_agg(p.id) INTO passed FROM (
+        SELECT j.id FROM {schema}.jobs j
+        WHERE j.deadline_at IS NOT NULL AND NOT j.cancel_requested
+          AND j.state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting')
+          AND j.deadline_at <= {schema}.db_now()
+          -- A lost lease is the recovery's (the same maintenance statement): next pass.
+          AND NOT (j.state = 'running' AND j.lease_expires_at < {schema}.db_now())
+        ORDER BY j.deadline_at
+        LIMIT max_jobs
+        FOR NO KEY UPDATE OF j SKIP LOCKED) AS p;
+    IF passed IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- The reason first: a job cancelled at once by the tree cancel keeps this error.
+    UPDATE {schema}.jobs j SET error = {schema}.deadline_error(j.deadline_at, j.deadline_source)
+    WHERE j.id = ANY(passed);
+    PERFORM 1 FROM {schema}.job_cancel_tree(passed, control_channel, false);
+    RETURN cardinality(passed);
+END
+$$;

@@ -1,0 +1,57 @@
+-- The parent wake-up, written once: job_settle_many and maintenance_pass call it when they
+-- finished children, the cancel paths through job_cancel_tree. Parents are locked in id order,
+-- and the decision is taken on the row's NEWEST version under that lock:
+--  * children_settled counts up, so a parent whose suspension is in flight sees that a child
+--    finished after its snapshot (job_wait_children compares the count under its row lock);
+--  * a waiting parent drops the children from wait_children and is woken (ready now, with a
+--    ready notification) when none it waits for is left or one of them did not complete.
+-- skip_ids are parents the calling statement writes itself: a row is written once per
+-- statement, and such a parent is not deciding a wait now. A volatile function's queries see
+-- the writes of the statement that calls it so far, so a statement passes the ids of the
+-- children it has just finished and their states are read here. Returns how many parents it
+-- woke.
+CREATE OR REPLACE FUNCTION {schema}.parents_notify(child_ids bigint[], skip_ids bigint[] DEFAULT '{}')
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    wake_count bigint;
+BEGIN
+    WITH finished AS (
+        SELECT c.parent_id, array_agg(c.id) AS ids,
+               coalesce(array_agg(c.id) FILTER (WHERE c.state <> 'completed'), '{}') AS failed
+        FROM {schema}.jobs c
+        WHERE c.id = ANY(child_ids) AND c.parent_id IS NOT NULL
+          AND c.state IN ('completed', 'failed', 'cancelled')
+        GROUP BY c.parent_id
+    ),
+    locked AS MATERIALIZED (
+        SELECT p.id FROM {schema}.jobs p JOIN finished f ON f.parent_id = p.id
+        WHERE p.state NOT IN ('completed', 'failed', 'cancelled') AND p.id <> ALL(skip_ids)
+        ORDER BY p.id
+        FOR NO KEY UPDATE OF p
+    ),
+    woken AS (
+        UPDATE {schema}.jobs p
+        SET children_settled = p.children_settled + cardinality(f.ids),
+            wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                                 THEN ARRAY(SELECT unnest(p.wait_children)
+                                            EXCEPT SELECT unnest(f.ids))
+                                 ELSE p.wait_children END,
+            state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                              AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                         THEN 'ready' ELSE p.state END,
+            run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                               AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                          THEN {schema}.db_now() ELSE p.run_at END
+        FROM finished f JOIN locked l ON l.id = f.parent_id
+        WHERE p.id = f.parent_id
+        RETURNING p.queue, p.state
+    ),
+    notified AS (
+        SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
+        FROM (SELECT DISTINCT queue FROM woken WHERE state = 'ready') AS q
+    )
+    SELECT (SELECT count(*) FROM woken WHERE state = 'ready') INTO wake_count FROM notified;
+    RETURN wake_count;
+END
+$$;

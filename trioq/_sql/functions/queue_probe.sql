@@ -1,0 +1,28 @@
+-- What a claim poll of `queue` would find, without claiming (the maintenance pass stands in
+-- for idle queues' polls): a ready row, or a promotable due one, through the claim's partial
+-- indexes (unkeyed, partition-keyed and concurrency-keyed rows each have their own), and the
+-- first future due time.
+CREATE OR REPLACE FUNCTION {schema}.queue_probe(queues text[])
+RETURNS TABLE (queue text, work_due boolean, next_due timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT q.queue,
+           EXISTS (SELECT 1 FROM {schema}.jobs j
+                   WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
+                     AND j.concurrency_key IS NULL)
+           OR EXISTS (SELECT 1 FROM {schema}.jobs j
+                      WHERE j.queue = q.queue AND j.state = 'ready'
+                        AND j.partition_key IS NOT NULL)
+           OR EXISTS (SELECT 1 FROM {schema}.jobs j
+                      WHERE j.queue = q.queue AND j.state = 'ready'
+                        AND j.concurrency_key IS NOT NULL)
+           OR coalesce(d.run_at <= {schema}.db_now(), false),
+           CASE WHEN d.run_at > {schema}.db_now() THEN d.run_at END
+    FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)
+    LEFT JOIN LATERAL (
+        SELECT j.run_at FROM {schema}.jobs j
+        WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
+          AND j.run_at IS NOT NULL
+        ORDER BY j.run_at LIMIT 1
+    ) AS d ON true
+    ORDER BY q.ord
+$$;

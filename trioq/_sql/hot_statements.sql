@@ -1,0 +1,1093 @@
+-- The hot path's statements exactly as PgDriver sends them (schema `trioq`):
+-- queries.sql's blocks with their includes expanded, comments and indentation dropped,
+-- parameters as $n. Generated: `python -m tests.schema_snapshot`;
+-- tests/test_schema_snapshot.py checks it. queries.sql says why each is as it is.
+
+-- name: job_insert_one (932 bytes; $1 queue, $2 task, $3 payload, $4 priority, $5 partition_key, $6 max_attempts, $7 version, $8 trace_context, $9 deadline_at, $10 deadline, $11 deadline_source, $12 run_at, $13 delay, $14 task_deadline)
+INSERT INTO "trioq".jobs AS j (queue, task, payload, state, priority, run_at, partition_key,
+max_attempts, created_at, version, trace_context, deadline_at,
+deadline_source)
+SELECT $1::text, $2::text, $3::jsonb,
+CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
+$4::smallint, n.due_at, $5::text, $6::int, n.now,
+$7::int, $8::text,
+coalesce($9::timestamptz,
+n.now + coalesce($10::float8, n.task_seconds) * interval '1 second'),
+coalesce($11::text,
+CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || $2::text END)
+FROM (SELECT d.now,
+coalesce($12::timestamptz,
+d.now + coalesce($13::float8, 0) * interval '1 second') AS due_at,
+CASE WHEN $14::boolean AND $9::timestamptz IS NULL
+AND $10::float8 IS NULL
+THEN "trioq".task_deadline_seconds($2::text, $7::int)
+END AS task_seconds
+FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0) AS n
+RETURNING j.id, pg_notify("trioq".ready_channel(j.queue), j.queue) AS notified;
+
+-- name: job_insert_batch (1177 bytes; $1 queue, $2 task, $3 priority, $4 partition_key, $5 max_attempts, $6 version, $7 trace_context, $8 deadline_at, $9 deadline, $10 deadline_source, $11 run_at, $12 delay, $13 task_deadline, $14 payloads)
+WITH inserted AS (
+INSERT INTO "trioq".jobs AS j (queue, task, payload, state, priority, run_at,
+partition_key, max_attempts, created_at, version,
+trace_context, deadline_at, deadline_source)
+SELECT $1::text, $2::text, p.payload::jsonb,
+CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
+$3::smallint, n.due_at, $4::text, $5::int,
+n.now, $6::int, $7::text,
+coalesce($8::timestamptz,
+n.now + coalesce($9::float8, n.task_seconds)
+* interval '1 second'),
+coalesce($10::text,
+CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || $2::text
+END)
+FROM (SELECT d.now,
+coalesce($11::timestamptz,
+d.now + coalesce($12::float8, 0) * interval '1 second') AS due_at,
+CASE WHEN $13::boolean AND $8::timestamptz IS NULL
+AND $9::float8 IS NULL
+THEN "trioq".task_deadline_seconds($2::text, $6::int)
+END AS task_seconds
+FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0) AS n,
+unnest($14::text[]) WITH ORDINALITY AS p(payload, ord)
+ORDER BY p.ord
+RETURNING j.id, j.state
+)
+SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
+(SELECT count(pg_notify("trioq".ready_channel($1::text), $1::text))
+FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
+FROM inserted i;
+
+-- name: job_insert_many (2880 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines, $20 release_keys)
+WITH input AS MATERIALIZED (
+SELECT nextval(pg_get_serial_sequence('"trioq".jobs', 'id')) AS new_id, t.*
+FROM unnest($1::text[], $2::text[], $3::text[],
+$4::smallint[], $5::timestamptz[], $6::float8[],
+$7::text[], $8::text[], $9::int[],
+$10::float8[], $11::text[], $12::int[],
+$13::text[], $14::text[],
+$15::int[], $16::timestamptz[],
+$17::float8[], $18::text[],
+$19::boolean[])
+WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
+dedup_key, max_attempts, unique_for, unique_states, version,
+trace_context, concurrency_key, concurrency_limit, deadline_at,
+deadline, deadline_source, task_deadline, ord)
+),
+released AS (
+UPDATE "trioq".jobs j SET dedup_key = NULL
+WHERE j.dedup_key = ANY($20::text[])
+AND j.state IN ('completed', 'failed', 'cancelled')
+AND NOT (j.state = ANY(j.unique_states)
+AND (j.unique_until IS NULL OR j.unique_until > "trioq".db_now()))
+RETURNING j.id
+),
+inserted AS (
+INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+partition_key, dedup_key, max_attempts, created_at,
+unique_states, unique_until, version, trace_context,
+concurrency_key, concurrency_limit, deadline_at,
+deadline_source)
+SELECT new_id, queue, first_of_key.task, payload::jsonb,
+CASE WHEN due_at > "trioq".db_now() THEN 'scheduled' ELSE 'ready' END,
+priority, due_at, partition_key, dedup_key, first_of_key.max_attempts,
+"trioq".db_now(), string_to_array(coalesce(unique_states, ''), ','),
+"trioq".db_now() + unique_for * interval '1 second',
+coalesce(first_of_key.version, 1),
+trace_context, concurrency_key, concurrency_limit,
+coalesce(deadline_at, "trioq".db_now() + coalesce(deadline, t.deadline_seconds)
+* interval '1 second'),
+coalesce(deadline_source, 'set by task ' || t.task)
+FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
+coalesce(run_at, "trioq".db_now() + coalesce(delay, 0) * interval '1 second')
+AS due_at
+FROM input) AS first_of_key
+LEFT JOIN "trioq".task_defaults t
+ON first_of_key.task_deadline
+AND first_of_key.deadline_at IS NULL AND first_of_key.deadline IS NULL
+AND t.task = first_of_key.task AND t.version = coalesce(first_of_key.version, 1)
+AND t.deadline_seconds IS NOT NULL
+WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) >= 0
+ORDER BY ord
+ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
+DO UPDATE SET dedup_key = excluded.dedup_key
+RETURNING j.id, j.dedup_key, j.queue, j.state, j.run_at, (j.xmax = 0) AS created
+),
+notified AS (
+SELECT count(pg_notify("trioq".ready_channel(due.queue), due.queue)) AS n
+FROM (SELECT DISTINCT queue FROM inserted WHERE created) AS due
+)
+SELECT i.ord, coalesce(fresh.id, existing.id) AS id, coalesce(fresh.created, false) AS created
+FROM input i
+LEFT JOIN inserted fresh ON fresh.id = i.new_id
+LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
+CROSS JOIN notified
+ORDER BY i.ord;
+
+-- name: job_claim_plain (2592 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+WITH probe AS MATERIALIZED (
+SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
+keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
++ (SELECT $1::float8) * interval '1 second',
+false) AS blocked
+FROM (SELECT EXISTS (SELECT 1 FROM "trioq".jobs j
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+AND j.partition_key IS NOT NULL)
+OR EXISTS (SELECT 1 FROM "trioq".jobs j
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+AND j.concurrency_key IS NOT NULL) AS ready) AS keyed
+LEFT JOIN LATERAL (SELECT j.run_at FROM "trioq".jobs j
+WHERE j.queue = (SELECT $2::text)
+AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at IS NOT NULL
+ORDER BY j.run_at LIMIT 1) AS due ON true
+),
+unkeyed AS MATERIALIZED (
+SELECT per_task.*
+FROM unnest((SELECT $3::text[])) AS served(task)
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at
+FROM "trioq".jobs j
+WHERE j.queue = (SELECT $2::text)
+AND j.task = served.task
+AND j.state = 'ready'
+AND j.partition_key IS NULL
+AND j.concurrency_key IS NULL
+AND j.run_at <= "trioq".db_now()
+AND ((SELECT $4::text[]) IS NULL
+OR j.task || '@' || j.version = ANY((SELECT $4::text[])::text[]))
+ORDER BY j.priority, j.run_at, j.id
+LIMIT (SELECT $5::int)
+FOR UPDATE OF j SKIP LOCKED
+) AS per_task
+WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
+),
+candidates AS MATERIALIZED (
+SELECT id FROM unkeyed
+WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
+WHERE p.queue = (SELECT $2::text))
+ORDER BY priority, run_at, id
+LIMIT (SELECT $5::int)
+),
+claimed AS (
+UPDATE "trioq".jobs j
+SET state = 'running',
+attempt = j.attempt + 1,
+executions = j.executions + 1,
+lease_token = gen_random_uuid(),
+traced = $6,
+lease_expires_at = "trioq".db_now() + $7 * interval '1 second',
+worker_id = $8,
+error = NULL,
+started_at = greatest("trioq".db_now(), j.run_at)
+WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
+RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+j.version,
+CASE WHEN j.checkpoint_count > 0 THEN
+(SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+ORDER BY c.position)
+FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
+j.parent_id, j.concurrency_key
+)
+SELECT (SELECT blocked FROM probe) AS blocked,
+(SELECT keyed_ready FROM probe) AS keyed_ready,
+0 AS promoted,
+"trioq".db_now() + (clock_timestamp() - now()) AS now,
+(SELECT next_due FROM probe) AS next_due,
+NULL::text AS concurrency_cursor,
+claimed.*
+FROM (SELECT 1) AS one
+LEFT JOIN claimed ON true;
+
+-- name: job_claim (11019 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+WITH RECURSIVE
+due AS MATERIALIZED (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
+j.concurrency_key
+FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now() + (SELECT $2::float8) * interval '1 second'
+ORDER BY j.run_at
+LIMIT (SELECT $3::int)
+FOR UPDATE SKIP LOCKED
+),
+due_unkeyed AS MATERIALIZED (
+SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
+NULL::text AS concurrency_key, NULL::int AS slot
+FROM due d
+WHERE (SELECT $4::int) > 0 AND d.partition_key IS NULL
+AND d.concurrency_key IS NULL
+AND (d.run_at <= "trioq".db_now() OR d.state IN ('sleeping', 'scheduled'))
+AND d.task = ANY((SELECT $5::text[])::text[])
+AND ((SELECT $6::text[]) IS NULL
+OR d.task || '@' || d.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY d.priority, d.run_at, d.id
+LIMIT (SELECT $4::int)
+),
+ready_keys AS (
+SELECT first_key.partition_key, 1 AS n, first_key.wrapped
+FROM (
+SELECT after_cursor.partition_key, false AS wrapped
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key IS NOT NULL
+AND j.partition_key > (SELECT $7::text)
+ORDER BY j.partition_key LIMIT 1) AS after_cursor
+UNION ALL
+SELECT from_start.partition_key, true
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key IS NOT NULL
+ORDER BY j.partition_key LIMIT 1) AS from_start
+LIMIT 1
+) AS first_key
+WHERE (SELECT $4::int) > 0
+UNION ALL
+SELECT next_key.partition_key, k.n + 1, next_key.wrapped
+FROM ready_keys k
+CROSS JOIN LATERAL (
+SELECT following.partition_key, k.wrapped AS wrapped
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key > k.partition_key
+ORDER BY j.partition_key LIMIT 1) AS following
+UNION ALL
+SELECT from_start.partition_key, true
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key IS NOT NULL
+ORDER BY j.partition_key LIMIT 1) AS from_start
+WHERE NOT k.wrapped
+LIMIT 1
+) AS next_key
+WHERE k.n < (SELECT $8::int)
+AND NOT (next_key.wrapped AND next_key.partition_key > (SELECT $7::text))
+AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
+),
+heads AS MATERIALIZED (
+SELECT head.id, head.attempt, head.held
+FROM ready_keys k
+LEFT JOIN "trioq".partition_locks l
+ON l.queue = (SELECT $1::text) AND l.partition_key = k.partition_key
+CROSS JOIN LATERAL (
+(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
+FROM "trioq".jobs j
+WHERE l.job_id IS NULL
+AND j.queue = (SELECT $1::text) AND j.partition_key = k.partition_key
+AND j.state = 'ready'
+AND j.run_at <= "trioq".db_now()
+ORDER BY j.priority, j.run_at, j.id
+LIMIT 1)
+UNION ALL
+(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
+FROM "trioq".jobs j
+WHERE j.id = l.job_id AND j.state = 'ready')
+) AS head
+WHERE head.task = ANY((SELECT $5::text[])::text[])
+AND ((SELECT $6::text[]) IS NULL
+OR head.task || '@' || head.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY head.priority, head.run_at, head.id
+LIMIT 2 * (SELECT $4::int)
+),
+keyed AS MATERIALIZED (
+SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
+NULL::text AS concurrency_key, NULL::int AS slot
+FROM heads h
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+FROM "trioq".jobs j
+WHERE j.id = h.id AND j.attempt = h.attempt
+AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+FOR UPDATE SKIP LOCKED
+) AS locked
+),
+ready_concurrency_keys AS (
+SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
+FROM (
+SELECT after_cursor.concurrency_key, false AS wrapped
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key IS NOT NULL
+AND j.concurrency_key > (SELECT $9::text)
+ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
+UNION ALL
+SELECT from_start.concurrency_key, true
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key IS NOT NULL
+ORDER BY j.concurrency_key LIMIT 1) AS from_start
+LIMIT 1
+) AS first_key
+WHERE (SELECT $4::int) > 0
+UNION ALL
+SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
+FROM ready_concurrency_keys k
+CROSS JOIN LATERAL (
+SELECT following.concurrency_key, k.wrapped AS wrapped
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key > k.concurrency_key
+ORDER BY j.concurrency_key LIMIT 1) AS following
+UNION ALL
+SELECT from_start.concurrency_key, true
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key IS NOT NULL
+ORDER BY j.concurrency_key LIMIT 1) AS from_start
+WHERE NOT k.wrapped
+LIMIT 1
+) AS next_key
+WHERE k.n < (SELECT $8::int)
+AND NOT (next_key.wrapped AND next_key.concurrency_key > (SELECT $9::text))
+AND NOT (next_key.wrapped AND k.wrapped AND next_key.concurrency_key <= k.concurrency_key)
+),
+concurrency_room AS MATERIALIZED (
+SELECT k.concurrency_key, lim.max_running,
+least(greatest(lim.max_running - held.n, 0), (SELECT $4::int)) AS room
+FROM ready_concurrency_keys k
+CROSS JOIN LATERAL (
+SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
+AS max_running
+FROM "trioq".jobs f
+WHERE f.queue = (SELECT $1::text) AND f.concurrency_key = k.concurrency_key
+AND f.state = 'ready'
+ORDER BY f.priority, f.run_at, f.id LIMIT 1
+) AS lim
+CROSS JOIN LATERAL (
+SELECT count(*) AS n FROM "trioq".concurrency_holds h
+WHERE h.concurrency_key = k.concurrency_key
+) AS held
+),
+concurrency_heads AS MATERIALIZED (
+SELECT head.id, head.attempt, r.concurrency_key, free.slot
+FROM concurrency_room r
+CROSS JOIN LATERAL (
+SELECT j.id, j.attempt, j.priority, j.run_at,
+row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
+FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.concurrency_key = r.concurrency_key
+AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.task = ANY((SELECT $5::text[])::text[])
+AND ((SELECT $6::text[]) IS NULL
+OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY j.priority, j.run_at, j.id
+LIMIT r.room
+) AS head
+JOIN LATERAL (
+SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS rank
+FROM generate_series(0, r.max_running - 1) AS s(slot)
+WHERE NOT EXISTS (SELECT 1 FROM "trioq".concurrency_holds h
+WHERE h.concurrency_key = r.concurrency_key AND h.slot = s.slot)
+ORDER BY s.slot
+LIMIT r.room
+) AS free ON free.rank = head.rank
+WHERE r.room > 0
+ORDER BY head.priority, head.run_at, head.id
+LIMIT 2 * (SELECT $4::int)
+),
+concurrency_keyed AS MATERIALIZED (
+SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
+true AS held, h.concurrency_key, h.slot
+FROM concurrency_heads h
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue
+FROM "trioq".jobs j
+WHERE j.id = h.id AND j.attempt = h.attempt
+AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+FOR UPDATE SKIP LOCKED
+) AS locked
+),
+unkeyed AS MATERIALIZED (
+SELECT per_task.*
+FROM unnest((SELECT $5::text[])) AS served(task)
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held,
+NULL::text AS concurrency_key, NULL::int AS slot
+FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text)
+AND j.task = served.task
+AND j.state = 'ready'
+AND j.partition_key IS NULL
+AND j.concurrency_key IS NULL
+AND j.run_at <= "trioq".db_now()
+AND ((SELECT $6::text[]) IS NULL
+OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY j.priority, j.run_at, j.id
+LIMIT (SELECT $4::int)
+FOR UPDATE OF j SKIP LOCKED
+) AS per_task
+),
+candidates AS MATERIALIZED (
+SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed
+UNION ALL SELECT * FROM concurrency_keyed
+UNION ALL SELECT * FROM due_unkeyed) AS all_sources
+WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
+WHERE p.queue = (SELECT $1::text))
+ORDER BY priority, run_at, id
+LIMIT (SELECT $4::int)
+),
+key_taken AS (
+INSERT INTO "trioq".partition_locks (queue, partition_key, job_id)
+SELECT queue, partition_key, id FROM candidates WHERE NOT held
+ORDER BY queue, partition_key  -- one lock order for every claimer: no deadlock cycles
+ON CONFLICT (queue, partition_key) DO NOTHING
+RETURNING job_id
+),
+concurrency_taken AS (
+INSERT INTO "trioq".concurrency_holds (concurrency_key, slot, job_id)
+SELECT concurrency_key, slot, id FROM candidates
+WHERE slot IS NOT NULL AND (SELECT count(*) FROM key_taken) >= 0
+ORDER BY concurrency_key, slot
+ON CONFLICT (concurrency_key, slot) DO NOTHING
+RETURNING job_id
+),
+promoted AS (
+UPDATE "trioq".jobs j SET state = 'ready'
+FROM due d
+WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
+AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
+RETURNING j.id
+),
+ready_notified AS (
+SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
+FROM (SELECT (SELECT $1::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
+),
+claimed AS (
+UPDATE "trioq".jobs j
+SET state = 'running',
+attempt = j.attempt + 1,
+executions = j.executions + 1,
+lease_token = gen_random_uuid(),
+traced = $10,
+lease_expires_at = "trioq".db_now() + $11 * interval '1 second',
+worker_id = $12,
+error = NULL,
+started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
+THEN greatest("trioq".db_now(), j.run_at)
+ELSE greatest("trioq".db_now() + (clock_timestamp() - now()),
+j.run_at) END
+FROM candidates c
+WHERE j.id = c.id
+AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
+OR c.id IN (SELECT job_id FROM concurrency_taken))
+RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+j.version,
+CASE WHEN j.checkpoint_count > 0 THEN
+(SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+ORDER BY c.position)
+FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
+j.parent_id, j.concurrency_key
+)
+SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
+greatest((SELECT count(*) FROM ready_keys),
+(SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
+(SELECT count(*) FROM promoted) AS promoted,
+"trioq".db_now() + (clock_timestamp() - now()) AS now,
+(SELECT j.run_at FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text)
+AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at > "trioq".db_now()
+AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
+ORDER BY j.run_at LIMIT 1) AS next_due,
+(SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
+AS concurrency_cursor,
+claimed.*
+FROM (SELECT 1) AS one
+LEFT JOIN claimed ON true
+WHERE (SELECT n FROM ready_notified) >= 0;
+
+-- name: job_claim_rated (13823 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+WITH RECURSIVE
+due AS MATERIALIZED (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
+j.concurrency_key
+FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now() + (SELECT $2::float8) * interval '1 second'
+ORDER BY j.run_at
+LIMIT (SELECT $3::int)
+FOR UPDATE SKIP LOCKED
+),
+due_unkeyed AS MATERIALIZED (
+SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
+NULL::text AS concurrency_key, NULL::int AS slot
+FROM due d
+WHERE (SELECT $4::int) > 0 AND d.partition_key IS NULL
+AND d.concurrency_key IS NULL
+AND (d.run_at <= "trioq".db_now() OR d.state IN ('sleeping', 'scheduled'))
+AND d.task = ANY((SELECT $5::text[])::text[])
+AND ((SELECT $6::text[]) IS NULL
+OR d.task || '@' || d.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY d.priority, d.run_at, d.id
+LIMIT (SELECT $4::int)
+),
+ready_keys AS (
+SELECT first_key.partition_key, 1 AS n, first_key.wrapped
+FROM (
+SELECT after_cursor.partition_key, false AS wrapped
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key IS NOT NULL
+AND j.partition_key > (SELECT $7::text)
+ORDER BY j.partition_key LIMIT 1) AS after_cursor
+UNION ALL
+SELECT from_start.partition_key, true
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key IS NOT NULL
+ORDER BY j.partition_key LIMIT 1) AS from_start
+LIMIT 1
+) AS first_key
+WHERE (SELECT $4::int) > 0
+UNION ALL
+SELECT next_key.partition_key, k.n + 1, next_key.wrapped
+FROM ready_keys k
+CROSS JOIN LATERAL (
+SELECT following.partition_key, k.wrapped AS wrapped
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key > k.partition_key
+ORDER BY j.partition_key LIMIT 1) AS following
+UNION ALL
+SELECT from_start.partition_key, true
+FROM (SELECT j.partition_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.partition_key IS NOT NULL
+ORDER BY j.partition_key LIMIT 1) AS from_start
+WHERE NOT k.wrapped
+LIMIT 1
+) AS next_key
+WHERE k.n < (SELECT $8::int)
+AND NOT (next_key.wrapped AND next_key.partition_key > (SELECT $7::text))
+AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
+),
+heads AS MATERIALIZED (
+SELECT head.id, head.attempt, head.held
+FROM ready_keys k
+LEFT JOIN "trioq".partition_locks l
+ON l.queue = (SELECT $1::text) AND l.partition_key = k.partition_key
+CROSS JOIN LATERAL (
+(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
+FROM "trioq".jobs j
+WHERE l.job_id IS NULL
+AND j.queue = (SELECT $1::text) AND j.partition_key = k.partition_key
+AND j.state = 'ready'
+AND j.run_at <= "trioq".db_now()
+ORDER BY j.priority, j.run_at, j.id
+LIMIT 1)
+UNION ALL
+(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
+FROM "trioq".jobs j
+WHERE j.id = l.job_id AND j.state = 'ready')
+) AS head
+WHERE head.task = ANY((SELECT $5::text[])::text[])
+AND ((SELECT $6::text[]) IS NULL
+OR head.task || '@' || head.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY head.priority, head.run_at, head.id
+LIMIT 2 * (SELECT $4::int)
+),
+keyed AS MATERIALIZED (
+SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
+NULL::text AS concurrency_key, NULL::int AS slot
+FROM heads h
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+FROM "trioq".jobs j
+WHERE j.id = h.id AND j.attempt = h.attempt
+AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+FOR UPDATE SKIP LOCKED
+) AS locked
+),
+ready_concurrency_keys AS (
+SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
+FROM (
+SELECT after_cursor.concurrency_key, false AS wrapped
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key IS NOT NULL
+AND j.concurrency_key > (SELECT $9::text)
+ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
+UNION ALL
+SELECT from_start.concurrency_key, true
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key IS NOT NULL
+ORDER BY j.concurrency_key LIMIT 1) AS from_start
+LIMIT 1
+) AS first_key
+WHERE (SELECT $4::int) > 0
+UNION ALL
+SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
+FROM ready_concurrency_keys k
+CROSS JOIN LATERAL (
+SELECT following.concurrency_key, k.wrapped AS wrapped
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key > k.concurrency_key
+ORDER BY j.concurrency_key LIMIT 1) AS following
+UNION ALL
+SELECT from_start.concurrency_key, true
+FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+AND j.concurrency_key IS NOT NULL
+ORDER BY j.concurrency_key LIMIT 1) AS from_start
+WHERE NOT k.wrapped
+LIMIT 1
+) AS next_key
+WHERE k.n < (SELECT $8::int)
+AND NOT (next_key.wrapped AND next_key.concurrency_key > (SELECT $9::text))
+AND NOT (next_key.wrapped AND k.wrapped AND next_key.concurrency_key <= k.concurrency_key)
+),
+concurrency_room AS MATERIALIZED (
+SELECT k.concurrency_key, lim.max_running, rate.rate_allowed, rate.rate_period,
+recent.stale, recent.next_slot, recent.oldest,
+CASE WHEN rate.rate_allowed IS NOT NULL
+THEN greatest(rate.rate_allowed - recent.n, 0) END AS rate_room,
+least(greatest(lim.max_running - held.n, 0), (SELECT $4::int)) AS other_room,
+least(greatest(lim.max_running - held.n, 0), (SELECT $4::int),
+CASE WHEN rate.rate_allowed IS NOT NULL
+THEN greatest(rate.rate_allowed - recent.n, 0) END) AS room
+FROM ready_concurrency_keys k
+CROSS JOIN LATERAL (
+SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
+AS max_running
+FROM "trioq".jobs f
+WHERE f.queue = (SELECT $1::text) AND f.concurrency_key = k.concurrency_key
+AND f.state = 'ready'
+ORDER BY f.priority, f.run_at, f.id LIMIT 1
+) AS lim
+CROSS JOIN LATERAL (
+SELECT count(*) AS n FROM "trioq".concurrency_holds h
+WHERE h.concurrency_key = k.concurrency_key
+) AS held
+LEFT JOIN LATERAL "trioq".concurrency_rate_of(k.concurrency_key) AS rate ON true
+LEFT JOIN LATERAL (
+SELECT count(*) FILTER (WHERE s.started_at > w.start) AS n,
+min(s.started_at) FILTER (WHERE s.started_at > w.start) AS oldest,
+coalesce(array_agg(s.slot ORDER BY s.slot)
+FILTER (WHERE s.started_at <= w.start
+AND s.slot < rate.rate_allowed), '{}') AS stale,
+coalesce(max(s.slot) + 1, 0) AS next_slot
+FROM (SELECT "trioq".db_now() - rate.rate_period * interval '1 second' AS start) AS w
+LEFT JOIN "trioq".concurrency_rate_starts s ON s.concurrency_key = k.concurrency_key
+) AS recent ON rate.rate_allowed IS NOT NULL
+),
+concurrency_heads AS MATERIALIZED (
+SELECT head.id, head.attempt, r.concurrency_key, free.slot, rate_free.slot AS rate_slot,
+r.rate_period
+FROM concurrency_room r
+CROSS JOIN LATERAL (
+SELECT j.id, j.attempt, j.priority, j.run_at,
+row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
+FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text) AND j.concurrency_key = r.concurrency_key
+AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.task = ANY((SELECT $5::text[])::text[])
+AND ((SELECT $6::text[]) IS NULL
+OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY j.priority, j.run_at, j.id
+LIMIT r.room
+) AS head
+JOIN LATERAL (
+SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS rank
+FROM generate_series(0, r.max_running - 1) AS s(slot)
+WHERE NOT EXISTS (SELECT 1 FROM "trioq".concurrency_holds h
+WHERE h.concurrency_key = r.concurrency_key AND h.slot = s.slot)
+ORDER BY s.slot
+LIMIT r.room
+) AS free ON free.rank = head.rank
+LEFT JOIN LATERAL (
+SELECT f.slot, row_number() OVER (ORDER BY f.slot) AS rank
+FROM (SELECT unnest(r.stale) AS slot
+UNION ALL
+SELECT generate_series(r.next_slot,
+least(r.rate_allowed, r.next_slot + r.room) - 1)) AS f
+WHERE r.rate_allowed IS NOT NULL  -- least() skips a NULL: no slots for unrated keys
+ORDER BY f.slot
+LIMIT r.room
+) AS rate_free ON rate_free.rank = head.rank
+WHERE r.room > 0 AND (r.rate_allowed IS NULL OR rate_free.slot IS NOT NULL)
+ORDER BY head.priority, head.run_at, head.id
+LIMIT 2 * (SELECT $4::int)
+),
+concurrency_keyed AS MATERIALIZED (
+SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
+true AS held, h.concurrency_key, h.slot
+FROM concurrency_heads h
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue
+FROM "trioq".jobs j
+WHERE j.id = h.id AND j.attempt = h.attempt
+AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+FOR UPDATE SKIP LOCKED
+) AS locked
+),
+unkeyed AS MATERIALIZED (
+SELECT per_task.*
+FROM unnest((SELECT $5::text[])) AS served(task)
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held,
+NULL::text AS concurrency_key, NULL::int AS slot
+FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text)
+AND j.task = served.task
+AND j.state = 'ready'
+AND j.partition_key IS NULL
+AND j.concurrency_key IS NULL
+AND j.run_at <= "trioq".db_now()
+AND ((SELECT $6::text[]) IS NULL
+OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY j.priority, j.run_at, j.id
+LIMIT (SELECT $4::int)
+FOR UPDATE OF j SKIP LOCKED
+) AS per_task
+),
+candidates AS MATERIALIZED (
+SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed
+UNION ALL SELECT * FROM concurrency_keyed
+UNION ALL SELECT * FROM due_unkeyed) AS all_sources
+WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
+WHERE p.queue = (SELECT $1::text))
+ORDER BY priority, run_at, id
+LIMIT (SELECT $4::int)
+),
+key_taken AS (
+INSERT INTO "trioq".partition_locks (queue, partition_key, job_id)
+SELECT queue, partition_key, id FROM candidates WHERE NOT held
+ORDER BY queue, partition_key  -- one lock order for every claimer: no deadlock cycles
+ON CONFLICT (queue, partition_key) DO NOTHING
+RETURNING job_id
+),
+rate_taken AS (
+INSERT INTO "trioq".concurrency_rate_starts AS s (concurrency_key, slot, started_at,
+rate_period, job_id)
+SELECT DISTINCT ON (h.concurrency_key, h.rate_slot)
+h.concurrency_key, h.rate_slot,
+"trioq".db_now() + (clock_timestamp() - now()), h.rate_period, h.id
+FROM concurrency_heads h
+WHERE h.rate_slot IS NOT NULL AND h.id IN (SELECT id FROM candidates)
+AND (SELECT count(*) FROM key_taken) >= 0
+ORDER BY h.concurrency_key, h.rate_slot
+ON CONFLICT (concurrency_key, slot) DO UPDATE
+SET started_at = "trioq".db_now() + (clock_timestamp() - now()),
+rate_period = excluded.rate_period, job_id = excluded.job_id
+WHERE s.started_at <= "trioq".db_now() + (clock_timestamp() - now())
+- excluded.rate_period * interval '1 second'
+RETURNING s.job_id, s.concurrency_key, s.started_at
+),
+concurrency_taken AS (
+INSERT INTO "trioq".concurrency_holds (concurrency_key, slot, job_id)
+SELECT c.concurrency_key, c.slot, c.id FROM candidates c
+WHERE c.slot IS NOT NULL AND (SELECT count(*) FROM key_taken) >= 0
+AND (c.id NOT IN (SELECT h.id FROM concurrency_heads h WHERE h.rate_slot IS NOT NULL)
+OR c.id IN (SELECT t.job_id FROM rate_taken t))
+ORDER BY c.concurrency_key, c.slot
+ON CONFLICT (concurrency_key, slot) DO NOTHING
+RETURNING job_id
+),
+promoted AS (
+UPDATE "trioq".jobs j SET state = 'ready'
+FROM due d
+WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
+AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
+RETURNING j.id
+),
+ready_notified AS (
+SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
+FROM (SELECT (SELECT $1::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
+),
+claimed AS (
+UPDATE "trioq".jobs j
+SET state = 'running',
+attempt = j.attempt + 1,
+executions = j.executions + 1,
+lease_token = gen_random_uuid(),
+traced = $10,
+lease_expires_at = "trioq".db_now() + $11 * interval '1 second',
+worker_id = $12,
+error = NULL,
+started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
+THEN greatest("trioq".db_now(), j.run_at)
+ELSE greatest(coalesce((SELECT t.started_at FROM rate_taken t
+WHERE t.job_id = j.id),
+"trioq".db_now()
++ (clock_timestamp() - now())),
+j.run_at) END
+FROM candidates c
+WHERE j.id = c.id
+AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
+OR c.id IN (SELECT job_id FROM concurrency_taken))
+RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+j.version,
+CASE WHEN j.checkpoint_count > 0 THEN
+(SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+ORDER BY c.position)
+FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
+j.parent_id, j.concurrency_key
+)
+SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
+greatest((SELECT count(*) FROM ready_keys),
+(SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
+(SELECT count(*) FROM promoted) AS promoted,
+"trioq".db_now() + (clock_timestamp() - now()) AS now,
+(SELECT j.run_at FROM "trioq".jobs j
+WHERE j.queue = (SELECT $1::text)
+AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at > "trioq".db_now()
+AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
+ORDER BY j.run_at LIMIT 1) AS next_due,
+(SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
+AS concurrency_cursor,
+claimed.*
+, (SELECT min(coalesce(r.oldest, taken.first) + r.rate_period * interval '1 second')
+FROM concurrency_room r
+CROSS JOIN LATERAL (SELECT count(*) AS n, min(t.started_at) AS first FROM rate_taken t
+WHERE t.concurrency_key = r.concurrency_key) AS taken
+WHERE r.rate_room < r.other_room AND r.rate_room <= taken.n)
+AS key_rate_limited_until
+FROM (SELECT 1) AS one
+LEFT JOIN claimed ON true
+WHERE (SELECT n FROM ready_notified) >= 0;
+
+-- name: job_complete_plain (987 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
+WITH input AS MATERIALIZED (
+SELECT t.*
+FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
+(SELECT $3::uuid[]), (SELECT $4::text[]))
+AS t(id, attempt, lease_token, result)
+),
+settled AS (
+UPDATE "trioq".jobs j
+SET state = 'completed', result = i.result::jsonb, error = NULL,
+finished_at = "trioq".db_now(), lease_token = NULL, lease_expires_at = NULL
+FROM input i
+WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+AND j.state = 'running'
+RETURNING j.id, j.state, j.result_watched
+),
+results_notified AS (
+SELECT count(pg_notify(channel, ids)) AS n
+FROM (SELECT "trioq".result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+FROM settled WHERE result_watched GROUP BY 1) AS per_channel
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+coalesce(array_agg(state ORDER BY id), '{}') AS states,
+(SELECT n FROM results_notified) AS notified,  -- read here, so it always runs
+"trioq".db_now() + (clock_timestamp() - now()) AS now
+FROM settled;
+
+-- name: job_settle_many (3245 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+WITH input AS MATERIALIZED (
+SELECT t.*,
+CASE WHEN t.moves_run_at
+THEN coalesce(t.wake_at, "trioq".db_now() + t.delay * interval '1 second')
+END AS next_run_at
+FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
+(SELECT $3::uuid[]), (SELECT $4::text[]),
+(SELECT $5::bool[]), (SELECT $6::bool[]),
+(SELECT $7::int[]), (SELECT $8::bool[]),
+(SELECT $9::text[]), (SELECT $10::bool[]),
+(SELECT $11::bool[]), (SELECT $12::text[]),
+(SELECT $13::text[]), (SELECT $14::float8[]),
+(SELECT $15::timestamptz[]))
+AS t(id, attempt, lease_token, state, ready_when_due, moves_run_at, attempt_change,
+releases_key, history, final, clears_worker, result, error, delay, wake_at)
+),
+settled AS (
+UPDATE "trioq".jobs j
+SET state = CASE WHEN i.ready_when_due AND i.next_run_at <= "trioq".db_now() THEN 'ready'
+ELSE i.state END,
+run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
+attempt = j.attempt + i.attempt_change,
+result = i.result::jsonb,
+error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= "trioq".db_now()
+THEN "trioq".deadline_error(j.deadline_at, j.deadline_source)
+ELSE i.error::jsonb END,
+finished_at = CASE WHEN i.final THEN "trioq".db_now() END,
+worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
+started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
+lease_token = NULL, lease_expires_at = NULL
+FROM input i
+WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+AND j.state = 'running'
+RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
+j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
+j.result_watched
+),
+unlocked AS (
+DELETE FROM "trioq".partition_locks l
+USING settled s
+WHERE s.releases_key AND s.partition_key IS NOT NULL
+AND l.queue = s.queue AND l.partition_key = s.partition_key AND l.job_id = s.id
+RETURNING l.job_id
+),
+history AS (
+INSERT INTO "trioq".attempts (job_id, attempt, outcome, error_type, error_message,
+traceback, trace_id, worker_id, started_at, finished_at)
+SELECT id, attempt, history,
+error ->> 'type', error ->> 'message', error ->> 'traceback', error ->> 'trace_id',
+worker_id, started_at, "trioq".db_now()
+FROM settled WHERE history IS NOT NULL
+),
+results_notified AS (
+SELECT count(pg_notify(channel, ids)) AS n
+FROM (SELECT "trioq".result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+FROM settled WHERE final AND result_watched
+GROUP BY 1) AS per_channel
+),
+ready_notified AS (
+SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
+FROM (SELECT DISTINCT queue FROM settled WHERE state = 'ready') AS q
+),
+parents_woken AS MATERIALIZED (
+SELECT CASE WHEN EXISTS (SELECT 1 FROM settled WHERE final AND parent_id IS NOT NULL)
+THEN "trioq".parents_notify(
+ARRAY(SELECT id FROM settled WHERE final AND parent_id IS NOT NULL),
+ARRAY(SELECT id FROM input))
+ELSE 0 END AS n
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+coalesce(array_agg(state ORDER BY id), '{}') AS states,
+"trioq".db_now() + (clock_timestamp() - now()) AS now,
+min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next_due,
+(SELECT n FROM results_notified) + (SELECT n FROM ready_notified)
++ (SELECT n FROM parents_woken) AS notified
+FROM settled;
+
+-- name: lease_renew_many (1465 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
+WITH heartbeat AS (
+UPDATE "trioq".workers SET heartbeat_at = "trioq".db_now(), state = $1,
+admission = (
+SELECT jsonb_object_agg(a.queue, jsonb_build_object(
+'limit', a.lim, 'concurrency', a.concurrency, 'reason', a.reason,
+'cause', a.cause,
+'since', "trioq".db_now() - a.reduced_for * interval '1 second'))
+FROM unnest($2::text[], $3::int[],
+$4::int[], $5::text[],
+$6::text[], $7::float8[])
+AS a(queue, lim, concurrency, reason, cause, reduced_for))
+WHERE id = $8
+RETURNING id
+),
+requested AS MATERIALIZED (
+SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
+FROM unnest($9::bigint[], $10::int[], $11::uuid[])
+AS o(id, attempt, lease_token)
+JOIN "trioq".jobs j
+ON j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
+WHERE j.state = 'running'
+),
+lockable AS MATERIALIZED (
+SELECT j.id FROM "trioq".jobs j
+JOIN requested r ON r.id = j.id AND r.attempt = j.attempt AND r.lease_token = j.lease_token
+WHERE j.state = 'running'
+FOR UPDATE OF j SKIP LOCKED
+),
+renewed AS (
+UPDATE "trioq".jobs j
+SET lease_expires_at = "trioq".db_now() + $12 * interval '1 second'
+FROM lockable l
+WHERE j.id = l.id
+RETURNING j.id, j.cancel_requested
+)
+SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
+FROM (SELECT 1) AS one
+LEFT JOIN (
+SELECT id, cancel_requested, true AS confirmed FROM renewed
+UNION ALL
+SELECT id, cancel_requested, false FROM requested
+WHERE id NOT IN (SELECT id FROM lockable)
+) AS r ON true;
+
+-- name: checkpoint_insert_many_plain (1277 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
+WITH input AS MATERIALIZED (
+SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
+$4::int[], $5::text[], $6::text[],
+$7::text[], $8::float8[])
+AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
+),
+owner AS (
+UPDATE "trioq".jobs j
+SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
+FROM input GROUP BY id, attempt, lease_token) AS n
+WHERE j.id = n.id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
+AND j.state = 'running'
+RETURNING j.id
+),
+written AS (
+INSERT INTO "trioq".checkpoints (job_id, position, kind, name, value, created_at)
+SELECT i.id, i.position, i.kind, i.name,
+CASE WHEN i.wake_in IS NULL THEN i.value::jsonb
+ELSE coalesce(i.value::jsonb, '{}'::jsonb) || jsonb_build_object(
+'wake_at', "trioq".db_now() + i.wake_in * interval '1 second') END,
+"trioq".db_now()
+FROM input i JOIN owner o ON o.id = i.id
+ON CONFLICT (job_id, position) DO NOTHING
+RETURNING job_id, position, value
+)
+SELECT i.id, i.position,
+coalesce(w.value, (SELECT e.value FROM "trioq".checkpoints e
+WHERE e.job_id = i.id AND e.position = i.position)) AS value
+FROM input i
+JOIN owner o ON o.id = i.id
+LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
+;
+
+-- name: checkpoint_insert_many (1974 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
+WITH input AS MATERIALIZED (
+SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
+$4::int[], $5::text[], $6::text[],
+$7::text[], $8::float8[])
+AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
+),
+owner AS (
+UPDATE "trioq".jobs j
+SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
+FROM input GROUP BY id, attempt, lease_token) AS n
+WHERE j.id = n.id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
+AND j.state = 'running'
+RETURNING j.id
+),
+written AS (
+INSERT INTO "trioq".checkpoints (job_id, position, kind, name, value, created_at)
+SELECT i.id, i.position, i.kind, i.name,
+CASE WHEN i.wake_in IS NULL THEN i.value::jsonb
+ELSE coalesce(i.value::jsonb, '{}'::jsonb) || jsonb_build_object(
+'wake_at', "trioq".db_now() + i.wake_in * interval '1 second') END,
+"trioq".db_now()
+FROM input i JOIN owner o ON o.id = i.id
+ON CONFLICT (job_id, position) DO NOTHING
+RETURNING job_id, position, value
+)
+,
+value_input AS (
+SELECT DISTINCT ON (v.id, v.key) v.id, v.key, v.value
+FROM unnest($9::bigint[], $10::text[], $11::text[])
+WITH ORDINALITY AS v(id, key, value, n)
+JOIN owner o ON o.id = v.id
+ORDER BY v.id, v.key, v.n DESC
+),
+values_written AS (
+INSERT INTO "trioq".workflow_values AS w (job_id, key, value, updated_at)
+SELECT v.id, v.key, v.value::jsonb, "trioq".db_now() FROM value_input v
+ON CONFLICT (job_id, key) DO UPDATE SET value = excluded.value,
+updated_at = excluded.updated_at
+RETURNING w.job_id
+),
+values_notified AS (
+SELECT count(pg_notify("trioq".result_channel(job_id), job_id::text)) AS n
+FROM (SELECT DISTINCT job_id FROM values_written) AS changed
+)
+SELECT i.id, i.position,
+coalesce(w.value, (SELECT e.value FROM "trioq".checkpoints e
+WHERE e.job_id = i.id AND e.position = i.position)) AS value
+FROM input i
+JOIN owner o ON o.id = i.id
+LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
+CROSS JOIN values_notified;

@@ -1,0 +1,1107 @@
+-- The database as `trioq migrate` leaves it (schema `trioq`), from `pg_dump --schema-only`.
+-- Generated: `python -m tests.schema_snapshot`; tests/test_schema_snapshot.py checks it.
+
+CREATE SCHEMA trioq;
+
+CREATE DOMAIN trioq.job_attempt AS integer
+	CONSTRAINT jobs_attempt_check CHECK ((VALUE >= 0));
+
+CREATE DOMAIN trioq.job_checkpoint_count AS integer
+	CONSTRAINT jobs_checkpoint_count_check CHECK ((VALUE >= 0));
+
+CREATE DOMAIN trioq.job_concurrency_key AS text
+	CONSTRAINT jobs_concurrency_key_check CHECK (((length(VALUE) >= 1) AND (length(VALUE) <= 512)));
+
+CREATE DOMAIN trioq.job_concurrency_limit AS integer
+	CONSTRAINT jobs_concurrency_limit_check CHECK (((VALUE >= 1) AND (VALUE <= 10000)));
+
+CREATE DOMAIN trioq.job_dedup_key AS text
+	CONSTRAINT jobs_dedup_key_check CHECK (((length(VALUE) >= 1) AND (length(VALUE) <= 512)));
+
+CREATE DOMAIN trioq.job_max_attempts AS integer
+	CONSTRAINT jobs_max_attempts_check CHECK ((VALUE >= 1));
+
+CREATE DOMAIN trioq.job_on_parent_cancel AS text
+	CONSTRAINT jobs_on_parent_cancel_check CHECK ((VALUE = ANY ('{cancel,abandon,wait}'::text[])));
+
+CREATE DOMAIN trioq.job_partition_key AS text
+	CONSTRAINT jobs_partition_key_check CHECK (((length(VALUE) >= 1) AND (length(VALUE) <= 512)));
+
+CREATE DOMAIN trioq.job_payload AS jsonb
+	CONSTRAINT jobs_payload_check CHECK ((pg_column_size(VALUE) <= 6000064));
+
+CREATE DOMAIN trioq.job_queue AS text
+	CONSTRAINT jobs_queue_check CHECK (((length(VALUE) <= 128) AND (VALUE ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$'::text)));
+
+CREATE DOMAIN trioq.job_task AS text
+	CONSTRAINT jobs_task_check CHECK (((length(VALUE) <= 128) AND (VALUE ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$'::text)));
+
+CREATE DOMAIN trioq.job_trace_context AS text
+	CONSTRAINT jobs_trace_context_check CHECK ((length(VALUE) <= 512));
+
+CREATE DOMAIN trioq.job_unique_states AS text[]
+	CONSTRAINT jobs_unique_states_check CHECK ((VALUE <@ '{completed,failed,cancelled}'::text[]));
+
+CREATE DOMAIN trioq.job_version AS integer
+	CONSTRAINT jobs_version_check CHECK ((VALUE >= 1));
+
+CREATE FUNCTION trioq.checkpoints_delete_of_jobs() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM "trioq".checkpoints c USING deleted_jobs d WHERE c.job_id = d.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION trioq.concurrency_limit_of(key text, job_limit integer) RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(
+        (SELECT l.max_running FROM "trioq".concurrency_limits l
+         WHERE l.pattern = key
+            OR (right(l.pattern, 1) = '*' AND starts_with(key, left(l.pattern, -1)))
+         ORDER BY length(l.pattern) DESC, right(l.pattern, 1) = '*' LIMIT 1),
+        job_limit, 1)
+$$;
+
+CREATE FUNCTION trioq.concurrency_rate_of(key text) RETURNS TABLE(rate_allowed integer, rate_period double precision)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT r.rate_allowed, r.rate_period FROM "trioq".concurrency_rates r
+    WHERE r.pattern = key
+       OR (right(r.pattern, 1) = '*' AND starts_with(key, left(r.pattern, -1)))
+    ORDER BY length(r.pattern) DESC, right(r.pattern, 1) = '*' LIMIT 1
+$$;
+
+CREATE FUNCTION trioq.concurrency_release() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM "trioq".concurrency_holds h
+    WHERE h.concurrency_key = OLD.concurrency_key AND h.job_id = OLD.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION trioq.db_now() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(nullif(current_setting('trioq.fake_now', true), '')::timestamptz, now())
+$$;
+
+CREATE FUNCTION trioq.deadline_error(deadline_at timestamp with time zone, deadline_source text) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT jsonb_build_object(
+        'type', 'DeadlineExceeded',
+        'message', 'deadline passed at '
+                   || to_char(deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+                   || ' (' || coalesce(deadline_source, 'set at enqueue') || ')');
+$$;
+
+CREATE FUNCTION trioq.enqueue(task text, payload jsonb DEFAULT 'null'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority smallint DEFAULT 0, partition_key text DEFAULT NULL::text, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, unique_for interval DEFAULT NULL::interval, unique_states text[] DEFAULT NULL::text[], traceparent text DEFAULT NULL::text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, concurrency_key text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $_$
+#variable_conflict use_column
+DECLARE
+    job_id bigint;
+    due    timestamptz := coalesce(enqueue.run_at, "trioq".db_now());
+    held   text[] := CASE WHEN enqueue.dedup_key IS NULL THEN '{}'
+                          WHEN enqueue.unique_states IS NOT NULL
+                              THEN ARRAY(SELECT s FROM unnest(enqueue.unique_states) AS s
+                                         WHERE s IN ('completed', 'failed', 'cancelled'))
+                          WHEN enqueue.unique_for IS NOT NULL THEN ARRAY['completed']
+                          ELSE '{}' END;
+    job_deadline        timestamptz := enqueue.deadline;
+    job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
+BEGIN
+    -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
+    -- be dropped, unlinked, by the worker's propagator much later.
+    IF enqueue.traceparent IS NOT NULL
+       AND enqueue.traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
+        RAISE EXCEPTION 'traceparent: % is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)',
+            enqueue.traceparent USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.deadline IS NOT NULL AND enqueue.deadline <= "trioq".db_now() THEN
+        RAISE EXCEPTION 'deadline: % has passed (give a future timestamptz)',
+            enqueue.deadline USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.concurrency_key IS NOT NULL AND enqueue.partition_key IS NOT NULL THEN
+        RAISE EXCEPTION 'concurrency_key: give a partition_key or a concurrency_key, not both'
+            USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.concurrency_key IS NOT NULL
+       AND length(enqueue.concurrency_key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'concurrency_key: must be 1 to 512 characters' USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.concurrency_limit IS NOT NULL
+       AND enqueue.concurrency_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'concurrency_limit: % must be a whole number from 1 to 10000',
+            enqueue.concurrency_limit USING ERRCODE = '22023';
+    END IF;
+    -- No deadline given: the task's, as its workers registered it (version 1: this function
+    -- enqueues for the default handler version).
+    IF job_deadline IS NULL THEN
+        SELECT "trioq".db_now() + d.deadline_seconds * interval '1 second',
+               'set by task ' || d.task
+        INTO job_deadline, job_deadline_source
+        FROM "trioq".task_defaults d
+        WHERE d.task = enqueue.task AND d.version = 1 AND d.deadline_seconds IS NOT NULL;
+    END IF;
+    IF enqueue.dedup_key IS NOT NULL THEN
+        UPDATE "trioq".jobs j SET dedup_key = NULL
+        WHERE j.dedup_key = enqueue.dedup_key
+          AND j.state IN ('completed', 'failed', 'cancelled')
+          AND NOT (j.state = ANY(j.unique_states)
+                   AND (j.unique_until IS NULL OR j.unique_until > "trioq".db_now()));
+    END IF;
+    -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
+    INSERT INTO "trioq".jobs AS j (queue, task, payload, state, priority, run_at,
+                                   partition_key, dedup_key, max_attempts, created_at,
+                                   unique_states, unique_until, trace_context,
+                                   concurrency_key, concurrency_limit, deadline_at,
+                                   deadline_source)
+    VALUES (enqueue.queue, enqueue.task, enqueue.payload,
+            CASE WHEN due > "trioq".db_now() THEN 'scheduled' ELSE 'ready' END,
+            enqueue.priority, due,
+            enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts, "trioq".db_now(),
+            held, CASE WHEN enqueue.dedup_key IS NOT NULL
+                       THEN "trioq".db_now() + enqueue.unique_for END,
+            enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
+            job_deadline, job_deadline_source)
+    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
+    DO UPDATE SET dedup_key = excluded.dedup_key
+    RETURNING j.id INTO job_id;
+    -- Also for a job due later: the queue's idle workers wake, read its due time and set
+    -- their timers to it, as they do for the Python statements' delayed jobs.
+    PERFORM pg_notify("trioq".ready_channel(enqueue.queue), enqueue.queue);
+    RETURN job_id;
+END
+$_$;
+
+CREATE FUNCTION trioq.event_emit(event_key text, event_payload jsonb) RETURNS TABLE(emitted_first boolean, woken_count bigint)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    won boolean;
+    wake_count bigint;
+    stored jsonb;
+BEGIN
+    INSERT INTO "trioq".events AS e (key, payload, emitted_at, created_at)
+    VALUES (event_key, event_payload, "trioq".db_now(), "trioq".db_now())
+    ON CONFLICT (key) DO UPDATE
+        SET payload = excluded.payload, emitted_at = excluded.emitted_at
+        WHERE e.emitted_at IS NULL
+    RETURNING true INTO won;
+    -- ON CONFLICT DO UPDATE locks the conflicting row even when its WHERE is false; this
+    -- statement sees the newest version (ours, or the first emitter's).
+    SELECT e.payload INTO stored FROM "trioq".events e WHERE e.key = event_key;
+    -- Wake the waiters and resolve their pending wait in the same statement: the payload
+    -- becomes their checkpoint, so the woken handler resumes without another statement.
+    WITH woken AS (
+        UPDATE "trioq".jobs j
+        SET state = 'ready', run_at = "trioq".db_now(), wait_event_key = NULL
+        WHERE j.wait_event_key = event_key AND j.state = 'waiting'
+        RETURNING j.id, j.queue
+    ),
+    resolved AS (
+        UPDATE "trioq".checkpoints c
+        SET value = jsonb_build_object('payload', stored)
+        FROM woken w
+        WHERE c.job_id = w.id AND c.kind = 'event' AND c.name = event_key
+          AND c.value ? 'deadline'
+        RETURNING c.job_id
+    ),
+    notified AS (
+        SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
+        FROM (SELECT DISTINCT queue FROM woken) AS q
+    )
+    SELECT (SELECT count(*) FROM woken) INTO wake_count
+    FROM notified CROSS JOIN (SELECT count(*) FROM resolved) AS side_effects;
+    RETURN QUERY SELECT coalesce(won, false), wake_count;
+END
+$$;
+
+CREATE FUNCTION trioq.job_cancel_children(p_job_id bigint, p_job_attempt integer, p_job_lease_token uuid, p_checkpoint_position integer, p_checkpoint_kind text, p_checkpoint_name text, p_checkpoint_value jsonb, p_child_ids bigint[], p_control_channel text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE "trioq".jobs j
+    SET checkpoint_count = greatest(j.checkpoint_count, p_checkpoint_position + 1)
+    WHERE j.id = p_job_id AND j.attempt = p_job_attempt AND j.lease_token = p_job_lease_token
+      AND j.state = 'running';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO "trioq".checkpoints (job_id, position, kind, name, value, created_at)
+    VALUES (p_job_id, p_checkpoint_position, p_checkpoint_kind, p_checkpoint_name, p_checkpoint_value,
+            "trioq".db_now())
+    ON CONFLICT ON CONSTRAINT checkpoints_pkey DO NOTHING;
+    PERFORM 1 FROM "trioq".job_cancel_tree(
+        ARRAY(SELECT c.id FROM "trioq".jobs c
+              WHERE c.id = ANY(p_child_ids) AND c.parent_id = p_job_id),
+        p_control_channel);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION trioq.job_cancel_tree(root_ids bigint[], control_channel text) RETURNS TABLE(id bigint, previous_state text, state text)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM "trioq".job_cancel_tree(root_ids, control_channel, false);
+$$;
+
+CREATE FUNCTION trioq.job_cancel_tree(root_ids bigint[], control_channel text, whole_tree boolean) RETURNS TABLE(id bigint, previous_state text, state text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    tree_ids bigint[];
+    plan_ids bigint[];
+    plan_parents bigint[];
+    plan_old text[];
+    plan_new text[];
+    plan_kept boolean[];
+    sent bigint;
+BEGIN
+    WITH RECURSIVE tree AS (
+        SELECT j.id, false AS kept FROM "trioq".jobs j WHERE j.id = ANY(root_ids)
+        UNION
+        SELECT c.id, (NOT whole_tree AND c.on_parent_cancel = 'wait')
+        FROM "trioq".jobs c JOIN tree t ON c.parent_id = t.id
+        WHERE NOT t.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
+    )
+    SELECT array_agg(tree.id) INTO tree_ids FROM tree;
+    PERFORM 1 FROM "trioq".jobs j WHERE j.id = ANY(tree_ids) ORDER BY j.id FOR NO KEY UPDATE;
+    -- A new statement: its snapshot sees the newest version of every row locked above.
+    WITH RECURSIVE nodes AS (
+        SELECT j.id, j.parent_id, j.state, ARRAY[j.id] AS path, false AS kept
+        FROM "trioq".jobs j WHERE j.id = ANY(root_ids)
+        UNION ALL
+        SELECT c.id, c.parent_id, c.state, n.path || c.id,
+               (NOT whole_tree AND c.on_parent_cancel = 'wait')
+        FROM "trioq".jobs c JOIN nodes n ON c.parent_id = n.id
+        WHERE NOT n.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
+    ),
+    blocked AS (
+        SELECT DISTINCT unnest(n.path[1:cardinality(n.path) - 1]) AS id
+        FROM nodes n
+        WHERE n.state = 'running'
+           OR (n.kept AND n.state NOT IN ('completed', 'failed', 'cancelled'))
+    ),
+    plan AS (
+        SELECT DISTINCT ON (n.id) n.id, n.parent_id, n.state AS old_state,
+               CASE WHEN n.kept OR n.state IN ('completed', 'failed', 'cancelled', 'running')
+                      THEN n.state
+                    WHEN n.id IN (SELECT b.id FROM blocked b) THEN 'waiting'
+                    WHEN n.state IN ('sleeping', 'waiting') THEN 'ready'
+                    ELSE 'cancelled' END AS new_state,
+               n.kept
+        FROM nodes n
+    )
+    SELECT array_agg(p.id), array_agg(p.parent_id), array_agg(p.old_state),
+           array_agg(p.new_state), array_agg(p.kept)
+    INTO plan_ids, plan_parents, plan_old, plan_new, plan_kept
+    FROM plan p;
+    WITH plan AS (
+        SELECT * FROM unnest(plan_ids, plan_parents, plan_old, plan_new, plan_kept)
+                 AS t(id, parent_id, old_state, new_state, kept)
+    ),
+    changed AS (
+        UPDATE "trioq".jobs j
+        SET cancel_requested = true,
+            state = p.new_state,
+            finished_at = CASE WHEN p.new_state = 'cancelled' THEN "trioq".db_now()
+                               ELSE j.finished_at END,
+            run_at = CASE WHEN p.new_state = 'waiting' THEN NULL
+                          WHEN p.new_state = 'ready' THEN "trioq".db_now()
+                          ELSE j.run_at END,
+            wait_event_key = NULL,
+            wait_children = CASE WHEN p.new_state = 'waiting' THEN
+                                ARRAY(SELECT c.id FROM plan c
+                                      WHERE c.parent_id = p.id
+                                        AND c.new_state NOT IN ('completed', 'failed',
+                                                                'cancelled'))
+                                 WHEN p.new_state = 'ready' THEN NULL
+                            ELSE j.wait_children END
+        FROM plan p
+        WHERE j.id = p.id AND NOT p.kept
+          AND p.old_state NOT IN ('completed', 'failed', 'cancelled')
+        RETURNING j.id, j.state, j.queue
+    ),
+    woken AS (
+        SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
+        FROM (SELECT DISTINCT c.queue FROM changed c WHERE c.state = 'ready') AS q
+    ),
+    unlocked AS (
+        DELETE FROM "trioq".partition_locks l USING changed c
+        WHERE c.state = 'cancelled' AND l.job_id = c.id
+        RETURNING l.job_id
+    ),
+    notified AS (
+        SELECT count(pg_notify(CASE WHEN c.state = 'running' THEN control_channel
+                                    ELSE "trioq".result_channel(c.id) END,
+                               c.id::text)) AS n
+        FROM changed c WHERE c.state IN ('running', 'cancelled')
+    )
+    SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w) INTO sent
+    FROM notified n;
+    PERFORM "trioq".parents_notify(root_ids);
+    RETURN QUERY
+        SELECT t.id, t.old_state, t.new_state
+        FROM unnest(plan_ids, plan_old, plan_new) AS t(id, old_state, new_state)
+        WHERE t.id = ANY(root_ids);
+END
+$$;
+
+CREATE FUNCTION trioq.job_deadline_pass(max_jobs integer, control_channel text) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    passed bigint[];
+BEGIN
+    SELECT array_agg(p.id) INTO passed FROM (
+        SELECT j.id FROM "trioq".jobs j
+        WHERE j.deadline_at IS NOT NULL AND NOT j.cancel_requested
+          AND j.state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting')
+          AND j.deadline_at <= "trioq".db_now()
+          -- A lost lease is the recovery's (the same maintenance statement): next pass.
+          AND NOT (j.state = 'running' AND j.lease_expires_at < "trioq".db_now())
+        ORDER BY j.deadline_at
+        LIMIT max_jobs
+        FOR NO KEY UPDATE OF j SKIP LOCKED) AS p;
+    IF passed IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- The reason first: a job cancelled at once by the tree cancel keeps this error.
+    UPDATE "trioq".jobs j SET error = "trioq".deadline_error(j.deadline_at, j.deadline_source)
+    WHERE j.id = ANY(passed);
+    PERFORM 1 FROM "trioq".job_cancel_tree(passed, control_channel, false);
+    RETURN cardinality(passed);
+END
+$$;
+
+CREATE FUNCTION trioq.job_receive(p_job_id bigint, p_attempt integer, p_lease_token uuid, p_position integer, p_topic text, p_timeout_seconds double precision, p_deadline timestamp with time zone, p_limit integer, p_value_keys text[], p_value_values jsonb[]) RETURNS TABLE(state text, messages jsonb, deadline timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    due timestamptz := coalesce(p_deadline,
+                                "trioq".db_now() + p_timeout_seconds * interval '1 second');
+    stored jsonb;
+    taken jsonb;
+    taken_count bigint;
+BEGIN
+    UPDATE "trioq".jobs j
+    SET checkpoint_count = greatest(j.checkpoint_count, p_position + 1)
+    WHERE j.id = p_job_id AND j.attempt = p_attempt AND j.lease_token = p_lease_token
+      AND j.state = 'running';
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lost'::text, NULL::jsonb, due;
+        RETURN;
+    END IF;
+    IF cardinality(p_value_keys) > 0 THEN
+        INSERT INTO "trioq".workflow_values AS v (job_id, key, value, updated_at)
+        SELECT p_job_id, t.key, t.value, "trioq".db_now()
+        FROM unnest(p_value_keys, p_value_values) AS t(key, value)
+        ON CONFLICT (job_id, key) DO UPDATE SET value = excluded.value,
+                                                updated_at = excluded.updated_at;
+        PERFORM pg_notify("trioq".result_channel(p_job_id), p_job_id::text);
+    END IF;
+    SELECT c.value INTO stored FROM "trioq".checkpoints c
+    WHERE c.job_id = p_job_id AND c.position = p_position;
+    IF stored ? 'messages' THEN
+        RETURN QUERY SELECT 'received'::text, stored -> 'messages', due;
+        RETURN;
+    END IF;
+    WITH gone AS (
+        DELETE FROM "trioq".messages m
+        WHERE m.id IN (SELECT q.id FROM "trioq".messages q
+                       WHERE q.job_id = p_job_id AND q.topic = p_topic
+                       ORDER BY q.id LIMIT p_limit)
+        RETURNING m.id, m.payload
+    )
+    SELECT coalesce(jsonb_agg(g.payload ORDER BY g.id), '[]'::jsonb), count(*)
+    INTO taken, taken_count FROM gone g;
+    IF taken_count > 0 OR due <= "trioq".db_now() THEN
+        INSERT INTO "trioq".checkpoints AS c (job_id, position, kind, name, value, created_at)
+        VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('messages', taken),
+                "trioq".db_now())
+        ON CONFLICT (job_id, position) DO UPDATE SET value = excluded.value;
+        UPDATE "trioq".jobs j SET wait_topic = NULL, wait_position = NULL
+        WHERE j.id = p_job_id AND (j.wait_topic IS NOT NULL OR j.wait_position IS NOT NULL);
+        RETURN QUERY SELECT CASE WHEN taken_count > 0 THEN 'received' ELSE 'timeout' END,
+                            taken, due;
+        RETURN;
+    END IF;
+    INSERT INTO "trioq".checkpoints AS c (job_id, position, kind, name, value, created_at)
+    VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('deadline', due),
+            "trioq".db_now())
+    ON CONFLICT (job_id, position) DO NOTHING;
+    UPDATE "trioq".jobs j
+    SET state = 'waiting', run_at = due, attempt = j.attempt - 1, lease_token = NULL,
+        lease_expires_at = NULL, wait_topic = p_topic, wait_position = p_position,
+        wait_event_key = NULL,
+        wait_children = NULL
+    WHERE j.id = p_job_id;
+    RETURN QUERY SELECT 'waiting'::text, '[]'::jsonb, due;
+END
+$$;
+
+CREATE FUNCTION trioq.leader_elect(candidate uuid, runs_scheduler boolean, ttl_seconds double precision) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    INSERT INTO "trioq".leader AS l (seat, leader_id, scheduler, elected_at, expires_at)
+    VALUES (1, candidate, runs_scheduler, "trioq".db_now(),
+            "trioq".db_now() + ttl_seconds * interval '1 second')
+    ON CONFLICT (seat) DO UPDATE
+    SET leader_id = excluded.leader_id,
+        scheduler = excluded.scheduler,
+        elected_at = CASE WHEN l.leader_id = excluded.leader_id THEN l.elected_at
+                          ELSE excluded.elected_at END,
+        expires_at = excluded.expires_at
+    WHERE l.leader_id = excluded.leader_id
+       OR l.expires_at < "trioq".db_now()
+       OR (excluded.scheduler AND NOT l.scheduler)
+    RETURNING true
+$$;
+
+CREATE FUNCTION trioq.parents_notify(child_ids bigint[], skip_ids bigint[] DEFAULT '{}'::bigint[]) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    wake_count bigint;
+BEGIN
+    WITH finished AS (
+        SELECT c.parent_id, array_agg(c.id) AS ids,
+               coalesce(array_agg(c.id) FILTER (WHERE c.state <> 'completed'), '{}') AS failed
+        FROM "trioq".jobs c
+        WHERE c.id = ANY(child_ids) AND c.parent_id IS NOT NULL
+          AND c.state IN ('completed', 'failed', 'cancelled')
+        GROUP BY c.parent_id
+    ),
+    locked AS MATERIALIZED (
+        SELECT p.id FROM "trioq".jobs p JOIN finished f ON f.parent_id = p.id
+        WHERE p.state NOT IN ('completed', 'failed', 'cancelled') AND p.id <> ALL(skip_ids)
+        ORDER BY p.id
+        FOR NO KEY UPDATE OF p
+    ),
+    woken AS (
+        UPDATE "trioq".jobs p
+        SET children_settled = p.children_settled + cardinality(f.ids),
+            wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                                 THEN ARRAY(SELECT unnest(p.wait_children)
+                                            EXCEPT SELECT unnest(f.ids))
+                                 ELSE p.wait_children END,
+            state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                              AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                         THEN 'ready' ELSE p.state END,
+            run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                               AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
+                          THEN "trioq".db_now() ELSE p.run_at END
+        FROM finished f JOIN locked l ON l.id = f.parent_id
+        WHERE p.id = f.parent_id
+        RETURNING p.queue, p.state
+    ),
+    notified AS (
+        SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
+        FROM (SELECT DISTINCT queue FROM woken WHERE state = 'ready') AS q
+    )
+    SELECT (SELECT count(*) FROM woken WHERE state = 'ready') INTO wake_count FROM notified;
+    RETURN wake_count;
+END
+$$;
+
+CREATE FUNCTION trioq.queue_demand() RETURNS TABLE(queue text, ready bigint, oldest_ready_seconds double precision, running bigint, scheduled bigint, sleeping bigint, waiting bigint, due_now bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.state = 'ready' AND j.run_at <= t.now),
+           extract(epoch FROM t.now - min(j.run_at) FILTER (
+               WHERE j.state = 'ready' AND j.run_at <= t.now))::float8,
+           count(*) FILTER (WHERE j.state = 'running'),
+           count(*) FILTER (WHERE j.state = 'scheduled'
+                               OR (j.state = 'ready' AND j.run_at > t.now)),
+           count(*) FILTER (WHERE j.state = 'sleeping'),
+           count(*) FILTER (WHERE j.state = 'waiting'),
+           count(*) FILTER (WHERE j.run_at <= t.now
+                              AND j.state IN ('ready', 'scheduled', 'sleeping', 'waiting'))
+    FROM "trioq".jobs AS j, (SELECT "trioq".db_now() AS now) AS t
+    WHERE j.state NOT IN ('completed', 'failed', 'cancelled')
+    GROUP BY j.queue, t.now
+$$;
+
+CREATE FUNCTION trioq.queue_limit_gate(gate_queue text, requested integer, OUT allowed integer, OUT running integer, OUT global_limit integer, OUT rate_allowed integer, OUT rate_period double precision, OUT next_start_at timestamp with time zone, OUT started_at timestamp with time zone) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    l "trioq".queue_limits%ROWTYPE;
+    recent integer;
+BEGIN
+    allowed := requested;
+    SELECT * INTO l FROM "trioq".queue_limits q WHERE q.queue = gate_queue FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    global_limit := l.global_limit;
+    rate_allowed := l.rate_allowed;
+    rate_period := l.rate_period;
+    IF l.global_limit IS NOT NULL THEN
+        SELECT count(*) INTO running FROM "trioq".jobs j
+        WHERE j.state = 'running' AND j.queue = gate_queue;
+        allowed := least(allowed, greatest(l.global_limit - running, 0));
+    END IF;
+    started_at := "trioq".db_now() + (clock_timestamp() - now());
+    IF l.rate_allowed IS NOT NULL THEN
+        SELECT count(*) INTO recent FROM unnest(l.recent_starts) AS s(at)
+        WHERE s.at > started_at - l.rate_period * interval '1 second';
+        allowed := least(allowed, greatest(l.rate_allowed - recent, 0));
+        -- The window is full once this claim's starts are in: the next start is allowed when
+        -- the oldest start still counted leaves it.
+        IF recent + allowed >= l.rate_allowed THEN
+            next_start_at := (SELECT s.at FROM unnest(l.recent_starts) AS s(at)
+                              WHERE s.at > started_at - l.rate_period * interval '1 second'
+                              ORDER BY s.at OFFSET (recent + allowed - l.rate_allowed) LIMIT 1)
+                             + l.rate_period * interval '1 second';
+            next_start_at := coalesce(next_start_at,
+                                      started_at + l.rate_period * interval '1 second');
+        END IF;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION trioq.queue_limit_spend(spend_queue text, claimed bigint[], claimed_at timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    l "trioq".queue_limits%ROWTYPE;
+    kept timestamptz[];
+BEGIN
+    UPDATE "trioq".jobs j SET started_at = greatest(j.started_at, claimed_at)
+    WHERE claimed_at IS NOT NULL AND j.id = ANY(claimed) AND j.state = 'running';
+    SELECT * INTO l FROM "trioq".queue_limits q WHERE q.queue = spend_queue FOR UPDATE;
+    IF NOT FOUND OR l.rate_allowed IS NULL OR cardinality(claimed) = 0 THEN
+        RETURN NULL;
+    END IF;
+    kept := ARRAY(SELECT newest.at FROM (
+                      SELECT s.at FROM (
+                          SELECT unnest(l.recent_starts) AS at
+                          UNION ALL
+                          SELECT coalesce(j.started_at, claimed_at) FROM unnest(claimed) AS c(id)
+                          LEFT JOIN "trioq".jobs j ON j.id = c.id) AS s
+                      ORDER BY s.at DESC LIMIT l.rate_allowed) AS newest
+                  ORDER BY newest.at);
+    UPDATE "trioq".queue_limits q SET recent_starts = kept WHERE q.queue = spend_queue;
+    IF cardinality(kept) < l.rate_allowed THEN
+        RETURN NULL;
+    END IF;
+    RETURN kept[1] + l.rate_period * interval '1 second';
+END
+$$;
+
+CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_due boolean, next_due timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT q.queue,
+           EXISTS (SELECT 1 FROM "trioq".jobs j
+                   WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
+                     AND j.concurrency_key IS NULL)
+           OR EXISTS (SELECT 1 FROM "trioq".jobs j
+                      WHERE j.queue = q.queue AND j.state = 'ready'
+                        AND j.partition_key IS NOT NULL)
+           OR EXISTS (SELECT 1 FROM "trioq".jobs j
+                      WHERE j.queue = q.queue AND j.state = 'ready'
+                        AND j.concurrency_key IS NOT NULL)
+           OR coalesce(d.run_at <= "trioq".db_now(), false),
+           CASE WHEN d.run_at > "trioq".db_now() THEN d.run_at END
+    FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)
+    LEFT JOIN LATERAL (
+        SELECT j.run_at FROM "trioq".jobs j
+        WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
+          AND j.run_at IS NOT NULL
+        ORDER BY j.run_at LIMIT 1
+    ) AS d ON true
+    ORDER BY q.ord
+$$;
+
+CREATE FUNCTION trioq.ready_channel(queue text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT 'trioq_ready_' || (hashtext(queue) & 63)::text
+$$;
+
+CREATE FUNCTION trioq.result_channel(job_id bigint) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT 'trioq_result_' || (job_id & 63)::text
+$$;
+
+CREATE FUNCTION trioq.send(p_job_id bigint, p_topic text, p_payload jsonb DEFAULT 'null'::jsonb) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job_state text;
+    job_topic text;
+    job_position integer;
+    job_queue text;
+    message_id bigint;
+    woken_count bigint;
+BEGIN
+    SELECT j.state, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
+    FROM "trioq".jobs j WHERE j.id = p_job_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'send: no job %', p_job_id USING ERRCODE = 'P0002';
+    END IF;
+    IF job_state IN ('completed', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'send: job % is % (final): it receives no more messages',
+            p_job_id, job_state USING ERRCODE = 'P0001';
+    END IF;
+    IF job_state = 'waiting' AND job_topic = p_topic AND job_position IS NOT NULL THEN
+        -- A later statement: its snapshot sees the pending checkpoint the receive committed.
+        UPDATE "trioq".checkpoints c
+        SET value = jsonb_build_object('messages',
+                                       jsonb_build_array(coalesce(p_payload, 'null')))
+        WHERE c.job_id = p_job_id AND c.position = job_position AND c.kind = 'receive'
+          AND c.name = p_topic AND c.value ? 'deadline' AND NOT c.value ? 'messages';
+        IF FOUND THEN
+            UPDATE "trioq".jobs j
+            SET state = 'ready', run_at = "trioq".db_now(), wait_topic = NULL,
+                wait_position = NULL
+            WHERE j.id = p_job_id
+            RETURNING j.queue INTO job_queue;
+            PERFORM pg_notify("trioq".ready_channel(job_queue), job_queue);
+            RETURN nextval(pg_get_serial_sequence('"trioq".messages', 'id'));
+        END IF;
+    END IF;
+    INSERT INTO "trioq".messages (job_id, topic, payload, created_at)
+    VALUES (p_job_id, p_topic, coalesce(p_payload, 'null'), "trioq".db_now())
+    RETURNING id INTO message_id;
+    UPDATE "trioq".jobs j
+    SET state = 'ready', run_at = "trioq".db_now(), wait_topic = NULL, wait_position = NULL
+    WHERE j.id = p_job_id AND j.state = 'waiting' AND j.wait_topic = p_topic;
+    -- Woken just now, ready already, or due: a claim may have skipped it under our lock.
+    SELECT count(pg_notify("trioq".ready_channel(j.queue), j.queue)) INTO woken_count
+    FROM "trioq".jobs j
+    WHERE j.id = p_job_id
+      AND (j.state = 'ready'
+           OR (j.state IN ('scheduled', 'sleeping', 'waiting') AND j.run_at <= "trioq".db_now()));
+    RETURN message_id;
+END
+$$;
+
+CREATE FUNCTION trioq.task_deadline_seconds(task text, version integer) RETURNS double precision
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN (SELECT d.deadline_seconds FROM "trioq".task_defaults d
+            WHERE d.task = task_deadline_seconds.task
+              AND d.version = task_deadline_seconds.version);
+END
+$$;
+
+CREATE TABLE trioq.attempts (
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    outcome text NOT NULL,
+    error_type text,
+    error_message text,
+    traceback text,
+    trace_id text,
+    worker_id uuid,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['retried'::text, 'failed'::text, 'lost'::text, 'cancelled'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', vacuum_truncate=off, toast.vacuum_truncate=off);
+
+ALTER TABLE trioq.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME trioq.attempts_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE trioq.checkpoints (
+    job_id bigint NOT NULL,
+    "position" integer NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    value jsonb,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT checkpoints_position_check CHECK (("position" >= 0))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
+
+CREATE TABLE trioq.concurrency_holds (
+    concurrency_key text NOT NULL,
+    slot integer NOT NULL,
+    job_id bigint NOT NULL,
+    CONSTRAINT concurrency_holds_slot_check CHECK ((slot >= 0))
+);
+
+CREATE TABLE trioq.concurrency_limits (
+    pattern text NOT NULL,
+    max_running integer NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT concurrency_limits_max_running_check CHECK (((max_running >= 1) AND (max_running <= 10000))),
+    CONSTRAINT concurrency_limits_pattern_check CHECK ((((length(pattern) >= 1) AND (length(pattern) <= 512)) AND (POSITION(('*'::text) IN ("left"(pattern, '-1'::integer))) = 0)))
+);
+
+CREATE TABLE trioq.concurrency_rate_starts (
+    concurrency_key text NOT NULL,
+    slot integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    rate_period double precision NOT NULL,
+    job_id bigint NOT NULL,
+    CONSTRAINT concurrency_rate_starts_slot_check CHECK ((slot >= 0))
+);
+
+CREATE TABLE trioq.concurrency_rates (
+    pattern text NOT NULL,
+    rate_allowed integer NOT NULL,
+    rate_period double precision NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT concurrency_rates_pattern_check CHECK ((((length(pattern) >= 1) AND (length(pattern) <= 512)) AND (POSITION(('*'::text) IN ("left"(pattern, '-1'::integer))) = 0))),
+    CONSTRAINT concurrency_rates_rate_allowed_check CHECK (((rate_allowed >= 1) AND (rate_allowed <= 10000))),
+    CONSTRAINT concurrency_rates_rate_period_check CHECK ((rate_period > (0)::double precision))
+);
+
+CREATE TABLE trioq.dashboard_audit (
+    id bigint NOT NULL,
+    at timestamp with time zone NOT NULL,
+    actor text NOT NULL,
+    address text NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    outcome text,
+    CONSTRAINT dashboard_audit_action_check CHECK (((length(action) >= 1) AND (length(action) <= 64))),
+    CONSTRAINT dashboard_audit_actor_check CHECK (((length(actor) >= 1) AND (length(actor) <= 256))),
+    CONSTRAINT dashboard_audit_address_check CHECK ((length(address) <= 256)),
+    CONSTRAINT dashboard_audit_outcome_check CHECK ((length(outcome) <= 4096)),
+    CONSTRAINT dashboard_audit_target_check CHECK ((length(target) <= 1024))
+);
+
+ALTER TABLE trioq.dashboard_audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME trioq.dashboard_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE trioq.events (
+    key text NOT NULL,
+    payload jsonb,
+    emitted_at timestamp with time zone,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT events_key_check CHECK (((length(key) >= 1) AND (length(key) <= 512)))
+);
+
+CREATE TABLE trioq.function_digest (
+    digest text NOT NULL,
+    applied_at timestamp with time zone NOT NULL
+);
+
+CREATE TABLE trioq.jobs (
+    id bigint NOT NULL,
+    queue trioq.job_queue NOT NULL,
+    task trioq.job_task NOT NULL,
+    payload trioq.job_payload NOT NULL,
+    state text DEFAULT 'ready'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone,
+    partition_key trioq.job_partition_key,
+    dedup_key trioq.job_dedup_key,
+    attempt trioq.job_attempt DEFAULT 0 NOT NULL,
+    max_attempts trioq.job_max_attempts,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    worker_id uuid,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    result jsonb,
+    error jsonb,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
+    parent_id bigint,
+    parent_position integer,
+    wait_event_key text,
+    wait_children bigint[],
+    children_settled integer DEFAULT 0 NOT NULL,
+    unique_states trioq.job_unique_states DEFAULT '{}'::text[] NOT NULL,
+    unique_until timestamp with time zone,
+    trace_context trioq.job_trace_context,
+    version trioq.job_version DEFAULT 1 NOT NULL,
+    wait_topic text,
+    on_parent_cancel trioq.job_on_parent_cancel DEFAULT 'cancel'::text NOT NULL,
+    executions integer DEFAULT 0 NOT NULL,
+    deadline_at timestamp with time zone,
+    deadline_source text,
+    traced boolean DEFAULT false NOT NULL,
+    wait_position integer,
+    concurrency_key trioq.job_concurrency_key,
+    concurrency_limit trioq.job_concurrency_limit,
+    result_watched boolean DEFAULT false NOT NULL,
+    CONSTRAINT jobs_check CHECK (((state = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL)))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', vacuum_truncate=off, toast.vacuum_truncate=off);
+
+ALTER TABLE trioq.jobs ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+    SEQUENCE NAME trioq.jobs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE trioq.leader (
+    seat integer DEFAULT 1 NOT NULL,
+    leader_id uuid NOT NULL,
+    scheduler boolean NOT NULL,
+    elected_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT leader_seat_check CHECK ((seat = 1))
+);
+
+CREATE TABLE trioq.messages (
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    topic text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT messages_topic_check CHECK (((length(topic) >= 1) AND (length(topic) <= 512)))
+);
+
+ALTER TABLE trioq.messages ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME trioq.messages_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE trioq.migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE trioq.partition_locks (
+    queue text NOT NULL,
+    partition_key text NOT NULL,
+    job_id bigint NOT NULL
+)
+WITH (vacuum_truncate=off);
+
+CREATE TABLE trioq.queue_limits (
+    queue text NOT NULL,
+    global_limit integer,
+    rate_allowed integer,
+    rate_period double precision,
+    recent_starts timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT queue_limits_check CHECK (((rate_allowed IS NULL) = (rate_period IS NULL))),
+    CONSTRAINT queue_limits_check1 CHECK (((global_limit IS NOT NULL) OR (rate_allowed IS NOT NULL))),
+    CONSTRAINT queue_limits_global_limit_check CHECK (((global_limit >= 1) AND (global_limit <= 100000))),
+    CONSTRAINT queue_limits_rate_allowed_check CHECK (((rate_allowed >= 1) AND (rate_allowed <= 10000))),
+    CONSTRAINT queue_limits_rate_period_check CHECK ((rate_period > (0)::double precision))
+);
+
+CREATE TABLE trioq.queue_pauses (
+    queue text NOT NULL,
+    paused_at timestamp with time zone NOT NULL,
+    CONSTRAINT queue_pauses_queue_check CHECK ((queue ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$'::text))
+);
+
+CREATE TABLE trioq.schedules (
+    name text NOT NULL,
+    task text NOT NULL,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    cron text NOT NULL,
+    timezone text NOT NULL,
+    misfire text NOT NULL,
+    catchup_limit integer NOT NULL,
+    max_attempts integer NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    origin text NOT NULL,
+    anchor_at timestamp with time zone NOT NULL,
+    next_fire_at timestamp with time zone,
+    last_fire_at timestamp with time zone,
+    fired bigint DEFAULT 0 NOT NULL,
+    missed bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT schedules_catchup_limit_check CHECK (((catchup_limit >= 1) AND (catchup_limit <= 10000))),
+    CONSTRAINT schedules_cron_check CHECK (((length(cron) >= 1) AND (length(cron) <= 256))),
+    CONSTRAINT schedules_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT schedules_misfire_check CHECK ((misfire = ANY (ARRAY['skip'::text, 'latest'::text, 'all'::text]))),
+    CONSTRAINT schedules_name_check CHECK ((name ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$'::text)),
+    CONSTRAINT schedules_origin_check CHECK ((origin = ANY (ARRAY['code'::text, 'runtime'::text]))),
+    CONSTRAINT schedules_payload_check CHECK ((pg_column_size(payload) <= 4000000)),
+    CONSTRAINT schedules_queue_check CHECK ((queue ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$'::text)),
+    CONSTRAINT schedules_task_check CHECK ((task ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$'::text)),
+    CONSTRAINT schedules_timezone_check CHECK (((length(timezone) >= 1) AND (length(timezone) <= 128))),
+    CONSTRAINT schedules_version_check CHECK ((version >= 1))
+);
+
+CREATE TABLE trioq.task_defaults (
+    task text NOT NULL,
+    version integer NOT NULL,
+    max_attempts integer NOT NULL,
+    declared_at timestamp with time zone NOT NULL,
+    deadline_seconds double precision,
+    CONSTRAINT task_defaults_deadline_seconds_check CHECK ((deadline_seconds > (0)::double precision)),
+    CONSTRAINT task_defaults_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000)))
+);
+
+CREATE TABLE trioq.workers (
+    id uuid NOT NULL,
+    hostname text NOT NULL,
+    pid integer NOT NULL,
+    queues text[] NOT NULL,
+    concurrency integer NOT NULL,
+    state text DEFAULT 'running'::text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone NOT NULL,
+    task_versions text[] DEFAULT '{}'::text[] NOT NULL,
+    admission jsonb,
+    queue_concurrency integer[],
+    heartbeat_seconds double precision,
+    CONSTRAINT workers_heartbeat_seconds_check CHECK ((heartbeat_seconds > (0)::double precision)),
+    CONSTRAINT workers_state_check CHECK ((state = ANY (ARRAY['running'::text, 'draining'::text, 'stopped'::text])))
+)
+WITH (vacuum_truncate=off);
+
+CREATE TABLE trioq.workflow_values (
+    job_id bigint NOT NULL,
+    key text NOT NULL,
+    value jsonb NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT workflow_values_key_check CHECK (((length(key) >= 1) AND (length(key) <= 512)))
+);
+
+ALTER TABLE ONLY trioq.attempts
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY trioq.checkpoints
+    ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (job_id, "position");
+
+ALTER TABLE ONLY trioq.concurrency_holds
+    ADD CONSTRAINT concurrency_holds_pkey PRIMARY KEY (concurrency_key, slot);
+
+ALTER TABLE ONLY trioq.concurrency_limits
+    ADD CONSTRAINT concurrency_limits_pkey PRIMARY KEY (pattern);
+
+ALTER TABLE ONLY trioq.concurrency_rate_starts
+    ADD CONSTRAINT concurrency_rate_starts_pkey PRIMARY KEY (concurrency_key, slot);
+
+ALTER TABLE ONLY trioq.concurrency_rates
+    ADD CONSTRAINT concurrency_rates_pkey PRIMARY KEY (pattern);
+
+ALTER TABLE ONLY trioq.dashboard_audit
+    ADD CONSTRAINT dashboard_audit_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY trioq.events
+    ADD CONSTRAINT events_pkey PRIMARY KEY (key);
+
+ALTER TABLE ONLY trioq.jobs
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+ALTER TABLE trioq.jobs
+    ADD CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))) NOT VALID;
+
+ALTER TABLE trioq.jobs
+    ADD CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[]))) NOT VALID;
+
+ALTER TABLE ONLY trioq.leader
+    ADD CONSTRAINT leader_pkey PRIMARY KEY (seat);
+
+ALTER TABLE ONLY trioq.messages
+    ADD CONSTRAINT messages_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY trioq.migrations
+    ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY trioq.partition_locks
+    ADD CONSTRAINT partition_locks_pkey PRIMARY KEY (queue, partition_key);
+
+ALTER TABLE ONLY trioq.queue_limits
+    ADD CONSTRAINT queue_limits_pkey PRIMARY KEY (queue);
+
+ALTER TABLE ONLY trioq.queue_pauses
+    ADD CONSTRAINT queue_pauses_pkey PRIMARY KEY (queue);
+
+ALTER TABLE ONLY trioq.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY trioq.task_defaults
+    ADD CONSTRAINT task_defaults_pkey PRIMARY KEY (task, version);
+
+ALTER TABLE ONLY trioq.workers
+    ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY trioq.workflow_values
+    ADD CONSTRAINT workflow_values_pkey PRIMARY KEY (job_id, key);
+
+CREATE INDEX attempts_job_idx ON trioq.attempts USING btree (job_id, attempt);
+
+CREATE INDEX events_age_idx ON trioq.events USING btree (COALESCE(emitted_at, created_at));
+
+CREATE INDEX jobs_concurrency_ready_idx ON trioq.jobs USING btree (queue, concurrency_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (concurrency_key IS NOT NULL));
+
+CREATE INDEX jobs_deadline_idx ON trioq.jobs USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'sleeping'::text, 'waiting'::text])));
+
+CREATE UNIQUE INDEX jobs_dedup_key_idx ON trioq.jobs USING btree (dedup_key) WHERE (dedup_key IS NOT NULL);
+
+CREATE INDEX jobs_due_idx ON trioq.jobs USING btree (queue, run_at) WHERE (state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]));
+
+CREATE INDEX jobs_finished_idx ON trioq.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
+
+CREATE INDEX jobs_lease_idx ON trioq.jobs USING btree (lease_expires_at) WHERE (state = 'running'::text);
+
+CREATE UNIQUE INDEX jobs_parent_idx ON trioq.jobs USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
+
+CREATE INDEX jobs_partition_ready_idx ON trioq.jobs USING btree (queue, partition_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NOT NULL));
+
+CREATE INDEX jobs_ready_task_idx ON trioq.jobs USING btree (queue, task, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NULL) AND (concurrency_key IS NULL));
+
+CREATE INDEX jobs_suspended_idx ON trioq.jobs USING btree (id) WHERE (state = ANY (ARRAY['sleeping'::text, 'waiting'::text]));
+
+CREATE INDEX jobs_wait_event_idx ON trioq.jobs USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
+
+CREATE INDEX messages_job_topic_idx ON trioq.messages USING btree (job_id, topic, id);
+
+CREATE INDEX partition_locks_job_idx ON trioq.partition_locks USING btree (job_id);
+
+CREATE INDEX schedules_next_fire_idx ON trioq.schedules USING btree (next_fire_at NULLS FIRST);
+
+CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, state FROM trioq.jobs;
+
+CREATE TRIGGER jobs_checkpoints_delete AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
+
+CREATE TRIGGER jobs_concurrency_release_delete AFTER DELETE ON trioq.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.state = 'running'::text))) EXECUTE FUNCTION trioq.concurrency_release();
+
+CREATE TRIGGER jobs_concurrency_release_update AFTER UPDATE OF state ON trioq.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.state = 'running'::text) AND (new.state <> 'running'::text))) EXECUTE FUNCTION trioq.concurrency_release();
+
+ALTER TABLE ONLY trioq.attempts
+    ADD CONSTRAINT attempts_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY trioq.messages
+    ADD CONSTRAINT messages_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY trioq.partition_locks
+    ADD CONSTRAINT partition_locks_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY trioq.workflow_values
+    ADD CONSTRAINT workflow_values_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;
