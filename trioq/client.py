@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import trio
 
-from ._core.channels import result_channel
+from ._core.channels import job_ids_of, result_channel
 from ._core.concurrency import validate_limit, validate_pattern
 from ._core.errors import JobFailed, JobNotFound, ResultTimeout, ValueNotSet
 from ._core.explain import Explanation, explain
@@ -140,10 +140,9 @@ class _ResultWatcher:
             self._wake_all()
 
     def _on_notify(self, channel: str, payload: str) -> None:
-        for part in payload.split(","):
-            if part.isdigit():
-                for event in self.waiters.get(int(part), []):
-                    event.set()
+        for job_id in job_ids_of(payload):
+            for event in self.waiters.get(job_id, []):
+                event.set()
 
     def _wake_all(self) -> None:
         for events in self.waiters.values():

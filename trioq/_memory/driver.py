@@ -415,6 +415,8 @@ class MemoryDriver:
         row = self._state.rows.get(settlement.lease.id)
         if row is None or not row.holds(settlement.lease):
             return None
+        if settlement.kind == "cancel" and not row.cancel_requested:
+            return None  # recorded only for a stored request, as in the SQL
         rule = rule_of(settlement.kind)  # the one rule every driver applies (_core/outcomes)
         if rule.moves_run_at:
             if settlement.kind == "retry":

@@ -69,6 +69,7 @@ class Listener:
     _active: set[str] = attrs.field(factory=set)
     _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _wait_scope: trio.CancelScope | None = None
+    _refused_channels: set[str] = attrs.field(factory=set)  # a callback raised on these
 
     @property
     def connected(self) -> bool:
@@ -191,7 +192,17 @@ class Listener:
         pgconn = raw.pgconn
         encoding = raw.info.encoding
         while (notify := pgconn.notifies()) is not None:
-            self._on_notify(notify.relname.decode(encoding), notify.extra.decode(encoding))
+            channel = notify.relname.decode(encoding, errors="replace")
+            payload = notify.extra.decode(encoding, errors="replace")
+            try:
+                self._on_notify(channel, payload)
+            except Exception:
+                # Any login may NOTIFY any channel: a payload a callback cannot take is
+                # dropped (a notification is a hint, and the poll covers a lost one); the pump
+                # and the process go on. Logged once per channel, not once per payload.
+                if channel not in self._refused_channels:
+                    self._refused_channels.add(channel)
+                    logger.exception("a notification on %s was dropped (%r)", channel, payload[:80])
 
     def _disconnect(self) -> None:
         raw, self._raw = self._raw, None

@@ -27,7 +27,7 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from .._core.channels import result_channel
+from .._core.channels import job_ids_of, result_channel
 
 logger = logging.getLogger("trioq.producer")
 
@@ -96,12 +96,7 @@ class _Waiters(Generic[E]):
 
     def notified(self, payload: str) -> list[E]:
         """The events of the jobs a result notification names (its payload lists job ids)."""
-        return [
-            event
-            for part in payload.split(",")
-            if part.isdigit()
-            for event in self.by_job.get(int(part), ())
-        ]
+        return [event for job_id in job_ids_of(payload) for event in self.by_job.get(job_id, ())]
 
     def everyone(self) -> list[E]:
         return [event for events in self.by_job.values() for event in events]

@@ -9,6 +9,7 @@ that also stand in for its claim polls (polls.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +23,9 @@ from .claim_loop import ClaimLoop
 from .metrics import WorkerMetrics
 
 log = logging.getLogger("trioq.worker")
+# A cancel hint renews early at most this often: a notification storm (any login may NOTIFY)
+# costs at most one renewal statement a second.
+CHECK_EVERY = 1.0
 
 
 @attrs.frozen
@@ -46,6 +50,8 @@ class LeaseRenewer:
     healthy: bool = True
     _renewals: int = 0
     _lost: int = 0
+    _check: trio.Event = attrs.field(factory=trio.Event)
+    _checked_at: float = -CHECK_EVERY
 
     @property
     def interval(self) -> float:
@@ -66,8 +72,8 @@ class LeaseRenewer:
         database no longer returns is lost: its handler is cancelled at once.
         """
         while True:
-            # Early (rate-limited) when the admission snapshot the heartbeat writes changed.
-            await self.admission.wait_renewal(self.interval)
+            await self._wait_renewal()
+            self._check = trio.Event()  # this renewal reads every stored cancel request
             leases = [lease for loop in self.loops for lease in loop.renewable_leases()]
             admission = self.admission.snapshot()
             if not leases and not self.admission.unpublished(admission):
@@ -75,6 +81,29 @@ class LeaseRenewer:
                 self.healthy = True
                 continue
             await self._renew(leases, admission)
+
+    def check_soon(self) -> None:
+        """A cancel hint named a job running here: renew now (at most once a second), so its
+        stored cancel request is read without waiting for the renewal interval."""
+        self._check.set()
+
+    async def _wait_renewal(self) -> None:
+        """The renewal interval, or less: early (rate-limited by admission control) when the
+        admission snapshot the heartbeat writes changed, or when a cancel hint came
+        (`check_soon`, at most once every CHECK_EVERY)."""
+        async with trio.open_nursery() as nursery:
+
+            async def first(wait: Callable[[], Awaitable[None]]) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(first, functools.partial(self.admission.wait_renewal, self.interval))
+            nursery.start_soon(first, self._wait_check)
+
+    async def _wait_check(self) -> None:
+        await self._check.wait()
+        await trio.sleep_until(self._checked_at + CHECK_EVERY)
+        self._checked_at = trio.current_time()
 
     async def _renew(self, leases: list[Lease], admission: tuple[QueueAdmission, ...]) -> None:
         sent_at = trio.current_time()

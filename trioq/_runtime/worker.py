@@ -23,7 +23,7 @@ import attrs
 import trio
 
 from .._core.capacity import DEFAULT_PREFETCH
-from .._core.channels import control_channel, schedules_channel
+from .._core.channels import control_channel, job_id_of, schedules_channel
 from .._core.identifiers import validate_name
 from .._driver import Driver, Listener, NewSchedule, WorkerRegistration
 from .admission import AdmissionControl, validate_mode
@@ -486,14 +486,13 @@ class Worker:
             self.listener_guest.on_reconnect()
 
     def _cancel_job(self, payload: str) -> None:
-        try:
-            job_id = int(payload)
-        except ValueError:
-            return
-        for loop in self.loops.values():
-            entry = loop.running.get(job_id)
-            if entry is not None:
-                entry.cancel("cancelled")
+        """A cancel hint: any login can NOTIFY this channel, so a job id here cancels nothing
+        by itself. When the job runs here, the lease renewer renews early, and that statement
+        reads each job's stored cancel request (set by a cancel or a passed deadline): only
+        a job whose request is stored is cancelled."""
+        job_id = job_id_of(payload)
+        if job_id is not None and any(job_id in loop.running for loop in self.loops.values()):
+            self.renewer.check_soon()
 
     # --- registration --------------------------------------------------------------------
 

@@ -880,7 +880,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (3245 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (3296 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -914,6 +914,7 @@ lease_token = NULL, lease_expires_at = NULL
 FROM input i
 WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
 AND j.state = 'running'
+AND (i.state <> 'cancelled' OR j.cancel_requested)
 RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
 j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
 j.result_watched

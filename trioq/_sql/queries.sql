@@ -817,6 +817,9 @@ settled AS (
     FROM input i
     WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
+      -- A cancelled outcome is recorded only for a stored request (a cancel or a passed
+      -- deadline sets it): a worker told to cancel by anything else changes nothing here.
+      AND (i.state <> 'cancelled' OR j.cancel_requested)
     RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
               j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
               j.result_watched

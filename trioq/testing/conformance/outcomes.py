@@ -101,10 +101,24 @@ async def check_failure_with_zero_delay_is_due_at_once(driver: Driver, clock: Dr
 async def check_failure_can_end_cancelled(driver: Driver, clock: DriverClock) -> None:
     [job_id] = await enqueue(driver, new_job())
     [job] = await claim(driver)
+    await driver.job_cancel(job_id)  # stores the request (the job runs: its worker records it)
     outcome = await fail(driver, job.lease, None, final_state="cancelled")
     expect(outcome, [(job_id, "cancelled")], "failure outcome")
     [attempt] = await driver.job_attempts(job_id)
     expect((attempt.attempt, attempt.outcome), (1, "cancelled"), "attempts history")
+
+
+@conformance_check
+async def check_a_cancelled_outcome_without_a_stored_request_changes_nothing(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A worker may be told to cancel by anyone (a notification is a hint): the outcome is
+    recorded only when a cancel (or a passed deadline) stored the request."""
+    [job_id] = await enqueue(driver, new_job())
+    [job] = await claim(driver)
+    expect(await fail(driver, job.lease, None, final_state="cancelled"), [], "unasked cancel")
+    expect((await record(driver, job_id)).state, "running", "the job after it")
+    expect(await driver.job_attempts(job_id), [], "attempts history")
 
 
 @conformance_check
