@@ -26,7 +26,9 @@ from trioq.dashboard.security import (
     Auth,
     AuthMiddleware,
     Csrf,
+    HostGuard,
     is_loopback,
+    served_names,
 )
 
 SECRET = "correct horse battery staple"
@@ -114,6 +116,48 @@ async def test_a_token_in_the_link_becomes_an_http_only_cookie() -> None:
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
     by_cookie = await _call(middleware, [(b"cookie", cookie.split(";")[0].encode())])
     assert by_cookie["status"] == 200
+
+
+async def _guarded(names: frozenset[str] | None, method: str, headers: dict[str, str]) -> int:
+    """The status HostGuard answers for one request (200: it passed the request on)."""
+    statuses: list[int] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    raw = [(name.encode(), value.encode()) for name, value in headers.items()]
+    scope = {"type": "http", "method": method, "path": "/", "headers": raw}
+    await HostGuard(inner, names)(scope, None, send)  # type: ignore[arg-type]
+    return statuses[0]
+
+
+async def test_a_request_for_another_host_name_is_refused_dns_rebinding() -> None:
+    """A page whose name an attacker re-binds to 127.0.0.1 reaches a loopback dashboard with
+    its own name as Host: refused. The loopback names, the bound address and --allowed-host
+    names are served; '*' turns the check off."""
+    names = served_names("127.0.0.1", ())
+    for host in ("127.0.0.1:8080", "localhost:8080", "[::1]:8080", "LOCALHOST"):
+        assert await _guarded(names, "GET", {"host": host}) == 200, host
+    for host in ("attacker.example", "attacker.example:8080", "127.0.0.1.nip.io", ""):
+        assert await _guarded(names, "GET", {"host": host}) == 400, host
+    proxied = served_names("0.0.0.0", ("dash.example.com",))
+    assert await _guarded(proxied, "GET", {"host": "dash.example.com"}) == 200
+    assert await _guarded(proxied, "GET", {"host": "0.0.0.0"}) == 400  # a wildcard is no name
+    assert await _guarded(served_names("0.0.0.0", ("*",)), "GET", {"host": "any"}) == 200
+
+
+async def test_a_post_from_another_sites_page_is_refused() -> None:
+    names = served_names("127.0.0.1", ())
+    host = {"host": "127.0.0.1:8080"}
+    assert await _guarded(names, "POST", {**host, "origin": "http://attacker.example"}) == 403
+    assert await _guarded(names, "POST", {**host, "origin": "null"}) == 403
+    assert await _guarded(names, "POST", {**host, "origin": "http://127.0.0.1:8080"}) == 200
+    assert await _guarded(names, "POST", host) == 200  # not a browser: the CSRF check decides
+    assert await _guarded(names, "GET", {**host, "origin": "http://attacker.example"}) == 200
 
 
 def test_a_csrf_token_is_valid_only_for_its_own_cookie_and_key() -> None:
@@ -223,6 +267,8 @@ def test_the_command_serves_its_pages_read_only_behind_token_auth(
             assert _get(url + "/schedules")[0] == 401
             status, body = _get(url + "/schedules", {"authorization": f"Bearer {SECRET}"})
             assert status == 200 and "hourly" in body and "<form" not in body
+            rebound = {"authorization": f"Bearer {SECRET}", "host": "attacker.example"}
+            assert _get(url + "/schedules", rebound)[0] == 400
         finally:
             proc.terminate()
             proc.wait(timeout=30)

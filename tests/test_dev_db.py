@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -86,3 +87,40 @@ async def test_dev_db_prints_a_stable_url_keeps_its_data_and_stops_on_ctrl_c(
             assert conn.execute("SELECT count(*) FROM kept").fetchone() == (0,)
     finally:
         assert await stop(again) == 0
+
+
+@pytest.mark.parametrize("squat", ["other owner", "open to others", "symlink"])
+def test_dev_db_refuses_a_socket_directory_someone_else_prepared(squat: str) -> None:
+    """The fixed socket directory is in /tmp: a directory another user created there (or left
+    writable to all, or a symlink) would get the trust-auth superuser socket. Refused with the
+    fix, before any server starts."""
+    port = 40000 + os.getpid() % 20000 + ["other owner", "open to others", "symlink"].index(squat)
+    path = Path(f"/tmp/trioq-dev-db-{port}")
+    target = Path(tempfile.mkdtemp(prefix="trioq-squat-", dir="/tmp"))
+    try:
+        if squat == "symlink":
+            path.symlink_to(target)
+        else:
+            path.mkdir()
+            path.chmod(0o777)
+            if squat == "other owner" and os.getuid() == 0:
+                nobody = pwd.getpwnam("nobody")
+                os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        refused = subprocess.run(
+            [sys.executable, "-m", "trioq.cli", "dev-db", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        error = refused.stderr
+        assert refused.returncode == 2, error
+        assert str(path) in error and "choose another --port" in error, error
+        assert len(error.strip().splitlines()) == 1, error
+        assert not (target / f".s.PGSQL.{port}").exists()
+    finally:
+        if path.is_symlink():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path)
+        shutil.rmtree(target, ignore_errors=True)

@@ -31,7 +31,15 @@ from .._core.errors import JobNotFound, SchemaNotMigrated, TrioqError
 from .._core.states import JobState
 from ..client import Client
 from . import actions, views
-from .security import CSRF_COOKIE, Auth, AuthMiddleware, Csrf, parse_cookies
+from .security import (
+    CSRF_COOKIE,
+    Auth,
+    AuthMiddleware,
+    Csrf,
+    HostGuard,
+    parse_cookies,
+    served_names,
+)
 from .store import PAGE_SIZE, JobSearch, Store
 
 log = logging.getLogger("trioq.dashboard")
@@ -49,6 +57,8 @@ class DashboardConfig:
     admin: bool = False
     auth: Auth = attrs.field(factory=Auth)
     refresh_seconds: float = 2.0
+    # Host names besides the loopback ones and the bound address (a proxy's, say); "*": any.
+    allowed_hosts: tuple[str, ...] = ()
 
 
 @attrs.define(eq=False)
@@ -325,7 +335,9 @@ def build_app(dashboard: Dashboard) -> Any:
     )
     routes.append(Mount("/static", StaticFiles(packages=[("trioq.dashboard", "static")])))
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
-    return AuthMiddleware(cast(Any, app), dashboard.config.auth)
+    config = dashboard.config
+    names = served_names(config.host, config.allowed_hosts)
+    return HostGuard(AuthMiddleware(cast(Any, app), config.auth), names)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

@@ -38,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "($TRIOQ_DASHBOARD_TOKEN); required off loopback",
     )
     parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name the dashboard is served as besides loopback and --host (a proxy's); "
+        "repeat for more; '*' turns the check off",
+    )
+    parser.add_argument(
         "--read-only-url",
         default=None,
         metavar="URL",
@@ -87,6 +95,7 @@ async def cmd_dashboard(args: argparse.Namespace) -> int:
         admin=args.admin,
         auth=security.Auth.from_environment(args.auth, args.host),
         refresh_seconds=args.refresh,
+        allowed_hosts=tuple(args.allowed_host),
     )
     async with _clients(args, schema) as (reader, actor), trio.open_nursery() as nursery:
         try:

@@ -8,6 +8,10 @@
   process), so it is refused with 403, as every POST is when the dashboard is not `--admin`.
 - Every response carries a Content-Security-Policy allowing only the dashboard's own scripts
   and styles: even markup that escaped escaping could not run inline script.
+- Host and Origin (`HostGuard`): a request whose `Host` is not a name the dashboard is served
+  as is refused (400), and so is a POST whose `Origin` is another site's (403). A page whose
+  name an attacker re-binds to 127.0.0.1 (DNS rebinding) is same-origin with a loopback
+  dashboard as far as the browser knows, but its requests carry the attacker's name as Host.
 """
 
 from __future__ import annotations
@@ -51,6 +55,61 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def host_name(value: str) -> str:
+    """The name of a `Host` header or of an Origin's authority, without its port, lower case
+    (`[::1]:8080` is `::1`)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def served_names(bind_host: str, allowed: tuple[str, ...]) -> frozenset[str] | None:
+    """The Host names a dashboard bound to `bind_host` answers: the loopback names, the bound
+    address itself (unless a wildcard) and the `--allowed-host` names; None when `*` is among
+    them (every name: the check is off)."""
+    if "*" in allowed:
+        return None
+    names = {*LOOPBACK_NAMES, *(host_name(name) for name in allowed)}
+    if bind_host not in ("0.0.0.0", "::", ""):
+        names.add(host_name(bind_host))
+    return frozenset(names)
+
+
+class HostGuard:
+    """Refuse a request whose Host is not one of `names` (400) and a POST whose Origin names
+    another host (403). A POST without an Origin (not a browser) is left to the CSRF check."""
+
+    def __init__(self, app: ASGIApp, names: frozenset[str] | None) -> None:
+        self.app = app
+        self.names = names
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.names is None:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        host = host_name(headers.get(b"host", b"").decode("latin-1"))
+        if host not in self.names:
+            await _refuse(
+                send,
+                400,
+                f"Host {host!r} is not a name this dashboard is served as: start it with "
+                f"--allowed-host {host or 'NAME'} if it is one\n",
+            )
+            return
+        origin = headers.get(b"origin")
+        if scope.get("method") == "POST" and origin is not None:
+            parsed = urllib.parse.urlsplit(origin.decode("latin-1"))
+            if parsed.scheme not in ("http", "https") or host_name(parsed.netloc) not in self.names:
+                await _refuse(send, 403, "forbidden: a POST from another site's page\n")
+                return
+        await self.app(scope, receive, send)
 
 
 def is_loopback(host: str) -> bool:
@@ -208,6 +267,12 @@ async def _redirect_with_cookie(send: Send, path: str, token: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
+async def _refuse(send: Send, status: int, text: str) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), *SECURITY_HEADERS]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": text.encode()})
+
+
 async def _unauthorized(send: Send, mode: str) -> None:
     headers = [(b"content-type", b"text/plain; charset=utf-8"), *SECURITY_HEADERS]
     if mode == "basic":
@@ -217,4 +282,4 @@ async def _unauthorized(send: Send, mode: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["Auth", "AuthMiddleware", "Csrf", "is_loopback"]
+__all__ = ["Auth", "AuthMiddleware", "Csrf", "HostGuard", "is_loopback", "served_names"]

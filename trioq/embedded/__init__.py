@@ -26,6 +26,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -87,6 +88,8 @@ class EmbeddedSettings:
         values: dict[str, SettingValue] = {
             "listen_addresses": "",
             "unix_socket_directories": str(socket_dir),
+            # Only the server's OS user (and root) may connect: the socket is trust-auth.
+            "unix_socket_permissions": "0700",
             "port": port,
             "fsync": False,
             "synchronous_commit": False,
@@ -170,7 +173,7 @@ class EmbeddedPostgres:
             run_dir = Path(tempfile.mkdtemp(prefix="trioq-pg-", dir=_RUN_DIR_PARENT))
         else:
             run_dir = self.socket_dir
-            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _private_dir(run_dir, owner)
         self._run_dir, self._server_bindir, self._owner = run_dir, bindir, owner
         try:
             _hand_over(run_dir, owner)
@@ -396,9 +399,34 @@ def _postmaster_pid(pid_file: Path) -> int | None:
     return pid
 
 
+def _private_dir(path: Path, owner: pwd.struct_passwd | None) -> None:
+    """Create `path` (0700), or accept it only as a directory of ours: the server's socket in
+    it is a trust-auth superuser, so a directory someone else prepared (or may write to, or a
+    symlink to one) would hand it to them. Ours: owned by this user, or by the server's OS
+    user when we run it as `postgres`, with no group or other permission bits."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+        return
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    ours = {os.getuid()} | ({owner.pw_uid} if owner is not None else set())
+    if not stat.S_ISDIR(info.st_mode):
+        raise EmbeddedPostgresError(
+            f"{path} exists and is not a directory (a symlink or a file): remove it, or choose "
+            "another --port"
+        )
+    if info.st_uid not in ours or info.st_mode & 0o077:
+        raise EmbeddedPostgresError(
+            f"{path} exists and is not private to you (owner uid {info.st_uid}, mode "
+            f"{stat.S_IMODE(info.st_mode):o}): whoever prepared it could reach the server's "
+            "superuser socket; remove it, or choose another --port"
+        )
+
+
 def _hand_over(path: Path, owner: pwd.struct_passwd | None) -> None:
     if owner is not None:
-        os.chown(path, owner.pw_uid, owner.pw_gid)
+        os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
 
 
 def _server_env() -> dict[str, str]:
