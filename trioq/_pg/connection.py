@@ -24,7 +24,9 @@ from psycopg.abc import QueryNoTemplate as Query
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
+from trioq._core.errors import ConfigurationError
 from trioq._pg import native
+from trioq._pg.errors import connection_problem, redact_conninfo_error
 from trioq._pg.libpq import network_defaults
 from trioq._pg.threads import open_in_thread, run_blocking
 
@@ -181,7 +183,13 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     not startup parameters and are ignored here. With `transaction_pooler`, trioq adds no
     `options` (the conninfo's own, or PGOPTIONS, are still sent: a pooler may refuse them).
     """
-    params: dict[str, Any] = conninfo_to_dict(conninfo)
+    try:
+        params: dict[str, Any] = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        # Whatever libpq says, the message quotes the URL, and so maybe its password.
+        problem = connection_problem(exc)
+        message = problem.message if problem else redact_conninfo_error(str(exc).strip())
+        raise ConfigurationError(message) from None
     params.update(network_defaults(params))
     application_name = options.get("application_name")
     if application_name is not None:

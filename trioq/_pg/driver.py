@@ -487,10 +487,10 @@ class PgDriver:
     # Lease renewals get a connection of their own: handlers that fill the main pool (say,
     # each inside client.transaction()) must never hold renewals back until leases expire.
     _renewal_pool: Pool
-    _conninfo: str
+    _conninfo: str = attrs.field(repr=False)  # holds the password
     # Where LISTEN goes; None: nowhere (behind a transaction pooler without a listen URL, where
     # a LISTEN would be silently dead and stay behind for the session's next client).
-    _listen_conninfo: str | None
+    _listen_conninfo: str | None = attrs.field(repr=False)
     _listen_options: dict[str, Any] = attrs.field(factory=dict)
     _sql: dict[str, str] = attrs.field(init=False)
     _positional: dict[str, PositionalStatement] = attrs.field(init=False)

@@ -126,7 +126,10 @@ def connection_problem(exc: BaseException, where: str = CLI_URL) -> ConnectionPr
     `ConnectionProblem`), or None when it is not. `where` names where the URL came from."""
     if isinstance(exc, psycopg.ProgrammingError) and _is_conninfo_error(str(exc)):
         return ConnectionProblem(
-            True, f"the database URL is not valid ({_first_line(exc)}): fix {where}"
+            True,
+            f"the database URL is not valid ({redact_conninfo_error(_first_line(exc))}): fix "
+            f"{where} (postgresql://USER:PASSWORD@HOST:PORT/DATABASE, special characters in "
+            "the password percent-encoded)",
         )
     if not isinstance(exc, psycopg.Error):
         return None
@@ -162,8 +165,23 @@ def is_unreachable(exc: BaseException) -> bool:
 def _is_conninfo_error(text: str) -> bool:
     return any(
         part in text
-        for part in ("connection info string", "invalid connection option", "URI", "dsn")
+        for part in (
+            "connection info string",
+            "invalid connection option",
+            "URI",
+            "dsn",
+            "percent-encoded",
+            "IPv6",
+            'missing "="',
+        )
     )
+
+
+def redact_conninfo_error(text: str) -> str:
+    """libpq's message about a URL it cannot parse, without the part of the URL it quotes: that
+    part may be the password (a bad `%` escape) or the whole URI (a bad IPv6 bracket), and the
+    message reaches logs, terminals and exceptions raised to web apps."""
+    return re.sub(r'"[^"]*"', '"..."', text)
 
 
 def _first_line(exc: BaseException) -> str:

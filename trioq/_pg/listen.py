@@ -60,7 +60,7 @@ class _Backoff:
 class Listener:
     """A LISTEN connection that survives connection loss; see `open_listener()`."""
 
-    _params: dict[str, Any]
+    _params: dict[str, Any] = attrs.field(repr=False)  # holds the password
     _on_notify: NotifyCallback
     _on_reconnect: ReconnectCallback | None
     _raw: RawConnection | None = None

@@ -47,7 +47,7 @@ class _IdleConnection:
 class Pool:
     """Hands out `Connection`s for exclusive use; see `open_pool()`."""
 
-    _conninfo: str
+    _conninfo: str = attrs.field(repr=False)  # holds the password
     _size: int
     _ping_idle_after: float
     _connect_options: ConnectOptions

@@ -217,9 +217,10 @@ def _resolve_url(conninfo: str | None) -> str:
 class _Settings:
     """What both producers connect with (see `SyncProducer`)."""
 
-    url: str
-    listen_url: str | None  # None: poll for results (a transaction pooler and no listen URL)
-    connect_kwargs: dict[str, Any]
+    url: str = attrs.field(repr=False)  # holds the password
+    # None: poll for results (a transaction pooler and no listen URL)
+    listen_url: str | None = attrs.field(repr=False)
+    connect_kwargs: dict[str, Any] = attrs.field(repr=False)
     pool_size: int
     connect_timeout: float
 
