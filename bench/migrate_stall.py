@@ -1,0 +1,177 @@
+"""How long `trioq migrate` makes enqueues (and a claim-shaped write) wait, on a large schema.
+
+Run once (not part of the test suite):
+`python -m bench.migrate_stall [--finished 1000000] [--unfinished 100000] [--from-version 31]`.
+
+On the durable embedded cluster of `python -m bench`: a schema is migrated with this tree's
+migrations up to `--from-version` (those above it are what the measured `migrate` applies),
+filled with `--finished` completed jobs and `--unfinished` ready ones (half of them with a
+partition key), then `migrate` runs while two sessions loop until it is done:
+- an enqueuer calling the SQL `enqueue()` (one job per call, committed);
+- a "worker" taking one ready job per call with `FOR UPDATE SKIP LOCKED` and marking it running
+  then completed (what a claim and a completion write), committed.
+Reported: the migration's wall time and, per session, the calls made during it and the longest
+single call (the stall). docs/operations.md and the online-migration rules quote these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+from psycopg import sql
+
+import trioq
+from bench.harness import HARNESS_ROLE, open_database
+from trioq._sql import migrations
+
+SCHEMA = "stall"
+RESULTS = Path(__file__).with_name("results_migrate_stall.json")
+
+
+def migrate_to(conninfo: str, version: int) -> None:
+    """Apply this tree's migrations up to `version` as `migrate` would, recording each."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.migrations (version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(SCHEMA))
+        )
+        for migration in migrations(SCHEMA):
+            if migration.version > version:
+                break
+            with conn.transaction():
+                conn.execute(migration.sql)  # type: ignore[arg-type]
+                conn.execute(
+                    sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(
+                        sql.Identifier(SCHEMA)
+                    ),
+                    (migration.version, migration.name),
+                )
+
+
+def fill(conninfo: str, finished: int, unfinished: int) -> float:
+    started = time.monotonic()
+    jobs = sql.Identifier(SCHEMA, "jobs")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (queue, task, payload, state, run_at, created_at, started_at,"
+                " finished_at, attempt, result)"
+                " SELECT 'default', 'noop', '{{}}', 'completed', now() - interval '1 day',"
+                " now() - interval '1 day', now() - interval '1 day',"
+                " now() - interval '1 day' + n * interval '1 ms', 1, 'null'"
+                " FROM generate_series(1, %s) AS n"
+            ).format(jobs),
+            (finished,),
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (queue, task, payload, state, run_at, created_at, partition_key)"
+                " SELECT 'default', 'noop', '{{}}', 'ready', now(), now(),"
+                " CASE WHEN n %% 2 = 0 THEN 'k' || (n %% 1000) END"
+                " FROM generate_series(1, %s) AS n"
+            ).format(jobs),
+            (unfinished,),
+        )
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(jobs))
+    return time.monotonic() - started
+
+
+class Loop:
+    """Runs `statement` in a loop on its own connection until stopped; the longest call."""
+
+    def __init__(self, conninfo: str, statement: sql.Composable) -> None:
+        self.conninfo = conninfo
+        self.statement = statement
+        self.calls = 0
+        self.longest = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                conn.execute(self.statement)
+                self.longest = max(self.longest, time.monotonic() - started)
+                self.calls += 1
+
+
+def measure(conninfo: str) -> dict[str, Any]:
+    schema = sql.Identifier(SCHEMA)
+    enqueuer = Loop(conninfo, sql.SQL("SELECT {}.enqueue('noop', '{{}}')").format(schema))
+    worker = Loop(
+        conninfo,
+        sql.SQL(
+            "WITH one AS (SELECT id FROM {s}.jobs WHERE state = 'ready' AND partition_key IS NULL"
+            " ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED),"
+            " started AS (UPDATE {s}.jobs j SET state = 'running', attempt = attempt + 1,"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '30 s',"
+            " started_at = now() FROM one WHERE j.id = one.id RETURNING j.id)"
+            " UPDATE {s}.jobs j SET state = 'completed', lease_token = NULL,"
+            " lease_expires_at = NULL, finished_at = now(), result = 'null'"
+            " FROM started WHERE j.id = started.id"
+        ).format(s=schema),
+    )
+    for loop in (enqueuer, worker):
+        loop.thread.start()
+    while enqueuer.calls < 10 or worker.calls < 10:  # both running before the migration
+        time.sleep(0.01)
+    before = {"enqueue": enqueuer.calls, "claim": worker.calls}
+    started = time.monotonic()
+    applied = trio.run(_migrate, conninfo)
+    seconds = time.monotonic() - started
+    during = {
+        "enqueue": enqueuer.calls - before["enqueue"],
+        "claim": worker.calls - before["claim"],
+    }
+    for loop in (enqueuer, worker):
+        loop.stop.set()
+        loop.thread.join()
+    return {
+        "applied": applied,
+        "migrate_seconds": round(seconds, 3),
+        "enqueue_longest_seconds": round(enqueuer.longest, 3),
+        "claim_longest_seconds": round(worker.longest, 3),
+        "calls_during": during,
+    }
+
+
+async def _migrate(conninfo: str) -> list[int]:
+    app = trioq.App(conninfo, schema=SCHEMA, pool_size=1)
+    async with app.client() as client:
+        return await client.driver.migrate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument("--unfinished", type=int, default=100_000)
+    parser.add_argument("--from-version", type=int, default=31)
+    args = parser.parse_args()
+    with open_database() as db:
+        conninfo = db.conninfo(HARNESS_ROLE)
+        migrate_to(conninfo, args.from_version)
+        fill_seconds = fill(conninfo, args.finished, args.unfinished)
+        result = {
+            "finished": args.finished,
+            "unfinished": args.unfinished,
+            "from_version": args.from_version,
+            "fill_seconds": round(fill_seconds, 1),
+            **measure(conninfo),
+        }
+    print(json.dumps(result, indent=2))
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
