@@ -51,6 +51,27 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_retried_under_virtual
     assert 15 <= elapsed < 60  # (less the claim's small lookahead)
 
 
+async def test_the_timeout_starts_with_the_handler_not_with_an_early_claim(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A job due within the claim's lookahead is claimed early and held until its run_at: the
+    hold is not the handler's time. A handler that ends 0.1 s inside its timeout completes,
+    however long its job was held (before, a retried attempt of `timeout=3` held for 0.13 s
+    failed after running 2.87 s)."""
+    app = trioq.App(schema="timeouts")
+
+    @app.task("tight", timeout=3, max_attempts=1)
+    async def tight(ctx: trioq.Context, payload: object) -> str:
+        await trio.sleep(2.9)
+        return "in time"
+
+    async with app.client(driver=MemoryDriver()) as client, running_worker(app, ["default"]):
+        job = await client.enqueue("tight", {}, delay=0.2)
+        assert await client.wait_result(job.id, timeout=60) == "in time"
+        record = await client.get_job(job.id)
+    assert record.started_at is not None and record.started_at == record.run_at  # it was held
+
+
 async def test_a_timeout_fails_the_attempt_on_postgres(pg_url: str, pg_schema: str) -> None:
     app = trioq.App(database_url=pg_url, schema=pg_schema)
 

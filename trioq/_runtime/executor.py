@@ -52,8 +52,6 @@ async def execute(run: Run) -> Outcome:
     spec = run.spec
     job = run.job
     scope = run.scope
-    if spec.timeout is not None:
-        scope.deadline = trio.current_time() + spec.timeout
     error: BaseException | None = None
     result_json = "null"
     try:
@@ -61,6 +59,10 @@ async def execute(run: Run) -> Outcome:
             if job.cancel_requested:
                 run.cancel("cancelled")
             held = run.due_at is not None and await run.hold_until_due()
+            if spec.timeout is not None:
+                # From the handler's start: a job claimed early is held until its run_at
+                # first (up to the claim's lookahead), and that wait is not the handler's.
+                scope.deadline = trio.current_time() + spec.timeout
             if run.traced:  # the otel extra, when configured: a span linked to the enqueuer's
                 span = tracing.job_span(
                     task=job.task, queue=job.queue, job_id=job.id, attempt=job.attempt,
