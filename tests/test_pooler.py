@@ -165,6 +165,33 @@ async def test_queue_pause_and_resume_from_the_cli_through_the_pooler(
     assert sql_rows(pg_url, f"SELECT queue FROM {pg_schema}.queue_pauses") == [("default",)]
 
 
+async def test_every_inspecting_command_honours_prepared_statements_off_behind_the_pooler(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command that reads or writes through a client, with the global flag, behind
+    PgBouncer in transaction mode: exit 0 (`workflows` ignored the flag, and exited 3 telling
+    the user to pass the flag they had passed)."""
+    app = pooled_app(bouncer, pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("double", {"n": 2})
+    url = bouncer.conninfo()
+    commands = [
+        ["status"],
+        ["jobs"],
+        ["job", str(job.id)],
+        ["explain", str(job.id)],
+        ["schedules"],
+        ["workflows"],
+        ["key", "list"],
+        ["queue", "list"],
+    ]
+    for command in commands:
+        argv = ["--prepared-statements", "off", *command]
+        argv += ["--database-url", url, "--schema", pg_schema]
+        code = await trio.to_thread.run_sync(cli_main, argv)
+        assert code == 0, (command, capsys.readouterr().err)
+
+
 async def test_a_pooler_refusing_trioqs_startup_options_is_one_line_naming_the_fix_not_a_retry(
     bouncer: PgBouncer, pg_schema: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

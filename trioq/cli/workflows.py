@@ -20,7 +20,11 @@ Command = Callable[[argparse.Namespace], Any]
 async def cmd_workflows(args: argparse.Namespace) -> int:
     from ..app import App  # here: `trioq --help` builds this parser (docs/cli.md)
 
-    app = App(args.database_url, schema=validate_schema(args.schema))
+    app = App(
+        args.database_url,
+        schema=validate_schema(args.schema),
+        prepared_statements=getattr(args, "prepared_statements", None) or "auto",
+    )
     async with app.client() as client:
         views = await client.workflows(
             states=args.state, task=args.task, before_id=args.before, limit=args.limit

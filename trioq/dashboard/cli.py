@@ -62,18 +62,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.asynccontextmanager
 async def _clients(args: argparse.Namespace, schema: str) -> AsyncIterator[tuple[Client, Client]]:
-    """(reader, actor): without --admin only the reading URL is ever opened."""
+    """(reader, actor): without --admin only the reading URL is ever opened. Both honour the
+    global `--prepared-statements` (behind a transaction pooler: off)."""
     from ..app import App
 
+    prepared = getattr(args, "prepared_statements", None) or "auto"
+
+    def app(url: str | None) -> App:
+        return App(url, schema=schema, prepared_statements=prepared)
+
     if not args.admin:
-        async with App(args.read_only_url or args.database_url, schema=schema).client() as reader:
+        async with app(args.read_only_url or args.database_url).client() as reader:
             yield reader, reader
         return
-    async with App(args.database_url, schema=schema).client() as actor:
+    async with app(args.database_url).client() as actor:
         if args.read_only_url is None:
             yield actor, actor
             return
-        async with App(args.read_only_url, schema=schema).client() as reader:
+        async with app(args.read_only_url).client() as reader:
             yield reader, actor
 
 
