@@ -126,3 +126,28 @@ def test_the_help_summary_names_every_command() -> None:
     assert set(names) == set(commands.COMMANDS)
     for name in names:
         assert name in summary, name
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(
+    pg_url: str, pg_schema: str
+) -> None:
+    """`trioq jobs --json | head -1`: the reader goes away mid-output; the command exits 0 with
+    nothing on stderr (it printed `unexpected BrokenPipeError` and exited 1)."""
+    import trio
+
+    import trioq
+
+    async def many_jobs() -> None:
+        async with trioq.App(pg_url, schema=pg_schema).client(migrate=True) as client:
+            await client.enqueue_many(trioq.TaskDeclaration("noop"), [{"pad": "x" * 200}] * 1000)
+
+    trio.run(many_jobs)
+    argv = [sys.executable, "-m", "trioq.cli", "jobs", "--json", "--limit", "1000"]
+    argv += ["--database-url", pg_url, "--schema", pg_schema]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(100)  # the first bytes of a long output, then the reader goes
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=60)
+    assert (code, err) == (0, "")

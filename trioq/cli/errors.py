@@ -13,7 +13,9 @@ code (docs/cli.md). The full traceback is printed only with `-v`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import sys
 import traceback
 
@@ -65,6 +67,8 @@ def report(error: BaseException, *, verbose: bool) -> int:
     found = leaves(error)
     if any(isinstance(leaf, KeyboardInterrupt) for leaf in found):
         return INTERRUPTED
+    if found and all(isinstance(leaf, BrokenPipeError) for leaf in found):
+        return _reader_went_away()
     if verbose:
         traceback.print_exception(error, file=sys.stderr)
     codes = []
@@ -73,3 +77,13 @@ def report(error: BaseException, *, verbose: bool) -> int:
         codes.append(code)
         print(f"trioq: {line}", file=sys.stderr)
     return max(codes)
+
+
+def _reader_went_away() -> int:
+    """Our stdout's reader closed the pipe (`trioq job 7 | head -1`): not a failure of the
+    command. Quietly, as `git log | head` ends: stdout goes to /dev/null so that the
+    interpreter's flush at exit does not raise (and print) again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
