@@ -352,3 +352,22 @@ def _says(proc: WorkerProc, text: str) -> Any:
         return text in proc.output()
 
     return check
+
+
+def test_the_dashboard_stops_with_0_on_sigterm(pg_url: str, pg_schema: str) -> None:
+    migrated = run("migrate", "--schema", pg_schema, url=pg_url)
+    assert migrated.returncode == 0, migrated.stderr
+    argv = [sys.executable, "-m", "trioq.cli", "dashboard", "--database-url", pg_url,
+            "--schema", pg_schema, "--port", "0"]  # fmt: skip
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert "trioq dashboard on" in line, line
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert (proc.returncode, stderr.strip()) == (0, "SIGTERM: stopping")
