@@ -371,3 +371,15 @@ def test_the_dashboard_stops_with_0_on_sigterm(pg_url: str, pg_schema: str) -> N
         finally:
             proc.kill()
     assert (proc.returncode, stderr.strip()) == (0, "SIGTERM: stopping")
+
+
+def test_migrate_prints_how_many_migrations_it_applied(pg_url: str, pg_schema: str) -> None:
+    from trioq._sql import migrations
+
+    every = migrations(pg_schema)
+    first = run("migrate", "--schema", pg_schema, url=pg_url)
+    assert first.stdout.strip() == (
+        f"schema {pg_schema}: applied {len(every)} migration(s), now at version {every[-1].version}"
+    ), first.stdout
+    again = run("migrate", "--schema", pg_schema, url=pg_url)
+    assert again.stdout.strip() == f"schema {pg_schema}: up to date, nothing applied"
