@@ -628,7 +628,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging("json", level)
     else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from .._runtime.logs import text_handler
+
+        logging.basicConfig(level=level, handlers=[text_handler()])
     try:
         import trio
 
