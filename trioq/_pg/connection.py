@@ -24,9 +24,8 @@ from psycopg.abc import QueryNoTemplate as Query
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from trioq._core.errors import ConfigurationError
 from trioq._pg import native
-from trioq._pg.errors import connection_problem, redact_conninfo_error
+from trioq._pg.errors import redact_conninfo_error
 from trioq._pg.libpq import network_defaults
 from trioq._pg.threads import open_in_thread, run_blocking
 
@@ -186,10 +185,9 @@ def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
     try:
         params: dict[str, Any] = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        # Whatever libpq says, the message quotes the URL, and so maybe its password.
-        problem = connection_problem(exc)
-        message = problem.message if problem else redact_conninfo_error(str(exc).strip())
-        raise ConfigurationError(message) from None
+        # libpq's message quotes the URL, and so maybe its password: the same error (the CLI's
+        # exit 3, a caller's `except psycopg.ProgrammingError`) without the quote.
+        raise psycopg.ProgrammingError(redact_conninfo_error(str(exc).strip())) from None
     params.update(network_defaults(params))
     application_name = options.get("application_name")
     if application_name is not None:
