@@ -45,6 +45,9 @@ CREATE TABLE {schema}.raw_jobs (
 );
 CREATE INDEX raw_jobs_ready_idx ON {schema}.raw_jobs (queue, priority, run_at, id)
     WHERE state = 'ready';
+-- `--delete` leaves no row to count: its completion statement bumps this one row instead.
+CREATE TABLE {schema}.raw_done (completed bigint NOT NULL, finished_at timestamptz);
+INSERT INTO {schema}.raw_done VALUES (0, NULL);
 """
 
 CLAIM_SQL = """
@@ -69,6 +72,19 @@ FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS d(id, lease_token, result)
 WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.state = 'running'
 """
 
+# The lower floor (`--delete`): the finished row is deleted, no result kept (graphile-worker's
+# and PgQueuer's shape). The one-row counter costs one row update per batch, not per job.
+COMPLETE_DELETE_SQL = """
+WITH done AS (
+    DELETE FROM {schema}.raw_jobs j
+    USING unnest($1::bigint[], $2::uuid[]) AS d(id, lease_token)
+    WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.state = 'running'
+    RETURNING 1
+)
+UPDATE {schema}.raw_done
+SET completed = completed + (SELECT count(*) FROM done), finished_at = now()
+"""
+
 INSERT_SQL = f"""
 WITH inserted AS (
     INSERT INTO {{schema}}.raw_jobs (queue, task, payload) VALUES ($1, $2, $3::jsonb)
@@ -88,6 +104,8 @@ SELECT id, (SELECT pg_notify('{CHANNEL}', $1)) FROM inserted
 
 COMPLETED_SQL = "SELECT count(*) FROM {schema}.raw_jobs WHERE state = 'completed'"
 LAST_FINISHED_SQL = "SELECT extract(epoch FROM max(finished_at))::float8 FROM {schema}.raw_jobs"
+DELETED_COMPLETED_SQL = "SELECT completed FROM {schema}.raw_done"
+DELETED_LAST_FINISHED_SQL = "SELECT extract(epoch FROM finished_at)::float8 FROM {schema}.raw_done"
 
 
 async def noop(payload: object) -> None:
@@ -114,7 +132,10 @@ HANDLERS = {"noop": noop, "probe": probe, "sleep_1ms": sleep_1ms, "sleep_100ms":
 class Worker:
     """Claims on one connection, completes on another; one completion flush in flight."""
 
-    def __init__(self, claim_conn: asyncpg.Connection, done_conn: asyncpg.Connection) -> None:
+    def __init__(
+        self, claim_conn: asyncpg.Connection, done_conn: asyncpg.Connection, keep: bool = True
+    ) -> None:
+        self.keep = keep
         self.claim_conn = claim_conn
         self.done_conn = done_conn
         self.pending: list[tuple[int, object, str]] = []
@@ -136,18 +157,22 @@ class Worker:
             self.have_pending.clear()
             batch, self.pending = self.pending, []
             ids, tokens, results = zip(*batch, strict=True)
-            await complete.fetch(list(ids), list(tokens), list(results))
+            if self.keep:
+                await complete.fetch(list(ids), list(tokens), list(results))
+            else:
+                await complete.fetch(list(ids), list(tokens))
             self.completed += len(batch)
 
 
 async def run_worker(
-    dsn: str, schema: str, queue: str, batch: int, expect: int, listen: bool
+    dsn: str, schema: str, queue: str, batch: int, expect: int, listen: bool, delete: bool = False
 ) -> None:
     claim_conn = await asyncpg.connect(dsn)
     done_conn = await asyncpg.connect(dsn)
     claim = await claim_conn.prepare(CLAIM_SQL.format(schema=schema))
-    complete = await done_conn.prepare(COMPLETE_SQL.format(schema=schema))
-    worker = Worker(claim_conn, done_conn)
+    complete_sql = COMPLETE_DELETE_SQL if delete else COMPLETE_SQL
+    complete = await done_conn.prepare(complete_sql.format(schema=schema))
+    worker = Worker(claim_conn, done_conn, keep=not delete)
     woken = asyncio.Event()
     if listen:
         await claim_conn.add_listener(CHANNEL, lambda *_: woken.set())
@@ -255,8 +280,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="when idle, wait for the ready notification instead of polling",
     )
+    parser.add_argument(
+        "--delete",
+        action="store_true",
+        help="delete the finished row (no result kept) instead of marking it completed",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(run_worker(args.dsn, args.schema, args.queue, args.batch, args.expect, args.listen))
+    asyncio.run(
+        run_worker(
+            args.dsn, args.schema, args.queue, args.batch, args.expect, args.listen, args.delete
+        )
+    )
     return 0
 
 

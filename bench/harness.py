@@ -378,7 +378,13 @@ class Launcher:
         return process
 
     def baseline_worker(
-        self, schema: str, *, expect: int, batch: int = 25, listen: bool = False
+        self,
+        schema: str,
+        *,
+        expect: int,
+        batch: int = 25,
+        listen: bool = False,
+        delete: bool = False,
     ) -> Process:
         role = self.db.new_role("bench_base")
         self.db.install_raw(schema)
@@ -397,6 +403,8 @@ class Launcher:
         ]
         if listen:
             argv.append("--listen")
+        if delete:
+            argv.append("--delete")
         process = self._spawn(f"baseline {role}", role, argv, {})
         process.wait_for_line(b"ready")
         return process

@@ -54,7 +54,7 @@ def completed_sql(schema: str, where: str = "true") -> str:
     return f"SELECT count(*) FROM {schema}.jobs WHERE state = 'completed' AND {where}"
 
 
-# --- the three systems a drain can run on -------------------------------------------------------
+# --- the systems a drain can run on -------------------------------------------------------
 
 
 @attrs.frozen
@@ -105,6 +105,12 @@ def _raw_sql() -> tuple[str, str]:
     return baseline.COMPLETED_SQL, baseline.LAST_FINISHED_SQL
 
 
+def _raw_delete_sql() -> tuple[str, str]:
+    from bench import baseline
+
+    return baseline.DELETED_COMPLETED_SQL, baseline.DELETED_LAST_FINISHED_SQL
+
+
 def _pgq_sql() -> tuple[str, str]:
     from bench import pgq
 
@@ -117,5 +123,6 @@ TRIOQ = System(
     "SELECT count(*) FROM {schema}.jobs WHERE state = 'completed'",
     "SELECT extract(epoch FROM max(finished_at))::float8 FROM {schema}.jobs",
 )
-RAW = System("raw", _raw_enqueue, *_raw_sql())
+RAW = System("raw", _raw_enqueue, *_raw_sql())  # keeps the finished row and its result
+RAW_DELETE = System("raw-del", _raw_enqueue, *_raw_delete_sql())  # deletes it, keeps nothing
 PGQUEUER = System("pgqueuer", _pgq_enqueue, *_pgq_sql())

@@ -2,7 +2,8 @@
 
     python -m bench.worker_cpu --jobs 20000 --repeats 5 --root /path/to/other/checkout
 
-Each repeat drains one backlog of no-op jobs (concurrency 25, one worker) on the raw loop, then
+Each repeat drains one backlog of no-op jobs (concurrency 25, one worker) on the two raw floors
+(`raw` marks the job completed with its result and keeps the row; `raw-del` deletes it), then
 on this checkout's trioq and each `--root` checkout's, each on a schema its own migrations
 made (a checkout's tables, indexes and CHECKs are part of its server CPU per job), the
 checkouts' order rotated each repeat, so the systems see the same load.
@@ -32,7 +33,7 @@ from pathlib import Path
 from bench.app import SCHEMA_ENV
 from bench.config import FULL
 from bench.harness import CLOCK_TICKS, HARNESS_ROLE, REPO_ROOT, Launcher, Process, open_database
-from bench.jobs import RAW, TRIOQ, System
+from bench.jobs import RAW, RAW_DELETE, TRIOQ, System
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
 
@@ -167,7 +168,7 @@ def main() -> None:
             return
         figures: dict[str, dict[str, list[float]]] = {}
 
-        def record(name: str, run: Drain, base: Drain | None) -> None:
+        def record(name: str, run: Drain, bases: dict[str, Drain]) -> None:
             # /proc counts CPU in clock ticks (10 ms): a drain shorter than one tick (the raw
             # loop's 200 jobs of the smoke test on a fast machine) reads 0, so count it as one.
             cpu_us = max(run.cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
@@ -177,17 +178,30 @@ def main() -> None:
             row.setdefault("us CPU/job", []).append(cpu_us)
             row.setdefault("us server/job", []).append(server_us)
             row.setdefault("stmt/job", []).append(run.statements_per_job)
-            if base is not None:
+            for label, base in bases.items():
                 base_cpu = max(base.cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
                 base_server = max(base.server_cpu_seconds, 1 / CLOCK_TICKS) / n * 1e6
-                row.setdefault("x raw CPU/job", []).append(cpu_us / base_cpu)
-                row.setdefault("x raw server/job", []).append(server_us / base_server)
-                row.setdefault("x raw jobs/s", []).append(run.jobs_per_s / base.jobs_per_s)
+                row.setdefault(f"x {label} CPU/job", []).append(cpu_us / base_cpu)
+                row.setdefault(f"x {label} server/job", []).append(server_us / base_server)
+                row.setdefault(f"x {label} jobs/s", []).append(run.jobs_per_s / base.jobs_per_s)
 
         for repeat in range(args.repeats):
-            base = drain(ctx, lambda s: [launcher.baseline_worker(s, expect=n)], "noop", n, RAW)
-            print(f"repeat {repeat + 1} (load {load()})\n{line('raw', base)}", flush=True)
-            record("raw", base, None)
+            # The two floors: `raw` keeps the finished row and its result, `raw-del` deletes it
+            # (no result); every system's ratios are stated against both.
+            print(f"repeat {repeat + 1} (load {load()})", flush=True)
+            floors: dict[str, Drain] = {}
+            for floor in ("raw", "raw-del")[:: 1 if repeat % 2 == 0 else -1]:
+                delete = floor == "raw-del"
+                floors[floor] = drain(
+                    ctx,
+                    lambda s, d=delete: [launcher.baseline_worker(s, expect=n, delete=d)],
+                    "noop",
+                    n,
+                    RAW_DELETE if delete else RAW,
+                )
+                print(line(floor, floors[floor]), flush=True)
+            record("raw", floors["raw"], {"raw-del": floors["raw-del"]})
+            record("raw-del", floors["raw-del"], {"raw": floors["raw"]})
             # Rotated each repeat: the drain right after the raw loop's paid more (server and
             # worker) in a first run, whichever checkout it was.
             systems: list[tuple[str, Callable[[str], list[Process]], System]] = [
@@ -207,7 +221,7 @@ def main() -> None:
             for name, start, system in order:
                 run = drain(ctx, start, "noop", n, system)
                 print(line(name, run), flush=True)
-                record(name, run, base)
+                record(name, run, floors)
         print(f"medians: ({args.repeats} repeats, load {load()})")
         for name, row in figures.items():
             cells = [f"{statistics.median(values):.3f} {label}" for label, values in row.items()]

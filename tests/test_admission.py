@@ -4,6 +4,7 @@ database errors on the in-memory driver in virtual time; injected scheduler lag 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import pytest
@@ -362,3 +363,24 @@ async def test_the_snapshot_is_written_early_and_rate_limited_then_cleared(
     assert 2 <= extra <= len(changes)  # at most one renewal per change (none was due otherwise)
     early = [t for t, _ in published]
     assert all(b - a >= worker.admission.publish_every - 1e-9 for a, b in itertools.pairwise(early))
+
+
+async def test_a_reason_change_at_an_unchanged_limit_logs_no_limit_change(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queue of one slot cannot be cut: database errors change its reason, not its limit,
+    and the log says so instead of `effective limit 1 -> 1`."""
+    from trioq._runtime.admission import AdmissionControl
+
+    caplog.set_level(logging.INFO, "trioq")
+    admission = AdmissionControl({"q": 1})
+    reasons = []
+    for _ in range(40):
+        admission.record_error("job_claim", OSError("down"))
+        await trio.sleep(0.25)
+        admission.sample(trio.current_time())
+        reasons.append(admission.state("q").reason)
+    assert "db_errors" in reasons and admission.state("q").limit == 1
+    lines = [record.getMessage() for record in caplog.records]
+    assert not [line for line in lines if "1 -> 1" in line], lines
+    assert any("reason ok -> db_errors" in line for line in lines), lines

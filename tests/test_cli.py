@@ -352,3 +352,62 @@ def _says(proc: WorkerProc, text: str) -> Any:
         return text in proc.output()
 
     return check
+
+
+def test_the_dashboard_stops_with_0_on_sigterm(pg_url: str, pg_schema: str) -> None:
+    migrated = run("migrate", "--schema", pg_schema, url=pg_url)
+    assert migrated.returncode == 0, migrated.stderr
+    argv = [sys.executable, "-m", "trioq.cli", "dashboard", "--database-url", pg_url,
+            "--schema", pg_schema, "--port", "0"]  # fmt: skip
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert "trioq dashboard on" in line, line
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert (proc.returncode, stderr.strip()) == (0, "SIGTERM: stopping")
+
+
+def test_migrate_prints_how_many_migrations_it_applied(pg_url: str, pg_schema: str) -> None:
+    from trioq._sql import migrations
+
+    every = migrations(pg_schema)
+    first = run("migrate", "--schema", pg_schema, url=pg_url)
+    assert first.stdout.strip() == (
+        f"schema {pg_schema}: applied {len(every)} migration(s), now at version {every[-1].version}"
+    ), first.stdout
+    again = run("migrate", "--schema", pg_schema, url=pg_url)
+    assert again.stdout.strip() == f"schema {pg_schema}: up to date, nothing applied"
+
+
+def _worker_stderr_until(extra: list[str], retries: int) -> list[str]:
+    """The stderr lines of a worker that cannot reach its database, up to its `retries`-th
+    first retry line (one per process): every start-up warning is printed before it."""
+    argv = [sys.executable, "-m", "trioq.cli", "worker", "workflows.demo:app", "--database-url",
+            "postgresql://127.0.0.1:1/x", "--queue", "default", *extra]  # fmt: skip
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT) as proc:
+        try:
+            assert proc.stderr is not None
+            lines: list[str] = []
+            while sum("retrying in 0.5s" in line for line in lines) < retries:
+                line = proc.stderr.readline()
+                assert line, "".join(lines)
+                lines.append(line)
+        finally:
+            proc.kill()
+            proc.wait()
+    return lines
+
+
+@pytest.mark.slow
+def test_the_unserved_queues_warning_comes_once_and_split_silences_it() -> None:
+    warned = _worker_stderr_until(["--processes", "2"], retries=2)
+    per_queue = [line for line in warned if "does not serve" in line]
+    assert per_queue and len(per_queue) == len(set(per_queue)), warned  # once, not per child
+    quiet = _worker_stderr_until(["--split"], retries=1)
+    assert not [line for line in quiet if "does not serve" in line], quiet

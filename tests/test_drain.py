@@ -14,8 +14,10 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 import trioq
+from tests.support import running_worker
 from trioq.testing import MemoryDriver, SqlClock, drain, enqueued_jobs
 
 HOUR = datetime.timedelta(hours=1)
@@ -199,3 +201,25 @@ async def test_drain_fires_schedules_only_when_asked(
         stored = await client.schedules()
     assert bool(ticks) is schedules
     assert [s.name for s in stored] == (["every-minute"] if schedules else [])
+
+
+async def test_a_drain_names_the_jobs_it_releases_after_the_grace(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = trioq.App(schema="drain_names")
+    started = trio.Event()
+
+    @app.task("stuck")
+    async def stuck(ctx: trioq.Context, payload: object) -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    async with app.client(driver=MemoryDriver()) as client:
+        async with running_worker(app, ["default"], grace_seconds=5):
+            job = await client.enqueue("stuck", {})
+            with trio.fail_after(10):
+                await started.wait()
+        record = await client.get_job(job.id)
+    assert record.state == "ready"  # released, its attempt given back
+    [line] = [r.getMessage() for r in caplog.records if "drain grace" in r.getMessage()]
+    assert f"job {job.id} (stuck)" in line and "5.0s drain grace are released" in line, line

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 import trio
 
 import trioq
-from tests.support import Gate, make_app, running_worker
+from tests.support import Gate, make_app, running_worker, scalar
 from trioq._core.channels import (
     CHANNEL_SHARDS,
     control_channel,
@@ -114,3 +115,33 @@ async def test_a_client_waiting_for_a_result_survives_garbage_on_its_result_chan
                     await trio.to_thread.run_sync(notify_all, pg_url, pairs)
                     finish.set()
     assert results == [7]
+
+
+async def test_a_payload_too_deep_to_decode_fails_its_job_and_the_worker_goes_on(
+    pg_url: str, pg_schema: str
+) -> None:
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("noop", max_attempts=1)
+    async def noop(ctx: trioq.Context, payload: object) -> str:
+        return "done"
+
+    async with app.client(migrate=True) as client:
+        jobs = await client.enqueue_many("noop", [None] * 20)
+        deep = jobs[3].id
+        # Written by SQL, past every Python-side check (as a SQL producer could).
+        await scalar(
+            pg_url,
+            f"UPDATE {pg_schema}.jobs SET payload = (repeat('[', 3000) || repeat(']', 3000))::jsonb"
+            " WHERE id = %s RETURNING id",
+            (deep,),
+        )
+        async with running_worker(app, concurrency=4):
+            with trio.fail_after(30):
+                with pytest.raises(trioq.JobFailed) as failed:
+                    await client.wait_result(deep)
+                for job in jobs:
+                    if job.id != deep:
+                        assert await client.wait_result(job.id) == "done"
+    record = failed.value.job
+    assert "PayloadError" in str(record.error) and "cannot be decoded" in str(record.error)

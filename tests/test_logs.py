@@ -46,3 +46,33 @@ async def test_failure_lines_carry_job_attempt_task_queue_worker_and_error_type(
     assert f"attempts row job_id={job.id} attempt=2" in line["message"]
     # Worker-loop warnings are another logger: none of these lines is on it.
     assert not any(r.name == "trioq.worker" and "failed" in r.getMessage() for r in records)
+
+
+NOISY_COMMAND = """
+import logging, sys
+from trioq.cli import commands
+
+async def noisy(args):
+    logging.getLogger("trioq.worker").warning(
+        "listener down: connection failed: Connection refused\\n\\tIs the server running?"
+    )
+    return 0
+
+commands.COMMANDS["migrate"] = noisy
+sys.exit(commands.main(["migrate"]))
+"""
+
+
+def test_the_cli_logs_one_line_per_record() -> None:
+    """psycopg's messages carry `\\n\\t` hints: in the text log they stay on the record's line."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", NOISY_COMMAND], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.endswith(
+        "listener down: connection failed: Connection refused Is the server running?"
+    )

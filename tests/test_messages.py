@@ -412,3 +412,49 @@ async def test_a_ready_job_the_claim_skipped_while_a_send_held_its_row_starts_at
                     assert claimed[0] == 0  # the row was locked: skipped
                     await trio.to_thread.run_sync(conn.commit)
                     assert await client.wait_result(job.id) == [1]
+
+
+async def test_producers_read_a_workflows_values(pg_url: str, pg_schema: str) -> None:
+    """A Django view or a FastAPI handler shows the progress a workflow publishes."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("progress")
+    async def progress(ctx: trioq.Context, payload: object) -> Any:
+        await ctx.set_value("stage", "waiting")
+        await ctx.receive("go", timeout=HOUR)
+        await ctx.set_value("stage", "shipped")
+        await ctx.set_value("done", True)
+        return "ok"
+
+    def django_view(job_id: int) -> None:
+        with SyncProducer(pg_url, schema=pg_schema) as producer:
+            assert producer.get_value(job_id, "stage", wait=20) == "waiting"
+            with pytest.raises(trioq.ValueNotSet, match="'done'"):
+                producer.get_value(job_id, "done")
+            producer.send(job_id, "go", None)
+            assert producer.get_value(job_id, "done", wait=20) is True
+            values = {value.key: value.value for value in producer.values(job_id)}
+            assert values == {"stage": "shipped", "done": True}
+            with pytest.raises(trioq.JobNotFound):
+                producer.get_value(999_999, "stage")
+            with pytest.raises(ValueError, match="key"):
+                producer.get_value(job_id, "")
+
+    async def fastapi_handler(job_id: int) -> None:
+        async with AsyncProducer(pg_url, schema=pg_schema) as producer:
+            assert await producer.get_value(job_id, "stage") == "shipped"
+            values = {value.key: value.value for value in await producer.values(job_id)}
+            assert values == {"stage": "shipped", "done": True}
+            with pytest.raises(trioq.ValueNotSet, match="'missing'"):
+                await producer.get_value(job_id, "missing", wait=5)  # final: no waiting
+            with pytest.raises(trioq.JobNotFound):
+                await producer.get_value(999_999, "stage", wait=1)
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("progress", None)
+        async with running_worker(app, poll_interval=POLL):
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(django_view, job.id)
+                assert await client.wait_result(job.id) == "ok"
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(asyncio.run, fastapi_handler(job.id))

@@ -9,9 +9,10 @@ sleep / wait, then claiming its open slots), checkpoint writes, renew, stale wri
 leases, cancel, redrive (`job_retry`), moving time, and maintenance (lease recovery).
 
 Both drivers live in one `trio.run` on a background thread (`DriverHost`) for the whole example.
-The memory driver's clock is a `ManualClock`; Postgres moves `db_now()` with `SqlClock`. Time
-steps and delays are chosen so that no lease expiry or due time lands within several seconds
-of "now", so Postgres's real clock moving a little during an example changes no outcome. Ids
+The memory driver's clock is a `ManualClock`; Postgres's `db_now()` is frozen with `SqlClock` and
+both move only together, by the same steps, so "due" means the same instant on both sides however
+fast the machine runs (a real-time Postgres clock let a row come due on one side only on a
+loaded machine). Ids
 differ between the drivers (a Postgres sequence also draws for deduplicated rows), so the test
 keeps a map from each Postgres id to its memory id.
 """
@@ -22,7 +23,6 @@ import collections
 import datetime
 import json
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -65,6 +65,7 @@ LEASE = 60.0
 TICK = 17.0  # multiples of 17 and 100 never come within 6 s of LEASE, DELAY or SLEEP
 PAST_EVERY_LEASE = 100.0
 DELAY = 40.0
+STEP = 0.001
 SLEEP = 25.0
 KEY_HOLDING = frozenset({"running", "sleeping", "waiting"})
 ERROR_JSON = '{"type": "Boom", "message": "handler failed"}'
@@ -117,7 +118,9 @@ class DriverHost:
             # Every row change either driver makes is checked against TRANSITIONS (the
             # machine's calls are serial); the clocks' raw SQL goes to the bare driver.
             checked_memory: Any = CheckedDriver(memory)
-            self.pair = Pair(checked_memory, CheckedDriver(pg), clock, await SqlClock.install(pg))
+            pg_clock = await SqlClock.install(pg)
+            await pg_clock.freeze()
+            self.pair = Pair(checked_memory, CheckedDriver(pg), clock, pg_clock)
             self._stop = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
             self._started.set()
@@ -193,26 +196,16 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.stale: list[Leases] = []
         self.workers = {name: SimWorker(name, *spec) for name, spec in WORKERS.items()}
         self.dedup_keys = 0
-        self._synced_at = time.monotonic()
 
     def both(
         self, method: str, memory_args: tuple[Any, ...], pg_args: tuple[Any, ...]
     ) -> tuple[Any, Any]:
         memory = self.host.call(getattr(self.pair.memory, method), *memory_args)
         pg = self.host.call(getattr(self.pair.pg, method), *pg_args)
-        self._follow_real_time()
+        # Both clocks step 1 ms after every call, or rows written by successive statements
+        # would tie in claim order.
+        self.host.call(self.pair.advance, STEP)
         return memory, pg
-
-    def _follow_real_time(self) -> None:
-        """Postgres's `db_now()` follows the real clock: the memory clock follows it too, by the
-        real time since the last call (at least 1 ms, or rows written by successive statements
-        would tie in claim order on one side only). A fixed step let the clocks drift apart by
-        the example's whole duration: 5.3 s in an example of a slow run, which failed the
-        next-due comparison and would, past 6 s, move a due time across "now" on one side."""
-        now = time.monotonic()
-        step = max(0.001, now - self._synced_at)
-        self._synced_at = now
-        self.host.call(self.pair.memory_clock.advance, step)
 
     # --- rules ----------------------------------------------------------------------------
 

@@ -115,3 +115,21 @@ def test_vacuum_never_truncates_the_hot_tables_and_rows_survive(
         stored = dict(option.split("=", 1) for option in row[0])
         assert stored.get("vacuum_truncate") in ("off", "false"), (table, row[0])
     assert count == (50,)
+
+
+async def test_status_shows_every_task_a_worker_serves(
+    pg_url: str, pg_schema: str, capsys: object
+) -> None:
+    app = make_app(pg_url, pg_schema)
+    names = [f"reports_task_number_{n:02}" for n in range(20)]
+    for name in names:
+
+        @app.task(name)
+        async def handler(ctx: trioq.Context, payload: object) -> None:
+            return None
+
+    async with app.client(migrate=True), running_worker(app, ["default"]):
+        args = ["status", "--database-url", pg_url, "--schema", pg_schema]
+        assert await trio.to_thread.run_sync(cli.main, args) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert [name for name in names if f"{name}@1" not in out] == [], out

@@ -26,6 +26,8 @@ from ._records import JobRecord as JobRecord
 from ._records import MessageSend as MessageSend
 from ._records import NewJob as NewJob
 from ._records import NewJobs as NewJobs
+from ._records import ValueRead as ValueRead
+from ._records import WorkflowValue as WorkflowValue
 
 # --- params ---------------------------------------------------------------------------------
 
@@ -810,20 +812,6 @@ class ReceiveOutcome:
     state: str  # "received", "timeout" (nothing came), "waiting" (suspended), "lost"
     messages: tuple[Any, ...]
     deadline: datetime.datetime
-
-
-@attrs.frozen
-class ValueRead:
-    state: str | None  # the job's state (None: no such job)
-    found: bool
-    value: Any
-
-
-@attrs.frozen
-class WorkflowValue:
-    key: str
-    value: Any
-    updated_at: datetime.datetime
 
 
 @attrs.frozen

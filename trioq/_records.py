@@ -12,6 +12,9 @@ from typing import Any, NamedTuple, overload
 
 import attrs
 
+from ._core.errors import JobNotFound, ValueNotSet
+from ._core.states import TERMINAL_STATES
+
 
 @attrs.frozen
 class NewJob:
@@ -186,3 +189,26 @@ class JobRecord:
     # When the whole job must be finished, and who set it (migration 0021; None: no deadline).
     deadline_at: datetime.datetime | None = None
     deadline_source: str | None = None
+
+
+@attrs.frozen
+class ValueRead:
+    state: str | None  # the job's state (None: no such job)
+    found: bool
+    value: Any
+
+    def answer(self, job_id: int, key: str, waited: float | None) -> Any:
+        """The value, or the error every reader (`Client`, the producers) raises for it."""
+        if self.found:
+            return self.value
+        if self.state is None:
+            raise JobNotFound(f"job_id: no job {job_id}")
+        within = "" if waited is None or self.state in TERMINAL_STATES else f" within {waited}s"
+        raise ValueNotSet(f"job {job_id} ({self.state}) has not set {key!r}{within}")
+
+
+@attrs.frozen
+class WorkflowValue:
+    key: str
+    value: Any
+    updated_at: datetime.datetime

@@ -14,7 +14,7 @@ import trio
 
 from ._core.channels import job_ids_of, result_channel
 from ._core.concurrency import validate_limit, validate_pattern
-from ._core.errors import JobFailed, JobNotFound, ResultTimeout, ValueNotSet
+from ._core.errors import JobFailed, JobNotFound, ResultTimeout
 from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.limits import Rate, parse_global_limit, parse_rate
@@ -40,7 +40,6 @@ from ._driver import (
     QueuePause,
     QueueStatus,
     ScheduleRecord,
-    ValueRead,
     WorkerInfo,
     WorkflowFilter,
     WorkflowValue,
@@ -559,7 +558,7 @@ class Client:
         validate_key("key", key)
         seconds = _seconds("wait", wait)
         if seconds is None:
-            return _found(job_id, key, await self.driver.job_value_get(job_id, key), None)
+            return (await self.driver.job_value_get(job_id, key)).answer(job_id, key, None)
         deadline = trio.current_time() + seconds
         event = await self._watcher.watch(job_id)
         try:
@@ -567,9 +566,9 @@ class Client:
             while True:
                 read = await self.driver.job_value_get(job_id, key)
                 if read.found or read.state in TERMINAL_STATES or read.state is None:
-                    return _found(job_id, key, read, seconds)
+                    return read.answer(job_id, key, seconds)
                 if trio.current_time() >= deadline:
-                    return _found(job_id, key, read, seconds)
+                    return read.answer(job_id, key, seconds)
                 with trio.move_on_at(min(deadline, trio.current_time() + RESULT_POLL_SECONDS)):
                     await event.wait()
                 if event.is_set():
@@ -606,15 +605,6 @@ class Client:
             )
         )
         return [WorkflowView.of(record) for record in records]
-
-
-def _found(job_id: int, key: str, read: ValueRead, waited: float | None) -> Any:
-    if read.found:
-        return read.value
-    if read.state is None:
-        raise JobNotFound(f"job_id: no job {job_id}")
-    within = "" if waited is None or read.state in TERMINAL_STATES else f" within {waited}s"
-    raise ValueNotSet(f"job {job_id} ({read.state}) has not set {key!r}{within}")
 
 
 def _states(states: Iterable[str] | None) -> tuple[str, ...] | None:

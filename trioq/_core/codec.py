@@ -143,6 +143,26 @@ def encode(value: Any, *, root: str = "$", max_bytes: int = MAX_PAYLOAD_BYTES) -
     return text
 
 
+@attrs.frozen
+class Undecodable:
+    """What the database loader returns for stored JSON Python cannot decode (a 3,000-deep
+    array written by SQL: RecursionError in the decoder). Raising there would take down the
+    whole statement's results, and with them the worker; this value fails only the job that
+    carries it, when the runtime loads its payload."""
+
+    reason: str
+
+    def error(self, path: str) -> PayloadError:
+        return PayloadError(path, f"the stored JSON cannot be decoded ({self.reason})")
+
+
+def loads_or_undecodable(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return Undecodable(f"nested deeper than Python's recursion limit; the limit is {MAX_DEPTH}")
+
+
 def decode(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 

@@ -19,7 +19,6 @@ connection is idle and usable afterwards (in a transaction, the transaction has 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from psycopg.adapt import AdaptersMap, Buffer, PyFormat, Transformer
 from psycopg.rows import TupleRow
 from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
+from .._core.codec import loads_or_undecodable
 from .threads import cancel_until_done
 
 logger = logging.getLogger("trioq.pg")
@@ -41,7 +41,7 @@ _AUTO, _TEXT = PyFormat.AUTO, PyFormat.TEXT
 _OK = frozenset({pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY})
 _BINARY = pq.Format.BINARY
 
-_loads = json.loads
+_loads = loads_or_undecodable  # one undecodable row fails its job, not the statement
 
 
 class _JsonbLoader(JsonbLoader):

@@ -11,6 +11,7 @@ connection (`conn=`) so the enqueue commits or rolls back with the caller's tran
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
@@ -51,9 +52,10 @@ from .._enqueue import (
     build_jobs,
     build_message,
     message_refused,
+    seconds_option,
     to_jobs,
 )
-from .._records import EventOutcome, JobRecord, NewJob
+from .._records import EventOutcome, JobRecord, NewJob, ValueRead, WorkflowValue
 from .._sql import queries
 from .inserts import insert_statement, inserted_jobs
 from .libpq import DATABASE_URL_ENV, network_defaults
@@ -315,6 +317,12 @@ def _check_id(job_id: object) -> int:
     return validate_job_id(job_id)
 
 
+def _value_params(job_id: object, key: object) -> dict[str, Any]:
+    if key is None:
+        raise ValueError("key: a value needs a key (a non-empty string)")
+    return {"id": _check_id(job_id), "key": validate_key("key", key)}
+
+
 def _final_result(record: JobRecord) -> Any:
     if record.state != JobState.COMPLETED:
         raise JobFailed(f"job {record.id} ended {record.state}: {record.error}", record)
@@ -538,6 +546,49 @@ class SyncProducer:
         """The job's result once it completes; JobFailed if it ended failed or cancelled."""
         return _final_result(self.wait_final(job_id, timeout))
 
+    def get_value(
+        self,
+        job_id: int,
+        key: str,
+        *,
+        wait: datetime.timedelta | float | None = None,
+        conn: SyncConnection | None = None,
+    ) -> Any:
+        """The value the workflow `job_id` last published under `key` (`ctx.set_value`), as
+        `trioq.Client.get_value`: with `wait`, block up to that long for the key to be set
+        (woken by the job's result notifications, with a slow poll under them). Raises
+        `trioq.ValueNotSet` or `trioq.JobNotFound`."""
+        params = _value_params(job_id, key)
+        seconds = seconds_option("wait", wait)
+        if seconds is None:
+            return ValueRead(*self._fetch("job_value_get", params, conn)[0]).answer(
+                params["id"], key, None
+            )
+        deadline = time.monotonic() + seconds
+        results = self._result_listener()
+        if results is None:
+            event = threading.Event()  # never set: poll only
+        else:
+            event = results.watch(params["id"], _wait_for_subscription(seconds))
+        try:
+            if results is not None:  # see wait_final
+                self._fetch("job_result_watch", {"id": params["id"]}, None)
+            while True:
+                read = ValueRead(*self._fetch("job_value_get", params, None)[0])
+                left = deadline - time.monotonic()
+                if read.found or read.state in TERMINAL_STATES or read.state is None or left <= 0:
+                    return read.answer(params["id"], key, seconds)
+                event.wait(min(left, RESULT_POLL_SECONDS))
+                event.clear()
+        finally:
+            if results is not None:
+                results.forget(params["id"], event)
+
+    def values(self, job_id: int, *, conn: SyncConnection | None = None) -> list[WorkflowValue]:
+        """Every value the job published, by key (`trioq.Client.values`)."""
+        rows = self._fetch("job_values", {"id": _check_id(job_id)}, conn)
+        return [WorkflowValue(*row) for row in rows]
+
 
 class AsyncProducer:
     """`SyncProducer` for asyncio (FastAPI, aiohttp): the same methods, awaited.
@@ -741,3 +792,47 @@ class AsyncProducer:
 
     async def wait_result(self, job_id: int, timeout: float | None = 30.0) -> Any:
         return _final_result(await self.wait_final(job_id, timeout))
+
+    async def get_value(
+        self,
+        job_id: int,
+        key: str,
+        *,
+        wait: datetime.timedelta | float | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> Any:
+        """See `SyncProducer.get_value`."""
+        import asyncio  # see _result_listener
+
+        params = _value_params(job_id, key)
+        seconds = seconds_option("wait", wait)
+        if seconds is None:
+            rows = await self._fetch("job_value_get", params, conn)
+            return ValueRead(*rows[0]).answer(params["id"], key, None)
+        deadline = time.monotonic() + seconds
+        results = self._result_listener()
+        if results is None:
+            event = asyncio.Event()  # never set: poll only
+        else:
+            event = await results.watch(params["id"], _wait_for_subscription(seconds))
+        try:
+            if results is not None:  # see SyncProducer.wait_final
+                await self._fetch("job_result_watch", {"id": params["id"]}, None)
+            while True:
+                read = ValueRead(*(await self._fetch("job_value_get", params, None))[0])
+                left = deadline - time.monotonic()
+                if read.found or read.state in TERMINAL_STATES or read.state is None or left <= 0:
+                    return read.answer(params["id"], key, seconds)
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(left, RESULT_POLL_SECONDS))
+                event.clear()
+        finally:
+            if results is not None:
+                results.forget(params["id"], event)
+
+    async def values(
+        self, job_id: int, *, conn: AsyncConnection | None = None
+    ) -> list[WorkflowValue]:
+        """See `SyncProducer.values`."""
+        rows = await self._fetch("job_values", {"id": _check_id(job_id)}, conn)
+        return [WorkflowValue(*row) for row in rows]

@@ -214,14 +214,22 @@ class AdmissionControl:
                 self.metrics.admission_changes.labels(queue, state.reason).inc()
         if changed and previous is not None:
             verb = "effective limit" if self.mode == "on" else "effective limit (observe only)"
-            log.warning(
-                "admission: queue %s %s %d -> %d of %d, reason=%s (lag %.3fs, renewal age "
+            of = self.concurrency[queue]
+            if previous.limit == state.limit:
+                # Only the reason moved (a one-slot queue cannot be cut): no limit change to
+                # announce, and not a warning.
+                log_at = logging.INFO
+                change = f"reason {previous.reason} -> {state.reason}, {verb} stays {state.limit}"
+            else:
+                log_at = logging.WARNING
+                change = f"{verb} {previous.limit} -> {state.limit}"
+            log.log(
+                log_at,
+                "admission: queue %s %s of %d, reason=%s (lag %.3fs, renewal age "
                 "%.1fs, db errors %d, claim latency %s)",
                 queue,
-                verb,
-                previous.limit,
-                state.limit,
-                self.concurrency[queue],
+                change,
+                of,
                 state.reason,
                 signals.scheduler_lag if signals else 0.0,
                 signals.renewal_age if signals else 0.0,

@@ -30,6 +30,27 @@ EXTRA_FIELDS = (*JOB_FIELDS, "max_attempts", "outcome", "retry_in", "reason")
 job_log = logging.getLogger(JOB_LOGGER)
 
 
+class TextFormatter(logging.Formatter):
+    """The classic line, kept to one line per record: a message with line breaks (psycopg's
+    `...failed: Connection refused\n\tIs the server running...`) is joined with spaces, so
+    grep and a line-based collector see one record as one line. A traceback (`exc_info`)
+    still follows on its own lines."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if "\n" in record.message:
+            record.message = " ".join(line.strip() for line in record.message.splitlines())
+        return super().formatMessage(record)
+
+
+def text_handler() -> logging.Handler:
+    handler = logging.StreamHandler()
+    handler.setFormatter(TextFormatter())
+    return handler
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record; trioq's structured fields become top-level keys."""
 
@@ -54,8 +75,7 @@ def configure_logging(log_format: str, level: int | str) -> None:
     if log_format not in FORMATS:
         raise ValueError(f"--log-format: must be one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler()
-    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    handler.setFormatter(formatter)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

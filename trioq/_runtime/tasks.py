@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .._core.codec import structure_payload
+from .._core.codec import Undecodable, structure_payload
 from .._core.concurrency import KeyTemplate, validate_limit, validate_template
 from .._core.identifiers import validate_name
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
@@ -80,6 +80,8 @@ class TaskSpec:
         return f"{self.name}@{self.version}"
 
     def load_payload(self, payload: Any) -> Any:
+        if type(payload) is Undecodable:
+            raise payload.error("payload")
         if self.payload_type is None:
             return payload
         # None for a class whose fields all have defaults (the producer accepted it).

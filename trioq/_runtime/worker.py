@@ -433,9 +433,20 @@ class Worker:
         with trio.move_on_after(self.config.grace_seconds):
             for loop in self.loops.values():
                 await loop.wait_no_running()
-        for loop in self.loops.values():
-            for entry in list(loop.running.values()):
-                entry.cancel("drain")
+        overdue = [run for loop in self.loops.values() for run in loop.running.values()]
+        if overdue:
+            # Said here: otherwise a drain whose handler never returns prints nothing for the
+            # grace, then exits 0, and the operator cannot tell which jobs went back and why.
+            log.warning(
+                "worker %s: %d job(s) still running after the %.1fs drain grace are released "
+                "(cancelled here; another worker runs them again): %s",
+                self.worker_id,
+                len(overdue),
+                self.config.grace_seconds,
+                ", ".join(f"job {run.job.id} ({run.job.task})" for run in overdue),
+            )
+        for run in overdue:
+            run.cancel("drain")
         # The loops write the releases and exit; if the database is away, give up after a bound
         # (the leases then expire and maintenance recovers the jobs).
         await trio.sleep(self.config.write_timeout)

@@ -1935,18 +1935,26 @@ FROM inserted i JOIN fires f ON f.dedup_key = i.dedup_key CROSS JOIN notified
 ORDER BY f.fire_at, f.name;
 
 -- name: test_clock_install
--- Test-only time travel (trioq.testing.SqlClock): db_now() becomes the real time plus an offset
--- kept in a table, so every pooled connection sees the same shifted clock. Never in production.
-CREATE TABLE {schema}.test_clock (offset_seconds float8 NOT NULL);
-INSERT INTO {schema}.test_clock VALUES (0);
+-- Test-only time travel (trioq.testing.SqlClock): db_now() becomes the real time (or the time
+-- the clock was frozen at) plus an offset kept in a table, so every pooled connection sees the
+-- same shifted clock. Never in production.
+CREATE TABLE {schema}.test_clock (offset_seconds float8 NOT NULL, frozen_at timestamptz);
+INSERT INTO {schema}.test_clock VALUES (0, NULL);
 CREATE OR REPLACE FUNCTION {schema}.db_now() RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(nullif(current_setting('trioq.fake_now', true), '')::timestamptz, now())
+    SELECT coalesce(nullif(current_setting('trioq.fake_now', true), '')::timestamptz,
+                    (SELECT frozen_at FROM {schema}.test_clock), now())
            + (SELECT offset_seconds FROM {schema}.test_clock) * interval '1 second'
 $$;
 
 -- name: test_clock_advance
 UPDATE {schema}.test_clock SET offset_seconds = offset_seconds + %(seconds)s;
+
+-- name: test_clock_freeze
+-- Stop db_now() at its current value: from here only test_clock_advance moves it.
+UPDATE {schema}.test_clock
+SET frozen_at = coalesce(frozen_at, now()) + offset_seconds * interval '1 second',
+    offset_seconds = 0;
 
 -- name: event_emit
 -- Store an event (the first emit of a key wins; later emits change nothing) and wake its

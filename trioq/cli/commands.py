@@ -8,6 +8,7 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -63,7 +64,15 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         prepared_statements=app.prepared_statements,
     ) as driver:
         applied = await driver.migrate()
-    print(f"schema {app.schema}: applied {applied or 'nothing (up to date)'}")
+    # A count, not the version list: the numbering has gaps (numbers retired before a release),
+    # and a list with holes read as migrations missing.
+    if applied:
+        print(
+            f"schema {app.schema}: applied {len(applied)} migration(s), "
+            f"now at version {applied[-1]}"
+        )
+    else:
+        print(f"schema {app.schema}: up to date, nothing applied")
     return 0
 
 
@@ -73,14 +82,22 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from .._runtime.health import HealthTarget
     from ..app import load_app
     from . import worker as cli_worker
-    from .processes import ProcessGroup, stop_when_supervisor_dies, validate_processes
+    from .processes import (
+        SUPERVISOR_FD_ENV,
+        ProcessGroup,
+        stop_when_supervisor_dies,
+        validate_processes,
+    )
 
     validate_processes(args.processes)
     queues = cli_worker.parse_queues(args.queue, args.concurrency)  # bad values: before loading
     app = _with_url(load_app(args.app), args)  # a bad APP_PATH fails once, not in each child
+    # Once per command: the supervisor of --processes warns, its children (which inherit
+    # SUPERVISOR_FD_ENV) do not repeat it. --split says the other queues run elsewhere.
+    if not args.split and SUPERVISOR_FD_ENV not in os.environ:
+        cli_worker.warn_unserved_queues(app, list(queues))
     if args.processes > 1:
         return await ProcessGroup(args.argv, args.processes, args.health_port).run()
-    cli_worker.warn_unserved_queues(app, list(queues))
     # The health server answers from process start: /livez while the command still waits for
     # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
     health = HealthTarget()
@@ -526,6 +543,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run N worker processes under one supervisor (health ports P..P+N-1)",
     )
+    worker.add_argument(
+        "--split",
+        action="store_true",
+        help="the app's tasks on queues not given here run on other workers: do not warn",
+    )
 
     enqueue = command("enqueue", "enqueue one job")
     enqueue.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")
@@ -620,7 +642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging("json", level)
     else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from .._runtime.logs import text_handler
+
+        logging.basicConfig(level=level, handlers=[text_handler()])
     try:
         import trio
 

@@ -168,12 +168,13 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
     workers = Table(title=title, title_justify="left")
     for name in ("id", "host:pid", "state", "queues", "running", "heartbeat", "serves",
                  "admission"):  # fmt: skip
-        workers.add_column(name)
+        # A worker serving many tasks wraps its serves cell (between names) instead of cutting it.
+        workers.add_column(name, overflow="fold")
     for w in snapshot.workers:
         workers.add_row(
             str(w.id)[:8], f"{w.hostname}:{w.pid}", state_cell(w), queues_cell(w),
             f"{w.running}/{w.concurrency}", heartbeat_cell(w),
-            ",".join(w.task_versions) or "-", admission_cell(w),
+            ", ".join(w.task_versions) or "-", admission_cell(w),
         )  # fmt: skip
     unroutable = [
         f"UNROUTABLE: {u.jobs} job(s) of {u.task} version {u.version} on queue {u.queue} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import signal
 import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -116,7 +117,14 @@ async def cmd_dashboard(args: argparse.Namespace) -> int:
             ) from None
         host = f"[{args.host}]" if ":" in args.host else args.host
         mode = "admin: actions allowed and audited" if args.admin else "read-only"
-        print(f"trioq dashboard on http://{host}:{port}/ ({mode})", file=sys.stdout, flush=True)
+        # SIGINT and SIGTERM stop it with 0, as they stop a worker and dev-db (Python's default
+        # ends a SIGTERM'd process with 143); taken before the line that says it serves.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            print(f"trioq dashboard on http://{host}:{port}/ ({mode})", flush=True)
+            async for signum in signals:
+                print(f"{signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
+                break
+        nursery.cancel_scope.cancel()
     return 0
 
 

@@ -169,11 +169,16 @@ class Auth:
         except (binascii.Error, UnicodeDecodeError):
             return None
         user, _, password = decoded.partition(":")
-        return user if _same(user, self.user) and _same(password, self.secret) else None
+        # Both compared every time (`&`, not `and`): the time taken does not tell a right user
+        # name from a wrong one.
+        return user if _same(user, self.user) & _same(password, self.secret) else None
 
 
 def _same(offered: str, expected: str) -> bool:
-    return hmac.compare_digest(offered.encode(), expected.encode())
+    # Bytes: compare_digest refuses a non-ASCII str (TypeError), which a client chooses.
+    return hmac.compare_digest(
+        offered.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
 
 
 def parse_cookies(headers: dict[bytes, bytes]) -> dict[str, str]:
@@ -195,12 +200,14 @@ class Csrf:
         return secrets.token_urlsafe(24)
 
     def token(self, nonce: str) -> str:
-        return hmac.new(self.key, nonce.encode(), hashlib.sha256).hexdigest()
+        return hmac.new(
+            self.key, nonce.encode("utf-8", "surrogatepass"), hashlib.sha256
+        ).hexdigest()
 
     def valid(self, nonce: str | None, token: str | None) -> bool:
         if not nonce or not token:
             return False
-        return hmac.compare_digest(self.token(nonce), token)
+        return _same(self.token(nonce), token)  # a non-ASCII field is wrong, not an error
 
 
 class AuthMiddleware:

@@ -66,9 +66,10 @@ class ManualClock:
 class SqlClock:
     """Time travel for a Postgres driver's schema (test-only: it replaces `db_now()`).
 
-    `install` creates `test_clock(offset_seconds)` in the driver's schema and redefines
-    `db_now()` as the real (or `trioq.fake_now`) time plus that offset; `advance` raises the
-    offset in a committed transaction, so every connection of the pool sees it at once.
+    `install` creates `test_clock(offset_seconds, frozen_at)` in the driver's schema and
+    redefines `db_now()` as the real (or `trioq.fake_now`, or `freeze`'s) time plus that offset;
+    `advance` raises the offset in a committed transaction, so every connection of the pool sees
+    it at once.
     """
 
     driver: Driver
@@ -84,6 +85,12 @@ class SqlClock:
             await tx.execute(
                 queries(self.driver.schema)["test_clock_advance"], {"seconds": seconds}
             )
+
+    async def freeze(self) -> None:
+        """Stop `db_now()` where it is, so only `advance` moves it: a test comparing Postgres
+        with a `ManualClock` then cannot depend on how fast the machine runs."""
+        async with self.driver.transaction() as tx:
+            await tx.execute(queries(self.driver.schema)["test_clock_freeze"])
 
 
 @attrs.define(eq=False)
