@@ -383,31 +383,3 @@ def test_migrate_prints_how_many_migrations_it_applied(pg_url: str, pg_schema: s
     ), first.stdout
     again = run("migrate", "--schema", pg_schema, url=pg_url)
     assert again.stdout.strip() == f"schema {pg_schema}: up to date, nothing applied"
-
-
-def _worker_stderr_until(extra: list[str], retries: int) -> list[str]:
-    """The stderr lines of a worker that cannot reach its database, up to its `retries`-th
-    first retry line (one per process): every start-up warning is printed before it."""
-    argv = [sys.executable, "-m", "trioq.cli", "worker", "workflows.demo:app", "--database-url",
-            "postgresql://127.0.0.1:1/x", "--queue", "default", *extra]  # fmt: skip
-    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT) as proc:
-        try:
-            assert proc.stderr is not None
-            lines: list[str] = []
-            while sum("retrying in 0.5s" in line for line in lines) < retries:
-                line = proc.stderr.readline()
-                assert line, "".join(lines)
-                lines.append(line)
-        finally:
-            proc.kill()
-            proc.wait()
-    return lines
-
-
-@pytest.mark.slow
-def test_the_unserved_queues_warning_comes_once_and_split_silences_it() -> None:
-    warned = _worker_stderr_until(["--processes", "2"], retries=2)
-    per_queue = [line for line in warned if "does not serve" in line]
-    assert per_queue and len(per_queue) == len(set(per_queue)), warned  # once, not per child
-    quiet = _worker_stderr_until(["--split"], retries=1)
-    assert not [line for line in quiet if "does not serve" in line], quiet

@@ -8,7 +8,6 @@ import contextlib
 import errno
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -82,22 +81,14 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from .._runtime.health import HealthTarget
     from ..app import load_app
     from . import worker as cli_worker
-    from .processes import (
-        SUPERVISOR_FD_ENV,
-        ProcessGroup,
-        stop_when_supervisor_dies,
-        validate_processes,
-    )
+    from .processes import ProcessGroup, stop_when_supervisor_dies, validate_processes
 
     validate_processes(args.processes)
     queues = cli_worker.parse_queues(args.queue, args.concurrency)  # bad values: before loading
     app = _with_url(load_app(args.app), args)  # a bad APP_PATH fails once, not in each child
-    # Once per command: the supervisor of --processes warns, its children (which inherit
-    # SUPERVISOR_FD_ENV) do not repeat it. --split says the other queues run elsewhere.
-    if not args.split and SUPERVISOR_FD_ENV not in os.environ:
-        cli_worker.warn_unserved_queues(app, list(queues))
     if args.processes > 1:
         return await ProcessGroup(args.argv, args.processes, args.health_port).run()
+    cli_worker.warn_unserved_queues(app, list(queues))
     # The health server answers from process start: /livez while the command still waits for
     # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
     health = HealthTarget()
@@ -542,11 +533,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="run N worker processes under one supervisor (health ports P..P+N-1)",
-    )
-    worker.add_argument(
-        "--split",
-        action="store_true",
-        help="the app's tasks on queues not given here run on other workers: do not warn",
     )
 
     enqueue = command("enqueue", "enqueue one job")

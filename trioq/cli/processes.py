@@ -161,10 +161,4 @@ async def stop_when_supervisor_dies() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-__all__ = [
-    "SUPERVISOR_FD_ENV",
-    "ProcessGroup",
-    "child_command",
-    "stop_when_supervisor_dies",
-    "validate_processes",
-]
+__all__ = ["ProcessGroup", "child_command", "stop_when_supervisor_dies", "validate_processes"]
