@@ -151,8 +151,12 @@ def complete(
     ).fetchall()
 
 
-def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
-    """Backend and cluster CPU (us) and WAL bytes per job of one drain of `jobs` jobs."""
+def replay(
+    db: Database, schema: str, jobs: int, measure: int | None = None
+) -> tuple[float, float, float]:
+    """Backend and cluster CPU (us) and WAL bytes per job of one drain of `jobs` jobs, or of
+    its first `measure` jobs out of a backlog of `jobs` (bench.backlog_depth)."""
+    measure = jobs if measure is None else min(measure, jobs)
     sql = queries(schema)
     params = claim_params()
     with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
@@ -164,7 +168,7 @@ def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
         [[wal_before]] = conn.execute("SELECT pg_current_wal_lsn()").fetchall()
         backend_before, cluster_before = schedstat_ns(pid), cluster_ns(postmaster, harness)
         done = 0
-        while done < jobs:
+        while done < measure:
             cursor = conn.execute(sql["job_claim_plain"], params, prepare=True)
             claimed = [row for row in cursor.fetchall() if row[ClaimedRow.id] is not None]
             if not claimed:
@@ -181,9 +185,9 @@ def replay(db: Database, schema: str, jobs: int) -> tuple[float, float, float]:
         backend = schedstat_ns(pid) - backend_before
         cluster = cluster_ns(postmaster, harness) - cluster_before
         [[wal]] = conn.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [wal_before])
-    if done != jobs:
-        raise RuntimeError(f"{schema}: the replay completed {done} of {jobs} jobs")
-    return backend / jobs / 1e3, cluster / jobs / 1e3, float(wal) / jobs
+    if done != measure:
+        raise RuntimeError(f"{schema}: the replay completed {done} of {measure} jobs")
+    return backend / done / 1e3, cluster / done / 1e3, float(wal) / done
 
 
 def main() -> None:

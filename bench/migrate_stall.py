@@ -63,9 +63,10 @@ def migrate_to(conninfo: str, version: int) -> None:
                 )
 
 
-def fill(conninfo: str, finished: int, unfinished: int) -> float:
+def fill(conninfo: str, finished: int, unfinished: int, *, schema: str = SCHEMA) -> float:
+    """`finished` jobs completed a day ago and `unfinished` ready ones, in SQL; seconds taken."""
     started = time.monotonic()
-    jobs = sql.Identifier(SCHEMA, "jobs")
+    jobs = sql.Identifier(schema, "jobs")
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(
             sql.SQL(

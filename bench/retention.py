@@ -1,0 +1,74 @@
+"""Retention: prune `--finished` old finished jobs while a worker serves an offered load.
+
+Run once (not part of the test suite):
+`python -m bench.retention [--finished 1000000] [--rate 800] [--clean 30] [--after 30]`.
+
+A fresh schema is filled (in SQL, as `bench.migrate_stall` does) with `--finished` completed
+jobs that finished a day ago, then one worker (25 slots) serves `probe` jobs offered at `--rate`
+(bench/open_loop.py) in three phases: `clean` (`--clean` seconds), `prune` (until
+`client.purge(states=("completed",), older_than=1 hour)` returns: what `trioq purge` and the
+retention setting run) and `after` (`--after` seconds). Reported per phase: pickup p50/p95/max,
+completions over offered, the schema's dead tuples and size; and the prune's time. The storage
+target: the prune of 1,000,000 finished jobs under 1 s, pickup p95 during it <= 2x clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import tempfile
+from pathlib import Path
+
+from bench.app import make_app
+from bench.harness import HARNESS_ROLE, Launcher, open_database
+from bench.migrate_stall import fill
+from bench.open_loop import Offer, Phase, medians, run_phases
+
+RESULTS = Path(__file__).resolve().parent / "results_retention.json"
+NAMES = ["clean", "prune", "after"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=float, default=800.0)
+    parser.add_argument("--clean", type=float, default=30.0)
+    parser.add_argument("--after", type=float, default=30.0)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    runs = []
+    with open_database() as db:
+        launcher = Launcher(db, Path(tempfile.mkdtemp(prefix="trioq-bench-retention-")))
+        try:
+            for _ in range(args.repeats):
+                schema = db.fresh_schema()
+                fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema)
+
+                def phases(offer: Offer, schema: str = schema) -> list[Phase]:
+                    async def prune() -> None:
+                        app = make_app(schema, db.conninfo(HARNESS_ROLE))
+                        async with app.client() as client:
+                            deleted = await client.purge(
+                                states=("completed",), older_than=datetime.timedelta(hours=1)
+                            )
+                        offer.extra["pruned"] = deleted
+
+                    return [
+                        Phase("clean", args.clean),
+                        Phase("prune", None, prune),
+                        Phase("after", args.after),
+                    ]
+
+                run = run_phases(db, launcher, schema, args.rate, phases)
+                print(json.dumps(run), flush=True)
+                runs.append(run)
+        finally:
+            launcher.stop_all()
+    summary = {"args": vars(args), "medians": medians(runs, NAMES)}
+    print(json.dumps(summary, indent=1))
+    RESULTS.write_text(json.dumps({**summary, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
