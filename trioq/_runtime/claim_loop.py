@@ -654,8 +654,9 @@ class ClaimLoop:
         running = self.running
         stale = running.get(job.id)
         # (A stale run that already suspended or continued durably is only finishing its
-        # bookkeeping: the job is legitimately back, nothing is lost.)
-        if stale is not None and stale.suspension is None:
+        # bookkeeping, and one whose ending statement is in flight is about to: the job is
+        # legitimately back, nothing is lost.)
+        if stale is not None and stale.suspension is None and not stale.ending:
             # Our earlier attempt's lease ran out while its handler still ran and the job
             # came back to us: that handler no longer owns anything.
             log.warning(

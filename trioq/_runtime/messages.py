@@ -53,7 +53,8 @@ async def receive(run: Run, topic: str, timeout: datetime.timedelta, limit: int)
     params = Receive(
         run.lease, position, topic, timeout.total_seconds(), deadline, limit, run.take_values()
     )
-    outcome = await run.driver.job_receive(params)
+    with run.ending_statement():  # a message sent as it commits can make the job ready again
+        outcome = await run.driver.job_receive(params)
     if outcome.state in ("received", "timeout"):
         return list(outcome.messages)
     if outcome.state == "waiting":

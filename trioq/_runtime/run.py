@@ -14,12 +14,13 @@ and `suspend`, and a thin method on `Context`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
 import attrs
@@ -110,6 +111,11 @@ class Run:
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     cancel_reason: str | None = None  # "lost", "unconfirmed", "cancelled", "drain"
     suspension: Suspended | None = None
+    # A statement that may end this execution durably (continue_as_new, a wait that suspends in
+    # place) is in flight: once it commits, the job can be ready again and come back to this
+    # worker's claim before the reply does (found by the soak, seed 2). Such a run is not
+    # cancelled as lost: its reply ends it (suspended), or its fenced write fails (lost).
+    ending: bool = False
     failed_step: tuple[int, str] | None = None  # (position, name) of the step that raised
     trace_id: str | None = None  # the handler's span (otel extra), for the failure line
     # Set once the handler's own transaction that completed the job has committed.
@@ -212,6 +218,15 @@ class Run:
         values = tuple(self.pending_values.items())
         self.pending_values.clear()
         return values
+
+    @contextlib.contextmanager
+    def ending_statement(self) -> Iterator[None]:
+        """Around a statement that may end this execution durably (see `ending`)."""
+        self.ending = True
+        try:
+            yield
+        finally:
+            self.ending = False
 
     def suspended_in_place(self, until: datetime.datetime | None) -> NoReturn:
         """End this execution: the primitive's own fenced statement has already made the job

@@ -93,9 +93,10 @@ async def wait_event_at(
     await trio.lowlevel.checkpoint_if_cancelled()
     if run.pending_values:  # this statement may suspend: ctx.set_value's values go first
         await flush_values(run)
-    outcome = await run.driver.job_wait_event(
-        WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
-    )
+    with run.ending_statement():  # an event emitted as it commits can make the job ready
+        outcome = await run.driver.job_wait_event(
+            WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
+        )
     if outcome.state == "received":
         return outcome.payload
     if outcome.state == "timeout":
@@ -270,7 +271,8 @@ async def continue_as_new(run: Run, payload: Any) -> NoReturn:
     if run.suspension is not None:
         raise SuspendExecution
     await join_children(run)  # the nursery rule: no child outlives the history that spawned it
-    state = await run.driver.job_continue_as_new(ContinueAsNew(run.lease, payload_json))
+    with run.ending_statement():
+        state = await run.driver.job_continue_as_new(ContinueAsNew(run.lease, payload_json))
     if state == "continued":
         run.continued()
     if state == "cancelling":
@@ -301,7 +303,8 @@ async def _wait(
     if run.pending_values:  # this statement may suspend: ctx.set_value's values go first
         await flush_values(run)
     for _ in range(MAX_DECISION_ROUNDS):
-        outcome: ChildrenWaitOutcome = await run.driver.job_wait_children(params)
+        with run.ending_statement():  # a child finishing as it commits wakes the job
+            outcome: ChildrenWaitOutcome = await run.driver.job_wait_children(params)
         if outcome.state in ("done", "failed"):
             return outcome.children
         if outcome.state == "waiting":
