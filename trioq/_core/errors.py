@@ -38,6 +38,10 @@ class SchemaNotMigrated(TrioqError):
     """trioq's tables are missing from the schema: run `trioq migrate`."""
 
 
+class MigrationLockTimeout(TrioqError):
+    """`trioq migrate` gave up waiting for a lock another session held (see its message)."""
+
+
 class UnknownTask(TrioqError, LookupError):
     """No task of that name is registered with the app."""
 

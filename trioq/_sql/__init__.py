@@ -32,6 +32,10 @@ from .._core.identifiers import quote_ident, validate_schema
 _BLOCK_START = re.compile(r"^-- (name|fragment): ([a-z_]+)(?:\(([a-z_, ]*)\))?\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"^-- include: ([a-z_]+)(?:\(([a-z_, ]*)\))?\s*$")
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+#: The first line of a migration that must run outside a transaction (`CREATE INDEX
+#: CONCURRENTLY`, a `VALIDATE CONSTRAINT` that must not hold the table's lock for long, data
+#: moved in batches): its statements end with `;` at a line's end and run one by one.
+NO_TRANSACTION = "-- trioq: no-transaction"
 
 
 @attrs.frozen
@@ -39,6 +43,21 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def transactional(self) -> bool:
+        return not self.sql.startswith(NO_TRANSACTION)
+
+    def statements(self) -> list[str]:
+        """A no-transaction migration's statements, one by one (no `$$` bodies in them)."""
+        parts = re.split(r";[ \t]*$", self.sql, flags=re.MULTILINE)
+        code = ["\n".join(_code_lines(part)) for part in parts]
+        return [statement + ";" for statement in code if statement]
+
+
+def _code_lines(text: str) -> list[str]:
+    stripped = (line.strip() for line in text.splitlines())
+    return [line for line in stripped if line and not line.startswith("--")]
 
 
 def _substitute(text: str, schema: str) -> str:

@@ -65,6 +65,30 @@ SELECT version FROM {schema}.migrations ORDER BY version;
 -- name: migration_record
 INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: migration_lock_timeout
+-- Every lock the migration's transaction takes waits at most this long: a request queued behind
+-- a long reader (a pg_dump's ACCESS SHARE) would otherwise hold up every enqueue and claim
+-- queued behind it for as long as the reader runs. `migrate` rolls back and tries again.
+SELECT set_config('lock_timeout', %(milliseconds)s, true);
+
+-- name: migration_session_timeouts_save
+SELECT current_setting('statement_timeout') AS statement_timeout,
+       current_setting('lock_timeout') AS lock_timeout,
+       current_setting('idle_in_transaction_session_timeout') AS idle_timeout;
+
+-- name: migration_session_timeouts_default
+-- A no-transaction migration's statements (an index built CONCURRENTLY on a big table) run in
+-- autocommit under the session's values without trioq's 30 s statement timeout (what RESET
+-- would give: the server's, role's or conninfo's), their locks bounded as in a transaction.
+SELECT set_config('statement_timeout', reset_val, false),
+       set_config('lock_timeout', %(milliseconds)s, false)
+FROM pg_settings WHERE name = 'statement_timeout';
+
+-- name: migration_session_timeouts_restore
+SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+       set_config('lock_timeout', %(lock_timeout)s, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false);
+
 -- name: job_insert_many
 -- One statement for a whole batch (unnest of parallel arrays). Ids are drawn first so each input
 -- row can be matched to its result even when a dedup key returns an existing job instead

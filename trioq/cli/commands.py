@@ -53,6 +53,9 @@ def _with_url(app: App, args: argparse.Namespace) -> App:
 async def cmd_migrate(args: argparse.Namespace) -> int:
     from ..app import App
 
+    if not args.lock_wait >= 0:
+        raise ValueError(f"--lock-wait: {args.lock_wait} is not 0 or more seconds")
+
     app = _with_url(App(schema=validate_schema(args.schema)), args)
     from .._pg.driver import open_pg_driver
 
@@ -62,7 +65,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         pool_size=1,
         prepared_statements=app.prepared_statements,
     ) as driver:
-        applied = await driver.migrate()
+        applied = await driver.migrate(lock_wait=args.lock_wait)
     # A count, not the version list: the numbering has gaps (numbers retired before a release),
     # and a list with holes read as migrations missing.
     if applied:
@@ -454,6 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = command("migrate", "create or upgrade the schema (safe to run concurrently)")
     migrate.add_argument("--schema", default="trioq", help="trioq's schema")
+    migrate.add_argument(
+        "--lock-wait",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to keep trying for locks another session holds (each try waits 0.5 s,"
+        " so enqueues and claims never queue behind it for longer); default 600",
+    )
 
     worker = command("worker", "run a worker: claim and run jobs until SIGINT/SIGTERM")
     worker.add_argument("app", metavar="APP_PATH", help="module:attribute of the trioq.App")

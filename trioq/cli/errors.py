@@ -19,7 +19,7 @@ import os
 import sys
 import traceback
 
-from .._core.errors import JobNotFound, SchemaNotMigrated, TrioqError
+from .._core.errors import JobNotFound, MigrationLockTimeout, SchemaNotMigrated, TrioqError
 
 OK = 0
 NOT_DONE = 1
@@ -51,7 +51,7 @@ def explain(error: BaseException) -> tuple[int, str]:
     database = describe_database_error(error)
     if database is not None:
         return DATABASE, database
-    if isinstance(error, SchemaNotMigrated):
+    if isinstance(error, SchemaNotMigrated | MigrationLockTimeout):
         return DATABASE, str(error)
     if isinstance(error, JobNotFound):
         return NOT_DONE, str(error)
