@@ -32,6 +32,9 @@ def main() -> None:
     parser.add_argument("--depths", default="1000,100000,1000000")
     parser.add_argument("--measure", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--jit", action="store_true", help="PostgreSQL's JIT on (trioq's sessions turn it off)"
+    )
     args = parser.parse_args()
     depths = [int(depth) for depth in args.depths.split(",")]
     figures: dict[int, list[tuple[float, float, float]]] = {depth: [] for depth in depths}
@@ -41,7 +44,7 @@ def main() -> None:
             for depth in order:
                 schema = db.fresh_schema()
                 try:
-                    figures[depth].append(replay(db, schema, depth, args.measure))
+                    figures[depth].append(replay(db, schema, depth, args.measure, args.jit))
                 finally:
                     db.drop_schema(schema)
                 backend, cluster, wal = figures[depth][-1]

@@ -152,7 +152,7 @@ def complete(
 
 
 def replay(
-    db: Database, schema: str, jobs: int, measure: int | None = None
+    db: Database, schema: str, jobs: int, measure: int | None = None, jit: bool = False
 ) -> tuple[float, float, float]:
     """Backend and cluster CPU (us) and WAL bytes per job of one drain of `jobs` jobs, or of
     its first `measure` jobs out of a backlog of `jobs` (bench.backlog_depth)."""
@@ -160,6 +160,7 @@ def replay(
     sql = queries(schema)
     params = claim_params()
     with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
+        conn.execute(f"SET jit = {'on' if jit else 'off'}")  # off: as trioq's sessions run
         insert_backlog(conn, schema, jobs)
         pid = conn.info.backend_pid
         with open(f"/proc/{pid}/stat") as stat:

@@ -29,7 +29,7 @@ from psycopg import sql
 
 import trioq
 from bench.harness import HARNESS_ROLE, open_database
-from trioq._sql import functions, migrations
+from trioq._sql import Migration, functions, migrations
 
 SCHEMA = "stall"
 RESULTS = Path(__file__).with_name("results_migrate_stall.json")
@@ -112,7 +112,32 @@ class Loop:
                 self.calls += 1
 
 
-def measure(conninfo: str) -> dict[str, Any]:
+def hold_reader(conninfo: str, seconds: float, holding: threading.Event) -> None:
+    """A pg_dump-like reader: ACCESS SHARE on jobs for `seconds`."""
+    with psycopg.connect(conninfo) as conn:
+        jobs = sql.Identifier(SCHEMA, "jobs")
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(jobs))
+        holding.set()
+        time.sleep(seconds)
+        conn.rollback()
+
+
+def add_column_migration() -> None:
+    """A migration after this tree's last that needs ACCESS EXCLUSIVE on jobs for a moment."""
+    from trioq._pg import driver
+
+    def with_extra(schema: str) -> list[Migration]:
+        found = migrations(schema)
+        quoted = sql.Identifier(schema, "jobs").as_string(None)
+        extra = f"ALTER TABLE {quoted} ADD COLUMN stall_probe integer;"
+        return [*found, Migration(found[-1].version + 1, "stall_probe", extra)]
+
+    driver.migrations = with_extra  # type: ignore[assignment]
+
+
+def measure(
+    conninfo: str, reader_seconds: float = 0.0, lock_timeout: float = 0.5
+) -> dict[str, Any]:
     schema = sql.Identifier(SCHEMA)
     enqueuer = Loop(conninfo, sql.SQL("SELECT {}.enqueue('noop', '{{}}')").format(schema))
     worker = Loop(
@@ -132,9 +157,15 @@ def measure(conninfo: str) -> dict[str, Any]:
         loop.thread.start()
     while enqueuer.calls < 10 or worker.calls < 10:  # both running before the migration
         time.sleep(0.01)
+    if reader_seconds:
+        holding = threading.Event()
+        threading.Thread(
+            target=hold_reader, args=(conninfo, reader_seconds, holding), daemon=True
+        ).start()
+        holding.wait()
     before = {"enqueue": enqueuer.calls, "claim": worker.calls}
     started = time.monotonic()
-    applied = trio.run(_migrate, conninfo)
+    applied = trio.run(_migrate, conninfo, lock_timeout)
     seconds = time.monotonic() - started
     during = {
         "enqueue": enqueuer.calls - before["enqueue"],
@@ -152,10 +183,10 @@ def measure(conninfo: str) -> dict[str, Any]:
     }
 
 
-async def _migrate(conninfo: str) -> list[int]:
+async def _migrate(conninfo: str, lock_timeout: float) -> list[int]:
     app = trioq.App(conninfo, schema=SCHEMA, pool_size=1)
     async with app.client() as client:
-        return await client.driver.migrate()
+        return await client.driver.migrate(lock_timeout=lock_timeout)  # type: ignore[call-arg]
 
 
 def main() -> None:
@@ -163,7 +194,19 @@ def main() -> None:
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--unfinished", type=int, default=100_000)
     parser.add_argument("--from-version", type=int, default=31)
+    parser.add_argument(
+        "--reader-seconds",
+        type=float,
+        default=0.0,
+        help="a pg_dump-like reader holds ACCESS SHARE on jobs this long as migrate starts,"
+        " and a migration adding a column (ACCESS EXCLUSIVE) is appended",
+    )
+    parser.add_argument(
+        "--lock-timeout", type=float, default=0.5, help="migrate's per-lock wait (0: none)"
+    )
     args = parser.parse_args()
+    if args.reader_seconds:
+        add_column_migration()
     with open_database() as db:
         conninfo = db.conninfo(HARNESS_ROLE)
         migrate_to(conninfo, args.from_version)
@@ -173,7 +216,9 @@ def main() -> None:
             "unfinished": args.unfinished,
             "from_version": args.from_version,
             "fill_seconds": round(fill_seconds, 1),
-            **measure(conninfo),
+            "reader_seconds": args.reader_seconds,
+            "lock_timeout": args.lock_timeout,
+            **measure(conninfo, args.reader_seconds, args.lock_timeout),
         }
     print(json.dumps(result, indent=2))
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -627,6 +627,34 @@ async def test_callers_transaction_and_migrations_run_under_the_servers_timeouts
         await conn.close()
 
 
+async def test_trioq_sessions_plan_without_jit_unless_the_conninfo_asks_for_it(
+    pg_url: str,
+) -> None:
+    """With 1,000,000 ready jobs the claim's estimated cost passed jit_above_cost and every
+    claim compiled 80 functions (50 ms): trioq's sessions run with jit off, pooled ones per
+    transaction; a conninfo that sets it still wins."""
+    for conn in (
+        await connect(pg_url),
+        await connect(pg_url, statement_timeout=None, idle_in_transaction_session_timeout=None),
+    ):
+        try:
+            assert await conn.fetchval("SHOW jit") == "off"
+        finally:
+            await conn.close()
+    pooled = await connect(pg_url, transaction_pooler=True)
+    try:
+        async with pooled.transaction():
+            assert await pooled.fetchval("SHOW jit") == "off"
+    finally:
+        await pooled.close()
+    asked = psycopg.conninfo.make_conninfo(pg_url, options="-c jit=on")
+    conn = await connect(asked)
+    try:
+        assert await conn.fetchval("SHOW jit") == "on"
+    finally:
+        await conn.close()
+
+
 async def test_timeouts_set_in_the_conninfo_options_win_inside_and_outside_transactions(
     pg_url: str,
 ) -> None:

@@ -112,7 +112,7 @@ async def connect(
         return Connection(raw, begin=_begin_with_local_timeouts(options))
     conn = Connection(raw)
     try:
-        await _apply_statement_timeouts(conn, options)
+        await _apply_session_settings(conn, options)
     except BaseException:
         await conn.close()
         raise
@@ -122,10 +122,16 @@ async def connect(
 # Set for the session (not in the startup packet, whose values become what `SET ... TO DEFAULT`
 # restores), and only where the conninfo's options or PGOPTIONS (source 'client') did not set
 # the parameter themselves: theirs win.
-_SET_STATEMENT_TIMEOUTS = """
+# jit off: with 1,000,000 ready jobs the claim's generic plan costs 135,000 (its LIMIT read
+# through a sub-select is estimated at a tenth of the table), above jit_above_cost (100,000),
+# and PostgreSQL compiled 80 functions at every claim: 50 ms of a 52 ms claim, 1,192 us per
+# job against 51 us with 1,000 ready (python -m bench.backlog_depth). trioq's statements are
+# short index lookups that JIT never pays back.
+_SET_SESSION_SETTINGS = """
 SELECT count(set_config(s.name, v.setting, false))
 FROM (VALUES ('statement_timeout', %(statement_timeout)s::text),
-             ('idle_in_transaction_session_timeout', %(idle_timeout)s::text)) AS v(name, setting)
+             ('idle_in_transaction_session_timeout', %(idle_timeout)s::text),
+             ('jit', 'off')) AS v(name, setting)
 JOIN pg_settings s ON s.name = v.name
 WHERE v.setting IS NOT NULL AND s.source <> 'client'
 """
@@ -146,7 +152,7 @@ def _begin_with_local_timeouts(options: ConnectOptions) -> str:
             "idle_in_transaction_session_timeout", DEFAULT_IDLE_IN_TRANSACTION_SESSION_TIMEOUT
         ),
     }
-    statements = ["BEGIN"]
+    statements = ["BEGIN", "SET LOCAL jit = off"]  # see _SET_SESSION_SETTINGS
     for name, seconds in settings.items():
         milliseconds = _milliseconds(seconds)
         if milliseconds is not None:  # digits only: _milliseconds formats a rounded number
@@ -158,7 +164,7 @@ def _milliseconds(seconds: float | None) -> str | None:
     return None if seconds is None else str(round(seconds * 1000))
 
 
-async def _apply_statement_timeouts(conn: Connection, options: ConnectOptions) -> None:
+async def _apply_session_settings(conn: Connection, options: ConnectOptions) -> None:
     params = {
         "statement_timeout": _milliseconds(
             options.get("statement_timeout", DEFAULT_STATEMENT_TIMEOUT)
@@ -169,9 +175,7 @@ async def _apply_statement_timeouts(conn: Connection, options: ConnectOptions) -
             )
         ),
     }
-    if params["statement_timeout"] is None and params["idle_timeout"] is None:
-        return
-    await conn._run(partial(_execute, query=_SET_STATEMENT_TIMEOUTS, params=params), count=False)
+    await conn._run(partial(_execute, query=_SET_SESSION_SETTINGS, params=params), count=False)
 
 
 def session_params(conninfo: str, options: ConnectOptions) -> dict[str, Any]:
