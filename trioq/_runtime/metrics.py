@@ -84,6 +84,7 @@ class WorkerMetrics:
     admission_changes: Counter = attrs.field(init=False)
     lease_renewals: Counter = attrs.field(init=False)
     lost_leases: Counter = attrs.field(init=False)
+    recovered_jobs: Counter = attrs.field(init=False)
     jobs: JobTally = attrs.field(init=False)  # outcomes and handler seconds, per job
     # Labelled children of the per-round metrics, by (metric, labels): `labels()` takes a lock
     # and builds its key on every call, and prometheus-client returns the same child each time.
@@ -152,6 +153,13 @@ class WorkerMetrics:
             "trioq_lease_renewals", "Lease renewal statements that succeeded", registry=r
         )
         self.lost_leases = Counter("trioq_lost_leases", "Leases found lost", registry=r)
+        # Counted by the leader that recovers them: the worker that lost them may be dead
+        # (kill -9 counted nothing on trioq_lost_leases_total, so its alert could not fire).
+        self.recovered_jobs = Counter(
+            "trioq_recovered_jobs",
+            "Jobs whose expired lease this worker recovered as the leader",
+            registry=r,
+        )
         self.jobs = JobTally(self.lost_leases)
         r.register(self.jobs)
         self.checkpoints = Counter(
@@ -348,6 +356,7 @@ class _InstrumentedDriver:
     def _wrap(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         metrics, on_error, on_claim = self._metrics, self._on_error, self._on_claim
         is_claim = name == "job_claim"
+        is_maintenance = name == "maintenance_pass"
         written = CHECKPOINTS_WRITTEN.get(name)
 
         @functools.wraps(method)
@@ -373,6 +382,9 @@ class _InstrumentedDriver:
                     or queue in metrics.limited_queues
                 ):
                     metrics.held(queue, result)
+            elif is_maintenance:
+                if result.recovered:
+                    metrics.recovered_jobs.inc(len(result.recovered))
             elif written is not None:
                 count = written(args[0], result)
                 if count:
