@@ -26,6 +26,10 @@ def make_app(schema: str, database_url: str | None = None) -> trioq.App:
     async def noop(ctx: trioq.Context, payload: object) -> None:
         return None
 
+    @app.task("noop_unkept", max_attempts=1, keep=False)
+    async def noop_unkept(ctx: trioq.Context, payload: object) -> None:
+        return None
+
     @app.task("sleep_1ms", max_attempts=1)
     async def sleep_1ms(ctx: trioq.Context, payload: object) -> None:
         await trio.sleep(0.001)

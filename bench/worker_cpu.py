@@ -33,7 +33,7 @@ from pathlib import Path
 from bench.app import SCHEMA_ENV
 from bench.config import FULL
 from bench.harness import CLOCK_TICKS, HARNESS_ROLE, REPO_ROOT, Launcher, Process, open_database
-from bench.jobs import RAW, RAW_DELETE, TRIOQ, System
+from bench.jobs import RAW, RAW_DELETE, TRIOQ, TRIOQ_UNKEPT, System
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
 
@@ -138,6 +138,11 @@ def main() -> None:
         help="also run the raw loop on trio and trioq's statement path (bench/trio_floor.py),"
         " with and without a cancel scope per job",
     )
+    parser.add_argument(
+        "--unkept",
+        action="store_true",
+        help="also drain this checkout's trioq on a task that keeps nothing (keep=False)",
+    )
     args = parser.parse_args()
     roots = {"this": REPO_ROOT, **{str(root): root for root in args.root}}
     with tempfile.TemporaryDirectory() as logs, open_database() as db:
@@ -204,22 +209,32 @@ def main() -> None:
             record("raw-del", floors["raw-del"], {"raw": floors["raw"]})
             # Rotated each repeat: the drain right after the raw loop's paid more (server and
             # worker) in a first run, whichever checkout it was.
-            systems: list[tuple[str, Callable[[str], list[Process]], System]] = [
-                (name, lambda s, r=root: [trioq_worker(launcher, s, r)], TRIOQ)
+            systems: list[tuple[str, str, Callable[[str], list[Process]], System]] = [
+                (name, "noop", lambda s, r=root: [trioq_worker(launcher, s, r)], TRIOQ)
                 for name, root in roots.items()
             ]
+            if args.unkept:
+                systems.append(
+                    (
+                        "unkept",
+                        "noop_unkept",
+                        lambda s: [trioq_worker(launcher, s, REPO_ROOT)],
+                        TRIOQ_UNKEPT,
+                    )
+                )
             if args.trio_floor:
                 for scope in (True, False):
                     systems.append(
                         (
                             "floor" if scope else "floor-ns",
+                            "noop",
                             lambda s, c=scope: [launcher.trio_floor_worker(s, expect=n, scope=c)],
                             RAW,
                         )
                     )
             order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
-            for name, start, system in order:
-                run = drain(ctx, start, "noop", n, system)
+            for name, task, start, system in order:
+                run = drain(ctx, start, task, n, system)
                 print(line(name, run), flush=True)
                 record(name, run, floors)
         print(f"medians: ({args.repeats} repeats, load {load()})")

@@ -69,10 +69,15 @@ class Settlement:
     # completion releases no key and wakes no parent, so a driver may write it with a leaner
     # statement. False (the default) is always safe.
     plain: bool = False
+    # False: a completion that deletes the job instead of keeping it (its task's `keep=False`;
+    # never for a job with a parent, whose parent reads the outcome). Only for kind complete.
+    keep: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.kind == "complete" and self.result_json is not None:
             return  # nearly every settlement: valid, and the rest of the checks cannot fail
+        if not self.keep and self.kind != "complete":
+            raise ValueError(f"a {self.kind} settlement is always kept (keep=False completes)")
         if self.kind not in SETTLE_KINDS:
             raise ValueError(f"settlement kind {self.kind!r} is not one of {sorted(SETTLE_KINDS)}")
         if self.kind == "complete" and self.result_json is None:

@@ -162,6 +162,7 @@ class App:
         concurrency_key: KeyTemplate | None = None,
         concurrency_limit: int | None = None,
         deadline: datetime.timedelta | None = None,
+        keep: bool = True,
     ) -> Callable[[Handler], Handler]:
         """Register an async handler `(ctx, payload)` for jobs of task `name`.
 
@@ -187,7 +188,13 @@ class App:
         a restart). See docs/flow-control.md.
         `deadline` (a timedelta): each job of the task enqueued by this app without its own
         `deadline=` must be finished that long after its enqueue, or it is cancelled.
+        `keep=False`: a job of the task that completes is deleted in the statement that would
+        mark it completed (no result, attempts, history or values are kept; Celery's
+        `ignore_result`, graphile-worker's delete on success). Failed and cancelled jobs are
+        kept, and so is a workflow's child (its parent reads the outcome). See docs/api.md.
         """
+        if not isinstance(keep, bool):
+            raise ValueError(f"keep: {keep!r} must be True or False")
         if deadline is not None and not isinstance(deadline, datetime.timedelta):
             raise ValueError(f"deadline: {deadline!r} must be a positive timedelta")
         deadline_seconds = check_deadline(deadline)
@@ -224,6 +231,7 @@ class App:
                 concurrency_limit=(
                     declared.concurrency_limit if concurrency_limit is None else concurrency_limit
                 ),
+                keep=keep,
             )
             self.versions[(spec.name, version)] = spec
             latest = self.tasks.get(spec.name)

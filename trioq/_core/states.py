@@ -29,6 +29,7 @@ CLAIM = "job_claim"  # the claim loop's: promotes due rows, claims ready (and du
 CLAIM_PLAIN = "job_claim_plain"  # the common-case claim: unkeyed ready rows only
 SETTLE = "job_settle_many"  # the completer's: every outcome's rule
 COMPLETE_PLAIN = "job_complete_plain"  # the common-case flush: completions of plain jobs
+DISCARD = "job_complete_discard"  # completions of tasks that keep nothing: the row is deleted
 # (from, to) -> the statement(s) allowed to make that transition.
 # The cancel statements: each runs job_cancel_tree (migration 0017), which makes a scheduled or
 # ready job cancelled, a sleeping or waiting one ready (flagged: its worker runs the handler
@@ -84,9 +85,11 @@ INSERTED: dict[JobState, tuple[str, ...]] = {
     S.READY: ("job_insert_many", "job_spawn_many", "schedule_fire_many"),  # due now
     S.SCHEDULED: ("job_insert_many", "job_spawn_many"),  # run_at later (an occurrence is due)
 }
-# The states a row may be deleted in -> the statements that delete: final rows only.
+# The states a row may be deleted in -> the statements that delete: final rows, and a running
+# one whose completion its task keeps nothing of (`keep=False`: deleted instead of completed).
 DELETED_BY: dict[JobState, tuple[str, ...]] = {
-    state: ("job_purge", "maintenance_pass") for state in sorted(TERMINAL_STATES)
+    **{state: ("job_purge", "maintenance_pass") for state in sorted(TERMINAL_STATES)},
+    S.RUNNING: (DISCARD,),
 }
 
 

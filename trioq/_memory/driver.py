@@ -400,6 +400,7 @@ class MemoryDriver:
         waits.children_finished(self._state, settled_rows, now, outbox)
         self._state.announce_results(settled_rows, outbox)
         self._state.deliver(outbox)
+        self._discard(settlements, settled_rows)
         suspended = [
             row.run_at
             for row in settled_rows
@@ -456,6 +457,15 @@ class MemoryDriver:
         settled = [row for s in settlements if (row := self._settle(s, now, outbox)) is not None]
         self._state.announce_results(settled, outbox)
         self._state.deliver(outbox)
+        self._discard(settlements, settled)
+
+    def _discard(self, settlements: Sequence[Settlement], settled: Sequence[Row]) -> None:
+        """job_complete_discard: completions their task keeps nothing of are deleted (after
+        their waiters were told, as its NOTIFY goes with the DELETE's commit)."""
+        discarded = {s.lease.id for s in settlements if not s.keep}
+        for row in settled:
+            if row.id in discarded:
+                self._delete(row)
 
     def _due_rows(self, queue: str, now: datetime.datetime, limit: int) -> list[Row]:
         due = [
@@ -826,9 +836,11 @@ class MemoryDriver:
         return len(old)
 
     def _delete(self, row: Row) -> None:
-        """Delete a finished row with its attempts (ON DELETE CASCADE) and its key."""
+        """Delete a finished row with its attempts (ON DELETE CASCADE), its checkpoints
+        (jobs_checkpoints_delete) and its key."""
         del self._state.rows[row.id]
         self._state.attempts.pop(row.id, None)
+        self._state.checkpoints.pop(row.id, None)
         self._state.messages.forget(row.id)
         if row.dedup_key is not None and self._state.dedup.get(row.dedup_key) == row.id:
             del self._state.dedup[row.dedup_key]

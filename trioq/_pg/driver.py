@@ -266,6 +266,18 @@ def _full(rated: bool) -> str:
     return "job_claim_rated" if rated else "job_claim"
 
 
+def _split_kept(
+    settlements: Sequence[Settlement],
+) -> tuple[Sequence[Settlement], list[Settlement]]:
+    """(the settlements to record, the completions to delete): nearly every batch keeps all."""
+    for settlement in settlements:  # a loop: a hot path, and nearly always nothing to split
+        if not settlement.keep:
+            break
+    else:
+        return settlements, []
+    return [s for s in settlements if s.keep], [s for s in settlements if not s.keep]
+
+
 def _all_plain(settlements: Sequence[Settlement]) -> bool:
     """Every outcome a completion of a job without a partition key or a parent."""
     for settlement in settlements:  # a loop, not all(genexpr): a hot path
@@ -383,7 +395,14 @@ def _nulls(count: int) -> str:
 # Every column of a statement listed here must be of a built-in type (psycopg returns bytes for
 # a type it has no binary loader for).
 BINARY_RESULTS = frozenset(
-    {"job_claim", "job_claim_rated", "job_claim_plain", "job_settle_many", "job_complete_plain"}
+    {
+        "job_claim",
+        "job_claim_rated",
+        "job_claim_plain",
+        "job_settle_many",
+        "job_complete_plain",
+        "job_complete_discard",
+    }
 )
 
 
@@ -842,26 +861,33 @@ class PgDriver:
     async def _settle(self, conn: Connection, settlements: Sequence[Settlement]) -> SettleResult:
         """job_complete_plain when every outcome is a completion of a job without a partition
         key or a parent (`Settlement.plain`: the completer's common flush), else
-        job_settle_many; on `conn` (pooled, or a caller's transaction)."""
+        job_settle_many; completions their task keeps nothing of (`Settlement.keep` False) go
+        to job_complete_discard; on `conn` (pooled, or a caller's transaction)."""
+        kept, discarded = _split_kept(settlements)
+        settled: tuple[tuple[int, str], ...] = ()
+        now = next_due = None
         with self._schema_required():
-            if _all_plain(settlements):
-                self._calls["job_complete_plain"] += 1
+            if discarded:
+                self._calls["job_complete_discard"] += 1
                 [row] = await self._query(
-                    conn, "job_complete_plain", complete_plain_params(settlements)
+                    conn, "job_complete_discard", {**_lease_arrays([s.lease for s in discarded])}
                 )
+                settled = tuple(zip(row[CompletePlain.ids], row[CompletePlain.states], strict=True))
+                now = row[CompletePlain.now]
+            if kept and _all_plain(kept):
+                self._calls["job_complete_plain"] += 1
+                [row] = await self._query(conn, "job_complete_plain", complete_plain_params(kept))
                 ids, states = row[CompletePlain.ids], row[CompletePlain.states]
-                now, next_due = row[CompletePlain.now], None
-            else:
+                now = row[CompletePlain.now]
+            elif kept:
                 self._calls["job_settle_many"] += 1
-                [row] = await self._query(conn, "job_settle_many", settle_params(settlements))
+                [row] = await self._query(conn, "job_settle_many", settle_params(kept))
                 ids, states, now = row[Settled.ids], row[Settled.states], row[Settled.now]
                 next_due = row[Settled.next_due]
-        return SettleResult(
-            settled=tuple(zip(ids, states, strict=True)),
-            now=now,
-            next_due=next_due,
-            replied_at=conn.replied_at,
-        )
+            if kept:
+                settled += tuple(zip(ids, states, strict=True))
+        assert now is not None
+        return SettleResult(settled=settled, now=now, next_due=next_due, replied_at=conn.replied_at)
 
     async def checkpoint_insert_many(
         self, writes: Sequence[CheckpointWrite]

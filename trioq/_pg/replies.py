@@ -115,7 +115,7 @@ class Settled(Reply, statements=("job_settle_many",)):
     notified: ClassVar[int]
 
 
-class CompletePlain(Reply, statements=("job_complete_plain",)):
+class CompletePlain(Reply, statements=("job_complete_plain", "job_complete_discard")):
     ids: ClassVar[int]
     states: ClassVar[int]
     notified: ClassVar[int]

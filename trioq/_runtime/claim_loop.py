@@ -710,7 +710,8 @@ class ClaimLoop:
             outcome = await execute(run)
             if type(outcome) is Suspended and outcome.written and outcome.until is not None:
                 self._suspended_until(outcome.until)
-            settlement = settlement_of(run.lease, outcome, plain=job.plain)
+            keep = run.spec.keep or job.parent_id is not None  # a parent reads its children
+            settlement = settlement_of(run.lease, outcome, plain=job.plain, keep=keep)
             if settlement is not None:
                 # A key frees when the outcome commits: the loop runs again then.
                 keyed = job.partition_key is not None or job.concurrency_key is not None

@@ -49,8 +49,10 @@ class JobTransaction(ClientTransaction):
             raise RuntimeError("complete: this job is already completed in this transaction")
         result_json = codec.encode(result, root="result")
         lease = self._run.lease
+        run = self._run
+        keep = run.spec.keep or run.job.parent_id is not None  # a parent reads its children
         written = await self._tx.job_settle_many(
-            [Settlement(lease, "complete", result_json=result_json)]
+            [Settlement(lease, "complete", result_json=result_json, keep=keep)]
         )
         if not written.settled:
             raise JobLeaseLost(

@@ -82,14 +82,17 @@ Outcome = (
 )
 
 
-def settlement_of(lease: Lease, outcome: Outcome, *, plain: bool = False) -> Settlement | None:
+def settlement_of(
+    lease: Lease, outcome: Outcome, *, plain: bool = False, keep: bool = True
+) -> Settlement | None:
     """The settle-statement row for `outcome` (None for `Lost`); `plain`: the job has no
-    partition key and no parent (`ClaimedJob.plain`)."""
+    partition key and no parent (`ClaimedJob.plain`); `keep=False`: a completion deletes the
+    job (its task keeps nothing, and it has no parent)."""
     if type(outcome) is Completed:  # nearly every outcome: no pattern match, no keywords
-        return Settlement(lease, "complete", outcome.result_json, None, None, None, plain)
+        return Settlement(lease, "complete", outcome.result_json, None, None, None, plain, keep)
     match outcome:
         case Completed(result_json):
-            return Settlement(lease, "complete", result_json=result_json, plain=plain)
+            return Settlement(lease, "complete", result_json=result_json, plain=plain, keep=keep)
         case RetryAt(error_json, delay):
             return Settlement(lease, "retry", error_json=error_json, delay_seconds=delay)
         case Failed(error_json):

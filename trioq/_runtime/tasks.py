@@ -38,6 +38,8 @@ class TaskSpec:
     # Each job's concurrency key from its payload, and the limit per key (docs/flow-control.md).
     concurrency_key: KeyTemplate | None = None
     concurrency_limit: int | None = None
+    # False: a completed job of the task is deleted, not kept (App.task's `keep`).
+    keep: bool = True
     # A plain `def` handler: it runs in a worker thread (docs/handlers.md). Decided once here,
     # not per job.
     sync: bool = attrs.field(init=False, default=False)

@@ -1005,6 +1005,40 @@ SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        {schema}.db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
+-- name: job_complete_discard
+-- The completer's flush of completions its tasks keep nothing of (`@app.task(keep=False)`; never
+-- a workflow's child, whose parent reads the outcome): the row is DELETEd, fenced as in
+-- job_complete_plain, instead of marked completed. What belongs to it goes with it: attempts,
+-- messages, values and its partition lock (ON DELETE CASCADE), checkpoints
+-- (jobs_checkpoints_delete) and its concurrency slot (jobs_concurrency_release_delete). A waiter
+-- is told, as for any final outcome, and finds no row. A statement of its own, not a branch of
+-- the plain completion: that one runs at every flush of every worker, and a DELETE in it would
+-- be planned at each execution whether a batch discards anything or not. Its reply has
+-- job_complete_plain's columns; the states read `completed`.
+WITH input AS MATERIALIZED (
+    SELECT t.*
+    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                (SELECT %(lease_tokens)s::uuid[]))
+         AS t(id, attempt, lease_token)
+),
+discarded AS (
+    DELETE FROM {schema}.jobs j
+    USING input i
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      AND j.state = 'running'
+    RETURNING j.id, j.result_watched
+),
+results_notified AS (
+    SELECT count(pg_notify(channel, ids)) AS n
+    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
+          FROM discarded WHERE result_watched GROUP BY 1) AS per_channel
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+       coalesce(array_agg('completed'::text ORDER BY id), '{}') AS states,
+       (SELECT n FROM results_notified) AS notified,  -- read here, so it always runs
+       {schema}.db_now() + (clock_timestamp() - now()) AS now
+FROM discarded;
+
 -- fragment: checkpoint_writes
 WITH input AS MATERIALIZED (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],

@@ -33,6 +33,7 @@ from .._core.states import (
     CLAIM_PLAIN,
     COMPLETE_PLAIN,
     DELETED_BY,
+    DISCARD,
     INSERTED,
     SETTLE,
     TRANSITIONS,
@@ -48,7 +49,7 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     # queue_limit_spend: a limited claim's start time on the rows it claimed (no state change).
     # job_claim_rated: the full statement while key rates exist (the same edges).
     "job_claim": (CLAIM, "job_claim_rated", CLAIM_PLAIN, "queue_limit_spend"),
-    "job_settle_many": (SETTLE, COMPLETE_PLAIN),
+    "job_settle_many": (SETTLE, COMPLETE_PLAIN, DISCARD),
     "checkpoint_insert_many": ("checkpoint_insert_many", "checkpoint_insert_many_plain"),
     "lease_renew_many": ("lease_renew_many",),
     "job_result_watch": ("job_result_watch",),  # a waiter's flag (no state change)
@@ -69,7 +70,7 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     # What a Transaction offers: job_insert_many, job_settle_many (the settle statement) and
     # event_emit. Its raw execute/fetch are the caller's SQL: a transaction that used them is
     # not checked (SqlClock's time travel is one).
-    "transaction": ("job_insert_many", SETTLE, COMPLETE_PLAIN, "event_emit"),
+    "transaction": ("job_insert_many", SETTLE, COMPLETE_PLAIN, DISCARD, "event_emit"),
 }
 # The Driver methods that change no jobs row (a test checks the two lists cover the protocol).
 NO_JOB_WRITES = frozenset(

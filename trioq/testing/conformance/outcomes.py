@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..._driver import Driver, Lease
+from ..._driver import Driver, Lease, Settlement
 from .harness import (
     DriverClock,
     claim,
@@ -19,6 +19,7 @@ from .harness import (
     record,
     release,
     renew,
+    settle,
 )
 
 
@@ -196,3 +197,37 @@ async def check_prefetched_batch_release_hands_every_job_back_in_place(
     expect(
         await release(driver, *(job.lease for job in claimed)), [], "a second release, old leases"
     )
+
+
+@conformance_check
+async def check_a_completion_kept_nothing_of_deletes_the_job_fenced_and_frees_its_key(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """`keep=False` (job_complete_discard): the row goes instead of becoming completed, only
+    for the lease that holds it, with its partition key; kept completions in the same batch
+    are recorded as usual."""
+    await enqueue(
+        driver,
+        new_job(1, partition_key="k"),
+        new_job(2, partition_key="k"),
+        new_job(3),
+    )
+    first, third = await claim(driver)
+    stale = Lease(first.id, first.attempt, uuid.uuid4())
+    expect(
+        await settle(driver, Settlement(stale, "complete", result_json="1", keep=False)),
+        [],
+        "a stale lease's discard",
+    )
+    expect((await record(driver, first.id)).state, "running", "job after a stale discard")
+    settled = await settle(
+        driver,
+        Settlement(first.lease, "complete", result_json="1", keep=False),
+        Settlement(third.lease, "complete", result_json="3"),
+    )
+    expect(settled, sorted([(first.id, "completed"), (third.id, "completed")]), "settled")
+    expect(await driver.job_get(first.id), None, "the discarded job")
+    expect(await driver.job_attempts(first.id), [], "the discarded job's attempts")
+    expect((await record(driver, third.id)).result, 3, "the kept job's result")
+    [second] = await claim(driver)  # the key "k" is free again
+    expect(second.payload, {"n": 2}, "the next job of the key")
