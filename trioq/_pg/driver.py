@@ -487,6 +487,10 @@ class PgDriver:
     # Lease renewals get a connection of their own: handlers that fill the main pool (say,
     # each inside client.transaction()) must never hold renewals back until leases expire.
     _renewal_pool: Pool
+    # Database-wide scans (`queue_demand()`, which reads every unfinished row) get one
+    # connection of their own, opened on first use: a burst of them (scrapes of /metrics, say)
+    # waits for that connection instead of taking the main pool from claims and settles.
+    _scan_pool: Pool
     _conninfo: str = attrs.field(repr=False)  # holds the password
     # Where LISTEN goes; None: nowhere (behind a transaction pooler without a listen URL, where
     # a LISTEN would be silently dead and stay behind for the session's next client).
@@ -1173,7 +1177,8 @@ class PgDriver:
         return HealthReport(*row)
 
     async def queue_demand(self) -> list[QueueDemand]:
-        return [QueueDemand(*row) for row in await self._retrying("queue_demand")]
+        rows = await self._retrying("queue_demand", pool=self._scan_pool)
+        return [QueueDemand(*row) for row in rows]
 
     async def queue_status(self) -> list[QueueStatus]:
         return [QueueStatus(*row) for row in await self._retrying("queue_status")]
@@ -1491,7 +1496,8 @@ async def open_pg_driver(
 ) -> AsyncIterator[PgDriver]:
     """Open the pools and yield a PgDriver for `schema` (closing the pools on exit).
 
-    Connections: `pool_size` for statements, one reserved for lease renewals, and one more for
+    Connections: `pool_size` for statements, one reserved for lease renewals, one for
+    database-wide scans (opened on first use), and one more for
     the LISTEN session of each listener opened (a worker opens one), on `listen_conninfo`
     (None: `conninfo`, or nowhere with `prepared_statements="off"`, see `pooler_options`).
     """
@@ -1503,11 +1509,13 @@ async def open_pg_driver(
         # No ping before a renewal: lease_renew_many is idempotent and retried on a lost
         # connection, so a dead pooled connection costs one retry, not a ping per renewal.
         open_pool(conninfo, size=1, ping_idle_after=math.inf, **options) as renewal_pool,
+        open_pool(conninfo, size=1, open_first=False, **options) as scan_pool,
     ):
         yield PgDriver(
             schema=schema,
             pool=pool,
             renewal_pool=renewal_pool,
+            scan_pool=scan_pool,
             conninfo=conninfo,
             listen_conninfo=listen_conninfo,
             listen_options=options,

@@ -13,7 +13,10 @@ async handler, say) is reported to the next /livez. While the loop is blocked no
 at all, and the probe's own timeout fails it. /readyz is 503 with a JSON body naming each
 failing check: starting (no worker yet), admission (draining, or no slot admitted), database,
 listener, lease renewal. /metrics is prometheus-client's exposition of the worker's own
-registry (before the worker runs, the process and platform collectors alone). Nothing mutates.
+registry (before the worker runs, the process and platform collectors alone); on the leader it
+includes `queue_demand()`, read at most every 15 s by one scrape at a time, on a connection of
+its own (the port may be reachable by anyone: a scrape must not cost a scan of the jobs on the
+pool the claims use). Nothing mutates.
 """
 
 from __future__ import annotations
@@ -170,14 +173,21 @@ async def render_metrics(worker: Worker) -> bytes:
 
 
 async def _read_demand(worker: Worker) -> None:
-    """The leader's database-wide gauges; a failed or slow read leaves the last values."""
-    demand = None
-    with trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
+    """The leader's database-wide gauges, read at most once per `DEMAND_CACHE_SECONDS` and by
+    one scrape at a time (the others export the last values, or wait for the read in flight),
+    on the driver's scan connection, not the main pool; a failed or slow read leaves the last
+    values."""
+    reads = worker.metrics.demand_reads
+    if not reads.read_due():
+        with trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
+            await reads.wait_read()
+        return
+    with reads.reading(), trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
         try:
             demand = await worker.driver.queue_demand()
         except Exception as exc:  # the scrape still answers; the gauges keep their last values
             log.warning("queue demand unavailable for /metrics: %s", exc)
-    if demand is not None:
+            return
         worker.metrics.set_demand(worker.config.queues, demand)
 
 
