@@ -20,7 +20,8 @@ CREATE OR REPLACE FUNCTION {schema}.enqueue(
     concurrency_key   text        DEFAULT NULL,
     concurrency_limit integer     DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     job_id bigint;

@@ -7,7 +7,8 @@
 -- One round trip; the ready notifications are sent when the caller's transaction commits.
 CREATE OR REPLACE FUNCTION {schema}.event_emit(event_key text, event_payload jsonb)
 RETURNS TABLE (emitted_first boolean, woken_count bigint)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     won boolean;
     wake_count bigint;

@@ -13,7 +13,8 @@
 CREATE OR REPLACE FUNCTION {schema}.send(p_job_id bigint, p_topic text,
                                          p_payload jsonb DEFAULT 'null')
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     job_state text;
     job_topic text;
