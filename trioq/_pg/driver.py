@@ -24,6 +24,7 @@ import psycopg
 import trio
 
 from .._core.channels import control_channel, schedules_channel
+from .._core.codec import Undecodable
 from .._core.errors import SchemaNotMigrated
 from .._core.explain import ExplainFacts
 from .._core.limits import Rate
@@ -223,18 +224,24 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
     its parent id, its concurrency key. Read in place (a slice per claimed row copied its
     columns first)."""
     history = row[_HISTORY]
-    entries = (
-        ()
-        if history is None
-        else tuple(
+    payload = row[_PAYLOAD]
+    if history is None:
+        entries: tuple[Checkpoint, ...] = ()
+    elif type(history) is Undecodable:
+        # A value in the history too deep to decode (an event or a message written by SQL
+        # into a waiting job's checkpoint): the history arrives as one JSON array, so none of
+        # it can be read. The job fails with a PayloadError naming its history, through the
+        # payload's load (before its handler), and the rest of the round goes on.
+        entries, payload = (), Undecodable(history.reason, path="history")
+    else:
+        entries = tuple(
             Checkpoint(position, kind, name, value) for position, kind, name, value in history
         )
-    )
     return ClaimedJob(
         row[_ID],
         row[_QUEUE],
         row[_TASK],
-        row[_PAYLOAD],
+        payload,
         row[_ATTEMPT],
         row[_MAX_ATTEMPTS],
         row[_LEASE_TOKEN],
@@ -1354,9 +1361,11 @@ class PgDriver:
             },
         )
         row = rows[0]
-        return ReceiveOutcome(
-            row[Received.state], tuple(row[Received.messages] or ()), row[Received.deadline]
-        )
+        messages = row[Received.messages] or ()
+        # The messages arrive as one JSON array: one message too deep to decode makes the
+        # whole array undecodable, which the receive raises as that job's PayloadError.
+        received = (messages,) if type(messages) is Undecodable else tuple(messages)
+        return ReceiveOutcome(row[Received.state], received, row[Received.deadline])
 
     async def job_value_set_many(self, params: ValueSet) -> bool:
         """Retried: writing the same values again changes nothing."""

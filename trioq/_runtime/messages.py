@@ -55,6 +55,9 @@ async def receive(run: Run, topic: str, timeout: datetime.timedelta, limit: int)
     )
     outcome = await run.driver.job_receive(params)
     if outcome.state in ("received", "timeout"):
+        for message in outcome.messages:
+            if type(message) is codec.Undecodable:  # stored by SQL, past every check
+                raise message.error(f"message {topic!r}")
         return list(outcome.messages)
     if outcome.state == "waiting":
         run.suspended_in_place(outcome.deadline)

@@ -131,6 +131,7 @@ DECLARE
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
 BEGIN
+    PERFORM "trioq".payload_check(enqueue.payload, '$');
     -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
     -- be dropped, unlinked, by the worker's propagator much later.
     IF enqueue.traceparent IS NOT NULL
@@ -204,6 +205,7 @@ DECLARE
     wake_count bigint;
     stored jsonb;
 BEGIN
+    PERFORM "trioq".payload_check(event_payload, 'payload');
     INSERT INTO "trioq".events AS e (key, payload, emitted_at, created_at)
     VALUES (event_key, event_payload, "trioq".db_now(), "trioq".db_now())
     ON CONFLICT (key) DO UPDATE
@@ -536,6 +538,33 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.payload_check(value jsonb, root text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+DECLARE
+    rendered text;
+    outside_strings text;
+    compact bigint;
+BEGIN
+    IF jsonb_path_exists(value, 'strict $.**{65}') THEN
+        RAISE EXCEPTION 'payload %: nested deeper than 64 levels', root
+            USING ERRCODE = '22023';
+    END IF;
+    rendered := value::text;
+    IF octet_length(rendered) <= 1000000 THEN
+        RETURN;
+    END IF;
+    outside_strings := regexp_replace(rendered, '"([^"\\]|\\.)*"', '', 'g');
+    compact := octet_length(rendered)
+               - (length(outside_strings) - length(replace(outside_strings, ' ', '')));
+    IF compact > 1000000 THEN
+        RAISE EXCEPTION 'payload %: encodes to % bytes, more than the limit of 1000000',
+            root, compact USING ERRCODE = '22023';
+    END IF;
+END
+$_$;
+
 CREATE FUNCTION trioq.queue_demand() RETURNS TABLE(queue text, ready bigint, oldest_ready_seconds double precision, running bigint, scheduled bigint, sleeping bigint, waiting bigint, due_now bigint)
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -680,6 +709,7 @@ DECLARE
     message_id bigint;
     woken_count bigint;
 BEGIN
+    PERFORM "trioq".payload_check(p_payload, 'payload');
     SELECT j.state, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
     FROM "trioq".jobs j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN

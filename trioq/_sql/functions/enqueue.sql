@@ -35,6 +35,7 @@ DECLARE
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
 BEGIN
+    PERFORM {schema}.payload_check(enqueue.payload, '$');
     -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
     -- be dropped, unlinked, by the worker's propagator much later.
     IF enqueue.traceparent IS NOT NULL

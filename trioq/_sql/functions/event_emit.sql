@@ -14,6 +14,7 @@ DECLARE
     wake_count bigint;
     stored jsonb;
 BEGIN
+    PERFORM {schema}.payload_check(event_payload, 'payload');
     INSERT INTO {schema}.events AS e (key, payload, emitted_at, created_at)
     VALUES (event_key, event_payload, {schema}.db_now(), {schema}.db_now())
     ON CONFLICT (key) DO UPDATE

@@ -23,6 +23,7 @@ DECLARE
     message_id bigint;
     woken_count bigint;
 BEGIN
+    PERFORM {schema}.payload_check(p_payload, 'payload');
     SELECT j.state, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
     FROM {schema}.jobs j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
