@@ -121,6 +121,7 @@ from . import (
     open_listener,
     open_pool,
 )
+from .errors import dedup_key_conflict
 from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
@@ -544,7 +545,8 @@ class PgDriver:
 
     @contextlib.contextmanager
     def _schema_required(self) -> Iterator[None]:
-        """A missing table or schema means "not migrated": say so, naming the fix."""
+        """A missing table or schema means "not migrated": say so, naming the fix. (And an
+        enqueue refused for a dedup key of another task's job is `DedupKeyConflict`.)"""
         try:
             yield
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
@@ -552,6 +554,11 @@ class PgDriver:
                 f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
                 f"run `trioq migrate --schema {self.schema}`"
             ) from exc
+        except psycopg.errors.UniqueViolation as exc:
+            conflict = dedup_key_conflict(exc)
+            if conflict is None:
+                raise
+            raise conflict from exc
 
     async def _retrying(
         self,

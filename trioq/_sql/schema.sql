@@ -114,6 +114,18 @@ CREATE FUNCTION trioq.deadline_error(deadline_at timestamp with time zone, deadl
                    OPERATOR(pg_catalog.||) ')');
 $$;
 
+CREATE FUNCTION trioq.dedup_key_refuse(key text, task text, holder_id bigint, holder_task text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RAISE EXCEPTION '%', format('dedup_key %L is held by job %s of task %L, not %L: dedup keys '
+                                'are global across tasks and queues (put the task in the key)',
+                                key, holder_id, holder_task, task)
+        USING ERRCODE = '23505', CONSTRAINT = 'dedup_key_held_by_another_task';
+END
+$$;
+
 CREATE FUNCTION trioq.enqueue(task text, payload jsonb DEFAULT 'null'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority smallint DEFAULT 0, partition_key text DEFAULT NULL::text, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, unique_for interval DEFAULT NULL::interval, unique_states text[] DEFAULT NULL::text[], traceparent text DEFAULT NULL::text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, concurrency_key text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -130,6 +142,7 @@ DECLARE
                           ELSE '{}' END;
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
+    holder_task text;
 BEGIN
     PERFORM "trioq".payload_check(enqueue.payload, '$');
     -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
@@ -188,7 +201,11 @@ BEGIN
             job_deadline, job_deadline_source)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
     DO UPDATE SET dedup_key = excluded.dedup_key
-    RETURNING j.id INTO job_id;
+    RETURNING j.id, j.task INTO job_id, holder_task;
+    -- A key held by a job of another task: refused, not that job (docs/uniqueness.md).
+    IF holder_task <> enqueue.task THEN
+        PERFORM "trioq".dedup_key_refuse(enqueue.dedup_key, enqueue.task, job_id, holder_task);
+    END IF;
     -- Also for a job due later: the queue's idle workers wake, read its due time and set
     -- their timers to it, as they do for the Python statements' delayed jobs.
     PERFORM pg_notify("trioq".ready_channel(enqueue.queue), enqueue.queue);
