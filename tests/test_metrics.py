@@ -45,6 +45,7 @@ async def test_queue_demand_comes_from_the_leader_only_and_an_emptied_queue_read
     async with app.client(migrate=True) as client, running_worker(app, ["default"]) as leader:
         with trio.fail_after(10):
             await wait_until(lambda: _is_leader(leader))
+        leader.metrics.demand_reads.max_age = 0.0  # every scrape reads afresh
         before = await samples_of(leader)
         # Before any job: every kind of the served queue, at 0 (no missing series).
         assert demand(before) == {("default", kind): 0 for kind in DEMAND_KINDS}
@@ -70,6 +71,62 @@ async def test_queue_demand_comes_from_the_leader_only_and_an_emptied_queue_read
 
 async def _is_leader(worker: trioq.Worker) -> bool:
     return worker.statistics().leader
+
+
+def _demand_reads(worker: trioq.Worker) -> int:
+    return worker.driver.statistics().calls.get("queue_demand", 0)
+
+
+async def test_concurrent_scrapes_of_the_leader_share_one_queue_demand_read_per_window(
+    pg_url: str, pg_schema: str
+) -> None:
+    """/metrics may be reachable by anyone: 40 scrapes at once, then 40 more within the cache
+    window, cost one `queue_demand()` scan, and every scrape exports its values."""
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("mail_task", queue="mail")
+    async def mail_task(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]) as leader:
+        with trio.fail_after(10):
+            await wait_until(lambda: _is_leader(leader))
+        await client.enqueue("mail_task", {})  # nobody serves mail
+        reads_before = _demand_reads(leader)
+        scraped: list[dict[tuple[str, str], float]] = []
+
+        async def scrape() -> None:
+            scraped.append(demand(await samples_of(leader)))
+
+        with trio.fail_after(10):
+            for _ in range(2):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(40):
+                        nursery.start_soon(scrape)
+        assert _demand_reads(leader) - reads_before == 1
+        assert len(scraped) == 80
+        assert all(one[("mail", "ready")] == 1 for one in scraped)
+
+
+async def test_the_leaders_demand_read_does_not_wait_for_the_main_pool(
+    pg_url: str, pg_schema: str
+) -> None:
+    """With every connection of the main pool borrowed (handlers in long transactions, say),
+    a scrape still reads the demand: the scan has a connection of its own."""
+    app = make_app(pg_url, pg_schema, pool_size=2)
+
+    @app.task("noop")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client, running_worker(app, ["default"]) as leader:
+        with trio.fail_after(10):
+            await wait_until(lambda: _is_leader(leader))
+        pool = client.driver._pool  # type: ignore[attr-defined]
+        with trio.fail_after(10):
+            async with pool.connection(), pool.connection():
+                samples = await samples_of(leader)
+        assert demand(samples) == {("default", kind): 0 for kind in DEMAND_KINDS}
 
 
 async def test_listener_process_and_platform_metrics_are_exported(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._core.errors import (
     ConfigurationError,
+    DedupKeyConflict,
     EventTimeout,
     HistoryLimitExceeded,
     JobFailed,
@@ -84,6 +85,7 @@ __all__ = [
     "ClientTransaction",
     "ConfigurationError",
     "Context",
+    "DedupKeyConflict",
     "EventOutcome",
     "EventTimeout",
     "Explanation",

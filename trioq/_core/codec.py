@@ -151,9 +151,10 @@ class Undecodable:
     carries it, when the runtime loads its payload."""
 
     reason: str
+    path: str | None = None  # what holds it, when not what the caller names
 
     def error(self, path: str) -> PayloadError:
-        return PayloadError(path, f"the stored JSON cannot be decoded ({self.reason})")
+        return PayloadError(self.path or path, f"the stored JSON cannot be decoded ({self.reason})")
 
 
 def loads_or_undecodable(text: str) -> Any:

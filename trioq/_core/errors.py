@@ -34,6 +34,27 @@ class PayloadError(TrioqError, ValueError):
         self.reason = reason
 
 
+class DedupKeyConflict(TrioqError, ValueError):
+    """An enqueue's dedup key is held by a job of another task. Dedup keys are global (across
+    tasks and queues: neither is a tenant boundary), so the enqueue is refused instead of
+    returning that job and its result; put the task (or the tenant) in the key."""
+
+
+def dedup_key_conflict_message(key: str, task: str, holder_id: int, holder_task: str) -> str:
+    """The one line both drivers and the SQL `enqueue()` raise (trioq/_sql/functions/
+    dedup_key_refuse.sql writes the same text)."""
+    return (
+        f"dedup_key {_quoted(key)} is held by job {holder_id} of task {_quoted(holder_task)}, "
+        f"not {_quoted(task)}: dedup keys are global across tasks and queues (put the task in "
+        "the key)"
+    )
+
+
+def _quoted(text: str) -> str:
+    """As PostgreSQL's quote_literal writes it (format's %L) for a key without a backslash."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 class SchemaNotMigrated(TrioqError):
     """trioq's tables are missing from the schema: run `trioq migrate`."""
 

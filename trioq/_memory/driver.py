@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from .._core.channels import control_channel, schedules_channel
+from .._core.errors import DedupKeyConflict, dedup_key_conflict_message
 from .._core.explain import ExplainFacts
 from .._core.identifiers import validate_schema
 from .._core.limits import Rate
@@ -232,15 +233,23 @@ class MemoryDriver:
         results: list[InsertedJob] = []
         created: list[Row] = []
         batch_keys: dict[str, int] = {}
+        batch_tasks: dict[int, str] = {}
         for job in jobs:
             self._release_key(job.dedup_key, now)
             existing = self._existing_for_key(job.dedup_key, transaction, batch_keys)
             if existing is not None:
+                holder_task = self._task_of(existing, transaction, batch_tasks)
+                if job.dedup_key is not None and holder_task != job.task:
+                    # As PostgreSQL's statement: refused whole, nothing of the batch written.
+                    raise DedupKeyConflict(
+                        dedup_key_conflict_message(job.dedup_key, job.task, existing, holder_task)
+                    )
                 results.append(InsertedJob(id=existing, created=False))
                 continue
             row = new_row(next(self._state.ids), job, now, self._state.task_deadline(job))
             if row.dedup_key is not None:
                 batch_keys[row.dedup_key] = row.id
+                batch_tasks[row.id] = row.task
             created.append(row)
             results.append(InsertedJob(id=row.id, created=True))
         if transaction is None:
@@ -267,6 +276,18 @@ class MemoryDriver:
         if key is not None and holder is not None and not holder.holds_key(now):
             del self._state.dedup[key]
             holder.dedup_key = None
+
+    def _task_of(
+        self, job_id: int, transaction: MemoryTransaction | None, batch: dict[int, str]
+    ) -> str:
+        """The task of the job holding a key: committed, this transaction's, or this batch's."""
+        if job_id in batch:
+            return batch[job_id]
+        row = self._state.rows.get(job_id)
+        if row is None and transaction is not None:
+            row = next((mine for mine in transaction._rows if mine.id == job_id), None)
+        assert row is not None, f"no job {job_id} holds the key"
+        return row.task
 
     def _existing_for_key(
         self, key: str | None, transaction: MemoryTransaction | None, batch: dict[str, int]

@@ -24,6 +24,7 @@ import psycopg
 import trio
 
 from .._core.channels import control_channel, schedules_channel
+from .._core.codec import Undecodable
 from .._core.errors import MigrationLockTimeout, SchemaNotMigrated
 from .._core.explain import ExplainFacts
 from .._core.limits import Rate
@@ -121,6 +122,7 @@ from . import (
     open_listener,
     open_pool,
 )
+from .errors import dedup_key_conflict
 from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
@@ -229,18 +231,24 @@ def _claimed_job(row: Sequence[Any]) -> ClaimedJob:
     its parent id, its concurrency key. Read in place (a slice per claimed row copied its
     columns first)."""
     history = row[_HISTORY]
-    entries = (
-        ()
-        if history is None
-        else tuple(
+    payload = row[_PAYLOAD]
+    if history is None:
+        entries: tuple[Checkpoint, ...] = ()
+    elif type(history) is Undecodable:
+        # A value in the history too deep to decode (an event or a message written by SQL
+        # into a waiting job's checkpoint): the history arrives as one JSON array, so none of
+        # it can be read. The job fails with a PayloadError naming its history, through the
+        # payload's load (before its handler), and the rest of the round goes on.
+        entries, payload = (), Undecodable(history.reason, path="history")
+    else:
+        entries = tuple(
             Checkpoint(position, kind, name, value) for position, kind, name, value in history
         )
-    )
     return ClaimedJob(
         row[_ID],
         row[_QUEUE],
         row[_TASK],
-        row[_PAYLOAD],
+        payload,
         row[_ATTEMPT],
         row[_MAX_ATTEMPTS],
         row[_LEASE_TOKEN],
@@ -512,6 +520,10 @@ class PgDriver:
     # Lease renewals get a connection of their own: handlers that fill the main pool (say,
     # each inside client.transaction()) must never hold renewals back until leases expire.
     _renewal_pool: Pool
+    # Database-wide scans (`queue_demand()`, which reads every unfinished row) get one
+    # connection of their own, opened on first use: a burst of them (scrapes of /metrics, say)
+    # waits for that connection instead of taking the main pool from claims and settles.
+    _scan_pool: Pool
     _conninfo: str = attrs.field(repr=False)  # holds the password
     # Where LISTEN goes; None: nowhere (behind a transaction pooler without a listen URL, where
     # a LISTEN would be silently dead and stay behind for the session's next client).
@@ -558,7 +570,8 @@ class PgDriver:
 
     @contextlib.contextmanager
     def _schema_required(self) -> Iterator[None]:
-        """A missing table or schema means "not migrated": say so, naming the fix."""
+        """A missing table or schema means "not migrated": say so, naming the fix. (And an
+        enqueue refused for a dedup key of another task's job is `DedupKeyConflict`.)"""
         try:
             yield
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
@@ -566,6 +579,11 @@ class PgDriver:
                 f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
                 f"run `trioq migrate --schema {self.schema}`"
             ) from exc
+        except psycopg.errors.UniqueViolation as exc:
+            conflict = dedup_key_conflict(exc)
+            if conflict is None:
+                raise
+            raise conflict from exc
 
     async def _retrying(
         self,
@@ -1292,7 +1310,8 @@ class PgDriver:
         return HealthReport(*row)
 
     async def queue_demand(self) -> list[QueueDemand]:
-        return [QueueDemand(*row) for row in await self._retrying("queue_demand")]
+        rows = await self._retrying("queue_demand", pool=self._scan_pool)
+        return [QueueDemand(*row) for row in rows]
 
     async def queue_status(self) -> list[QueueStatus]:
         return [QueueStatus(*row) for row in await self._retrying("queue_status")]
@@ -1468,9 +1487,11 @@ class PgDriver:
             },
         )
         row = rows[0]
-        return ReceiveOutcome(
-            row[Received.state], tuple(row[Received.messages] or ()), row[Received.deadline]
-        )
+        messages = row[Received.messages] or ()
+        # The messages arrive as one JSON array: one message too deep to decode makes the
+        # whole array undecodable, which the receive raises as that job's PayloadError.
+        received = (messages,) if type(messages) is Undecodable else tuple(messages)
+        return ReceiveOutcome(row[Received.state], received, row[Received.deadline])
 
     async def job_value_set_many(self, params: ValueSet) -> bool:
         """Retried: writing the same values again changes nothing."""
@@ -1610,7 +1631,8 @@ async def open_pg_driver(
 ) -> AsyncIterator[PgDriver]:
     """Open the pools and yield a PgDriver for `schema` (closing the pools on exit).
 
-    Connections: `pool_size` for statements, one reserved for lease renewals, and one more for
+    Connections: `pool_size` for statements, one reserved for lease renewals, one for
+    database-wide scans (opened on first use), and one more for
     the LISTEN session of each listener opened (a worker opens one), on `listen_conninfo`
     (None: `conninfo`, or nowhere with `prepared_statements="off"`, see `pooler_options`).
     """
@@ -1622,11 +1644,13 @@ async def open_pg_driver(
         # No ping before a renewal: lease_renew_many is idempotent and retried on a lost
         # connection, so a dead pooled connection costs one retry, not a ping per renewal.
         open_pool(conninfo, size=1, ping_idle_after=math.inf, **options) as renewal_pool,
+        open_pool(conninfo, size=1, open_first=False, **options) as scan_pool,
     ):
         yield PgDriver(
             schema=schema,
             pool=pool,
             renewal_pool=renewal_pool,
+            scan_pool=scan_pool,
             conninfo=conninfo,
             listen_conninfo=listen_conninfo,
             listen_options=options,

@@ -7,6 +7,8 @@ import re
 import attrs
 import psycopg
 
+from .._core.errors import DedupKeyConflict
+
 # SQLSTATEs whose error means the session ended (or never started) although the client did nothing
 # wrong: retrying on a fresh connection is the right reaction. Class 08 is matched by prefix.
 _SESSION_ENDED_SQLSTATES = frozenset(
@@ -19,6 +21,21 @@ _SESSION_ENDED_SQLSTATES = frozenset(
         "53300",  # too_many_connections: only ever raised while connecting
     }
 )
+
+
+# The constraint name trioq's dedup_key_refuse() raises its unique violation with.
+DEDUP_KEY_HELD_BY_ANOTHER_TASK = "dedup_key_held_by_another_task"
+
+
+def dedup_key_conflict(exc: BaseException) -> DedupKeyConflict | None:
+    """The trioq error of an enqueue refused because another task's job holds its dedup key
+    (None: `exc` is something else)."""
+    if (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and exc.diag.constraint_name == DEDUP_KEY_HELD_BY_ANOTHER_TASK
+    ):
+        return DedupKeyConflict(exc.diag.message_primary or str(exc))
+    return None
 
 
 def is_connection_lost(exc: BaseException) -> bool:

@@ -238,20 +238,23 @@ async def open_pool(
     size: int = 10,
     *,
     ping_idle_after: float = 5.0,
+    open_first: bool = True,
     **connect_options: Unpack[ConnectOptions],
 ) -> AsyncIterator[Pool]:
     """A pool of up to `size` connections made by `connect(conninfo, **connect_options)`.
 
-    One connection is opened before the block starts, so a wrong conninfo or an unreachable
-    server raises here (psycopg's `OperationalError`/`ProgrammingError`, bounded by
-    `connect_timeout`); the others open when first needed. Leaving the block closes every idle
+    One connection is opened before the block starts (unless `open_first` is false), so a
+    wrong conninfo or an unreachable server raises here (psycopg's
+    `OperationalError`/`ProgrammingError`, bounded by `connect_timeout`); the others open when
+    first needed. Leaving the block closes every idle
     connection (shielded, bounded by `CLOSE_TIMEOUT`); connections still borrowed are closed when
     returned, and borrowing afterwards raises `trio.ClosedResourceError`.
     """
     if size < 1:
         raise ValueError(f"pool size must be at least 1, not {size}")
     pool = Pool(conninfo, size, ping_idle_after, connect_options)
-    await pool._open_first()
+    if open_first:
+        await pool._open_first()
     try:
         yield pool
     finally:

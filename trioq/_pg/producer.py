@@ -206,6 +206,13 @@ class _Statements:
                 f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
                 f"run `trioq migrate --schema {self.schema}`"
             ) from exc
+        except psycopg.errors.UniqueViolation as exc:
+            from .errors import dedup_key_conflict
+
+            conflict = dedup_key_conflict(exc)
+            if conflict is None:
+                raise
+            raise conflict from exc
 
 
 def _resolve_url(conninfo: str | None) -> str:

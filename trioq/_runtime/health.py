@@ -9,11 +9,15 @@ still waits for the database, and sets the worker in once it runs. /livez is 200
 also during a database outage (restarting the worker would not bring the database back); it
 fails (503) only when the trio loop itself made no progress for longer than a bound: a task
 stamps a heartbeat every second, and a stamp that came that much late (a blocking call in an
-async handler, say) is reported to the next /livez. While the loop is blocked nothing answers
-at all, and the probe's own timeout fails it. /readyz is 503 with a JSON body naming each
-failing check: starting (no worker yet), admission (draining, or no slot admitted), database,
-listener, lease renewal. /metrics is prometheus-client's exposition of the worker's own
-registry (before the worker runs, the process and platform collectors alone). Nothing mutates.
+async handler, say) is reported to every /livez for as long again after the loop resumes,
+whoever polls (a second poller cannot take the 503 the kubelet should see). While the loop is
+blocked nothing answers at all, and the probe's own timeout fails it. /readyz is 503 with a
+JSON body naming each failing check: starting (no worker yet), admission (draining, or no slot
+admitted), database, listener, lease renewal. /metrics is prometheus-client's exposition of the
+worker's own registry (before the worker runs, the process and platform collectors alone); on
+the leader it includes `queue_demand()`, read at most every 15 s by one scrape at a time, on a
+connection of its own (the port may be reachable by anyone: a scrape must not cost a scan of
+the jobs on the pool the claims use). Nothing mutates.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
@@ -59,7 +64,13 @@ HEARTBEAT_SECONDS = 1.0
 @attrs.define(eq=False)
 class LoopHeartbeat:
     """The trio loop's progress: `run` stamps the time every `interval`; `stall_seconds` says
-    how far past its interval the longest wait for a stamp ran since the previous look.
+    how late the stamp overdue now is, or the last stall past `bound` while it is recent.
+
+    A stall past the bound stays reported for `hold` seconds (the bound's length by default)
+    after the loop resumed, to every reader: reading changes nothing, so a second poller (a
+    person's curl, a monitoring system) never takes the 503 the kubelet should see. With the
+    shipped probe (every 10 s, 3 failures) the timeouts during a stall past 20 s and the 503s
+    after it are enough failures in a row to restart the pod.
 
     Measured in real time (time.monotonic), since a blocked loop stops trio's clock's sleepers
     but not the wall clock. Stamped by a trio task rather than read from a thread: the loop is
@@ -67,27 +78,34 @@ class LoopHeartbeat:
 
     interval: float = HEARTBEAT_SECONDS
     bound: float = LIVENESS_STALL_SECONDS
+    hold: float = attrs.field()
     _last: float = attrs.field(factory=time.monotonic)
-    _looked_at: float = attrs.field(factory=time.monotonic)
-    _worst: float = 0.0
+    # The last stall past the bound (its lateness) and when the loop resumed from it.
+    _stall: float = 0.0
+    _resumed_at: float = -math.inf
+
+    @hold.default
+    def _hold_default(self) -> float:
+        return self.bound
 
     async def run(self) -> None:
         while True:
             await trio.sleep(self.interval)
             now = time.monotonic()
-            late = now - max(self._last, self._looked_at) - self.interval
+            late = now - self._last - self.interval
             if late > self.bound:
                 log.warning("the trio loop made no progress for %.1fs (a blocking call?)", late)
-            self._worst = max(self._worst, late)
+                self._stall, self._resumed_at = late, now
             self._last = now
 
     def stall_seconds(self) -> float:
-        """The worst lateness since the previous call, including a stamp overdue now."""
+        """The lateness of the stamp overdue now, or the last stall past the bound if the
+        loop resumed from it less than `hold` seconds ago (whichever is longer). A read only:
+        every caller within the hold sees the same stall."""
         now = time.monotonic()
-        overdue = now - max(self._last, self._looked_at) - self.interval
-        worst = max(self._worst, overdue, 0.0)
-        self._worst, self._looked_at = 0.0, now
-        return worst
+        overdue = now - self._last - self.interval
+        recent = self._stall if now - self._resumed_at < self.hold else 0.0
+        return max(overdue, recent, 0.0)
 
 
 def _process_registry() -> CollectorRegistry:
@@ -170,14 +188,21 @@ async def render_metrics(worker: Worker) -> bytes:
 
 
 async def _read_demand(worker: Worker) -> None:
-    """The leader's database-wide gauges; a failed or slow read leaves the last values."""
-    demand = None
-    with trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
+    """The leader's database-wide gauges, read at most once per `DEMAND_CACHE_SECONDS` and by
+    one scrape at a time (the others export the last values, or wait for the read in flight),
+    on the driver's scan connection, not the main pool; a failed or slow read leaves the last
+    values."""
+    reads = worker.metrics.demand_reads
+    if not reads.read_due():
+        with trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
+            await reads.wait_read()
+        return
+    with reads.reading(), trio.move_on_after(DEMAND_TIMEOUT_SECONDS):
         try:
             demand = await worker.driver.queue_demand()
         except Exception as exc:  # the scrape still answers; the gauges keep their last values
             log.warning("queue demand unavailable for /metrics: %s", exc)
-    if demand is not None:
+            return
         worker.metrics.set_demand(worker.config.queues, demand)
 
 

@@ -56,6 +56,9 @@ async def receive(run: Run, topic: str, timeout: datetime.timedelta, limit: int)
     with run.ending_statement():  # a message sent as it commits can make the job ready again
         outcome = await run.driver.job_receive(params)
     if outcome.state in ("received", "timeout"):
+        for message in outcome.messages:
+            if type(message) is codec.Undecodable:  # stored by SQL, past every check
+                raise message.error(f"message {topic!r}")
         return list(outcome.messages)
     if outcome.state == "waiting":
         run.suspended_in_place(outcome.deadline)

@@ -22,8 +22,10 @@ started) is exported with every kind, zeros included, so a queue that empties re
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import inspect
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
@@ -55,6 +57,9 @@ from .._driver import (
 # Claim statements are a few ms; a slow one is a database under pressure.
 CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 HANDLER_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+# `/metrics` reads `queue_demand()` (every unfinished row) at most this often: a scrape within
+# the window exports the last read, so the scan's cost does not grow with scrapers or scrapes.
+DEMAND_CACHE_SECONDS = 15.0
 # The columns of `queue_demand()` exported as `trioq_queue_demand{kind=...}`.
 DEMAND_KINDS = ("ready", "running", "scheduled", "sleeping", "waiting", "due_now")
 LISTENER_STATES = ("ok", "down", "polling", "off")
@@ -98,6 +103,7 @@ class WorkerMetrics:
     leader: Gauge = attrs.field(init=False)
     # Every queue exported by the demand gauges so far: one that empties keeps its series, at 0.
     known_queues: set[str] = attrs.field(init=False, factory=set)
+    demand_reads: DemandReads = attrs.field(init=False, factory=lambda: DemandReads())
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -207,9 +213,11 @@ class WorkerMetrics:
             self.oldest_ready.labels(queue).set(oldest or 0.0)
 
     def clear_demand(self) -> None:
-        """A worker that is not the leader exports no database-wide gauge."""
+        """A worker that is not the leader exports no database-wide gauge (and reads the
+        demand afresh on its first scrape as the leader again)."""
         self.queue_demand.clear()
         self.oldest_ready.clear()
+        self.demand_reads.forget()
 
     def set_listener(self, connected: bool, state: str) -> None:
         self.listener_connected.set(1 if connected else 0)
@@ -238,6 +246,41 @@ class WorkerMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+
+@attrs.define(eq=False)
+class DemandReads:
+    """When the leader's demand gauges were last read, and the read in flight: `/metrics`
+    asks `read_due()` and reads only when it says so; concurrent scrapes wait for the one
+    read in flight (`wait_read`) instead of starting their own."""
+
+    max_age: float = DEMAND_CACHE_SECONDS
+    _read_at: float = -math.inf
+    _in_flight: trio.Event | None = None
+
+    def read_due(self) -> bool:
+        return self._in_flight is None and trio.current_time() - self._read_at >= self.max_age
+
+    async def wait_read(self) -> None:
+        """Wait for the read in flight, if any (cancel-safe: nothing is left behind)."""
+        if self._in_flight is not None:
+            await self._in_flight.wait()
+
+    def forget(self) -> None:
+        self._read_at = -math.inf
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around one read: a failed, timed-out or cancelled read counts as a read too (the
+        gauges keep their last values until the next window), so a database in trouble gets
+        one scan per window, not one per scrape."""
+        self._in_flight = done = trio.Event()
+        try:
+            yield
+        finally:
+            self._read_at = trio.current_time()
+            self._in_flight = None
+            done.set()
 
 
 # The `le` label of each handler bucket, as prometheus-client writes it ("+Inf" last).

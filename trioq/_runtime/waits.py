@@ -98,6 +98,8 @@ async def wait_event_at(
             WaitEvent(run.lease, position, key, timeout.total_seconds(), deadline)
         )
     if outcome.state == "received":
+        if type(outcome.payload) is codec.Undecodable:  # stored by SQL, past every check
+            raise outcome.payload.error(f"event {key!r}")
         return outcome.payload
     if outcome.state == "timeout":
         raise EventTimeout(key)

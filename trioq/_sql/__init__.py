@@ -12,6 +12,12 @@ CREATE OR REPLACE cannot make (another return type, a parameter renamed or its d
 or that old callers cannot live with gets a new function name, and a later release drops the
 old one.
 
+Every function either pins `SET search_path = pg_catalog, pg_temp` or, when the hot statements
+call it per row or PostgreSQL inlines it (a SET clause stops the inlining and costs ~2.5 us a
+call), names every function, operator and type it uses by schema (`pg_catalog.now()`,
+`OPERATOR(pg_catalog.=)`); either way trioq's own objects are always `{schema}.name`, and a
+caller's search_path cannot swap anything in (tests/test_search_path.py).
+
 Statements are loaded once per schema: `{schema}` becomes the quoted, validated schema name
 and `{schema_name}` the bare one (it matches `[a-z_][a-z0-9_]*`, so it is safe in a literal).
 Nothing else is ever substituted into SQL text; values are bound parameters.

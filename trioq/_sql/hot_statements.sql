@@ -57,7 +57,7 @@ SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
 FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
 FROM inserted i;
 
--- name: job_insert_many (2880 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines, $20 release_keys)
+-- name: job_insert_many (3042 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines, $20 release_keys)
 WITH input AS MATERIALIZED (
 SELECT nextval(pg_get_serial_sequence('"trioq".jobs', 'id')) AS new_id, t.*
 FROM unnest($1::text[], $2::text[], $3::text[],
@@ -110,7 +110,7 @@ WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) 
 ORDER BY ord
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
 DO UPDATE SET dedup_key = excluded.dedup_key
-RETURNING j.id, j.dedup_key, j.queue, j.state, j.run_at, (j.xmax = 0) AS created
+RETURNING j.id, j.dedup_key, j.queue, j.task, j.state, j.run_at, (j.xmax = 0) AS created
 ),
 notified AS (
 SELECT count(pg_notify("trioq".ready_channel(due.queue), due.queue)) AS n
@@ -121,6 +121,9 @@ FROM input i
 LEFT JOIN inserted fresh ON fresh.id = i.new_id
 LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
 CROSS JOIN notified
+WHERE CASE WHEN fresh.id IS NULL AND existing.task <> i.task
+THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, existing.id, existing.task)
+ELSE true END
 ORDER BY i.ord;
 
 -- name: job_claim_plain (2592 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)

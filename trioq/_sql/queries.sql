@@ -163,7 +163,7 @@ inserted AS (
     ORDER BY ord
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
     DO UPDATE SET dedup_key = excluded.dedup_key
-    RETURNING j.id, j.dedup_key, j.queue, j.state, j.run_at, (j.xmax = 0) AS created
+    RETURNING j.id, j.dedup_key, j.queue, j.task, j.state, j.run_at, (j.xmax = 0) AS created
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(due.queue), due.queue)) AS n
@@ -174,6 +174,11 @@ FROM input i
 LEFT JOIN inserted fresh ON fresh.id = i.new_id
 LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
 CROSS JOIN notified
+-- A key held by a job of another task refuses the whole statement (dedup_key_refuse raises;
+-- docs/uniqueness.md): CASE, so the function is called for such a row only.
+WHERE CASE WHEN fresh.id IS NULL AND existing.task <> i.task
+           THEN {schema}.dedup_key_refuse(i.dedup_key, i.task, existing.id, existing.task)
+           ELSE true END
 ORDER BY i.ord;
 
 -- name: job_insert_batch

@@ -47,6 +47,7 @@ CREATE DOMAIN trioq.job_version AS integer
 
 CREATE FUNCTION trioq.checkpoints_delete_of_jobs() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     DELETE FROM "trioq".checkpoints c USING deleted_jobs d WHERE c.job_id = d.id;
@@ -59,9 +60,12 @@ CREATE FUNCTION trioq.concurrency_limit_of(key text, job_limit integer) RETURNS 
     AS $$
     SELECT coalesce(
         (SELECT l.max_running FROM "trioq".concurrency_limits l
-         WHERE l.pattern = key
-            OR (right(l.pattern, 1) = '*' AND starts_with(key, left(l.pattern, -1)))
-         ORDER BY length(l.pattern) DESC, right(l.pattern, 1) = '*' LIMIT 1),
+         WHERE l.pattern OPERATOR(pg_catalog.=) key
+            OR (pg_catalog.right(l.pattern, 1) OPERATOR(pg_catalog.=) '*'
+                AND pg_catalog.starts_with(key, pg_catalog.left(l.pattern, -1)))
+         ORDER BY pg_catalog.length(l.pattern) DESC,
+                  pg_catalog.right(l.pattern, 1) OPERATOR(pg_catalog.=) '*'
+         LIMIT 1),
         job_limit, 1)
 $$;
 
@@ -69,9 +73,12 @@ CREATE FUNCTION trioq.concurrency_rate_of(key text) RETURNS TABLE(rate_allowed i
     LANGUAGE sql STABLE
     AS $$
     SELECT r.rate_allowed, r.rate_period FROM "trioq".concurrency_rates r
-    WHERE r.pattern = key
-       OR (right(r.pattern, 1) = '*' AND starts_with(key, left(r.pattern, -1)))
-    ORDER BY length(r.pattern) DESC, right(r.pattern, 1) = '*' LIMIT 1
+    WHERE r.pattern OPERATOR(pg_catalog.=) key
+       OR (pg_catalog.right(r.pattern, 1) OPERATOR(pg_catalog.=) '*'
+           AND pg_catalog.starts_with(key, pg_catalog.left(r.pattern, -1)))
+    ORDER BY pg_catalog.length(r.pattern) DESC,
+             pg_catalog.right(r.pattern, 1) OPERATOR(pg_catalog.=) '*'
+    LIMIT 1
 $$;
 
 CREATE FUNCTION trioq.concurrency_release() RETURNS trigger
@@ -79,7 +86,8 @@ CREATE FUNCTION trioq.concurrency_release() RETURNS trigger
     AS $$
 BEGIN
     DELETE FROM "trioq".concurrency_holds h
-    WHERE h.concurrency_key = OLD.concurrency_key AND h.job_id = OLD.id;
+    WHERE h.concurrency_key OPERATOR(pg_catalog.=) OLD.concurrency_key
+      AND h.job_id OPERATOR(pg_catalog.=) OLD.id;
     RETURN NULL;
 END
 $$;
@@ -87,21 +95,40 @@ $$;
 CREATE FUNCTION trioq.db_now() RETURNS timestamp with time zone
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT coalesce(nullif(current_setting('trioq.fake_now', true), '')::timestamptz, now())
+    SELECT CASE WHEN pg_catalog.current_setting('trioq.fake_now', true) OPERATOR(pg_catalog.<>) ''
+                THEN pg_catalog.current_setting('trioq.fake_now', true)::pg_catalog.timestamptz
+                ELSE pg_catalog.now() END
 $$;
 
 CREATE FUNCTION trioq.deadline_error(deadline_at timestamp with time zone, deadline_source text) RETURNS jsonb
     LANGUAGE sql IMMUTABLE
     AS $$
-    SELECT jsonb_build_object(
+    SELECT pg_catalog.jsonb_build_object(
         'type', 'DeadlineExceeded',
         'message', 'deadline passed at '
-                   || to_char(deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-                   || ' (' || coalesce(deadline_source, 'set at enqueue') || ')');
+                   OPERATOR(pg_catalog.||)
+                   pg_catalog.to_char(deadline_at AT TIME ZONE 'UTC',
+                                      'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+                   OPERATOR(pg_catalog.||) ' ('
+                   OPERATOR(pg_catalog.||) coalesce(deadline_source, 'set at enqueue')
+                   OPERATOR(pg_catalog.||) ')');
+$$;
+
+CREATE FUNCTION trioq.dedup_key_refuse(key text, task text, holder_id bigint, holder_task text) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RAISE EXCEPTION '%', format('dedup_key %L is held by job %s of task %L, not %L: dedup keys '
+                                'are global across tasks and queues (put the task in the key)',
+                                key, holder_id, holder_task, task)
+        USING ERRCODE = '23505', CONSTRAINT = 'dedup_key_held_by_another_task';
+END
 $$;
 
 CREATE FUNCTION trioq.enqueue(task text, payload jsonb DEFAULT 'null'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority smallint DEFAULT 0, partition_key text DEFAULT NULL::text, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, unique_for interval DEFAULT NULL::interval, unique_states text[] DEFAULT NULL::text[], traceparent text DEFAULT NULL::text, deadline timestamp with time zone DEFAULT NULL::timestamp with time zone, concurrency_key text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 #variable_conflict use_column
 DECLARE
@@ -115,7 +142,9 @@ DECLARE
                           ELSE '{}' END;
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
+    holder_task text;
 BEGIN
+    PERFORM "trioq".payload_check(enqueue.payload, '$');
     -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
     -- be dropped, unlinked, by the worker's propagator much later.
     IF enqueue.traceparent IS NOT NULL
@@ -172,7 +201,11 @@ BEGIN
             job_deadline, job_deadline_source)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
     DO UPDATE SET dedup_key = excluded.dedup_key
-    RETURNING j.id INTO job_id;
+    RETURNING j.id, j.task INTO job_id, holder_task;
+    -- A key held by a job of another task: refused, not that job (docs/uniqueness.md).
+    IF holder_task <> enqueue.task THEN
+        PERFORM "trioq".dedup_key_refuse(enqueue.dedup_key, enqueue.task, job_id, holder_task);
+    END IF;
     -- Also for a job due later: the queue's idle workers wake, read its due time and set
     -- their timers to it, as they do for the Python statements' delayed jobs.
     PERFORM pg_notify("trioq".ready_channel(enqueue.queue), enqueue.queue);
@@ -182,12 +215,14 @@ $_$;
 
 CREATE FUNCTION trioq.event_emit(event_key text, event_payload jsonb) RETURNS TABLE(emitted_first boolean, woken_count bigint)
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     won boolean;
     wake_count bigint;
     stored jsonb;
 BEGIN
+    PERFORM "trioq".payload_check(event_payload, 'payload');
     INSERT INTO "trioq".events AS e (key, payload, emitted_at, created_at)
     VALUES (event_key, event_payload, "trioq".db_now(), "trioq".db_now())
     ON CONFLICT (key) DO UPDATE
@@ -225,6 +260,7 @@ $$;
 
 CREATE FUNCTION trioq.job_cancel_children(p_job_id bigint, p_job_attempt integer, p_job_lease_token uuid, p_checkpoint_position integer, p_checkpoint_kind text, p_checkpoint_name text, p_checkpoint_value jsonb, p_child_ids bigint[], p_control_channel text) RETURNS boolean
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     UPDATE "trioq".jobs j
@@ -248,12 +284,14 @@ $$;
 
 CREATE FUNCTION trioq.job_cancel_tree(root_ids bigint[], control_channel text) RETURNS TABLE(id bigint, previous_state text, state text)
     LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT * FROM "trioq".job_cancel_tree(root_ids, control_channel, false);
 $$;
 
 CREATE FUNCTION trioq.job_cancel_tree(root_ids bigint[], control_channel text, whole_tree boolean) RETURNS TABLE(id bigint, previous_state text, state text)
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -357,6 +395,7 @@ $$;
 
 CREATE FUNCTION trioq.job_deadline_pass(max_jobs integer, control_channel text) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     passed bigint[];
@@ -384,6 +423,7 @@ $$;
 
 CREATE FUNCTION trioq.job_receive(p_job_id bigint, p_attempt integer, p_lease_token uuid, p_position integer, p_topic text, p_timeout_seconds double precision, p_deadline timestamp with time zone, p_limit integer, p_value_keys text[], p_value_values jsonb[]) RETURNS TABLE(state text, messages jsonb, deadline timestamp with time zone)
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -451,6 +491,7 @@ $$;
 
 CREATE FUNCTION trioq.leader_elect(candidate uuid, runs_scheduler boolean, ttl_seconds double precision) RETURNS boolean
     LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     INSERT INTO "trioq".leader AS l (seat, leader_id, scheduler, elected_at, expires_at)
     VALUES (1, candidate, runs_scheduler, "trioq".db_now(),
@@ -469,6 +510,7 @@ $$;
 
 CREATE FUNCTION trioq.parents_notify(child_ids bigint[], skip_ids bigint[] DEFAULT '{}'::bigint[]) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     wake_count bigint;
@@ -513,8 +555,36 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.payload_check(value jsonb, root text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+DECLARE
+    rendered text;
+    outside_strings text;
+    compact bigint;
+BEGIN
+    IF jsonb_path_exists(value, 'strict $.**{65}') THEN
+        RAISE EXCEPTION 'payload %: nested deeper than 64 levels', root
+            USING ERRCODE = '22023';
+    END IF;
+    rendered := value::text;
+    IF octet_length(rendered) <= 1000000 THEN
+        RETURN;
+    END IF;
+    outside_strings := regexp_replace(rendered, '"([^"\\]|\\.)*"', '', 'g');
+    compact := octet_length(rendered)
+               - (length(outside_strings) - length(replace(outside_strings, ' ', '')));
+    IF compact > 1000000 THEN
+        RAISE EXCEPTION 'payload %: encodes to % bytes, more than the limit of 1000000',
+            root, compact USING ERRCODE = '22023';
+    END IF;
+END
+$_$;
+
 CREATE FUNCTION trioq.queue_demand() RETURNS TABLE(queue text, ready bigint, oldest_ready_seconds double precision, running bigint, scheduled bigint, sleeping bigint, waiting bigint, due_now bigint)
     LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT j.queue,
            count(*) FILTER (WHERE j.state = 'ready' AND j.run_at <= t.now),
@@ -534,6 +604,7 @@ $$;
 
 CREATE FUNCTION trioq.queue_limit_gate(gate_queue text, requested integer, OUT allowed integer, OUT running integer, OUT global_limit integer, OUT rate_allowed integer, OUT rate_period double precision, OUT next_start_at timestamp with time zone, OUT started_at timestamp with time zone) RETURNS record
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     l "trioq".queue_limits%ROWTYPE;
@@ -573,6 +644,7 @@ $$;
 
 CREATE FUNCTION trioq.queue_limit_spend(spend_queue text, claimed bigint[], claimed_at timestamp with time zone) RETURNS timestamp with time zone
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     l "trioq".queue_limits%ROWTYPE;
@@ -602,6 +674,7 @@ $$;
 
 CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_due boolean, next_due timestamp with time zone)
     LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT q.queue,
            EXISTS (SELECT 1 FROM "trioq".jobs j
@@ -628,17 +701,22 @@ $$;
 CREATE FUNCTION trioq.ready_channel(queue text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT 'trioq_ready_' || (hashtext(queue) & 63)::text
+    SELECT 'trioq_ready_'
+           OPERATOR(pg_catalog.||)
+           (pg_catalog.hashtext(queue) OPERATOR(pg_catalog.&) 63)::pg_catalog.text
 $$;
 
 CREATE FUNCTION trioq.result_channel(job_id bigint) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT 'trioq_result_' || (job_id & 63)::text
+    SELECT 'trioq_result_'
+           OPERATOR(pg_catalog.||)
+           (job_id OPERATOR(pg_catalog.&) 63::pg_catalog.int8)::pg_catalog.text
 $$;
 
 CREATE FUNCTION trioq.send(p_job_id bigint, p_topic text, p_payload jsonb DEFAULT 'null'::jsonb) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     job_state text;
@@ -648,6 +726,7 @@ DECLARE
     message_id bigint;
     woken_count bigint;
 BEGIN
+    PERFORM "trioq".payload_check(p_payload, 'payload');
     SELECT j.state, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
     FROM "trioq".jobs j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -695,8 +774,8 @@ CREATE FUNCTION trioq.task_deadline_seconds(task text, version integer) RETURNS 
     AS $$
 BEGIN
     RETURN (SELECT d.deadline_seconds FROM "trioq".task_defaults d
-            WHERE d.task = task_deadline_seconds.task
-              AND d.version = task_deadline_seconds.version);
+            WHERE d.task OPERATOR(pg_catalog.=) task_deadline_seconds.task
+              AND d.version OPERATOR(pg_catalog.=) task_deadline_seconds.version);
 END
 $$;
 

@@ -39,6 +39,7 @@ from .security import (
     HostGuard,
     parse_cookies,
     served_names,
+    served_over_https,
 )
 from .store import PAGE_SIZE, JobSearch, Store
 
@@ -101,7 +102,8 @@ class Dashboard:
         )
         response = HTMLResponse(body)
         if CSRF_COOKIE not in cookies:
-            response.set_cookie(CSRF_COOKIE, nonce, httponly=True, samesite="strict")
+            secure = served_over_https(request.scope)
+            response.set_cookie(CSRF_COOKIE, nonce, httponly=True, samesite="strict", secure=secure)
         return response
 
 

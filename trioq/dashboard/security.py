@@ -1,7 +1,12 @@
 """Who may see the dashboard and who may act through it.
 
 - Authentication (`--auth basic|token`, the secret from the environment) is checked on every
-  request by `AuthMiddleware`; it is required when binding anything but loopback.
+  request by `AuthMiddleware`; it is required when binding anything but loopback. A failed
+  login (credentials offered and wrong) is logged, one line without the credentials, and
+  counted per client address (`LoginThrottle`): after 10 in a minute that address gets 429
+  with Retry-After, its credentials unchecked, until the oldest failure is a minute old. The
+  token cookie holds a value derived from the token (`Auth.cookie_value`), never the token, and
+  is `Secure` when the request came over https.
 - CSRF: a signed double-submit token. Each browser gets a random cookie (HttpOnly,
   SameSite=Strict); each form carries HMAC(server key, cookie). A forged POST from another site
   has neither the cookie (SameSite) nor a way to compute the field (the key never leaves the
@@ -18,11 +23,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import hashlib
 import hmac
 import ipaddress
+import logging
+import math
 import os
 import secrets
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -37,6 +46,17 @@ TOKEN_ENV = "TRIOQ_DASHBOARD_TOKEN"
 CSRF_COOKIE = "trioq_csrf"
 TOKEN_COOKIE = "trioq_token"
 AUTH_MODES = ("basic", "token")
+# Failed logins one client address may make in LOGIN_FAILURE_WINDOW seconds before its requests
+# get 429: a person mistyping is far below it, a password guesser is held to 10 a minute.
+LOGIN_FAILURES_ALLOWED = 10
+LOGIN_FAILURE_WINDOW = 60.0
+# Addresses whose failures are remembered at most (each holds at most LOGIN_FAILURES_ALLOWED
+# floats): guessing from many addresses cannot grow the dashboard's memory without bound.
+LOGIN_ADDRESSES_REMEMBERED = 10_000
+# What the token cookie's value is derived from the token with (HMAC-SHA256, the token as key).
+_COOKIE_PURPOSE = b"trioq dashboard token cookie v1"
+
+log = logging.getLogger("trioq.dashboard")
 
 SECURITY_HEADERS = [
     (
@@ -159,10 +179,24 @@ class Auth:
         authorization = headers.get(b"authorization", b"").decode("latin-1")
         if self.mode == "basic":
             return self._basic(authorization)
-        offered = cookies.get(TOKEN_COOKIE, "")
         if authorization.lower().startswith("bearer "):
-            offered = authorization[7:].strip()
-        return "token" if _same(offered, self.secret) else None
+            return "token" if _same(authorization[7:].strip(), self.secret) else None
+        return "token" if _same(cookies.get(TOKEN_COOKIE, ""), self.cookie_value()) else None
+
+    def cookie_value(self) -> str:
+        """What the token cookie holds: HMAC-SHA256 of a fixed purpose under the token. It
+        opens the dashboard as the token does (so it stays valid across restarts and
+        replicas), but a cookie read from a browser profile or a proxy's log does not give
+        away the token itself (which may open other things: an API, another dashboard)."""
+        key = self.secret.encode("utf-8", "surrogatepass")
+        return hmac.new(key, _COOKIE_PURPOSE, hashlib.sha256).hexdigest()
+
+    def offers_credentials(self, headers: dict[bytes, bytes], cookies: dict[str, str]) -> bool:
+        """Whether a request tried to authenticate (a refusal of it is a failed login): a
+        browser's first request, before the basic-auth challenge, offers nothing."""
+        if b"authorization" in headers:
+            return True
+        return self.mode == "token" and TOKEN_COOKIE in cookies
 
     def _basic(self, authorization: str) -> str | None:
         if not authorization.lower().startswith("basic "):
@@ -182,6 +216,56 @@ def _same(offered: str, expected: str) -> bool:
     return hmac.compare_digest(
         offered.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
     )
+
+
+@attrs.define(eq=False)
+class LoginThrottle:
+    """Failed logins per client address, in a sliding window: after `allowed` failures within
+    `window` seconds the address must wait until the oldest of them leaves the window."""
+
+    allowed: int = LOGIN_FAILURES_ALLOWED
+    window: float = LOGIN_FAILURE_WINDOW
+    remembered: int = LOGIN_ADDRESSES_REMEMBERED
+    clock: Callable[[], float] = time.monotonic
+    # Per address, its last `allowed` failure times (oldest first); the dict in order of each
+    # address's last failure, so the first entries are the ones to forget.
+    _failures: dict[str, collections.deque[float]] = attrs.field(init=False, factory=dict)
+
+    def retry_after(self, address: str) -> float | None:
+        """Seconds until `address` may try again, or None when it may now."""
+        failures = self._failures.get(address)
+        if failures is None or len(failures) < self.allowed:
+            return None
+        wait = failures[0] + self.window - self.clock()
+        return wait if wait > 0 else None
+
+    def failed(self, address: str) -> int:
+        """Count one failed login of `address`; returns its failures within the window."""
+        now = self.clock()
+        failures = self._failures.pop(address, None)
+        if failures is None:
+            failures = collections.deque(maxlen=self.allowed)
+        failures.append(now)
+        self._failures[address] = failures  # last in the order: the most recent to fail
+        while failures and failures[0] <= now - self.window:
+            failures.popleft()
+        while len(self._failures) > self.remembered:
+            del self._failures[next(iter(self._failures))]
+        return len(failures)
+
+
+def served_over_https(scope: Scope) -> bool:
+    """Whether the browser reached the dashboard over https: directly, or through a proxy
+    that says so (`X-Forwarded-Proto`; a client that lies only marks its own cookie Secure)."""
+    if scope.get("scheme") == "https":
+        return True
+    headers: dict[bytes, bytes] = dict(scope.get("headers") or [])
+    return headers.get(b"x-forwarded-proto", b"").split(b",")[0].strip().lower() == b"https"
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def parse_cookies(headers: dict[bytes, bytes]) -> dict[str, str]:
@@ -214,33 +298,46 @@ class Csrf:
 
 
 class AuthMiddleware:
-    """Refuse unauthenticated requests (401 with a challenge) and add the security headers.
+    """Refuse unauthenticated requests (401 with a challenge) and add the security headers;
+    log and throttle failed logins per client address (429 with Retry-After).
 
-    A token given once as `?token=` is moved into an HttpOnly cookie, so a browser can open a
-    token-protected dashboard from a link."""
+    A token given once as `?token=` is moved into an HttpOnly cookie (holding a value derived
+    from the token), so a browser can open a token-protected dashboard from a link."""
 
-    def __init__(self, app: ASGIApp, auth: Auth) -> None:
+    def __init__(self, app: ASGIApp, auth: Auth, throttle: LoginThrottle | None = None) -> None:
         self.app = app
         self.auth = auth
+        self.throttle = LoginThrottle() if throttle is None else throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        address = client_address(scope)
+        if self.auth.mode is not None:
+            # Checked before the credentials: a guesser that is held back learns nothing.
+            wait = self.throttle.retry_after(address)
+            if wait is not None:
+                await _too_many_failures(send, wait)
+                return
         headers = dict(scope["headers"])
         cookies = parse_cookies(headers)
         query_token = _query_token(scope)
-        if (
-            self.auth.mode == "token"
-            and query_token is not None
-            and _same(query_token, self.auth.secret)
-        ):
-            cookies[TOKEN_COOKIE] = query_token
-            await _redirect_with_cookie(send, scope["path"], query_token)
-            return
+        if self.auth.mode == "token" and query_token is not None:
+            if _same(query_token, self.auth.secret):
+                await _redirect_with_cookie(
+                    send, scope["path"], self.auth.cookie_value(), served_over_https(scope)
+                )
+                return
+            if self.auth.identify(headers, cookies) is None:
+                await self._failed(send, address, "a wrong ?token=")
+                return
         user = self.auth.identify(headers, cookies)
         if user is None:
-            await _unauthorized(send, self.auth.mode or "")
+            if self.auth.offers_credentials(headers, cookies):
+                await self._failed(send, address, _offered(self.auth.mode, headers))
+            else:
+                await _unauthorized(send, self.auth.mode or "")
             return
         scope.setdefault("state", {})["user"] = user
 
@@ -250,6 +347,31 @@ class AuthMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    async def _failed(self, send: Send, address: str, what: str) -> None:
+        failures = self.throttle.failed(address)
+        held = failures >= self.throttle.allowed
+        log.warning(
+            "dashboard: failed login from %s (%s; %d in the last %ds%s)",
+            address,
+            what,
+            failures,
+            self.throttle.window,
+            ": its requests get 429 until the oldest is that old" if held else "",
+        )
+        await _unauthorized(send, self.auth.mode or "", clear_cookie=self.auth.mode == "token")
+
+
+def _offered(mode: str | None, headers: dict[bytes, bytes]) -> str:
+    """What a refused request offered, for the log line: its kind, never its content."""
+    authorization = headers.get(b"authorization", b"").split(b" ", 1)[0].lower()
+    if authorization == b"basic":
+        return "wrong basic credentials"
+    if authorization == b"bearer":
+        return "a wrong bearer token"
+    if authorization:
+        return f"an Authorization header that is not {mode}"
+    return "a wrong token cookie"
 
 
 def _query_token(scope: Scope) -> str | None:
@@ -261,8 +383,10 @@ def _query_token(scope: Scope) -> str | None:
     return None
 
 
-async def _redirect_with_cookie(send: Send, path: str, token: str) -> None:
-    cookie = f"{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
+async def _redirect_with_cookie(send: Send, path: str, value: str, secure: bool) -> None:
+    cookie = f"{TOKEN_COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/"
+    if secure:
+        cookie += "; Secure"
     await send(
         {
             "type": "http.response.start",
@@ -283,13 +407,35 @@ async def _refuse(send: Send, status: int, text: str) -> None:
     await send({"type": "http.response.body", "body": text.encode()})
 
 
-async def _unauthorized(send: Send, mode: str) -> None:
+async def _unauthorized(send: Send, mode: str, *, clear_cookie: bool = False) -> None:
     headers = [(b"content-type", b"text/plain; charset=utf-8"), *SECURITY_HEADERS]
     if mode == "basic":
         headers.append((b"www-authenticate", b'Basic realm="trioq dashboard", charset="UTF-8"'))
+    if clear_cookie:  # a stale cookie (the token changed) would fail every request again
+        expired = f"{TOKEN_COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"
+        headers.append((b"set-cookie", expired.encode()))
     body = b"authentication required\n"
     await send({"type": "http.response.start", "status": 401, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["Auth", "AuthMiddleware", "Csrf", "HostGuard", "is_loopback", "served_names"]
+async def _too_many_failures(send: Send, wait: float) -> None:
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"retry-after", str(math.ceil(wait)).encode()),
+        *SECURITY_HEADERS,
+    ]
+    body = b"too many failed logins from this address: try again later\n"
+    await send({"type": "http.response.start", "status": 429, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+__all__ = [
+    "Auth",
+    "AuthMiddleware",
+    "Csrf",
+    "HostGuard",
+    "LoginThrottle",
+    "is_loopback",
+    "served_names",
+]

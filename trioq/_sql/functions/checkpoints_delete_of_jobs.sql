@@ -5,7 +5,8 @@
 -- checkpoint commits; a DELETE of the job waits for that lock and this DELETE then sees the
 -- committed checkpoints.
 CREATE OR REPLACE FUNCTION {schema}.checkpoints_delete_of_jobs() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM {schema}.checkpoints c USING deleted_jobs d WHERE c.job_id = d.id;
     RETURN NULL;

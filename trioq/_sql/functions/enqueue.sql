@@ -1,6 +1,7 @@
 -- Enqueue from SQL (a trigger, a procedure, any stack), inside the caller's transaction, with
 -- the options of the Python enqueue (docs/producers.md, "From SQL"). Returns the job's id, or
--- the id of the job holding `dedup_key` (docs/uniqueness.md). A job is `scheduled` when due
+-- the id of the job of the same task holding `dedup_key` (docs/uniqueness.md; one of another
+-- task refuses the enqueue). A job is `scheduled` when due
 -- later, else `ready`; its queue's ready notification is sent either way (when the caller's
 -- transaction commits), as the Python statements do, so an idle worker's timer follows a job
 -- due later instead of finding it at its next poll.
@@ -20,7 +21,8 @@ CREATE OR REPLACE FUNCTION {schema}.enqueue(
     concurrency_key   text        DEFAULT NULL,
     concurrency_limit integer     DEFAULT NULL
 ) RETURNS bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     job_id bigint;
@@ -33,7 +35,9 @@ DECLARE
                           ELSE '{}' END;
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
+    holder_task text;
 BEGIN
+    PERFORM {schema}.payload_check(enqueue.payload, '$');
     -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
     -- be dropped, unlinked, by the worker's propagator much later.
     IF enqueue.traceparent IS NOT NULL
@@ -90,7 +94,11 @@ BEGIN
             job_deadline, job_deadline_source)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
     DO UPDATE SET dedup_key = excluded.dedup_key
-    RETURNING j.id INTO job_id;
+    RETURNING j.id, j.task INTO job_id, holder_task;
+    -- A key held by a job of another task: refused, not that job (docs/uniqueness.md).
+    IF holder_task <> enqueue.task THEN
+        PERFORM {schema}.dedup_key_refuse(enqueue.dedup_key, enqueue.task, job_id, holder_task);
+    END IF;
     -- Also for a job due later: the queue's idle workers wake, read its due time and set
     -- their timers to it, as they do for the Python statements' delayed jobs.
     PERFORM pg_notify({schema}.ready_channel(enqueue.queue), enqueue.queue);

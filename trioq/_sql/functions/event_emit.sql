@@ -7,12 +7,14 @@
 -- One round trip; the ready notifications are sent when the caller's transaction commits.
 CREATE OR REPLACE FUNCTION {schema}.event_emit(event_key text, event_payload jsonb)
 RETURNS TABLE (emitted_first boolean, woken_count bigint)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     won boolean;
     wake_count bigint;
     stored jsonb;
 BEGIN
+    PERFORM {schema}.payload_check(event_payload, 'payload');
     INSERT INTO {schema}.events AS e (key, payload, emitted_at, created_at)
     VALUES (event_key, event_payload, {schema}.db_now(), {schema}.db_now())
     ON CONFLICT (key) DO UPDATE

@@ -6,7 +6,8 @@ CREATE OR REPLACE FUNCTION {schema}.job_cancel_children(
     p_checkpoint_kind text, p_checkpoint_name text, p_checkpoint_value jsonb, p_child_ids bigint[],
     p_control_channel text)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     UPDATE {schema}.jobs j
     SET checkpoint_count = greatest(j.checkpoint_count, p_checkpoint_position + 1)

@@ -7,7 +7,8 @@
 CREATE OR REPLACE FUNCTION {schema}.job_cancel_tree(root_ids bigint[], control_channel text,
                                          whole_tree boolean)
 RETURNS TABLE (id bigint, previous_state text, state text)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     tree_ids bigint[];
@@ -112,6 +113,7 @@ $$;
 -- policies.
 CREATE OR REPLACE FUNCTION {schema}.job_cancel_tree(root_ids bigint[], control_channel text)
 RETURNS TABLE (id bigint, previous_state text, state text)
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM {schema}.job_cancel_tree(root_ids, control_channel, false);
 $$;

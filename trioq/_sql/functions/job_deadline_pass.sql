@@ -10,7 +10,8 @@
 -- it cancelled (the runtime loops while a full batch comes back).
 CREATE OR REPLACE FUNCTION {schema}.job_deadline_pass(max_jobs integer, control_channel text)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     passed bigint[];
 BEGIN

@@ -7,7 +7,8 @@ CREATE OR REPLACE FUNCTION {schema}.job_receive(
     p_timeout_seconds float8, p_deadline timestamptz, p_limit integer,
     p_value_keys text[], p_value_values jsonb[])
 RETURNS TABLE (state text, messages jsonb, deadline timestamptz)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     due timestamptz := coalesce(p_deadline,

@@ -5,7 +5,8 @@
 -- newest version once locked, so of two candidates racing for an expired seat exactly one wins.
 CREATE OR REPLACE FUNCTION {schema}.leader_elect(candidate uuid, runs_scheduler boolean, ttl_seconds float8)
 RETURNS boolean
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
     INSERT INTO {schema}.leader AS l (seat, leader_id, scheduler, elected_at, expires_at)
     VALUES (1, candidate, runs_scheduler, {schema}.db_now(),
             {schema}.db_now() + ttl_seconds * interval '1 second')

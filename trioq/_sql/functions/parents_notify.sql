@@ -12,7 +12,8 @@
 -- woke.
 CREATE OR REPLACE FUNCTION {schema}.parents_notify(child_ids bigint[], skip_ids bigint[] DEFAULT '{}')
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     wake_count bigint;
 BEGIN

@@ -16,7 +16,8 @@ RETURNS TABLE (
     waiting              bigint,
     due_now              bigint
 )
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
     SELECT j.queue,
            count(*) FILTER (WHERE j.state = 'ready' AND j.run_at <= t.now),
            extract(epoch FROM t.now - min(j.run_at) FILTER (

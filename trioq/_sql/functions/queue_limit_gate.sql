@@ -21,7 +21,8 @@ CREATE OR REPLACE FUNCTION {schema}.queue_limit_gate(
     OUT allowed integer, OUT running integer, OUT global_limit integer,
     OUT rate_allowed integer, OUT rate_period double precision, OUT next_start_at timestamptz,
     OUT started_at timestamptz)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l {schema}.queue_limits%ROWTYPE;
     recent integer;

@@ -11,7 +11,8 @@
 CREATE OR REPLACE FUNCTION {schema}.queue_limit_spend(spend_queue text, claimed bigint[],
                                                       claimed_at timestamptz)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l {schema}.queue_limits%ROWTYPE;
     kept timestamptz[];

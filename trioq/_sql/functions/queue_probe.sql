@@ -4,7 +4,8 @@
 -- first future due time.
 CREATE OR REPLACE FUNCTION {schema}.queue_probe(queues text[])
 RETURNS TABLE (queue text, work_due boolean, next_due timestamptz)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
     SELECT q.queue,
            EXISTS (SELECT 1 FROM {schema}.jobs j
                    WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL

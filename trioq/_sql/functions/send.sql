@@ -13,7 +13,8 @@
 CREATE OR REPLACE FUNCTION {schema}.send(p_job_id bigint, p_topic text,
                                          p_payload jsonb DEFAULT 'null')
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     job_state text;
     job_topic text;
@@ -22,6 +23,7 @@ DECLARE
     message_id bigint;
     woken_count bigint;
 BEGIN
+    PERFORM {schema}.payload_check(p_payload, 'payload');
     SELECT j.state, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
     FROM {schema}.jobs j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN

@@ -6,10 +6,11 @@
 -- decisions").
 CREATE OR REPLACE FUNCTION {schema}.task_deadline_seconds(task text, version integer)
 RETURNS double precision
+-- (Its qualified names: see db_now; called by single enqueues.)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT d.deadline_seconds FROM {schema}.task_defaults d
-            WHERE d.task = task_deadline_seconds.task
-              AND d.version = task_deadline_seconds.version);
+            WHERE d.task OPERATOR(pg_catalog.=) task_deadline_seconds.task
+              AND d.version OPERATOR(pg_catalog.=) task_deadline_seconds.version);
 END
 $$;

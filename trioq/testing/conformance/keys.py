@@ -3,6 +3,7 @@ order, round-robin)."""
 
 from __future__ import annotations
 
+from ..._core.errors import DedupKeyConflict
 from ..._driver import Driver, MaintenancePass, Settlement
 from .harness import (
     TASK,
@@ -32,6 +33,32 @@ async def check_dedup_key_returns_the_existing_job(driver: Driver, clock: Driver
     [running] = await driver.job_insert_many([new_job(4, dedup_key="once")])
     expect((running.id, running.created), (first.id, False), "the key of a running job")
     expect((await record(driver, first.id)).payload, {"n": 1}, "payload of the deduped job")
+
+
+@conformance_check
+async def check_dedup_key_held_by_another_task_refuses_the_whole_insert(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """Dedup keys are global: an insert whose key a job of another task holds is refused
+    with DedupKeyConflict (not given that job), and nothing of its batch is written."""
+    [held] = await driver.job_insert_many([new_job(1, dedup_key="shared")])
+    for batch in (
+        [new_job(2, task="other", dedup_key="shared")],
+        [new_job(3, task="other", dedup_key="fresh"), new_job(4, task="other", dedup_key="shared")],
+        [new_job(5, dedup_key="in-batch"), new_job(6, task="other", dedup_key="in-batch")],
+    ):
+        try:
+            await driver.job_insert_many(batch)
+        except DedupKeyConflict as exc:
+            expect("is held by job" in str(exc) and "of task" in str(exc), True, str(exc))
+        else:
+            raise AssertionError(f"a key held by another task's job was not refused: {batch}")
+    # Nothing of a refused batch was written: its other keys are still free.
+    fresh = await driver.job_insert_many([new_job(8, task="other", dedup_key="fresh")])
+    in_batch = await driver.job_insert_many([new_job(9, dedup_key="in-batch")])
+    expect([fresh[0].created, in_batch[0].created], [True, True], "keys of the refused batches")
+    [same] = await driver.job_insert_many([new_job(7, dedup_key="shared")])
+    expect((same.id, same.created), (held.id, False), "the same task still gets its job")
 
 
 @conformance_check
