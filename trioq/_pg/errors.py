@@ -121,6 +121,25 @@ _CONNECT_FAILURES: tuple[_Failure, ...] = (
 )
 
 
+# A named prepared statement the session lost (26000), found taken (42P05) or found to be
+# another client's (08P01 "bind message supplies..."): what a transaction pooler does to a
+# session that prepares. Each fails before the statement runs, so running it again is safe.
+_LOST_STATEMENT = re.compile(
+    r'prepared statement "[^"]*" (?:does not exist|already exists)'
+    r'|bind message supplies \d+ parameters, but prepared statement "[^"]*"'
+)
+
+
+def is_lost_prepared_statement(exc: BaseException) -> bool:
+    """True if `exc` says a named prepared statement is missing or not this session's own:
+    a transaction pooler (PgBouncer in transaction mode) in front of a session that prepares."""
+    return (
+        isinstance(exc, psycopg.Error)
+        and exc.sqlstate in ("26000", "42P05", "08P01")
+        and _LOST_STATEMENT.search(str(exc)) is not None
+    )
+
+
 def connection_problem(exc: BaseException, where: str = CLI_URL) -> ConnectionProblem | None:
     """What is wrong when `exc` is about reaching or using the database (see
     `ConnectionProblem`), or None when it is not. `where` names where the URL came from."""
