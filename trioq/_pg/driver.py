@@ -120,6 +120,7 @@ from . import (
     open_listener,
     open_pool,
 )
+from .errors import migration_refused, schema_problem
 from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
@@ -533,14 +534,15 @@ class PgDriver:
 
     @contextlib.contextmanager
     def _schema_required(self) -> Iterator[None]:
-        """A missing table or schema means "not migrated": say so, naming the fix."""
+        """A missing table or schema, or a column, function or type of a later migration,
+        means "not migrated": say so, naming the fix (see `schema_problem`)."""
         try:
             yield
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
-            raise SchemaNotMigrated(
-                f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
-                f"run `trioq migrate --schema {self.schema}`"
-            ) from exc
+        except psycopg.errors.ProgrammingError as exc:
+            problem = schema_problem(exc, self.schema)
+            if problem is None:
+                raise
+            raise SchemaNotMigrated(problem) from exc
 
     async def _retrying(
         self,
@@ -566,37 +568,45 @@ class PgDriver:
 
     async def migrate(self) -> list[int]:
         """Apply the SQL functions' current bodies and the missing migrations, in one
-        transaction under an advisory lock; returns the migration versions applied."""
-        applied: list[int] = []
+        transaction under an advisory lock; returns the migration versions applied. A role
+        without the privileges gets `SchemaNotMigrated`, one line naming the fix."""
         # Migrations may run long (an index build on a big table): not under trioq's timeouts.
-        async with self._pool.connection() as conn, conn.transaction(trioq_timeouts=False):
-            await conn.execute(self._sql["migration_lock"], {"schema_name": self.schema})
-            await conn.execute(self._sql["migration_prepare"])
-            applied_rows = await conn.fetch(self._sql["migration_applied"])
-            done = {row[MigrationApplied.version] for row in applied_rows}
-            bodies = functions(self.schema)
-            digest = functions_digest(bodies)
-            changed = await self._functions_changed(conn, digest)
-            if changed:
-                # Before the migrations, whose triggers name them (queries.sql says why they
-                # are not checked here).
-                await conn.execute(self._sql["migration_functions_unchecked"])
-                for function in bodies:
-                    await conn.execute(function.sql)
-                await conn.execute(self._sql["migration_functions_checked"])
-            for migration in migrations(self.schema):
-                if migration.version in done:
-                    continue
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    self._sql["migration_record"],
-                    {"version": migration.version, "name": migration.name},
-                )
-                applied.append(migration.version)
-            if changed:
-                await conn.execute(
-                    self._sql["migration_function_digest_record"], {"digest": digest}
-                )
+        async with self._pool.connection() as conn:
+            try:
+                async with conn.transaction(trioq_timeouts=False):
+                    return await self._migrate_in(conn)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                role, database = conn.role_and_database()
+                refused = migration_refused(exc, self.schema, role, database)
+                raise SchemaNotMigrated(refused or str(exc)) from exc
+
+    async def _migrate_in(self, conn: Connection) -> list[int]:
+        applied: list[int] = []
+        await conn.execute(self._sql["migration_lock"], {"schema_name": self.schema})
+        await conn.execute(self._sql["migration_prepare"])
+        applied_rows = await conn.fetch(self._sql["migration_applied"])
+        done = {row[MigrationApplied.version] for row in applied_rows}
+        bodies = functions(self.schema)
+        digest = functions_digest(bodies)
+        changed = await self._functions_changed(conn, digest)
+        if changed:
+            # Before the migrations, whose triggers name them (queries.sql says why they
+            # are not checked here).
+            await conn.execute(self._sql["migration_functions_unchecked"])
+            for function in bodies:
+                await conn.execute(function.sql)
+            await conn.execute(self._sql["migration_functions_checked"])
+        for migration in migrations(self.schema):
+            if migration.version in done:
+                continue
+            await conn.execute(migration.sql)
+            await conn.execute(
+                self._sql["migration_record"],
+                {"version": migration.version, "name": migration.name},
+            )
+            applied.append(migration.version)
+        if changed:
+            await conn.execute(self._sql["migration_function_digest_record"], {"digest": digest})
         return applied
 
     async def _functions_changed(self, conn: Connection, digest: str) -> bool:

@@ -202,13 +202,15 @@ class _Statements:
     def schema_required(self) -> Iterator[None]:
         import psycopg
 
+        from .errors import schema_problem
+
         try:
             yield
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
-            raise SchemaNotMigrated(
-                f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
-                f"run `trioq migrate --schema {self.schema}`"
-            ) from exc
+        except psycopg.errors.ProgrammingError as exc:
+            problem = schema_problem(exc, self.schema)
+            if problem is None:
+                raise
+            raise SchemaNotMigrated(problem) from exc
 
 
 @attrs.define(eq=False)
