@@ -45,6 +45,7 @@ from .._driver import (
     ConcurrencyLimit,
     ConcurrencyRate,
     ContinueAsNew,
+    Descendant,
     DriverStatistics,
     EmitEvent,
     EmitOutcome,
@@ -1439,6 +1440,13 @@ class PgDriver:
             {"id": params.id, "tree": params.tree, "control_channel": control_channel(self.schema)},
         )
         return _cancel_outcome(rows)
+
+    async def job_descendants(self, job_id: int) -> list[Descendant]:
+        return _job_states(await self._fetch("job_descendants", {"id": job_id}))
+
+
+def _job_states(rows: Sequence[Sequence[Any]]) -> list[Descendant]:
+    return [Descendant(row[JobStateRow.id], row[JobStateRow.state]) for row in rows]
 
 
 def _cancel_outcome(rows: Sequence[Sequence[Any]]) -> CancelOutcome | None:

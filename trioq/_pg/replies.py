@@ -227,7 +227,7 @@ class TraceContext(Reply, statements=("job_trace_context",)):
     trace_context: ClassVar[int]
 
 
-class JobStateRow(Reply, statements=("job_states",)):
+class JobStateRow(Reply, statements=("job_states", "job_descendants")):
     id: ClassVar[int]
     state: ClassVar[int]
 

@@ -1392,6 +1392,17 @@ WHERE state = 'ready' OR (state <> 'running' AND run_at <= {schema}.db_now());
 -- it diffs the table around each driver call, so it runs only on small test schemas).
 SELECT id, state FROM {schema}.jobs;
 
+-- name: job_descendants
+-- `trioq cancel --tree`'s report: the job's descendants with their states, read before and
+-- after the cancel (outside its transaction: an operator's report, not a guarantee). Each
+-- level is an index scan of jobs_parent_idx (parent_id, parent_position).
+WITH RECURSIVE tree AS (
+    SELECT j.id, j.state FROM {schema}.jobs j WHERE j.parent_id = %(id)s::bigint
+    UNION ALL
+    SELECT c.id, c.state FROM {schema}.jobs c JOIN tree t ON c.parent_id = t.id
+)
+SELECT id, state FROM tree ORDER BY id;
+
 -- name: job_explain
 -- `trioq explain`: the job row and the facts each claim gate depends on, in one read. Rows are
 -- read as to_jsonb(...) so that columns later migrations add (wait keys, versions) reach the
