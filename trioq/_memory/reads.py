@@ -102,6 +102,11 @@ def job_explain(db: MemoryState, now: datetime.datetime, job_id: int) -> Explain
             else None
         ),
         concurrency=_concurrency_facts(db, row, now),
+        other_workers=tuple(
+            _explain_worker(w)
+            for w in db.workers.values()
+            if row.queue not in w.registration.queues
+        ),
     )
 
 

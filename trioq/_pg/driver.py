@@ -1170,6 +1170,7 @@ class PgDriver:
             row[Explained.last_attempt],
             row[Explained.pause],
             row[Explained.concurrency],
+            other_workers=tuple(row[Explained.other_workers]),
         )
 
     async def job_trace_context(self, job_id: int) -> str | None:

@@ -221,6 +221,7 @@ class Explained(Reply, statements=("job_explain",)):
     last_attempt: ClassVar[int]
     pause: ClassVar[int]
     concurrency: ClassVar[int]
+    other_workers: ClassVar[int]
 
 
 class TraceContext(Reply, statements=("job_trace_context",)):

@@ -1473,7 +1473,15 @@ SELECT {schema}.db_now() AS now,
             WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
               AND f.state = 'ready'
             ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
-        WHERE job.concurrency_key IS NOT NULL) AS concurrency
+        WHERE job.concurrency_key IS NOT NULL) AS concurrency,
+       -- The workers of other queues: whether any live one registers the job's task (a job
+       -- enqueued on the wrong queue) or none does (a misspelt task name), as `trioq status`
+       -- names the task rather than the queue.
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'queues', w.queues, 'task_versions', w.task_versions,
+                   'heartbeat_at', w.heartbeat_at, 'heartbeat_seconds', w.heartbeat_seconds)
+                   ORDER BY w.started_at), '[]'::jsonb)
+        FROM {schema}.workers AS w WHERE NOT job.queue = ANY (w.queues)) AS other_workers
 FROM job;
 
 -- name: job_list
