@@ -7,6 +7,7 @@ import datetime
 import json
 import uuid
 
+import pytest
 import trio
 
 import trioq
@@ -367,3 +368,31 @@ async def test_a_workflow_waiting_for_an_event_is_explained_by_its_key(
     assert (why.state, why.blocked_by) == ("waiting", "wait")
     assert why.verdict.startswith("waiting for event 'approval:7' (times out ")
     assert "(in 3" in why.verdict  # about an hour from now
+
+
+async def test_a_job_of_a_task_no_worker_registers_names_the_task_not_the_queue(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A misspelt task enqueued by name lands on the default queue, which the live workers (of
+    the right task's queue) do not serve: `trioq status` names the task, so does explain."""
+    from trioq.producer import SyncProducer
+
+    app = make_app(pg_url, pg_schema)
+
+    @app.task("send_email", queue="emails")
+    async def send_email(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    async with app.client(migrate=True) as client, running_worker(app, ["emails"]):
+        with SyncProducer(pg_url, schema=pg_schema) as producer:
+            with pytest.warns(trioq.UnservedTaskWarning):  # the producer's own warning
+                misspelt = producer.enqueue("send_emial", {})
+            why = await client.explain(misspelt.id)
+            argv = ["explain", str(misspelt.id), "--database-url", pg_url, "--schema", pg_schema]
+            code = await trio.to_thread.run_sync(cli.main, argv)
+    assert why.blocked_by == "workers"
+    assert why.verdict.startswith(
+        "no live worker registers task 'send_emial' (nor serves queue 'default'): a misspelt "
+        "task name, or its worker is not running?"
+    )
+    assert code == 0

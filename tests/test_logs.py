@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
+import re
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import trioq
 from tests.support import make_app, running_worker
+from trioq._memory import MemoryDriver
 from trioq._runtime.logs import JOB_LOGGER, JsonFormatter
 
 
@@ -76,3 +81,94 @@ def test_the_cli_logs_one_line_per_record() -> None:
     assert line.endswith(
         "listener down: connection failed: Connection refused Is the server running?"
     )
+
+
+# --- a database outage: one summary, not a line per failed round -----------------------------
+
+
+class _Outage(MemoryDriver):
+    """The in-memory driver whose every statement fails as a lost connection while `down` is
+    set, as every statement does while PostgreSQL is away."""
+
+    down = False
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if name.startswith("_") or not inspect.iscoroutinefunction(value):
+            return value
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if object.__getattribute__(self, "down"):
+                await trio.lowlevel.checkpoint()
+                raise ConnectionError("injected: connection refused\n\tIs the server running?")
+            return await value(*args, **kwargs)
+
+        return call
+
+
+class _Recovered(logging.Handler):
+    """Sets its event when the worker logs that the database is back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("database reachable again"):
+            self.event.set()
+
+
+async def test_a_database_outage_logs_one_line_when_it_starts_and_one_when_it_ends(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 17 s outage logged about 50 WARNING records (a line per failed round of each queue's
+    claim loop, lease renewal, leader election, maintenance): now two, and a reminder a minute
+    while it lasts."""
+    app = trioq.App(schema="virtual")
+    for queue in ("a", "b", "c"):
+        app.task(f"work_{queue}", queue=queue)(_noop)
+    driver = _Outage()
+    caplog.set_level(logging.WARNING, logger="trioq")
+
+    def outage_lines() -> list[str]:  # the admission service's limit changes aside
+        lines = [r.getMessage() for r in caplog.records]
+        return [line for line in lines if not line.startswith("admission: ")]
+
+    async def outage(seconds: float) -> list[str]:
+        caplog.clear()
+        driver.down = True
+        await trio.sleep(seconds)
+        recovered = _Recovered()
+        logging.getLogger("trioq.worker").addHandler(recovered)
+        try:
+            driver.down = False
+            with trio.fail_after(120):  # virtual: until the worker's next call succeeds
+                await recovered.event.wait()
+        finally:
+            logging.getLogger("trioq.worker").removeHandler(recovered)
+        return outage_lines()
+
+    async with app.client(driver=driver), trio.open_nursery() as nursery:
+        worker = app.worker(["a", "b", "c"], 4, poll_interval=0.2, grace_seconds=0)
+        await nursery.start(worker.run)
+        await trio.sleep(3)
+        short = await outage(17)
+        long = await outage(150)
+        worker.request_drain()
+    started, ended = short
+    assert started.startswith("database unreachable since ")
+    assert "injected: connection refused Is the server running?" in started  # one line
+    assert re.fullmatch(
+        r"database reachable again: calls failed for 1[67]\.\d s from \S+, \d+ call\(s\) in all",
+        ended,
+    ), ended
+    assert [line.split(" since ")[0].split(":")[0] for line in long] == [
+        "database unreachable",
+        "database still unreachable",
+        "database still unreachable",
+        "database reachable again",
+    ]
+
+
+async def _noop(ctx: trioq.Context, payload: object) -> None:
+    return None

@@ -370,3 +370,141 @@ async def test_the_cli_worker_runs_behind_the_pooler_and_listens_on_the_listen_u
 async def _read_into(stream: Any, into: bytearray) -> None:
     async for chunk in stream:
         into.extend(chunk)
+
+
+# --- "auto" behind the pooler: the producers switch to unnamed statements by themselves -------
+
+AUTO_ENQUEUES = 180  # the issue's count: 131-137 of them raised "_pg3_0 does not exist"
+
+
+def _pooler_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "unnamed statements" in r.getMessage()]
+
+
+async def test_a_sync_producer_in_auto_mode_behind_the_pooler_switches_to_unnamed_statements(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with pooled_app(bouncer, pg_url, pg_schema).client(migrate=True):
+        pass
+
+    def enqueue_all() -> list[int]:
+        with SyncProducer(bouncer.conninfo(), schema=pg_schema, pool_size=4) as producer:
+            ids: list[int] = []
+            errors: list[BaseException] = []
+            lock = threading.Lock()
+
+            def enqueue_some(thread: int) -> None:
+                try:
+                    for n in range(AUTO_ENQUEUES // 4):
+                        job = producer.enqueue("double", {"n": thread * 100 + n})
+                        with lock:
+                            ids.append(job.id)
+                except BaseException as exc:  # the assertion below names it
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=enqueue_some, args=(t,)) for t in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert errors == []
+            assert producer.get_job(ids[0]).state == "ready"
+            return ids
+
+    with trio.fail_after(60):
+        ids = await trio.to_thread.run_sync(enqueue_all)
+    assert len(set(ids)) == AUTO_ENQUEUES
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.jobs") == AUTO_ENQUEUES
+    [line] = _pooler_warnings(caplog)
+    assert 'prepared_statements="off"' in line and "--prepared-statements off" in line
+
+
+async def test_an_async_producer_in_auto_mode_behind_the_pooler_switches_to_unnamed_statements(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with pooled_app(bouncer, pg_url, pg_schema).client(migrate=True):
+        pass
+
+    async def enqueue_all() -> list[int]:
+        async with AsyncProducer(bouncer.conninfo(), schema=pg_schema, pool_size=4) as producer:
+
+            async def enqueue_some(thread: int) -> list[int]:
+                return [
+                    (await producer.enqueue("double", {"n": thread * 100 + n})).id
+                    for n in range(AUTO_ENQUEUES // 4)
+                ]
+
+            batches = await asyncio.gather(*(enqueue_some(t) for t in range(4)))
+            return [job_id for batch in batches for job_id in batch]
+
+    with trio.fail_after(60):
+        ids = await trio.to_thread.run_sync(asyncio.run, enqueue_all())
+    assert len(set(ids)) == AUTO_ENQUEUES
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.jobs") == AUTO_ENQUEUES
+    assert len(_pooler_warnings(caplog)) == 1
+
+
+def test_a_producer_that_loses_a_prepared_statement_switches_and_runs_the_call_again(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The safety net under the check at open (a pooler that passes the server's process id
+    through would not be found): one server connection, whose statements another client of it
+    deallocates between two calls."""
+    trio.run(_migrate, bouncer, pg_url, pg_schema)
+    url = bouncer.conninfo("single")
+    monkeypatch.setattr("trioq._pg.producer._pooler_answers", lambda pid, row: False)
+    with (
+        psycopg.connect(url, autocommit=True) as other,
+        SyncProducer(url, schema=pg_schema, pool_size=1) as producer,
+    ):
+        other.execute("DEALLOCATE ALL")
+        for n in range(8):  # past psycopg's prepare threshold: "_pg3_0" on the server
+            producer.enqueue("double", {"n": n})
+        other.execute("DEALLOCATE ALL")
+        assert not _pooler_warnings(caplog)
+        for n in range(8):
+            producer.enqueue("double", {"n": n})
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.jobs") == 16
+    [line] = _pooler_warnings(caplog)
+    assert 'prepared statement "_pg3_0" does not exist' in line
+    assert "--prepared-statements off" in line
+
+
+def test_a_lost_prepared_statement_on_the_callers_connection_is_one_line_naming_its_fix(
+    bouncer: PgBouncer, pg_url: str, pg_schema: str
+) -> None:
+    trio.run(_migrate, bouncer, pg_url, pg_schema)
+    url = bouncer.conninfo("single")
+    with (
+        psycopg.connect(url, autocommit=True) as other,
+        psycopg.connect(url, autocommit=True, prepare_threshold=0) as callers,
+        SyncProducer(url, schema=pg_schema, prepared_statements="off") as producer,
+    ):
+        other.execute("DEALLOCATE ALL")
+        producer.enqueue("double", {"n": 1}, conn=callers)
+        other.execute("DEALLOCATE ALL")
+        with pytest.raises(trioq.ProducerConnectionError, match="prepare_threshold") as raised:
+            producer.enqueue("double", {"n": 2}, conn=callers)
+    assert "\n" not in str(raised.value)
+    assert "does not exist: the connection passed as conn=" in str(raised.value)
+
+
+async def _migrate(bouncer: PgBouncer, pg_url: str, pg_schema: str) -> None:
+    async with pooled_app(bouncer, pg_url, pg_schema).client(migrate=True):
+        pass
+
+
+async def test_an_app_in_auto_mode_behind_the_pooler_fails_at_open_with_the_line_naming_the_fix(
+    bouncer: PgBouncer, pg_schema: str
+) -> None:
+    """The trio App sets session state in "auto" (startup options, session timeouts) that a
+    switch could not take back, so it does not switch: PgBouncer refuses its startup options
+    and the client's (or worker's) open fails, psycopg's error carrying the fix."""
+    app = trioq.App(bouncer.conninfo(), schema=pg_schema)
+    with trio.fail_after(30), pytest.raises(psycopg.OperationalError) as raised:
+        async with app.client():
+            pass
+    [note] = raised.value.__notes__
+    assert "refuses the startup parameter 'options'" in note
+    assert 'prepared_statements="off"' in note and "\n" not in note

@@ -164,3 +164,51 @@ def test_a_declaration_names_the_handler_version_its_jobs_are_for() -> None:
     assert (app.tasks["approve"].version, app.tasks["approve"].queue) == (2, "q")
     with pytest.raises(ValueError, match=r"^version: "):
         declare_task("approve", version=0)
+
+
+async def test_a_schema_older_than_this_trioq_says_run_trioq_migrate_not_undefined_column(
+    pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A producer, client or command of a newer release pointed at a schema nobody migrated:
+    a column (or function) of a later migration is missing. Built here by dropping one."""
+    from trioq.cli.commands import main as cli_main
+
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue(declare_task("anything", queue="default"), {})
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {pg_schema}.jobs DROP COLUMN deadline_source CASCADE")
+        older = rf"schema '{pg_schema}' is older than this trioq \(column .*deadline_source"
+        fix = rf"run `trioq migrate --schema {pg_schema}` with this release"
+        with pytest.raises(trioq.SchemaNotMigrated, match=f"{older}.*{fix}"):
+            await client.get_job(job.id)
+
+    with (
+        SyncProducer(pg_url, schema=pg_schema) as producer,
+        pytest.raises(trioq.SchemaNotMigrated, match=f"{older}.*{fix}"),
+    ):
+        producer.get_job(job.id)
+
+    async def from_asyncio() -> None:
+        async with AsyncProducer(pg_url, schema=pg_schema) as producer:
+            with pytest.raises(trioq.SchemaNotMigrated, match=f"{older}.*{fix}"):
+                await producer.get_job(job.id)
+
+    await trio.to_thread.run_sync(asyncio.run, from_asyncio())
+    argv = ["job", str(job.id), "--database-url", pg_url, "--schema", pg_schema]
+    assert await trio.to_thread.run_sync(cli_main, argv) == 3
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "is older than this trioq" in line and "trioq migrate" in line
+
+
+def test_a_missing_function_of_a_later_migration_is_the_same_line(pg_url: str) -> None:
+    from trioq._pg.errors import schema_problem
+
+    with (
+        psycopg.connect(pg_url, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.UndefinedFunction) as raised,
+    ):
+        conn.execute("SELECT pg_catalog.trioq_no_such_function(1)")
+    line = schema_problem(raised.value, "trioq")
+    assert line is not None and line.startswith("schema 'trioq' is older than this trioq (")
+    assert line.endswith("run `trioq migrate --schema trioq` with this release")

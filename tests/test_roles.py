@@ -201,3 +201,38 @@ async def test_the_viewer_reads_the_dashboard_and_kedas_query_and_writes_nothing
     assert refused(roles, "trioq_viewer", f"UPDATE {schema}.jobs SET priority = 1")
     assert refused(roles, "trioq_viewer", f"DELETE FROM {schema}.jobs")
     assert refused(roles, "trioq_viewer", f"SELECT {schema}.event_emit('key', '1')")
+
+
+async def test_trioq_migrate_under_a_role_without_the_privilege_is_one_line_naming_the_fix(
+    setup: Setup, pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`trioq migrate` printed `unexpected InsufficientPrivilege` and no fix."""
+    from trioq.cli.commands import main as cli_main
+
+    roles = setup.roles
+    stranger = f"no_create_{roles.schema}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{stranger}" LOGIN')
+    try:
+        url = psycopg.conninfo.make_conninfo(pg_url, user=stranger)
+        fresh = f"{roles.schema}_fresh"  # no such schema: creating it needs CREATE on the database
+        code = await trio.to_thread.run_sync(
+            cli_main, ["migrate", "--database-url", url, "--schema", fresh]
+        )
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert code == 3
+        assert f"trioq migrate as role '{stranger}' was refused (permission denied" in line
+        assert f"GRANT CREATE ON DATABASE postgres TO {stranger}" in line
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE "{stranger}"')
+
+    await migrated(roles)
+    code = await trio.to_thread.run_sync(
+        cli_main,
+        ["migrate", "--database-url", roles.urls["trioq_worker"], "--schema", roles.schema],
+    )
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert code == 3
+    assert "permission denied" in line and "unexpected" not in line
+    assert f"run it as the role that owns schema '{roles.schema}'" in line

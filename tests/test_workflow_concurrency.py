@@ -489,3 +489,69 @@ def test_trioq_job_shows_patch_markers_and_cancel_tree_from_the_command_line(
     assert json.loads(capsys.readouterr().out)["patches"] == ["fix-tax"]
     assert cli.main(["cancel", *base, str(job.id), "--tree", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"jobs": [{"id": job.id, "state": "cancelled"}]}
+
+
+async def test_cancel_tree_from_the_command_line_says_what_became_of_the_descendants(
+    pg_url: str, pg_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`trioq cancel 78 --tree` printed `78: waiting` / `1 cancelled` while it also cancelled
+    three running children: now a line under the job counts its descendants by outcome."""
+    from trioq import cli
+
+    app = make_app(pg_url, pg_schema)
+    spawned = trio.Event()
+
+    @app.task("kid")
+    async def kid(ctx: trioq.Context, payload: dict[str, bool]) -> str:
+        if payload["block"]:
+            await trio.sleep_forever()
+        return "done"
+
+    @app.task("parent")
+    async def parent(ctx: trioq.Context, payload: object) -> None:
+        done = await ctx.spawn("kid", {"block": False}, on_parent_cancel="abandon")
+        await ctx.wait_result(done)
+        for _ in range(3):
+            await ctx.spawn("kid", {"block": True}, on_parent_cancel="abandon")
+        spawned.set()
+        await trio.sleep_forever()
+
+    base = ["--database-url", pg_url, "--schema", pg_schema]
+    async with app.client(migrate=True) as client, running_worker(app, concurrency=6):
+        job = await client.enqueue("parent", {})
+        with trio.fail_after(30):
+            await spawned.wait()
+            await wait_until(lambda: _running_kids(client, job.id, 3))
+            kids = [member.id for member in await client.descendants(job.id)]
+            capsys.readouterr()
+            argv = ["cancel", *base, str(job.id), "--tree"]
+            assert await trio.to_thread.run_sync(cli.main, argv) == 0
+            out = capsys.readouterr().out.splitlines()
+            argv = ["cancel", *base, str(job.id), "--tree", "--json"]
+            assert await trio.to_thread.run_sync(cli.main, argv) == 0
+            again = json.loads(capsys.readouterr().out)
+    assert out[0] == f"{job.id}: running"  # its handler is being cancelled
+    # Each running kid is either still running with its cancel requested or already cancelled
+    # by its worker: the line counts whichever it was when read, e.g.
+    # "  4 descendant(s): 3 running, cancel requested (3, 4, 5); 1 already finished".
+    prefix = "  4 descendant(s): "
+    assert out[1].startswith(prefix)
+    *parts, finished = out[1][len(prefix) :].split("; ")
+    assert finished == "1 already finished"
+    counted = 0
+    for part in parts:
+        count, outcome = part.split(" (")[0].split(" ", 1)
+        assert outcome in ("running, cancel requested", "cancelled"), part
+        counted += int(count)
+    assert counted == 3
+    for running_kid in kids[1:]:
+        assert str(running_kid) in out[1]
+    assert out[2] == "1 cancelled"
+    [entry] = again["jobs"]
+    assert [d["id"] for d in entry["descendants"]] == kids
+    assert entry["descendants"][0] == {"id": kids[0], "before": "completed", "state": "completed"}
+
+
+async def _running_kids(client: trioq.Client, parent_id: int, n: int) -> bool:
+    states = [member.state for member in await client.descendants(parent_id)]
+    return states.count("running") == n

@@ -548,6 +548,12 @@ class CancelOutcome:
 
 
 @attrs.frozen
+class Descendant:
+    id: int
+    state: str
+
+
+@attrs.frozen
 class AttemptRecord:
     attempt: int
     outcome: str
@@ -1032,6 +1038,11 @@ class Driver(Protocol):
         ...
 
     async def job_cancel_with(self, params: CancelJob) -> CancelOutcome | None: ...
+
+    async def job_descendants(self, job_id: int) -> list[Descendant]:
+        """Every descendant of the job (children, their children, ...) with its state, by id:
+        `trioq cancel --tree` reads them before and after to say what it cancelled."""
+        ...
 
 
 DRIVER_METHODS = frozenset(

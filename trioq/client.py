@@ -26,6 +26,7 @@ from ._driver import (
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
     ConcurrencyRate,
+    Descendant,
     Driver,
     EventOutcome,
     HealthReport,
@@ -326,6 +327,10 @@ class Client:
         if outcome is None:
             raise JobNotFound(f"job_id: no job {job_id}")
         return outcome.state
+
+    async def descendants(self, job_id: int) -> list[Descendant]:
+        """The job's descendants (children, their children, ...) with their states, by id."""
+        return await self.driver.job_descendants(validate_job_id(job_id))
 
     # --- inspection and operations (`trioq jobs`, `purge`, `queue`) ----------------------
 

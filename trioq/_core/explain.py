@@ -41,6 +41,9 @@ class ExplainFacts:
     # The queue's cluster-wide limits against them now (global_limit, running, rate,
     # rate_limited_until), when it has any (Client.explain adds them).
     limits: Row | None = None
+    # Registered workers of other queues (queues, task_versions, heartbeat): whether the job's
+    # task is served anywhere, when no live worker serves its queue.
+    other_workers: tuple[Row, ...] = ()
 
 
 @attrs.frozen
@@ -91,7 +94,7 @@ def explain(facts: ExplainFacts, *, live_seconds: float = LIVE_HEARTBEAT_SECONDS
             _limits_gate(job, facts.limits, now),
             _key_gate(job, facts, now),
             *_concurrency_gates(job, facts.concurrency, now),
-            *_worker_gates(job, facts.workers, now, live_seconds),
+            *_worker_gates(job, facts, now, live_seconds),
         ]
         deadline = when(job.get("deadline_at"))
         if deadline is not None:  # never blocking: it says when the pass will cancel it
@@ -301,14 +304,15 @@ def _key_rate_gate(key: str, concurrency: Row, waiting: bool, now: datetime.date
 
 
 def _worker_gates(
-    job: Row, workers: Sequence[Row], now: datetime.datetime, live_seconds: float
+    job: Row, facts: ExplainFacts, now: datetime.datetime, live_seconds: float
 ) -> list[Gate]:
     if job["state"] not in (JobState.READY, JobState.SCHEDULED):
         return []
     queue, task = job["queue"], job["task"]
-    live = [w for w in workers if _is_live(w, now, live_seconds)]
+    live = [w for w in facts.workers if _is_live(w, now, live_seconds)]
     if not live:
-        return [Gate("workers", True, f"no live worker serves queue {queue!r}")]
+        elsewhere = [w for w in facts.other_workers if _is_live(w, now, live_seconds)]
+        return [Gate("workers", True, _unserved_queue(queue, task, elsewhere))]
     slots = [_queue_slots(w, queue) for w in live]
     gates = [
         Gate(
@@ -331,6 +335,22 @@ def _worker_gates(
     accepting = [w for w in serving if w.get("state") != "draining"]
     gates.append(Gate("draining", False, "a serving worker is accepting work"))
     return [*gates, _admission_gate(queue, accepting, now)]
+
+
+def _unserved_queue(queue: str, task: str, elsewhere: Sequence[Row]) -> str:
+    """Why no worker claims a job whose queue no live worker serves: the queue, unless live
+    workers of other queues report their tasks and none has this one (a misspelt task name
+    lands on the default queue, so blaming the queue misleads; `trioq status` names the task).
+    A worker registers every task of its app, whichever queues it serves."""
+    reporting = [w for w in elsewhere if w.get("task_versions")]
+    prefix = f"{task}@"
+    if not reporting or any(v.startswith(prefix) for w in reporting for v in w["task_versions"]):
+        return f"no live worker serves queue {queue!r}"
+    return (
+        f"no live worker registers task {task!r} (nor serves queue {queue!r}): a misspelt task "
+        f"name, or its worker is not running? ({len(reporting)} live worker(s) of other queues "
+        "serve other tasks: `trioq status` lists them)"
+    )
 
 
 def _queue_slots(worker: Row, queue: str) -> int:

@@ -50,6 +50,7 @@ from .._driver import (
     ConcurrencyLimit,
     ConcurrencyRate,
     ContinueAsNew,
+    Descendant,
     DriverStatistics,
     EmitEvent,
     EmitOutcome,
@@ -1270,6 +1271,10 @@ class MemoryDriver:
         )
         self._state.deliver(outbox)
         return outcomes.get(params.id)
+
+    async def job_descendants(self, job_id: int) -> list[Descendant]:
+        await self._state.statement("job_descendants")
+        return reads.job_descendants(self._state, job_id)
 
 
 async def _pump(

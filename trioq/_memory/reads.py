@@ -18,6 +18,7 @@ import attrs
 from .._core.explain import ExplainFacts, silent_after
 from .._driver import (
     Checkpoint,
+    Descendant,
     HealthReport,
     JobFilter,
     JobRecord,
@@ -45,6 +46,17 @@ from .state import (
 def job_get(db: MemoryState, job_id: int) -> JobRecord | None:
     row = db.rows.get(job_id)
     return None if row is None else _job_record(row, db.max_attempts(row))
+
+
+def job_descendants(db: MemoryState, job_id: int) -> list[Descendant]:
+    """job_descendants: every descendant of the job, by id."""
+    found: list[Descendant] = []
+    parents = {job_id}
+    while parents:
+        children = [row for row in db.rows.values() if row.parent_id in parents]
+        found.extend(Descendant(row.id, row.state) for row in children)
+        parents = {row.id for row in children}
+    return sorted(found, key=lambda member: member.id)
 
 
 def job_explain(db: MemoryState, now: datetime.datetime, job_id: int) -> ExplainFacts | None:
@@ -90,6 +102,11 @@ def job_explain(db: MemoryState, now: datetime.datetime, job_id: int) -> Explain
             else None
         ),
         concurrency=_concurrency_facts(db, row, now),
+        other_workers=tuple(
+            _explain_worker(w)
+            for w in db.workers.values()
+            if row.queue not in w.registration.queues
+        ),
     )
 
 

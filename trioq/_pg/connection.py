@@ -286,6 +286,10 @@ class Connection:
         """The server process id of this session (stays readable after close)."""
         return self._backend_pid
 
+    def role_and_database(self) -> tuple[str, str]:
+        """The user and database this session connected as (libpq's, no round trip)."""
+        return self._raw.info.user, self._raw.info.dbname
+
     @property
     def in_transaction(self) -> bool:
         """True while a transaction is open (including a failed one awaiting ROLLBACK)."""

@@ -46,6 +46,7 @@ from .._driver import (
     ConcurrencyLimit,
     ConcurrencyRate,
     ContinueAsNew,
+    Descendant,
     DriverStatistics,
     EmitEvent,
     EmitOutcome,
@@ -122,7 +123,7 @@ from . import (
     open_listener,
     open_pool,
 )
-from .errors import dedup_key_conflict
+from .errors import dedup_key_conflict, migration_refused, schema_problem
 from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
@@ -570,15 +571,16 @@ class PgDriver:
 
     @contextlib.contextmanager
     def _schema_required(self) -> Iterator[None]:
-        """A missing table or schema means "not migrated": say so, naming the fix. (And an
-        enqueue refused for a dedup key of another task's job is `DedupKeyConflict`.)"""
+        """A missing table or schema, or a column, function or type of a later migration,
+        means "not migrated": say so, naming the fix (see `schema_problem`). (And an enqueue
+        refused for a dedup key of another task's job is `DedupKeyConflict`.)"""
         try:
             yield
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
-            raise SchemaNotMigrated(
-                f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
-                f"run `trioq migrate --schema {self.schema}`"
-            ) from exc
+        except psycopg.errors.ProgrammingError as exc:
+            problem = schema_problem(exc, self.schema)
+            if problem is None:
+                raise
+            raise SchemaNotMigrated(problem) from exc
         except psycopg.errors.UniqueViolation as exc:
             conflict = dedup_key_conflict(exc)
             if conflict is None:
@@ -628,16 +630,21 @@ class PgDriver:
         deadline = trio.current_time() + lock_wait
         # Migrations may run long (an index build on a big table): not under trioq's timeouts.
         async with self._pool.connection() as conn:
-            while True:
-                group, online = await self._retry_lock_timeouts(
-                    deadline, lambda: self._migrate_group(conn, lock_timeout)
-                )
-                applied += group
-                if online is None:
-                    return applied
-                run = functools.partial(self._run_no_transaction, conn, online, lock_timeout)
-                await self._retry_lock_timeouts(deadline, run)
-                applied.append(online.version)
+            try:
+                while True:
+                    group, online = await self._retry_lock_timeouts(
+                        deadline, lambda: self._migrate_group(conn, lock_timeout)
+                    )
+                    applied += group
+                    if online is None:
+                        return applied
+                    run = functools.partial(self._run_no_transaction, conn, online, lock_timeout)
+                    await self._retry_lock_timeouts(deadline, run)
+                    applied.append(online.version)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                role, database = conn.role_and_database()
+                refused = migration_refused(exc, self.schema, role, database)
+                raise SchemaNotMigrated(refused or str(exc)) from exc
 
     async def _retry_lock_timeouts(self, deadline: float, attempt: Callable[[], Awaitable[T]]) -> T:
         delay = 0.1
@@ -1296,6 +1303,7 @@ class PgDriver:
             row[Explained.last_attempt],
             row[Explained.pause],
             row[Explained.concurrency],
+            other_workers=tuple(row[Explained.other_workers]),
         )
 
     async def job_trace_context(self, job_id: int) -> str | None:
@@ -1569,6 +1577,13 @@ class PgDriver:
             {"id": params.id, "tree": params.tree, "control_channel": control_channel(self.schema)},
         )
         return _cancel_outcome(rows)
+
+    async def job_descendants(self, job_id: int) -> list[Descendant]:
+        return _job_states(await self._fetch("job_descendants", {"id": job_id}))
+
+
+def _job_states(rows: Sequence[Sequence[Any]]) -> list[Descendant]:
+    return [Descendant(row[JobStateRow.id], row[JobStateRow.state]) for row in rows]
 
 
 def _cancel_outcome(rows: Sequence[Sequence[Any]]) -> CancelOutcome | None:

@@ -138,6 +138,64 @@ _CONNECT_FAILURES: tuple[_Failure, ...] = (
 )
 
 
+# A named prepared statement the session lost (26000), found taken (42P05) or found to be
+# another client's (08P01 "bind message supplies..."): what a transaction pooler does to a
+# session that prepares. Each fails before the statement runs, so running it again is safe.
+_LOST_STATEMENT = re.compile(
+    r'prepared statement "[^"]*" (?:does not exist|already exists)'
+    r'|bind message supplies \d+ parameters, but prepared statement "[^"]*"'
+)
+
+
+def is_lost_prepared_statement(exc: BaseException) -> bool:
+    """True if `exc` says a named prepared statement is missing or not this session's own:
+    a transaction pooler (PgBouncer in transaction mode) in front of a session that prepares."""
+    return (
+        isinstance(exc, psycopg.Error)
+        and exc.sqlstate in ("26000", "42P05", "08P01")
+        and _LOST_STATEMENT.search(str(exc)) is not None
+    )
+
+
+def schema_problem(exc: BaseException, schema: str) -> str | None:
+    """One line naming `trioq migrate` when `exc` says the schema is missing, or older than
+    this trioq (a producer or worker of a newer release pointed at a schema nobody migrated:
+    a column, function or type of a later migration is missing); None otherwise."""
+    fix = f"run `trioq migrate --schema {schema}`"
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+        return f"schema {schema!r} has no trioq tables ({exc.diag.message_primary}): {fix}"
+    if isinstance(
+        exc,
+        psycopg.errors.UndefinedColumn
+        | psycopg.errors.UndefinedFunction
+        | psycopg.errors.UndefinedObject,
+    ):
+        return (
+            f"schema {schema!r} is older than this trioq ({exc.diag.message_primary}): {fix} "
+            "with this release"
+        )
+    return None
+
+
+def migration_refused(exc: BaseException, schema: str, role: str, database: str) -> str | None:
+    """One line naming the fix when `trioq migrate` lacks a privilege (a worker's or
+    producer's role, or one without CREATE on the database); None for any other error."""
+    if not isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return None
+    cause = _first_line(exc)
+    if "for database" in cause:
+        fix = (
+            f"GRANT CREATE ON DATABASE {database} TO {role}, or have a superuser run CREATE "
+            f"SCHEMA {schema} AUTHORIZATION {role} first"
+        )
+    else:
+        fix = (
+            f"run it as the role that owns schema {schema!r} (the owner role of "
+            "docs/operations.md, \"Roles: least privilege\"), not a worker's or producer's"
+        )
+    return f"trioq migrate as role {role!r} was refused ({cause}): {fix}"
+
+
 def connection_problem(exc: BaseException, where: str = CLI_URL) -> ConnectionProblem | None:
     """What is wrong when `exc` is about reaching or using the database (see
     `ConnectionProblem`), or None when it is not. `where` names where the URL came from."""

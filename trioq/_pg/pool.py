@@ -24,6 +24,7 @@ from trioq._pg.connection import (
     ConnectOptions,
     connect,
 )
+from trioq._pg.errors import connection_problem
 
 logger = logging.getLogger("trioq.pg")
 
@@ -254,7 +255,15 @@ async def open_pool(
         raise ValueError(f"pool size must be at least 1, not {size}")
     pool = Pool(conninfo, size, ping_idle_after, connect_options)
     if open_first:
-        await pool._open_first()
+        try:
+            await pool._open_first()
+        except psycopg.Error as exc:
+            problem = connection_problem(exc, "the App's database_url or TRIOQ_DATABASE_URL")
+            if problem is not None and problem.permanent:
+                # psycopg's error as it is (callers catch it), with the CLI's line naming the fix
+                # (a pooler refusing "auto"'s startup options: prepared_statements="off").
+                exc.add_note(f"trioq: {problem.message}")
+            raise
     try:
         yield pool
     finally:

@@ -12,6 +12,7 @@ connection (`conn=`) so the enqueue commits or rolls back with the caller's tran
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import threading
 import time
@@ -72,6 +73,8 @@ if TYPE_CHECKING:
         ResultListenerStatistics,
         SyncResultListener,
     )
+
+logger = logging.getLogger("trioq.producer")
 
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
 # Opening a producer connects once, to fail at once with the cause (psycopg_pool would retry
@@ -199,13 +202,15 @@ class _Statements:
     def schema_required(self) -> Iterator[None]:
         import psycopg
 
+        from .errors import schema_problem
+
         try:
             yield
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
-            raise SchemaNotMigrated(
-                f"schema {self.schema!r} has no trioq tables ({exc.diag.message_primary}): "
-                f"run `trioq migrate --schema {self.schema}`"
-            ) from exc
+        except psycopg.errors.ProgrammingError as exc:
+            problem = schema_problem(exc, self.schema)
+            if problem is None:
+                raise
+            raise SchemaNotMigrated(problem) from exc
         except psycopg.errors.UniqueViolation as exc:
             from .errors import dedup_key_conflict
 
@@ -213,6 +218,73 @@ class _Statements:
             if conflict is None:
                 raise
             raise conflict from exc
+
+
+@attrs.define(eq=False)
+class _PreparedStatements:
+    """Whether the producer's pooled connections may prepare statements: `"auto"` until a
+    transaction pooler loses one (`prepared statement "_pg3_0" does not exist`, or `already
+    exists`), unnamed statements for good from then on; `"off"` from the start.
+
+    The lost statement failed before it ran, so the call is run once more on unnamed statements
+    (`retry`). The switch is a safety net, not a setting: until it happens a statement of the
+    same name and parameter count prepared by another client could run in place of ours."""
+
+    unnamed: bool
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+
+    def switch_if_lost(self, exc: BaseException) -> bool:
+        """True if `exc` is a lost prepared statement and the call may run once more unnamed;
+        the first one switches the producer and logs one line."""
+        from .errors import is_lost_prepared_statement
+
+        if not is_lost_prepared_statement(exc):
+            return False
+        with self._lock:
+            first, self.unnamed = not self.unnamed, True
+        if first:
+            logger.warning(
+                "a prepared statement went missing on the server (%s): a transaction pooler "
+                "(PgBouncer in transaction mode?) is in front, switching to unnamed "
+                'statements; set prepared_statements="off" (--prepared-statements off) to '
+                "start that way",
+                _first_line(exc),
+            )
+        return True
+
+    def pooler_found(self) -> None:
+        """Opening found a connection pooler in front: unnamed statements from the start."""
+        with self._lock:
+            first, self.unnamed = not self.unnamed, True
+        if first:
+            logger.warning(
+                "a connection pooler answers in front of PostgreSQL (PgBouncer?): using "
+                'unnamed statements; set prepared_statements="off" (--prepared-statements off) '
+                "to say so"
+            )
+
+    def apply(self, conn: SyncConnection | AsyncConnection) -> None:
+        if self.unnamed:
+            conn.prepare_threshold = None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _caller_connection_error(exc: BaseException) -> ProducerConnectionError | None:
+    """A lost prepared statement on the caller's own connection (`conn=`): its transaction has
+    failed, and only its owner can turn prepared statements off."""
+    from .errors import is_lost_prepared_statement
+
+    if not is_lost_prepared_statement(exc):
+        return None
+    return ProducerConnectionError(
+        f"{_first_line(exc)}: the connection passed as conn= goes through a transaction "
+        "pooler with prepared statements on; open it with prepare_threshold=None (Django: "
+        "DATABASES OPTIONS {'prepare_threshold': None})",
+        permanent=True,
+    )
 
 
 def _resolve_url(conninfo: str | None) -> str:
@@ -270,24 +342,45 @@ class _Settings:
     def listen_kwargs(self) -> dict[str, Any]:
         return {**self.connect_kwargs, "prepare_threshold": None}
 
-    def check(self) -> None:
-        """Connect once (bounded by CHECK_TIMEOUT): ProducerConnectionError naming the fix."""
+    def check(self) -> bool:
+        """Connect once (bounded by CHECK_TIMEOUT): ProducerConnectionError naming the fix.
+        True if a connection pooler answered (see `_pooler_answers`)."""
         import psycopg
 
         try:
-            with psycopg.connect(self.url, **self._check_kwargs):
-                pass
+            with psycopg.connect(self.url, **self._check_kwargs) as conn:
+                if self.connect_kwargs.get("prepare_threshold", 5) is None:
+                    return False  # "off": nothing to find out
+                return _pooler_answers(conn.info.backend_pid, conn.execute(_SERVER_PID).fetchone())
         except psycopg.Error as exc:
             raise _connection_error(exc) from None
 
-    async def check_async(self) -> None:
+    async def check_async(self) -> bool:
         import psycopg
 
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, **self._check_kwargs)
         except psycopg.Error as exc:
             raise _connection_error(exc) from None
-        await conn.close()
+        try:
+            if self.connect_kwargs.get("prepare_threshold", 5) is None:
+                return False
+            row = await (await conn.execute(_SERVER_PID)).fetchone()
+            return _pooler_answers(conn.info.backend_pid, row)
+        except psycopg.Error as exc:
+            raise _connection_error(exc) from None
+        finally:
+            await conn.close()
+
+
+_SERVER_PID = "SELECT pg_backend_pid()"
+
+
+def _pooler_answers(announced_pid: int, row: tuple[Any, ...] | None) -> bool:
+    """A connection pooler in front (PgBouncer, RDS Proxy, Supavisor): the process id the
+    connection announced at startup (its cancel key) is the pooler's own, not that of the
+    server process that runs the statements."""
+    return row is not None and row[0] != announced_pid
 
 
 def _connection_error(exc: psycopg.Error) -> ProducerConnectionError | psycopg.Error:
@@ -372,7 +465,10 @@ class SyncProducer:
         self._settings = _Settings.of(
             conninfo, prepared_statements, listen_url, pool_size, connect_timeout
         )
-        self._settings.check()
+        pooled = self._settings.check()
+        self._prepared = _PreparedStatements(unnamed=prepared_statements == "off")
+        if pooled:
+            self._prepared.pooler_found()
         self._fork_lock = threading.Lock()
         self._generation = _FORKS.generation
         _FORKS.producers.add(self)
@@ -432,21 +528,31 @@ class SyncProducer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    @contextmanager
-    def _connection(self, conn: SyncConnection | None) -> Iterator[SyncConnection]:
-        if conn is not None:
-            yield conn
-            return
-        self._this_process()
-        with self._pool.connection() as pooled:
-            yield pooled
-
     def _fetch(
         self, name_or_sql: str, params: Mapping[str, Any], conn: SyncConnection | None
     ) -> list[tuple[Any, ...]]:
         text = self._statements.sql.get(name_or_sql, name_or_sql)
-        with self._connection(conn) as connection, self._statements.schema_required():
-            return connection.execute(text, params).fetchall()
+        with self._statements.schema_required():
+            if conn is not None:
+                try:
+                    return conn.execute(text, params).fetchall()
+                except Exception as exc:
+                    error = _caller_connection_error(exc)
+                    if error is None:
+                        raise
+                    raise error from exc
+            try:
+                return self._fetch_pooled(text, params)
+            except Exception as exc:
+                if not self._prepared.switch_if_lost(exc):
+                    raise
+            return self._fetch_pooled(text, params)  # once more, unnamed (see _PreparedStatements)
+
+    def _fetch_pooled(self, text: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        self._this_process()
+        with self._pool.connection() as pooled:
+            self._prepared.apply(pooled)
+            return pooled.execute(text, params).fetchall()
 
     def enqueue(
         self,
@@ -623,6 +729,7 @@ class AsyncProducer:
         self._settings = _Settings.of(
             conninfo, prepared_statements, listen_url, pool_size, connect_timeout
         )
+        self._prepared = _PreparedStatements(unnamed=prepared_statements == "off")
         self._generation = _FORKS.generation
         self._pool = self._new_pool()
         self._opened = False  # open() was called: a child opens its fresh pool on first use
@@ -647,7 +754,8 @@ class AsyncProducer:
         return self._statements.schema
 
     async def open(self) -> None:
-        await self._settings.check_async()
+        if await self._settings.check_async():
+            self._prepared.pooler_found()
         self._opened = True
         await self._ready_pool()
 
@@ -700,10 +808,25 @@ class AsyncProducer:
         text = self._statements.sql.get(name_or_sql, name_or_sql)
         with self._statements.schema_required():
             if conn is not None:
-                return await (await conn.execute(text, params)).fetchall()
-            pool = await self._ready_pool()
-            async with pool.connection() as pooled:
-                return await (await pooled.execute(text, params)).fetchall()
+                try:
+                    return await (await conn.execute(text, params)).fetchall()
+                except Exception as exc:
+                    error = _caller_connection_error(exc)
+                    if error is None:
+                        raise
+                    raise error from exc
+            try:
+                return await self._fetch_pooled(text, params)
+            except Exception as exc:
+                if not self._prepared.switch_if_lost(exc):
+                    raise
+            return await self._fetch_pooled(text, params)  # see SyncProducer._fetch
+
+    async def _fetch_pooled(self, text: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        pool = await self._ready_pool()
+        async with pool.connection() as pooled:
+            self._prepared.apply(pooled)
+            return await (await pooled.execute(text, params)).fetchall()
 
     async def enqueue(
         self,

@@ -221,13 +221,14 @@ class Explained(Reply, statements=("job_explain",)):
     last_attempt: ClassVar[int]
     pause: ClassVar[int]
     concurrency: ClassVar[int]
+    other_workers: ClassVar[int]
 
 
 class TraceContext(Reply, statements=("job_trace_context",)):
     trace_context: ClassVar[int]
 
 
-class JobStateRow(Reply, statements=("job_states",)):
+class JobStateRow(Reply, statements=("job_states", "job_descendants")):
     id: ClassVar[int]
     state: ClassVar[int]
 

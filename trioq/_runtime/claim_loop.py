@@ -419,7 +419,7 @@ class ClaimLoop:
                 )
                 raise
             self._db_healthy = False  # the database is away: retry later
-            log.warning(
+            log.debug(  # the worker's outage summary says it (trioq/_runtime/outage.py)
                 "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, self._backoff
             )
             await trio.sleep(self._backoff * (1 + random.random()))

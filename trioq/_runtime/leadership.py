@@ -25,6 +25,7 @@ import trio
 
 from .._driver import Driver, LeaderElect, LeaderResign
 from .maintenance import Maintenance
+from .outage import lost_connection_level
 from .polls import ALIGN_SHARE, PollSharing
 from .scheduler import Scheduler
 
@@ -106,7 +107,8 @@ class Leadership:
                 report = await self.driver.leader_elect(params)
                 answer.set(report.now, report.probes)
         except Exception as exc:
-            log.warning("leader election failed: %s", exc)
+            level = lost_connection_level(self.driver.is_connection_lost, exc)
+            log.log(level, "leader election failed: %s", exc)
             return False
         self._elections += 1
         if not report.registered:

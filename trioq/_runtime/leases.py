@@ -21,6 +21,7 @@ from .._driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
 from .admission import AdmissionControl
 from .claim_loop import ClaimLoop
 from .metrics import WorkerMetrics
+from .outage import lost_connection_level
 
 log = logging.getLogger("trioq.worker")
 # A cancel hint renews early at most this often: a notification storm (any login may NOTIFY)
@@ -120,7 +121,8 @@ class LeaseRenewer:
                     )
                 )
             except Exception as exc:
-                log.warning("lease renewal failed: %s", exc)
+                level = lost_connection_level(self.driver.is_connection_lost, exc)
+                log.log(level, "lease renewal failed: %s", exc)
         if renewed is None:
             self.healthy = False
             return

@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from .._driver import Driver, MaintenancePass, MaintenanceReport
+from .outage import lost_connection_level
 from .polls import ALIGN_SHARE, PollSharing
 from .scheduler import Scheduler
 
@@ -81,7 +82,8 @@ class Maintenance:
                     answer.set(report.now, report.probes)
             except Exception as exc:
                 self._healthy = False
-                log.warning("maintenance pass failed: %s", exc)
+                level = lost_connection_level(self.driver.is_connection_lost, exc)
+                log.log(level, "maintenance pass failed: %s", exc)
                 return True
             await self._record(report)
             if not report.leader:

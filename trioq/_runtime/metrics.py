@@ -383,6 +383,7 @@ class _InstrumentedDriver:
     _metrics: WorkerMetrics
     _on_error: DriverErrorSink | None
     _on_claim: ClaimLatencySink | None
+    _on_success: Callable[[], None] | None = None
     _wrapped: dict[str, Any] = attrs.field(factory=dict)
 
     def __getattr__(self, name: str) -> Any:
@@ -398,6 +399,7 @@ class _InstrumentedDriver:
 
     def _wrap(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         metrics, on_error, on_claim = self._metrics, self._on_error, self._on_claim
+        on_success = self._on_success
         is_claim = name == "job_claim"
         is_maintenance = name == "maintenance_pass"
         written = CHECKPOINTS_WRITTEN.get(name)
@@ -412,6 +414,8 @@ class _InstrumentedDriver:
                 if on_error is not None:
                     on_error(name, exc)
                 raise
+            if on_success is not None:
+                on_success()
             if is_claim:
                 queue = args[0].queue
                 elapsed = trio.current_time() - started
@@ -477,8 +481,9 @@ def instrument_driver(
     *,
     on_error: DriverErrorSink | None = None,
     on_claim: ClaimLatencySink | None = None,
+    on_success: Callable[[], None] | None = None,
 ) -> Driver:
-    return cast(Driver, _InstrumentedDriver(driver, metrics, on_error, on_claim))
+    return cast(Driver, _InstrumentedDriver(driver, metrics, on_error, on_claim, on_success))
 
 
 __all__ = ["WorkerMetrics", "instrument_driver"]

@@ -33,6 +33,7 @@ from .._driver import (
     ScheduleFireReport,
     ScheduleRecord,
 )
+from .outage import lost_connection_level
 
 log = logging.getLogger("trioq.scheduler")
 
@@ -150,7 +151,8 @@ class Scheduler:
             )
         except Exception as exc:
             self._healthy = False
-            log.warning("scheduler tick failed: %s", exc)
+            level = lost_connection_level(self.driver.is_connection_lost, exc)
+            log.log(level, "scheduler tick failed: %s", exc)
             return self.retry_seconds
         self._healthy = True
         self._record(report)

@@ -33,6 +33,7 @@ from .leadership import Leadership
 from .leases import LeaseRenewer
 from .maintenance import Maintenance
 from .metrics import WorkerMetrics, instrument_driver
+from .outage import DatabaseOutage
 from .polls import PollSharing
 from .scheduler import Scheduler
 from .tasks import TaskSpec
@@ -203,6 +204,7 @@ class Worker:
     scheduler: Scheduler = attrs.field(init=False)
     checkpoints: CheckpointWriter = attrs.field(init=False)
     renewer: LeaseRenewer = attrs.field(init=False)
+    outage: DatabaseOutage = attrs.field(init=False)
     watchdog: Watchdog = attrs.field(init=False)
     maintenance: Maintenance = attrs.field(init=False)
     leadership: Leadership = attrs.field(init=False)
@@ -222,11 +224,18 @@ class Worker:
             renewal_age=lambda: self.renewer.age(),
             metrics=self.metrics,
         )
+        self.outage = DatabaseOutage(self.driver.is_connection_lost)
+
+        def on_error(statement: str, error: BaseException) -> None:
+            self.admission.record_error(statement, error)
+            self.outage.failed(statement, error)
+
         self.driver = instrument_driver(
             self.driver,
             self.metrics,
-            on_error=self.admission.record_error,
+            on_error=on_error,
             on_claim=self.admission.record_claim,
+            on_success=self.outage.succeeded,
         )
         hooks = _with_metrics(self.hooks, self.metrics)
         self.checkpoints = CheckpointWriter(self.driver)

@@ -1455,6 +1455,17 @@ WHERE state = 'ready' OR (state <> 'running' AND run_at <= {schema}.db_now());
 -- it diffs the table around each driver call, so it runs only on small test schemas).
 SELECT id, state FROM {schema}.jobs;
 
+-- name: job_descendants
+-- `trioq cancel --tree`'s report: the job's descendants with their states, read before and
+-- after the cancel (outside its transaction: an operator's report, not a guarantee). Each
+-- level is an index scan of jobs_parent_idx (parent_id, parent_position).
+WITH RECURSIVE tree AS (
+    SELECT j.id, j.state FROM {schema}.jobs j WHERE j.parent_id = %(id)s::bigint
+    UNION ALL
+    SELECT c.id, c.state FROM {schema}.jobs c JOIN tree t ON c.parent_id = t.id
+)
+SELECT id, state FROM tree ORDER BY id;
+
 -- name: job_explain
 -- `trioq explain`: the job row and the facts each claim gate depends on, in one read. Rows are
 -- read as to_jsonb(...) so that columns later migrations add (wait keys, versions) reach the
@@ -1525,7 +1536,15 @@ SELECT {schema}.db_now() AS now,
             WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
               AND f.state = 'ready'
             ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
-        WHERE job.concurrency_key IS NOT NULL) AS concurrency
+        WHERE job.concurrency_key IS NOT NULL) AS concurrency,
+       -- The workers of other queues: whether any live one registers the job's task (a job
+       -- enqueued on the wrong queue) or none does (a misspelt task name), as `trioq status`
+       -- names the task rather than the queue.
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'queues', w.queues, 'task_versions', w.task_versions,
+                   'heartbeat_at', w.heartbeat_at, 'heartbeat_seconds', w.heartbeat_seconds)
+                   ORDER BY w.started_at), '[]'::jsonb)
+        FROM {schema}.workers AS w WHERE NOT job.queue = ANY (w.queues)) AS other_workers
 FROM job;
 
 -- name: job_list

@@ -195,13 +195,19 @@ async def _all_ids(
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
+    trees: dict[int, list[tuple[int, str, str]]] = {}
     async with _app(args).client() as client:
         outcomes = []
         for job in args.job_ids:
+            before = await client.descendants(job) if args.tree else []
             try:
                 outcomes.append((job, await client.cancel(job, tree=args.tree)))
             except JobNotFound:
                 outcomes.append((job, "missing"))
+                continue
+            if before:
+                after = {member.id: member.state for member in await client.descendants(job)}
+                trees[job] = [(m.id, m.state, after.get(m.id, "gone")) for m in before]
     # running, ready (a suspended workflow woken to run its cleanup) and waiting (for children)
     # are on their way to cancelled.
     return _report(
@@ -210,7 +216,39 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         args,
         wanted=JobState.CANCELLED,
         also=(JobState.RUNNING, JobState.READY, JobState.WAITING),
+        trees=trees,
     )
+
+
+# What a descendant's state after `cancel --tree` means, in the report's words.
+_TREE_OUTCOMES: dict[str, str] = {
+    JobState.CANCELLED: "cancelled",
+    JobState.RUNNING: "running, cancel requested",
+    JobState.READY: "woken to run their cleanup",
+    JobState.WAITING: "waiting for their own children",
+}
+
+
+def describe_tree(members: Sequence[tuple[int, str, str]]) -> str:
+    """One line for what `cancel --tree` did to a job's descendants (id, state before, after):
+    counts by outcome with their ids, and how many had already finished."""
+    by_outcome: dict[str, list[int]] = {}
+    finished = 0
+    for member_id, before, after in members:
+        if before in FINISHED:
+            finished += 1
+            continue
+        outcome = _TREE_OUTCOMES.get(after, f"now {after}")  # JobState values are str
+        by_outcome.setdefault(outcome, []).append(member_id)
+    parts = [f"{len(ids)} {outcome} ({_ids(ids)})" for outcome, ids in by_outcome.items()]
+    if finished:
+        parts.append(f"{finished} already finished")
+    return f"{len(members)} descendant(s): " + "; ".join(parts)
+
+
+def _ids(ids: Sequence[int], shown: int = 10) -> str:
+    text = ", ".join(str(job) for job in ids[:shown])
+    return text if len(ids) <= shown else f"{text}, ... {len(ids) - shown} more"
 
 
 def _report(
@@ -220,14 +258,28 @@ def _report(
     *,
     wanted: str,
     also: tuple[str, ...] = (),
+    trees: dict[int, list[tuple[int, str, str]]] | None = None,
 ) -> int:
-    """One line per job (or JSON); exit 1 if any job was missing or could not change."""
+    """One line per job (or JSON), and under it what became of its descendants (`cancel
+    --tree`); exit 1 if any job was missing or could not change."""
+    trees = trees or {}
     if args.json:
-        _print_json({"jobs": [{"id": job, "state": state} for job, state in outcomes]})
+        jobs: list[dict[str, Any]] = []
+        for job, state in outcomes:
+            entry: dict[str, Any] = {"id": job, "state": state}
+            if job in trees:
+                entry["descendants"] = [
+                    {"id": member, "before": before, "state": after}
+                    for member, before, after in trees[job]
+                ]
+            jobs.append(entry)
+        _print_json({"jobs": jobs})
     else:
         for job, state in outcomes:
             note = "" if state in (wanted, *also) else "  (left alone)"
             print(f"{job}: {state}{note}")
+            if job in trees:
+                print(f"  {describe_tree(trees[job])}")
         print(f"{sum(state in (wanted, *also) for _, state in outcomes)} {verb}")
     return 0 if all(state in (wanted, *also) for _, state in outcomes) else 1
 

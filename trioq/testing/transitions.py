@@ -84,6 +84,7 @@ NO_JOB_WRITES = frozenset(
         "concurrency_rate_status",
         "is_connection_lost",
         "job_attempts",
+        "job_descendants",
         "job_explain",
         "job_get",
         "job_list",
