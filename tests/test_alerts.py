@@ -2,7 +2,7 @@
 (nothing exports metrics then, so only an `absent()` rule can fire) and a worker killed with
 jobs (counted by the leader that recovers them, since the dead worker counts nothing).
 
-The rules live in docs/deploy/prometheus-alerts.yaml and docs/operations.md shows them as they
+The rules live in docs/prometheus-alerts.yaml and docs/operations.md shows them as they
 are; `promtool` (Debian's `prometheus` package: .ci/run installs it) checks them and runs the
 unit tests of tests/prometheus/alerts_test.yaml."""
 
@@ -21,7 +21,7 @@ from tests.support import make_app, running_worker, sql_scalar, wait_until
 from tests.test_metrics import samples_of
 
 ROOT = Path(__file__).resolve().parent.parent
-RULES = ROOT / "docs" / "deploy" / "prometheus-alerts.yaml"
+RULES = ROOT / "docs" / "prometheus-alerts.yaml"
 UNIT_TESTS = ROOT / "tests" / "prometheus" / "alerts_test.yaml"
 
 

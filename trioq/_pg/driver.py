@@ -899,17 +899,19 @@ class PgDriver:
                 )
                 settled = tuple(zip(row[CompletePlain.ids], row[CompletePlain.states], strict=True))
                 now = row[CompletePlain.now]
-            if kept and _all_plain(kept):
-                self._calls["job_complete_plain"] += 1
-                [row] = await self._query(conn, "job_complete_plain", complete_plain_params(kept))
-                ids, states = row[CompletePlain.ids], row[CompletePlain.states]
-                now = row[CompletePlain.now]
-            elif kept:
-                self._calls["job_settle_many"] += 1
-                [row] = await self._query(conn, "job_settle_many", settle_params(kept))
-                ids, states, now = row[Settled.ids], row[Settled.states], row[Settled.now]
-                next_due = row[Settled.next_due]
-            if kept:
+            if kept or not discarded:  # (an empty batch still answers with the time)
+                if _all_plain(kept):
+                    self._calls["job_complete_plain"] += 1
+                    [row] = await self._query(
+                        conn, "job_complete_plain", complete_plain_params(kept)
+                    )
+                    ids, states = row[CompletePlain.ids], row[CompletePlain.states]
+                    now = row[CompletePlain.now]
+                else:
+                    self._calls["job_settle_many"] += 1
+                    [row] = await self._query(conn, "job_settle_many", settle_params(kept))
+                    ids, states, now = row[Settled.ids], row[Settled.states], row[Settled.now]
+                    next_due = row[Settled.next_due]
                 settled += tuple(zip(ids, states, strict=True))
         assert now is not None
         return SettleResult(settled=settled, now=now, next_due=next_due, replied_at=conn.replied_at)
