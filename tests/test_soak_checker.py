@@ -134,6 +134,15 @@ def test_a_run_whose_worker_died_does_not_overlap_the_run_after_the_death() -> N
     assert rules(h, facts(1)) == [("two runs of one job overlap", (1,))]
 
 
+def test_a_run_that_suspended_itself_may_still_unwind_when_its_resumed_run_starts() -> None:
+    suspended = run(1, "a", 0, None, effects=((1, "continue", None, None),))
+    suspended.append(LogRow(1, "a", 1, 100, "end", at(3), None, "SuspendExecution"))
+    h = history(suspended, run(1, "b", 2, 4), jobs=[JobRow(1, "completed")])
+    assert rules(h, facts(1)) == []
+    early = history(suspended, run(1, "b", 0.5, 4), jobs=[JobRow(1, "completed")])
+    assert rules(early, facts(1)) == [("two runs of one job overlap", (1,))]
+
+
 def test_a_lost_job_and_a_job_stuck_ready_are_reported() -> None:
     h = history(run(1, "a", 0, 1), jobs=[JobRow(1, "completed"), JobRow(2, "ready")])
     assert rules(h, facts(1, 2, 3)) == [

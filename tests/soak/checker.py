@@ -27,6 +27,7 @@ import attrs
 FAR = datetime.datetime.max.replace(tzinfo=datetime.UTC)
 FINAL = frozenset({"completed", "failed", "cancelled"})
 PENDING = frozenset({"scheduled", "sleeping", "waiting"})  # legitimately unfinished at the end
+SUSPENDED = "SuspendExecution"  # the value of a suspended run's end row
 Interval = tuple[datetime.datetime, datetime.datetime]
 
 
@@ -64,8 +65,8 @@ class Run:
     attempt: int
     pid: int
     start: datetime.datetime
-    end: datetime.datetime | None  # its end or cancelled row
-    end_kind: str | None
+    end: datetime.datetime | None  # its end or cancelled row (see _run_of for a suspension)
+    end_kind: str | None  # end, cancelled, suspended
     rows: tuple[LogRow, ...]
 
 
@@ -79,22 +80,7 @@ class History:
         by_run: dict[tuple[int, str], list[LogRow]] = collections.defaultdict(list)
         for row in self.rows:
             by_run[row.job_id, row.run_id].append(row)
-        runs = []
-        for (job_id, run_id), rows in by_run.items():
-            start = next((row for row in rows if row.kind == "start"), rows[0])
-            end = next((row for row in rows if row.kind in ("end", "cancelled")), None)
-            runs.append(
-                Run(
-                    job_id,
-                    run_id,
-                    start.attempt,
-                    start.pid,
-                    start.ts,
-                    end.ts if end else None,
-                    end.kind if end else None,
-                    tuple(rows),
-                )
-            )
+        runs = [_run_of(job_id, run_id, rows) for (job_id, run_id), rows in by_run.items()]
         return sorted(runs, key=lambda run: run.start)
 
     @cached_property
@@ -114,6 +100,24 @@ class History:
     def duplicates(self) -> int:
         """Runs beyond the first of each job (at-least-once re-executions, suspensions)."""
         return len(self.runs) - len({run.job_id for run in self.runs})
+
+
+def _run_of(job_id: int, run_id: str, rows: list[LogRow]) -> Run:
+    """A suspended run (its end row's value: SuspendExecution) ends at its last row before the
+    end row: a primitive that writes its own suspension (wait_for_event, receive, wait_result,
+    continue_as_new) releases the job before raising, so the resumed run may start on another
+    worker while this one unwinds. Ending it earlier can only hide overlaps of that unwinding."""
+    start = next((row for row in rows if row.kind == "start"), rows[0])
+    index, end = next(
+        ((n, row) for n, row in enumerate(rows) if row.kind in ("end", "cancelled")), (0, None)
+    )
+    if end is None:
+        return Run(job_id, run_id, start.attempt, start.pid, start.ts, None, None, tuple(rows))
+    if end.value == SUSPENDED and index > 0:
+        ts, kind = rows[index - 1].ts, "suspended"
+    else:
+        ts, kind = end.ts, end.kind
+    return Run(job_id, run_id, start.attempt, start.pid, start.ts, ts, kind, tuple(rows))
 
 
 @attrs.frozen
@@ -196,10 +200,8 @@ def nothing_lost(history: History, facts: Facts) -> Iterator[Violation]:
     missing = sorted(facts.acknowledged - set(history.jobs))
     if missing:
         yield Violation("acknowledged job lost", tuple(missing), "no row in jobs")
-    stuck = sorted(
-        job.id
-        for job in history.jobs.values()
-        if job.id in facts.acknowledged and job.state not in FINAL | facts.pending_ok
+    stuck = sorted(  # children and cron occurrences too: every job in the table
+        job.id for job in history.jobs.values() if job.state not in FINAL | facts.pending_ok
     )
     if stuck:
         states = {job_id: history.jobs[job_id].state for job_id in stuck[:20]}
