@@ -141,6 +141,9 @@ def test_a_run_that_suspended_itself_may_still_unwind_when_its_resumed_run_start
     assert rules(h, facts(1)) == []
     early = history(suspended, run(1, "b", 0.5, 4), jobs=[JobRow(1, "completed")])
     assert rules(early, facts(1)) == [("two runs of one job overlap", (1,))]
+    continued = run(1, "a", 0, 3, effects=((1, "continue", None, None),), end_kind="cancelled")
+    h = history(continued, run(1, "b", 2, 4), jobs=[JobRow(1, "completed")])
+    assert rules(h, facts(1)) == []
 
 
 def test_a_lost_job_and_a_job_stuck_ready_are_reported() -> None:

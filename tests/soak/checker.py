@@ -103,17 +103,20 @@ class History:
 
 
 def _run_of(job_id: int, run_id: str, rows: list[LogRow]) -> Run:
-    """A suspended run (its end row's value: SuspendExecution) ends at its last row before the
-    end row: a primitive that writes its own suspension (wait_for_event, receive, wait_result,
-    continue_as_new) releases the job before raising, so the resumed run may start on another
-    worker while this one unwinds. Ending it earlier can only hide overlaps of that unwinding."""
+    """A suspended run ends at its last row before its end row: a primitive that writes its own
+    suspension (wait_for_event, receive, wait_result, continue_as_new) releases the job before
+    it raises, so the resumed run may start, even on the same worker, while this one unwinds.
+    A suspended run is one whose end row says SuspendExecution, or that logged `continue` just
+    before its end (a reclaim by the same worker can cancel a continued run as it unwinds).
+    Ending it earlier can only hide overlaps of that unwinding."""
     start = next((row for row in rows if row.kind == "start"), rows[0])
     index, end = next(
         ((n, row) for n, row in enumerate(rows) if row.kind in ("end", "cancelled")), (0, None)
     )
     if end is None:
         return Run(job_id, run_id, start.attempt, start.pid, start.ts, None, None, tuple(rows))
-    if end.value == SUSPENDED and index > 0:
+    suspended = end.value == SUSPENDED or (index > 0 and rows[index - 1].kind == "continue")
+    if suspended and index > 0:
         ts, kind = rows[index - 1].ts, "suspended"
     else:
         ts, kind = end.ts, end.kind
