@@ -37,7 +37,7 @@ SCHEMA = "trioq"
 WORK, LIMITED, RATED, FLOWS = "soak", "soak_limited", "soak_rated", "soak_flows"
 QUEUES = (WORK, LIMITED, RATED, FLOWS)
 QUEUE_LIMITS = {LIMITED: 3}
-QUEUE_RATES = {RATED: (30, 60.0)}  # 30 starts a minute
+QUEUE_RATES = {RATED: (20, 60.0)}  # 20 starts a minute
 TENANT_LIMIT = 2
 DEADLINE = datetime.timedelta(seconds=3)
 CRON_TASK = "tick"
@@ -211,7 +211,7 @@ def build_app(database_url: str | None = None) -> trioq.App:
             batch = await ctx.receive("items", timeout=datetime.timedelta(minutes=10))
             await ctx.step(f"got{n}", effect(ctx, f"0:{n}", "message", batch))
             received += len(batch)
-            if "stop" in batch:
+            if any(str(item).startswith("stop") for item in batch):
                 return received
         raise AssertionError("unreachable")
 

@@ -321,7 +321,7 @@ def partition_keys_exclusive(history: History, facts: Facts) -> Iterator[Violati
                 )
 
 
-def _peak(runs: Iterable[Run], facts: Facts) -> tuple[int, list[Run]]:
+def peak(runs: Iterable[Run], facts: Facts) -> tuple[int, list[Run]]:
     """The most runs going at one instant, and which (an end at t frees before a start at t)."""
     edges = sorted(
         [(run.start, 1, run) for run in runs] + [(end_of(run, facts), 0, run) for run in runs],
@@ -346,12 +346,12 @@ def _limit_excess(
         limit = limit_of.get(name)
         if limit is None:
             continue
-        peak, going = _peak(runs, facts)
-        if peak > limit:
+        most, going = peak(runs, facts)
+        if most > limit:
             yield Violation(
                 rule,
                 tuple(sorted({run.job_id for run in going})),
-                f"{name!r}: {peak} running at once, limit {limit}",
+                f"{name!r}: {most} running at once, limit {limit}",
             )
 
 

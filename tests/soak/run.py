@@ -11,6 +11,7 @@ The seed is printed at the start and in the verdict: the same seed gives the sam
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import datetime
 import random
@@ -24,12 +25,14 @@ from psycopg import sql
 
 from tests.procs import fetch, worker_group
 from tests.soak import app as soak_app
+from tests.soak import checker
 from tests.soak.checker import History, Report, check
 from tests.soak.faults import (
     KINDS,
     LEASE,
     POLL,
     WITHOUT_OWN_CLUSTER,
+    Fault,
     Injector,
     Workers,
     fault_schedule,
@@ -79,7 +82,7 @@ async def soak(
                 background.start_soon(workload.sampler)
                 async with trio.open_nursery() as tail:
                     with trio.move_on_after(seconds):
-                        await load(workload, injector, schedule, tail)
+                        await load(workload, injector, schedule, tail, seconds)
                     load_ended = now()
                     print(f"load stopped after {seconds} s; finishing emits and feeds", flush=True)
                     tail.cancel_scope.deadline = trio.current_time() + TAIL_WITHIN
@@ -96,10 +99,18 @@ async def soak(
     return Outcome(check(history, facts), history, record, load_started, load_ended)
 
 
-async def load(workload: Workload, injector: Injector, schedule: list, tail: trio.Nursery) -> None:
+async def load(
+    workload: Workload,
+    injector: Injector,
+    schedule: list[Fault],
+    tail: trio.Nursery,
+    seconds: float,
+) -> None:
+    """Producers, workflows, operators and faults, until cancelled."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(injector.run, schedule, trio.current_time())
         nursery.start_soon(workload.trio_producer)
+        nursery.start_soon(workload.rated_bursts, seconds)
         nursery.start_soon(workload.sync_producer)
         nursery.start_soon(workload.sql_producer)
         nursery.start_soon(workload.workflows, tail)
@@ -147,11 +158,40 @@ def summary(outcome: Outcome, seed: int) -> str:
         f"  worst recovery: {'n/a' if worst is None else f'{worst:.2f} s'} "
         f"over {len(report.recoveries)} lost jobs",
         f"  throughput: {first / 60:.1f} runs/s in the first minute, {last / 60:.1f} in the last",
+        f"  peaks (limits exercised): {peaks(history, record)}",
         f"  violations: {len(report.violations)}",
         *(f"    {violation}" for violation in report.violations[:50]),
         *evidence(history, report),
     ]
     return "\n".join(lines)
+
+
+def peaks(history: History, record: Record) -> str:
+    """The most runs at once of the limited queue and of the busiest tenant key, with their
+    limits: a soak whose peaks stay far below the limits did not test them."""
+    facts = record.facts()
+    by_queue = collections.defaultdict(list)
+    by_key = collections.defaultdict(list)
+    for run in history.runs:
+        job = history.jobs.get(run.job_id)
+        if job is not None:
+            by_queue[job.queue].append(run)
+            if job.concurrency_key:
+                by_key[job.concurrency_key].append(run)
+    limited = soak_app.LIMITED
+    queue_peak = checker.peak(by_queue[limited], facts)[0]
+    key_peak = max((checker.peak(runs, facts)[0] for runs in by_key.values()), default=0)
+    rate, period = soak_app.QUEUE_RATES[soak_app.RATED]
+    starts = sorted(run.start for run in by_queue[soak_app.RATED])
+    window = datetime.timedelta(seconds=period)
+    rated = max(
+        (bisect.bisect_left(starts, t + window) - n for n, t in enumerate(starts)), default=0
+    )
+    return (
+        f"{limited} {queue_peak}/{soak_app.QUEUE_LIMITS[limited]} running, "
+        f"tenant keys {key_peak}/{soak_app.TENANT_LIMIT} running, "
+        f"{soak_app.RATED} {rated}/{rate} starts in {period:g} s"
+    )
 
 
 def evidence(history: History, report: Report, jobs: int = 5) -> list[str]:

@@ -33,12 +33,11 @@ PRINTED_ERRORS = 5
 Maker = Callable[[random.Random], Any]
 MIX: list[tuple[int, str, Maker, Maker]] = [
     (30, "noop", lambda r: {}, lambda r: {}),
-    (10, "slow", lambda r: {"seconds": round(r.uniform(0.5, 3), 2)}, lambda r: {}),
+    (15, "slow", lambda r: {"seconds": round(r.uniform(1, 5), 2)}, lambda r: {}),
     (10, "flaky", lambda r: {"fail": r.choice([0, 1, 2, 7])}, lambda r: {}),
     (15, "keyed", lambda r: {}, lambda r: {"partition_key": f"p{r.randrange(4)}"}),
     (10, "tenant", lambda r: {"tenant": r.randrange(3)}, lambda r: {}),
     (8, "limited", lambda r: {}, lambda r: {}),
-    (2, "rated", lambda r: {}, lambda r: {}),
     (4, "late", lambda r: {"seconds": r.choice([0.5, 6.0])}, lambda r: {}),
 ]
 
@@ -82,6 +81,16 @@ class Workload:
                 if job is not None:
                     self.record.ack(job.id)
             await trio.sleep(self.rng.uniform(0.05, 0.3))
+
+    async def rated_bursts(self, seconds: float, size: int = 30) -> None:
+        """Bursts of jobs on the rated queue, at the start and halfway: each fills the queue's
+        window, and the rest of the burst waits for it to slide."""
+        for _ in range(2):
+            jobs = await self.attempt(
+                "enqueue_many", self.client.enqueue_many, "rated", [{}] * size
+            )
+            self.record.ack(*(job.id for job in jobs or ()))
+            await trio.sleep(seconds / 2)
 
     async def sync_producer(self) -> None:
         """A `SyncProducer` in a worker thread; cancelling this stops it within 0.3 s."""
