@@ -121,6 +121,15 @@ def test_a_step_run_again_after_its_run_went_past_it_is_reported() -> None:
     assert rules(h, facts(1)) == [("step side effect repeated after its run went past it", (1,))]
 
 
+def test_a_step_whose_run_then_failed_may_run_again() -> None:
+    failed = run(1, "a", 0, None, effects=(step(0.5, "charge"),))
+    failed.append(LogRow(1, "a", 1, 100, "end", at(1), None, "CheckpointWriteFailed"))
+    h = history(
+        failed, run(1, "b", 3, 4, effects=(step(3.5, "charge"),)), jobs=[JobRow(1, "completed")]
+    )
+    assert rules(h, facts(1)) == []
+
+
 def test_overlapping_runs_of_one_job_are_reported() -> None:
     h = history(run(1, "a", 0, 5), run(1, "b", 3, 6, attempt=2), jobs=[JobRow(1, "completed")])
     assert rules(h, facts(1)) == [("two runs of one job overlap", (1,))]

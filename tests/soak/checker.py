@@ -138,6 +138,8 @@ class Facts:
     acknowledged: frozenset[int]
     died: Mapping[int, datetime.datetime] = attrs.field(factory=dict)  # pid -> when it died
     killed: frozenset[int] = frozenset()  # pids killed -9: their lost jobs are timed
+    # (job, attempt, pid) -> when maintenance recovered that run's expired lease (it ends there)
+    recovered: Mapping[tuple[int, int, int], datetime.datetime] = attrs.field(factory=dict)
     outages: Sequence[Interval] = ()  # the database was down (restarts)
     pending_ok: frozenset[str] = PENDING
     queue_limits: Mapping[str, int] = attrs.field(factory=dict)
@@ -193,7 +195,9 @@ def check(history: History, facts: Facts) -> Report:
 
 
 def end_of(run: Run, facts: Facts) -> datetime.datetime:
-    return min((t for t in (run.end, facts.died.get(run.pid)) if t is not None), default=FAR)
+    """Its end row, its worker's death or its lease's recovery, whichever came first."""
+    recovered = facts.recovered.get((run.job_id, run.attempt, run.pid))
+    return min((t for t in (run.end, facts.died.get(run.pid), recovered) if t), default=FAR)
 
 
 # --- nothing lost, no overlap, steps once, attempts --------------------------------------------
@@ -247,7 +251,7 @@ def _steps_repeated_after(run: Run, runs: list[Run]) -> Iterator[Violation]:
     for index, row in enumerate(run.rows):
         if row.kind != "step":
             continue
-        if all(after.kind == "cancelled" for after in run.rows[index + 1 :]):
+        if not any(_went_on(after) for after in run.rows[index + 1 :]):
             continue  # the run may have stopped before the step's checkpoint committed
         again = [
             other.run_id
@@ -264,6 +268,15 @@ def _steps_repeated_after(run: Run, runs: list[Run]) -> Iterator[Violation]:
             )
 
 
+def _went_on(row: LogRow) -> bool:
+    """The row proves the run went on past the steps before it: a later effect, a return, or a
+    suspension by a later primitive. A cancellation or an error does not (the step's own
+    checkpoint write may be what failed)."""
+    if row.kind == "end":
+        return row.value is None or row.value == SUSPENDED
+    return row.kind in ("step", "message", "event_woken", "continue")
+
+
 def _runs_by_job(history: History) -> dict[int, list[Run]]:
     by_job: dict[int, list[Run]] = collections.defaultdict(list)
     for run in history.runs:  # in start order
@@ -271,15 +284,22 @@ def _runs_by_job(history: History) -> dict[int, list[Run]]:
     return by_job
 
 
-def _fault_between(facts: Facts, start: datetime.datetime, end: datetime.datetime) -> bool:
-    return any(start <= when <= end for when in facts.died.values()) or any(
-        down < end and up > start for down, up in facts.outages
+def _fault_between(
+    facts: Facts, job_id: int, start: datetime.datetime, end: datetime.datetime
+) -> bool:
+    """A fault, or a redrive of the job (a claim cancelled before its handler logged), in
+    between."""
+    return (
+        any(start <= when <= end for when in facts.died.values())
+        or any(down < end and up > start for down, up in facts.outages)
+        or any(start <= when <= end for when in facts.redriven.get(job_id, ()))
     )
 
 
 def attempts_consecutive(history: History, facts: Facts) -> Iterator[Violation]:
     """Within a generation (continue-as-new resets the attempt), attempt numbers never go back,
-    and skip one only when a fault could have ended a claim before its handler logged."""
+    and skip one only when a fault or a redrive could have ended a claim before its handler
+    logged."""
     by_job = _runs_by_job(history)
     for job_id, runs in by_job.items():
         for prev, run in itertools.pairwise(runs):
@@ -292,7 +312,7 @@ def attempts_consecutive(history: History, facts: Facts) -> Iterator[Violation]:
                     f"attempt {run.attempt} (run {run.run_id}) after {prev.attempt}",
                 )
             elif run.attempt > prev.attempt + 1 and not _fault_between(
-                facts, prev.start, run.start
+                facts, job_id, prev.start, run.start
             ):
                 yield Violation(
                     "attempts not consecutive",

@@ -61,6 +61,39 @@ async def read_history(pg_url: str, schema: str) -> History:
     return History(log, await read_jobs(pg_url, schema))
 
 
+async def read_recovered(
+    pg_url: str, schema: str, worker_pids: Mapping[str, int]
+) -> dict[tuple[int, int, int], datetime.datetime]:
+    """(job, attempt, worker pid) -> when maintenance recovered that attempt's expired lease;
+    `worker_pids` maps each worker id to its pid."""
+    rows = await fetch(
+        pg_url,
+        _q(
+            schema,
+            "SELECT job_id, attempt, worker_id::text, finished_at "
+            "FROM {s}.attempts WHERE outcome = 'lost'",
+        ),
+    )
+    return {
+        (job, attempt, worker_pids[worker]): ts
+        for job, attempt, worker, ts in rows
+        if worker in worker_pids
+    }
+
+
+def assert_runs_never_overlap(
+    history: History,
+    *,
+    died: Mapping[int, datetime.datetime] | None = None,
+    recovered: Mapping[tuple[int, int, int], datetime.datetime] | None = None,
+) -> None:
+    """No two runs of one job overlap; a run ends at its end/cancelled row, its worker's death
+    (`died`: pid -> when) or its lease's recovery (`recovered`), whichever is first."""
+    facts = Facts(frozenset(), died=died or {}, recovered=recovered or {})
+    violations = list(checker.runs_never_overlap(history, facts))
+    assert not violations, "\n".join(map(str, violations))
+
+
 def check_history(
     history: History,
     acknowledged: Iterable[int],
