@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.procs import REPO_ROOT
+from tests.soak.faults import KINDS, fault_schedule
 
 SEED = 3  # every fault kind, three PostgreSQL restarts (tests/soak/faults.py: fault_schedule)
 SECONDS = 180
@@ -34,3 +35,11 @@ def test_three_minutes_of_chaos_break_no_invariant_of_the_history() -> None:
         f"soak failed with seed {SEED} (rerun: python -m tests.soak.run --seconds {SECONDS} "
         f"--seed {SEED}):\n{soak.stdout[-20_000:]}\n{soak.stderr[-5_000:]}"
     )
+
+
+def test_the_same_seed_gives_the_same_faults_and_the_test_seed_has_every_kind() -> None:
+    assert fault_schedule(SEED, SECONDS) == fault_schedule(SEED, SECONDS)
+    assert fault_schedule(SEED, SECONDS) != fault_schedule(SEED + 1, SECONDS)
+    kinds = [fault.kind for fault in fault_schedule(SEED, SECONDS)]
+    assert set(kinds) == set(KINDS)
+    assert kinds.count("pg_restart") == 3

@@ -8,7 +8,8 @@ from typing import Any
 
 import attrs
 
-from tests.soak.checker import Facts, History, JobRow, LogRow, Sent, check
+from tests.soak.checker import check
+from tests.soak.model import Facts, History, JobRow, LogRow, Sent
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 

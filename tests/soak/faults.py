@@ -21,7 +21,7 @@ import psycopg
 import trio
 from psycopg import sql
 
-from tests.procs import WorkerGroup, WorkerProc
+from tests.procs import WorkerGroup, WorkerProc, fetch
 from tests.soak.app import QUEUES, SCHEMA
 from tests.soak.record import Record, now
 from trioq.embedded import EmbeddedPostgres
@@ -132,9 +132,9 @@ async def terminate_backends(pg_url: str) -> int:
     """pg_terminate_backend on every session of trioq's (the workers' and producers')."""
     query = (
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE application_name LIKE 'trioq%%' AND pid <> pg_backend_pid()"
+        "WHERE application_name LIKE 'trioq%' AND pid <> pg_backend_pid()"
     )
-    return int((await _fetch_one(pg_url, query))[0])
+    return int((await fetch(pg_url, query))[0][0])
 
 
 async def notify_storm(pg_url: str, notifications: int = 2000) -> None:
@@ -178,16 +178,6 @@ async def hold_snapshot(pg_url: str, seconds: float) -> None:
         done.set()
 
 
-async def _fetch_one(pg_url: str, query: str) -> tuple[object, ...]:
-    def run() -> tuple[object, ...]:
-        with psycopg.connect(pg_url, autocommit=True, connect_timeout=5) as conn:
-            row = conn.execute(query).fetchone()
-            assert row is not None
-            return tuple(row)
-
-    return await trio.to_thread.run_sync(run)
-
-
 @attrs.define(eq=False)
 class Injector:
     pg_url: str
@@ -220,7 +210,7 @@ class Injector:
             await trio.to_thread.run_sync(self.cluster.restart, "immediate")
             self.record.outages.append((down, now()))
         elif fault.kind == "terminate_backends":
-            await terminate_backends(self.pg_url)
+            print(f"    terminated {await terminate_backends(self.pg_url)} sessions", flush=True)
         elif fault.kind == "kill_9":
             await self.workers.kill_9(fault.target)
         elif fault.kind == "sigterm":

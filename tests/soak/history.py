@@ -14,7 +14,7 @@ from psycopg import sql
 
 from tests.procs import fetch
 from tests.soak import checker
-from tests.soak.checker import Facts, History, JobRow, LogRow
+from tests.soak.model import Facts, History, JobRow, LogRow
 
 
 def _q(schema: str, template: str) -> sql.Composed:

@@ -10,7 +10,7 @@ import datetime
 
 import attrs
 
-from tests.soak.checker import Facts, Interval, Sent
+from tests.soak.model import Facts, Interval, Sent
 
 
 def now() -> datetime.datetime:

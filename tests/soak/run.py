@@ -23,10 +23,11 @@ import attrs
 import trio
 from psycopg import sql
 
+import trioq
 from tests.procs import fetch, worker_group
 from tests.soak import app as soak_app
 from tests.soak import checker
-from tests.soak.checker import History, Report, check
+from tests.soak.checker import check
 from tests.soak.faults import (
     KINDS,
     LEASE,
@@ -38,6 +39,7 @@ from tests.soak.faults import (
     fault_schedule,
 )
 from tests.soak.history import read_soak_history
+from tests.soak.model import History, Report
 from tests.soak.record import Record, now
 from tests.soak.workload import Workload
 from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
@@ -117,7 +119,7 @@ async def load(
         nursery.start_soon(workload.operator)
 
 
-async def quiesce(client, pg_url: str, workers: Workers, workload: Workload) -> None:
+async def quiesce(client: trioq.Client, pg_url: str, workers: Workers, workload: Workload) -> None:
     """No more cron occurrences, every worker up, every event emitted; then wait until nothing
     is due or running (twice in a row, a second apart)."""
     await client.unschedule("tick")

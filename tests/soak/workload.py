@@ -23,7 +23,7 @@ from psycopg import sql
 import trioq
 from tests.procs import REPO_ROOT, fetch
 from tests.soak.app import FLOWS, SCHEMA, WORK
-from tests.soak.checker import Sent
+from tests.soak.model import Sent
 from tests.soak.record import Record, now
 from trioq.producer import SyncProducer
 
