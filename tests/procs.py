@@ -8,8 +8,10 @@ on failure the logs are printed, so pytest shows them with the failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -90,6 +92,11 @@ class WorkerProc:
     log_path: Path
     _log_file: IO[bytes]
     worker_id: str | None = None
+    processes: int | None = None  # `--processes N`: the process is the supervisor
+
+    def worker_ids(self) -> list[str]:
+        """The ids of the workers this process started (each child's, under a supervisor)."""
+        return BANNER.findall(self.output())
 
     @property
     def pid(self) -> int:
@@ -98,6 +105,16 @@ class WorkerProc:
     @property
     def exited(self) -> bool:
         return self.process.returncode is not None
+
+    def child_pids(self) -> list[int]:
+        """The pids of this process's children (a supervisor's workers), from /proc."""
+        try:
+            return [
+                int(pid)
+                for pid in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+            ]
+        except OSError:
+            return []
 
     def signal(self, signum: int) -> None:
         if not self.exited:
@@ -132,19 +149,22 @@ class WorkerGroup:
         ready_within: float = 15.0,
         env: dict[str, str] | None = None,
         source: Path = REPO_ROOT,
+        app_path: str = APP_PATH,
+        queues: tuple[str, ...] = (QUEUE,),
+        processes: int | None = None,
     ) -> WorkerProc:
-        """Spawn a worker and return once it is registered and its claim loop runs. `source`:
-        the checkout whose trioq and tests.fault_app it runs (an older release's, in the
-        upgrade test)."""
+        """Spawn a worker and return once it is registered and its claim loop runs (each of its
+        children's, with `processes`). `source`: the checkout whose trioq and tests.fault_app it
+        runs (an older release's, in the upgrade test)."""
         args = [
             sys.executable,
             "-m",
             "trioq.cli",
             "-v",
             "worker",
-            APP_PATH,
-            "--queue",
-            QUEUE,
+            app_path,
+            *(arg for queue in queues for arg in ("--queue", queue)),
+            *(("--processes", str(processes)) if processes else ()),
             "--concurrency",
             str(concurrency),
             "--poll-interval",
@@ -182,7 +202,7 @@ class WorkerGroup:
         except BaseException:
             log_file.close()
             raise
-        proc = WorkerProc(name, process, log_path, log_file)
+        proc = WorkerProc(name, process, log_path, log_file, processes=processes)
         self.procs.append(proc)
         await self._wait_ready(proc, ready_within)
         return proc
@@ -190,14 +210,13 @@ class WorkerGroup:
     async def _wait_ready(self, proc: WorkerProc, within: float) -> None:
         # The banner is printed once the worker has registered and started its claim loops.
         with trio.fail_after(within):
-            while True:
-                match = BANNER.search(proc.output())
-                if match:
-                    proc.worker_id = match.group(1)
-                    break
+            while len(ids := proc.worker_ids()) < (proc.processes or 1):
                 if proc.exited:
                     raise AssertionError(f"worker {proc.name} exited at start-up:\n{proc.output()}")
                 await trio.sleep(POLL_SECONDS)
+        proc.worker_id = ids[0]
+        if proc.processes:
+            return  # the children register under their own pids
         await wait_until(
             self.pg_url,
             sql.SQL("SELECT pid FROM {}.workers WHERE id = %s").format(sql.Identifier(self.schema)),
@@ -211,6 +230,9 @@ class WorkerGroup:
         with trio.CancelScope(shield=True):
             for proc in self.procs:
                 if not proc.exited:
+                    for child in proc.child_pids() if proc.processes else ():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(child, signal.SIGKILL)  # by pid: a supervisor's workers
                     proc.process.kill()  # SIGKILL ends a SIGSTOPped process as well
             for proc in self.procs:
                 with trio.move_on_after(10):

@@ -1,10 +1,11 @@
 """The fault suite: PostgreSQL restarts, a poisoned worker, connection budgets, long
 transactions elsewhere, two schemas, partition races and clock skew, with real worker processes.
 
-Every test's handlers write an execution log (`tests.fault_app`), and `tests.history` checks the
-invariants over the whole history afterwards: no acknowledged job lost, no two overlapping runs
-of one job, at most one running job per partition key at any instant, every job final. Figures
-a test measures (recovery times, duplicates) are printed (`pytest -s` shows them) and bounded.
+Every test's handlers write an execution log (`tests.fault_app`), and `tests.soak.checker`
+checks the invariants over the whole history afterwards: no acknowledged job lost, no two
+overlapping runs of one job, at most one running job per partition key at any instant, every job
+final. Figures a test measures (recovery times, duplicates) are printed (`pytest -s` shows
+them) and bounded.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from psycopg import sql
 
 import trioq
 from tests.fault_app import CLOCK_SKEW_ENV, POOL_SIZE_ENV, build_app, create_exec_log
-from tests.history import check_history, read_history
 from tests.procs import WorkerGroup, db_now, fetch, wait_until, worker_group
+from tests.soak.history import check_history, read_history
 from tests.support import running_worker
 from tests.support import wait_until as support_wait_until
 from trioq.embedded import EmbeddedPostgres, EmbeddedSettings

@@ -2,8 +2,8 @@
 
 Worker processes run `trioq worker tests.fault_app:app` (see `tests/procs.py`); every handler run
 writes `start` / `end` / `cancelled` rows with the database clock into `exec_log`, and the
-invariants are checked from the database afterwards (the Jepsen method of
-`../shared/research/reliability.md` (d)). "Two overlapping runs" means two runs of the same job
+invariants are checked from the database afterwards by `tests/soak/checker.py` (the Jepsen method
+of `../shared/research/reliability.md` (d)). "Two overlapping runs" means two runs of the same job
 whose intervals overlap, where a run ends at its `end`/`cancelled` row, at the moment its worker
 was killed, or when maintenance recovered its expired lease, whichever comes first (a stale run
 past its lease is fenced: it can no longer change the job).
@@ -19,12 +19,11 @@ import itertools
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 from psycopg import sql
@@ -32,6 +31,7 @@ from psycopg import sql
 import trioq
 from tests.fault_app import QUEUE, build_app, create_exec_log
 from tests.procs import REPO_ROOT, WorkerProc, db_now, fetch, wait_until, worker_group
+from tests.soak.history import assert_runs_never_overlap, read_history, read_recovered
 from tests.support import running_worker
 
 # Slow tier: worker subprocesses killed, paused and signalled; `pytest -m "not slow"` skips it.
@@ -61,92 +61,12 @@ async def producer(pg_url: str, pg_schema: str) -> AsyncIterator[trioq.Client]:
         yield client
 
 
-@attrs.frozen
-class Run:
-    """One handler run, from the execution log."""
-
-    job_id: int
-    attempt: int
-    pid: int
-    start: datetime.datetime
-    end: datetime.datetime | None  # the `end` or `cancelled` row
-    end_event: str | None
-
-
-async def read_runs(pg_url: str, schema: str) -> list[Run]:
-    rows = await fetch(
-        pg_url,
-        q(schema, "SELECT job_id, attempt, worker_pid, event, db_ts FROM {s}.exec_log ORDER BY id"),
-    )
-    starts: dict[tuple[int, int, int], datetime.datetime] = {}
-    ends: dict[tuple[int, int, int], tuple[str, datetime.datetime]] = {}
-    for job_id, attempt, pid, event, ts in rows:
-        key = (job_id, attempt, pid)
-        if event == "start":
-            assert key not in starts, f"run {key} started twice: {rows}"
-            starts[key] = ts
-        else:
-            assert key in starts and key not in ends, f"unpaired {event} for {key}: {rows}"
-            ends[key] = (event, ts)
-    return [
-        Run(
-            job,
-            attempt,
-            pid,
-            start,
-            ends.get((job, attempt, pid), (None, None))[1],
-            ends.get((job, attempt, pid), (None, None))[0],
-        )
-        for (job, attempt, pid), start in starts.items()
-    ]
-
-
-async def lost_attempts(pg_url: str, schema: str) -> dict[tuple[int, int, str], datetime.datetime]:
-    """(job, attempt, worker id) -> when maintenance recovered that attempt's expired lease."""
-    rows = await fetch(
-        pg_url,
-        q(
-            schema,
-            "SELECT job_id, attempt, worker_id::text, finished_at "
-            "FROM {s}.attempts WHERE outcome = 'lost'",
-        ),
-    )
-    return {(job, attempt, worker): ts for job, attempt, worker, ts in rows}
-
-
-def assert_no_overlapping_runs(
-    runs: Iterable[Run],
-    *,
-    workers: Iterable[WorkerProc],
-    died: Mapping[int, datetime.datetime] | None = None,
-    lost: Mapping[tuple[int, int, str], datetime.datetime] | None = None,
-) -> None:
-    """No two runs of one job overlap. A run ends at its end/cancelled row, its worker's death
-    (`died`: pid -> kill time) or the recovery of its lease (`lost`), whichever is first;
-    a run with none of these is still going."""
-    died = died or {}
-    lost = lost or {}
-    worker_ids = {proc.pid: proc.worker_id for proc in workers}
-    far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
-
-    def effective_end(run: Run) -> datetime.datetime:
-        candidates = [
-            run.end,
-            died.get(run.pid),
-            lost.get((run.job_id, run.attempt, worker_ids.get(run.pid, "?"))),
-        ]
-        return min((c for c in candidates if c is not None), default=far)
-
-    by_job: dict[int, list[Run]] = {}
-    for run in runs:
-        by_job.setdefault(run.job_id, []).append(run)
-    for job_id, job_runs in by_job.items():
-        job_runs.sort(key=lambda run: run.start)
-        for earlier, later in itertools.pairwise(job_runs):
-            assert later.start >= effective_end(earlier), (
-                f"job {job_id}: run {later} started before run {earlier} ended "
-                f"(effective end {effective_end(earlier)})"
-            )
+async def recovered_runs(
+    pg_url: str, schema: str, workers: Iterable[WorkerProc]
+) -> dict[tuple[int, int, int], datetime.datetime]:
+    """(job, attempt, worker pid) -> when maintenance recovered that attempt's expired lease."""
+    pids = {proc.worker_id: proc.pid for proc in workers if proc.worker_id}
+    return await read_recovered(pg_url, schema, pids)
 
 
 async def job_rows(pg_url: str, schema: str, ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -282,10 +202,11 @@ async def test_kill_9_worker_holding_25_jobs_another_worker_completes_them(
             what="all 25 jobs completed",
         )
 
-        runs = await read_runs(pg_url, pg_schema)
+        history = await read_history(pg_url, pg_schema)
+        runs = history.runs
         rows = await job_rows(pg_url, pg_schema, ids)
         attempts = await attempts_of(pg_url, pg_schema, ids)
-        lost = await lost_attempts(pg_url, pg_schema)
+        lost = await recovered_runs(pg_url, pg_schema, group.procs)
 
     assert all(row["state"] == "completed" for row in rows.values())  # none lost
     assert {row["attempt"] for row in rows.values()} == {2}  # exactly one re-claim each
@@ -297,13 +218,13 @@ async def test_kill_9_worker_holding_25_jobs_another_worker_completes_them(
     b_runs = {run.job_id: run for run in runs if run.pid == b.pid}
     assert set(a_runs) == set(b_runs) == set(ids)
     assert all(run.attempt == 1 and run.end is None for run in a_runs.values())
-    assert all(run.attempt == 2 and run.end_event == "end" for run in b_runs.values())
+    assert all(run.attempt == 2 and run.end_kind == "end" for run in b_runs.values())
     # Each job restarts within lease + poll + maintenance interval (+ its jitter) + 1 s.
     bound = datetime.timedelta(seconds=LEASE + POLL + MAINTENANCE * 1.2 + 1)
     delays = sorted(run.start - killed_at for run in b_runs.values())
     assert delays[0] > datetime.timedelta(0)
     assert delays[-1] <= bound, delays
-    assert_no_overlapping_runs(runs, workers=group.procs, died={a.pid: killed_at}, lost=lost)
+    assert_runs_never_overlap(history, died={a.pid: killed_at}, recovered=lost)
 
 
 # --- 2. SIGSTOP past the lease: fencing -------------------------------------------------------
@@ -365,9 +286,10 @@ async def test_worker_paused_past_its_lease_is_fenced_and_its_handler_cancelled(
         a.signal(signal.SIGTERM)
         assert await a.wait_exit(GRACE + 10) == 0, a.output()
         after = await job_rows(pg_url, pg_schema, [j, k])
-        runs = await read_runs(pg_url, pg_schema)
+        history = await read_history(pg_url, pg_schema)
+        runs = history.runs
         attempts = await attempts_of(pg_url, pg_schema, [j, k])
-        lost = await lost_attempts(pg_url, pg_schema)
+        lost = await recovered_runs(pg_url, pg_schema, group.procs)
 
     assert after == before  # the stale worker's writes changed nothing
     for job_id in (j, k):
@@ -380,12 +302,12 @@ async def test_worker_paused_past_its_lease_is_fenced_and_its_handler_cancelled(
     b_runs = {run.job_id: run for run in runs if run.pid == b.pid}
     # J completed exactly once (B's run); A's handler was cancelled within one renewal
     # interval of resuming, without ever writing `end`.
-    assert [run.end_event for run in runs if run.job_id == j].count("end") == 1
-    assert b_runs[j].end_event == "end"
-    assert a_runs[j].end_event == "cancelled"
+    assert [run.end_kind for run in runs if run.job_id == j].count("end") == 1
+    assert b_runs[j].end_kind == "end"
+    assert a_runs[j].end_kind == "cancelled"
     assert a_runs[j].end is not None
     assert a_runs[j].end - resumed_at <= datetime.timedelta(seconds=LEASE / 3 + 1)
-    assert_no_overlapping_runs(runs, workers=group.procs, lost=lost)
+    assert_runs_never_overlap(history, recovered=lost)
 
 
 # --- 3. a long partition does not delay other keys --------------------------------------------
@@ -418,7 +340,7 @@ async def test_long_partition_does_not_delay_other_keys(pg_url: str, pg_schema: 
                 within=20,
                 what="every job completed",
             )
-    runs = {run.job_id: run for run in await read_runs(pg_url, pg_schema)}
+    runs = {run.job_id: run for run in (await read_history(pg_url, pg_schema)).runs}
     assert set(runs) == set(big) | set(small)
     assert all(run.attempt == 1 and run.end is not None for run in runs.values())
     long_run = runs[big[0]]
@@ -494,7 +416,8 @@ async def test_sigterm_drains_short_jobs_and_releases_long_ones_to_another_worke
             within=10,
             what="the extra jobs completed",
         )
-        runs = await read_runs(pg_url, pg_schema)
+        history = await read_history(pg_url, pg_schema)
+        runs = history.runs
         rows = await job_rows(pg_url, pg_schema, long + short + extra)
         attempts = await attempts_of(pg_url, pg_schema, long + short + extra)
 
@@ -508,7 +431,7 @@ async def test_sigterm_drains_short_jobs_and_releases_long_ones_to_another_worke
     assert all(run.start < signalled_at for run in a_runs.values())
     # Short jobs finished within the grace period and completed.
     for job_id in short:
-        assert a_runs[job_id].end_event == "end"
+        assert a_runs[job_id].end_kind == "end"
         assert rows[job_id]["state"] == "completed"
         assert rows[job_id]["result"] == {"job": job_id, "attempt": 1, "pid": a.pid}
     assert any(a_runs[job_id].end > signalled_at for job_id in short)  # type: ignore[operator]
@@ -516,7 +439,7 @@ async def test_sigterm_drains_short_jobs_and_releases_long_ones_to_another_worke
     # B ran them as attempt 1 again, no attempt row, no error, within poll + 1 s.
     for job_id in long:
         released = a_runs[job_id]
-        assert released.end_event == "cancelled"
+        assert released.end_kind == "cancelled"
         assert released.end is not None
         assert b_runs[job_id].attempt == 1
         assert b_runs[job_id].start - released.end <= datetime.timedelta(seconds=POLL + 1)
@@ -526,7 +449,7 @@ async def test_sigterm_drains_short_jobs_and_releases_long_ones_to_another_worke
         assert rows[job_id]["worker_id"] == b.worker_id
     assert all(not history for history in attempts.values()), attempts
     assert set(extra) <= set(b_runs)
-    assert_no_overlapping_runs(runs, workers=group.procs)
+    assert_runs_never_overlap(history)
 
 
 # --- 5. trioq status --------------------------------------------------------------------------
@@ -637,7 +560,8 @@ async def test_job_released_by_a_drain_keeps_its_place_in_its_partition(
             within=10,
             what="B to start a job of key k",
         )
-        runs = await read_runs(pg_url, pg_schema)
+        history = await read_history(pg_url, pg_schema)
+        runs = history.runs
 
     assert [run.job_id for run in runs if run.pid == a.pid] == [ids[0]]
     assert released[ids[0]]["state"] == "ready"
@@ -648,7 +572,7 @@ async def test_job_released_by_a_drain_keeps_its_place_in_its_partition(
         f"B ran job {rows[0][0]} of key k before the released head {ids[0]}; run_at after the "
         f"release: { {i: r['run_at'] for i, r in released.items()} }"
     )
-    assert_no_overlapping_runs(runs, workers=group.procs)
+    assert_runs_never_overlap(history)
 
 
 # --- the completer: outcomes not yet written --------------------------------------------------
@@ -725,16 +649,17 @@ async def test_outcomes_unwritten_at_a_kill_9_are_recovered_and_run_again_withou
             within=LEASE + MAINTENANCE + POLL + 3 + 10,
             what="all jobs completed",
         )
-        runs = await read_runs(pg_url, pg_schema)
+        history = await read_history(pg_url, pg_schema)
+        runs = history.runs
         rows = await job_rows(pg_url, pg_schema, ids)
         attempts = await attempts_of(pg_url, pg_schema, ids)
-        lost = await lost_attempts(pg_url, pg_schema)
+        lost = await recovered_runs(pg_url, pg_schema, group.procs)
     assert {(row["state"], row["attempt"]) for row in rows.values()} == {("completed", 2)}
     assert attempts == {job_id: [(1, "lost", a.worker_id)] for job_id in ids}
-    assert sorted((run.pid, run.end_event) for run in runs) == sorted(
+    assert sorted((run.pid, run.end_kind) for run in runs) == sorted(
         [(a.pid, "end")] * n + [(b.pid, "end")] * n
     )
-    assert_no_overlapping_runs(runs, workers=group.procs, died={a.pid: killed_at}, lost=lost)
+    assert_runs_never_overlap(history, died={a.pid: killed_at}, recovered=lost)
 
 
 async def test_a_flush_whose_connection_is_cut_is_sent_again_and_each_job_runs_once(
@@ -777,11 +702,12 @@ async def test_a_flush_whose_connection_is_cut_is_sent_again_and_each_job_runs_o
             within=10,
             what="all jobs completed",
         )
-        runs = await read_runs(pg_url, pg_schema)
+        history = await read_history(pg_url, pg_schema)
+        runs = history.runs
         rows = await job_rows(pg_url, pg_schema, ids)
         attempts = await attempts_of(pg_url, pg_schema, ids)
     assert {(row["state"], row["attempt"]) for row in rows.values()} == {("completed", 1)}
     assert attempts == {job_id: [] for job_id in ids}
-    assert sorted((run.job_id, run.attempt, run.end_event) for run in runs) == [
+    assert sorted((run.job_id, run.attempt, run.end_kind) for run in runs) == [
         (job_id, 1, "end") for job_id in sorted(ids)
     ]
