@@ -14,9 +14,12 @@ and pickup p95 (the steady run's start and end).
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -183,3 +186,30 @@ def medians(runs: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str,
         name: {key: statistics.median(run[name][key] for run in runs) for key in runs[0][name]}
         for name in names
     }
+
+
+PhasesOf = Callable[[Offer], list[Phase]]
+
+
+def run_repeats(
+    db: Database,
+    args: Any,
+    names: list[str],
+    results: Path,
+    prepare: Callable[[Database], tuple[str, PhasesOf]],
+) -> None:
+    """`args.repeats` runs, each on the schema and phases `prepare` makes; each run printed,
+    then the medians, all written to `results`."""
+    launcher = Launcher(db, Path(tempfile.mkdtemp(prefix="trioq-bench-open-loop-")))
+    runs = []
+    try:
+        for _ in range(args.repeats):
+            schema, phases = prepare(db)
+            run = run_phases(db, launcher, schema, args.rate, phases)
+            print(json.dumps(run), flush=True)
+            runs.append(run)
+    finally:
+        launcher.stop_all()
+    summary = {"args": vars(args), "medians": medians(runs, names)}
+    print(json.dumps(summary, indent=1))
+    results.write_text(json.dumps({**summary, "runs": runs}))

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,8 +31,8 @@ import psycopg
 import trio
 from psycopg import sql
 
-from bench.harness import HARNESS_ROLE, Launcher, open_database
-from bench.open_loop import Offer, Phase, medians, run_phases
+from bench.harness import HARNESS_ROLE, open_database
+from bench.open_loop import Offer, Phase, run_repeats
 
 RESULTS = Path(__file__).resolve().parent / "results_pinned_horizon.json"
 
@@ -84,19 +82,8 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true")
     args = parser.parse_args()
     names = ["clean", "held", "after"] if args.held else ["clean"]
-    runs = []
     with open_database() as db, busy_core(args.busy):
-        launcher = Launcher(db, Path(tempfile.mkdtemp(prefix="trioq-bench-pinned-")))
-        try:
-            for _ in range(args.repeats):
-                run = run_phases(db, launcher, db.fresh_schema(), args.rate, pinned_phases(args))
-                print(json.dumps(run), flush=True)
-                runs.append(run)
-        finally:
-            launcher.stop_all()
-    summary = {"args": vars(args), "medians": medians(runs, names)}
-    print(json.dumps(summary, indent=1))
-    RESULTS.write_text(json.dumps({**summary, "runs": runs}))
+        run_repeats(db, args, names, RESULTS, lambda db: (db.fresh_schema(), pinned_phases(args)))
 
 
 if __name__ == "__main__":

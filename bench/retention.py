@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import tempfile
 from pathlib import Path
 
 from bench.app import make_app
-from bench.harness import HARNESS_ROLE, Launcher, open_database
+from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.migrate_stall import fill
-from bench.open_loop import Offer, Phase, medians, run_phases
+from bench.open_loop import Offer, Phase, PhasesOf, run_repeats
 
 RESULTS = Path(__file__).resolve().parent / "results_retention.json"
 NAMES = ["clean", "prune", "after"]
@@ -37,37 +35,27 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    runs = []
     with open_database() as db:
-        launcher = Launcher(db, Path(tempfile.mkdtemp(prefix="trioq-bench-retention-")))
-        try:
-            for _ in range(args.repeats):
-                schema = db.fresh_schema()
-                fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema)
+        run_repeats(db, args, NAMES, RESULTS, lambda db: prepare(db, args))
 
-                def phases(offer: Offer, schema: str = schema) -> list[Phase]:
-                    async def prune() -> None:
-                        app = make_app(schema, db.conninfo(HARNESS_ROLE))
-                        async with app.client() as client:
-                            deleted = await client.purge(
-                                states=("completed",), older_than=datetime.timedelta(hours=1)
-                            )
-                        offer.extra["pruned"] = deleted
 
-                    return [
-                        Phase("clean", args.clean),
-                        Phase("prune", None, prune),
-                        Phase("after", args.after),
-                    ]
+def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
+    """A fresh schema holding `--finished` old completed jobs, and the phases around a prune."""
+    schema = db.fresh_schema()
+    fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema)
 
-                run = run_phases(db, launcher, schema, args.rate, phases)
-                print(json.dumps(run), flush=True)
-                runs.append(run)
-        finally:
-            launcher.stop_all()
-    summary = {"args": vars(args), "medians": medians(runs, NAMES)}
-    print(json.dumps(summary, indent=1))
-    RESULTS.write_text(json.dumps({**summary, "runs": runs}))
+    def phases(offer: Offer) -> list[Phase]:
+        async def prune() -> None:
+            app = make_app(schema, db.conninfo(HARNESS_ROLE))
+            async with app.client() as client:
+                deleted = await client.purge(
+                    states=("completed",), older_than=datetime.timedelta(hours=1)
+                )
+            offer.extra["pruned"] = deleted
+
+        return [Phase("clean", args.clean), Phase("prune", None, prune), Phase("after", args.after)]
+
+    return schema, phases
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -123,7 +123,7 @@ from . import (
     open_listener,
     open_pool,
 )
-from .errors import dedup_key_conflict, migration_refused, schema_problem
+from .errors import migration_refused, schema_required
 from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import quoted as _quoted
 from .inserts import text_array as _text_array
@@ -569,23 +569,9 @@ class PgDriver:
             with self._schema_required():
                 return await self._query(conn, name, params)
 
-    @contextlib.contextmanager
-    def _schema_required(self) -> Iterator[None]:
-        """A missing table or schema, or a column, function or type of a later migration,
-        means "not migrated": say so, naming the fix (see `schema_problem`). (And an enqueue
-        refused for a dedup key of another task's job is `DedupKeyConflict`.)"""
-        try:
-            yield
-        except psycopg.errors.ProgrammingError as exc:
-            problem = schema_problem(exc, self.schema)
-            if problem is None:
-                raise
-            raise SchemaNotMigrated(problem) from exc
-        except psycopg.errors.UniqueViolation as exc:
-            conflict = dedup_key_conflict(exc)
-            if conflict is None:
-                raise
-            raise conflict from exc
+    def _schema_required(self) -> contextlib.AbstractContextManager[None]:
+        """`errors.schema_required` for this schema."""
+        return schema_required(self.schema)
 
     async def _retrying(
         self,

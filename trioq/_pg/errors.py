@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 import attrs
 import psycopg
 
-from .._core.errors import DedupKeyConflict
+from .._core.errors import DedupKeyConflict, SchemaNotMigrated
 
 # SQLSTATEs whose error means the session ended (or never started) although the client did nothing
 # wrong: retrying on a fresh connection is the right reaction. Class 08 is matched by prefix.
@@ -262,3 +264,23 @@ def redact_conninfo_error(text: str) -> str:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+@contextlib.contextmanager
+def schema_required(schema: str) -> Iterator[None]:
+    """Around a statement of trioq's (driver and producers alike): a missing table or schema,
+    or a column, function or type of a later migration, means "not migrated", said with the fix
+    (`schema_problem`); an enqueue refused for a dedup key of another task's job is
+    `DedupKeyConflict`."""
+    try:
+        yield
+    except psycopg.errors.ProgrammingError as exc:
+        problem = schema_problem(exc, schema)
+        if problem is None:
+            raise
+        raise SchemaNotMigrated(problem) from exc
+    except psycopg.errors.UniqueViolation as exc:
+        conflict = dedup_key_conflict(exc)
+        if conflict is None:
+            raise
+        raise conflict from exc

@@ -18,8 +18,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, suppress
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
@@ -32,7 +32,6 @@ from .._core.errors import (
     ProducerConnectionError,
     ProducerError,
     ResultTimeout,
-    SchemaNotMigrated,
     UnknownTask,
     UnservedTaskWarning,
 )
@@ -198,26 +197,10 @@ class _Statements:
             raise ProducerError(f"{name}: this version of trioq has no such statement")
         return text
 
-    @contextmanager
-    def schema_required(self) -> Iterator[None]:
-        import psycopg
+    def schema_required(self) -> AbstractContextManager[None]:
+        from .errors import schema_required
 
-        from .errors import schema_problem
-
-        try:
-            yield
-        except psycopg.errors.ProgrammingError as exc:
-            problem = schema_problem(exc, self.schema)
-            if problem is None:
-                raise
-            raise SchemaNotMigrated(problem) from exc
-        except psycopg.errors.UniqueViolation as exc:
-            from .errors import dedup_key_conflict
-
-            conflict = dedup_key_conflict(exc)
-            if conflict is None:
-                raise
-            raise conflict from exc
+        return schema_required(self.schema)
 
 
 @attrs.define(eq=False)
