@@ -41,6 +41,7 @@ from hypothesis.stateful import (
 )
 
 from tests.hypothesis_profiles import MACHINE_EXAMPLES
+from trioq._core.errors import DedupKeyConflict
 from trioq._core.identifiers import quote_ident
 from trioq._driver import (
     Checkpoint,
@@ -207,6 +208,12 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.host.call(self.pair.advance, STEP)
         return memory, pg
 
+    def _inserted_or_refused(self, driver: Any, job: NewJob) -> Any:
+        try:
+            return self.host.call(driver.job_insert_many, [job])
+        except DedupKeyConflict as exc:
+            return exc
+
     # --- rules ----------------------------------------------------------------------------
 
     @rule(
@@ -239,7 +246,14 @@ class DifferentialMachine(RuleBasedStateMachine):
             delay_seconds=DELAY if delayed else None,
             max_attempts=max_attempts,
         )
-        [memory], [pg] = self.both("job_insert_many", ([job],), ([job],))
+        # A dedup key held by the other task's job is refused by both, or by neither.
+        memory_outcome = self._inserted_or_refused(self.pair.memory, job)
+        pg_outcome = self._inserted_or_refused(self.pair.pg, job)
+        self.host.call(self.pair.advance, STEP)
+        if isinstance(memory_outcome, DedupKeyConflict) or isinstance(pg_outcome, DedupKeyConflict):
+            assert type(memory_outcome) is type(pg_outcome), (memory_outcome, pg_outcome)
+            return
+        [memory], [pg] = memory_outcome, pg_outcome
         assert memory.created == pg.created
         if memory.created:
             self.to_memory[pg.id] = memory.id
