@@ -881,7 +881,7 @@ class PgDriver:
             if discarded:
                 self._calls["job_complete_discard"] += 1
                 [row] = await self._query(
-                    conn, "job_complete_discard", {**_lease_arrays([s.lease for s in discarded])}
+                    conn, "job_complete_discard", _lease_arrays([s.lease for s in discarded])
                 )
                 settled = tuple(zip(row[CompletePlain.ids], row[CompletePlain.states], strict=True))
                 now = row[CompletePlain.now]

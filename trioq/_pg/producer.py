@@ -223,28 +223,29 @@ class _PreparedStatements:
 
         if not is_lost_prepared_statement(exc):
             return False
-        with self._lock:
-            first, self.unnamed = not self.unnamed, True
-        if first:
-            logger.warning(
-                "a prepared statement went missing on the server (%s): a transaction pooler "
-                "(PgBouncer in transaction mode?) is in front, switching to unnamed "
-                'statements; set prepared_statements="off" (--prepared-statements off) to '
-                "start that way",
-                _first_line(exc),
-            )
+        self._switch(
+            "a prepared statement went missing on the server (%s): a transaction pooler "
+            "(PgBouncer in transaction mode?) is in front, switching to unnamed "
+            'statements; set prepared_statements="off" (--prepared-statements off) to '
+            "start that way",
+            _first_line(exc),
+        )
         return True
 
     def pooler_found(self) -> None:
         """Opening found a connection pooler in front: unnamed statements from the start."""
+        self._switch(
+            "a connection pooler answers in front of PostgreSQL (PgBouncer?): using "
+            'unnamed statements; set prepared_statements="off" (--prepared-statements off) '
+            "to say so"
+        )
+
+    def _switch(self, message: str, *args: object) -> None:
+        """Unnamed statements from now on; the first switch logs `message`, once."""
         with self._lock:
             first, self.unnamed = not self.unnamed, True
         if first:
-            logger.warning(
-                "a connection pooler answers in front of PostgreSQL (PgBouncer?): using "
-                'unnamed statements; set prepared_statements="off" (--prepared-statements off) '
-                "to say so"
-            )
+            logger.warning(message, *args)
 
     def apply(self, conn: SyncConnection | AsyncConnection) -> None:
         if self.unnamed:
