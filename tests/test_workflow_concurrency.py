@@ -392,6 +392,10 @@ async def test_cancel_follows_each_spawns_policy_and_tree_cancels_them_all(
             assert await client.cancel(plain.id) == "waiting"
             assert await client.cancel(whole.id, tree=True) == "waiting"
             await wait_until(lambda: _in_state(client, whole.id, "cancelled"))
+            # The parent is final once its "wait" child is; a "cancel" child ends on its own
+            # worker's next look at the request, which may come after.
+            await wait_until(lambda: _kid_final(client, whole.id, "cancel"))
+            await wait_until(lambda: _kid_final(client, plain.id, "cancel"))
             kids = {p: await _kid_states(client, p) for p in (plain.id, whole.id)}
             assert kids[whole.id] == {
                 "cancel": "cancelled", "abandon": "cancelled", "wait": "cancelled",
@@ -461,6 +465,10 @@ async def _children_running(client: trioq.Client, parent_id: int, n: int) -> boo
 
 async def _kid_states(client: trioq.Client, parent_id: int) -> dict[str, str]:
     return {k.payload["policy"]: k.state for k in await _children(client, parent_id)}
+
+
+async def _kid_final(client: trioq.Client, parent_id: int, policy: str) -> bool:
+    return (await _kid_states(client, parent_id))[policy] not in ("ready", "running")
 
 
 def test_trioq_job_shows_patch_markers_and_cancel_tree_from_the_command_line(
