@@ -261,6 +261,10 @@ def build_app(schema: str, database_url: str | None = None) -> trioq.App:
         await log_fast(ctx, "start")
         os._exit(1)
 
+    @app.task("report", queue="reports")
+    async def report(ctx: trioq.Context, payload: object) -> None:
+        """On a queue the fault workers do not serve: `trioq worker` warns about it."""
+
     @app.task("uses_db", queue=QUEUE, max_attempts=10)
     async def uses_db(ctx: trioq.Context, payload: dict[str, Any]) -> int:
         """A handler that needs a pooled connection of its own for a while."""

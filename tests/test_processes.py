@@ -32,7 +32,7 @@ def worker_pids(schema: str) -> tuple[object, None]:
 
 
 async def start_supervisor(
-    pg_url: str, pg_schema: str, log_file: IO[bytes], processes: int
+    pg_url: str, pg_schema: str, log_file: IO[bytes], processes: int, *extra: str
 ) -> trio.Process:
     # fmt: off
     return await trio.lowlevel.open_process(
@@ -40,7 +40,7 @@ async def start_supervisor(
             sys.executable, "-m", "trioq.cli", "-v", "worker", APP_PATH,
             "--queue", QUEUE, "--concurrency", "2", "--processes", str(processes),
             "--lease", str(LEASE), "--poll-interval", str(POLL), "--grace", "10",
-            "--maintenance-interval", str(MAINTENANCE), "--database-url", pg_url,
+            "--maintenance-interval", str(MAINTENANCE), "--database-url", pg_url, *extra,
         ],
         cwd=REPO_ROOT,
         env={**os.environ, SCHEMA_ENV: pg_schema, "PYTHONUNBUFFERED": "1"},
@@ -132,6 +132,8 @@ async def test_processes_3_restarts_a_killed_child_and_sigterm_drains_all(
     assert code == 0, output
     assert f"pid {victim}) was killed by SIGKILL; restarting in 0.5s" in output, output
     assert "SIGTERM: draining 3 worker(s)" in output, output
+    # The app's "reports" queue is served by no worker here: said once, by the supervisor.
+    assert output.count("which this worker does not serve") == 1, output
     assert states == [("completed", 6)], output  # drained, none released or lost
     assert registered == [(victim,)], output  # the live three unregistered on their way out
 
@@ -142,7 +144,7 @@ async def test_children_drain_when_their_supervisor_is_killed(
     pids: set[int] = set()
     async with producer(pg_url, pg_schema):
         with (tmp_path / "supervisor.log").open("wb") as log_file:
-            supervisor = await start_supervisor(pg_url, pg_schema, log_file, 2)
+            supervisor = await start_supervisor(pg_url, pg_schema, log_file, 2, "--split")
             try:
                 rows = await wait_until(
                     pg_url, *worker_pids(pg_schema), count_is(2), within=30,
@@ -160,6 +162,7 @@ async def test_children_drain_when_their_supervisor_is_killed(
                 await reap(supervisor, pids)
         output = (tmp_path / "supervisor.log").read_text(errors="replace")
     assert output.count("the --processes supervisor went away: draining") == 2, output
+    assert "does not serve" not in output, output  # --split: the other queues are served elsewhere
 
 
 async def test_a_child_whose_supervisor_died_before_it_started_exits_cleanly(

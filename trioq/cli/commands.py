@@ -84,14 +84,22 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from .._runtime.health import HealthTarget
     from ..app import load_app
     from . import worker as cli_worker
-    from .processes import ProcessGroup, stop_when_supervisor_dies, validate_processes
+    from .processes import (
+        ProcessGroup,
+        is_supervised_child,
+        stop_when_supervisor_dies,
+        validate_processes,
+    )
 
     validate_processes(args.processes)
     queues = cli_worker.parse_queues(args.queue, args.concurrency)  # bad values: before loading
     app = _with_url(load_app(args.app), args)  # a bad APP_PATH fails once, not in each child
+    # Warned once per command: by the supervisor (its children run the same command), and not
+    # at all with --split (a deployment whose workers serve the queues between them on purpose).
+    if not args.split and not is_supervised_child():
+        cli_worker.warn_unserved_queues(app, list(queues))
     if args.processes > 1:
         return await ProcessGroup(args.argv, args.processes, args.health_port).run()
-    cli_worker.warn_unserved_queues(app, list(queues))
     # The health server answers from process start: /livez while the command still waits for
     # the database (a liveness probe must not restart a pod for an outage), /readyz "starting".
     health = HealthTarget()
@@ -544,6 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="run N worker processes under one supervisor (health ports P..P+N-1)",
+    )
+    worker.add_argument(
+        "--split",
+        action="store_true",
+        help="the app's other queues are served by other workers on purpose: do not warn",
     )
 
     enqueue = command("enqueue", "enqueue one job")

@@ -150,6 +150,11 @@ def _say(line: str) -> None:
     print(f"trioq: {line}", file=sys.stderr, flush=True)
 
 
+def is_supervised_child() -> bool:
+    """Whether this process is a child of `--processes` (its supervisor speaks for the group)."""
+    return SUPERVISOR_FD_ENV in os.environ
+
+
 async def stop_when_supervisor_dies() -> None:
     """In a child of `--processes`: wait until the supervisor's pipe reaches EOF (it died),
     then signal ourselves, so the worker drains as on SIGTERM. Returns at once elsewhere."""
@@ -161,4 +166,10 @@ async def stop_when_supervisor_dies() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-__all__ = ["ProcessGroup", "child_command", "stop_when_supervisor_dies", "validate_processes"]
+__all__ = [
+    "ProcessGroup",
+    "child_command",
+    "is_supervised_child",
+    "stop_when_supervisor_dies",
+    "validate_processes",
+]

@@ -60,7 +60,8 @@ def warn_unserved_queues(app: App, queues: Sequence[str]) -> list[str]:
             unserved.setdefault(spec.queue, []).append(spec.name)
     lines = [
         f"trioq: warning: tasks {', '.join(sorted(names))} are on queue {queue!r}, which this "
-        f"worker does not serve (add --queue {queue}, or run another worker for it)"
+        f"worker does not serve (add --queue {queue}, or run another worker for it and pass "
+        "--split)"
         for queue, names in sorted(unserved.items())
     ]
     for line in lines:
