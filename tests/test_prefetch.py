@@ -5,6 +5,7 @@ several workers on one backlog; an empty claim while work is ready is retried at
 from __future__ import annotations
 
 import collections
+import threading
 import uuid
 from typing import Any
 
@@ -212,3 +213,61 @@ async def test_competing_prefetching_workers_keep_key_order_and_none_starves(
     fair = total / workers
     # No worker starves: each runs at least a quarter of its fair share of the backlog.
     assert len(spread) == workers and min(spread.values()) >= fair / 4, spread
+
+
+@attrs.define(eq=False)
+class SecondClaimHangs:
+    """The memory driver, whose second claim round hangs until `release` (a slow statement, or
+    one backing off from a lost connection) while the loop's next due time passes."""
+
+    inner: MemoryDriver
+    sent: trio.Event = attrs.field(factory=trio.Event)
+    release: trio.Event = attrs.field(factory=trio.Event)
+    rounds: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def job_claim(self, params: Claim) -> ClaimResult:
+        self.rounds += 1
+        if self.rounds == 2:
+            self.sent.set()
+            await self.release.wait()
+        return await self.inner.job_claim(params)
+
+
+def test_a_due_time_passing_while_a_refill_is_out_does_not_spin_the_claim_loop() -> None:
+    """A prefetching loop whose round is out holds its room; a due time that passes meanwhile
+    must not wake it again and again (under the mock clock, which moves only when every task
+    waits, a loop that spins never lets the clock move: the run never ends)."""
+    finished: list[float] = []
+
+    async def scenario() -> None:
+        app = trioq.App(schema="spin")
+
+        @app.task("noop")
+        async def noop(ctx: trioq.Context, payload: object) -> None:
+            finished.append(trio.current_time())
+
+        driver = SecondClaimHangs(MemoryDriver())
+        async with app.client(driver=driver) as client:  # type: ignore[arg-type]
+            job = await client.enqueue("noop", {}, delay=5.0)
+            async with running_worker(app, concurrency=1, prefetch=2, poll_interval=60.0):
+                await driver.sent.wait()  # the round sent for the due time is out
+                await trio.sleep(10)  # ... and stays out past that due time
+                driver.release.set()
+                with trio.fail_after(60):
+                    await client.wait_result(job.id)
+
+    # A thread with a real-time bound: a spinning loop blocks the mock clock and every
+    # trio-side timeout with it.
+    thread = threading.Thread(
+        target=trio.run,
+        args=(scenario,),
+        kwargs={"clock": trio.testing.MockClock(autojump_threshold=0)},
+        daemon=True,
+    )
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the claim loop spun while its round was out"
+    assert finished and finished[0] >= 10

@@ -333,6 +333,8 @@ class ClaimLoop:
                     # Every slot is busy: the next due time is no reason to wake (an opening
                     # slot wakes the loop, and its round learns the next due time again).
                     self._next_due_at = self._written_due_at = None
+                else:
+                    self._pending_wake = True  # the rounds out hold the room: wait for them
                 continue
             if self.prefetch == 0:
                 await self._round(handlers, limit)  # one round at a time, as it answers
@@ -444,6 +446,11 @@ class ClaimLoop:
 
     def _timer_deadline(self) -> float:
         deadline = self._poll_at
+        if self._pending_wake and self._in_flight:
+            # A round out (slow, or backing off from a lost connection for up to 5 s) wakes
+            # the loop when it ends; a due time that passes meanwhile woke it at once, found
+            # no room, and waited on the same past deadline again: a busy loop.
+            return deadline
         for due_at in (self._next_due_at, self._written_due_at, self._rate_limited_at):
             if due_at is not None:
                 deadline = min(deadline, due_at)
