@@ -29,8 +29,8 @@ from bench.harness import REPO_ROOT
 CHILD = """
 import cProfile, datetime, json, pstats, sys, time, uuid
 import trio
-import trioq._driver as seam
-from trioq._driver import ClaimedJob
+import trioq._seam.driver as seam
+from trioq._seam.driver import ClaimedJob
 from trioq._runtime.checkpoints import CheckpointWriter
 from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
 from trioq._runtime.metrics import WorkerMetrics, instrument_driver

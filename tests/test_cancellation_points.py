@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from tests.procs import fetch
 from tests.test_identifiers import run_property
-from trioq._driver import (
+from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.driver import (
     Claim,
     ClaimedJob,
     MaintenancePass,
@@ -23,7 +24,6 @@ from trioq._driver import (
     RenewLeases,
     Settlement,
 )
-from trioq._pg.driver import PgDriver, open_pg_driver
 
 LEASE = 5.0
 QUEUE = "q"

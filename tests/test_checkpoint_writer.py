@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-from trioq._driver import CheckpointWrite, Lease, WrittenCheckpoint
 from trioq._runtime.checkpoints import CheckpointLost, CheckpointWriter
+from trioq._seam.driver import CheckpointWrite, Lease, WrittenCheckpoint
 
 
 class StubDriver:

@@ -18,15 +18,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import (
-    Claim,
-    ClaimedJob,
-    ClaimResult,
-    EventWaitOutcome,
-    Lease,
-    Settlement,
-    SettleResult,
-)
 from trioq._memory import MemoryDriver
 from trioq._runtime.checkpoints import CheckpointWriter
 from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
@@ -44,6 +35,15 @@ from trioq._runtime.outcome import (
     outcome_name,
 )
 from trioq._runtime.tasks import TaskSpec
+from trioq._seam.driver import (
+    Claim,
+    ClaimedJob,
+    ClaimResult,
+    EventWaitOutcome,
+    Lease,
+    Settlement,
+    SettleResult,
+)
 
 
 def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, frozenset], float]:

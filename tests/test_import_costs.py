@@ -39,7 +39,7 @@ def test_importing_the_producer_loads_neither_the_worker_side_nor_psycopg() -> N
     assert "trioq._pg.producer" in loaded  # the classes were imported, not deferred
     # Nor the driver seam's record classes, cattrs (built at the first typed payload) or the
     # statements' file loader (at the first statement).
-    assert _of(loaded, ("trioq._driver", "cattrs", "importlib.resources")) == []
+    assert _of(loaded, ("trioq._seam.driver", "cattrs", "importlib.resources")) == []
 
 
 def test_a_typed_payload_builds_the_converter_at_first_use() -> None:
@@ -98,7 +98,7 @@ def test_cli_help_and_version_load_only_the_parser(argv: list[str]) -> None:
             pass
         """
     )
-    heavy = WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq._driver", "cattrs")
+    heavy = WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq._seam.driver", "cattrs")
     assert _of(loaded, heavy) == []
     # Nor the dashboard's security module (hashlib, secrets).
     assert _of(loaded, ("trioq.dashboard.security", "hashlib")) == []

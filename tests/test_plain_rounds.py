@@ -15,7 +15,8 @@ import trio
 
 import trioq
 from tests.support import make_app, run_explained, running_worker, scalar
-from trioq._driver import (
+from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
+from trioq._seam.driver import (
     Claim,
     ClaimedJob,
     ClaimResult,
@@ -24,7 +25,6 @@ from trioq._driver import (
     Settlement,
     SettleResult,
 )
-from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()

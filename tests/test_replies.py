@@ -14,7 +14,9 @@ import pytest
 import trio
 from psycopg import pq, sql
 
-from trioq._driver import (
+from trioq._pg import replies
+from trioq._pg.driver import open_pg_driver
+from trioq._seam.driver import (
     AttemptRecord,
     Checkpoint,
     ChildOutcome,
@@ -35,8 +37,6 @@ from trioq._driver import (
     WorkflowRecord,
     WorkflowValue,
 )
-from trioq._pg import replies
-from trioq._pg.driver import open_pg_driver
 from trioq._sql import positional_queries
 from trioq.dashboard import store
 

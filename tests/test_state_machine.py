@@ -43,7 +43,9 @@ from hypothesis.stateful import (
 from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from trioq._core.errors import DedupKeyConflict
 from trioq._core.identifiers import quote_ident
-from trioq._driver import (
+from trioq._memory import MemoryDriver
+from trioq._pg.driver import open_pg_driver
+from trioq._seam.driver import (
     Checkpoint,
     CheckpointWrite,
     Claim,
@@ -56,8 +58,6 @@ from trioq._driver import (
     RenewLeases,
     Settlement,
 )
-from trioq._memory import MemoryDriver
-from trioq._pg.driver import open_pg_driver
 from trioq.testing import ManualClock, SqlClock
 from trioq.testing.transitions import CheckedDriver
 

@@ -23,7 +23,7 @@ from hypothesis.stateful import invariant, precondition, rule, run_state_machine
 
 from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from tests.test_state_machine import QUEUE, SLEEP, DifferentialMachine, _records
-from trioq._driver import (
+from trioq._seam.driver import (
     CancelChildren,
     EmitEvent,
     Lease,

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import trioq
 from tests.support import make_app, running_worker, scalar
-from trioq._driver import MaintenancePass
 from trioq._runtime.logs import JOB_LOGGER
+from trioq._seam.driver import MaintenancePass
 
 
 @pytest.fixture

@@ -19,7 +19,10 @@ import trio.testing
 
 import trioq
 from tests.support import make_app, running_worker, wait_until
-from trioq._driver import (
+from trioq._memory import MemoryDriver
+from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver
+from trioq._pg.replies import ClaimedRow
+from trioq._seam.driver import (
     CheckpointWrite,
     Claim,
     ClaimResult,
@@ -28,9 +31,6 @@ from trioq._driver import (
     Settlement,
     SettleResult,
 )
-from trioq._memory import MemoryDriver
-from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver
-from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 from trioq.testing import SqlClock
 

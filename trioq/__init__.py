@@ -36,10 +36,10 @@ if TYPE_CHECKING:
     from ._core.explain import Explanation, Gate
     from ._core.retry import RetryPolicy
     from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
-    from ._records import EventOutcome
     from ._runtime.claim_loop import WorkerHooks
     from ._runtime.job_transaction import JobLeaseLost, JobTransaction
     from ._runtime.worker import Worker, WorkerConfig
+    from ._seam.records import EventOutcome
     from .app import App
     from .client import Client
     from .context import Context, JobInfo
@@ -49,7 +49,7 @@ _LAZY: dict[str, str] = {
     "Explanation": "._core.explain",
     "Gate": "._core.explain",
     "RetryPolicy": "._core.retry",
-    "EventOutcome": "._records",
+    "EventOutcome": "._seam.records",
     "ClientTransaction": "._enqueue",
     "Job": "._enqueue",
     "TaskDeclaration": "._enqueue",

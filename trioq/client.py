@@ -19,7 +19,22 @@ from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.limits import Rate, parse_global_limit, parse_rate
 from ._core.states import TERMINAL_STATES, JobState
-from ._driver import (
+from ._enqueue import (
+    FINISHED_STATES,
+    UNFINISHED_STATES,
+    ClientTransaction,
+    EnqueueOptions,
+    Enqueuer,
+    Job,
+    TaskDeclaration,
+    build_event,
+    build_jobs,
+    build_message,
+    message_refused,
+    seconds_option,
+    to_jobs,
+)
+from ._seam.driver import (
     AttemptRecord,
     CancelJob,
     Checkpoint,
@@ -44,21 +59,6 @@ from ._driver import (
     WorkerInfo,
     WorkflowFilter,
     WorkflowValue,
-)
-from ._enqueue import (
-    FINISHED_STATES,
-    UNFINISHED_STATES,
-    ClientTransaction,
-    EnqueueOptions,
-    Enqueuer,
-    Job,
-    TaskDeclaration,
-    build_event,
-    build_jobs,
-    build_message,
-    message_refused,
-    seconds_option,
-    to_jobs,
 )
 from .schedules import new_schedule
 from .workflow_view import WORKFLOW_STATES, WorkflowView

@@ -13,7 +13,7 @@ import attrs
 from ._core.states import JobState
 
 if TYPE_CHECKING:  # annotations only: the CLI's parser imports this module
-    from ._driver import Checkpoint, WorkflowRecord
+    from ._seam.driver import Checkpoint, WorkflowRecord
 
 WORKFLOW_STATES = (JobState.RUNNING, JobState.SLEEPING, JobState.WAITING)
 

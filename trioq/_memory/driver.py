@@ -35,7 +35,7 @@ from .._core.limits import Rate
 from .._core.outcomes import rule_of, settled_state
 from .._core.schedule import fire_dedup_key
 from .._core.states import TERMINAL_IN_ORDER
-from .._driver import (
+from .._seam.driver import (
     AttemptRecord,
     CancelChildren,
     CancelJob,
@@ -827,7 +827,7 @@ class MemoryDriver:
         )[:limit]
         for row in expired:
             row.error_json = _LEASE_EXPIRED_ERROR
-            # A traced execution's span took its trace id from the lease token (_tracing.py).
+            # A traced execution's span took its trace id from the lease token (_seam/tracing.py).
             trace_id = row.lease_token.hex if row.traced and row.lease_token else None
             if row.cancel_requested:  # not run again, whatever attempts it had left
                 self._state.finish(row, "cancelled", now)

@@ -13,7 +13,7 @@ import datetime
 import json
 from collections.abc import Iterable
 
-from .._driver import (
+from .._seam.driver import (
     MessageSend,
     Receive,
     ReceiveOutcome,

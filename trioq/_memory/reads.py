@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from .._core.explain import ExplainFacts, silent_after
-from .._driver import (
+from .._seam.driver import (
     Checkpoint,
     Descendant,
     HealthReport,

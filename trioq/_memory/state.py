@@ -26,7 +26,7 @@ from .._core.identifiers import validate_key, validate_name
 from .._core.limits import Rate
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
-from .._driver import (
+from .._seam.driver import (
     AttemptRecord,
     ConcurrencyLimit,
     ConcurrencyRate,

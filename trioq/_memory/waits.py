@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._core.deadlines import Deadline, child_deadline
-from .._driver import (
+from .._seam.driver import (
     CancelChildren,
     CancelOutcome,
     ChildOutcome,

@@ -30,7 +30,7 @@ from .._core.explain import ExplainFacts
 from .._core.limits import Rate
 from .._core.outcomes import rule_of
 from .._core.schedule import fire_dedup_key
-from .._driver import (
+from .._seam.driver import (
     AttemptRecord,
     CancelChildren,
     CancelJob,

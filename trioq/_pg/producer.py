@@ -55,7 +55,7 @@ from .._enqueue import (
     seconds_option,
     to_jobs,
 )
-from .._records import EventOutcome, JobRecord, NewJob, ValueRead, WorkflowValue
+from .._seam.records import EventOutcome, JobRecord, NewJob, ValueRead, WorkflowValue
 from .._sql import queries
 from .inserts import insert_statement, inserted_jobs
 from .libpq import DATABASE_URL_ENV, network_defaults

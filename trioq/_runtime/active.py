@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextvars
 from typing import Protocol
 
-from .._driver import Driver
 from .._enqueue import Enqueuer
+from .._seam.driver import Driver
 
 
 class ClientPort(Protocol):

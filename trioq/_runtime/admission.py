@@ -29,7 +29,7 @@ from .._core.admission import (
     admission_step,
     initial_state,
 )
-from .._driver import QueueAdmission
+from .._seam.driver import QueueAdmission
 from .metrics import WorkerMetrics
 
 log = logging.getLogger("trioq.worker")

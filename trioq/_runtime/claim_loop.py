@@ -46,9 +46,9 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
-from .. import _tracing as tracing
 from .._core.capacity import MAX_REFILLS_IN_FLIGHT, claim_size, low_watermark
-from .._driver import (
+from .._seam import tracing
+from .._seam.driver import (
     DEFAULT_KEY_WINDOW,
     Claim,
     ClaimedJob,

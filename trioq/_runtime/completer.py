@@ -41,7 +41,7 @@ import attrs
 import trio
 
 from .._core.outcomes import frees_key
-from .._driver import Driver, Lease, Settlement, SettleResult
+from .._seam.driver import Driver, Lease, Settlement, SettleResult
 
 log = logging.getLogger("trioq.worker")
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import trio
 
-from .. import _tracing as tracing
 from .._core import codec
 from .._core.errors import HistoryLimitExceeded, NondeterminismError
 from .._core.retry import should_retry
+from .._seam import tracing
 from . import messages, waits
 from .context import Context
 from .logs import log_job_failure

@@ -18,8 +18,8 @@ import attrs
 
 from .._core import codec
 from .._core.errors import TrioqError
-from .._driver import Settlement
 from .._enqueue import ClientTransaction
+from .._seam.driver import Settlement
 from .active import ClientPort
 
 if TYPE_CHECKING:

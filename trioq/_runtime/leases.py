@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from .._driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
+from .._seam.driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
 from .admission import AdmissionControl
 from .claim_loop import ClaimLoop
 from .metrics import WorkerMetrics

@@ -29,7 +29,7 @@ import trio
 
 from .._core import codec
 from .._core.identifiers import validate_key
-from .._driver import Receive, ValueSet
+from .._seam.driver import Receive, ValueSet
 from .run import LeaseLost, Run
 
 RECEIVE = "receive"

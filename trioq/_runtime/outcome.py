@@ -12,7 +12,7 @@ import datetime
 import attrs
 
 from .._core.states import JobState
-from .._driver import Lease, Settlement
+from .._seam.driver import Lease, Settlement
 
 
 @attrs.frozen

@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from .._core.schedule import Cron, first_fire, plan_fires, validate_misfire
-from .._driver import (
+from .._seam.driver import (
     Driver,
     NewSchedule,
     ScheduleAdvance,

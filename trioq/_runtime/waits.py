@@ -30,7 +30,7 @@ from .._core import codec
 from .._core.errors import EventTimeout, JobFailed, UnknownTask
 from .._core.identifiers import validate_key
 from .._core.states import TERMINAL_STATES, JobState
-from .._driver import (
+from .._seam.driver import (
     CancelChildren,
     Checkpoint,
     ChildOutcome,

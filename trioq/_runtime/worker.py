@@ -25,7 +25,7 @@ import trio
 from .._core.capacity import DEFAULT_PREFETCH
 from .._core.channels import control_channel, job_id_of, schedules_channel
 from .._core.identifiers import validate_name
-from .._driver import Driver, Listener, NewSchedule, WorkerRegistration
+from .._seam.driver import Driver, Listener, NewSchedule, WorkerRegistration
 from .admission import AdmissionControl, validate_mode
 from .checkpoints import CheckpointWriter
 from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks

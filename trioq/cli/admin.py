@@ -23,7 +23,7 @@ from .._core.states import TERMINAL_IN_ORDER, JobState
 from .workflows import print_workflow
 
 if TYPE_CHECKING:  # imported when a command runs: `trioq --help` builds this parser
-    from .._driver import (
+    from .._seam.driver import (
         ConcurrencyKeyStatus,
         ConcurrencyLimit,
         ConcurrencyRate,

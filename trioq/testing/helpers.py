@@ -21,10 +21,10 @@ import trio
 
 from .._core.errors import ConfigurationError, JobFailed
 from .._core.states import TERMINAL_IN_ORDER, JobState
-from .._driver import Driver, JobFilter, JobRecord
 from .._enqueue import TaskDeclaration
 from .._memory import MemoryDriver
 from .._runtime.claim_loop import WorkerHooks
+from .._seam.driver import Driver, JobFilter, JobRecord
 from ..app import App
 from ..client import Client
 

@@ -6,7 +6,7 @@ import datetime
 import uuid
 from typing import Any
 
-from ..._driver import CancelOutcome, Driver, JobFilter, JobPurge
+from ..._seam.driver import CancelOutcome, Driver, JobFilter, JobPurge
 from .harness import (
     QUEUE,
     TASK,

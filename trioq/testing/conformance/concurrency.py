@@ -16,7 +16,7 @@ import uuid
 import attrs
 import trio
 
-from ..._driver import ClaimedJob, Driver, Lease, RenewLeases, Settlement
+from ..._seam.driver import ClaimedJob, Driver, Lease, RenewLeases, Settlement
 from .harness import (
     LEASE_SECONDS,
     DriverClock,

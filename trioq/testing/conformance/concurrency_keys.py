@@ -8,7 +8,7 @@ import collections
 import datetime
 
 from ..._core.explain import explain
-from ..._driver import ClaimedJob, Driver, MaintenancePass, Settlement, Spawn
+from ..._seam.driver import ClaimedJob, Driver, MaintenancePass, Settlement, Spawn
 from .harness import (
     DriverClock,
     claim,

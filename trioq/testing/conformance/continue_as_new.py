@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from ..._driver import CancelJob, CheckpointWrite, ContinueAsNew, Driver, Settlement, Spawn
+from ..._seam.driver import CancelJob, CheckpointWrite, ContinueAsNew, Driver, Settlement, Spawn
 from .harness import (
     DriverClock,
     claim,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import uuid
 
-from ..._driver import (
+from ..._seam.driver import (
     Driver,
     MaintenancePass,
     QueueLimitSet,

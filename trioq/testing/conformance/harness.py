@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..._driver import (
+from ..._seam.driver import (
     Claim,
     ClaimedJob,
     ClaimResult,

@@ -4,7 +4,7 @@ order, round-robin)."""
 from __future__ import annotations
 
 from ..._core.errors import DedupKeyConflict
-from ..._driver import Driver, MaintenancePass, Settlement
+from ..._seam.driver import Driver, MaintenancePass, Settlement
 from .harness import (
     TASK,
     DriverClock,

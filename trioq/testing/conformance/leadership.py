@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 
 from ..._core.channels import control_channel
-from ..._driver import (
+from ..._seam.driver import (
     Driver,
     LeaderElect,
     LeaderResign,

@@ -7,7 +7,7 @@ import datetime
 import uuid
 
 from ..._core.limits import Rate
-from ..._driver import Driver, QueueLimitSet
+from ..._seam.driver import Driver, QueueLimitSet
 from .harness import (
     QUEUE,
     DriverClock,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ..._driver import (
+from ..._seam.driver import (
     CheckpointWrite,
     Driver,
     Lease,

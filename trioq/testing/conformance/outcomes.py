@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..._driver import Driver, Lease, Settlement
+from ..._seam.driver import Driver, Lease, Settlement
 from .harness import (
     DriverClock,
     claim,

@@ -14,7 +14,7 @@ import datetime
 import json
 from collections.abc import Sequence
 
-from ..._driver import (
+from ..._seam.driver import (
     CancelJob,
     Driver,
     Lease,

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from ..._core.channels import schedules_channel
 from ..._core.schedule import fire_dedup_key
-from ..._driver import (
+from ..._runtime.scheduler import plan_schedules
+from ..._seam.driver import (
     CheckpointWrite,
     Driver,
     NewJob,
@@ -23,7 +24,6 @@ from ..._driver import (
     ScheduleFireReport,
     ScheduleRecord,
 )
-from ..._runtime.scheduler import plan_schedules
 from .harness import (
     QUEUE,
     TASK,

@@ -8,7 +8,7 @@ import attrs
 import trio
 
 from ..._core.explain import explain, when
-from ..._driver import Driver, MaintenancePass, QueueAdmission, RenewLeases, WorkerRegistration
+from ..._seam.driver import Driver, MaintenancePass, QueueAdmission, RenewLeases, WorkerRegistration
 from ..._sql import query_names
 from .harness import (
     QUEUE,

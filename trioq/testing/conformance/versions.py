@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..._driver import Driver, WorkerRegistration
+from ..._seam.driver import Driver, WorkerRegistration
 from .harness import (
     QUEUE,
     TASK,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from ..._driver import (
+from ..._seam.driver import (
     CancelChildren,
     ClaimedJob,
     Driver,

@@ -15,19 +15,19 @@ from typing import Any, Protocol
 
 import attrs
 
-from ._core import outcomes
-from ._core.explain import ExplainFacts
-from ._core.limits import Rate
-from ._records import EmitEvent as EmitEvent
-from ._records import EmitOutcome as EmitOutcome
-from ._records import EventOutcome as EventOutcome
-from ._records import InsertedJob as InsertedJob
-from ._records import JobRecord as JobRecord
-from ._records import MessageSend as MessageSend
-from ._records import NewJob as NewJob
-from ._records import NewJobs as NewJobs
-from ._records import ValueRead as ValueRead
-from ._records import WorkflowValue as WorkflowValue
+from .._core import outcomes
+from .._core.explain import ExplainFacts
+from .._core.limits import Rate
+from .records import EmitEvent as EmitEvent
+from .records import EmitOutcome as EmitOutcome
+from .records import EventOutcome as EventOutcome
+from .records import InsertedJob as InsertedJob
+from .records import JobRecord as JobRecord
+from .records import MessageSend as MessageSend
+from .records import NewJob as NewJob
+from .records import NewJobs as NewJobs
+from .records import ValueRead as ValueRead
+from .records import WorkflowValue as WorkflowValue
 
 # --- params ---------------------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ class Claim:
     # a batch start-up late (0: only rows already due).
     lookahead_seconds: float = 0.0
     # The claiming worker traces its executions: their spans' trace ids are the lease tokens
-    # (_tracing.py), so a lost attempt's row can carry one (jobs.traced, migration 0022).
+    # (_seam/tracing.py), so a lost attempt's row can carry one (jobs.traced, migration 0022).
     traced: bool = False
     # The caller's choice, from the queue's last claim (`ClaimResult.plain_next`): try the
     # lean claim of unkeyed ready rows first. A driver claims exactly what the full claim would

@@ -12,8 +12,8 @@ from typing import Any, NamedTuple, overload
 
 import attrs
 
-from ._core.errors import JobNotFound, ValueNotSet
-from ._core.states import TERMINAL_STATES
+from .._core.errors import JobNotFound, ValueNotSet
+from .._core.states import TERMINAL_STATES
 
 
 @attrs.frozen

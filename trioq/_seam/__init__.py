@@ -1,0 +1,5 @@
+"""The driver seam: the `Driver` Protocol the runtime speaks (`driver.py`), the records a
+producer shares with it (`records.py`) and the handler's trace span (`tracing.py`).
+
+Empty on purpose: `trioq.producer` imports `records.py` alone, without the Protocol's classes.
+"""
