@@ -21,7 +21,7 @@ from tests.support import make_app
 from tests.test_enqueue import listening, notifications_until
 from trioq._core import codec
 from trioq._core.errors import PayloadError, SchemaNotMigrated
-from trioq._enqueue import (
+from trioq._enqueue.rows import (
     FINISHED_STATES,
     UNFINISHED_STATES,
     EnqueueOptions,

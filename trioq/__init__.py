@@ -35,7 +35,7 @@ from ._core.states import JobState
 if TYPE_CHECKING:
     from ._core.explain import Explanation, Gate
     from ._core.retry import RetryPolicy
-    from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
+    from ._enqueue.rows import ClientTransaction, Job, TaskDeclaration, declare_task
     from ._runtime.claim_loop import WorkerHooks
     from ._runtime.job_transaction import JobLeaseLost, JobTransaction
     from ._runtime.worker import Worker, WorkerConfig
@@ -50,10 +50,10 @@ _LAZY: dict[str, str] = {
     "Gate": "._core.explain",
     "RetryPolicy": "._core.retry",
     "EventOutcome": "._seam.records",
-    "ClientTransaction": "._enqueue",
-    "Job": "._enqueue",
-    "TaskDeclaration": "._enqueue",
-    "declare_task": "._enqueue",
+    "ClientTransaction": "._enqueue.rows",
+    "Job": "._enqueue.rows",
+    "TaskDeclaration": "._enqueue.rows",
+    "declare_task": "._enqueue.rows",
     "WorkerHooks": "._runtime.claim_loop",
     "JobLeaseLost": "._runtime.job_transaction",
     "JobTransaction": "._runtime.job_transaction",

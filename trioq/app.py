@@ -19,7 +19,7 @@ from ._core.identifiers import validate_name, validate_prepared_statements, vali
 from ._core.limits import Rate, parse_global_limit, parse_rate
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
-from ._enqueue import Enqueuer, TaskDeclaration, check_deadline
+from ._enqueue.rows import Enqueuer, TaskDeclaration, check_deadline
 from ._pg.libpq import DATABASE_URL_ENV as DATABASE_URL_ENV  # re-exported: its old home
 from ._runtime.active import ACTIVE_CLIENT
 from ._runtime.claim_loop import WorkerHooks

@@ -19,7 +19,7 @@ from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.limits import Rate, parse_global_limit, parse_rate
 from ._core.states import TERMINAL_STATES, JobState
-from ._enqueue import (
+from ._enqueue.rows import (
     FINISHED_STATES,
     UNFINISHED_STATES,
     ClientTransaction,

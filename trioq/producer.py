@@ -9,7 +9,7 @@ enqueue inside your transaction.
 """
 
 from ._core.errors import ProducerConnectionError, ProducerError
-from ._enqueue import Job, TaskDeclaration, declare_task
+from ._enqueue.rows import Job, TaskDeclaration, declare_task
 from ._pg.producer import AsyncProducer, SyncProducer
 from ._seam.records import EventOutcome
 

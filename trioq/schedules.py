@@ -13,7 +13,7 @@ from ._core.schedule import (
     validate_catchup_limit,
     validate_misfire,
 )
-from ._enqueue import TaskLike, check_payload_type
+from ._enqueue.rows import TaskLike, check_payload_type
 from ._seam.driver import NewSchedule
 
 

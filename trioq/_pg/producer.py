@@ -3,7 +3,7 @@ one (FastAPI, aiohttp), on psycopg's own sync and async connections and psycopg_
 
 They run the statements of queries.sql (the same `job_insert_batch`, `job_insert_many`,
 `job_get`, `job_cancel`, `event_emit` the trio driver runs) and build rows with
-`trioq._enqueue.build_jobs`, so validation, uniqueness and notifications are those of
+`trioq._enqueue.rows.build_jobs`, so validation, uniqueness and notifications are those of
 `trioq.Client`. They need no handlers: a task is named by a string (queue and options given,
 or defaults) or by a shared `trioq.TaskDeclaration`. Both accept the caller's own psycopg
 connection (`conn=`) so the enqueue commits or rolls back with the caller's transaction.
@@ -44,7 +44,7 @@ from .._core.identifiers import (
     validate_schema,
 )
 from .._core.states import TERMINAL_STATES, JobState
-from .._enqueue import (
+from .._enqueue.rows import (
     EnqueueOptions,
     Job,
     TaskDeclaration,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 from typing import Protocol
 
-from .._enqueue import Enqueuer
+from .._enqueue.rows import Enqueuer
 from .._seam.driver import Driver
 
 

@@ -18,7 +18,7 @@ import trio
 
 from .._core.errors import ConfigurationError
 from .._core.retry import RetryPolicy
-from .._enqueue import TaskDeclaration
+from .._enqueue.rows import TaskDeclaration
 from . import messages, waits
 from .active import ACTIVE_CLIENT
 from .job_transaction import JobTransaction, open_job_transaction

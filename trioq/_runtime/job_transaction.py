@@ -18,7 +18,7 @@ import attrs
 
 from .._core import codec
 from .._core.errors import TrioqError
-from .._enqueue import ClientTransaction
+from .._enqueue.rows import ClientTransaction
 from .._seam.driver import Settlement
 from .active import ClientPort
 

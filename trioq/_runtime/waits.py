@@ -137,7 +137,7 @@ def prepare_spawn(
 ) -> tuple[str, NewJob, str]:
     """Validate a child as `client.enqueue` would: (its task name, the row to insert, its
     on_parent_cancel policy)."""
-    from .._enqueue import EnqueueOptions, TaskDeclaration, build_jobs  # the same validation
+    from .._enqueue.rows import EnqueueOptions, TaskDeclaration, build_jobs  # the same validation
 
     options = dict(options)
     policy = options.pop("on_parent_cancel", "cancel")

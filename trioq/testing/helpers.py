@@ -21,7 +21,7 @@ import trio
 
 from .._core.errors import ConfigurationError, JobFailed
 from .._core.states import TERMINAL_IN_ORDER, JobState
-from .._enqueue import TaskDeclaration
+from .._enqueue.rows import TaskDeclaration
 from .._memory import MemoryDriver
 from .._runtime.claim_loop import WorkerHooks
 from .._seam.driver import Driver, JobFilter, JobRecord

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from ._core import codec
-from ._core import concurrency as concurrency_keys
-from ._core.errors import JobFinished, JobNotFound, PayloadError, UnknownTask
-from ._core.identifiers import validate_job_id, validate_key, validate_name
-from ._core.states import TERMINAL_IN_ORDER, UNFINISHED_IN_ORDER, JobState
-from ._seam.records import EmitEvent, EventOutcome, InsertedJob, MessageSend, NewJob, NewJobs
-from ._seam.tracing import current_traceparent
+from .._core import codec
+from .._core import concurrency as concurrency_keys
+from .._core.errors import JobFinished, JobNotFound, PayloadError, UnknownTask
+from .._core.identifiers import validate_job_id, validate_key, validate_name
+from .._core.states import TERMINAL_IN_ORDER, UNFINISHED_IN_ORDER, JobState
+from .._seam.records import EmitEvent, EventOutcome, InsertedJob, MessageSend, NewJob, NewJobs
+from .._seam.tracing import current_traceparent
 
 if TYPE_CHECKING:
-    from ._seam.driver import Transaction
+    from .._seam.driver import Transaction
 
 # A bound well inside PostgreSQL's interval and timestamptz ranges: a larger delay would fail in
 # SQL ("interval out of range"), aborting the caller's transaction.
