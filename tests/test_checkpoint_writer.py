@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from trioq._runtime.checkpoints import CheckpointLost, CheckpointWriter
+from trioq._runtime.workflow.checkpoints import CheckpointLost, CheckpointWriter
 from trioq._seam.driver import CheckpointWrite, Lease, WrittenCheckpoint
 
 

@@ -74,7 +74,7 @@ def test_a_producer_imports_psycopg_when_built_and_still_not_trio() -> None:
 def test_import_trioq_defers_every_name_until_it_is_read() -> None:
     bare, used = _loaded_after("import trioq\nsnapshot()\ntrioq.App")
     assert _of(bare, WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq.client")) == []
-    assert {"trio", "trioq.app", "trioq._runtime.worker"} <= used
+    assert {"trio", "trioq.app", "trioq._runtime.services.worker"} <= used
 
 
 def test_every_public_name_resolves_and_is_listed() -> None:
@@ -116,16 +116,16 @@ def test_a_worker_without_health_port_does_not_load_the_health_server() -> None:
     worker, serving = _loaded_after(
         """
         import trioq.cli.commands, trioq.cli.worker, trioq.cli.processes
-        from trioq._runtime.health import HealthTarget
+        from trioq._runtime.services.health import HealthTarget
         from trioq.app import App, load_app
         async def handler(ctx, payload): ...
         App(database_url="postgresql://unused").task("t")(handler)
         HealthTarget()
         snapshot()
-        from trioq._runtime.health import _config
+        from trioq._runtime.services.health import _config
         _config("127.0.0.1", 0)  # what serve_health does first
         """
     )
-    assert "trioq._runtime.worker" in worker
+    assert "trioq._runtime.services.worker" in worker
     assert _of(worker, ("hypercorn",)) == []
     assert "hypercorn" in serving

@@ -12,7 +12,7 @@ import trio.testing
 import trioq
 from tests.support import running_worker
 from trioq._memory import MemoryDriver
-from trioq._runtime.polls import LEAD_SECONDS, PollSharing
+from trioq._runtime.services.polls import LEAD_SECONDS, PollSharing
 from trioq._seam.driver import RenewalResult, RenewLeases
 
 

@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     from ._core.explain import Explanation, Gate
     from ._core.retry import RetryPolicy
     from ._enqueue.rows import ClientTransaction, Job, TaskDeclaration, declare_task
-    from ._runtime.claim_loop import WorkerHooks
-    from ._runtime.job_transaction import JobLeaseLost, JobTransaction
-    from ._runtime.worker import Worker, WorkerConfig
+    from ._runtime.job.claim_loop import WorkerHooks
+    from ._runtime.job.job_transaction import JobLeaseLost, JobTransaction
+    from ._runtime.services.worker import Worker, WorkerConfig
     from ._seam.records import EventOutcome
     from .app import App
     from .client import Client
@@ -54,11 +54,11 @@ _LAZY: dict[str, str] = {
     "Job": "._enqueue.rows",
     "TaskDeclaration": "._enqueue.rows",
     "declare_task": "._enqueue.rows",
-    "WorkerHooks": "._runtime.claim_loop",
-    "JobLeaseLost": "._runtime.job_transaction",
-    "JobTransaction": "._runtime.job_transaction",
-    "Worker": "._runtime.worker",
-    "WorkerConfig": "._runtime.worker",
+    "WorkerHooks": "._runtime.job.claim_loop",
+    "JobLeaseLost": "._runtime.job.job_transaction",
+    "JobTransaction": "._runtime.job.job_transaction",
+    "Worker": "._runtime.services.worker",
+    "WorkerConfig": "._runtime.services.worker",
     "App": ".app",
     "Client": ".client",
     "Context": ".context",

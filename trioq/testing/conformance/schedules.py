@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ..._core.channels import schedules_channel
 from ..._core.schedule import fire_dedup_key
-from ..._runtime.scheduler import plan_schedules
+from ..._runtime.services.scheduler import plan_schedules
 from ..._seam.driver import (
     CheckpointWrite,
     Driver,

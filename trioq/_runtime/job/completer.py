@@ -40,8 +40,8 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from .._core.outcomes import frees_key
-from .._seam.driver import Driver, Lease, Settlement, SettleResult
+from ..._core.outcomes import frees_key
+from ..._seam.driver import Driver, Lease, Settlement, SettleResult
 
 log = logging.getLogger("trioq.worker")
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from .._core.schedule import Cron, first_fire, plan_fires, validate_misfire
-from .._seam.driver import (
+from ..._core.schedule import Cron, first_fire, plan_fires, validate_misfire
+from ..._seam.driver import (
     Driver,
     NewSchedule,
     ScheduleAdvance,

@@ -43,7 +43,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from .._seam.driver import (
+from ..._seam.driver import (
     ChildrenWaitOutcome,
     ClaimResult,
     Driver,

@@ -11,8 +11,8 @@ import datetime
 
 import attrs
 
-from .._core.states import JobState
-from .._seam.driver import Lease, Settlement
+from ..._core.states import JobState
+from ..._seam.driver import Lease, Settlement
 
 
 @attrs.frozen

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from .claim_loop import LEASE_MARGIN, ClaimLoop
+from ..job.claim_loop import LEASE_MARGIN, ClaimLoop
 
 log = logging.getLogger("trioq.worker")
 

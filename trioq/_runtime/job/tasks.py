@@ -9,10 +9,10 @@ from typing import Any
 
 import attrs
 
-from .._core.codec import Undecodable, structure_payload
-from .._core.concurrency import KeyTemplate, validate_limit, validate_template
-from .._core.identifiers import validate_name
-from .._core.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
+from ..._core.codec import Undecodable, structure_payload
+from ..._core.concurrency import KeyTemplate, validate_limit, validate_template
+from ..._core.identifiers import validate_name
+from ..._core.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
 # An `async def` handler, or a plain `def` one that the executor runs in a worker thread.
 Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]

@@ -15,13 +15,13 @@ from typing import Any
 
 import trio
 
-from .._core import codec
-from .._core.errors import HistoryLimitExceeded, NondeterminismError
-from .._core.retry import should_retry
-from .._seam import tracing
-from . import messages, waits
-from .context import Context
-from .logs import log_job_failure
+from ..._core import codec
+from ..._core.errors import HistoryLimitExceeded, NondeterminismError
+from ..._core.retry import should_retry
+from ..._seam import tracing
+from ..services.logs import log_job_failure
+from ..workflow import messages, waits
+from ..workflow.context import Context
 from .outcome import (
     Cancelled,
     Completed,

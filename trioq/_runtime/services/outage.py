@@ -3,10 +3,10 @@
 Every service of a worker (each queue's claim loop, lease renewal, leader election,
 maintenance, the scheduler) retries on its own when the connection is lost, and each used to
 log every failed round: a 17 s outage wrote about 50 WARNING records. The worker's driver
-reports each call's outcome here (trioq/_runtime/metrics.py wraps every driver method); this
-logs the first lost connection once, a reminder while it lasts, and the reconnection with the
-outage's length and the number of failed calls. The services log their own lost-connection
-failures at DEBUG; any other error stays a WARNING where it happens.
+reports each call's outcome here (trioq/_runtime/services/metrics.py wraps every driver
+method); this logs the first lost connection once, a reminder while it lasts, and the
+reconnection with the outage's length and the number of failed calls. The services log their
+own lost-connection failures at DEBUG; any other error stays a WARNING where it happens.
 """
 
 from __future__ import annotations

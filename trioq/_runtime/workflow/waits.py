@@ -26,11 +26,11 @@ from typing import Any, NoReturn
 
 import trio
 
-from .._core import codec
-from .._core.errors import EventTimeout, JobFailed, UnknownTask
-from .._core.identifiers import validate_key
-from .._core.states import TERMINAL_STATES, JobState
-from .._seam.driver import (
+from ..._core import codec
+from ..._core.errors import EventTimeout, JobFailed, UnknownTask
+from ..._core.identifiers import validate_key
+from ..._core.states import TERMINAL_STATES, JobState
+from ..._seam.driver import (
     CancelChildren,
     Checkpoint,
     ChildOutcome,
@@ -42,8 +42,8 @@ from .._seam.driver import (
     WaitChildren,
     WaitEvent,
 )
+from ..job.run import LeaseLost, Run, SuspendExecution
 from .messages import flush_values
-from .run import LeaseLost, Run, SuspendExecution
 from .spawner import spawner_for
 
 EVENT = "event"
@@ -137,7 +137,7 @@ def prepare_spawn(
 ) -> tuple[str, NewJob, str]:
     """Validate a child as `client.enqueue` would: (its task name, the row to insert, its
     on_parent_cancel policy)."""
-    from .._enqueue.rows import EnqueueOptions, TaskDeclaration, build_jobs  # the same validation
+    from ..._enqueue.rows import EnqueueOptions, TaskDeclaration, build_jobs  # the same validation
 
     options = dict(options)
     policy = options.pop("on_parent_cancel", "cancel")

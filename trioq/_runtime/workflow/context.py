@@ -1,6 +1,6 @@
 """What a handler sees: `ctx.job` (who am I), a logger, and the durable primitives.
 
-`Context` is a thin view over the runtime's per-run object (`trioq._runtime.run.Run`); it holds
+`Context` is a thin view over the runtime's per-run object (`trioq._runtime.job.run.Run`); it holds
 no state of its own beyond a lazily built logger. Re-exported as `trioq.Context`.
 """
 
@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import attrs
 import trio
 
-from .._core.errors import ConfigurationError
-from .._core.retry import RetryPolicy
-from .._enqueue.rows import TaskDeclaration
+from ..._core.errors import ConfigurationError
+from ..._core.retry import RetryPolicy
+from ..._enqueue.rows import TaskDeclaration
+from ..job.active import ACTIVE_CLIENT
+from ..job.job_transaction import JobTransaction, open_job_transaction
+from ..job.run import Run
 from . import messages, waits
-from .active import ACTIVE_CLIENT
-from .job_transaction import JobTransaction, open_job_transaction
 from .parallel import Parallel
-from .run import Run
 
 if TYPE_CHECKING:  # the public client is above the runtime: named for types only
-    from ..client import Client
+    from ...client import Client
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
-from .._core.admission import (
+from ..._core.admission import (
     OK,
     REASONS,
     RECOVERING,
@@ -29,7 +29,7 @@ from .._core.admission import (
     admission_step,
     initial_state,
 )
-from .._seam.driver import QueueAdmission
+from ..._seam.driver import QueueAdmission
 from .metrics import WorkerMetrics
 
 log = logging.getLogger("trioq.worker")

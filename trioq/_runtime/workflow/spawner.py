@@ -20,7 +20,7 @@ import weakref
 import attrs
 import trio
 
-from .._seam.driver import Driver, Spawn, SpawnOutcome
+from ..._seam.driver import Driver, Spawn, SpawnOutcome
 
 MAX_BATCH = 500
 

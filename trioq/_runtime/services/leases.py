@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from .._seam.driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
+from ..._seam.driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
+from ..job.claim_loop import ClaimLoop
 from .admission import AdmissionControl
-from .claim_loop import ClaimLoop
 from .metrics import WorkerMetrics
 from .outage import lost_connection_level
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextvars
 from typing import Protocol
 
-from .._enqueue.rows import Enqueuer
-from .._seam.driver import Driver
+from ..._enqueue.rows import Enqueuer
+from ..._seam.driver import Driver
 
 
 class ClientPort(Protocol):

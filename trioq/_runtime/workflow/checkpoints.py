@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import trio
 
-from .._seam.driver import CheckpointWrite, Driver
+from ..._seam.driver import CheckpointWrite, Driver
 
 log = logging.getLogger("trioq.worker")
 

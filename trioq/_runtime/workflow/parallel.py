@@ -30,12 +30,12 @@ from typing import Any
 import attrs
 import trio
 
-from .._core.errors import EventTimeout
-from .._core.retry import RetryPolicy
-from .._core.states import JobState
-from .._seam.driver import Checkpoint
+from ..._core.errors import EventTimeout
+from ..._core.retry import RetryPolicy
+from ..._core.states import JobState
+from ..._seam.driver import Checkpoint
+from ..job.run import SLEEP, STEP, Run, _check_name, _wake_at
 from . import waits
-from .run import SLEEP, STEP, Run, _check_name, _wake_at
 
 _UNSET: Any = object()
 

@@ -46,9 +46,9 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 import trio
 
-from .._core.capacity import MAX_REFILLS_IN_FLIGHT, claim_size, low_watermark
-from .._seam import tracing
-from .._seam.driver import (
+from ..._core.capacity import MAX_REFILLS_IN_FLIGHT, claim_size, low_watermark
+from ..._seam import tracing
+from ..._seam.driver import (
     DEFAULT_KEY_WINDOW,
     Claim,
     ClaimedJob,
@@ -58,11 +58,11 @@ from .._seam.driver import (
     Settlement,
     SettleResult,
 )
-from .checkpoints import CheckpointWriter
+from ..services.metrics import JobTally
+from ..workflow.checkpoints import CheckpointWriter
 from .completer import DEFAULT_FLUSH_DELAY, Completer, open_completer
 from .dbclock import DatabaseClock
 from .executor import COMPLETED_NULL, execute
-from .metrics import JobTally
 from .outcome import Suspended, outcome_name, settlement_of
 from .run import Run, SharedTimers
 from .tasks import TaskSpec
@@ -419,7 +419,7 @@ class ClaimLoop:
                 )
                 raise
             self._db_healthy = False  # the database is away: retry later
-            log.debug(  # the worker's outage summary says it (trioq/_runtime/outage.py)
+            log.debug(  # the worker's outage summary says it (trioq/_runtime/services/outage.py)
                 "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, self._backoff
             )
             await trio.sleep(self._backoff * (1 + random.random()))

@@ -26,13 +26,13 @@ from typing import Any, NoReturn
 import attrs
 import trio
 
-from .._core import codec
-from .._core.errors import HistoryLimitExceeded, NondeterminismError
-from .._core.identifiers import validate_key
-from .._core.retry import DEFAULT_STEP_ATTEMPTS, RetryPolicy, applied_max_attempts
-from .._core.states import JobState
-from .._seam.driver import Checkpoint, CheckpointWrite, ClaimedJob, Driver, Lease
-from .checkpoints import CheckpointLost, CheckpointWriteFailed, CheckpointWriter
+from ..._core import codec
+from ..._core.errors import HistoryLimitExceeded, NondeterminismError
+from ..._core.identifiers import validate_key
+from ..._core.retry import DEFAULT_STEP_ATTEMPTS, RetryPolicy, applied_max_attempts
+from ..._core.states import JobState
+from ..._seam.driver import Checkpoint, CheckpointWrite, ClaimedJob, Driver, Lease
+from ..workflow.checkpoints import CheckpointLost, CheckpointWriteFailed, CheckpointWriter
 from .outcome import Suspended
 from .tasks import TaskSpec
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 import attrs
 import trio
 
-from .._seam.driver import QueueProbe
-from .claim_loop import ClaimLoop
+from ..._seam.driver import QueueProbe
+from ..job.claim_loop import ClaimLoop
 
 # How far before a loop's poll is due a service sends its statement in the poll's place (the
 # loop's timer is held while the statement is in flight, so this only needs to beat the timer).

@@ -22,13 +22,14 @@ from typing import Protocol
 import attrs
 import trio
 
-from .._core.capacity import DEFAULT_PREFETCH
-from .._core.channels import control_channel, job_id_of, schedules_channel
-from .._core.identifiers import validate_name
-from .._seam.driver import Driver, Listener, NewSchedule, WorkerRegistration
+from ..._core.capacity import DEFAULT_PREFETCH
+from ..._core.channels import control_channel, job_id_of, schedules_channel
+from ..._core.identifiers import validate_name
+from ..._seam.driver import Driver, Listener, NewSchedule, WorkerRegistration
+from ..job.claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
+from ..job.tasks import TaskSpec
+from ..workflow.checkpoints import CheckpointWriter
 from .admission import AdmissionControl, validate_mode
-from .checkpoints import CheckpointWriter
-from .claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
 from .leadership import Leadership
 from .leases import LeaseRenewer
 from .maintenance import Maintenance
@@ -36,7 +37,6 @@ from .metrics import WorkerMetrics, instrument_driver
 from .outage import DatabaseOutage
 from .polls import PollSharing
 from .scheduler import Scheduler
-from .tasks import TaskSpec
 from .watchdog import Watchdog
 
 log = logging.getLogger("trioq.worker")

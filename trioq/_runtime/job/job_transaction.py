@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._core import codec
-from .._core.errors import TrioqError
-from .._enqueue.rows import ClientTransaction
-from .._seam.driver import Settlement
+from ..._core import codec
+from ..._core.errors import TrioqError
+from ..._enqueue.rows import ClientTransaction
+from ..._seam.driver import Settlement
 from .active import ClientPort
 
 if TYPE_CHECKING:

@@ -27,10 +27,10 @@ from typing import Any
 
 import trio
 
-from .._core import codec
-from .._core.identifiers import validate_key
-from .._seam.driver import Receive, ValueSet
-from .run import LeaseLost, Run
+from ..._core import codec
+from ..._core.identifiers import validate_key
+from ..._seam.driver import Receive, ValueSet
+from ..job.run import LeaseLost, Run
 
 RECEIVE = "receive"
 MAX_RECEIVE = 10_000  # messages one receive may take (its checkpoint holds them all)
