@@ -8,10 +8,10 @@ run trioq's own statements and validation, and take your psycopg connection (`co
 enqueue inside your transaction.
 """
 
-from ._core.errors import ProducerConnectionError, ProducerError
-from ._enqueue.rows import Job, TaskDeclaration, declare_task
-from ._pg.producer import AsyncProducer, SyncProducer
-from ._seam.records import EventOutcome
+from .._core.errors import ProducerConnectionError, ProducerError
+from .._enqueue.rows import Job, TaskDeclaration, declare_task
+from .._seam.records import EventOutcome
+from .producers import AsyncProducer, SyncProducer
 
 __all__ = [
     "AsyncProducer",

@@ -55,11 +55,11 @@ from .._enqueue.rows import (
     seconds_option,
     to_jobs,
 )
+from .._pg.inserts import insert_statement, inserted_jobs
+from .._pg.libpq import DATABASE_URL_ENV, network_defaults
+from .._pg.replies import Cancelled, EventEmitted, MessageSent, TaskServed
 from .._seam.records import EventOutcome, JobRecord, NewJob, ValueRead, WorkflowValue
 from .._sql import queries
-from .inserts import insert_statement, inserted_jobs
-from .libpq import DATABASE_URL_ENV, network_defaults
-from .replies import Cancelled, EventEmitted, MessageSent, TaskServed
 
 if TYPE_CHECKING:
     # psycopg, psycopg_pool and the result listeners are imported when a producer first
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-    from .producer_listen import (
+    from .listen import (
         AsyncResultListener,
         ResultListenerStatistics,
         SyncResultListener,
@@ -198,7 +198,7 @@ class _Statements:
         return text
 
     def schema_required(self) -> AbstractContextManager[None]:
-        from .errors import schema_required
+        from .._pg.errors import schema_required
 
         return schema_required(self.schema)
 
@@ -219,7 +219,7 @@ class _PreparedStatements:
     def switch_if_lost(self, exc: BaseException) -> bool:
         """True if `exc` is a lost prepared statement and the call may run once more unnamed;
         the first one switches the producer and logs one line."""
-        from .errors import is_lost_prepared_statement
+        from .._pg.errors import is_lost_prepared_statement
 
         if not is_lost_prepared_statement(exc):
             return False
@@ -259,7 +259,7 @@ def _first_line(exc: BaseException) -> str:
 def _caller_connection_error(exc: BaseException) -> ProducerConnectionError | None:
     """A lost prepared statement on the caller's own connection (`conn=`): its transaction has
     failed, and only its owner can turn prepared statements off."""
-    from .errors import is_lost_prepared_statement
+    from .._pg.errors import is_lost_prepared_statement
 
     if not is_lost_prepared_statement(exc):
         return None
@@ -369,7 +369,7 @@ def _pooler_answers(announced_pid: int, row: tuple[Any, ...] | None) -> bool:
 
 def _connection_error(exc: psycopg.Error) -> ProducerConnectionError | psycopg.Error:
     """The CLI's one line for `exc` (the shared mapping in errors.py), as a ProducerError."""
-    from .errors import PRODUCER_URL, connection_problem
+    from .._pg.errors import PRODUCER_URL, connection_problem
 
     problem = connection_problem(exc, PRODUCER_URL)
     if problem is None:
@@ -489,7 +489,7 @@ class SyncProducer:
             return None
         with self._fork_lock:
             if self._results is None:
-                from .producer_listen import SyncResultListener
+                from .listen import SyncResultListener
 
                 self._results = SyncResultListener(
                     self._settings.listen_url, self._settings.listen_kwargs, self.schema
@@ -762,7 +762,7 @@ class AsyncProducer:
         if results is None or results.loop is not asyncio.get_running_loop():
             if results is not None:  # its task died with another event loop
                 _LEFT_BY_PARENT.append(results)
-            from .producer_listen import AsyncResultListener
+            from .listen import AsyncResultListener
 
             results = self._results = AsyncResultListener(
                 self._settings.listen_url, self._settings.listen_kwargs, self.schema
