@@ -11,7 +11,8 @@ import pytest
 import trio
 
 from trioq._runtime.workflow.checkpoints import CheckpointLost, CheckpointWriter
-from trioq._seam.driver import CheckpointWrite, Lease, WrittenCheckpoint
+from trioq._seam.lease import Lease
+from trioq._seam.workflow import CheckpointWrite, WrittenCheckpoint
 
 
 class StubDriver:

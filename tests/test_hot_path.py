@@ -35,15 +35,9 @@ from trioq._runtime.job.outcome import (
 from trioq._runtime.job.tasks import TaskSpec
 from trioq._runtime.services.metrics import HANDLER_BUCKETS, WorkerMetrics
 from trioq._runtime.workflow.checkpoints import CheckpointWriter
-from trioq._seam.driver import (
-    Claim,
-    ClaimedJob,
-    ClaimResult,
-    EventWaitOutcome,
-    Lease,
-    Settlement,
-    SettleResult,
-)
+from trioq._seam.driver import Claim, ClaimedJob, ClaimResult, Settlement, SettleResult
+from trioq._seam.lease import Lease
+from trioq._seam.workflow import EventWaitOutcome
 
 
 def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, frozenset], float]:

@@ -23,7 +23,8 @@ from tests.support import Gate, blocked_on_a_lock, make_app, running_worker, sca
 from trioq._core.channels import result_channel
 from trioq._pg import Connection, connect
 from trioq._pg.driver import complete_plain_params, open_pg_driver
-from trioq._seam.driver import Driver, Lease, Settlement
+from trioq._seam.driver import Driver, Settlement
+from trioq._seam.lease import Lease
 from trioq._sql import queries
 from trioq.producer import AsyncProducer, SyncProducer
 from trioq.testing.conformance import NotificationRecorder, claim, enqueue, new_job, record

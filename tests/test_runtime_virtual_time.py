@@ -13,7 +13,7 @@ import trioq
 from tests.support import running_worker
 from trioq._memory import MemoryDriver
 from trioq._runtime.services.polls import LEAD_SECONDS, PollSharing
-from trioq._seam.driver import RenewalResult, RenewLeases
+from trioq._seam.services import RenewalResult, RenewLeases
 
 
 def make_app() -> trioq.App:

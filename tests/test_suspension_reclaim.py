@@ -22,7 +22,7 @@ import trio.testing
 import trioq
 from tests.support import running_worker
 from trioq._memory import MemoryDriver
-from trioq._seam.driver import ContinueAsNew, EventWaitOutcome, WaitEvent
+from trioq._seam.workflow import ContinueAsNew, EventWaitOutcome, WaitEvent
 
 
 class LateReplies(MemoryDriver):

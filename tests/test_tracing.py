@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import trioq
 from tests.support import make_app, running_worker, scalar
 from trioq._runtime.services.logs import JOB_LOGGER
-from trioq._seam.driver import MaintenancePass
+from trioq._seam.services import MaintenancePass
 
 
 @pytest.fixture

@@ -31,7 +31,9 @@ from ._runtime.job.tasks import (
     task_max_attempts,
 )
 from ._runtime.services.worker import Worker, WorkerConfig
-from ._seam.driver import Driver, NewSchedule, QueueLimitSet
+from ._seam.admin import QueueLimitSet
+from ._seam.driver import Driver
+from ._seam.schedules import NewSchedule
 from .client import Client, _ResultWatcher
 from .schedules import new_schedule
 

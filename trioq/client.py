@@ -34,32 +34,28 @@ from ._enqueue.rows import (
     seconds_option,
     to_jobs,
 )
-from ._seam.driver import (
+from ._seam.admin import (
     AttemptRecord,
     CancelJob,
-    Checkpoint,
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
     ConcurrencyRate,
     Descendant,
-    Driver,
-    EventOutcome,
     HealthReport,
     JobFilter,
     JobPurge,
-    JobRecord,
     KeyRateStatus,
-    Listener,
     QueueDemand,
     QueueLimit,
     QueueLimitSet,
     QueuePause,
     QueueStatus,
-    ScheduleRecord,
     WorkerInfo,
     WorkflowFilter,
-    WorkflowValue,
 )
+from ._seam.driver import Driver, EventOutcome, JobRecord, Listener, WorkflowValue
+from ._seam.schedules import ScheduleRecord
+from ._seam.workflow import Checkpoint
 from .schedules import new_schedule
 from .workflow_view import WORKFLOW_STATES, WorkflowView
 

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from ._core.states import TERMINAL_IN_ORDER, JobState
 from ._runtime.services.worker import Worker
-from ._seam.driver import JobFilter, TaskStatus
+from ._seam.admin import JobFilter, TaskStatus
 from .app import DATABASE_URL_ENV, App, load_app
 from .client import Client
 

@@ -14,7 +14,7 @@ from ._core.schedule import (
     validate_misfire,
 )
 from ._enqueue.rows import TaskLike, check_payload_type
-from ._seam.driver import NewSchedule
+from ._seam.schedules import NewSchedule
 
 
 def new_schedule(

@@ -3,6 +3,11 @@
 `trioq._pg.driver.PgDriver` implements it on PostgreSQL, `trioq._memory.MemoryDriver` in
 memory; the conformance suite in `trioq.testing` runs the same checks against both, and a test
 fails when their method sets differ from `DRIVER_METHODS`.
+
+This module holds what a job's life crosses (docs/life-of-a-job.md): the insert, the claim
+loop's `job_claim` and the completer's `job_settle_many`, with their records. `Driver` adds the
+statements of the workflow primitives (`workflow.py`), the worker's services (`services.py`),
+schedules (`schedules.py`) and the operator (`admin.py`), each a Protocol of its own module.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from typing import Any, Protocol
 import attrs
 
 from .._core import outcomes
-from .._core.explain import ExplainFacts
-from .._core.limits import Rate
+from .admin import AdminStatements
+from .lease import Lease
 from .records import EmitEvent as EmitEvent
 from .records import EmitOutcome as EmitOutcome
 from .records import EventOutcome as EventOutcome
@@ -28,21 +33,14 @@ from .records import NewJob as NewJob
 from .records import NewJobs as NewJobs
 from .records import ValueRead as ValueRead
 from .records import WorkflowValue as WorkflowValue
+from .schedules import ScheduleStatements
+from .services import ServiceStatements
+from .workflow import Checkpoint, WorkflowStatements
 
 # --- params ---------------------------------------------------------------------------------
 
 DEFAULT_KEY_WINDOW = 200
 DEFAULT_PROMOTE_LIMIT = 1000
-
-
-@attrs.frozen(cache_hash=True)
-class Lease:
-    """The fencing triple every write after a claim carries. Its hash is cached: the settle
-    buffer and the renewer key dicts and sets by lease, several times per job."""
-
-    id: int
-    attempt: int
-    lease_token: uuid.UUID
 
 
 # What a settlement may record; trioq/_core/outcomes.py holds what each kind does to its row.
@@ -119,270 +117,7 @@ class Claim:
     plain: bool = False
 
 
-@attrs.frozen
-class CheckpointWrite:
-    """One checkpoint to record for a running job (fenced by its lease).
-
-    The stored value is `value_json`; with `wake_in_seconds`, it is that JSON object (or `{}`)
-    with "wake_at" = database now + wake_in_seconds merged in (durable sleeps).
-    """
-
-    lease: Lease
-    position: int
-    kind: str
-    name: str
-    value_json: str | None
-    wake_in_seconds: float | None = None
-    # ctx.set_value: (key, value JSON) pairs set since the job's last checkpoint, written in
-    # the same statement (the last of a key wins).
-    values: tuple[tuple[str, str], ...] = ()
-
-
-@attrs.frozen
-class QueueAdmission:
-    """One queue whose effective limit admission control has reduced (the worker row's
-    admission snapshot, migration 0008): `reason` is the current reason code (`recovering`
-    while it grows back), `cause` the overload signal that cut it, `reduced_for_seconds` how
-    long the limit has been below the configured concurrency (stored as the database's time)."""
-
-    queue: str
-    limit: int
-    concurrency: int
-    reason: str
-    cause: str
-    reduced_for_seconds: float
-
-
-@attrs.frozen
-class RenewLeases:
-    worker_id: uuid.UUID
-    worker_state: str
-    lease_seconds: float
-    leases: tuple[Lease, ...]
-    # The heartbeat writes this snapshot on the worker row (empty: every queue at full).
-    admission: tuple[QueueAdmission, ...] = ()
-
-
-@attrs.frozen
-class MaintenancePass:
-    recover_limit: int = 1000
-    prune_limit: int = 1000
-    retention_seconds: float = 7 * 24 * 3600.0
-    worker_stale_seconds: float = 300.0
-    # The elected leader sending the pass (it extends its seat first and sweeps only if it still
-    # holds it); None: an operator's or a test's one-off pass, swept without the election.
-    leader_id: uuid.UUID | None = None
-    scheduler: bool = True  # the leader runs the scheduler
-    ttl_seconds: float = 30.0  # the seat's time to live from this pass
-    queues: tuple[str, ...] = ()  # the leader's queues, probed (see QueueProbe)
-    deadline_limit: int = 1000  # jobs past their deadline cancelled per pass
-
-
-@attrs.frozen
-class LeaderElect:
-    """A follower's periodic statement: try to take the leader seat, heartbeat, probe."""
-
-    worker_id: uuid.UUID
-    ttl_seconds: float
-    scheduler: bool = True  # this worker runs the scheduler when it leads
-    queues: tuple[str, ...] = ()
-
-
-@attrs.frozen
-class LeaderResign:
-    worker_id: uuid.UUID
-
-
-@attrs.frozen
-class WorkerRegistration:
-    worker_id: uuid.UUID
-    hostname: str
-    pid: int
-    queues: tuple[str, ...]
-    concurrency: int
-    task_versions: tuple[str, ...] = ()  # 'task@version' pairs served
-    # (task, version, max_attempts, deadline seconds or None) of each served pair, sorted: the
-    # declarations that rows without a max_attempts of their own take (task_defaults, migration
-    # 0015), and the deadline inserts give jobs without one of their own (migration 0029)
-    task_defaults: tuple[tuple[str, int, int, float | None], ...] = ()
-    # The slots of each queue in `queues`, in order (migration 0018); `concurrency` is their sum.
-    queue_concurrency: tuple[int, ...] = ()
-    heartbeat_seconds: float | None = None  # the longest gap between its heartbeats (0019)
-
-
-@attrs.frozen
-class JobFilter:
-    """Which jobs `job_list` returns (None: any), newest first, keyset-paged by `before_id`."""
-
-    states: tuple[str, ...] | None = None
-    tasks: tuple[str, ...] | None = None
-    queues: tuple[str, ...] | None = None
-    partition_key: str | None = None
-    older_than_seconds: float | None = None  # created more than this long ago
-    before_id: int | None = None  # the page after the one that ended with this id
-    limit: int = 50
-
-
-@attrs.frozen
-class NewSchedule:
-    """A schedule to create or update by name; `payload_json` is validated and encoded."""
-
-    name: str
-    task: str
-    queue: str
-    payload_json: str
-    cron: str
-    timezone: str = "UTC"
-    misfire: str = "latest"
-    catchup_limit: int = 100
-    max_attempts: int = 5
-    version: int = 1
-    origin: str = "runtime"  # "code": declared with @app.periodic; "runtime": client.schedule
-
-
-@attrs.frozen
-class ScheduleAdvance:
-    """The plan for one due schedule: enqueue `fires`, then wait for `next_fire_at`.
-
-    Applied only if the schedule's next_fire_at is still `expected_next_fire_at` (the fence)."""
-
-    name: str
-    expected_next_fire_at: datetime.datetime | None
-    next_fire_at: datetime.datetime
-    fires: tuple[datetime.datetime, ...] = ()
-    missed: int = 0
-
-
-@attrs.frozen
-class ScheduleFireDue:
-    """One scheduler tick: `plan` (pure, no I/O) turns the due schedules and database time into
-    advances, inside the leader's transaction; at most `limit` schedules per tick."""
-
-    plan: Callable[[Sequence[ScheduleRecord], datetime.datetime], Sequence[ScheduleAdvance]]
-    limit: int = 100
-
-
-@attrs.frozen
-class JobPurge:
-    """Which finished jobs `job_purge` deletes: at most `limit` per call, oldest first."""
-
-    states: tuple[str, ...]
-    older_than_seconds: float
-    tasks: tuple[str, ...] | None = None
-    queues: tuple[str, ...] | None = None
-    limit: int = 1000
-
-
-@attrs.frozen
-class WaitEvent:
-    """A running job waits for `key` until `deadline` (a replay passes the stored one) or, on
-    the first wait, `timeout_seconds` from database time."""
-
-    lease: Lease
-    position: int
-    key: str
-    timeout_seconds: float
-    deadline: datetime.datetime | None = None
-
-
-@attrs.frozen
-class Spawn:
-    """A running job enqueues `child` exactly once for its checkpoint `position`."""
-
-    lease: Lease
-    position: int
-    child: NewJob
-    # What cancelling the parent does to the child: cancel it, abandon it (it runs on, the
-    # parent does not wait), or wait for it (it runs on, the parent is final after it).
-    on_parent_cancel: str = "cancel"
-
-
-@attrs.frozen
-class WaitChildren:
-    """A running job waits until its `child_ids` are final (or, with `stop_on_failure`, one
-    failed); with `record`, their outcomes become checkpoint `position` (`kind`, `name`)."""
-
-    lease: Lease
-    position: int
-    child_ids: tuple[int, ...]
-    stop_on_failure: bool = False
-    record: bool = True
-    kind: str = "children"
-    name: str = ""
-
-
-@attrs.frozen
-class CancelChildren:
-    """gather's fail-fast: record checkpoint `position`, then cancel `child_ids` (and their
-    children) that are not final."""
-
-    lease: Lease
-    position: int
-    kind: str
-    name: str
-    value_json: str
-    child_ids: tuple[int, ...]
-
-
-@attrs.frozen
-class ContinueAsNew:
-    """A running workflow ends its history and starts again, same job id, with `payload_json`."""
-
-    lease: Lease
-    payload_json: str
-
-
-@attrs.frozen
-class CancelJob:
-    """Cancel `id` and its descendants; `tree`: every descendant, whatever its spawn's
-    `on_parent_cancel` policy."""
-
-    id: int
-    tree: bool = False
-
-
-@attrs.frozen
-class Receive:
-    """A running job takes up to `limit` messages of `topic` as checkpoint `position`, or
-    waits for them until `deadline` (a replay passes the stored one) or, on the first wait,
-    `timeout_seconds` from database time. `values` as in `CheckpointWrite`."""
-
-    lease: Lease
-    position: int
-    topic: str
-    timeout_seconds: float
-    deadline: datetime.datetime | None = None
-    limit: int = 1000
-    values: tuple[tuple[str, str], ...] = ()
-
-
-@attrs.frozen
-class ValueSet:
-    """Write a running job's values (key, value JSON) now, fenced by its lease."""
-
-    lease: Lease
-    values: tuple[tuple[str, str], ...]
-
-
-@attrs.frozen
-class WorkflowFilter:
-    states: tuple[str, ...] | None = None  # of running, sleeping, waiting (None: all three)
-    tasks: tuple[str, ...] | None = None
-    before_id: int | None = None
-    limit: int = 50
-
-
 # --- records --------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Checkpoint:
-    """One entry of a job's history (`value` is the decoded JSON)."""
-
-    position: int
-    kind: str
-    name: str
-    value: Any
 
 
 @attrs.frozen
@@ -457,352 +192,6 @@ class SettleResult:
 
 
 @attrs.frozen
-class WrittenCheckpoint:
-    """A checkpoint write that held its fence; `value` is what is stored at that position."""
-
-    job_id: int
-    position: int
-    value: Any
-
-
-@attrs.frozen
-class EventWaitOutcome:
-    state: str  # "received", "timeout", "waiting" (suspended), "lost" (lease lost)
-    payload: Any
-    deadline: datetime.datetime
-
-
-@attrs.frozen
-class SpawnOutcome:
-    child_id: int | None  # None: refused (the parent's lease is lost, or it is cancelling)
-    created: bool
-    cancelling: bool = False  # refused because the parent's cancel was requested
-
-
-@attrs.frozen
-class ChildOutcome:
-    id: int
-    state: str | None  # None: no such job
-    result: Any
-    error: Any
-
-
-@attrs.frozen
-class ChildrenWaitOutcome:
-    # "done", "failed" (stop_on_failure), "waiting" (suspended), "changed" (a child finished
-    # while deciding: ask again), "unknown" (an id is not a child of this job), "lost"
-    state: str
-    children: tuple[ChildOutcome, ...] = ()
-
-
-@attrs.frozen
-class RenewedLease:
-    id: int
-    cancel_requested: bool
-    # False: still this worker's, but its row was locked by another transaction, so the lease
-    # was not extended this time (neither renewed nor lost: the watchdog decides).
-    confirmed: bool = True
-
-
-@attrs.frozen
-class RenewalResult:
-    leases: tuple[RenewedLease, ...]  # leases not listed are lost
-    registered: bool  # False: the worker row was gone (pruned); register again
-
-
-@attrs.frozen
-class QueueProbe:
-    """What a claim poll of `queue` would have found at the statement's `now`, without claiming:
-    `work_due` (a ready row, or a promotable due one) and the first future due time."""
-
-    queue: str
-    work_due: bool
-    next_due: datetime.datetime | None
-
-
-@attrs.frozen
-class MaintenanceReport:
-    leader: bool
-    recovered: tuple[tuple[int, str], ...] = ()  # (job id, new state)
-    pruned_jobs: int = 0
-    pruned_workers: int = 0
-    registered: bool = True  # False: the leader's worker row was gone (pruned); register again
-    now: datetime.datetime | None = None  # database time of the pass
-    probes: tuple[QueueProbe, ...] = ()  # one per queue of MaintenancePass.queues
-    schedules: ScheduleDue | None = None  # the scheduler's idle read, done by the pass
-    deadlines_passed: int = 0  # jobs cancelled because their deadline passed
-
-
-@attrs.frozen
-class LeadershipReport:
-    leader: bool  # this worker holds the seat after the statement
-    registered: bool  # False: the worker row was gone (pruned); register again
-    now: datetime.datetime
-    probes: tuple[QueueProbe, ...] = ()
-
-
-@attrs.frozen
-class CancelOutcome:
-    previous_state: str
-    state: str
-
-
-@attrs.frozen
-class Descendant:
-    id: int
-    state: str
-
-
-@attrs.frozen
-class AttemptRecord:
-    attempt: int
-    outcome: str
-    error_type: str | None
-    error_message: str | None
-    traceback: str | None
-    worker_id: uuid.UUID | None
-    started_at: datetime.datetime | None
-    finished_at: datetime.datetime
-    trace_id: str | None = None  # the execution's trace id (the otel extra, when configured)
-
-
-@attrs.frozen
-class QueueStatus:
-    queue: str
-    ready: int
-    scheduled: int
-    running: int
-    expired_leases: int
-    completed: int
-    failed: int
-    cancelled: int
-    oldest_ready_seconds: float | None
-    sleeping: int = 0
-    waiting: int = 0
-
-
-@attrs.frozen
-class TaskStatus:
-    """How many jobs of one (queue, task, version) are in one state."""
-
-    queue: str
-    task: str
-    version: int
-    state: str
-    jobs: int
-    retried: int  # of those, jobs that needed more than one attempt
-
-
-@attrs.frozen
-class TaskHistoryKind:
-    """How many jobs of `task` recorded at least one checkpoint of `kind`."""
-
-    task: str
-    kind: str
-    jobs: int
-
-
-@attrs.frozen
-class UnroutableJobs:
-    """Jobs waiting to run (not running, not final) that no live worker serves: none of the
-    workers that heartbeat recently serves this (queue, task, version)."""
-
-    queue: str
-    task: str
-    version: int
-    jobs: int
-    states: tuple[str, ...]
-
-
-@attrs.frozen
-class QueueDemand:
-    """One queue's demand (`queue_demand()`): the replica-scaling signal."""
-
-    queue: str
-    ready: int
-    oldest_ready_seconds: float | None
-    running: int
-    scheduled: int
-    sleeping: int
-    waiting: int
-    due_now: int  # ready, plus future work whose time has come but is not promoted yet
-
-
-@attrs.frozen
-class HealthReport:
-    """`trioq status`'s incident health list (counts) and database pressure figures. The
-    database figures are None on a driver without a server (the in-memory one)."""
-
-    ready_backlog: int
-    expired_ownership: int  # running rows whose lease has expired, not recovered yet
-    sleeping_due: int  # sleeping work whose wake-up time has passed, not promoted yet
-    stale_running: int  # running rows whose worker has no live heartbeat
-    active_waits: int
-    due_wait_timeouts: int
-    waiting_locks: int | None = None  # pg_locks not granted
-    deadlocks: int | None = None  # pg_stat_database, since the statistics reset
-    backends: Mapping[str, int] = attrs.field(factory=dict)  # this database's, by state
-    lock_waits: int | None = None  # backends waiting on a lock
-    cache_hit_ratio: float | None = None
-    jobs_table_bytes: int | None = None
-    jobs_index_bytes: int | None = None
-    dead_tuples: int | None = None
-    live_tuples: int | None = None
-    last_autovacuum: datetime.datetime | None = None
-
-
-@attrs.frozen
-class WorkerInfo:
-    id: uuid.UUID
-    hostname: str
-    pid: int
-    queues: tuple[str, ...]
-    concurrency: int
-    state: str
-    started_at: datetime.datetime
-    heartbeat_at: datetime.datetime
-    running: int
-    task_versions: tuple[str, ...] = ()
-    # The queues whose effective limit this worker's admission control reduced, as its last
-    # heartbeat wrote them (migration 0008); `reduced_for_seconds` as of this read.
-    admission: tuple[QueueAdmission, ...] = ()
-    # The slots of each queue in `queues`, in order (migration 0018; empty for older rows).
-    queue_concurrency: tuple[int, ...] = ()
-    # The longest gap it promised between heartbeats (None: registered by an older version),
-    # and the age of its last heartbeat as of this read (database time).
-    heartbeat_seconds: float | None = None
-    heartbeat_age_seconds: float | None = None
-
-    def slots(self, queue: str) -> int:
-        """This worker's slots for `queue` (its total for a row from before per-queue slots)."""
-        if self.queue_concurrency and queue in self.queues:
-            return self.queue_concurrency[self.queues.index(queue)]
-        return self.concurrency
-
-
-@attrs.frozen
-class ScheduleRecord:
-    name: str
-    task: str
-    queue: str
-    payload: Any
-    cron: str
-    timezone: str
-    misfire: str
-    catchup_limit: int
-    max_attempts: int
-    version: int
-    origin: str
-    anchor_at: datetime.datetime
-    next_fire_at: datetime.datetime | None
-    last_fire_at: datetime.datetime | None
-    fired: int
-    missed: int
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
-
-
-@attrs.frozen
-class ScheduleDue:
-    """Database time and the schedule due first (None: no schedules, or one not yet timed)."""
-
-    now: datetime.datetime
-    any_schedule: bool
-    next_fire_at: datetime.datetime | None
-
-    @property
-    def due(self) -> bool:
-        return self.any_schedule and (self.next_fire_at is None or self.next_fire_at <= self.now)
-
-
-@attrs.frozen
-class FiredOccurrence:
-    schedule: str
-    fire_at: datetime.datetime
-    job_id: int
-
-
-@attrs.frozen
-class ScheduleFireReport:
-    leader: bool  # False: another process held the scheduler lock; nothing was done
-    now: datetime.datetime
-    due: int = 0  # due schedules locked by this tick (== limit: more may be due)
-    fired: tuple[FiredOccurrence, ...] = ()
-
-
-@attrs.frozen
-class QueueLimitSet:
-    """`trioq queue limit` / `trioq queue rate`: change one or both of a queue's cluster-wide
-    limits (`set_limit`/`set_rate` say which; a None value removes that limit). A queue left
-    with neither has no row, and its claim pays nothing for limits."""
-
-    queue: str
-    set_limit: bool = False
-    global_limit: int | None = None
-    set_rate: bool = False
-    rate: Rate | None = None
-
-
-@attrs.frozen
-class QueueLimit:
-    """A queue's cluster-wide limits and where it stands against them now."""
-
-    queue: str
-    global_limit: int | None
-    rate: Rate | None
-    running: int  # the queue's running jobs, across workers
-    recent_starts: int  # starts within the rate's current window (0 without a rate)
-    rate_limited_until: datetime.datetime | None  # no start before this (None: one may start)
-
-
-@attrs.frozen
-class QueuePause:
-    queue: str
-    paused_at: datetime.datetime
-
-
-@attrs.frozen
-class ConcurrencyLimit:
-    """A limit set for a concurrency key or a `prefix*` pattern (concurrency_limits)."""
-
-    pattern: str
-    max_running: int
-    updated_at: datetime.datetime
-
-
-@attrs.frozen
-class ConcurrencyRate:
-    """A rate set for a concurrency key or a `prefix*` pattern (concurrency_rates)."""
-
-    pattern: str
-    rate: Rate
-    updated_at: datetime.datetime
-
-
-@attrs.frozen
-class KeyRateStatus:
-    """A rated key with starts in its window now, and when the next is allowed (None: now)."""
-
-    key: str
-    rate: Rate
-    recent_starts: int
-    rate_limited_until: datetime.datetime | None
-
-
-@attrs.frozen
-class ConcurrencyKeyStatus:
-    """A concurrency key with running jobs: how many, and the limit that applies to it."""
-
-    key: str
-    running: int
-    limit: int
-
-    @property
-    def saturated(self) -> bool:
-        return self.running >= self.limit
-
-
-@attrs.frozen
 class DriverStatistics:
     """Statement counts by name since the driver opened (tests and the benchmark read these)."""
 
@@ -810,37 +199,6 @@ class DriverStatistics:
 
 
 NotifyCallback = Callable[[str, str], None]
-
-
-@attrs.frozen
-class SendOutcome:
-    state: str | None  # the job's state as seen (None: no such job)
-    message_id: int | None  # None: not sent (unknown or final job)
-
-
-@attrs.frozen
-class ReceiveOutcome:
-    state: str  # "received", "timeout" (nothing came), "waiting" (suspended), "lost"
-    messages: tuple[Any, ...]
-    deadline: datetime.datetime
-
-
-@attrs.frozen
-class WorkflowRecord:
-    """One unfinished workflow and what it waits on (`trioq workflows`)."""
-
-    id: int
-    task: str
-    queue: str
-    state: str  # running, sleeping or waiting
-    run_at: datetime.datetime | None  # sleeping: the wake time; waiting: the deadline
-    checkpoints: int
-    wait_event_key: str | None
-    wait_topic: str | None
-    waits_for_children: bool
-    children_settled: int
-    children_total: int | None
-    created_at: datetime.datetime
 
 
 # --- the protocol ---------------------------------------------------------------------------
@@ -877,12 +235,10 @@ class Transaction(Protocol):
     async def event_emit(self, params: EmitEvent) -> EmitOutcome: ...
 
 
-class Driver(Protocol):
+class Driver(WorkflowStatements, ServiceStatements, ScheduleStatements, AdminStatements, Protocol):
     schema: str
 
     def statistics(self) -> DriverStatistics: ...
-
-    async def migrate(self) -> list[int]: ...
 
     async def job_insert_many(self, jobs: Sequence[NewJob]) -> list[InsertedJob]: ...
 
@@ -903,20 +259,6 @@ class Driver(Protocol):
         (fenced: a batch that committed is not applied twice)."""
         ...
 
-    async def checkpoint_insert_many(
-        self, writes: Sequence[CheckpointWrite]
-    ) -> list[WrittenCheckpoint]: ...
-
-    async def lease_renew_many(self, params: RenewLeases) -> RenewalResult: ...
-
-    async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport: ...
-
-    async def leader_elect(self, params: LeaderElect) -> LeadershipReport: ...
-
-    async def leader_resign(self, params: LeaderResign) -> bool: ...
-
-    async def job_cancel(self, job_id: int) -> CancelOutcome | None: ...
-
     async def job_get(self, job_id: int) -> JobRecord | None: ...
 
     async def job_result_watch(self, job_id: int) -> None:
@@ -926,46 +268,6 @@ class Driver(Protocol):
 
     async def event_emit(self, params: EmitEvent) -> EmitOutcome: ...
 
-    async def job_wait_event(self, params: WaitEvent) -> EventWaitOutcome: ...
-
-    async def job_spawn_many(self, spawns: Sequence[Spawn]) -> list[SpawnOutcome]: ...
-
-    async def job_wait_children(self, params: WaitChildren) -> ChildrenWaitOutcome: ...
-
-    async def job_cancel_children(self, params: CancelChildren) -> bool: ...
-
-    async def job_attempts(self, job_id: int) -> list[AttemptRecord]: ...
-
-    async def job_list(self, params: JobFilter) -> list[JobRecord]: ...
-
-    async def checkpoint_list(self, job_id: int) -> list[Checkpoint]: ...
-
-    async def job_retry(self, job_id: int) -> CancelOutcome | None: ...
-
-    async def job_purge(self, params: JobPurge) -> int: ...
-
-    async def queue_pause(self, queue: str) -> bool: ...
-
-    async def queue_resume(self, queue: str) -> bool: ...
-
-    async def queue_pause_list(self) -> list[QueuePause]: ...
-
-    async def concurrency_limit_set(self, pattern: str, max_running: int | None) -> bool: ...
-
-    async def concurrency_limit_list(self) -> list[ConcurrencyLimit]: ...
-
-    async def concurrency_key_status(
-        self, keys: Sequence[str] | None = None
-    ) -> list[ConcurrencyKeyStatus]: ...
-
-    async def concurrency_rate_set(self, pattern: str, rate: Rate | None) -> bool: ...
-
-    async def concurrency_rate_list(self) -> list[ConcurrencyRate]: ...
-
-    async def concurrency_rate_status(self) -> list[KeyRateStatus]: ...
-
-    async def queue_limit_set(self, params: QueueLimitSet) -> None: ...
-
     def queue_limits_changed(self, queue: str | None) -> None:
         """A 'limits:QUEUE' control notification arrived (None: the listener reconnected and
         may have missed some): the driver reads the queue's limits again at its next claim."""
@@ -974,55 +276,9 @@ class Driver(Protocol):
         """Whether this process's listener receives notifications (its self-probe arrived):
         then limit changes arrive as notifications instead of being polled for."""
 
-    async def queue_limit_list(self) -> list[QueueLimit]: ...
-
-    async def worker_register(self, params: WorkerRegistration) -> None: ...
-
-    async def worker_unregister(self, worker_id: uuid.UUID) -> None: ...
-
-    async def queue_status(self) -> list[QueueStatus]: ...
-
-    async def worker_list(self) -> list[WorkerInfo]: ...
-
-    async def queue_demand(self) -> list[QueueDemand]: ...
-
-    async def job_explain(self, job_id: int) -> ExplainFacts | None: ...
-
-    async def status_health(self) -> HealthReport: ...
-
     async def notify_send(self, channel: str, payload: str) -> None: ...
 
     async def job_trace_context(self, job_id: int) -> str | None: ...
-
-    async def ready_channels(self, queues: Sequence[str]) -> list[str]: ...
-
-    async def task_status(self) -> list[TaskStatus]: ...
-
-    async def task_history_kinds(self) -> list[TaskHistoryKind]: ...
-
-    async def job_unroutable(self, stale_seconds: float = 120.0) -> list[UnroutableJobs]: ...
-
-    async def schedule_upsert_many(self, schedules: Sequence[NewSchedule]) -> list[str]: ...
-
-    async def schedule_delete(self, name: str) -> bool: ...
-
-    async def schedule_list(self) -> list[ScheduleRecord]: ...
-
-    async def schedule_next_due(self) -> ScheduleDue: ...
-
-    async def schedule_fire_due(self, params: ScheduleFireDue) -> ScheduleFireReport: ...
-
-    async def message_send(self, params: MessageSend) -> SendOutcome: ...
-
-    async def job_receive(self, params: Receive) -> ReceiveOutcome: ...
-
-    async def job_value_set_many(self, params: ValueSet) -> bool: ...
-
-    async def job_value_get(self, job_id: int, key: str) -> ValueRead: ...
-
-    async def job_values(self, job_id: int) -> list[WorkflowValue]: ...
-
-    async def workflow_list(self, params: WorkflowFilter) -> list[WorkflowRecord]: ...
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
 
@@ -1030,23 +286,14 @@ class Driver(Protocol):
         self, on_notify: NotifyCallback, on_reconnect: Callable[[], None]
     ) -> AbstractAsyncContextManager[Listener]: ...
 
-    # --- continue-as-new and cancellation policies (docs/workflows.md) ------------------------
 
-    async def job_continue_as_new(self, params: ContinueAsNew) -> str:
-        """ "continued" (history gone, the job ready again with the new payload), "cancelling"
-        (its cancel was requested: nothing changed) or "lost" (the lease no longer holds)."""
-        ...
-
-    async def job_cancel_with(self, params: CancelJob) -> CancelOutcome | None: ...
-
-    async def job_descendants(self, job_id: int) -> list[Descendant]:
-        """Every descendant of the job (children, their children, ...) with its state, by id:
-        `trioq cancel --tree` reads them before and after to say what it cancelled."""
-        ...
-
-
+# Every statement method of `Driver`, its own and its bases' (the Protocols of this package).
 DRIVER_METHODS = frozenset(
-    name for name in vars(Driver) if not name.startswith("_") and name != "schema"
+    name
+    for protocol in Driver.__mro__
+    if protocol.__module__.startswith(__package__ or "trioq._seam")
+    for name in vars(protocol)
+    if not name.startswith("_") and name != "schema"
 )
 
 __all__ = ["DRIVER_METHODS", "AsyncIterator", "Driver"]

@@ -24,7 +24,8 @@ from .._core.states import TERMINAL_IN_ORDER, JobState
 from .._enqueue.rows import TaskDeclaration
 from .._memory import MemoryDriver
 from .._runtime.job.claim_loop import WorkerHooks
-from .._seam.driver import Driver, JobFilter, JobRecord
+from .._seam.admin import JobFilter
+from .._seam.driver import Driver, JobRecord
 from ..app import App
 from ..client import Client
 

@@ -54,10 +54,10 @@ from ..._seam.driver import (
     ClaimedJob,
     ClaimResult,
     Driver,
-    Lease,
     Settlement,
     SettleResult,
 )
+from ..._seam.lease import Lease
 from ..services.metrics import JobTally
 from ..workflow.checkpoints import CheckpointWriter
 from .completer import DEFAULT_FLUSH_DELAY, Completer, open_completer

@@ -41,7 +41,8 @@ import attrs
 import trio
 
 from ..._core.outcomes import frees_key
-from ..._seam.driver import Driver, Lease, Settlement, SettleResult
+from ..._seam.driver import Driver, Settlement, SettleResult
+from ..._seam.lease import Lease
 
 log = logging.getLogger("trioq.worker")
 

@@ -12,7 +12,8 @@ import datetime
 import attrs
 
 from ..._core.states import JobState
-from ..._seam.driver import Lease, Settlement
+from ..._seam.driver import Settlement
+from ..._seam.lease import Lease
 
 
 @attrs.frozen

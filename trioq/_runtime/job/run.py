@@ -31,7 +31,9 @@ from ..._core.errors import HistoryLimitExceeded, NondeterminismError
 from ..._core.identifiers import validate_key
 from ..._core.retry import DEFAULT_STEP_ATTEMPTS, RetryPolicy, applied_max_attempts
 from ..._core.states import JobState
-from ..._seam.driver import Checkpoint, CheckpointWrite, ClaimedJob, Driver, Lease
+from ..._seam.driver import ClaimedJob, Driver
+from ..._seam.lease import Lease
+from ..._seam.workflow import Checkpoint, CheckpointWrite
 from ..workflow.checkpoints import CheckpointLost, CheckpointWriteFailed, CheckpointWriter
 from .outcome import Suspended
 from .tasks import TaskSpec

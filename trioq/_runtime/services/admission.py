@@ -29,7 +29,7 @@ from ..._core.admission import (
     admission_step,
     initial_state,
 )
-from ..._seam.driver import QueueAdmission
+from ..._seam.services import QueueAdmission
 from .metrics import WorkerMetrics
 
 log = logging.getLogger("trioq.worker")

@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from ..._seam.driver import Driver, LeaderElect, LeaderResign
+from ..._seam.driver import Driver
+from ..._seam.services import LeaderElect, LeaderResign
 from .maintenance import Maintenance
 from .outage import lost_connection_level
 from .polls import ALIGN_SHARE, PollSharing

@@ -17,7 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from ..._seam.driver import Driver, Lease, QueueAdmission, RenewedLease, RenewLeases
+from ..._seam.driver import Driver
+from ..._seam.lease import Lease
+from ..._seam.services import QueueAdmission, RenewedLease, RenewLeases
 from ..job.claim_loop import ClaimLoop
 from .admission import AdmissionControl
 from .metrics import WorkerMetrics

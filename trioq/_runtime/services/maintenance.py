@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from ..._seam.driver import Driver, MaintenancePass, MaintenanceReport
+from ..._seam.driver import Driver
+from ..._seam.services import MaintenancePass, MaintenanceReport
 from .outage import lost_connection_level
 from .polls import ALIGN_SHARE, PollSharing
 from .scheduler import Scheduler

@@ -43,12 +43,11 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..._seam.driver import (
+from ..._seam.admin import QueueDemand
+from ..._seam.driver import ClaimResult, Driver
+from ..._seam.workflow import (
     ChildrenWaitOutcome,
-    ClaimResult,
-    Driver,
     EventWaitOutcome,
-    QueueDemand,
     SpawnOutcome,
     WaitChildren,
     WaitEvent,

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 import attrs
 import trio
 
-from ..._seam.driver import QueueProbe
+from ..._seam.services import QueueProbe
 from ..job.claim_loop import ClaimLoop
 
 # How far before a loop's poll is due a service sends its statement in the poll's place (the

@@ -24,8 +24,8 @@ import attrs
 import trio
 
 from ..._core.schedule import Cron, first_fire, plan_fires, validate_misfire
-from ..._seam.driver import (
-    Driver,
+from ..._seam.driver import Driver
+from ..._seam.schedules import (
     NewSchedule,
     ScheduleAdvance,
     ScheduleDue,

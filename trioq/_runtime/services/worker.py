@@ -25,7 +25,9 @@ import trio
 from ..._core.capacity import DEFAULT_PREFETCH
 from ..._core.channels import control_channel, job_id_of, schedules_channel
 from ..._core.identifiers import validate_name
-from ..._seam.driver import Driver, Listener, NewSchedule, WorkerRegistration
+from ..._seam.driver import Driver, Listener
+from ..._seam.schedules import NewSchedule
+from ..._seam.services import WorkerRegistration
 from ..job.claim_loop import ClaimLoop, ClaimLoopStatistics, WorkerHooks
 from ..job.tasks import TaskSpec
 from ..workflow.checkpoints import CheckpointWriter

@@ -17,7 +17,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..._seam.driver import CheckpointWrite, Driver
+from ..._seam.driver import Driver
+from ..._seam.workflow import CheckpointWrite
 
 log = logging.getLogger("trioq.worker")
 

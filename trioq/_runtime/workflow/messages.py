@@ -29,7 +29,7 @@ import trio
 
 from ..._core import codec
 from ..._core.identifiers import validate_key
-from ..._seam.driver import Receive, ValueSet
+from ..._seam.workflow import Receive, ValueSet
 from ..job.run import LeaseLost, Run
 
 RECEIVE = "receive"

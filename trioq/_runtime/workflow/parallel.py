@@ -33,7 +33,7 @@ import trio
 from ..._core.errors import EventTimeout
 from ..._core.retry import RetryPolicy
 from ..._core.states import JobState
-from ..._seam.driver import Checkpoint
+from ..._seam.workflow import Checkpoint
 from ..job.run import SLEEP, STEP, Run, _check_name, _wake_at
 from . import waits
 

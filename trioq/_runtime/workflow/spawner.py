@@ -20,7 +20,8 @@ import weakref
 import attrs
 import trio
 
-from ..._seam.driver import Driver, Spawn, SpawnOutcome
+from ..._seam.driver import Driver
+from ..._seam.workflow import Spawn, SpawnOutcome
 
 MAX_BATCH = 500
 

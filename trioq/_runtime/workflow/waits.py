@@ -30,14 +30,13 @@ from ..._core import codec
 from ..._core.errors import EventTimeout, JobFailed, UnknownTask
 from ..._core.identifiers import validate_key
 from ..._core.states import TERMINAL_STATES, JobState
-from ..._seam.driver import (
+from ..._seam.driver import EmitEvent, NewJob
+from ..._seam.workflow import (
     CancelChildren,
     Checkpoint,
     ChildOutcome,
     ChildrenWaitOutcome,
     ContinueAsNew,
-    EmitEvent,
-    NewJob,
     Spawn,
     WaitChildren,
     WaitEvent,

@@ -18,12 +18,12 @@ from ..._seam.driver import (
     ClaimResult,
     Driver,
     JobRecord,
-    Lease,
     Listener,
     NewJob,
-    RenewLeases,
     Settlement,
 )
+from ..._seam.lease import Lease
+from ..._seam.services import RenewLeases
 from ..._sql import queries
 
 QUEUE = "default"
