@@ -18,7 +18,7 @@ import trio
 
 import trioq
 import trioq.client
-import trioq.producer.producers
+import trioq.producer.shared
 from tests.support import Gate, blocked_on_a_lock, make_app, running_worker, scalar, wait_until
 from trioq._core.channels import result_channel
 from trioq._pg import Connection, connect
@@ -141,7 +141,7 @@ def flush_of(lease: Lease, plain: bool) -> list[Settlement]:
 @pytest.fixture
 def no_result_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trioq.client, "RESULT_POLL_SECONDS", 600.0)
-    monkeypatch.setattr(trioq.producer.producers, "RESULT_POLL_SECONDS", 600.0)
+    monkeypatch.setattr(trioq.producer.shared, "RESULT_POLL_SECONDS", 600.0)
 
 
 def gated_app(pg_url: str, pg_schema: str, gate: Gate) -> trioq.App:

@@ -11,7 +11,8 @@ enqueue inside your transaction.
 from .._core.errors import ProducerConnectionError, ProducerError
 from .._enqueue.rows import Job, TaskDeclaration, declare_task
 from .._seam.records import EventOutcome
-from .producers import AsyncProducer, SyncProducer
+from .aio import AsyncProducer
+from .sync import SyncProducer
 
 __all__ = [
     "AsyncProducer",
