@@ -495,7 +495,7 @@ class PgDriver(
     async def job_result_watch(self, job_id: int) -> None:
         await self._retrying("job_result_watch", {"id": job_id})  # setting a flag: idempotent
 
-    # --- events and children -------------------------------------------------------------
+    # --- events ---------------------------------------------------------------------------
 
     async def _emit(self, conn: Connection, params: EmitEvent) -> EmitOutcome:
         self._calls["event_emit"] += 1
@@ -518,7 +518,7 @@ class PgDriver(
     def queue_limits_notified(self, live: bool) -> None:
         self._limited.follow_notifications(live)
 
-    # --- workers and status ---------------------------------------------------------------
+    # --- traces and notifications ---------------------------------------------------------
 
     async def job_trace_context(self, job_id: int) -> str | None:
         rows = await self._retrying("job_trace_context", {"id": job_id})
@@ -527,11 +527,7 @@ class PgDriver(
     async def notify_send(self, channel: str, payload: str) -> None:
         await self._retrying("notify_send", {"channel": channel, "payload": payload})
 
-    # --- schedules ------------------------------------------------------------------------
-
-    # --- messages and workflow values (migration 0016) ----------------------------------
-
-    # --- transactions and notifications ---------------------------------------------------
+    # --- transactions and the listener ----------------------------------------------------
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PgTransaction]:
@@ -557,8 +553,6 @@ class PgDriver(
             **self._listen_options,
         ) as listener:
             yield listener
-
-    # --- continue-as-new and cancellation policies ---------------------------------------------
 
 
 def _emitted(rows: Sequence[Sequence[Any]]) -> EmitOutcome:

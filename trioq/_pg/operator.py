@@ -69,7 +69,8 @@ def _cancel_outcome(rows: Sequence[Sequence[Any]]) -> CancelOutcome | None:
 
 
 class PgOperatorStatements(PgStatements):
-    """`seam.admin.AdminStatements` but `migrate` on PostgreSQL, part of `PgDriver`."""
+    """`seam.admin.AdminStatements` on PostgreSQL but `migrate` (`migrations.py`); part of
+    `PgDriver`."""
 
     __slots__ = ()
 
