@@ -124,7 +124,7 @@ def hold_reader(conninfo: str, seconds: float, holding: threading.Event) -> None
 
 def add_column_migration() -> None:
     """A migration after this tree's last that needs ACCESS EXCLUSIVE on jobs for a moment."""
-    from trioq._pg import driver
+    from trioq._pg import migrations as pg_migrations
 
     def with_extra(schema: str) -> list[Migration]:
         found = migrations(schema)
@@ -132,7 +132,7 @@ def add_column_migration() -> None:
         extra = f"ALTER TABLE {quoted} ADD COLUMN stall_probe integer;"
         return [*found, Migration(found[-1].version + 1, "stall_probe", extra)]
 
-    driver.migrations = with_extra  # type: ignore[assignment]
+    pg_migrations.migrations = with_extra  # type: ignore[assignment]
 
 
 def measure(

@@ -29,12 +29,19 @@ from bench.harness import REPO_ROOT
 CHILD = """
 import cProfile, datetime, json, pstats, sys, time, uuid
 import trio
-import trioq._driver as seam
-from trioq._driver import ClaimedJob
-from trioq._runtime.checkpoints import CheckpointWriter
-from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
-from trioq._runtime.metrics import WorkerMetrics, instrument_driver
-from trioq._runtime.tasks import TaskSpec
+try:
+    import trioq._seam.driver as seam
+    from trioq._runtime.workflow.checkpoints import CheckpointWriter
+    from trioq._runtime.job.claim_loop import ClaimLoop, WorkerHooks
+    from trioq._runtime.services.metrics import WorkerMetrics, instrument_driver
+    from trioq._runtime.job.tasks import TaskSpec
+except ImportError:  # a checkout from before the seam and the runtime had folders
+    import trioq._driver as seam
+    from trioq._runtime.checkpoints import CheckpointWriter
+    from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
+    from trioq._runtime.metrics import WorkerMetrics, instrument_driver
+    from trioq._runtime.tasks import TaskSpec
+ClaimedJob = seam.ClaimedJob
 
 jobs, claim_s, flush_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 NOW = datetime.datetime.now(datetime.timezone.utc)

@@ -30,8 +30,13 @@ from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
 ROUNDS = """
 import sys, uuid, trio
 from trioq._pg.driver import open_pg_driver
-import trioq._driver as seam
-from trioq._driver import NewJob, Settlement, Spawn, WaitChildren
+try:
+    import trioq._seam.driver as seam
+    from trioq._seam.workflow import Spawn, WaitChildren
+except ImportError:  # a checkout from before the seam had a folder
+    import trioq._driver as seam
+    from trioq._driver import Spawn, WaitChildren
+NewJob, Settlement = seam.NewJob, seam.Settlement
 SPLIT = hasattr(seam, "Claim")  # the claim and the settle are two methods
 
 conninfo, schema, mode, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -30,7 +30,7 @@ import trio
 
 from bench.baseline import CLAIM_SQL, COMPLETE_SQL, IDLE_POLL_SECONDS, noop
 from trioq._pg.connection import Connection, connect
-from trioq._pg.driver import _results_element
+from trioq._pg.statements import results_element
 
 HANDLERS = {"noop": noop}
 
@@ -70,7 +70,7 @@ class Worker:
             # JSON quoted once, by the driver's own element quoting).
             ids = "{" + ",".join([str(job_id) for job_id, _, _ in batch]) + "}"
             tokens = "{" + ",".join([str(token) for _, token, _ in batch]) + "}"
-            results = "{" + ",".join([_results_element(result) for _, _, result in batch]) + "}"
+            results = "{" + ",".join([results_element(result) for _, _, result in batch]) + "}"
             await self.done_conn.fetch_native(self.complete_sql, [ids, tokens, results])
 
 

@@ -29,7 +29,7 @@ from trioq._core.admission import (
     initial_state,
 )
 from trioq._memory import MemoryDriver
-from trioq._runtime.claim_loop import WorkerHooks
+from trioq._runtime.job.claim_loop import WorkerHooks
 
 POLICY = AdmissionPolicy(
     sustain_seconds=1.0, decrease_every=1.0, increase_every=1.0, max_scheduler_lag=0.25
@@ -370,7 +370,7 @@ async def test_a_reason_change_at_an_unchanged_limit_logs_no_limit_change(
 ) -> None:
     """A queue of one slot cannot be cut: database errors change its reason, not its limit,
     and the log says so instead of `effective limit 1 -> 1`."""
-    from trioq._runtime.admission import AdmissionControl
+    from trioq._runtime.services.admission import AdmissionControl
 
     caplog.set_level(logging.INFO, "trioq")
     admission = AdmissionControl({"q": 1})

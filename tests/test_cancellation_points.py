@@ -15,15 +15,9 @@ from hypothesis import strategies as st
 
 from tests.procs import fetch
 from tests.test_identifiers import run_property
-from trioq._driver import (
-    Claim,
-    ClaimedJob,
-    MaintenancePass,
-    NewJob,
-    RenewLeases,
-    Settlement,
-)
 from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.driver import Claim, ClaimedJob, NewJob, Settlement
+from trioq._seam.services import MaintenancePass, RenewLeases
 
 LEASE = 5.0
 QUEUE = "q"

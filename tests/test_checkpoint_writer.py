@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import trio
 
-from trioq._driver import CheckpointWrite, Lease, WrittenCheckpoint
-from trioq._runtime.checkpoints import CheckpointLost, CheckpointWriter
+from trioq._runtime.workflow.checkpoints import CheckpointLost, CheckpointWriter
+from trioq._seam.lease import Lease
+from trioq._seam.workflow import CheckpointWrite, WrittenCheckpoint
 
 
 class StubDriver:

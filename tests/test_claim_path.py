@@ -18,9 +18,9 @@ import trio
 
 import trioq
 from tests.support import Gate, make_app, run_explained, running_worker
-from trioq._driver import Claim
 from trioq._pg.driver import claim_params
-from trioq._runtime.claim_loop import WorkerHooks
+from trioq._runtime.job.claim_loop import WorkerHooks
+from trioq._seam.driver import Claim
 from trioq._sql import queries
 
 

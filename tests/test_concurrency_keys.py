@@ -18,7 +18,8 @@ import trioq
 from tests.releases import previous_release_migrations
 from tests.support import Gate, make_app, running_worker, sql_rows
 from trioq import cli
-from trioq._driver import Claim, MaintenancePass
+from trioq._seam.driver import Claim
+from trioq._seam.services import MaintenancePass
 from trioq._sql import queries
 from trioq.producer import AsyncProducer, SyncProducer
 

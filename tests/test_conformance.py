@@ -15,9 +15,10 @@ import pytest
 import trio
 import trio.testing
 
-from trioq._driver import DRIVER_METHODS, Claim, Driver, MaintenancePass, NewJob
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.driver import DRIVER_METHODS, Claim, Driver, NewJob
+from trioq._seam.services import MaintenancePass
 from trioq.testing import CHECKS, DriverClock, ManualClock, SqlClock
 from trioq.testing.conformance import concurrency
 from trioq.testing.transitions import CheckedDriver

@@ -1,4 +1,4 @@
-"""`DatabaseClock` (trioq/_runtime/dbclock.py) maps database time to trio's clock for jobs
+"""`DatabaseClock` (trioq/_runtime/job/dbclock.py) maps database time to trio's clock for jobs
 claimed before their run_at: the mapping is never early (a held job never starts before its
 run_at), also when the database's clock steps or drifts, and it is late only by the quickest
 recent reply, not by the round that claimed."""
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trioq._runtime.dbclock import DRIFT_PER_SECOND, WINDOW_SECONDS, DatabaseClock
+from trioq._runtime.job.dbclock import DRIFT_PER_SECOND, WINDOW_SECONDS, DatabaseClock
 
 EPOCH = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
 OFFSET = 1000.0  # the true mapping: database time EPOCH + x is trio time OFFSET + x

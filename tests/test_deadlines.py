@@ -16,8 +16,9 @@ import trioq
 from tests.support import running_worker, scalar, sql_rows
 from trioq import cli
 from trioq._core.explain import explain
-from trioq._driver import JobFilter, MaintenancePass
 from trioq._memory import MemoryDriver
+from trioq._seam.admin import JobFilter
+from trioq._seam.services import MaintenancePass
 from trioq.producer import SyncProducer, declare_task
 
 FOREVER = declare_task("forever")

@@ -21,7 +21,7 @@ import trioq
 import trioq.client
 from tests.support import Gate, make_app, running_worker, scalar
 from trioq._core import codec
-from trioq._driver import Claim
+from trioq._seam.driver import Claim
 
 
 class RollBack(Exception):

@@ -21,8 +21,7 @@ from tests.support import make_app
 from tests.test_enqueue import listening, notifications_until
 from trioq._core import codec
 from trioq._core.errors import PayloadError, SchemaNotMigrated
-from trioq._driver import NewJob, NewJobs
-from trioq._enqueue import (
+from trioq._enqueue.rows import (
     FINISHED_STATES,
     UNFINISHED_STATES,
     EnqueueOptions,
@@ -30,6 +29,7 @@ from trioq._enqueue import (
     build_jobs,
 )
 from trioq._pg.inserts import insert_params, insert_statement
+from trioq._seam.driver import NewJob, NewJobs
 from trioq._sql import queries
 
 TASK = TaskDeclaration("noop", version=3)

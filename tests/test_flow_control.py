@@ -13,8 +13,8 @@ import trioq
 from tests.support import running_worker
 from trioq import cli
 from trioq._memory import MemoryDriver
-from trioq._runtime.health import render_metrics
-from trioq._runtime.worker import WorkerConfig
+from trioq._runtime.services.health import render_metrics
+from trioq._runtime.services.worker import WorkerConfig
 from trioq.cli.worker import parse_queues
 
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import trioq
 from tests.support import make_app, running_worker, scalar, wait_until
-from trioq._runtime.health import HealthTarget, LoopHeartbeat, serve_health
+from trioq._runtime.services.health import HealthTarget, LoopHeartbeat, serve_health
 from trioq.embedded import EmbeddedPostgres
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

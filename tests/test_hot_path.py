@@ -18,21 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import (
-    Claim,
-    ClaimedJob,
-    ClaimResult,
-    EventWaitOutcome,
-    Lease,
-    Settlement,
-    SettleResult,
-)
 from trioq._memory import MemoryDriver
-from trioq._runtime.checkpoints import CheckpointWriter
-from trioq._runtime.claim_loop import ClaimLoop, WorkerHooks
-from trioq._runtime.completer import Completer, open_completer
-from trioq._runtime.metrics import HANDLER_BUCKETS, WorkerMetrics
-from trioq._runtime.outcome import (
+from trioq._runtime.job.claim_loop import ClaimLoop, WorkerHooks
+from trioq._runtime.job.completer import Completer, open_completer
+from trioq._runtime.job.outcome import (
     Cancelled,
     Completed,
     CompletedInTransaction,
@@ -43,7 +32,12 @@ from trioq._runtime.outcome import (
     Suspended,
     outcome_name,
 )
-from trioq._runtime.tasks import TaskSpec
+from trioq._runtime.job.tasks import TaskSpec
+from trioq._runtime.services.metrics import HANDLER_BUCKETS, WorkerMetrics
+from trioq._runtime.workflow.checkpoints import CheckpointWriter
+from trioq._seam.driver import Claim, ClaimedJob, ClaimResult, Settlement, SettleResult
+from trioq._seam.lease import Lease
+from trioq._seam.workflow import EventWaitOutcome
 
 
 def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, frozenset], float]:

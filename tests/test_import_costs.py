@@ -36,10 +36,13 @@ def test_importing_the_producer_loads_neither_the_worker_side_nor_psycopg() -> N
         "from trioq.producer import AsyncProducer, SyncProducer, declare_task"
     )
     assert _of(loaded, WORKER_SIDE + CONNECTION_SIDE) == []
-    assert "trioq._pg.producer" in loaded  # the classes were imported, not deferred
+    assert {
+        "trioq.producer.sync",
+        "trioq.producer.aio",
+    } <= loaded  # the classes were imported, not deferred
     # Nor the driver seam's record classes, cattrs (built at the first typed payload) or the
     # statements' file loader (at the first statement).
-    assert _of(loaded, ("trioq._driver", "cattrs", "importlib.resources")) == []
+    assert _of(loaded, ("trioq._seam.driver", "cattrs", "importlib.resources")) == []
 
 
 def test_a_typed_payload_builds_the_converter_at_first_use() -> None:
@@ -74,7 +77,7 @@ def test_a_producer_imports_psycopg_when_built_and_still_not_trio() -> None:
 def test_import_trioq_defers_every_name_until_it_is_read() -> None:
     bare, used = _loaded_after("import trioq\nsnapshot()\ntrioq.App")
     assert _of(bare, WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq.client")) == []
-    assert {"trio", "trioq.app", "trioq._runtime.worker"} <= used
+    assert {"trio", "trioq.app", "trioq._runtime.services.worker"} <= used
 
 
 def test_every_public_name_resolves_and_is_listed() -> None:
@@ -98,7 +101,7 @@ def test_cli_help_and_version_load_only_the_parser(argv: list[str]) -> None:
             pass
         """
     )
-    heavy = WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq._driver", "cattrs")
+    heavy = WORKER_SIDE + CONNECTION_SIDE + ("trioq.app", "trioq._seam.driver", "cattrs")
     assert _of(loaded, heavy) == []
     # Nor the dashboard's security module (hashlib, secrets).
     assert _of(loaded, ("trioq.dashboard.security", "hashlib")) == []
@@ -116,16 +119,16 @@ def test_a_worker_without_health_port_does_not_load_the_health_server() -> None:
     worker, serving = _loaded_after(
         """
         import trioq.cli.commands, trioq.cli.worker, trioq.cli.processes
-        from trioq._runtime.health import HealthTarget
+        from trioq._runtime.services.health import HealthTarget
         from trioq.app import App, load_app
         async def handler(ctx, payload): ...
         App(database_url="postgresql://unused").task("t")(handler)
         HealthTarget()
         snapshot()
-        from trioq._runtime.health import _config
+        from trioq._runtime.services.health import _config
         _config("127.0.0.1", 0)  # what serve_health does first
         """
     )
-    assert "trioq._runtime.worker" in worker
+    assert "trioq._runtime.services.worker" in worker
     assert _of(worker, ("hypercorn",)) == []
     assert "hypercorn" in serving

@@ -18,8 +18,8 @@ import trio.testing
 import trioq
 from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
-from trioq._driver import Claim
 from trioq._memory import MemoryDriver
+from trioq._seam.driver import Claim
 from trioq.cli.ops import read_status, status_tables
 from trioq.testing.conformance import claim
 

@@ -13,9 +13,9 @@ import trio
 
 import trioq
 from tests.support import make_app, scalar
-from trioq._driver import MaintenanceReport
 from trioq._pg.driver import open_pg_driver
-from trioq._runtime.worker import Worker, WorkerConfig
+from trioq._runtime.services.worker import Worker, WorkerConfig
+from trioq._seam.services import MaintenanceReport
 
 FAST = {"poll_interval": 0.1, "lease_seconds": 1.5, "maintenance_interval": 0.1}
 

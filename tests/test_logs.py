@@ -16,7 +16,7 @@ import trio.testing
 import trioq
 from tests.support import make_app, running_worker
 from trioq._memory import MemoryDriver
-from trioq._runtime.logs import JOB_LOGGER, JsonFormatter
+from trioq._runtime.services.logs import JOB_LOGGER, JsonFormatter
 
 
 async def test_failure_lines_carry_job_attempt_task_queue_worker_and_error_type(

@@ -11,9 +11,11 @@ import pytest
 import trio
 
 from tests.support import blocked_on_a_lock, wait_until
-from trioq._driver import Driver, Lease, MessageSend, Receive
 from trioq._pg import Connection, connect
 from trioq._pg.driver import open_pg_driver
+from trioq._seam.driver import Driver, MessageSend
+from trioq._seam.lease import Lease
+from trioq._seam.workflow import Receive
 from trioq._sql import queries
 from trioq.testing.conformance import claim, enqueue, new_job, record
 

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import trioq
 from tests.support import make_app, running_worker, scalar, wait_until
-from trioq._runtime.health import render_metrics
-from trioq._runtime.metrics import DEMAND_KINDS
+from trioq._runtime.services.health import render_metrics
+from trioq._runtime.services.metrics import DEMAND_KINDS
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

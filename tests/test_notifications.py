@@ -12,8 +12,8 @@ import trio
 
 import trioq
 from tests.support import make_app
-from trioq._runtime.health import readiness
-from trioq._runtime.worker import Worker, WorkerConfig
+from trioq._runtime.services.health import readiness
+from trioq._runtime.services.worker import Worker, WorkerConfig
 
 
 class DeafListenerDriver:

@@ -15,7 +15,7 @@ import trioq
 from tests.schema_snapshot import migrate
 from tests.support import sql_scalar, wait_until
 from trioq._core.errors import MigrationLockTimeout
-from trioq._pg import driver as pg_driver
+from trioq._pg import migrations as pg_migrations
 from trioq._pg.driver import open_pg_driver
 from trioq._sql import Migration, migrations
 
@@ -36,7 +36,7 @@ def with_extra(monkeypatch: pytest.MonkeyPatch, *extra: Migration) -> None:
         mine = [Migration(m.version, m.name, m.sql.replace("{schema}", quoted)) for m in extra]
         return [*migrations(schema), *mine]
 
-    monkeypatch.setattr(pg_driver, "migrations", patched)
+    monkeypatch.setattr(pg_migrations, "migrations", patched)
 
 
 def hold(pg_url: str, statement: str) -> Iterator[psycopg.Connection[Any]]:

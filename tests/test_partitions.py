@@ -16,9 +16,9 @@ import trio
 
 import trioq
 from tests.support import make_app, running_worker, sql_rows
-from trioq._driver import Claim, ClaimedJob, NewJob, Settlement
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
 from trioq._pg.replies import ClaimedRow
+from trioq._seam.driver import Claim, ClaimedJob, NewJob, Settlement
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()

@@ -469,8 +469,9 @@ async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) ->
     import uuid
 
     from trioq._core.outcomes import rule_of
-    from trioq._driver import Claim, Lease, Settlement
     from trioq._pg.driver import claim_params, settle_params
+    from trioq._seam.driver import Claim, Settlement
+    from trioq._seam.lease import Lease
 
     leases = [Lease(n, n + 1, uuid.uuid4()) for n in range(1, 4)]
     when = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)

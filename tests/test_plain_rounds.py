@@ -15,16 +15,9 @@ import trio
 
 import trioq
 from tests.support import make_app, run_explained, running_worker, scalar
-from trioq._driver import (
-    Claim,
-    ClaimedJob,
-    ClaimResult,
-    Lease,
-    NewJob,
-    Settlement,
-    SettleResult,
-)
 from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
+from trioq._seam.driver import Claim, ClaimedJob, ClaimResult, NewJob, Settlement, SettleResult
+from trioq._seam.lease import Lease
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()

@@ -453,7 +453,7 @@ def test_a_producer_that_loses_a_prepared_statement_switches_and_runs_the_call_a
     deallocates between two calls."""
     trio.run(_migrate, bouncer, pg_url, pg_schema)
     url = bouncer.conninfo("single")
-    monkeypatch.setattr("trioq._pg.producer._pooler_answers", lambda pid, row: False)
+    monkeypatch.setattr("trioq.producer.shared._pooler_answers", lambda pid, row: False)
     with (
         psycopg.connect(url, autocommit=True) as other,
         SyncProducer(url, schema=pg_schema, pool_size=1) as producer,

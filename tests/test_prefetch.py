@@ -16,8 +16,8 @@ import trio.testing
 
 import trioq
 from tests.support import Gate, make_app, running_worker, sql_rows, wait_until
-from trioq._driver import Claim, ClaimResult
 from trioq._memory import MemoryDriver
+from trioq._seam.driver import Claim, ClaimResult
 
 
 async def test_drain_releases_prefetched_jobs_without_using_an_attempt(

@@ -16,7 +16,7 @@ import trio
 import trioq
 import trioq.producer
 from tests.support import make_app, running_worker, sql_rows, wait_until
-from trioq._enqueue import EnqueueOptions, build_jobs
+from trioq._enqueue.rows import EnqueueOptions, build_jobs
 from trioq.producer import AsyncProducer, SyncProducer, declare_task
 
 

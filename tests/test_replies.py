@@ -14,29 +14,24 @@ import pytest
 import trio
 from psycopg import pq, sql
 
-from trioq._driver import (
+from trioq._pg import replies
+from trioq._pg.driver import open_pg_driver
+from trioq._seam.admin import (
     AttemptRecord,
-    Checkpoint,
-    ChildOutcome,
-    ClaimedJob,
     ConcurrencyKeyStatus,
     ConcurrencyLimit,
     HealthReport,
-    JobRecord,
     QueueDemand,
     QueuePause,
     QueueStatus,
-    RenewedLease,
-    ScheduleRecord,
-    SpawnOutcome,
     TaskHistoryKind,
     TaskStatus,
-    ValueRead,
     WorkflowRecord,
-    WorkflowValue,
 )
-from trioq._pg import replies
-from trioq._pg.driver import open_pg_driver
+from trioq._seam.driver import ClaimedJob, JobRecord, ValueRead, WorkflowValue
+from trioq._seam.schedules import ScheduleRecord
+from trioq._seam.services import RenewedLease
+from trioq._seam.workflow import Checkpoint, ChildOutcome, SpawnOutcome
 from trioq._sql import positional_queries
 from trioq.dashboard import store
 

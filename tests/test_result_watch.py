@@ -17,13 +17,14 @@ import pytest
 import trio
 
 import trioq
-import trioq._pg.producer
 import trioq.client
+import trioq.producer.shared
 from tests.support import Gate, blocked_on_a_lock, make_app, running_worker, scalar, wait_until
 from trioq._core.channels import result_channel
-from trioq._driver import Driver, Lease, Settlement
 from trioq._pg import Connection, connect
 from trioq._pg.driver import complete_plain_params, open_pg_driver
+from trioq._seam.driver import Driver, Settlement
+from trioq._seam.lease import Lease
 from trioq._sql import queries
 from trioq.producer import AsyncProducer, SyncProducer
 from trioq.testing.conformance import NotificationRecorder, claim, enqueue, new_job, record
@@ -140,7 +141,7 @@ def flush_of(lease: Lease, plain: bool) -> list[Settlement]:
 @pytest.fixture
 def no_result_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trioq.client, "RESULT_POLL_SECONDS", 600.0)
-    monkeypatch.setattr(trioq._pg.producer, "RESULT_POLL_SECONDS", 600.0)
+    monkeypatch.setattr(trioq.producer.shared, "RESULT_POLL_SECONDS", 600.0)
 
 
 def gated_app(pg_url: str, pg_schema: str, gate: Gate) -> trioq.App:

@@ -30,8 +30,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import Claim, ClaimResult, Settlement, SettleResult
 from trioq._memory import MemoryDriver
+from trioq._seam.driver import Claim, ClaimResult, Settlement, SettleResult
 from trioq.testing.transitions import CheckedDriver
 
 CONCURRENCY = 3

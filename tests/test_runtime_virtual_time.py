@@ -11,9 +11,9 @@ import trio.testing
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import RenewalResult, RenewLeases
 from trioq._memory import MemoryDriver
-from trioq._runtime.polls import LEAD_SECONDS, PollSharing
+from trioq._runtime.services.polls import LEAD_SECONDS, PollSharing
+from trioq._seam.services import RenewalResult, RenewLeases
 
 
 def make_app() -> trioq.App:

@@ -14,12 +14,13 @@ import trio.testing
 
 import trioq
 from tests.support import running_worker, sql_rows, wait_until
-from trioq._driver import Driver, ScheduleFireReport
 from trioq._memory import MemoryDriver
 from trioq._pg import Connection
 from trioq._pg.driver import open_pg_driver
-from trioq._runtime.scheduler import Scheduler
-from trioq._runtime.worker import Worker, WorkerConfig
+from trioq._runtime.services.scheduler import Scheduler
+from trioq._runtime.services.worker import Worker, WorkerConfig
+from trioq._seam.driver import Driver
+from trioq._seam.schedules import ScheduleFireReport
 from trioq.testing import SqlClock
 
 HOUR = datetime.timedelta(hours=1)
@@ -230,8 +231,8 @@ async def run_scheduler_until_quiet(driver: Driver) -> list[datetime.datetime]:
 async def test_only_the_holder_of_the_scheduler_lock_enqueues(
     pg_url: str, pg_schema: str, observer: Connection
 ) -> None:
-    from trioq._driver import ScheduleFireDue
-    from trioq._runtime.scheduler import plan_schedules
+    from trioq._runtime.services.scheduler import plan_schedules
+    from trioq._seam.schedules import ScheduleFireDue
 
     app = scheduled_app(pg_url, pg_schema, cron="* * * * *")
     async with open_pg_driver(pg_url, pg_schema, pool_size=2) as driver:

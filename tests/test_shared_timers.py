@@ -1,4 +1,4 @@
-"""`SharedTimers` (trioq/_runtime/run.py): the timer that holds early-claimed jobs until their
+"""`SharedTimers` (trioq/_runtime/job/run.py): the timer that holds early-claimed jobs until their
 run_at. Many waiters on one deadline share ONE trio timer task, every waiter wakes at (not
 before) its deadline, and a cancelled waiter leaves the others waiting."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from trioq._runtime.run import SharedTimers
+from trioq._runtime.job.run import SharedTimers
 
 
 async def test_waiters_on_one_deadline_share_one_timer_and_wake_at_it(

@@ -43,21 +43,12 @@ from hypothesis.stateful import (
 from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from trioq._core.errors import DedupKeyConflict
 from trioq._core.identifiers import quote_ident
-from trioq._driver import (
-    Checkpoint,
-    CheckpointWrite,
-    Claim,
-    ClaimResult,
-    Driver,
-    JobRecord,
-    Lease,
-    MaintenancePass,
-    NewJob,
-    RenewLeases,
-    Settlement,
-)
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import open_pg_driver
+from trioq._seam.driver import Claim, ClaimResult, Driver, JobRecord, NewJob, Settlement
+from trioq._seam.lease import Lease
+from trioq._seam.services import MaintenancePass, RenewLeases
+from trioq._seam.workflow import Checkpoint, CheckpointWrite
 from trioq.testing import ManualClock, SqlClock
 from trioq.testing.transitions import CheckedDriver
 

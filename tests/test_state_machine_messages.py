@@ -24,7 +24,8 @@ from hypothesis.stateful import invariant, precondition, rule, run_state_machine
 from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from tests.test_state_machine import SLEEP, DifferentialMachine
 from trioq._core.identifiers import quote_ident
-from trioq._driver import Driver, MessageSend, Receive
+from trioq._seam.driver import Driver, MessageSend
+from trioq._seam.workflow import Receive
 
 TOPICS = ("t1", "t2")
 

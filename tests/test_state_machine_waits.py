@@ -23,15 +23,9 @@ from hypothesis.stateful import invariant, precondition, rule, run_state_machine
 
 from tests.hypothesis_profiles import MACHINE_EXAMPLES
 from tests.test_state_machine import QUEUE, SLEEP, DifferentialMachine, _records
-from trioq._driver import (
-    CancelChildren,
-    EmitEvent,
-    Lease,
-    NewJob,
-    Spawn,
-    WaitChildren,
-    WaitEvent,
-)
+from trioq._seam.driver import EmitEvent, NewJob
+from trioq._seam.lease import Lease
+from trioq._seam.workflow import CancelChildren, Spawn, WaitChildren, WaitEvent
 
 KEYS = ("e1", "e2")
 FINAL = frozenset({"completed", "failed", "cancelled"})

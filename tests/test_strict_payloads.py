@@ -10,7 +10,7 @@ import pytest
 
 import trioq
 from trioq._core import codec
-from trioq._enqueue import EnqueueOptions, build_jobs
+from trioq._enqueue.rows import EnqueueOptions, build_jobs
 
 
 @attrs.frozen

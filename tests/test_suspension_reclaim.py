@@ -21,8 +21,8 @@ import trio.testing
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import ContinueAsNew, EventWaitOutcome, WaitEvent
 from trioq._memory import MemoryDriver
+from trioq._seam.workflow import ContinueAsNew, EventWaitOutcome, WaitEvent
 
 
 class LateReplies(MemoryDriver):

@@ -13,8 +13,8 @@ import trio
 
 import trioq
 from tests.support import running_worker
-from trioq._driver import RenewalResult, RenewLeases
 from trioq._memory import MemoryDriver
+from trioq._seam.services import RenewalResult, RenewLeases
 
 
 class RenewalCounting(MemoryDriver):

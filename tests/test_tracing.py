@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import trioq
 from tests.support import make_app, running_worker, scalar
-from trioq._driver import MaintenancePass
-from trioq._runtime.logs import JOB_LOGGER
+from trioq._runtime.services.logs import JOB_LOGGER
+from trioq._seam.services import MaintenancePass
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ async def test_sql_enqueue_stores_the_callers_traceparent_and_refuses_a_malforme
 
 def test_without_the_extra_configured_nothing_of_opentelemetry_is_imported() -> None:
     code = (
-        "import sys, trioq, trioq.cli, trioq._runtime.worker, trioq._enqueue;"
+        "import sys, trioq, trioq.cli, trioq._runtime.services.worker, trioq._enqueue.rows;"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

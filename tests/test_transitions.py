@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from trioq._core.states import CLAIM, DELETED_BY, INSERTED, TRANSITIONS, JobState
-from trioq._driver import DRIVER_METHODS, NewJob
 from trioq._memory import MemoryDriver
+from trioq._seam.driver import DRIVER_METHODS, NewJob
 from trioq._sql import functions, queries, query_names
 from trioq.testing.transitions import (
     METHOD_STATEMENTS,

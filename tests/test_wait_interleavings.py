@@ -16,9 +16,11 @@ import trio
 from support import wait_until
 
 from tests.support import blocked_on_a_lock
-from trioq._driver import Driver, EmitEvent, Lease, Spawn, WaitChildren, WaitEvent
 from trioq._pg import Connection, connect
 from trioq._pg.driver import open_pg_driver
+from trioq._seam.driver import Driver, EmitEvent
+from trioq._seam.lease import Lease
+from trioq._seam.workflow import Spawn, WaitChildren, WaitEvent
 from trioq._sql import queries
 from trioq.testing.conformance import claim, enqueue, new_job, record
 

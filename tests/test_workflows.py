@@ -19,18 +19,12 @@ import trio.testing
 
 import trioq
 from tests.support import make_app, running_worker, wait_until
-from trioq._driver import (
-    CheckpointWrite,
-    Claim,
-    ClaimResult,
-    MaintenancePass,
-    NewJob,
-    Settlement,
-    SettleResult,
-)
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver
 from trioq._pg.replies import ClaimedRow
+from trioq._seam.driver import Claim, ClaimResult, NewJob, Settlement, SettleResult
+from trioq._seam.services import MaintenancePass
+from trioq._seam.workflow import CheckpointWrite
 from trioq._sql import queries
 from trioq.testing import SqlClock
 

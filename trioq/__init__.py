@@ -35,11 +35,11 @@ from ._core.states import JobState
 if TYPE_CHECKING:
     from ._core.explain import Explanation, Gate
     from ._core.retry import RetryPolicy
-    from ._enqueue import ClientTransaction, Job, TaskDeclaration, declare_task
-    from ._records import EventOutcome
-    from ._runtime.claim_loop import WorkerHooks
-    from ._runtime.job_transaction import JobLeaseLost, JobTransaction
-    from ._runtime.worker import Worker, WorkerConfig
+    from ._enqueue.rows import ClientTransaction, Job, TaskDeclaration, declare_task
+    from ._runtime.job.claim_loop import WorkerHooks
+    from ._runtime.job.job_transaction import JobLeaseLost, JobTransaction
+    from ._runtime.services.worker import Worker, WorkerConfig
+    from ._seam.records import EventOutcome
     from .app import App
     from .client import Client
     from .context import Context, JobInfo
@@ -49,16 +49,16 @@ _LAZY: dict[str, str] = {
     "Explanation": "._core.explain",
     "Gate": "._core.explain",
     "RetryPolicy": "._core.retry",
-    "EventOutcome": "._records",
-    "ClientTransaction": "._enqueue",
-    "Job": "._enqueue",
-    "TaskDeclaration": "._enqueue",
-    "declare_task": "._enqueue",
-    "WorkerHooks": "._runtime.claim_loop",
-    "JobLeaseLost": "._runtime.job_transaction",
-    "JobTransaction": "._runtime.job_transaction",
-    "Worker": "._runtime.worker",
-    "WorkerConfig": "._runtime.worker",
+    "EventOutcome": "._seam.records",
+    "ClientTransaction": "._enqueue.rows",
+    "Job": "._enqueue.rows",
+    "TaskDeclaration": "._enqueue.rows",
+    "declare_task": "._enqueue.rows",
+    "WorkerHooks": "._runtime.job.claim_loop",
+    "JobLeaseLost": "._runtime.job.job_transaction",
+    "JobTransaction": "._runtime.job.job_transaction",
+    "Worker": "._runtime.services.worker",
+    "WorkerConfig": "._runtime.services.worker",
     "App": ".app",
     "Client": ".client",
     "Context": ".context",

@@ -19,19 +19,21 @@ from ._core.identifiers import validate_name, validate_prepared_statements, vali
 from ._core.limits import Rate, parse_global_limit, parse_rate
 from ._core.retry import RetryPolicy
 from ._core.schedule import DEFAULT_CATCHUP_LIMIT, Cron, validate_catchup_limit, validate_misfire
-from ._driver import Driver, NewSchedule, QueueLimitSet
-from ._enqueue import Enqueuer, TaskDeclaration, check_deadline
+from ._enqueue.rows import Enqueuer, TaskDeclaration, check_deadline
 from ._pg.libpq import DATABASE_URL_ENV as DATABASE_URL_ENV  # re-exported: its old home
-from ._runtime.active import ACTIVE_CLIENT
-from ._runtime.claim_loop import WorkerHooks
-from ._runtime.tasks import (
+from ._runtime.job.active import ACTIVE_CLIENT
+from ._runtime.job.claim_loop import WorkerHooks
+from ._runtime.job.tasks import (
     DEFAULT_HISTORY_LIMIT,
     Handler,
     TaskSpec,
     payload_type_of,
     task_max_attempts,
 )
-from ._runtime.worker import Worker, WorkerConfig
+from ._runtime.services.worker import Worker, WorkerConfig
+from ._seam.admin import QueueLimitSet
+from ._seam.driver import Driver
+from ._seam.schedules import NewSchedule
 from .client import Client, _ResultWatcher
 from .schedules import new_schedule
 

@@ -19,33 +19,7 @@ from ._core.explain import Explanation, explain
 from ._core.identifiers import validate_job_id, validate_key, validate_name
 from ._core.limits import Rate, parse_global_limit, parse_rate
 from ._core.states import TERMINAL_STATES, JobState
-from ._driver import (
-    AttemptRecord,
-    CancelJob,
-    Checkpoint,
-    ConcurrencyKeyStatus,
-    ConcurrencyLimit,
-    ConcurrencyRate,
-    Descendant,
-    Driver,
-    EventOutcome,
-    HealthReport,
-    JobFilter,
-    JobPurge,
-    JobRecord,
-    KeyRateStatus,
-    Listener,
-    QueueDemand,
-    QueueLimit,
-    QueueLimitSet,
-    QueuePause,
-    QueueStatus,
-    ScheduleRecord,
-    WorkerInfo,
-    WorkflowFilter,
-    WorkflowValue,
-)
-from ._enqueue import (
+from ._enqueue.rows import (
     FINISHED_STATES,
     UNFINISHED_STATES,
     ClientTransaction,
@@ -60,6 +34,28 @@ from ._enqueue import (
     seconds_option,
     to_jobs,
 )
+from ._seam.admin import (
+    AttemptRecord,
+    CancelJob,
+    ConcurrencyKeyStatus,
+    ConcurrencyLimit,
+    ConcurrencyRate,
+    Descendant,
+    HealthReport,
+    JobFilter,
+    JobPurge,
+    KeyRateStatus,
+    QueueDemand,
+    QueueLimit,
+    QueueLimitSet,
+    QueuePause,
+    QueueStatus,
+    WorkerInfo,
+    WorkflowFilter,
+)
+from ._seam.driver import Driver, EventOutcome, JobRecord, Listener, WorkflowValue
+from ._seam.schedules import ScheduleRecord
+from ._seam.workflow import Checkpoint
 from .schedules import new_schedule
 from .workflow_view import WORKFLOW_STATES, WorkflowView
 

@@ -33,8 +33,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from ._core.states import TERMINAL_IN_ORDER, JobState
-from ._driver import JobFilter, TaskStatus
-from ._runtime.worker import Worker
+from ._runtime.services.worker import Worker
+from ._seam.admin import JobFilter, TaskStatus
 from .app import DATABASE_URL_ENV, App, load_app
 from .client import Client
 

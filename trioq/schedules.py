@@ -13,8 +13,8 @@ from ._core.schedule import (
     validate_catchup_limit,
     validate_misfire,
 )
-from ._driver import NewSchedule
-from ._enqueue import TaskLike, check_payload_type
+from ._enqueue.rows import TaskLike, check_payload_type
+from ._seam.schedules import NewSchedule
 
 
 def new_schedule(

@@ -13,7 +13,8 @@ import attrs
 from ._core.states import JobState
 
 if TYPE_CHECKING:  # annotations only: the CLI's parser imports this module
-    from ._driver import Checkpoint, WorkflowRecord
+    from ._seam.admin import WorkflowRecord
+    from ._seam.workflow import Checkpoint
 
 WORKFLOW_STATES = (JobState.RUNNING, JobState.SLEEPING, JobState.WAITING)
 

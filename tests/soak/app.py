@@ -31,7 +31,7 @@ from psycopg.types.json import Jsonb
 
 import trioq
 from tests.fault_app import exec_log
-from trioq._runtime.run import LeaseLost
+from trioq._runtime.job.run import LeaseLost
 
 SCHEMA = "trioq"
 WORK, LIMITED, RATED, FLOWS = "soak", "soak_limited", "soak_rated", "soak_flows"

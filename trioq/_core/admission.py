@@ -5,7 +5,7 @@ multiplicatively (x0.5) while an overload signal persists, and grows back additi
 step) once every signal is healthy. It never exceeds the configured concurrency, never goes
 below `min_limit`, and never affects what is already running (the claim loop only claims less).
 
-Signals (sampled by `trioq._runtime.admission`):
+Signals (sampled by `trioq._runtime.services.admission`):
 - scheduler lag: how late a probe task woke (the trio thread is blocked or starved);
 - lease-renewal age against the lease: renewals falling behind put every lease at risk;
 - database errors within a recent window (the service keeps it);

@@ -16,12 +16,7 @@ import attrs
 
 from .._core import limits as rules
 from .._core.concurrency import KeyLimit, ReadyJob, claim_limit, limit_for, rate_for
-from .._driver import (
-    ConcurrencyKeyStatus,
-    ConcurrencyLimit,
-    ConcurrencyRate,
-    KeyRateStatus,
-)
+from .._seam.admin import ConcurrencyKeyStatus, ConcurrencyLimit, ConcurrencyRate, KeyRateStatus
 from .state import MemoryState, Row
 
 

@@ -9,7 +9,7 @@ import datetime
 import attrs
 
 from .._core import limits as rules
-from .._driver import QueueLimit, QueueLimitSet
+from .._seam.admin import QueueLimit, QueueLimitSet
 from .state import MemoryState, QueueLimitRow
 
 

@@ -13,17 +13,9 @@ import datetime
 import json
 from collections.abc import Iterable
 
-from .._driver import (
-    MessageSend,
-    Receive,
-    ReceiveOutcome,
-    SendOutcome,
-    ValueRead,
-    ValueSet,
-    WorkflowFilter,
-    WorkflowRecord,
-    WorkflowValue,
-)
+from .._seam.admin import WorkflowFilter, WorkflowRecord
+from .._seam.driver import MessageSend, ValueRead, WorkflowValue
+from .._seam.workflow import Receive, ReceiveOutcome, SendOutcome, ValueSet
 from .state import FINISHED_STATES as FINAL
 from .state import SECOND, MemoryState, Outbox, Row
 from .state import SUSPENDED_OR_SCHEDULED as SUSPENDED

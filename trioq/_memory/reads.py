@@ -16,13 +16,10 @@ from typing import Any
 import attrs
 
 from .._core.explain import ExplainFacts, silent_after
-from .._driver import (
-    Checkpoint,
+from .._seam.admin import (
     Descendant,
     HealthReport,
     JobFilter,
-    JobRecord,
-    QueueAdmission,
     QueueDemand,
     QueueStatus,
     TaskHistoryKind,
@@ -30,6 +27,9 @@ from .._driver import (
     UnroutableJobs,
     WorkerInfo,
 )
+from .._seam.driver import JobRecord
+from .._seam.services import QueueAdmission
+from .._seam.workflow import Checkpoint
 from . import concurrency
 from .state import (
     FINISHED_STATES,

@@ -14,7 +14,7 @@ import attrs
 
 from .._core.identifiers import validate_name
 from .._core.schedule import validate_catchup_limit, validate_misfire
-from .._driver import NewSchedule, ScheduleAdvance, ScheduleDue, ScheduleRecord
+from .._seam.schedules import NewSchedule, ScheduleAdvance, ScheduleDue, ScheduleRecord
 
 
 @attrs.define(eq=False)

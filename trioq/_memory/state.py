@@ -26,14 +26,10 @@ from .._core.identifiers import validate_key, validate_name
 from .._core.limits import Rate
 from .._core.retry import DEFAULT_MAX_ATTEMPTS, applied_max_attempts
 from .._core.states import SUSPENDED_STATES, TERMINAL_STATES, JobState
-from .._driver import (
-    AttemptRecord,
-    ConcurrencyLimit,
-    ConcurrencyRate,
-    Lease,
-    NewJob,
-    WorkerRegistration,
-)
+from .._seam.admin import AttemptRecord, ConcurrencyLimit, ConcurrencyRate
+from .._seam.driver import NewJob
+from .._seam.lease import Lease
+from .._seam.services import WorkerRegistration
 from .schedules import ScheduleTable
 
 EPOCH = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)

@@ -14,13 +14,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._core.deadlines import Deadline, child_deadline
-from .._driver import (
+from .._seam.admin import CancelOutcome
+from .._seam.driver import EmitEvent, EmitOutcome
+from .._seam.workflow import (
     CancelChildren,
-    CancelOutcome,
     ChildOutcome,
     ChildrenWaitOutcome,
-    EmitEvent,
-    EmitOutcome,
     EventWaitOutcome,
     Spawn,
     SpawnOutcome,

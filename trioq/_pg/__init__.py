@@ -1,8 +1,9 @@
 """The PostgreSQL driver: psycopg 3 (sync, public API only) driven from trio.
 
-The only package of trioq that imports psycopg. See docs/adr/0001-psycopg-through-a-trio-adapter.md.
-The names below are imported at first use (PEP 562): `trioq._pg.producer` loads neither trio
-nor, until it connects, psycopg.
+With `trioq.producer` (the sync and asyncio producers, which use some of its modules), the only
+code of trioq that imports psycopg. See docs/adr/0001-psycopg-through-a-trio-adapter.md. The
+names below are imported at first use (PEP 562): `trioq.producer` loads neither trio nor, until
+it connects, psycopg.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from .._records import InsertedJob, NewJob, NewJobs
+from .._seam.records import InsertedJob, NewJob, NewJobs
 from .replies import Inserted, InsertedBatch, InsertedOne
 
 Params = dict[str, Any]

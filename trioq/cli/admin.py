@@ -23,14 +23,14 @@ from .._core.states import TERMINAL_IN_ORDER, JobState
 from .workflows import print_workflow
 
 if TYPE_CHECKING:  # imported when a command runs: `trioq --help` builds this parser
-    from .._driver import (
+    from .._seam.admin import (
         ConcurrencyKeyStatus,
         ConcurrencyLimit,
         ConcurrencyRate,
-        JobRecord,
         KeyRateStatus,
         QueueLimit,
     )
+    from .._seam.driver import JobRecord
     from ..app import App
     from ..client import Client
 

@@ -28,8 +28,8 @@ from . import workflows as cli_workflows
 if TYPE_CHECKING:
     import trio
 
-    from .._runtime.health import HealthTarget
-    from .._runtime.worker import Worker
+    from .._runtime.services.health import HealthTarget
+    from .._runtime.services.worker import Worker
     from ..app import App
     from . import worker as cli_worker
 
@@ -81,7 +81,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 async def cmd_worker(args: argparse.Namespace) -> int:
     import trio
 
-    from .._runtime.health import HealthTarget
+    from .._runtime.services.health import HealthTarget
     from ..app import load_app
     from . import worker as cli_worker
     from .processes import (
@@ -195,7 +195,9 @@ async def _serve_worker(
 async def _start_health(
     nursery: trio.Nursery, health: HealthTarget, args: argparse.Namespace
 ) -> int:
-    from .._runtime.health import serve_health  # the web server (hypercorn): only on request
+    from .._runtime.services.health import (
+        serve_health,  # the web server (hypercorn): only on request
+    )
 
     try:
         port: int = await nursery.start(serve_health, health, args.health_port, args.health_host)
@@ -648,11 +650,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `--processes` children reuse it
     level = args.log_level or ("INFO" if args.verbose else "WARNING")
     if getattr(args, "log_format", "text") == "json":
-        from .._runtime.logs import configure_logging
+        from .._runtime.services.logs import configure_logging
 
         configure_logging("json", level)
     else:
-        from .._runtime.logs import text_handler
+        from .._runtime.services.logs import text_handler
 
         logging.basicConfig(level=level, handlers=[text_handler()])
     try:

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from .._core.explain import Explanation, silence
-from .._driver import (
+from .._seam.admin import (
     ConcurrencyKeyStatus,
     HealthReport,
     KeyRateStatus,

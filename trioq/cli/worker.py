@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from .._core.identifiers import validate_name
-from .._runtime.worker import MAX_CONCURRENCY
+from .._runtime.services.worker import MAX_CONCURRENCY
 from ..app import App
 from .errors import ABANDONED
 

@@ -12,7 +12,8 @@ from .._core.identifiers import validate_schema
 from ..workflow_view import WORKFLOW_STATES, timeline
 
 if TYPE_CHECKING:
-    from .._driver import Checkpoint, WorkflowValue
+    from .._seam.driver import WorkflowValue
+    from .._seam.workflow import Checkpoint
 
 Command = Callable[[argparse.Namespace], Any]
 

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from .._core.states import TERMINAL_IN_ORDER, JobState
-from .._driver import Transaction
+from .._seam.driver import Transaction
 from .._sql import queries
 from ..client import Client
 

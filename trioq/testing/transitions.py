@@ -39,8 +39,8 @@ from .._core.states import (
     TRANSITIONS,
     JobState,
 )
-from .._driver import Driver
 from .._memory import MemoryDriver
+from .._seam.driver import Driver
 
 # Every Driver method that may change, insert or delete a jobs row -> the statements of
 # queries.sql it runs that may do so (the memory driver mirrors them under the same names).

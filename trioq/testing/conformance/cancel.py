@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from ..._driver import Driver, MaintenancePass, RenewLeases
+from ..._seam.driver import Driver
+from ..._seam.services import MaintenancePass, RenewLeases
 from .harness import (
     LEASE_SECONDS,
     DriverClock,

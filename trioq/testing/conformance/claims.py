@@ -6,7 +6,8 @@ import datetime
 import uuid
 from typing import Any
 
-from ..._driver import CancelOutcome, Driver, JobFilter, JobPurge
+from ..._seam.admin import CancelOutcome, JobFilter, JobPurge
+from ..._seam.driver import Driver
 from .harness import (
     QUEUE,
     TASK,

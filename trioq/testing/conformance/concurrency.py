@@ -16,7 +16,9 @@ import uuid
 import attrs
 import trio
 
-from ..._driver import ClaimedJob, Driver, Lease, RenewLeases, Settlement
+from ..._seam.driver import ClaimedJob, Driver, Settlement
+from ..._seam.lease import Lease
+from ..._seam.services import RenewLeases
 from .harness import (
     LEASE_SECONDS,
     DriverClock,

@@ -8,7 +8,9 @@ import collections
 import datetime
 
 from ..._core.explain import explain
-from ..._driver import ClaimedJob, Driver, MaintenancePass, Settlement, Spawn
+from ..._seam.driver import ClaimedJob, Driver, Settlement
+from ..._seam.services import MaintenancePass
+from ..._seam.workflow import Spawn
 from .harness import (
     DriverClock,
     claim,

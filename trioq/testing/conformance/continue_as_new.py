@@ -13,7 +13,9 @@ from __future__ import annotations
 import datetime
 import json
 
-from ..._driver import CancelJob, CheckpointWrite, ContinueAsNew, Driver, Settlement, Spawn
+from ..._seam.admin import CancelJob
+from ..._seam.driver import Driver, Settlement
+from ..._seam.workflow import CheckpointWrite, ContinueAsNew, Spawn
 from .harness import (
     DriverClock,
     claim,

@@ -7,14 +7,10 @@ from __future__ import annotations
 import datetime
 import uuid
 
-from ..._driver import (
-    Driver,
-    MaintenancePass,
-    QueueLimitSet,
-    RenewLeases,
-    Spawn,
-    WorkerRegistration,
-)
+from ..._seam.admin import QueueLimitSet
+from ..._seam.driver import Driver
+from ..._seam.services import MaintenancePass, RenewLeases, WorkerRegistration
+from ..._seam.workflow import Spawn
 from .harness import (
     LEASE_SECONDS,
     QUEUE,

@@ -12,18 +12,18 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..._driver import (
+from ..._seam.driver import (
     Claim,
     ClaimedJob,
     ClaimResult,
     Driver,
     JobRecord,
-    Lease,
     Listener,
     NewJob,
-    RenewLeases,
     Settlement,
 )
+from ..._seam.lease import Lease
+from ..._seam.services import RenewLeases
 from ..._sql import queries
 
 QUEUE = "default"

@@ -10,7 +10,7 @@ import datetime
 
 from ..._core.explain import explain
 from ..._core.limits import Rate
-from ..._driver import ClaimedJob, Driver, NewJob
+from ..._seam.driver import ClaimedJob, Driver, NewJob
 from .harness import (
     DriverClock,
     claim,

@@ -4,7 +4,8 @@ order, round-robin)."""
 from __future__ import annotations
 
 from ..._core.errors import DedupKeyConflict
-from ..._driver import Driver, MaintenancePass, Settlement
+from ..._seam.driver import Driver, Settlement
+from ..._seam.services import MaintenancePass
 from .harness import (
     TASK,
     DriverClock,

@@ -10,12 +10,11 @@ from __future__ import annotations
 import uuid
 
 from ..._core.channels import control_channel
-from ..._driver import (
-    Driver,
+from ..._seam.driver import Driver, NewJob
+from ..._seam.services import (
     LeaderElect,
     LeaderResign,
     MaintenancePass,
-    NewJob,
     QueueProbe,
     WorkerRegistration,
 )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from ..._driver import Driver, MaintenancePass, WorkerRegistration
+from ..._seam.driver import Driver
+from ..._seam.services import MaintenancePass, WorkerRegistration
 from .harness import (
     QUEUE,
     TASK,
@@ -69,7 +70,7 @@ async def check_expired_lease_is_recovered_and_its_holder_fenced(
 async def check_a_lost_attempt_carries_its_traced_executions_trace_id(
     driver: Driver, clock: DriverClock
 ) -> None:
-    # A tracing worker's span has the lease token as its trace id (trioq/_tracing.py); the
+    # A tracing worker's span has the lease token as its trace id (trioq/_seam/tracing.py); the
     # recovery that writes the lost attempt knows only the row.
     [job_id] = await enqueue(driver, new_job(max_attempts=3))
     [traced] = await claim(driver, lease_seconds=10, traced=True)

@@ -7,7 +7,8 @@ import datetime
 import uuid
 
 from ..._core.limits import Rate
-from ..._driver import Driver, QueueLimitSet
+from ..._seam.admin import QueueLimitSet
+from ..._seam.driver import Driver
 from .harness import (
     QUEUE,
     DriverClock,

@@ -14,16 +14,10 @@ from __future__ import annotations
 
 import json
 
-from ..._driver import (
-    CheckpointWrite,
-    Driver,
-    Lease,
-    MessageSend,
-    Receive,
-    ValueSet,
-    WaitEvent,
-    WorkflowFilter,
-)
+from ..._seam.admin import WorkflowFilter
+from ..._seam.driver import Driver, MessageSend
+from ..._seam.lease import Lease
+from ..._seam.workflow import CheckpointWrite, Receive, ValueSet, WaitEvent
 from .harness import (
     DriverClock,
     claim,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from ..._core.channels import control_channel, result_channel
 from ..._core.states import TERMINAL_STATES
-from ..._driver import CheckpointWrite, Driver, MaintenancePass, Settlement
+from ..._seam.driver import Driver, Settlement
+from ..._seam.services import MaintenancePass
+from ..._seam.workflow import CheckpointWrite
 from .harness import (
     QUEUE,
     DriverClock,

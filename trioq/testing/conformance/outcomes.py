@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from ..._driver import Driver, Lease, Settlement
+from ..._seam.driver import Driver, Settlement
+from ..._seam.lease import Lease
 from .harness import (
     DriverClock,
     claim,

@@ -14,16 +14,11 @@ import datetime
 import json
 from collections.abc import Sequence
 
-from ..._driver import (
-    CancelJob,
-    Driver,
-    Lease,
-    MaintenancePass,
-    Settlement,
-    Spawn,
-    WaitChildren,
-    WaitEvent,
-)
+from ..._seam.admin import CancelJob
+from ..._seam.driver import Driver, Settlement
+from ..._seam.lease import Lease
+from ..._seam.services import MaintenancePass
+from ..._seam.workflow import Spawn, WaitChildren, WaitEvent
 from .harness import (
     DriverClock,
     claim,

@@ -13,17 +13,16 @@ from collections.abc import Sequence
 
 from ..._core.channels import schedules_channel
 from ..._core.schedule import fire_dedup_key
-from ..._driver import (
-    CheckpointWrite,
-    Driver,
-    NewJob,
+from ..._runtime.services.scheduler import plan_schedules
+from ..._seam.driver import Driver, NewJob
+from ..._seam.schedules import (
     NewSchedule,
     ScheduleAdvance,
     ScheduleFireDue,
     ScheduleFireReport,
     ScheduleRecord,
 )
-from ..._runtime.scheduler import plan_schedules
+from ..._seam.workflow import CheckpointWrite
 from .harness import (
     QUEUE,
     TASK,

@@ -8,7 +8,8 @@ import attrs
 import trio
 
 from ..._core.explain import explain, when
-from ..._driver import Driver, MaintenancePass, QueueAdmission, RenewLeases, WorkerRegistration
+from ..._seam.driver import Driver
+from ..._seam.services import MaintenancePass, QueueAdmission, RenewLeases, WorkerRegistration
 from ..._sql import query_names
 from .harness import (
     QUEUE,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from ..._driver import Driver, WorkerRegistration
+from ..._seam.driver import Driver
+from ..._seam.services import WorkerRegistration
 from .harness import (
     QUEUE,
     TASK,

@@ -12,17 +12,10 @@ from __future__ import annotations
 import datetime
 import json
 
-from ..._driver import (
-    CancelChildren,
-    ClaimedJob,
-    Driver,
-    EmitEvent,
-    Lease,
-    MaintenancePass,
-    Spawn,
-    WaitChildren,
-    WaitEvent,
-)
+from ..._seam.driver import ClaimedJob, Driver, EmitEvent
+from ..._seam.lease import Lease
+from ..._seam.services import MaintenancePass
+from ..._seam.workflow import CancelChildren, Spawn, WaitChildren, WaitEvent
 from .harness import (
     DriverClock,
     claim,

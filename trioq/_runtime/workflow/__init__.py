@@ -1,0 +1,1 @@
+"""The durable primitives behind `ctx`: checkpoints, waits, messages, spawns, parallel blocks."""
