@@ -1,6 +1,7 @@
 -- Every statement trioq runs, as named blocks. `{schema}` is replaced by the validated, quoted
 -- schema name when the file is loaded; every other value is a bound parameter (%(name)s).
--- The driver (trioq/_pg/driver.py) has one method per block; the in-memory driver mirrors them.
+-- The driver (trioq/_pg/driver.py and its concern modules beside it) has one method per block;
+-- the in-memory driver mirrors them.
 
 -- name: migration_lock
 -- Serialises `trioq migrate` runs (transaction-scoped advisory lock, released at COMMIT).
@@ -559,7 +560,7 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        (SELECT count(*) FROM promoted) AS promoted,
        -- Database time as the statement ends (db_now() is its start, plus the time it ran),
        -- read per row as it is produced: the last row's is the latest. A job claimed early is
-       -- held until its run_at mapped from these (trioq/_runtime/dbclock.py), never before.
+       -- held until its run_at mapped from these (trioq/_runtime/job/dbclock.py), never before.
        {schema}.db_now() + (clock_timestamp() - now()) AS now,
        (SELECT j.run_at FROM {schema}.jobs j
         WHERE j.queue = (SELECT %(queue)s::text)
@@ -2109,7 +2110,7 @@ FROM outcome o CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
 -- parent's `spawn` checkpoint are written in one statement, fenced by the parent's lease (the
 -- parents are locked in id order and their lease re-checked on the newest row version; a
 -- parent whose cancel was requested spawns nothing). The spawns of every handler that spawned
--- at once share this statement (group commit, trioq/_runtime/spawner.py): fan-out of 500
+-- at once share this statement (group commit, trioq/_runtime/workflow/spawner.py): fan-out of 500
 -- parents x 10 children went from 18 to NNN parents/s. A replay that reaches the same position
 -- finds the child through jobs_parent_idx (ON CONFLICT DO UPDATE returns the existing row) and
 -- inserts no second one. A child is scheduled or ready like any enqueue and wakes its queue.
