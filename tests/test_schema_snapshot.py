@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import attrs
 import psycopg
 import pytest
 import trio
@@ -13,6 +14,7 @@ import trio
 from tests.releases import extract_previous_release, run_previous_cli
 from tests.schema_snapshot import HOT_STATEMENTS, SNAPSHOT, dump, hot_statements, migrate
 from tests.support import scalar
+from trioq._seam.records import JobRecord
 from trioq._sql import parse_blocks
 
 SQL = Path(__file__).resolve().parent.parent / "trioq" / "_sql"
@@ -92,3 +94,17 @@ def test_each_sql_function_is_defined_once_in_its_own_file() -> None:
     overloads = {name: len(files) for name, files in where.items() if len(files) > 1}
     # Only job_cancel_tree has two forms (with and without `whole_tree`), in one file.
     assert overloads == {"job_cancel_tree": 2}, overloads
+
+
+async def test_the_job_records_view_is_the_whole_row_record_in_its_order(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Every whole-row read builds `JobRecord` positionally from `job_records`: one column list."""
+    await migrate(pg_url, pg_schema)
+    with psycopg.connect(pg_url) as conn:
+        columns = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+            "ORDER BY attnum",
+            (f'"{pg_schema}".job_records',),
+        ).fetchall()
+    assert [name for (name,) in columns] == [field.name for field in attrs.fields(JobRecord)]

@@ -164,11 +164,17 @@ def schema_problem(exc: BaseException, schema: str) -> str | None:
     this trioq (a producer or worker of a newer release pointed at a schema nobody migrated:
     a column, function or type of a later migration is missing); None otherwise."""
     fix = f"run `trioq migrate --schema {schema}`"
-    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
-        return f"schema {schema!r} has no trioq tables ({exc.diag.message_primary}): {fix}"
+    missing = exc.diag.message_primary or "" if isinstance(exc, psycopg.Error) else ""
+    # A schema without `jobs` was never migrated; one that has it but lacks another relation
+    # (a view or table a later migration adds) is older than this trioq.
+    if isinstance(exc, psycopg.errors.InvalidSchemaName) or (
+        isinstance(exc, psycopg.errors.UndefinedTable) and _names_relation(missing, "jobs")
+    ):
+        return f"schema {schema!r} has no trioq tables ({missing}): {fix}"
     if isinstance(
         exc,
-        psycopg.errors.UndefinedColumn
+        psycopg.errors.UndefinedTable
+        | psycopg.errors.UndefinedColumn
         | psycopg.errors.UndefinedFunction
         | psycopg.errors.UndefinedObject,
     ):
@@ -177,6 +183,13 @@ def schema_problem(exc: BaseException, schema: str) -> str | None:
             "with this release"
         )
     return None
+
+
+def _names_relation(message: str, table: str) -> bool:
+    """Whether PostgreSQL's `relation "x.table" does not exist` names `table` (or the message
+    names no relation: then nothing says the schema holds trioq tables)."""
+    found = re.search(r'relation "([^"]+)"', message)
+    return found is None or found[1].rsplit(".", 1)[-1] == table
 
 
 def migration_refused(exc: BaseException, schema: str, role: str, database: str) -> str | None:

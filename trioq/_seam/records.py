@@ -167,6 +167,9 @@ EmitOutcome = EventOutcome  # the drivers' name for it
 
 @attrs.frozen
 class JobRecord:
+    """A whole job as the readers see it. PostgreSQL's readers build it positionally from the
+    view `job_records` (migration 0036), whose columns are these fields in this order."""
+
     id: int
     queue: str
     task: str

@@ -1422,13 +1422,8 @@ SELECT previous_state, state
 FROM {schema}.job_cancel_tree(ARRAY[%(id)s::bigint], %(control_channel)s);
 
 -- name: job_get
--- max_attempts as the worker applies it: the row's, else its task's declaration (migration 0015).
-SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
-       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
-                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
-           AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at, executions, deadline_at, deadline_source
-FROM {schema}.jobs WHERE id = %(id)s;
+-- The whole row as `JobRecord` reads it: job_records (migration 0036) holds the one column list.
+SELECT * FROM {schema}.job_records WHERE id = %(id)s;
 
 -- name: job_result_watch
 -- A waiter (`wait_result`, `wait_final`, `get_value(wait=)`) registers before its first read of
@@ -1553,12 +1548,7 @@ FROM job;
 -- (`before_id`), every filter optional (NULL: any). A backward scan of the primary key with the
 -- filters applied on the fly: an operator's read, not a hot path, so it needs no index of its
 -- own; the LIMIT bounds it when the filters match often.
-SELECT id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, attempt,
-       coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
-                             WHERE d.task = jobs.task AND d.version = jobs.version), 5)
-           AS max_attempts, worker_id, result, error, created_at, started_at,
-       finished_at, executions, deadline_at, deadline_source
-FROM {schema}.jobs
+SELECT * FROM {schema}.job_records
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
