@@ -91,6 +91,23 @@ class Database:
 
         self.conn.execute(baseline.INSTALL_SQL.format(schema=schema))
 
+    def awa_dsn(self, role: str) -> str:
+        """A URL awa's driver (sqlx) reads: a host name, with the socket directory as `host`."""
+        host = quote(self.socket_dir, safe="")
+        return f"postgresql://{role}@localhost:{self.cluster.port}/postgres?host={host}"
+
+    def awa(self, command: str, *args: str) -> str:
+        """Run `python -m bench.awa_peer COMMAND` as the harness role; its last output line."""
+        argv = [sys.executable, "-m", "bench.awa_peer", command, "--dsn"]
+        argv.append(self.awa_dsn(HARNESS_ROLE))
+        result = subprocess.run(
+            [*argv, *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise BenchError(f"bench.awa_peer {command} failed:\n{result.stderr[-3000:]}")
+        lines = result.stdout.strip().splitlines()
+        return lines[-1] if lines else ""
+
     def pgq(self, schema: str, command: str, *args: str) -> Any:
         """Run `python -m bench.pgq COMMAND` against `schema` (as the harness role); its JSON."""
         argv = [sys.executable, "-m", "bench.pgq", command, "--dsn", self.asyncpg_dsn(HARNESS_ROLE)]
@@ -440,6 +457,16 @@ class Launcher:
         if record is not None:
             argv += ["--record", str(record)]
         process = self._spawn(f"pgqueuer {role}", role, argv, {"PGQUEUER_SCHEMA": schema})
+        process.wait_for_line(b"ready")
+        return process
+
+    def awa_worker(self, schema: str, *, concurrency: int = 25) -> Process:
+        """An awa worker on a fresh `awa` schema (awa's own; `schema` is the drain's, unused)."""
+        self.db.awa("reset")
+        role = self.db.new_role("bench_awa")
+        argv = [sys.executable, "-m", "bench.awa_peer", "worker", "--dsn", self.db.awa_dsn(role)]
+        argv += ["--concurrency", str(concurrency)]
+        process = self._spawn(f"awa {role}", role, argv, {})
         process.wait_for_line(b"ready")
         return process
 

@@ -99,6 +99,13 @@ def _pgq_enqueue(
     return float(db.pgq(schema, "enqueue-committed", "--task", task, "--count", str(count)))
 
 
+def _awa_enqueue(
+    db: Database, schema: str, task: str, count: int, before_commit: Callable[[], None]
+) -> float:
+    before_commit()
+    return float(db.awa("enqueue-committed", "--count", str(count)))
+
+
 def _raw_sql() -> tuple[str, str]:
     from bench import baseline
 
@@ -109,6 +116,12 @@ def _raw_delete_sql() -> tuple[str, str]:
     from bench import baseline
 
     return baseline.DELETED_COMPLETED_SQL, baseline.DELETED_LAST_FINISHED_SQL
+
+
+def _awa_sql() -> tuple[str, str]:
+    from bench import awa_peer
+
+    return awa_peer.COMPLETED_SQL, awa_peer.LAST_FINISHED_SQL
 
 
 def _pgq_sql() -> tuple[str, str]:
@@ -135,3 +148,4 @@ TRIOQ_UNKEPT = System(
 RAW = System("raw", _raw_enqueue, *_raw_sql())  # keeps the finished row and its result
 RAW_DELETE = System("raw-del", _raw_enqueue, *_raw_delete_sql())  # deletes it, keeps nothing
 PGQUEUER = System("pgqueuer", _pgq_enqueue, *_pgq_sql())
+AWA = System("awa", _awa_enqueue, *_awa_sql())

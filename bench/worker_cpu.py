@@ -10,6 +10,8 @@ checkouts' order rotated each repeat, so the systems see the same load.
 Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
 (throughput.py's `drain`); server CPU is that of the whole PostgreSQL cluster (its processes
 read from /proc, less the harness's session) over the same window.
+`--awa` adds awa's Python worker (bench/awa_peer.py: awa-pg on its queue storage, the same 25
+slots) as a system of each repeat.
 `--trio-floor` adds two more systems to each repeat, the raw loop's algorithm on trio and
 trioq's statement path (bench/trio_floor.py), with a cancel scope per job (`floor`) and without
 (`floor-ns`): what trio and the driver cost before any of trioq's runtime.
@@ -33,7 +35,7 @@ from pathlib import Path
 from bench.app import SCHEMA_ENV
 from bench.config import FULL
 from bench.harness import CLOCK_TICKS, HARNESS_ROLE, REPO_ROOT, Launcher, Process, open_database
-from bench.jobs import RAW, RAW_DELETE, TRIOQ, TRIOQ_UNKEPT, System
+from bench.jobs import AWA, RAW, RAW_DELETE, TRIOQ, TRIOQ_UNKEPT, System
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
 
@@ -139,6 +141,11 @@ def main() -> None:
         " with and without a cancel scope per job",
     )
     parser.add_argument(
+        "--awa",
+        action="store_true",
+        help="also drain on awa (awa-pg's Python worker, queue storage) with the same slots",
+    )
+    parser.add_argument(
         "--unkept",
         action="store_true",
         help="also drain this checkout's trioq on a task that keeps nothing (keep=False)",
@@ -222,6 +229,8 @@ def main() -> None:
                         TRIOQ_UNKEPT,
                     )
                 )
+            if args.awa:
+                systems.append(("awa", "noop", lambda s: [launcher.awa_worker(s)], AWA))
             if args.trio_floor:
                 for scope in (True, False):
                     systems.append(
