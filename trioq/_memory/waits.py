@@ -56,7 +56,8 @@ def prune_events(db: MemoryState, before: datetime.datetime, limit: int) -> int:
 
 
 def _checkpoint(db: MemoryState, row: Row, position: int, kind: str, name: str, value: Any) -> bool:
-    """INSERT ... ON CONFLICT DO NOTHING; True when written."""
+    """Record the checkpoint at `position` unless one is there already (as the statement's ON
+    CONFLICT DO NOTHING does); True when written."""
     history = db.checkpoints.setdefault(row.id, {})
     row.checkpoint_count = max(row.checkpoint_count, position + 1)
     if position in history:
