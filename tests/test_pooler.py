@@ -409,6 +409,10 @@ async def test_a_sync_producer_in_auto_mode_behind_the_pooler_switches_to_unname
                 thread.join()
             assert errors == []
             assert producer.get_job(ids[0]).state == "ready"
+            with pytest.raises(trioq.ResultTimeout):
+                producer.wait_result(ids[0], timeout=0.3)  # no worker: nothing finishes it
+            # Polled, not LISTENed through the pooler (whose server connections move on).
+            assert producer.statistics() is None
             return ids
 
     with trio.fail_after(60):
@@ -417,6 +421,7 @@ async def test_a_sync_producer_in_auto_mode_behind_the_pooler_switches_to_unname
     assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.jobs") == AUTO_ENQUEUES
     [line] = _pooler_warnings(caplog)
     assert 'prepared_statements="off"' in line and "--prepared-statements off" in line
+    assert "Results are polled" in line and "listen_url=" in line
 
 
 async def test_an_async_producer_in_auto_mode_behind_the_pooler_switches_to_unnamed_statements(
@@ -435,6 +440,9 @@ async def test_an_async_producer_in_auto_mode_behind_the_pooler_switches_to_unna
                 ]
 
             batches = await asyncio.gather(*(enqueue_some(t) for t in range(4)))
+            with pytest.raises(trioq.ResultTimeout):
+                await producer.wait_result(batches[0][0], timeout=0.3)
+            assert producer.statistics() is None  # polled, not LISTENed through the pooler
             return [job_id for batch in batches for job_id in batch]
 
     with trio.fail_after(60):

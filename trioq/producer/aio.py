@@ -106,6 +106,7 @@ class AsyncProducer:
     async def open(self) -> None:
         if await self._settings.check_async():
             self._prepared.pooler_found()
+            self._settings = self._settings.behind_pooler()
         self._opened = True
         await self._ready_pool()
 

@@ -232,7 +232,9 @@ class PreparedStatements:
         self._switch(
             "a connection pooler answers in front of PostgreSQL (PgBouncer?): using "
             'unnamed statements; set prepared_statements="off" (--prepared-statements off) '
-            "to say so"
+            "to say so. Results are polled (every %ss) unless listen_url= names a direct "
+            "connection for their notifications",
+            RESULT_POLL_SECONDS,
         )
 
     def _switch(self, message: str, *args: object) -> None:
@@ -283,6 +285,15 @@ class Settings:
     connect_kwargs: dict[str, Any] = attrs.field(repr=False)
     pool_size: int
     connect_timeout: float
+    listen_given: bool = False  # the caller named a listen URL (else it is the database URL)
+
+    def behind_pooler(self) -> Settings:
+        """A pooler answered at open: without a listen URL of its own, results are polled. A
+        LISTEN through a transaction pooler is lost: the server connection it ran on goes back
+        to the pool, and its notifications to whichever client holds it next."""
+        if self.listen_given:
+            return self
+        return attrs.evolve(self, listen_url=None)
 
     @classmethod
     def of(
@@ -309,9 +320,10 @@ class Settings:
             kwargs["prepare_threshold"] = None  # unnamed statements only
         if "application_name" not in params and not os.environ.get("PGAPPNAME"):
             kwargs["application_name"] = "trioq-producer"
+        given = listen_url is not None
         if listen_url is None and not off:
             listen_url = url
-        return cls(url, listen_url, kwargs, pool_size, connect_timeout)
+        return cls(url, listen_url, kwargs, pool_size, connect_timeout, given)
 
     @property
     def _check_kwargs(self) -> dict[str, Any]:

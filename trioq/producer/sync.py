@@ -89,6 +89,7 @@ class SyncProducer:
         self._prepared = PreparedStatements(unnamed=prepared_statements == "off")
         if pooled:
             self._prepared.pooler_found()
+            self._settings = self._settings.behind_pooler()
         self._fork_lock = threading.Lock()
         self._generation = FORKS.generation
         FORKS.producers.add(self)
