@@ -134,3 +134,23 @@ async def test_a_lock_held_past_the_lock_wait_ends_migrate_with_one_line_and_not
     assert (
         sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.migrations WHERE version = 9001") == 0
     )
+
+
+async def test_migrate_of_an_older_release_on_a_schema_a_newer_one_migrated_changes_nothing(
+    pg_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An old worker restarting with --migrate during a rolling deploy (or a rollback) must not
+    put its release's function bodies under the newer workers."""
+    await migrate(pg_url, pg_schema)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # What a newer release leaves: a migration this one does not know, its own bodies.
+        conn.execute(
+            f"INSERT INTO {pg_schema}.migrations (version, name) VALUES (9999, 'from_the_future')"
+        )
+        conn.execute(f"UPDATE {pg_schema}.function_digest SET digest = 'the newer release'")
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        assert await driver.migrate() == []
+    digest = sql_scalar(pg_url, f"SELECT digest FROM {pg_schema}.function_digest")
+    assert digest == "the newer release"  # this release's bodies were not applied over them
+    [line] = [r.getMessage() for r in caplog.records if "newer than this trioq" in r.getMessage()]
+    assert "migration 9999" in line and "nothing applied" in line

@@ -119,6 +119,19 @@ class PgMigrations(PgStatements):
             )
             applied_rows = await conn.fetch(self._sql["migration_applied"])
             done = {row[MigrationApplied.version] for row in applied_rows}
+            known = migrations(self.schema)
+            if done and max(done) > known[-1].version:
+                # A newer release migrated this schema (an old worker restarting with
+                # --migrate during a rolling deploy, a rollback): applying this release's
+                # function bodies would put old ones under the newer workers.
+                logger.warning(
+                    "schema %s is at migration %d, newer than this trioq knows (%d): nothing "
+                    "applied, its functions and tables are the newer release's",
+                    self.schema,
+                    max(done),
+                    known[-1].version,
+                )
+                return applied, None
             bodies = functions(self.schema)
             digest = functions_digest(bodies)
             changed = await self._functions_changed(conn, digest)
@@ -129,7 +142,7 @@ class PgMigrations(PgStatements):
                 for function in bodies:
                     await conn.execute(function.sql)
                 await conn.execute(self._sql["migration_functions_checked"])
-            for migration in migrations(self.schema):
+            for migration in known:
                 if migration.version in done:
                     continue
                 if not migration.transactional:
