@@ -113,7 +113,7 @@ async def test_leaving_the_block_closes_the_listen_connection(
         sessions = await observer.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]
         )
-        return sessions == 0
+        return bool(sessions == 0)
 
     with trio.fail_after(30):  # the server ends the backend after it reads the closed socket
         await wait_until(session_gone)
