@@ -408,11 +408,12 @@ async def test_cancel_follows_each_spawns_policy_and_tree_cancels_them_all(
                 "wait": "running",
             }
             # Its "cancel" child's end wakes it (ready, then running to unwind); it suspends
-            # again for its "wait" child. A parent made final here never reads as waiting.
+            # again for its "wait" child (one made final without that child never reads as
+            # waiting, and the wait fails).
             await wait_until(lambda: _in_state(client, plain.id, "waiting"))
             release.set()
             assert (await client.wait_final(plain.id)).state == "cancelled"
-            # Its "abandon" child completes on its own, not before the parent.
+            # Its "abandon" child completes on its own, not necessarily before the parent ends.
             await wait_until(lambda: _kid_final(client, plain.id, "abandon"))
             kids[plain.id] = await _kid_states(client, plain.id)
     assert kids[plain.id] == {"cancel": "cancelled", "abandon": "completed", "wait": "completed"}
