@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 import trio
+from psycopg import sql
 
 import trioq
 from trioq._pg import Connection
@@ -87,6 +89,46 @@ async def wait_until(condition: Callable[[], Awaitable[bool]], interval: float =
         if await condition():
             return
         await trio.sleep(interval)
+
+
+def stall_db_now_once(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Replace `schema.db_now()` for an interleaving test: in a session that has set `test.stall`
+    to 'on', the first call waits for the advisory lock `hold_stall` holds on `conn`'s side, so
+    that session's statement (a claim) has taken its snapshot and stays there, having locked no
+    row, until the test has done what must happen meanwhile and calls `end_stall`. A lock, not
+    a pg_sleep: the stall lasts as long as the test needs, however slow the machine."""
+    conn.execute(
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}.db_now() RETURNS timestamptz "
+            "LANGUAGE plpgsql AS $$ BEGIN "
+            "IF current_setting('test.stall', true) = 'on' THEN "
+            "PERFORM set_config('test.stall', 'off', false); "
+            "PERFORM pg_advisory_xact_lock(hashtext({})); END IF; "
+            "RETURN now(); END $$"
+        ).format(sql.Identifier(schema), sql.Literal(_stall_key(schema)))
+    )
+
+
+def _stall_key(schema: str) -> str:
+    return f"{schema}: test stall"
+
+
+def hold_stall(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Take the lock a stalling `db_now()` waits for (a session lock on `conn`)."""
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (_stall_key(schema),))
+
+
+def end_stall(conn: psycopg.Connection[Any], schema: str) -> None:
+    conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (_stall_key(schema),))
+
+
+def wait_stalled(conn: psycopg.Connection[Any], pid: int, within: float = 30.0) -> None:
+    """Block until backend `pid` waits in the stalling `db_now()` (for `hold_stall`'s lock)."""
+    deadline = time.monotonic() + within
+    query = "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s"
+    while conn.execute(query, (pid,)).fetchone() != ("Lock", "advisory"):
+        assert time.monotonic() < deadline, f"session {pid} never stalled"
+        time.sleep(0.01)  # another session's state: polled, there is no event
 
 
 def run_explained(

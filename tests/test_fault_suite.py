@@ -176,6 +176,14 @@ async def test_poison_job_killing_its_worker_fails_after_max_attempts_others_com
             within=90,
             what="every job final",
         )
+
+        async def third_death_recorded() -> bool:
+            return len(deaths) >= 3
+
+        # The third death comes a lease before the poison job fails, but its supervisor
+        # records it only after a round trip of its own: not cancelled before it has.
+        with trio.move_on_after(30):
+            await support_wait_until(third_death_recorded)
         history = await read_history(pg_url, pg_schema)
         nursery.cancel_scope.cancel()
     rows = await fetch(

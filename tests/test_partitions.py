@@ -4,8 +4,8 @@ blocking, at the claim-statement level (PgDriver) and through a real worker."""
 from __future__ import annotations
 
 import collections
+import queue
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -15,7 +15,15 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, running_worker, sql_rows
+from tests.support import (
+    end_stall,
+    hold_stall,
+    make_app,
+    running_worker,
+    sql_rows,
+    stall_db_now_once,
+    wait_stalled,
+)
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
 from trioq._pg.replies import ClaimedRow
 from trioq._seam.driver import Claim, ClaimedJob, NewJob, Settlement
@@ -213,14 +221,8 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
     trio.run(_enqueue_two_keyed, pg_url, pg_schema)
     statements = queries(pg_schema)
     with psycopg.connect(pg_url, autocommit=True) as setup:
-        # db_now() sleeps once in a session that asks for it: B's stall between snapshot and lock.
-        setup.execute(
-            f"CREATE OR REPLACE FUNCTION {pg_schema}.db_now() RETURNS timestamptz "
-            "LANGUAGE plpgsql AS $$ BEGIN "
-            "IF current_setting('test.stall', true) = 'on' THEN "
-            "PERFORM set_config('test.stall', 'off', false); PERFORM pg_sleep(1.5); END IF; "
-            "RETURN now(); END $$"
-        )
+        # db_now() stalls once in a session that asks for it: B's stall between snapshot and lock.
+        stall_db_now_once(setup, pg_schema)
 
     def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[ClaimedJob]:
         params = claim_params(Claim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200))
@@ -232,26 +234,26 @@ def test_stale_head_failed_into_a_retry_is_not_claimed_by_a_slower_claimer(
         conn.execute(statements["job_settle_many"], settle_params([retry]))
 
     claimed_by_b: list[list[ClaimedJob]] = []
+    b_pid: queue.Queue[int] = queue.Queue()
 
     def worker_b() -> None:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("SELECT set_config('test.stall', 'on', false)")
+            b_pid.put(conn.info.backend_pid)
             claimed_by_b.append(raw_claim(conn))
 
-    b = threading.Thread(target=worker_b)
-    b.start()
     with psycopg.connect(pg_url, autocommit=True) as a:
+        hold_stall(a, pg_schema)  # B stays stalled until A is done below
+        b = threading.Thread(target=worker_b)
+        b.start()
         # Wait until B is inside its stalled statement (its snapshot is taken).
-        deadline = time.monotonic() + 10
-        while not a.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-        ).fetchone()[0]:  # type: ignore[index]
-            assert time.monotonic() < deadline, "B never stalled"
-            time.sleep(0.01)
+        wait_stalled(a, b_pid.get(timeout=30))
         [k1] = raw_claim(a)
         raw_retry(a, k1)  # the key is free once the retry is written
         [k2] = raw_claim(a)
-        b.join(timeout=20)
+        end_stall(a, pg_schema)
+        b.join(timeout=30)
+        assert not b.is_alive(), "B's claim did not return"
         running = a.execute(
             f"SELECT id FROM {pg_schema}.jobs WHERE state = 'running' ORDER BY id"
         ).fetchall()

@@ -6,6 +6,7 @@ import attrs
 import pytest
 import trio
 
+from tests.support import wait_until
 from trioq._pg import Connection, open_listener
 
 
@@ -107,14 +108,15 @@ async def test_leaving_the_block_closes_the_listen_connection(
         await listener.listen("bye")
         pid = listener.backend_pid
     assert not listener.connected
-    with trio.fail_after(5):
-        while True:
-            sessions = await observer.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]
-            )
-            if sessions == 0:
-                return
-            await trio.sleep(0.01)
+
+    async def session_gone() -> bool:
+        sessions = await observer.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]
+        )
+        return bool(sessions == 0)
+
+    with trio.fail_after(30):  # the server ends the backend after it reads the closed socket
+        await wait_until(session_gone)
 
 
 async def test_a_callback_error_drops_that_notification_logs_once_and_the_listener_goes_on(

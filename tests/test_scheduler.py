@@ -163,6 +163,8 @@ async def test_three_workers_enqueue_every_occurrence_once_across_a_leader_chang
                     worker.scheduler.wake()
                 await wait_fired(driver, "every", minute)
                 if minute == 4:
+                    # The leader's tick report follows its commit, which wait_fired saw.
+                    await wait_reported(reports, minute)
                     # Stop the worker that led the last tick, hard, mid-way.
                     leader = next(n for n, report in reversed(reports) if report.fired)
                     scopes[leader].cancel()
@@ -173,6 +175,14 @@ async def test_three_workers_enqueue_every_occurrence_once_across_a_leader_chang
     assert len(runs) == 8 == len(set(runs)), runs
     assert all(b - a == datetime.timedelta(minutes=1) for a, b in itertools.pairwise(runs))
     assert len(set(leaders)) >= 2, f"no leader change: every occurrence came from {leaders}"
+
+
+async def wait_reported(reports: list[tuple[int, ScheduleFireReport]], count: int) -> None:
+    async def reported() -> bool:
+        return sum(len(report.fired) for _, report in reports) >= count
+
+    with trio.fail_after(20):
+        await wait_until(reported)
 
 
 async def wait_until_timed(driver: Driver) -> None:

@@ -392,9 +392,11 @@ async def test_cancel_follows_each_spawns_policy_and_tree_cancels_them_all(
             assert await client.cancel(plain.id) == "waiting"
             assert await client.cancel(whole.id, tree=True) == "waiting"
             await wait_until(lambda: _in_state(client, whole.id, "cancelled"))
-            # The parent is final once its "wait" child is; a "cancel" child ends on its own
-            # worker's next look at the request, which may come after.
-            await wait_until(lambda: _kid_final(client, whole.id, "cancel"))
+            # The parent is final once its "wait" child is; a "cancel" child (and, in a tree
+            # cancel, an "abandon" one) ends on its own worker's next look at the request,
+            # which may come after.
+            for policy in ("cancel", "abandon"):
+                await wait_until(lambda policy=policy: _kid_final(client, whole.id, policy))
             await wait_until(lambda: _kid_final(client, plain.id, "cancel"))
             kids = {p: await _kid_states(client, p) for p in (plain.id, whole.id)}
             assert kids[whole.id] == {
@@ -405,9 +407,14 @@ async def test_cancel_follows_each_spawns_policy_and_tree_cancels_them_all(
                 "abandon": "running",
                 "wait": "running",
             }
-            assert (await client.get_job(plain.id)).state == "waiting"  # for its "wait" child
+            # Its "cancel" child's end wakes it (ready, then running to unwind); it suspends
+            # again for its "wait" child (one made final without that child never reads as
+            # waiting, and the wait fails).
+            await wait_until(lambda: _in_state(client, plain.id, "waiting"))
             release.set()
             assert (await client.wait_final(plain.id)).state == "cancelled"
+            # Its "abandon" child completes on its own, not necessarily before the parent ends.
+            await wait_until(lambda: _kid_final(client, plain.id, "abandon"))
             kids[plain.id] = await _kid_states(client, plain.id)
     assert kids[plain.id] == {"cancel": "cancelled", "abandon": "completed", "wait": "completed"}
 

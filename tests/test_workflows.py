@@ -5,8 +5,8 @@ stop, only connection losses retried)."""
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -18,7 +18,15 @@ import trio
 import trio.testing
 
 import trioq
-from tests.support import make_app, running_worker, wait_until
+from tests.support import (
+    end_stall,
+    hold_stall,
+    make_app,
+    running_worker,
+    stall_db_now_once,
+    wait_stalled,
+    wait_until,
+)
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver
 from trioq._pg.replies import ClaimedRow
@@ -336,13 +344,7 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
     trio.run(_enqueue, pg_url, pg_schema, [NewJob("q", "t", "{}", partition_key="k")])
     statements = queries(pg_schema)
     with psycopg.connect(pg_url, autocommit=True) as setup:
-        setup.execute(
-            f"CREATE OR REPLACE FUNCTION {pg_schema}.db_now() RETURNS timestamptz "
-            "LANGUAGE plpgsql AS $$ BEGIN "
-            "IF current_setting('test.stall', true) = 'on' THEN "
-            "PERFORM set_config('test.stall', 'off', false); PERFORM pg_sleep(1.5); END IF; "
-            "RETURN now(); END $$"
-        )
+        stall_db_now_once(setup, pg_schema)
 
     def raw_claim(conn: psycopg.Connection[tuple[Any, ...]]) -> list[Any]:
         params = claim_params(Claim("q", ("t",), 1, 30, uuid.uuid4(), key_window=200))
@@ -351,29 +353,29 @@ def test_better_priority_job_committed_between_two_snapshots_never_runs_beside_t
 
     claimed_by_b: list[list[Any]] = []
     errors: list[BaseException] = []
+    b_pid: queue.Queue[int] = queue.Queue()
 
     def worker_b() -> None:
         try:
             with psycopg.connect(pg_url, autocommit=True) as conn:
                 conn.execute("SELECT set_config('test.stall', 'on', false)")
+                b_pid.put(conn.info.backend_pid)
                 claimed_by_b.append(raw_claim(conn))
         except BaseException as exc:
             errors.append(exc)
 
-    b = threading.Thread(target=worker_b)
-    b.start()
     with psycopg.connect(pg_url, autocommit=True) as a:
-        deadline = time.monotonic() + 10
-        while not a.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-        ).fetchone()[0]:  # type: ignore[index]
-            assert time.monotonic() < deadline, "B never stalled"
-            time.sleep(0.01)
+        hold_stall(a, pg_schema)  # B stays stalled until K0 is committed and claimed
+        b = threading.Thread(target=worker_b)
+        b.start()
+        wait_stalled(a, b_pid.get(timeout=30))
         trio.run(
             _enqueue, pg_url, pg_schema, [NewJob("q", "t", "{}", priority=-1, partition_key="k")]
         )
         [k0] = raw_claim(a)
-        b.join(timeout=20)
+        end_stall(a, pg_schema)
+        b.join(timeout=30)
+        assert not b.is_alive(), "B's claim did not return"
         running = a.execute(
             f"SELECT id FROM {pg_schema}.jobs WHERE state = 'running' ORDER BY id"
         ).fetchall()
