@@ -392,11 +392,10 @@ async def test_cancel_follows_each_spawns_policy_and_tree_cancels_them_all(
             assert await client.cancel(plain.id) == "waiting"
             assert await client.cancel(whole.id, tree=True) == "waiting"
             await wait_until(lambda: _in_state(client, whole.id, "cancelled"))
-            # The parent is final once its "wait" child is; a "cancel" child (and, in a tree
-            # cancel, an "abandon" one) ends on its own worker's next look at the request,
-            # which may come after.
-            for policy in ("cancel", "abandon"):
-                await wait_until(lambda policy=policy: _kid_final(client, whole.id, policy))
+            # A parent is final only after its "wait" and "cancel" children; an "abandon" one
+            # (cancelled here by the tree cancel) ends on its own worker's next look at the
+            # request, which may come after.
+            await wait_until(lambda: _kid_final(client, whole.id, "abandon"))
             await wait_until(lambda: _kid_final(client, plain.id, "cancel"))
             kids = {p: await _kid_states(client, p) for p in (plain.id, whole.id)}
             assert kids[whole.id] == {
@@ -417,6 +416,62 @@ async def test_cancel_follows_each_spawns_policy_and_tree_cancels_them_all(
             await wait_until(lambda: _kid_final(client, plain.id, "abandon"))
             kids[plain.id] = await _kid_states(client, plain.id)
     assert kids[plain.id] == {"cancel": "cancelled", "abandon": "completed", "wait": "completed"}
+
+
+async def test_a_cancelled_parent_is_final_only_after_its_cancel_policy_children_unwind(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Its first "cancel" child ends at once and wakes it; the second is still in its cleanup:
+    the woken parent waits again for that one instead of recording itself cancelled."""
+    app = make_app(pg_url, pg_schema)
+    cleaning, cleaned = trio.Event(), trio.Event()
+
+    @app.task("kid")
+    async def kid(ctx: trioq.Context, payload: dict[str, bool]) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if payload["slow_cleanup"]:
+                with trio.CancelScope(shield=True):
+                    cleaning.set()
+                    await cleaned.wait()
+
+    @app.task("parent")
+    async def parent(ctx: trioq.Context, payload: object) -> None:
+        for slow in (False, True):
+            await ctx.spawn("kid", {"slow_cleanup": slow})  # on_parent_cancel="cancel"
+        await ctx.wait_for_event(f"parent:{ctx.job.id}", timeout=datetime.timedelta(hours=1))
+
+    async with app.client(migrate=True) as client, running_worker(app, concurrency=10):
+        job = await client.enqueue("parent", {})
+        with trio.fail_after(30):
+            try:
+                await _cancel_while_a_child_cleans_up(client, job.id, cleaning)
+            finally:
+                cleaned.set()  # a failed assertion must not leave the worker's drain waiting
+            assert (await client.wait_final(job.id)).state == "cancelled"
+            slow = (await _children(client, job.id))[1]
+            assert slow.state == "cancelled"
+
+
+async def _cancel_while_a_child_cleans_up(
+    client: trioq.Client, job_id: int, cleaning: trio.Event
+) -> None:
+    await wait_until(lambda: _children_running(client, job_id, 2))
+    await wait_until(lambda: _in_state(client, job_id, "waiting"))
+    assert await client.cancel(job_id) == "waiting"
+    await cleaning.wait()  # the slow child unwinds; the quick one ends and wakes the parent
+    fast, slow = await _children(client, job_id)
+    await wait_until(lambda: _in_state(client, fast.id, "cancelled"))
+    # The wake-up's execution has ended: suspended again, or (wrongly) final.
+    await wait_until(lambda: _executions_then_settled(client, job_id, 2))
+    assert (await client.get_job(job_id)).state == "waiting"
+    assert (await client.get_job(slow.id)).state == "running"
+
+
+async def _executions_then_settled(client: trioq.Client, job_id: int, executions: int) -> bool:
+    record = await client.get_job(job_id)
+    return record.executions >= executions and record.state in ("waiting", "cancelled")
 
 
 async def test_cancelling_a_running_parent_waits_for_its_wait_policy_child(

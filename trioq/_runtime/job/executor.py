@@ -124,7 +124,8 @@ async def _handle(run: Run, held: bool) -> str:
 
 async def _join_kept_children(run: Run) -> None:
     """A cancelled workflow is final only after its children spawned with
-    on_parent_cancel="wait": wait for them durably (shielded: the run is cancelled)."""
+    on_parent_cancel="wait" or "cancel": wait for them durably (shielded: the run is
+    cancelled)."""
     # Suspended (the outcome says so) or lost (the cancel reason says so): nothing more to do.
     with trio.CancelScope(shield=True), contextlib.suppress(SuspendExecution, LeaseLost):
         await waits.join_kept_children(run)

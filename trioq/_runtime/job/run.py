@@ -125,7 +125,8 @@ class Run:
     # Children spawned by this job (replayed or new) not yet known to be final: waits.py keeps
     # it, and a handler that returns waits for them before the job completes.
     unfinished_children: list[int] = attrs.field(factory=list)
-    # Of those, the ones spawned with on_parent_cancel="wait": a cancelled run waits for them.
+    # Of those, the ones not spawned with on_parent_cancel="abandon": a cancelled run waits
+    # for them ("wait" ones to finish, "cancel" ones to unwind).
     kept_children: list[int] = attrs.field(factory=list)
     # ctx.set_value: key -> value JSON set since the last write (messages.py carries them).
     pending_values: dict[str, str] = attrs.field(factory=dict)

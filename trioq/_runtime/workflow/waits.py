@@ -183,14 +183,16 @@ async def spawn_at(
 
 def _spawned(run: Run, child_id: int, policy: str) -> int:
     run.unfinished_children.append(child_id)
-    if policy == "wait":
+    if policy != "abandon":
         run.kept_children.append(child_id)
     return child_id
 
 
 async def join_kept_children(run: Run) -> None:
-    """A cancelled run waits (durably) for its children spawned with on_parent_cancel="wait"
-    before its cancellation is recorded: the parent is final after them."""
+    """A cancelled run waits (durably) for its children that the cancel does not set loose
+    before its cancellation is recorded: "wait" children finish their work, "cancel" ones
+    unwind from their own cancellation (a cleanup may take a while); only "abandon" children
+    may outlive it. A parent is never final before those children."""
     ids = tuple(dict.fromkeys(run.kept_children))
     await _wait(run, 0, ids, kind="join", name="", record=False)
     run.kept_children.clear()
