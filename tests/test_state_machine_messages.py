@@ -17,12 +17,10 @@ import datetime
 import json
 from typing import Any
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import invariant, precondition, rule
 
-from tests.hypothesis_profiles import MACHINE_EXAMPLES
-from tests.test_state_machine import SLEEP, DifferentialMachine
+from tests.test_state_machine import SLEEP, DifferentialMachine, run_machine
 from trioq._core.identifiers import quote_ident
 from trioq._seam.driver import Driver, MessageSend
 from trioq._seam.workflow import Receive
@@ -203,13 +201,4 @@ class MessagesMachine(DifferentialMachine):
 def test_both_drivers_agree_on_messages_across_crashes_and_replays(
     pg_url: str, pg_schema: str
 ) -> None:
-    machine: Any = type("Machine", (MessagesMachine,), {"pg_url": pg_url, "pg_schema": pg_schema})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=MACHINE_EXAMPLES,
-            stateful_step_count=35,
-            deadline=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_machine(MessagesMachine, pg_url, pg_schema, steps=35)

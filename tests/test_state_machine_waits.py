@@ -14,15 +14,12 @@ Both drivers must agree on every answer and row, and these invariants hold on th
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import invariant, precondition, rule
 
-from tests.hypothesis_profiles import MACHINE_EXAMPLES
-from tests.test_state_machine import QUEUE, SLEEP, DifferentialMachine, _records
+from tests.test_state_machine import QUEUE, SLEEP, DifferentialMachine, _records, run_machine
 from trioq._seam.driver import EmitEvent, NewJob
 from trioq._seam.lease import Lease
 from trioq._seam.workflow import CancelChildren, Spawn, WaitChildren, WaitEvent
@@ -211,13 +208,4 @@ class WaitsMachine(DifferentialMachine):
 
 @pytest.mark.slow
 def test_both_drivers_agree_on_events_and_children(pg_url: str, pg_schema: str) -> None:
-    machine: Any = type("Machine", (WaitsMachine,), {"pg_url": pg_url, "pg_schema": pg_schema})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=MACHINE_EXAMPLES,
-            stateful_step_count=30,
-            deadline=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        ),
-    )
+    run_machine(WaitsMachine, pg_url, pg_schema, steps=30)
