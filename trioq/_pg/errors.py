@@ -164,7 +164,7 @@ def schema_problem(exc: BaseException, schema: str) -> str | None:
     this trioq (a producer or worker of a newer release pointed at a schema nobody migrated:
     a column, function or type of a later migration is missing); None otherwise."""
     fix = f"run `trioq migrate --schema {schema}`"
-    missing = exc.diag.message_primary or "" if isinstance(exc, psycopg.Error) else ""
+    missing = (exc.diag.message_primary or "") if isinstance(exc, psycopg.Error) else ""
     # A schema without `jobs` was never migrated; one that has it but lacks another relation
     # (a view or table a later migration adds) is older than this trioq.
     if isinstance(exc, psycopg.errors.InvalidSchemaName) or (

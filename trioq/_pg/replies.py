@@ -233,6 +233,10 @@ class JobStateRow(Reply, statements=("job_states", "job_descendants")):
     state: ClassVar[int]
 
 
+class ServerPid(Reply, statements=("server_pid",)):
+    pid: ClassVar[int]
+
+
 class MigrationApplied(Reply, statements=("migration_applied",)):
     version: ClassVar[int]
 

@@ -90,6 +90,11 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('lock_timeout', %(lock_timeout)s, false),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, false);
 
+-- name: server_pid
+-- The process id of the server process running this statement: a producer compares it with the
+-- one its connection announced at startup to find a connection pooler in front.
+SELECT pg_backend_pid() AS pid;
+
 -- name: job_insert_many
 -- One statement for a whole batch (unnest of parallel arrays). Ids are drawn first so each input
 -- row can be matched to its result even when a dedup key returns an existing job instead

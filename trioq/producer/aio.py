@@ -104,7 +104,7 @@ class AsyncProducer:
         return self._statements.schema
 
     async def open(self) -> None:
-        if await self._settings.check_async():
+        if await self._settings.check_async(self._statements.sql["server_pid"]):
             self._prepared.pooler_found()
             self._settings = self._settings.behind_pooler()
         self._opened = True

@@ -52,7 +52,7 @@ from .._enqueue.rows import (
 )
 from .._pg.inserts import insert_statement, inserted_jobs
 from .._pg.libpq import DATABASE_URL_ENV, network_defaults
-from .._pg.replies import MessageSent
+from .._pg.replies import MessageSent, ServerPid
 from .._seam.records import JobRecord, NewJob
 from .._sql import queries
 
@@ -333,7 +333,7 @@ class Settings:
     def listen_kwargs(self) -> dict[str, Any]:
         return {**self.connect_kwargs, "prepare_threshold": None}
 
-    def check(self) -> bool:
+    def check(self, server_pid: str) -> bool:
         """Connect once (bounded by CHECK_TIMEOUT): ProducerConnectionError naming the fix.
         True if a connection pooler answered (see `_pooler_answers`)."""
         import psycopg
@@ -342,11 +342,11 @@ class Settings:
             with psycopg.connect(self.url, **self._check_kwargs) as conn:
                 if self.connect_kwargs.get("prepare_threshold", 5) is None:
                     return False  # "off": nothing to find out
-                return _pooler_answers(conn.info.backend_pid, conn.execute(_SERVER_PID).fetchone())
+                return _pooler_answers(conn.info.backend_pid, conn.execute(server_pid).fetchone())
         except psycopg.Error as exc:
             raise _connection_error(exc) from None
 
-    async def check_async(self) -> bool:
+    async def check_async(self, server_pid: str) -> bool:
         import psycopg
 
         try:
@@ -356,7 +356,7 @@ class Settings:
         try:
             if self.connect_kwargs.get("prepare_threshold", 5) is None:
                 return False
-            row = await (await conn.execute(_SERVER_PID)).fetchone()
+            row = await (await conn.execute(server_pid)).fetchone()
             return _pooler_answers(conn.info.backend_pid, row)
         except psycopg.Error as exc:
             raise _connection_error(exc) from None
@@ -364,14 +364,11 @@ class Settings:
             await conn.close()
 
 
-_SERVER_PID = "SELECT pg_backend_pid()"
-
-
 def _pooler_answers(announced_pid: int, row: tuple[Any, ...] | None) -> bool:
     """A connection pooler in front (PgBouncer, RDS Proxy, Supavisor): the process id the
     connection announced at startup (its cancel key) is the pooler's own, not that of the
     server process that runs the statements."""
-    return row is not None and row[0] != announced_pid
+    return row is not None and row[ServerPid.pid] != announced_pid
 
 
 def _connection_error(exc: psycopg.Error) -> ProducerConnectionError | psycopg.Error:

@@ -85,7 +85,7 @@ class SyncProducer:
         self._settings = Settings.of(
             conninfo, prepared_statements, listen_url, pool_size, connect_timeout
         )
-        pooled = self._settings.check()
+        pooled = self._settings.check(self._statements.sql["server_pid"])
         self._prepared = PreparedStatements(unnamed=prepared_statements == "off")
         if pooled:
             self._prepared.pooler_found()
