@@ -33,6 +33,7 @@ from .._core.explain import ExplainFacts
 from .._core.identifiers import validate_schema
 from .._core.limits import Rate
 from .._core.outcomes import rule_of, settled_state
+from .._core.retention import expired
 from .._core.schedule import fire_dedup_key
 from .._core.states import TERMINAL_IN_ORDER
 from .._seam.admin import (
@@ -789,7 +790,7 @@ class MemoryDriver:
         for worker_id in stale:
             del self._state.workers[worker_id]
         passed = self._deadline_pass(params.deadline_limit, now, outbox)
-        pruned = self._prune_finished(now - params.retention_seconds * SECOND, params.prune_limit)
+        pruned = self._prune_finished(now - params.retention_seconds * SECOND)
         waits.prune_events(self._state, now - params.retention_seconds * SECOND, params.prune_limit)
         self._state.deliver(outbox)
         return MaintenanceReport(
@@ -852,15 +853,16 @@ class MemoryDriver:
         waits.children_finished(self._state, final, now, outbox)
         return tuple((row.id, row.state) for row in expired)
 
-    def _prune_finished(self, finished_before: datetime.datetime, limit: int) -> int:
-        old = sorted(
-            (
-                row
-                for row in self._state.rows.values()
-                if row.state in FINISHED_STATES and before(row.finished_at, finished_before)
-            ),
-            key=lambda row: (row.finished_at, row.id),
-        )[:limit]
+    def _prune_finished(self, finished_before: datetime.datetime) -> int:
+        """Retention by whole days, as job_history_rotate() drops partitions: every finished
+        job whose UTC day ended before `finished_before`, however many (no batch limit)."""
+        old = [
+            row
+            for row in self._state.rows.values()
+            if row.state in FINISHED_STATES
+            and row.finished_at is not None
+            and expired(row.finished_at, finished_before)
+        ]
         for row in old:
             self._delete(row)
         return len(old)
@@ -977,6 +979,7 @@ class MemoryDriver:
     async def job_purge(self, params: JobPurge) -> int:
         now = await self._state.statement("job_purge")
         cutoff = now - params.older_than_seconds * SECOND
+        days = self._prune_finished(cutoff) if params.whole_days else 0
         doomed = sorted(
             (
                 row
@@ -991,7 +994,7 @@ class MemoryDriver:
         )[: params.limit]
         for row in doomed:
             self._delete(row)
-        return len(doomed)
+        return days + len(doomed)
 
     async def queue_pause(self, queue: str) -> bool:
         now = await self._state.statement("queue_pause")

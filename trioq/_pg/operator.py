@@ -47,6 +47,7 @@ from .._seam.workflow import (
 from .replies import (
     Cancelled,
     Explained,
+    HistoryRotated,
     JobStateRow,
     QueueLimitRow,
     Unroutable,
@@ -111,6 +112,12 @@ class PgOperatorStatements(PgStatements):
         return _cancel_outcome(rows)
 
     async def job_purge(self, params: JobPurge) -> int:
+        days = 0
+        if params.whole_days:
+            rotated = await self._fetch(
+                "job_history_rotate", {"retention_seconds": params.older_than_seconds}
+            )
+            days = int(rotated[0][HistoryRotated.pruned])
         rows = await self._fetch(
             "job_purge",
             {
@@ -121,7 +128,7 @@ class PgOperatorStatements(PgStatements):
                 "limit": params.limit,
             },
         )
-        return len(rows)
+        return days + len(rows)
 
     async def queue_pause(self, queue: str) -> bool:
         return bool(await self._retrying("queue_pause", {"queue": queue}))

@@ -322,7 +322,6 @@ class Maintenance(Reply, statements=("maintenance_pass",)):
     leader: ClassVar[int]
     recovered: ClassVar[int]
     pruned_workers: ClassVar[int]
-    pruned_jobs: ClassVar[int]
     side_effects: ClassVar[int]  # read so that its CTEs run; the driver ignores it
     registered: ClassVar[int]
     now: ClassVar[int]
@@ -332,6 +331,11 @@ class Maintenance(Reply, statements=("maintenance_pass",)):
     any_schedule: ClassVar[int]
     next_fire_at: ClassVar[int]
     deadlines_passed: ClassVar[int]
+
+
+class HistoryRotated(Reply, statements=("job_history_rotate",)):
+    pruned: ClassVar[int]
+    next_due: ClassVar[int]
 
 
 class LeaderResigned(Reply, statements=("leader_resign",)):

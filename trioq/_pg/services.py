@@ -26,6 +26,7 @@ from .._seam.services import (
     WorkerRegistration,
 )
 from .replies import (
+    HistoryRotated,
     LeaderElected,
     LeaderResigned,
     LeaseRenewal,
@@ -95,10 +96,11 @@ class PgServiceStatements(PgStatements):
             },
         )
         row, now = rows[0], rows[0][Maintenance.now]
+        leader = bool(row[Maintenance.leader])
         return MaintenanceReport(
-            leader=bool(row[Maintenance.leader]),
+            leader=leader,
             recovered=tuple((int(job_id), state) for job_id, state in row[Maintenance.recovered]),
-            pruned_jobs=row[Maintenance.pruned_jobs],
+            pruned_jobs=await self._history_rotate(params.retention_seconds, now) if leader else 0,
             pruned_workers=row[Maintenance.pruned_workers],
             registered=bool(row[Maintenance.registered]),
             now=now,
@@ -112,6 +114,16 @@ class PgServiceStatements(PgStatements):
             ),
             deadlines_passed=row[Maintenance.deadlines_passed],
         )
+
+    async def _history_rotate(self, retention_seconds: float, now: datetime.datetime) -> int:
+        """job_history_rotate, when the last call's `next_due` has come (the first pass of
+        this driver always calls it): at most one statement a day or so, not one a pass. The
+        jobs of the days it dropped."""
+        if self._history_due is not None and now < self._history_due:
+            return 0
+        rows = await self._retrying("job_history_rotate", {"retention_seconds": retention_seconds})
+        self._history_due = rows[0][HistoryRotated.next_due]
+        return int(rows[0][HistoryRotated.pruned])
 
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport:
         """Retried on a lost connection (taking or extending the seat twice is harmless)."""

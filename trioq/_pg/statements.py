@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import psycopg
 import trio
 
 from .._seam.driver import (
@@ -109,6 +110,10 @@ def quoted_name(name: str) -> str:
     return _quoted(name)
 
 
+# How often a statement runs when rows it waited for keep moving (each retry sees them moved).
+MOVED_ROW_ATTEMPTS = 5
+
+
 @attrs.define(eq=False)
 class PgStatements:
     """What every statement of `PgDriver` runs through; each concern's statements subclass it."""
@@ -135,6 +140,9 @@ class PgStatements:
     _limited: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
     # Whether any key has a rate (one entry, ""): keyed claims then run the rated statement.
     _rated: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
+    # When job_history_rotate is next due (its last reply's next_due, by the database's clock);
+    # None until the first maintenance pass this driver leads.
+    _history_due: datetime.datetime | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._sql = queries(self.schema)
@@ -148,12 +156,27 @@ class PgStatements:
         trio-native libpq path with psycopg's own parameter types (no worker thread: a thread
         start and a wake-up of the trio loop per statement cost 60-140 us of a short
         statement's latency, and every checkpoint, renewal and claim waits for one)."""
-        if params is None:
-            return await conn.fetch(self._sql[name])
-        statement = self._positional[name]
-        return await conn.fetch_native(
-            statement.text, statement.values(params), typed=True, binary=name in BINARY_RESULTS
-        )
+        for attempt in range(MOVED_ROW_ATTEMPTS):
+            try:
+                if params is None:
+                    return await conn.fetch(self._sql[name])
+                statement = self._positional[name]
+                return await conn.fetch_native(
+                    statement.text,
+                    statement.values(params),
+                    typed=True,
+                    binary=name in BINARY_RESULTS,
+                )
+            except psycopg.errors.SerializationFailure:
+                # A row this statement waited for was moved to another partition of jobs by
+                # the transaction it waited on (a job finishing under a lease renewal or a
+                # cancel: migration 0038), and READ COMMITTED cannot follow it there. The
+                # statement ran as its own transaction and rolled back whole, so it runs
+                # again, seeing the row where it went. Inside the caller's transaction the
+                # error is the caller's to handle (docs/api.md, "Transactions").
+                if conn.in_transaction or attempt == MOVED_ROW_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def statistics(self) -> DriverStatistics:
         return DriverStatistics(calls=dict(self._calls))

@@ -14,6 +14,7 @@ import attrs
 
 from .._core.explain import ExplainFacts
 from .._core.limits import Rate
+from .._core.states import TERMINAL_STATES
 from .records import JobRecord
 from .services import QueueAdmission
 from .workflow import Checkpoint
@@ -41,6 +42,13 @@ class JobPurge:
     tasks: tuple[str, ...] | None = None
     queues: tuple[str, ...] | None = None
     limit: int = 1000
+
+    @property
+    def whole_days(self) -> bool:
+        """Whether every finished job older than the cutoff goes (every final state, no task
+        or queue named): then whole days older than it are dropped first, as retention drops
+        them (trioq/_core/retention.py), and only the rest is deleted row by row."""
+        return set(self.states) >= TERMINAL_STATES and self.tasks is None and self.queues is None
 
 
 @attrs.frozen

@@ -846,6 +846,7 @@ settled AS (
                      THEN {schema}.deadline_error(j.deadline_at, j.deadline_source)
                      ELSE i.error::jsonb END,
         finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
+        lane = {schema}.job_lane(CASE WHEN i.final THEN {schema}.db_now() END),
         worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
         started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
         lease_token = NULL, lease_expires_at = NULL
@@ -999,7 +1000,8 @@ WITH input AS MATERIALIZED (
 settled AS (
     UPDATE {schema}.jobs j
     SET state = 'completed', result = i.result::jsonb, error = NULL,
-        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+        finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now()),
+        lease_token = NULL, lease_expires_at = NULL
     FROM input i
     WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
@@ -1020,8 +1022,8 @@ FROM settled;
 -- The completer's flush of completions its tasks keep nothing of (`@app.task(keep=False)`; never
 -- a workflow's child, whose parent reads the outcome): the row is DELETEd, fenced as in
 -- job_complete_plain, instead of marked completed. What belongs to it goes with it: attempts,
--- messages, values and its partition lock (ON DELETE CASCADE), checkpoints
--- (jobs_checkpoints_delete) and its concurrency slot (jobs_concurrency_release_delete). A waiter
+-- messages, values, its partition lock and checkpoints (the jobs_deleted trigger) and its
+-- concurrency slot (jobs_concurrency_release_delete). A waiter
 -- is told, as for any final outcome, and finds no row. A statement of its own, not a branch of
 -- the plain completion: that one runs at every flush of every worker, and a DELETE in it would
 -- be planned at each execution whether a batch discards anything or not. Its reply has
@@ -1241,7 +1243,6 @@ WITH
 SELECT (SELECT ok FROM leader) AS leader,
        (SELECT coalesce(array_agg(array[id::text, state]), '{}') FROM recovered) AS recovered,
        (SELECT count(*) FROM stale_workers) AS pruned_workers,
-       (SELECT count(*) FROM pruned) AS pruned_jobs,
        (SELECT n FROM notified) + (SELECT n FROM results_notified)
        + (SELECT count(*) FROM old_events) AS side_effects,
        (SELECT count(*) FROM heartbeat) > 0 AS registered,
@@ -1318,6 +1319,8 @@ recovered AS (
                      WHEN j.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
                            THEN {schema}.db_now() END,
+        lane = {schema}.job_lane(CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
+                                      THEN {schema}.db_now() END),
         error = jsonb_build_object('type', 'LeaseExpired',
                                    'message', 'worker lost: lease expired'),
         lease_token = NULL, lease_expires_at = NULL
@@ -1371,10 +1374,9 @@ deadlines AS MATERIALIZED (
 
 -- fragment: maintenance_retention
 -- Retention, each bounded by prune_limit: `stale_workers` (no heartbeat for
--- worker_stale_seconds) are deleted, finished jobs older than retention_seconds are `pruned`
--- (their attempts and messages go with them: ON DELETE CASCADE; their checkpoints through the
--- jobs_checkpoints_delete trigger, migration 0033), and so are
--- `old_events`.
+-- worker_stale_seconds) are deleted, and so are `old_events`. Finished jobs are not deleted
+-- here: their days are dropped whole by job_history_rotate(), which the leader calls after
+-- this pass when it is due (PgDriver.maintenance_pass).
 stale_workers AS (
     DELETE FROM {schema}.workers
     WHERE (SELECT ok FROM leader)
@@ -1382,18 +1384,6 @@ stale_workers AS (
       -- The leader's own row is heartbeaten by this statement: never prune it here.
       AND id IS DISTINCT FROM %(leader_id)s::uuid
     RETURNING id
-),
-old AS (
-    SELECT id FROM {schema}.jobs
-    WHERE (SELECT ok FROM leader)
-      AND state IN ('completed', 'failed', 'cancelled')
-      AND finished_at < {schema}.db_now() - %(retention_seconds)s * interval '1 second'
-    ORDER BY finished_at
-    LIMIT %(prune_limit)s
-    FOR UPDATE SKIP LOCKED
-),
-pruned AS (
-    DELETE FROM {schema}.jobs j USING old WHERE j.id = old.id RETURNING j.id
 ),
 -- Events are kept for the retention period after their emit (or their first wait, for keys
 -- never emitted), then pruned unless a job still waits for them (events_age_idx). A waiter
@@ -1580,7 +1570,8 @@ changed AS (
                                 SELECT d.max_attempts FROM {schema}.task_defaults d
                                 WHERE d.task = j.task AND d.version = j.version), 5) > j.attempt
                             THEN j.max_attempts ELSE j.attempt + 1 END,
-        result = NULL, error = NULL, finished_at = NULL, worker_id = NULL, started_at = NULL
+        result = NULL, error = NULL, finished_at = NULL, lane = 0, worker_id = NULL,
+        started_at = NULL
     FROM target t
     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
     RETURNING j.id, j.queue, j.state
@@ -1591,12 +1582,22 @@ notified AS (
 SELECT t.state AS previous_state, coalesce(c.state, t.state) AS state
 FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
 
+-- name: job_history_rotate
+-- The day partitions of finished jobs: today's and the next days' created, the days that ended
+-- more than `retention_seconds` ago dropped whole (functions/job_history_rotate.sql). Sent by
+-- the leader after its maintenance pass when the last call's `next_due` has come, and by
+-- `trioq purge` before it deletes what is left row by row.
+SELECT pruned, next_due
+FROM {schema}.job_history_rotate(%(retention_seconds)s::float8 * interval '1 second');
+
 -- name: job_purge
 -- `trioq purge`: delete finished jobs (final states only, whatever is asked) that finished more
--- than older_than ago, oldest first through jobs_finished_idx, at most `limit` per statement
--- (the client loops while a batch comes back full). SKIP LOCKED: rows another session holds
--- (retention, a concurrent purge) are left for the next batch. Attempts go with their job (ON
--- DELETE CASCADE), checkpoints too (the jobs_checkpoints_delete trigger, migration 0033).
+-- than older_than ago, oldest first through each day partition's finished_at index (merged),
+-- at most `limit` per statement (the client loops while a batch comes back full). A purge of
+-- every final state that names no task or queue first drops the whole days older than the
+-- cutoff (job_history_rotate, PgDriver.job_purge): this deletes only what is left. SKIP
+-- LOCKED: rows another session holds (a concurrent purge) are left for the next batch.
+-- Attempts, checkpoints, messages and values go with their job (the jobs_deleted trigger).
 WITH doomed AS (
     SELECT id FROM {schema}.jobs
     WHERE state = ANY(%(states)s::text[]) AND state IN ('completed', 'failed', 'cancelled')
@@ -1712,10 +1713,19 @@ SELECT
      WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
     (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
      WHERE datname = current_database()) AS cache_hit_ratio,
-    pg_table_size('{schema}.jobs'::regclass) AS jobs_table_bytes,
-    pg_indexes_size('{schema}.jobs'::regclass) AS jobs_index_bytes,
-    t.n_dead_tup AS dead_tuples, t.n_live_tup AS live_tuples, t.last_autovacuum
-FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs'::regclass;
+    -- Every partition of jobs (migration 0038); the vacuum that matters is the live one's.
+    (SELECT sum(pg_table_size(p.relid))::bigint FROM pg_partition_tree('{schema}.jobs') AS p)
+        AS jobs_table_bytes,
+    (SELECT sum(pg_indexes_size(p.relid))::bigint FROM pg_partition_tree('{schema}.jobs') AS p)
+        AS jobs_index_bytes,
+    (SELECT sum(s.n_dead_tup)::bigint FROM pg_stat_user_tables AS s
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.jobs') AS p))
+        AS dead_tuples,
+    (SELECT sum(s.n_live_tup)::bigint FROM pg_stat_user_tables AS s
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.jobs') AS p))
+        AS live_tuples,
+    t.last_autovacuum
+FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs_live'::regclass;
 
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
@@ -2142,11 +2152,16 @@ owner AS MATERIALIZED (
     RETURNING j.id, j.attempt, j.lease_token
 ),
 child AS (
-    INSERT INTO {schema}.jobs AS c (queue, task, payload, state, priority, run_at, partition_key,
-                                   max_attempts, created_at, parent_id, parent_position,
-                                   version, on_parent_cancel, concurrency_key, concurrency_limit,
-                                   deadline_at, deadline_source)
-    SELECT i.queue, i.task, i.payload::jsonb,
+    -- Into jobs_live itself: its unique jobs_parent_idx is the ON CONFLICT's arbiter (an index
+    -- of a partitioned table's parent would have to hold `lane`), and a partition draws no
+    -- identity of its own, so the id is drawn here.
+    INSERT INTO {schema}.jobs_live AS c (id, queue, task, payload, state, priority, run_at,
+                                        partition_key, max_attempts, created_at, parent_id,
+                                        parent_position, version, on_parent_cancel,
+                                        concurrency_key, concurrency_limit, deadline_at,
+                                        deadline_source)
+    SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')), i.queue, i.task,
+           i.payload::jsonb,
            CASE WHEN i.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
            i.priority, i.due_at, i.partition_key, i.max_attempts, {schema}.db_now(),
            i.parent_id, i.position, i.version, i.on_parent_cancel, i.concurrency_key,
@@ -2516,14 +2531,15 @@ SELECT {schema}.db_now();
 -- The planner's estimate of the jobs by queue and state, from the joint statistics migration
 -- 0014 creates (pg_stats_ext: the most common (queue, state) pairs, in column order, with their
 -- frequencies, times pg_class.reltuples): shown where a capped count stopped. A catalog read;
--- no rows until the table was first analyzed, none for pairs too rare to be common ones.
+-- no rows until the table was first analyzed, none for pairs too rare to be common ones. Of
+-- the unfinished jobs only (jobs_live, migration 0038): finished ones are counted by day.
 SELECT s.most_common_vals[i][1] AS queue, s.most_common_vals[i][2] AS state,
        round(greatest(c.reltuples, 0) * s.most_common_freqs[i])::bigint AS estimate
 FROM pg_stats_ext AS s
 CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
 CROSS JOIN pg_class AS c
 WHERE s.statistics_schemaname = %(schema_name)s AND s.statistics_name = 'jobs_queue_state'
-  AND c.oid = '{schema}.jobs'::regclass
+  AND c.oid = '{schema}.jobs_live'::regclass
 ORDER BY 1, 2;
 
 -- name: dashboard_throughput

@@ -1,14 +1,22 @@
--- The trigger of jobs_checkpoints_delete (migration 0033): a statement that deletes jobs
--- (retention, purge) deletes their checkpoints too, once per statement. Checkpoints have no
--- foreign key to jobs: its per-row check was a fifth of a checkpoint write, and every writer
--- already updates the job row fenced first, so the job exists and stays locked until the
--- checkpoint commits; a DELETE of the job waits for that lock and this DELETE then sees the
--- committed checkpoints.
+-- The trigger of jobs_deleted (migration 0038; jobs_checkpoints_delete before it): a statement
+-- that deletes jobs (`trioq purge`'s rows, `keep=False`'s completions) deletes what belongs to
+-- them too, once per statement: checkpoints, attempts, messages, values and partition locks.
+-- None of these has a foreign key to jobs: a row moved to its day's partition is a DELETE
+-- from jobs_live, and a cascade would take a finishing job's history with it; a checkpoint's
+-- per-row check was also a fifth of a checkpoint write. Every writer of them updates the job
+-- row fenced first, so the job exists and stays locked until the write commits; a DELETE of
+-- the job waits for that lock and this DELETE then sees the committed rows. A whole day
+-- dropped by job_history_rotate() deletes them there. A move between partitions fires no
+-- DELETE statement trigger.
 CREATE OR REPLACE FUNCTION {schema}.checkpoints_delete_of_jobs() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM {schema}.checkpoints c USING deleted_jobs d WHERE c.job_id = d.id;
+    DELETE FROM {schema}.attempts a USING deleted_jobs d WHERE a.job_id = d.id;
+    DELETE FROM {schema}.messages m USING deleted_jobs d WHERE m.job_id = d.id;
+    DELETE FROM {schema}.workflow_values v USING deleted_jobs d WHERE v.job_id = d.id;
+    DELETE FROM {schema}.partition_locks l USING deleted_jobs d WHERE l.job_id = d.id;
     RETURN NULL;
 END
 $$;

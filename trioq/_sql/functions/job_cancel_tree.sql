@@ -68,6 +68,8 @@ BEGIN
             state = p.new_state,
             finished_at = CASE WHEN p.new_state = 'cancelled' THEN {schema}.db_now()
                                ELSE j.finished_at END,
+            lane = {schema}.job_lane(CASE WHEN p.new_state = 'cancelled' THEN {schema}.db_now()
+                                          ELSE j.finished_at END),
             run_at = CASE WHEN p.new_state = 'waiting' THEN NULL
                           WHEN p.new_state = 'ready' THEN {schema}.db_now()
                           ELSE j.run_at END,

@@ -8,6 +8,7 @@ import attrs
 import trio
 
 from ..._core.explain import explain, when
+from ..._core.retention import seconds_to_day_end
 from ..._seam.driver import Driver
 from ..._seam.services import MaintenancePass, QueueAdmission, RenewLeases, WorkerRegistration
 from ..._sql import query_names
@@ -244,9 +245,15 @@ async def check_finished_jobs_are_pruned_after_retention(
     await complete(driver, done.lease)
     await fail(driver, failed.lease, retry_delay=None)
     [waiting] = await enqueue(driver, new_job(3, delay_seconds=10_000))
-    await clock.advance(99)
+    # Retention removes a day of finished jobs whole, once the UTC day they finished on ended
+    # more than the retention period ago (the database's clock stands still in these checks).
+    finished_at = (await record(driver, done_id)).finished_at
+    assert finished_at is not None
     report = await driver.maintenance_pass(MaintenancePass(retention_seconds=100))
-    expect(report.pruned_jobs, 0, "pruned before the retention period")
+    expect(report.pruned_jobs, 0, "pruned on the day they finished")
+    await clock.advance(seconds_to_day_end(finished_at) + 99)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=100))
+    expect(report.pruned_jobs, 0, "pruned before the retention period after their day")
     await clock.advance(2)
     report = await driver.maintenance_pass(MaintenancePass(retention_seconds=100))
     expect(report.pruned_jobs, 2, "pruned after the retention period")

@@ -1,0 +1,168 @@
+"""Finished jobs by day (migration 0038): unfinished jobs in `jobs_live`, each finished job in
+the partition of the UTC day it finished on, whole days dropped by retention with what belongs
+to their jobs, and a statement that waited for a row a finishing job moved runs again."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from tests.support import blocked_on_a_lock, sql_rows, sql_scalar, wait_until
+from trioq._core.retention import seconds_to_day_end
+from trioq._pg import Connection, connect
+from trioq._pg.driver import PgDriver, complete_plain_params, open_pg_driver
+from trioq._seam.driver import Settlement
+from trioq._seam.services import MaintenancePass, RenewalResult, RenewLeases
+from trioq._sql import queries
+from trioq.testing import SqlClock
+from trioq.testing.conformance.harness import claim, complete, enqueue, fail, new_job, record
+
+RETENTION = 3600.0
+
+
+@pytest.fixture
+async def driver(pg_url: str, pg_schema: str) -> AsyncIterator[PgDriver]:
+    async with open_pg_driver(pg_url, pg_schema, pool_size=4) as opened:
+        await opened.migrate()
+        yield opened
+
+
+def partition_of(pg_url: str, schema: str, job_id: int) -> str:
+    query = f"SELECT tableoid::regclass::text FROM {schema}.jobs WHERE id = %s"
+    return str(sql_scalar(pg_url, query, (job_id,)))
+
+
+def day_partitions(pg_url: str, schema: str) -> list[str]:
+    rows = sql_rows(
+        pg_url,
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass AND c.relname ~ '^jobs_d[0-9]{8}$' ORDER BY 1",
+        (f"{schema}.jobs",),
+    )
+    return [name for (name,) in rows]
+
+
+def day_name(moment: datetime.datetime) -> str:
+    return "jobs_d" + moment.astimezone(datetime.UTC).strftime("%Y%m%d")
+
+
+async def test_a_job_lives_in_jobs_live_until_it_finishes_then_in_its_days_partition(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    done_id, failed_id, waiting_id = await enqueue(
+        driver, new_job(1), new_job(2, max_attempts=1), new_job(3, delay_seconds=600)
+    )
+    assert partition_of(pg_url, pg_schema, done_id) == f"{pg_schema}.jobs_live"
+    done, failed = await claim(driver)
+    await complete(driver, done.lease)
+    await fail(driver, failed.lease, retry_delay=None)
+    finished_at = (await record(driver, done_id)).finished_at
+    assert finished_at is not None
+    today = f"{pg_schema}.{day_name(finished_at)}"
+    assert partition_of(pg_url, pg_schema, done_id) == today
+    assert partition_of(pg_url, pg_schema, failed_id) == today
+    assert partition_of(pg_url, pg_schema, waiting_id) == f"{pg_schema}.jobs_live"
+    # Today's partition and three days ahead exist from the migration on.
+    assert len(day_partitions(pg_url, pg_schema)) == 4
+    # A redrive brings the failed job back to the live partition, its attempts with it.
+    outcome = await driver.job_retry(failed_id)
+    assert outcome is not None and outcome.state == "ready"
+    assert partition_of(pg_url, pg_schema, failed_id) == f"{pg_schema}.jobs_live"
+    assert len(await driver.job_attempts(failed_id)) == 1
+
+
+async def test_retention_drops_a_finished_day_whole_with_what_belongs_to_its_jobs(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    done_id, failed_id = await enqueue(driver, new_job(1), new_job(2, max_attempts=1))
+    done, failed = await claim(driver)
+    await complete(driver, done.lease)
+    await fail(driver, failed.lease, retry_delay=None)
+    finished_at = (await record(driver, done_id)).finished_at
+    assert finished_at is not None
+    first_day = day_name(finished_at)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 0
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    # A job that finishes on the next day stays.
+    [later_id] = await enqueue(driver, new_job(3))
+    [later] = await claim(driver)
+    await complete(driver, later.lease)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 2
+    assert first_day not in day_partitions(pg_url, pg_schema)
+    assert await driver.job_get(done_id) is None and await driver.job_get(failed_id) is None
+    assert await driver.job_attempts(failed_id) == []
+    assert (await record(driver, later_id)).state == "completed"
+    # Four days ahead of the new day are there again.
+    assert len(day_partitions(pg_url, pg_schema)) == 4
+    dead = sql_scalar(
+        pg_url,
+        "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
+        " WHERE schemaname = %s AND relname ~ '^jobs_d'",
+        (pg_schema,),
+    )
+    assert dead == 0  # nothing was deleted row by row
+
+
+async def test_a_day_with_no_partition_is_kept_in_jobs_unfiled_and_pruned_by_its_day(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    await clock.advance(30 * 86_400)  # a database clock far ahead: no partition for that day
+    [job_id] = await enqueue(driver, new_job(1))
+    [job] = await claim(driver)
+    await complete(driver, job.lease)
+    assert partition_of(pg_url, pg_schema, job_id) == f"{pg_schema}.jobs_unfiled"
+    finished_at = (await record(driver, job_id)).finished_at
+    assert finished_at is not None
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 0
+    # The day's partition could not be attached over the row already filed for it.
+    assert day_name(finished_at) not in day_partitions(pg_url, pg_schema)
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 1
+    assert await driver.job_get(job_id) is None
+
+
+async def test_a_renewal_that_waited_for_a_job_finishing_under_it_runs_again(
+    driver: PgDriver, observer: Connection, pg_url: str, pg_schema: str
+) -> None:
+    """The completer's flush moves a finishing job's row to its day's partition; a renewal
+    that waited for the row's lock cannot follow it there (SQLSTATE 40001, READ COMMITTED)
+    and runs again instead of failing: it renews the other lease and not the finished one."""
+    await enqueue(driver, new_job(1), new_job(2))
+    first, second = await claim(driver)
+    session = await connect(pg_url, application_name="trioq-test-history")
+    renewed: list[RenewalResult] = []
+    try:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery, session.transaction():
+                params = complete_plain_params([Settlement(first.lease, "complete")])
+                await session.fetch(queries(pg_schema)["job_complete_plain"], params)
+
+                async def renew() -> None:
+                    leases = (first.lease, second.lease)
+                    renewed.append(
+                        await driver.lease_renew_many(
+                            RenewLeases(uuid.UUID(int=1), "running", 30.0, leases)
+                        )
+                    )
+
+                nursery.start_soon(renew)
+                await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
+                assert not renewed
+                # committed here: the renewal goes on
+    finally:
+        await session.close()
+    [result] = renewed
+    assert [lease.id for lease in result.leases] == [second.id]
+    assert partition_of(pg_url, pg_schema, first.id).startswith(f"{pg_schema}.jobs_d")

@@ -1,0 +1,121 @@
+-- The day partitions of finished jobs (migration 0038): creates today's and the next three
+-- days' (so a completion always finds its day's partition, even if no leader runs for three
+-- days), and with a `retention`, removes every day that ended more than `retention` ago whole:
+-- what belongs to its jobs (checkpoints, attempts, messages, values, partition locks, held
+-- dedup keys) is deleted, then the partition is detached and dropped. No DELETE of a job row,
+-- so no dead tuples and no vacuum debt: 1,000,000 finished jobs go in well under a second
+-- (bench/RESULTS.md, "Finished jobs by day"). jobs_before (the jobs finished before migration
+-- 0038) goes whole once its newest is older than `retention`; jobs_unfiled (finished on a day
+-- with no partition: a database clock set far ahead) is pruned row by row.
+-- Returns the jobs removed and when to call again (the next day to create ahead, or the next
+-- day to expire, whichever comes first). The elected leader calls it after its maintenance
+-- pass when that time has come; `trioq purge` too; `trioq migrate` with NULL.
+-- SECURITY DEFINER: creating, attaching and dropping partitions needs the schema owner's
+-- rights, and a worker's role has none (docs/operations.md, "Roles"). Its only inputs are an
+-- interval and the database clock; every name it builds is `jobs_d` and a date.
+-- Attaching takes SHARE UPDATE EXCLUSIVE on `jobs` (enqueues, claims and completions go on);
+-- detaching takes ACCESS EXCLUSIVE for a moment, so each waits at most 50 ms for its lock (a
+-- `pg_dump` holding `jobs` postpones the drop to a later call, it never queues the queue).
+CREATE OR REPLACE FUNCTION {schema}.job_history_rotate(retention interval)
+RETURNS TABLE (pruned bigint, next_due timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '50ms' AS $$
+DECLARE
+    now_at    timestamptz := {schema}.db_now();
+    today     integer := {schema}.job_lane(now_at);
+    cutoff    timestamptz := now_at - retention;
+    due       timestamptz := to_timestamp((today + 1)::float8 * 86400);
+    removed   bigint := 0;
+    d         integer;
+    part_name text;
+    part      record;
+    held      bigint;
+    before_end timestamptz;
+BEGIN
+    FOR d IN today .. today + 3 LOOP
+        part_name := 'jobs_d' || to_char(to_timestamp(d::float8 * 86400) AT TIME ZONE 'UTC',
+                                    'YYYYMMDD');
+        CONTINUE WHEN to_regclass(format('{schema}.%I', part_name)) IS NOT NULL;
+        BEGIN
+            EXECUTE format('CREATE TABLE {schema}.%I (LIKE {schema}.jobs INCLUDING DEFAULTS '
+                           'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
+                           'toast.vacuum_truncate = off)', part_name);
+            EXECUTE format('ALTER TABLE {schema}.%I ALTER COLUMN id DROP IDENTITY IF EXISTS',
+                           part_name);
+            -- The lane CHECK lets ATTACH skip its scan; the state CHECK keeps the partition
+            -- out of every plan that reads unfinished jobs.
+            EXECUTE format('ALTER TABLE {schema}.%I ADD CONSTRAINT %I CHECK (lane = %s), '
+                           'ADD CONSTRAINT %I CHECK (state IN (''completed'', ''failed'', '
+                           '''cancelled''))', part_name, part_name || '_lane', d, part_name || '_finished');
+            EXECUTE format('CREATE INDEX %I ON {schema}.%I (id)', part_name || '_id_idx', part_name);
+            EXECUTE format('CREATE INDEX %I ON {schema}.%I (parent_id, parent_position) '
+                           'WHERE parent_id IS NOT NULL', part_name || '_parent_idx', part_name);
+            EXECUTE format('CREATE INDEX %I ON {schema}.%I (finished_at)',
+                           part_name || '_finished_idx', part_name);
+            EXECUTE format('ALTER TABLE {schema}.jobs ATTACH PARTITION {schema}.%I '
+                           'FOR VALUES IN (%s)', part_name, d);
+        EXCEPTION
+            -- Locked (a long reader of jobs_unfiled): try again in a minute. Rows of that day
+            -- already in jobs_unfiled (a clock moved ahead): the day stays there.
+            WHEN lock_not_available THEN
+                due := least(due, now_at + interval '1 minute');
+            WHEN check_violation THEN
+                NULL;
+        END;
+    END LOOP;
+    IF retention IS NULL THEN
+        RETURN QUERY SELECT removed, due;
+        RETURN;
+    END IF;
+    -- jobs_before's end is its newest job's finish: it goes whole once that is past.
+    IF to_regclass('{schema}.jobs_before') IS NOT NULL THEN
+        EXECUTE 'SELECT coalesce(max(finished_at), ''-infinity'') FROM {schema}.jobs_before'
+            INTO before_end;
+    END IF;
+    FOR part IN
+        SELECT p.relname, p.ends
+        FROM (SELECT c.relname,
+                     to_timestamp(((to_date(substr(c.relname, 7), 'YYYYMMDD')
+                                    - date '1970-01-01') + 1)::float8 * 86400) AS ends
+              FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+              WHERE i.inhparent = '{schema}.jobs'::regclass
+                AND c.relname ~ '^jobs_d[0-9]{8}$'
+              UNION ALL
+              SELECT 'jobs_before', before_end WHERE before_end IS NOT NULL) AS p
+        ORDER BY p.ends
+    LOOP
+        IF part.ends > cutoff THEN
+            due := least(due, part.ends + retention);
+            EXIT;
+        END IF;
+        BEGIN
+            -- What belongs to its jobs first (no foreign key does it: migration 0038), then
+            -- the partition detached and dropped.
+            EXECUTE format('SELECT count(*) FROM {schema}.%I', part.relname) INTO held;
+            EXECUTE format('DELETE FROM {schema}.checkpoints c USING {schema}.%I j '
+                           'WHERE c.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM {schema}.attempts a USING {schema}.%I j '
+                           'WHERE a.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM {schema}.messages m USING {schema}.%I j '
+                           'WHERE m.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM {schema}.workflow_values v USING {schema}.%I j '
+                           'WHERE v.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM {schema}.partition_locks l USING {schema}.%I j '
+                           'WHERE l.job_id = j.id', part.relname);
+            EXECUTE format('ALTER TABLE {schema}.jobs DETACH PARTITION {schema}.%I',
+                           part.relname);
+            EXECUTE format('DROP TABLE {schema}.%I', part.relname);
+            removed := removed + held;
+        EXCEPTION WHEN lock_not_available THEN
+            due := least(due, now_at + interval '1 minute');
+            EXIT;
+        END;
+    END LOOP;
+    WITH gone AS (
+        DELETE FROM {schema}.jobs_unfiled WHERE finished_at < cutoff RETURNING 1
+    )
+    SELECT removed + count(*) INTO removed FROM gone;
+    RETURN QUERY SELECT removed, due;
+END
+$$;
