@@ -80,7 +80,6 @@ def insert_params(jobs: Sequence[NewJob]) -> Params:
         "delays": [job.delay_seconds for job in jobs],
         "partition_keys": [job.partition_key for job in jobs],
         "dedup_keys": [job.dedup_key for job in jobs],
-        "release_keys": sorted({job.dedup_key for job in jobs if job.dedup_key is not None}),
         "max_attempts": [job.max_attempts for job in jobs],
         "unique_fors": [job.unique_for_seconds for job in jobs],
         "unique_states": [",".join(job.unique_states) for job in jobs],

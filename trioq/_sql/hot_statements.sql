@@ -57,7 +57,7 @@ SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
 FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
 FROM inserted i;
 
--- name: job_insert_many (3042 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines, $20 release_keys)
+-- name: job_insert_many (3351 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines)
 WITH input AS MATERIALIZED (
 SELECT nextval(pg_get_serial_sequence('"trioq".jobs', 'id')) AS new_id, t.*
 FROM unnest($1::text[], $2::text[], $3::text[],
@@ -74,12 +74,26 @@ trace_context, concurrency_key, concurrency_limit, deadline_at,
 deadline, deadline_source, task_deadline, ord)
 ),
 released AS (
-UPDATE "trioq".jobs j SET dedup_key = NULL
-WHERE j.dedup_key = ANY($20::text[])
-AND j.state IN ('completed', 'failed', 'cancelled')
-AND NOT (j.state = ANY(j.unique_states)
-AND (j.unique_until IS NULL OR j.unique_until > "trioq".db_now()))
-RETURNING j.id
+SELECT h.id
+FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
+JOIN "trioq".job_keys k ON k.key = i.dedup_key
+JOIN "trioq".jobs h ON h.id = k.job_id
+WHERE h.state IN ('completed', 'failed', 'cancelled')
+AND NOT (h.state = ANY(h.unique_states)
+AND (h.unique_until IS NULL OR h.unique_until > "trioq".db_now()))
+FOR SHARE OF h
+),
+keys AS (
+INSERT INTO "trioq".job_keys AS k (key, job_id, task)
+SELECT DISTINCT ON (dedup_key) dedup_key, new_id, task FROM input
+WHERE dedup_key IS NOT NULL AND (SELECT count(*) FROM released) >= 0
+ORDER BY dedup_key, ord
+ON CONFLICT (key) DO UPDATE
+SET job_id = CASE WHEN k.job_id IN (SELECT id FROM released) THEN excluded.job_id
+ELSE k.job_id END,
+task = CASE WHEN k.job_id IN (SELECT id FROM released) THEN excluded.task
+ELSE k.task END
+RETURNING k.key, k.job_id, k.task
 ),
 inserted AS (
 INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
@@ -97,8 +111,7 @@ trace_context, concurrency_key, concurrency_limit,
 coalesce(deadline_at, "trioq".db_now() + coalesce(deadline, t.deadline_seconds)
 * interval '1 second'),
 coalesce(deadline_source, 'set by task ' || t.task)
-FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
-coalesce(run_at, "trioq".db_now() + coalesce(delay, 0) * interval '1 second')
+FROM (SELECT *, coalesce(run_at, "trioq".db_now() + coalesce(delay, 0) * interval '1 second')
 AS due_at
 FROM input) AS first_of_key
 LEFT JOIN "trioq".task_defaults t
@@ -106,23 +119,22 @@ ON first_of_key.task_deadline
 AND first_of_key.deadline_at IS NULL AND first_of_key.deadline IS NULL
 AND t.task = first_of_key.task AND t.version = coalesce(first_of_key.version, 1)
 AND t.deadline_seconds IS NOT NULL
-WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) >= 0
+WHERE first_of_key.dedup_key IS NULL
+OR first_of_key.new_id IN (SELECT job_id FROM keys)
 ORDER BY ord
-ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
-DO UPDATE SET dedup_key = excluded.dedup_key
-RETURNING j.id, j.dedup_key, j.queue, j.task, j.state, j.run_at, (j.xmax = 0) AS created
+RETURNING j.id, j.queue
 ),
 notified AS (
 SELECT count(pg_notify("trioq".ready_channel(due.queue), due.queue)) AS n
-FROM (SELECT DISTINCT queue FROM inserted WHERE created) AS due
+FROM (SELECT DISTINCT queue FROM inserted) AS due
 )
-SELECT i.ord, coalesce(fresh.id, existing.id) AS id, coalesce(fresh.created, false) AS created
+SELECT i.ord, coalesce(fresh.id, holder.job_id) AS id, fresh.id IS NOT NULL AS created
 FROM input i
 LEFT JOIN inserted fresh ON fresh.id = i.new_id
-LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
+LEFT JOIN keys holder ON holder.key = i.dedup_key
 CROSS JOIN notified
-WHERE CASE WHEN fresh.id IS NULL AND existing.task <> i.task
-THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, existing.id, existing.task)
+WHERE CASE WHEN fresh.id IS NULL AND holder.task <> i.task
+THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 

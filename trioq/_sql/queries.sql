@@ -97,22 +97,31 @@ SELECT pg_backend_pid() AS pid;
 
 -- name: job_insert_many
 -- One statement for a whole batch (unnest of parallel arrays). Ids are drawn first so each input
--- row can be matched to its result even when a dedup key returns an existing job instead
--- (two equi-joins, not one OR join: the OR made it a nested loop, 1.0 s for 5,000 rows). A key
--- repeated inside one batch is inserted once; its later occurrences return that job.
--- Uniqueness (docs/uniqueness.md): every row with a dedup_key is in the unique index
--- jobs_dedup_key_idx, so the index alone decides conflicts, race-free. A key is released lazily,
--- here, by the enqueue that wants it: `released` clears the key of a finished job that no longer
--- holds it (not in its unique_states, or past its unique_until). It runs before the INSERT (the
--- INSERT reads it), so the INSERT's unique check no longer sees that row. Two enqueuers racing
--- for a released key: the second's UPDATE waits on the row lock, re-checks `dedup_key = key` on
--- the new version (now NULL) and skips it; its INSERT then meets the first one's new row.
--- `release_keys` holds the batch's distinct keys only: with no keys, `released` probes an empty
--- array and costs nothing.
--- ON CONFLICT DO UPDATE (not DO NOTHING) because it waits for a concurrent inserter of the same
--- key and then *returns* that row; DO NOTHING would return nothing for a row our snapshot cannot
--- see, the "ghost duplicate" of Oban #1087. The ready notification (one per queue) is sent by
--- pg_notify inside the same transaction, so it is delivered only if the enqueue commits.
+-- row can be matched to its result even when a dedup key returns an existing job instead. A key
+-- repeated inside one batch is taken once (its first occurrence); its later occurrences return
+-- that job.
+-- Uniqueness (docs/uniqueness.md): a key is a row of job_keys naming the job that holds it, and
+-- its primary key alone decides conflicts, race-free. `keys` upserts the batch's distinct keys
+-- in key order (two batches lock shared keys in the same order: no deadlock between them) and
+-- always returns the key's holder. ON CONFLICT DO UPDATE, not DO NOTHING: it waits for a
+-- concurrent inserter of the key and then *returns* its row even though this statement's
+-- snapshot cannot see it; DO NOTHING would return nothing (Oban's "ghost duplicate"). The
+-- update hands the key to this batch's new job only when its holder is in
+-- `released`; otherwise it rewrites the holder as it was. Only the rows whose key names their
+-- own new id (or that have no key) are inserted into jobs; the others return the holder.
+-- `released`: the finished holders that no longer hold their key (not in their unique_states,
+-- or past their unique_until), share-locked, and locked BEFORE any key row (its count is read
+-- in the upsert's WHERE, an InitPlan run before the first row): FOR SHARE waits for a
+-- concurrent retry or delete of the holder and re-checks its latest version, so a holder
+-- retried meanwhile keeps its key, and a deleter (which holds the job row, then takes the key
+-- row in its trigger) never waits for us in the other order. The decision reads this set, not
+-- the holder's row again: the upsert may wait for a key row's locker, but this statement's
+-- snapshot stays the one it started with. A holder this snapshot cannot see (a concurrent
+-- enqueuer's, committed after our snapshot began) is never in `released`, so it counts as
+-- HOLDING: it is a new, unfinished job, and reading "no row" as "released" would hand its key
+-- to a second job. With no keys, `released` joins an empty input and costs nothing.
+-- The ready notification (one per queue) is sent by pg_notify inside the same transaction, so
+-- it is delivered only if the enqueue commits.
 -- A job due later is inserted `scheduled` (outside the claim indexes) and promoted when due;
 -- it wakes its queue too, so an idle claim loop learns its due time and sets its timer to it
 -- (one round per enqueue statement, instead of finding it at the next poll).
@@ -132,12 +141,26 @@ WITH input AS MATERIALIZED (
                               deadline, deadline_source, task_deadline, ord)
 ),
 released AS (
-    UPDATE {schema}.jobs j SET dedup_key = NULL
-    WHERE j.dedup_key = ANY(%(release_keys)s::text[])
-      AND j.state IN ('completed', 'failed', 'cancelled')
-      AND NOT (j.state = ANY(j.unique_states)
-               AND (j.unique_until IS NULL OR j.unique_until > {schema}.db_now()))
-    RETURNING j.id
+    SELECT h.id
+    FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
+    JOIN {schema}.job_keys k ON k.key = i.dedup_key
+    JOIN {schema}.jobs h ON h.id = k.job_id
+    WHERE h.state IN ('completed', 'failed', 'cancelled')
+      AND NOT (h.state = ANY(h.unique_states)
+               AND (h.unique_until IS NULL OR h.unique_until > {schema}.db_now()))
+    FOR SHARE OF h
+),
+keys AS (
+    INSERT INTO {schema}.job_keys AS k (key, job_id, task)
+    SELECT DISTINCT ON (dedup_key) dedup_key, new_id, task FROM input
+    WHERE dedup_key IS NOT NULL AND (SELECT count(*) FROM released) >= 0
+    ORDER BY dedup_key, ord
+    ON CONFLICT (key) DO UPDATE
+    SET job_id = CASE WHEN k.job_id IN (SELECT id FROM released) THEN excluded.job_id
+                      ELSE k.job_id END,
+        task = CASE WHEN k.job_id IN (SELECT id FROM released) THEN excluded.task
+                    ELSE k.task END
+    RETURNING k.key, k.job_id, k.task
 ),
 inserted AS (
     INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
@@ -155,8 +178,7 @@ inserted AS (
            coalesce(deadline_at, {schema}.db_now() + coalesce(deadline, t.deadline_seconds)
                                                      * interval '1 second'),
            coalesce(deadline_source, 'set by task ' || t.task)
-    FROM (SELECT *, row_number() OVER (PARTITION BY dedup_key ORDER BY ord) AS occurrence,
-                 coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
+    FROM (SELECT *, coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
                      AS due_at
           FROM input) AS first_of_key
     -- The task's registered deadline for rows without their own, as in job_insert_one.
@@ -165,25 +187,24 @@ inserted AS (
           AND first_of_key.deadline_at IS NULL AND first_of_key.deadline IS NULL
           AND t.task = first_of_key.task AND t.version = coalesce(first_of_key.version, 1)
           AND t.deadline_seconds IS NOT NULL
-    WHERE (dedup_key IS NULL OR occurrence = 1) AND (SELECT count(*) FROM released) >= 0
+    WHERE first_of_key.dedup_key IS NULL
+       OR first_of_key.new_id IN (SELECT job_id FROM keys)
     ORDER BY ord
-    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
-    DO UPDATE SET dedup_key = excluded.dedup_key
-    RETURNING j.id, j.dedup_key, j.queue, j.task, j.state, j.run_at, (j.xmax = 0) AS created
+    RETURNING j.id, j.queue
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(due.queue), due.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM inserted WHERE created) AS due
+    FROM (SELECT DISTINCT queue FROM inserted) AS due
 )
-SELECT i.ord, coalesce(fresh.id, existing.id) AS id, coalesce(fresh.created, false) AS created
+SELECT i.ord, coalesce(fresh.id, holder.job_id) AS id, fresh.id IS NOT NULL AS created
 FROM input i
 LEFT JOIN inserted fresh ON fresh.id = i.new_id
-LEFT JOIN inserted existing ON existing.dedup_key = i.dedup_key
+LEFT JOIN keys holder ON holder.key = i.dedup_key
 CROSS JOIN notified
 -- A key held by a job of another task refuses the whole statement (dedup_key_refuse raises;
 -- docs/uniqueness.md): CASE, so the function is called for such a row only.
-WHERE CASE WHEN fresh.id IS NULL AND existing.task <> i.task
-           THEN {schema}.dedup_key_refuse(i.dedup_key, i.task, existing.id, existing.task)
+WHERE CASE WHEN fresh.id IS NULL AND holder.task <> i.task
+           THEN {schema}.dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
            ELSE true END
 ORDER BY i.ord;
 
@@ -1559,9 +1580,21 @@ LIMIT %(limit)s;
 -- (and any workflow checkpoints); it gets at least one more attempt (max_attempts is raised to
 -- attempt + 1 if used up, as Oban's retry does; a row without one keeps none while its task's
 -- declaration leaves an attempt). Any other state is left alone and returned.
--- A job whose dedup key was released to a newer job runs without a key (it has none left).
+-- A job whose dedup key was handed to a newer job runs without a key (it has none left): its
+-- dedup_key is cleared unless job_keys still names it. Lock order as the enqueue's and the
+-- deleters' (the job row, then its key row). The key row is read FOR SHARE: an enqueue that
+-- took the key while this statement waited for the job row has committed a new version,
+-- which FOR SHARE re-checks (`k.job_id = t.id` no longer matches), where this statement's
+-- snapshot would still show the old one; and while we hold it no enqueue can take the key.
+-- An enqueue that waited for us finds the job unfinished (its FOR SHARE of the job re-checks
+-- too) and returns it.
 WITH target AS (
-    SELECT id, state FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
+    SELECT id, state, dedup_key FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
+),
+key_held AS (
+    SELECT k.job_id FROM {schema}.job_keys k JOIN target t ON k.key = t.dedup_key
+    WHERE k.job_id = t.id AND t.state IN ('failed', 'cancelled')
+    FOR SHARE OF k
 ),
 changed AS (
     UPDATE {schema}.jobs j
@@ -1571,7 +1604,8 @@ changed AS (
                                 WHERE d.task = j.task AND d.version = j.version), 5) > j.attempt
                             THEN j.max_attempts ELSE j.attempt + 1 END,
         result = NULL, error = NULL, finished_at = NULL, lane = 0, worker_id = NULL,
-        started_at = NULL
+        started_at = NULL,
+        dedup_key = CASE WHEN EXISTS (SELECT 1 FROM key_held) THEN j.dedup_key END
     FROM target t
     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
     RETURNING j.id, j.queue, j.state
@@ -1976,10 +2010,13 @@ FOR UPDATE;
 -- name: schedule_fire_many
 -- Enqueue the planned occurrences and advance their schedules, in one statement. The advance
 -- is fenced on the next_fire_at the plan was made from: a schedule advanced (or re-timed) by
--- anyone since is left alone, and so are its occurrences (the INSERT joins the advanced rows
+-- anyone since is left alone, and so are its occurrences (`fires` joins the advanced rows
 -- only). Each occurrence's dedup key names the schedule and fire time, a second guard against
--- enqueueing it twice; it is held in every final state too (until retention prunes the job),
--- and an occurrence whose key is taken is dropped (DO NOTHING). run_at is the fire time, so a job's lateness is created_at - run_at.
+-- enqueueing it twice; it is held in every final state too (until retention prunes the job).
+-- The keys are taken as job_insert_many takes them (its comment says why each step: the
+-- released holders share-locked before any key row, an upsert that always returns the
+-- holder, a holder this snapshot cannot see counted as holding), and an occurrence whose key
+-- is held is dropped. run_at is the fire time, so a job's lateness is created_at - run_at.
 WITH advance AS (
     SELECT * FROM unnest(%(names)s::text[], %(expected)s::timestamptz[],
                          %(next_fire_ats)s::timestamptz[], %(last_fire_ats)s::timestamptz[],
@@ -1995,31 +2032,58 @@ advanced AS (
     WHERE s.name = a.name AND s.next_fire_at IS NOT DISTINCT FROM a.expected
     RETURNING s.name, s.task, s.queue, s.payload, s.max_attempts, s.version
 ),
-fires AS (
-    SELECT * FROM unnest(%(fire_names)s::text[], %(fire_ats)s::timestamptz[],
-                         %(fire_keys)s::text[]) AS f(name, fire_at, dedup_key)
+fires AS MATERIALIZED (
+    SELECT DISTINCT ON (f.dedup_key)
+           nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id,
+           f.name, f.fire_at, f.dedup_key, a.queue, a.task, a.payload, a.max_attempts,
+           a.version
+    FROM unnest(%(fire_names)s::text[], %(fire_ats)s::timestamptz[], %(fire_keys)s::text[])
+         AS f(name, fire_at, dedup_key)
+    JOIN advanced a ON a.name = f.name
+    ORDER BY f.dedup_key
+),
+released AS (
+    SELECT h.id
+    FROM fires f
+    JOIN {schema}.job_keys k ON k.key = f.dedup_key
+    JOIN {schema}.jobs h ON h.id = k.job_id
+    WHERE h.state IN ('completed', 'failed', 'cancelled')
+      AND NOT (h.state = ANY(h.unique_states)
+               AND (h.unique_until IS NULL OR h.unique_until > {schema}.db_now()))
+    FOR SHARE OF h
+),
+keys AS (
+    INSERT INTO {schema}.job_keys AS k (key, job_id, task)
+    SELECT dedup_key, new_id, task FROM fires WHERE (SELECT count(*) FROM released) >= 0
+    ORDER BY dedup_key
+    ON CONFLICT (key) DO UPDATE
+    SET job_id = CASE WHEN k.job_id IN (SELECT id FROM released) THEN excluded.job_id
+                      ELSE k.job_id END,
+        task = CASE WHEN k.job_id IN (SELECT id FROM released) THEN excluded.task
+                    ELSE k.task END
+    RETURNING k.job_id
 ),
 inserted AS (
-    INSERT INTO {schema}.jobs (queue, task, payload, run_at, dedup_key, unique_states,
+    INSERT INTO {schema}.jobs (id, queue, task, payload, run_at, dedup_key, unique_states,
                                max_attempts, version, created_at, deadline_at, deadline_source)
-    SELECT a.queue, a.task, a.payload, f.fire_at, f.dedup_key,
-           ARRAY['completed', 'failed', 'cancelled'], a.max_attempts, a.version,
+    SELECT f.new_id, f.queue, f.task, f.payload, f.fire_at, f.dedup_key,
+           ARRAY['completed', 'failed', 'cancelled'], f.max_attempts, f.version,
            {schema}.db_now(),
            -- The task's registered deadline (migration 0029), from the enqueue.
            {schema}.db_now() + t.deadline_seconds * interval '1 second',
            'set by task ' || t.task
-    FROM fires f JOIN advanced a ON a.name = f.name
+    FROM fires f
     LEFT JOIN {schema}.task_defaults t
-           ON t.task = a.task AND t.version = a.version AND t.deadline_seconds IS NOT NULL
-    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING id, dedup_key, queue
+           ON t.task = f.task AND t.version = f.version AND t.deadline_seconds IS NOT NULL
+    WHERE f.new_id IN (SELECT job_id FROM keys)
+    RETURNING id, queue
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM inserted) AS q
 )
 SELECT f.name, f.fire_at, i.id
-FROM inserted i JOIN fires f ON f.dedup_key = i.dedup_key CROSS JOIN notified
+FROM inserted i JOIN fires f ON f.new_id = i.id CROSS JOIN notified
 ORDER BY f.fire_at, f.name;
 
 -- name: test_clock_install
@@ -2712,7 +2776,10 @@ ORDER BY m.walked_finished DESC, m.id DESC;
 -- One job for its page (primary key): the columns job_get reads plus the workflow's (parent,
 -- wait key, children, version); payload and result as text, cut at %(text_limit)s characters,
 -- with their full lengths, so a huge or deeply nested value is never parsed to be shown.
-SELECT id, queue, task, state, priority, run_at, partition_key, dedup_key, attempt,
+SELECT id, queue, task, state, priority, run_at, partition_key,
+       -- The key the job holds (job_keys names it), not one a newer job took over.
+       (SELECT k.key FROM {schema}.job_keys k
+        WHERE k.key = jobs.dedup_key AND k.job_id = jobs.id) AS dedup_key, attempt,
        coalesce(max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                              WHERE d.task = jobs.task AND d.version = jobs.version), 5)
            AS max_attempts,

@@ -143,6 +143,8 @@ DECLARE
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
     holder_task text;
+    new_id      bigint := nextval(pg_get_serial_sequence('"trioq".jobs', 'id'));
+    released    bigint;
 BEGIN
     PERFORM "trioq".payload_check(enqueue.payload, '$');
     -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
@@ -178,33 +180,48 @@ BEGIN
         FROM "trioq".task_defaults d
         WHERE d.task = enqueue.task AND d.version = 1 AND d.deadline_seconds IS NOT NULL;
     END IF;
+    -- The key, as job_insert_many takes it (its comment says why each step): the finished
+    -- holder that no longer holds the key is share-locked first (before the key row, the
+    -- deleters' order; FOR SHARE re-checks its latest version, so a holder retried meanwhile
+    -- keeps its key), then the key row is upserted and names its holder. A holder this
+    -- statement cannot see (a concurrent enqueuer's, committed after it began) is never
+    -- `released`: it counts as holding.
     IF enqueue.dedup_key IS NOT NULL THEN
-        UPDATE "trioq".jobs j SET dedup_key = NULL
-        WHERE j.dedup_key = enqueue.dedup_key
-          AND j.state IN ('completed', 'failed', 'cancelled')
-          AND NOT (j.state = ANY(j.unique_states)
-                   AND (j.unique_until IS NULL OR j.unique_until > "trioq".db_now()));
+        SELECT h.id INTO released
+        FROM "trioq".job_keys k JOIN "trioq".jobs h ON h.id = k.job_id
+        WHERE k.key = enqueue.dedup_key
+          AND h.state IN ('completed', 'failed', 'cancelled')
+          AND NOT (h.state = ANY(h.unique_states)
+                   AND (h.unique_until IS NULL OR h.unique_until > "trioq".db_now()))
+        FOR SHARE OF h;
+        INSERT INTO "trioq".job_keys AS k (key, job_id, task)
+        VALUES (enqueue.dedup_key, new_id, enqueue.task)
+        ON CONFLICT (key) DO UPDATE
+        SET job_id = CASE WHEN k.job_id = released THEN excluded.job_id ELSE k.job_id END,
+            task = CASE WHEN k.job_id = released THEN excluded.task ELSE k.task END
+        RETURNING k.job_id, k.task INTO job_id, holder_task;
+        -- A key held by a job of another task: refused, not that job (docs/uniqueness.md).
+        IF holder_task <> enqueue.task THEN
+            PERFORM "trioq".dedup_key_refuse(enqueue.dedup_key, enqueue.task, job_id,
+                                              holder_task);
+        END IF;
     END IF;
     -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
-    INSERT INTO "trioq".jobs AS j (queue, task, payload, state, priority, run_at,
-                                   partition_key, dedup_key, max_attempts, created_at,
-                                   unique_states, unique_until, trace_context,
-                                   concurrency_key, concurrency_limit, deadline_at,
-                                   deadline_source)
-    VALUES (enqueue.queue, enqueue.task, enqueue.payload,
-            CASE WHEN due > "trioq".db_now() THEN 'scheduled' ELSE 'ready' END,
-            enqueue.priority, due,
-            enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts, "trioq".db_now(),
-            held, CASE WHEN enqueue.dedup_key IS NOT NULL
-                       THEN "trioq".db_now() + enqueue.unique_for END,
-            enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
-            job_deadline, job_deadline_source)
-    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
-    DO UPDATE SET dedup_key = excluded.dedup_key
-    RETURNING j.id, j.task INTO job_id, holder_task;
-    -- A key held by a job of another task: refused, not that job (docs/uniqueness.md).
-    IF holder_task <> enqueue.task THEN
-        PERFORM "trioq".dedup_key_refuse(enqueue.dedup_key, enqueue.task, job_id, holder_task);
+    IF job_id IS NULL OR job_id = new_id THEN
+        INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+                                       partition_key, dedup_key, max_attempts, created_at,
+                                       unique_states, unique_until, trace_context,
+                                       concurrency_key, concurrency_limit, deadline_at,
+                                       deadline_source)
+        VALUES (new_id, enqueue.queue, enqueue.task, enqueue.payload,
+                CASE WHEN due > "trioq".db_now() THEN 'scheduled' ELSE 'ready' END,
+                enqueue.priority, due,
+                enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts,
+                "trioq".db_now(), held, CASE WHEN enqueue.dedup_key IS NOT NULL
+                                              THEN "trioq".db_now() + enqueue.unique_for END,
+                enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
+                job_deadline, job_deadline_source);
+        job_id := new_id;
     END IF;
     -- Also for a job due later: the queue's idle workers wake, read its due time and set
     -- their timers to it, as they do for the Python statements' delayed jobs.
@@ -418,6 +435,17 @@ BEGIN
     WHERE j.id = ANY(passed);
     PERFORM 1 FROM "trioq".job_cancel_tree(passed, control_channel, false);
     RETURN cardinality(passed);
+END
+$$;
+
+CREATE FUNCTION trioq.job_keys_delete_of_jobs() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    DELETE FROM "trioq".job_keys k USING deleted_jobs d
+    WHERE d.dedup_key IS NOT NULL AND k.key = d.dedup_key AND k.job_id = d.id;
+    RETURN NULL;
 END
 $$;
 
@@ -887,6 +915,13 @@ CREATE TABLE trioq.function_digest (
     applied_at timestamp with time zone NOT NULL
 );
 
+CREATE TABLE trioq.job_keys (
+    key trioq.job_dedup_key NOT NULL,
+    job_id bigint NOT NULL,
+    task trioq.job_task NOT NULL
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', vacuum_truncate=off);
+
 CREATE TABLE trioq.jobs (
     id bigint NOT NULL,
     queue trioq.job_queue NOT NULL,
@@ -952,7 +987,9 @@ CREATE VIEW trioq.job_records AS
     j.priority,
     j.run_at,
     j.partition_key,
-    j.dedup_key,
+    ( SELECT k.key
+           FROM trioq.job_keys k
+          WHERE (((k.key)::text = (j.dedup_key)::text) AND (k.job_id = j.id))) AS dedup_key,
     j.attempt,
     COALESCE((j.max_attempts)::integer, ( SELECT d.max_attempts
            FROM trioq.task_defaults d
@@ -1119,6 +1156,9 @@ ALTER TABLE ONLY trioq.dashboard_audit
 ALTER TABLE ONLY trioq.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (key);
 
+ALTER TABLE ONLY trioq.job_keys
+    ADD CONSTRAINT job_keys_pkey PRIMARY KEY (key);
+
 ALTER TABLE ONLY trioq.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 
@@ -1166,8 +1206,6 @@ CREATE INDEX jobs_concurrency_ready_idx ON trioq.jobs USING btree (queue, concur
 
 CREATE INDEX jobs_deadline_idx ON trioq.jobs USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'sleeping'::text, 'waiting'::text])));
 
-CREATE UNIQUE INDEX jobs_dedup_key_idx ON trioq.jobs USING btree (dedup_key) WHERE (dedup_key IS NOT NULL);
-
 CREATE INDEX jobs_due_idx ON trioq.jobs USING btree (queue, run_at) WHERE (state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]));
 
 CREATE INDEX jobs_finished_idx ON trioq.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
@@ -1197,6 +1235,8 @@ CREATE TRIGGER jobs_checkpoints_delete AFTER DELETE ON trioq.jobs REFERENCING OL
 CREATE TRIGGER jobs_concurrency_release_delete AFTER DELETE ON trioq.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.state = 'running'::text))) EXECUTE FUNCTION trioq.concurrency_release();
 
 CREATE TRIGGER jobs_concurrency_release_update AFTER UPDATE OF state ON trioq.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.state = 'running'::text) AND (new.state <> 'running'::text))) EXECUTE FUNCTION trioq.concurrency_release();
+
+CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
 
 ALTER TABLE ONLY trioq.attempts
     ADD CONSTRAINT attempts_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;

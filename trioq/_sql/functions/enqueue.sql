@@ -36,6 +36,8 @@ DECLARE
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
     holder_task text;
+    new_id      bigint := nextval(pg_get_serial_sequence('{schema}.jobs', 'id'));
+    released    bigint;
 BEGIN
     PERFORM {schema}.payload_check(enqueue.payload, '$');
     -- The W3C form (version-traceid-parentid-flags, lower-case hex): anything else would only
@@ -71,33 +73,48 @@ BEGIN
         FROM {schema}.task_defaults d
         WHERE d.task = enqueue.task AND d.version = 1 AND d.deadline_seconds IS NOT NULL;
     END IF;
+    -- The key, as job_insert_many takes it (its comment says why each step): the finished
+    -- holder that no longer holds the key is share-locked first (before the key row, the
+    -- deleters' order; FOR SHARE re-checks its latest version, so a holder retried meanwhile
+    -- keeps its key), then the key row is upserted and names its holder. A holder this
+    -- statement cannot see (a concurrent enqueuer's, committed after it began) is never
+    -- `released`: it counts as holding.
     IF enqueue.dedup_key IS NOT NULL THEN
-        UPDATE {schema}.jobs j SET dedup_key = NULL
-        WHERE j.dedup_key = enqueue.dedup_key
-          AND j.state IN ('completed', 'failed', 'cancelled')
-          AND NOT (j.state = ANY(j.unique_states)
-                   AND (j.unique_until IS NULL OR j.unique_until > {schema}.db_now()));
+        SELECT h.id INTO released
+        FROM {schema}.job_keys k JOIN {schema}.jobs h ON h.id = k.job_id
+        WHERE k.key = enqueue.dedup_key
+          AND h.state IN ('completed', 'failed', 'cancelled')
+          AND NOT (h.state = ANY(h.unique_states)
+                   AND (h.unique_until IS NULL OR h.unique_until > {schema}.db_now()))
+        FOR SHARE OF h;
+        INSERT INTO {schema}.job_keys AS k (key, job_id, task)
+        VALUES (enqueue.dedup_key, new_id, enqueue.task)
+        ON CONFLICT (key) DO UPDATE
+        SET job_id = CASE WHEN k.job_id = released THEN excluded.job_id ELSE k.job_id END,
+            task = CASE WHEN k.job_id = released THEN excluded.task ELSE k.task END
+        RETURNING k.job_id, k.task INTO job_id, holder_task;
+        -- A key held by a job of another task: refused, not that job (docs/uniqueness.md).
+        IF holder_task <> enqueue.task THEN
+            PERFORM {schema}.dedup_key_refuse(enqueue.dedup_key, enqueue.task, job_id,
+                                              holder_task);
+        END IF;
     END IF;
     -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
-    INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
-                                   partition_key, dedup_key, max_attempts, created_at,
-                                   unique_states, unique_until, trace_context,
-                                   concurrency_key, concurrency_limit, deadline_at,
-                                   deadline_source)
-    VALUES (enqueue.queue, enqueue.task, enqueue.payload,
-            CASE WHEN due > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
-            enqueue.priority, due,
-            enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts, {schema}.db_now(),
-            held, CASE WHEN enqueue.dedup_key IS NOT NULL
-                       THEN {schema}.db_now() + enqueue.unique_for END,
-            enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
-            job_deadline, job_deadline_source)
-    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
-    DO UPDATE SET dedup_key = excluded.dedup_key
-    RETURNING j.id, j.task INTO job_id, holder_task;
-    -- A key held by a job of another task: refused, not that job (docs/uniqueness.md).
-    IF holder_task <> enqueue.task THEN
-        PERFORM {schema}.dedup_key_refuse(enqueue.dedup_key, enqueue.task, job_id, holder_task);
+    IF job_id IS NULL OR job_id = new_id THEN
+        INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
+                                       partition_key, dedup_key, max_attempts, created_at,
+                                       unique_states, unique_until, trace_context,
+                                       concurrency_key, concurrency_limit, deadline_at,
+                                       deadline_source)
+        VALUES (new_id, enqueue.queue, enqueue.task, enqueue.payload,
+                CASE WHEN due > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
+                enqueue.priority, due,
+                enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts,
+                {schema}.db_now(), held, CASE WHEN enqueue.dedup_key IS NOT NULL
+                                              THEN {schema}.db_now() + enqueue.unique_for END,
+                enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
+                job_deadline, job_deadline_source);
+        job_id := new_id;
     END IF;
     -- Also for a job due later: the queue's idle workers wake, read its due time and set
     -- their timers to it, as they do for the Python statements' delayed jobs.

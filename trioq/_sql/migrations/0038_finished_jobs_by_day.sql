@@ -33,6 +33,7 @@ ALTER TABLE {schema}.workflow_values DROP CONSTRAINT workflow_values_job_id_fkey
 DROP TRIGGER jobs_checkpoints_delete ON {schema}.jobs;
 DROP TRIGGER jobs_concurrency_release_delete ON {schema}.jobs;
 DROP TRIGGER jobs_concurrency_release_update ON {schema}.jobs;
+DROP TRIGGER jobs_keys_delete ON {schema}.jobs;
 DROP VIEW {schema}.job_records;
 -- Two CHECKs were added NOT VALID (migration 0012: no scan then); a partition's constraint
 -- must be valid where its parent's is, so they are validated now (one scan each).
@@ -126,6 +127,9 @@ ALTER TABLE {schema}.jobs ATTACH PARTITION {schema}.jobs_unfiled DEFAULT;
 CREATE TRIGGER jobs_deleted AFTER DELETE ON {schema}.jobs
     REFERENCING OLD TABLE AS deleted_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.checkpoints_delete_of_jobs();
+CREATE TRIGGER jobs_keys_delete AFTER DELETE ON {schema}.jobs
+    REFERENCING OLD TABLE AS deleted_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.job_keys_delete_of_jobs();
 CREATE TRIGGER jobs_concurrency_release_delete AFTER DELETE ON {schema}.jobs
     FOR EACH ROW WHEN (old.concurrency_key IS NOT NULL AND old.state = 'running')
     EXECUTE FUNCTION {schema}.concurrency_release();
@@ -134,9 +138,12 @@ CREATE TRIGGER jobs_concurrency_release_update AFTER UPDATE OF state ON {schema}
                        AND new.state <> 'running')
     EXECUTE FUNCTION {schema}.concurrency_release();
 
+-- The whole-row reader as migration 0037 left it, on the new parent.
 CREATE VIEW {schema}.job_records AS
 SELECT j.id, j.queue, j.task, j.payload, j.state, j.priority, j.run_at, j.partition_key,
-       j.dedup_key, j.attempt,
+       (SELECT k.key FROM {schema}.job_keys k
+        WHERE k.key = j.dedup_key AND k.job_id = j.id) AS dedup_key,
+       j.attempt,
        coalesce(j.max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                                  WHERE d.task = j.task AND d.version = j.version), 5)
            AS max_attempts,

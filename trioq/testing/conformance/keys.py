@@ -4,6 +4,7 @@ order, round-robin)."""
 from __future__ import annotations
 
 from ..._core.errors import DedupKeyConflict
+from ..._seam.admin import CancelOutcome, JobPurge
 from ..._seam.driver import Driver, Settlement
 from ..._seam.services import MaintenancePass
 from .harness import (
@@ -126,6 +127,61 @@ async def check_repeated_dedup_key_in_one_batch_returns_one_job(
     inserted = await driver.job_insert_many([new_job(1, dedup_key="k"), new_job(2, dedup_key="k")])
     expect([row.created for row in inserted], [True, False], "created flags")
     expect(inserted[0].id, inserted[1].id, "both rows name the same job")
+
+
+@conformance_check
+async def check_retried_job_keeps_its_key_only_while_no_newer_job_took_it(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """`trioq retry` of a failed job: it holds its key again if nobody took it meanwhile;
+    if a newer job did, the retried job runs without a key and the newer job keeps it."""
+    [taken] = await driver.job_insert_many([new_job(1, dedup_key="taken", max_attempts=1)])
+    [kept] = await driver.job_insert_many([new_job(2, dedup_key="kept", max_attempts=1)])
+    for job in await claim(driver, limit=2):
+        await fail(driver, job.lease, None)
+    [newer] = await driver.job_insert_many([new_job(3, dedup_key="taken")])
+    expect(newer.created, True, "a new job takes the failed job's key")
+    for job_id in (taken.id, kept.id):
+        expect(await driver.job_retry(job_id), CancelOutcome("failed", "ready"), "the retry")
+    expect((await record(driver, taken.id)).dedup_key, None, "the retried job's taken key")
+    expect((await record(driver, newer.id)).dedup_key, "taken", "the newer job's key")
+    expect((await record(driver, kept.id)).dedup_key, "kept", "the retried job's own key")
+    again = await driver.job_insert_many(
+        [new_job(4, dedup_key="taken"), new_job(5, dedup_key="kept")]
+    )
+    expect(
+        [(row.id, row.created) for row in again],
+        [(newer.id, False), (kept.id, False)],
+        "the holders after the retries",
+    )
+
+
+@conformance_check
+async def check_a_deleted_holder_frees_its_key_at_once(driver: Driver, clock: DriverClock) -> None:
+    """A job that still holds its key gives it up when it is deleted: purged (a completed job
+    its unique_states keep holding) or discarded by a completion (`keep=False`). The next
+    enqueue of the key creates a job."""
+    held = {"unique_states": ("completed",)}
+    [purged] = await driver.job_insert_many([new_job(1, dedup_key="purged", **held)])
+    [discarded] = await driver.job_insert_many([new_job(2, dedup_key="discarded")])
+    claimed = {job.id: job for job in await claim(driver, limit=2)}
+    await complete(driver, claimed[purged.id].lease)
+    await settle(
+        driver, Settlement(claimed[discarded.id].lease, "complete", result_json="1", keep=False)
+    )
+    [still] = await driver.job_insert_many([new_job(3, dedup_key="purged", **held)])
+    expect((still.id, still.created), (purged.id, False), "the completed holder, kept")
+    await clock.advance(100)
+    expect(await driver.job_purge(JobPurge(("completed",), 50)), 1, "the purge")
+    again = await driver.job_insert_many(
+        [new_job(4, dedup_key="purged", **held), new_job(5, dedup_key="discarded")]
+    )
+    expect([row.created for row in again], [True, True], "enqueues after the deletes")
+    expect(
+        [(await record(driver, row.id)).dedup_key for row in again],
+        ["purged", "discarded"],
+        "the new jobs' keys",
+    )
 
 
 # --- partition keys -------------------------------------------------------------------------
