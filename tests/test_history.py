@@ -5,7 +5,6 @@ to their jobs, and a statement that waited for a row a finishing job moved runs 
 from __future__ import annotations
 
 import datetime
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,8 +14,9 @@ from tests.support import blocked_on_a_lock, sql_rows, sql_scalar, wait_until
 from trioq._core.retention import seconds_to_day_end
 from trioq._pg import Connection, connect
 from trioq._pg.driver import PgDriver, complete_plain_params, open_pg_driver
+from trioq._seam.admin import CancelOutcome
 from trioq._seam.driver import Settlement
-from trioq._seam.services import MaintenancePass, RenewalResult, RenewLeases
+from trioq._seam.services import MaintenancePass
 from trioq._sql import queries
 from trioq.testing import SqlClock
 from trioq.testing.conformance.harness import claim, complete, enqueue, fail, new_job, record
@@ -133,36 +133,36 @@ async def test_a_day_with_no_partition_is_kept_in_jobs_unfiled_and_pruned_by_its
     assert await driver.job_get(job_id) is None
 
 
-async def test_a_renewal_that_waited_for_a_job_finishing_under_it_runs_again(
+async def test_a_cancel_that_waited_for_a_job_finishing_under_it_runs_again(
     driver: PgDriver, observer: Connection, pg_url: str, pg_schema: str
 ) -> None:
-    """The completer's flush moves a finishing job's row to its day's partition; a renewal
-    that waited for the row's lock cannot follow it there (SQLSTATE 40001, READ COMMITTED)
-    and runs again instead of failing: it renews the other lease and not the finished one."""
-    await enqueue(driver, new_job(1), new_job(2))
-    first, second = await claim(driver)
+    """The completer's flush moves a finishing job's row to its day's partition; a cancel that
+    waited for the row's lock cannot follow it there (SQLSTATE 40001 under READ COMMITTED)
+    and runs again instead of failing: it finds the job completed and changes nothing."""
+    await enqueue(driver, new_job(1))
+    [job] = await claim(driver)
     session = await connect(pg_url, application_name="trioq-test-history")
-    renewed: list[RenewalResult] = []
+    cancelled: list[CancelOutcome | None] = []
     try:
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery, session.transaction():
-                params = complete_plain_params([Settlement(first.lease, "complete")])
-                await session.fetch(queries(pg_schema)["job_complete_plain"], params)
+                settled = [Settlement(job.lease, "complete", result_json="1")]
+                await session.fetch(
+                    queries(pg_schema)["job_complete_plain"], complete_plain_params(settled)
+                )
 
-                async def renew() -> None:
-                    leases = (first.lease, second.lease)
-                    renewed.append(
-                        await driver.lease_renew_many(
-                            RenewLeases(uuid.UUID(int=1), "running", 30.0, leases)
-                        )
-                    )
+                async def cancel() -> None:
+                    cancelled.append(await driver.job_cancel(job.id))
 
-                nursery.start_soon(renew)
+                nursery.start_soon(cancel)
                 await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
-                assert not renewed
-                # committed here: the renewal goes on
+                assert not cancelled
+                # committed here: the cancel goes on
     finally:
         await session.close()
-    [result] = renewed
-    assert [lease.id for lease in result.leases] == [second.id]
-    assert partition_of(pg_url, pg_schema, first.id).startswith(f"{pg_schema}.jobs_d")
+    [outcome] = cancelled
+    assert outcome is not None and (outcome.previous_state, outcome.state) == (
+        "completed",
+        "completed",
+    )
+    assert partition_of(pg_url, pg_schema, job.id).startswith(f"{pg_schema}.jobs_d")

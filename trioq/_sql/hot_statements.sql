@@ -868,7 +868,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0;
 
--- name: job_complete_plain (987 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
+-- name: job_complete_plain (1030 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
 SELECT t.*
 FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
@@ -878,7 +878,8 @@ AS t(id, attempt, lease_token, result)
 settled AS (
 UPDATE "trioq".jobs j
 SET state = 'completed', result = i.result::jsonb, error = NULL,
-finished_at = "trioq".db_now(), lease_token = NULL, lease_expires_at = NULL
+finished_at = "trioq".db_now(), lane = "trioq".job_lane("trioq".db_now()),
+lease_token = NULL, lease_expires_at = NULL
 FROM input i
 WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
 AND j.state = 'running'
@@ -895,7 +896,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (3296 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (3366 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -923,6 +924,7 @@ error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= "trioq".db_now()
 THEN "trioq".deadline_error(j.deadline_at, j.deadline_source)
 ELSE i.error::jsonb END,
 finished_at = CASE WHEN i.final THEN "trioq".db_now() END,
+lane = "trioq".job_lane(CASE WHEN i.final THEN "trioq".db_now() END),
 worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
 started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
 lease_token = NULL, lease_expires_at = NULL

@@ -51,6 +51,10 @@ CREATE FUNCTION trioq.checkpoints_delete_of_jobs() RETURNS trigger
     AS $$
 BEGIN
     DELETE FROM "trioq".checkpoints c USING deleted_jobs d WHERE c.job_id = d.id;
+    DELETE FROM "trioq".attempts a USING deleted_jobs d WHERE a.job_id = d.id;
+    DELETE FROM "trioq".messages m USING deleted_jobs d WHERE m.job_id = d.id;
+    DELETE FROM "trioq".workflow_values v USING deleted_jobs d WHERE v.job_id = d.id;
+    DELETE FROM "trioq".partition_locks l USING deleted_jobs d WHERE l.job_id = d.id;
     RETURN NULL;
 END
 $$;
@@ -369,6 +373,8 @@ BEGIN
             state = p.new_state,
             finished_at = CASE WHEN p.new_state = 'cancelled' THEN "trioq".db_now()
                                ELSE j.finished_at END,
+            lane = "trioq".job_lane(CASE WHEN p.new_state = 'cancelled' THEN "trioq".db_now()
+                                          ELSE j.finished_at END),
             run_at = CASE WHEN p.new_state = 'waiting' THEN NULL
                           WHEN p.new_state = 'ready' THEN "trioq".db_now()
                           ELSE j.run_at END,
@@ -438,6 +444,113 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.job_history_rotate(retention interval) RETURNS TABLE(pruned bigint, next_due timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '50ms'
+    AS $_$
+DECLARE
+    now_at    timestamptz := "trioq".db_now();
+    today     integer := "trioq".job_lane(now_at);
+    cutoff    timestamptz := now_at - retention;
+    due       timestamptz := to_timestamp((today + 1)::float8 * 86400);
+    removed   bigint := 0;
+    d         integer;
+    part_name text;
+    part      record;
+    held      bigint;
+    before_end timestamptz;
+BEGIN
+    FOR d IN today .. today + 3 LOOP
+        part_name := 'jobs_d' || to_char(to_timestamp(d::float8 * 86400) AT TIME ZONE 'UTC',
+                                    'YYYYMMDD');
+        CONTINUE WHEN to_regclass(format('"trioq".%I', part_name)) IS NOT NULL;
+        BEGIN
+            EXECUTE format('CREATE TABLE "trioq".%I (LIKE "trioq".jobs INCLUDING DEFAULTS '
+                           'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
+                           'toast.vacuum_truncate = off)', part_name);
+            EXECUTE format('ALTER TABLE "trioq".%I ALTER COLUMN id DROP IDENTITY IF EXISTS',
+                           part_name);
+            -- The lane CHECK lets ATTACH skip its scan; the state CHECK keeps the partition
+            -- out of every plan that reads unfinished jobs.
+            EXECUTE format('ALTER TABLE "trioq".%I ADD CONSTRAINT %I CHECK (lane = %s), '
+                           'ADD CONSTRAINT %I CHECK (state IN (''completed'', ''failed'', '
+                           '''cancelled''))', part_name, part_name || '_lane', d, part_name || '_finished');
+            EXECUTE format('CREATE INDEX %I ON "trioq".%I (id)', part_name || '_id_idx', part_name);
+            EXECUTE format('CREATE INDEX %I ON "trioq".%I (parent_id, parent_position) '
+                           'WHERE parent_id IS NOT NULL', part_name || '_parent_idx', part_name);
+            EXECUTE format('CREATE INDEX %I ON "trioq".%I (finished_at)',
+                           part_name || '_finished_idx', part_name);
+            EXECUTE format('ALTER TABLE "trioq".jobs ATTACH PARTITION "trioq".%I '
+                           'FOR VALUES IN (%s)', part_name, d);
+        EXCEPTION
+            -- Locked (a long reader of jobs_unfiled): try again in a minute. Rows of that day
+            -- already in jobs_unfiled (a clock moved ahead): the day stays there.
+            WHEN lock_not_available THEN
+                due := least(due, now_at + interval '1 minute');
+            WHEN check_violation THEN
+                NULL;
+        END;
+    END LOOP;
+    IF retention IS NULL THEN
+        RETURN QUERY SELECT removed, due;
+        RETURN;
+    END IF;
+    -- jobs_before's end is its newest job's finish: it goes whole once that is past.
+    IF to_regclass('"trioq".jobs_before') IS NOT NULL THEN
+        EXECUTE 'SELECT coalesce(max(finished_at), ''-infinity'') FROM "trioq".jobs_before'
+            INTO before_end;
+    END IF;
+    FOR part IN
+        SELECT p.relname, p.ends
+        FROM (SELECT c.relname,
+                     to_timestamp(((to_date(substr(c.relname, 7), 'YYYYMMDD')
+                                    - date '1970-01-01') + 1)::float8 * 86400) AS ends
+              FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+              WHERE i.inhparent = '"trioq".jobs'::regclass
+                AND c.relname ~ '^jobs_d[0-9]{8}$'
+              UNION ALL
+              SELECT 'jobs_before', before_end WHERE before_end IS NOT NULL) AS p
+        ORDER BY p.ends
+    LOOP
+        IF part.ends > cutoff THEN
+            due := least(due, part.ends + retention);
+            EXIT;
+        END IF;
+        BEGIN
+            -- What belongs to its jobs first (no foreign key does it: migration 0038), then
+            -- the partition detached and dropped.
+            EXECUTE format('SELECT count(*) FROM "trioq".%I', part.relname) INTO held;
+            EXECUTE format('DELETE FROM "trioq".checkpoints c USING "trioq".%I j '
+                           'WHERE c.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM "trioq".attempts a USING "trioq".%I j '
+                           'WHERE a.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM "trioq".messages m USING "trioq".%I j '
+                           'WHERE m.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM "trioq".workflow_values v USING "trioq".%I j '
+                           'WHERE v.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM "trioq".partition_locks l USING "trioq".%I j '
+                           'WHERE l.job_id = j.id', part.relname);
+            EXECUTE format('DELETE FROM "trioq".job_keys k USING "trioq".%I j '
+                           'WHERE j.dedup_key IS NOT NULL AND k.key = j.dedup_key '
+                           'AND k.job_id = j.id', part.relname);
+            EXECUTE format('ALTER TABLE "trioq".jobs DETACH PARTITION "trioq".%I',
+                           part.relname);
+            EXECUTE format('DROP TABLE "trioq".%I', part.relname);
+            removed := removed + held;
+        EXCEPTION WHEN lock_not_available THEN
+            due := least(due, now_at + interval '1 minute');
+            EXIT;
+        END;
+    END LOOP;
+    WITH gone AS (
+        DELETE FROM "trioq".jobs_unfiled WHERE finished_at < cutoff RETURNING 1
+    )
+    SELECT removed + count(*) INTO removed FROM gone;
+    RETURN QUERY SELECT removed, due;
+END
+$_$;
+
 CREATE FUNCTION trioq.job_keys_delete_of_jobs() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -447,6 +560,14 @@ BEGIN
     WHERE d.dedup_key IS NOT NULL AND k.key = d.dedup_key AND k.job_id = d.id;
     RETURN NULL;
 END
+$$;
+
+CREATE FUNCTION trioq.job_lane(finished timestamp with time zone) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN finished IS NULL THEN 0
+                ELSE pg_catalog.floor(pg_catalog.date_part('epoch', finished)
+                                      OPERATOR(pg_catalog./) 86400)::integer END
 $$;
 
 CREATE FUNCTION trioq.job_receive(p_job_id bigint, p_attempt integer, p_lease_token uuid, p_position integer, p_topic text, p_timeout_seconds double precision, p_deadline timestamp with time zone, p_limit integer, p_value_keys text[], p_value_values jsonb[]) RETURNS TABLE(state text, messages jsonb, deadline timestamp with time zone)
@@ -963,10 +1084,13 @@ CREATE TABLE trioq.jobs (
     concurrency_key trioq.job_concurrency_key,
     concurrency_limit trioq.job_concurrency_limit,
     result_watched boolean DEFAULT false NOT NULL,
+    lane integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_check CHECK (((state = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
-    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL)))
+    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
+    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
+    CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[])))
 )
-WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', vacuum_truncate=off, toast.vacuum_truncate=off);
+PARTITION BY LIST (lane);
 
 CREATE TABLE trioq.task_defaults (
     task text NOT NULL,
@@ -1013,6 +1137,106 @@ ALTER TABLE trioq.jobs ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+
+CREATE TABLE trioq.jobs_live (
+    id bigint NOT NULL,
+    queue trioq.job_queue NOT NULL,
+    task trioq.job_task NOT NULL,
+    payload trioq.job_payload NOT NULL,
+    state text DEFAULT 'ready'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone,
+    partition_key trioq.job_partition_key,
+    dedup_key trioq.job_dedup_key,
+    attempt trioq.job_attempt DEFAULT 0 NOT NULL,
+    max_attempts trioq.job_max_attempts,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    worker_id uuid,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    result jsonb,
+    error jsonb,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
+    parent_id bigint,
+    parent_position integer,
+    wait_event_key text,
+    wait_children bigint[],
+    children_settled integer DEFAULT 0 NOT NULL,
+    unique_states trioq.job_unique_states DEFAULT '{}'::text[] NOT NULL,
+    unique_until timestamp with time zone,
+    trace_context trioq.job_trace_context,
+    version trioq.job_version DEFAULT 1 NOT NULL,
+    wait_topic text,
+    on_parent_cancel trioq.job_on_parent_cancel DEFAULT 'cancel'::text NOT NULL,
+    executions integer DEFAULT 0 NOT NULL,
+    deadline_at timestamp with time zone,
+    deadline_source text,
+    traced boolean DEFAULT false NOT NULL,
+    wait_position integer,
+    concurrency_key trioq.job_concurrency_key,
+    concurrency_limit trioq.job_concurrency_limit,
+    result_watched boolean DEFAULT false NOT NULL,
+    lane integer DEFAULT 0 NOT NULL,
+    CONSTRAINT jobs_check CHECK (((state = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT jobs_live_unfinished CHECK ((state <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
+    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
+    CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[])))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', vacuum_truncate=off, toast.vacuum_truncate=off);
+
+CREATE TABLE trioq.jobs_unfiled (
+    id bigint NOT NULL,
+    queue trioq.job_queue NOT NULL,
+    task trioq.job_task NOT NULL,
+    payload trioq.job_payload NOT NULL,
+    state text DEFAULT 'ready'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone,
+    partition_key trioq.job_partition_key,
+    dedup_key trioq.job_dedup_key,
+    attempt trioq.job_attempt DEFAULT 0 NOT NULL,
+    max_attempts trioq.job_max_attempts,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    worker_id uuid,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    result jsonb,
+    error jsonb,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
+    parent_id bigint,
+    parent_position integer,
+    wait_event_key text,
+    wait_children bigint[],
+    children_settled integer DEFAULT 0 NOT NULL,
+    unique_states trioq.job_unique_states DEFAULT '{}'::text[] NOT NULL,
+    unique_until timestamp with time zone,
+    trace_context trioq.job_trace_context,
+    version trioq.job_version DEFAULT 1 NOT NULL,
+    wait_topic text,
+    on_parent_cancel trioq.job_on_parent_cancel DEFAULT 'cancel'::text NOT NULL,
+    executions integer DEFAULT 0 NOT NULL,
+    deadline_at timestamp with time zone,
+    deadline_source text,
+    traced boolean DEFAULT false NOT NULL,
+    wait_position integer,
+    concurrency_key trioq.job_concurrency_key,
+    concurrency_limit trioq.job_concurrency_limit,
+    result_watched boolean DEFAULT false NOT NULL,
+    lane integer DEFAULT 0 NOT NULL,
+    CONSTRAINT jobs_check CHECK (((state = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
+    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
+    CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[]))),
+    CONSTRAINT jobs_unfiled_finished CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
 
 CREATE TABLE trioq.leader (
     seat integer DEFAULT 1 NOT NULL,
@@ -1132,6 +1356,10 @@ CREATE TABLE trioq.workflow_values (
     CONSTRAINT workflow_values_key_check CHECK (((length(key) >= 1) AND (length(key) <= 512)))
 );
 
+ALTER TABLE ONLY trioq.jobs ATTACH PARTITION trioq.jobs_live FOR VALUES IN (0);
+
+ALTER TABLE ONLY trioq.jobs ATTACH PARTITION trioq.jobs_unfiled DEFAULT;
+
 ALTER TABLE ONLY trioq.attempts
     ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
 
@@ -1159,14 +1387,8 @@ ALTER TABLE ONLY trioq.events
 ALTER TABLE ONLY trioq.job_keys
     ADD CONSTRAINT job_keys_pkey PRIMARY KEY (key);
 
-ALTER TABLE ONLY trioq.jobs
+ALTER TABLE ONLY trioq.jobs_live
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
-
-ALTER TABLE trioq.jobs
-    ADD CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))) NOT VALID;
-
-ALTER TABLE trioq.jobs
-    ADD CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[]))) NOT VALID;
 
 ALTER TABLE ONLY trioq.leader
     ADD CONSTRAINT leader_pkey PRIMARY KEY (seat);
@@ -1202,25 +1424,29 @@ CREATE INDEX attempts_job_idx ON trioq.attempts USING btree (job_id, attempt);
 
 CREATE INDEX events_age_idx ON trioq.events USING btree (COALESCE(emitted_at, created_at));
 
-CREATE INDEX jobs_concurrency_ready_idx ON trioq.jobs USING btree (queue, concurrency_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (concurrency_key IS NOT NULL));
+CREATE INDEX jobs_concurrency_ready_idx ON trioq.jobs_live USING btree (queue, concurrency_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (concurrency_key IS NOT NULL));
 
-CREATE INDEX jobs_deadline_idx ON trioq.jobs USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'sleeping'::text, 'waiting'::text])));
+CREATE INDEX jobs_deadline_idx ON trioq.jobs_live USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'sleeping'::text, 'waiting'::text])));
 
-CREATE INDEX jobs_due_idx ON trioq.jobs USING btree (queue, run_at) WHERE (state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]));
+CREATE INDEX jobs_due_idx ON trioq.jobs_live USING btree (queue, run_at) WHERE (state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]));
 
-CREATE INDEX jobs_finished_idx ON trioq.jobs USING btree (finished_at) WHERE (state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
+CREATE INDEX jobs_lease_idx ON trioq.jobs_live USING btree (lease_expires_at) WHERE (state = 'running'::text);
 
-CREATE INDEX jobs_lease_idx ON trioq.jobs USING btree (lease_expires_at) WHERE (state = 'running'::text);
+CREATE UNIQUE INDEX jobs_parent_idx ON trioq.jobs_live USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
 
-CREATE UNIQUE INDEX jobs_parent_idx ON trioq.jobs USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
+CREATE INDEX jobs_partition_ready_idx ON trioq.jobs_live USING btree (queue, partition_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NOT NULL));
 
-CREATE INDEX jobs_partition_ready_idx ON trioq.jobs USING btree (queue, partition_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NOT NULL));
+CREATE INDEX jobs_ready_task_idx ON trioq.jobs_live USING btree (queue, task, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NULL) AND (concurrency_key IS NULL));
 
-CREATE INDEX jobs_ready_task_idx ON trioq.jobs USING btree (queue, task, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NULL) AND (concurrency_key IS NULL));
+CREATE INDEX jobs_suspended_idx ON trioq.jobs_live USING btree (id) WHERE (state = ANY (ARRAY['sleeping'::text, 'waiting'::text]));
 
-CREATE INDEX jobs_suspended_idx ON trioq.jobs USING btree (id) WHERE (state = ANY (ARRAY['sleeping'::text, 'waiting'::text]));
+CREATE INDEX jobs_unfiled_finished_idx ON trioq.jobs_unfiled USING btree (finished_at);
 
-CREATE INDEX jobs_wait_event_idx ON trioq.jobs USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
+CREATE INDEX jobs_unfiled_id_idx ON trioq.jobs_unfiled USING btree (id);
+
+CREATE INDEX jobs_unfiled_parent_idx ON trioq.jobs_unfiled USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
+
+CREATE INDEX jobs_wait_event_idx ON trioq.jobs_live USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
 
 CREATE INDEX messages_job_topic_idx ON trioq.messages USING btree (job_id, topic, id);
 
@@ -1228,24 +1454,12 @@ CREATE INDEX partition_locks_job_idx ON trioq.partition_locks USING btree (job_i
 
 CREATE INDEX schedules_next_fire_idx ON trioq.schedules USING btree (next_fire_at NULLS FIRST);
 
-CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, state FROM trioq.jobs;
-
-CREATE TRIGGER jobs_checkpoints_delete AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
+CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, state FROM trioq.jobs_live;
 
 CREATE TRIGGER jobs_concurrency_release_delete AFTER DELETE ON trioq.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.state = 'running'::text))) EXECUTE FUNCTION trioq.concurrency_release();
 
 CREATE TRIGGER jobs_concurrency_release_update AFTER UPDATE OF state ON trioq.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.state = 'running'::text) AND (new.state <> 'running'::text))) EXECUTE FUNCTION trioq.concurrency_release();
 
+CREATE TRIGGER jobs_deleted AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
+
 CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
-
-ALTER TABLE ONLY trioq.attempts
-    ADD CONSTRAINT attempts_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY trioq.messages
-    ADD CONSTRAINT messages_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY trioq.partition_locks
-    ADD CONSTRAINT partition_locks_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;
-
-ALTER TABLE ONLY trioq.workflow_values
-    ADD CONSTRAINT workflow_values_job_id_fkey FOREIGN KEY (job_id) REFERENCES trioq.jobs(id) ON DELETE CASCADE;

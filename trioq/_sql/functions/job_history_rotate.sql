@@ -104,7 +104,8 @@ BEGIN
             EXECUTE format('DELETE FROM {schema}.partition_locks l USING {schema}.%I j '
                            'WHERE l.job_id = j.id', part.relname);
             EXECUTE format('DELETE FROM {schema}.job_keys k USING {schema}.%I j '
-                           'WHERE k.job_id = j.id', part.relname);
+                           'WHERE j.dedup_key IS NOT NULL AND k.key = j.dedup_key '
+                           'AND k.job_id = j.id', part.relname);
             EXECUTE format('ALTER TABLE {schema}.jobs DETACH PARTITION {schema}.%I',
                            part.relname);
             EXECUTE format('DROP TABLE {schema}.%I', part.relname);
