@@ -34,26 +34,29 @@ QUEUES = ("default", "mail", "sync", "reports")
 FILL = {
     "completed": """
         INSERT INTO {s}.jobs (queue, task, payload, state, run_at, attempt, created_at,
-                              started_at, finished_at, result)
+                              started_at, finished_at, result, lane)
         SELECT (ARRAY['default','mail','sync','reports'])[1 + g %% 4], 'send_reply',
                jsonb_build_object('conversation_id', 'c' || g, 'text', 'hello ' || g),
-               'completed', t, 1, t, t, t + interval '20 ms', '{{"ok": true}}'
+               'completed', t, 1, t, t, t + interval '20 ms', '{{"ok": true}}',
+               {s}.job_lane(t + interval '20 ms')
         FROM generate_series(1, %(n)s) g,
              LATERAL (SELECT now() - interval '1 hour'
                              - (g::float8 / %(n)s) * interval '7 days' AS t) x""",
     "recent": """
         INSERT INTO {s}.jobs (queue, task, payload, state, run_at, attempt, created_at,
-                              started_at, finished_at)
+                              started_at, finished_at, lane)
         SELECT (ARRAY['default','mail','sync','reports'])[1 + g %% 4], 'send_reply',
-               jsonb_build_object('conversation_id', 'r' || g), 'completed', t, 1, t, t, t
+               jsonb_build_object('conversation_id', 'r' || g), 'completed', t, 1, t, t, t,
+               {s}.job_lane(t)
         FROM generate_series(1, %(n)s) g,
              LATERAL (SELECT now() - (g::float8 / %(n)s) * interval '59 minutes' AS t) x""",
     "failed": """
         INSERT INTO {s}.jobs (queue, task, payload, state, run_at, attempt, max_attempts,
-                              created_at, started_at, finished_at, error)
+                              created_at, started_at, finished_at, error, lane)
         SELECT (ARRAY['default','mail','sync','reports'])[1 + g %% 4], 'sync_external',
                jsonb_build_object('source', g), 'failed', t, 5, 5, t, t, t,
-               jsonb_build_object('type', 'ProviderUnavailable', 'message', '503 for ' || g)
+               jsonb_build_object('type', 'ProviderUnavailable', 'message', '503 for ' || g),
+               {s}.job_lane(t)
         FROM generate_series(1, %(n)s) g,
              LATERAL (SELECT now() - (g::float8 / %(n)s) * interval '3 days' AS t) x""",
     "ready": """
@@ -109,6 +112,12 @@ def _mix(total: int) -> dict[str, int]:
 def fill(conninfo: str, total: int) -> int:
     """Insert the mix; returns a sleeping workflow's id (for the job page)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        # The finished jobs are filed by the day they finished on (migration 0038): the last
+        # eight days' partitions first.
+        conn.execute(
+            f"SELECT {SCHEMA}.job_history_add({SCHEMA}.job_lane(now()) - d)"
+            " FROM generate_series(0, 8) AS d".encode()
+        )
         for name, n in _mix(total).items():
             started = time.perf_counter()
             conn.execute(FILL[name].format(s=SCHEMA).encode(), {"n": n})

@@ -68,15 +68,35 @@ def fill(conninfo: str, finished: int, unfinished: int, *, schema: str = SCHEMA)
     started = time.monotonic()
     jobs = sql.Identifier(schema, "jobs")
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        # From migration 0038 on, finished jobs are filed by the day they finished on: that
+        # day's partition is made first (job_history_add) and each row names it (`lane`).
+        lanes = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = 'jobs' AND column_name = 'lane')",
+            (schema,),
+        ).fetchone() == (True,)
+        finished_at = "now() - interval '1 day' + n * interval '1 ms'"
+        if lanes:
+            conn.execute(
+                sql.SQL("SELECT {}.job_history_add({}.job_lane(now() - interval '1 day'))").format(
+                    sql.Identifier(schema), sql.Identifier(schema)
+                )
+            )
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (queue, task, payload, state, run_at, created_at, started_at,"
-                " finished_at, attempt, result)"
+                " finished_at, attempt, result{})"
                 " SELECT 'default', 'noop', '{{}}', 'completed', now() - interval '1 day',"
-                " now() - interval '1 day', now() - interval '1 day',"
-                " now() - interval '1 day' + n * interval '1 ms', 1, 'null'"
+                " now() - interval '1 day', now() - interval '1 day', {}, 1, 'null'{}"
                 " FROM generate_series(1, %s) AS n"
-            ).format(jobs),
+            ).format(
+                jobs,
+                sql.SQL(", lane" if lanes else ""),
+                sql.SQL(finished_at),
+                sql.SQL(f", {{}}.job_lane({finished_at})" if lanes else "").format(
+                    sql.Identifier(schema)
+                ),
+            ),
             (finished,),
         )
         conn.execute(

@@ -228,8 +228,8 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
     with psycopg.connect(pg_url, autocommit=True) as conn:  # job 0 failed after one attempt
         conn.execute(
             f"UPDATE {pg_schema}.jobs SET state = 'failed', attempt = 1, max_attempts = 1, "
-            "finished_at = now() - interval '8 days', error = '{\"message\": \"boom\"}' "
-            "WHERE id = %s",
+            "finished_at = now() - interval '8 days', error = '{\"message\": \"boom\"}', "
+            f"lane = {pg_schema}.job_lane(now() - interval '8 days') WHERE id = %s",
             (jobs[0].id,),
         )
         conn.execute(
@@ -313,7 +313,10 @@ def test_retry_failed_by_task_redrives_every_failed_job_of_it(
         mail = producer.enqueue_many("mail", [{}, {}])
         other = producer.enqueue("sync", {})
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"UPDATE {pg_schema}.jobs SET state = 'failed', finished_at = now()")
+        conn.execute(
+            f"UPDATE {pg_schema}.jobs SET state = 'failed', finished_at = now(),"
+            f" lane = {pg_schema}.job_lane(now())"
+        )
     code, out = trioq_cli(capsys, "retry", *migrated, "--failed", "--task", "mail", "--json")
     assert code == 0
     assert sorted(j["id"] for j in out["jobs"]) == sorted(j.id for j in mail)

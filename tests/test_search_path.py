@@ -181,7 +181,8 @@ def _exercise(conn: psycopg.Connection[Any], s: sql.Identifier, evil: str) -> No
         # The trigger of a keyed job's end releases its slot.
         run(
             "UPDATE {s}.jobs SET state = 'cancelled', finished_at = pg_catalog.now(), "
-            "lease_expires_at = NULL, lease_token = NULL WHERE id = %s",
+            "lane = {s}.job_lane(pg_catalog.now()), lease_expires_at = NULL, lease_token = NULL "
+            "WHERE id = %s",
             (keyed,),
         )
     assert one("SELECT payload FROM {s}.jobs WHERE id = %s", (job,)) == {"a": 1}

@@ -136,7 +136,8 @@ async def test_child_finishing_during_the_parents_suspension_is_never_missed(
                 await session.execute(
                     f'UPDATE "{pg_schema}".jobs SET children_settled = children_settled + 1, '
                     "state = 'completed', result = '7', lease_token = NULL, "
-                    "lease_expires_at = NULL, finished_at = now() WHERE id = %s",
+                    f'lease_expires_at = NULL, finished_at = now(), lane = "{pg_schema}".'
+                    "job_lane(now()) WHERE id = %s",
                     [child.id],
                 )
                 await session.execute(

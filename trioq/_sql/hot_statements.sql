@@ -138,7 +138,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (2592 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (2614 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -194,7 +194,7 @@ lease_expires_at = "trioq".db_now() + $7 * interval '1 second',
 worker_id = $8,
 error = NULL,
 started_at = greatest("trioq".db_now(), j.run_at)
-WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
+WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'ready'
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
 j.version,
@@ -214,7 +214,7 @@ claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true;
 
--- name: job_claim (11019 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11041 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -483,7 +483,7 @@ THEN greatest("trioq".db_now(), j.run_at)
 ELSE greatest("trioq".db_now() + (clock_timestamp() - now()),
 j.run_at) END
 FROM candidates c
-WHERE j.id = c.id
+WHERE j.id = c.id AND j.state = 'ready'
 AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
 OR c.id IN (SELECT job_id FROM concurrency_taken))
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
@@ -513,7 +513,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0;
 
--- name: job_claim_rated (13823 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (13845 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -832,7 +832,7 @@ WHERE t.job_id = j.id),
 + (clock_timestamp() - now())),
 j.run_at) END
 FROM candidates c
-WHERE j.id = c.id
+WHERE j.id = c.id AND j.state = 'ready'
 AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
 OR c.id IN (SELECT job_id FROM concurrency_taken))
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
@@ -976,7 +976,7 @@ min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next
 + (SELECT n FROM parents_woken) AS notified
 FROM settled;
 
--- name: lease_renew_many (1465 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
+-- name: lease_renew_many (1525 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
 WITH heartbeat AS (
 UPDATE "trioq".workers SET heartbeat_at = "trioq".db_now(), state = $1,
 admission = (
@@ -1009,7 +1009,7 @@ renewed AS (
 UPDATE "trioq".jobs j
 SET lease_expires_at = "trioq".db_now() + $12 * interval '1 second'
 FROM lockable l
-WHERE j.id = l.id
+WHERE j.id = l.id AND j.state = 'running'  -- jobs_live only (migration 0038)
 RETURNING j.id, j.cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed

@@ -572,7 +572,9 @@ claimed AS (
     -- include: claim_set
         -- include: claim_started_at_@rate@
     FROM candidates c
-    WHERE j.id = c.id
+    -- `state`: the partition's CHECK leaves every day of finished jobs out of the plan
+    -- (migration 0038); the candidates are locked ready rows.
+    WHERE j.id = c.id AND j.state = 'ready'
       AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
            OR c.id IN (SELECT job_id FROM concurrency_taken))
     -- include: claim_returning
@@ -990,7 +992,9 @@ claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
         started_at = greatest({schema}.db_now(), j.run_at)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
+    -- `state`: the partition's CHECK leaves every day of finished jobs out of the plan
+    -- (migration 0038).
+    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'ready'
     -- include: claim_returning
 )
 -- job_claim's columns, with `blocked` and `keyed_ready` where it has key_cursor and
@@ -1206,7 +1210,7 @@ renewed AS (
     UPDATE {schema}.jobs j
     SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
     FROM lockable l
-    WHERE j.id = l.id
+    WHERE j.id = l.id AND j.state = 'running'  -- jobs_live only (migration 0038)
     RETURNING j.id, j.cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
@@ -2202,6 +2206,7 @@ WITH input AS MATERIALIZED (
 locked AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs j
     WHERE j.id IN (SELECT parent_id FROM input)
+      AND j.state = 'running'  -- a spawning parent runs: jobs_live only (migration 0038)
     ORDER BY j.id
     FOR NO KEY UPDATE
 ),
@@ -2239,7 +2244,7 @@ child AS (
     FROM (SELECT input.*, coalesce(input.run_at, {schema}.db_now()
                           + coalesce(input.delay, 0) * interval '1 second') AS due_at
           FROM input) AS i
-    JOIN {schema}.jobs p ON p.id = i.parent_id
+    JOIN {schema}.jobs p ON p.id = i.parent_id AND p.state = 'running'  -- jobs_live only
     LEFT JOIN {schema}.task_defaults t
            ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
           AND t.task = i.task AND t.version = i.version AND t.deadline_seconds IS NOT NULL

@@ -444,6 +444,34 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.job_history_add(d integer) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    part text := 'jobs_d' || to_char(to_timestamp(d::float8 * 86400) AT TIME ZONE 'UTC',
+                                     'YYYYMMDD');
+BEGIN
+    IF to_regclass(format('"trioq".%I', part)) IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('CREATE TABLE "trioq".%I (LIKE "trioq".jobs INCLUDING DEFAULTS '
+                   'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
+                   'toast.vacuum_truncate = off)', part);
+    EXECUTE format('ALTER TABLE "trioq".%I ALTER COLUMN id DROP IDENTITY IF EXISTS', part);
+    EXECUTE format('ALTER TABLE "trioq".%I ADD CONSTRAINT %I CHECK (lane = %s), '
+                   'ADD CONSTRAINT %I CHECK (state IN (''completed'', ''failed'', '
+                   '''cancelled''))', part, part || '_lane', d, part || '_finished');
+    EXECUTE format('CREATE INDEX %I ON "trioq".%I (id)', part || '_id_idx', part);
+    EXECUTE format('CREATE INDEX %I ON "trioq".%I (parent_id, parent_position) '
+                   'WHERE parent_id IS NOT NULL', part || '_parent_idx', part);
+    EXECUTE format('CREATE INDEX %I ON "trioq".%I (finished_at)', part || '_finished_idx', part);
+    EXECUTE format('ALTER TABLE "trioq".jobs ATTACH PARTITION "trioq".%I FOR VALUES IN (%s)',
+                   part, d);
+    RETURN true;
+END
+$$;
+
 CREATE FUNCTION trioq.job_history_rotate(retention interval) RETURNS TABLE(pruned bigint, next_due timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -456,33 +484,13 @@ DECLARE
     due       timestamptz := to_timestamp((today + 1)::float8 * 86400);
     removed   bigint := 0;
     d         integer;
-    part_name text;
     part      record;
     held      bigint;
     before_end timestamptz;
 BEGIN
     FOR d IN today .. today + 3 LOOP
-        part_name := 'jobs_d' || to_char(to_timestamp(d::float8 * 86400) AT TIME ZONE 'UTC',
-                                    'YYYYMMDD');
-        CONTINUE WHEN to_regclass(format('"trioq".%I', part_name)) IS NOT NULL;
         BEGIN
-            EXECUTE format('CREATE TABLE "trioq".%I (LIKE "trioq".jobs INCLUDING DEFAULTS '
-                           'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
-                           'toast.vacuum_truncate = off)', part_name);
-            EXECUTE format('ALTER TABLE "trioq".%I ALTER COLUMN id DROP IDENTITY IF EXISTS',
-                           part_name);
-            -- The lane CHECK lets ATTACH skip its scan; the state CHECK keeps the partition
-            -- out of every plan that reads unfinished jobs.
-            EXECUTE format('ALTER TABLE "trioq".%I ADD CONSTRAINT %I CHECK (lane = %s), '
-                           'ADD CONSTRAINT %I CHECK (state IN (''completed'', ''failed'', '
-                           '''cancelled''))', part_name, part_name || '_lane', d, part_name || '_finished');
-            EXECUTE format('CREATE INDEX %I ON "trioq".%I (id)', part_name || '_id_idx', part_name);
-            EXECUTE format('CREATE INDEX %I ON "trioq".%I (parent_id, parent_position) '
-                           'WHERE parent_id IS NOT NULL', part_name || '_parent_idx', part_name);
-            EXECUTE format('CREATE INDEX %I ON "trioq".%I (finished_at)',
-                           part_name || '_finished_idx', part_name);
-            EXECUTE format('ALTER TABLE "trioq".jobs ATTACH PARTITION "trioq".%I '
-                           'FOR VALUES IN (%s)', part_name, d);
+            PERFORM "trioq".job_history_add(d);
         EXCEPTION
             -- Locked (a long reader of jobs_unfiled): try again in a minute. Rows of that day
             -- already in jobs_unfiled (a clock moved ahead): the day stays there.

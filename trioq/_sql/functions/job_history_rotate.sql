@@ -1,6 +1,6 @@
 -- The day partitions of finished jobs (migration 0038): creates today's and the next three
--- days' (so a completion always finds its day's partition, even if no leader runs for three
--- days), and with a `retention`, removes every day that ended more than `retention` ago whole:
+-- days' (job_history_add(): so a completion always finds its day's partition, even if no
+-- leader runs for three days), and with a `retention`, removes every day that ended more than `retention` ago whole:
 -- what belongs to its jobs (checkpoints, attempts, messages, values, partition locks, held
 -- dedup keys) is deleted, then the partition is detached and dropped. No DELETE of a job row,
 -- so no dead tuples and no vacuum debt: 1,000,000 finished jobs go in well under a second
@@ -13,9 +13,9 @@
 -- SECURITY DEFINER: creating, attaching and dropping partitions needs the schema owner's
 -- rights, and a worker's role has none (docs/operations.md, "Roles"). Its only inputs are an
 -- interval and the database clock; every name it builds is `jobs_d` and a date.
--- Attaching takes SHARE UPDATE EXCLUSIVE on `jobs` (enqueues, claims and completions go on);
--- detaching takes ACCESS EXCLUSIVE for a moment, so each waits at most 50 ms for its lock (a
--- `pg_dump` holding `jobs` postpones the drop to a later call, it never queues the queue).
+-- Detaching takes ACCESS EXCLUSIVE on `jobs` for a moment, so every lock here waits at most
+-- 50 ms (a `pg_dump` holding `jobs` postpones the drop to a later call instead of queueing
+-- every claim behind it).
 CREATE OR REPLACE FUNCTION {schema}.job_history_rotate(retention interval)
 RETURNS TABLE (pruned bigint, next_due timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -28,33 +28,13 @@ DECLARE
     due       timestamptz := to_timestamp((today + 1)::float8 * 86400);
     removed   bigint := 0;
     d         integer;
-    part_name text;
     part      record;
     held      bigint;
     before_end timestamptz;
 BEGIN
     FOR d IN today .. today + 3 LOOP
-        part_name := 'jobs_d' || to_char(to_timestamp(d::float8 * 86400) AT TIME ZONE 'UTC',
-                                    'YYYYMMDD');
-        CONTINUE WHEN to_regclass(format('{schema}.%I', part_name)) IS NOT NULL;
         BEGIN
-            EXECUTE format('CREATE TABLE {schema}.%I (LIKE {schema}.jobs INCLUDING DEFAULTS '
-                           'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
-                           'toast.vacuum_truncate = off)', part_name);
-            EXECUTE format('ALTER TABLE {schema}.%I ALTER COLUMN id DROP IDENTITY IF EXISTS',
-                           part_name);
-            -- The lane CHECK lets ATTACH skip its scan; the state CHECK keeps the partition
-            -- out of every plan that reads unfinished jobs.
-            EXECUTE format('ALTER TABLE {schema}.%I ADD CONSTRAINT %I CHECK (lane = %s), '
-                           'ADD CONSTRAINT %I CHECK (state IN (''completed'', ''failed'', '
-                           '''cancelled''))', part_name, part_name || '_lane', d, part_name || '_finished');
-            EXECUTE format('CREATE INDEX %I ON {schema}.%I (id)', part_name || '_id_idx', part_name);
-            EXECUTE format('CREATE INDEX %I ON {schema}.%I (parent_id, parent_position) '
-                           'WHERE parent_id IS NOT NULL', part_name || '_parent_idx', part_name);
-            EXECUTE format('CREATE INDEX %I ON {schema}.%I (finished_at)',
-                           part_name || '_finished_idx', part_name);
-            EXECUTE format('ALTER TABLE {schema}.jobs ATTACH PARTITION {schema}.%I '
-                           'FOR VALUES IN (%s)', part_name, d);
+            PERFORM {schema}.job_history_add(d);
         EXCEPTION
             -- Locked (a long reader of jobs_unfiled): try again in a minute. Rows of that day
             -- already in jobs_unfiled (a clock moved ahead): the day stays there.
