@@ -117,12 +117,13 @@ class PgServiceStatements(PgStatements):
 
     async def _history_rotate(self, retention_seconds: float, now: datetime.datetime) -> int:
         """job_history_rotate, when the last call's `next_due` has come (the first pass of
-        this driver always calls it): at most one statement a day or so, not one a pass. The
-        jobs of the days it dropped."""
-        if self._history_due is not None and now < self._history_due:
+        this driver always calls it, and so does one whose database clock went back): at most
+        one statement a day or so, not one a pass. The jobs of the days it dropped."""
+        last = self._history_rotated
+        if last is not None and last[0] <= now < last[1]:
             return 0
         rows = await self._retrying("job_history_rotate", {"retention_seconds": retention_seconds})
-        self._history_due = rows[0][HistoryRotated.next_due]
+        self._history_rotated = (now, rows[0][HistoryRotated.next_due])
         return int(rows[0][HistoryRotated.pruned])
 
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport:

@@ -140,9 +140,11 @@ class PgStatements:
     _limited: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
     # Whether any key has a rate (one entry, ""): keyed claims then run the rated statement.
     _rated: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
-    # When job_history_rotate is next due (its last reply's next_due, by the database's clock);
-    # None until the first maintenance pass this driver leads.
-    _history_due: datetime.datetime | None = attrs.field(init=False, default=None)
+    # When job_history_rotate last ran and when it is next due (its reply's next_due), by the
+    # database's clock; None until the first maintenance pass this driver leads.
+    _history_rotated: tuple[datetime.datetime, datetime.datetime] | None = attrs.field(
+        init=False, default=None
+    )
 
     def __attrs_post_init__(self) -> None:
         self._sql = queries(self.schema)

@@ -2741,6 +2741,7 @@ matched AS (
     -- include: dashboard_job_row
     FROM {schema}.jobs j
     WHERE j.id = ANY(ARRAY(SELECT id FROM ids ORDER BY id DESC LIMIT %(limit)s))
+      AND j.state = 'ready'  -- jobs_live only (migration 0038)
     ORDER BY j.id DESC
 )
 SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
