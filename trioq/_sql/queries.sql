@@ -572,9 +572,9 @@ claimed AS (
     -- include: claim_set
         -- include: claim_started_at_@rate@
     FROM candidates c
-    -- `state`: the partition's CHECK leaves every day of finished jobs out of the plan
-    -- (migration 0038); the candidates are locked ready rows.
-    WHERE j.id = c.id AND j.state = 'ready'
+    -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
+    -- (migration 0038); the candidates are locked unfinished rows (ready, or due).
+    WHERE j.id = c.id AND j.state NOT IN ('completed', 'failed', 'cancelled')
       AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
            OR c.id IN (SELECT job_id FROM concurrency_taken))
     -- include: claim_returning
@@ -992,9 +992,10 @@ claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
         started_at = greatest({schema}.db_now(), j.run_at)
-    -- `state`: the partition's CHECK leaves every day of finished jobs out of the plan
+    -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
     -- (migration 0038).
-    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'ready'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
+      AND j.state NOT IN ('completed', 'failed', 'cancelled')
     -- include: claim_returning
 )
 -- job_claim's columns, with `blocked` and `keyed_ready` where it has key_cursor and
