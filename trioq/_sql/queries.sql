@@ -212,8 +212,8 @@ ORDER BY i.ord;
 -- The fast path of job_insert_many for a batch without dedup keys in which every job shares its
 -- options (one `enqueue` or `enqueue_many` call): the options are scalars and the payloads one
 -- text[] (sent as one array literal), so neither side handles thirteen arrays per row. Without
--- keys there is nothing to release, deduplicate or match, so no CTE of drawn ids, no window
--- function and no joins: one INSERT ... SELECT FROM unnest, the ids taken from the identity
+-- keys there is nothing to release, deduplicate or match, so no CTE of drawn ids, no key
+-- upsert and no joins: one INSERT ... SELECT FROM unnest, the ids taken from the identity
 -- default. The rows are inserted in payload order (ORDER BY ord) and a sequence only grows, so
 -- the returned ids sorted ascending are the payloads' ids in order. db_now() is read once (the
 -- FROM-list subquery), not per row. Every column is written as job_insert_many writes it for a
