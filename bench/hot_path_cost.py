@@ -32,7 +32,6 @@ BATCH = 25
 # Indexes the drain of plain jobs never inserts into (their predicates never match its rows):
 # each still costs an open and a predicate per statement and per row.
 COLD_INDEXES = (
-    "jobs_dedup_key_idx",
     "jobs_parent_idx",
     "jobs_wait_event_idx",
     "jobs_suspended_idx",

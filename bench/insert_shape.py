@@ -19,14 +19,12 @@ Replays, each on a fresh migrated schema, on one session (prepared statements, a
   job_insert_batch (options as scalars, payloads as one text[] literal); `json` the generic
   statement.
 - keyed: the same batches, every job with its own dedup key: `trioq` runs job_insert_many (one
-  array per column); `json` the generic statement with ON CONFLICT on the key.
-- keyed, `keytable`: the same keyed batches through job_insert_many's shape with the keys in a
-  table of their own (`job_keys`, the key as its primary key, the holder's id, task and
-  unique_states/unique_until) instead of a unique index on `jobs`: what any layout that keeps
-  jobs in more than one table needs, since a unique index covers one table. A key held by a
-  finished job that no longer holds it is taken over by the same upsert (its WHERE reads the
-  holder's state); the holder is returned whether or not it changed (DO UPDATE, never DO
-  NOTHING: a concurrent inserter's row is returned even when this snapshot cannot see it).
+  array per column; since migration 0037 its keys are upserted into `job_keys`, the shape the
+  `keytable` prototype measured in bench/RESULTS.md, "Dedup keys in a table of their own").
+  The generic statement has no keyed form any more (its ON CONFLICT named the unique index
+  that migration 0037 dropped), so this replay, and `retake` (every key held by a failed job
+  that no longer holds it, so each enqueue takes it over), time `trioq` alone: run them on two
+  checkouts to compare.
 Reported per replay and system: the backend's CPU per job (/proc/PID/schedstat) and the
 client's CPU per job building the parameters (time.process_time around the builder only),
 medians over the repeats with the systems alternating, and the ratio json / trioq.
@@ -45,7 +43,7 @@ import psycopg
 
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import schedstat_ns
-from trioq._pg.inserts import insert_params, insert_statement
+from trioq._pg.inserts import insert_statement
 from trioq._seam.records import NewJob, NewJobs
 from trioq._sql import queries
 
@@ -64,9 +62,7 @@ CREATE TYPE {schema}.job_input AS (
 """
 
 # The one insert: every column computed once, from the rows, the database's now and the task's
-# registered deadline; a dedup key conflicts on the unique index (job_insert_many's release of
-# finished keys and its per-batch first-occurrence rule are left out of the prototype: they
-# cost the keyed replay, not the other two).
+# registered deadline (timed on unkeyed batches only: see the module's docstring).
 GENERIC = """
 WITH n AS (SELECT {schema}.db_now() AS now OFFSET 0),
 inserted AS (
@@ -96,104 +92,12 @@ inserted AS (
                AND t.task = r.task AND t.version = coalesce(r.version, 1)
                AND t.deadline_seconds IS NOT NULL
     ORDER BY r.ordinality
-    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL
-    DO UPDATE SET dedup_key = excluded.dedup_key
     RETURNING j.id, j.queue
 )
 SELECT coalesce(array_agg(i.id ORDER BY i.id), '{{}}') AS ids,
        (SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue))
         FROM (SELECT DISTINCT queue FROM inserted) AS q) AS sent
 FROM inserted i;
-"""
-
-KEY_TABLE = """
-CREATE TABLE {schema}.job_keys (
-    dedup_key text PRIMARY KEY,
-    job_id bigint NOT NULL,
-    task text NOT NULL,
-    unique_states text[] NOT NULL,
-    unique_until timestamptz
-);
-DROP INDEX {schema}.jobs_dedup_key_idx;
-"""
-
-# job_insert_many's shape with the uniqueness in job_keys: the keys are upserted first (the
-# primary key serialises two enqueuers of one key), a key whose holder is finished and no longer
-# holds it is handed to the new job, and the jobs inserted are those whose key was won (or that
-# have none). A repeated key within the batch is left out of the prototype (the first-occurrence
-# rule costs both shapes alike).
-KEYED_TABLE = """
-WITH input AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id, t.*
-    FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
-                %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[],
-                %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[],
-                %(trace_contexts)s::text[], %(concurrency_keys)s::text[],
-                %(concurrency_limits)s::int[], %(deadline_ats)s::timestamptz[],
-                %(deadlines)s::float8[], %(deadline_sources)s::text[],
-                %(task_deadlines)s::boolean[])
-         WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
-                              dedup_key, max_attempts, unique_for, unique_states, version,
-                              trace_context, concurrency_key, concurrency_limit, deadline_at,
-                              deadline, deadline_source, task_deadline, ord)
-),
-keys AS (
-    INSERT INTO {schema}.job_keys AS k (dedup_key, job_id, task, unique_states, unique_until)
-    SELECT dedup_key, new_id, task, string_to_array(coalesce(unique_states, ''), ','),
-           {schema}.db_now() + unique_for * interval '1 second'
-    FROM input WHERE dedup_key IS NOT NULL
-    ORDER BY dedup_key
-    ON CONFLICT (dedup_key) DO UPDATE
-    SET (job_id, task, unique_states, unique_until) =
-        (SELECT CASE WHEN released THEN excluded.job_id ELSE k.job_id END,
-                CASE WHEN released THEN excluded.task ELSE k.task END,
-                CASE WHEN released THEN excluded.unique_states ELSE k.unique_states END,
-                CASE WHEN released THEN excluded.unique_until ELSE k.unique_until END
-         FROM (SELECT NOT EXISTS (
-                   SELECT 1 FROM {schema}.jobs h
-                   WHERE h.id = k.job_id
-                     AND (h.state NOT IN ('completed', 'failed', 'cancelled')
-                          OR (h.state = ANY(k.unique_states)
-                              AND (k.unique_until IS NULL
-                                   OR k.unique_until > {schema}.db_now())))) AS released
-              ) AS r)
-    RETURNING k.dedup_key, k.job_id
-),
-inserted AS (
-    INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
-                                   partition_key, dedup_key, max_attempts, created_at,
-                                   unique_states, unique_until, version, trace_context,
-                                   concurrency_key, concurrency_limit, deadline_at,
-                                   deadline_source)
-    SELECT new_id, queue, i.task, payload::jsonb,
-           CASE WHEN due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
-           priority, due_at, partition_key, dedup_key, i.max_attempts,
-           {schema}.db_now(), string_to_array(coalesce(unique_states, ''), ','),
-           {schema}.db_now() + unique_for * interval '1 second',
-           coalesce(i.version, 1),
-           trace_context, concurrency_key, concurrency_limit,
-           coalesce(deadline_at, {schema}.db_now() + coalesce(deadline, t.deadline_seconds)
-                                                     * interval '1 second'),
-           coalesce(deadline_source, 'set by task ' || t.task)
-    FROM (SELECT *, coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
-                     AS due_at
-          FROM input) AS i
-    LEFT JOIN {schema}.task_defaults t
-           ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
-          AND t.task = i.task AND t.version = coalesce(i.version, 1)
-          AND t.deadline_seconds IS NOT NULL
-    WHERE i.dedup_key IS NULL OR i.new_id IN (SELECT job_id FROM keys)
-    ORDER BY ord
-    RETURNING j.id, j.queue
-),
-notified AS (
-    SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM inserted) AS q
-)
-SELECT i.ord, coalesce(k.job_id, i.new_id) AS id, k.job_id IS NOT DISTINCT FROM i.new_id AS created
-FROM input i LEFT JOIN keys k ON k.dedup_key = i.dedup_key CROSS JOIN notified
-ORDER BY i.ord;
 """
 
 FIELDS = (
@@ -252,8 +156,8 @@ SELECT 'default', 'noop', '{{}}', 'failed', now(), now(), 3, key, '{{completed}}
 FROM unnest(%(keys)s::text[]) AS key
 """
 HOLDER_KEYS = """
-INSERT INTO {schema}.job_keys (dedup_key, job_id, task, unique_states)
-SELECT dedup_key, id, task, unique_states FROM {schema}.jobs WHERE state = 'failed'
+INSERT INTO {schema}.job_keys (key, job_id, task)
+SELECT dedup_key, id, task FROM {schema}.jobs WHERE state = 'failed'
 """
 
 
@@ -264,18 +168,14 @@ def replay(db: Database, schema: str, name: str, system: str, jobs: int) -> tupl
     warmup = batches(name, 20 * (1 if name == "one" else BATCH), serial)
     timed = batches(name, jobs, serial)
     with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
-        if system == "keytable":
-            conn.execute(KEY_TABLE.format(schema=schema))
         if name == "retake":
             keys = [key for batch in timed for key in batch.dedup_keys or ()]
             conn.execute(HOLDERS.format(schema=schema), {"keys": keys})
-            if system == "keytable":
-                conn.execute(HOLDER_KEYS.format(schema=schema))
+            conn.execute(HOLDER_KEYS.format(schema=schema))
             conn.execute(f"ANALYZE {schema}.jobs")
+            conn.execute(f"ANALYZE {schema}.job_keys")
 
         def build(batch: NewJobs) -> tuple[str, dict[str, Any]]:
-            if system == "keytable":
-                return KEYED_TABLE.format(schema=schema), insert_params(batch)
             if system == "json":
                 return GENERIC.format(schema=schema), {"jobs": json_rows(batch)}
             statement, params = insert_statement(batch)
@@ -300,13 +200,12 @@ def replay(db: Database, schema: str, name: str, system: str, jobs: int) -> tupl
 
 
 REPLAYS: tuple[str, ...] = ("one", "batch", "keyed", "retake")
-# The generic statement does not release keys (it would return the finished holders): retake
-# compares the two shapes that do.
+# Keyed batches: trioq alone (the generic statement has no keyed form since migration 0037).
 SYSTEMS_OF: dict[str, tuple[str, ...]] = {
     "one": ("trioq", "json"),
     "batch": ("trioq", "json"),
-    "keyed": ("trioq", "json", "keytable"),
-    "retake": ("trioq", "keytable"),
+    "keyed": ("trioq",),
+    "retake": ("trioq",),
 }
 
 
@@ -314,11 +213,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=5_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--replays", default=",".join(REPLAYS), help="comma-separated, of: " + ", ".join(REPLAYS)
+    )
     args = parser.parse_args()
+    replays = [name for name in REPLAYS if name in args.replays.split(",")]
     figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with open_database() as db:
         for repeat in range(args.repeats):
-            for name in REPLAYS:
+            for name in replays:
                 systems = SYSTEMS_OF[name]
                 turn = repeat % len(systems)
                 for system in systems[turn:] + systems[:turn]:
@@ -335,7 +238,7 @@ def main() -> None:
                         flush=True,
                     )
     print(f"medians: ({args.repeats} repeats of {args.jobs} jobs)")
-    for name in REPLAYS:
+    for name in replays:
         base = figures[(name, "trioq")]
         for system in SYSTEMS_OF[name]:
             runs = figures[(name, system)]
