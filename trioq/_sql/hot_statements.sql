@@ -138,7 +138,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (2614 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (2648 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -194,7 +194,8 @@ lease_expires_at = "trioq".db_now() + $7 * interval '1 second',
 worker_id = $8,
 error = NULL,
 started_at = greatest("trioq".db_now(), j.run_at)
-WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'ready'
+WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
+AND j.state NOT IN ('completed', 'failed', 'cancelled')
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
 j.version,
@@ -214,7 +215,7 @@ claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true;
 
--- name: job_claim (11041 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11075 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -483,7 +484,7 @@ THEN greatest("trioq".db_now(), j.run_at)
 ELSE greatest("trioq".db_now() + (clock_timestamp() - now()),
 j.run_at) END
 FROM candidates c
-WHERE j.id = c.id AND j.state = 'ready'
+WHERE j.id = c.id AND j.state NOT IN ('completed', 'failed', 'cancelled')
 AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
 OR c.id IN (SELECT job_id FROM concurrency_taken))
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
@@ -513,7 +514,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0;
 
--- name: job_claim_rated (13845 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (13879 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -832,7 +833,7 @@ WHERE t.job_id = j.id),
 + (clock_timestamp() - now())),
 j.run_at) END
 FROM candidates c
-WHERE j.id = c.id AND j.state = 'ready'
+WHERE j.id = c.id AND j.state NOT IN ('completed', 'failed', 'cancelled')
 AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
 OR c.id IN (SELECT job_id FROM concurrency_taken))
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
