@@ -63,8 +63,11 @@ def migrate_to(conninfo: str, version: int) -> None:
                 )
 
 
-def fill(conninfo: str, finished: int, unfinished: int, *, schema: str = SCHEMA) -> float:
-    """`finished` jobs completed a day ago and `unfinished` ready ones, in SQL; seconds taken."""
+def fill(
+    conninfo: str, finished: int, unfinished: int, *, schema: str = SCHEMA, keyed: bool = False
+) -> float:
+    """`finished` jobs completed a day ago and `unfinished` ready ones, in SQL; seconds taken.
+    `keyed`: every tenth of each has a dedup key (what migration 0037 copies into job_keys)."""
     started = time.monotonic()
     jobs = sql.Identifier(schema, "jobs")
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -85,9 +88,10 @@ def fill(conninfo: str, finished: int, unfinished: int, *, schema: str = SCHEMA)
         conn.execute(
             sql.SQL(
                 "INSERT INTO {} (queue, task, payload, state, run_at, created_at, started_at,"
-                " finished_at, attempt, result{})"
+                " finished_at, attempt, result, dedup_key{})"
                 " SELECT 'default', 'noop', '{{}}', 'completed', now() - interval '1 day',"
-                " now() - interval '1 day', now() - interval '1 day', {}, 1, 'null'{}"
+                " now() - interval '1 day', now() - interval '1 day', {}, 1, 'null',"
+                " CASE WHEN %s AND n %% 10 = 0 THEN 'f' || n END{}"
                 " FROM generate_series(1, %s) AS n"
             ).format(
                 jobs,
@@ -97,16 +101,18 @@ def fill(conninfo: str, finished: int, unfinished: int, *, schema: str = SCHEMA)
                     sql.Identifier(schema)
                 ),
             ),
-            (finished,),
+            (keyed, finished),
         )
         conn.execute(
             sql.SQL(
-                "INSERT INTO {} (queue, task, payload, state, run_at, created_at, partition_key)"
+                "INSERT INTO {} (queue, task, payload, state, run_at, created_at, partition_key,"
+                " dedup_key)"
                 " SELECT 'default', 'noop', '{{}}', 'ready', now(), now(),"
-                " CASE WHEN n %% 2 = 0 THEN 'k' || (n %% 1000) END"
+                " CASE WHEN n %% 2 = 0 THEN 'k' || (n %% 1000) END,"
+                " CASE WHEN %s AND n %% 10 = 0 THEN 'u' || n END"
                 " FROM generate_series(1, %s) AS n"
             ).format(jobs),
-            (unfinished,),
+            (keyed, unfinished),
         )
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(jobs))
     return time.monotonic() - started
@@ -153,6 +159,14 @@ def add_column_migration() -> None:
         return [*found, Migration(found[-1].version + 1, "stall_probe", extra)]
 
     pg_migrations.migrations = with_extra  # type: ignore[assignment]
+
+
+def measure_stopped(conninfo: str, lock_timeout: float) -> dict[str, Any]:
+    """A release that stops first (docs/operations.md, "Upgrading"): nothing runs beside
+    `migrate`, and its time is the downtime."""
+    started = time.monotonic()
+    applied = trio.run(_migrate, conninfo, lock_timeout)
+    return {"applied": applied, "migrate_seconds": round(time.monotonic() - started, 3)}
 
 
 def measure(
@@ -224,13 +238,20 @@ def main() -> None:
     parser.add_argument(
         "--lock-timeout", type=float, default=0.5, help="migrate's per-lock wait (0: none)"
     )
+    parser.add_argument(
+        "--stopped",
+        action="store_true",
+        help="no enqueuer or claimer beside migrate (a release that stops first): its time is"
+        " the downtime",
+    )
+    parser.add_argument("--keyed", action="store_true", help="a tenth of the jobs with dedup keys")
     args = parser.parse_args()
     if args.reader_seconds:
         add_column_migration()
     with open_database() as db:
         conninfo = db.conninfo(HARNESS_ROLE)
         migrate_to(conninfo, args.from_version)
-        fill_seconds = fill(conninfo, args.finished, args.unfinished)
+        fill_seconds = fill(conninfo, args.finished, args.unfinished, keyed=args.keyed)
         result = {
             "finished": args.finished,
             "unfinished": args.unfinished,
@@ -238,7 +259,13 @@ def main() -> None:
             "fill_seconds": round(fill_seconds, 1),
             "reader_seconds": args.reader_seconds,
             "lock_timeout": args.lock_timeout,
-            **measure(conninfo, args.reader_seconds, args.lock_timeout),
+            "stopped": args.stopped,
+            "keyed": args.keyed,
+            **(
+                measure_stopped(conninfo, args.lock_timeout)
+                if args.stopped
+                else measure(conninfo, args.reader_seconds, args.lock_timeout)
+            ),
         }
     print(json.dumps(result, indent=2))
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
