@@ -29,6 +29,13 @@ The layouts (each on its own minimal tables, no trioq code involved):
   transaction older than its seal is in flight and it holds no row; it is then TRUNCATEd
   (NOWAIT: a `pg_dump` holding its lock only postpones it) and freed for reuse. With no free
   slot, the oldest drained one is reused as it is, and the replay counts it.
+- `part-*`: `segments`' ring as lanes of one `jobs` LIST-partitioned by lane (0..N-1 the
+  slots, -1 running, -2 done): the claim and the completion are UPDATEs of the lane, moved
+  between partitions by PostgreSQL. `part-any` names the live slots as `= ANY($1)`, `part-in`
+  as `IN ($1..$4)`, `part-lit` as literals (one prepared statement per live set); `-g` forces
+  generic plans (pruning at execution). `--lookups N` runs N readers of the parent by id
+  during the replay (their generic plans lock every partition: the ring's NOWAIT truncations
+  they refuse are counted). `bench.partition_hazards` measures the rest of that design.
 
 Reported per window: mean ms per claim, completion and insert statement, microseconds per job
 for the three together, and at the end of each phase the dead tuples and size of the relations
