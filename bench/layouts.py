@@ -29,6 +29,13 @@ The layouts (each on its own minimal tables, no trioq code involved):
   transaction older than its seal is in flight and it holds no row; it is then TRUNCATEd
   (NOWAIT: a `pg_dump` holding its lock only postpones it) and freed for reuse. With no free
   slot, the oldest drained one is reused as it is, and the replay counts it.
+- `part-*`: `segments`' ring as lanes of one `jobs` LIST-partitioned by lane (0..N-1 the
+  slots, -1 running, -2 done): the claim and the completion are UPDATEs of the lane, moved
+  between partitions by PostgreSQL. `part-any` names the live slots as `= ANY($1)`, `part-in`
+  as `IN ($1..$4)`, `part-lit` as literals (one prepared statement per live set); `-g` forces
+  generic plans (pruning at execution). `--lookups N` runs N readers of the parent by id
+  during the replay (their generic plans lock every partition: the ring's NOWAIT truncations
+  they refuse are counted). `bench.partition_hazards` measures the rest of that design.
 
 Reported per window: mean ms per claim, completion and insert statement, microseconds per job
 for the three together, and at the end of each phase the dead tuples and size of the relations
@@ -38,7 +45,10 @@ the claim scans.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import multiprocessing
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -245,7 +255,13 @@ class Segments(Layout):
     free: list[int] = attrs.Factory(list)
 
     counts: dict[str, int] = attrs.Factory(
-        lambda: {"sealed": 0, "drained": 0, "truncated": 0, "reused_untruncated": 0}
+        lambda: {
+            "sealed": 0,
+            "drained": 0,
+            "truncated": 0,
+            "refused": 0,
+            "reused_untruncated": 0,
+        }
     )
 
     def install(self, conn: Conn, schema: str) -> None:
@@ -288,7 +304,8 @@ class Segments(Layout):
         for slot, horizon in list(self.sealed.items()):
             if int(oldest) <= horizon:
                 continue
-            empty = run_sql(conn, schema, f"SELECT NOT EXISTS (SELECT 1 FROM {{s}}.ready_{slot})")
+            table = self.slot_table(slot)
+            empty = run_sql(conn, schema, f"SELECT NOT EXISTS (SELECT 1 FROM {{s}}.{table})")
             if empty[0][0]:
                 del self.sealed[slot]
                 self.drained.append(slot)
@@ -300,17 +317,130 @@ class Segments(Layout):
                 self.counts["truncated"] += 1
 
     def truncate(self, conn: Conn, schema: str, slot: int) -> bool:
-        table = sql.Identifier(schema, f"ready_{slot}")
+        table = sql.Identifier(schema, self.slot_table(slot))
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE NOWAIT").format(table))
                 conn.execute(sql.SQL("TRUNCATE {}").format(table))
         except psycopg.errors.LockNotAvailable:
+            self.counts["refused"] += 1
             return False
         return True
 
+    def slot_table(self, slot: int) -> str:
+        return f"ready_{slot}"
+
     def tables(self) -> tuple[str, ...]:
-        return tuple(f"ready_{slot}" for slot in range(self.slots))
+        return tuple(self.slot_table(slot) for slot in range(self.slots))
+
+
+PARTITIONED_TABLE = """
+CREATE SEQUENCE {s}.job_ids;
+CREATE TABLE {s}.jobs (
+    lane int NOT NULL,
+    id bigint NOT NULL DEFAULT nextval('{s}.job_ids'),
+    queue text NOT NULL DEFAULT 'default',
+    state text NOT NULL DEFAULT 'ready',
+    priority smallint NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    payload jsonb NOT NULL DEFAULT '{}',
+    lease_token uuid,
+    lease_expires_at timestamptz,
+    started_at timestamptz,
+    result jsonb,
+    finished_at timestamptz,
+    cancel_requested boolean NOT NULL DEFAULT false
+) PARTITION BY LIST (lane);
+CREATE INDEX jobs_id_idx ON {s}.jobs (id);
+CREATE TABLE {s}.jobs_running PARTITION OF {s}.jobs FOR VALUES IN (-1);
+CREATE INDEX jobs_running_lease_idx ON {s}.jobs_running (lease_expires_at);
+"""
+
+
+def partitioned_install(slots: int, done_lanes: int = 1) -> str:
+    """`jobs` LIST-partitioned by lane: 0..slots-1 the ready ring (each with the claim index),
+    -1 running, -2, -3, ... done (one lane per day; the replay writes only -2). A primary key
+    must include the partition key, so `id` is unique per partition only: the index on (id)
+    is a plain one, on every partition."""
+    ring = "".join(
+        f"CREATE TABLE {{s}}.jobs_{slot} PARTITION OF {{s}}.jobs FOR VALUES IN ({slot});\n"
+        f"CREATE INDEX jobs_{slot}_claim_idx ON {{s}}.jobs_{slot} (queue, priority, run_at, id);\n"
+        for slot in range(slots)
+    )
+    done = "".join(
+        f"CREATE TABLE {{s}}.jobs_done_{day} PARTITION OF {{s}}.jobs FOR VALUES IN ({-2 - day});\n"
+        for day in range(done_lanes)
+    )
+    return PARTITIONED_TABLE + ring + done
+
+
+PARTITIONED_INSERT = (
+    "INSERT INTO {s}.jobs (lane, payload) SELECT %s, '{}' FROM generate_series(1, %s)"
+)
+#: `{live}`: the live-slot predicate's right-hand side, one of PARTITIONED_LIVE's
+PARTITIONED_CLAIM = """
+UPDATE {s}.jobs j SET lane = -1, state = 'running', lease_token = gen_random_uuid(),
+    lease_expires_at = now() + interval '30 seconds', started_at = now()
+WHERE j.lane {live} AND j.id IN (
+    SELECT id FROM {s}.jobs WHERE lane {live} AND queue = 'default' AND run_at <= now()
+    ORDER BY priority, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+RETURNING j.id, j.lease_token, j.payload
+"""
+PARTITIONED_LIVE = {
+    # one array parameter: `lane = ANY($1)`
+    "any": "= ANY(%(live)s)",
+    # four scalar parameters, as `segments` names its slots: `lane IN ($1, $2, $3, $4)`
+    "in": "IN (%(a)s, %(b)s, %(c)s, %(d)s)",
+    # the live slots as integer literals in the text: one prepared statement per live set
+    "lit": "IN ({literals})",
+}
+PARTITIONED_COMPLETE = """
+UPDATE {s}.jobs j SET lane = -2, state = 'completed', result = d.result::jsonb,
+    finished_at = now(), lease_token = NULL
+FROM unnest(%s::bigint[], %s::uuid[], %s::text[]) AS d(id, token, result)
+WHERE j.lane = -1 AND j.id = d.id AND j.lease_token = d.token
+"""
+
+
+@attrs.define(eq=False)
+class Partitioned(Segments):
+    """The ring of `segments` as lanes of one partitioned `jobs`: a claim or a completion is an
+    UPDATE of the lane, which PostgreSQL runs as a delete from one partition and an insert
+    into another (Oban Pro's DynamicPartitioner shape)."""
+
+    live_form: str = "any"
+    #: plan_cache_mode=force_generic_plan on the replay's session: the parameter forms are
+    #: pruned at execution (left to `auto`, the server re-plans them at every call)
+    generic: bool = False
+
+    def install(self, conn: Conn, schema: str) -> None:
+        run_sql(conn, schema, partitioned_install(self.slots))
+        if self.generic:
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+        self.free = list(range(1, self.slots))
+
+    def claim(self, conn: Conn, schema: str, limit: int) -> list[tuple[Any, ...]]:
+        live = self.live()
+        params: dict[str, Any] = {"limit": limit}
+        if self.live_form == "lit":
+            literals = ", ".join(str(int(slot)) for slot in sorted(live))
+            form = PARTITIONED_LIVE["lit"].format(literals=literals)
+        else:
+            form = PARTITIONED_LIVE[self.live_form]
+            if self.live_form == "any":
+                params["live"] = live
+            else:
+                assert len(live) <= LIVE_SLOTS, f"{len(live)} live slots"
+                a, b, c, d = (live + [self.current] * LIVE_SLOTS)[:LIVE_SLOTS]
+                params.update(a=a, b=b, c=c, d=d)
+        return run_sql(conn, schema, self.claim_sql.replace("{live}", form), params)
+
+    def slot_table(self, slot: int) -> str:
+        return f"jobs_{slot}"
+
+    def lookup_sql(self, schema: str) -> str:
+        return f"SELECT id, state, lane FROM {schema}.jobs WHERE id = %s"
 
 
 def layouts(segment_jobs: int, slots: int) -> dict[str, Callable[[], Layout]]:
@@ -334,7 +464,30 @@ def layouts(segment_jobs: int, slots: int) -> dict[str, Callable[[], Layout]]:
             segment_jobs=segment_jobs,
             slots=slots,
         ),
+        **{
+            f"part-{form}{suffix}": functools.partial(
+                partitioned, form, segment_jobs, slots, generic=bool(suffix)
+            )
+            for form in PARTITIONED_LIVE
+            for suffix in ("", "-g")
+            if not (form == "lit" and suffix)
+        },
     }
+
+
+def partitioned(form: str, segment_jobs: int, slots: int, *, generic: bool) -> Partitioned:
+    return Partitioned(
+        f"part-{form}{'-g' if generic else ''}",
+        "",
+        PARTITIONED_INSERT,
+        PARTITIONED_CLAIM,
+        PARTITIONED_COMPLETE,
+        ("jobs",),
+        segment_jobs=segment_jobs,
+        slots=slots,
+        live_form=form,
+        generic=generic,
+    )
 
 
 def relation_stats(conn: Conn, schema: str, tables: tuple[str, ...]) -> dict[str, int]:
@@ -385,6 +538,31 @@ def run_phase(
     return windows
 
 
+def lookup_loop(conninfo: str, statement: str, stop: Any, counter: Any) -> None:
+    """A reader of the parent by id, on a generic plan (it locks every partition)."""
+    rng = random.Random()
+    done = 0
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        while not stop.is_set():
+            conn.execute(statement, (rng.randint(1, 200_000),), prepare=True)
+            done += 1
+    with counter.get_lock():
+        counter.value += done
+
+
+def prepared_plans(conn: Conn) -> list[dict[str, Any]]:
+    """Which plans the server chose for this session's prepared statements."""
+    rows = conn.execute(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+    ).fetchall()
+    return [
+        {"statement": " ".join(text.split())[:90], "generic": generic, "custom": custom}
+        for text, generic, custom in rows
+        if "SKIP LOCKED" in text or "unnest" in text
+    ]
+
+
 def one_layout(
     db_conninfo: str, schema: str, layout: Layout, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -394,6 +572,17 @@ def one_layout(
     ):
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         layout.install(conn, schema)
+        readers: list[Any] = []
+        context = multiprocessing.get_context("fork")
+        stop, lookups = context.Event(), context.Value("q", 0)
+        if args.lookups and isinstance(layout, Partitioned):
+            for _ in range(args.lookups):
+                reader = context.Process(
+                    target=lookup_loop,
+                    args=(db_conninfo, layout.lookup_sql(schema), stop, lookups),
+                )
+                reader.start()
+                readers.append(reader)
         windows = run_phase(conn, schema, layout, args.clean_jobs, "clean")
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT count(*) FROM pg_class")
@@ -409,11 +598,18 @@ def one_layout(
         holder.execute("COMMIT")
         windows += run_phase(conn, schema, layout, args.clean_jobs, "after")
         after_stats = relation_stats(conn, schema, layout.tables())
-        counts = layout.maintain(conn, schema)
+        counts = dict(layout.maintain(conn, schema))
+        plans = prepared_plans(conn)
+        stop.set()
+        for reader in readers:
+            reader.join()
+        if readers:
+            counts["lookups"] = lookups.value
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     return {
         "layout": layout.name,
         "locks": args.locks,
+        "plans": plans,
         "windows": windows,
         "at_release": pinned_stats,
         "at_end": after_stats,
@@ -448,6 +644,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--locks", action="store_true", help="the holder locks as pg_dump does")
     parser.add_argument("--durable", action="store_true")
+    parser.add_argument(
+        "--lookups",
+        type=int,
+        default=0,
+        help="sessions reading the partitioned parent by id (generic plans) during the replay",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     makers = layouts(args.segment_jobs, args.slots)
     results = []
@@ -455,11 +658,13 @@ def main() -> None:
         conninfo = db.conninfo("bench_harness")
         for repeat in range(args.repeats):
             for name in args.layouts.split(","):
-                schema = f"layout_{name}_{repeat}"
+                schema = f"layout_{name.replace('-', '_')}_{repeat}"
                 result = one_layout(conninfo, schema, makers[name](), args)
                 print(summarize(result), flush=True)
+                for plan in result["plans"]:
+                    print("   ", plan, flush=True)
                 results.append(result)
-    RESULTS.write_text(json.dumps(results, indent=1))
+    args.out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
