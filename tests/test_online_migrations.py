@@ -24,9 +24,10 @@ BUILD_INDEX = Migration(
     9002,
     "index_concurrently",
     "-- trioq: no-transaction\n"
-    "-- Two statements, each on its own: the second is CONCURRENTLY.\n"
+    "-- Two statements, each on its own: the second is CONCURRENTLY (on a partition: a\n"
+    "-- partitioned table takes no concurrent index).\n"
     "DROP INDEX CONCURRENTLY IF EXISTS {schema}.jobs_probe_idx;\n"
-    "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_probe_idx ON {schema}.jobs (probe);\n",
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_probe_idx ON {schema}.jobs_live (probe);\n",
 )
 
 
