@@ -55,9 +55,12 @@ def schema_health(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
 
 
 def not_started(conn: psycopg.Connection[Any], schema: str) -> int:
-    query = sql.SQL("SELECT count(*) FROM {}.jobs WHERE started_at IS NULL").format(
-        sql.Identifier(schema)
-    )
+    # Unfinished states only: the partitions of finished jobs stay out of the plan (and a
+    # retention's drop is not held off by this count).
+    query = sql.SQL(
+        "SELECT count(*) FROM {}.jobs WHERE started_at IS NULL"
+        " AND state NOT IN ('completed', 'failed', 'cancelled')"
+    ).format(sql.Identifier(schema))
     row = conn.execute(query).fetchone()
     assert row is not None
     return int(row[0])

@@ -6,7 +6,7 @@ Run once (not part of the test suite):
 A fresh schema is filled (in SQL, as `bench.migrate_stall` does) with `--finished` completed
 jobs that finished a day ago, then one worker (25 slots) serves `probe` jobs offered at `--rate`
 (bench/open_loop.py) in three phases: `clean` (`--clean` seconds), `prune` (until
-`client.purge(states=("completed",), older_than=1 hour)` returns: what `trioq purge` and the
+`client.purge(states=(every final state), older_than=1 hour)` returns: what `trioq purge` and the
 retention setting run) and `after` (`--after` seconds). Reported per phase: pickup p50/p95/max,
 completions over offered, the schema's dead tuples and size; and the prune's time. The storage
 target: the prune of 1,000,000 finished jobs under 1 s, pickup p95 during it <= 2x clean.
@@ -48,8 +48,11 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
         async def prune() -> None:
             app = make_app(schema, db.conninfo(HARNESS_ROLE))
             async with app.client() as client:
+                # Every final state, no task or queue: whole days go as retention drops them
+                # (a purge naming one state deletes row by row).
                 deleted = await client.purge(
-                    states=("completed",), older_than=datetime.timedelta(hours=1)
+                    states=("completed", "failed", "cancelled"),
+                    older_than=datetime.timedelta(hours=1),
                 )
             offer.extra["pruned"] = deleted
 
