@@ -64,10 +64,17 @@ def migrate_to(conninfo: str, version: int) -> None:
 
 
 def fill(
-    conninfo: str, finished: int, unfinished: int, *, schema: str = SCHEMA, keyed: bool = False
+    conninfo: str,
+    finished: int,
+    unfinished: int,
+    *,
+    schema: str = SCHEMA,
+    keyed: bool = False,
+    days_ago: int = 1,
 ) -> float:
-    """`finished` jobs completed a day ago and `unfinished` ready ones, in SQL; seconds taken.
-    `keyed`: every tenth of each has a dedup key (what migration 0037 copies into job_keys)."""
+    """`finished` jobs completed `days_ago` days ago (over 1,000 s from then) and `unfinished`
+    ready ones, in SQL; seconds taken. `keyed`: every tenth of each has a dedup key (what
+    migration 0037 copies into job_keys)."""
     started = time.monotonic()
     jobs = sql.Identifier(schema, "jobs")
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -78,12 +85,18 @@ def fill(
             " WHERE table_schema = %s AND table_name = 'jobs' AND column_name = 'lane')",
             (schema,),
         ).fetchone() == (True,)
-        finished_at = "now() - interval '1 day' + n * interval '1 ms'"
+        finished_at = f"now() - interval '{int(days_ago)} days' + n * interval '1 ms'"
         if lanes:
             conn.execute(
-                sql.SQL("SELECT {}.job_history_add({}.job_lane(now() - interval '1 day'))").format(
-                    sql.Identifier(schema), sql.Identifier(schema)
-                )
+                sql.SQL(
+                    "SELECT {}.job_history_add({}.job_lane({} + n * interval '1 ms'))"
+                    " FROM (VALUES (0), (%s)) AS t(n)"
+                ).format(
+                    sql.Identifier(schema),
+                    sql.Identifier(schema),
+                    sql.SQL(f"now() - interval '{int(days_ago)} days'"),
+                ),
+                (finished,),
             )
         conn.execute(
             sql.SQL(

@@ -4,7 +4,7 @@ Run once (not part of the test suite):
 `python -m bench.retention [--finished 1000000] [--rate 800] [--clean 30] [--after 30]`.
 
 A fresh schema is filled (in SQL, as `bench.migrate_stall` does) with `--finished` completed
-jobs that finished a day ago, then one worker (25 slots) serves `probe` jobs offered at `--rate`
+jobs that finished two days ago, then one worker (25 slots) serves `probe` jobs offered at `--rate`
 (bench/open_loop.py) in three phases: `clean` (`--clean` seconds), `prune` (until
 `client.purge(states=(every final state), older_than=1 hour)` returns: what `trioq purge` and the
 retention setting run) and `after` (`--after` seconds). Reported per phase: pickup p50/p95/max,
@@ -42,7 +42,9 @@ def main() -> None:
 def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     """A fresh schema holding `--finished` old completed jobs, and the phases around a prune."""
     schema = db.fresh_schema()
-    fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema)
+    # Two days ago: a whole UTC day of them is past the purge's cutoff (docs/concepts.md,
+    # "Storage": a day that ends after the cutoff is deleted row by row).
+    fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema, days_ago=2)
 
     def phases(offer: Offer) -> list[Phase]:
         async def prune() -> None:
