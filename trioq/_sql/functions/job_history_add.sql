@@ -18,14 +18,8 @@ BEGIN
     IF to_regclass(format('{schema}.%I', part)) IS NOT NULL THEN
         RETURN false;
     END IF;
-    -- No autovacuum: a day is only inserted into (it has no dead tuple to remove), and an
-    -- autovacuum holding it would hold off the detach that drops it until deadlock_timeout
-    -- cancels the vacuum, far past the 50 ms the detach waits (measured: the drop of a
-    -- 1,000,000-job day refused for 6 s under load). A day dropped within the retention never
-    -- comes near the freeze age that forces a vacuum anyway.
     EXECUTE format('CREATE TABLE {schema}.%I (LIKE {schema}.jobs INCLUDING DEFAULTS '
-                   'INCLUDING CONSTRAINTS) WITH (autovacuum_enabled = off, '
-                   'toast.autovacuum_enabled = off, vacuum_truncate = off, '
+                   'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
                    'toast.vacuum_truncate = off)', part);
     EXECUTE format('ALTER TABLE {schema}.%I ALTER COLUMN id DROP IDENTITY IF EXISTS', part);
     EXECUTE format('ALTER TABLE {schema}.%I ADD CONSTRAINT %I CHECK (lane = %s), '
