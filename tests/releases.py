@@ -62,10 +62,19 @@ def previous_release_migrations(schema: str) -> list[Migration]:
 def run_previous_cli(source: Path, pg_url: str, *args: str) -> str:
     """`python -m trioq.cli ARGS --database-url URL` of the checkout `source` (its trioq first
     on sys.path: `-m` puts the working directory there)."""
+    return _run_previous(source, ["-m", "trioq.cli", *args, "--database-url", pg_url])
+
+
+def run_previous_python(source: Path, script: str, *args: str) -> str:
+    """`python -c SCRIPT ARGS` with the checkout `source`'s trioq first on sys.path."""
+    return _run_previous(source, ["-c", script, *args])
+
+
+def _run_previous(source: Path, argv: list[str]) -> str:
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "trioq.cli", *args, "--database-url", pg_url],
+        [sys.executable, *argv],
         cwd=source,
         env={"PYTHONPATH": str(source), "PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -74,5 +83,5 @@ def run_previous_cli(source: Path, pg_url: str, *args: str) -> str:
         check=False,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{args} of {source}: {output}"
+    assert result.returncode == 0, f"{argv[:3]} of {source}: {output}"
     return output

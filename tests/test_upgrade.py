@@ -1,13 +1,16 @@
-"""A rolling upgrade from the previous release, with its workers running.
+"""An upgrade from the previous release: stop its workers, migrate, start this release's.
 
-The previous release's code (a pinned commit of this repository, read from git history)
+This release changes the storage layout (dedup keys move out of the jobs table's unique index
+into `job_keys`; docs/operations.md, "Upgrading"), so the previous release's workers and
+producers must stop before this release's `migrate`: its statements name what the migration
+removes. The previous release's code (a pinned commit of this repository, read from git history)
 migrates a schema and runs two workers with jobs in every state: ready, delayed, running, keyed,
-sleeping workflows, workflows waiting for an event, for a message and for a child. Then this
-release's `migrate` runs under them. The old workers must keep working on the new schema (what
-docs/operations.md, "Upgrading", promises for this pair of releases), then drain on SIGTERM and
-exit 0; this release's workers finish the rest. Every job completes, no handler that finished
-runs again, every workflow step has its side effect once, and a per-second schedule fired
-across the hand-over of the leader seat enqueues no occurrence twice.
+sleeping workflows, workflows waiting for an event, for a message and for a child, and a
+per-second schedule its leader fires. They drain on SIGTERM and exit 0 (a job still running is
+released without spending an attempt); this release's `migrate` runs on the stopped schema
+(the downtime is its time, printed); this release's workers finish the rest. Every job
+completes, no handler that finished runs again, every workflow step has its side effect once,
+and the schedule fired by the old leader and then by a new one enqueues no occurrence twice.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from psycopg.types.json import Jsonb
 
 from tests.fault_app import QUEUE, build_app, create_exec_log
 from tests.procs import fetch, wait_until, worker_group
-from tests.releases import extract_previous_release, run_previous_cli
+from tests.releases import extract_previous_release, run_previous_cli, run_previous_python
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +92,23 @@ async def states(pg_url: str, schema: str) -> Counter[str]:
     return Counter({state: n for state, n in rows})
 
 
-async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
+async def schedule_with_the_previous_release(
+    previous_release: Path, pg_url: str, schema: str
+) -> None:
+    """The per-second schedule, created by the previous release's client (its schema is not
+    this release's yet)."""
+    script = (
+        "import sys, trio\n"
+        "from tests.fault_app import build_app\n"
+        "async def main():\n"
+        "    async with build_app(sys.argv[2], sys.argv[1]).client() as client:\n"
+        "        await client.schedule('tick', 'quick', cron='* * * * * *', payload={})\n"
+        "trio.run(main)\n"
+    )
+    await trio.to_thread.run_sync(run_previous_python, previous_release, script, pg_url, schema)
+
+
+async def test_an_upgrade_from_the_previous_release_stops_migrates_and_runs_every_job_once(
     pg_url: str, pg_schema: str, tmp_path: Path, previous_release: Path
 ) -> None:
     schema = pg_schema
@@ -106,6 +125,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
             for n in range(2)
         ]
         jobs = await enqueue_the_mix(pg_url, schema)
+        await schedule_with_the_previous_release(previous_release, pg_url, schema)
         # The first workflow's event now: its child (delayed 5 s) is waited for at the upgrade.
         await fetch(pg_url, q(schema, "SELECT {s}.event_emit('up:0', '{{\"n\": 1}}')"))
         await fetch(pg_url, q(schema, "SELECT {s}.send(%s, 'items', '\"a\"')"), (jobs["inbox"][0],))
@@ -117,31 +137,29 @@ async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
             within=60,
             what="jobs running, sleeping, waiting and scheduled at once",
         )
+        await wait_until(
+            pg_url,
+            q(
+                schema,
+                "SELECT count(*) FROM {s}.jobs WHERE dedup_key LIKE 'schedule:tick:%%'"
+                " AND state = 'completed'",
+            ),
+            None,
+            lambda rows: rows[0][0] >= 1,
+            within=30,
+            what="a scheduled occurrence run by the old workers",
+        )
+        assert not [proc.name for proc in old if proc.exited], [p.output() for p in old]
+        for proc in old:
+            proc.signal(signal.SIGTERM)
+        for proc in old:
+            assert await proc.wait_exit(GRACE + 20) == 0, proc.output()
+            assert "Traceback" not in proc.output(), proc.output()
 
         before = await states(pg_url, schema)
         started = time.monotonic()
         async with app.client(migrate=True) as client:
             migrate_seconds = time.monotonic() - started
-            # A per-second schedule, fired by the old leader and then, after the roll, by a new
-            # one: no occurrence may be enqueued twice across the hand-over.
-            await client.schedule("tick", "quick", cron="* * * * * *", payload={})
-            # The old workers go on working on the new schema: more jobs complete under them.
-            done_at_upgrade = before["completed"]
-            await wait_until(
-                pg_url,
-                q(schema, "SELECT count(*) FROM {s}.jobs WHERE state = 'completed'"),
-                None,
-                lambda rows: rows[0][0] >= done_at_upgrade + 6,
-                within=60,
-                what="jobs completing under the old workers after the upgrade",
-            )
-            assert not [proc.name for proc in old if proc.exited], [p.output() for p in old]
-            for proc in old:
-                proc.signal(signal.SIGTERM)
-            for proc in old:
-                assert await proc.wait_exit(GRACE + 20) == 0, proc.output()
-                assert "Traceback" not in proc.output(), proc.output()
-
             for n in range(2):
                 await group.start(f"new{n}", concurrency=4, lease=LEASE, grace=GRACE)
             for n in (1, 2):
@@ -152,11 +170,11 @@ async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
                 pg_url,
                 q(
                     schema,
-                    "SELECT count(DISTINCT worker_id) FROM {s}.jobs WHERE task = 'quick'"
+                    "SELECT count(DISTINCT worker_id) FROM {s}.job_records WHERE task = 'quick'"
                     " AND dedup_key LIKE 'schedule:tick:%%' AND state = 'completed'",
                 ),
                 None,
-                lambda rows: rows[0][0] >= 2,  # run by old and new workers
+                lambda rows: rows[0][0] >= 2,  # run by an old worker and by a new one
                 within=60,
                 what="scheduled occurrences run by old and new workers",
             )
@@ -166,7 +184,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
                 pg_url,
                 q(
                     schema,
-                    "SELECT count(*) FROM {s}.jobs WHERE id = ANY(%s) AND state = 'completed'",
+                    "SELECT count(*) FROM {s}.job_records WHERE id = ANY(%s)"
+                    " AND state = 'completed'",
                 ),
                 (all_ids,),
                 lambda rows: rows[0][0] == len(all_ids),
@@ -175,7 +194,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
             )
             results = {job_id: await client.wait_result(job_id) for job_id in all_ids}
 
-    print(f"migrate under the old workers: {migrate_seconds:.2f} s; states then: {dict(before)}")
+    print(f"migrate of the stopped schema: {migrate_seconds:.2f} s; states then: {dict(before)}")
     assert [results[job_id] for job_id in jobs["flow"]] == [60 + base for base in range(4)]
     assert [results[job_id]["child"] for job_id in jobs["crash_flow"]] == [3, 6, 9]
     assert results[jobs["inbox"][0]] == ["a", "b"]
@@ -193,8 +212,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_runs_every_job_once(
         pg_url,
         q(
             schema,
-            "SELECT dedup_key, count(*) FROM {s}.jobs WHERE dedup_key LIKE 'schedule:tick:%%'"
-            " GROUP BY 1",
+            "SELECT dedup_key, count(*) FROM {s}.job_records"
+            " WHERE dedup_key LIKE 'schedule:tick:%%' GROUP BY 1",
         ),
     )
     assert len(fired) >= 2 and all(count == 1 for _, count in fired), fired
