@@ -1,9 +1,9 @@
 """An upgrade from the previous release: stop its workers, migrate, start this release's.
 
 This release changes the storage layout (dedup keys move out of the jobs table's unique index
-into `job_keys`; docs/operations.md, "Upgrading"), so the previous release's workers and
-producers must stop before this release's `migrate`: its statements name what the migration
-removes. The previous release's code (a pinned commit of this repository, read from git history)
+into `job_keys`, and `jobs` is partitioned into unfinished jobs and days of finished ones;
+docs/operations.md, "Upgrading"), so the previous release's workers and producers must stop
+before this release's `migrate`: its statements name what the migrations remove. The previous release's code (a pinned commit of this repository, read from git history)
 migrates a schema and runs two workers with jobs in every state: ready, delayed, running, keyed,
 sleeping workflows, workflows waiting for an event, for a message and for a child, and a
 per-second schedule its leader fires. They drain on SIGTERM and exit 0 (a job still running is
