@@ -486,6 +486,7 @@ DECLARE
     d         integer;
     part      record;
     held      bigint;
+    attempt   integer;
     before_end timestamptz;
 BEGIN
     FOR d IN today .. today + 3 LOOP
@@ -542,8 +543,21 @@ BEGIN
             EXECUTE format('DELETE FROM "trioq".job_keys k USING "trioq".%I j '
                            'WHERE j.dedup_key IS NOT NULL AND k.key = j.dedup_key '
                            'AND k.job_id = j.id', part.relname);
-            EXECUTE format('ALTER TABLE "trioq".jobs DETACH PARTITION "trioq".%I',
-                           part.relname);
+            -- ACCESS EXCLUSIVE on jobs and the partition: a reader of the day (a report, a
+            -- count over every partition) holds it off, so up to ten tries of 50 ms, 50 ms
+            -- apart, in which the claims go on.
+            FOR attempt IN 1 .. 10 LOOP
+                BEGIN
+                    EXECUTE format('ALTER TABLE "trioq".jobs DETACH PARTITION "trioq".%I',
+                                   part.relname);
+                    EXIT;
+                EXCEPTION WHEN lock_not_available THEN
+                    IF attempt = 10 THEN
+                        RAISE;
+                    END IF;
+                    PERFORM pg_sleep(0.05);
+                END;
+            END LOOP;
             EXECUTE format('DROP TABLE "trioq".%I', part.relname);
             removed := removed + held;
         EXCEPTION WHEN lock_not_available THEN
