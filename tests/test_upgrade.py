@@ -3,14 +3,15 @@
 This release changes the storage layout (dedup keys move out of the jobs table's unique index
 into `job_keys`, and `jobs` is partitioned into unfinished jobs and days of finished ones;
 docs/operations.md, "Upgrading"), so the previous release's workers and producers must stop
-before this release's `migrate`: its statements name what the migrations remove. The previous release's code (a pinned commit of this repository, read from git history)
-migrates a schema and runs two workers with jobs in every state: ready, delayed, running, keyed,
-sleeping workflows, workflows waiting for an event, for a message and for a child, and a
-per-second schedule its leader fires. They drain on SIGTERM and exit 0 (a job still running is
-released without spending an attempt); this release's `migrate` runs on the stopped schema
-(the downtime is its time, printed); this release's workers finish the rest. Every job
-completes, no handler that finished runs again, every workflow step has its side effect once,
-and the schedule fired by the old leader and then by a new one enqueues no occurrence twice.
+before this release's `migrate`: its statements name what the migrations remove. The previous
+release's code (a pinned commit of this repository, read from git history) migrates a schema
+and runs two workers with jobs in every state: ready, delayed, running, keyed, sleeping
+workflows, workflows waiting for an event, for a message and for a child, and a per-second
+schedule its leader fires. They drain on SIGTERM and exit 0 (a job still running is released
+without spending an attempt); this release's `migrate` runs on the stopped schema (the downtime
+is its time, printed); this release's workers finish the rest. Every job completes, no handler
+that finished runs again, every workflow step has its side effect once, and the schedule fired
+by the old leader and then by a new one enqueues no occurrence twice.
 """
 
 from __future__ import annotations
