@@ -21,11 +21,12 @@ keeps a map from each Postgres id to its memory id.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import json
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, ClassVar
 
 import attrs
@@ -317,7 +318,6 @@ class DifferentialMachine(RuleBasedStateMachine):
             )
             for job, kind in chosen.items()
         ]
-        limit = max(0, worker.slots - len(worker.held) + len(chosen))
         # The worker's completer writes the outcomes, then its claim loop claims.
         if settlements:
             memory_written, pg_written = self.both(
@@ -328,13 +328,21 @@ class DifferentialMachine(RuleBasedStateMachine):
             assert sorted(memory_written.settled) == sorted(
                 (self.to_memory[job], state) for job, state in pg_written.settled
             )
+        # A settle the drivers refused while the lease still holds (only a 'cancel' with no
+        # stored request: it is recorded only for one) changed nothing: the worker still runs
+        # that job, with the same lease. Every other chosen job was settled or had lost its
+        # lease, so its lease is stale and its slot free.
+        still_held = {job for job in chosen if self._lease_holds(job)}
+        assert all(chosen[job] == "cancel" for job in still_held), (chosen, still_held)
+        worker.held = [job for job in worker.held if job not in chosen or job in still_held]
+        limit = max(0, worker.slots - len(worker.held))
         params = self._params(worker, limit, window)
         memory, pg = self.both("job_claim", (params,), (params,))
         self._compare_rounds(memory, pg)
         worker.key_cursor = memory.key_cursor or ""
-        worker.held = [job for job in worker.held if job not in chosen]
         for job in chosen:
-            self.stale.append(self.leases.pop(job))
+            if job not in still_held:
+                self.stale.append(self.leases.pop(job))
         for claimed_memory, claimed_pg in zip(
             sorted(memory.claimed, key=lambda j: j.id),
             sorted(pg.claimed, key=lambda j: self.to_memory[j.id]),
@@ -449,6 +457,12 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     # --- helpers --------------------------------------------------------------------------
 
+    def _lease_holds(self, job: int) -> bool:
+        """Whether the job's current memory lease still fences its row (the rows agree with
+        Postgres's, checked by the invariant)."""
+        row = self.pair.memory._state.rows.get(job)
+        return row is not None and row.holds(self.leases[job].memory)
+
     async def _nows(self) -> tuple[datetime.datetime, datetime.datetime]:
         empty = Claim(QUEUE, (), 0, LEASE, uuid.uuid4(), promote_limit=0)
         memory = await self.pair.memory.job_claim(empty)
@@ -543,6 +557,38 @@ def run_machine(
         )
     finally:
         DriverHost.close_shared(pg_schema)
+
+
+@contextlib.contextmanager
+def one_example(
+    machine_class: type[DifferentialMachine], pg_url: str, pg_schema: str
+) -> Iterator[Any]:
+    """A machine for a hand-written sequence of rules (a found example kept as a test: the
+    Hypothesis database is not in the repository), its host closed at the end."""
+    machine = type("Machine", (machine_class,), {"pg_url": pg_url, "pg_schema": pg_schema})
+    try:
+        yield machine()
+    finally:
+        DriverHost.close_shared(pg_schema)
+
+
+def test_a_refused_cancel_leaves_the_job_held_with_its_lease(pg_url: str, pg_schema: str) -> None:
+    """A 'cancel' settle with no stored request is refused: the worker still runs the job
+    under the same lease, so it takes no extra job for that slot and the lease is not stale
+    (the model once moved it to the stale ones and freed the slot: a 2-slot worker held 3
+    running jobs, and a 'complete' with that still-valid lease counted as a zombie write)."""
+    with one_example(DifferentialMachine, pg_url, pg_schema) as machine:
+        for _ in range(3):
+            machine.enqueue("a", 0, None, False, None, 1)
+        machine.settle_and_claim("A", [], 1)
+        machine.settle_and_claim("A", [(0, "cancel")], 1)
+        machine.rows_agree_and_stay_safe()
+        assert len(machine.workers["A"].held) == 2
+        assert not machine.stale
+        machine.settle_and_claim("A", [(0, "complete")], 1)
+        machine.rows_agree_and_stay_safe()
+        machine.write_with_a_stale_lease(0, "complete")
+        machine.rows_agree_and_stay_safe()
 
 
 @pytest.mark.slow

@@ -20,12 +20,14 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
-from tests.test_state_machine import SLEEP, DifferentialMachine, run_machine
+from tests.test_state_machine import SLEEP, DifferentialMachine, one_example, run_machine
 from trioq._core.identifiers import quote_ident
 from trioq._seam.driver import Driver, MessageSend
 from trioq._seam.workflow import Receive
 
 TOPICS = ("t1", "t2")
+Deadlines = tuple[datetime.datetime | None, datetime.datetime | None]  # (memory, Postgres)
+NONE: Deadlines = (None, None)
 
 
 async def _pg_queued(pg: Driver, schema: str) -> list[tuple[Any, ...]]:
@@ -40,8 +42,11 @@ class MessagesMachine(DifferentialMachine):
         super().__init__()
         self.sent: dict[tuple[int, str], list[int]] = {}  # (memory id, topic) -> payloads
         self.recorded: dict[tuple[int, int], tuple[str, list[Any]]] = {}  # (job, position)
-        # memory id -> (position, topic, deadline) of the receive it suspended in
-        self.pending: dict[int, tuple[int, str, datetime.datetime]] = {}
+        # memory id -> (position, topic, deadlines) of the receive it suspended in: the
+        # deadline each driver stored, on its own clock (the memory driver's starts in 2000,
+        # Postgres's db_now() is frozen at the real time), as the runtime replays each
+        # receive with the deadline its driver recorded in the pending checkpoint
+        self.pending: dict[int, tuple[int, str, Deadlines]] = {}
         self.next_payload = 0
 
     def _held_job(self, pick: int) -> int | None:
@@ -94,13 +99,20 @@ class MessagesMachine(DifferentialMachine):
         self.send(sorted(self.to_pg).index(job), self.pending[job][1])
 
     def _receive(
-        self, job: int, position: int, topic: str, timeout: float, deadline: Any, limit: int
+        self,
+        job: int,
+        position: int,
+        topic: str,
+        timeout: float,
+        deadlines: Deadlines,
+        limit: int,
     ) -> Any:
         leases = self.leases[job]
+        memory_deadline, pg_deadline = deadlines
         memory, pg = self.both(
             "job_receive",
-            (Receive(leases.memory, position, topic, timeout, deadline, limit),),
-            (Receive(leases.pg, position, topic, timeout, deadline, limit),),
+            (Receive(leases.memory, position, topic, timeout, memory_deadline, limit),),
+            (Receive(leases.pg, position, topic, timeout, pg_deadline, limit),),
         )
         assert (memory.state, memory.messages) == (pg.state, pg.messages), (memory, pg)
         if memory.state in ("received", "timeout"):
@@ -110,7 +122,7 @@ class MessagesMachine(DifferentialMachine):
             self.recorded[(job, position)] = (topic, list(memory.messages))
             self.pending.pop(job, None)
         elif memory.state == "waiting":
-            self.pending[job] = (position, topic, memory.deadline)
+            self.pending[job] = (position, topic, (memory.deadline, pg.deadline))
             self._suspended(job)
         return memory
 
@@ -126,7 +138,7 @@ class MessagesMachine(DifferentialMachine):
         if job is None or job in self.pending:
             return
         position = self.leases[job].next_position
-        outcome = self._receive(job, position, topic, SLEEP if wait else 0.0, None, limit)
+        outcome = self._receive(job, position, topic, SLEEP if wait else 0.0, NONE, limit)
         if outcome.state in ("received", "timeout") and job in self.leases:
             self.leases[job].next_position = position + 1
 
@@ -138,8 +150,8 @@ class MessagesMachine(DifferentialMachine):
         if not jobs:
             return
         job = jobs[pick % len(jobs)]
-        position, topic, deadline = self.pending[job]
-        self._receive(job, position, topic, SLEEP, deadline, limit)
+        position, topic, deadlines = self.pending[job]
+        self._receive(job, position, topic, SLEEP, deadlines, limit)
 
     @precondition(lambda self: bool(self.leases) and bool(self.recorded))
     @rule(pick=st.integers(0, 100))
@@ -150,7 +162,7 @@ class MessagesMachine(DifferentialMachine):
             return
         job, position = done[pick % len(done)]
         topic, _ = self.recorded[(job, position)]
-        outcome = self._receive(job, position, topic, SLEEP, None, 3)
+        outcome = self._receive(job, position, topic, SLEEP, NONE, 3)
         assert outcome.state in ("received", "lost"), outcome
 
     # --- invariants -----------------------------------------------------------------------
@@ -202,3 +214,23 @@ def test_both_drivers_agree_on_messages_across_crashes_and_replays(
     pg_url: str, pg_schema: str
 ) -> None:
     run_machine(MessagesMachine, pg_url, pg_schema, steps=35)
+
+
+def test_a_receive_woken_by_a_cancel_replays_with_each_drivers_deadline(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A cancel wakes a job suspended in a receive before its deadline; the woken run's replay
+    passes each driver the deadline that driver recorded (the clocks differ: memory's starts
+    in 2000), and both suspend it again (the model once passed memory's deadline to both, long
+    past on Postgres's clock: 'waiting' against 'timeout')."""
+    with one_example(MessagesMachine, pg_url, pg_schema) as machine:
+        machine.enqueue("a", 0, None, False, None, 1)
+        machine.settle_and_claim("A", [], 1)
+        machine.receive(0, "t1", True, 1)
+        machine.cancel_or_retry(0, False)
+        machine.settle_and_claim("A", [], 1)
+        assert machine.pending and machine.leases
+        machine.replay_pending_receive(0, 1)
+        machine.rows_agree_and_stay_safe()
+        machine.every_accepted_send_is_recorded_or_queued_once_in_send_order()
+        machine.no_job_waits_for_a_topic_with_a_queued_message()

@@ -113,6 +113,7 @@ def wait_event(db: MemoryState, params: WaitEvent, now: datetime.datetime) -> Ev
     _checkpoint(db, row, params.position, "event", params.key, value)
     row.wait_children = None
     row.wait_event_key = None
+    row.wait_topic = row.wait_position = None  # it waits for an event, not for a topic
     if state == "waiting":
         _suspend(row, deadline)
         row.wait_event_key = params.key
@@ -176,6 +177,7 @@ def wait_children(db: MemoryState, params: WaitChildren) -> ChildrenWaitOutcome:
         return ChildrenWaitOutcome("unknown", children)
     pending = [child.id for child in children if child.state not in FINAL]
     if not pending:
+        parent.wait_topic = parent.wait_position = None
         if params.record:
             value = {"children": [[c.id, c.state, c.result, c.error] for c in children]}
             _checkpoint(db, parent, params.position, params.kind, params.name, value)
@@ -185,6 +187,7 @@ def wait_children(db: MemoryState, params: WaitChildren) -> ChildrenWaitOutcome:
     _suspend(parent, None)
     parent.wait_children = tuple(pending)
     parent.wait_event_key = None
+    parent.wait_topic = parent.wait_position = None
     return ChildrenWaitOutcome("waiting")
 
 
@@ -257,6 +260,9 @@ def cancel_tree(
             continue
         row.cancel_requested = True
         row.wait_event_key = None
+        # Whatever receive it was suspended in is over: a send of that topic must not wake
+        # the job (now waiting for its children, or woken for its cleanup).
+        row.wait_topic = row.wait_position = None
         if new == "running":
             outbox.add(control_channel, str(row.id))
         elif new == "waiting":

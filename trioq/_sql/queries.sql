@@ -2161,7 +2161,7 @@ owner AS (
         lease_token = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_token END,
         lease_expires_at = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_expires_at END,
         wait_event_key = CASE WHEN o.state = 'waiting' THEN %(key)s END,
-        wait_children = NULL
+        wait_children = NULL, wait_topic = NULL, wait_position = NULL
     FROM outcome o
     WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
       AND j.state = 'running'
@@ -2345,7 +2345,7 @@ updated AS (
                                 THEN NULL ELSE j.lease_expires_at END,
         wait_children = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
                              THEN d.pending ELSE NULL END,
-        wait_event_key = NULL
+        wait_event_key = NULL, wait_topic = NULL, wait_position = NULL
     FROM decision d
     WHERE d.state IN ('done', 'suspend')
       AND j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s

@@ -379,6 +379,8 @@ BEGIN
                           WHEN p.new_state = 'ready' THEN "trioq".db_now()
                           ELSE j.run_at END,
             wait_event_key = NULL,
+            wait_topic = NULL,
+            wait_position = NULL,
             wait_children = CASE WHEN p.new_state = 'waiting' THEN
                                 ARRAY(SELECT c.id FROM plan c
                                       WHERE c.parent_id = p.id

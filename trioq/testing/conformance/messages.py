@@ -5,9 +5,10 @@ queued messages are received in send order, once, as the receive's checkpoint; a
 receive of a recorded position returns the same messages and takes no more; a receive with
 nothing queued suspends (waiting, lease dropped, attempt restored) and the first send of its
 topic wakes it and becomes its checkpoint, later sends (queued) and other topics do not; a
-receive past its deadline records the timeout; values ride on checkpoint writes and on their
-own fenced write, the newest per key wins, and stay readable after the job ends; the workflow
-list says what each job waits on.
+receive past its deadline records the timeout; a job a cancel took out of a receive (waiting
+for its children, or for an event in its cleanup) is not woken by that topic's send; values
+ride on checkpoint writes and on their own fenced write, the newest per key wins, and stay
+readable after the job ends; the workflow list says what each job waits on.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from ..._seam.admin import WorkflowFilter
 from ..._seam.driver import Driver, MessageSend
 from ..._seam.lease import Lease
-from ..._seam.workflow import CheckpointWrite, Receive, ValueSet, WaitEvent
+from ..._seam.workflow import CheckpointWrite, Receive, Spawn, ValueSet, WaitEvent
 from .harness import (
     DriverClock,
     claim,
@@ -179,3 +180,56 @@ async def check_workflow_list_says_what_each_job_waits_on(
     expect(paged, [], "paged by id: nothing older is suspended")
     other_task = await driver.workflow_list(WorkflowFilter(tasks=("nope",)))
     expect(other_task, [], "filtered by task")
+
+
+async def _receive_checkpoint(driver: Driver, job_id: int, position: int) -> object:
+    history = {c.position: c.value for c in await driver.checkpoint_list(job_id)}
+    return history.get(position)
+
+
+@conformance_check
+async def check_a_cancelled_receive_waiting_for_its_children_is_not_woken_by_a_send(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A cancel turns a job waiting in a receive into one waiting for its 'wait' children:
+    a send of the receive's topic then queues (the job waits for the children, not for it)."""
+    parent = await _running(driver)
+    [spawned] = await driver.job_spawn_many([Spawn(parent, 0, new_job(1), on_parent_cancel="wait")])
+    waited = await driver.job_receive(Receive(parent, 1, "go", HOUR))
+    expect(waited.state, "waiting", "suspended in the receive")
+    outcome = await driver.job_cancel(parent.id)
+    expect(outcome and outcome.state, "waiting", "now waiting for its child")
+    sent = await driver.message_send(MessageSend(parent.id, "go", "1"))
+    expect((sent.state, sent.message_id is not None), ("waiting", True), "queued")
+    row = await record(driver, parent.id)
+    expect(row.state, "waiting", "the send does not wake a job waiting for its children")
+    pending = await _receive_checkpoint(driver, parent.id, 1)
+    expect(isinstance(pending, dict) and sorted(pending), ["deadline"], "still pending")
+    listed = {w.id: w for w in await driver.workflow_list(WorkflowFilter())}
+    expect(listed[parent.id].wait_topic, None, "it waits for no topic")
+    [child] = await claim(driver)
+    expect(child.id, spawned.child_id, "only the child is claimable")
+
+
+@conformance_check
+async def check_a_receive_left_by_a_cancel_does_not_make_a_later_wait_a_receive(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A cancel wakes a job suspended in a receive for its cleanup, which waits for an event
+    instead: a send of the abandoned receive's topic queues and wakes nothing."""
+    lease = await _running(driver)
+    await driver.job_receive(Receive(lease, 0, "go", HOUR))
+    outcome = await driver.job_cancel(lease.id)
+    expect(outcome and outcome.state, "ready", "woken for its cleanup")
+    [job] = await claim(driver)
+    expect((job.id, job.cancel_requested), (lease.id, True), "claimed, flagged")
+    waited = await driver.job_wait_event(WaitEvent(job.lease, 1, "ev", HOUR))
+    expect(waited.state, "waiting", "the cleanup waits for an event")
+    sent = await driver.message_send(MessageSend(lease.id, "go", "1"))
+    expect((sent.state, sent.message_id is not None), ("waiting", True), "queued")
+    row = await record(driver, lease.id)
+    expect(row.state, "waiting", "the send does not wake the event wait")
+    pending = await _receive_checkpoint(driver, lease.id, 0)
+    expect(isinstance(pending, dict) and sorted(pending), ["deadline"], "not delivered")
+    listed = {w.id: w for w in await driver.workflow_list(WorkflowFilter())}
+    expect((listed[lease.id].wait_topic, listed[lease.id].wait_event_key), (None, "ev"), "what")
