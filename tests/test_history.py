@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import AsyncIterator
 
+import psycopg
 import pytest
 import trio
 
@@ -166,3 +167,21 @@ async def test_a_cancel_that_waited_for_a_job_finishing_under_it_runs_again(
         "completed",
     )
     assert partition_of(pg_url, pg_schema, job.id).startswith(f"{pg_schema}.jobs_d")
+
+
+async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
+    driver: PgDriver, pg_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention is not worth the pass: with job_history_rotate() failing, the pass still
+    recovers and reports, and says once that the days are tried again in a minute."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE OR REPLACE FUNCTION {pg_schema}.job_history_rotate(retention interval)"
+            " RETURNS TABLE (pruned bigint, next_due timestamptz) LANGUAGE plpgsql"
+            " AS $$ BEGIN RAISE EXCEPTION 'rotation refused'; END $$"
+        )
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert (report.leader, report.pruned_jobs) == (True, 0)
+    assert "job_history_rotate failed, tried again in a minute" in caplog.text
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert caplog.text.count("job_history_rotate failed") == 1  # not before the minute

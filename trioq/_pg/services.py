@@ -5,8 +5,11 @@ registration, leader election and the leader's maintenance pass, the ready chann
 from __future__ import annotations
 
 import datetime
+import logging
 import uuid
 from collections.abc import Sequence
+
+import psycopg
 
 from .._core.channels import control_channel
 from .._seam.schedules import (
@@ -34,6 +37,8 @@ from .replies import (
     ReadyChannel,
 )
 from .statements import Params, PgStatements, lease_arrays
+
+logger = logging.getLogger("trioq.pg")
 
 
 def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
@@ -122,7 +127,19 @@ class PgServiceStatements(PgStatements):
         last = self._history_rotated
         if last is not None and last[0] <= now < last[1]:
             return 0
-        rows = await self._retrying("job_history_rotate", {"retention_seconds": retention_seconds})
+        try:
+            rows = await self._retrying(
+                "job_history_rotate", {"retention_seconds": retention_seconds}
+            )
+        except psycopg.Error as exc:
+            # Retention is not worth the pass: its recoveries, deadlines and heartbeat are
+            # already written and reported, and the days are tried again in a minute.
+            logger.warning(
+                "job_history_rotate failed, tried again in a minute: %s",
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+            self._history_rotated = (now, now + datetime.timedelta(minutes=1))
+            return 0
         self._history_rotated = (now, rows[0][HistoryRotated.next_due])
         return int(rows[0][HistoryRotated.pruned])
 
