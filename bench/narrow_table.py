@@ -232,7 +232,8 @@ COMPLETE_UPDATE = """settled AS (
     UPDATE {schema}.jobs j
     SET state = 'completed', result = f.result::jsonb, error = NULL, attempt = f.attempt,
         executions = f.executions, worker_id = f.worker_id, started_at = f.started_at,
-        finished_at = {schema}.db_now(), lease_token = NULL, lease_expires_at = NULL
+        finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now()),
+        lease_token = NULL, lease_expires_at = NULL
     FROM finished f
     WHERE j.id = f.id
     RETURNING j.id, j.state, j.result_watched
@@ -240,9 +241,9 @@ COMPLETE_UPDATE = """settled AS (
 """
 COMPLETE_INSERT = """settled AS (
     INSERT INTO {schema}.jobs AS j (id, {late_columns}, state, result, attempt, executions,
-                                   worker_id, started_at, finished_at)
+                                   worker_id, started_at, finished_at, lane)
     SELECT id, {late_columns}, 'completed', result::jsonb, attempt, executions,
-           worker_id, started_at, {schema}.db_now()
+           worker_id, started_at, {schema}.db_now(), {schema}.job_lane({schema}.db_now())
     FROM finished
     RETURNING j.id, j.state, j.result_watched
 ),

@@ -62,7 +62,7 @@ async def test_four_worker_processes_never_run_more_than_3_of_a_key(
             "SELECT j.concurrency_key, min(l.db_ts) FILTER (WHERE l.event = 'start'), "
             "max(l.db_ts) FILTER (WHERE l.event = 'end') "
             "FROM {s}.exec_log l JOIN {s}.jobs j ON j.id = l.job_id "
-            "GROUP BY j.id, l.attempt",
+            "GROUP BY j.id, j.concurrency_key, l.attempt",
         ),
     )
     stored_by_key: dict[str, list[Interval]] = collections.defaultdict(list)

@@ -62,7 +62,8 @@ async def _race(
             pg_schema,
             "SELECT j.concurrency_key, min(l.db_ts) FILTER (WHERE l.event = 'start'), "
             "max(l.db_ts) FILTER (WHERE l.event = 'end') "
-            "FROM {s}.exec_log l JOIN {s}.jobs j ON j.id = l.job_id GROUP BY j.id, l.attempt",
+            "FROM {s}.exec_log l JOIN {s}.jobs j ON j.id = l.job_id"
+            " GROUP BY j.id, j.concurrency_key, l.attempt",
         ),
     )
     assert len(executions) == total
