@@ -24,6 +24,7 @@ QUALIFIED = {
     "concurrency_release",
     "db_now",
     "deadline_error",
+    "job_key_released",
     "job_lane",
     "ready_channel",
     "result_channel",

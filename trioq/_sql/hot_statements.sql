@@ -57,7 +57,7 @@ SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
 FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
 FROM inserted i;
 
--- name: job_insert_many (3351 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines)
+-- name: job_insert_many (3315 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines)
 WITH input AS MATERIALIZED (
 SELECT nextval(pg_get_serial_sequence('"trioq".jobs', 'id')) AS new_id, t.*
 FROM unnest($1::text[], $2::text[], $3::text[],
@@ -79,8 +79,7 @@ FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
 JOIN "trioq".job_keys k ON k.key = i.dedup_key
 JOIN "trioq".jobs h ON h.id = k.job_id
 WHERE h.state IN ('completed', 'failed', 'cancelled')
-AND NOT (h.state = ANY(h.unique_states)
-AND (h.unique_until IS NULL OR h.unique_until > "trioq".db_now()))
+AND "trioq".job_key_released(h.state, h.unique_states, h.unique_until)
 FOR SHARE OF h
 ),
 keys AS (

@@ -149,8 +149,7 @@ released AS (
     JOIN {schema}.job_keys k ON k.key = i.dedup_key
     JOIN {schema}.jobs h ON h.id = k.job_id
     WHERE h.state IN ('completed', 'failed', 'cancelled')
-      AND NOT (h.state = ANY(h.unique_states)
-               AND (h.unique_until IS NULL OR h.unique_until > {schema}.db_now()))
+      AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
     FOR SHARE OF h
 ),
 keys AS (
@@ -2056,8 +2055,7 @@ released AS (
     JOIN {schema}.job_keys k ON k.key = f.dedup_key
     JOIN {schema}.jobs h ON h.id = k.job_id
     WHERE h.state IN ('completed', 'failed', 'cancelled')
-      AND NOT (h.state = ANY(h.unique_states)
-               AND (h.unique_until IS NULL OR h.unique_until > {schema}.db_now()))
+      AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
     FOR SHARE OF h
 ),
 keys AS (

@@ -195,8 +195,7 @@ BEGIN
         FROM "trioq".job_keys k JOIN "trioq".jobs h ON h.id = k.job_id
         WHERE k.key = enqueue.dedup_key
           AND h.state IN ('completed', 'failed', 'cancelled')
-          AND NOT (h.state = ANY(h.unique_states)
-                   AND (h.unique_until IS NULL OR h.unique_until > "trioq".db_now()))
+          AND "trioq".job_key_released(h.state, h.unique_states, h.unique_until)
         FOR SHARE OF h;
         INSERT INTO "trioq".job_keys AS k (key, job_id, task)
         VALUES (enqueue.dedup_key, new_id, enqueue.task)
@@ -574,6 +573,14 @@ BEGIN
     RETURN QUERY SELECT removed, due;
 END
 $_$;
+
+CREATE FUNCTION trioq.job_key_released(state text, unique_states text[], unique_until timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT NOT (state OPERATOR(pg_catalog.=) ANY(unique_states)
+                AND (unique_until IS NULL
+                     OR unique_until OPERATOR(pg_catalog.>) "trioq".db_now()))
+$$;
 
 CREATE FUNCTION trioq.job_keys_delete_of_jobs() RETURNS trigger
     LANGUAGE plpgsql

@@ -84,8 +84,7 @@ BEGIN
         FROM {schema}.job_keys k JOIN {schema}.jobs h ON h.id = k.job_id
         WHERE k.key = enqueue.dedup_key
           AND h.state IN ('completed', 'failed', 'cancelled')
-          AND NOT (h.state = ANY(h.unique_states)
-                   AND (h.unique_until IS NULL OR h.unique_until > {schema}.db_now()))
+          AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
         FOR SHARE OF h;
         INSERT INTO {schema}.job_keys AS k (key, job_id, task)
         VALUES (enqueue.dedup_key, new_id, enqueue.task)
