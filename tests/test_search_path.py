@@ -27,6 +27,8 @@ QUALIFIED = {
     "job_key_released",
     "job_lane",
     "ready_channel",
+    "ready_ring_file",
+    "ready_slot",
     "result_channel",
     "task_deadline_seconds",
 }

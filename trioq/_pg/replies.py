@@ -338,6 +338,10 @@ class HistoryRotated(Reply, statements=("job_history_rotate",)):
     next_due: ClassVar[int]
 
 
+class ReadySwept(Reply, statements=("ready_sweep",)):
+    truncated: ClassVar[int]
+
+
 class LeaderResigned(Reply, statements=("leader_resign",)):
     resigned: ClassVar[int]
 

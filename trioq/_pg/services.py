@@ -102,6 +102,8 @@ class PgServiceStatements(PgStatements):
         )
         row, now = rows[0], rows[0][Maintenance.now]
         leader = bool(row[Maintenance.leader])
+        if leader:
+            await self._ready_sweep()
         return MaintenanceReport(
             leader=leader,
             recovered=tuple((int(job_id), state) for job_id, state in row[Maintenance.recovered]),
@@ -119,6 +121,18 @@ class PgServiceStatements(PgStatements):
             ),
             deadlines_passed=row[Maintenance.deadlines_passed],
         )
+
+    async def _ready_sweep(self) -> None:
+        """ready_sweep: the ready ring's drained slots truncated. A failure is logged and the
+        next pass tries again; it never fails the pass (a slot left untruncated for a pass
+        costs the claims some dead entries, nothing else)."""
+        try:
+            await self._retrying("ready_sweep", {})
+        except psycopg.Error as exc:
+            logger.warning(
+                "ready_sweep failed, tried again next pass: %s",
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
 
     async def _history_rotate(self, retention_seconds: float, now: datetime.datetime) -> int:
         """job_history_rotate, when the last call's `next_due` has come (the first pass of

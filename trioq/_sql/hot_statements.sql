@@ -137,7 +137,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (2648 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (2933 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -159,28 +159,31 @@ unkeyed AS MATERIALIZED (
 SELECT per_task.*
 FROM unnest((SELECT $3::text[])) AS served(task)
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at
-FROM "trioq".jobs j
-WHERE j.queue = (SELECT $2::text)
-AND j.task = served.task
-AND j.state = 'ready'
-AND j.partition_key IS NULL
-AND j.concurrency_key IS NULL
-AND j.run_at <= "trioq".db_now()
+SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row
+FROM "trioq".ready_ring r
+JOIN "trioq".jobs j ON j.id = r.id AND j.state = 'ready'
+WHERE r.queue = (SELECT $2::text)
+AND r.task = served.task
+AND r.run_at <= "trioq".db_now()
 AND ((SELECT $4::text[]) IS NULL
-OR j.task || '@' || j.version = ANY((SELECT $4::text[])::text[]))
-ORDER BY j.priority, j.run_at, j.id
+OR r.task || '@' || r.version = ANY((SELECT $4::text[])::text[]))
+ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $5::int)
-FOR UPDATE OF j SKIP LOCKED
+FOR UPDATE OF r, j SKIP LOCKED
 ) AS per_task
 WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
 candidates AS MATERIALIZED (
-SELECT id FROM unkeyed
+SELECT id, ring_slot, ring_row FROM unkeyed
 WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
 WHERE p.queue = (SELECT $2::text))
 ORDER BY priority, run_at, id
 LIMIT (SELECT $5::int)
+),
+ring_taken AS MATERIALIZED (
+SELECT "trioq".ready_ring_take(
+ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
+ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
 ),
 claimed AS (
 UPDATE "trioq".jobs j
@@ -212,9 +215,10 @@ SELECT (SELECT blocked FROM probe) AS blocked,
 NULL::text AS concurrency_cursor,
 claimed.*
 FROM (SELECT 1) AS one
-LEFT JOIN claimed ON true;
+LEFT JOIN claimed ON true
+WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11075 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11493 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -228,7 +232,8 @@ FOR UPDATE SKIP LOCKED
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
-NULL::text AS concurrency_key, NULL::int AS slot
+NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
+NULL::tid AS ring_row
 FROM due d
 WHERE (SELECT $4::int) > 0 AND d.partition_key IS NULL
 AND d.concurrency_key IS NULL
@@ -306,7 +311,8 @@ LIMIT 2 * (SELECT $4::int)
 ),
 keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
-NULL::text AS concurrency_key, NULL::int AS slot
+NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
+NULL::tid AS ring_row
 FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
@@ -402,7 +408,8 @@ LIMIT 2 * (SELECT $4::int)
 ),
 concurrency_keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
-true AS held, h.concurrency_key, h.slot
+true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
+NULL::tid AS ring_row
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue
@@ -416,20 +423,19 @@ unkeyed AS MATERIALIZED (
 SELECT per_task.*
 FROM unnest((SELECT $5::text[])) AS served(task)
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held,
-NULL::text AS concurrency_key, NULL::int AS slot
-FROM "trioq".jobs j
-WHERE j.queue = (SELECT $1::text)
-AND j.task = served.task
-AND j.state = 'ready'
-AND j.partition_key IS NULL
-AND j.concurrency_key IS NULL
-AND j.run_at <= "trioq".db_now()
+SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS held,
+NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
+r.ctid AS ring_row
+FROM "trioq".ready_ring r
+JOIN "trioq".jobs j ON j.id = r.id AND j.state = 'ready'
+WHERE r.queue = (SELECT $1::text)
+AND r.task = served.task
+AND r.run_at <= "trioq".db_now()
 AND ((SELECT $6::text[]) IS NULL
-OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
-ORDER BY j.priority, j.run_at, j.id
+OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $4::int)
-FOR UPDATE OF j SKIP LOCKED
+FOR UPDATE OF r, j SKIP LOCKED
 ) AS per_task
 ),
 candidates AS MATERIALIZED (
@@ -440,6 +446,11 @@ WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
 WHERE p.queue = (SELECT $1::text))
 ORDER BY priority, run_at, id
 LIMIT (SELECT $4::int)
+),
+ring_taken AS MATERIALIZED (
+SELECT "trioq".ready_ring_take(
+ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
+ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
 ),
 key_taken AS (
 INSERT INTO "trioq".partition_locks (queue, partition_key, job_id)
@@ -511,9 +522,9 @@ AS concurrency_cursor,
 claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
-WHERE (SELECT n FROM ready_notified) >= 0;
+WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (13879 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (14297 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -527,7 +538,8 @@ FOR UPDATE SKIP LOCKED
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
-NULL::text AS concurrency_key, NULL::int AS slot
+NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
+NULL::tid AS ring_row
 FROM due d
 WHERE (SELECT $4::int) > 0 AND d.partition_key IS NULL
 AND d.concurrency_key IS NULL
@@ -605,7 +617,8 @@ LIMIT 2 * (SELECT $4::int)
 ),
 keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
-NULL::text AS concurrency_key, NULL::int AS slot
+NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
+NULL::tid AS ring_row
 FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
@@ -729,7 +742,8 @@ LIMIT 2 * (SELECT $4::int)
 ),
 concurrency_keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
-true AS held, h.concurrency_key, h.slot
+true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
+NULL::tid AS ring_row
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue
@@ -743,20 +757,19 @@ unkeyed AS MATERIALIZED (
 SELECT per_task.*
 FROM unnest((SELECT $5::text[])) AS served(task)
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held,
-NULL::text AS concurrency_key, NULL::int AS slot
-FROM "trioq".jobs j
-WHERE j.queue = (SELECT $1::text)
-AND j.task = served.task
-AND j.state = 'ready'
-AND j.partition_key IS NULL
-AND j.concurrency_key IS NULL
-AND j.run_at <= "trioq".db_now()
+SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS held,
+NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
+r.ctid AS ring_row
+FROM "trioq".ready_ring r
+JOIN "trioq".jobs j ON j.id = r.id AND j.state = 'ready'
+WHERE r.queue = (SELECT $1::text)
+AND r.task = served.task
+AND r.run_at <= "trioq".db_now()
 AND ((SELECT $6::text[]) IS NULL
-OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
-ORDER BY j.priority, j.run_at, j.id
+OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $4::int)
-FOR UPDATE OF j SKIP LOCKED
+FOR UPDATE OF r, j SKIP LOCKED
 ) AS per_task
 ),
 candidates AS MATERIALIZED (
@@ -767,6 +780,11 @@ WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
 WHERE p.queue = (SELECT $1::text))
 ORDER BY priority, run_at, id
 LIMIT (SELECT $4::int)
+),
+ring_taken AS MATERIALIZED (
+SELECT "trioq".ready_ring_take(
+ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
+ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
 ),
 key_taken AS (
 INSERT INTO "trioq".partition_locks (queue, partition_key, job_id)
@@ -866,7 +884,7 @@ WHERE r.rate_room < r.other_room AND r.rate_room <= taken.n)
 AS key_rate_limited_until
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
-WHERE (SELECT n FROM ready_notified) >= 0;
+WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
 -- name: job_complete_plain (1030 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (

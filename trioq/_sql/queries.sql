@@ -294,22 +294,35 @@ FROM (SELECT d.now,
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: unkeyed_scan
--- The unkeyed claim source of both claim statements, per served task (`served.task`): the scan
--- of jobs_ready_task_idx in claim order, locking as it goes (SKIP LOCKED: concurrent claimers
--- skip each other's rows and keep scanning), the worker's handler versions only. `run_at <=
--- db_now()`: ready means due; a guard for rows written by hand.
-        FROM {schema}.jobs j
-        WHERE j.queue = (SELECT %(queue)s::text)
-          AND j.task = served.task
-          AND j.state = 'ready'
-          AND j.partition_key IS NULL
-          AND j.concurrency_key IS NULL
-          AND j.run_at <= {schema}.db_now()
+-- The unkeyed claim source of both claim statements, per served task (`served.task`): the
+-- ready ring's entries (migration 0039; every slot, one index scan each, merged) in claim
+-- order, each with its job's row by primary key, both locked as they are read (SKIP LOCKED:
+-- concurrent claimers skip each other's entries and keep scanning, and a job row another
+-- transaction holds, a send or a result watch, is skipped, its entry left for the next
+-- claim), the worker's handler versions only. What the scan steps over is bounded by the
+-- slots not yet truncated (a few seconds of jobs), not by how long a snapshot has pinned the
+-- horizon. An entry whose job is no longer ready (cancelled, or claimed by a worker of the
+-- previous release) is stepped over and goes with its slot.
+-- `run_at <= db_now()`: ready means due; a guard for rows written by hand.
+        FROM {schema}.ready_ring r
+        JOIN {schema}.jobs j ON j.id = r.id AND j.state = 'ready'
+        WHERE r.queue = (SELECT %(queue)s::text)
+          AND r.task = served.task
+          AND r.run_at <= {schema}.db_now()
           AND ((SELECT %(task_versions)s::text[]) IS NULL
-               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
-        ORDER BY j.priority, j.run_at, j.id
+               OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))
+        ORDER BY r.priority, r.run_at, r.id
         LIMIT (SELECT %(limit)s::int)
-        FOR UPDATE OF j SKIP LOCKED
+        FOR UPDATE OF r, j SKIP LOCKED
+
+-- fragment: ring_taken
+-- Both claim statements: the ring entries of the claimed candidates are deleted
+-- (ready_ring_take(), by row address), once, when the statement's final SELECT reads it.
+ring_taken AS MATERIALIZED (
+    SELECT {schema}.ready_ring_take(
+               ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
+               ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
+),
 
 -- fragment: claim_set
 -- The claim's new row (job_claim and job_claim_plain): a new attempt,
@@ -446,7 +459,8 @@ due AS MATERIALIZED (
 -- key) are promoted and claimed next round, through their key.
 due_unkeyed AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
-           NULL::text AS concurrency_key, NULL::int AS slot
+           NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
+           NULL::tid AS ring_row
     FROM due d
     WHERE (SELECT %(limit)s::int) > 0 AND d.partition_key IS NULL
       AND d.concurrency_key IS NULL
@@ -490,7 +504,8 @@ heads AS MATERIALIZED (
 -- later backlog read at every claim).
 keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
-           NULL::text AS concurrency_key, NULL::int AS slot
+           NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
+           NULL::tid AS ring_row
     FROM heads h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
@@ -519,7 +534,8 @@ ready_concurrency_keys AS (
 -- include: concurrency_heads_@rate@
 concurrency_keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
-           true AS held, h.concurrency_key, h.slot
+           true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
+           NULL::tid AS ring_row
     FROM concurrency_heads h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue
@@ -533,8 +549,9 @@ unkeyed AS MATERIALIZED (
     SELECT per_task.*
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue, NULL::text AS partition_key, true AS held,
-               NULL::text AS concurrency_key, NULL::int AS slot
+        SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS held,
+               NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
+               r.ctid AS ring_row
         -- include: unkeyed_scan
     ) AS per_task
 ),
@@ -548,6 +565,7 @@ candidates AS MATERIALIZED (
     ORDER BY priority, run_at, id
     LIMIT (SELECT %(limit)s::int)
 ),
+-- include: ring_taken
 key_taken AS (
     INSERT INTO {schema}.partition_locks (queue, partition_key, job_id)
     SELECT queue, partition_key, id FROM candidates WHERE NOT held
@@ -604,9 +622,9 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        -- include: claim_reply_@rate@
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
--- A one-time filter that is always true reads ready_notified, so its NOTIFY runs (a CTE without
--- a data change runs only when read).
-WHERE (SELECT n FROM ready_notified) >= 0;
+-- A one-time filter that is always true reads ready_notified and ring_taken, so its NOTIFY and
+-- the entries' delete run (a CTE without a data change runs only when read).
+WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
 -- fragment: concurrency_key_limit_held
 -- Both concurrency_room variants: per ready key `k`, the limit the claim applies
@@ -978,18 +996,19 @@ unkeyed AS MATERIALIZED (
     SELECT per_task.*
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at
+        SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row
         -- include: unkeyed_scan
     ) AS per_task
     WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
 candidates AS MATERIALIZED (
-    SELECT id FROM unkeyed
+    SELECT id, ring_slot, ring_row FROM unkeyed
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p
                       WHERE p.queue = (SELECT %(queue)s::text))
     ORDER BY priority, run_at, id
     LIMIT (SELECT %(limit)s::int)
 ),
+-- include: ring_taken
 claimed AS (
     UPDATE {schema}.jobs j
     -- include: claim_set
@@ -1010,7 +1029,9 @@ SELECT (SELECT blocked FROM probe) AS blocked,
        NULL::text AS concurrency_cursor,
        claimed.*
 FROM (SELECT 1) AS one
-LEFT JOIN claimed ON true;
+LEFT JOIN claimed ON true
+-- A one-time filter that is always true reads ring_taken, so the entries' delete runs.
+WHERE (SELECT n FROM ring_taken) >= 0;
 
 -- name: job_complete_plain
 -- The completer's flush in the common case, chosen by PgDriver.job_settle_many: every outcome a
@@ -1630,6 +1651,11 @@ FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
 -- `trioq purge` before it deletes what is left row by row.
 SELECT pruned, next_due
 FROM {schema}.job_history_rotate(%(retention_seconds)s::float8 * interval '1 second');
+
+-- name: ready_sweep
+-- The ready ring's drained slots truncated (functions/ready_sweep.sql). Sent by the leader
+-- after every maintenance pass.
+SELECT {schema}.ready_sweep() AS truncated;
 
 -- name: job_purge
 -- `trioq purge`: delete finished jobs (final states only, whatever is asked) that finished more

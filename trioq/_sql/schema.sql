@@ -886,6 +886,72 @@ CREATE FUNCTION trioq.ready_channel(queue text) RETURNS text
            (pg_catalog.hashtext(queue) OPERATOR(pg_catalog.&) 63)::pg_catalog.text
 $$;
 
+CREATE FUNCTION trioq.ready_ring_file() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id)
+    VALUES ("trioq".ready_slot(pg_catalog.now()), NEW.queue, NEW.task, NEW.version,
+            NEW.priority, NEW.run_at, NEW.id);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION trioq.ready_ring_take(rows tid[], ids bigint[]) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    taken bigint;
+BEGIN
+    DELETE FROM "trioq".ready_ring r WHERE r.ctid = ANY(rows) AND r.id = ANY(ids);
+    GET DIAGNOSTICS taken = ROW_COUNT;
+    RETURN taken;
+END
+$$;
+
+CREATE FUNCTION trioq.ready_slot(at timestamp with time zone) RETURNS smallint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT (pg_catalog.floor(pg_catalog.date_part('epoch', at) OPERATOR(pg_catalog./) 5)::bigint
+            OPERATOR(pg_catalog.%) 4)::smallint
+$$;
+
+CREATE FUNCTION trioq.ready_sweep() RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '0'
+    AS $$
+DECLARE
+    writing   smallint := "trioq".ready_slot(now());
+    next_slot smallint := "trioq".ready_slot(now() + interval '5 seconds');
+    slot      smallint;
+    filled    boolean;
+    truncated integer := 0;
+BEGIN
+    FOR slot IN 0 .. 3 LOOP
+        CONTINUE WHEN slot IN (writing, next_slot);
+        CONTINUE WHEN pg_relation_size(format('"trioq".ready_ring_%s', slot)::regclass) = 0;
+        BEGIN
+            EXECUTE format('LOCK TABLE "trioq".ready_ring_%s IN ACCESS EXCLUSIVE MODE NOWAIT',
+                           slot);
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM "trioq".ready_ring_%s r'
+                           ' JOIN "trioq".jobs_live j ON j.id = r.id AND j.state = ''ready'')',
+                           slot)
+                INTO filled;
+            IF NOT filled THEN
+                EXECUTE format('TRUNCATE "trioq".ready_ring_%s', slot);
+                truncated := truncated + 1;
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN truncated;
+END
+$$;
+
 CREATE FUNCTION trioq.result_channel(job_id bigint) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -1329,6 +1395,61 @@ CREATE TABLE trioq.queue_pauses (
     CONSTRAINT queue_pauses_queue_check CHECK ((queue ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$'::text))
 );
 
+CREATE TABLE trioq.ready_ring (
+    slot smallint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    version integer NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id bigint NOT NULL
+)
+PARTITION BY LIST (slot);
+
+CREATE TABLE trioq.ready_ring_0 (
+    slot smallint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    version integer NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id bigint NOT NULL
+)
+WITH (vacuum_truncate=off);
+
+CREATE TABLE trioq.ready_ring_1 (
+    slot smallint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    version integer NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id bigint NOT NULL
+)
+WITH (vacuum_truncate=off);
+
+CREATE TABLE trioq.ready_ring_2 (
+    slot smallint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    version integer NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id bigint NOT NULL
+)
+WITH (vacuum_truncate=off);
+
+CREATE TABLE trioq.ready_ring_3 (
+    slot smallint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    version integer NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id bigint NOT NULL
+)
+WITH (vacuum_truncate=off);
+
 CREATE TABLE trioq.schedules (
     name text NOT NULL,
     task text NOT NULL,
@@ -1390,6 +1511,14 @@ CREATE TABLE trioq.workflow_values (
 ALTER TABLE ONLY trioq.jobs ATTACH PARTITION trioq.jobs_live FOR VALUES IN (0);
 
 ALTER TABLE ONLY trioq.jobs ATTACH PARTITION trioq.jobs_unfiled DEFAULT;
+
+ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_0 FOR VALUES IN ('0');
+
+ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_1 FOR VALUES IN ('1');
+
+ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_2 FOR VALUES IN ('2');
+
+ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_3 FOR VALUES IN ('3');
 
 ALTER TABLE ONLY trioq.attempts
     ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
@@ -1483,7 +1612,25 @@ CREATE INDEX messages_job_topic_idx ON trioq.messages USING btree (job_id, topic
 
 CREATE INDEX partition_locks_job_idx ON trioq.partition_locks USING btree (job_id);
 
+CREATE INDEX ready_ring_claim_idx ON ONLY trioq.ready_ring USING btree (queue, task, priority, run_at, id);
+
+CREATE INDEX ready_ring_0_queue_task_priority_run_at_id_idx ON trioq.ready_ring_0 USING btree (queue, task, priority, run_at, id);
+
+CREATE INDEX ready_ring_1_queue_task_priority_run_at_id_idx ON trioq.ready_ring_1 USING btree (queue, task, priority, run_at, id);
+
+CREATE INDEX ready_ring_2_queue_task_priority_run_at_id_idx ON trioq.ready_ring_2 USING btree (queue, task, priority, run_at, id);
+
+CREATE INDEX ready_ring_3_queue_task_priority_run_at_id_idx ON trioq.ready_ring_3 USING btree (queue, task, priority, run_at, id);
+
 CREATE INDEX schedules_next_fire_idx ON trioq.schedules USING btree (next_fire_at NULLS FIRST);
+
+ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_0_queue_task_priority_run_at_id_idx;
+
+ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_1_queue_task_priority_run_at_id_idx;
+
+ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_2_queue_task_priority_run_at_id_idx;
+
+ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_3_queue_task_priority_run_at_id_idx;
 
 CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, state FROM trioq.jobs_live;
 
@@ -1494,3 +1641,7 @@ CREATE TRIGGER jobs_concurrency_release_update AFTER UPDATE OF state ON trioq.jo
 CREATE TRIGGER jobs_deleted AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
 
 CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
+
+CREATE TRIGGER ready_ring_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN (((new.state = 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();
+
+CREATE TRIGGER ready_ring_filed_update AFTER UPDATE OF state ON trioq.jobs_live FOR EACH ROW WHEN (((new.state = 'ready'::text) AND (old.state <> 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();

@@ -1,0 +1,155 @@
+"""The ready ring (migration 0039): every job that becomes ready with no key is filed in a slot
+of `ready_ring`, the claims take jobs from there and delete what they read, an entry that
+outlived its job's readiness is never claimed, and the leader truncates drained slots."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from tests.support import sql_rows, sql_scalar
+from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.driver import Claim
+from trioq.testing import SqlClock
+from trioq.testing.conformance.harness import QUEUE, TASK, claim, claim_due, enqueue, new_job
+
+
+@pytest.fixture
+async def driver(pg_url: str, pg_schema: str) -> AsyncIterator[PgDriver]:
+    async with open_pg_driver(pg_url, pg_schema, pool_size=4) as opened:
+        await opened.migrate()
+        yield opened
+
+
+def ring_ids(pg_url: str, schema: str) -> list[int]:
+    return [row[0] for row in sql_rows(pg_url, f"SELECT id FROM {schema}.ready_ring ORDER BY id")]
+
+
+async def plain_claim(driver: PgDriver, limit: int = 10) -> list[int]:
+    claim_params = Claim(
+        queue=QUEUE,
+        tasks=(TASK,),
+        limit=limit,
+        lease_seconds=30.0,
+        worker_id=uuid.uuid4(),
+        plain=True,
+    )
+    result = await driver.job_claim(claim_params)
+    return sorted(job.id for job in result.claimed)
+
+
+async def test_ready_unkeyed_jobs_are_filed_and_a_claim_deletes_what_it_took(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    ready, keyed, concurrency, later = await enqueue(
+        driver,
+        new_job(1),
+        new_job(2, partition_key="k"),
+        new_job(3, concurrency_key="c"),
+        new_job(4, delay_seconds=600),
+    )
+    # Keyed jobs are claimed through their keys, a scheduled one when it is promoted.
+    assert ring_ids(pg_url, pg_schema) == [ready]
+    assert [job.id for job in await claim(driver)] == [ready, keyed, concurrency]
+    assert ring_ids(pg_url, pg_schema) == []
+    more = await enqueue(driver, new_job(5), new_job(6))
+    assert ring_ids(pg_url, pg_schema) == more
+    assert await plain_claim(driver) == more
+    assert ring_ids(pg_url, pg_schema) == []
+    assert later not in ring_ids(pg_url, pg_schema)
+
+
+async def test_a_promoted_job_is_filed_when_it_becomes_ready(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    clock = await SqlClock.install(driver)
+    [job_id] = await enqueue(driver, new_job(1, delay_seconds=60))
+    assert ring_ids(pg_url, pg_schema) == []
+    await clock.advance(61)
+    # The claim that promotes a due job it does not claim at once files it; with a limit of 0
+    # it claims nothing, so the job stays ready in the ring.
+    await claim_due(driver, limit=0)
+    state = sql_scalar(pg_url, f"SELECT state FROM {pg_schema}.jobs WHERE id = %s", (job_id,))
+    assert state == "ready"
+    assert ring_ids(pg_url, pg_schema) == [job_id]
+    assert [job.id for job in await claim(driver)] == [job_id]
+
+
+async def test_an_entry_that_outlived_its_job_is_stepped_over_not_claimed(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    cancelled, other = await enqueue(driver, new_job(1), new_job(2))
+    outcome = await driver.job_cancel(cancelled)
+    assert outcome is not None
+    # The cancel leaves the entry; a claim of one job steps over it and takes the next (it
+    # is not a claim of nothing while a job is ready), and the entry goes with its slot.
+    assert ring_ids(pg_url, pg_schema) == [cancelled, other]
+    assert [job.id for job in await claim(driver, 1)] == [other]
+    assert ring_ids(pg_url, pg_schema) == [cancelled]
+    # A redrive files the job again, and it is claimed once.
+    retried = await driver.job_retry(cancelled)
+    assert retried is not None and retried.state == "ready"
+    assert ring_ids(pg_url, pg_schema) == [cancelled, cancelled]
+    assert await plain_claim(driver) == [cancelled]
+    assert await plain_claim(driver) == []
+    assert [job.id for job in await claim(driver)] == []
+
+
+async def test_a_job_claimed_elsewhere_leaves_its_entry_and_is_not_claimed_twice(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    # A worker of the previous release claims from jobs_live and leaves the entry behind.
+    [job_id] = await enqueue(driver, new_job(1))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE {pg_schema}.jobs SET state = 'running', attempt = 1,"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '30 s'"
+            " WHERE id = %s",
+            (job_id,),
+        )
+    assert ring_ids(pg_url, pg_schema) == [job_id]
+    assert await plain_claim(driver) == []
+    [next_id] = await enqueue(driver, new_job(2))
+    assert [job.id for job in await claim(driver)] == [next_id]
+
+
+async def test_the_sweep_truncates_a_drained_slot_and_leaves_a_filled_or_locked_one(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    # One transaction: now(), which names the slot being written, is fixed in it, and the slots
+    # two and three ahead are neither the one written nor the next.
+    [ready_id] = await enqueue(driver, new_job(1))
+    with psycopg.connect(pg_url) as conn, psycopg.connect(pg_url) as other:
+        drained, filled = conn.execute(
+            f"SELECT ({pg_schema}.ready_slot(now()) + 2) % 4,"
+            f" ({pg_schema}.ready_slot(now()) + 3) % 4"
+        ).fetchone()
+        row = f"INSERT INTO {pg_schema}.ready_ring VALUES (%s, 'q', 't', 1, 0, now(), %s)"
+        # An entry of a job that is no longer (or never was) ready does not keep its slot; an
+        # entry of a ready job does.
+        conn.execute(row, (drained, ready_id + 1000))
+        conn.execute(row, (filled, ready_id))
+        size = f"SELECT pg_relation_size('{pg_schema}.ready_ring_' || %s)"
+        assert conn.execute(size, (drained,)).fetchone()[0] > 0
+        assert conn.execute(f"SELECT {pg_schema}.ready_sweep()").fetchone()[0] == 1
+        assert conn.execute(size, (drained,)).fetchone()[0] == 0
+        assert conn.execute(size, (filled,)).fetchone()[0] > 0
+        conn.commit()
+        # A slot another session holds (a pg_dump's lock) is left for a later sweep.
+        conn.execute(
+            f"UPDATE {pg_schema}.jobs SET state = 'cancelled', finished_at = now(),"
+            f" lane = {pg_schema}.job_lane(now()) WHERE id = %s",
+            (ready_id,),
+        )
+        conn.commit()
+        other.execute(f"SELECT count(*) FROM {pg_schema}.ready_ring_{int(filled)}")
+        conn.execute(f"SELECT {pg_schema}.ready_sweep()")
+        assert conn.execute(size, (filled,)).fetchone()[0] > 0
+        conn.commit()
+        other.rollback()
+        conn.execute(f"SELECT {pg_schema}.ready_sweep()")
+        assert conn.execute(size, (filled,)).fetchone()[0] == 0
+        conn.commit()

@@ -1,0 +1,18 @@
+-- Files a job that became ready and has no key in the ready ring (migration 0039), where the
+-- claims find it: the trigger of every row of jobs_live that is inserted ready (an enqueue, a
+-- spawn, a redrive moving a finished job back) or whose state turns to ready (a promotion, a
+-- retry, a wake-up, a cancel of a suspended job). The triggers' WHEN clauses are checked per
+-- row without calling this, so a claim or a completion pays a comparison. One statement
+-- fills every writer's rows, so no writer can forget its jobs (an entry a claim never finds
+-- is a job that never runs). An entry can outlive its job's readiness (a cancel, a deadline):
+-- the claim takes a job only if its row is still ready, and deletes the entries it read.
+CREATE OR REPLACE FUNCTION {schema}.ready_ring_file() RETURNS trigger
+-- (Its qualified names: see db_now; a trigger of every ready job.)
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {schema}.ready_ring (slot, queue, task, version, priority, run_at, id)
+    VALUES ({schema}.ready_slot(pg_catalog.now()), NEW.queue, NEW.task, NEW.version,
+            NEW.priority, NEW.run_at, NEW.id);
+    RETURN NULL;
+END
+$$;
