@@ -137,7 +137,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (2933 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (2980 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -161,7 +161,12 @@ FROM unnest((SELECT $3::text[])) AS served(task)
 CROSS JOIN LATERAL (
 SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row
 FROM "trioq".ready_ring r
-JOIN "trioq".jobs j ON j.id = r.id AND j.state = 'ready'
+CROSS JOIN LATERAL (
+SELECT 1 FROM "trioq".jobs j
+WHERE j.id = r.id AND j.state = 'ready'
+LIMIT 1
+FOR UPDATE OF j SKIP LOCKED
+) AS job
 WHERE r.queue = (SELECT $2::text)
 AND r.task = served.task
 AND r.run_at <= "trioq".db_now()
@@ -169,7 +174,6 @@ AND ((SELECT $4::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $4::text[])::text[]))
 ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $5::int)
-FOR UPDATE OF r, j SKIP LOCKED
 ) AS per_task
 WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
@@ -218,7 +222,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11493 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11540 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -427,7 +431,12 @@ SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS
 NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
 r.ctid AS ring_row
 FROM "trioq".ready_ring r
-JOIN "trioq".jobs j ON j.id = r.id AND j.state = 'ready'
+CROSS JOIN LATERAL (
+SELECT 1 FROM "trioq".jobs j
+WHERE j.id = r.id AND j.state = 'ready'
+LIMIT 1
+FOR UPDATE OF j SKIP LOCKED
+) AS job
 WHERE r.queue = (SELECT $1::text)
 AND r.task = served.task
 AND r.run_at <= "trioq".db_now()
@@ -435,7 +444,6 @@ AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
 ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $4::int)
-FOR UPDATE OF r, j SKIP LOCKED
 ) AS per_task
 ),
 candidates AS MATERIALIZED (
@@ -524,7 +532,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (14297 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (14344 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -761,7 +769,12 @@ SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS
 NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
 r.ctid AS ring_row
 FROM "trioq".ready_ring r
-JOIN "trioq".jobs j ON j.id = r.id AND j.state = 'ready'
+CROSS JOIN LATERAL (
+SELECT 1 FROM "trioq".jobs j
+WHERE j.id = r.id AND j.state = 'ready'
+LIMIT 1
+FOR UPDATE OF j SKIP LOCKED
+) AS job
 WHERE r.queue = (SELECT $1::text)
 AND r.task = served.task
 AND r.run_at <= "trioq".db_now()
@@ -769,7 +782,6 @@ AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
 ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $4::int)
-FOR UPDATE OF r, j SKIP LOCKED
 ) AS per_task
 ),
 candidates AS MATERIALIZED (

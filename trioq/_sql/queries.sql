@@ -296,8 +296,8 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 -- fragment: unkeyed_scan
 -- The unkeyed claim source of both claim statements, per served task (`served.task`): the
 -- ready ring's entries (migration 0039; every slot, one index scan each, merged) in claim
--- order, each with its job's row by primary key, both locked as they are read (SKIP LOCKED:
--- concurrent claimers skip each other's entries and keep scanning, and a job row another
+-- order, each with its job's row by primary key, locked as it is read (SKIP LOCKED:
+-- concurrent claimers skip each other's jobs and keep scanning, and a job row another
 -- transaction holds, a send or a result watch, is skipped, its entry left for the next
 -- claim), the worker's handler versions only. What the scan steps over is bounded by the
 -- slots not yet truncated (a few seconds of jobs), not by how long a snapshot has pinned the
@@ -305,7 +305,16 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 -- previous release) is stepped over and goes with its slot.
 -- `run_at <= db_now()`: ready means due; a guard for rows written by hand.
         FROM {schema}.ready_ring r
-        JOIN {schema}.jobs j ON j.id = r.id AND j.state = 'ready'
+        -- One primary-key probe per entry, in the ring's order (a LIMIT keeps the planner from
+        -- flattening it into a join: a generic plan made it a hash join over a sequential
+        -- scan of jobs_live, 30 s a claim under a pinned horizon). The job's row lock is
+        -- the claim's: two entries of one job, or two claimers, meet on it.
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM {schema}.jobs j
+            WHERE j.id = r.id AND j.state = 'ready'
+            LIMIT 1
+            FOR UPDATE OF j SKIP LOCKED
+        ) AS job
         WHERE r.queue = (SELECT %(queue)s::text)
           AND r.task = served.task
           AND r.run_at <= {schema}.db_now()
@@ -313,7 +322,6 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
                OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))
         ORDER BY r.priority, r.run_at, r.id
         LIMIT (SELECT %(limit)s::int)
-        FOR UPDATE OF r, j SKIP LOCKED
 
 -- fragment: ring_taken
 -- Both claim statements: the ring entries of the claimed candidates are deleted
