@@ -35,6 +35,7 @@ from .replies import (
     LeaseRenewal,
     Maintenance,
     ReadyChannel,
+    ReadySwept,
 )
 from .statements import Params, PgStatements, lease_arrays
 
@@ -127,7 +128,8 @@ class PgServiceStatements(PgStatements):
         next pass tries again; it never fails the pass (a slot left untruncated for a pass
         costs the claims some dead entries, nothing else)."""
         try:
-            await self._retrying("ready_sweep", {})
+            rows = await self._retrying("ready_sweep", {})
+            logger.debug("ready ring: %d slots truncated", rows[0][ReadySwept.truncated])
         except psycopg.Error as exc:
             logger.warning(
                 "ready_sweep failed, tried again next pass: %s",
