@@ -134,7 +134,7 @@ async def test_the_sweep_truncates_a_drained_slot_and_leaves_a_filled_or_locked_
         conn.execute(row, (filled, ready_id))
         size = f"SELECT pg_relation_size('{pg_schema}.ready_ring_' || %s)"
         assert conn.execute(size, (drained,)).fetchone()[0] > 0
-        assert conn.execute(f"SELECT {pg_schema}.ready_sweep()").fetchone()[0] == 1
+        assert conn.execute(f"SELECT truncated FROM {pg_schema}.ready_sweep()").fetchone()[0] == 1
         assert conn.execute(size, (drained,)).fetchone()[0] == 0
         assert conn.execute(size, (filled,)).fetchone()[0] > 0
         conn.commit()
@@ -146,10 +146,10 @@ async def test_the_sweep_truncates_a_drained_slot_and_leaves_a_filled_or_locked_
         )
         conn.commit()
         other.execute(f"SELECT count(*) FROM {pg_schema}.ready_ring_{int(filled)}")
-        conn.execute(f"SELECT {pg_schema}.ready_sweep()")
+        conn.execute(f"SELECT truncated FROM {pg_schema}.ready_sweep()")
         assert conn.execute(size, (filled,)).fetchone()[0] > 0
         conn.commit()
         other.rollback()
-        conn.execute(f"SELECT {pg_schema}.ready_sweep()")
+        conn.execute(f"SELECT truncated FROM {pg_schema}.ready_sweep()")
         assert conn.execute(size, (filled,)).fetchone()[0] == 0
         conn.commit()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -12,8 +13,9 @@ import trio.testing
 import trioq
 from tests.support import running_worker
 from trioq._memory import MemoryDriver
+from trioq._runtime.services.maintenance import READY_SWEEP_EVERY
 from trioq._runtime.services.polls import LEAD_SECONDS, PollSharing
-from trioq._seam.services import RenewalResult, RenewLeases
+from trioq._seam.services import MaintenancePass, MaintenanceReport, RenewalResult, RenewLeases
 
 
 def make_app() -> trioq.App:
@@ -66,6 +68,46 @@ async def test_idle_worker_sends_at_most_one_statement_per_second_per_queue(
     # schedules, so no renewal, election or scheduler statement is sent while it is idle.
     assert set(calls) == {"job_claim", "maintenance_pass"}, calls
     assert sum(calls.values()) <= 60 * queue_count, calls
+
+
+class SweepingDriver(MemoryDriver):
+    """A memory driver whose first maintenance pass reports a ready ring with pages, and whose
+    sweeps leave 2, then 1, then no slot with pages (what PostgreSQL's reports look like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes = 0
+        self.sweeps: list[float] = []
+        self.left = [2, 1, 0]
+
+    async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:
+        report = await super().maintenance_pass(params)
+        self.passes += 1
+        return attrs.evolve(report, ready_pending=4 if self.passes == 1 else 0)
+
+    async def ready_sweep(self) -> int:
+        self.sweeps.append(trio.current_time())
+        return self.left.pop(0) if self.left else 0
+
+
+async def test_the_leader_sweeps_the_ready_ring_while_a_slot_has_pages_then_stops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = make_app()
+
+    @app.task("noop", queue="q")
+    async def noop(ctx: trioq.Context, payload: object) -> None:
+        return None
+
+    driver = SweepingDriver()
+    async with app.client(driver=driver), running_worker(app, ["q"], poll_interval=1.0):
+        await trio.sleep(60)
+    # One sweep per READY_SWEEP_EVERY while slots had pages, none once a sweep left none (and
+    # no pass reported pages again).
+    assert driver.passes >= 4
+    assert len(driver.sweeps) == 3, driver.sweeps
+    gaps = [later - earlier for earlier, later in itertools.pairwise(driver.sweeps)]
+    assert gaps == [READY_SWEEP_EVERY, READY_SWEEP_EVERY], gaps
 
 
 async def test_probes_standing_in_for_polls_still_find_unannounced_work_within_a_poll_interval(

@@ -698,6 +698,11 @@ class MemoryDriver:
 
     # --- maintenance ----------------------------------------------------------------------
 
+    async def ready_sweep(self) -> int:
+        """Nothing to sweep: the memory driver's ready jobs leave nothing behind."""
+        await self._state.statement("ready_sweep")
+        return 0
+
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport:
         """Recover expired leases, prune stale workers and old finished jobs, while
         `params.leader_id` holds the leader seat (or with no leader_id); heartbeat, probe.

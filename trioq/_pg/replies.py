@@ -331,6 +331,7 @@ class Maintenance(Reply, statements=("maintenance_pass",)):
     any_schedule: ClassVar[int]
     next_fire_at: ClassVar[int]
     deadlines_passed: ClassVar[int]
+    ready_pending: ClassVar[int]
 
 
 class HistoryRotated(Reply, statements=("job_history_rotate",)):
@@ -340,6 +341,7 @@ class HistoryRotated(Reply, statements=("job_history_rotate",)):
 
 class ReadySwept(Reply, statements=("ready_sweep",)):
     truncated: ClassVar[int]
+    pending: ClassVar[int]
 
 
 class LeaderResigned(Reply, statements=("leader_resign",)):

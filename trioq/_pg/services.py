@@ -103,8 +103,6 @@ class PgServiceStatements(PgStatements):
         )
         row, now = rows[0], rows[0][Maintenance.now]
         leader = bool(row[Maintenance.leader])
-        if leader:
-            await self._ready_sweep()
         return MaintenanceReport(
             leader=leader,
             recovered=tuple((int(job_id), state) for job_id, state in row[Maintenance.recovered]),
@@ -121,20 +119,15 @@ class PgServiceStatements(PgStatements):
                 next_fire_at=row[Maintenance.next_fire_at],
             ),
             deadlines_passed=row[Maintenance.deadlines_passed],
+            ready_pending=row[Maintenance.ready_pending],
         )
 
-    async def _ready_sweep(self) -> None:
-        """ready_sweep: the ready ring's drained slots truncated. A failure is logged and the
-        next pass tries again; it never fails the pass (a slot left untruncated for a pass
-        costs the claims some dead entries, nothing else)."""
-        try:
-            rows = await self._retrying("ready_sweep", {})
-            logger.debug("ready ring: %d slots truncated", rows[0][ReadySwept.truncated])
-        except psycopg.Error as exc:
-            logger.warning(
-                "ready_sweep failed, tried again next pass: %s",
-                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-            )
+    async def ready_sweep(self) -> int:
+        """ready_sweep: the ready ring's drained slots truncated; the slots that still have
+        pages. Retried on a lost connection (a second sweep finds less to do)."""
+        rows = await self._retrying("ready_sweep", {})
+        logger.debug("ready ring: %d slots truncated", rows[0][ReadySwept.truncated])
+        return int(rows[0][ReadySwept.pending])
 
     async def _history_rotate(self, retention_seconds: float, now: datetime.datetime) -> int:
         """job_history_rotate, when the last call's `next_due` has come (the first pass of

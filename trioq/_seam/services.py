@@ -123,6 +123,7 @@ class MaintenanceReport:
     probes: tuple[QueueProbe, ...] = ()  # one per queue of MaintenancePass.queues
     schedules: ScheduleDue | None = None  # the scheduler's idle read, done by the pass
     deadlines_passed: int = 0  # jobs cancelled because their deadline passed
+    ready_pending: int = 0  # places ready_sweep has something to sweep in (the leader's only)
 
 
 @attrs.frozen
@@ -139,6 +140,12 @@ class ServiceStatements(Protocol):
     async def lease_renew_many(self, params: RenewLeases) -> RenewalResult: ...
 
     async def maintenance_pass(self, params: MaintenancePass) -> MaintenanceReport: ...
+
+    # The leader's sweep of where ready jobs wait (PostgreSQL: the ready ring's drained slots
+    # truncated, docs/concepts.md "Storage"), sent while the last maintenance pass or sweep
+    # said something is left (`ready_pending`); how many places still hold something (0:
+    # nothing, until jobs become ready again). The memory driver has nothing to sweep.
+    async def ready_sweep(self) -> int: ...
 
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport: ...
 

@@ -902,7 +902,11 @@ settled AS (
         started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
         lease_token = NULL, lease_expires_at = NULL
     FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    -- `id = ANY(ids)`: the rows by primary key. Left to a join with `input`, a generic plan
+    -- read jobs_lease_idx (every running row) and under a pinned horizon stepped over every
+    -- job that ran since: the completion went 0.7 -> 21 ms in 90 s at 800 jobs/s.
+    WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
       -- A cancelled outcome is recorded only for a stored request (a cancel or a passed
       -- deadline sets it): a worker told to cancel by anything else changes nothing here.
@@ -1060,7 +1064,11 @@ settled AS (
         finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now()),
         lease_token = NULL, lease_expires_at = NULL
     FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    -- `id = ANY(ids)`: the rows by primary key. Left to a join with `input`, a generic plan
+    -- read jobs_lease_idx (every running row) and under a pinned horizon stepped over every
+    -- job that ran since: the completion went 0.7 -> 21 ms in 90 s at 800 jobs/s.
+    WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
     RETURNING j.id, j.state, j.result_watched
 ),
@@ -1094,7 +1102,9 @@ WITH input AS MATERIALIZED (
 discarded AS (
     DELETE FROM {schema}.jobs j
     USING input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    -- `id = ANY(ids)`: by primary key, as job_complete_plain.
+    WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
       AND j.state = 'running'
     RETURNING j.id, j.result_watched
 ),
@@ -1228,14 +1238,15 @@ requested AS MATERIALIZED (
          AS o(id, attempt, lease_token)
     JOIN {schema}.jobs j
       ON j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
-    WHERE j.state = 'running'
+    -- `id = ANY(ids)`: by primary key, as job_complete_plain (here and below).
+    WHERE j.state = 'running' AND j.id = ANY(%(ids)s::bigint[])
 ),
 -- The fence is part of the lock's condition, so it is re-checked on the row's newest version
 -- once locked: a lease recovered and claimed by another worker meanwhile is not extended.
 lockable AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs j
     JOIN requested r ON r.id = j.id AND r.attempt = j.attempt AND r.lease_token = j.lease_token
-    WHERE j.state = 'running'
+    WHERE j.state = 'running' AND j.id = ANY(%(ids)s::bigint[])
     FOR UPDATE OF j SKIP LOCKED
 ),
 renewed AS (
@@ -1243,6 +1254,7 @@ renewed AS (
     SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
     FROM lockable l
     WHERE j.id = l.id AND j.state = 'running'  -- jobs_live only (migration 0038)
+      AND j.id = ANY(%(ids)s::bigint[])
     RETURNING j.id, j.cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
@@ -1307,7 +1319,12 @@ SELECT (SELECT ok FROM leader) AS leader,
        probe.queues, probe.work_due, probe.next_due,
        EXISTS (SELECT 1 FROM first_schedule) AS any_schedule,
        (SELECT next_fire_at FROM first_schedule) AS next_fire_at,
-       (SELECT n FROM deadlines) AS deadlines_passed
+       (SELECT n FROM deadlines) AS deadlines_passed,
+       -- The ready ring's slots that have pages (migration 0039): while any has, the leader
+       -- sweeps every 2 s (ready_sweep); an idle ring costs no statement of its own.
+       (SELECT count(*) FROM generate_series(0, 3) AS s(n)
+        WHERE (SELECT ok FROM leader)
+          AND pg_relation_size(('{schema}.ready_ring_' || s.n)::regclass) > 0) AS ready_pending
 FROM probe;
 
 -- fragment: maintenance_election
@@ -1662,8 +1679,8 @@ FROM {schema}.job_history_rotate(%(retention_seconds)s::float8 * interval '1 sec
 
 -- name: ready_sweep
 -- The ready ring's drained slots truncated (functions/ready_sweep.sql). Sent by the leader
--- after every maintenance pass.
-SELECT {schema}.ready_sweep() AS truncated;
+-- every 2 s while a slot has pages, else once a maintenance interval.
+SELECT truncated, pending FROM {schema}.ready_sweep();
 
 -- name: job_purge
 -- `trioq purge`: delete finished jobs (final states only, whatever is asked) that finished more

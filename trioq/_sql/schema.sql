@@ -918,24 +918,23 @@ CREATE FUNCTION trioq.ready_slot(at timestamp with time zone) RETURNS smallint
             OPERATOR(pg_catalog.%) 4)::smallint
 $$;
 
-CREATE FUNCTION trioq.ready_sweep() RETURNS integer
+CREATE FUNCTION trioq.ready_sweep() RETURNS TABLE(truncated integer, pending integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
-    SET lock_timeout TO '0'
+    SET lock_timeout TO '10ms'
     AS $$
 DECLARE
     writing   smallint := "trioq".ready_slot(now());
     next_slot smallint := "trioq".ready_slot(now() + interval '5 seconds');
     slot      smallint;
     filled    boolean;
-    truncated integer := 0;
 BEGIN
+    truncated := 0;
     FOR slot IN 0 .. 3 LOOP
         CONTINUE WHEN slot IN (writing, next_slot);
         CONTINUE WHEN pg_relation_size(format('"trioq".ready_ring_%s', slot)::regclass) = 0;
         BEGIN
-            EXECUTE format('LOCK TABLE "trioq".ready_ring_%s IN ACCESS EXCLUSIVE MODE NOWAIT',
-                           slot);
+            EXECUTE format('LOCK TABLE "trioq".ready_ring_%s IN ACCESS EXCLUSIVE MODE', slot);
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM "trioq".ready_ring_%s r'
                            ' JOIN "trioq".jobs_live j ON j.id = r.id AND j.state = ''ready'')',
                            slot)
@@ -948,7 +947,9 @@ BEGIN
             NULL;
         END;
     END LOOP;
-    RETURN truncated;
+    SELECT count(*) INTO pending FROM generate_series(0, 3) AS s(n)
+    WHERE pg_relation_size(format('"trioq".ready_ring_%s', s.n)::regclass) > 0;
+    RETURN NEXT;
 END
 $$;
 

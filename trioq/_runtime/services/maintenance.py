@@ -24,6 +24,12 @@ from .scheduler import Scheduler
 
 log = logging.getLogger("trioq.worker")
 
+# A ready ring slot is written for 5 s and drains for 15 (functions/ready_slot.sql): a sweep
+# every 2 s truncates a drained slot within a few seconds, so under a pinned horizon at most
+# about two slots' dead entries wait (once per maintenance interval, 10-20 s by default, a slot
+# was often reused before its turn came: the claims then stepped over several slots' worth).
+READY_SWEEP_EVERY = 2.0
+
 
 @attrs.frozen
 class MaintenanceStatistics:
@@ -50,6 +56,7 @@ class Maintenance:
     _pruned_jobs: int = 0
     _pruned_workers: int = 0
     _healthy: bool = True
+    _sweep_wanted: trio.Event = attrs.Factory(trio.Event)
 
     def statistics(self) -> MaintenanceStatistics:
         return MaintenanceStatistics(
@@ -61,10 +68,30 @@ class Maintenance:
         left), then one per interval (jittered), each sent in place of a claim poll. Returns
         when a pass finds the seat taken by another worker. Safe to cancel: a cancelled pass
         rolls back."""
-        poll_due = None
-        while await self.sweep(poll_due):
-            await trio.sleep(self.interval * (0.8 + 0.4 * random.random()))
-            poll_due = await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._ready_sweeps)
+            poll_due = None
+            while await self.sweep(poll_due):
+                await trio.sleep(self.interval * (0.8 + 0.4 * random.random()))
+                poll_due = await self.polls.wait_poll_due(at_most=ALIGN_SHARE * self.interval)
+            nursery.cancel_scope.cancel()
+
+    async def _ready_sweeps(self) -> None:
+        """The leader's sweep of the ready ring: once a pass reports a slot with pages, every
+        READY_SWEEP_EVERY seconds until no slot has any (an idle ring sends nothing)."""
+        while True:
+            await self._sweep_wanted.wait()
+            self._sweep_wanted = trio.Event()
+            pending = 1
+            while pending:
+                try:
+                    pending = await self.driver.ready_sweep()
+                except Exception as exc:
+                    level = lost_connection_level(self.driver.is_connection_lost, exc)
+                    log.log(level, "ready ring sweep failed: %s", exc)
+                    pending = 0  # the next pass that finds pages starts the sweeps again
+                if pending:
+                    await trio.sleep(READY_SWEEP_EVERY)
 
     async def sweep(self, poll_due: float | None = None) -> bool:
         """One pass, repeated while a batch comes back full; False once not the leader. A
@@ -110,6 +137,8 @@ class Maintenance:
             log.info("cancelled %d jobs past their deadline", report.deadlines_passed)
         if self.scheduler is not None and report.schedules is not None and report.leader:
             self.scheduler.observed(report.schedules)
+        if report.ready_pending:
+            self._sweep_wanted.set()
         if self.on_pass is not None:
             self.on_pass(report)
         if not report.registered:

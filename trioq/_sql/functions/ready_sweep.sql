@@ -3,30 +3,34 @@
 -- (an entry that outlived its job's readiness, a cancelled job's, goes with its slot) and
 -- has pages left. A TRUNCATE
 -- leaves no dead tuple, whatever snapshot is open: what vacuum cannot remove while a long
--- transaction pins the horizon is gone here. Every lock is NOWAIT: a slot a claim, an
--- enqueue's open transaction or a `pg_dump` is holding is left for the next call (an
+-- transaction pins the horizon is gone here. Every lock waits 10 ms at most (the claims
+-- queued behind the request wait no longer; with NOWAIT the claims, which read every slot,
+-- refused most tries): a slot a claim, an enqueue's open transaction or a `pg_dump` is
+-- holding is left for the next call (an
 -- enqueue that filed a row there holds its lock until it commits, so no entry is lost: and
 -- a claim reads every slot, so a row filed late in an old slot is found). The elected leader
--- calls it after its maintenance pass. Returns the slots truncated.
+-- calls it every 2 s while some slot has pages, else once a maintenance interval
+-- (trioq/_runtime/services/maintenance.py). Returns the slots truncated and the slots that
+-- still have pages (0: nothing to sweep until jobs become ready again).
 -- SECURITY DEFINER: a worker's role may not TRUNCATE (docs/operations.md, "Roles"). It takes no
 -- input; every name it builds is `ready_ring_` and a digit.
-CREATE OR REPLACE FUNCTION {schema}.ready_sweep() RETURNS integer
+CREATE OR REPLACE FUNCTION {schema}.ready_sweep()
+RETURNS TABLE (truncated integer, pending integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = 0 AS $$
+SET lock_timeout = '10ms' AS $$
 DECLARE
     writing   smallint := {schema}.ready_slot(now());
     next_slot smallint := {schema}.ready_slot(now() + interval '5 seconds');
     slot      smallint;
     filled    boolean;
-    truncated integer := 0;
 BEGIN
+    truncated := 0;
     FOR slot IN 0 .. 3 LOOP
         CONTINUE WHEN slot IN (writing, next_slot);
         CONTINUE WHEN pg_relation_size(format('{schema}.ready_ring_%s', slot)::regclass) = 0;
         BEGIN
-            EXECUTE format('LOCK TABLE {schema}.ready_ring_%s IN ACCESS EXCLUSIVE MODE NOWAIT',
-                           slot);
+            EXECUTE format('LOCK TABLE {schema}.ready_ring_%s IN ACCESS EXCLUSIVE MODE', slot);
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM {schema}.ready_ring_%s r'
                            ' JOIN {schema}.jobs_live j ON j.id = r.id AND j.state = ''ready'')',
                            slot)
@@ -39,6 +43,8 @@ BEGIN
             NULL;
         END;
     END LOOP;
-    RETURN truncated;
+    SELECT count(*) INTO pending FROM generate_series(0, 3) AS s(n)
+    WHERE pg_relation_size(format('{schema}.ready_ring_%s', s.n)::regclass) > 0;
+    RETURN NEXT;
 END
 $$;
