@@ -108,6 +108,7 @@ NO_JOB_WRITES = frozenset(
         "queue_resume",
         "queue_status",
         "ready_channels",
+        "ready_sweep",  # truncates the ready ring's drained slots; no job row
         "schedule_delete",
         "schedule_list",
         "schedule_next_due",

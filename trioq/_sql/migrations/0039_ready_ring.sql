@@ -11,14 +11,14 @@
 -- ready_ring: an entry (slot, queue, task, version, priority, run_at, id) per job that became
 -- ready with no key, filed by the ready_ring_filed triggers on jobs_live into slot
 -- ready_slot(now()): each slot is written for 5 s, then drains, and the leader truncates it
--- once it is empty (ready_sweep()). The claims (the unkeyed_scan fragment) read every slot in
--- claim order, lock entries with SKIP LOCKED, take a job only if its row is still ready, and
--- delete the entries they read. jobs_live keeps its row of record (and jobs_ready_task_idx,
+-- once no entry in it is a ready job's (ready_sweep()). The claims (the unkeyed_scan
+-- fragment) read every slot in claim order, take an entry only with its job's row, still
+-- ready, locked with SKIP LOCKED, and delete the entries they took. jobs_live keeps its row of record (and jobs_ready_task_idx,
 -- for the readers that count ready jobs).
 --
 -- Online: this migration needs no stop. A worker of the previous release claims from
 -- jobs_live's index as before and leaves its jobs' entries behind; a worker of this release
--- skips such an entry (its job is no longer ready) and deletes it.
+-- steps over such an entry (its job is no longer ready), and it goes with its slot.
 CREATE TABLE {schema}.ready_ring (
     slot     smallint NOT NULL,
     queue    text NOT NULL,
