@@ -898,7 +898,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_complete_plain (1078 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
+-- name: job_complete_plain (1155 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
 SELECT t.*
 FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
@@ -913,7 +913,8 @@ lease_token = NULL, lease_expires_at = NULL
 FROM input i
 WHERE j.id = ANY((SELECT $1::bigint[])::bigint[])
 AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-AND j.state = 'running'
+AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+'cancelled')
 RETURNING j.id, j.state, j.result_watched
 ),
 results_notified AS (
@@ -927,7 +928,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (3414 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (3491 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -962,7 +963,8 @@ lease_token = NULL, lease_expires_at = NULL
 FROM input i
 WHERE j.id = ANY((SELECT $1::bigint[])::bigint[])
 AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-AND j.state = 'running'
+AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+'cancelled')
 AND (i.state <> 'cancelled' OR j.cancel_requested)
 RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
 j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
@@ -1008,7 +1010,7 @@ min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next
 + (SELECT n FROM parents_woken) AS notified
 FROM settled;
 
--- name: lease_renew_many (1612 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
+-- name: lease_renew_many (1807 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
 WITH heartbeat AS (
 UPDATE "trioq".workers SET heartbeat_at = "trioq".db_now(), state = $1,
 admission = (
@@ -1029,20 +1031,25 @@ FROM unnest($9::bigint[], $10::int[], $11::uuid[])
 AS o(id, attempt, lease_token)
 JOIN "trioq".jobs j
 ON j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
-WHERE j.state = 'running' AND j.id = ANY($9::bigint[])
+WHERE j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+'cancelled')
+AND j.id = ANY($9::bigint[])
 ),
 lockable AS MATERIALIZED (
 SELECT j.id FROM "trioq".jobs j
 JOIN requested r ON r.id = j.id AND r.attempt = j.attempt AND r.lease_token = j.lease_token
-WHERE j.state = 'running' AND j.id = ANY($9::bigint[])
+WHERE j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+'cancelled')
+AND j.id = ANY($9::bigint[])
 FOR UPDATE OF j SKIP LOCKED
 ),
 renewed AS (
 UPDATE "trioq".jobs j
 SET lease_expires_at = "trioq".db_now() + $12 * interval '1 second'
 FROM lockable l
-WHERE j.id = l.id AND j.state = 'running'  -- jobs_live only (migration 0038)
-AND j.id = ANY($9::bigint[])
+WHERE j.id = l.id AND j.id = ANY($9::bigint[])
+AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+'cancelled')
 RETURNING j.id, j.cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
