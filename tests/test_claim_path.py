@@ -21,7 +21,7 @@ from tests.support import Gate, make_app, run_explained, running_worker
 from trioq._pg.driver import claim_params
 from trioq._runtime.job.claim_loop import WorkerHooks
 from trioq._seam.driver import Claim
-from trioq._sql import queries
+from trioq._sql import positional_queries, queries
 
 
 def _claim_buffers(pg_url: str, schema: str, tasks: list[str]) -> tuple[int, int]:
@@ -286,3 +286,52 @@ async def test_without_notifications_a_slot_that_opens_claims_work_enqueued_mean
                 await client.enqueue("noop", {})
                 gate.release.set()  # the held handlers end: their slots claim again
                 await started.wait()
+
+
+RUNNING_ROW_STATEMENTS = (
+    "job_complete_plain",
+    "job_complete_discard",
+    "job_settle_many",
+    "lease_renew_many",
+)
+
+
+def generic_plans(pg_url: str, schema: str, names: tuple[str, ...]) -> dict[str, str]:
+    """Each statement's generic plan (PREPARE, then EXPLAIN EXECUTE with every parameter NULL:
+    the plan, not a run)."""
+    plans = {}
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        for name in names:
+            statement = positional_queries(schema)[name]
+            conn.execute(f"PREPARE {name} AS {statement.text.decode()}")
+            nulls = ", ".join(["NULL"] * len(statement.names))
+            rows = conn.execute(f"EXPLAIN EXECUTE {name}({nulls})").fetchall()
+            plans[name] = "\n".join(row[0] for row in rows)
+    return plans
+
+
+async def test_the_statements_of_running_jobs_find_them_by_primary_key(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The completion, the settle, the discard and the renewal find their rows by primary key,
+    never through jobs_lease_idx: that partial index of running rows is small by the
+    statistics, and under a pinned horizon it holds an entry for every job that ran since (a
+    completion that read it went 0.7 -> 21 ms in 90 s at 800 jobs/s)."""
+    app = make_app(pg_url, pg_schema)
+    async with app.client(migrate=True):
+        pass
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, priority, run_at,"
+            " created_at, lease_token, lease_expires_at)"
+            " SELECT 'default', 'noop', '{}', CASE WHEN n <= 20 THEN 'running' ELSE 'ready' END,"
+            " 0, now(), now(), CASE WHEN n <= 20 THEN gen_random_uuid() END,"
+            " CASE WHEN n <= 20 THEN now() + interval '30 s' END"
+            " FROM generate_series(1, 20000) AS n"
+        )
+        conn.execute(f"ANALYZE {pg_schema}.jobs_live")
+    plans = generic_plans(pg_url, pg_schema, RUNNING_ROW_STATEMENTS)
+    for name, plan in plans.items():
+        assert "jobs_lease_idx" not in plan, (name, plan)
+        assert "jobs_pkey" in plan, (name, plan)
