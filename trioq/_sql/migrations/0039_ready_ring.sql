@@ -13,8 +13,8 @@
 -- ready_slot(now()): each slot is written for 5 s, then drains, and the leader truncates it
 -- once no entry in it is a ready job's (ready_sweep()). The claims (the unkeyed_scan
 -- fragment) read every slot in claim order, take an entry only with its job's row, still
--- ready, locked with SKIP LOCKED, and delete the entries they took. jobs_live keeps its row of record (and jobs_ready_task_idx,
--- for the readers that count ready jobs).
+-- ready, locked with SKIP LOCKED, and delete the entries they took. jobs_live keeps its row
+-- of record (and jobs_ready_task_idx, for the readers that count ready jobs).
 --
 -- Online: this migration needs no stop. A worker of the previous release claims from
 -- jobs_live's index as before and leaves its jobs' entries behind; a worker of this release
