@@ -911,8 +911,8 @@ SET state = 'completed', result = i.result::jsonb, error = NULL,
 finished_at = "trioq".db_now(), lane = "trioq".job_lane("trioq".db_now()),
 lease_token = NULL, lease_expires_at = NULL
 FROM input i
-WHERE j.id = ANY((SELECT $1::bigint[])::bigint[])
-AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+AND j.id = ANY((SELECT $1::bigint[])::bigint[])
 AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
 'cancelled')
 RETURNING j.id, j.state, j.result_watched
@@ -961,8 +961,8 @@ worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
 started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
 lease_token = NULL, lease_expires_at = NULL
 FROM input i
-WHERE j.id = ANY((SELECT $1::bigint[])::bigint[])
-AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+AND j.id = ANY((SELECT $1::bigint[])::bigint[])
 AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
 'cancelled')
 AND (i.state <> 'cancelled' OR j.cancel_requested)
@@ -1010,7 +1010,7 @@ min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next
 + (SELECT n FROM parents_woken) AS notified
 FROM settled;
 
--- name: lease_renew_many (1807 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
+-- name: lease_renew_many (1864 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
 WITH heartbeat AS (
 UPDATE "trioq".workers SET heartbeat_at = "trioq".db_now(), state = $1,
 admission = (
@@ -1029,25 +1029,27 @@ requested AS MATERIALIZED (
 SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
 FROM unnest($9::bigint[], $10::int[], $11::uuid[])
 AS o(id, attempt, lease_token)
-JOIN "trioq".jobs j
-ON j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
-WHERE j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+JOIN "trioq".jobs j ON j.id = o.id
+WHERE j.attempt = o.attempt AND j.lease_token = o.lease_token
+AND j.id = ANY((SELECT $9::bigint[])::bigint[])
+AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
 'cancelled')
-AND j.id = ANY($9::bigint[])
 ),
 lockable AS MATERIALIZED (
 SELECT j.id FROM "trioq".jobs j
-JOIN requested r ON r.id = j.id AND r.attempt = j.attempt AND r.lease_token = j.lease_token
-WHERE j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+JOIN requested r ON r.id = j.id
+WHERE r.attempt = j.attempt AND r.lease_token = j.lease_token
+AND j.id = ANY((SELECT $9::bigint[])::bigint[])
+AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
 'cancelled')
-AND j.id = ANY($9::bigint[])
 FOR UPDATE OF j SKIP LOCKED
 ),
 renewed AS (
 UPDATE "trioq".jobs j
 SET lease_expires_at = "trioq".db_now() + $12 * interval '1 second'
 FROM lockable l
-WHERE j.id = l.id AND j.id = ANY($9::bigint[])
+WHERE j.id = l.id
+AND j.id = ANY((SELECT $9::bigint[])::bigint[])
 AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
 'cancelled')
 RETURNING j.id, j.cancel_requested

@@ -332,6 +332,17 @@ ring_taken AS MATERIALIZED (
                ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
 ),
 
+-- fragment: running_by_key
+-- The rows of running jobs the statement names (`ids`: the completion, the settle, the discard,
+-- the lease renewal), found by primary key, with `running` written as none of the other
+-- states. With `state = 'running'` a generic plan read jobs_lease_idx (a partial index of
+-- running rows, small by the statistics) and filtered it by id, and under a pinned horizon
+-- stepped over every job that ran since (the completion went 0.7 -> 21 ms in 90 s at 800
+-- jobs/s); no partial index matches the list. The day partitions' CHECKs still leave them out.
+      AND j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
+                          'cancelled')
+
 -- fragment: claim_set
 -- The claim's new row (job_claim and job_claim_plain): a new attempt,
 -- a fresh lease token, the lease from database time; each statement sets started_at after it.
@@ -902,15 +913,8 @@ settled AS (
         started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
         lease_token = NULL, lease_expires_at = NULL
     FROM input i
-    -- By primary key (`id = ANY(ids)`), and `running` written as "none of the other states":
-    -- with `state = 'running'` a generic plan read jobs_lease_idx (a partial index of running
-    -- rows, small by the statistics) and filtered it, and under a pinned horizon stepped over
-    -- every job that ran since (the completion went 0.7 -> 21 ms in 90 s at 800 jobs/s). The
-    -- day partitions' CHECKs still leave them out.
-    WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-      AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      -- include: running_by_key
       -- A cancelled outcome is recorded only for a stored request (a cancel or a passed
       -- deadline sets it): a worker told to cancel by anything else changes nothing here.
       AND (i.state <> 'cancelled' OR j.cancel_requested)
@@ -1067,15 +1071,8 @@ settled AS (
         finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now()),
         lease_token = NULL, lease_expires_at = NULL
     FROM input i
-    -- By primary key (`id = ANY(ids)`), and `running` written as "none of the other states":
-    -- with `state = 'running'` a generic plan read jobs_lease_idx (a partial index of running
-    -- rows, small by the statistics) and filtered it, and under a pinned horizon stepped over
-    -- every job that ran since (the completion went 0.7 -> 21 ms in 90 s at 800 jobs/s). The
-    -- day partitions' CHECKs still leave them out.
-    WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-      AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      -- include: running_by_key
     RETURNING j.id, j.state, j.result_watched
 ),
 results_notified AS (
@@ -1108,11 +1105,8 @@ WITH input AS MATERIALIZED (
 discarded AS (
     DELETE FROM {schema}.jobs j
     USING input i
-    -- By primary key, not jobs_lease_idx: as job_complete_plain.
-    WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
-      AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
+    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+      -- include: running_by_key
     RETURNING j.id, j.result_watched
 ),
 results_notified AS (
@@ -1243,30 +1237,25 @@ requested AS MATERIALIZED (
     SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
          AS o(id, attempt, lease_token)
-    JOIN {schema}.jobs j
-      ON j.id = o.id AND j.attempt = o.attempt AND j.lease_token = o.lease_token
-    -- By primary key, not jobs_lease_idx: as job_complete_plain (here and below).
-    WHERE j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
-      AND j.id = ANY(%(ids)s::bigint[])
+    JOIN {schema}.jobs j ON j.id = o.id
+    WHERE j.attempt = o.attempt AND j.lease_token = o.lease_token
+      -- include: running_by_key
 ),
 -- The fence is part of the lock's condition, so it is re-checked on the row's newest version
 -- once locked: a lease recovered and claimed by another worker meanwhile is not extended.
 lockable AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs j
-    JOIN requested r ON r.id = j.id AND r.attempt = j.attempt AND r.lease_token = j.lease_token
-    WHERE j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
-      AND j.id = ANY(%(ids)s::bigint[])
+    JOIN requested r ON r.id = j.id
+    WHERE r.attempt = j.attempt AND r.lease_token = j.lease_token
+      -- include: running_by_key
     FOR UPDATE OF j SKIP LOCKED
 ),
 renewed AS (
     UPDATE {schema}.jobs j
     SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
     FROM lockable l
-    WHERE j.id = l.id AND j.id = ANY(%(ids)s::bigint[])
-      AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
+    WHERE j.id = l.id
+      -- include: running_by_key
     RETURNING j.id, j.cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
@@ -1334,9 +1323,8 @@ SELECT (SELECT ok FROM leader) AS leader,
        (SELECT n FROM deadlines) AS deadlines_passed,
        -- The ready ring's slots that have pages (migration 0039): while any has, the leader
        -- sweeps every 2 s (ready_sweep); an idle ring costs no statement of its own.
-       (SELECT count(*) FROM generate_series(0, 3) AS s(n)
-        WHERE (SELECT ok FROM leader)
-          AND pg_relation_size(('{schema}.ready_ring_' || s.n)::regclass) > 0) AS ready_pending
+       CASE WHEN (SELECT ok FROM leader) THEN {schema}.ready_pending() ELSE 0 END
+           AS ready_pending
 FROM probe;
 
 -- fragment: maintenance_election
@@ -1691,7 +1679,7 @@ FROM {schema}.job_history_rotate(%(retention_seconds)s::float8 * interval '1 sec
 
 -- name: ready_sweep
 -- The ready ring's drained slots truncated (functions/ready_sweep.sql). Sent by the leader
--- every 2 s while a slot has pages, else once a maintenance interval.
+-- every 2 s from a maintenance pass that found a slot with pages until no slot has any.
 SELECT truncated, pending FROM {schema}.ready_sweep();
 
 -- name: job_purge

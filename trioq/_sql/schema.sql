@@ -886,6 +886,14 @@ CREATE FUNCTION trioq.ready_channel(queue text) RETURNS text
            (pg_catalog.hashtext(queue) OPERATOR(pg_catalog.&) 63)::pg_catalog.text
 $$;
 
+CREATE FUNCTION trioq.ready_pending() RETURNS integer
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT count(*)::integer FROM generate_series(0, 3) AS s(n)
+    WHERE pg_relation_size(('"trioq".ready_ring_' || s.n)::regclass) > 0
+$$;
+
 CREATE FUNCTION trioq.ready_ring_file() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -947,8 +955,7 @@ BEGIN
             NULL;
         END;
     END LOOP;
-    SELECT count(*) INTO pending FROM generate_series(0, 3) AS s(n)
-    WHERE pg_relation_size(format('"trioq".ready_ring_%s', s.n)::regclass) > 0;
+    pending := "trioq".ready_pending();
     RETURN NEXT;
 END
 $$;

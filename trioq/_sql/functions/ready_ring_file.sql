@@ -5,7 +5,8 @@
 -- row without calling this, so a claim or a completion pays a comparison. One statement
 -- fills every writer's rows, so no writer can forget its jobs (an entry a claim never finds
 -- is a job that never runs). An entry can outlive its job's readiness (a cancel, a deadline):
--- the claim takes a job only if its row is still ready, and deletes the entries it read.
+-- the claim takes a job only if its row is still ready and steps over the others, which go
+-- with their slot (ready_sweep()).
 CREATE OR REPLACE FUNCTION {schema}.ready_ring_file() RETURNS trigger
 -- (Its qualified names: see db_now; a trigger of every ready job.)
 LANGUAGE plpgsql AS $$

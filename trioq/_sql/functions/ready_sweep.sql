@@ -9,9 +9,9 @@
 -- holding is left for the next call (an
 -- enqueue that filed a row there holds its lock until it commits, so no entry is lost: and
 -- a claim reads every slot, so a row filed late in an old slot is found). The elected leader
--- calls it every 2 s while some slot has pages, else once a maintenance interval
--- (trioq/_runtime/services/maintenance.py). Returns the slots truncated and the slots that
--- still have pages (0: nothing to sweep until jobs become ready again).
+-- calls it every 2 s from a maintenance pass that found a slot with pages until no slot has
+-- any (trioq/_runtime/services/maintenance.py). Returns the slots truncated and the slots
+-- that still have pages (ready_pending(); 0: nothing to sweep until jobs become ready again).
 -- SECURITY DEFINER: a worker's role may not TRUNCATE (docs/operations.md, "Roles"). It takes no
 -- input; every name it builds is `ready_ring_` and a digit.
 CREATE OR REPLACE FUNCTION {schema}.ready_sweep()
@@ -43,8 +43,7 @@ BEGIN
             NULL;
         END;
     END LOOP;
-    SELECT count(*) INTO pending FROM generate_series(0, 3) AS s(n)
-    WHERE pg_relation_size(format('{schema}.ready_ring_%s', s.n)::regclass) > 0;
+    pending := {schema}.ready_pending();
     RETURN NEXT;
 END
 $$;
