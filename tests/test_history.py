@@ -185,3 +185,46 @@ async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
     assert "job_history_rotate failed, tried again in a minute" in caplog.text
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
     assert caplog.text.count("job_history_rotate failed") == 1  # not before the minute
+
+
+def detached_days(pg_url: str, schema: str) -> list[str]:
+    rows = sql_rows(
+        pg_url,
+        "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace"
+        " AND relkind = 'r' AND NOT relispartition AND relname ~ '^jobs_d[0-9]{8}$'",
+        (schema,),
+    )
+    return [name for (name,) in rows]
+
+
+async def test_the_rotation_detaches_and_the_drop_comes_in_a_transaction_of_its_own(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The detach's ACCESS EXCLUSIVE lock on `jobs` lasts until its transaction ends, so the
+    drop of the detached day (66-84 ms for 1,000,000 jobs) is not in it: job_history_rotate()
+    detaches, job_history_drop() drops. A day a reader still holds is left, and a later call
+    drops it (the next rotation, too: a process that stopped between the two leaves one)."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    [done_id] = await enqueue(driver, new_job(1))
+    [done] = await claim(driver)
+    await complete(driver, done.lease)
+    finished_at = (await record(driver, done_id)).finished_at
+    assert finished_at is not None
+    day = day_name(finished_at)
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    rotate = f"SELECT pruned FROM {pg_schema}.job_history_rotate(%s * interval '1 second')"
+    assert sql_scalar(pg_url, rotate, (RETENTION,)) == 1
+    assert day not in day_partitions(pg_url, pg_schema)
+    assert detached_days(pg_url, pg_schema) == [day]
+    drop = f"SELECT dropped, left_over FROM {pg_schema}.job_history_drop()"
+    with psycopg.connect(pg_url) as reader:
+        reader.execute(f"LOCK TABLE {pg_schema}.{day} IN ACCESS SHARE MODE")
+        assert sql_rows(pg_url, drop) == [(0, 1)]
+        assert detached_days(pg_url, pg_schema) == [day]
+        reader.rollback()
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 0  # detached before: its jobs were counted then
+    assert detached_days(pg_url, pg_schema) == []
+    assert sql_rows(pg_url, drop) == [(0, 0)]
+    assert await driver.job_get(done_id) is None

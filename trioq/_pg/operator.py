@@ -47,7 +47,6 @@ from .._seam.workflow import (
 from .replies import (
     Cancelled,
     Explained,
-    HistoryRotated,
     JobStateRow,
     QueueLimitRow,
     Unroutable,
@@ -114,10 +113,7 @@ class PgOperatorStatements(PgStatements):
     async def job_purge(self, params: JobPurge) -> int:
         days = 0
         if params.whole_days:
-            rotated = await self._fetch(
-                "job_history_rotate", {"retention_seconds": params.older_than_seconds}
-            )
-            days = int(rotated[0][HistoryRotated.pruned])
+            days, _, _ = await self._history_rotate_days(params.older_than_seconds)
         rows = await self._fetch(
             "job_purge",
             {

@@ -339,6 +339,11 @@ class HistoryRotated(Reply, statements=("job_history_rotate",)):
     next_due: ClassVar[int]
 
 
+class HistoryDropped(Reply, statements=("job_history_drop",)):
+    dropped: ClassVar[int]
+    left_over: ClassVar[int]
+
+
 class ReadySwept(Reply, statements=("ready_sweep",)):
     truncated: ClassVar[int]
     pending: ClassVar[int]

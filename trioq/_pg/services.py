@@ -29,7 +29,6 @@ from .._seam.services import (
     WorkerRegistration,
 )
 from .replies import (
-    HistoryRotated,
     LeaderElected,
     LeaderResigned,
     LeaseRenewal,
@@ -137,9 +136,7 @@ class PgServiceStatements(PgStatements):
         if last is not None and last[0] <= now < last[1]:
             return 0
         try:
-            rows = await self._retrying(
-                "job_history_rotate", {"retention_seconds": retention_seconds}
-            )
+            pruned, next_due, held = await self._history_rotate_days(retention_seconds)
         except psycopg.Error as exc:
             # Retention is not worth the pass: its recoveries, deadlines and heartbeat are
             # already written and reported, and the days are tried again in a minute.
@@ -149,8 +146,10 @@ class PgServiceStatements(PgStatements):
             )
             self._history_rotated = (now, now + datetime.timedelta(minutes=1))
             return 0
-        self._history_rotated = (now, rows[0][HistoryRotated.next_due])
-        return int(rows[0][HistoryRotated.pruned])
+        if held:
+            next_due = min(next_due, now + datetime.timedelta(minutes=1))
+        self._history_rotated = (now, next_due)
+        return pruned
 
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport:
         """Retried on a lost connection (taking or extending the seat twice is harmless)."""

@@ -34,6 +34,7 @@ from . import (
 from .errors import schema_required
 from .inserts import quoted as _quoted
 from .limits import LimitedQueues
+from .replies import HistoryDropped, HistoryRotated
 
 Params = dict[str, Any]
 
@@ -179,6 +180,24 @@ class PgStatements:
                 if conn.in_transaction or attempt == MOVED_ROW_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
+
+    async def _history_rotate_days(
+        self, retention_seconds: float | None
+    ) -> tuple[int, datetime.datetime, bool]:
+        """job_history_rotate, then job_history_drop in a transaction of its own (the detach's
+        lock on `jobs`, which the claims wait behind, is held until the rotate's transaction
+        ends: 2 ms, against 66-84 ms with the drop of a 1,000,000-job day in it). The jobs of
+        the days detached, when rotation is next due, and whether a detached day was left
+        (a reader still holds it: a later call drops it)."""
+        rotated = await self._retrying(
+            "job_history_rotate", {"retention_seconds": retention_seconds}
+        )
+        dropped = await self._retrying("job_history_drop")
+        return (
+            int(rotated[0][HistoryRotated.pruned]),
+            rotated[0][HistoryRotated.next_due],
+            bool(dropped[0][HistoryDropped.left_over]),
+        )
 
     def statistics(self) -> DriverStatistics:
         return DriverStatistics(calls=dict(self._calls))

@@ -1677,6 +1677,11 @@ FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
 SELECT pruned, next_due
 FROM {schema}.job_history_rotate(%(retention_seconds)s::float8 * interval '1 second');
 
+-- name: job_history_drop
+-- The day partitions job_history_rotate() detached, dropped in a transaction of their own
+-- (functions/job_history_drop.sql). Sent right after job_history_rotate.
+SELECT dropped, left_over FROM {schema}.job_history_drop();
+
 -- name: ready_sweep
 -- The ready ring's drained slots truncated (functions/ready_sweep.sql). Sent by the leader
 -- every 2 s from a maintenance pass that found a slot with pages until no slot has any.

@@ -473,6 +473,33 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.job_history_drop() RETURNS TABLE(dropped integer, left_over integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '50ms'
+    AS $_$
+DECLARE
+    part text;
+BEGIN
+    dropped := 0;
+    left_over := 0;
+    FOR part IN
+        SELECT c.relname FROM pg_catalog.pg_class c
+        WHERE c.relnamespace = '"trioq"'::regnamespace AND c.relkind = 'r'
+          AND NOT c.relispartition AND c.relname ~ '^jobs_(d[0-9]{8}|before)$'
+        ORDER BY c.relname
+    LOOP
+        BEGIN
+            EXECUTE format('DROP TABLE "trioq".%I', part);
+            dropped := dropped + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            left_over := left_over + 1;
+        END;
+    END LOOP;
+    RETURN NEXT;
+END
+$_$;
+
 CREATE FUNCTION trioq.job_history_rotate(retention interval) RETURNS TABLE(pruned bigint, next_due timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -490,6 +517,7 @@ DECLARE
     attempt   integer;
     before_end timestamptz;
 BEGIN
+    PERFORM "trioq".job_history_drop();
     FOR d IN today .. today + 3 LOOP
         BEGIN
             PERFORM "trioq".job_history_add(d);
@@ -529,7 +557,7 @@ BEGIN
         END IF;
         BEGIN
             -- What belongs to its jobs first (no foreign key does it: migration 0038), then
-            -- the partition detached and dropped.
+            -- the partition detached (and dropped by job_history_drop()).
             EXECUTE format('SELECT count(*) FROM "trioq".%I', part.relname) INTO held;
             EXECUTE format('DELETE FROM "trioq".checkpoints c USING "trioq".%I j '
                            'WHERE c.job_id = j.id', part.relname);
@@ -559,7 +587,6 @@ BEGIN
                     PERFORM pg_sleep(0.05);
                 END;
             END LOOP;
-            EXECUTE format('DROP TABLE "trioq".%I', part.relname);
             removed := removed + held;
         EXCEPTION WHEN lock_not_available THEN
             due := least(due, now_at + interval '1 minute');

@@ -2,7 +2,9 @@
 -- days' (job_history_add(): so a completion always finds its day's partition, even if no
 -- leader runs for three days), and with a `retention`, removes every day that ended more than `retention` ago whole:
 -- what belongs to its jobs (checkpoints, attempts, messages, values, partition locks, held
--- dedup keys) is deleted, then the partition is detached and dropped. No DELETE of a job row,
+-- dedup keys) is deleted, then the partition is detached; job_history_drop() drops it in a
+-- transaction of its own, sent right after (the detach's lock on `jobs` lasts until this
+-- transaction ends: 2 ms without the drop, 66-84 ms with it). No DELETE of a job row,
 -- so no dead tuples and no vacuum debt: 1,000,000 finished jobs go in well under a second
 -- (bench/RESULTS.md, "Finished jobs by day"). jobs_before (the jobs finished before migration
 -- 0038) goes whole once its newest is older than `retention`; jobs_unfiled (finished on a day
@@ -14,8 +16,10 @@
 -- rights, and a worker's role has none (docs/operations.md, "Roles"). Its only inputs are an
 -- interval and the database clock; every name it builds is `jobs_d` and a date.
 -- Detaching takes ACCESS EXCLUSIVE on `jobs` for a moment, so every lock here waits at most
--- 50 ms (a `pg_dump` holding `jobs` postpones the drop to a later call instead of queueing
--- every claim behind it).
+-- 50 ms (a `pg_dump` holding `jobs` postpones the detach to a later call instead of queueing
+-- every claim behind it). It first drops what an earlier call detached and no
+-- job_history_drop() followed (a process stopped between the two, or one of a release that
+-- dropped in this transaction): no lock on `jobs` is held yet.
 CREATE OR REPLACE FUNCTION {schema}.job_history_rotate(retention interval)
 RETURNS TABLE (pruned bigint, next_due timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -33,6 +37,7 @@ DECLARE
     attempt   integer;
     before_end timestamptz;
 BEGIN
+    PERFORM {schema}.job_history_drop();
     FOR d IN today .. today + 3 LOOP
         BEGIN
             PERFORM {schema}.job_history_add(d);
@@ -72,7 +77,7 @@ BEGIN
         END IF;
         BEGIN
             -- What belongs to its jobs first (no foreign key does it: migration 0038), then
-            -- the partition detached and dropped.
+            -- the partition detached (and dropped by job_history_drop()).
             EXECUTE format('SELECT count(*) FROM {schema}.%I', part.relname) INTO held;
             EXECUTE format('DELETE FROM {schema}.checkpoints c USING {schema}.%I j '
                            'WHERE c.job_id = j.id', part.relname);
@@ -102,7 +107,6 @@ BEGIN
                     PERFORM pg_sleep(0.05);
                 END;
             END LOOP;
-            EXECUTE format('DROP TABLE {schema}.%I', part.relname);
             removed := removed + held;
         EXCEPTION WHEN lock_not_available THEN
             due := least(due, now_at + interval '1 minute');
