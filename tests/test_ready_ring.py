@@ -13,6 +13,7 @@ import pytest
 from tests.support import sql_rows, sql_scalar
 from trioq._pg.driver import PgDriver, open_pg_driver
 from trioq._seam.driver import Claim
+from trioq._sql import queries
 from trioq.testing import SqlClock
 from trioq.testing.conformance.harness import QUEUE, TASK, claim, claim_due, enqueue, new_job
 
@@ -153,3 +154,47 @@ async def test_the_sweep_truncates_a_drained_slot_and_leaves_a_filled_or_locked_
         conn.execute(f"SELECT truncated FROM {pg_schema}.ready_sweep()")
         assert conn.execute(size, (filled,)).fetchone()[0] == 0
         conn.commit()
+
+
+async def test_the_readers_of_ready_jobs_count_each_ready_job_once_through_the_ring(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """jobs_live has no index of unkeyed ready jobs (migration 0040): the queue probe, the
+    dashboard's queue counts and its ready page read the ring, where an entry counts only while
+    its job is ready, and a job with two entries (cancelled and redriven) counts once."""
+    redriven, other, gone = await enqueue(driver, new_job(1), new_job(2), new_job(3))
+    for job_id in (redriven, gone):
+        assert await driver.job_cancel(job_id) is not None
+    assert await driver.job_retry(redriven) is not None
+    assert ring_ids(pg_url, pg_schema) == sorted([redriven, redriven, other, gone])
+    statements = queries(pg_schema)
+    probe = f"SELECT work_due FROM {pg_schema}.queue_probe(ARRAY[%s])"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+
+        def ready_count() -> int:
+            rows = conn.execute(
+                statements["dashboard_queue_counts"], {"cap": 100, "also": []}
+            ).fetchall()
+            return int({row[0]: row[1] for row in rows}[QUEUE])
+
+        def ready_page() -> list[int]:
+            filters = dict.fromkeys(
+                ("task", "queue", "partition_key", "created_after", "created_before", "text")
+            )
+            rows = conn.execute(
+                statements["dashboard_job_search_ready"],
+                {**filters, "before_id": None, "limit": 10, "walk": 10},
+            ).fetchall()
+            return [row[0] for row in rows if row[0] is not None]
+
+        assert conn.execute(probe, (QUEUE,)).fetchone() == (True,)
+        assert ready_count() == 2
+        assert ready_page() == sorted([redriven, other], reverse=True)
+        assert await plain_claim(driver) == sorted([redriven, other])
+        # Only the entry of the cancelled job is left: nothing is ready.
+        assert ring_ids(pg_url, pg_schema) == [gone]
+        assert conn.execute(probe, (QUEUE,)).fetchone() == (False,)
+        assert ready_count() == 0
+        assert ready_page() == []
+        index = f"{pg_schema}.jobs_ready_task_idx"
+        assert conn.execute("SELECT to_regclass(%s)", (index,)).fetchone() == (None,)

@@ -427,9 +427,10 @@ ring_taken AS MATERIALIZED (
 -- claim order, or the key's holder when the holder is ready again after a suspension) and the
 -- key is free. Keyed and unkeyed rows come from two sources, so 100,000 jobs queued behind one
 -- busy key are never scanned:
---  * unkeyed: per served task, the scan of jobs_ready_task_idx (queue, task, priority, run_at,
---    id) in claim order, locked with SKIP LOCKED as it goes (concurrent claimers skip each
---    other's rows and keep scanning: no collapse when workers compete). One probe per served
+--  * unkeyed: per served task, the scan of the ready ring (queue, task, priority, run_at, id;
+--    the unkeyed_scan fragment) in claim order, each job's row locked with SKIP LOCKED as it
+--    goes (concurrent claimers skip each other's rows and keep scanning: no collapse when
+--    workers compete). One probe per served
 --    task, so a backlog of a task this worker does not serve is never scanned;
 --    the price is that with several served tasks each holding a backlog, up to limit rows per
 --    task are locked for the statement's duration and the best `limit` of them claimed;
@@ -2538,20 +2539,18 @@ SET LOCAL jit = off;
 -- One row per known queue: capped counts by state, the oldest due ready job's age (over the
 -- capped rows), and whether it is paused (about 25 ms for four queues at 1,000,000 jobs on a
 -- loaded machine: bench/dashboard.py). Queues are found without a table scan: a loose index
--- scan (one index probe per distinct queue) over each partial index led by `queue` (ready
--- unkeyed, ready partition-keyed, ready concurrency-keyed, the due index of scheduled/sleeping/waiting rows), plus the running
--- rows (jobs_lease_idx, bounded by the workers' slots), the workers' queues and the pauses.
--- A queue with only finished jobs shows up through the throughput read (jobs_finished_idx).
+-- scan (one index probe per distinct queue) over each index led by `queue` (the ready ring's,
+-- of unkeyed ready jobs; the partial ones of ready partition-keyed, ready concurrency-keyed
+-- and scheduled/sleeping/waiting rows), plus the running rows (jobs_lease_idx, bounded by the
+-- workers' slots), the workers' queues and the pauses. A queue with only finished jobs shows up
+-- through the throughput read (jobs_finished_idx); one with only the ring's entries of jobs no
+-- longer ready (until their slot is truncated, 20 s at most) shows up with nothing ready.
 WITH RECURSIVE
 ready_unkeyed AS (
-    (SELECT queue FROM {schema}.jobs
-     WHERE state = 'ready' AND partition_key IS NULL AND concurrency_key IS NULL
-     ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.ready_ring ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
-              AND j.queue > r.queue
-            ORDER BY j.queue LIMIT 1)
+    SELECT (SELECT x.queue FROM {schema}.ready_ring x WHERE x.queue > r.queue
+            ORDER BY x.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
 ready_concurrency_keyed AS (
@@ -2606,11 +2605,15 @@ SELECT q.queue, unkeyed.n + keyed.n + concurrency_keyed.n AS ready,
        (SELECT p.paused_at FROM {schema}.queue_pauses p WHERE p.queue = q.queue) AS paused_at
 FROM queues q CROSS JOIN now
 -- Each walk reads at most %(cap)s index entries (the ready ones index only, run_at included).
+-- The unkeyed ones: the ring's entries whose job is still ready (a primary-key probe each; the
+-- entries of jobs no longer ready are stepped over), a job counted once (a job cancelled and
+-- redriven within 20 s has two entries).
 CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
-    FROM (SELECT j.run_at FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
-            AND j.concurrency_key IS NULL
+    SELECT count(DISTINCT s.id) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
+    FROM (SELECT r.id, r.run_at FROM {schema}.ready_ring r
+          CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
+                              WHERE j.id = r.id AND j.state = 'ready' LIMIT 1) AS job
+          WHERE r.queue = q.queue
           LIMIT %(cap)s) s
 ) unkeyed
 CROSS JOIN LATERAL (
@@ -2772,13 +2775,17 @@ ORDER BY m.id DESC;
 
 -- name: dashboard_job_search_ready
 -- The jobs page filtered by ready, newest first: the unkeyed, partition-keyed and
--- concurrency-keyed ready rows each through their claim index (no one index holds all), the newest of each, then of both.
+-- concurrency-keyed ready rows each through their claim source (the ready ring's entries,
+-- each job once, probed by primary key; the keyed ones' partial indexes), the newest of each,
+-- then of all three.
 -- `id + 0` as in dashboard_job_search_unfinished: the primary key's order walked 880,000
--- finished rows above a 40,000-row backlog (340 ms); the partial indexes read the backlog
+-- finished rows above a 40,000-row backlog (340 ms); the claim sources read the backlog
 -- only (bench/dashboard.py).
 WITH ids AS (
     (SELECT j.id FROM {schema}.jobs j
-     WHERE j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
+     WHERE j.id IN (SELECT r.id FROM {schema}.ready_ring r
+                    WHERE %(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
+       AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)

@@ -884,9 +884,11 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT q.queue,
-           EXISTS (SELECT 1 FROM "trioq".jobs j
-                   WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
-                     AND j.concurrency_key IS NULL)
+           EXISTS (SELECT 1 FROM "trioq".ready_ring r
+                   CROSS JOIN LATERAL (SELECT 1 FROM "trioq".jobs j
+                                       WHERE j.id = r.id AND j.state = 'ready'
+                                       LIMIT 1) AS job
+                   WHERE r.queue = q.queue)
            OR EXISTS (SELECT 1 FROM "trioq".jobs j
                       WHERE j.queue = q.queue AND j.state = 'ready'
                         AND j.partition_key IS NOT NULL)
@@ -1630,8 +1632,6 @@ CREATE INDEX jobs_lease_idx ON trioq.jobs_live USING btree (lease_expires_at) WH
 CREATE UNIQUE INDEX jobs_parent_idx ON trioq.jobs_live USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
 
 CREATE INDEX jobs_partition_ready_idx ON trioq.jobs_live USING btree (queue, partition_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NOT NULL));
-
-CREATE INDEX jobs_ready_task_idx ON trioq.jobs_live USING btree (queue, task, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NULL) AND (concurrency_key IS NULL));
 
 CREATE INDEX jobs_suspended_idx ON trioq.jobs_live USING btree (id) WHERE (state = ANY (ARRAY['sleeping'::text, 'waiting'::text]));
 

@@ -1,15 +1,18 @@
 -- What a claim poll of `queue` would find, without claiming (the maintenance pass stands in
--- for idle queues' polls): a ready row, or a promotable due one, through the claim's partial
--- indexes (unkeyed, partition-keyed and concurrency-keyed rows each have their own), and the
--- first future due time.
+-- for idle queues' polls): a ready row, or a promotable due one, through the claim's sources
+-- (unkeyed rows in the ready ring, migration 0039, an entry counting only while its job is
+-- ready; partition-keyed and concurrency-keyed rows in their partial indexes), and the first
+-- future due time.
 CREATE OR REPLACE FUNCTION {schema}.queue_probe(queues text[])
 RETURNS TABLE (queue text, work_due boolean, next_due timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT q.queue,
-           EXISTS (SELECT 1 FROM {schema}.jobs j
-                   WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NULL
-                     AND j.concurrency_key IS NULL)
+           EXISTS (SELECT 1 FROM {schema}.ready_ring r
+                   CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
+                                       WHERE j.id = r.id AND j.state = 'ready'
+                                       LIMIT 1) AS job
+                   WHERE r.queue = q.queue)
            OR EXISTS (SELECT 1 FROM {schema}.jobs j
                       WHERE j.queue = q.queue AND j.state = 'ready'
                         AND j.partition_key IS NOT NULL)

@@ -1,0 +1,13 @@
+-- trioq schema, version 40: jobs_live's index of unkeyed ready jobs is dropped; the readers
+-- that counted or listed those jobs through it (queue_probe(), the dashboard's queue counts
+-- and its ready jobs) read the ready ring (migration 0039), as the claims already do.
+--
+-- Why: every unkeyed job paid for an entry in both, one in the index each enqueue wrote and
+-- vacuum later removed, and none of it read on the claim path any more (bench/RESULTS.md,
+-- "The ready ring without jobs_live's index").
+--
+-- Online: this migration needs no stop. Dropping an index takes jobs_live's lock for a moment
+-- (bounded like every migration's lock: docs/operations.md, "Online migrations"). A worker
+-- of this release claims from the ring; one from before migration 0039 still claims
+-- correctly, but by reading jobs_live whole: roll such workers first.
+DROP INDEX {schema}.jobs_ready_task_idx;
