@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import psycopg
 import trio
 
 import trioq
@@ -151,3 +152,43 @@ async def test_a_live_worker_pruned_after_a_long_pause_registers_again(
                 await wait_until(registered)
                 done.set()
                 await client.wait_result(job.id)
+
+
+async def test_a_claim_and_a_flush_the_database_rolls_back_are_sent_again(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A claim or an outcome flush that the server rolls back whole (a statement timeout under
+    a pinned horizon, a deadlock) is not a broken schema: the worker goes on, sends it again,
+    and the job runs once. A trigger makes the first claim and the first completion fail as a
+    statement timeout does (SQLSTATE 57014)."""
+    app = make_app(pg_url, pg_schema)
+    runs: collections.Counter[int] = collections.Counter()
+
+    @app.task("once")
+    async def once(ctx: trioq.Context, payload: object) -> str:
+        runs[ctx.job.id] += 1
+        return "done"
+
+    async with app.client(migrate=True) as client:
+        job = await client.enqueue("once", {})
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for name, state in (("claim_fault", "running"), ("flush_fault", "completed")):
+                conn.execute(f"CREATE SEQUENCE {pg_schema}.{name}_calls")
+                conn.execute(
+                    f"CREATE FUNCTION {pg_schema}.{name}() RETURNS trigger LANGUAGE plpgsql AS $$"
+                    f" BEGIN IF nextval('{pg_schema}.{name}_calls') = 1 THEN"
+                    " RAISE EXCEPTION 'canceling statement due to statement timeout'"
+                    " USING ERRCODE = 'query_canceled'; END IF; RETURN NEW; END $$"
+                )
+                conn.execute(
+                    f"CREATE TRIGGER {name} BEFORE UPDATE ON {pg_schema}.jobs_live FOR EACH ROW"
+                    f" WHEN (new.state = '{state}' AND old.state <> '{state}')"
+                    f" EXECUTE FUNCTION {pg_schema}.{name}()"
+                )
+        with trio.fail_after(30):
+            async with running_worker(app, poll_interval=0.2):
+                assert await client.wait_result(job.id, timeout=20) == "done"
+    assert runs == {job.id: 1}
+    for name in ("claim_fault", "flush_fault"):
+        calls = await scalar(pg_url, f"SELECT last_value FROM {pg_schema}.{name}_calls")
+        assert calls >= 2  # failed once, then went through

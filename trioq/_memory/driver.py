@@ -350,6 +350,11 @@ class MemoryDriver:
         lost one (anything else is a bug, as on Postgres)."""
         return isinstance(exc, ConnectionError)
 
+    def is_transient(self, exc: BaseException) -> bool:
+        """No statement here times out or deadlocks; tests inject `TimeoutError` to stand for
+        one the server rolled back."""
+        return isinstance(exc, TimeoutError)
+
     async def job_claim(self, params: Claim) -> ClaimResult:
         """Promote due work, and claim up to `limit` ready jobs.
 

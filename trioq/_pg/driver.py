@@ -47,6 +47,7 @@ from . import (
     open_listener,
     open_pool,
 )
+from .errors import is_transient
 from .inserts import NATIVE_INSERTS, insert_statement, inserted_jobs
 from .inserts import text_array as _text_array
 from .migrations import PgMigrations
@@ -339,6 +340,9 @@ class PgDriver(
 
     def is_connection_lost(self, exc: BaseException) -> bool:
         return is_connection_lost(exc)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return is_transient(exc)
 
     async def job_claim(self, params: Claim) -> ClaimResult:
         """Not retried here: a claim whose reply was lost may have committed (its rows then

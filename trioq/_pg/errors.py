@@ -61,6 +61,25 @@ def is_connection_lost(exc: BaseException) -> bool:
     return sqlstate.startswith("08") or sqlstate in _SESSION_ENDED_SQLSTATES
 
 
+# Errors after which the server rolled the statement back whole and the connection is still
+# usable: nothing it wrote is kept, and it may run again.
+_ROLLED_BACK_SQLSTATES = frozenset(
+    {
+        "57014",  # query_canceled: statement_timeout, or pg_cancel_backend
+        "55P03",  # lock_not_available: lock_timeout
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+    }
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True if the server rolled the statement back for a reason that passes (a statement or
+    lock timeout, a cancel request, a deadlock, a serialization failure): the connection is
+    usable, nothing the statement wrote is kept, and it may be sent again."""
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in _ROLLED_BACK_SQLSTATES
+
+
 # Where a URL came from, for the fix's wording: the CLI's flag, or a producer's argument.
 CLI_URL = "--database-url or TRIOQ_DATABASE_URL"
 PRODUCER_URL = "the producer's conninfo or TRIOQ_DATABASE_URL"

@@ -246,6 +246,11 @@ class Driver(WorkflowStatements, ServiceStatements, ScheduleStatements, AdminSta
         """True when `exc` means the database connection was lost (retry later), not a bug."""
         ...
 
+    def is_transient(self, exc: BaseException) -> bool:
+        """True when the database rolled the statement back whole for a reason that passes (a
+        statement or lock timeout, a deadlock): send it again later; not a bug."""
+        ...
+
     async def job_claim(self, params: Claim) -> ClaimResult:
         """The claim loop's claim: promote the queue's due work and claim up to `limit` ready
         jobs (fewer when a queue limit, a key or its limit holds them back). Not retried here:

@@ -407,11 +407,26 @@ class ClaimLoop:
             await self._release(self._buffer.popleft().job)
 
     async def _round(self, handlers: trio.Nursery, limit: int) -> None:
-        """One claim round; on a lost connection back off and wake again (any other error is
-        a bug or a broken schema and stops the worker)."""
+        """One claim round; on a lost connection, or a claim the database rolled back (a
+        statement timeout, a deadlock), back off and wake again (any other error is a bug or
+        a broken schema and stops the worker)."""
         try:
             await self._send(handlers, limit)
         except Exception as exc:
+            if self.driver.is_transient(exc):
+                # The claim took nothing (rolled back whole) and the connection is usable: a
+                # claim that timed out under a pinned horizon is worth another try, not a
+                # stopped worker.
+                log.warning(
+                    "queue %s: claim round rolled back (%s); retrying in %.1fs",
+                    self.queue,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    self._backoff,
+                )
+                await trio.sleep(self._backoff * (1 + random.random()))
+                self._backoff = min(self._backoff * 2, 5.0)
+                self._wake.set()
+                return
             if not self.driver.is_connection_lost(exc):
                 log.error(
                     "queue %s: claim round failed with an unexpected error, stopping the "

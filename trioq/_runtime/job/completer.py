@@ -234,7 +234,9 @@ class Completer:
         try:
             await self._flush()
         except Exception as exc:
-            if not self.driver.is_connection_lost(exc):
+            # A lost connection, or a flush the database rolled back (a statement timeout, a
+            # deadlock): the batch is written again, fenced.
+            if not (self.driver.is_connection_lost(exc) or self.driver.is_transient(exc)):
                 log.error(
                     "queue %s: writing outcomes failed with an unexpected error, stopping the "
                     "worker: %r",
