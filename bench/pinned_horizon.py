@@ -16,6 +16,8 @@ in three phases:
   the jobs table (its snapshot taken and, as `pg_dump`'s, an ACCESS SHARE lock held);
 - after: `--after` seconds once it has committed; then the harness waits for the backlog.
 `--busy` runs a process spinning on one core for the whole run (the "busy machine" variant).
+`--dump` holds what `pg_dump` holds: besides the snapshot, an ACCESS SHARE lock on every table of
+the schema, taken at the start (the ready ring's slots included, so none can be truncated).
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ def pinned_phases(args: argparse.Namespace) -> Callable[[Offer], list[Phase]]:
             table = sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(offer.schema))
             await trio.to_thread.run_sync(holder.execute, "BEGIN ISOLATION LEVEL REPEATABLE READ")
             await trio.to_thread.run_sync(holder.execute, table)
+            if args.dump:
+                tables = holder.execute(
+                    "SELECT c.oid::regclass::text FROM pg_class c"
+                    " WHERE c.relnamespace = %s::regnamespace AND c.relkind IN ('r', 'p')",
+                    (offer.schema,),
+                ).fetchall()
+                for (name,) in tables:
+                    lock = sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(sql.SQL(name))
+                    await trio.to_thread.run_sync(holder.execute, lock)
 
         async def release() -> None:
             await trio.to_thread.run_sync(holder.execute, "COMMIT")
@@ -80,6 +91,7 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=60.0)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--dump", action="store_true")
     args = parser.parse_args()
     names = ["clean", "held", "after"] if args.held else ["clean"]
     with open_database() as db, busy_core(args.busy):
