@@ -17,8 +17,10 @@ from trioq._pg import Connection, connect
 from trioq._pg.driver import PgDriver, complete_plain_params, open_pg_driver
 from trioq._seam.admin import CancelOutcome
 from trioq._seam.driver import Settlement
+from trioq._seam.records import JobRecord
 from trioq._seam.services import MaintenancePass
 from trioq._sql import queries
+from trioq.producer import SyncProducer
 from trioq.testing import SqlClock
 from trioq.testing.conformance.harness import claim, complete, enqueue, fail, new_job, record
 
@@ -228,3 +230,34 @@ async def test_the_rotation_detaches_and_the_drop_comes_in_a_transaction_of_its_
     assert detached_days(pg_url, pg_schema) == []
     assert sql_rows(pg_url, drop) == [(0, 0)]
     assert await driver.job_get(done_id) is None
+
+
+async def test_a_producers_result_watch_that_waited_for_a_job_finishing_under_it_runs_again(
+    driver: PgDriver, observer: Connection, pg_url: str, pg_schema: str
+) -> None:
+    """The producers run their statements as the driver does: a result watch (an UPDATE of the
+    job's row) that waited for the completion moving the row to its day's partition gets
+    SQLSTATE 40001 and runs again, finding the job final, instead of failing the wait."""
+    await enqueue(driver, new_job(1))
+    [job] = await claim(driver)
+    session = await connect(pg_url, application_name="trioq-test-history")
+    finals: list[JobRecord] = []
+
+    def wait() -> None:
+        with SyncProducer(pg_url, schema=pg_schema) as producer:
+            finals.append(producer.wait_final(job.id, timeout=15))
+
+    try:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery, session.transaction():
+                settled = [Settlement(job.lease, "complete", result_json="1")]
+                await session.fetch(
+                    queries(pg_schema)["job_complete_plain"], complete_plain_params(settled)
+                )
+                nursery.start_soon(trio.to_thread.run_sync, wait)
+                await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
+                # committed here: the watch goes on
+    finally:
+        await session.close()
+    [final] = finals
+    assert (final.state, final.result) == ("completed", 1)

@@ -171,9 +171,15 @@ class SyncProducer:
 
     def _fetch_pooled(self, text: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         self._this_process()
-        with self._pool.connection() as pooled:
-            self._prepared.apply(pooled)
-            return pooled.execute(text, params).fetchall()
+        for attempt in range(shared.MOVED_ROW_ATTEMPTS):
+            try:
+                with self._pool.connection() as pooled:
+                    self._prepared.apply(pooled)
+                    return pooled.execute(text, params).fetchall()
+            except Exception as exc:
+                if not shared.moved_row(exc) or attempt == shared.MOVED_ROW_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def enqueue(
         self,
