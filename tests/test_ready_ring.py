@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from tests.support import sql_rows, sql_scalar
-from trioq._pg.driver import PgDriver, open_pg_driver
+from tests.support import run_explained, sql_rows, sql_scalar
+from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
 from trioq._seam.driver import Claim
 from trioq._sql import queries
 from trioq.testing import SqlClock
@@ -198,3 +198,77 @@ async def test_the_readers_of_ready_jobs_count_each_ready_job_once_through_the_r
         assert ready_page() == []
         index = f"{pg_schema}.jobs_ready_task_idx"
         assert conn.execute("SELECT to_regclass(%s)", (index,)).fetchone() == (None,)
+
+
+def ring_slots(pg_url: str, schema: str) -> list[int]:
+    rows = sql_rows(
+        pg_url,
+        "SELECT substr(c.relname, 12)::int FROM pg_inherits i JOIN pg_class c"
+        " ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass ORDER BY 1",
+        (f"{schema}.ready_ring",),
+    )
+    return [slot for (slot,) in rows]
+
+
+async def test_a_dump_holding_the_slots_moves_the_ring_to_a_bank_the_claims_read_alone(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """A `pg_dump` holds ACCESS SHARE on every slot while it runs, so none can be truncated
+    (migration 0041): after 10 s of that, the sweep attaches four new slots and files there;
+    5 s later it moves the old bank's entries of ready jobs over and the claims stop reading
+    it (their plan never runs its scans); once the dump lets go, the old bank is dropped, an
+    entry filed there late moved first."""
+    [before] = await enqueue(driver, new_job(1))
+    state = f"SELECT base, low FROM {pg_schema}.ready_ring_state"
+    sweep = f"SELECT truncated FROM {pg_schema}.ready_sweep()"
+    row = f"INSERT INTO {pg_schema}.ready_ring VALUES (%s, %s, %s, 1, 0, now(), %s)"
+    old_bank = ", ".join(f"{pg_schema}.ready_ring_{slot}" for slot in range(4))
+    with psycopg.connect(pg_url) as dump, psycopg.connect(pg_url) as conn:
+        dump.execute(f"LOCK TABLE {pg_schema}.ready_ring, {old_bank} IN ACCESS SHARE MODE")
+        # A drained slot (neither written nor next: one transaction, so now() is fixed) the
+        # dump keeps from being truncated, for a minute already.
+        [drained] = conn.execute(f"SELECT ({pg_schema}.ready_slot(now()) + 2) % 4").fetchone()
+        conn.execute(row, (drained, "q", "t", before + 1000))
+        conn.execute(
+            f"UPDATE {pg_schema}.ready_ring_state SET blocked_since = now() - interval '1 minute'"
+        )
+        assert conn.execute(sweep).fetchone() == (0,)
+        assert conn.execute(state).fetchone() == (4, 0)
+        conn.commit()
+        assert ring_slots(pg_url, pg_schema) == list(range(8))
+        [after] = await enqueue(driver, new_job(2))
+        [slot] = sql_rows(pg_url, f"SELECT slot FROM {pg_schema}.ready_ring WHERE id = {after}")
+        assert slot[0] >= 4
+        # 5 s after the move the old bank is left, its ready job's entry moved.
+        conn.execute(f"UPDATE {pg_schema}.ready_ring_state SET moved_at = now() - interval '1 min'")
+        conn.execute(sweep)
+        assert conn.execute(state).fetchone() == (4, 4)
+        conn.commit()
+        statement = queries(pg_schema)["job_claim_plain"]
+        params = Claim(QUEUE, (TASK,), 10, 30.0, uuid.uuid4(), plain=True)
+        with psycopg.connect(pg_url, autocommit=True) as explained:
+            explained.execute("SET auto_explain.log_analyze = on")
+            claimed, plans = run_explained(explained, statement, claim_params(params))
+        assert len(claimed) == 2
+        running = f"SELECT id FROM {pg_schema}.jobs WHERE state = 'running' ORDER BY id"
+        assert [row[0] for row in sql_rows(pg_url, running)] == [before, after]
+        [plan] = [text for text in plans if "ready_ring_0" in text]
+        for slot in range(4):
+            scan = plan.split(f"on ready_ring_{slot} ")[1].splitlines()[0]
+            assert "never executed" in scan, plan
+        # An entry filed in the old bank late (an enqueue whose slot was chosen before the
+        # move and written after it): found when the bank is dropped, after the dump.
+        [late] = await enqueue(driver, new_job(3))
+        conn.execute(f"DELETE FROM {pg_schema}.ready_ring WHERE id = %s", (late,))
+        conn.execute(row, (1, QUEUE, TASK, late))
+        conn.commit()
+        assert await plain_claim(driver) == []
+        conn.execute(sweep)
+        assert ring_slots(pg_url, pg_schema) == list(range(8))  # the dump still holds them
+        conn.commit()
+        dump.rollback()
+        conn.execute(f"UPDATE {pg_schema}.ready_ring_state SET retired_tried_at = NULL")
+        conn.execute(sweep)
+        conn.commit()
+        assert ring_slots(pg_url, pg_schema) == [4, 5, 6, 7]
+        assert await plain_claim(driver) == [late]

@@ -317,6 +317,8 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         ) AS job
         WHERE r.queue = (SELECT %(queue)s::text)
           AND r.task = served.task
+          -- No bank the ring has left (migration 0041): pruned as the claim starts.
+          AND r.slot >= (SELECT s.low FROM {schema}.ready_ring_state s)
           AND r.run_at <= {schema}.db_now()
           AND ((SELECT %(task_versions)s::text[]) IS NULL
                OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))
@@ -2547,9 +2549,11 @@ SET LOCAL jit = off;
 -- longer ready (until their slot is truncated, 20 s at most) shows up with nothing ready.
 WITH RECURSIVE
 ready_unkeyed AS (
-    (SELECT queue FROM {schema}.ready_ring ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.ready_ring
+     WHERE slot >= (SELECT s.low FROM {schema}.ready_ring_state s) ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT x.queue FROM {schema}.ready_ring x WHERE x.queue > r.queue
+              AND x.slot >= (SELECT s.low FROM {schema}.ready_ring_state s)
             ORDER BY x.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
@@ -2614,6 +2618,7 @@ CROSS JOIN LATERAL (
           CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
                               WHERE j.id = r.id AND j.state = 'ready' LIMIT 1) AS job
           WHERE r.queue = q.queue
+            AND r.slot >= (SELECT s.low FROM {schema}.ready_ring_state s)
           LIMIT %(cap)s) s
 ) unkeyed
 CROSS JOIN LATERAL (
@@ -2784,7 +2789,8 @@ ORDER BY m.id DESC;
 WITH ids AS (
     (SELECT j.id FROM {schema}.jobs j
      WHERE j.id IN (SELECT r.id FROM {schema}.ready_ring r
-                    WHERE %(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
+                    WHERE (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
+                      AND r.slot >= (SELECT s.low FROM {schema}.ready_ring_state s))
        AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters

@@ -888,7 +888,8 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
                    CROSS JOIN LATERAL (SELECT 1 FROM "trioq".jobs j
                                        WHERE j.id = r.id AND j.state = 'ready'
                                        LIMIT 1) AS job
-                   WHERE r.queue = q.queue)
+                   WHERE r.queue = q.queue
+                     AND r.slot >= (SELECT s.low FROM "trioq".ready_ring_state s))
            OR EXISTS (SELECT 1 FROM "trioq".jobs j
                       WHERE j.queue = q.queue AND j.state = 'ready'
                         AND j.partition_key IS NOT NULL)
@@ -918,18 +919,25 @@ $$;
 CREATE FUNCTION trioq.ready_pending() RETURNS integer
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT count(*)::integer FROM generate_series(0, 3) AS s(n)
-    WHERE pg_relation_size(('"trioq".ready_ring_' || s.n)::regclass) > 0
-$$;
+    AS $_$
+    SELECT (SELECT count(*)::integer
+            FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = '"trioq".ready_ring'::regclass
+              AND (pg_relation_size(c.oid) > 0
+                   OR (c.relname ~ '^ready_ring_[0-9]+$'
+                       AND substr(c.relname, 12)::integer < s.low)))
+           + (s.low < s.base)::integer
+    FROM "trioq".ready_ring_state s
+$_$;
 
 CREATE FUNCTION trioq.ready_ring_file() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id)
-    VALUES ("trioq".ready_slot(pg_catalog.now()), NEW.queue, NEW.task, NEW.version,
-            NEW.priority, NEW.run_at, NEW.id);
+    SELECT s.base OPERATOR(pg_catalog.+) "trioq".ready_slot(pg_catalog.now()), NEW.queue,
+           NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id
+    FROM "trioq".ready_ring_state s;
     RETURN NULL;
 END
 $$;
@@ -959,15 +967,53 @@ CREATE FUNCTION trioq.ready_sweep() RETURNS TABLE(truncated integer, pending int
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET lock_timeout TO '10ms'
-    AS $$
+    AS $_$
 DECLARE
-    writing   smallint := "trioq".ready_slot(now());
-    next_slot smallint := "trioq".ready_slot(now() + interval '5 seconds');
+    st        "trioq".ready_ring_state;
+    writing   smallint;
+    next_slot smallint;
     slot      smallint;
     filled    boolean;
+    blocked   boolean := false;
+    part      record;
 BEGIN
     truncated := 0;
-    FOR slot IN 0 .. 3 LOOP
+    SELECT * INTO st FROM "trioq".ready_ring_state FOR UPDATE;
+    writing := st.base + "trioq".ready_slot(now());
+    next_slot := st.base + "trioq".ready_slot(now() + interval '5 seconds');
+    -- 4. The banks left behind, once they can be locked.
+    IF st.retired_tried_at IS NULL OR st.retired_tried_at <= now() - interval '20 seconds' THEN
+        FOR part IN
+            SELECT c.relname, substr(c.relname, 12)::smallint AS slot
+            FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = '"trioq".ready_ring'::regclass
+              AND c.relname ~ '^ready_ring_[0-9]+$'
+              AND substr(c.relname, 12)::integer < st.low
+            ORDER BY 2
+        LOOP
+            BEGIN
+                EXECUTE format('LOCK TABLE "trioq".%I IN ACCESS EXCLUSIVE MODE', part.relname);
+                EXECUTE format('INSERT INTO "trioq".ready_ring'
+                               ' (slot, queue, task, version, priority, run_at, id)'
+                               ' SELECT DISTINCT ON (r.id) $1, r.queue, r.task, r.version,'
+                               ' r.priority, r.run_at, r.id FROM "trioq".%I r'
+                               ' JOIN "trioq".jobs_live j ON j.id = r.id AND j.state = ''ready'''
+                               ' ORDER BY r.id', part.relname)
+                    USING writing;
+                EXECUTE format('DROP TABLE "trioq".%I', part.relname);
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
+        END LOOP;
+        IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                   WHERE i.inhparent = '"trioq".ready_ring'::regclass
+                     AND c.relname ~ '^ready_ring_[0-9]+$'
+                     AND substr(c.relname, 12)::integer < st.low) THEN
+            UPDATE "trioq".ready_ring_state SET retired_tried_at = now();
+        END IF;
+    END IF;
+    -- 1. The written bank's drained slots.
+    FOR slot IN st.base .. st.base + 3 LOOP
         CONTINUE WHEN slot IN (writing, next_slot);
         CONTINUE WHEN pg_relation_size(format('"trioq".ready_ring_%s', slot)::regclass) = 0;
         BEGIN
@@ -981,13 +1027,69 @@ BEGIN
                 truncated := truncated + 1;
             END IF;
         EXCEPTION WHEN lock_not_available THEN
-            NULL;
+            blocked := true;
         END;
     END LOOP;
+    IF truncated > 0 OR NOT blocked THEN
+        st.blocked_since := NULL;
+    ELSIF st.blocked_since IS NULL THEN
+        st.blocked_since := now();
+    END IF;
+    -- 2. A new bank, when the written one has been held for 10 s (one move at a time: the
+    -- bank left behind by the last move has been left, step 3).
+    IF st.blocked_since <= now() - interval '10 seconds' AND st.low = st.base
+       AND st.base <= 32767 - 8 THEN
+        BEGIN
+            FOR slot IN st.base + 4 .. st.base + 7 LOOP
+                EXECUTE format('CREATE TABLE "trioq".ready_ring_%s'
+                               ' (LIKE "trioq".ready_ring INCLUDING DEFAULTS)'
+                               ' WITH (vacuum_truncate = off)', slot);
+                EXECUTE format('ALTER TABLE "trioq".ready_ring ATTACH PARTITION'
+                               ' "trioq".ready_ring_%s FOR VALUES IN (%s)', slot, slot);
+            END LOOP;
+            st.base := st.base + 4;
+            st.moved_at := now();
+            st.blocked_since := NULL;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END IF;
+    -- 3. The bank left behind, 5 s after the move.
+    IF st.low < st.base AND st.moved_at <= now() - interval '5 seconds' THEN
+        BEGIN
+            FOR slot IN st.low .. st.base - 1 LOOP
+                EXECUTE format('LOCK TABLE "trioq".ready_ring_%s IN SHARE MODE', slot);
+            END LOOP;
+            -- Moved, not copied: what is left there of a ready job afterwards was filed late
+            -- (step 4 moves it). The deleted entries' dead versions are in a bank no claim
+            -- reads, and go with its tables.
+            WITH moved AS (
+                DELETE FROM "trioq".ready_ring r
+                USING "trioq".jobs_live j
+                WHERE r.slot >= st.low AND r.slot < st.base
+                  AND j.id = r.id AND j.state = 'ready'
+                RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id
+            )
+            INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id)
+            SELECT DISTINCT ON (m.id) st.base + "trioq".ready_slot(now()), m.queue, m.task,
+                   m.version, m.priority, m.run_at, m.id
+            FROM moved m
+            ORDER BY m.id;
+            st.low := st.base;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END IF;
+    -- Written only when it changed: the claims and every filing read this row, and each
+    -- version of it is one more they step over while a snapshot pins the horizon.
+    UPDATE "trioq".ready_ring_state s
+    SET base = st.base, low = st.low, blocked_since = st.blocked_since, moved_at = st.moved_at
+    WHERE (s.base, s.low, s.blocked_since, s.moved_at)
+          IS DISTINCT FROM (st.base, st.low, st.blocked_since, st.moved_at);
     pending := "trioq".ready_pending();
     RETURN NEXT;
 END
-$$;
+$_$;
 
 CREATE FUNCTION trioq.result_channel(job_id bigint) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -1487,6 +1589,16 @@ CREATE TABLE trioq.ready_ring_3 (
 )
 WITH (vacuum_truncate=off);
 
+CREATE TABLE trioq.ready_ring_state (
+    one boolean DEFAULT true NOT NULL,
+    base smallint DEFAULT 0 NOT NULL,
+    low smallint DEFAULT 0 NOT NULL,
+    blocked_since timestamp with time zone,
+    moved_at timestamp with time zone,
+    retired_tried_at timestamp with time zone,
+    CONSTRAINT ready_ring_state_one_check CHECK (one)
+);
+
 CREATE TABLE trioq.schedules (
     name text NOT NULL,
     task text NOT NULL,
@@ -1604,6 +1716,9 @@ ALTER TABLE ONLY trioq.queue_limits
 
 ALTER TABLE ONLY trioq.queue_pauses
     ADD CONSTRAINT queue_pauses_pkey PRIMARY KEY (queue);
+
+ALTER TABLE ONLY trioq.ready_ring_state
+    ADD CONSTRAINT ready_ring_state_pkey PRIMARY KEY (one);
 
 ALTER TABLE ONLY trioq.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);

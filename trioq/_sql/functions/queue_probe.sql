@@ -12,7 +12,8 @@ SET search_path = pg_catalog, pg_temp AS $$
                    CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
                                        WHERE j.id = r.id AND j.state = 'ready'
                                        LIMIT 1) AS job
-                   WHERE r.queue = q.queue)
+                   WHERE r.queue = q.queue
+                     AND r.slot >= (SELECT s.low FROM {schema}.ready_ring_state s))
            OR EXISTS (SELECT 1 FROM {schema}.jobs j
                       WHERE j.queue = q.queue AND j.state = 'ready'
                         AND j.partition_key IS NOT NULL)

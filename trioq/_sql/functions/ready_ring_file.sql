@@ -6,14 +6,17 @@
 -- fills every writer's rows, so no writer can forget its jobs (an entry a claim never finds
 -- is a job that never runs). An entry can outlive its job's readiness (a cancel, a deadline):
 -- the claim takes a job only if its row is still ready and steps over the others, which go
--- with their slot (ready_sweep()).
+-- with their slot (ready_sweep()). The slot is the bank's first (`base`, migration 0041: it
+-- moves when a `pg_dump` holds the slots) plus the 5 s phase of now; the state's one row is
+-- read with the insert, in the same statement.
 CREATE OR REPLACE FUNCTION {schema}.ready_ring_file() RETURNS trigger
 -- (Its qualified names: see db_now; a trigger of every ready job.)
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO {schema}.ready_ring (slot, queue, task, version, priority, run_at, id)
-    VALUES ({schema}.ready_slot(pg_catalog.now()), NEW.queue, NEW.task, NEW.version,
-            NEW.priority, NEW.run_at, NEW.id);
+    SELECT s.base OPERATOR(pg_catalog.+) {schema}.ready_slot(pg_catalog.now()), NEW.queue,
+           NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id
+    FROM {schema}.ready_ring_state s;
     RETURN NULL;
 END
 $$;
