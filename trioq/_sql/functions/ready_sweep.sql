@@ -45,7 +45,14 @@ DECLARE
     part      record;
 BEGIN
     truncated := 0;
-    SELECT * INTO st FROM {schema}.ready_ring_state FOR UPDATE;
+    BEGIN
+        -- One sweep at a time (a leader elected while the last one's sweep still runs).
+        SELECT * INTO st FROM {schema}.ready_ring_state FOR UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        pending := {schema}.ready_pending();
+        RETURN NEXT;
+        RETURN;
+    END;
     writing := st.base + {schema}.ready_slot(now());
     next_slot := st.base + {schema}.ready_slot(now() + interval '5 seconds');
     -- 4. The banks left behind, once they can be locked.
