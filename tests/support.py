@@ -60,6 +60,17 @@ def sql_rows(pg_url: str, query: str, params: Any = None) -> list[tuple[Any, ...
         return conn.execute(query, params).fetchall()
 
 
+def partitions_of(pg_url: str, parent: str) -> list[str]:
+    """The names of the partitions of `parent` (schema-qualified), in name order."""
+    rows = sql_rows(
+        pg_url,
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass ORDER BY 1",
+        (parent,),
+    )
+    return [name for (name,) in rows]
+
+
 async def scalar(pg_url: str, query: str, params: Any = None) -> Any:
     return await trio.to_thread.run_sync(sql_scalar, pg_url, query, params)
 

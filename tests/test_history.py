@@ -5,13 +5,14 @@ to their jobs, and a statement that waited for a row a finishing job moved runs 
 from __future__ import annotations
 
 import datetime
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
 import pytest
 import trio
 
-from tests.support import blocked_on_a_lock, sql_rows, sql_scalar, wait_until
+from tests.support import blocked_on_a_lock, partitions_of, sql_rows, sql_scalar, wait_until
 from trioq._core.retention import seconds_to_day_end
 from trioq._pg import Connection, connect
 from trioq._pg.driver import PgDriver, complete_plain_params, open_pg_driver
@@ -40,17 +41,43 @@ def partition_of(pg_url: str, schema: str, job_id: int) -> str:
 
 
 def day_partitions(pg_url: str, schema: str) -> list[str]:
-    rows = sql_rows(
-        pg_url,
-        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-        " WHERE i.inhparent = %s::regclass AND c.relname ~ '^jobs_d[0-9]{8}$' ORDER BY 1",
-        (f"{schema}.jobs",),
-    )
-    return [name for (name,) in rows]
+    return [
+        name
+        for name in partitions_of(pg_url, f"{schema}.jobs")
+        if re.fullmatch(r"jobs_d\d{8}", name)
+    ]
 
 
 def day_name(moment: datetime.datetime) -> str:
     return "jobs_d" + moment.astimezone(datetime.UTC).strftime("%Y%m%d")
+
+
+async def racing_a_completion(
+    driver: PgDriver,
+    observer: Connection,
+    pg_url: str,
+    pg_schema: str,
+    racer: Callable[[int], Awaitable[None]],
+) -> int:
+    """Claim a job, complete it in a transaction held open, start `racer(job_id)` and wait
+    until it waits for the job's row lock; then commit, which moves the row to its day's
+    partition under it. The job's id, once the racer has returned."""
+    await enqueue(driver, new_job(1))
+    [job] = await claim(driver)
+    session = await connect(pg_url, application_name="trioq-test-history")
+    try:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery, session.transaction():
+                settled = [Settlement(job.lease, "complete", result_json="1")]
+                await session.fetch(
+                    queries(pg_schema)["job_complete_plain"], complete_plain_params(settled)
+                )
+                nursery.start_soon(racer, job.id)
+                await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
+                # committed here: the racer goes on
+    finally:
+        await session.close()
+    return job.id
 
 
 async def test_a_job_lives_in_jobs_live_until_it_finishes_then_in_its_days_partition(
@@ -142,33 +169,18 @@ async def test_a_cancel_that_waited_for_a_job_finishing_under_it_runs_again(
     """The completer's flush moves a finishing job's row to its day's partition; a cancel that
     waited for the row's lock cannot follow it there (SQLSTATE 40001 under READ COMMITTED)
     and runs again instead of failing: it finds the job completed and changes nothing."""
-    await enqueue(driver, new_job(1))
-    [job] = await claim(driver)
-    session = await connect(pg_url, application_name="trioq-test-history")
     cancelled: list[CancelOutcome | None] = []
-    try:
-        with trio.fail_after(20):
-            async with trio.open_nursery() as nursery, session.transaction():
-                settled = [Settlement(job.lease, "complete", result_json="1")]
-                await session.fetch(
-                    queries(pg_schema)["job_complete_plain"], complete_plain_params(settled)
-                )
 
-                async def cancel() -> None:
-                    cancelled.append(await driver.job_cancel(job.id))
+    async def cancel(job_id: int) -> None:
+        cancelled.append(await driver.job_cancel(job_id))
 
-                nursery.start_soon(cancel)
-                await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
-                assert not cancelled
-                # committed here: the cancel goes on
-    finally:
-        await session.close()
+    job_id = await racing_a_completion(driver, observer, pg_url, pg_schema, cancel)
     [outcome] = cancelled
     assert outcome is not None and (outcome.previous_state, outcome.state) == (
         "completed",
         "completed",
     )
-    assert partition_of(pg_url, pg_schema, job.id).startswith(f"{pg_schema}.jobs_d")
+    assert partition_of(pg_url, pg_schema, job_id).startswith(f"{pg_schema}.jobs_d")
 
 
 async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
@@ -238,26 +250,15 @@ async def test_a_producers_result_watch_that_waited_for_a_job_finishing_under_it
     """The producers run their statements as the driver does: a result watch (an UPDATE of the
     job's row) that waited for the completion moving the row to its day's partition gets
     SQLSTATE 40001 and runs again, finding the job final, instead of failing the wait."""
-    await enqueue(driver, new_job(1))
-    [job] = await claim(driver)
-    session = await connect(pg_url, application_name="trioq-test-history")
     finals: list[JobRecord] = []
 
-    def wait() -> None:
+    def wait(job_id: int) -> None:
         with SyncProducer(pg_url, schema=pg_schema) as producer:
-            finals.append(producer.wait_final(job.id, timeout=15))
+            finals.append(producer.wait_final(job_id, timeout=15))
 
-    try:
-        with trio.fail_after(20):
-            async with trio.open_nursery() as nursery, session.transaction():
-                settled = [Settlement(job.lease, "complete", result_json="1")]
-                await session.fetch(
-                    queries(pg_schema)["job_complete_plain"], complete_plain_params(settled)
-                )
-                nursery.start_soon(trio.to_thread.run_sync, wait)
-                await wait_until(lambda: blocked_on_a_lock(observer, pg_schema))
-                # committed here: the watch goes on
-    finally:
-        await session.close()
+    async def watch(job_id: int) -> None:
+        await trio.to_thread.run_sync(wait, job_id)
+
+    await racing_a_completion(driver, observer, pg_url, pg_schema, watch)
     [final] = finals
     assert (final.state, final.result) == ("completed", 1)
