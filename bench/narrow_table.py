@@ -300,7 +300,7 @@ class Variant:
         copied += INSTALL_LATE if self.late else ""
         conn.execute(INSTALL_SQL.format(schema=schema, copied=copied))
         for name in CLAIM_PATH_INDEXES:
-            conn.execute(f"DROP INDEX {schema}.{name}")
+            conn.execute(f"DROP INDEX IF EXISTS {schema}.{name}")
 
     def insert_backlog(self, conn: Conn, schema: str, jobs: int) -> None:
         """The drain's backlog in both tables (`late`: in jobs_hot only, as insert_backlog

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from tests.support import run_explained, sql_rows, sql_scalar
+from tests.support import partitions_of, run_explained, sql_rows, sql_scalar
 from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
 from trioq._seam.driver import Claim
 from trioq._sql import queries
@@ -201,13 +201,10 @@ async def test_the_readers_of_ready_jobs_count_each_ready_job_once_through_the_r
 
 
 def ring_slots(pg_url: str, schema: str) -> list[int]:
-    rows = sql_rows(
-        pg_url,
-        "SELECT substr(c.relname, 12)::int FROM pg_inherits i JOIN pg_class c"
-        " ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass ORDER BY 1",
-        (f"{schema}.ready_ring",),
+    return sorted(
+        int(name.removeprefix("ready_ring_"))
+        for name in partitions_of(pg_url, f"{schema}.ready_ring")
     )
-    return [slot for (slot,) in rows]
 
 
 async def test_a_dump_holding_the_slots_moves_the_ring_to_a_bank_the_claims_read_alone(
@@ -272,3 +269,19 @@ async def test_a_dump_holding_the_slots_moves_the_ring_to_a_bank_the_claims_read
         conn.commit()
         assert ring_slots(pg_url, pg_schema) == [4, 5, 6, 7]
         assert await plain_claim(driver) == [late]
+
+
+async def test_a_ring_state_emptied_by_hand_reads_as_the_first_bank(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """A test suite that truncates every table empties ready_ring_state too: the filing and
+    the claims read its missing row as bank 0 (a job filed nowhere would never run), and the
+    next sweep writes the row again."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {pg_schema}.ready_ring_state")
+        [job_id] = await enqueue(driver, new_job(1))
+        assert ring_ids(pg_url, pg_schema) == [job_id]
+        assert await plain_claim(driver) == [job_id]
+        conn.execute(f"SELECT {pg_schema}.ready_sweep()")
+        state = conn.execute(f"SELECT base, low FROM {pg_schema}.ready_ring_state").fetchall()
+        assert state == [(0, 0)]

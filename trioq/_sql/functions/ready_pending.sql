@@ -10,7 +10,7 @@ SET search_path = pg_catalog, pg_temp AS $$
             WHERE i.inhparent = '{schema}.ready_ring'::regclass
               AND (pg_relation_size(c.oid) > 0
                    OR (c.relname ~ '^ready_ring_[0-9]+$'
-                       AND substr(c.relname, 12)::integer < s.low)))
-           + (s.low < s.base)::integer
-    FROM {schema}.ready_ring_state s
+                       AND substr(c.relname, 12)::integer < coalesce(s.low, 0))))
+           + coalesce((s.low < s.base)::integer, 0)
+    FROM (SELECT 1) AS one LEFT JOIN {schema}.ready_ring_state s ON true
 $$;
