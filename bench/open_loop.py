@@ -76,11 +76,15 @@ class Offer:
     called: dict[int, float] = attrs.Factory(dict)  # job id -> the enqueue call's start
     marks: dict[str, Any] = attrs.Factory(dict)
     extra: dict[str, Any] = attrs.Factory(dict)  # what a phase's action reports
+    # The offering client, open for the whole run: an action that needs one uses it, so its
+    # phase does not time a client's connections being opened in the offering process.
+    client: Any = None
 
     async def run(self, phases: list[Phase]) -> None:
         app = make_app(self.schema, self.db.conninfo(HARNESS_ROLE))
         watcher = psycopg.connect(self.db.conninfo(HARNESS_ROLE), autocommit=True)
         async with app.client() as client:
+            self.client = client
             self.marks["start"] = time.time()
             clock = trio.current_time()
             tick = 0

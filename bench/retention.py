@@ -18,7 +18,6 @@ import argparse
 import datetime
 from pathlib import Path
 
-from bench.app import make_app
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.migrate_stall import fill
 from bench.open_loop import Offer, Phase, PhasesOf, run_repeats
@@ -48,14 +47,13 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
 
     def phases(offer: Offer) -> list[Phase]:
         async def prune() -> None:
-            app = make_app(schema, db.conninfo(HARNESS_ROLE))
-            async with app.client() as client:
-                # Every final state, no task or queue: whole days go as retention drops them
-                # (a purge naming one state deletes row by row).
-                deleted = await client.purge(
-                    states=("completed", "failed", "cancelled"),
-                    older_than=datetime.timedelta(hours=1),
-                )
+            # Every final state, no task or queue: whole days go as retention drops them
+            # (a purge naming one state deletes row by row). Through the offering client,
+            # already open: the phase times the purge, not a client's connections.
+            deleted = await offer.client.purge(
+                states=("completed", "failed", "cancelled"),
+                older_than=datetime.timedelta(hours=1),
+            )
             offer.extra["pruned"] = deleted
 
         return [Phase("clean", args.clean), Phase("prune", None, prune), Phase("after", args.after)]
