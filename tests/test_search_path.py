@@ -28,6 +28,7 @@ QUALIFIED = {
     "job_lane",
     "ready_channel",
     "ready_ring_file",
+    "ready_ring_low",
     "ready_slot",
     "result_channel",
     "task_deadline_seconds",

@@ -351,9 +351,8 @@ class MemoryDriver:
         return isinstance(exc, ConnectionError)
 
     def is_transient(self, exc: BaseException) -> bool:
-        """No statement here times out or deadlocks; tests inject `TimeoutError` to stand for
-        one the server rolled back."""
-        return isinstance(exc, TimeoutError)
+        """No statement here times out, waits for a lock or deadlocks."""
+        return False
 
     async def job_claim(self, params: Claim) -> ClaimResult:
         """Promote due work, and claim up to `limit` ready jobs.

@@ -61,6 +61,20 @@ def is_connection_lost(exc: BaseException) -> bool:
     return sqlstate.startswith("08") or sqlstate in _SESSION_ENDED_SQLSTATES
 
 
+# How often a statement runs again when a row it waited for was moved to another partition of
+# `jobs` by the transaction it waited on (a job finishing under a lease renewal, a result
+# watch or a cancel: migration 0038). READ COMMITTED cannot follow the row there (SQLSTATE
+# 40001, "tuple to be locked was already moved to another partition"); run as its own
+# transaction, the statement rolled back whole, so running it again sees the row where it
+# went. Inside a caller's transaction the error is the caller's (docs/api.md, "Transactions").
+MOVED_ROW_ATTEMPTS = 5
+
+
+def is_moved_row(exc: BaseException) -> bool:
+    """Whether `exc` is a statement that waited for a row another transaction moved."""
+    return isinstance(exc, psycopg.errors.SerializationFailure)
+
+
 # Errors after which the server rolled the statement back whole and the connection is still
 # usable: nothing it wrote is kept, and it may run again.
 _ROLLED_BACK_SQLSTATES = frozenset(

@@ -31,7 +31,7 @@ from . import (
     Pool,
     is_connection_lost,
 )
-from .errors import schema_required
+from .errors import MOVED_ROW_ATTEMPTS, schema_required
 from .inserts import quoted as _quoted
 from .limits import LimitedQueues
 from .replies import HistoryDropped, HistoryRotated
@@ -111,10 +111,6 @@ def quoted_name(name: str) -> str:
     return _quoted(name)
 
 
-# How often a statement runs when rows it waited for keep moving (each retry sees them moved).
-MOVED_ROW_ATTEMPTS = 5
-
-
 @attrs.define(eq=False)
 class PgStatements:
     """What every statement of `PgDriver` runs through; each concern's statements subclass it."""
@@ -171,12 +167,8 @@ class PgStatements:
                     binary=name in BINARY_RESULTS,
                 )
             except psycopg.errors.SerializationFailure:
-                # A row this statement waited for was moved to another partition of jobs by
-                # the transaction it waited on (a job finishing under a lease renewal or a
-                # cancel: migration 0038), and READ COMMITTED cannot follow it there. The
-                # statement ran as its own transaction and rolled back whole, so it runs
-                # again, seeing the row where it went. Inside the caller's transaction the
-                # error is the caller's to handle (docs/api.md, "Transactions").
+                # A row it waited for was moved (errors.MOVED_ROW_ATTEMPTS says why it runs
+                # again); inside the caller's transaction the error is the caller's.
                 if conn.in_transaction or attempt == MOVED_ROW_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")

@@ -318,7 +318,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         WHERE r.queue = (SELECT %(queue)s::text)
           AND r.task = served.task
           -- No bank the ring has left (migration 0041): pruned as the claim starts.
-          AND r.slot >= coalesce((SELECT s.low FROM {schema}.ready_ring_state s), 0)
+          AND r.slot >= {schema}.ready_ring_low()
           AND r.run_at <= {schema}.db_now()
           AND ((SELECT %(task_versions)s::text[]) IS NULL
                OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))
@@ -2550,10 +2550,10 @@ SET LOCAL jit = off;
 WITH RECURSIVE
 ready_unkeyed AS (
     (SELECT queue FROM {schema}.ready_ring
-     WHERE slot >= coalesce((SELECT s.low FROM {schema}.ready_ring_state s), 0) ORDER BY queue LIMIT 1)
+     WHERE slot >= {schema}.ready_ring_low() ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT x.queue FROM {schema}.ready_ring x WHERE x.queue > r.queue
-              AND x.slot >= coalesce((SELECT s.low FROM {schema}.ready_ring_state s), 0)
+              AND x.slot >= {schema}.ready_ring_low()
             ORDER BY x.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
@@ -2618,7 +2618,7 @@ CROSS JOIN LATERAL (
           CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
                               WHERE j.id = r.id AND j.state = 'ready' LIMIT 1) AS job
           WHERE r.queue = q.queue
-            AND r.slot >= coalesce((SELECT s.low FROM {schema}.ready_ring_state s), 0)
+            AND r.slot >= {schema}.ready_ring_low()
           LIMIT %(cap)s) s
 ) unkeyed
 CROSS JOIN LATERAL (
@@ -2790,7 +2790,7 @@ WITH ids AS (
     (SELECT j.id FROM {schema}.jobs j
      WHERE j.id IN (SELECT r.id FROM {schema}.ready_ring r
                     WHERE (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
-                      AND r.slot >= coalesce((SELECT s.low FROM {schema}.ready_ring_state s), 0))
+                      AND r.slot >= {schema}.ready_ring_low())
        AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters

@@ -889,7 +889,7 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
                                        WHERE j.id = r.id AND j.state = 'ready'
                                        LIMIT 1) AS job
                    WHERE r.queue = q.queue
-                     AND r.slot >= coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0))
+                     AND r.slot >= "trioq".ready_ring_low())
            OR EXISTS (SELECT 1 FROM "trioq".jobs j
                       WHERE j.queue = q.queue AND j.state = 'ready'
                         AND j.partition_key IS NOT NULL)
@@ -942,6 +942,12 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.ready_ring_low() RETURNS smallint
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint)
+$$;
+
 CREATE FUNCTION trioq.ready_ring_take(rows tid[], ids bigint[]) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -975,6 +981,7 @@ DECLARE
     slot      smallint;
     filled    boolean;
     blocked   boolean := false;
+    kept      boolean := false;
     part      record;
 BEGIN
     truncated := 0;
@@ -997,12 +1004,12 @@ BEGIN
     -- 4. The banks left behind, once they can be locked.
     IF st.retired_tried_at IS NULL OR st.retired_tried_at <= now() - interval '20 seconds' THEN
         FOR part IN
-            SELECT c.relname, substr(c.relname, 12)::smallint AS slot
+            SELECT c.relname
             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
             WHERE i.inhparent = '"trioq".ready_ring'::regclass
               AND c.relname ~ '^ready_ring_[0-9]+$'
               AND substr(c.relname, 12)::integer < st.low
-            ORDER BY 2
+            ORDER BY substr(c.relname, 12)::integer
         LOOP
             BEGIN
                 EXECUTE format('LOCK TABLE "trioq".%I IN ACCESS EXCLUSIVE MODE', part.relname);
@@ -1015,13 +1022,10 @@ BEGIN
                     USING writing;
                 EXECUTE format('DROP TABLE "trioq".%I', part.relname);
             EXCEPTION WHEN lock_not_available THEN
-                NULL;
+                kept := true;
             END;
         END LOOP;
-        IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-                   WHERE i.inhparent = '"trioq".ready_ring'::regclass
-                     AND c.relname ~ '^ready_ring_[0-9]+$'
-                     AND substr(c.relname, 12)::integer < st.low) THEN
+        IF kept THEN
             UPDATE "trioq".ready_ring_state SET retired_tried_at = now();
         END IF;
     END IF;

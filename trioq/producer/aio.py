@@ -175,13 +175,15 @@ class AsyncProducer:
 
     async def _fetch_pooled(self, text: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         pool = await self._ready_pool()
-        for attempt in range(shared.MOVED_ROW_ATTEMPTS):  # see SyncProducer._fetch_pooled
+        from .._pg.errors import MOVED_ROW_ATTEMPTS, is_moved_row  # see SyncProducer's
+
+        for attempt in range(MOVED_ROW_ATTEMPTS):
             try:
                 async with pool.connection() as pooled:
                     self._prepared.apply(pooled)
                     return await (await pooled.execute(text, params)).fetchall()
             except Exception as exc:
-                if not shared.moved_row(exc) or attempt == shared.MOVED_ROW_ATTEMPTS - 1:
+                if not is_moved_row(exc) or attempt == MOVED_ROW_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
 

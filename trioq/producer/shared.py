@@ -64,19 +64,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("trioq.producer")
 
-# How often a statement runs again when a row it waited for was moved to another partition of
-# `jobs` by the transaction it waited on (a job finishing under a result watch or a cancel:
-# SQLSTATE 40001, "tuple to be locked was already moved to another partition"), as the
-# driver's statements do (trioq/_pg/statements.py). Run alone, the statement rolled back
-# whole, so running it again sees the row where it went.
-MOVED_ROW_ATTEMPTS = 5
-
-
-def moved_row(exc: BaseException) -> bool:
-    """Whether `exc` is a statement that waited for a row another transaction moved."""
-    return getattr(exc, "sqlstate", None) == "40001"
-
-
 RESULT_POLL_SECONDS = 1.0  # safety net under the result notifications
 # Opening a producer connects once, to fail at once with the cause (psycopg_pool would retry
 # in the background and raise PoolTimeout after `connect_timeout`, the cause only in its log).

@@ -171,13 +171,17 @@ class SyncProducer:
 
     def _fetch_pooled(self, text: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         self._this_process()
-        for attempt in range(shared.MOVED_ROW_ATTEMPTS):
+        # Here, not at the top: psycopg loads with a producer's first connection. A statement
+        # that waited for a row a finishing job moved runs again, as the driver's do.
+        from .._pg.errors import MOVED_ROW_ATTEMPTS, is_moved_row
+
+        for attempt in range(MOVED_ROW_ATTEMPTS):
             try:
                 with self._pool.connection() as pooled:
                     self._prepared.apply(pooled)
                     return pooled.execute(text, params).fetchall()
             except Exception as exc:
-                if not shared.moved_row(exc) or attempt == shared.MOVED_ROW_ATTEMPTS - 1:
+                if not is_moved_row(exc) or attempt == MOVED_ROW_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
 

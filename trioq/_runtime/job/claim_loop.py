@@ -423,11 +423,15 @@ class ClaimLoop:
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                     self._backoff,
                 )
-                await trio.sleep(self._backoff * (1 + random.random()))
-                self._backoff = min(self._backoff * 2, 5.0)
-                self._wake.set()
-                return
-            if not self.driver.is_connection_lost(exc):
+            elif self.driver.is_connection_lost(exc):
+                self._db_healthy = False  # the database is away: retry later
+                log.debug(  # the worker's outage summary says it (services/outage.py)
+                    "queue %s: round failed (%s); retrying in %.1fs",
+                    self.queue,
+                    exc,
+                    self._backoff,
+                )
+            else:
                 log.error(
                     "queue %s: claim round failed with an unexpected error, stopping the "
                     "worker: %r",
@@ -435,10 +439,6 @@ class ClaimLoop:
                     exc,
                 )
                 raise
-            self._db_healthy = False  # the database is away: retry later
-            log.debug(  # the worker's outage summary says it (trioq/_runtime/services/outage.py)
-                "queue %s: round failed (%s); retrying in %.1fs", self.queue, exc, self._backoff
-            )
             await trio.sleep(self._backoff * (1 + random.random()))
             self._backoff = min(self._backoff * 2, 5.0)
             self._wake.set()

@@ -2,7 +2,8 @@
 -- jobs_before, no longer a partition of `jobs`), in a transaction of its own. Detaching holds
 -- ACCESS EXCLUSIVE on `jobs`, which every claim waits behind, until its transaction ends; a
 -- detach committed alone holds it 2 ms, a detach and the drop of a 1,000,000-job day together
--- 66-84 ms (bench/RESULTS.md, "The prune's lock"), so the drop comes after, holding only the
+-- 66-84 ms (bench/RESULTS.md, "Retention's lock, the ring's readers, backlog depth and a
+-- pg_dump's locks"), so the drop comes after, holding only the
 -- detached table. A table a reader still holds (a `pg_dump`) waits 50 ms at most and is left
 -- for the next call. Returns the tables dropped and the tables left. Sent right after
 -- job_history_rotate() by the leader and by `trioq purge`; one left over by a process that

@@ -15,7 +15,8 @@
 --    from `low` on, so a row filed late in an old slot is found).
 -- 2. A `pg_dump` holds ACCESS SHARE on every slot for the whole dump, so no slot can be
 --    truncated and every claim steps over every entry taken since the dump began (7.0x pickup
---    p95 in 150 s: bench/RESULTS.md, "The ready ring under a pg_dump's locks"). When a drained
+--    p95 in 150 s: bench/RESULTS.md, "Retention's lock, the ring's readers, backlog depth and
+--    a pg_dump's locks"). When a drained
 --    slot of the written bank has not been truncated for 10 s (`blocked_since`), the next four
 --    slots are created and attached (tables newer than the dump are not in it; attaching takes
 --    SHARE UPDATE EXCLUSIVE on `ready_ring`, which the dump's lock allows) and `base` moves
@@ -42,6 +43,7 @@ DECLARE
     slot      smallint;
     filled    boolean;
     blocked   boolean := false;
+    kept      boolean := false;
     part      record;
 BEGIN
     truncated := 0;
@@ -64,12 +66,12 @@ BEGIN
     -- 4. The banks left behind, once they can be locked.
     IF st.retired_tried_at IS NULL OR st.retired_tried_at <= now() - interval '20 seconds' THEN
         FOR part IN
-            SELECT c.relname, substr(c.relname, 12)::smallint AS slot
+            SELECT c.relname
             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
             WHERE i.inhparent = '{schema}.ready_ring'::regclass
               AND c.relname ~ '^ready_ring_[0-9]+$'
               AND substr(c.relname, 12)::integer < st.low
-            ORDER BY 2
+            ORDER BY substr(c.relname, 12)::integer
         LOOP
             BEGIN
                 EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part.relname);
@@ -82,13 +84,10 @@ BEGIN
                     USING writing;
                 EXECUTE format('DROP TABLE {schema}.%I', part.relname);
             EXCEPTION WHEN lock_not_available THEN
-                NULL;
+                kept := true;
             END;
         END LOOP;
-        IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-                   WHERE i.inhparent = '{schema}.ready_ring'::regclass
-                     AND c.relname ~ '^ready_ring_[0-9]+$'
-                     AND substr(c.relname, 12)::integer < st.low) THEN
+        IF kept THEN
             UPDATE {schema}.ready_ring_state SET retired_tried_at = now();
         END IF;
     END IF;

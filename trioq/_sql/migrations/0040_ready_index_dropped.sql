@@ -4,7 +4,7 @@
 --
 -- Why: every unkeyed job paid for an entry in both, one in the index each enqueue wrote and
 -- vacuum later removed, and none of it read on the claim path any more (bench/RESULTS.md,
--- "The ready ring without jobs_live's index").
+-- "Retention's lock, the ring's readers, backlog depth and a pg_dump's locks").
 --
 -- Online: this migration needs no stop. Dropping an index takes jobs_live's lock for a moment
 -- (bounded like every migration's lock: docs/operations.md, "Online migrations"). A worker

@@ -5,7 +5,8 @@
 -- Why: a TRUNCATE needs the slot's ACCESS EXCLUSIVE lock, which a `pg_dump` holding ACCESS
 -- SHARE refuses for the whole dump; the slots were then written again and again, each claim
 -- stepping over every entry taken since the dump began (800 jobs/s, 150 s: pickup p95 11.6 ->
--- 80.7 ms, 7.0x; bench/RESULTS.md, "The ready ring under a pg_dump's locks"). Tables created
+-- 80.7 ms, 7.0x; bench/RESULTS.md, "Retention's lock, the ring's readers, backlog depth and
+-- a pg_dump's locks"). Tables created
 -- after a dump started are not in it: ready_sweep() creates the next four slots, attaches
 -- them (which a dump's lock allows), files there, copies the entries of jobs still ready from
 -- the old bank, and raises `low`, below which the claims read nothing. The old bank's tables
