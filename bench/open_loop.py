@@ -76,15 +76,20 @@ class Offer:
     called: dict[int, float] = attrs.Factory(dict)  # job id -> the enqueue call's start
     marks: dict[str, Any] = attrs.Factory(dict)
     extra: dict[str, Any] = attrs.Factory(dict)  # what a phase's action reports
-    # The offering client, open for the whole run: an action that needs one uses it, so its
-    # phase does not time a client's connections being opened in the offering process.
+    # A client for the phases' actions, open for the whole run beside the offering one: an
+    # action's phase does not time a client's connections being opened, and the action holds
+    # none of the offering client's connections (a purge through the offering client made the
+    # next enqueue open a connection: bench/RESULTS.md, "The prune's window").
     client: Any = None
 
     async def run(self, phases: list[Phase]) -> None:
         app = make_app(self.schema, self.db.conninfo(HARNESS_ROLE))
         watcher = psycopg.connect(self.db.conninfo(HARNESS_ROLE), autocommit=True)
-        async with app.client() as client:
-            self.client = client
+        # Its own app: clients of one app share its pool (App.client).
+        actions_app = make_app(self.schema, self.db.conninfo(HARNESS_ROLE))
+        async with app.client() as client, actions_app.client() as actions:
+            self.client = actions
+            await actions.paused_queues()  # its connection opened before the phases
             self.marks["start"] = time.time()
             clock = trio.current_time()
             tick = 0

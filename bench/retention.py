@@ -7,7 +7,10 @@ A fresh schema is filled (in SQL, as `bench.migrate_stall` does) with `--finishe
 jobs that finished two days ago, then one worker (25 slots) serves `probe` jobs offered at `--rate`
 (bench/open_loop.py) in three phases: `clean` (`--clean` seconds), `prune` (until
 `client.purge(states=(every final state), older_than=1 hour)` returns: what `trioq purge` and the
-retention setting run) and `after` (`--after` seconds). Reported per phase: pickup p50/p95/max,
+retention setting run) and `after` (`--after` seconds).
+`--floor`: the day partitions are detached before the run, and the prune phase only DROPs them
+(what deleting a day's files costs the other sessions' commits, whatever the purge does
+around it). Reported per phase: pickup p50/p95/max,
 completions over offered, the schema's dead tuples and size; and the prune's time. The storage
 target: the prune of 1,000,000 finished jobs under 1 s, pickup p95 during it <= 2x clean.
 """
@@ -17,6 +20,11 @@ from __future__ import annotations
 import argparse
 import datetime
 from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+from psycopg import sql
 
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.migrate_stall import fill
@@ -33,6 +41,7 @@ def main() -> None:
     parser.add_argument("--clean", type=float, default=30.0)
     parser.add_argument("--after", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--floor", action="store_true")
     args = parser.parse_args()
     with open_database() as db:
         run_repeats(db, args, NAMES, RESULTS, lambda db: prepare(db, args))
@@ -44,21 +53,69 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     # Two days ago: a whole UTC day of them is past the purge's cutoff (docs/concepts.md,
     # "Storage": a day that ends after the cutoff is deleted row by row).
     fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema, days_ago=2)
+    days = detach_days(db, schema) if args.floor else []
+    # Opened here: the window times the drop, not a connection being opened.
+    dropper = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) if days else None
 
     def phases(offer: Offer) -> list[Phase]:
+        async def drop() -> None:
+            assert dropper is not None
+            with dropper:
+                await trio.to_thread.run_sync(drop_all, dropper, days)
+
         async def prune() -> None:
             # Every final state, no task or queue: whole days go as retention drops them
-            # (a purge naming one state deletes row by row). Through the offering client,
-            # already open: the phase times the purge, not a client's connections.
+            # (a purge naming one state deletes row by row). Through the actions' client,
+            # already open: the phase times the purge, not a client's connections, and the
+            # purge holds a connection of its own, as the leader's or `trioq purge`'s does.
             deleted = await offer.client.purge(
                 states=("completed", "failed", "cancelled"),
                 older_than=datetime.timedelta(hours=1),
             )
             offer.extra["pruned"] = deleted
 
-        return [Phase("clean", args.clean), Phase("prune", None, prune), Phase("after", args.after)]
+        action = drop if args.floor else prune
+        return [
+            Phase("clean", args.clean),
+            Phase("prune", None, action),
+            Phase("after", args.after),
+        ]
 
     return schema, phases
+
+
+def detach_days(db: Database, schema: str) -> list[sql.Identifier]:
+    """Detach every day partition holding rows (the filled day), then CHECKPOINT (their pages
+    written, as a day's are by the time retention drops it); the tables to drop."""
+    names = [
+        name
+        for (name,) in db.fetch(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            f" WHERE i.inhparent = '{schema}.jobs'::regclass AND c.relname ~ '^jobs_d'"
+            " AND pg_relation_size(c.oid) > 1000000"
+        )
+    ]
+    tables = []
+    for name in names:
+        db.conn.execute(
+            sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+                sql.Identifier(schema, "jobs"), sql.Identifier(schema, name)
+            )
+        )
+        # Renamed: job_history_drop() (the worker's leader) drops detached days itself.
+        db.conn.execute(
+            sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+                sql.Identifier(schema, name), sql.Identifier(f"floor_{name}")
+            )
+        )
+        tables.append(sql.Identifier(schema, f"floor_{name}"))
+    db.conn.execute("CHECKPOINT")
+    return tables
+
+
+def drop_all(conn: psycopg.Connection[Any], tables: list[sql.Identifier]) -> None:
+    for table in tables:
+        conn.execute(sql.SQL("DROP TABLE {}").format(table))
 
 
 if __name__ == "__main__":

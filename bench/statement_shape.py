@@ -19,6 +19,9 @@ bench-only SQL, no migration): ready and running jobs' claim-path state in a sma
 its own, jobs_hot, the wide record in jobs written at the enqueue (`nlate`: only at the end);
 their enqueue is job_insert_one's insert plus the hot row, their claim job_claim_plain's shape
 on jobs_hot, their completion a fenced DELETE from jobs_hot with the outcome written into jobs.
+`runs` is a PROTOTYPE of leases in a table of their own (bench/runs_table.py): the claim inserts a
+narrow runs row instead of updating the job's row, the completion deletes it; its enqueue is
+trioq's.
 Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
 to `trioq`'s and to `raw`'s in the same repeat (medians of the ratios). `--system` runs only
 the systems named (trioq and raw always run).
@@ -34,14 +37,14 @@ from collections.abc import Callable
 
 import psycopg
 
-from bench import baseline, narrow_table
+from bench import baseline, narrow_table, runs_table
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
 from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 
 Conn = psycopg.Connection[tuple[object, ...]]
-SYSTEMS = ("trioq", "minimal", "raw", *narrow_table.VARIANTS)
+SYSTEMS = ("trioq", "minimal", "raw", "runs", *narrow_table.VARIANTS)
 
 MINIMAL_CLAIM = """
 UPDATE {schema}.jobs j
@@ -113,12 +116,19 @@ def _round(system: str, conn: Conn, schema: str) -> int:
                 prepare=True,
             )
         return len(rows)
-    if system == "trioq":
+    if system in ("trioq", "runs"):
+        claim = queries(schema)["job_claim_plain"]
         reply = conn.execute(
-            queries(schema)["job_claim_plain"], claim_params(), prepare=True
+            runs_table.claim_sql(schema) if system == "runs" else claim,
+            claim_params(),
+            prepare=True,
         ).fetchall()
         first = ClaimedRow.id  # the claimed row's columns start here
         rows = [row[first:] for row in reply if row[first] is not None]
+        if rows and system == "runs":
+            leases = [(row[0], row[4], row[6]) for row in rows]
+            complete(conn, schema, leases, runs_table.complete_sql(schema))
+            return len(rows)
     else:
         rows = conn.execute(
             MINIMAL_CLAIM.format(schema=schema),
@@ -160,7 +170,7 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
     if system == "raw":
         sql = baseline.INSERT_SQL.format(schema=schema)
         sql = sql.replace("$1", "%(queue)s").replace("$2", "%(task)s").replace("$3", "%(payload)s")
-    elif system == "trioq":
+    elif system in ("trioq", "runs"):
         sql = queries(schema)["job_insert_one"]
     elif system in narrow_table.VARIANTS:
         sql = narrow_table.VARIANTS[system].insert_sql(db.conn, schema)
@@ -208,6 +218,8 @@ def main() -> None:
                         db.install_raw(schema)
                         if system in narrow_table.VARIANTS:
                             narrow_table.VARIANTS[system].install(db.conn, schema)
+                        if system == "runs":
+                            runs_table.install(db.conn, schema)
                         us = replay(db, schema, system, args.jobs)
                     finally:
                         db.drop_schema(schema)
