@@ -244,6 +244,27 @@ async def test_the_rotation_detaches_and_the_drop_comes_in_a_transaction_of_its_
     assert await driver.job_get(done_id) is None
 
 
+async def test_the_rotation_counts_a_large_day_in_chunks_each_job_once(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """job_history_rotate() counts a day's jobs 50,000 at a time in id order (one count(*) of a
+    large day held both cores): a day of exactly two chunks is counted once per job, the loop
+    ending on the empty third chunk."""
+    day_ago = "now() - interval '2 days'"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"SELECT {pg_schema}.job_history_add({pg_schema}.job_lane({day_ago}))")
+        conn.execute(
+            f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, run_at, created_at,"
+            " started_at, finished_at, attempt, result, lane)"
+            f" SELECT 'default', 'noop', '{{}}', 'completed', {day_ago}, {day_ago}, {day_ago},"
+            f" {day_ago}, 1, 'null', {pg_schema}.job_lane({day_ago})"
+            " FROM generate_series(1, 100000)"
+        )
+    rotate = f"SELECT pruned FROM {pg_schema}.job_history_rotate(%s * interval '1 second')"
+    assert sql_scalar(pg_url, rotate, (RETENTION,)) == 100_000
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.jobs") == 0
+
+
 async def test_a_producers_result_watch_that_waited_for_a_job_finishing_under_it_runs_again(
     driver: PgDriver, observer: Connection, pg_url: str, pg_schema: str
 ) -> None:
