@@ -56,14 +56,7 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.state = 'ready'
 RETURNING job_id, attempt, lease_token
 ),
 claimed AS (
-SELECT j.id, j.queue, j.task, j.payload, r.attempt, j.max_attempts, r.lease_token,
-j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-j.version,
-CASE WHEN j.checkpoint_count > 0 THEN
-(SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
-ORDER BY c.position)
-FROM "{schema}".checkpoints c WHERE c.job_id = j.id) END AS history,
-j.parent_id, j.concurrency_key
+SELECT {returning}
 FROM run r JOIN "{schema}".jobs_live j ON j.id = r.job_id
 )
 """
@@ -97,8 +90,14 @@ def install(conn: Conn, schema: str) -> None:
 def claim_sql(schema: str) -> str:
     plain = queries(schema)["job_claim_plain"]
     head, rest = plain.split("claimed AS (", 1)
-    tail = rest[rest.index("\n)\nSELECT (SELECT blocked FROM probe)") + 3 :]
-    return head + CLAIMED.format(schema=schema) + tail
+    end = rest.index("\n)\nSELECT (SELECT blocked FROM probe)")
+    # job_claim_plain's own reply columns, the attempt and the lease token the run's.
+    returning = rest[rest.index("RETURNING ") + len("RETURNING ") : end]
+    returning = returning.replace("j.attempt,", "r.attempt,").replace(
+        "j.lease_token,", "r.lease_token,"
+    )
+    claimed = CLAIMED.format(schema=schema, returning="{returning}")
+    return head + claimed.replace("{returning}", returning) + rest[end + 3 :]
 
 
 def complete_sql(schema: str) -> str:
