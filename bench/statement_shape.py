@@ -22,6 +22,7 @@ on jobs_hot, their completion a fenced DELETE from jobs_hot with the outcome wri
 `runs` is a PROTOTYPE of leases in a table of their own (bench/runs_table.py): the claim inserts a
 narrow runs row instead of updating the job's row, the completion deletes it; its enqueue is
 trioq's.
+`--days N` makes N day partitions of finished jobs in the past first (a retention of N days).
 Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
 to `trioq`'s and to `raw`'s in the same repeat (medians of the ratios). `--system` runs only
 the systems named (trioq and raw always run).
@@ -197,6 +198,9 @@ REPLAYS: dict[str, Callable[[Database, str, str, int], float]] = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument(
+        "--days", type=int, default=0, help="day partitions of finished jobs made in the past"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--system", action="append", default=[], choices=SYSTEMS, help="default: every system"
@@ -216,6 +220,12 @@ def main() -> None:
                     schema = db.fresh_schema()
                     try:
                         db.install_raw(schema)
+                        if args.days:
+                            db.conn.execute(
+                                f"SELECT {schema}.job_history_add({schema}.job_lane(now()) - k)"
+                                " FROM generate_series(1, %s) AS k",
+                                [args.days],
+                            )
                         if system in narrow_table.VARIANTS:
                             narrow_table.VARIANTS[system].install(db.conn, schema)
                         if system == "runs":

@@ -137,19 +137,19 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3019 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (3044 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second',
 false) AS blocked
-FROM (SELECT EXISTS (SELECT 1 FROM "trioq".jobs j
+FROM (SELECT EXISTS (SELECT 1 FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL)
-OR EXISTS (SELECT 1 FROM "trioq".jobs j
+OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL) AS ready) AS keyed
-LEFT JOIN LATERAL (SELECT j.run_at FROM "trioq".jobs j
+LEFT JOIN LATERAL (SELECT j.run_at FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text)
 AND j.state IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at IS NOT NULL
@@ -162,7 +162,7 @@ CROSS JOIN LATERAL (
 SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT 1 FROM "trioq".jobs j
+SELECT 1 FROM "trioq".jobs_live j
 WHERE j.id = r.id AND j.state = 'ready'
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
@@ -191,7 +191,7 @@ ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
 ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
 ),
 claimed AS (
-UPDATE "trioq".jobs j
+UPDATE "trioq".jobs_live j
 SET state = 'running',
 attempt = j.attempt + 1,
 executions = j.executions + 1,
@@ -223,12 +223,12 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11579 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11674 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
 j.concurrency_key
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now() + (SELECT $2::float8) * interval '1 second'
 ORDER BY j.run_at
@@ -253,14 +253,14 @@ ready_keys AS (
 SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 AND j.partition_key > (SELECT $7::text)
 ORDER BY j.partition_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
@@ -272,13 +272,13 @@ SELECT next_key.partition_key, k.n + 1, next_key.wrapped
 FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key > k.partition_key
 ORDER BY j.partition_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
@@ -296,7 +296,7 @@ LEFT JOIN "trioq".partition_locks l
 ON l.queue = (SELECT $1::text) AND l.partition_key = k.partition_key
 CROSS JOIN LATERAL (
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE l.job_id IS NULL
 AND j.queue = (SELECT $1::text) AND j.partition_key = k.partition_key
 AND j.state = 'ready'
@@ -305,7 +305,7 @@ ORDER BY j.priority, j.run_at, j.id
 LIMIT 1)
 UNION ALL
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.id = l.job_id AND j.state = 'ready')
 ) AS head
 WHERE head.task = ANY((SELECT $5::text[])::text[])
@@ -321,7 +321,7 @@ NULL::tid AS ring_row
 FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -331,14 +331,14 @@ ready_concurrency_keys AS (
 SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 AND j.concurrency_key > (SELECT $9::text)
 ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
@@ -350,13 +350,13 @@ SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
 FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key > k.concurrency_key
 ORDER BY j.concurrency_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
@@ -374,7 +374,7 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
-FROM "trioq".jobs f
+FROM "trioq".jobs_live f
 WHERE f.queue = (SELECT $1::text) AND f.concurrency_key = k.concurrency_key
 AND f.state = 'ready'
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
@@ -390,7 +390,7 @@ FROM concurrency_room r
 CROSS JOIN LATERAL (
 SELECT j.id, j.attempt, j.priority, j.run_at,
 row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.concurrency_key = r.concurrency_key
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 AND j.task = ANY((SELECT $5::text[])::text[])
@@ -418,7 +418,7 @@ NULL::tid AS ring_row
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -433,7 +433,7 @@ NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
 r.ctid AS ring_row
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT 1 FROM "trioq".jobs j
+SELECT 1 FROM "trioq".jobs_live j
 WHERE j.id = r.id AND j.state = 'ready'
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
@@ -478,7 +478,7 @@ ON CONFLICT (concurrency_key, slot) DO NOTHING
 RETURNING job_id
 ),
 promoted AS (
-UPDATE "trioq".jobs j SET state = 'ready'
+UPDATE "trioq".jobs_live j SET state = 'ready'
 FROM due d
 WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
 AND j.state IN ('scheduled', 'sleeping', 'waiting')
@@ -490,7 +490,7 @@ SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
 FROM (SELECT (SELECT $1::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 claimed AS (
-UPDATE "trioq".jobs j
+UPDATE "trioq".jobs_live j
 SET state = 'running',
 attempt = j.attempt + 1,
 executions = j.executions + 1,
@@ -521,7 +521,7 @@ greatest((SELECT count(*) FROM ready_keys),
 (SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
 (SELECT count(*) FROM promoted) AS promoted,
 "trioq".db_now() + (clock_timestamp() - now()) AS now,
-(SELECT j.run_at FROM "trioq".jobs j
+(SELECT j.run_at FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text)
 AND j.state IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at > "trioq".db_now()
@@ -534,12 +534,12 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (14383 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (14478 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
 j.concurrency_key
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now() + (SELECT $2::float8) * interval '1 second'
 ORDER BY j.run_at
@@ -564,14 +564,14 @@ ready_keys AS (
 SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 AND j.partition_key > (SELECT $7::text)
 ORDER BY j.partition_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
@@ -583,13 +583,13 @@ SELECT next_key.partition_key, k.n + 1, next_key.wrapped
 FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key > k.partition_key
 ORDER BY j.partition_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs j
+FROM (SELECT j.partition_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
@@ -607,7 +607,7 @@ LEFT JOIN "trioq".partition_locks l
 ON l.queue = (SELECT $1::text) AND l.partition_key = k.partition_key
 CROSS JOIN LATERAL (
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE l.job_id IS NULL
 AND j.queue = (SELECT $1::text) AND j.partition_key = k.partition_key
 AND j.state = 'ready'
@@ -616,7 +616,7 @@ ORDER BY j.priority, j.run_at, j.id
 LIMIT 1)
 UNION ALL
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.id = l.job_id AND j.state = 'ready')
 ) AS head
 WHERE head.task = ANY((SELECT $5::text[])::text[])
@@ -632,7 +632,7 @@ NULL::tid AS ring_row
 FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -642,14 +642,14 @@ ready_concurrency_keys AS (
 SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 AND j.concurrency_key > (SELECT $9::text)
 ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
@@ -661,13 +661,13 @@ SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
 FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key > k.concurrency_key
 ORDER BY j.concurrency_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs j
+FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
@@ -691,7 +691,7 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
-FROM "trioq".jobs f
+FROM "trioq".jobs_live f
 WHERE f.queue = (SELECT $1::text) AND f.concurrency_key = k.concurrency_key
 AND f.state = 'ready'
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
@@ -719,7 +719,7 @@ FROM concurrency_room r
 CROSS JOIN LATERAL (
 SELECT j.id, j.attempt, j.priority, j.run_at,
 row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text) AND j.concurrency_key = r.concurrency_key
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 AND j.task = ANY((SELECT $5::text[])::text[])
@@ -757,7 +757,7 @@ NULL::tid AS ring_row
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue
-FROM "trioq".jobs j
+FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -772,7 +772,7 @@ NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
 r.ctid AS ring_row
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT 1 FROM "trioq".jobs j
+SELECT 1 FROM "trioq".jobs_live j
 WHERE j.id = r.id AND j.state = 'ready'
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
@@ -836,7 +836,7 @@ ON CONFLICT (concurrency_key, slot) DO NOTHING
 RETURNING job_id
 ),
 promoted AS (
-UPDATE "trioq".jobs j SET state = 'ready'
+UPDATE "trioq".jobs_live j SET state = 'ready'
 FROM due d
 WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
 AND j.state IN ('scheduled', 'sleeping', 'waiting')
@@ -848,7 +848,7 @@ SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
 FROM (SELECT (SELECT $1::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 claimed AS (
-UPDATE "trioq".jobs j
+UPDATE "trioq".jobs_live j
 SET state = 'running',
 attempt = j.attempt + 1,
 executions = j.executions + 1,
@@ -882,7 +882,7 @@ greatest((SELECT count(*) FROM ready_keys),
 (SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
 (SELECT count(*) FROM promoted) AS promoted,
 "trioq".db_now() + (clock_timestamp() - now()) AS now,
-(SELECT j.run_at FROM "trioq".jobs j
+(SELECT j.run_at FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $1::text)
 AND j.state IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at > "trioq".db_now()
@@ -1013,7 +1013,7 @@ min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next
 + (SELECT n FROM parents_woken) AS notified
 FROM settled;
 
--- name: lease_renew_many (1864 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
+-- name: lease_renew_many (1879 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
 WITH heartbeat AS (
 UPDATE "trioq".workers SET heartbeat_at = "trioq".db_now(), state = $1,
 admission = (
@@ -1032,14 +1032,14 @@ requested AS MATERIALIZED (
 SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
 FROM unnest($9::bigint[], $10::int[], $11::uuid[])
 AS o(id, attempt, lease_token)
-JOIN "trioq".jobs j ON j.id = o.id
+JOIN "trioq".jobs_live j ON j.id = o.id
 WHERE j.attempt = o.attempt AND j.lease_token = o.lease_token
 AND j.id = ANY((SELECT $9::bigint[])::bigint[])
 AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
 'cancelled')
 ),
 lockable AS MATERIALIZED (
-SELECT j.id FROM "trioq".jobs j
+SELECT j.id FROM "trioq".jobs_live j
 JOIN requested r ON r.id = j.id
 WHERE r.attempt = j.attempt AND r.lease_token = j.lease_token
 AND j.id = ANY((SELECT $9::bigint[])::bigint[])
@@ -1048,7 +1048,7 @@ AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'f
 FOR UPDATE OF j SKIP LOCKED
 ),
 renewed AS (
-UPDATE "trioq".jobs j
+UPDATE "trioq".jobs_live j
 SET lease_expires_at = "trioq".db_now() + $12 * interval '1 second'
 FROM lockable l
 WHERE j.id = l.id
@@ -1066,7 +1066,7 @@ SELECT id, cancel_requested, false FROM requested
 WHERE id NOT IN (SELECT id FROM lockable)
 ) AS r ON true;
 
--- name: checkpoint_insert_many_plain (1277 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
+-- name: checkpoint_insert_many_plain (1282 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
@@ -1074,7 +1074,7 @@ $7::text[], $8::float8[])
 AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
 owner AS (
-UPDATE "trioq".jobs j
+UPDATE "trioq".jobs_live j
 SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
 FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
 FROM input GROUP BY id, attempt, lease_token) AS n
@@ -1101,7 +1101,7 @@ JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
 ;
 
--- name: checkpoint_insert_many (1974 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
+-- name: checkpoint_insert_many (1979 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
@@ -1109,7 +1109,7 @@ $7::text[], $8::float8[])
 AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
 owner AS (
-UPDATE "trioq".jobs j
+UPDATE "trioq".jobs_live j
 SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
 FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
 FROM input GROUP BY id, attempt, lease_token) AS n

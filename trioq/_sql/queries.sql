@@ -310,7 +310,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         -- scan of jobs_live, 30 s a claim under a pinned horizon). The job's row lock is
         -- the claim's: two entries of one job, or two claimers, meet on it.
         CROSS JOIN LATERAL (
-            SELECT 1 FROM {schema}.jobs j
+            SELECT 1 FROM {schema}.jobs_live j
             WHERE j.id = r.id AND j.state = 'ready'
             LIMIT 1
             FOR UPDATE OF j SKIP LOCKED
@@ -377,14 +377,14 @@ ring_taken AS MATERIALIZED (
     SELECT first_key.@key@, 1 AS n, first_key.wrapped
     FROM (
         SELECT after_cursor.@key@, false AS wrapped
-        FROM (SELECT j.@key@ FROM {schema}.jobs j
+        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
               WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
                 AND j.@key@ IS NOT NULL
                 AND j.@key@ > (SELECT %(@cursor@)s::text)
               ORDER BY j.@key@ LIMIT 1) AS after_cursor
         UNION ALL
         SELECT from_start.@key@, true
-        FROM (SELECT j.@key@ FROM {schema}.jobs j
+        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
               WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
                 AND j.@key@ IS NOT NULL
               ORDER BY j.@key@ LIMIT 1) AS from_start
@@ -396,13 +396,13 @@ ring_taken AS MATERIALIZED (
     FROM @cte@ k
     CROSS JOIN LATERAL (
         SELECT following.@key@, k.wrapped AS wrapped
-        FROM (SELECT j.@key@ FROM {schema}.jobs j
+        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
               WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
                 AND j.@key@ > k.@key@
               ORDER BY j.@key@ LIMIT 1) AS following
         UNION ALL
         SELECT from_start.@key@, true
-        FROM (SELECT j.@key@ FROM {schema}.jobs j
+        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
               WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
                 AND j.@key@ IS NOT NULL
               ORDER BY j.@key@ LIMIT 1) AS from_start
@@ -417,6 +417,14 @@ ring_taken AS MATERIALIZED (
 -- Two statements are this one: job_claim (`unrated`: while no key has a rate) and
 -- job_claim_rated (`rated`), which differ only in the concurrency-key fragments named
 -- `*_@rate@` below (the rate's start slots, migration 0028) and one reply column.
+-- The claims (this one and job_claim_plain), the lease renewal and the checkpoint writes name
+-- jobs_live, not jobs: every state they read or write is unfinished, so the planner left the
+-- day partitions out anyway (their CHECKs), but a plan over the parent still holds every
+-- partition: each execution locks them all again (four days ahead, the retention's days,
+-- jobs_unfiled), and a day's detach invalidates it. With 30 days of partitions the drain's
+-- replay cost 63.5 us of backend CPU per job against 79.4 through `jobs` (bench/RESULTS.md,
+-- "Claims that name jobs_live"). The completions go through `jobs`: they move the row to its
+-- day.
 -- The claim loop's full claim: promote due work AND claim up to %(limit)s ready jobs, in one
 -- statement. Outcomes are not written here: the completer writes them with job_settle_many
 -- (or job_complete_plain), on its own connection, while the claim loop claims.
@@ -465,7 +473,7 @@ WITH RECURSIVE
 due AS MATERIALIZED (
     SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
            j.concurrency_key
-    FROM {schema}.jobs j
+    FROM {schema}.jobs_live j
     WHERE j.queue = (SELECT %(queue)s::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
       AND j.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
     ORDER BY j.run_at
@@ -503,7 +511,7 @@ heads AS MATERIALIZED (
            ON l.queue = (SELECT %(queue)s::text) AND l.partition_key = k.partition_key
     CROSS JOIN LATERAL (
         (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
-         FROM {schema}.jobs j
+         FROM {schema}.jobs_live j
          WHERE l.job_id IS NULL
            AND j.queue = (SELECT %(queue)s::text) AND j.partition_key = k.partition_key
            AND j.state = 'ready'
@@ -512,7 +520,7 @@ heads AS MATERIALIZED (
          LIMIT 1)
         UNION ALL
         (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
-         FROM {schema}.jobs j
+         FROM {schema}.jobs_live j
          WHERE j.id = l.job_id AND j.state = 'ready')
     ) AS head
     WHERE head.task = ANY((SELECT %(tasks)s::text[])::text[])
@@ -531,7 +539,7 @@ keyed AS MATERIALIZED (
     FROM heads h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
-        FROM {schema}.jobs j
+        FROM {schema}.jobs_live j
         WHERE j.id = h.id AND j.attempt = h.attempt
           AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
@@ -561,7 +569,7 @@ concurrency_keyed AS MATERIALIZED (
     FROM concurrency_heads h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue
-        FROM {schema}.jobs j
+        FROM {schema}.jobs_live j
         WHERE j.id = h.id AND j.attempt = h.attempt
           AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
@@ -598,7 +606,7 @@ key_taken AS (
 -- include: concurrency_taken_@rate@
 -- Due rows not claimed here become ready (claimable from the next round: same snapshot).
 promoted AS (
-    UPDATE {schema}.jobs j SET state = 'ready'
+    UPDATE {schema}.jobs_live j SET state = 'ready'
     FROM due d
     WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
       AND j.state IN ('scheduled', 'sleeping', 'waiting')
@@ -610,7 +618,7 @@ ready_notified AS (
     FROM (SELECT (SELECT %(queue)s::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 claimed AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     -- include: claim_set
         -- include: claim_started_at_@rate@
     FROM candidates c
@@ -632,7 +640,7 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        -- read per row as it is produced: the last row's is the latest. A job claimed early is
        -- held until its run_at mapped from these (trioq/_runtime/job/dbclock.py), never before.
        {schema}.db_now() + (clock_timestamp() - now()) AS now,
-       (SELECT j.run_at FROM {schema}.jobs j
+       (SELECT j.run_at FROM {schema}.jobs_live j
         WHERE j.queue = (SELECT %(queue)s::text)
           AND j.state IN ('scheduled', 'sleeping', 'waiting')
           AND j.run_at > {schema}.db_now()
@@ -655,7 +663,7 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
     CROSS JOIN LATERAL (
         SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
                    AS max_running
-        FROM {schema}.jobs f
+        FROM {schema}.jobs_live f
         WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
           AND f.state = 'ready'
         ORDER BY f.priority, f.run_at, f.id LIMIT 1
@@ -671,7 +679,7 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
     CROSS JOIN LATERAL (
         SELECT j.id, j.attempt, j.priority, j.run_at,
                row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-        FROM {schema}.jobs j
+        FROM {schema}.jobs_live j
         WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
           AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
           AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
@@ -1001,14 +1009,14 @@ WITH probe AS MATERIALIZED (
            keyed.ready OR coalesce(due.run_at <= {schema}.db_now()
                                    + (SELECT %(lookahead)s::float8) * interval '1 second',
                                    false) AS blocked
-    FROM (SELECT EXISTS (SELECT 1 FROM {schema}.jobs j
+    FROM (SELECT EXISTS (SELECT 1 FROM {schema}.jobs_live j
                          WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
                            AND j.partition_key IS NOT NULL)
                  -- jobs_concurrency_ready_idx: one more probe of an index of keyed rows only
-                 OR EXISTS (SELECT 1 FROM {schema}.jobs j
+                 OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
                             WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
                               AND j.concurrency_key IS NOT NULL) AS ready) AS keyed
-    LEFT JOIN LATERAL (SELECT j.run_at FROM {schema}.jobs j
+    LEFT JOIN LATERAL (SELECT j.run_at FROM {schema}.jobs_live j
                        WHERE j.queue = (SELECT %(queue)s::text)
                          AND j.state IN ('scheduled', 'sleeping', 'waiting')
                          AND j.run_at IS NOT NULL
@@ -1032,7 +1040,7 @@ candidates AS MATERIALIZED (
 ),
 -- include: ring_taken
 claimed AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     -- include: claim_set
         started_at = greatest({schema}.db_now(), j.run_at)
     -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
@@ -1131,7 +1139,7 @@ WITH input AS MATERIALIZED (
              AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
 owner AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
     FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
           FROM input GROUP BY id, attempt, lease_token) AS n
@@ -1240,21 +1248,21 @@ requested AS MATERIALIZED (
     SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
          AS o(id, attempt, lease_token)
-    JOIN {schema}.jobs j ON j.id = o.id
+    JOIN {schema}.jobs_live j ON j.id = o.id
     WHERE j.attempt = o.attempt AND j.lease_token = o.lease_token
       -- include: running_by_key
 ),
 -- The fence is part of the lock's condition, so it is re-checked on the row's newest version
 -- once locked: a lease recovered and claimed by another worker meanwhile is not extended.
 lockable AS MATERIALIZED (
-    SELECT j.id FROM {schema}.jobs j
+    SELECT j.id FROM {schema}.jobs_live j
     JOIN requested r ON r.id = j.id
     WHERE r.attempt = j.attempt AND r.lease_token = j.lease_token
       -- include: running_by_key
     FOR UPDATE OF j SKIP LOCKED
 ),
 renewed AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
     FROM lockable l
     WHERE j.id = l.id
