@@ -96,8 +96,7 @@ def claim_sql(schema: str) -> str:
     returning = returning.replace("j.attempt,", "r.attempt,").replace(
         "j.lease_token,", "r.lease_token,"
     )
-    claimed = CLAIMED.format(schema=schema, returning="{returning}")
-    return head + claimed.replace("{returning}", returning) + rest[end + 3 :]
+    return head + CLAIMED.format(schema=schema, returning=returning) + rest[end + 3 :]
 
 
 def complete_sql(schema: str) -> str:

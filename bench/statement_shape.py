@@ -117,19 +117,14 @@ def _round(system: str, conn: Conn, schema: str) -> int:
                 prepare=True,
             )
         return len(rows)
+    completion = None  # job_complete_plain
     if system in ("trioq", "runs"):
         claim = queries(schema)["job_claim_plain"]
-        reply = conn.execute(
-            runs_table.claim_sql(schema) if system == "runs" else claim,
-            claim_params(),
-            prepare=True,
-        ).fetchall()
+        if system == "runs":
+            claim, completion = runs_table.claim_sql(schema), runs_table.complete_sql(schema)
+        reply = conn.execute(claim, claim_params(), prepare=True).fetchall()
         first = ClaimedRow.id  # the claimed row's columns start here
         rows = [row[first:] for row in reply if row[first] is not None]
-        if rows and system == "runs":
-            leases = [(row[0], row[4], row[6]) for row in rows]
-            complete(conn, schema, leases, runs_table.complete_sql(schema))
-            return len(rows)
     else:
         rows = conn.execute(
             MINIMAL_CLAIM.format(schema=schema),
@@ -137,7 +132,7 @@ def _round(system: str, conn: Conn, schema: str) -> int:
             prepare=True,
         ).fetchall()
     if rows:
-        complete(conn, schema, [(row[0], row[4], row[6]) for row in rows])
+        complete(conn, schema, [(row[0], row[4], row[6]) for row in rows], completion)
     return len(rows)
 
 
