@@ -75,15 +75,43 @@ def _names(text: str | None) -> list[str]:
     return [] if not text else [name.strip() for name in text.split(",")]
 
 
-def parse_blocks(text: str) -> dict[str, str]:
-    """Split a file of `-- name: x` blocks into {name: statement}; names must be unique.
+@attrs.frozen
+class _Blocks:
+    """A file of blocks: each body by name, whether it is a fragment, and its parameters."""
 
-    A `-- fragment: y` block is not a statement: a line `-- include: y` in a statement is
-    replaced by its lines, so two statements that must agree (the claim's SET list and the
-    columns `_claimed_job` reads) are written once. A fragment may take names,
-    `-- fragment: y(a, b)`, written `@a@` in its body and given by `-- include: y(x, z)` (the
-    same loose index scan visits partition keys and concurrency keys). Fragments come from
-    this file only."""
+    bodies: dict[str, tuple[str, str]]
+    parameters: dict[str, list[str]]
+
+    @property
+    def fragments(self) -> dict[str, str]:
+        return {name: body for name, (kind, body) in self.bodies.items() if kind == "fragment"}
+
+    def expand(self, body: str) -> list[str]:
+        """`body`'s lines with each `-- include:` line replaced by its fragment's lines."""
+        fragments, lines = self.fragments, []
+        for line in body.splitlines():
+            include = _INCLUDE.match(line.strip())
+            if include is None:
+                lines.append(line)
+                continue
+            name, values = include.group(1), _names(include.group(2))
+            if name not in fragments:
+                raise ValueError(f"queries.sql: no fragment {name!r} to include")
+            if len(values) != len(self.parameters[name]):
+                raise ValueError(
+                    f"queries.sql: fragment {name!r} takes {len(self.parameters[name])} names "
+                    f"({', '.join(self.parameters[name])}), given {len(values)}"
+                )
+            # A parameterised fragment's @param@ markers become the include's identifiers
+            # (fixed names in this file, never user input).
+            included = fragments[name]
+            for parameter, value in zip(self.parameters[name], values, strict=True):
+                included = included.replace(f"@{parameter}@", value)
+            lines.extend(self.expand(included))
+        return lines
+
+
+def _parse(text: str) -> _Blocks:
     starts = list(_BLOCK_START.finditer(text))
     bodies: dict[str, tuple[str, str]] = {}
     parameters: dict[str, list[str]] = {}
@@ -94,49 +122,41 @@ def parse_blocks(text: str) -> dict[str, str]:
             raise ValueError(f"queries.sql: block {name!r} is defined twice")
         bodies[name] = (kind, text[match.end() : end])
         parameters[name] = _names(names)
-    fragments = {name: body for name, (kind, body) in bodies.items() if kind == "fragment"}
+    return _Blocks(bodies, parameters)
 
-    def expand(body: str) -> list[str]:
-        lines = []
-        for line in body.splitlines():
-            include = _INCLUDE.match(line.strip())
-            if include is None:
-                lines.append(line)
-                continue
-            name, values = include.group(1), _names(include.group(2))
-            if name not in fragments:
-                raise ValueError(f"queries.sql: no fragment {name!r} to include")
-            if len(values) != len(parameters[name]):
-                raise ValueError(
-                    f"queries.sql: fragment {name!r} takes {len(parameters[name])} names "
-                    f"({', '.join(parameters[name])}), given {len(values)}"
-                )
-            # A parameterised fragment's @param@ markers become the include's identifiers
-            # (fixed names in this file, never user input).
-            included = fragments[name]
-            for parameter, value in zip(parameters[name], values, strict=True):
-                included = included.replace(f"@{parameter}@", value)
-            lines.extend(expand(included))
-        return lines
 
+def parse_blocks(text: str) -> dict[str, str]:
+    """Split a file of `-- name: x` blocks into {name: statement}; names must be unique.
+
+    A `-- fragment: y` block is not a statement: a line `-- include: y` in a statement is
+    replaced by its lines, so two statements that must agree (the claim's SET list and the
+    columns `_claimed_job` reads) are written once. A fragment may take names,
+    `-- fragment: y(a, b)`, written `@a@` in its body and given by `-- include: y(x, z)` (the
+    same loose index scan visits partition keys and concurrency keys). Fragments come from
+    this file only; a SQL function's file may include them too (`functions`)."""
+    parsed = _parse(text)
     blocks: dict[str, str] = {}
-    for name, (kind, body) in bodies.items():
+    for name, (kind, body) in parsed.bodies.items():
         if kind != "name":
             continue
         # Whole-line comments are documentation for readers; the driver never sends them (a
         # placeholder quoted in a comment would otherwise be parsed as a parameter).
         # Indentation is dropped too: psycopg caches the conversion of statements only up to
         # 4 KiB, and the hot statements are several times that.
-        lines = [line.strip() for line in expand(body)]
+        lines = [line.strip() for line in parsed.expand(body)]
         blocks[name] = "\n".join(line for line in lines if line and not line.startswith("--"))
     return blocks
 
 
-@functools.cache
-def _raw_queries() -> dict[str, str]:
+def _queries_text() -> str:
     from importlib import resources  # here: its import is a tenth of the producer's
 
-    return parse_blocks(resources.files(__package__).joinpath("queries.sql").read_text())
+    return resources.files(__package__).joinpath("queries.sql").read_text()
+
+
+@functools.cache
+def _raw_queries() -> dict[str, str]:
+    return parse_blocks(_queries_text())
 
 
 @functools.cache
@@ -204,12 +224,18 @@ def functions_digest(found: list[SqlFunction]) -> str:
 
 
 def functions(schema: str) -> list[SqlFunction]:
-    """The SQL functions' current bodies (one file each, sorted by name), schema substituted."""
+    """The SQL functions' current bodies (one file each, sorted by name), schema substituted.
+    A `-- include:` line takes a fragment of queries.sql (enqueue() inserts its job through
+    job_insert, as every other writer does)."""
     from importlib import resources
 
     folder = resources.files(__package__).joinpath("functions")
+    blocks = _parse(_queries_text())
     found = [
-        SqlFunction(entry.name.removesuffix(".sql"), _substitute(entry.read_text(), schema))
+        SqlFunction(
+            entry.name.removesuffix(".sql"),
+            _substitute("\n".join(blocks.expand(entry.read_text())) + "\n", schema),
+        )
         for entry in folder.iterdir()
         if entry.name.endswith(".sql")
     ]
