@@ -288,28 +288,23 @@ def _explain_worker(worker: Worker) -> dict[str, Any]:
     }
 
 
+# JobRecord's fields a row holds under the same name (the rest are decoded or resolved in
+# `_job_record`): a field added to both is read without a line here.
+_RECORD_AS_STORED = tuple(
+    field.name
+    for field in attrs.fields(JobRecord)
+    if field.name in attrs.fields_dict(Row)
+    and field.name not in {"payload", "result", "error", "max_attempts"}
+)
+
+
 def _job_record(row: Row, max_attempts: int) -> JobRecord:
     return JobRecord(
-        id=row.id,
-        queue=row.queue,
-        task=row.task,
+        **{name: getattr(row, name) for name in _RECORD_AS_STORED},
         payload=json.loads(row.payload_json),
-        state=row.state,
-        priority=row.priority,
-        run_at=row.run_at,
-        partition_key=row.partition_key,
-        dedup_key=row.dedup_key,
-        attempt=row.attempt,
-        max_attempts=max_attempts,
-        worker_id=row.worker_id,
         result=loads(row.result_json),
         error=loads(row.error_json),
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        executions=row.executions,
-        deadline_at=row.deadline_at,
-        deadline_source=row.deadline_source,
+        max_attempts=max_attempts,
     )
 
 

@@ -331,11 +331,22 @@ def validate_new_job(job: NewJob) -> None:
     json.loads(job.payload_json)
 
 
+# NewJob's fields a row stores as they are (the others are derived in `new_row`): a field added
+# to both is stored without a line here.
+_STORED_AS_GIVEN = tuple(
+    field.name
+    for field in attrs.fields(NewJob)
+    if field.name in attrs.fields_dict(Row)
+    and field.name not in {"run_at", "deadline_at", "deadline_source"}
+)
+
+
 def new_row(
     job_id: int, job: NewJob, now: datetime.datetime, task_deadline: float | None = None
 ) -> Row:
     """The row an insert writes; `task_deadline` is the task's registered deadline in seconds
-    (task_defaults), for a job without one of its own."""
+    (task_defaults), for a job without one of its own. Derived as queries.sql's job_insert
+    derives them: the due time and state, the key's hold, the deadline."""
     if job.run_at is not None:
         run_at = job.run_at if job.run_at.tzinfo else job.run_at.replace(tzinfo=datetime.UTC)
     else:
@@ -345,24 +356,13 @@ def new_row(
     )
     return Row(
         id=job_id,
-        queue=job.queue,
-        task=job.task,
-        payload_json=job.payload_json,
-        priority=job.priority,
+        **{name: getattr(job, name) for name in _STORED_AS_GIVEN},
         run_at=run_at,
-        partition_key=job.partition_key,
-        dedup_key=job.dedup_key,
-        max_attempts=job.max_attempts,
         created_at=now,
-        unique_states=job.unique_states,
         unique_until=None
         if job.unique_for_seconds is None or job.dedup_key is None
         else now + job.unique_for_seconds * SECOND,
-        version=job.version,
         state="scheduled" if run_at > now else "ready",
-        trace_context=job.trace_context,
-        concurrency_key=job.concurrency_key,
-        concurrency_limit=job.concurrency_limit,
         deadline_at=None if deadline is None else deadline.at,
         deadline_source=None if deadline is None else deadline.source,
     )

@@ -6,8 +6,11 @@ Imports neither trio nor psycopg, so `trioq.producer` builds its statements with
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 from typing import Any
+
+import attrs
 
 from .._seam.records import InsertedJob, NewJob, NewJobs
 from .replies import Inserted, InsertedBatch, InsertedOne
@@ -16,6 +19,12 @@ Params = dict[str, Any]
 
 # The statements of the fast paths, run on the native libpq path (no thread hop).
 NATIVE_INSERTS = frozenset({"job_insert_one", "job_insert_batch"})
+
+# The one list of a new job's fields. Every insert statement names its parameters after them
+# (queries.sql: new_job_options sends them as scalars, new_job_arrays as one array each), so a
+# field added to `NewJob` is sent by every writer without a line here.
+NEW_JOB_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(NewJob))
+_fields_of = operator.attrgetter(*NEW_JOB_FIELDS)
 
 
 def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
@@ -33,24 +42,11 @@ def insert_statement(jobs: Sequence[NewJob]) -> tuple[str, Params]:
         and jobs.concurrency_keys is None
         and jobs.template.concurrency_key is None
     ):
-        job = jobs.template
-        params = {
-            "queue": job.queue,
-            "task": job.task,
-            "priority": job.priority,
-            "run_at": job.run_at,
-            "delay": job.delay_seconds,
-            "partition_key": job.partition_key,
-            "max_attempts": job.max_attempts,
-            "version": job.version,
-            "trace_context": job.trace_context,
-            "deadline_at": job.deadline_at,
-            "deadline": job.deadline_seconds,
-            "deadline_source": job.deadline_source,
-            "task_deadline": job.task_deadline,
-        }
+        params = jobs.template.__dict__.copy()  # every field, by name (NewJob is not slotted)
+        del params["payload_json"]  # the template's is unused: the payloads are the batch's
+        params["unique_states"] = ",".join(params["unique_states"])
         if len(jobs.payloads) == 1:
-            params["payload"] = jobs.payloads[0]
+            params["payload_json"] = jobs.payloads[0]
             return "job_insert_one", params
         params["payloads"] = text_array(jobs.payloads)
         return "job_insert_batch", params
@@ -69,29 +65,16 @@ def inserted_jobs(name: str, rows: Sequence[Sequence[Any]]) -> list[InsertedJob]
 
 
 def insert_params(jobs: Sequence[NewJob]) -> Params:
-    """The parallel arrays of the job_insert_many statement."""
-    jobs = list(jobs)  # a NewJobs batch builds its rows on iteration: once, not per column
-    return {
-        "queues": [job.queue for job in jobs],
-        "tasks": [job.task for job in jobs],
-        "payloads": [job.payload_json for job in jobs],
-        "priorities": [job.priority for job in jobs],
-        "run_ats": [job.run_at for job in jobs],
-        "delays": [job.delay_seconds for job in jobs],
-        "partition_keys": [job.partition_key for job in jobs],
-        "dedup_keys": [job.dedup_key for job in jobs],
-        "max_attempts": [job.max_attempts for job in jobs],
-        "unique_fors": [job.unique_for_seconds for job in jobs],
-        "unique_states": [",".join(job.unique_states) for job in jobs],
-        "versions": [job.version for job in jobs],
-        "trace_contexts": [job.trace_context for job in jobs],
-        "concurrency_keys": [job.concurrency_key for job in jobs],
-        "concurrency_limits": [job.concurrency_limit for job in jobs],
-        "deadline_ats": [job.deadline_at for job in jobs],
-        "deadlines": [job.deadline_seconds for job in jobs],
-        "deadline_sources": [job.deadline_source for job in jobs],
-        "task_deadlines": [job.task_deadline for job in jobs],
+    """One array per field of `NewJob` (new_job_arrays in queries.sql)."""
+    # One C-level attrgetter call per job and one transpose: a NewJobs batch builds its rows
+    # on iteration, so they are built once, not once per field.
+    rows = [_fields_of(job) for job in jobs]
+    columns = [list(column) for column in zip(*rows, strict=True)] if rows else None
+    params = {
+        name: [] if columns is None else columns[index] for index, name in enumerate(NEW_JOB_FIELDS)
     }
+    params["unique_states"] = [",".join(states) for states in params["unique_states"]]
+    return params
 
 
 def text_array(values: Sequence[str]) -> str:

@@ -32,6 +32,7 @@ from .._seam.workflow import (
     WaitEvent,
     WrittenCheckpoint,
 )
+from .inserts import insert_params
 from .inserts import quoted as _quoted
 from .replies import (
     CheckpointWritten,
@@ -150,22 +151,8 @@ class PgWorkflowStatements(PgStatements):
             {
                 **lease_arrays([spawn.lease for spawn in spawns]),
                 "positions": [spawn.position for spawn in spawns],
-                "queues": [child.queue for child in children],
-                "tasks": [child.task for child in children],
-                "payloads": [child.payload_json for child in children],
-                "priorities": [child.priority for child in children],
-                "run_ats": [child.run_at for child in children],
-                "delays": [child.delay_seconds for child in children],
-                "partition_keys": [child.partition_key for child in children],
-                "max_attempts": [child.max_attempts for child in children],
-                "versions": [child.version for child in children],
                 "on_parent_cancels": [spawn.on_parent_cancel for spawn in spawns],
-                "concurrency_keys": [child.concurrency_key for child in children],
-                "concurrency_limits": [child.concurrency_limit for child in children],
-                "deadline_ats": [child.deadline_at for child in children],
-                "deadlines": [child.deadline_seconds for child in children],
-                "deadline_sources": [child.deadline_source for child in children],
-                "task_deadlines": [child.task_deadline for child in children],
+                **insert_params(children),
             },
         )
         outcome = Spawned.child_id  # a SpawnOutcome from here on

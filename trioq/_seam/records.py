@@ -16,7 +16,10 @@ from .._core.errors import JobNotFound, ValueNotSet
 from .._core.states import TERMINAL_STATES
 
 
-@attrs.frozen
+# Not slotted: its __dict__ is the fast insert's parameters as they are (trioq/_pg/inserts.py:
+# a copy is 0.2 us a call, a getter over the fields and a dict of them 2.3 us), and a frozen
+# attrs class with a __dict__ is also built faster (0.6 against 1.5 us a row).
+@attrs.frozen(slots=False)
 class NewJob:
     """One row to insert; `payload_json` is already validated and encoded by the codec."""
 

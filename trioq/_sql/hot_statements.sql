@@ -3,53 +3,97 @@
 -- parameters as $n. Generated: `python -m tests.schema_snapshot`;
 -- tests/test_schema_snapshot.py checks it. queries.sql says why each is as it is.
 
--- name: job_insert_one (932 bytes; $1 queue, $2 task, $3 payload, $4 priority, $5 partition_key, $6 max_attempts, $7 version, $8 trace_context, $9 deadline_at, $10 deadline, $11 deadline_source, $12 run_at, $13 delay, $14 task_deadline)
-INSERT INTO "trioq".jobs AS j (queue, task, payload, state, priority, run_at, partition_key,
-max_attempts, created_at, version, trace_context, deadline_at,
-deadline_source)
-SELECT $1::text, $2::text, $3::jsonb,
+-- name: job_insert_one (1889 bytes; $1 payload_json, $2 queue, $3 task, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 max_attempts, $9 version, $10 trace_context, $11 deadline_at, $12 deadline_seconds, $13 deadline_source, $14 task_deadline)
+WITH new_jobs AS (
+SELECT $1::jsonb AS payload, o.*
+FROM (
+SELECT NULL::bigint AS id, $2::text AS queue, $3::text AS task,
+$4::smallint AS priority, d.now,
+coalesce($5::timestamptz,
+d.now + coalesce($6::float8, 0) * interval '1 second')
+AS due_at,
+$7::text AS partition_key, NULL::text AS dedup_key,
+$8::int AS max_attempts, NULL::text[] AS unique_states,
+NULL::timestamptz AS unique_until, $9::int AS version,
+$10::text AS trace_context, NULL::text AS concurrency_key,
+NULL::int AS concurrency_limit,
+$11::timestamptz AS deadline_at,
+$12::float8 AS deadline,
+$13::text AS deadline_source,
+CASE WHEN $14::boolean AND $11::timestamptz IS NULL
+AND $12::float8 IS NULL
+THEN "trioq".task_deadline_seconds($3::text, $9::int)
+END AS task_seconds,
+NULL::bigint AS parent_id, NULL::int AS parent_position,
+NULL::text AS on_parent_cancel
+FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0
+) AS o
+)
+INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+partition_key, dedup_key, max_attempts, created_at,
+unique_states, unique_until, version, trace_context,
+concurrency_key, concurrency_limit, deadline_at,
+deadline_source, parent_id, parent_position,
+on_parent_cancel)
+SELECT coalesce(n.id, nextval('"trioq".jobs_id_seq')), n.queue, n.task, n.payload,
 CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
-$4::smallint, n.due_at, $5::text, $6::int, n.now,
-$7::int, $8::text,
-coalesce($9::timestamptz,
-n.now + coalesce($10::float8, n.task_seconds) * interval '1 second'),
-coalesce($11::text,
-CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || $2::text END)
-FROM (SELECT d.now,
-coalesce($12::timestamptz,
-d.now + coalesce($13::float8, 0) * interval '1 second') AS due_at,
-CASE WHEN $14::boolean AND $9::timestamptz IS NULL
-AND $10::float8 IS NULL
-THEN "trioq".task_deadline_seconds($2::text, $7::int)
-END AS task_seconds
-FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0) AS n
+n.priority, n.due_at, n.partition_key, n.dedup_key, n.max_attempts, n.now,
+coalesce(n.unique_states, '{}'), n.unique_until, n.version, n.trace_context,
+n.concurrency_key, n.concurrency_limit,
+coalesce(n.deadline_at,
+n.now + coalesce(n.deadline, n.task_seconds) * interval '1 second'),
+coalesce(n.deadline_source,
+CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || n.task END),
+n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
+FROM new_jobs AS n
 RETURNING j.id, pg_notify("trioq".ready_channel(j.queue), j.queue) AS notified;
 
--- name: job_insert_batch (1177 bytes; $1 queue, $2 task, $3 priority, $4 partition_key, $5 max_attempts, $6 version, $7 trace_context, $8 deadline_at, $9 deadline, $10 deadline_source, $11 run_at, $12 delay, $13 task_deadline, $14 payloads)
-WITH inserted AS (
-INSERT INTO "trioq".jobs AS j (queue, task, payload, state, priority, run_at,
-partition_key, max_attempts, created_at, version,
-trace_context, deadline_at, deadline_source)
-SELECT $1::text, $2::text, p.payload::jsonb,
-CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
-$3::smallint, n.due_at, $4::text, $5::int,
-n.now, $6::int, $7::text,
-coalesce($8::timestamptz,
-n.now + coalesce($9::float8, n.task_seconds)
-* interval '1 second'),
-coalesce($10::text,
-CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || $2::text
-END)
-FROM (SELECT d.now,
-coalesce($11::timestamptz,
-d.now + coalesce($12::float8, 0) * interval '1 second') AS due_at,
-CASE WHEN $13::boolean AND $8::timestamptz IS NULL
-AND $9::float8 IS NULL
-THEN "trioq".task_deadline_seconds($2::text, $6::int)
-END AS task_seconds
-FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0) AS n,
+-- name: job_insert_batch (2131 bytes; $1 queue, $2 task, $3 priority, $4 run_at, $5 delay_seconds, $6 partition_key, $7 max_attempts, $8 version, $9 trace_context, $10 deadline_at, $11 deadline_seconds, $12 deadline_source, $13 task_deadline, $14 payloads)
+WITH new_jobs AS (
+SELECT p.payload::jsonb AS payload, o.*
+FROM (
+SELECT NULL::bigint AS id, $1::text AS queue, $2::text AS task,
+$3::smallint AS priority, d.now,
+coalesce($4::timestamptz,
+d.now + coalesce($5::float8, 0) * interval '1 second')
+AS due_at,
+$6::text AS partition_key, NULL::text AS dedup_key,
+$7::int AS max_attempts, NULL::text[] AS unique_states,
+NULL::timestamptz AS unique_until, $8::int AS version,
+$9::text AS trace_context, NULL::text AS concurrency_key,
+NULL::int AS concurrency_limit,
+$10::timestamptz AS deadline_at,
+$11::float8 AS deadline,
+$12::text AS deadline_source,
+CASE WHEN $13::boolean AND $10::timestamptz IS NULL
+AND $11::float8 IS NULL
+THEN "trioq".task_deadline_seconds($2::text, $8::int)
+END AS task_seconds,
+NULL::bigint AS parent_id, NULL::int AS parent_position,
+NULL::text AS on_parent_cancel
+FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0
+) AS o,
 unnest($14::text[]) WITH ORDINALITY AS p(payload, ord)
 ORDER BY p.ord
+),
+inserted AS (
+INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+partition_key, dedup_key, max_attempts, created_at,
+unique_states, unique_until, version, trace_context,
+concurrency_key, concurrency_limit, deadline_at,
+deadline_source, parent_id, parent_position,
+on_parent_cancel)
+SELECT coalesce(n.id, nextval('"trioq".jobs_id_seq')), n.queue, n.task, n.payload,
+CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
+n.priority, n.due_at, n.partition_key, n.dedup_key, n.max_attempts, n.now,
+coalesce(n.unique_states, '{}'), n.unique_until, n.version, n.trace_context,
+n.concurrency_key, n.concurrency_limit,
+coalesce(n.deadline_at,
+n.now + coalesce(n.deadline, n.task_seconds) * interval '1 second'),
+coalesce(n.deadline_source,
+CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || n.task END),
+n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
+FROM new_jobs AS n
 RETURNING j.id, j.state
 )
 SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
@@ -57,17 +101,17 @@ SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
 FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
 FROM inserted i;
 
--- name: job_insert_many (3315 bytes; $1 queues, $2 tasks, $3 payloads, $4 priorities, $5 run_ats, $6 delays, $7 partition_keys, $8 dedup_keys, $9 max_attempts, $10 unique_fors, $11 unique_states, $12 versions, $13 trace_contexts, $14 concurrency_keys, $15 concurrency_limits, $16 deadline_ats, $17 deadlines, $18 deadline_sources, $19 task_deadlines)
+-- name: job_insert_many (3876 bytes; $1 queue, $2 task, $3 payload_json, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 dedup_key, $9 max_attempts, $10 unique_for_seconds, $11 unique_states, $12 version, $13 trace_context, $14 concurrency_key, $15 concurrency_limit, $16 deadline_at, $17 deadline_seconds, $18 deadline_source, $19 task_deadline)
 WITH input AS MATERIALIZED (
-SELECT nextval(pg_get_serial_sequence('"trioq".jobs', 'id')) AS new_id, t.*
+SELECT nextval('"trioq".jobs_id_seq') AS new_id, t.*
 FROM unnest($1::text[], $2::text[], $3::text[],
-$4::smallint[], $5::timestamptz[], $6::float8[],
-$7::text[], $8::text[], $9::int[],
-$10::float8[], $11::text[], $12::int[],
-$13::text[], $14::text[],
-$15::int[], $16::timestamptz[],
-$17::float8[], $18::text[],
-$19::boolean[])
+$4::smallint[], $5::timestamptz[],
+$6::float8[], $7::text[], $8::text[],
+$9::int[], $10::float8[],
+$11::text[], $12::int[], $13::text[],
+$14::text[], $15::int[],
+$16::timestamptz[], $17::float8[],
+$18::text[], $19::boolean[])
 WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
 dedup_key, max_attempts, unique_for, unique_states, version,
 trace_context, concurrency_key, concurrency_limit, deadline_at,
@@ -94,33 +138,43 @@ task = CASE WHEN k.job_id IN (SELECT id FROM released) THEN excluded.task
 ELSE k.task END
 RETURNING k.key, k.job_id, k.task
 ),
+new_jobs AS (
+SELECT i.new_id AS id, i.queue, i.task, i.payload::jsonb AS payload, i.priority, n.now,
+coalesce(i.run_at, n.now + coalesce(i.delay, 0) * interval '1 second') AS due_at,
+i.partition_key, i.dedup_key, i.max_attempts,
+string_to_array(coalesce(i.unique_states, ''), ',') AS unique_states,
+n.now + i.unique_for * interval '1 second' AS unique_until,
+coalesce(i.version, 1) AS version, i.trace_context, i.concurrency_key,
+i.concurrency_limit, i.deadline_at, i.deadline, i.deadline_source,
+t.deadline_seconds AS task_seconds, NULL::bigint AS parent_id,
+NULL::int AS parent_position, NULL::text AS on_parent_cancel
+FROM input i
+CROSS JOIN (SELECT "trioq".db_now() AS now) AS n
+LEFT JOIN "trioq".task_defaults t
+ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
+AND t.task = i.task AND t.version = coalesce(i.version, 1)
+AND t.deadline_seconds IS NOT NULL
+WHERE i.dedup_key IS NULL OR i.new_id IN (SELECT job_id FROM keys)
+ORDER BY i.ord
+),
 inserted AS (
 INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
 partition_key, dedup_key, max_attempts, created_at,
 unique_states, unique_until, version, trace_context,
 concurrency_key, concurrency_limit, deadline_at,
-deadline_source)
-SELECT new_id, queue, first_of_key.task, payload::jsonb,
-CASE WHEN due_at > "trioq".db_now() THEN 'scheduled' ELSE 'ready' END,
-priority, due_at, partition_key, dedup_key, first_of_key.max_attempts,
-"trioq".db_now(), string_to_array(coalesce(unique_states, ''), ','),
-"trioq".db_now() + unique_for * interval '1 second',
-coalesce(first_of_key.version, 1),
-trace_context, concurrency_key, concurrency_limit,
-coalesce(deadline_at, "trioq".db_now() + coalesce(deadline, t.deadline_seconds)
-* interval '1 second'),
-coalesce(deadline_source, 'set by task ' || t.task)
-FROM (SELECT *, coalesce(run_at, "trioq".db_now() + coalesce(delay, 0) * interval '1 second')
-AS due_at
-FROM input) AS first_of_key
-LEFT JOIN "trioq".task_defaults t
-ON first_of_key.task_deadline
-AND first_of_key.deadline_at IS NULL AND first_of_key.deadline IS NULL
-AND t.task = first_of_key.task AND t.version = coalesce(first_of_key.version, 1)
-AND t.deadline_seconds IS NOT NULL
-WHERE first_of_key.dedup_key IS NULL
-OR first_of_key.new_id IN (SELECT job_id FROM keys)
-ORDER BY ord
+deadline_source, parent_id, parent_position,
+on_parent_cancel)
+SELECT coalesce(n.id, nextval('"trioq".jobs_id_seq')), n.queue, n.task, n.payload,
+CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
+n.priority, n.due_at, n.partition_key, n.dedup_key, n.max_attempts, n.now,
+coalesce(n.unique_states, '{}'), n.unique_until, n.version, n.trace_context,
+n.concurrency_key, n.concurrency_limit,
+coalesce(n.deadline_at,
+n.now + coalesce(n.deadline, n.task_seconds) * interval '1 second'),
+coalesce(n.deadline_source,
+CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || n.task END),
+n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
+FROM new_jobs AS n
 RETURNING j.id, j.queue
 ),
 notified AS (

@@ -95,6 +95,54 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false),
 -- one its connection announced at startup to find a connection pooler in front.
 SELECT pg_backend_pid() AS pid;
 
+-- fragment: job_insert(target)
+-- THE insert of a new job: every writer (job_insert_many, job_insert_batch, job_insert_one,
+-- schedule_fire_many, job_spawn_many and the SQL function enqueue()) writes its rows through
+-- these lines, so the job's columns are listed once and each is derived once. The writer names
+-- its rows `new_jobs`, with these columns: id (NULL: drawn here), queue, task, payload (jsonb),
+-- priority, now (db_now(), read once), due_at, partition_key, dedup_key, max_attempts,
+-- unique_states (NULL: none), unique_until, version, trace_context, concurrency_key,
+-- concurrency_limit, deadline_at, deadline (seconds from now), deadline_source, task_seconds
+-- (the task's registered deadline, for a job without its own; NULL: none, or not read),
+-- parent_id, parent_position and on_parent_cancel (NULL: the column's default). A job due later
+-- is `scheduled` (promoted when due), else `ready`. `target` is `jobs`, or `jobs_live` for an
+-- insert whose ON CONFLICT needs that table's own unique index (job_spawn_many). The writer
+-- adds its ON CONFLICT and RETURNING after it.
+INSERT INTO {schema}.@target@ AS j (id, queue, task, payload, state, priority, run_at,
+                                   partition_key, dedup_key, max_attempts, created_at,
+                                   unique_states, unique_until, version, trace_context,
+                                   concurrency_key, concurrency_limit, deadline_at,
+                                   deadline_source, parent_id, parent_position,
+                                   on_parent_cancel)
+SELECT coalesce(n.id, nextval('{schema}.jobs_id_seq')), n.queue, n.task, n.payload,
+       CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
+       n.priority, n.due_at, n.partition_key, n.dedup_key, n.max_attempts, n.now,
+       coalesce(n.unique_states, '{}'), n.unique_until, n.version, n.trace_context,
+       n.concurrency_key, n.concurrency_limit,
+       coalesce(n.deadline_at,
+                n.now + coalesce(n.deadline, n.task_seconds) * interval '1 second'),
+       coalesce(n.deadline_source,
+                CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || n.task END),
+       n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
+FROM new_jobs AS n
+
+-- fragment: new_job_arrays
+-- The rows of a writer that sends one array per field of `NewJob` (trioq/_seam/records.py),
+-- each parameter named after its field (trioq/_pg/inserts.py builds them from that one list),
+-- with their position (`ord`). unique_states is each row's states joined by commas.
+    FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload_json)s::text[],
+                %(priority)s::smallint[], %(run_at)s::timestamptz[],
+                %(delay_seconds)s::float8[], %(partition_key)s::text[], %(dedup_key)s::text[],
+                %(max_attempts)s::int[], %(unique_for_seconds)s::float8[],
+                %(unique_states)s::text[], %(version)s::int[], %(trace_context)s::text[],
+                %(concurrency_key)s::text[], %(concurrency_limit)s::int[],
+                %(deadline_at)s::timestamptz[], %(deadline_seconds)s::float8[],
+                %(deadline_source)s::text[], %(task_deadline)s::boolean[])
+         WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
+                              dedup_key, max_attempts, unique_for, unique_states, version,
+                              trace_context, concurrency_key, concurrency_limit, deadline_at,
+                              deadline, deadline_source, task_deadline, ord)
+
 -- name: job_insert_many
 -- One statement for a whole batch (unnest of parallel arrays). Ids are drawn first so each input
 -- row can be matched to its result even when a dedup key returns an existing job instead. A key
@@ -129,19 +177,8 @@ SELECT pg_backend_pid() AS pid;
 -- it wakes its queue too, so an idle claim loop learns its due time and sets its timer to it
 -- (one round per enqueue statement, instead of finding it at the next poll).
 WITH input AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id, t.*
-    FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
-                %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                %(partition_keys)s::text[], %(dedup_keys)s::text[], %(max_attempts)s::int[],
-                %(unique_fors)s::float8[], %(unique_states)s::text[], %(versions)s::int[],
-                %(trace_contexts)s::text[], %(concurrency_keys)s::text[],
-                %(concurrency_limits)s::int[], %(deadline_ats)s::timestamptz[],
-                %(deadlines)s::float8[], %(deadline_sources)s::text[],
-                %(task_deadlines)s::boolean[])
-         WITH ORDINALITY AS t(queue, task, payload, priority, run_at, delay, partition_key,
-                              dedup_key, max_attempts, unique_for, unique_states, version,
-                              trace_context, concurrency_key, concurrency_limit, deadline_at,
-                              deadline, deadline_source, task_deadline, ord)
+    SELECT nextval('{schema}.jobs_id_seq') AS new_id, t.*
+    -- include: new_job_arrays
 ),
 released AS (
     SELECT h.id
@@ -164,34 +201,30 @@ keys AS (
                     ELSE k.task END
     RETURNING k.key, k.job_id, k.task
 ),
-inserted AS (
-    INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
-                                   partition_key, dedup_key, max_attempts, created_at,
-                                   unique_states, unique_until, version, trace_context,
-                                   concurrency_key, concurrency_limit, deadline_at,
-                                   deadline_source)
-    SELECT new_id, queue, first_of_key.task, payload::jsonb,
-           CASE WHEN due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
-           priority, due_at, partition_key, dedup_key, first_of_key.max_attempts,
-           {schema}.db_now(), string_to_array(coalesce(unique_states, ''), ','),
-           {schema}.db_now() + unique_for * interval '1 second',
-           coalesce(first_of_key.version, 1),
-           trace_context, concurrency_key, concurrency_limit,
-           coalesce(deadline_at, {schema}.db_now() + coalesce(deadline, t.deadline_seconds)
-                                                     * interval '1 second'),
-           coalesce(deadline_source, 'set by task ' || t.task)
-    FROM (SELECT *, coalesce(run_at, {schema}.db_now() + coalesce(delay, 0) * interval '1 second')
-                     AS due_at
-          FROM input) AS first_of_key
-    -- The task's registered deadline for rows without their own, as in job_insert_one.
+new_jobs AS (
+    -- Every row without a key, and the rows whose key names their own new id, in input order.
+    SELECT i.new_id AS id, i.queue, i.task, i.payload::jsonb AS payload, i.priority, n.now,
+           coalesce(i.run_at, n.now + coalesce(i.delay, 0) * interval '1 second') AS due_at,
+           i.partition_key, i.dedup_key, i.max_attempts,
+           string_to_array(coalesce(i.unique_states, ''), ',') AS unique_states,
+           n.now + i.unique_for * interval '1 second' AS unique_until,
+           coalesce(i.version, 1) AS version, i.trace_context, i.concurrency_key,
+           i.concurrency_limit, i.deadline_at, i.deadline, i.deadline_source,
+           t.deadline_seconds AS task_seconds, NULL::bigint AS parent_id,
+           NULL::int AS parent_position, NULL::text AS on_parent_cancel
+    FROM input i
+    CROSS JOIN (SELECT {schema}.db_now() AS now) AS n
+    -- The task's registered deadline for rows without their own (per row: a batch may mix
+    -- tasks; job_insert_one reads it once).
     LEFT JOIN {schema}.task_defaults t
-           ON first_of_key.task_deadline
-          AND first_of_key.deadline_at IS NULL AND first_of_key.deadline IS NULL
-          AND t.task = first_of_key.task AND t.version = coalesce(first_of_key.version, 1)
+           ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
+          AND t.task = i.task AND t.version = coalesce(i.version, 1)
           AND t.deadline_seconds IS NOT NULL
-    WHERE first_of_key.dedup_key IS NULL
-       OR first_of_key.new_id IN (SELECT job_id FROM keys)
-    ORDER BY ord
+    WHERE i.dedup_key IS NULL OR i.new_id IN (SELECT job_id FROM keys)
+    ORDER BY i.ord
+),
+inserted AS (
+    -- include: job_insert(jobs)
     RETURNING j.id, j.queue
 ),
 notified AS (
@@ -210,45 +243,62 @@ WHERE CASE WHEN fresh.id IS NULL AND holder.task <> i.task
            ELSE true END
 ORDER BY i.ord;
 
+-- fragment: new_job_options
+-- The options of an enqueue whose jobs share them (job_insert_batch, job_insert_one) as one row
+-- of job_insert's columns, from scalar parameters named after `NewJob`'s fields (as
+-- new_job_arrays, without the payload). A job with a dedup or a concurrency key never comes
+-- here (trioq/_pg/inserts.py sends it to job_insert_many), so the keys' columns are NULL
+-- constants, which the planner folds (as parameters they cost a single enqueue 1.05x the
+-- backend CPU: bench/RESULTS.md, "One insert: every writer through job_insert"). db_now() is
+-- read once, and the task's registered deadline (for jobs without their own, unless the
+-- enqueuer registers the task itself: %(task_deadline)s false) is read by
+-- task_deadline_seconds() only then (CASE) and once for the batch (OFFSET 0 keeps this a
+-- subquery, not one call per row or reference).
+        SELECT NULL::bigint AS id, %(queue)s::text AS queue, %(task)s::text AS task,
+               %(priority)s::smallint AS priority, d.now,
+               coalesce(%(run_at)s::timestamptz,
+                        d.now + coalesce(%(delay_seconds)s::float8, 0) * interval '1 second')
+                   AS due_at,
+               %(partition_key)s::text AS partition_key, NULL::text AS dedup_key,
+               %(max_attempts)s::int AS max_attempts, NULL::text[] AS unique_states,
+               NULL::timestamptz AS unique_until, %(version)s::int AS version,
+               %(trace_context)s::text AS trace_context, NULL::text AS concurrency_key,
+               NULL::int AS concurrency_limit,
+               %(deadline_at)s::timestamptz AS deadline_at,
+               %(deadline_seconds)s::float8 AS deadline,
+               %(deadline_source)s::text AS deadline_source,
+               CASE WHEN %(task_deadline)s::boolean AND %(deadline_at)s::timestamptz IS NULL
+                         AND %(deadline_seconds)s::float8 IS NULL
+                    THEN {schema}.task_deadline_seconds(%(task)s::text, %(version)s::int)
+               END AS task_seconds,
+               NULL::bigint AS parent_id, NULL::int AS parent_position,
+               NULL::text AS on_parent_cancel
+        FROM (SELECT {schema}.db_now() AS now) AS d OFFSET 0
+
 -- name: job_insert_batch
 -- The fast path of job_insert_many for a batch without dedup keys in which every job shares its
 -- options (one `enqueue` or `enqueue_many` call): the options are scalars and the payloads one
--- text[] (sent as one array literal), so neither side handles thirteen arrays per row. Without
+-- text[] (sent as one array literal), so neither side handles nineteen arrays per row. Without
 -- keys there is nothing to release, deduplicate or match, so no CTE of drawn ids, no key
--- upsert and no joins: one INSERT ... SELECT FROM unnest, the ids taken from the identity
--- default. The rows are inserted in payload order (ORDER BY ord) and a sequence only grows, so
--- the returned ids sorted ascending are the payloads' ids in order. db_now() is read once (the
--- FROM-list subquery), not per row. Every column is written as job_insert_many writes it for a
--- job without a key (tests/test_enqueue_fast_path.py compares the two row for row); a job due
--- later is inserted `scheduled`. ONE ready notification for the batch's queue, sent inside the
--- transaction (delivered only if it commits); a delayed batch sends it too, so an idle claim
--- loop learns the new due time (as job_insert_many does).
-WITH inserted AS (
-    INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at,
-                                   partition_key, max_attempts, created_at, version,
-                                   trace_context, deadline_at, deadline_source)
-    SELECT %(queue)s::text, %(task)s::text, p.payload::jsonb,
-           CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
-           %(priority)s::smallint, n.due_at, %(partition_key)s::text, %(max_attempts)s::int,
-           n.now, %(version)s::int, %(trace_context)s::text,
-           coalesce(%(deadline_at)s::timestamptz,
-                    n.now + coalesce(%(deadline)s::float8, n.task_seconds)
-                            * interval '1 second'),
-           coalesce(%(deadline_source)s::text,
-                    CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || %(task)s::text
-                    END)
-    -- task_seconds: the task's registered deadline for jobs without their own, read once for
-    -- the batch (as in job_insert_one).
-    FROM (SELECT d.now,
-                 coalesce(%(run_at)s::timestamptz,
-                          d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at,
-                 CASE WHEN %(task_deadline)s::boolean AND %(deadline_at)s::timestamptz IS NULL
-                           AND %(deadline)s::float8 IS NULL
-                      THEN {schema}.task_deadline_seconds(%(task)s::text, %(version)s::int)
-                 END AS task_seconds
-          FROM (SELECT {schema}.db_now() AS now) AS d OFFSET 0) AS n,
-         unnest(%(payloads)s::text[]) WITH ORDINALITY AS p(payload, ord)
+-- upsert and no joins: job_insert from the options' one row times the unnest of the payloads
+-- (`new_jobs` has no volatile function, so PostgreSQL inlines it: the plan is one INSERT ...
+-- SELECT), each id drawn as the row is inserted. The rows are inserted in payload order
+-- (ORDER BY ord) and a sequence only grows, so the returned ids sorted ascending are the
+-- payloads' ids in order. Every column is written as job_insert_many writes it for a job
+-- without a key (the same fragment; tests/test_enqueue_fast_path.py compares the two row for
+-- row); a job due later is inserted `scheduled`. ONE ready notification for the batch's
+-- queue, sent inside the transaction (delivered only if it commits); a delayed batch sends it
+-- too, so an idle claim loop learns the new due time (as job_insert_many does).
+WITH new_jobs AS (
+    SELECT p.payload::jsonb AS payload, o.*
+    FROM (
+        -- include: new_job_options
+    ) AS o,
+    unnest(%(payloads)s::text[]) WITH ORDINALITY AS p(payload, ord)
     ORDER BY p.ord
+),
+inserted AS (
+    -- include: job_insert(jobs)
     RETURNING j.id, j.state
 )
 -- The ids come back as ONE array (one row), not one row per job: decoding 20,000 result rows
@@ -260,37 +310,25 @@ FROM inserted i;
 
 -- name: job_insert_one
 -- The single `enqueue` without a dedup key: job_insert_batch for exactly one payload, without
--- the unnest, the ordering and the CTE (measured on a durable cluster: 76 us of server time
--- against 90 us). Prepared once per session on the native path (trioq/_pg/native.py), so it is
--- planned once, not per call; every parameter is a scalar, so the generic plan is the custom
--- one. Writes every column as job_insert_batch writes it (tests/test_enqueue_fast_path.py
--- compares them); a job due later is `scheduled`. Its queue's ready notification is sent by
+-- the unnest, the ordering and the data-modifying CTE (measured on a durable cluster: 76 us of
+-- server time against 90 us; `new_jobs` is inlined, not a CTE of the plan). Prepared once per
+-- session on the native path (trioq/_pg/native.py), so it is planned once, not per call; every
+-- parameter is a scalar, so the generic plan is the custom one. Writes every column as
+-- job_insert_batch writes it (the same fragments; tests/test_enqueue_fast_path.py compares
+-- them); a job due later is `scheduled`. Its queue's ready notification is sent by
 -- RETURNING, inside the transaction (delivered only if it commits), also for a delayed job, as
 -- job_insert_batch does.
 -- A job without a deadline of its own takes its task's, as the task's workers registered it
 -- (task_defaults, migration 0029; the rule: trioq/_core/deadlines.py `own_deadline`), from
 -- the enqueue, unless its enqueuer registers the task itself (%(task_deadline)s false: its
--- declaration decides). task_deadline_seconds() is called only then (CASE), and once
--- (OFFSET 0 keeps `n` a subquery, not one call per reference).
-INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at, partition_key,
-                               max_attempts, created_at, version, trace_context, deadline_at,
-                               deadline_source)
-SELECT %(queue)s::text, %(task)s::text, %(payload)s::jsonb,
-       CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
-       %(priority)s::smallint, n.due_at, %(partition_key)s::text, %(max_attempts)s::int, n.now,
-       %(version)s::int, %(trace_context)s::text,
-       coalesce(%(deadline_at)s::timestamptz,
-                n.now + coalesce(%(deadline)s::float8, n.task_seconds) * interval '1 second'),
-       coalesce(%(deadline_source)s::text,
-                CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || %(task)s::text END)
-FROM (SELECT d.now,
-             coalesce(%(run_at)s::timestamptz,
-                      d.now + coalesce(%(delay)s::float8, 0) * interval '1 second') AS due_at,
-             CASE WHEN %(task_deadline)s::boolean AND %(deadline_at)s::timestamptz IS NULL
-                       AND %(deadline)s::float8 IS NULL
-                  THEN {schema}.task_deadline_seconds(%(task)s::text, %(version)s::int)
-             END AS task_seconds
-      FROM (SELECT {schema}.db_now() AS now) AS d OFFSET 0) AS n
+-- declaration decides): new_job_options says how.
+WITH new_jobs AS (
+    SELECT %(payload_json)s::jsonb AS payload, o.*
+    FROM (
+        -- include: new_job_options
+    ) AS o
+)
+-- include: job_insert(jobs)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: unkeyed_scan
@@ -2107,8 +2145,7 @@ advanced AS (
     RETURNING s.name, s.task, s.queue, s.payload, s.max_attempts, s.version
 ),
 fires AS MATERIALIZED (
-    SELECT DISTINCT ON (f.dedup_key)
-           nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS new_id,
+    SELECT DISTINCT ON (f.dedup_key) nextval('{schema}.jobs_id_seq') AS new_id,
            f.name, f.fire_at, f.dedup_key, a.queue, a.task, a.payload, a.max_attempts,
            a.version
     FROM unnest(%(fire_names)s::text[], %(fire_ats)s::timestamptz[], %(fire_keys)s::text[])
@@ -2136,20 +2173,27 @@ keys AS (
                     ELSE k.task END
     RETURNING k.job_id
 ),
-inserted AS (
-    INSERT INTO {schema}.jobs (id, queue, task, payload, run_at, dedup_key, unique_states,
-                               max_attempts, version, created_at, deadline_at, deadline_source)
-    SELECT f.new_id, f.queue, f.task, f.payload, f.fire_at, f.dedup_key,
-           ARRAY['completed', 'failed', 'cancelled'], f.max_attempts, f.version,
-           {schema}.db_now(),
-           -- The task's registered deadline (migration 0029), from the enqueue.
-           {schema}.db_now() + t.deadline_seconds * interval '1 second',
-           'set by task ' || t.task
+new_jobs AS (
+    -- The occurrences whose key names their own new job; the task's registered deadline
+    -- (migration 0029), from the enqueue.
+    SELECT f.new_id AS id, f.queue, f.task, f.payload, 0::smallint AS priority, n.now,
+           f.fire_at AS due_at, NULL::text AS partition_key, f.dedup_key, f.max_attempts,
+           ARRAY['completed', 'failed', 'cancelled'] AS unique_states,
+           NULL::timestamptz AS unique_until, f.version, NULL::text AS trace_context,
+           NULL::text AS concurrency_key, NULL::int AS concurrency_limit,
+           NULL::timestamptz AS deadline_at, NULL::float8 AS deadline,
+           NULL::text AS deadline_source, t.deadline_seconds AS task_seconds,
+           NULL::bigint AS parent_id, NULL::int AS parent_position,
+           NULL::text AS on_parent_cancel
     FROM fires f
+    CROSS JOIN (SELECT {schema}.db_now() AS now) AS n
     LEFT JOIN {schema}.task_defaults t
            ON t.task = f.task AND t.version = f.version AND t.deadline_seconds IS NOT NULL
     WHERE f.new_id IN (SELECT job_id FROM keys)
-    RETURNING id, queue
+),
+inserted AS (
+    -- include: job_insert(jobs)
+    RETURNING j.id, j.queue
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
@@ -2257,20 +2301,13 @@ FROM outcome o CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
 -- finds the child through jobs_parent_idx (ON CONFLICT DO UPDATE returns the existing row) and
 -- inserts no second one. A child is scheduled or ready like any enqueue and wakes its queue.
 WITH input AS MATERIALIZED (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
-                         %(positions)s::int[], %(queues)s::text[], %(tasks)s::text[],
-                         %(payloads)s::text[], %(priorities)s::smallint[],
-                         %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                         %(partition_keys)s::text[], %(max_attempts)s::int[],
-                         %(versions)s::int[], %(on_parent_cancels)s::text[],
-                         %(concurrency_keys)s::text[], %(concurrency_limits)s::int[],
-                         %(deadline_ats)s::timestamptz[], %(deadlines)s::float8[],
-                         %(deadline_sources)s::text[], %(task_deadlines)s::boolean[])
-             WITH ORDINALITY AS t(parent_id, attempt, lease_token, position, queue, task,
-                                  payload, priority, run_at, delay, partition_key,
-                                  max_attempts, version, on_parent_cancel, concurrency_key,
-                                  concurrency_limit, deadline_at, deadline, deadline_source,
-                                  task_deadline, ord)
+    SELECT s.parent_id, s.attempt, s.lease_token, s.position, s.on_parent_cancel, t.*
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+                %(positions)s::int[], %(on_parent_cancels)s::text[])
+         WITH ORDINALITY AS s(parent_id, attempt, lease_token, position, on_parent_cancel, n)
+    JOIN (SELECT t.*
+          -- include: new_job_arrays
+         ) AS t ON t.ord = s.n
 ),
 locked AS MATERIALIZED (
     SELECT j.id FROM {schema}.jobs j
@@ -2289,37 +2326,31 @@ owner AS MATERIALIZED (
       AND j.id IN (SELECT id FROM locked)
     RETURNING j.id, j.attempt, j.lease_token
 ),
-child AS (
-    -- Into jobs_live itself: its unique jobs_parent_idx is the ON CONFLICT's arbiter (an index
-    -- of a partitioned table's parent would have to hold `lane`), and a partition draws no
-    -- identity of its own, so the id is drawn here.
-    INSERT INTO {schema}.jobs_live AS c (id, queue, task, payload, state, priority, run_at,
-                                        partition_key, max_attempts, created_at, parent_id,
-                                        parent_position, version, on_parent_cancel,
-                                        concurrency_key, concurrency_limit, deadline_at,
-                                        deadline_source)
-    SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')), i.queue, i.task,
-           i.payload::jsonb,
-           CASE WHEN i.due_at > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
-           i.priority, i.due_at, i.partition_key, i.max_attempts, {schema}.db_now(),
-           i.parent_id, i.position, i.version, i.on_parent_cancel, i.concurrency_key,
-           i.concurrency_limit,
-           -- The earlier of the child's own deadline (the spawn's, else its task's) and its
-           -- workflow's, which it inherits on a tie (migrations 0021 and 0029; the rule:
-           -- trioq/_core/deadlines.py `child_deadline`).
-           CASE WHEN rule.inherits THEN p.deadline_at ELSE own.deadline_at END,
+new_jobs AS (
+    -- The children of the parents whose lease held, in input order. A child's deadline is the
+    -- earlier of its own (the spawn's, else its task's) and its workflow's, which it inherits
+    -- on a tie (migrations 0021 and 0029; the rule: trioq/_core/deadlines.py
+    -- `child_deadline`), so job_insert is given the outcome and no seconds of its own.
+    SELECT NULL::bigint AS id, i.queue, i.task, i.payload::jsonb AS payload, i.priority, n.now,
+           coalesce(i.run_at, n.now + coalesce(i.delay, 0) * interval '1 second') AS due_at,
+           i.partition_key, NULL::text AS dedup_key, i.max_attempts,
+           NULL::text[] AS unique_states, NULL::timestamptz AS unique_until, i.version,
+           NULL::text AS trace_context, i.concurrency_key, i.concurrency_limit,
+           CASE WHEN rule.inherits THEN p.deadline_at ELSE own.deadline_at END AS deadline_at,
+           NULL::float8 AS deadline,
            CASE WHEN rule.inherits THEN 'inherited from job ' || p.id
-                ELSE own.deadline_source END
-    FROM (SELECT input.*, coalesce(input.run_at, {schema}.db_now()
-                          + coalesce(input.delay, 0) * interval '1 second') AS due_at
-          FROM input) AS i
+                ELSE own.deadline_source END AS deadline_source,
+           NULL::float8 AS task_seconds, i.parent_id, i.position AS parent_position,
+           i.on_parent_cancel
+    FROM input i
+    CROSS JOIN (SELECT {schema}.db_now() AS now) AS n
     JOIN {schema}.jobs p ON p.id = i.parent_id AND p.state = 'running'  -- jobs_live only
     LEFT JOIN {schema}.task_defaults t
            ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
           AND t.task = i.task AND t.version = i.version AND t.deadline_seconds IS NOT NULL
     CROSS JOIN LATERAL (
-        SELECT coalesce(i.deadline_at, {schema}.db_now()
-                        + coalesce(i.deadline, t.deadline_seconds) * interval '1 second')
+        SELECT coalesce(i.deadline_at,
+                        n.now + coalesce(i.deadline, t.deadline_seconds) * interval '1 second')
                    AS deadline_at,
                coalesce(i.deadline_source, 'set by task ' || t.task) AS deadline_source
     ) AS own
@@ -2330,9 +2361,15 @@ child AS (
     WHERE (i.parent_id, i.attempt, i.lease_token) IN
           (SELECT id, attempt, lease_token FROM owner)
     ORDER BY i.ord
+),
+child AS (
+    -- Into jobs_live itself: its unique jobs_parent_idx is the ON CONFLICT's arbiter (an index
+    -- of a partitioned table's parent would have to hold `lane`); job_insert draws the id (a
+    -- partition draws no identity of its own).
+    -- include: job_insert(jobs_live)
     ON CONFLICT (parent_id, parent_position) WHERE parent_id IS NOT NULL
     DO UPDATE SET parent_id = excluded.parent_id
-    RETURNING c.id, c.parent_id, c.parent_position, c.queue, c.state, (c.xmax = 0) AS created
+    RETURNING j.id, j.parent_id, j.parent_position, j.queue, j.state, (j.xmax = 0) AS created
 ),
 written AS (
     INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)

@@ -147,7 +147,7 @@ DECLARE
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
     holder_task text;
-    new_id      bigint := nextval(pg_get_serial_sequence('"trioq".jobs', 'id'));
+    new_id      bigint := nextval('"trioq".jobs_id_seq');
     released    bigint;
 BEGIN
     PERFORM "trioq".payload_check(enqueue.payload, '$');
@@ -211,19 +211,54 @@ BEGIN
     END IF;
     -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
     IF job_id IS NULL OR job_id = new_id THEN
-        INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
-                                       partition_key, dedup_key, max_attempts, created_at,
-                                       unique_states, unique_until, trace_context,
-                                       concurrency_key, concurrency_limit, deadline_at,
-                                       deadline_source)
-        VALUES (new_id, enqueue.queue, enqueue.task, enqueue.payload,
-                CASE WHEN due > "trioq".db_now() THEN 'scheduled' ELSE 'ready' END,
-                enqueue.priority, due,
-                enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts,
-                "trioq".db_now(), held, CASE WHEN enqueue.dedup_key IS NOT NULL
-                                              THEN "trioq".db_now() + enqueue.unique_for END,
-                enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
-                job_deadline, job_deadline_source);
+        WITH new_jobs AS (
+            SELECT new_id AS id, enqueue.queue AS queue, enqueue.task AS task,
+                   enqueue.payload AS payload, enqueue.priority AS priority,
+                   "trioq".db_now() AS now, due AS due_at,
+                   enqueue.partition_key AS partition_key, enqueue.dedup_key AS dedup_key,
+                   enqueue.max_attempts AS max_attempts, held AS unique_states,
+                   CASE WHEN enqueue.dedup_key IS NOT NULL
+                        THEN "trioq".db_now() + enqueue.unique_for END AS unique_until,
+                   1 AS version, enqueue.traceparent AS trace_context,
+                   enqueue.concurrency_key AS concurrency_key,
+                   enqueue.concurrency_limit AS concurrency_limit,
+                   job_deadline AS deadline_at, NULL::float8 AS deadline,
+                   job_deadline_source AS deadline_source, NULL::float8 AS task_seconds,
+                   NULL::bigint AS parent_id, NULL::int AS parent_position,
+                   NULL::text AS on_parent_cancel
+        )
+
+-- THE insert of a new job: every writer (job_insert_many, job_insert_batch, job_insert_one,
+-- schedule_fire_many, job_spawn_many and the SQL function enqueue()) writes its rows through
+-- these lines, so the job's columns are listed once and each is derived once. The writer names
+-- its rows `new_jobs`, with these columns: id (NULL: drawn here), queue, task, payload (jsonb),
+-- priority, now (db_now(), read once), due_at, partition_key, dedup_key, max_attempts,
+-- unique_states (NULL: none), unique_until, version, trace_context, concurrency_key,
+-- concurrency_limit, deadline_at, deadline (seconds from now), deadline_source, task_seconds
+-- (the task's registered deadline, for a job without its own; NULL: none, or not read),
+-- parent_id, parent_position and on_parent_cancel (NULL: the column's default). A job due later
+-- is `scheduled` (promoted when due), else `ready`. `target` is `jobs`, or `jobs_live` for an
+-- insert whose ON CONFLICT needs that table's own unique index (job_spawn_many). The writer
+-- adds its ON CONFLICT and RETURNING after it.
+INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+                                   partition_key, dedup_key, max_attempts, created_at,
+                                   unique_states, unique_until, version, trace_context,
+                                   concurrency_key, concurrency_limit, deadline_at,
+                                   deadline_source, parent_id, parent_position,
+                                   on_parent_cancel)
+SELECT coalesce(n.id, nextval('"trioq".jobs_id_seq')), n.queue, n.task, n.payload,
+       CASE WHEN n.due_at > n.now THEN 'scheduled' ELSE 'ready' END,
+       n.priority, n.due_at, n.partition_key, n.dedup_key, n.max_attempts, n.now,
+       coalesce(n.unique_states, '{}'), n.unique_until, n.version, n.trace_context,
+       n.concurrency_key, n.concurrency_limit,
+       coalesce(n.deadline_at,
+                n.now + coalesce(n.deadline, n.task_seconds) * interval '1 second'),
+       coalesce(n.deadline_source,
+                CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || n.task END),
+       n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
+FROM new_jobs AS n
+
+        ;
         job_id := new_id;
     END IF;
     -- Also for a job due later: the queue's idle workers wake, read its due time and set

@@ -36,7 +36,7 @@ DECLARE
     job_deadline        timestamptz := enqueue.deadline;
     job_deadline_source text := CASE WHEN enqueue.deadline IS NOT NULL THEN 'set at enqueue' END;
     holder_task text;
-    new_id      bigint := nextval(pg_get_serial_sequence('{schema}.jobs', 'id'));
+    new_id      bigint := nextval('{schema}.jobs_id_seq');
     released    bigint;
 BEGIN
     PERFORM {schema}.payload_check(enqueue.payload, '$');
@@ -100,19 +100,24 @@ BEGIN
     END IF;
     -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
     IF job_id IS NULL OR job_id = new_id THEN
-        INSERT INTO {schema}.jobs AS j (id, queue, task, payload, state, priority, run_at,
-                                       partition_key, dedup_key, max_attempts, created_at,
-                                       unique_states, unique_until, trace_context,
-                                       concurrency_key, concurrency_limit, deadline_at,
-                                       deadline_source)
-        VALUES (new_id, enqueue.queue, enqueue.task, enqueue.payload,
-                CASE WHEN due > {schema}.db_now() THEN 'scheduled' ELSE 'ready' END,
-                enqueue.priority, due,
-                enqueue.partition_key, enqueue.dedup_key, enqueue.max_attempts,
-                {schema}.db_now(), held, CASE WHEN enqueue.dedup_key IS NOT NULL
-                                              THEN {schema}.db_now() + enqueue.unique_for END,
-                enqueue.traceparent, enqueue.concurrency_key, enqueue.concurrency_limit,
-                job_deadline, job_deadline_source);
+        WITH new_jobs AS (
+            SELECT new_id AS id, enqueue.queue AS queue, enqueue.task AS task,
+                   enqueue.payload AS payload, enqueue.priority AS priority,
+                   {schema}.db_now() AS now, due AS due_at,
+                   enqueue.partition_key AS partition_key, enqueue.dedup_key AS dedup_key,
+                   enqueue.max_attempts AS max_attempts, held AS unique_states,
+                   CASE WHEN enqueue.dedup_key IS NOT NULL
+                        THEN {schema}.db_now() + enqueue.unique_for END AS unique_until,
+                   1 AS version, enqueue.traceparent AS trace_context,
+                   enqueue.concurrency_key AS concurrency_key,
+                   enqueue.concurrency_limit AS concurrency_limit,
+                   job_deadline AS deadline_at, NULL::float8 AS deadline,
+                   job_deadline_source AS deadline_source, NULL::float8 AS task_seconds,
+                   NULL::bigint AS parent_id, NULL::int AS parent_position,
+                   NULL::text AS on_parent_cancel
+        )
+        -- include: job_insert(jobs)
+        ;
         job_id := new_id;
     END IF;
     -- Also for a job due later: the queue's idle workers wake, read its due time and set
