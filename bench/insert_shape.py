@@ -4,9 +4,11 @@ migration).
 
     python -m bench.insert_shape --jobs 5000 --repeats 5
 
-Today six places insert jobs (job_insert_one, job_insert_batch, job_insert_many, the cron
-tick, a workflow's spawn, SQL `enqueue()`), each with its own column list, and the Python side
-builds one parameter per column (job_insert_many: one array per column). The candidate: every
+Six places insert jobs (job_insert_one, job_insert_batch, job_insert_many, the cron tick, a
+workflow's spawn, SQL `enqueue()`); they now share one insert (queries.sql's `job_insert`
+fragment) and parameters named after `NewJob`'s fields, each writer sending its rows in its own
+shape (scalars, one array per field, a function's arguments). The candidate measured here, and
+rejected for the hot paths (bench/RESULTS.md, "One insert shape"), was one row FORMAT: every
 writer sends its rows as ONE jsonb array of objects keyed by the record's field names, and ONE
 statement reads them with `jsonb_populate_recordset(NULL::job_input, ...)`, a composite type
 whose attributes are the record's fields: a new field is an attribute of the type (the
