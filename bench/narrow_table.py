@@ -81,10 +81,13 @@ LATE_ENQUEUE_COLUMNS = (
     "queue, task, payload, priority, run_at, partition_key, max_attempts, created_at, version,"
     " trace_context, deadline_at, deadline_source"
 )
-# job_insert_one's columns, in its order (the enqueue of `late` reads its SELECT's row).
+# job_insert_one's columns (queries.sql's job_insert, every writer's), in its order (the
+# enqueue of `late` reads its SELECT's row).
 INSERT_ONE_COLUMNS = (
-    "queue, task, payload, state, priority, run_at, partition_key, max_attempts, created_at,"
-    " version, trace_context, deadline_at, deadline_source"
+    "id, queue, task, payload, state, priority, run_at, partition_key, dedup_key, max_attempts,"
+    " created_at, unique_states, unique_until, version, trace_context, concurrency_key,"
+    " concurrency_limit, deadline_at, deadline_source, parent_id, parent_position,"
+    " on_parent_cancel"
 )
 
 INSTALL_SQL = """
@@ -249,20 +252,20 @@ COMPLETE_INSERT = """settled AS (
 ),
 """
 
-# `late`'s enqueue: job_insert_one's row, with an id of the jobs sequence, into jobs_hot when
-# ready, into jobs when delayed (a promotion would move it).
+# `late`'s enqueue: job_insert_one's row (its `new_jobs`, then its SELECT, which draws the id),
+# into jobs_hot when ready, into jobs when delayed (a promotion would move it).
 LATE_INSERT = """
-WITH new AS MATERIALIZED (
-    SELECT nextval('{sequence}') AS id, r.*
-    FROM ({select}) AS r({insert_columns})
+{source},
+new AS MATERIALIZED (
+    SELECT r.* FROM ({select}) AS r({insert_columns})
 ),
 hot AS (
     INSERT INTO {schema}.jobs_hot (id, {hot_columns})
     SELECT id, {hot_columns} FROM new WHERE state = 'ready'
 ),
 wide AS (
-    INSERT INTO {schema}.jobs (id, {insert_columns})
-    SELECT id, {insert_columns} FROM new WHERE state <> 'ready'
+    INSERT INTO {schema}.jobs ({insert_columns})
+    SELECT {insert_columns} FROM new WHERE state <> 'ready'
 )
 SELECT new.id, pg_notify({schema}.ready_channel(new.queue), new.queue) AS notified FROM new
 """
@@ -345,14 +348,19 @@ class Variant:
     def insert_sql(self, conn: Conn, schema: str) -> str:
         one = queries(schema)["job_insert_one"]
         insert, returning = one.rsplit("RETURNING", 1)
-        columns = " ".join(insert.split("(", 1)[1].split(")", 1)[0].split())
-        if not returning.lstrip().startswith("j.id, pg_notify") or columns != INSERT_ONE_COLUMNS:
+        source, statement = insert.split("INSERT INTO", 1)  # its `WITH new_jobs AS (...)`
+        columns = " ".join(statement.split("(", 1)[1].split(")", 1)[0].split())
+        if (
+            not returning.lstrip().startswith("j.id, pg_notify")
+            or columns != INSERT_ONE_COLUMNS
+            or not source.startswith("WITH new_jobs AS")
+        ):
             raise RuntimeError("job_insert_one changed: update bench/narrow_table.py")
         if self.late:
             return LATE_INSERT.format(
                 schema=schema,
-                sequence=_sequence(conn, schema),
-                select=insert.split(")", 1)[1],
+                source=source.strip(),
+                select=statement.split(")", 1)[1],
                 insert_columns=INSERT_ONE_COLUMNS,
                 hot_columns=LATE_ENQUEUE_COLUMNS,
             )

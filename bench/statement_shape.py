@@ -14,6 +14,11 @@ session (durable cluster: every statement commits and waits for its WAL flush):
 - enqueue: single inserts, one per statement. `trioq` runs job_insert_one (the client's single
   enqueue), `minimal` a bare INSERT into jobs of the same job with its notification, `raw`
   the raw loop's INSERT_SQL.
+`raw` is the raw loop that keeps the finished row with its result (COMPLETE_SQL), `raw-del` the
+one that deletes it (COMPLETE_DELETE_SQL: the drain targets' "raw loop"). `floor` and
+`floor-del` are the floor of trioq's contract (bench/contract_floor.py, bench-only SQL): a
+record written once, claimable entries apart, a fenced lease that recovery can find, the outcome
+appended to a history apart (`floor-del`: nothing kept).
 `narrow`, `ncopy`, `nwide` and `nlate` are variants of a PROTOTYPE (bench/narrow_table.py,
 bench-only SQL, no migration): ready and running jobs' claim-path state in a small table of
 its own, jobs_hot, the wide record in jobs written at the enqueue (`nlate`: only at the end);
@@ -24,8 +29,8 @@ narrow runs row instead of updating the job's row, the completion deletes it; it
 trioq's.
 `--days N` makes N day partitions of finished jobs in the past first (a retention of N days).
 Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
-to `trioq`'s and to `raw`'s in the same repeat (medians of the ratios). `--system` runs only
-the systems named (trioq and raw always run).
+to `trioq`'s, `raw`'s and `raw-del`'s in the same repeat (medians of the ratios). `--system`
+runs only the systems named (those three always run).
 """
 
 from __future__ import annotations
@@ -38,14 +43,26 @@ from collections.abc import Callable
 
 import psycopg
 
-from bench import baseline, narrow_table, runs_table
+from bench import baseline, contract_floor, narrow_table, runs_table
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
+from trioq._pg.inserts import insert_statement
 from trioq._pg.replies import ClaimedRow
+from trioq._seam.records import NewJob, NewJobs
 from trioq._sql import queries
 
 Conn = psycopg.Connection[tuple[object, ...]]
-SYSTEMS = ("trioq", "minimal", "raw", "runs", *narrow_table.VARIANTS)
+SYSTEMS = (
+    "trioq",
+    "minimal",
+    "raw",
+    "raw-del",
+    "runs",
+    *contract_floor.VARIANTS,
+    *narrow_table.VARIANTS,
+)
+# Every ratio is to one of these, in the same repeat, so they always run.
+BASES = ("trioq", "raw", "raw-del")
 
 MINIMAL_CLAIM = """
 UPDATE {schema}.jobs j
@@ -70,22 +87,10 @@ VALUES ('default', 'noop', '{{}}', 'ready', 0, now(), 3, now(), 1)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue)
 """
 
-INSERT_ONE = {
-    "queue": "default",
-    "task": "noop",
-    "payload": "{}",
-    "priority": 0,
-    "partition_key": None,
-    "max_attempts": 3,
-    "version": 1,
-    "trace_context": None,
-    "deadline_at": None,
-    "deadline": None,
-    "deadline_source": None,
-    "run_at": None,
-    "delay": None,
-    "task_deadline": False,
-}
+# job_insert_one's parameters, as the client sends them for one no-op job.
+INSERT_ONE = insert_statement(
+    NewJobs(NewJob("default", "noop", "{}", max_attempts=3, task_deadline=False), ["{}"])
+)[1]
 
 
 def _narrow_round(variant: narrow_table.Variant, conn: Conn, schema: str) -> int:
@@ -102,18 +107,38 @@ def _round(system: str, conn: Conn, schema: str) -> int:
     """One claim and completion of up to BATCH jobs; the number claimed."""
     if system in narrow_table.VARIANTS:
         return _narrow_round(narrow_table.VARIANTS[system], conn, schema)
-    if system == "raw":
+    if system in ("raw", "raw-del"):
         claim = baseline.CLAIM_SQL.format(schema=schema).replace("$1", "'default'")
         rows = conn.execute(
             claim.replace("$2", "%(limit)s"), {"limit": BATCH}, prepare=True
         ).fetchall()
         if rows:
-            raw_complete = baseline.COMPLETE_SQL.format(schema=schema)
+            raw_complete = (
+                baseline.COMPLETE_SQL if system == "raw" else baseline.COMPLETE_DELETE_SQL
+            )
+            raw_complete = raw_complete.format(schema=schema)
             raw_complete = raw_complete.replace("$1", "%(ids)s").replace("$2", "%(tokens)s")
             params = {"ids": [r[0] for r in rows], "tokens": [r[3] for r in rows]}
+            if system == "raw":
+                raw_complete = raw_complete.replace("$3", "%(results)s")
+                params["results"] = ["null"] * len(rows)
+            conn.execute(raw_complete, params, prepare=True)
+        return len(rows)
+    if system in contract_floor.VARIANTS:
+        rows = conn.execute(
+            contract_floor.CLAIM_SQL.format(schema=schema),
+            {"worker_id": uuid.uuid4(), "limit": BATCH},
+            prepare=True,
+        ).fetchall()
+        if rows:  # the floor's completion returns nothing, as the raw loop's
             conn.execute(
-                raw_complete.replace("$3", "%(results)s"),
-                {**params, "results": ["null"] * len(rows)},
+                contract_floor.VARIANTS[system].format(schema=schema),
+                {
+                    "ids": [row[0] for row in rows],
+                    "attempts": [row[4] for row in rows],
+                    "lease_tokens": [row[5] for row in rows],
+                    "results": ["null"] * len(rows),
+                },
                 prepare=True,
             )
         return len(rows)
@@ -139,7 +164,7 @@ def _round(system: str, conn: Conn, schema: str) -> int:
 def drain(db: Database, schema: str, system: str, jobs: int) -> float:
     """Backend CPU (us) per job of one replayed drain of `jobs` jobs."""
     with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
-        if system == "raw":
+        if system in ("raw", "raw-del"):
             conn.execute(
                 f"INSERT INTO {schema}.raw_jobs (queue, task, payload)"
                 " SELECT 'default', 'noop', '{}' FROM generate_series(1, %s)",
@@ -149,6 +174,8 @@ def drain(db: Database, schema: str, system: str, jobs: int) -> float:
             conn.execute("CHECKPOINT")
         elif system in narrow_table.VARIANTS:
             narrow_table.VARIANTS[system].insert_backlog(conn, schema, jobs)
+        elif system in contract_floor.VARIANTS:
+            contract_floor.insert_backlog(conn, schema, jobs)
         else:
             insert_backlog(conn, schema, jobs)
         pid = conn.info.backend_pid
@@ -163,13 +190,16 @@ def drain(db: Database, schema: str, system: str, jobs: int) -> float:
 
 def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
     """Backend CPU (us) per single insert, `jobs` of them."""
-    if system == "raw":
+    if system in ("raw", "raw-del"):
         sql = baseline.INSERT_SQL.format(schema=schema)
-        sql = sql.replace("$1", "%(queue)s").replace("$2", "%(task)s").replace("$3", "%(payload)s")
+        for number, name in (("$1", "queue"), ("$2", "task"), ("$3", "payload_json")):
+            sql = sql.replace(number, f"%({name})s")
     elif system in ("trioq", "runs"):
         sql = queries(schema)["job_insert_one"]
     elif system in narrow_table.VARIANTS:
         sql = narrow_table.VARIANTS[system].insert_sql(db.conn, schema)
+    elif system in contract_floor.VARIANTS:
+        sql = contract_floor.enqueue_sql(schema)
     else:
         sql = MINIMAL_INSERT.format(schema=schema)
     params = INSERT_ONE if "%(" in sql else None
@@ -201,8 +231,7 @@ def main() -> None:
         "--system", action="append", default=[], choices=SYSTEMS, help="default: every system"
     )
     args = parser.parse_args()
-    # trioq and raw always run: every ratio is to one of them, in the same repeat
-    systems = [name for name in SYSTEMS if name in {"trioq", "raw", *args.system}]
+    systems = [name for name in SYSTEMS if name in {*BASES, *args.system}]
     if not args.system:
         systems = list(SYSTEMS)
     figures: dict[tuple[str, str], list[float]] = {}
@@ -225,12 +254,14 @@ def main() -> None:
                             narrow_table.VARIANTS[system].install(db.conn, schema)
                         if system == "runs":
                             runs_table.install(db.conn, schema)
+                        if system in contract_floor.VARIANTS:
+                            contract_floor.install(db.conn, schema)
                         us = replay(db, schema, system, args.jobs)
                     finally:
                         db.drop_schema(schema)
                     figures.setdefault((replay_name, system), []).append(us)
                     print(
-                        f"repeat {repeat + 1} {replay_name:>7} {system:>7}: {us:6.1f} us"
+                        f"repeat {repeat + 1} {replay_name:>7} {system:>9}: {us:6.1f} us"
                         f" backend/job  (load {os.getloadavg()[0]:.2f})",
                         flush=True,
                     )
@@ -240,11 +271,11 @@ def main() -> None:
             statistics.median(
                 a / b for a, b in zip(runs, figures[(replay_name, base)], strict=True)
             )
-            for base in ("trioq", "raw")
+            for base in BASES
         ]
         print(
-            f"{replay_name:>7} {system:>7}: {statistics.median(runs):6.1f} us backend/job"
-            f"  {ratios[0]:.3f} x trioq  {ratios[1]:.3f} x raw"
+            f"{replay_name:>7} {system:>9}: {statistics.median(runs):6.1f} us backend/job"
+            f"  {ratios[0]:.3f} x trioq  {ratios[1]:.3f} x raw  {ratios[2]:.3f} x raw-del"
         )
 
 

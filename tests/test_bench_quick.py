@@ -67,15 +67,28 @@ def test_hot_path_cost_replays_the_drain_on_each_variant() -> None:
 
 def test_statement_shape_replays_each_system_on_the_drain_and_the_enqueue() -> None:
     """`python -m bench.statement_shape`: trioq's statements, minimal ones on the same table,
-    the raw loop's, the narrow hot table prototype's variants and the leases-table prototype's,
-    for a tiny drain and a few single inserts, with the ratios to trioq and to raw."""
+    the raw loop's two floors, the contract's floor, the narrow hot table prototype's variants
+    and the leases-table prototype's, for a tiny drain and a few single inserts, with the
+    ratios to trioq, to raw and to raw-del."""
     out = run_module("bench.statement_shape", "--jobs", "100", "--repeats", "1")
     medians = out.split("medians:")[1]
-    systems = ("trioq", "minimal", "raw", "runs", "narrow", "ncopy", "nwide", "nlate")
+    systems = (
+        "trioq",
+        "minimal",
+        "raw",
+        "raw-del",
+        "runs",
+        "floor",
+        "floor-del",
+        "narrow",
+        "ncopy",
+        "nwide",
+        "nlate",
+    )
     for replay in ("drain", "enqueue"):
         for system in systems:
-            assert f"{replay} {system:>7}:" in medians, out
-    assert medians.count("x trioq") == medians.count("x raw") == 2 * len(systems)
+            assert f"{replay} {system:>9}:" in medians, out
+    assert medians.count("x trioq") == medians.count("x raw-del") == 2 * len(systems)
 
 
 def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
