@@ -43,6 +43,16 @@ CREATE TABLE {schema}.runs (
 );
 -- What recovery of expired leases reads, as jobs_lease_idx is today.
 CREATE INDEX runs_lease_idx ON {schema}.runs (lease_expires_at);
+-- `runs-append`'s outcomes: appended, a lookup by id through the primary key.
+CREATE TABLE {schema}.outcomes (
+    job_id bigint PRIMARY KEY,
+    state text NOT NULL,
+    result jsonb,
+    attempt integer NOT NULL,
+    worker_id uuid,
+    started_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL
+);
 """
 
 CLAIMED = """run AS (
@@ -82,6 +92,24 @@ RETURNING j.id, j.state, j.result_watched
 ),
 """
 
+# `runs-append`: the outcome appended to a narrow table of its own instead of written into the
+# job's row, which the claim and the completion then never write (the wide record written once,
+# at the enqueue: it would stay where it is until retention drops its day). The reply reads
+# result_watched from the job's row, as job_complete_plain's notifications need it.
+APPENDED = """appended AS (
+INSERT INTO "{schema}".outcomes (job_id, state, result, attempt, worker_id, started_at,
+finished_at)
+SELECT g.job_id, 'completed', g.result::jsonb, g.attempt, g.worker_id, g.started_at,
+"{schema}".db_now()
+FROM gone g
+RETURNING job_id, state
+),
+settled AS (
+SELECT a.job_id AS id, a.state, j.result_watched
+FROM appended a JOIN "{schema}".jobs_live j ON j.id = a.job_id
+),
+"""
+
 
 def install(conn: Conn, schema: str) -> None:
     conn.execute(INSTALL_SQL.format(schema=schema))
@@ -99,7 +127,10 @@ def claim_sql(schema: str) -> str:
     return head + CLAIMED.format(schema=schema, returning=returning) + rest[end + 3 :]
 
 
-def complete_sql(schema: str) -> str:
+def complete_sql(schema: str, append: bool = False) -> str:
     plain = queries(schema)["job_complete_plain"]
     head, rest = plain.split("settled AS (", 1)
-    return head + SETTLED.format(schema=schema) + rest[rest.index("results_notified AS") :]
+    settled = SETTLED.format(schema=schema)
+    if append:  # the same `gone`, the outcome appended instead of the row updated
+        settled = settled[: settled.index("settled AS (")] + APPENDED.format(schema=schema)
+    return head + settled + rest[rest.index("results_notified AS") :]

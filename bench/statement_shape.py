@@ -26,7 +26,8 @@ their enqueue is job_insert_one's insert plus the hot row, their claim job_claim
 on jobs_hot, their completion a fenced DELETE from jobs_hot with the outcome written into jobs.
 `runs` is a PROTOTYPE of leases in a table of their own (bench/runs_table.py): the claim inserts a
 narrow runs row instead of updating the job's row, the completion deletes it; its enqueue is
-trioq's.
+trioq's. `runs-append` is the same with the outcome appended to a narrow table of its own: the
+job's wide row is written once, at the enqueue, and never again.
 `--days N` makes N day partitions of finished jobs in the past first (a retention of N days).
 Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
 to `trioq`'s, `raw`'s and `raw-del`'s in the same repeat (medians of the ratios). `--system`
@@ -58,6 +59,7 @@ SYSTEMS = (
     "raw",
     "raw-del",
     "runs",
+    "runs-append",
     *contract_floor.VARIANTS,
     *narrow_table.VARIANTS,
 )
@@ -143,10 +145,11 @@ def _round(system: str, conn: Conn, schema: str) -> int:
             )
         return len(rows)
     completion = None  # job_complete_plain
-    if system in ("trioq", "runs"):
+    if system in ("trioq", "runs", "runs-append"):
         claim = queries(schema)["job_claim_plain"]
-        if system == "runs":
-            claim, completion = runs_table.claim_sql(schema), runs_table.complete_sql(schema)
+        if system != "trioq":
+            claim = runs_table.claim_sql(schema)
+            completion = runs_table.complete_sql(schema, append=system == "runs-append")
         reply = conn.execute(claim, claim_params(), prepare=True).fetchall()
         first = ClaimedRow.id  # the claimed row's columns start here
         rows = [row[first:] for row in reply if row[first] is not None]
@@ -194,7 +197,7 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
         sql = baseline.INSERT_SQL.format(schema=schema)
         for number, name in (("$1", "queue"), ("$2", "task"), ("$3", "payload_json")):
             sql = sql.replace(number, f"%({name})s")
-    elif system in ("trioq", "runs"):
+    elif system in ("trioq", "runs", "runs-append"):
         sql = queries(schema)["job_insert_one"]
     elif system in narrow_table.VARIANTS:
         sql = narrow_table.VARIANTS[system].insert_sql(db.conn, schema)
@@ -252,7 +255,7 @@ def main() -> None:
                             )
                         if system in narrow_table.VARIANTS:
                             narrow_table.VARIANTS[system].install(db.conn, schema)
-                        if system == "runs":
+                        if system in ("runs", "runs-append"):
                             runs_table.install(db.conn, schema)
                         if system in contract_floor.VARIANTS:
                             contract_floor.install(db.conn, schema)
@@ -261,7 +264,7 @@ def main() -> None:
                         db.drop_schema(schema)
                     figures.setdefault((replay_name, system), []).append(us)
                     print(
-                        f"repeat {repeat + 1} {replay_name:>7} {system:>9}: {us:6.1f} us"
+                        f"repeat {repeat + 1} {replay_name:>7} {system:>11}: {us:6.1f} us"
                         f" backend/job  (load {os.getloadavg()[0]:.2f})",
                         flush=True,
                     )
@@ -274,7 +277,7 @@ def main() -> None:
             for base in BASES
         ]
         print(
-            f"{replay_name:>7} {system:>9}: {statistics.median(runs):6.1f} us backend/job"
+            f"{replay_name:>7} {system:>11}: {statistics.median(runs):6.1f} us backend/job"
             f"  {ratios[0]:.3f} x trioq  {ratios[1]:.3f} x raw  {ratios[2]:.3f} x raw-del"
         )
 
