@@ -115,16 +115,41 @@ def install(conn: Conn, schema: str) -> None:
     conn.execute(INSTALL_SQL.format(schema=schema))
 
 
-def claim_sql(schema: str) -> str:
+# `runs-ring`: the claim locks the ready ring's entry, not the job's row (with a lease row, an
+# entry that is there is a job that is ready: the lease's primary key refuses a second run of
+# one job whose two entries two claimers took).
+JOB_LOCKED = """CROSS JOIN LATERAL (
+SELECT 1 FROM "{schema}".jobs_live j
+WHERE j.id = r.id AND j.state = 'ready'
+LIMIT 1
+FOR UPDATE OF j SKIP LOCKED
+) AS job
+"""
+RING_LIMIT = """ORDER BY r.priority, r.run_at, r.id
+LIMIT (SELECT %(limit)s::int)
+"""
+
+
+def claim_sql(schema: str, lock_ring: bool = False) -> str:
     plain = queries(schema)["job_claim_plain"]
+    if lock_ring:
+        locked, limit = JOB_LOCKED.format(schema=schema), RING_LIMIT
+        if plain.count(locked) != 1 or plain.count(limit) != 1:
+            raise RuntimeError("job_claim_plain changed: update bench/runs_table.py")
+        plain = plain.replace(locked, "").replace(limit, limit + "FOR UPDATE OF r SKIP LOCKED\n")
     head, rest = plain.split("claimed AS (", 1)
+    claimed = CLAIMED
+    if lock_ring:  # two entries of one job: the second claim's lease is refused
+        claimed = claimed.replace(
+            "RETURNING job_id,", "ON CONFLICT (job_id) DO NOTHING\nRETURNING job_id,"
+        )
     end = rest.index("\n)\nSELECT (SELECT blocked FROM probe)")
     # job_claim_plain's own reply columns, the attempt and the lease token the run's.
     returning = rest[rest.index("RETURNING ") + len("RETURNING ") : end]
     returning = returning.replace("j.attempt,", "r.attempt,").replace(
         "j.lease_token,", "r.lease_token,"
     )
-    return head + CLAIMED.format(schema=schema, returning=returning) + rest[end + 3 :]
+    return head + claimed.format(schema=schema, returning=returning) + rest[end + 3 :]
 
 
 def complete_sql(schema: str, append: bool = False) -> str:

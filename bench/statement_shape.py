@@ -27,7 +27,8 @@ on jobs_hot, their completion a fenced DELETE from jobs_hot with the outcome wri
 `runs` is a PROTOTYPE of leases in a table of their own (bench/runs_table.py): the claim inserts a
 narrow runs row instead of updating the job's row, the completion deletes it; its enqueue is
 trioq's. `runs-append` is the same with the outcome appended to a narrow table of its own: the
-job's wide row is written once, at the enqueue, and never again.
+job's wide row is written once, at the enqueue, and never again. `runs-ring` is runs-append
+whose claim locks the ready ring's entry instead of the job's row.
 `--days N` makes N day partitions of finished jobs in the past first (a retention of N days).
 Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
 to `trioq`'s, `raw`'s and `raw-del`'s in the same repeat (medians of the ratios). `--system`
@@ -60,6 +61,7 @@ SYSTEMS = (
     "raw-del",
     "runs",
     "runs-append",
+    "runs-ring",
     *contract_floor.VARIANTS,
     *narrow_table.VARIANTS,
 )
@@ -145,11 +147,11 @@ def _round(system: str, conn: Conn, schema: str) -> int:
             )
         return len(rows)
     completion = None  # job_complete_plain
-    if system in ("trioq", "runs", "runs-append"):
+    if system in ("trioq", "runs", "runs-append", "runs-ring"):
         claim = queries(schema)["job_claim_plain"]
         if system != "trioq":
-            claim = runs_table.claim_sql(schema)
-            completion = runs_table.complete_sql(schema, append=system == "runs-append")
+            claim = runs_table.claim_sql(schema, lock_ring=system == "runs-ring")
+            completion = runs_table.complete_sql(schema, append=system != "runs")
         reply = conn.execute(claim, claim_params(), prepare=True).fetchall()
         first = ClaimedRow.id  # the claimed row's columns start here
         rows = [row[first:] for row in reply if row[first] is not None]
@@ -197,7 +199,7 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
         sql = baseline.INSERT_SQL.format(schema=schema)
         for number, name in (("$1", "queue"), ("$2", "task"), ("$3", "payload_json")):
             sql = sql.replace(number, f"%({name})s")
-    elif system in ("trioq", "runs", "runs-append"):
+    elif system in ("trioq", "runs", "runs-append", "runs-ring"):
         sql = queries(schema)["job_insert_one"]
     elif system in narrow_table.VARIANTS:
         sql = narrow_table.VARIANTS[system].insert_sql(db.conn, schema)
@@ -255,7 +257,7 @@ def main() -> None:
                             )
                         if system in narrow_table.VARIANTS:
                             narrow_table.VARIANTS[system].install(db.conn, schema)
-                        if system in ("runs", "runs-append"):
+                        if system in ("runs", "runs-append", "runs-ring"):
                             runs_table.install(db.conn, schema)
                         if system in contract_floor.VARIANTS:
                             contract_floor.install(db.conn, schema)
