@@ -62,6 +62,15 @@ def test_every_writer_expands_it_and_no_other_statement_inserts_jobs() -> None:
     assert "-- include:" not in enqueue.sql
 
 
+def test_no_function_file_lists_the_columns_of_a_new_job() -> None:
+    """enqueue()'s rows are a fragment of queries.sql, beside every other writer's: a column
+    added to jobs is given in that one file, not in a function's too."""
+    folder = resources.files(_sql).joinpath("functions")
+    text = folder.joinpath("enqueue.sql").read_text()
+    assert "-- include: enqueue_new_jobs" in text
+    assert " AS on_parent_cancel" not in text
+
+
 def test_every_writer_takes_every_field_of_new_job() -> None:
     statements = _sql.positional_queries("trioq")
     fields = set(NEW_JOB_FIELDS)

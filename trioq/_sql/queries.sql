@@ -126,6 +126,24 @@ SELECT coalesce(n.id, nextval('{schema}.jobs_id_seq')), n.queue, n.task, n.paylo
        n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
 FROM new_jobs AS n
 
+-- fragment: enqueue_new_jobs
+-- The row of the SQL function enqueue() (functions/enqueue.sql includes it), from its arguments
+-- and variables: here beside job_insert and the other writers' rows, so that a column added to
+-- jobs is given by every writer in this one file. Only a function body can run it.
+    SELECT new_id AS id, enqueue.queue AS queue, enqueue.task AS task,
+           enqueue.payload AS payload, enqueue.priority AS priority, {schema}.db_now() AS now,
+           due AS due_at, enqueue.partition_key AS partition_key,
+           enqueue.dedup_key AS dedup_key, enqueue.max_attempts AS max_attempts,
+           held AS unique_states,
+           CASE WHEN enqueue.dedup_key IS NOT NULL
+                THEN {schema}.db_now() + enqueue.unique_for END AS unique_until,
+           1 AS version, enqueue.traceparent AS trace_context,
+           enqueue.concurrency_key AS concurrency_key,
+           enqueue.concurrency_limit AS concurrency_limit, job_deadline AS deadline_at,
+           NULL::float8 AS deadline, job_deadline_source AS deadline_source,
+           NULL::float8 AS task_seconds, NULL::bigint AS parent_id,
+           NULL::int AS parent_position, NULL::text AS on_parent_cancel
+
 -- fragment: new_job_arrays
 -- The rows of a writer that sends one array per field of `NewJob` (trioq/_seam/records.py),
 -- each parameter named after its field (trioq/_pg/inserts.py builds them from that one list),

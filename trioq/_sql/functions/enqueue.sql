@@ -100,21 +100,9 @@ BEGIN
     END IF;
     -- A job due later is `scheduled` (migration 0002's state model), promoted when due.
     IF job_id IS NULL OR job_id = new_id THEN
+        -- Its row (queries.sql keeps every writer's rows beside the one insert).
         WITH new_jobs AS (
-            SELECT new_id AS id, enqueue.queue AS queue, enqueue.task AS task,
-                   enqueue.payload AS payload, enqueue.priority AS priority,
-                   {schema}.db_now() AS now, due AS due_at,
-                   enqueue.partition_key AS partition_key, enqueue.dedup_key AS dedup_key,
-                   enqueue.max_attempts AS max_attempts, held AS unique_states,
-                   CASE WHEN enqueue.dedup_key IS NOT NULL
-                        THEN {schema}.db_now() + enqueue.unique_for END AS unique_until,
-                   1 AS version, enqueue.traceparent AS trace_context,
-                   enqueue.concurrency_key AS concurrency_key,
-                   enqueue.concurrency_limit AS concurrency_limit,
-                   job_deadline AS deadline_at, NULL::float8 AS deadline,
-                   job_deadline_source AS deadline_source, NULL::float8 AS task_seconds,
-                   NULL::bigint AS parent_id, NULL::int AS parent_position,
-                   NULL::text AS on_parent_cancel
+            -- include: enqueue_new_jobs
         )
         -- include: job_insert(jobs)
         ;
