@@ -345,7 +345,7 @@ class Variant:
             + plain[plain.index("results_notified AS") :]
         )
 
-    def insert_sql(self, conn: Conn, schema: str) -> str:
+    def insert_sql(self, schema: str) -> str:
         one = queries(schema)["job_insert_one"]
         insert, returning = one.rsplit("RETURNING", 1)
         source, statement = insert.split("INSERT INTO", 1)  # its `WITH new_jobs AS (...)`

@@ -131,18 +131,17 @@ LIMIT (SELECT %(limit)s::int)
 
 
 def claim_sql(schema: str, lock_ring: bool = False) -> str:
-    plain = queries(schema)["job_claim_plain"]
+    plain, claimed = queries(schema)["job_claim_plain"], CLAIMED
     if lock_ring:
         locked, limit = JOB_LOCKED.format(schema=schema), RING_LIMIT
         if plain.count(locked) != 1 or plain.count(limit) != 1:
             raise RuntimeError("job_claim_plain changed: update bench/runs_table.py")
         plain = plain.replace(locked, "").replace(limit, limit + "FOR UPDATE OF r SKIP LOCKED\n")
-    head, rest = plain.split("claimed AS (", 1)
-    claimed = CLAIMED
-    if lock_ring:  # two entries of one job: the second claim's lease is refused
+        # Two entries of one job: the second claim's lease is refused.
         claimed = claimed.replace(
             "RETURNING job_id,", "ON CONFLICT (job_id) DO NOTHING\nRETURNING job_id,"
         )
+    head, rest = plain.split("claimed AS (", 1)
     end = rest.index("\n)\nSELECT (SELECT blocked FROM probe)")
     # job_claim_plain's own reply columns, the attempt and the lease token the run's.
     returning = rest[rest.index("RETURNING ") + len("RETURNING ") : end]

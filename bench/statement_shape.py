@@ -202,7 +202,7 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
     elif system in ("trioq", "runs", "runs-append", "runs-ring"):
         sql = queries(schema)["job_insert_one"]
     elif system in narrow_table.VARIANTS:
-        sql = narrow_table.VARIANTS[system].insert_sql(db.conn, schema)
+        sql = narrow_table.VARIANTS[system].insert_sql(schema)
     elif system in contract_floor.VARIANTS:
         sql = contract_floor.enqueue_sql(schema)
     else:

@@ -68,11 +68,8 @@ def insert_params(jobs: Sequence[NewJob]) -> Params:
     """One array per field of `NewJob` (new_job_arrays in queries.sql)."""
     # One C-level attrgetter call per job and one transpose: a NewJobs batch builds its rows
     # on iteration, so they are built once, not once per field.
-    rows = [_fields_of(job) for job in jobs]
-    columns = [list(column) for column in zip(*rows, strict=True)] if rows else None
-    params = {
-        name: [] if columns is None else columns[index] for index, name in enumerate(NEW_JOB_FIELDS)
-    }
+    columns = list(zip(*map(_fields_of, jobs), strict=True)) or [()] * len(NEW_JOB_FIELDS)
+    params = {name: list(column) for name, column in zip(NEW_JOB_FIELDS, columns, strict=True)}
     params["unique_states"] = [",".join(states) for states in params["unique_states"]]
     return params
 

@@ -81,21 +81,22 @@ class _Blocks:
 
     bodies: dict[str, tuple[str, str]]
     parameters: dict[str, list[str]]
+    fragments: dict[str, str] = attrs.field(init=False)
 
-    @property
-    def fragments(self) -> dict[str, str]:
+    @fragments.default
+    def _fragments(self) -> dict[str, str]:
         return {name: body for name, (kind, body) in self.bodies.items() if kind == "fragment"}
 
     def expand(self, body: str) -> list[str]:
         """`body`'s lines with each `-- include:` line replaced by its fragment's lines."""
-        fragments, lines = self.fragments, []
+        lines: list[str] = []
         for line in body.splitlines():
             include = _INCLUDE.match(line.strip())
             if include is None:
                 lines.append(line)
                 continue
             name, values = include.group(1), _names(include.group(2))
-            if name not in fragments:
+            if name not in self.fragments:
                 raise ValueError(f"queries.sql: no fragment {name!r} to include")
             if len(values) != len(self.parameters[name]):
                 raise ValueError(
@@ -104,7 +105,7 @@ class _Blocks:
                 )
             # A parameterised fragment's @param@ markers become the include's identifiers
             # (fixed names in this file, never user input).
-            included = fragments[name]
+            included = self.fragments[name]
             for parameter, value in zip(self.parameters[name], values, strict=True):
                 included = included.replace(f"@{parameter}@", value)
             lines.extend(self.expand(included))
@@ -134,7 +135,10 @@ def parse_blocks(text: str) -> dict[str, str]:
     `-- fragment: y(a, b)`, written `@a@` in its body and given by `-- include: y(x, z)` (the
     same loose index scan visits partition keys and concurrency keys). Fragments come from
     this file only; a SQL function's file may include them too (`functions`)."""
-    parsed = _parse(text)
+    return _statements(_parse(text))
+
+
+def _statements(parsed: _Blocks) -> dict[str, str]:
     blocks: dict[str, str] = {}
     for name, (kind, body) in parsed.bodies.items():
         if kind != "name":
@@ -148,15 +152,17 @@ def parse_blocks(text: str) -> dict[str, str]:
     return blocks
 
 
-def _queries_text() -> str:
+@functools.cache
+def _queries_blocks() -> _Blocks:
+    """queries.sql, read and parsed once: its statements and the fragments functions include."""
     from importlib import resources  # here: its import is a tenth of the producer's
 
-    return resources.files(__package__).joinpath("queries.sql").read_text()
+    return _parse(resources.files(__package__).joinpath("queries.sql").read_text())
 
 
 @functools.cache
 def _raw_queries() -> dict[str, str]:
-    return parse_blocks(_queries_text())
+    return _statements(_queries_blocks())
 
 
 @functools.cache
@@ -230,7 +236,7 @@ def functions(schema: str) -> list[SqlFunction]:
     from importlib import resources
 
     folder = resources.files(__package__).joinpath("functions")
-    blocks = _parse(_queries_text())
+    blocks = _queries_blocks()
     found = [
         SqlFunction(
             entry.name.removesuffix(".sql"),
