@@ -129,13 +129,15 @@ async def test_drained_leader_hands_over_and_the_new_leader_recovers_an_expired_
             await first_gone.wait()
             await second_passes.wait(1)  # the second worker leads: its maintenance runs
         assert await seat_holder(pg_url, pg_schema) == second.worker_id
-        job = await client.enqueue("orphan", {})
+        # Due in an hour, so the running worker cannot claim (or finish) it before it is put
+        # in the crash state below; that state makes it due now.
+        job = await client.enqueue("orphan", {}, delay=3600)
         # The crash state: running under a dead worker, its lease expired.
         await scalar(
             pg_url,
             f"UPDATE {pg_schema}.jobs SET state = 'running', lease_token = gen_random_uuid(), "
             "lease_expires_at = now() - interval '1 second', worker_id = gen_random_uuid(), "
-            "attempt = 1, started_at = now() WHERE id = %s RETURNING id",
+            "attempt = 1, started_at = now(), run_at = now() WHERE id = %s RETURNING id",
             (job.id,),
         )
         with trio.fail_after(10):
