@@ -28,7 +28,10 @@ on jobs_hot, their completion a fenced DELETE from jobs_hot with the outcome wri
 narrow runs row instead of updating the job's row, the completion deletes it; its enqueue is
 trioq's. `runs-append` is the same with the outcome appended to a narrow table of its own: the
 job's wide row is written once, at the enqueue, and never again. `runs-ring` is runs-append
-whose claim locks the ready ring's entry instead of the job's row.
+whose claim locks the ready ring's entry instead of the job's row. `hot` and `hot-runs` are a
+PROTOTYPE of the job's row updated in place by heap-only updates (bench/hot_table.py): no
+index of jobs_live names a column the claim or the completion writes, and the finished row
+stays in its partition (`hot-runs`: with a narrow lease row for recovery).
 `--days N` makes N day partitions of finished jobs in the past first (a retention of N days).
 Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
 to `trioq`'s, `raw`'s and `raw-del`'s in the same repeat (medians of the ratios). `--system`
@@ -45,7 +48,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from bench import baseline, contract_floor, narrow_table, runs_table
+from bench import baseline, contract_floor, hot_table, narrow_table, runs_table
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
 from trioq._pg.inserts import insert_statement
@@ -62,9 +65,12 @@ SYSTEMS = (
     "runs",
     "runs-append",
     "runs-ring",
+    "hot",
+    "hot-runs",
     *contract_floor.VARIANTS,
     *narrow_table.VARIANTS,
 )
+HOT = ("hot", "hot-runs")
 # Every ratio is to one of these, in the same repeat, so they always run.
 BASES = ("trioq", "raw", "raw-del")
 
@@ -147,9 +153,12 @@ def _round(system: str, conn: Conn, schema: str) -> int:
             )
         return len(rows)
     completion = None  # job_complete_plain
-    if system in ("trioq", "runs", "runs-append", "runs-ring"):
+    if system in ("trioq", "runs", "runs-append", "runs-ring", *HOT):
         claim = queries(schema)["job_claim_plain"]
-        if system != "trioq":
+        if system in HOT:
+            claim = hot_table.claim_sql(schema, runs=system == "hot-runs")
+            completion = hot_table.complete_sql(schema, runs=system == "hot-runs")
+        elif system != "trioq":
             claim = runs_table.claim_sql(schema, lock_ring=system == "runs-ring")
             completion = runs_table.complete_sql(schema, append=system != "runs")
         reply = conn.execute(claim, claim_params(), prepare=True).fetchall()
@@ -199,7 +208,7 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
         sql = baseline.INSERT_SQL.format(schema=schema)
         for number, name in (("$1", "queue"), ("$2", "task"), ("$3", "payload_json")):
             sql = sql.replace(number, f"%({name})s")
-    elif system in ("trioq", "runs", "runs-append", "runs-ring"):
+    elif system in ("trioq", "runs", "runs-append", "runs-ring", *HOT):
         sql = queries(schema)["job_insert_one"]
     elif system in narrow_table.VARIANTS:
         sql = narrow_table.VARIANTS[system].insert_sql(schema)
@@ -261,6 +270,8 @@ def main() -> None:
                             runs_table.install(db.conn, schema)
                         if system in contract_floor.VARIANTS:
                             contract_floor.install(db.conn, schema)
+                        if system in HOT:
+                            hot_table.install(db.conn, schema)
                         us = replay(db, schema, system, args.jobs)
                     finally:
                         db.drop_schema(schema)
