@@ -249,13 +249,13 @@ async def test_a_dump_holding_the_slots_moves_the_ring_to_a_bank_the_claims_read
         assert len(claimed) == 2
         running = f"SELECT id FROM {pg_schema}.jobs WHERE state = 'running' ORDER BY id"
         assert [row[0] for row in sql_rows(pg_url, running)] == [before, after]
-        # The old bank's slots are pruned as the claim starts: no scan of them runs (the plan
-        # drops them, "Subplans Removed", or shows them never executed).
+        # The old bank's slots are pruned as the claim runs (the bank's low read once, by a
+        # sub-select): no scan of them runs, the plan shows each never executed.
         [plan] = [text for text in plans if "ready_ring_4" in text]
-        for slot in range(4):
-            for scan in plan.split(f"on ready_ring_{slot} ")[1:]:
-                assert "never executed" in scan.splitlines()[0], plan
-        assert "Subplans Removed" in plan, plan
+        old_scans = [scan for slot in range(4) for scan in plan.split(f"on ready_ring_{slot} ")[1:]]
+        assert old_scans, plan
+        for scan in old_scans:
+            assert "never executed" in scan.splitlines()[0], plan
         # An entry filed in the old bank late (an enqueue whose slot was chosen before the
         # move and written after it): found when the bank is dropped, after the dump.
         [late] = await enqueue(driver, new_job(3))

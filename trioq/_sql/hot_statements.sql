@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3044 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (3053 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -223,7 +223,7 @@ FOR UPDATE OF j SKIP LOCKED
 ) AS job
 WHERE r.queue = (SELECT $2::text)
 AND r.task = served.task
-AND r.slot >= "trioq".ready_ring_low()
+AND r.slot >= (SELECT "trioq".ready_ring_low())
 AND r.run_at <= "trioq".db_now()
 AND ((SELECT $4::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $4::text[])::text[]))
@@ -277,7 +277,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11674 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11683 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -494,7 +494,7 @@ FOR UPDATE OF j SKIP LOCKED
 ) AS job
 WHERE r.queue = (SELECT $1::text)
 AND r.task = served.task
-AND r.slot >= "trioq".ready_ring_low()
+AND r.slot >= (SELECT "trioq".ready_ring_low())
 AND r.run_at <= "trioq".db_now()
 AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
@@ -588,7 +588,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (14478 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (14487 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -833,7 +833,7 @@ FOR UPDATE OF j SKIP LOCKED
 ) AS job
 WHERE r.queue = (SELECT $1::text)
 AND r.task = served.task
-AND r.slot >= "trioq".ready_ring_low()
+AND r.slot >= (SELECT "trioq".ready_ring_low())
 AND r.run_at <= "trioq".db_now()
 AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))

@@ -373,8 +373,11 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         ) AS job
         WHERE r.queue = (SELECT %(queue)s::text)
           AND r.task = served.task
-          -- No bank the ring has left (migration 0041): pruned as the claim starts.
-          AND r.slot >= {schema}.ready_ring_low()
+          -- No bank the ring has left (migration 0041): pruned as the claim runs. Read once, by
+          -- a sub-select: compared with the call itself, the planner filtered every entry
+          -- scanned by it as well as pruning with it, one SQL-function execution per entry
+          -- (10 us of every claimed job in a drain).
+          AND r.slot >= (SELECT {schema}.ready_ring_low())
           AND r.run_at <= {schema}.db_now()
           AND ((SELECT %(task_versions)s::text[]) IS NULL
                OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))

@@ -681,8 +681,10 @@ CREATE FUNCTION trioq.job_lane(finished timestamp with time zone) RETURNS intege
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT CASE WHEN finished IS NULL THEN 0
-                ELSE pg_catalog.floor(pg_catalog.date_part('epoch', finished)
-                                      OPERATOR(pg_catalog./) 86400)::integer END
+                ELSE pg_catalog.floor(pg_catalog.date_part(
+                         'epoch', finished OPERATOR(pg_catalog.-)
+                                  '1970-01-01 00:00:00+00'::pg_catalog.timestamptz)
+                     OPERATOR(pg_catalog./) 86400)::integer END
 $$;
 
 CREATE FUNCTION trioq.job_receive(p_job_id bigint, p_attempt integer, p_lease_token uuid, p_position integer, p_topic text, p_timeout_seconds double precision, p_deadline timestamp with time zone, p_limit integer, p_value_keys text[], p_value_values jsonb[]) RETURNS TABLE(state text, messages jsonb, deadline timestamp with time zone)
@@ -1022,8 +1024,10 @@ $$;
 CREATE FUNCTION trioq.ready_slot(at timestamp with time zone) RETURNS smallint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT (pg_catalog.floor(pg_catalog.date_part('epoch', at) OPERATOR(pg_catalog./) 5)::bigint
-            OPERATOR(pg_catalog.%) 4)::smallint
+    SELECT (pg_catalog.floor(pg_catalog.date_part(
+                'epoch', at OPERATOR(pg_catalog.-)
+                         '1970-01-01 00:00:00+00'::pg_catalog.timestamptz)
+            OPERATOR(pg_catalog./) 5)::bigint OPERATOR(pg_catalog.%) 4)::smallint
 $$;
 
 CREATE FUNCTION trioq.ready_sweep() RETURNS TABLE(truncated integer, pending integer)
