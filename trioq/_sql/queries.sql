@@ -2616,10 +2616,10 @@ SET LOCAL jit = off;
 WITH RECURSIVE
 ready_unkeyed AS (
     (SELECT queue FROM {schema}.ready_ring
-     WHERE slot >= {schema}.ready_ring_low() ORDER BY queue LIMIT 1)
+     WHERE slot >= (SELECT {schema}.ready_ring_low()) ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT x.queue FROM {schema}.ready_ring x WHERE x.queue > r.queue
-              AND x.slot >= {schema}.ready_ring_low()
+              AND x.slot >= (SELECT {schema}.ready_ring_low())
             ORDER BY x.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
@@ -2684,7 +2684,7 @@ CROSS JOIN LATERAL (
           CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
                               WHERE j.id = r.id AND j.state = 'ready' LIMIT 1) AS job
           WHERE r.queue = q.queue
-            AND r.slot >= {schema}.ready_ring_low()
+            AND r.slot >= (SELECT {schema}.ready_ring_low())
           LIMIT %(cap)s) s
 ) unkeyed
 CROSS JOIN LATERAL (
@@ -2856,7 +2856,7 @@ WITH ids AS (
     (SELECT j.id FROM {schema}.jobs j
      WHERE j.id IN (SELECT r.id FROM {schema}.ready_ring r
                     WHERE (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
-                      AND r.slot >= {schema}.ready_ring_low())
+                      AND r.slot >= (SELECT {schema}.ready_ring_low()))
        AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters

@@ -948,7 +948,7 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
                                        WHERE j.id = r.id AND j.state = 'ready'
                                        LIMIT 1) AS job
                    WHERE r.queue = q.queue
-                     AND r.slot >= "trioq".ready_ring_low())
+                     AND r.slot >= (SELECT "trioq".ready_ring_low()))
            OR EXISTS (SELECT 1 FROM "trioq".jobs j
                       WHERE j.queue = q.queue AND j.state = 'ready'
                         AND j.partition_key IS NOT NULL)
@@ -1002,9 +1002,11 @@ END
 $$;
 
 CREATE FUNCTION trioq.ready_ring_low() RETURNS smallint
-    LANGUAGE sql STABLE PARALLEL SAFE
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
     AS $$
-    SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint)
+BEGIN
+    RETURN coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint);
+END
 $$;
 
 CREATE FUNCTION trioq.ready_ring_take(rows tid[], ids bigint[]) RETURNS bigint
