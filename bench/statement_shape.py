@@ -8,8 +8,10 @@ Two replays per system, each on a fresh schema, the systems rotated each repeat,
 session (durable cluster: every statement commits and waits for its WAL flush):
 - drain: claim 25 ready jobs, complete them, until the backlog is gone. `trioq` runs
   job_claim_plain and job_complete_plain (the one-worker drain's statements); `minimal` runs a
-  bare claim of the same rows on the same table (the scan, the lock, the same SET and
-  RETURNING, no probes, no pause check, no per-task unnest) and the same completion; `raw` runs
+  bare claim of the same rows on the same tables (the ready ring's scan in claim order, its
+  entries locked and deleted, the job's row updated with the same SET and RETURNING; no
+  probes, no pause check, no per-task unnest, no lock of the job's row before its update)
+  and the same completion; `raw` runs
   the raw loop's CLAIM_SQL and COMPLETE_SQL (bench/baseline.py) on raw_jobs.
 - enqueue: single inserts, one per statement. `trioq` runs job_insert_one (the client's single
   enqueue), `minimal` a bare INSERT into jobs of the same job with its notification, `raw`
@@ -75,16 +77,22 @@ HOT = ("hot", "hot-runs")
 BASES = ("trioq", "raw", "raw-del")
 
 MINIMAL_CLAIM = """
-UPDATE {schema}.jobs j
+WITH taken AS MATERIALIZED (
+    SELECT r.id, r.ctid AS ring_row FROM {schema}.ready_ring r
+    WHERE r.queue = 'default' AND r.task = 'noop' AND r.run_at <= now()
+    ORDER BY r.priority, r.run_at, r.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}.ready_ring x
+    WHERE x.ctid = ANY(ARRAY(SELECT ring_row FROM taken))
+      AND x.id = ANY(ARRAY(SELECT id FROM taken))
+)
+UPDATE {schema}.jobs_live j
 SET state = 'running', attempt = j.attempt + 1, executions = j.executions + 1,
     lease_token = gen_random_uuid(), traced = false,
     lease_expires_at = now() + interval '30 seconds', worker_id = %(worker_id)s, error = NULL,
     started_at = greatest(now(), j.run_at)
-WHERE j.id = ANY(ARRAY(
-    SELECT c.id FROM {schema}.jobs c
-    WHERE c.queue = 'default' AND c.task = 'noop' AND c.state = 'ready'
-      AND c.partition_key IS NULL AND c.concurrency_key IS NULL AND c.run_at <= now()
-    ORDER BY c.priority, c.run_at, c.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+WHERE j.id = ANY(ARRAY(SELECT id FROM taken)) AND j.state = 'ready'
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
           j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested, j.version,
           NULL::jsonb AS history, j.parent_id, j.concurrency_key
