@@ -8,7 +8,9 @@ jobs that finished two days ago, then one worker (25 slots) serves `probe` jobs 
 (bench/open_loop.py) in three phases: `clean` (`--clean` seconds), `prune` (until
 `client.purge(states=(every final state), older_than=1 hour)` returns: what `trioq purge` and the
 retention setting run) and `after` (`--after` seconds).
-`--floor`: the day partitions are detached before the run, and the prune phase only DROPs them
+`--checkpoints N`: each finished job also has N checkpoints (a workflow's steps), which the
+prune deletes row by row before it drops their jobs' day. `--floor`: the day partitions are
+detached before the run, and the prune phase only DROPs them
 (what deleting a day's files costs the other sessions' commits, whatever the purge does
 around it). Reported per phase: pickup p50/p95/max,
 completions over offered, the schema's dead tuples and size; and the prune's time. The storage
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--clean", type=float, default=30.0)
     parser.add_argument("--after", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--checkpoints", type=int, default=0)
     parser.add_argument("--floor", action="store_true")
     args = parser.parse_args()
     with open_database() as db:
@@ -53,6 +56,8 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     # Two days ago: a whole UTC day of them is past the purge's cutoff (docs/concepts.md,
     # "Storage": a day that ends after the cutoff is deleted row by row).
     fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema, days_ago=2)
+    if args.checkpoints:
+        add_checkpoints(db, schema, args.checkpoints)
     days = detach_days(db, schema) if args.floor else []
     # Opened here: the window times the drop, not a connection being opened.
     dropper = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) if days else None
@@ -82,6 +87,22 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
         ]
 
     return schema, phases
+
+
+def add_checkpoints(db: Database, schema: str, steps: int) -> None:
+    """`steps` step checkpoints for every job in `schema`, vacuumed and checkpointed (written
+    long before the prune, as a finished workflow's are)."""
+    checkpoints = sql.Identifier(schema, "checkpoints")
+    db.conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (job_id, position, kind, name, value, created_at)"
+            " SELECT j.id, p, 'step', 's' || p, 'null', j.created_at"
+            " FROM {} j, generate_series(0, %s - 1) AS p"
+        ).format(checkpoints, sql.Identifier(schema, "jobs")),
+        (steps,),
+    )
+    db.conn.execute(sql.SQL("VACUUM ANALYZE {}").format(checkpoints))
+    db.conn.execute("CHECKPOINT")
 
 
 def detach_days(db: Database, schema: str) -> list[sql.Identifier]:
