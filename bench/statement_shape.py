@@ -33,7 +33,9 @@ job's wide row is written once, at the enqueue, and never again. `runs-ring` is 
 whose claim locks the ready ring's entry instead of the job's row. `hot` and `hot-runs` are a
 PROTOTYPE of the job's row updated in place by heap-only updates (bench/hot_table.py): no
 index of jobs_live names a column the claim or the completion writes, and the finished row
-stays in its partition (`hot-runs`: with a narrow lease row for recovery).
+stays in its partition (`hot-runs`: with a narrow lease row for recovery). `discard` is
+trioq's claim with the completion of a task that keeps nothing (job_complete_discard), and
+`discard-bare` the same without the statement triggers that delete deleted jobs' satellite rows.
 `--days N` makes N day partitions of finished jobs in the past first (a retention of N days).
 Reported per system: the replaying backend's CPU per job (/proc/PID/schedstat) and its ratios
 to `trioq`'s, `raw`'s and `raw-del`'s in the same repeat (medians of the ratios). `--system`
@@ -69,10 +71,16 @@ SYSTEMS = (
     "runs-ring",
     "hot",
     "hot-runs",
+    "discard",
+    "discard-bare",
     *contract_floor.VARIANTS,
     *narrow_table.VARIANTS,
 )
 HOT = ("hot", "hot-runs")
+# trioq's claim with job_complete_discard (`keep=False`), and the same without the statement
+# triggers that delete what belongs to deleted jobs (`discard-bare`: what they cost).
+DISCARD = ("discard", "discard-bare")
+TRIOQ_CLAIM = ("trioq", "runs", "runs-append", "runs-ring", *HOT, *DISCARD)
 # Every ratio is to one of these, in the same repeat, so they always run.
 BASES = ("trioq", "raw", "raw-del")
 
@@ -161,9 +169,11 @@ def _round(system: str, conn: Conn, schema: str) -> int:
             )
         return len(rows)
     completion = None  # job_complete_plain
-    if system in ("trioq", "runs", "runs-append", "runs-ring", *HOT):
+    if system in TRIOQ_CLAIM:
         claim = queries(schema)["job_claim_plain"]
-        if system in HOT:
+        if system in DISCARD:
+            completion = queries(schema)["job_complete_discard"]
+        elif system in HOT:
             claim = hot_table.claim_sql(schema, runs=system == "hot-runs")
             completion = hot_table.complete_sql(schema, runs=system == "hot-runs")
         elif system != "trioq":
@@ -216,7 +226,7 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
         sql = baseline.INSERT_SQL.format(schema=schema)
         for number, name in (("$1", "queue"), ("$2", "task"), ("$3", "payload_json")):
             sql = sql.replace(number, f"%({name})s")
-    elif system in ("trioq", "runs", "runs-append", "runs-ring", *HOT):
+    elif system in TRIOQ_CLAIM:
         sql = queries(schema)["job_insert_one"]
     elif system in narrow_table.VARIANTS:
         sql = narrow_table.VARIANTS[system].insert_sql(schema)
@@ -280,6 +290,9 @@ def main() -> None:
                             contract_floor.install(db.conn, schema)
                         if system in HOT:
                             hot_table.install(db.conn, schema)
+                        if system == "discard-bare":
+                            for trigger in ("jobs_deleted", "jobs_keys_delete"):
+                                db.conn.execute(f"DROP TRIGGER {trigger} ON {schema}.jobs")
                         us = replay(db, schema, system, args.jobs)
                     finally:
                         db.drop_schema(schema)

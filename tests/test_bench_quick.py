@@ -74,11 +74,21 @@ def test_statement_shape_replays_each_system_on_the_drain_and_the_enqueue() -> N
     out = run_module("bench.statement_shape", "--jobs", "100", "--repeats", "1")
     medians = out.split("medians:")[1]
     systems = statement_shape.SYSTEMS
-    assert {"trioq", "raw", "raw-del", "floor", "runs-append", "nlate"} <= set(systems)
+    assert {"trioq", "raw", "raw-del", "floor", "runs-append", "nlate", "hot", "discard"} <= set(
+        systems
+    )
     for replay in ("drain", "enqueue"):
         for system in systems:
             assert f"{replay} {system:>11}:" in medians, out
     assert medians.count("x trioq") == medians.count("x raw-del") == 2 * len(systems)
+
+
+def test_satellite_lanes_replays_the_completion_with_and_without_the_move() -> None:
+    """`python -m bench.satellite_lanes`: a tiny drain of jobs with checkpoints, with and
+    without their move into the day's lane, and the ratio of the two."""
+    out = run_module("bench.satellite_lanes", "--jobs", "60", "--steps", "2", "--repeats", "1")
+    assert "repeat 1  kept:" in out and "repeat 1 moved:" in out
+    assert "moved / kept" in out
 
 
 def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
