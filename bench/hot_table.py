@@ -65,11 +65,12 @@ ORDER BY d.run_at LIMIT 1) AS due ON true
 ),
 """
 
-LEASED = """leased AS (
+# A CTE after `claimed`, before the statement's final SELECT.
+LEASED = """,
+leased AS (
 INSERT INTO "{schema}".hot_runs (job_id, lease_expires_at)
 SELECT id, "{schema}".db_now() + %(lease_seconds)s * interval '1 second' FROM claimed
-),
-"""
+)"""
 
 ENDED = """ended AS (
 DELETE FROM "{schema}".hot_runs r
@@ -89,11 +90,10 @@ def claim_sql(schema: str, runs: bool) -> str:
     start, end = plain.index("WITH probe AS"), plain.index("unkeyed AS MATERIALIZED (")
     sql = plain[:start] + PROBE.format(schema=schema) + plain[end:]
     if runs:  # a data-modifying CTE runs whether or not the reply reads it
-        tail = "\n)\nSELECT (SELECT blocked FROM probe)"
-        if sql.count(tail) != 1:
+        final = "\nSELECT (SELECT blocked FROM probe)"
+        if sql.count(final) != 1:
             raise RuntimeError("job_claim_plain changed: update bench/hot_table.py")
-        leased = LEASED.format(schema=schema).rstrip(",\n")
-        sql = sql.replace(tail, "\n),\n" + leased + tail.replace("\n)", "", 1))
+        sql = sql.replace(final, LEASED.format(schema=schema) + final)
     return sql
 
 

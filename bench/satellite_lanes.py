@@ -78,13 +78,10 @@ def drain(db: Database, schema: str, jobs: int, moved: bool) -> float:
             if not rows:
                 break
             leases = [(row[0], row[4], row[6]) for row in rows]
-            if moved:  # the move in the completion's transaction
-                with conn.transaction():
-                    complete(conn, schema, leases)
+            with conn.transaction():
+                complete(conn, schema, leases)
+                if moved:  # in the completion's transaction
                     conn.execute(move, {"ids": [lease[0] for lease in leases]}, prepare=True)
-            else:
-                with conn.transaction():
-                    complete(conn, schema, leases)
             done += len(rows)
         used = schedstat_ns(pid) - before
     if done != jobs:

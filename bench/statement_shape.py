@@ -76,11 +76,12 @@ SYSTEMS = (
     *contract_floor.VARIANTS,
     *narrow_table.VARIANTS,
 )
+RUNS = ("runs", "runs-append", "runs-ring")
 HOT = ("hot", "hot-runs")
 # trioq's claim with job_complete_discard (`keep=False`), and the same without the statement
 # triggers that delete what belongs to deleted jobs (`discard-bare`: what they cost).
 DISCARD = ("discard", "discard-bare")
-TRIOQ_CLAIM = ("trioq", "runs", "runs-append", "runs-ring", *HOT, *DISCARD)
+TRIOQ_CLAIM = ("trioq", *RUNS, *HOT, *DISCARD)
 # Every ratio is to one of these, in the same repeat, so they always run.
 BASES = ("trioq", "raw", "raw-del")
 
@@ -176,7 +177,7 @@ def _round(system: str, conn: Conn, schema: str) -> int:
         elif system in HOT:
             claim = hot_table.claim_sql(schema, runs=system == "hot-runs")
             completion = hot_table.complete_sql(schema, runs=system == "hot-runs")
-        elif system != "trioq":
+        elif system in RUNS:
             claim = runs_table.claim_sql(schema, lock_ring=system == "runs-ring")
             completion = runs_table.complete_sql(schema, append=system != "runs")
         reply = conn.execute(claim, claim_params(), prepare=True).fetchall()
@@ -284,7 +285,7 @@ def main() -> None:
                             )
                         if system in narrow_table.VARIANTS:
                             narrow_table.VARIANTS[system].install(db.conn, schema)
-                        if system in ("runs", "runs-append", "runs-ring"):
+                        if system in RUNS:
                             runs_table.install(db.conn, schema)
                         if system in contract_floor.VARIANTS:
                             contract_floor.install(db.conn, schema)
