@@ -1,7 +1,8 @@
 """How long `trioq migrate` makes enqueues (and a claim-shaped write) wait, on a large schema.
 
 Run once (not part of the test suite):
-`python -m bench.migrate_stall [--finished 1000000] [--unfinished 100000] [--from-version 31]`.
+`python -m bench.migrate_stall [--finished 1000000] [--unfinished 100000] [--from-version 31]
+[--checkpoints N]`.
 
 On the durable embedded cluster of `python -m bench`: a schema is migrated with this tree's
 migrations up to `--from-version` (those above it are what the measured `migrate` applies),
@@ -80,11 +81,7 @@ def fill(
     with psycopg.connect(conninfo, autocommit=True) as conn:
         # From migration 0038 on, finished jobs are filed by the day they finished on: that
         # day's partition is made first (job_history_add) and each row names it (`lane`).
-        lanes = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM information_schema.columns"
-            " WHERE table_schema = %s AND table_name = 'jobs' AND column_name = 'lane')",
-            (schema,),
-        ).fetchone() == (True,)
+        lanes = has_lanes(conn, schema)
         finished_at = f"now() - interval '{int(days_ago)} days' + n * interval '1 ms'"
         if lanes:
             conn.execute(
@@ -131,6 +128,17 @@ def fill(
     return time.monotonic() - started
 
 
+def has_lanes(conn: psycopg.Connection[Any], schema: str) -> bool:
+    """Whether `jobs` is partitioned by `lane` (migration 0038 on): a finished job names its
+    day's partition."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns"
+        " WHERE table_schema = %s AND table_name = 'jobs' AND column_name = 'lane')",
+        (schema,),
+    ).fetchone()
+    return row == (True,)
+
+
 class Loop:
     """Runs `statement` in a loop on its own connection until stopped; the longest call."""
 
@@ -174,6 +182,22 @@ def add_column_migration() -> None:
     pg_migrations.migrations = with_extra  # type: ignore[assignment]
 
 
+def add_checkpoints(conn: psycopg.Connection[Any], schema: str, steps: int) -> None:
+    """`steps` step checkpoints for every job in `schema`, vacuumed and checkpointed (written
+    long before a prune or a migration, as a finished workflow's are)."""
+    checkpoints = sql.Identifier(schema, "checkpoints")
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (job_id, position, kind, name, value, created_at)"
+            " SELECT j.id, p, 'step', 's' || p, 'null', j.created_at"
+            " FROM {} j, generate_series(0, %s - 1) AS p"
+        ).format(checkpoints, sql.Identifier(schema, "jobs")),
+        (steps,),
+    )
+    conn.execute(sql.SQL("VACUUM ANALYZE {}").format(checkpoints))
+    conn.execute("CHECKPOINT")
+
+
 def measure_stopped(conninfo: str, lock_timeout: float) -> dict[str, Any]:
     """A release that stops first (docs/operations.md, "Upgrading"): nothing runs beside
     `migrate`, and its time is the downtime."""
@@ -186,6 +210,10 @@ def measure(
     conninfo: str, reader_seconds: float = 0.0, lock_timeout: float = 0.5
 ) -> dict[str, Any]:
     schema = sql.Identifier(SCHEMA)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        lane = sql.SQL(", lane = {}.job_lane(now())" if has_lanes(conn, SCHEMA) else "").format(
+            schema
+        )
     enqueuer = Loop(conninfo, sql.SQL("SELECT {}.enqueue('noop', '{{}}')").format(schema))
     worker = Loop(
         conninfo,
@@ -196,9 +224,9 @@ def measure(
             " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '30 s',"
             " started_at = now() FROM one WHERE j.id = one.id RETURNING j.id)"
             " UPDATE {s}.jobs j SET state = 'completed', lease_token = NULL,"
-            " lease_expires_at = NULL, finished_at = now(), result = 'null'"
+            " lease_expires_at = NULL, finished_at = now(), result = 'null'{lane}"
             " FROM started WHERE j.id = started.id"
-        ).format(s=schema),
+        ).format(s=schema, lane=lane),
     )
     for loop in (enqueuer, worker):
         loop.thread.start()
@@ -258,6 +286,9 @@ def main() -> None:
         " the downtime",
     )
     parser.add_argument("--keyed", action="store_true", help="a tenth of the jobs with dedup keys")
+    parser.add_argument(
+        "--checkpoints", type=int, default=0, help="each job's step checkpoints (a workflow's)"
+    )
     args = parser.parse_args()
     if args.reader_seconds:
         add_column_migration()
@@ -265,6 +296,9 @@ def main() -> None:
         conninfo = db.conninfo(HARNESS_ROLE)
         migrate_to(conninfo, args.from_version)
         fill_seconds = fill(conninfo, args.finished, args.unfinished, keyed=args.keyed)
+        if args.checkpoints:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                add_checkpoints(conn, SCHEMA, args.checkpoints)
         result = {
             "finished": args.finished,
             "unfinished": args.unfinished,
@@ -274,6 +308,7 @@ def main() -> None:
             "lock_timeout": args.lock_timeout,
             "stopped": args.stopped,
             "keyed": args.keyed,
+            "checkpoints": args.checkpoints,
             **(
                 measure_stopped(conninfo, args.lock_timeout)
                 if args.stopped

@@ -8,11 +8,11 @@ jobs that finished two days ago, then one worker (25 slots) serves `probe` jobs 
 (bench/open_loop.py) in three phases: `clean` (`--clean` seconds), `prune` (until
 `client.purge(states=(every final state), older_than=1 hour)` returns: what `trioq purge` and the
 retention setting run) and `after` (`--after` seconds).
-`--checkpoints N`: each finished job also has N checkpoints (a workflow's steps), which the
-prune deletes row by row before it drops their jobs' day. `--floor`: the day partitions are
-detached before the run, and the prune phase only DROPs them
-(what deleting a day's files costs the other sessions' commits, whatever the purge does
-around it). Reported per phase: pickup p50/p95/max,
+`--checkpoints N`: each finished job also has N checkpoints (a workflow's steps), in the
+job id epoch that ended with their day, which the prune empties whole once no job of it is
+kept. `--floor`: the day partitions are detached before the run, and the prune phase only
+DROPs them (what deleting a day's files costs the other sessions' commits, whatever the purge
+does around it). Reported per phase: pickup p50/p95/max,
 completions over offered, the schema's dead tuples and size; and the prune's time. The storage
 target: the prune of 1,000,000 finished jobs under 1 s, pickup p95 during it <= 2x clean.
 """
@@ -29,7 +29,7 @@ import trio
 from psycopg import sql
 
 from bench.harness import HARNESS_ROLE, Database, open_database
-from bench.migrate_stall import fill
+from bench.migrate_stall import add_checkpoints, fill
 from bench.open_loop import Offer, Phase, PhasesOf, run_repeats
 
 RESULTS = Path(__file__).resolve().parent / "results_retention.json"
@@ -57,7 +57,8 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     # "Storage": a day that ends after the cutoff is deleted row by row).
     fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema, days_ago=2)
     if args.checkpoints:
-        add_checkpoints(db, schema, args.checkpoints)
+        add_checkpoints(db.conn, schema, args.checkpoints)
+    epochs_as_days_left_them(db, schema)
     days = detach_days(db, schema) if args.floor else []
     # Opened here: the window times the drop, not a connection being opened.
     dropper = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) if days else None
@@ -89,20 +90,23 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     return schema, phases
 
 
-def add_checkpoints(db: Database, schema: str, steps: int) -> None:
-    """`steps` step checkpoints for every job in `schema`, vacuumed and checkpointed (written
-    long before the prune, as a finished workflow's are)."""
-    checkpoints = sql.Identifier(schema, "checkpoints")
+def epochs_as_days_left_them(db: Database, schema: str) -> None:
+    """The job id epochs as two days of a leader's rotations leave them (a fresh schema's
+    epoch started now): the filled jobs' epoch ended two days ago and today's has started, so
+    the prune finds their checkpoints in an ended epoch (functions/satellite_epochs_rotate.sql)
+    and new jobs are filed apart from them."""
+    epochs = sql.Identifier(schema, "satellite_epochs")
     db.conn.execute(
-        sql.SQL(
-            "INSERT INTO {} (job_id, position, kind, name, value, created_at)"
-            " SELECT j.id, p, 'step', 's' || p, 'null', j.created_at"
-            " FROM {} j, generate_series(0, %s - 1) AS p"
-        ).format(checkpoints, sql.Identifier(schema, "jobs")),
-        (steps,),
+        sql.SQL("UPDATE {} SET started_at = started_at - interval '3 days'").format(epochs)
     )
-    db.conn.execute(sql.SQL("VACUUM ANALYZE {}").format(checkpoints))
-    db.conn.execute("CHECKPOINT")
+    db.conn.execute(
+        sql.SQL("SELECT {}()").format(sql.Identifier(schema, "satellite_epochs_rotate"))
+    )
+    db.conn.execute(
+        sql.SQL("UPDATE {} SET ended_at = ended_at - interval '2 days' WHERE epoch = 0").format(
+            epochs
+        )
+    )
 
 
 def detach_days(db: Database, schema: str) -> list[sql.Identifier]:

@@ -616,14 +616,8 @@ BEGIN
                 EXIT WHEN counted < 50000;
                 PERFORM pg_sleep(0.01);
             END LOOP;
-            EXECUTE format('DELETE FROM "trioq".checkpoints c USING "trioq".%I j '
-                           'WHERE c.job_id = j.id', part.relname);
-            EXECUTE format('DELETE FROM "trioq".attempts a USING "trioq".%I j '
-                           'WHERE a.job_id = j.id', part.relname);
             EXECUTE format('DELETE FROM "trioq".messages m USING "trioq".%I j '
                            'WHERE m.job_id = j.id', part.relname);
-            EXECUTE format('DELETE FROM "trioq".workflow_values v USING "trioq".%I j '
-                           'WHERE v.job_id = j.id', part.relname);
             EXECUTE format('DELETE FROM "trioq".partition_locks l USING "trioq".%I j '
                            'WHERE l.job_id = j.id', part.relname);
             EXECUTE format('DELETE FROM "trioq".job_keys k USING "trioq".%I j '
@@ -654,6 +648,9 @@ BEGIN
         DELETE FROM "trioq".jobs_unfiled WHERE finished_at < cutoff RETURNING 1
     )
     SELECT removed + count(*) INTO removed FROM gone;
+    IF NOT "trioq".satellite_epochs_rotate() THEN
+        due := least(due, now_at + interval '1 minute');
+    END IF;
     RETURN QUERY SELECT removed, due;
 END
 $_$;
@@ -1179,6 +1176,116 @@ CREATE FUNCTION trioq.result_channel(job_id bigint) RETURNS text
            (job_id OPERATOR(pg_catalog.&) 63::pg_catalog.int8)::pg_catalog.text
 $$;
 
+CREATE FUNCTION trioq.satellite_epochs_rotate() RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+DECLARE
+    now_at     timestamptz := "trioq".db_now();
+    day_start  timestamptz := to_timestamp("trioq".job_lane(now_at)::float8 * 86400);
+    width      constant bigint := 4294967296;
+    satellites constant text[] := ARRAY['checkpoints', 'attempts', 'workflow_values'];
+    this_epoch    record;
+    next_epoch  record;
+    epoch_row  record;
+    satellite  text;
+    part       text;
+    survivors  bigint[];
+    kept       bigint;
+    total      bigint;
+    parts_left integer;
+    complete   boolean := true;
+BEGIN
+    SELECT e.* INTO this_epoch FROM "trioq".satellite_epochs e
+    WHERE e.started_at IS NOT NULL ORDER BY e.epoch DESC LIMIT 1;
+    SELECT e.* INTO next_epoch FROM "trioq".satellite_epochs e WHERE e.epoch = this_epoch.epoch + 1;
+    -- A new epoch, into partitions an earlier call made: setval() is not undone by a rollback,
+    -- so the ids never run ahead of partitions this transaction could still take back.
+    IF next_epoch.epoch IS NOT NULL AND this_epoch.started_at < day_start THEN
+        UPDATE "trioq".satellite_epochs SET ended_at = now_at WHERE epoch = this_epoch.epoch;
+        UPDATE "trioq".satellite_epochs SET started_at = now_at WHERE epoch = next_epoch.epoch;
+        IF coalesce(pg_sequence_last_value('"trioq".jobs_id_seq'), 0) < next_epoch.low THEN
+            PERFORM setval('"trioq".jobs_id_seq', next_epoch.low, false);
+        END IF;
+        this_epoch := next_epoch;
+    END IF;
+    -- The next epoch's partitions, made a call ahead.
+    IF NOT EXISTS (SELECT 1 FROM "trioq".satellite_epochs e WHERE e.epoch = this_epoch.epoch + 1)
+    THEN
+        BEGIN
+            INSERT INTO "trioq".satellite_epochs (epoch, low, high)
+            VALUES (this_epoch.epoch + 1, this_epoch.high, this_epoch.high + width);
+            FOREACH satellite IN ARRAY satellites LOOP
+                EXECUTE format('CREATE TABLE "trioq".%I PARTITION OF "trioq".%I '
+                               'FOR VALUES FROM (%s) TO (%s) '
+                               'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
+                               satellite || '_e' || (this_epoch.epoch + 1), satellite,
+                               this_epoch.high, this_epoch.high + width);
+            END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            complete := false;
+        END;
+    END IF;
+    FOR epoch_row IN
+        SELECT e.* FROM "trioq".satellite_epochs e WHERE e.ended_at IS NOT NULL ORDER BY e.epoch
+    LOOP
+        BEGIN
+            parts_left := 0;
+            FOREACH satellite IN ARRAY satellites LOOP
+                part := satellite || '_e' || epoch_row.epoch;
+                IF to_regclass(format('"trioq".%I', part)) IS NOT NULL THEN
+                    EXECUTE format('LOCK TABLE "trioq".%I IN ACCESS EXCLUSIVE MODE', part);
+                    parts_left := parts_left + 1;
+                END IF;
+            END LOOP;
+            IF parts_left = 0 THEN
+                DELETE FROM "trioq".satellite_epochs WHERE epoch = epoch_row.epoch;
+                CONTINUE;
+            END IF;
+            -- Read once the partitions are locked (above); more than 10,000 kept is too many
+            -- to copy aside: a later call.
+            SELECT array_agg(j.id) INTO survivors FROM (
+                SELECT k.id FROM "trioq".jobs k
+                WHERE k.id >= coalesce(epoch_row.low, -9223372036854775808)
+                  AND k.id < epoch_row.high
+                LIMIT 10001) AS j;
+            CONTINUE WHEN cardinality(survivors) > 10000;
+            FOREACH satellite IN ARRAY satellites LOOP
+                part := satellite || '_e' || epoch_row.epoch;
+                CONTINUE WHEN to_regclass(format('"trioq".%I', part)) IS NULL;
+                IF survivors IS NULL AND epoch_row.ended_at < now_at - interval '1 day' THEN
+                    EXECUTE format('DROP TABLE "trioq".%I', part);
+                    CONTINUE;
+                END IF;
+                kept := 0;
+                IF survivors IS NOT NULL THEN
+                    EXECUTE format('SELECT count(*) FROM "trioq".%I WHERE job_id = ANY($1)', part)
+                        INTO kept USING survivors;
+                END IF;
+                EXECUTE format('SELECT count(*) FROM (SELECT FROM "trioq".%I LIMIT $1) AS r',
+                               part)
+                    INTO total USING 2 * kept + 1;
+                CONTINUE WHEN total <= 2 * kept OR kept > 50000;
+                IF kept = 0 THEN
+                    EXECUTE format('TRUNCATE "trioq".%I', part);
+                ELSE
+                    EXECUTE format('CREATE TEMPORARY TABLE trioq_satellites_kept ON COMMIT DROP '
+                                   'AS SELECT * FROM "trioq".%I WHERE job_id = ANY($1)', part)
+                        USING survivors;
+                    EXECUTE format('TRUNCATE "trioq".%I', part);
+                    EXECUTE format('INSERT INTO "trioq".%I SELECT * FROM trioq_satellites_kept',
+                                   part);
+                    DROP TABLE trioq_satellites_kept;
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            complete := false;
+        END;
+    END LOOP;
+    RETURN complete;
+END
+$_$;
+
 CREATE FUNCTION trioq.send(p_job_id bigint, p_topic text, p_payload jsonb DEFAULT 'null'::jsonb) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1258,7 +1365,40 @@ CREATE TABLE trioq.attempts (
     finished_at timestamp with time zone NOT NULL,
     CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['retried'::text, 'failed'::text, 'lost'::text, 'cancelled'::text])))
 )
+PARTITION BY RANGE (job_id);
+
+CREATE TABLE trioq.attempts_e0 (
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    outcome text NOT NULL,
+    error_type text,
+    error_message text,
+    traceback text,
+    trace_id text,
+    worker_id uuid,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    CONSTRAINT attempts_e0_bound CHECK ((job_id < '1099511627776'::bigint)),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['retried'::text, 'failed'::text, 'lost'::text, 'cancelled'::text])))
+)
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', vacuum_truncate=off, toast.vacuum_truncate=off);
+
+CREATE TABLE trioq.attempts_e1 (
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    outcome text NOT NULL,
+    error_type text,
+    error_message text,
+    traceback text,
+    trace_id text,
+    worker_id uuid,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['retried'::text, 'failed'::text, 'lost'::text, 'cancelled'::text])))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
 
 ALTER TABLE trioq.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME trioq.attempts_id_seq
@@ -1270,6 +1410,29 @@ ALTER TABLE trioq.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 );
 
 CREATE TABLE trioq.checkpoints (
+    job_id bigint NOT NULL,
+    "position" integer NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    value jsonb,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT checkpoints_position_check CHECK (("position" >= 0))
+)
+PARTITION BY RANGE (job_id);
+
+CREATE TABLE trioq.checkpoints_e0 (
+    job_id bigint NOT NULL,
+    "position" integer NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    value jsonb,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT checkpoints_e0_bound CHECK ((job_id < '1099511627776'::bigint)),
+    CONSTRAINT checkpoints_position_check CHECK (("position" >= 0))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
+
+CREATE TABLE trioq.checkpoints_e1 (
     job_id bigint NOT NULL,
     "position" integer NOT NULL,
     kind text NOT NULL,
@@ -1679,6 +1842,15 @@ CREATE TABLE trioq.ready_ring_state (
     CONSTRAINT ready_ring_state_one_check CHECK (one)
 );
 
+CREATE TABLE trioq.satellite_epochs (
+    epoch integer NOT NULL,
+    low bigint,
+    high bigint NOT NULL,
+    started_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    CONSTRAINT satellite_epochs_epoch_check CHECK ((epoch >= 0))
+);
+
 CREATE TABLE trioq.schedules (
     name text NOT NULL,
     task text NOT NULL,
@@ -1735,7 +1907,34 @@ CREATE TABLE trioq.workflow_values (
     value jsonb NOT NULL,
     updated_at timestamp with time zone NOT NULL,
     CONSTRAINT workflow_values_key_check CHECK (((length(key) >= 1) AND (length(key) <= 512)))
+)
+PARTITION BY RANGE (job_id);
+
+CREATE TABLE trioq.workflow_values_e0 (
+    job_id bigint NOT NULL,
+    key text NOT NULL,
+    value jsonb NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT workflow_values_e0_bound CHECK ((job_id < '1099511627776'::bigint)),
+    CONSTRAINT workflow_values_key_check CHECK (((length(key) >= 1) AND (length(key) <= 512)))
 );
+
+CREATE TABLE trioq.workflow_values_e1 (
+    job_id bigint NOT NULL,
+    key text NOT NULL,
+    value jsonb NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT workflow_values_key_check CHECK (((length(key) >= 1) AND (length(key) <= 512)))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
+
+ALTER TABLE ONLY trioq.attempts ATTACH PARTITION trioq.attempts_e0 FOR VALUES FROM (MINVALUE) TO ('1099511627776');
+
+ALTER TABLE ONLY trioq.attempts ATTACH PARTITION trioq.attempts_e1 FOR VALUES FROM ('1099511627776') TO ('1103806595072');
+
+ALTER TABLE ONLY trioq.checkpoints ATTACH PARTITION trioq.checkpoints_e0 FOR VALUES FROM (MINVALUE) TO ('1099511627776');
+
+ALTER TABLE ONLY trioq.checkpoints ATTACH PARTITION trioq.checkpoints_e1 FOR VALUES FROM ('1099511627776') TO ('1103806595072');
 
 ALTER TABLE ONLY trioq.jobs ATTACH PARTITION trioq.jobs_live FOR VALUES IN (0);
 
@@ -1749,11 +1948,27 @@ ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_2 FOR VALUES
 
 ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_3 FOR VALUES IN ('3');
 
+ALTER TABLE ONLY trioq.workflow_values ATTACH PARTITION trioq.workflow_values_e0 FOR VALUES FROM (MINVALUE) TO ('1099511627776');
+
+ALTER TABLE ONLY trioq.workflow_values ATTACH PARTITION trioq.workflow_values_e1 FOR VALUES FROM ('1099511627776') TO ('1103806595072');
+
 ALTER TABLE ONLY trioq.attempts
-    ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (job_id, id);
+
+ALTER TABLE ONLY trioq.attempts_e0
+    ADD CONSTRAINT attempts_e0_pkey PRIMARY KEY (job_id, id);
+
+ALTER TABLE ONLY trioq.attempts_e1
+    ADD CONSTRAINT attempts_e1_pkey PRIMARY KEY (job_id, id);
 
 ALTER TABLE ONLY trioq.checkpoints
     ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (job_id, "position");
+
+ALTER TABLE ONLY trioq.checkpoints_e0
+    ADD CONSTRAINT checkpoints_e0_pkey PRIMARY KEY (job_id, "position");
+
+ALTER TABLE ONLY trioq.checkpoints_e1
+    ADD CONSTRAINT checkpoints_e1_pkey PRIMARY KEY (job_id, "position");
 
 ALTER TABLE ONLY trioq.concurrency_holds
     ADD CONSTRAINT concurrency_holds_pkey PRIMARY KEY (concurrency_key, slot);
@@ -1800,6 +2015,9 @@ ALTER TABLE ONLY trioq.queue_pauses
 ALTER TABLE ONLY trioq.ready_ring_state
     ADD CONSTRAINT ready_ring_state_pkey PRIMARY KEY (one);
 
+ALTER TABLE ONLY trioq.satellite_epochs
+    ADD CONSTRAINT satellite_epochs_pkey PRIMARY KEY (epoch);
+
 ALTER TABLE ONLY trioq.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 
@@ -1812,7 +2030,17 @@ ALTER TABLE ONLY trioq.workers
 ALTER TABLE ONLY trioq.workflow_values
     ADD CONSTRAINT workflow_values_pkey PRIMARY KEY (job_id, key);
 
-CREATE INDEX attempts_job_idx ON trioq.attempts USING btree (job_id, attempt);
+ALTER TABLE ONLY trioq.workflow_values_e0
+    ADD CONSTRAINT workflow_values_e0_pkey PRIMARY KEY (job_id, key);
+
+ALTER TABLE ONLY trioq.workflow_values_e1
+    ADD CONSTRAINT workflow_values_e1_pkey PRIMARY KEY (job_id, key);
+
+CREATE INDEX attempts_job_idx ON ONLY trioq.attempts USING btree (job_id, attempt);
+
+CREATE INDEX attempts_e0_job_idx ON trioq.attempts_e0 USING btree (job_id, attempt);
+
+CREATE INDEX attempts_e1_job_id_attempt_idx ON trioq.attempts_e1 USING btree (job_id, attempt);
 
 CREATE INDEX events_age_idx ON trioq.events USING btree (COALESCE(emitted_at, created_at));
 
@@ -1854,6 +2082,18 @@ CREATE INDEX ready_ring_3_queue_task_priority_run_at_id_idx ON trioq.ready_ring_
 
 CREATE INDEX schedules_next_fire_idx ON trioq.schedules USING btree (next_fire_at NULLS FIRST);
 
+ALTER INDEX trioq.attempts_job_idx ATTACH PARTITION trioq.attempts_e0_job_idx;
+
+ALTER INDEX trioq.attempts_pkey ATTACH PARTITION trioq.attempts_e0_pkey;
+
+ALTER INDEX trioq.attempts_job_idx ATTACH PARTITION trioq.attempts_e1_job_id_attempt_idx;
+
+ALTER INDEX trioq.attempts_pkey ATTACH PARTITION trioq.attempts_e1_pkey;
+
+ALTER INDEX trioq.checkpoints_pkey ATTACH PARTITION trioq.checkpoints_e0_pkey;
+
+ALTER INDEX trioq.checkpoints_pkey ATTACH PARTITION trioq.checkpoints_e1_pkey;
+
 ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_0_queue_task_priority_run_at_id_idx;
 
 ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_1_queue_task_priority_run_at_id_idx;
@@ -1861,6 +2101,10 @@ ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_1_queue
 ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_2_queue_task_priority_run_at_id_idx;
 
 ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_3_queue_task_priority_run_at_id_idx;
+
+ALTER INDEX trioq.workflow_values_pkey ATTACH PARTITION trioq.workflow_values_e0_pkey;
+
+ALTER INDEX trioq.workflow_values_pkey ATTACH PARTITION trioq.workflow_values_e1_pkey;
 
 CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, state FROM trioq.jobs_live;
 

@@ -1,8 +1,10 @@
 -- The day partitions of finished jobs (migration 0038): creates today's and the next three
 -- days' (job_history_add(): so a completion always finds its day's partition, even if no
--- leader runs for three days), and with a `retention`, removes every day that ended more than `retention` ago whole:
--- what belongs to its jobs (checkpoints, attempts, messages, values, partition locks, held
--- dedup keys) is deleted, then the partition is detached; job_history_drop() drops it in a
+-- leader runs for three days), and with a `retention`, removes every day that ended more than
+-- `retention` ago whole: what belongs to its jobs and is left over only now and then (messages
+-- never received: a received one becomes a checkpoint; partition locks; held dedup keys) is
+-- deleted, then the partition is detached; checkpoints, attempts and workflow values go whole
+-- with their epoch (satellite_epochs_rotate(), called last). job_history_drop() drops it in a
 -- transaction of its own, sent right after (the detach's lock on `jobs` lasts until this
 -- transaction ends: 2 ms without the drop, 66-84 ms with it). No DELETE of a job row,
 -- so no dead tuples and no vacuum debt: 1,000,000 finished jobs go in well under a second
@@ -96,14 +98,8 @@ BEGIN
                 EXIT WHEN counted < 50000;
                 PERFORM pg_sleep(0.01);
             END LOOP;
-            EXECUTE format('DELETE FROM {schema}.checkpoints c USING {schema}.%I j '
-                           'WHERE c.job_id = j.id', part.relname);
-            EXECUTE format('DELETE FROM {schema}.attempts a USING {schema}.%I j '
-                           'WHERE a.job_id = j.id', part.relname);
             EXECUTE format('DELETE FROM {schema}.messages m USING {schema}.%I j '
                            'WHERE m.job_id = j.id', part.relname);
-            EXECUTE format('DELETE FROM {schema}.workflow_values v USING {schema}.%I j '
-                           'WHERE v.job_id = j.id', part.relname);
             EXECUTE format('DELETE FROM {schema}.partition_locks l USING {schema}.%I j '
                            'WHERE l.job_id = j.id', part.relname);
             EXECUTE format('DELETE FROM {schema}.job_keys k USING {schema}.%I j '
@@ -134,6 +130,9 @@ BEGIN
         DELETE FROM {schema}.jobs_unfiled WHERE finished_at < cutoff RETURNING 1
     )
     SELECT removed + count(*) INTO removed FROM gone;
+    IF NOT {schema}.satellite_epochs_rotate() THEN
+        due := least(due, now_at + interval '1 minute');
+    END IF;
     RETURN QUERY SELECT removed, due;
 END
 $$;

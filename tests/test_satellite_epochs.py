@@ -1,0 +1,143 @@
+"""Checkpoints, attempts and workflow values by their job's id (migration 0043): a new epoch of
+ids each UTC day, and retention empties an epoch's partitions whole (TRUNCATE, then DROP), never
+a DELETE a row, while the rows of a job still kept stay readable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.support import partitions_of, sql_rows, sql_scalar
+from trioq._core.retention import seconds_to_day_end
+from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.services import MaintenancePass
+from trioq.testing import SqlClock
+from trioq.testing.conformance.harness import claim, complete, enqueue, fail, new_job, record
+
+RETENTION = 3600.0
+DAY = 86_400.0
+EPOCH_1 = 2**40  # migration 0043: epoch 0 is every id below it
+
+
+@pytest.fixture
+async def driver(pg_url: str, pg_schema: str) -> AsyncIterator[PgDriver]:
+    async with open_pg_driver(pg_url, pg_schema, pool_size=4) as opened:
+        await opened.migrate()
+        yield opened
+
+
+def checkpoint_add(pg_url: str, schema: str, job_id: int, positions: int) -> None:
+    for position in range(positions):
+        sql_rows(
+            pg_url,
+            f"INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)"
+            " VALUES (%s, %s, 'step', 'a step', '1', now()) RETURNING job_id",
+            (job_id, position),
+        )
+
+
+def satellite_parts(pg_url: str, schema: str) -> dict[str, list[str]]:
+    return {
+        table: sorted(partitions_of(pg_url, f"{schema}.{table}"))
+        for table in ("checkpoints", "attempts", "workflow_values")
+    }
+
+
+def deleted_rows(pg_url: str, schema: str) -> int:
+    """Rows ever deleted one by one from any satellite partition (a TRUNCATE counts none)."""
+    return int(
+        sql_scalar(
+            pg_url,
+            "SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables"
+            " WHERE schemaname = %s AND relname ~ '^(checkpoints|attempts|workflow_values)_e'",
+            (schema,),
+        )
+    )
+
+
+async def flush_stats(pg_url: str) -> None:
+    sql_rows(pg_url, "SELECT pg_stat_force_next_flush() IS NULL")
+
+
+async def test_retention_empties_an_epoch_whole_and_keeps_the_rows_of_a_job_still_kept(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    # Day one (epoch 0): three jobs that fail with two checkpoints each, and one that fails
+    # once and is retried days later (kept, with its attempt and checkpoints).
+    doomed = await enqueue(driver, *[new_job(n, max_attempts=1) for n in range(3)])
+    [kept_id] = await enqueue(driver, new_job(9, max_attempts=2))
+    assert max([*doomed, kept_id]) < EPOCH_1
+    claimed = await claim(driver, limit=10)
+    for job in claimed:
+        checkpoint_add(pg_url, pg_schema, job.id, 2)
+        await fail(driver, job.lease, retry_delay=3 * DAY if job.id == kept_id else None)
+    finished_at = (await record(driver, doomed[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert satellite_parts(pg_url, pg_schema)["checkpoints"] == ["checkpoints_e0", "checkpoints_e1"]
+
+    # The next day, past retention: epoch 1 starts (the ids jump to it), the failed jobs' day
+    # goes, and epoch 0 keeps only the retried job's rows.
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 3
+    [new_id] = await enqueue(driver, new_job(20))
+    assert new_id >= EPOCH_1
+    assert satellite_parts(pg_url, pg_schema)["checkpoints"] == [
+        "checkpoints_e0",
+        "checkpoints_e1",
+        "checkpoints_e2",
+    ]
+    rows = sql_rows(pg_url, f"SELECT job_id, count(*) FROM {pg_schema}.checkpoints GROUP BY 1")
+    assert rows == [(kept_id, 2)]
+    assert [a.outcome for a in await driver.job_attempts(kept_id)] == ["retried"]
+    for job_id in doomed:
+        assert await driver.job_attempts(job_id) == []
+    await flush_stats(pg_url)
+    assert deleted_rows(pg_url, pg_schema) == 0
+
+    # The retried job finishes; once its day has gone too, epoch 0 is empty, and a day after
+    # it ended its partitions are dropped.
+    await clock.advance(3 * DAY)
+    claimed = await claim(driver, limit=10)
+    assert sorted(job.id for job in claimed) == [kept_id, new_id]
+    await complete(driver, *[job.lease for job in claimed])
+    kept_finished = (await record(driver, kept_id)).finished_at
+    assert kept_finished is not None
+    await clock.advance(seconds_to_day_end(kept_finished) + RETENTION + 1)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    parts = satellite_parts(pg_url, pg_schema)
+    assert "checkpoints_e0" not in parts["checkpoints"]
+    assert "attempts_e0" not in parts["attempts"]
+    assert "workflow_values_e0" not in parts["workflow_values"]
+    assert await driver.job_attempts(kept_id) == []
+    await flush_stats(pg_url)
+    assert deleted_rows(pg_url, pg_schema) == 0
+
+
+async def test_an_id_taken_before_its_epoch_ended_still_files_its_rows_for_a_day(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """A producer that took a job id (nextval) before the day's jump and inserts the job after
+    the epoch was emptied: the partition is still there to take the job's rows, and it is
+    dropped only once a day has passed and no job of it is kept."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    early_id = int(sql_scalar(pg_url, f"SELECT nextval('{pg_schema}.jobs_id_seq')"))
+    assert early_id < EPOCH_1
+    await clock.advance(DAY)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    ended = sql_rows(
+        pg_url, f"SELECT epoch FROM {pg_schema}.satellite_epochs WHERE ended_at IS NOT NULL"
+    )
+    assert ended == [(0,)]
+    checkpoint_add(pg_url, pg_schema, early_id, 1)
+    assert "checkpoints_e0" in satellite_parts(pg_url, pg_schema)["checkpoints"]
+    # Two days on, with no job of epoch 0 kept, it goes.
+    await clock.advance(2 * DAY)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert "checkpoints_e0" not in satellite_parts(pg_url, pg_schema)["checkpoints"]
