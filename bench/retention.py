@@ -45,9 +45,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--checkpoints", type=int, default=0)
     parser.add_argument("--floor", action="store_true")
+    parser.add_argument("--results", default=str(RESULTS), help="where the JSON goes")
     args = parser.parse_args()
     with open_database() as db:
-        run_repeats(db, args, NAMES, RESULTS, lambda db: prepare(db, args))
+        run_repeats(db, args, NAMES, Path(args.results), lambda db: prepare(db, args))
 
 
 def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:

@@ -91,6 +91,24 @@ def test_satellite_lanes_replays_the_completion_with_and_without_the_move() -> N
     assert "moved / kept" in out
 
 
+def test_retention_prunes_workflow_jobs_whole_while_a_worker_serves(tmp_path: Path) -> None:
+    """`python -m bench.retention --checkpoints N`: finished jobs with checkpoints in an
+    ended id epoch, pruned by a purge while a worker serves an offered load: every job goes,
+    and their checkpoints with them, without a dead tuple (TRUNCATE, not DELETE)."""
+    results = tmp_path / "retention.json"
+    run_module(
+        "bench.retention",
+        *("--finished", "3000", "--checkpoints", "2", "--clean", "1", "--after", "1"),
+        *("--rate", "200", "--results", str(results)),
+    )
+    [run] = json.loads(results.read_text())["runs"]
+    assert run["pruned"] == 3000
+    clean, prune = run["clean"], run["prune"]
+    # The prune adds at most the offered load's own dead tuples (200 jobs/s), never the
+    # 6,000 checkpoints'.
+    assert prune["dead_tuples"] - clean["dead_tuples"] < 2000
+
+
 def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
     """`python -m bench.runtime_cpu`: the stub-driver drain of this checkout, one tiny repeat
     with a slow flush (the completer's backlog fills): every job takes at least one task step
