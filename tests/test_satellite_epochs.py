@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import psycopg
 import pytest
 
 from tests.support import partitions_of, sql_rows, sql_scalar
@@ -141,3 +142,37 @@ async def test_an_id_taken_before_its_epoch_ended_still_files_its_rows_for_a_day
     await clock.advance(2 * DAY)
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
     assert "checkpoints_e0" not in satellite_parts(pg_url, pg_schema)["checkpoints"]
+
+
+async def test_a_reader_holding_an_epoch_postpones_its_emptying_by_a_minute(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """A `pg_dump` holds ACCESS SHARE on every table it dumps: the rotation's lock on an ended
+    epoch's partition is then not granted within its 50 ms, the pass goes on, the day's jobs
+    are still pruned, and the epoch is emptied by a call a minute later, once the reader has
+    gone."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    doomed = await enqueue(driver, *[new_job(n) for n in range(3)])
+    claimed = await claim(driver, limit=10)
+    for job in claimed:
+        checkpoint_add(pg_url, pg_schema, job.id, 2)
+    await complete(driver, *[job.lease for job in claimed])
+    finished_at = (await record(driver, doomed[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    with psycopg.connect(pg_url) as reader:
+        reader.execute(f"LOCK TABLE {pg_schema}.checkpoints_e0 IN ACCESS SHARE MODE")
+        report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+        assert report.pruned_jobs == 3
+        reader.rollback()
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e0") == 6
+    # Not before the minute is up: the rotation is not due.
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e0") == 6
+    await clock.advance(61)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e0") == 0
+    await flush_stats(pg_url)
+    assert deleted_rows(pg_url, pg_schema) == 0
