@@ -6,17 +6,22 @@
 -- per-row check was also a fifth of a checkpoint write. Every writer of them updates the job
 -- row fenced first, so the job exists and stays locked until the write commits; a DELETE of
 -- the job waits for that lock and this DELETE then sees the committed rows. A whole day
--- dropped by job_history_rotate() deletes them there. A move between partitions fires no
--- DELETE statement trigger.
+-- dropped by job_history_rotate() goes without them (they go with their id's epoch:
+-- satellite_epochs_rotate()). A move between partitions fires no DELETE statement trigger.
+-- Checkpoints are looked for only for jobs whose checkpoint_count says they have some (the
+-- claim trusts it the same way to load a history), and partition locks only for jobs with a
+-- partition key: a `keep=False` drain of plain jobs then plans and probes neither.
 CREATE OR REPLACE FUNCTION {schema}.checkpoints_delete_of_jobs() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    DELETE FROM {schema}.checkpoints c USING deleted_jobs d WHERE c.job_id = d.id;
+    DELETE FROM {schema}.checkpoints c USING deleted_jobs d
+    WHERE d.checkpoint_count > 0 AND c.job_id = d.id;
     DELETE FROM {schema}.attempts a USING deleted_jobs d WHERE a.job_id = d.id;
     DELETE FROM {schema}.messages m USING deleted_jobs d WHERE m.job_id = d.id;
     DELETE FROM {schema}.workflow_values v USING deleted_jobs d WHERE v.job_id = d.id;
-    DELETE FROM {schema}.partition_locks l USING deleted_jobs d WHERE l.job_id = d.id;
+    DELETE FROM {schema}.partition_locks l USING deleted_jobs d
+    WHERE d.partition_key IS NOT NULL AND l.job_id = d.id;
     RETURN NULL;
 END
 $$;
