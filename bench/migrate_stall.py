@@ -54,8 +54,12 @@ def migrate_to(conninfo: str, version: int) -> None:
         for migration in migrations(SCHEMA):
             if migration.version > version:
                 break
+            if not migration.transactional:  # statement by statement, outside a transaction
+                for statement in migration.statements():
+                    conn.execute(statement)  # type: ignore[arg-type]
             with conn.transaction():
-                conn.execute(migration.sql)  # type: ignore[arg-type]
+                if migration.transactional:
+                    conn.execute(migration.sql)  # type: ignore[arg-type]
                 conn.execute(
                     sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(
                         sql.Identifier(SCHEMA)

@@ -14,7 +14,7 @@ from psycopg import sql
 
 import trioq
 from trioq._pg import Connection
-from trioq._sql import functions, queries
+from trioq._sql import Migration, functions, queries
 
 
 def apply_functions(conn: psycopg.Connection[Any], schema: str) -> None:
@@ -25,6 +25,16 @@ def apply_functions(conn: psycopg.Connection[Any], schema: str) -> None:
         conn.execute(statements["migration_functions_unchecked"])
         for function in functions(schema):
             conn.execute(function.sql)  # type: ignore[arg-type]
+
+
+def apply_migration(conn: psycopg.Connection[Any], migration: Migration) -> None:
+    """One migration's SQL on an autocommit connection, as `migrate` runs it: a transactional
+    one whole, a no-transaction one (`-- trioq: no-transaction`) statement by statement."""
+    if migration.transactional:
+        conn.execute(migration.sql)  # type: ignore[arg-type]
+        return
+    for statement in migration.statements():
+        conn.execute(statement)  # type: ignore[arg-type]
 
 
 def make_app(pg_url: str, pg_schema: str, **kwargs: Any) -> trioq.App:

@@ -28,6 +28,7 @@ from .replies import (
     FunctionDigest,
     FunctionDigestKept,
     MigrationApplied,
+    MigrationSessionTimeouts,
 )
 from .statements import PgStatements
 
@@ -165,30 +166,50 @@ class PgMigrations(PgStatements):
     async def _run_no_transaction(
         self, conn: Connection, migration: Migration, lock_timeout: float
     ) -> None:
-        """Each statement on its own (autocommit), under the session's default timeouts and
-        `lock_timeout`; then the record, which another migrate may have written meanwhile."""
-        [saved] = await conn.fetch(self._sql["migration_session_timeouts_save"])
-        await conn.execute(
-            self._sql["migration_session_timeouts_default"],
-            {"milliseconds": str(int(lock_timeout * 1000))},
-        )
-        try:
-            for statement in migration.statements():
-                await conn.execute(statement)
-        finally:
-            await conn.execute(
-                self._sql["migration_session_timeouts_restore"],
-                {
-                    "statement_timeout": saved[0],
-                    "lock_timeout": saved[1],
-                    "idle_timeout": saved[2],
-                },
-            )
+        """Each statement on its own: in a transaction of its own, under the session's default
+        timeouts and `lock_timeout` set locally; one PostgreSQL refuses in a transaction block
+        (`CREATE INDEX CONCURRENTLY`) in autocommit instead. Then the record, which another
+        migrate may have written meanwhile."""
+        milliseconds = str(int(lock_timeout * 1000))
+        for statement in migration.statements():
+            try:
+                async with conn.transaction(trioq_timeouts=False):
+                    await conn.execute(
+                        self._sql["migration_lock_timeout"], {"milliseconds": milliseconds}
+                    )
+                    await conn.execute(statement)
+            except psycopg.errors.ActiveSqlTransaction:
+                await self._run_bare(conn, statement, milliseconds)
         async with conn.transaction(trioq_timeouts=False):
             await conn.execute(self._sql["migration_lock"], {"schema_name": self.schema})
             applied_rows = await conn.fetch(self._sql["migration_applied"])
             if migration.version not in {row[MigrationApplied.version] for row in applied_rows}:
                 await self._record_migration(conn, migration)
+
+    async def _run_bare(self, conn: Connection, statement: str, milliseconds: str) -> None:
+        """A statement that runs only outside a transaction block, in autocommit. On a session
+        of trioq's own its timeouts are set for the session around it (trioq's 30 s statement
+        timeout would end an index build on a big table) and restored after; behind a
+        transaction pooler nothing is set: a SET there would stay with the server connection
+        for its next client, and the pooler's sessions carry none of trioq's timeouts anyway."""
+        [saved] = await conn.fetch(self._sql["migration_session_timeouts_save"])
+        if not saved[MigrationSessionTimeouts.own]:
+            await conn.execute(statement)
+            return
+        await conn.execute(
+            self._sql["migration_session_timeouts_default"], {"milliseconds": milliseconds}
+        )
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.execute(
+                self._sql["migration_session_timeouts_restore"],
+                {
+                    "statement_timeout": saved[MigrationSessionTimeouts.statement_timeout],
+                    "lock_timeout": saved[MigrationSessionTimeouts.lock_timeout],
+                    "idle_timeout": saved[MigrationSessionTimeouts.idle_timeout],
+                },
+            )
 
     async def _functions_changed(self, conn: Connection, digest: str) -> bool:
         """Whether the functions' bodies differ from what the last migrate applied."""

@@ -241,6 +241,13 @@ class MigrationApplied(Reply, statements=("migration_applied",)):
     version: ClassVar[int]
 
 
+class MigrationSessionTimeouts(Reply, statements=("migration_session_timeouts_save",)):
+    statement_timeout: ClassVar[int]
+    lock_timeout: ClassVar[int]
+    idle_timeout: ClassVar[int]
+    own: ClassVar[int]
+
+
 class FunctionDigestKept(Reply, statements=("migration_function_digest_kept",)):
     kept: ClassVar[int]
 

@@ -73,9 +73,14 @@ INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 SELECT set_config('lock_timeout', %(milliseconds)s, true);
 
 -- name: migration_session_timeouts_save
+-- `own`: trioq set its timeouts for this session (startup options or SET: a direct
+-- connection), so the session is trioq's alone; behind a transaction pooler they are SET LOCAL
+-- per transaction and the session shows the server's.
 SELECT current_setting('statement_timeout') AS statement_timeout,
        current_setting('lock_timeout') AS lock_timeout,
-       current_setting('idle_in_transaction_session_timeout') AS idle_timeout;
+       current_setting('idle_in_transaction_session_timeout') AS idle_timeout,
+       (SELECT source IN ('client', 'session') FROM pg_settings
+        WHERE name = 'statement_timeout') AS own;
 
 -- name: migration_session_timeouts_default
 -- A no-transaction migration's statements (an index built CONCURRENTLY on a big table) run in
