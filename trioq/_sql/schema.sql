@@ -50,13 +50,17 @@ CREATE FUNCTION trioq.checkpoints_delete_of_jobs() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    DELETE FROM "trioq".checkpoints c USING deleted_jobs d
-    WHERE d.checkpoint_count > 0 AND c.job_id = d.id;
+    IF EXISTS (SELECT 1 FROM deleted_jobs d WHERE d.checkpoint_count > 0) THEN
+        DELETE FROM "trioq".checkpoints c USING deleted_jobs d
+        WHERE d.checkpoint_count > 0 AND c.job_id = d.id;
+    END IF;
     DELETE FROM "trioq".attempts a USING deleted_jobs d WHERE a.job_id = d.id;
     DELETE FROM "trioq".messages m USING deleted_jobs d WHERE m.job_id = d.id;
     DELETE FROM "trioq".workflow_values v USING deleted_jobs d WHERE v.job_id = d.id;
-    DELETE FROM "trioq".partition_locks l USING deleted_jobs d
-    WHERE d.partition_key IS NOT NULL AND l.job_id = d.id;
+    IF EXISTS (SELECT 1 FROM deleted_jobs d WHERE d.partition_key IS NOT NULL) THEN
+        DELETE FROM "trioq".partition_locks l USING deleted_jobs d
+        WHERE d.partition_key IS NOT NULL AND l.job_id = d.id;
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -10,18 +10,24 @@
 -- satellite_epochs_rotate()). A move between partitions fires no DELETE statement trigger.
 -- Checkpoints are looked for only for jobs whose checkpoint_count says they have some (the
 -- claim trusts it the same way to load a history), and partition locks only for jobs with a
--- partition key: a `keep=False` drain of plain jobs then plans and probes neither.
+-- partition key: a `keep=False` drain of plain jobs then runs neither DELETE (each starts
+-- up a plan over every epoch's partition). Replayed `keep=False` drain: 0.96x the backend CPU
+-- (three alternating runs, inside their spread; bench/RESULTS.md, "Satellites by epoch").
 CREATE OR REPLACE FUNCTION {schema}.checkpoints_delete_of_jobs() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    DELETE FROM {schema}.checkpoints c USING deleted_jobs d
-    WHERE d.checkpoint_count > 0 AND c.job_id = d.id;
+    IF EXISTS (SELECT 1 FROM deleted_jobs d WHERE d.checkpoint_count > 0) THEN
+        DELETE FROM {schema}.checkpoints c USING deleted_jobs d
+        WHERE d.checkpoint_count > 0 AND c.job_id = d.id;
+    END IF;
     DELETE FROM {schema}.attempts a USING deleted_jobs d WHERE a.job_id = d.id;
     DELETE FROM {schema}.messages m USING deleted_jobs d WHERE m.job_id = d.id;
     DELETE FROM {schema}.workflow_values v USING deleted_jobs d WHERE v.job_id = d.id;
-    DELETE FROM {schema}.partition_locks l USING deleted_jobs d
-    WHERE d.partition_key IS NOT NULL AND l.job_id = d.id;
+    IF EXISTS (SELECT 1 FROM deleted_jobs d WHERE d.partition_key IS NOT NULL) THEN
+        DELETE FROM {schema}.partition_locks l USING deleted_jobs d
+        WHERE d.partition_key IS NOT NULL AND l.job_id = d.id;
+    END IF;
     RETURN NULL;
 END
 $$;
