@@ -152,15 +152,24 @@ class Loop:
         self.calls = 0
         self.longest = 0.0
         self.stop = threading.Event()
+        self.failed: BaseException | None = None
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            while not self.stop.is_set():
-                started = time.monotonic()
-                conn.execute(self.statement)
-                self.longest = max(self.longest, time.monotonic() - started)
-                self.calls += 1
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    started = time.monotonic()
+                    conn.execute(self.statement)
+                    self.longest = max(self.longest, time.monotonic() - started)
+                    self.calls += 1
+        except BaseException as exc:  # the waiting main thread raises it (else it waits forever)
+            self.failed = exc
+            raise
+
+    def check(self) -> None:
+        if self.failed is not None:
+            raise RuntimeError(f"the loop's statement failed: {self.failed}") from self.failed
 
 
 def hold_reader(conninfo: str, seconds: float, holding: threading.Event) -> None:
@@ -235,6 +244,8 @@ def measure(
     for loop in (enqueuer, worker):
         loop.thread.start()
     while enqueuer.calls < 10 or worker.calls < 10:  # both running before the migration
+        enqueuer.check()
+        worker.check()
         time.sleep(0.01)
     if reader_seconds:
         holding = threading.Event()
@@ -253,6 +264,7 @@ def measure(
     for loop in (enqueuer, worker):
         loop.stop.set()
         loop.thread.join()
+        loop.check()  # a statement that failed during the migration is a stall not measured
     return {
         "applied": applied,
         "migrate_seconds": round(seconds, 3),
