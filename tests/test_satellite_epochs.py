@@ -29,13 +29,13 @@ async def driver(pg_url: str, pg_schema: str) -> AsyncIterator[PgDriver]:
 
 
 def checkpoint_add(pg_url: str, schema: str, job_id: int, positions: int) -> None:
-    for position in range(positions):
-        sql_rows(
-            pg_url,
-            f"INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)"
-            " VALUES (%s, %s, 'step', 'a step', '1', now()) RETURNING job_id",
-            (job_id, position),
-        )
+    sql_rows(
+        pg_url,
+        f"INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)"
+        " SELECT %s, p, 'step', 'a step', '1', now() FROM generate_series(0, %s - 1) AS p"
+        " RETURNING job_id",
+        (job_id, positions),
+    )
 
 
 def satellite_parts(pg_url: str, schema: str) -> dict[str, list[str]]:
@@ -57,7 +57,7 @@ def deleted_rows(pg_url: str, schema: str) -> int:
     )
 
 
-async def flush_stats(pg_url: str) -> None:
+def flush_stats(pg_url: str) -> None:
     sql_rows(pg_url, "SELECT pg_stat_force_next_flush() IS NULL")
 
 
@@ -97,7 +97,7 @@ async def test_retention_empties_an_epoch_whole_and_keeps_the_rows_of_a_job_stil
     assert [a.outcome for a in await driver.job_attempts(kept_id)] == ["retried"]
     for job_id in doomed:
         assert await driver.job_attempts(job_id) == []
-    await flush_stats(pg_url)
+    flush_stats(pg_url)
     assert deleted_rows(pg_url, pg_schema) == 0
 
     # The retried job finishes; once its day has gone too, epoch 0 is empty, and a day after
@@ -115,7 +115,7 @@ async def test_retention_empties_an_epoch_whole_and_keeps_the_rows_of_a_job_stil
     assert "attempts_e0" not in parts["attempts"]
     assert "workflow_values_e0" not in parts["workflow_values"]
     assert await driver.job_attempts(kept_id) == []
-    await flush_stats(pg_url)
+    flush_stats(pg_url)
     assert deleted_rows(pg_url, pg_schema) == 0
 
 
@@ -174,5 +174,5 @@ async def test_a_reader_holding_an_epoch_postpones_its_emptying_by_a_minute(
     await clock.advance(61)
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
     assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e0") == 0
-    await flush_stats(pg_url)
+    flush_stats(pg_url)
     assert deleted_rows(pg_url, pg_schema) == 0

@@ -32,15 +32,15 @@ DECLARE
     day_start  timestamptz := to_timestamp({schema}.job_lane(now_at)::float8 * 86400);
     width      constant bigint := 4294967296;
     satellites constant text[] := ARRAY['checkpoints', 'attempts', 'workflow_values'];
-    this_epoch    record;
-    next_epoch  record;
+    this_epoch record;
+    next_epoch record;
     epoch_row  record;
     satellite  text;
     part       text;
+    parts      text[];
     survivors  bigint[];
     kept       bigint;
     total      bigint;
-    parts_left integer;
     complete   boolean := true;
 BEGIN
     SELECT e.* INTO this_epoch FROM {schema}.satellite_epochs e
@@ -77,15 +77,14 @@ BEGIN
         SELECT e.* FROM {schema}.satellite_epochs e WHERE e.ended_at IS NOT NULL ORDER BY e.epoch
     LOOP
         BEGIN
-            parts_left := 0;
-            FOREACH satellite IN ARRAY satellites LOOP
-                part := satellite || '_e' || epoch_row.epoch;
-                IF to_regclass(format('{schema}.%I', part)) IS NOT NULL THEN
-                    EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part);
-                    parts_left := parts_left + 1;
-                END IF;
+            -- The epoch's partitions still there (a DROP a day after it was emptied).
+            SELECT coalesce(array_agg(t || '_e' || epoch_row.epoch), '{}') INTO parts
+            FROM unnest(satellites) AS t
+            WHERE to_regclass(format('{schema}.%I', t || '_e' || epoch_row.epoch)) IS NOT NULL;
+            FOREACH part IN ARRAY parts LOOP
+                EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part);
             END LOOP;
-            IF parts_left = 0 THEN
+            IF cardinality(parts) = 0 THEN
                 DELETE FROM {schema}.satellite_epochs WHERE epoch = epoch_row.epoch;
                 CONTINUE;
             END IF;
@@ -97,9 +96,7 @@ BEGIN
                   AND k.id < epoch_row.high
                 LIMIT 10001) AS j;
             CONTINUE WHEN cardinality(survivors) > 10000;
-            FOREACH satellite IN ARRAY satellites LOOP
-                part := satellite || '_e' || epoch_row.epoch;
-                CONTINUE WHEN to_regclass(format('{schema}.%I', part)) IS NULL;
+            FOREACH part IN ARRAY parts LOOP
                 IF survivors IS NULL AND epoch_row.ended_at < now_at - interval '1 day' THEN
                     EXECUTE format('DROP TABLE {schema}.%I', part);
                     CONTINUE;
