@@ -1,6 +1,8 @@
-"""The floor of trioq's contract, for bench/statement_shape.py's replays only: the least any
-layout must write to claim a job under a fenced lease and keep its outcome apart from the
-claimable rows, on the narrowest tables that can hold it (bench-only SQL, no migration).
+"""The floor of trioq's contract: the least any layout must write to claim a job under a
+fenced lease and keep its outcome apart from the claimable rows, on the narrowest tables that
+can hold it (bench-only SQL, no migration). bench/statement_shape.py replays it in one
+session; bench/trio_floor.py `--contract` drains it live on trioq's statement path
+(`python -m bench.worker_cpu --contract-floor`).
 
 The drain targets (results kept: server CPU per job <= 1.5x the raw loop that deletes; nothing
 kept: <= 1.2x) are ratios to a loop that owes nothing: its claim marks a row, its completion
@@ -20,6 +22,8 @@ design with the contract, not a design.
 """
 
 from __future__ import annotations
+
+import re
 
 import psycopg
 
@@ -79,15 +83,15 @@ WITH taken AS (
         SELECT c.ctid FROM {schema}.floor_ready c
         WHERE c.queue = 'default' AND c.run_at <= now()
         ORDER BY c.priority, c.run_at, c.id
-        LIMIT %(limit)s
+        LIMIT %(limit)s::int
         FOR UPDATE SKIP LOCKED))
     RETURNING r.id, r.attempt
 ),
 run AS (
     INSERT INTO {schema}.floor_runs (id, attempt, lease_token, lease_expires_at, worker_id,
                                      started_at)
-    SELECT id, attempt + 1, gen_random_uuid(), now() + interval '30 seconds', %(worker_id)s,
-           now()
+    SELECT id, attempt + 1, gen_random_uuid(), now() + interval '30 seconds',
+           %(worker_id)s::uuid, now()
     FROM taken
     RETURNING id, attempt, lease_token
 )
@@ -122,14 +126,51 @@ COMPLETE_DELETE_SQL = (
 
 VARIANTS = {"floor": COMPLETE_SQL, "floor-del": COMPLETE_DELETE_SQL}
 
+# What the harness reads of a live drain (bench/jobs.py's CONTRACT systems).
+COMPLETED_SQL = "SELECT count(*) FROM {schema}.floor_done"
+LAST_FINISHED_SQL = "SELECT extract(epoch FROM max(finished_at))::float8 FROM {schema}.floor_done"
+# `floor-del` keeps nothing to count: the jobs completed are the backlog's less the records left,
+# the last completion read when the harness sees it (at most its 50 ms poll late), as for
+# trioq's keep=False.
+DELETED_LAST_FINISHED_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8"
+
+
+def deleted_completed_sql(jobs: int) -> str:
+    return f"SELECT {jobs} - count(*) FROM {{schema}}.floor_jobs"
+
+
+PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def native(sql: str, schema: str) -> tuple[bytes, tuple[str, ...]]:
+    """`sql` for trioq's native statement path (`Connection.fetch_native`): each `%(name)s`
+    numbered `$n` in order of first use, and the names in that order. The native path sends
+    every parameter as text, so each must be cast in the SQL (a cast psycopg's typed replays
+    do not need)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if not match.string.startswith("::", match.end()):
+            raise ValueError(f"{match[0]} is not cast: the native path would send it as text")
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    return PLACEHOLDER.sub(number, sql.format(schema=schema)).encode(), tuple(names)
+
 
 def install(conn: Conn, schema: str) -> None:
     conn.execute(INSTALL_SQL.format(schema=schema))
 
 
-def insert_backlog(conn: Conn, schema: str, jobs: int) -> None:
-    """`jobs` ready no-op jobs, analyzed and checkpointed (as hot_path_cost.insert_backlog)."""
+def insert_backlog(conn: Conn, schema: str, jobs: int, *, settle: bool = True) -> None:
+    """`jobs` ready no-op jobs; `settle`d, analyzed and checkpointed (as
+    hot_path_cost.insert_backlog) for a replay. A live drain leaves them bare, as the raw
+    loop's and trioq's enqueues do: a CHECKPOINT just before it would make its first write to
+    every page a full-page image in the WAL, which the other systems' drains do not pay."""
     conn.execute(BACKLOG_SQL.format(schema=schema), {"jobs": jobs})
+    if not settle:
+        return
     conn.execute(f"ANALYZE {schema}.floor_jobs")
     conn.execute(f"ANALYZE {schema}.floor_ready")
     conn.execute("CHECKPOINT")

@@ -26,6 +26,7 @@ import psycopg
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from bench import contract_floor
 from bench.app import SCHEMA_ENV, make_app
 from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
 
@@ -427,15 +428,27 @@ class Launcher:
         return process
 
     def trio_floor_worker(
-        self, schema: str, *, expect: int, batch: int = 25, scope: bool = True
+        self,
+        schema: str,
+        *,
+        expect: int,
+        batch: int = 25,
+        scope: bool = True,
+        contract: str | None = None,
     ) -> Process:
         """The raw loop's algorithm on trio and trioq's statement path (bench/trio_floor.py),
-        on the raw loop's own table."""
+        on the raw loop's own table, or with `contract` ("keep" or "delete") on the tables and
+        statements of the contract's floor (bench/contract_floor.py)."""
         role = self.db.new_role("bench_floor")
-        self.db.install_raw(schema)
+        if contract is None:
+            self.db.install_raw(schema)
+        else:
+            contract_floor.install(self.db.conn, schema)
         argv = [sys.executable, "-m", "bench.trio_floor", "--dsn", self.db.conninfo(role)]
         argv += ["--schema", schema, "--batch", str(batch), "--expect", str(expect)]
         argv.append("--scope" if scope else "--no-scope")
+        if contract is not None:
+            argv += ["--contract", contract]
         process = self._spawn(f"trio floor {role}", role, argv, {})
         process.wait_for_line(b"ready")
         return process

@@ -6,8 +6,10 @@ import time
 from collections.abc import Callable, Sequence
 
 import attrs
+import psycopg
 import trio
 
+from bench import contract_floor
 from bench.app import make_app
 from bench.harness import HARNESS_ROLE, Database
 
@@ -106,6 +108,20 @@ def _awa_enqueue(
     return float(db.awa("enqueue-committed", "--count", str(count)))
 
 
+def _contract_enqueue(
+    db: Database, schema: str, task: str, count: int, before_commit: Callable[[], None]
+) -> float:
+    """The contract floor's backlog (its tables were installed as its worker started), in one
+    transaction, bare (`settle=False`) as the other systems' are."""
+    if task != "noop":
+        raise ValueError(f"the contract floor's backlog is of noop jobs, not {task}")
+    with psycopg.connect(db.conninfo(HARNESS_ROLE)) as conn:
+        contract_floor.insert_backlog(conn, schema, count, settle=False)
+        before_commit()
+        conn.commit()
+        return time.time()
+
+
 def _raw_sql() -> tuple[str, str]:
     from bench import baseline
 
@@ -149,3 +165,22 @@ RAW = System("raw", _raw_enqueue, *_raw_sql())  # keeps the finished row and its
 RAW_DELETE = System("raw-del", _raw_enqueue, *_raw_delete_sql())  # deletes it, keeps nothing
 PGQUEUER = System("pgqueuer", _pgq_enqueue, *_pgq_sql())
 AWA = System("awa", _awa_enqueue, *_awa_sql())
+
+
+def contract_system(*, keep: bool, jobs: int) -> System:
+    """The contract's floor (bench/contract_floor.py) drained live: the outcome appended to its
+    history (`contract`), or nothing kept (`contract-del`, whose count needs the backlog's
+    size: `jobs`)."""
+    if keep:
+        return System(
+            "contract",
+            _contract_enqueue,
+            contract_floor.COMPLETED_SQL,
+            contract_floor.LAST_FINISHED_SQL,
+        )
+    return System(
+        "contract-del",
+        _contract_enqueue,
+        contract_floor.deleted_completed_sql(jobs),
+        contract_floor.DELETED_LAST_FINISHED_SQL,
+    )

@@ -14,25 +14,40 @@ changes is what trioq keeps by design:
   psycopg's `pq` layer, binary results, the claim's payload decoded by trioq's jsonb loader) in
   place of asyncpg, whose protocol and record decode are written in C.
 
+`--contract keep|delete` runs the same worker (its cancel scope per job included) on the
+tables and statements of the contract's floor (bench/contract_floor.py, numbered for the native
+path by `contract_floor.native`) instead: a claim that takes ready entries and writes a lease
+fenced by attempt and token, a completion fenced by id + attempt + token that appends the
+outcome to a history (`keep`) or deletes the record (`delete`). With the same loop, driver and
+runtime cost as the raw statements, the server CPU per job between the two is what the
+contract's storage costs at the least (`--queue` does not apply: its claim reads `default`).
+
 `python -m bench.trio_floor --dsn ... --schema ... --expect N` prints `ready` once connected,
 stops claiming after N jobs and waits to be stopped (SIGTERM), as the raw loop does, so the
 harness reads its CPU the same way. `python -m bench.worker_cpu --trio-floor` runs it between
-the raw loop and trioq in every repeat.
+the raw loop and trioq in every repeat, `--contract-floor` on the contract's tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from bench import contract_floor
 from bench.baseline import CLAIM_SQL, COMPLETE_SQL, IDLE_POLL_SECONDS, noop
 from trioq._pg.connection import Connection, connect
 from trioq._pg.statements import results_element
 
 HANDLERS = {"noop": noop}
+CONTRACT_COMPLETIONS = {
+    "keep": contract_floor.COMPLETE_SQL,
+    "delete": contract_floor.COMPLETE_DELETE_SQL,
+}
 
 
 class Worker:
@@ -42,7 +57,7 @@ class Worker:
         self.done_conn = done_conn
         self.complete_sql = complete_sql
         self.scope = scope
-        self.pending: list[tuple[int, Any, str]] = []
+        self.pending: list[tuple[Any, ...]] = []
         self.have_pending = trio.Event()
         self.slot_freed = trio.Event()
         self.running = 0
@@ -66,22 +81,83 @@ class Worker:
                 await self.have_pending.wait()
                 continue
             batch, self.pending = self.pending, []
-            # Array literals, as trioq's completer sends its fences and results (each result's
-            # JSON quoted once, by the driver's own element quoting).
-            ids = "{" + ",".join([str(job_id) for job_id, _, _ in batch]) + "}"
-            tokens = "{" + ",".join([str(token) for _, token, _ in batch]) + "}"
-            results = "{" + ",".join([results_element(result) for _, _, result in batch]) + "}"
-            await self.done_conn.fetch_native(self.complete_sql, [ids, tokens, results])
+            await self.done_conn.fetch_native(self.complete_sql, self.completion_params(batch))
+
+    def completion_params(self, batch: list[tuple[Any, ...]]) -> list[str]:
+        # Array literals, as trioq's completer sends its fences and results (each result's
+        # JSON quoted once, by the driver's own element quoting).
+        ids = "{" + ",".join([str(job_id) for job_id, _, _ in batch]) + "}"
+        tokens = "{" + ",".join([str(token) for _, token, _ in batch]) + "}"
+        results = "{" + ",".join([results_element(result) for _, _, result in batch]) + "}"
+        return [ids, tokens, results]
+
+
+class ContractWorker(Worker):
+    """The contract floor's rows: a claim returns (id, task, payload, max_attempts, attempt,
+    lease_token), and a completion sends each job's attempt beside its token (the fence)."""
+
+    def __init__(
+        self, done_conn: Connection, complete_sql: bytes, scope: bool, names: tuple[str, ...]
+    ) -> None:
+        super().__init__(done_conn, complete_sql, scope)
+        self.names = names  # the completion's parameters, in their `$n` order
+
+    async def run_job(self, row: tuple[Any, ...]) -> None:
+        job_id, task, payload, _, attempt, lease_token = row
+        if self.scope:
+            with trio.CancelScope():
+                result = await HANDLERS[task](payload)
+        else:
+            result = await HANDLERS[task](payload)
+        self.pending.append((job_id, attempt, lease_token, json.dumps(result)))
+        self.running -= 1
+        self.have_pending.set()
+        self.slot_freed.set()
+
+    def completion_params(self, batch: list[tuple[Any, ...]]) -> list[str]:
+        columns = {
+            "ids": "{" + ",".join([str(job_id) for job_id, _, _, _ in batch]) + "}",
+            "attempts": "{" + ",".join([str(attempt) for _, attempt, _, _ in batch]) + "}",
+            "lease_tokens": "{" + ",".join([str(token) for _, _, token, _ in batch]) + "}",
+            "results": "{" + ",".join([results_element(result) for _, _, _, result in batch]) + "}",
+        }
+        return [columns[name] for name in self.names]
+
+
+def raw_statements(
+    done_conn: Connection, schema: str, queue: str, scope: bool
+) -> tuple[Worker, bytes, Callable[[int], list[str]]]:
+    """The raw loop's statements: its worker, claim and the claim's parameters for `free`."""
+    claim_sql = CLAIM_SQL.format(schema=schema).replace("$2", "$2::int").encode()
+    worker = Worker(done_conn, COMPLETE_SQL.format(schema=schema).encode(), scope)
+    return worker, claim_sql, lambda free: [queue, str(free)]
+
+
+def contract_statements(
+    done_conn: Connection, schema: str, contract: str, scope: bool
+) -> tuple[Worker, bytes, Callable[[int], list[str]]]:
+    """The contract floor's statements, as `raw_statements`; the lease names this worker."""
+    claim_sql, claim_names = contract_floor.native(contract_floor.CLAIM_SQL, schema)
+    complete_sql, complete_names = contract_floor.native(CONTRACT_COMPLETIONS[contract], schema)
+    worker = ContractWorker(done_conn, complete_sql, scope, complete_names)
+    worker_id = str(uuid.uuid4())
+
+    def claim_params(free: int) -> list[str]:
+        values = {"limit": str(free), "worker_id": worker_id}
+        return [values[name] for name in claim_names]
+
+    return worker, claim_sql, claim_params
 
 
 async def run_worker(
-    dsn: str, schema: str, queue: str, batch: int, expect: int, scope: bool
+    dsn: str, schema: str, queue: str, batch: int, expect: int, scope: bool, contract: str | None
 ) -> None:
     claim_conn = await connect(dsn)
     done_conn = await connect(dsn)
-    claim_sql = CLAIM_SQL.format(schema=schema).replace("$2", "$2::int").encode()
-    complete_sql = COMPLETE_SQL.format(schema=schema).encode()
-    worker = Worker(done_conn, complete_sql, scope)
+    if contract is None:
+        worker, claim_sql, claim_params = raw_statements(done_conn, schema, queue, scope)
+    else:
+        worker, claim_sql, claim_params = contract_statements(done_conn, schema, contract, scope)
     print("ready", flush=True)
     claimed = 0
     async with trio.open_nursery() as nursery:
@@ -92,7 +168,7 @@ async def run_worker(
                 worker.slot_freed = trio.Event()
                 await worker.slot_freed.wait()
                 continue
-            rows = await claim_conn.fetch_native(claim_sql, [queue, str(free)], binary=True)
+            rows = await claim_conn.fetch_native(claim_sql, claim_params(free), binary=True)
             if not rows:
                 await trio.sleep(IDLE_POLL_SECONDS)
                 continue
@@ -117,8 +193,24 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="each handler in a cancel scope of its own, as trioq's (default: on)",
     )
+    parser.add_argument(
+        "--contract",
+        choices=sorted(CONTRACT_COMPLETIONS),
+        default=None,
+        help="drain the contract floor's tables (bench/contract_floor.py), the outcome kept or"
+        " the record deleted (default: the raw loop's table and statements)",
+    )
     args = parser.parse_args(argv)
-    trio.run(run_worker, args.dsn, args.schema, args.queue, args.batch, args.expect, args.scope)
+    trio.run(
+        run_worker,
+        args.dsn,
+        args.schema,
+        args.queue,
+        args.batch,
+        args.expect,
+        args.scope,
+        args.contract,
+    )
     return 0
 
 

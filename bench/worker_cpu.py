@@ -15,6 +15,11 @@ slots) as a system of each repeat.
 `--trio-floor` adds two more systems to each repeat, the raw loop's algorithm on trio and
 trioq's statement path (bench/trio_floor.py), with a cancel scope per job (`floor`) and without
 (`floor-ns`): what trio and the driver cost before any of trioq's runtime.
+`--contract-floor` adds two more, the same trio worker (a cancel scope per job) on the tables
+and statements of the floor of trioq's contract (bench/contract_floor.py: a claim writing a
+lease fenced by attempt and token, a completion fenced by id + attempt + token), the outcome
+appended to a history (`contract`) or the record deleted, nothing kept (`contract-del`): the
+least any storage layout costs in a live drain, the floor the drain targets are judged against.
 Prints per repeat and the medians; ratios are taken within a repeat. `--py-spy OUT` records one
 drain of this checkout's worker (or the first `--root`'s) with py-spy instead, only samples
 holding the GIL (`--gil`: on 2 shared cores a process is often preempted mid-call, which plain
@@ -35,7 +40,7 @@ from pathlib import Path
 from bench.app import SCHEMA_ENV
 from bench.config import FULL
 from bench.harness import CLOCK_TICKS, HARNESS_ROLE, REPO_ROOT, Launcher, Process, open_database
-from bench.jobs import AWA, RAW, RAW_DELETE, TRIOQ, TRIOQ_UNKEPT, System
+from bench.jobs import AWA, RAW, RAW_DELETE, TRIOQ, TRIOQ_UNKEPT, System, contract_system
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
 
@@ -120,7 +125,7 @@ def trioq_worker(
 def line(name: str, run: Drain) -> str:
     us = run.cpu_seconds / run.jobs * 1e6
     return (
-        f"{name:>10}: {run.jobs_per_s:8.0f} jobs/s  {us:6.1f} us CPU/job  "
+        f"{name:>12}: {run.jobs_per_s:8.0f} jobs/s  {us:6.1f} us CPU/job  "
         f"{run.statements_per_job:.3f} stmt/job  {run.db_us_per_job:6.1f} us server exec/job  "
         f"{run.server_us_per_job:6.1f} us server CPU/job"
     )
@@ -139,6 +144,12 @@ def main() -> None:
         action="store_true",
         help="also run the raw loop on trio and trioq's statement path (bench/trio_floor.py),"
         " with and without a cancel scope per job",
+    )
+    parser.add_argument(
+        "--contract-floor",
+        action="store_true",
+        help="also run the trio floor on the contract's floor (bench/contract_floor.py), the"
+        " outcome kept and nothing kept",
     )
     parser.add_argument(
         "--awa",
@@ -241,6 +252,20 @@ def main() -> None:
                             RAW,
                         )
                     )
+            if args.contract_floor:
+                for keep in (True, False):
+                    systems.append(
+                        (
+                            "contract" if keep else "contract-del",
+                            "noop",
+                            lambda s, k=keep: [
+                                launcher.trio_floor_worker(
+                                    s, expect=n, contract="keep" if k else "delete"
+                                )
+                            ],
+                            contract_system(keep=keep, jobs=n),
+                        )
+                    )
             order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
             for name, task, start, system in order:
                 run = drain(ctx, start, task, n, system)
@@ -249,7 +274,7 @@ def main() -> None:
         print(f"medians: ({args.repeats} repeats, load {load()})")
         for name, row in figures.items():
             cells = [f"{statistics.median(values):.3f} {label}" for label, values in row.items()]
-            print(f"{name:>10}: " + "  ".join(cells))
+            print(f"{name:>12}: " + "  ".join(cells))
 
 
 def load() -> str:

@@ -41,17 +41,18 @@ def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> N
 
 def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
     """`python -m bench.worker_cpu`: the two raw floors (keeping the row, deleting it), this
-    checkout's worker and the trio floor (with and without a cancel scope per job), one tiny
-    repeat, with medians and the ratios to both floors (worker and server CPU); its cProfile
-    mode writes a profile."""
+    checkout's worker, the trio floor (with and without a cancel scope per job) and the trio
+    floor on the contract's floor (outcome kept, nothing kept), one tiny repeat, with medians
+    and the ratios to both raw floors (worker and server CPU); its cProfile mode writes a
+    profile."""
     profile = tmp_path / "worker.prof"
     outputs = []
-    for extra in (["--trio-floor"], ["--cprofile", str(profile)]):
+    for extra in (["--trio-floor", "--contract-floor"], ["--cprofile", str(profile)]):
         outputs.append(run_module("bench.worker_cpu", "--jobs", "200", "--repeats", "1", *extra))
     assert "medians:" in outputs[0] and "x raw CPU/job" in outputs[0]
     assert "x raw server/job" in outputs[0] and "x raw-del server/job" in outputs[0]
     medians = outputs[0].split("medians:")[1]
-    for system in ("raw", "raw-del", "this", "floor", "floor-ns"):
+    for system in ("raw", "raw-del", "this", "floor", "floor-ns", "contract", "contract-del"):
         assert f"{system:>10}: " in medians, outputs[0]
     assert "cprofile:" in outputs[1] and profile.stat().st_size > 0
 
