@@ -435,10 +435,12 @@ class Launcher:
         batch: int = 25,
         scope: bool = True,
         contract: str | None = None,
+        delete: bool = False,
     ) -> Process:
         """The raw loop's algorithm on trio and trioq's statement path (bench/trio_floor.py),
         on the raw loop's own table, or with `contract` ("keep" or "delete") on the tables and
-        statements of the contract's floor (bench/contract_floor.py)."""
+        statements of the contract's floor (bench/contract_floor.py); `delete` with the raw
+        loop's completion that deletes the row."""
         role = self.db.new_role("bench_floor")
         if contract is None:
             self.db.install_raw(schema)
@@ -449,6 +451,8 @@ class Launcher:
         argv.append("--scope" if scope else "--no-scope")
         if contract is not None:
             argv += ["--contract", contract]
+        if delete:
+            argv.append("--delete")
         process = self._spawn(f"trio floor {role}", role, argv, {})
         process.wait_for_line(b"ready")
         return process

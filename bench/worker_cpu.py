@@ -12,9 +12,10 @@ Worker CPU is user+sys of the worker process from the backlog's COMMIT to the la
 read from /proc, less the harness's session) over the same window.
 `--awa` adds awa's Python worker (bench/awa_peer.py: awa-pg on its queue storage, the same 25
 slots) as a system of each repeat.
-`--trio-floor` adds two more systems to each repeat, the raw loop's algorithm on trio and
+`--trio-floor` adds three more systems to each repeat, the raw loop's algorithm on trio and
 trioq's statement path (bench/trio_floor.py), with a cancel scope per job (`floor`) and without
-(`floor-ns`): what trio and the driver cost before any of trioq's runtime.
+(`floor-ns`): what trio and the driver cost before any of trioq's runtime; and `floor-del`,
+`floor` with raw-del's completion (the row deleted, nothing kept).
 `--contract-floor` adds two more, the same trio worker (a cancel scope per job) on the tables
 and statements of the floor of trioq's contract (bench/contract_floor.py: a claim writing a
 lease fenced by attempt and token, a completion fenced by id + attempt + token), the outcome
@@ -252,6 +253,16 @@ def main() -> None:
                             RAW,
                         )
                     )
+                # raw-del's statements on trio with the scope: the nothing-kept floor of any
+                # worker that can cancel a job alone, whatever its storage.
+                systems.append(
+                    (
+                        "floor-del",
+                        "noop",
+                        lambda s: [launcher.trio_floor_worker(s, expect=n, delete=True)],
+                        RAW_DELETE,
+                    )
+                )
             if args.contract_floor:
                 for keep in (True, False):
                     systems.append(

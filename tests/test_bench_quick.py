@@ -52,7 +52,16 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
     assert "medians:" in outputs[0] and "x raw CPU/job" in outputs[0]
     assert "x raw server/job" in outputs[0] and "x raw-del server/job" in outputs[0]
     medians = outputs[0].split("medians:")[1]
-    for system in ("raw", "raw-del", "this", "floor", "floor-ns", "contract", "contract-del"):
+    for system in (
+        "raw",
+        "raw-del",
+        "this",
+        "floor",
+        "floor-ns",
+        "floor-del",
+        "contract",
+        "contract-del",
+    ):
         assert f"{system:>10}: " in medians, outputs[0]
     assert "cprofile:" in outputs[1] and profile.stat().st_size > 0
 
