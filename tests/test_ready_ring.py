@@ -213,8 +213,8 @@ async def test_a_dump_holding_the_slots_moves_the_ring_to_a_bank_the_claims_read
     """A `pg_dump` holds ACCESS SHARE on every slot while it runs, so none can be truncated
     (migration 0041): after 10 s of that, the sweep attaches four new slots and files there;
     5 s later it moves the old bank's entries of ready jobs over and the claims stop reading
-    it (their plan never runs its scans); once the dump lets go, the old bank is dropped, an
-    entry filed there late moved first."""
+    it (their plan never runs its scans); an entry filed there late is moved to the bank being
+    written by the next sweep, and once the dump lets go the old bank is dropped."""
     [before] = await enqueue(driver, new_job(1))
     state = f"SELECT base, low FROM {pg_schema}.ready_ring_state"
     sweep = f"SELECT truncated FROM {pg_schema}.ready_sweep()"
@@ -257,7 +257,9 @@ async def test_a_dump_holding_the_slots_moves_the_ring_to_a_bank_the_claims_read
         for scan in old_scans:
             assert "never executed" in scan.splitlines()[0], plan
         # An entry filed in the old bank late (an enqueue whose slot was chosen before the
-        # move and written after it): found when the bank is dropped, after the dump.
+        # move and written after it: a REPEATABLE READ transaction that read the ring's state
+        # before the move): moved to the bank being written by the next sweep, while the dump
+        # still holds the old bank (it waited for the dump's end before, minutes or hours).
         [late] = await enqueue(driver, new_job(3))
         conn.execute(f"DELETE FROM {pg_schema}.ready_ring WHERE id = %s", (late,))
         conn.execute(row, (1, QUEUE, TASK, late))
@@ -266,12 +268,19 @@ async def test_a_dump_holding_the_slots_moves_the_ring_to_a_bank_the_claims_read
         conn.execute(sweep)
         assert ring_slots(pg_url, pg_schema) == list(range(8))  # the dump still holds them
         conn.commit()
+        assert await plain_claim(driver) == [late]
+        # Filed late again, while the dump holds the bank: the sweep that drops the bank once
+        # the dump has let go moves it first.
+        [later] = await enqueue(driver, new_job(4))
+        conn.execute(f"DELETE FROM {pg_schema}.ready_ring WHERE id = %s", (later,))
+        conn.execute(row, (2, QUEUE, TASK, later))
+        conn.commit()
         dump.rollback()
         conn.execute(f"UPDATE {pg_schema}.ready_ring_state SET retired_tried_at = NULL")
         conn.execute(sweep)
         conn.commit()
         assert ring_slots(pg_url, pg_schema) == [4, 5, 6, 7]
-        assert await plain_claim(driver) == [late]
+        assert await plain_claim(driver) == [later]
 
 
 async def test_a_ring_state_emptied_by_hand_reads_as_the_first_bank(

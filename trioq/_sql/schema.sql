@@ -1049,6 +1049,14 @@ DECLARE
     blocked   boolean := false;
     kept      boolean := false;
     part      record;
+    -- A retired slot's entries of jobs still ready, to the slot being written (step 4).
+    late      constant text := 'WITH moved AS (DELETE FROM "trioq".%I r'
+                               ' USING "trioq".jobs_live j WHERE j.id = r.id AND j.state = ''ready'''
+                               ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id)'
+                               ' INSERT INTO "trioq".ready_ring'
+                               ' (slot, queue, task, version, priority, run_at, id)'
+                               ' SELECT DISTINCT ON (m.id) $1, m.queue, m.task, m.version,'
+                               ' m.priority, m.run_at, m.id FROM moved m ORDER BY m.id';
 BEGIN
     truncated := 0;
     BEGIN
@@ -1078,14 +1086,13 @@ BEGIN
             ORDER BY substr(c.relname, 12)::integer
         LOOP
             BEGIN
+                EXECUTE format(late, part.relname) USING writing;
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;  -- a lock it would wait on past lock_timeout: the next try
+            END;
+            BEGIN
                 EXECUTE format('LOCK TABLE "trioq".%I IN ACCESS EXCLUSIVE MODE', part.relname);
-                EXECUTE format('INSERT INTO "trioq".ready_ring'
-                               ' (slot, queue, task, version, priority, run_at, id)'
-                               ' SELECT DISTINCT ON (r.id) $1, r.queue, r.task, r.version,'
-                               ' r.priority, r.run_at, r.id FROM "trioq".%I r'
-                               ' JOIN "trioq".jobs_live j ON j.id = r.id AND j.state = ''ready'''
-                               ' ORDER BY r.id', part.relname)
-                    USING writing;
+                EXECUTE format(late, part.relname) USING writing;  -- filed since the move above
                 EXECUTE format('DROP TABLE "trioq".%I', part.relname);
             EXCEPTION WHEN lock_not_available THEN
                 kept := true;

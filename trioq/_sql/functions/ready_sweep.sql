@@ -26,9 +26,13 @@
 --    lock allows them), the entries of its jobs still ready are moved to the slot being
 --    written (their claim order is in the entries), and `low` moves to `base`. The claims read no slot below `low`
 --    (pruned when they run), so what the old bank holds no longer costs them anything.
--- 4. A slot below `low` is dropped once it can be locked (the dump has ended), at most every
---    20 s (each try waits on the claims, which lock every slot of the ring), after copying the
---    entries of jobs still ready that were filed there late to the slot being written.
+-- 4. A slot below `low`, at most every 20 s (each try waits on the claims, which lock every
+--    slot of the ring): the entries of jobs still ready that were filed there late (an enqueue
+--    whose transaction read the ring's state before the move: a REPEATABLE READ one) are moved
+--    to the slot being written, while the dump may still hold the slot (a DELETE's lock is one
+--    a dump's allows: such a job waited for the dump's end, minutes or hours, before), and the
+--    slot is dropped once it can be locked (the dump has ended), what was filed since moved
+--    first.
 -- SECURITY DEFINER: a worker's role may not TRUNCATE, CREATE or DROP (docs/operations.md,
 -- "Roles"). It takes no input; every name it builds is `ready_ring_` and a number.
 CREATE OR REPLACE FUNCTION {schema}.ready_sweep()
@@ -45,6 +49,14 @@ DECLARE
     blocked   boolean := false;
     kept      boolean := false;
     part      record;
+    -- A retired slot's entries of jobs still ready, to the slot being written (step 4).
+    late      constant text := 'WITH moved AS (DELETE FROM {schema}.%I r'
+                               ' USING {schema}.jobs_live j WHERE j.id = r.id AND j.state = ''ready'''
+                               ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id)'
+                               ' INSERT INTO {schema}.ready_ring'
+                               ' (slot, queue, task, version, priority, run_at, id)'
+                               ' SELECT DISTINCT ON (m.id) $1, m.queue, m.task, m.version,'
+                               ' m.priority, m.run_at, m.id FROM moved m ORDER BY m.id';
 BEGIN
     truncated := 0;
     BEGIN
@@ -74,14 +86,13 @@ BEGIN
             ORDER BY substr(c.relname, 12)::integer
         LOOP
             BEGIN
+                EXECUTE format(late, part.relname) USING writing;
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;  -- a lock it would wait on past lock_timeout: the next try
+            END;
+            BEGIN
                 EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part.relname);
-                EXECUTE format('INSERT INTO {schema}.ready_ring'
-                               ' (slot, queue, task, version, priority, run_at, id)'
-                               ' SELECT DISTINCT ON (r.id) $1, r.queue, r.task, r.version,'
-                               ' r.priority, r.run_at, r.id FROM {schema}.%I r'
-                               ' JOIN {schema}.jobs_live j ON j.id = r.id AND j.state = ''ready'''
-                               ' ORDER BY r.id', part.relname)
-                    USING writing;
+                EXECUTE format(late, part.relname) USING writing;  -- filed since the move above
                 EXECUTE format('DROP TABLE {schema}.%I', part.relname);
             EXCEPTION WHEN lock_not_available THEN
                 kept := true;
