@@ -1016,6 +1016,7 @@ CREATE FUNCTION trioq.ready_ring_take(rows tid[], ids bigint[]) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     taken bigint;
