@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3053 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (3141 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -240,9 +240,11 @@ ORDER BY priority, run_at, id
 LIMIT (SELECT $5::int)
 ),
 ring_taken AS MATERIALIZED (
-SELECT "trioq".ready_ring_take(
+SELECT CASE WHEN EXISTS (SELECT 1 FROM candidates WHERE ring_slot IS NOT NULL)
+THEN "trioq".ready_ring_take(
 ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
-ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
+ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL))
+ELSE 0 END AS n
 ),
 claimed AS (
 UPDATE "trioq".jobs_live j
@@ -277,7 +279,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11683 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11771 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -512,9 +514,11 @@ ORDER BY priority, run_at, id
 LIMIT (SELECT $4::int)
 ),
 ring_taken AS MATERIALIZED (
-SELECT "trioq".ready_ring_take(
+SELECT CASE WHEN EXISTS (SELECT 1 FROM candidates WHERE ring_slot IS NOT NULL)
+THEN "trioq".ready_ring_take(
 ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
-ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
+ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL))
+ELSE 0 END AS n
 ),
 key_taken AS (
 INSERT INTO "trioq".partition_locks (queue, partition_key, job_id)
@@ -588,7 +592,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (14487 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (14575 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -851,9 +855,11 @@ ORDER BY priority, run_at, id
 LIMIT (SELECT $4::int)
 ),
 ring_taken AS MATERIALIZED (
-SELECT "trioq".ready_ring_take(
+SELECT CASE WHEN EXISTS (SELECT 1 FROM candidates WHERE ring_slot IS NOT NULL)
+THEN "trioq".ready_ring_take(
 ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
-ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
+ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL))
+ELSE 0 END AS n
 ),
 key_taken AS (
 INSERT INTO "trioq".partition_locks (queue, partition_key, job_id)

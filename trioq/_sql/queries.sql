@@ -391,11 +391,15 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: ring_taken
 -- Both claim statements: the ring entries of the claimed candidates are deleted
--- (ready_ring_take(), by row address), once, when the statement's final SELECT reads it.
+-- (ready_ring_take(), by row address), once, when the statement's final SELECT reads it; a
+-- claim that took none calls nothing (an idle queue's claim: 251 us of the server's CPU with
+-- the call, 208-217 without).
 ring_taken AS MATERIALIZED (
-    SELECT {schema}.ready_ring_take(
-               ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
-               ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL)) AS n
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM candidates WHERE ring_slot IS NOT NULL)
+                THEN {schema}.ready_ring_take(
+                         ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
+                         ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL))
+                ELSE 0 END AS n
 ),
 
 -- fragment: running_by_key
