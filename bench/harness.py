@@ -49,6 +49,10 @@ class Database:
     cluster: EmbeddedPostgres
     conn: psycopg.Connection[Any]
     _names: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
+    # Called as the cluster stops, however the run ends: each Launcher's stop_all, so a run that
+    # fails leaves no worker behind (one that did went on retrying its connection, and taking
+    # CPU from the next run's measurement).
+    closing: list[Callable[[], None]] = attrs.field(factory=list)
 
     @property
     def socket_dir(self) -> str:
@@ -273,7 +277,12 @@ def open_database(max_connections: int = 100, *, durable: bool = True) -> Iterat
             admin.execute(f"CREATE ROLE {HARNESS_ROLE} LOGIN SUPERUSER")
         harness = make_conninfo(cluster.conninfo, user=HARNESS_ROLE)
         with psycopg.connect(harness, autocommit=True) as conn:
-            yield Database(cluster, conn)
+            db = Database(cluster, conn)
+            try:
+                yield db
+            finally:
+                for close in db.closing:
+                    close()
 
 
 # --- processes under test ---------------------------------------------------------------------
@@ -332,6 +341,9 @@ class Process:
             self.popen.kill()
             self.popen.wait()
             raise BenchError(f"{self.name} did not stop within {STOP_TIMEOUT:.0f}s") from None
+        finally:
+            if self.popen.stdout is not None:  # its `ready` line's pipe: nothing reads it now
+                self.popen.stdout.close()
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -347,6 +359,9 @@ class Launcher:
     db: Database
     log_dir: Path
     started: list[Process] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        self.db.closing.append(self.stop_all)
 
     def trioq_worker(
         self,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import statement_shape
+from bench.harness import Launcher, open_database
 from bench.report import SCENARIOS
 
 # Slow tier: the benchmark smoke run takes about 100 s; `pytest -m "not slow"` leaves it out.
@@ -137,3 +138,19 @@ def test_plan_cache_comparison_runs_both_drains_and_reports_medians() -> None:
     out = run_module("bench.plan_cache", *argv)
     medians = out.split("medians:")[1]
     assert "plain this" in medians and "keyed this" in medians and "us plan/job" in medians
+
+
+def test_a_benchmark_run_that_fails_leaves_no_worker_running(tmp_path: Path) -> None:
+    """A run that raises with its workers up (a statement error, a bug in a scenario) stops
+    them as its cluster stops: an orphaned worker went on retrying its connection, taking CPU
+    from the next run's measurement."""
+
+    class Failed(Exception):
+        pass
+
+    with pytest.raises(Failed), open_database() as db:
+        launcher = Launcher(db, tmp_path)
+        worker = launcher.baseline_worker(db.fresh_schema(), expect=10)
+        assert worker.popen.poll() is None
+        raise Failed
+    assert worker.popen.poll() is not None
