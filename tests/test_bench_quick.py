@@ -154,3 +154,11 @@ def test_a_benchmark_run_that_fails_leaves_no_worker_running(tmp_path: Path) -> 
         assert worker.popen.poll() is None
         raise Failed
     assert worker.popen.poll() is not None
+
+
+def test_statement_cost_times_each_hot_statement_on_an_empty_queue() -> None:
+    """`python -m bench.statement_cost`: the fixed cost per call of the hot statements, beside
+    `SELECT 1` and the raw loop's claim, one tiny round."""
+    output = run_module("bench.statement_cost", "--calls", "20", "--rounds", "1")
+    for name in ("SELECT 1", "job_claim_plain", "ready_ring_take, 25 addresses"):
+        assert f"{name}: " in output, output
