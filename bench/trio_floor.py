@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -51,25 +52,41 @@ CONTRACT_COMPLETIONS = {
 
 
 class Worker:
-    """Claims on one connection, completes on another; one completion flush in flight."""
+    """Claims on one connection, completes on another; one completion flush in flight.
 
-    def __init__(self, done_conn: Connection, complete_sql: bytes, scope: bool) -> None:
+    `fence` picks a claimed row's fence (its id and lease token; the contract's also its
+    attempt) and `columns` names those fields and the result: a job's pending entry is its fence
+    and its result's JSON. `params` names the completion's parameters in their `$n` order, each
+    an array literal of one column."""
+
+    def __init__(
+        self,
+        done_conn: Connection,
+        complete_sql: bytes,
+        scope: bool,
+        fence: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+        columns: tuple[str, ...],
+        params: tuple[str, ...],
+    ) -> None:
         self.done_conn = done_conn
         self.complete_sql = complete_sql
         self.scope = scope
+        self.fence = fence
+        self.at = [columns.index(name) for name in params]  # each parameter's field
+        self.results_at = columns.index("results")
         self.pending: list[tuple[Any, ...]] = []
         self.have_pending = trio.Event()
         self.slot_freed = trio.Event()
         self.running = 0
 
     async def run_job(self, row: tuple[Any, ...]) -> None:
-        job_id, task, payload, lease_token = row
+        task, payload = row[1], row[2]  # the same two columns in both claims
         if self.scope:
             with trio.CancelScope():
                 result = await HANDLERS[task](payload)
         else:
             result = await HANDLERS[task](payload)
-        self.pending.append((job_id, lease_token, json.dumps(result)))
+        self.pending.append((*self.fence(row), json.dumps(result)))
         self.running -= 1
         self.have_pending.set()
         self.slot_freed.set()
@@ -86,49 +103,21 @@ class Worker:
     def completion_params(self, batch: list[tuple[Any, ...]]) -> list[str]:
         # Array literals, as trioq's completer sends its fences and results (each result's
         # JSON quoted once, by the driver's own element quoting).
-        ids = "{" + ",".join([str(job_id) for job_id, _, _ in batch]) + "}"
-        tokens = "{" + ",".join([str(token) for _, token, _ in batch]) + "}"
-        results = "{" + ",".join([results_element(result) for _, _, result in batch]) + "}"
-        return [ids, tokens, results]
+        return [
+            "{"
+            + ",".join(
+                [results_element(entry[k]) for entry in batch]
+                if k == self.results_at
+                else [str(entry[k]) for entry in batch]
+            )
+            + "}"
+            for k in self.at
+        ]
 
 
-class DeletingWorker(Worker):
-    """The raw loop's `--delete` completion: the finished row deleted, no result sent."""
-
-    def completion_params(self, batch: list[tuple[Any, ...]]) -> list[str]:
-        return super().completion_params(batch)[:2]
-
-
-class ContractWorker(Worker):
-    """The contract floor's rows: a claim returns (id, task, payload, max_attempts, attempt,
-    lease_token), and a completion sends each job's attempt beside its token (the fence)."""
-
-    def __init__(
-        self, done_conn: Connection, complete_sql: bytes, scope: bool, names: tuple[str, ...]
-    ) -> None:
-        super().__init__(done_conn, complete_sql, scope)
-        self.names = names  # the completion's parameters, in their `$n` order
-
-    async def run_job(self, row: tuple[Any, ...]) -> None:
-        job_id, task, payload, _, attempt, lease_token = row
-        if self.scope:
-            with trio.CancelScope():
-                result = await HANDLERS[task](payload)
-        else:
-            result = await HANDLERS[task](payload)
-        self.pending.append((job_id, attempt, lease_token, json.dumps(result)))
-        self.running -= 1
-        self.have_pending.set()
-        self.slot_freed.set()
-
-    def completion_params(self, batch: list[tuple[Any, ...]]) -> list[str]:
-        columns = {
-            "ids": "{" + ",".join([str(job_id) for job_id, _, _, _ in batch]) + "}",
-            "attempts": "{" + ",".join([str(attempt) for _, attempt, _, _ in batch]) + "}",
-            "lease_tokens": "{" + ",".join([str(token) for _, _, token, _ in batch]) + "}",
-            "results": "{" + ",".join([results_element(result) for _, _, _, result in batch]) + "}",
-        }
-        return [columns[name] for name in self.names]
+# The raw loop's claim returns (id, task, payload, lease_token); its completion takes ids,
+# tokens and results (raw-del's: ids and tokens).
+RAW_COLUMNS = ("ids", "lease_tokens", "results")
 
 
 def raw_statements(
@@ -137,22 +126,24 @@ def raw_statements(
     """The raw loop's statements: its worker, claim and the claim's parameters for `free`;
     with `delete`, its completion that deletes the finished row (`raw-del`'s)."""
     claim_sql = CLAIM_SQL.format(schema=schema).replace("$2", "$2::int").encode()
-    if delete:
-        worker: Worker = DeletingWorker(
-            done_conn, COMPLETE_DELETE_SQL.format(schema=schema).encode(), scope
-        )
-    else:
-        worker = Worker(done_conn, COMPLETE_SQL.format(schema=schema).encode(), scope)
+    complete_sql = (COMPLETE_DELETE_SQL if delete else COMPLETE_SQL).format(schema=schema)
+    params = RAW_COLUMNS[:2] if delete else RAW_COLUMNS
+    fence = operator.itemgetter(0, 3)
+    worker = Worker(done_conn, complete_sql.encode(), scope, fence, RAW_COLUMNS, params)
     return worker, claim_sql, lambda free: [queue, str(free)]
 
 
 def contract_statements(
     done_conn: Connection, schema: str, contract: str, scope: bool
 ) -> tuple[Worker, bytes, Callable[[int], list[str]]]:
-    """The contract floor's statements, as `raw_statements`; the lease names this worker."""
+    """The contract floor's statements, as `raw_statements`; the lease names this worker. Its
+    claim returns (id, task, payload, max_attempts, attempt, lease_token), and its completion
+    takes each job's attempt beside its token (the fence)."""
     claim_sql, claim_names = contract_floor.native(contract_floor.CLAIM_SQL, schema)
     complete_sql, complete_names = contract_floor.native(CONTRACT_COMPLETIONS[contract], schema)
-    worker = ContractWorker(done_conn, complete_sql, scope, complete_names)
+    columns = ("ids", "attempts", "lease_tokens", "results")
+    fence = operator.itemgetter(0, 4, 5)
+    worker = Worker(done_conn, complete_sql, scope, fence, columns, complete_names)
     worker_id = str(uuid.uuid4())
 
     def claim_params(free: int) -> list[str]:
