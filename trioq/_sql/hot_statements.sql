@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3141 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (3213 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -202,7 +202,8 @@ WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL)
 OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
-AND j.concurrency_key IS NOT NULL) AS ready) AS keyed
+AND j.concurrency_key IS NOT NULL) AS ready
+OFFSET 0) AS keyed
 LEFT JOIN LATERAL (SELECT j.run_at FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text)
 AND j.state IN ('scheduled', 'sleeping', 'waiting')
@@ -223,7 +224,8 @@ FOR UPDATE OF j SKIP LOCKED
 ) AS job
 WHERE r.queue = (SELECT $2::text)
 AND r.task = served.task
-AND r.slot >= (SELECT "trioq".ready_ring_low())
+AND r.slot >=
+(SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint))
 AND r.run_at <= "trioq".db_now()
 AND ((SELECT $4::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $4::text[])::text[]))
@@ -253,10 +255,10 @@ attempt = j.attempt + 1,
 executions = j.executions + 1,
 lease_token = gen_random_uuid(),
 traced = $6,
-lease_expires_at = "trioq".db_now() + $7 * interval '1 second',
+lease_expires_at = (SELECT "trioq".db_now()) + $7 * interval '1 second',
 worker_id = $8,
 error = NULL,
-started_at = greatest("trioq".db_now(), j.run_at)
+started_at = greatest((SELECT "trioq".db_now()), j.run_at)
 WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
 AND j.state NOT IN ('completed', 'failed', 'cancelled')
 RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
@@ -279,7 +281,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11771 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11825 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -496,7 +498,8 @@ FOR UPDATE OF j SKIP LOCKED
 ) AS job
 WHERE r.queue = (SELECT $1::text)
 AND r.task = served.task
-AND r.slot >= (SELECT "trioq".ready_ring_low())
+AND r.slot >=
+(SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint))
 AND r.run_at <= "trioq".db_now()
 AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
@@ -554,7 +557,7 @@ attempt = j.attempt + 1,
 executions = j.executions + 1,
 lease_token = gen_random_uuid(),
 traced = $10,
-lease_expires_at = "trioq".db_now() + $11 * interval '1 second',
+lease_expires_at = (SELECT "trioq".db_now()) + $11 * interval '1 second',
 worker_id = $12,
 error = NULL,
 started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
@@ -592,7 +595,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (14575 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (14629 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
@@ -837,7 +840,8 @@ FOR UPDATE OF j SKIP LOCKED
 ) AS job
 WHERE r.queue = (SELECT $1::text)
 AND r.task = served.task
-AND r.slot >= (SELECT "trioq".ready_ring_low())
+AND r.slot >=
+(SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint))
 AND r.run_at <= "trioq".db_now()
 AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
@@ -914,7 +918,7 @@ attempt = j.attempt + 1,
 executions = j.executions + 1,
 lease_token = gen_random_uuid(),
 traced = $10,
-lease_expires_at = "trioq".db_now() + $11 * interval '1 second',
+lease_expires_at = (SELECT "trioq".db_now()) + $11 * interval '1 second',
 worker_id = $12,
 error = NULL,
 started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL

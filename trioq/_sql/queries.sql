@@ -354,6 +354,16 @@ WITH new_jobs AS (
 -- include: job_insert(jobs)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
+-- fragment: ring_low
+-- The ready ring's lowest slot that readers read (migration 0041: a bank the ring has left,
+-- while a `pg_dump` holds it, lies below); a state emptied by hand (a test suite truncating
+-- every table) reads as 0, the first bank, as ready_ring_file() files there. Read once per
+-- statement by this sub-select (an InitPlan), which prunes the slots below as the statement
+-- runs: their scans are never executed. Written into each statement, not called: a call of
+-- ready_ring_low() (PL/pgSQL; its body is this fragment, kept for the previous release's
+-- claims) cost 28 us of every claim (EXPLAIN ANALYZE), the sub-select 2.
+(SELECT coalesce((SELECT s.low FROM {schema}.ready_ring_state s), 0::smallint))
+
 -- fragment: unkeyed_scan
 -- The unkeyed claim source of both claim statements, per served task (`served.task`): the
 -- ready ring's entries (migration 0039; every slot, one index scan each, merged) in claim
@@ -382,7 +392,8 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
           -- a sub-select: compared with the call itself, the planner filtered every entry
           -- scanned by it as well as pruning with it, one SQL-function execution per entry
           -- (10 us of every claimed job in a drain).
-          AND r.slot >= (SELECT {schema}.ready_ring_low())
+          AND r.slot >=
+              -- include: ring_low
           AND r.run_at <= {schema}.db_now()
           AND ((SELECT %(task_versions)s::text[]) IS NULL
                OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))
@@ -416,12 +427,14 @@ ring_taken AS MATERIALIZED (
 -- fragment: claim_set
 -- The claim's new row (job_claim and job_claim_plain): a new attempt,
 -- a fresh lease token, the lease from database time; each statement sets started_at after it.
+-- Database time by a sub-select: read once per statement, not once per row (db_now() reads a
+-- setting twice a call).
     SET state = 'running',
         attempt = j.attempt + 1,
         executions = j.executions + 1,
         lease_token = gen_random_uuid(),
         traced = %(traced)s,
-        lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second',
+        lease_expires_at = (SELECT {schema}.db_now()) + %(lease_seconds)s * interval '1 second',
         worker_id = %(worker_id)s,
         error = NULL,
 
@@ -1083,7 +1096,10 @@ WITH probe AS MATERIALIZED (
                  -- jobs_concurrency_ready_idx: one more probe of an index of keyed rows only
                  OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
                             WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
-                              AND j.concurrency_key IS NOT NULL) AS ready) AS keyed
+                              AND j.concurrency_key IS NOT NULL) AS ready
+          -- OFFSET 0: `keyed` is read twice above; pulled up, its two index probes were
+          -- planned (and run) once for each read.
+          OFFSET 0) AS keyed
     LEFT JOIN LATERAL (SELECT j.run_at FROM {schema}.jobs_live j
                        WHERE j.queue = (SELECT %(queue)s::text)
                          AND j.state IN ('scheduled', 'sleeping', 'waiting')
@@ -1110,7 +1126,7 @@ candidates AS MATERIALIZED (
 claimed AS (
     UPDATE {schema}.jobs_live j
     -- include: claim_set
-        started_at = greatest({schema}.db_now(), j.run_at)
+        started_at = greatest((SELECT {schema}.db_now()), j.run_at)
     -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
     -- (migration 0038).
     WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
@@ -2625,10 +2641,13 @@ SET LOCAL jit = off;
 WITH RECURSIVE
 ready_unkeyed AS (
     (SELECT queue FROM {schema}.ready_ring
-     WHERE slot >= (SELECT {schema}.ready_ring_low()) ORDER BY queue LIMIT 1)
+     WHERE slot >=
+         -- include: ring_low
+     ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT x.queue FROM {schema}.ready_ring x WHERE x.queue > r.queue
-              AND x.slot >= (SELECT {schema}.ready_ring_low())
+              AND x.slot >=
+                  -- include: ring_low
             ORDER BY x.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
@@ -2693,7 +2712,8 @@ CROSS JOIN LATERAL (
           CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
                               WHERE j.id = r.id AND j.state = 'ready' LIMIT 1) AS job
           WHERE r.queue = q.queue
-            AND r.slot >= (SELECT {schema}.ready_ring_low())
+            AND r.slot >=
+                -- include: ring_low
           LIMIT %(cap)s) s
 ) unkeyed
 CROSS JOIN LATERAL (
@@ -2865,7 +2885,9 @@ WITH ids AS (
     (SELECT j.id FROM {schema}.jobs j
      WHERE j.id IN (SELECT r.id FROM {schema}.ready_ring r
                     WHERE (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
-                      AND r.slot >= (SELECT {schema}.ready_ring_low()))
+                      AND r.slot >=
+                          -- include: ring_low
+                   )
        AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters

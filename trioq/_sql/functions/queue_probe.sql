@@ -13,7 +13,9 @@ SET search_path = pg_catalog, pg_temp AS $$
                                        WHERE j.id = r.id AND j.state = 'ready'
                                        LIMIT 1) AS job
                    WHERE r.queue = q.queue
-                     AND r.slot >= (SELECT {schema}.ready_ring_low()))
+                     AND r.slot >=
+                         -- include: ring_low
+                  )
            OR EXISTS (SELECT 1 FROM {schema}.jobs j
                       WHERE j.queue = q.queue AND j.state = 'ready'
                         AND j.partition_key IS NOT NULL)
