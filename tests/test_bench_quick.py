@@ -162,3 +162,14 @@ def test_statement_cost_times_each_hot_statement_on_an_empty_queue() -> None:
     output = run_module("bench.statement_cost", "--calls", "20", "--rounds", "1")
     for name in ("SELECT 1", "job_claim_plain", "ready_ring_take, 25 addresses"):
         assert f"{name}: " in output, output
+
+
+def test_epoch_claims_drains_the_write_once_layout_over_epochs() -> None:
+    """`python -m bench.epoch_claims`: trioq's replayed drain beside the planned write-once
+    layout's claim and completion naming the epoch-partitioned parents and the newest epoch's
+    partitions, one tiny repeat (each drain raises unless it completed every job)."""
+    output = run_module(
+        "bench.epoch_claims", "--jobs", "60", "--repeats", "1", "--epochs", "1", "--epochs", "2"
+    )
+    for name in ("trioq", "parent-1", "current-1", "parent-2", "current-2"):
+        assert f"{name}: " in output, output
