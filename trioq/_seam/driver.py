@@ -47,9 +47,12 @@ DEFAULT_PROMOTE_LIMIT = 1000
 SETTLE_KINDS = outcomes.SETTLE_KINDS
 
 
-@attrs.frozen
+# Not frozen (STYLE's values are): every job's outcome builds one, and a frozen slotted class
+# sets each of its 8 fields through object.__setattr__ (0.73 against 0.23 us a Settlement).
+# Never assigned after it is built; equality and hash are the frozen class's (`unsafe_hash`).
+@attrs.define(unsafe_hash=True)
 class Settlement:
-    """The recorded outcome of one execution, fenced by its lease.
+    """The recorded outcome of one execution, fenced by its lease (a value: never assigned).
 
     `kind` is one of `SETTLE_KINDS`: complete (`result_json`), retry (`error_json`, after
     `delay_seconds`), fail / cancel (`error_json`), release (drain: attempt restored), sleep
