@@ -10,6 +10,13 @@ as a durable drain does). Prints CPU per job (noisy on a shared machine) and two
 load does not move: trio task steps per job and Python calls per job (cProfile's count, in a
 second drain of the same size, so its overhead is not in the CPU figure). Claimed jobs are
 built before the timed part: their decode is the driver's cost (`bench.worker_cpu` has it).
+
+`--instructions` counts instead of timing: each checkout's drain runs under valgrind's
+callgrind, once with `--jobs` and once with a third as many, and the difference of their
+instruction counts per job is printed (start-up and imports cancel out; the claimed jobs'
+construction is counted, as a worker's decode builds them). The count does not move with the
+machine's load (the same tree gives the same figure to 0.1%), where CPU time on 2 shared
+cores moves by half from run to run; valgrind runs a drain ~50x slower, so `--jobs 3000`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -125,6 +133,9 @@ async def drain(profile):
     return cpu, Steps.steps
 
 
+if sys.argv[4:] == ["count"]:  # --instructions: one drain, counted by callgrind outside
+    trio.run(drain, None)
+    raise SystemExit
 cpu, steps = trio.run(drain, None)
 profile = cProfile.Profile()
 trio.run(drain, profile)
@@ -141,6 +152,24 @@ def measure(root: Path, jobs: int, claim_ms: float, flush_ms: float) -> dict[str
     return figures
 
 
+def instructions(root: Path, jobs: int, claim_ms: float, flush_ms: float) -> float:
+    """Instructions a job: callgrind's count of a drain of `jobs` less that of a third as many,
+    per job between them."""
+    counts = []
+    for size in (jobs // 3, jobs):
+        argv = [
+            "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+            "-c", CHILD, str(size), str(claim_ms / 1000), str(flush_ms / 1000), "count",
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
+        out = subprocess.run(argv, cwd=root, env=env, check=True, capture_output=True, text=True)
+        found = re.search(r"Collected : (\d+)", out.stderr)
+        if found is None:
+            raise RuntimeError(f"no instruction count from callgrind: {out.stderr[-500:]}")
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / (jobs - jobs // 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=40_000)
@@ -148,8 +177,18 @@ def main() -> None:
     parser.add_argument("--root", action="append", default=[], type=Path)
     parser.add_argument("--claim-ms", type=float, default=0.0)
     parser.add_argument("--flush-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions a job under callgrind instead (one pass: the count is stable)",
+    )
     args = parser.parse_args()
     roots = {"this": REPO_ROOT, **{str(root): root for root in args.root}}
+    if args.instructions:
+        for name, root in roots.items():
+            count = instructions(root, args.jobs, args.claim_ms, args.flush_ms)
+            print(f"{name:>10}: {count:,.0f} instructions/job", flush=True)
+        return
     figures: dict[str, dict[str, list[float]]] = {}
     for repeat in range(args.repeats):
         order = list(roots.items())

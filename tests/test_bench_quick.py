@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,15 @@ def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
     [medians] = [line for line in out.splitlines() if line.strip().startswith("this:")][-1:]
     steps = float(medians.split("us CPU/job")[1].split("task steps/job")[0])
     assert steps >= 1.0
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_runtime_cpu_counts_instructions_per_job_under_callgrind() -> None:
+    """`python -m bench.runtime_cpu --instructions`: this checkout's drain counted twice under
+    callgrind, the difference per job printed (a no-op job takes tens of thousands)."""
+    out = run_module("bench.runtime_cpu", "--instructions", "--jobs", "300")
+    [line] = [line for line in out.splitlines() if line.strip().startswith("this:")]
+    assert float(line.split(":")[1].split("instructions/job")[0].replace(",", "")) > 10_000
 
 
 def test_plan_cache_comparison_runs_both_drains_and_reports_medians() -> None:

@@ -47,9 +47,12 @@ DEFAULT_PROMOTE_LIMIT = 1000
 SETTLE_KINDS = outcomes.SETTLE_KINDS
 
 
-@attrs.frozen
+# Not frozen (STYLE's values are): every job's outcome builds one, and a frozen slotted class
+# sets each of its 8 fields through object.__setattr__ (0.73 against 0.23 us a Settlement).
+# Never assigned after it is built; equality and hash are the frozen class's (`unsafe_hash`).
+@attrs.define(unsafe_hash=True)
 class Settlement:
-    """The recorded outcome of one execution, fenced by its lease.
+    """The recorded outcome of one execution, fenced by its lease (a value: never assigned).
 
     `kind` is one of `SETTLE_KINDS`: complete (`result_json`), retry (`error_json`, after
     `delay_seconds`), fail / cancel (`error_json`), release (drain: attempt restored), sleep
@@ -120,8 +123,14 @@ class Claim:
 # --- records --------------------------------------------------------------------------------
 
 
-@attrs.frozen
+# Not frozen (STYLE's values are): a worker builds one per claimed job, and a frozen slotted
+# class sets each of its 17 fields through object.__setattr__ (1.69 against 0.40 us a job, its
+# Lease included). Never assigned after it is built; equality and hash are the frozen class's
+# (`unsafe_hash`: by value, `lease` left out as before).
+@attrs.define(unsafe_hash=True)
 class ClaimedJob:
+    """A job a claim took: its row as the handler sees it (a value: never assigned)."""
+
     id: int
     queue: str
     task: str
@@ -143,7 +152,7 @@ class ClaimedJob:
     lease: Lease = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "lease", Lease(self.id, self.attempt, self.lease_token))
+        self.lease = Lease(self.id, self.attempt, self.lease_token)
 
     @property
     def plain(self) -> bool:
