@@ -34,10 +34,9 @@ from typing import Any
 
 import psycopg
 
+from bench import statement_shape
 from bench.harness import HARNESS_ROLE, Database, open_database
-from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
-from trioq._pg.replies import ClaimedRow
-from trioq._sql import queries
+from bench.hot_path_cost import BATCH, complete, schedstat_ns
 
 Conn = psycopg.Connection[tuple[object, ...]]
 EPOCH = 2**32
@@ -177,28 +176,6 @@ def epoch_drain(db: Database, schema: str, epochs: int, current: bool, jobs: int
     return used / jobs / 1e3
 
 
-def trioq_drain(db: Database, schema: str, jobs: int) -> float:
-    """Backend CPU (us) per job of job_claim_plain and job_complete_plain (as statement_shape's
-    `trioq`)."""
-    db.install_raw(schema)
-    sql = queries(schema)
-    with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
-        insert_backlog(conn, schema, jobs)
-        pid = conn.info.backend_pid
-        before, finished = schedstat_ns(pid), 0
-        while finished < jobs:
-            reply = conn.execute(sql["job_claim_plain"], claim_params(), prepare=True).fetchall()
-            rows = [row[ClaimedRow.id :] for row in reply if row[ClaimedRow.id] is not None]
-            if not rows:
-                break
-            complete(conn, schema, [(row[0], row[4], row[6]) for row in rows])
-            finished += len(rows)
-        used = schedstat_ns(pid) - before
-    if finished != jobs:
-        raise RuntimeError(f"the replay completed {finished} of {jobs} jobs")
-    return used / jobs / 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
@@ -215,8 +192,9 @@ def main() -> None:
             for name, shape in systems[turn:] + systems[:turn]:
                 schema = db.fresh_schema()
                 try:
-                    if shape is None:
-                        us = trioq_drain(db, schema, args.jobs)
+                    if shape is None:  # statement_shape's `trioq` replay
+                        db.install_raw(schema)
+                        us = statement_shape.drain(db, schema, "trioq", args.jobs)
                     else:
                         us = epoch_drain(db, schema, shape[0], shape[1], args.jobs)
                 finally:
