@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -83,6 +85,12 @@ def partitions_of(pg_url: str, parent: str) -> list[str]:
 
 async def scalar(pg_url: str, query: str, params: Any = None) -> Any:
     return await trio.to_thread.run_sync(sql_scalar, pg_url, query, params)
+
+
+async def in_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A blocking helper (one of the job writes below) called from a trio test, off the event
+    loop so the test's own workers keep running meanwhile."""
+    return await trio.to_thread.run_sync(functools.partial(function, *args, **kwargs))
 
 
 class Gate:
@@ -175,3 +183,109 @@ async def blocked_on_a_lock(observer: Connection, pg_schema: str) -> bool:
         [pg_schema],
     )
     return bool(count)
+
+
+# --- Job states built in SQL ------------------------------------------------------------------
+# Tests build crash states and other hard-to-reach states by writing a job's row directly (as
+# Oban's and DBOS's tests do). Where a job's state, lease and outcome are stored is a layout
+# decision that bench/plans/write_once_layout.md plans to change (the `jobs` table may become a
+# view over a record, a run and an outcome), so these writes live here, in one place, and the
+# tests name the state they want rather than the columns that hold it.
+
+JobTarget = psycopg.Connection[Any] | str
+"""A connection (the write joins its transaction) or a database URL (a one-off autocommit
+session)."""
+
+
+def _write_jobs(
+    target: JobTarget,
+    schema: str,
+    assignments: list[sql.Composable],
+    job_ids: list[int],
+    params: dict[str, Any],
+) -> None:
+    statement = sql.SQL("UPDATE {}.jobs SET {} WHERE id = ANY(%(ids)s)").format(
+        sql.Identifier(schema), sql.SQL(", ").join(assignments)
+    )
+    params = {**params, "ids": job_ids}
+    if isinstance(target, str):
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute(statement, params)
+    else:
+        target.execute(statement, params)
+
+
+def force_running(
+    target: JobTarget,
+    schema: str,
+    job_ids: list[int],
+    *,
+    expires_in: datetime.timedelta,
+    attempt: int = 1,
+    lease_token: uuid.UUID | None = None,
+    worker_id: uuid.UUID | None = None,
+    started_ago: datetime.timedelta | None = None,
+    due_now: bool = False,
+) -> None:
+    """Put jobs in `running` as a claim would: on `attempt`, under a lease that ends
+    `expires_in` from now (negative: already expired, a crashed worker's job). The lease token is
+    `lease_token`, else a fresh one per job. `worker_id` and `started_at` (`started_ago` before
+    now) are set only when given, `run_at` only with `due_now`: the other columns keep what the
+    enqueue wrote."""
+    assignments: list[sql.Composable] = [
+        sql.SQL("state = 'running'"),
+        sql.SQL("attempt = %(attempt)s"),
+        sql.SQL("lease_token = coalesce(%(lease_token)s::uuid, gen_random_uuid())"),
+        sql.SQL("lease_expires_at = now() + %(expires_in)s"),
+    ]
+    params: dict[str, Any] = {
+        "attempt": attempt,
+        "lease_token": lease_token,
+        "expires_in": expires_in,
+    }
+    if worker_id is not None:
+        assignments.append(sql.SQL("worker_id = %(worker_id)s"))
+        params["worker_id"] = worker_id
+    if started_ago is not None:
+        assignments.append(sql.SQL("started_at = now() - %(started_ago)s"))
+        params["started_ago"] = started_ago
+    if due_now:
+        assignments.append(sql.SQL("run_at = now()"))
+    _write_jobs(target, schema, assignments, job_ids, params)
+
+
+def expire_lease(target: JobTarget, schema: str, job_ids: list[int]) -> None:
+    """End the leases of running jobs a second ago, as if their worker had died: the next
+    maintenance pass recovers them."""
+    _write_jobs(
+        target, schema, [sql.SQL("lease_expires_at = now() - interval '1 second'")], job_ids, {}
+    )
+
+
+def steal_lease(target: JobTarget, schema: str, job_id: int) -> None:
+    """Give a running job a new lease token, as if another attempt had taken it over (lease
+    recovery and a new claim): the running attempt's fenced writes are rejected."""
+    _write_jobs(target, schema, [sql.SQL("lease_token = gen_random_uuid()")], [job_id], {})
+
+
+def request_cancel_silently(target: JobTarget, schema: str, job_id: int) -> None:
+    """Mark a job's cancel as requested with no control notification (a lost NOTIFY): only the
+    next lease renewal, or recovery, can deliver it."""
+    _write_jobs(target, schema, [sql.SQL("cancel_requested = true")], [job_id], {})
+
+
+def force_final(target: JobTarget, schema: str, job_ids: list[int], state: str) -> None:
+    """Put jobs that hold no lease (ready, scheduled) in the final `state` now, filed in
+    today's lane, without running them. The lease columns are left as they are: a running job
+    needs its lease ended too."""
+    assignments: list[sql.Composable] = [
+        sql.SQL("state = %(state)s"),
+        sql.SQL("finished_at = now()"),
+        sql.SQL("lane = {}.job_lane(now())").format(sql.Identifier(schema)),
+    ]
+    _write_jobs(target, schema, assignments, job_ids, {"state": state})
+
+
+def pass_deadline(target: JobTarget, schema: str, job_ids: list[int]) -> None:
+    """Move jobs' deadlines a second into the past: the next deadline pass cancels them."""
+    _write_jobs(target, schema, [sql.SQL("deadline_at = now() - interval '1 second'")], job_ids, {})

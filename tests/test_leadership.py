@@ -4,6 +4,7 @@ statement counts) of its own, like a separate process."""
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,7 +13,7 @@ from typing import Any
 import trio
 
 import trioq
-from tests.support import make_app, scalar
+from tests.support import force_running, in_thread, make_app, scalar
 from trioq._pg.driver import open_pg_driver
 from trioq._runtime.services.worker import Worker, WorkerConfig
 from trioq._seam.services import MaintenanceReport
@@ -133,12 +134,15 @@ async def test_drained_leader_hands_over_and_the_new_leader_recovers_an_expired_
         # in the crash state below; that state makes it due now.
         job = await client.enqueue("orphan", {}, delay=3600)
         # The crash state: running under a dead worker, its lease expired.
-        await scalar(
+        await in_thread(
+            force_running,
             pg_url,
-            f"UPDATE {pg_schema}.jobs SET state = 'running', lease_token = gen_random_uuid(), "
-            "lease_expires_at = now() - interval '1 second', worker_id = gen_random_uuid(), "
-            "attempt = 1, started_at = now(), run_at = now() WHERE id = %s RETURNING id",
-            (job.id,),
+            pg_schema,
+            [job.id],
+            expires_in=datetime.timedelta(seconds=-1),
+            worker_id=uuid.uuid4(),
+            started_ago=datetime.timedelta(0),
+            due_now=True,
         )
         with trio.fail_after(10):
             record = await client.wait_final(job.id)
@@ -170,12 +174,14 @@ async def test_seat_of_a_dead_leader_is_taken_after_its_ttl_and_its_expired_leas
             "VALUES (%s, true, now(), now() + interval '1 second') RETURNING expires_at",
             (dead,),
         )
-        await scalar(
+        await in_thread(
+            force_running,
             pg_url,
-            f"UPDATE {pg_schema}.jobs SET state = 'running', lease_token = gen_random_uuid(), "
-            "lease_expires_at = now() - interval '1 second', worker_id = %s, attempt = 1, "
-            "started_at = now() WHERE id = %s RETURNING id",
-            (dead, job.id),
+            pg_schema,
+            [job.id],
+            expires_in=datetime.timedelta(seconds=-1),
+            worker_id=dead,
+            started_ago=datetime.timedelta(0),
         )
         async with pg_worker(app, pg_url) as worker:
             with trio.fail_after(10):
