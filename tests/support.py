@@ -226,12 +226,14 @@ def force_running(
     worker_id: uuid.UUID | None = None,
     started_ago: datetime.timedelta | None = None,
     due_now: bool = False,
+    cancel_requested: bool = False,
 ) -> None:
     """Put jobs in `running` as a claim would: on `attempt`, under a lease that ends
     `expires_in` from now (negative: already expired, a crashed worker's job). The lease token is
     `lease_token`, else a fresh one per job. `worker_id` and `started_at` (`started_ago` before
-    now) are set only when given, `run_at` only with `due_now`: the other columns keep what the
-    enqueue wrote."""
+    now) are set only when given, `run_at` only with `due_now`, `cancel_requested` only when
+    true (a cancel whose notification never arrived): the other columns keep what the enqueue
+    wrote."""
     assignments: list[sql.Composable] = [
         sql.SQL("state = 'running'"),
         sql.SQL("attempt = %(attempt)s"),
@@ -251,6 +253,8 @@ def force_running(
         params["started_ago"] = started_ago
     if due_now:
         assignments.append(sql.SQL("run_at = now()"))
+    if cancel_requested:
+        assignments.append(sql.SQL("cancel_requested = true"))
     _write_jobs(target, schema, assignments, job_ids, params)
 
 
@@ -289,3 +293,9 @@ def force_final(target: JobTarget, schema: str, job_ids: list[int], state: str) 
 def pass_deadline(target: JobTarget, schema: str, job_ids: list[int]) -> None:
     """Move jobs' deadlines a second into the past: the next deadline pass cancels them."""
     _write_jobs(target, schema, [sql.SQL("deadline_at = now() - interval '1 second'")], job_ids, {})
+
+
+def end_unique_window(target: JobTarget, schema: str, job_id: int) -> None:
+    """End a job's uniqueness window (`unique_for`) a second ago, as its time passing would:
+    its dedup key no longer holds against a new enqueue."""
+    _write_jobs(target, schema, [sql.SQL("unique_until = now() - interval '1 s'")], [job_id], {})

@@ -8,6 +8,7 @@ unit tests of tests/prometheus/alerts_test.yaml."""
 
 from __future__ import annotations
 
+import datetime
 import shutil
 import subprocess
 import uuid
@@ -17,7 +18,7 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, running_worker, sql_scalar, wait_until
+from tests.support import force_running, in_thread, make_app, running_worker, wait_until
 from tests.test_metrics import samples_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,13 +65,14 @@ async def test_the_leader_counts_the_jobs_it_recovers_from_expired_leases(
 
     async with app.client(migrate=True) as client:
         job = await client.enqueue("noop", {})
-        crashed = (
-            f"UPDATE {pg_schema}.jobs SET state = 'running', attempt = 1,"
-            " lease_token = %s, lease_expires_at = now() - interval '1 minute',"
-            " started_at = now() - interval '2 minutes' WHERE id = %s"
-        )
-        await trio.to_thread.run_sync(
-            sql_scalar, pg_url, crashed + " RETURNING id", (uuid.uuid4(), job.id)
+        await in_thread(
+            force_running,
+            pg_url,
+            pg_schema,
+            [job.id],
+            expires_in=datetime.timedelta(minutes=-1),
+            lease_token=uuid.uuid4(),
+            started_ago=datetime.timedelta(minutes=2),
         )
         async with running_worker(app) as worker:
             with trio.fail_after(30):

@@ -15,6 +15,7 @@ import itertools
 import random
 import re
 import signal
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ import trioq
 from tests.fault_app import CLOCK_SKEW_ENV, POOL_SIZE_ENV, build_app, create_exec_log
 from tests.procs import WorkerGroup, db_now, fetch, wait_until, worker_group
 from tests.soak.history import check_history, read_history
-from tests.support import running_worker
+from tests.support import force_running, in_thread, running_worker
 from tests.support import wait_until as support_wait_until
 from trioq.embedded import EmbeddedPostgres, EmbeddedSettings
 
@@ -227,17 +228,15 @@ async def test_a_worker_never_claims_renews_recovers_or_notifies_another_schemas
         waiting = [job.id for job in await other.enqueue_many("quick", [{}] * 50)]
         # a crashed worker's job (lease long expired) and a live one's, built in SQL
         expired, live = [job.id for job in await other.enqueue_many("quick", [{}] * 2)]
-    await fetch(
-        pg_url,
-        q(
+    for job_id, expires_in in ((expired, -1), (live, 1)):
+        await in_thread(
+            force_running,
+            pg_url,
             other_schema,
-            "UPDATE {s}.jobs SET state = 'running', attempt = 1, lease_token = gen_random_uuid(), "
-            "lease_expires_at = now() + CASE WHEN id = %s THEN interval '-1 hour' "
-            "ELSE interval '1 hour' END, worker_id = gen_random_uuid() WHERE id = ANY(%s) "
-            "RETURNING id",
-        ),
-        (expired, [expired, live]),
-    )
+            [job_id],
+            expires_in=datetime.timedelta(hours=expires_in),
+            worker_id=uuid.uuid4(),
+        )
     before = await fetch(pg_url, q(other_schema, "SELECT * FROM {s}.jobs ORDER BY id"))
     channels = [f"{other_schema}_ready_{n}" for n in range(64)]
     channels += [f"{other_schema}_result_{n}" for n in range(64)] + [f"{other_schema}_control"]

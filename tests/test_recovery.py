@@ -4,13 +4,24 @@
 from __future__ import annotations
 
 import collections
+import datetime
+import uuid
 from typing import Any
 
 import psycopg
 import trio
 
 import trioq
-from tests.support import Gate, make_app, running_worker, scalar, wait_until
+from tests.support import (
+    Gate,
+    force_running,
+    in_thread,
+    make_app,
+    request_cancel_silently,
+    running_worker,
+    scalar,
+    wait_until,
+)
 from trioq._pg import Connection
 
 
@@ -34,11 +45,7 @@ async def test_cancel_whose_notification_was_missed_reaches_the_handler_by_lease
         job = await client.enqueue("forever", {})
         with trio.fail_after(10):
             await gate.wait_entered(1)
-            await scalar(
-                pg_url,
-                f"UPDATE {pg_schema}.jobs SET cancel_requested = true WHERE id = %s RETURNING id",
-                (job.id,),
-            )
+            await in_thread(request_cancel_silently, pg_url, pg_schema, job.id)
             record = await client.wait_final(job.id)
         attempts = await client.attempts(job.id)
     assert (record.state, record.attempt) == ("cancelled", 1)
@@ -62,14 +69,18 @@ async def test_cancel_requested_job_recovered_after_its_worker_died_ends_cancell
         first, last = await client.enqueue_many("victim", [{}, {}])
         # The crash state: running under a dead worker, lease long expired, cancel requested;
         # `first` on its first attempt, `last` on its last.
-        await scalar(
-            pg_url,
-            f"UPDATE {pg_schema}.jobs SET state = 'running', lease_token = gen_random_uuid(), "
-            "lease_expires_at = now() - interval '1 hour', worker_id = gen_random_uuid(), "
-            "started_at = now() - interval '1 hour', cancel_requested = true, "
-            "attempt = CASE WHEN id = %s THEN 1 ELSE 3 END WHERE id = ANY(%s) RETURNING id",
-            (first.id, [first.id, last.id]),
-        )
+        for job, attempt in ((first, 1), (last, 3)):
+            await in_thread(
+                force_running,
+                pg_url,
+                pg_schema,
+                [job.id],
+                expires_in=datetime.timedelta(hours=-1),
+                attempt=attempt,
+                worker_id=uuid.uuid4(),
+                started_ago=datetime.timedelta(hours=1),
+                cancel_requested=True,
+            )
         async with running_worker(app, poll_interval=0.1, maintenance_interval=0.1):
             with trio.fail_after(10):
                 records = [await client.wait_final(job.id) for job in (first, last)]
