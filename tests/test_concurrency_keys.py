@@ -16,7 +16,7 @@ import trio
 
 import trioq
 from tests.releases import previous_release_migrations
-from tests.support import Gate, make_app, running_worker, sql_rows
+from tests.support import Gate, expire_lease, make_app, running_worker, sql_rows
 from trioq import cli
 from trioq._seam.driver import Claim
 from trioq._seam.services import MaintenancePass
@@ -141,11 +141,7 @@ async def test_lease_recovery_of_a_dead_worker_frees_its_key_holds(
         dead = await client.driver.job_claim(claim)
         assert len(dead.claimed) == 2
         assert (await client.driver.job_claim(claim)).claimed == ()
-        sql_rows(
-            pg_url,
-            f"UPDATE {pg_schema}.jobs SET lease_expires_at = now() - interval '1 second' "
-            "WHERE state = 'running' RETURNING id",
-        )
+        expire_lease(pg_url, pg_schema, [job.id for job in dead.claimed])
         report = await client.driver.maintenance_pass(MaintenancePass())
         assert sorted(report.recovered) == sorted((job.id, "ready") for job in dead.claimed)
         assert sql_rows(pg_url, HOLDS.format(pg_schema)) == []

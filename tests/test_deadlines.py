@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 import trioq
-from tests.support import running_worker, scalar, sql_rows
+from tests.support import in_thread, pass_deadline, running_worker, scalar, sql_rows
 from trioq import cli
 from trioq._core.explain import explain
 from trioq._memory import MemoryDriver
@@ -123,9 +123,7 @@ async def test_a_task_deadline_is_stored_and_a_pass_cancels_a_ready_job(
                 f"SELECT deadline_at - created_at, deadline_source FROM {pg_schema}.jobs"
             )
             assert (at, source) == (datetime.timedelta(minutes=5), "set by task bounded")
-            await tx.execute(
-                f"UPDATE {pg_schema}.jobs SET deadline_at = now() - interval '1 second'"
-            )
+        await in_thread(pass_deadline, pg_url, pg_schema, [job.id])
         report = await client.driver.maintenance_pass(MaintenancePass())
         row = await client.driver.job_get(job.id)
     assert report.deadlines_passed == 1
@@ -406,12 +404,7 @@ def test_trioq_job_shows_the_deadline_and_the_reason_it_cancelled_the_job(
     with SyncProducer(pg_url, schema=pg_schema) as producer:
         ahead = producer.enqueue(FOREVER, {}, deadline=datetime.timedelta(hours=2)).id
         passed = producer.enqueue(FOREVER, {}, deadline=datetime.timedelta(hours=1)).id
-    sql_rows(
-        pg_url,
-        f"UPDATE {pg_schema}.jobs SET deadline_at = now() - interval '1 second' "
-        "WHERE id = %s RETURNING id",
-        [passed],
-    )
+    pass_deadline(pg_url, pg_schema, [passed])
     assert sql_rows(pg_url, f"SELECT {pg_schema}.job_deadline_pass(10, 'unused')") == [(1,)]
     capsys.readouterr()
     assert cli.main(["job", *base, str(ahead), "--json"]) == 0

@@ -14,7 +14,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 import trioq
-from tests.support import make_app, running_worker, scalar, wait_until
+from tests.support import in_thread, make_app, running_worker, steal_lease, wait_until
 from trioq._runtime.services.health import HealthTarget, LoopHeartbeat, serve_health
 from trioq.embedded import EmbeddedPostgres
 
@@ -220,12 +220,7 @@ async def test_a_lost_lease_counts_as_a_lost_outcome_and_a_lost_lease(
 
     @app.task("victim")
     async def victim(ctx: trioq.Context, payload: object) -> None:
-        await scalar(
-            pg_url,
-            f"UPDATE {pg_schema}.jobs SET lease_token = gen_random_uuid() WHERE id = %s "
-            "RETURNING id",
-            (ctx.job.id,),
-        )
+        await in_thread(steal_lease, pg_url, pg_schema, ctx.job.id)
         await ctx.step("after", lambda: 1)  # fenced: rejected, the attempt is lost
 
     hooks = trioq.WorkerHooks(

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, running_worker, sql_rows, wait_until
+from tests.support import make_app, running_worker, sql_rows, steal_lease, wait_until
 from tests.tx_app import QUEUE, SCHEMA_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -76,12 +76,7 @@ async def test_complete_after_the_lease_was_lost_rolls_the_writes_back(
     @app.task("post", max_attempts=1)
     async def post(ctx: trioq.Context, payload: dict[str, Any]) -> None:
         # Another attempt took the job over (as lease recovery would): the fence fails.
-        sql_rows(
-            pg_url,
-            f'UPDATE "{pg_schema}".jobs SET lease_token = gen_random_uuid() WHERE id = %s '
-            "RETURNING id",
-            (ctx.job.id,),
-        )
+        steal_lease(pg_url, pg_schema, ctx.job.id)
         try:
             async with ctx.transaction() as tx:
                 await tx.execute(f'INSERT INTO "{pg_schema}".ledger VALUES (%s, 1)', (ctx.job.id,))

@@ -4,6 +4,7 @@ tests/test_queue_limits_race.py)."""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 from typing import Any
@@ -14,7 +15,15 @@ import trio
 import trio.testing
 
 import trioq
-from tests.support import Gate, make_app, running_worker, scalar, wait_until
+from tests.support import (
+    Gate,
+    force_running,
+    in_thread,
+    make_app,
+    running_worker,
+    scalar,
+    wait_until,
+)
 from tests.test_metrics import samples_of
 from trioq import cli
 from trioq._core.explain import Gate as ExplainGate
@@ -284,11 +293,12 @@ async def test_a_claim_waiting_for_the_gate_counts_the_jobs_claimed_while_it_wai
         with other:
             await run("BEGIN")
             await run(f"SELECT * FROM {pg_schema}.queue_limit_gate('partner', 3)")
-            await run(
-                f"UPDATE {pg_schema}.jobs SET state = 'running', attempt = 1, "
-                "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 min' "
-                "WHERE id = ANY(%s)",
-                (jobs[:3],),
+            await in_thread(
+                force_running,
+                other,
+                pg_schema,
+                jobs[:3],
+                expires_in=datetime.timedelta(minutes=1),
             )
             claimed: list[int] = []
 

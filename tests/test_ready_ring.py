@@ -4,13 +4,21 @@ outlived its job's readiness is never claimed, and the leader truncates drained 
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
-from tests.support import partitions_of, run_explained, sql_rows, sql_scalar
+from tests.support import (
+    force_final,
+    force_running,
+    partitions_of,
+    run_explained,
+    sql_rows,
+    sql_scalar,
+)
 from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
 from trioq._seam.driver import Claim
 from trioq._sql import queries
@@ -104,13 +112,7 @@ async def test_a_job_claimed_elsewhere_leaves_its_entry_and_is_not_claimed_twice
 ) -> None:
     # A worker of the previous release claims from jobs_live and leaves the entry behind.
     [job_id] = await enqueue(driver, new_job(1))
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(
-            f"UPDATE {pg_schema}.jobs SET state = 'running', attempt = 1,"
-            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '30 s'"
-            " WHERE id = %s",
-            (job_id,),
-        )
+    force_running(pg_url, pg_schema, [job_id], expires_in=datetime.timedelta(seconds=30))
     assert ring_ids(pg_url, pg_schema) == [job_id]
     assert await plain_claim(driver) == []
     [next_id] = await enqueue(driver, new_job(2))
@@ -140,11 +142,7 @@ async def test_the_sweep_truncates_a_drained_slot_and_leaves_a_filled_or_locked_
         assert conn.execute(size, (filled,)).fetchone()[0] > 0
         conn.commit()
         # A slot another session holds (a pg_dump's lock) is left for a later sweep.
-        conn.execute(
-            f"UPDATE {pg_schema}.jobs SET state = 'cancelled', finished_at = now(),"
-            f" lane = {pg_schema}.job_lane(now()) WHERE id = %s",
-            (ready_id,),
-        )
+        force_final(conn, pg_schema, [ready_id], "cancelled")
         conn.commit()
         other.execute(f"SELECT count(*) FROM {pg_schema}.ready_ring_{int(filled)}")
         conn.execute(f"SELECT truncated FROM {pg_schema}.ready_sweep()")

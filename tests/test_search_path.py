@@ -12,7 +12,7 @@ import pytest
 import trio
 from psycopg import sql
 
-from tests.support import make_app
+from tests.support import force_running, make_app
 
 PINNED = ["search_path=pg_catalog, pg_temp"]
 # Called per row of the hot statements (or inlined into them): a SET clause would stop the
@@ -121,16 +121,17 @@ def test_functions_called_under_a_hostile_search_path_use_trioqs_objects(
 ) -> None:
     trio.run(_migrate, pg_url, pg_schema)
     evil = f"{pg_schema}_evil"
-    s = sql.Identifier(pg_schema)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         try:
             plant_hostile_schema(conn, evil)
-            _exercise(conn, s, evil)
+            _exercise(conn, pg_schema, evil)
         finally:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(evil)))
 
 
-def _exercise(conn: psycopg.Connection[Any], s: sql.Identifier, evil: str) -> None:
+def _exercise(conn: psycopg.Connection[Any], schema: str, evil: str) -> None:
+    s = sql.Identifier(schema)
+
     def one(query: str, params: Any = None) -> Any:
         row = conn.execute(sql.SQL(query).format(s=s), params).fetchone()
         assert row is not None
@@ -151,11 +152,7 @@ def _exercise(conn: psycopg.Connection[Any], s: sql.Identifier, evil: str) -> No
         "VALUES ('t:*', 2, now())"
     )
     keyed = one("SELECT {s}.enqueue('noop', '{{}}', concurrency_key => 't:1')")
-    run(
-        "UPDATE {s}.jobs SET state = 'running', attempt = 1, lease_token = gen_random_uuid(), "
-        "lease_expires_at = now() + interval '1 minute' WHERE id = %s",
-        (keyed,),
-    )
+    force_running(conn, schema, [keyed], expires_in=datetime.timedelta(minutes=1))
     run(
         "INSERT INTO {s}.concurrency_holds (concurrency_key, slot, job_id) VALUES ('t:1', 0, %s)",
         (keyed,),

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import trio
 
 import trioq
-from tests.support import apply_functions, apply_migration, make_app, running_worker, scalar
+from tests.support import (
+    apply_functions,
+    apply_migration,
+    force_running,
+    in_thread,
+    make_app,
+    running_worker,
+    scalar,
+)
 from trioq import cli
 
 
@@ -28,12 +37,16 @@ async def test_status_json_and_tables_carry_the_health_list_and_pressure_figures
         await client.enqueue_many("work", [{}, {}])
         await client.enqueue("work", {}, delay=600)
         # A running row whose worker is gone and whose lease has expired.
-        await scalar(
+        newest_due = await scalar(
             pg_url,
-            f"UPDATE {pg_schema}.jobs SET state = 'running', lease_token = gen_random_uuid(), "
-            "lease_expires_at = now() - interval '1 minute', attempt = 1 "
-            f"WHERE id = (SELECT max(id) FROM {pg_schema}.jobs WHERE state = 'ready' "
-            "AND run_at <= now()) RETURNING 1",
+            f"SELECT max(id) FROM {pg_schema}.jobs WHERE state = 'ready' AND run_at <= now()",
+        )
+        await in_thread(
+            force_running,
+            pg_url,
+            pg_schema,
+            [newest_due],
+            expires_in=datetime.timedelta(minutes=-1),
         )
     args = ["status", "--database-url", pg_url, "--schema", pg_schema]
     assert await trio.to_thread.run_sync(cli.main, [*args, "--json"]) == 0

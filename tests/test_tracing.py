@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import trioq
-from tests.support import make_app, running_worker, scalar
+from tests.support import expire_lease, in_thread, make_app, running_worker, scalar
 from trioq._runtime.services.logs import JOB_LOGGER
 from trioq._seam.services import MaintenancePass
 
@@ -122,12 +122,7 @@ async def test_a_lost_attempt_stores_the_trace_id_of_the_span_that_lost_it(
     @app.task("stalls", max_attempts=1)
     async def stalls(ctx: trioq.Context, payload: object) -> None:
         # The worker "dies" for the database: its lease runs out and the leader recovers it.
-        await scalar(
-            pg_url,
-            f"UPDATE {pg_schema}.jobs SET lease_expires_at = now() - interval '1 second' "
-            "WHERE id = %s RETURNING id",
-            (ctx.job.id,),
-        )
+        await in_thread(expire_lease, pg_url, pg_schema, [ctx.job.id])
         report = await ctx_client.driver.maintenance_pass(MaintenancePass())
         assert report.recovered == ((ctx.job.id, "failed"),)
 

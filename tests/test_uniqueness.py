@@ -15,7 +15,15 @@ import trio
 from psycopg import sql
 
 import trioq
-from tests.support import make_app, running_worker, scalar, sql_rows, wait_until
+from tests.support import (
+    end_unique_window,
+    in_thread,
+    make_app,
+    running_worker,
+    scalar,
+    sql_rows,
+    wait_until,
+)
 from trioq._sql import queries
 
 
@@ -85,12 +93,7 @@ async def test_completed_job_within_unique_for_returns_it_and_frees_after(
             "echo", {"n": 2}, dedup_key="digest", unique_for=datetime.timedelta(hours=1)
         )
         # Move the first job's window into the past, as an hour passing would.
-        await scalar(
-            pg_url,
-            f"UPDATE {pg_schema}.jobs SET unique_until = now() - interval '1 s' "
-            "WHERE id = %s RETURNING id",
-            (first.id,),
-        )
+        await in_thread(end_unique_window, pg_url, pg_schema, first.id)
         later = await client.enqueue(
             "echo", {"n": 3}, dedup_key="digest", unique_for=datetime.timedelta(hours=1)
         )
