@@ -299,3 +299,45 @@ def end_unique_window(target: JobTarget, schema: str, job_id: int) -> None:
     """End a job's uniqueness window (`unique_for`) a second ago, as its time passing would:
     its dedup key no longer holds against a new enqueue."""
     _write_jobs(target, schema, [sql.SQL("unique_until = now() - interval '1 s'")], [job_id], {})
+
+
+def force_waiting(
+    target: JobTarget,
+    schema: str,
+    job_id: int,
+    *,
+    topic: str | None = None,
+    event_key: str | None = None,
+    wake_in: datetime.timedelta | None = None,
+    checkpoint_count: int | None = None,
+) -> None:
+    """Put a job in `waiting` as a suspended workflow: on a message `topic` or an event
+    `event_key` (each set only when given), woken by its timeout `wake_in` from now (never:
+    `run_at` NULL), with `checkpoint_count` steps recorded when given."""
+    assignments: list[sql.Composable] = [
+        sql.SQL("state = 'waiting'"),
+        sql.SQL("run_at = now() + %(wake_in)s::interval"),
+    ]
+    params: dict[str, Any] = {"wake_in": wake_in}
+    for column, value in (
+        ("wait_topic", topic),
+        ("wait_event_key", event_key),
+        ("checkpoint_count", checkpoint_count),
+    ):
+        if value is not None:
+            assignments.append(
+                sql.SQL("{} = {}").format(sql.Identifier(column), sql.Placeholder(column))
+            )
+            params[column] = value
+    _write_jobs(target, schema, assignments, [job_id], params)
+
+
+def force_sleeping(target: JobTarget, schema: str, job_id: int, until: datetime.datetime) -> None:
+    """Put a job in `sleeping` (a workflow's durable sleep) until `until`."""
+    _write_jobs(
+        target,
+        schema,
+        [sql.SQL("state = 'sleeping'"), sql.SQL("run_at = %(until)s")],
+        [job_id],
+        {"until": until},
+    )

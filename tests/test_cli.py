@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import trioq
 from tests import support
 from tests.procs import WorkerProc, wait_until, worker_group
-from tests.support import sql_rows
+from tests.support import force_final, sql_rows
 from tests.test_faults import count_is, producer, started_by
 from trioq import cli
 from trioq._memory import MemoryDriver
@@ -312,11 +312,7 @@ def test_retry_failed_by_task_redrives_every_failed_job_of_it(
     with SyncProducer(pg_url, schema=pg_schema, tasks=NO_WORKER_TASKS) as producer:
         mail = producer.enqueue_many("mail", [{}, {}])
         other = producer.enqueue("sync", {})
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(
-            f"UPDATE {pg_schema}.jobs SET state = 'failed', finished_at = now(),"
-            f" lane = {pg_schema}.job_lane(now())"
-        )
+    force_final(pg_url, pg_schema, [*(job.id for job in mail), other.id], "failed")
     code, out = trioq_cli(capsys, "retry", *migrated, "--failed", "--task", "mail", "--json")
     assert code == 0
     assert sorted(j["id"] for j in out["jobs"]) == sorted(j.id for j in mail)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
 import psycopg
 import pytest
 
+from tests.support import force_sleeping, force_waiting
 from trioq import cli
 from trioq.producer import SyncProducer
 
@@ -32,21 +34,11 @@ def test_workflows_lists_waits_and_job_shows_the_timeline_and_values(
             producer.enqueue("review", {"n": n}).id for n in range(4)
         )
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        jobs = f"{pg_schema}.jobs"
-        conn.execute(
-            f"UPDATE {jobs} SET state = 'waiting', run_at = NULL, wait_topic = 'approval',"
-            " checkpoint_count = 2 WHERE id = %s",
-            (on_topic,),
+        force_waiting(conn, pg_schema, on_topic, topic="approval", checkpoint_count=2)
+        force_waiting(
+            conn, pg_schema, on_event, event_key="paid:7", wake_in=datetime.timedelta(hours=1)
         )
-        conn.execute(
-            f"UPDATE {jobs} SET state = 'waiting', run_at = now() + interval '1 hour',"
-            " wait_event_key = 'paid:7' WHERE id = %s",
-            (on_event,),
-        )
-        conn.execute(
-            f"UPDATE {jobs} SET state = 'sleeping', run_at = '2030-01-01T00:00:00Z' WHERE id = %s",
-            (sleeper,),
-        )
+        force_sleeping(conn, pg_schema, sleeper, datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC))
         conn.execute(
             f"INSERT INTO {pg_schema}.checkpoints (job_id, position, kind, name, value,"
             " created_at) VALUES (%s, 0, 'step', 'draft', '\"v1\"', now()),"
