@@ -290,6 +290,12 @@ def force_final(target: JobTarget, schema: str, job_ids: list[int], state: str) 
     _write_jobs(target, schema, assignments, job_ids, {"state": state})
 
 
+def relabel_final(target: JobTarget, schema: str, job_id: int, state: str) -> None:
+    """Change a finished job's final state to `state`, keeping its finish time and lane: a
+    `failed` job made from a cancelled one, with no attempt run."""
+    _write_jobs(target, schema, [sql.SQL("state = %(state)s")], [job_id], {"state": state})
+
+
 def pass_deadline(target: JobTarget, schema: str, job_ids: list[int]) -> None:
     """Move jobs' deadlines a second into the past: the next deadline pass cancels them."""
     _write_jobs(target, schema, [sql.SQL("deadline_at = now() - interval '1 second'")], job_ids, {})
