@@ -221,12 +221,18 @@ async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_prima
 
 
 async def test_an_idle_worker_runs_one_claim_per_notified_job(pg_url: str, pg_schema: str) -> None:
-    """Jobs enqueued one at a time into an idle worker: each notification's round claims its
-    job, and the slot its handler frees claims nothing more (that claim found nothing: the
-    round before it was short and nothing new was notified). Rounds run one after another, so
-    once a job's handler has started its round has been counted. (The client waits on the
+    """Jobs enqueued one at a time into an idle worker: each job is claimed by a round of its
+    own, and the slot its handler frees claims nothing more (that claim would find nothing:
+    the round before it was short and nothing new was notified). Rounds run one after another,
+    so once a job's handler has started its round has been counted. (The client waits on the
     handler, not on the job's result: a result watch on a ready job notifies its queue once
-    more, a round that may find nothing.)"""
+    more, a round that may find nothing.)
+    One exception is the design's, not a slot's: on a busy server a round sent while the last
+    job's handler still held its slot can run after the next enqueue commits and take that
+    job with its one open slot, a full round; after a full round a slot that opens claims
+    again, and an empty claim right after a full one is retried once (claim_loop.py). So an
+    empty round may follow a full one, at most two in a row, and never a short one (it failed
+    1 run in 24 with two runs at once, before and after this stop's changes)."""
     app = make_app(pg_url, pg_schema)
     rounds: list[tuple[int, int]] = []
     first_round = trio.Event()
@@ -256,7 +262,14 @@ async def test_an_idle_worker_runs_one_claim_per_notified_job(pg_url: str, pg_sc
                 await client.enqueue("noop", {"n": n})
                 assert await started.receive() == n
             after = rounds[before:]
-    assert [claimed for _, claimed in after] == [1] * 6, after
+    assert [claimed for _, claimed in after if claimed] == [1] * 6, after
+    last_full, empty_in_a_row = False, 0
+    for requested, claimed in after:
+        if claimed:
+            last_full, empty_in_a_row = claimed == requested, 0
+        else:
+            empty_in_a_row += 1
+            assert last_full and empty_in_a_row <= 2, after
 
 
 async def test_without_notifications_a_slot_that_opens_claims_work_enqueued_meanwhile(
