@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.harness import open_database
 from bench.hot_path_cost import replay
+from bench.stats import rotated
 
 RESULTS = Path(__file__).resolve().parent / "results_backlog_depth.json"
 
@@ -40,8 +41,7 @@ def main() -> None:
     figures: dict[int, list[tuple[float, float, float]]] = {depth: [] for depth in depths}
     with open_database() as db:
         for repeat in range(args.repeats):
-            order = depths[repeat % len(depths) :] + depths[: repeat % len(depths)]
-            for depth in order:
+            for depth in rotated(depths, repeat):
                 schema = db.fresh_schema()
                 try:
                     figures[depth].append(replay(db, schema, depth, args.measure, args.jit))

@@ -37,6 +37,7 @@ import psycopg
 from bench import statement_shape
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, complete, schedstat_ns
+from bench.stats import rotated
 
 Conn = psycopg.Connection[tuple[object, ...]]
 EPOCH = 2**32
@@ -188,8 +189,7 @@ def main() -> None:
     figures: dict[str, list[float]] = {}
     with open_database() as db:
         for repeat in range(args.repeats):
-            turn = repeat % len(systems)
-            for name, shape in systems[turn:] + systems[:turn]:
+            for name, shape in rotated(systems, repeat):
                 schema = db.fresh_schema()
                 try:
                     if shape is None:  # statement_shape's `trioq` replay

@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from bench.harness import HARNESS_ROLE, Database, open_database
+from bench.stats import rotated
 from trioq._pg.replies import ClaimedRow
 from trioq._sql import queries
 
@@ -200,8 +201,7 @@ def main() -> None:
     figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     with open_database() as db:
         for repeat in range(args.repeats):
-            order = names[repeat % len(names) :] + names[: repeat % len(names)]
-            for name in order:
+            for name in rotated(names, repeat):
                 schema = db.fresh_schema()
                 try:
                     VARIANTS[name](db.conn, schema)

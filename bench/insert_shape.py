@@ -45,6 +45,7 @@ import psycopg
 
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import schedstat_ns
+from bench.stats import rotated
 from trioq._pg.inserts import insert_statement
 from trioq._seam.records import NewJob, NewJobs
 from trioq._sql import queries
@@ -225,8 +226,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name in replays:
                 systems = SYSTEMS_OF[name]
-                turn = repeat % len(systems)
-                for system in systems[turn:] + systems[:turn]:
+                for system in rotated(systems, repeat):
                     schema = db.fresh_schema()
                     try:
                         db.conn.execute(INSTALL.format(schema=schema))

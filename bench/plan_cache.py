@@ -28,6 +28,7 @@ from bench.jobs import TRIOQ, JobGroup, enqueue_committed
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
 from bench.scenarios.workflows import fill
+from bench.stats import rotated
 from bench.worker_cpu import trioq_worker
 
 KEYS = 100
@@ -103,8 +104,7 @@ def main() -> None:
         ctx = Context(db, Launcher(db, Path(logs)), QUICK if args.quick else FULL, Results())
         for repeat in range(args.repeats):
             print(f"repeat {repeat + 1}", flush=True)
-            order = list(roots.items())
-            order = order[repeat % len(order) :] + order[: repeat % len(order)]
+            order = rotated(list(roots.items()), repeat)
             for workload, keyed, jobs in (
                 ("plain", False, args.plain_jobs),
                 ("keyed", True, args.keyed_jobs),

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from bench.harness import REPO_ROOT
+from bench.stats import rotated
 
 # Run in a child process whose sys.path starts with the checkout measured: it uses only what
 # every checkout's runtime has (ClaimLoop, WorkerMetrics, instrument_driver, TaskSpec).
@@ -191,8 +192,7 @@ def main() -> None:
         return
     figures: dict[str, dict[str, list[float]]] = {}
     for repeat in range(args.repeats):
-        order = list(roots.items())
-        order = order[repeat % len(order) :] + order[: repeat % len(order)]
+        order = rotated(list(roots.items()), repeat)
         print(f"repeat {repeat + 1} (load {os.getloadavg()[0]:.2f})", flush=True)
         for name, root in order:
             run = measure(root, args.jobs, args.claim_ms, args.flush_ms)

@@ -24,6 +24,7 @@ import psycopg
 from bench import baseline
 from bench.harness import HARNESS_ROLE, open_database
 from bench.hot_path_cost import BATCH, claim_params, schedstat_ns
+from bench.stats import rotated
 from trioq._sql import queries
 
 
@@ -63,8 +64,7 @@ def main() -> None:
             pid = conn.info.backend_pid
             measured = list(statements(schema).items())
             for round_ in range(args.rounds):
-                shift = round_ % len(measured)
-                for name, (sql, params) in measured[shift:] + measured[:shift]:
+                for name, (sql, params) in rotated(measured, round_):
                     for _ in range(50):
                         conn.execute(sql, params, prepare=True)
                     before = schedstat_ns(pid)

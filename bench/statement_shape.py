@@ -55,6 +55,7 @@ import psycopg
 from bench import baseline, contract_floor, hot_table, narrow_table, runs_table
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
+from bench.stats import rotated
 from trioq._pg.inserts import insert_statement
 from trioq._pg.replies import ClaimedRow
 from trioq._seam.records import NewJob, NewJobs
@@ -270,8 +271,7 @@ def main() -> None:
     figures: dict[tuple[str, str], list[float]] = {}
     with open_database() as db:
         for repeat in range(args.repeats):
-            turn = repeat % len(systems)
-            order = systems[turn:] + systems[:turn]
+            order = rotated(systems, repeat)
             for replay_name, replay in REPLAYS.items():
                 for system in order:
                     schema = db.fresh_schema()

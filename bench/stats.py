@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -14,6 +17,14 @@ def percentile(values: Sequence[float], pct: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(pct / 100 * len(ordered)))
     return ordered[rank - 1]
+
+
+def rotated(items: Sequence[T], repeat: int) -> list[T]:
+    """`items` in the order of repeat number `repeat`: each repeat starts one further along,
+    so every system of an interleaved comparison takes each place in turn (the machine's drift
+    within a repeat is not always one system's)."""
+    turn = repeat % len(items)
+    return [*items[turn:], *items[:turn]]
 
 
 def summarize(values: Sequence[float]) -> dict[str, float | list[float]]:

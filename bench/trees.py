@@ -34,6 +34,7 @@ from pathlib import Path
 from bench.config import FULL
 from bench.harness import HARNESS_ROLE, Database, Launcher, open_database
 from bench.jobs import TRIOQ
+from bench.stats import rotated
 
 ENQUEUE = """
 import sys, time, trio
@@ -123,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher = Launcher(db, Path(tempfile.mkdtemp(prefix="trioq-bench-trees-")))
         try:
             for repeat in range(args.repeats):
-                shift = repeat % len(trees)
-                order = trees[shift:] + trees[:shift]
+                order = rotated(trees, repeat)
                 load = os.getloadavg()[0]
                 got = {
                     name: drain(db, launcher, path, args.jobs, task, args.fanout)

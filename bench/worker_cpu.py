@@ -44,6 +44,7 @@ from bench.harness import CLOCK_TICKS, HARNESS_ROLE, REPO_ROOT, Launcher, Proces
 from bench.jobs import AWA, RAW, RAW_DELETE, TRIOQ, TRIOQ_UNKEPT, System, contract_system
 from bench.scenarios import Context, Results
 from bench.scenarios.throughput import Drain, drain
+from bench.stats import rotated
 
 # The worker under cProfile with a CPU-time clock of its main thread: py-spy and cProfile's
 # default clock count wall time, and on 2 shared cores a process that wakes PostgreSQL is often
@@ -277,7 +278,7 @@ def main() -> None:
                             contract_system(keep=keep, jobs=n),
                         )
                     )
-            order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
+            order = rotated(systems, repeat)
             for name, task, start, system in order:
                 run = drain(ctx, start, task, n, system)
                 print(line(name, run), flush=True)
