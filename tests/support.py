@@ -347,3 +347,29 @@ def force_sleeping(target: JobTarget, schema: str, job_id: int, until: datetime.
         [job_id],
         {"until": until},
     )
+
+
+def force_checkpoint_count(target: JobTarget, schema: str, job_id: int, count: int) -> None:
+    """Set how many history positions a workflow job has taken (`checkpoint_count`), leaving its
+    checkpoints alone: beside checkpoint rows a test inserted itself, the crash state of a
+    parallel block whose steps finished out of order (position 2 recorded, 0 and 1 not), which a
+    replay must complete without rerunning a recorded step."""
+    _write_jobs(
+        target, schema, [sql.SQL("checkpoint_count = %(count)s")], [job_id], {"count": count}
+    )
+
+
+def forget_wait_position(target: JobTarget, schema: str, job_id: int) -> None:
+    """Clear the `wait_position` of a job suspended in a receive, as a row that suspended before
+    migration 0025 added the column has it: a send must still queue the message and wake it."""
+    _write_jobs(target, schema, [sql.SQL("wait_position = NULL")], [job_id], {})
+
+
+def overwrite_payload(target: JobTarget, schema: str, job_id: int, json_text: str) -> None:
+    """Replace a job's stored payload with `json_text` as PostgreSQL parses it, past every check
+    a producer makes (the codec's, and `payload_check` in the SQL entry points), as a raw INSERT
+    or a row from before those checks could hold it: a worker claiming a payload it cannot
+    decode must fail that job and go on."""
+    _write_jobs(
+        target, schema, [sql.SQL("payload = %(payload)s::jsonb")], [job_id], {"payload": json_text}
+    )

@@ -79,11 +79,11 @@ async def test_no_live_worker_for_the_queue_is_named(pg_url: str, pg_schema: str
 async def test_no_live_worker_for_the_handler_version_is_named(pg_url: str, pg_schema: str) -> None:
     app = make(pg_url, pg_schema)
     async with app.client(migrate=True) as client:
-        job = await client.enqueue("work", {})
-        # A worker that reports the (task, version) pairs it serves (migration 0007's column),
-        # and the job pinned to a version it does not serve.
+        # A job enqueued for version 2 (as a producer declaring that version does), and a
+        # worker that reports the (task, version) pairs it serves (migration 0007's column):
+        # only version 1.
+        job = await client.enqueue(trioq.declare_task("work", version=2), {})
         await register_worker(pg_url, pg_schema, "running", "{work@1}")
-        await scalar(pg_url, f"UPDATE {pg_schema}.jobs SET version = 2 RETURNING 1")
         why = await client.explain(job.id)
     assert why.blocked_by == "version"
     assert why.verdict == "no live worker serves task 'work' version 2"

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 import trioq
-from tests.support import Gate, make_app, running_worker, scalar
+from tests.support import Gate, in_thread, make_app, overwrite_payload, running_worker
 from trioq._core.channels import (
     CHANNEL_SHARDS,
     control_channel,
@@ -129,13 +129,8 @@ async def test_a_payload_too_deep_to_decode_fails_its_job_and_the_worker_goes_on
     async with app.client(migrate=True) as client:
         jobs = await client.enqueue_many("noop", [None] * 20)
         deep = jobs[3].id
-        # Written by SQL, past every Python-side check (as a SQL producer could).
-        await scalar(
-            pg_url,
-            f"UPDATE {pg_schema}.jobs SET payload = (repeat('[', 3000) || repeat(']', 3000))::jsonb"
-            " WHERE id = %s RETURNING id",
-            (deep,),
-        )
+        # Stored past every check a producer makes (as a raw INSERT could).
+        await in_thread(overwrite_payload, pg_url, pg_schema, deep, "[" * 3000 + "]" * 3000)
         async with running_worker(app, concurrency=4):
             with trio.fail_after(30):
                 with pytest.raises(trioq.JobFailed) as failed:

@@ -12,7 +12,15 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, running_worker, scalar, sql_scalar, wait_until
+from tests.support import (
+    forget_wait_position,
+    in_thread,
+    make_app,
+    running_worker,
+    scalar,
+    sql_scalar,
+    wait_until,
+)
 from trioq.producer import AsyncProducer, SyncProducer
 
 POLL = 30.0
@@ -167,12 +175,7 @@ async def test_a_receive_suspended_before_wait_position_existed_is_woken_and_tak
         async with running_worker(app, poll_interval=POLL, hooks=hooks):
             with trio.fail_after(10):
                 await suspended.wait()
-                await scalar(
-                    pg_url,
-                    f"UPDATE {pg_schema}.jobs SET wait_position = NULL WHERE id = %s "
-                    "RETURNING wait_topic",
-                    [job.id],
-                )
+                await in_thread(forget_wait_position, pg_url, pg_schema, job.id)
                 await client.send(job.id, "decision", "old row")
                 assert await client.wait_result(job.id) == ["old row"]
         history = await client.history(job.id)

@@ -16,7 +16,7 @@ from psycopg import sql
 
 import trioq
 from tests.procs import fetch
-from tests.support import make_app, running_worker, wait_until
+from tests.support import force_checkpoint_count, in_thread, make_app, running_worker, wait_until
 from trioq._memory import MemoryDriver
 
 N = 4
@@ -65,13 +65,8 @@ async def test_parallel_replay_after_a_crash_at_each_position_reruns_no_finished
                     ),
                     (job.id, n, f"square {n}", json.dumps(n * n)),
                 )
-            await fetch(
-                pg_url,
-                _q(
-                    pg_schema,
-                    "UPDATE {s}.jobs SET checkpoint_count = %s WHERE id = %s RETURNING id",
-                ),
-                (max(done, default=-1) + 1, job.id),
+            await in_thread(
+                force_checkpoint_count, pg_url, pg_schema, job.id, max(done, default=-1) + 1
             )
         async with running_worker(app):
             with trio.fail_after(30):
