@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import trio
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 import trioq
 from trioq._pg import Connection
@@ -207,7 +208,10 @@ def _write_jobs(
     statement = sql.SQL("UPDATE {}.jobs SET {} WHERE id = ANY(%(ids)s)").format(
         sql.Identifier(schema), sql.SQL(", ").join(assignments)
     )
-    params = {**params, "ids": job_ids}
+    _execute(target, statement, {**params, "ids": job_ids})
+
+
+def _execute(target: JobTarget, statement: sql.Composed, params: dict[str, Any]) -> None:
     if isinstance(target, str):
         with psycopg.connect(target, autocommit=True) as conn:
             conn.execute(statement, params)
@@ -278,16 +282,34 @@ def request_cancel_silently(target: JobTarget, schema: str, job_id: int) -> None
     _write_jobs(target, schema, [sql.SQL("cancel_requested = true")], [job_id], {})
 
 
-def force_final(target: JobTarget, schema: str, job_ids: list[int], state: str) -> None:
-    """Put jobs that hold no lease (ready, scheduled) in the final `state` now, filed in
-    today's lane, without running them. The lease columns are left as they are: a running job
-    needs its lease ended too."""
+def force_final(
+    target: JobTarget,
+    schema: str,
+    job_ids: list[int],
+    state: str,
+    *,
+    finished_ago: datetime.timedelta = datetime.timedelta(0),
+    attempts: int | None = None,
+    error: dict[str, Any] | None = None,
+) -> None:
+    """Put jobs that hold no lease (ready, scheduled) in the final `state`, finished
+    `finished_ago` before now and filed in that day's lane, without running them (an old
+    finished job for a purge or a listing). With `attempts`, the jobs ran that many attempts, all
+    they had (`attempt` and `max_attempts`); with `error`, the stored error. The lease columns
+    are left as they are: a running job needs its lease ended too."""
     assignments: list[sql.Composable] = [
         sql.SQL("state = %(state)s"),
-        sql.SQL("finished_at = now()"),
-        sql.SQL("lane = {}.job_lane(now())").format(sql.Identifier(schema)),
+        sql.SQL("finished_at = now() - %(finished_ago)s"),
+        sql.SQL("lane = {}.job_lane(now() - %(finished_ago)s)").format(sql.Identifier(schema)),
     ]
-    _write_jobs(target, schema, assignments, job_ids, {"state": state})
+    params: dict[str, Any] = {"state": state, "finished_ago": finished_ago}
+    if attempts is not None:
+        assignments.append(sql.SQL("attempt = %(attempts)s, max_attempts = %(attempts)s"))
+        params["attempts"] = attempts
+    if error is not None:
+        assignments.append(sql.SQL("error = %(error)s"))
+        params["error"] = Jsonb(error)
+    _write_jobs(target, schema, assignments, job_ids, params)
 
 
 def relabel_final(target: JobTarget, schema: str, job_id: int, state: str) -> None:
@@ -373,3 +395,25 @@ def overwrite_payload(target: JobTarget, schema: str, job_id: int, json_text: st
     _write_jobs(
         target, schema, [sql.SQL("payload = %(payload)s::jsonb")], [job_id], {"payload": json_text}
     )
+
+
+def wake_waiting(target: JobTarget, schema: str, job_ids: list[int]) -> None:
+    """Make suspended jobs (`waiting`) ready now with their wait cleared (topic, event key,
+    position), as an emitted event or a sent message does for the job it resolves: with a value
+    a test wrote into the job's history itself (one the SQL entry points would refuse)."""
+    assignments: list[sql.Composable] = [
+        sql.SQL("state = 'ready'"),
+        sql.SQL("run_at = now()"),
+        sql.SQL("wait_event_key = NULL, wait_topic = NULL, wait_position = NULL"),
+    ]
+    _write_jobs(target, schema, assignments, job_ids, {})
+
+
+def forget_jobs(target: JobTarget, schema: str, job_ids: list[int]) -> None:
+    """Delete jobs as if never enqueued (the tables' delete triggers take their history and
+    keys with them): a property test frees the dedup key an example stored, so that a later
+    example with the same key is stored rather than deduplicated."""
+    statement = sql.SQL("DELETE FROM {}.jobs WHERE id = ANY(%(ids)s)").format(
+        sql.Identifier(schema)
+    )
+    _execute(target, statement, {"ids": job_ids})

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -226,11 +227,14 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
         jobs = producer.enqueue_many("mail", [{"n": n} for n in range(3)], queue="q1")
         other = producer.enqueue("sync", {"n": 9}, queue="q2", partition_key="acct")
     with psycopg.connect(pg_url, autocommit=True) as conn:  # job 0 failed after one attempt
-        conn.execute(
-            f"UPDATE {pg_schema}.jobs SET state = 'failed', attempt = 1, max_attempts = 1, "
-            "finished_at = now() - interval '8 days', error = '{\"message\": \"boom\"}', "
-            f"lane = {pg_schema}.job_lane(now() - interval '8 days') WHERE id = %s",
-            (jobs[0].id,),
+        force_final(
+            conn,
+            pg_schema,
+            [jobs[0].id],
+            "failed",
+            finished_ago=datetime.timedelta(days=8),
+            attempts=1,
+            error={"message": "boom"},
         )
         conn.execute(
             f"INSERT INTO {pg_schema}.attempts (job_id, attempt, outcome, error_type, "

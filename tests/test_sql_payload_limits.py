@@ -14,7 +14,7 @@ import trio
 from psycopg import sql
 
 import trioq
-from tests.support import make_app, running_worker, scalar, wait_until
+from tests.support import in_thread, make_app, running_worker, scalar, wait_until, wake_waiting
 from trioq._core import codec
 from trioq._core.errors import PayloadError
 
@@ -185,21 +185,7 @@ async def test_an_undecodable_value_delivered_to_a_suspended_wait_fails_that_job
             with trio.fail_after(30):
                 await wait_until(lambda: _all_waiting(pg_url, pg_schema, 2))
             # What event_emit and send do for a waiting job, with a value they would refuse.
-            await scalar(
-                pg_url,
-                f"""WITH values AS (
-                        UPDATE {pg_schema}.checkpoints c
-                        SET value = CASE c.kind
-                            WHEN 'event' THEN jsonb_build_object('payload', %(deep)s::jsonb)
-                            ELSE jsonb_build_object('messages',
-                                                    jsonb_build_array(%(deep)s::jsonb)) END
-                        WHERE c.kind IN ('event', 'receive') RETURNING c.job_id)
-                    UPDATE {pg_schema}.jobs j
-                    SET state = 'ready', run_at = now(), wait_event_key = NULL,
-                        wait_topic = NULL, wait_position = NULL
-                    WHERE j.id IN (SELECT job_id FROM values) RETURNING 1""",
-                {"deep": DEEP},
-            )
+            await in_thread(_deliver_into_the_waits, pg_url, pg_schema, DEEP)
             others = await client.enqueue_many("noop", [None] * 10)
             with trio.fail_after(30):
                 errors = []
@@ -210,6 +196,21 @@ async def test_an_undecodable_value_delivered_to_a_suspended_wait_fails_that_job
                 for job in others:
                     assert await client.wait_result(job.id) == "done"
     assert all("PayloadError" in error and "cannot be decoded" in error for error in errors)
+
+
+def _deliver_into_the_waits(pg_url: str, pg_schema: str, value: str) -> None:
+    """Store `value` in the history of every suspended wait for an event or a message, and wake
+    those jobs, in one transaction."""
+    with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
+        delivered = conn.execute(
+            f"""UPDATE {pg_schema}.checkpoints c
+                SET value = CASE c.kind
+                    WHEN 'event' THEN jsonb_build_object('payload', %(deep)s::jsonb)
+                    ELSE jsonb_build_object('messages', jsonb_build_array(%(deep)s::jsonb)) END
+                WHERE c.kind IN ('event', 'receive') RETURNING c.job_id""",
+            {"deep": value},
+        ).fetchall()
+        wake_waiting(conn, pg_schema, [job_id for (job_id,) in delivered])
 
 
 async def _all_waiting(pg_url: str, pg_schema: str, count: int) -> bool:
