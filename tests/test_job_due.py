@@ -340,3 +340,47 @@ async def test_a_due_row_locked_by_a_writer_is_filed_once_the_writer_lets_go(
     assert errors == []
     assert ids["waiting"] in [row[0] for row in due_rows(pg_url, pg_schema)]
     assert job_due_mismatches(pg_url, pg_schema) == []
+
+
+async def test_a_stale_job_due_row_never_makes_a_claim_the_job_row_would_not(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The claim locks each job's row and rechecks its state: a copy that says `sleeping` and
+    due for a job that runs (written by hand: the triggers never leave one) promotes and claims
+    nothing, and a due job beside it is claimed as usual."""
+    async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
+        await pg.migrate()
+        [running, sleeping] = await pg.job_insert_many(
+            [NewJob("default", "echo", "{}"), NewJob("default", "echo", "{}")]
+        )
+        hour = datetime.timedelta(hours=1)
+        force_running(pg_url, pg_schema, [running.id], expires_in=hour, attempt=1)
+        past = datetime.datetime.now(datetime.UTC) - hour
+        force_sleeping(pg_url, pg_schema, sleeping.id, past)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("INSERT INTO {} VALUES (%s, 'default', 'sleeping', %s)").format(
+                    sql.Identifier(pg_schema, "job_due")
+                ),
+                (running.id, past),
+            )
+        claim = Claim("default", ("echo",), 5, 30.0, uuid.uuid4())
+        result = await pg.job_claim(claim)
+        assert [job.id for job in result.claimed] == [sleeping.id]
+        states = dict(
+            sql_rows(
+                pg_url,
+                sql.SQL("SELECT id, state FROM {} ORDER BY id").format(
+                    sql.Identifier(pg_schema, "jobs")
+                ),
+            )
+        )
+        assert states == {running.id: "running", sleeping.id: "running"}
+        attempt = sql_scalar(
+            pg_url,
+            sql.SQL("SELECT attempt FROM {} WHERE id = %s").format(
+                sql.Identifier(pg_schema, "jobs")
+            ),
+            (running.id,),
+        )
+        assert attempt == 1  # not claimed a second time
