@@ -29,14 +29,13 @@ from trioq._sql import queries
 Conn = psycopg.Connection[tuple[object, ...]]
 
 # The indexes of jobs_live whose key or predicate names a column the claim or the completion
-# writes (state, lease_expires_at): each one makes both updates non-HOT.
+# writes (state, lease_expires_at): each one makes both updates non-HOT. (jobs_due_idx and
+# jobs_suspended_idx were two more until migration 0046 dropped them for job_due.)
 STATE_INDEXES = (
     "jobs_concurrency_ready_idx",
     "jobs_deadline_idx",
-    "jobs_due_idx",
     "jobs_lease_idx",
     "jobs_partition_ready_idx",
-    "jobs_suspended_idx",
 )
 
 INSTALL_SQL = """

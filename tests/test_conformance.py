@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.job_due_check import DueCheckedDriver
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, open_pg_driver
 from trioq._seam.driver import DRIVER_METHODS, Claim, Driver, NewJob
@@ -69,7 +70,10 @@ async def driver_and_clock(
     conninfo, schema = backend
     async with open_pg_driver(conninfo, schema, pool_size=4) as driver:
         await driver.migrate()
-        yield wrap(driver), await SqlClock.install(driver)  # the clock: raw SQL, unchecked
+        # job_due compared with jobs_live after every call that may write a job: every check's
+        # transitions keep it exact (tests/test_job_due.py).
+        checked = cast(Driver, DueCheckedDriver(wrap(driver), driver))
+        yield checked, await SqlClock.install(driver)  # the clock: raw SQL, unchecked
 
 
 @pytest.mark.parametrize(("check_name", "backend"), _cases(), indirect=["backend"])

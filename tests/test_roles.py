@@ -17,7 +17,7 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, running_worker
+from tests.support import force_waiting, make_app, running_worker
 from trioq.dashboard.store import JobSearch, Store
 from trioq.producer import AsyncProducer, SyncProducer, declare_task
 
@@ -171,8 +171,21 @@ async def test_producers_and_the_sql_entry_points_run_under_the_producer_role(
     ]
     roles.sql("trioq_producer", f"SELECT {schema}.send(%s, 'topic', '1')", (ids[0],))
     roles.sql("trioq_producer", f"SELECT {schema}.event_emit('some-event', '1')")
+    # A delayed job, and a wait that the producer's emit ends: each leaves job_due through a
+    # trigger that runs with the producer's rights (migration 0044 grants them).
+    [[delayed]] = roles.sql(
+        "trioq_producer",
+        f"SELECT {schema}.enqueue('noop', run_at => now() + interval '1 hour')",
+    )
+    force_waiting(roles.urls["trioq_owner"], schema, ids[2], event_key="approval")
+    roles.sql("trioq_producer", f"SELECT {schema}.event_emit('approval', '1')")
+    assert roles.sql("trioq_viewer", f"SELECT job_id FROM {schema}.job_due") == [(delayed,)]
     async with roles.app("trioq_producer").client() as client:
         assert await client.cancel(ids[1]) == "cancelled"
+        assert await client.cancel(delayed) == "cancelled"
+    assert roles.sql("trioq_viewer", f"SELECT job_id FROM {schema}.job_due") == []
+    ids.append(delayed)
+    async with roles.app("trioq_producer").client() as client:
         with pytest.raises(Exception, match="permission denied"):
             await client.purge(states=("cancelled",), older_than=0)
     assert refused(roles, "trioq_producer", f"DELETE FROM {schema}.jobs")

@@ -26,6 +26,8 @@ QUALIFIED = {
     "deadline_error",
     "job_key_released",
     "job_lane",
+    "jobs_live_file",
+    "jobs_live_left",
     "ready_channel",
     "ready_ring_file",
     "ready_ring_low",

@@ -168,8 +168,9 @@ class PgMigrations(PgStatements):
     ) -> None:
         """Each statement on its own: in a transaction of its own, under the session's default
         timeouts and `lock_timeout` set locally; one PostgreSQL refuses in a transaction block
-        (`CREATE INDEX CONCURRENTLY`) in autocommit instead. Then the record, which another
-        migrate may have written meanwhile."""
+        (`CREATE INDEX CONCURRENTLY`, or a `CALL` of a procedure that commits its batches: its
+        first batch is rolled back with the refusal) in autocommit instead. Then the record,
+        which another migrate may have written meanwhile."""
         milliseconds = str(int(lock_timeout * 1000))
         for statement in migration.statements():
             try:
@@ -178,7 +179,10 @@ class PgMigrations(PgStatements):
                         self._sql["migration_lock_timeout"], {"milliseconds": milliseconds}
                     )
                     await conn.execute(statement)
-            except psycopg.errors.ActiveSqlTransaction:
+            except (
+                psycopg.errors.ActiveSqlTransaction,
+                psycopg.errors.InvalidTransactionTermination,
+            ):
                 await self._run_bare(conn, statement, milliseconds)
         async with conn.transaction(trioq_timeouts=False):
             await conn.execute(self._sql["migration_lock"], {"schema_name": self.schema})

@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3213 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (3159 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -204,11 +204,9 @@ OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL) AS ready
 OFFSET 0) AS keyed
-LEFT JOIN LATERAL (SELECT j.run_at FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text)
-AND j.state IN ('scheduled', 'sleeping', 'waiting')
-AND j.run_at IS NOT NULL
-ORDER BY j.run_at LIMIT 1) AS due ON true
+LEFT JOIN LATERAL (SELECT d.run_at FROM "trioq".job_due d
+WHERE d.queue = (SELECT $2::text) AND d.run_at IS NOT NULL
+ORDER BY d.run_at LIMIT 1) AS due ON true
 ),
 unkeyed AS MATERIALIZED (
 SELECT per_task.*
@@ -281,17 +279,24 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11825 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (11946 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
+SELECT locked.*
+FROM "trioq".job_due d
+CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
 j.concurrency_key
 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
-AND j.run_at <= "trioq".db_now() + (SELECT $2::float8) * interval '1 second'
-ORDER BY j.run_at
-LIMIT (SELECT $3::int)
+WHERE j.id = d.job_id AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
++ (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
+) AS locked
+WHERE d.queue = (SELECT $2::text)
+AND d.run_at <= "trioq".db_now() + (SELECT $1::float8) * interval '1 second'
+ORDER BY d.run_at
+LIMIT (SELECT $3::int)
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
@@ -312,14 +317,14 @@ SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 AND j.partition_key > (SELECT $7::text)
 ORDER BY j.partition_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 LIMIT 1
@@ -331,13 +336,13 @@ FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key > k.partition_key
 ORDER BY j.partition_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -351,12 +356,12 @@ heads AS MATERIALIZED (
 SELECT head.id, head.attempt, head.held
 FROM ready_keys k
 LEFT JOIN "trioq".partition_locks l
-ON l.queue = (SELECT $1::text) AND l.partition_key = k.partition_key
+ON l.queue = (SELECT $2::text) AND l.partition_key = k.partition_key
 CROSS JOIN LATERAL (
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
 FROM "trioq".jobs_live j
 WHERE l.job_id IS NULL
-AND j.queue = (SELECT $1::text) AND j.partition_key = k.partition_key
+AND j.queue = (SELECT $2::text) AND j.partition_key = k.partition_key
 AND j.state = 'ready'
 AND j.run_at <= "trioq".db_now()
 ORDER BY j.priority, j.run_at, j.id
@@ -390,14 +395,14 @@ SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 AND j.concurrency_key > (SELECT $9::text)
 ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 LIMIT 1
@@ -409,13 +414,13 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key > k.concurrency_key
 ORDER BY j.concurrency_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -433,7 +438,7 @@ CROSS JOIN LATERAL (
 SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
 FROM "trioq".jobs_live f
-WHERE f.queue = (SELECT $1::text) AND f.concurrency_key = k.concurrency_key
+WHERE f.queue = (SELECT $2::text) AND f.concurrency_key = k.concurrency_key
 AND f.state = 'ready'
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
 ) AS lim
@@ -449,7 +454,7 @@ CROSS JOIN LATERAL (
 SELECT j.id, j.attempt, j.priority, j.run_at,
 row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.concurrency_key = r.concurrency_key
+WHERE j.queue = (SELECT $2::text) AND j.concurrency_key = r.concurrency_key
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 AND j.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
@@ -496,7 +501,7 @@ WHERE j.id = r.id AND j.state = 'ready'
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
 ) AS job
-WHERE r.queue = (SELECT $1::text)
+WHERE r.queue = (SELECT $2::text)
 AND r.task = served.task
 AND r.slot >=
 (SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint))
@@ -512,7 +517,7 @@ SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed
 UNION ALL SELECT * FROM concurrency_keyed
 UNION ALL SELECT * FROM due_unkeyed) AS all_sources
 WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
-WHERE p.queue = (SELECT $1::text))
+WHERE p.queue = (SELECT $2::text))
 ORDER BY priority, run_at, id
 LIMIT (SELECT $4::int)
 ),
@@ -548,7 +553,7 @@ RETURNING j.id
 ),
 ready_notified AS (
 SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
-FROM (SELECT (SELECT $1::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
+FROM (SELECT (SELECT $2::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 claimed AS (
 UPDATE "trioq".jobs_live j
@@ -582,12 +587,11 @@ greatest((SELECT count(*) FROM ready_keys),
 (SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
 (SELECT count(*) FROM promoted) AS promoted,
 "trioq".db_now() + (clock_timestamp() - now()) AS now,
-(SELECT j.run_at FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text)
-AND j.state IN ('scheduled', 'sleeping', 'waiting')
-AND j.run_at > "trioq".db_now()
-AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
-ORDER BY j.run_at LIMIT 1) AS next_due,
+(SELECT d.run_at FROM "trioq".job_due d
+WHERE d.queue = (SELECT $2::text)
+AND d.run_at > "trioq".db_now()
+AND d.job_id NOT IN (SELECT id FROM candidates)  -- claimed early, here
+ORDER BY d.run_at LIMIT 1) AS next_due,
 (SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
 AS concurrency_cursor,
 claimed.*
@@ -595,17 +599,24 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (14629 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (14750 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
 WITH RECURSIVE
 due AS MATERIALIZED (
+SELECT locked.*
+FROM "trioq".job_due d
+CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
 j.concurrency_key
 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
-AND j.run_at <= "trioq".db_now() + (SELECT $2::float8) * interval '1 second'
-ORDER BY j.run_at
-LIMIT (SELECT $3::int)
+WHERE j.id = d.job_id AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
++ (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
+) AS locked
+WHERE d.queue = (SELECT $2::text)
+AND d.run_at <= "trioq".db_now() + (SELECT $1::float8) * interval '1 second'
+ORDER BY d.run_at
+LIMIT (SELECT $3::int)
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
@@ -626,14 +637,14 @@ SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 AND j.partition_key > (SELECT $7::text)
 ORDER BY j.partition_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 LIMIT 1
@@ -645,13 +656,13 @@ FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key > k.partition_key
 ORDER BY j.partition_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -665,12 +676,12 @@ heads AS MATERIALIZED (
 SELECT head.id, head.attempt, head.held
 FROM ready_keys k
 LEFT JOIN "trioq".partition_locks l
-ON l.queue = (SELECT $1::text) AND l.partition_key = k.partition_key
+ON l.queue = (SELECT $2::text) AND l.partition_key = k.partition_key
 CROSS JOIN LATERAL (
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
 FROM "trioq".jobs_live j
 WHERE l.job_id IS NULL
-AND j.queue = (SELECT $1::text) AND j.partition_key = k.partition_key
+AND j.queue = (SELECT $2::text) AND j.partition_key = k.partition_key
 AND j.state = 'ready'
 AND j.run_at <= "trioq".db_now()
 ORDER BY j.priority, j.run_at, j.id
@@ -704,14 +715,14 @@ SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 AND j.concurrency_key > (SELECT $9::text)
 ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 LIMIT 1
@@ -723,13 +734,13 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key > k.concurrency_key
 ORDER BY j.concurrency_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -753,7 +764,7 @@ CROSS JOIN LATERAL (
 SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
 FROM "trioq".jobs_live f
-WHERE f.queue = (SELECT $1::text) AND f.concurrency_key = k.concurrency_key
+WHERE f.queue = (SELECT $2::text) AND f.concurrency_key = k.concurrency_key
 AND f.state = 'ready'
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
 ) AS lim
@@ -781,7 +792,7 @@ CROSS JOIN LATERAL (
 SELECT j.id, j.attempt, j.priority, j.run_at,
 row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text) AND j.concurrency_key = r.concurrency_key
+WHERE j.queue = (SELECT $2::text) AND j.concurrency_key = r.concurrency_key
 AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
 AND j.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
@@ -838,7 +849,7 @@ WHERE j.id = r.id AND j.state = 'ready'
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
 ) AS job
-WHERE r.queue = (SELECT $1::text)
+WHERE r.queue = (SELECT $2::text)
 AND r.task = served.task
 AND r.slot >=
 (SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint))
@@ -854,7 +865,7 @@ SELECT * FROM (SELECT * FROM unkeyed UNION ALL SELECT * FROM keyed
 UNION ALL SELECT * FROM concurrency_keyed
 UNION ALL SELECT * FROM due_unkeyed) AS all_sources
 WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
-WHERE p.queue = (SELECT $1::text))
+WHERE p.queue = (SELECT $2::text))
 ORDER BY priority, run_at, id
 LIMIT (SELECT $4::int)
 ),
@@ -909,7 +920,7 @@ RETURNING j.id
 ),
 ready_notified AS (
 SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
-FROM (SELECT (SELECT $1::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
+FROM (SELECT (SELECT $2::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
 claimed AS (
 UPDATE "trioq".jobs_live j
@@ -946,12 +957,11 @@ greatest((SELECT count(*) FROM ready_keys),
 (SELECT count(*) FROM ready_concurrency_keys)) AS keys_visited,
 (SELECT count(*) FROM promoted) AS promoted,
 "trioq".db_now() + (clock_timestamp() - now()) AS now,
-(SELECT j.run_at FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $1::text)
-AND j.state IN ('scheduled', 'sleeping', 'waiting')
-AND j.run_at > "trioq".db_now()
-AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
-ORDER BY j.run_at LIMIT 1) AS next_due,
+(SELECT d.run_at FROM "trioq".job_due d
+WHERE d.queue = (SELECT $2::text)
+AND d.run_at > "trioq".db_now()
+AND d.job_id NOT IN (SELECT id FROM candidates)  -- claimed early, here
+ORDER BY d.run_at LIMIT 1) AS next_due,
 (SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
 AS concurrency_cursor,
 claimed.*

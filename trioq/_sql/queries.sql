@@ -510,10 +510,11 @@ ring_taken AS MATERIALIZED (
 -- statement. Outcomes are not written here: the completer writes them with job_settle_many
 -- (or job_complete_plain), on its own connection, while the claim loop claims.
 -- Promotion: at most %(promote_limit)s scheduled/sleeping/waiting rows of the queue whose
--- run_at has passed become ready (jobs_due_idx, SKIP LOCKED so racing workers split them); they
--- are claimable from the next round (same snapshot), so the statement reports how many it moved
--- and wakes the queue. It also returns the queue's next due time (one probe of jobs_due_idx) so
--- the loop's timer follows it.
+-- run_at has passed become ready (found in job_due, migration 0044; each job's row locked with
+-- SKIP LOCKED so racing workers split them); they are claimable from the next round (same
+-- snapshot), so the statement reports how many it moved and wakes the queue. It also returns
+-- the queue's next due time (one probe of job_due's (queue, run_at)) so the loop's timer
+-- follows it.
 -- Partition keys: a keyed row is claimable only when it is its key's head (first ready row in
 -- claim order, or the key's holder when the holder is ready again after a suspension) and the
 -- key is free. Keyed and unkeyed rows come from two sources, so 100,000 jobs queued behind one
@@ -543,7 +544,7 @@ ring_taken AS MATERIALIZED (
 -- `(SELECT %(x)s)`, an InitPlan the planner does not look into. A custom plan is therefore
 -- estimated exactly like the generic plan, and the plan cache keeps the generic plan after its
 -- five custom plans. Seen by value (LIMIT 25 against a generic 10% of the rows, one task
--- against ten, a lookahead against a default third of jobs_due_idx), the custom plans looked
+-- against ten, a lookahead against a default third of job_due), the custom plans looked
 -- cheaper whenever the statistics showed a ready backlog or suspended rows, and the statement
 -- was planned again at every call: 2-3 ms, more than it takes to run (under suspended load;
 -- tests/test_claim_path.py reads pg_prepared_statements). `x = ANY((SELECT a)::text[])`: the
@@ -551,15 +552,28 @@ ring_taken AS MATERIALIZED (
 -- History: a claimed row with checkpoint_count > 0 carries its checkpoints (one ordered
 -- aggregate per such row; rows without history never touch the checkpoints table).
 WITH RECURSIVE
+-- job_due's rows of the queue in run_at order, each job's row locked by primary key with SKIP
+-- LOCKED (a lateral sub-select with a lock is never flattened into a join, so the plan stays
+-- one probe per due row whatever the statistics). The lock re-checks the state and due time
+-- on the row's newest version: a job_due row read from this statement's snapshot whose job a
+-- concurrent statement promoted, claimed, woke or cancelled since is stepped over, so the copy
+-- can never make a claim the row itself would not.
 due AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
-           j.concurrency_key
-    FROM {schema}.jobs_live j
-    WHERE j.queue = (SELECT %(queue)s::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
-      AND j.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
-    ORDER BY j.run_at
+    SELECT locked.*
+    FROM {schema}.job_due d
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
+               j.concurrency_key
+        FROM {schema}.jobs_live j
+        WHERE j.id = d.job_id AND j.state IN ('scheduled', 'sleeping', 'waiting')
+          AND j.run_at <= {schema}.db_now()
+                          + (SELECT %(lookahead)s::float8) * interval '1 second'
+        FOR UPDATE SKIP LOCKED
+    ) AS locked
+    WHERE d.queue = (SELECT %(queue)s::text)
+      AND d.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
+    ORDER BY d.run_at
     LIMIT (SELECT %(promote_limit)s::int)
-    FOR UPDATE SKIP LOCKED
 ),
 -- Due unkeyed rows this worker serves are claim candidates at once (already locked by `due`,
 -- whose lock re-checked them on their newest version): a job whose sleep, delay, backoff or
@@ -721,12 +735,11 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        -- read per row as it is produced: the last row's is the latest. A job claimed early is
        -- held until its run_at mapped from these (trioq/_runtime/job/dbclock.py), never before.
        {schema}.db_now() + (clock_timestamp() - now()) AS now,
-       (SELECT j.run_at FROM {schema}.jobs_live j
-        WHERE j.queue = (SELECT %(queue)s::text)
-          AND j.state IN ('scheduled', 'sleeping', 'waiting')
-          AND j.run_at > {schema}.db_now()
-          AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
-        ORDER BY j.run_at LIMIT 1) AS next_due,
+       (SELECT d.run_at FROM {schema}.job_due d
+        WHERE d.queue = (SELECT %(queue)s::text)
+          AND d.run_at > {schema}.db_now()
+          AND d.job_id NOT IN (SELECT id FROM candidates)  -- claimed early, here
+        ORDER BY d.run_at LIMIT 1) AS next_due,
        (SELECT concurrency_key FROM ready_concurrency_keys ORDER BY n DESC LIMIT 1)
            AS concurrency_cursor,
        claimed.*
@@ -1100,11 +1113,10 @@ WITH probe AS MATERIALIZED (
           -- OFFSET 0: `keyed` is read twice above; pulled up, its two index probes were
           -- planned (and run) once for each read.
           OFFSET 0) AS keyed
-    LEFT JOIN LATERAL (SELECT j.run_at FROM {schema}.jobs_live j
-                       WHERE j.queue = (SELECT %(queue)s::text)
-                         AND j.state IN ('scheduled', 'sleeping', 'waiting')
-                         AND j.run_at IS NOT NULL
-                       ORDER BY j.run_at LIMIT 1) AS due ON true
+    -- job_due (migration 0044): one probe of its (queue, run_at).
+    LEFT JOIN LATERAL (SELECT d.run_at FROM {schema}.job_due d
+                       WHERE d.queue = (SELECT %(queue)s::text) AND d.run_at IS NOT NULL
+                       ORDER BY d.run_at LIMIT 1) AS due ON true
 ),
 unkeyed AS MATERIALIZED (
     SELECT per_task.*
@@ -1886,15 +1898,16 @@ SELECT
      WHERE state = 'ready' AND run_at <= {schema}.db_now()) AS ready_backlog,
     (SELECT count(*) FROM {schema}.jobs
      WHERE state = 'running' AND lease_expires_at < {schema}.db_now()) AS expired_ownership,
-    (SELECT count(*) FROM {schema}.jobs
+    -- The due states' counts read job_due (migration 0044), their rows only.
+    (SELECT count(*) FROM {schema}.job_due
      WHERE state = 'sleeping' AND run_at <= {schema}.db_now()) AS sleeping_due,
     (SELECT count(*) FROM {schema}.jobs AS j
      WHERE j.state = 'running' AND NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
          WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now()
                - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')) AS stale_running,
-    (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting') AS active_waits,
-    (SELECT count(*) FROM {schema}.jobs
+    (SELECT count(*) FROM {schema}.job_due WHERE state = 'waiting') AS active_waits,
+    (SELECT count(*) FROM {schema}.job_due
      WHERE state = 'waiting' AND run_at <= {schema}.db_now()) AS due_wait_timeouts,
     (SELECT count(*) FROM pg_locks WHERE NOT granted) AS waiting_locks,
     (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()) AS deadlocks,
@@ -2670,12 +2683,10 @@ ready_keyed AS (
     FROM ready_keyed r WHERE r.queue IS NOT NULL
 ),
 due AS (
-    (SELECT queue FROM {schema}.jobs
-     WHERE state IN ('scheduled', 'sleeping', 'waiting') ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.job_due ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state IN ('scheduled', 'sleeping', 'waiting') AND j.queue > r.queue
-            ORDER BY j.queue LIMIT 1)
+    SELECT (SELECT d.queue FROM {schema}.job_due d WHERE d.queue > r.queue
+            ORDER BY d.queue LIMIT 1)
     FROM due r WHERE r.queue IS NOT NULL
 ),
 running AS (
@@ -2728,15 +2739,15 @@ CROSS JOIN LATERAL (
           WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NOT NULL
           LIMIT %(cap)s) s
 ) keyed
--- One walk of jobs_due_idx (queue, run_at) for the three future-dated states, at most three
--- caps of rows: when it stops there, `due_capped` says the three counts are lower bounds.
+-- One walk of job_due's (queue, run_at) (migration 0044) for the three future-dated states, at
+-- most three caps of rows: when it stops there, `due_capped` says the three counts are lower
+-- bounds.
 CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE s.state = 'scheduled') AS scheduled,
            count(*) FILTER (WHERE s.state = 'sleeping') AS sleeping,
            count(*) FILTER (WHERE s.state = 'waiting') AS waiting,
            count(*) AS walked
-    FROM (SELECT j.state FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
+    FROM (SELECT d.state FROM {schema}.job_due d WHERE d.queue = q.queue
           LIMIT 3 * %(cap)s) s
 ) due
 -- The same index's range up to now: sleeping and waiting work already due (promotion behind),
@@ -2745,9 +2756,8 @@ CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE s.state = 'sleeping') AS sleeping,
            count(*) FILTER (WHERE s.state = 'waiting') AS waiting,
            count(*) AS walked
-    FROM (SELECT j.state FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
-            AND j.run_at <= now.t
+    FROM (SELECT d.state FROM {schema}.job_due d
+          WHERE d.queue = q.queue AND d.run_at <= now.t
           LIMIT %(cap)s) s
 ) overdue
 ORDER BY q.queue;
@@ -2841,33 +2851,47 @@ FROM edge LEFT JOIN matched m ON true
 ORDER BY m.id DESC;
 
 -- name: dashboard_job_search_suspended
--- The jobs page filtered by sleeping or waiting, newest first: a backward walk of
--- jobs_suspended_idx (migration 0014), which holds those rows only, in id order.
+-- The jobs page filtered by sleeping or waiting, newest first: a backward walk of job_due's
+-- (state, job_id) (migration 0044), which holds the due states' rows only, each job's row
+-- read by primary key from jobs_live (a due row lives nowhere else).
 WITH matched AS (
     -- include: dashboard_job_row
-    FROM {schema}.jobs j
-    WHERE j.state = %(state)s::text AND j.state IN ('sleeping', 'waiting')
-      AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+    FROM {schema}.job_due d
+    JOIN {schema}.jobs_live j ON j.id = d.job_id
+    WHERE d.state = %(state)s::text AND d.state IN ('sleeping', 'waiting')
+      AND (%(before_id)s::bigint IS NULL OR d.job_id < %(before_id)s::bigint)
     -- include: dashboard_job_filters
-    ORDER BY j.id DESC LIMIT %(limit)s
+    ORDER BY d.job_id DESC LIMIT %(limit)s
 )
 SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
 FROM (SELECT 1) AS one LEFT JOIN matched m ON true
 ORDER BY m.id DESC;
 
 -- name: dashboard_job_search_unfinished
--- The jobs page filtered by scheduled or running, newest first: the state's partial index
--- finds its rows (scheduled: jobs_due_idx; running: jobs_lease_idx, bounded by the workers'
--- slots), then the newest are sorted out. `id + 0` keeps the planner off the primary key's
--- order: walking it backward until %(limit)s rows of the state turn up can read every finished
--- row above an older backlog. The cost follows the state's population, not the table's.
+-- The jobs page filtered by scheduled or running, newest first. Scheduled: a backward walk of
+-- job_due's (state, job_id) (migration 0044), each job's row read by primary key from
+-- jobs_live. Running: jobs_lease_idx finds the rows (bounded by the workers' slots), then the
+-- newest are sorted out; `id + 0` keeps the planner off the primary key's order: walking it
+-- backward until %(limit)s rows of the state turn up can read every finished row above an
+-- older backlog. The cost follows the state's population, not the table's. The branch of the
+-- other state is cut by its one-time filter.
 WITH matched AS (
-    -- include: dashboard_job_row
-    FROM {schema}.jobs j
-    WHERE j.state = %(state)s::text AND j.state IN ('scheduled', 'running')
-      AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
-    -- include: dashboard_job_filters
-    ORDER BY j.id + 0 DESC LIMIT %(limit)s
+    (
+     -- include: dashboard_job_row
+     FROM {schema}.job_due d
+     JOIN {schema}.jobs_live j ON j.id = d.job_id
+     WHERE %(state)s::text = 'scheduled' AND d.state = 'scheduled'
+       AND (%(before_id)s::bigint IS NULL OR d.job_id < %(before_id)s::bigint)
+     -- include: dashboard_job_filters
+     ORDER BY d.job_id DESC LIMIT %(limit)s)
+    UNION ALL
+    (
+     -- include: dashboard_job_row
+     FROM {schema}.jobs j
+     WHERE %(state)s::text = 'running' AND j.state = 'running'
+       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+     -- include: dashboard_job_filters
+     ORDER BY j.id + 0 DESC LIMIT %(limit)s)
 )
 SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
 FROM (SELECT 1) AS one LEFT JOIN matched m ON true
@@ -2980,19 +3004,25 @@ FROM {schema}.jobs WHERE parent_id = %(id)s ORDER BY parent_position LIMIT 1000;
 
 -- name: dashboard_workflows
 -- Running, sleeping and waiting workflows (jobs with history, or suspended), newest first,
--- keyset-paged by id, each with what it waits on and its last checkpoint. The suspended rows
--- come from jobs_suspended_idx (migration 0014) in id order and the running ones from
--- jobs_lease_idx (bounded by the workers' slots), so finished history is never walked.
+-- keyset-paged by id, each with what it waits on and its last checkpoint. The sleeping and the
+-- waiting rows come from job_due's (state, job_id) (migration 0044) in id order, a walk per
+-- state, and the running ones from jobs_lease_idx (bounded by the workers' slots), so finished
+-- history is never walked.
 WITH found AS (
     (SELECT id FROM {schema}.jobs
      WHERE state = 'running' AND checkpoint_count > 0
        AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
      ORDER BY id DESC LIMIT %(limit)s)
     UNION ALL
-    (SELECT id FROM {schema}.jobs
-     WHERE state IN ('sleeping', 'waiting')
-       AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-     ORDER BY id DESC LIMIT %(limit)s)
+    (SELECT job_id FROM {schema}.job_due
+     WHERE state = 'sleeping'
+       AND (%(before_id)s::bigint IS NULL OR job_id < %(before_id)s::bigint)
+     ORDER BY job_id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT job_id FROM {schema}.job_due
+     WHERE state = 'waiting'
+       AND (%(before_id)s::bigint IS NULL OR job_id < %(before_id)s::bigint)
+     ORDER BY job_id DESC LIMIT %(limit)s)
 )
 SELECT j.id, j.queue, j.task, j.state, j.run_at, j.wait_event_key, j.wait_children,
        j.checkpoint_count, j.created_at, c.kind AS last_kind, c.name AS last_name,

@@ -2,7 +2,9 @@
 -- for idle queues' polls): a ready row, or a promotable due one, through the claim's sources
 -- (unkeyed rows in the ready ring, migration 0039, an entry counting only while its job is
 -- ready; partition-keyed and concurrency-keyed rows in their partial indexes), and the first
--- future due time.
+-- future due time (job_due, migration 0044). From the migrate that brings job_due until its
+-- rows are all filed (migration 0045, seconds) a worker may probe a due time late and skip one
+-- poll of that queue: it looks again within its poll interval.
 CREATE OR REPLACE FUNCTION {schema}.queue_probe(queues text[])
 RETURNS TABLE (queue text, work_due boolean, next_due timestamptz)
 LANGUAGE sql STABLE
@@ -26,10 +28,9 @@ SET search_path = pg_catalog, pg_temp AS $$
            CASE WHEN d.run_at > {schema}.db_now() THEN d.run_at END
     FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)
     LEFT JOIN LATERAL (
-        SELECT j.run_at FROM {schema}.jobs j
-        WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
-          AND j.run_at IS NOT NULL
-        ORDER BY j.run_at LIMIT 1
+        SELECT d.run_at FROM {schema}.job_due d
+        WHERE d.queue = q.queue AND d.run_at IS NOT NULL
+        ORDER BY d.run_at LIMIT 1
     ) AS d ON true
     ORDER BY q.ord
 $$;

@@ -1,0 +1,108 @@
+"""job_due's invariant (migration 0044): it holds exactly jobs_live's scheduled, sleeping and
+waiting rows, each with the row's queue, state and run_at. `job_due_mismatches` reads both
+tables in one statement (one snapshot: the triggers write both in the writer's transaction, so
+the invariant holds at every commit, whatever runs alongside); `DueCheckedDriver` checks it
+after every call that may write a job."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import psycopg
+from psycopg import sql
+
+from trioq._core.identifiers import quote_ident
+from trioq._pg.driver import PgDriver
+from trioq.testing.transitions import METHOD_STATEMENTS
+
+_MISMATCHES = """
+SELECT 'missing' AS kind, j.id, j.queue::text, j.state, j.run_at
+FROM {schema}.jobs_live j
+WHERE j.state IN ('scheduled', 'sleeping', 'waiting')
+  AND NOT EXISTS (SELECT 1 FROM {schema}.job_due d
+                  WHERE d.job_id = j.id AND d.queue = j.queue AND d.state = j.state
+                    AND d.run_at IS NOT DISTINCT FROM j.run_at)
+UNION ALL
+SELECT 'stale', d.job_id, d.queue, d.state, d.run_at
+FROM {schema}.job_due d
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.jobs_live j
+                  WHERE j.id = d.job_id AND j.queue = d.queue AND j.state = d.state
+                    AND j.run_at IS NOT DISTINCT FROM d.run_at)
+ORDER BY 2
+"""
+
+
+def mismatches_query(schema: str) -> str:
+    return _MISMATCHES.replace("{schema}", quote_ident(schema))
+
+
+def job_due_mismatches(target: psycopg.Connection[Any] | str, schema: str) -> list[Any]:
+    """The rows on which job_due and jobs_live's due rows differ (none when exact)."""
+    query = sql.SQL(mismatches_query(schema))  # type: ignore[arg-type]
+    if isinstance(target, str):
+        with psycopg.connect(target, autocommit=True) as conn:
+            return conn.execute(query).fetchall()
+    return target.execute(query).fetchall()
+
+
+def due_rows(target: str, schema: str) -> list[tuple[Any, ...]]:
+    """job_due's rows, in id order."""
+    query = sql.SQL("SELECT job_id, queue, state, run_at FROM {}.job_due ORDER BY 1").format(
+        sql.Identifier(schema)
+    )
+    with psycopg.connect(target, autocommit=True) as conn:
+        return conn.execute(query).fetchall()
+
+
+class JobDueMismatch(AssertionError):
+    """job_due differed from jobs_live's due rows after a driver call."""
+
+
+@attrs.define(eq=False)
+class DueCheckedDriver:
+    """`inner` (the driver the calls go to, maybe a CheckedDriver around `pg`), with job_due
+    compared to jobs_live after every call that may write a job, and after every transaction;
+    `pg` reads the two tables on a pooled connection of its own."""
+
+    inner: Any
+    pg: PgDriver
+    checked_calls: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name == "transaction":
+            return functools.partial(self._transaction, value)
+        if name in METHOD_STATEMENTS:
+            return functools.partial(self._checked, name, value)
+        return value
+
+    @property
+    def schema(self) -> str:
+        return self.pg.schema
+
+    async def _checked(
+        self, method: str, function: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> Any:
+        try:
+            return await function(*args, **kwargs)
+        finally:
+            await self.assert_exact(method)
+
+    @asynccontextmanager
+    async def _transaction(self, function: Callable[..., Any], *args: Any) -> AsyncIterator[Any]:
+        try:
+            async with function(*args) as tx:
+                yield tx
+        finally:
+            await self.assert_exact("transaction")
+
+    async def assert_exact(self, after: str) -> None:
+        self.checked_calls += 1
+        async with self.pg._pool.connection() as conn:
+            found = await conn.fetch(mismatches_query(self.pg.schema))
+        if found:
+            raise JobDueMismatch(f"after {after}: job_due differs from jobs_live: {found}")
