@@ -204,15 +204,27 @@ def _write_jobs(
     job_ids: list[int],
     params: dict[str, Any],
 ) -> None:
-    statement = sql.SQL("UPDATE {}.jobs SET {} WHERE id = ANY(%(ids)s)").format(
+    """The jobs' rows (the table behind the `jobs` view, migration 0044)."""
+    statement = sql.SQL("UPDATE {}.job_rows_legacy SET {} WHERE id = ANY(%(ids)s)").format(
         sql.Identifier(schema), sql.SQL(", ").join(assignments)
     )
-    params = {**params, "ids": job_ids}
+    _execute(target, statement, {**params, "ids": job_ids})
+
+
+def _execute(target: JobTarget, statement: sql.Composable, params: dict[str, Any]) -> None:
     if isinstance(target, str):
         with psycopg.connect(target, autocommit=True) as conn:
             conn.execute(statement, params)
     else:
         target.execute(statement, params)
+
+
+def _write_runs(target: JobTarget, schema: str, assignment: str, job_ids: list[int]) -> None:
+    """The jobs' runs (job_runs, migration 0044: a running job's lease)."""
+    statement = sql.SQL("UPDATE {}.job_runs SET {} WHERE job_id = ANY(%(ids)s)").format(
+        sql.Identifier(schema), sql.SQL(assignment)
+    )
+    _execute(target, statement, {"ids": job_ids})
 
 
 def force_running(
@@ -233,24 +245,40 @@ def force_running(
     `lease_token`, else a fresh one per job. `worker_id` and `started_at` (`started_ago` before
     now) are set only when given, `run_at` only with `due_now`, `cancel_requested` only when
     true (a cancel whose notification never arrived): the other columns keep what the enqueue
-    wrote."""
+    wrote. As the full claim writes it (migration 0044): a run per job, and its row `claimed`
+    with the attempt before the run."""
+    runs = sql.SQL(
+        "INSERT INTO {s}.job_runs AS u (job_id, attempt, lease_token, lease_expires_at,"
+        " worker_id, traced, started_at, executions, queue, partition_key, concurrency_key,"
+        " parent_id, result_watched)"
+        " SELECT j.id, %(attempt)s, coalesce(%(lease_token)s::uuid, gen_random_uuid()),"
+        " now() + %(expires_in)s, %(worker_id)s::uuid, j.traced,"
+        " now() - %(started_ago)s::interval,"
+        " j.executions + 1, j.queue, j.partition_key, j.concurrency_key, j.parent_id,"
+        " j.result_watched"
+        " FROM {s}.jobs_live j WHERE j.id = ANY(%(ids)s)"
+        " ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt,"
+        " lease_token = excluded.lease_token, lease_expires_at = excluded.lease_expires_at,"
+        " worker_id = coalesce(excluded.worker_id, u.worker_id),"
+        " started_at = coalesce(excluded.started_at, u.started_at)"
+    ).format(s=sql.Identifier(schema))
+    _execute(
+        target,
+        runs,
+        {
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "expires_in": expires_in,
+            "worker_id": worker_id,
+            "started_ago": started_ago,
+            "ids": job_ids,
+        },
+    )
     assignments: list[sql.Composable] = [
-        sql.SQL("state = 'running'"),
-        sql.SQL("attempt = %(attempt)s"),
-        sql.SQL("lease_token = coalesce(%(lease_token)s::uuid, gen_random_uuid())"),
-        sql.SQL("lease_expires_at = now() + %(expires_in)s"),
+        sql.SQL("phase = 'claimed'"),
+        sql.SQL("attempt = %(attempt)s - 1"),
     ]
-    params: dict[str, Any] = {
-        "attempt": attempt,
-        "lease_token": lease_token,
-        "expires_in": expires_in,
-    }
-    if worker_id is not None:
-        assignments.append(sql.SQL("worker_id = %(worker_id)s"))
-        params["worker_id"] = worker_id
-    if started_ago is not None:
-        assignments.append(sql.SQL("started_at = now() - %(started_ago)s"))
-        params["started_ago"] = started_ago
+    params: dict[str, Any] = {"attempt": attempt}
     if due_now:
         assignments.append(sql.SQL("run_at = now()"))
     if cancel_requested:
@@ -261,15 +289,13 @@ def force_running(
 def expire_lease(target: JobTarget, schema: str, job_ids: list[int]) -> None:
     """End the leases of running jobs a second ago, as if their worker had died: the next
     maintenance pass recovers them."""
-    _write_jobs(
-        target, schema, [sql.SQL("lease_expires_at = now() - interval '1 second'")], job_ids, {}
-    )
+    _write_runs(target, schema, "lease_expires_at = now() - interval '1 second'", job_ids)
 
 
 def steal_lease(target: JobTarget, schema: str, job_id: int) -> None:
     """Give a running job a new lease token, as if another attempt had taken it over (lease
     recovery and a new claim): the running attempt's fenced writes are rejected."""
-    _write_jobs(target, schema, [sql.SQL("lease_token = gen_random_uuid()")], [job_id], {})
+    _write_runs(target, schema, "lease_token = gen_random_uuid()", [job_id])
 
 
 def request_cancel_silently(target: JobTarget, schema: str, job_id: int) -> None:
@@ -279,11 +305,14 @@ def request_cancel_silently(target: JobTarget, schema: str, job_id: int) -> None
 
 
 def force_final(target: JobTarget, schema: str, job_ids: list[int], state: str) -> None:
-    """Put jobs that hold no lease (ready, scheduled) in the final `state` now, filed in
-    today's lane, without running them. The lease columns are left as they are: a running job
-    needs its lease ended too."""
+    """Put jobs in the final `state` now, filed in today's lane, without running them: a
+    running job's run ends with them."""
+    statement = sql.SQL("DELETE FROM {}.job_runs WHERE job_id = ANY(%(ids)s)").format(
+        sql.Identifier(schema)
+    )
+    _execute(target, statement, {"ids": job_ids})
     assignments: list[sql.Composable] = [
-        sql.SQL("state = %(state)s"),
+        sql.SQL("phase = %(state)s"),
         sql.SQL("finished_at = now()"),
         sql.SQL("lane = {}.job_lane(now())").format(sql.Identifier(schema)),
     ]
@@ -293,7 +322,7 @@ def force_final(target: JobTarget, schema: str, job_ids: list[int], state: str) 
 def relabel_final(target: JobTarget, schema: str, job_id: int, state: str) -> None:
     """Change a finished job's final state to `state`, keeping its finish time and lane: a
     `failed` job made from a cancelled one, with no attempt run."""
-    _write_jobs(target, schema, [sql.SQL("state = %(state)s")], [job_id], {"state": state})
+    _write_jobs(target, schema, [sql.SQL("phase = %(state)s")], [job_id], {"state": state})
 
 
 def pass_deadline(target: JobTarget, schema: str, job_ids: list[int]) -> None:
@@ -321,7 +350,7 @@ def force_waiting(
     `event_key` (each set only when given), woken by its timeout `wake_in` from now (never:
     `run_at` NULL), with `checkpoint_count` steps recorded when given."""
     assignments: list[sql.Composable] = [
-        sql.SQL("state = 'waiting'"),
+        sql.SQL("phase = 'waiting'"),
         sql.SQL("run_at = now() + %(wake_in)s::interval"),
     ]
     params: dict[str, Any] = {"wake_in": wake_in}
@@ -343,7 +372,7 @@ def force_sleeping(target: JobTarget, schema: str, job_id: int, until: datetime.
     _write_jobs(
         target,
         schema,
-        [sql.SQL("state = 'sleeping'"), sql.SQL("run_at = %(until)s")],
+        [sql.SQL("phase = 'sleeping'"), sql.SQL("run_at = %(until)s")],
         [job_id],
         {"until": until},
     )

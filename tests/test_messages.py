@@ -169,7 +169,7 @@ async def test_a_receive_suspended_before_wait_position_existed_is_woken_and_tak
                 await suspended.wait()
                 await scalar(
                     pg_url,
-                    f"UPDATE {pg_schema}.jobs SET wait_position = NULL WHERE id = %s "
+                    f"UPDATE {pg_schema}.job_rows_legacy SET wait_position = NULL WHERE id = %s "
                     "RETURNING wait_topic",
                     [job.id],
                 )

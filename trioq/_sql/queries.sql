@@ -113,7 +113,7 @@ SELECT pg_backend_pid() AS pid;
 -- is `scheduled` (promoted when due), else `ready`. `target` is `jobs`, or `jobs_live` for an
 -- insert whose ON CONFLICT needs that table's own unique index (job_spawn_many). The writer
 -- adds its ON CONFLICT and RETURNING after it.
-INSERT INTO {schema}.@target@ AS j (id, queue, task, payload, state, priority, run_at,
+INSERT INTO {schema}.@target@ AS j (id, queue, task, payload, phase, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
                                    unique_states, unique_until, version, trace_context,
                                    concurrency_key, concurrency_limit, deadline_at,
@@ -207,9 +207,9 @@ released AS (
     SELECT h.id
     FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
     JOIN {schema}.job_keys k ON k.key = i.dedup_key
-    JOIN {schema}.jobs h ON h.id = k.job_id
-    WHERE h.state IN ('completed', 'failed', 'cancelled')
-      AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
+    JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
+    WHERE h.phase IN ('completed', 'failed', 'cancelled')
+      AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
     FOR SHARE OF h
 ),
 keys AS (
@@ -247,7 +247,7 @@ new_jobs AS (
     ORDER BY i.ord
 ),
 inserted AS (
-    -- include: job_insert(jobs)
+    -- include: job_insert(job_rows_legacy)
     RETURNING j.id, j.queue
 ),
 notified AS (
@@ -321,8 +321,8 @@ WITH new_jobs AS (
     ORDER BY p.ord
 ),
 inserted AS (
-    -- include: job_insert(jobs)
-    RETURNING j.id, j.state
+    -- include: job_insert(job_rows_legacy)
+    RETURNING j.id, j.phase AS state
 )
 -- The ids come back as ONE array (one row), not one row per job: decoding 20,000 result rows
 -- took 36 ms of a 20,000-row enqueue_many's client time, the array about 2.
@@ -351,7 +351,7 @@ WITH new_jobs AS (
         -- include: new_job_options
     ) AS o
 )
--- include: job_insert(jobs)
+-- include: job_insert(job_rows_legacy)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: ring_low
@@ -370,7 +370,14 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 -- order, each with its job's row by primary key, locked as it is read (SKIP LOCKED:
 -- concurrent claimers skip each other's jobs and keep scanning, and a job row another
 -- transaction holds, a send or a result watch, is skipped, its entry left for the next
--- claim), the worker's handler versions only. What the scan steps over is bounded by the
+-- claim), the worker's handler versions only. The entry is locked too (migration 0044): the
+-- claim writes no version of the job's row, which still reads ready while the job runs, so a
+-- claimer whose snapshot predates another's committed claim would find the row lockable and
+-- ready; the entry that claim deleted is not, and is skipped (tests/test_runs.py, "no double
+-- claim from an old snapshot"). The row's `filed` must be the entry's: an entry filed before
+-- the job last left ready and came back is stale. The columns the run copies are the locked
+-- version's (a row lock returns the newest version: a result watch committed after the
+-- statement's snapshot is not lost). What the scan steps over is bounded by the
 -- slots not yet truncated (a few seconds of jobs), not by how long a snapshot has pinned the
 -- horizon. An entry whose job is no longer ready (cancelled, or claimed by a worker of the
 -- previous release) is stepped over and goes with its slot.
@@ -381,8 +388,9 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         -- scan of jobs_live, 30 s a claim under a pinned horizon). The job's row lock is
         -- the claim's: two entries of one job, or two claimers, meet on it.
         CROSS JOIN LATERAL (
-            SELECT 1 FROM {schema}.jobs_live j
-            WHERE j.id = r.id AND j.state = 'ready'
+            SELECT j.attempt, j.executions, j.parent_id, j.result_watched
+            FROM {schema}.jobs_live j
+            WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
             LIMIT 1
             FOR UPDATE OF j SKIP LOCKED
         ) AS job
@@ -399,6 +407,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
                OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))
         ORDER BY r.priority, r.run_at, r.id
         LIMIT (SELECT %(limit)s::int)
+        FOR UPDATE OF r SKIP LOCKED
 
 -- fragment: ring_taken
 -- Both claim statements: the ring entries of the claimed candidates are deleted
@@ -413,42 +422,57 @@ ring_taken AS MATERIALIZED (
                 ELSE 0 END AS n
 ),
 
--- fragment: running_by_key
--- The rows of running jobs the statement names (`ids`: the completion, the settle, the discard,
--- the lease renewal), found by primary key, with `running` written as none of the other
--- states. With `state = 'running'` a generic plan read jobs_lease_idx (a partial index of
--- running rows, small by the statistics) and filtered it by id, and under a pinned horizon
--- stepped over every job that ran since (the completion went 0.7 -> 21 ms in 90 s at 800
--- jobs/s); no partial index matches the list. The day partitions' CHECKs still leave them out.
-      AND j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
+-- fragment: job_state
+-- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
+-- {schema}.job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
+-- (migration 0044; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
+-- row always has its run.
+CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
 
--- fragment: claim_set
--- The claim's new row (job_claim and job_claim_plain): a new attempt,
--- a fresh lease token, the lease from database time; each statement sets started_at after it.
--- Database time by a sub-select: read once per statement, not once per row (db_now() reads a
--- setting twice a call).
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        executions = j.executions + 1,
-        lease_token = gen_random_uuid(),
-        traced = %(traced)s,
-        lease_expires_at = (SELECT {schema}.db_now()) + %(lease_seconds)s * interval '1 second',
-        worker_id = %(worker_id)s,
-        error = NULL,
+-- fragment: runs_by_key
+-- The runs a fenced statement names (`ids`: the completion, the settle, the discard, the lease
+-- renewal), found by primary key: a join left to the planner over a table that churns a row
+-- per job can take a scan, which a pinned horizon makes long.
+      AND u.job_id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+
+-- fragment: running_by_key
+-- The rows of the jobs whose runs a statement ended (the completion, the settle), by primary
+-- key. A running job's row reads `ready` (claimed from the ring) or `claimed` (by the full
+-- claim); the day partitions' CHECKs leave them out of the plan.
+      AND j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.phase IN ('ready', 'claimed')
+
+-- fragment: claim_run_columns
+-- The run a claim inserts (job_claim and job_claim_plain): a new attempt, a fresh lease token,
+-- the lease from database time, and what the completion and the settle read instead of the
+-- job's row. Database time by a sub-select: read once per statement, not once per row
+-- (db_now() reads a setting twice a call).
+    INSERT INTO {schema}.job_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
+                                   traced, started_at, executions, queue, partition_key,
+                                   concurrency_key, parent_id, result_watched)
+
+-- fragment: claim_run_values
+    SELECT c.id, c.attempt + 1, gen_random_uuid(),
+           (SELECT {schema}.db_now()) + %(lease_seconds)s * interval '1 second',
+           %(worker_id)s, %(traced)s,
+
+-- fragment: claim_run_rest
+           c.executions + 1, c.queue, c.partition_key, c.concurrency_key, c.parent_id,
+           c.result_watched
 
 -- fragment: claim_returning
--- A claimed row as PgDriver's `_claimed_job` reads it (both claim statements): the job's
--- columns, its history when it has any (one ordered aggregate per such row), its parent.
-    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
-              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-              j.version,
-              CASE WHEN j.checkpoint_count > 0 THEN
-                  (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
-                                    ORDER BY c.position)
-                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
-              j.parent_id, j.concurrency_key
+-- A claimed job as PgDriver's `_claimed_job` reads it (both claim statements), from its run
+-- `u` and its row `j`: the job's columns, its history when it has any (one ordered aggregate
+-- per such row), its parent.
+    SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
+           j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+           j.version,
+           CASE WHEN j.checkpoint_count > 0 THEN
+               (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+                                 ORDER BY c.position)
+                FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
+           j.parent_id, j.concurrency_key
+    FROM run u JOIN {schema}.jobs_live j ON j.id = u.job_id
 
 -- fragment: key_visit(cte, key, cursor)
 -- The keys with ready jobs of one kind (@key@), visited as a loose index scan: round-robin
@@ -459,14 +483,14 @@ ring_taken AS MATERIALIZED (
     FROM (
         SELECT after_cursor.@key@, false AS wrapped
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ IS NOT NULL
                 AND j.@key@ > (SELECT %(@cursor@)s::text)
               ORDER BY j.@key@ LIMIT 1) AS after_cursor
         UNION ALL
         SELECT from_start.@key@, true
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ IS NOT NULL
               ORDER BY j.@key@ LIMIT 1) AS from_start
         LIMIT 1
@@ -478,13 +502,13 @@ ring_taken AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT following.@key@, k.wrapped AS wrapped
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ > k.@key@
               ORDER BY j.@key@ LIMIT 1) AS following
         UNION ALL
         SELECT from_start.@key@, true
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ IS NOT NULL
               ORDER BY j.@key@ LIMIT 1) AS from_start
         WHERE NOT k.wrapped
@@ -552,10 +576,11 @@ ring_taken AS MATERIALIZED (
 -- aggregate per such row; rows without history never touch the checkpoints table).
 WITH RECURSIVE
 due AS MATERIALIZED (
-    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
-           j.concurrency_key
+    SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+           j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+           j.result_watched
     FROM {schema}.jobs_live j
-    WHERE j.queue = (SELECT %(queue)s::text) AND j.state IN ('scheduled', 'sleeping', 'waiting')
+    WHERE j.queue = (SELECT %(queue)s::text) AND j.phase IN ('scheduled', 'sleeping', 'waiting')
       AND j.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
     ORDER BY j.run_at
     LIMIT (SELECT %(promote_limit)s::int)
@@ -571,7 +596,7 @@ due AS MATERIALIZED (
 due_unkeyed AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
            NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row
+           NULL::tid AS ring_row, d.attempt, d.executions, d.parent_id, d.result_watched
     FROM due d
     WHERE (SELECT %(limit)s::int) > 0 AND d.partition_key IS NULL
       AND d.concurrency_key IS NULL
@@ -595,14 +620,14 @@ heads AS MATERIALIZED (
          FROM {schema}.jobs_live j
          WHERE l.job_id IS NULL
            AND j.queue = (SELECT %(queue)s::text) AND j.partition_key = k.partition_key
-           AND j.state = 'ready'
+           AND j.phase = 'ready'
            AND j.run_at <= {schema}.db_now()
          ORDER BY j.priority, j.run_at, j.id
          LIMIT 1)
         UNION ALL
         (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
          FROM {schema}.jobs_live j
-         WHERE j.id = l.job_id AND j.state = 'ready')
+         WHERE j.id = l.job_id AND j.phase = 'ready')
     ) AS head
     WHERE head.task = ANY((SELECT %(tasks)s::text[])::text[])
       AND ((SELECT %(task_versions)s::text[]) IS NULL
@@ -616,13 +641,15 @@ heads AS MATERIALIZED (
 keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
            NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row
+           NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+           locked.result_watched
     FROM heads h
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
+               j.parent_id, j.result_watched
         FROM {schema}.jobs_live j
         WHERE j.id = h.id AND j.attempt = h.attempt
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
     ) AS locked
 ),
@@ -646,13 +673,15 @@ ready_concurrency_keys AS (
 concurrency_keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
            true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row
+           NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+           locked.result_watched
     FROM concurrency_heads h
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue
+        SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
+               j.result_watched
         FROM {schema}.jobs_live j
         WHERE j.id = h.id AND j.attempt = h.attempt
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
     ) AS locked
 ),
@@ -662,7 +691,8 @@ unkeyed AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS held,
                NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
-               r.ctid AS ring_row
+               r.ctid AS ring_row, job.attempt, job.executions, job.parent_id,
+               job.result_watched
         -- include: unkeyed_scan
     ) AS per_task
 ),
@@ -687,10 +717,10 @@ key_taken AS (
 -- include: concurrency_taken_@rate@
 -- Due rows not claimed here become ready (claimable from the next round: same snapshot).
 promoted AS (
-    UPDATE {schema}.jobs_live j SET state = 'ready'
+    UPDATE {schema}.jobs_live j SET phase = 'ready', filed = j.filed + 1
     FROM due d
     WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
-      AND j.state IN ('scheduled', 'sleeping', 'waiting')
+      AND j.phase IN ('scheduled', 'sleeping', 'waiting')
       AND j.run_at <= {schema}.db_now()
     RETURNING j.id
 ),
@@ -698,16 +728,29 @@ ready_notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT (SELECT %(queue)s::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
-claimed AS (
-    UPDATE {schema}.jobs_live j
-    -- include: claim_set
-        -- include: claim_started_at_@rate@
+-- The claim writes the run (migration 0044); the candidates are locked rows (ready, or due).
+run AS (
+    -- include: claim_run_columns
+    -- include: claim_run_values
+    -- include: claim_started_at_@rate@
+           ,
+    -- include: claim_run_rest
     FROM candidates c
-    -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
-    -- (migration 0038); the candidates are locked unfinished rows (ready, or due).
-    WHERE j.id = c.id AND j.state NOT IN ('completed', 'failed', 'cancelled')
-      AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
-           OR c.id IN (SELECT job_id FROM concurrency_taken))
+    WHERE (c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
+          OR c.id IN (SELECT job_id FROM concurrency_taken)
+    RETURNING job_id, attempt, lease_token
+),
+-- A keyed or due job claimed here leaves ready, scheduled, sleeping and waiting in place
+-- (`claimed`): the keyed claim and the due scans read those rows by phase (jobs_live's partial
+-- indexes), where a job claimed from the ring keeps `ready` and its entry is gone.
+claimed_in_place AS (
+    UPDATE {schema}.jobs_live j SET phase = 'claimed'
+    FROM run u, candidates c
+    WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
+      AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
+    RETURNING j.id
+),
+claimed AS (
     -- include: claim_returning
 )
 -- The statement's own columns on every row (their sub-selects run once, as InitPlans), then
@@ -723,7 +766,7 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        {schema}.db_now() + (clock_timestamp() - now()) AS now,
        (SELECT j.run_at FROM {schema}.jobs_live j
         WHERE j.queue = (SELECT %(queue)s::text)
-          AND j.state IN ('scheduled', 'sleeping', 'waiting')
+          AND j.phase IN ('scheduled', 'sleeping', 'waiting')
           AND j.run_at > {schema}.db_now()
           AND j.id NOT IN (SELECT id FROM candidates)  -- claimed early, here
         ORDER BY j.run_at LIMIT 1) AS next_due,
@@ -746,7 +789,7 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
                    AS max_running
         FROM {schema}.jobs_live f
         WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
-          AND f.state = 'ready'
+          AND f.phase = 'ready'
         ORDER BY f.priority, f.run_at, f.id LIMIT 1
     ) AS lim
     CROSS JOIN LATERAL (
@@ -762,7 +805,7 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
                row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
         FROM {schema}.jobs_live j
         WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
           AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
           AND ((SELECT %(task_versions)s::text[]) IS NULL
                OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
@@ -813,10 +856,9 @@ concurrency_taken AS (
         -- commit that freed the key, when the claim waited for its lock: a few ms under
         -- load): stored start and finish times then never show a key's runs overlapping or
         -- more than its limit at once.
-        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
-                          THEN greatest({schema}.db_now(), j.run_at)
-                          ELSE greatest({schema}.db_now() + (clock_timestamp() - now()),
-                                        j.run_at) END
+           CASE WHEN c.slot IS NULL AND c.partition_key IS NULL
+                THEN greatest({schema}.db_now(), c.run_at)
+                ELSE greatest({schema}.db_now() + (clock_timestamp() - now()), c.run_at) END
 -- fragment: claim_reply_unrated
 -- Nothing: the reply's columns end with the claimed row's.
 
@@ -922,13 +964,12 @@ concurrency_taken AS (
 -- fragment: claim_started_at_rated
         -- As claim_started_at_unrated; a rated key's job starts at its start slot's time, so
         -- the stored starts show the rate exactly.
-        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
-                          THEN greatest({schema}.db_now(), j.run_at)
-                          ELSE greatest(coalesce((SELECT t.started_at FROM rate_taken t
-                                                  WHERE t.job_id = j.id),
-                                                 {schema}.db_now()
-                                                 + (clock_timestamp() - now())),
-                                        j.run_at) END
+           CASE WHEN c.slot IS NULL AND c.partition_key IS NULL
+                THEN greatest({schema}.db_now(), c.run_at)
+                ELSE greatest(coalesce((SELECT t.started_at FROM rate_taken t
+                                        WHERE t.job_id = c.id),
+                                       {schema}.db_now() + (clock_timestamp() - now())),
+                              c.run_at) END
 
 -- fragment: claim_reply_rated
        -- The earliest time a visited key that its rate held back may start again: the oldest
@@ -986,12 +1027,34 @@ WITH input AS MATERIALIZED (
 -- The values were decided by the outcome rules (trioq/_core/outcomes.py); this only applies
 -- them, to rows the settling lease still holds. The one comparison left is the database's: a
 -- time-based outcome whose new run_at has passed is ready at once.
+-- The fence is the run (migration 0044), locked first and deleted; a cancelled outcome is
+-- recorded only for a stored request (a cancel or a passed deadline sets it on the row): a
+-- worker told to cancel by anything else changes nothing here.
+gone AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u
+    USING input i
+    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+      -- include: runs_by_key
+      AND (i.state <> 'cancelled'
+           OR EXISTS (SELECT 1 FROM {schema}.jobs_live c
+                      WHERE c.id = u.job_id AND c.cancel_requested))
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched
+),
+-- Then the row: the outcome's phase, the run's attempt (changed as the rule says: a release
+-- gives it back), executions, worker and start. A move into ready counts in `filed`, which
+-- files the job's entry (the trigger) even when the row read ready while the job ran.
 settled AS (
-    UPDATE {schema}.jobs j
-    SET state = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
                      ELSE i.state END,
+        filed = j.filed + CASE WHEN i.state = 'ready'
+                                    OR (i.ready_when_due AND i.next_run_at <= {schema}.db_now())
+                               THEN 1 ELSE 0 END,
         run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
-        attempt = j.attempt + i.attempt_change,
+        attempt = g.attempt + i.attempt_change,
+        executions = g.executions,
+        traced = g.traced,
         result = i.result::jsonb,
         -- A cancelled attempt of a job past its deadline was cancelled by the deadline pass
         -- (job_deadline_pass): its error says so. Rows without a deadline
@@ -1001,18 +1064,15 @@ settled AS (
                      ELSE i.error::jsonb END,
         finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
         lane = {schema}.job_lane(CASE WHEN i.final THEN {schema}.db_now() END),
-        worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
-        started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
-        lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+        worker_id = CASE WHEN i.clears_worker THEN NULL ELSE g.worker_id END,
+        started_at = CASE WHEN i.clears_worker THEN NULL ELSE g.started_at END
+    FROM gone g JOIN input i ON i.id = g.job_id
+    WHERE j.id = g.job_id
       -- include: running_by_key
-      -- A cancelled outcome is recorded only for a stored request (a cancel or a passed
-      -- deadline sets it): a worker told to cancel by anything else changes nothing here.
-      AND (i.state <> 'cancelled' OR j.cancel_requested)
-    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
-              j.result_watched
+    -- The run's attempt, worker and start: the attempt history records the execution's.
+    RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
+              g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
+              i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
 ),
 unlocked AS (
     DELETE FROM {schema}.partition_locks l
@@ -1091,18 +1151,18 @@ WITH probe AS MATERIALIZED (
                                    + (SELECT %(lookahead)s::float8) * interval '1 second',
                                    false) AS blocked
     FROM (SELECT EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                         WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                         WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                            AND j.partition_key IS NOT NULL)
                  -- jobs_concurrency_ready_idx: one more probe of an index of keyed rows only
                  OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                            WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                            WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                               AND j.concurrency_key IS NOT NULL) AS ready
           -- OFFSET 0: `keyed` is read twice above; pulled up, its two index probes were
           -- planned (and run) once for each read.
           OFFSET 0) AS keyed
     LEFT JOIN LATERAL (SELECT j.run_at FROM {schema}.jobs_live j
                        WHERE j.queue = (SELECT %(queue)s::text)
-                         AND j.state IN ('scheduled', 'sleeping', 'waiting')
+                         AND j.phase IN ('scheduled', 'sleeping', 'waiting')
                          AND j.run_at IS NOT NULL
                        ORDER BY j.run_at LIMIT 1) AS due ON true
 ),
@@ -1110,27 +1170,33 @@ unkeyed AS MATERIALIZED (
     SELECT per_task.*
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
-        SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row
+        SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row, r.queue,
+               job.attempt, job.executions, job.parent_id, job.result_watched
         -- include: unkeyed_scan
     ) AS per_task
     WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
 candidates AS MATERIALIZED (
-    SELECT id, ring_slot, ring_row FROM unkeyed
+    SELECT id, ring_slot, ring_row, run_at, queue, NULL::text AS partition_key,
+           NULL::text AS concurrency_key, attempt, executions, parent_id, result_watched
+    FROM unkeyed
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p
                       WHERE p.queue = (SELECT %(queue)s::text))
     ORDER BY priority, run_at, id
     LIMIT (SELECT %(limit)s::int)
 ),
 -- include: ring_taken
+-- The claim writes the run, not the job's row (migration 0044): the row was locked by the
+-- scan, and its entry is deleted by ring_taken.
+run AS (
+    -- include: claim_run_columns
+    -- include: claim_run_values
+           greatest((SELECT {schema}.db_now()), c.run_at),
+    -- include: claim_run_rest
+    FROM candidates c
+    RETURNING job_id, attempt, lease_token
+),
 claimed AS (
-    UPDATE {schema}.jobs_live j
-    -- include: claim_set
-        started_at = greatest((SELECT {schema}.db_now()), j.run_at)
-    -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
-    -- (migration 0038).
-    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
-      AND j.state NOT IN ('completed', 'failed', 'cancelled')
     -- include: claim_returning
 )
 -- job_claim's columns, with `blocked` and `keyed_ready` where it has key_cursor and
@@ -1160,15 +1226,27 @@ WITH input AS MATERIALIZED (
                 (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
          AS t(id, attempt, lease_token, result)
 ),
+-- The fence is the run (migration 0044): deleted by primary key, it returns what the row
+-- takes with the outcome, so the row is written once, by the move to its day.
+gone AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u
+    USING input i
+    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+      -- include: runs_by_key
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched, i.result
+),
 settled AS (
-    UPDATE {schema}.jobs j
-    SET state = 'completed', result = i.result::jsonb, error = NULL,
-        finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now()),
-        lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = 'completed', result = g.result::jsonb, error = NULL, attempt = g.attempt,
+        executions = g.executions, worker_id = g.worker_id, traced = g.traced,
+        started_at = g.started_at,
+        finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now())
+    FROM gone g
+    WHERE j.id = g.job_id
       -- include: running_by_key
-    RETURNING j.id, j.state, j.result_watched
+    -- result_watched: the row's, or the run's (job_result_watch's second write).
+    RETURNING j.id, j.phase AS state, j.result_watched OR g.result_watched AS result_watched
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
@@ -1197,12 +1275,19 @@ WITH input AS MATERIALIZED (
                 (SELECT %(lease_tokens)s::uuid[]))
          AS t(id, attempt, lease_token)
 ),
-discarded AS (
-    DELETE FROM {schema}.jobs j
+gone AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u
     USING input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+      -- include: runs_by_key
+    RETURNING u.job_id, u.result_watched
+),
+discarded AS (
+    DELETE FROM {schema}.job_rows_legacy j
+    USING gone g
+    WHERE j.id = g.job_id
       -- include: running_by_key
-    RETURNING j.id, j.result_watched
+    RETURNING j.id, j.result_watched OR g.result_watched AS result_watched
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
@@ -1222,13 +1307,22 @@ WITH input AS MATERIALIZED (
                          %(values)s::text[], %(wake_ins)s::float8[])
              AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
-owner AS (
-    UPDATE {schema}.jobs_live j
-    SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+-- The fence is the run (migration 0044), locked first (docs/workflows.md, "Lock order"), then
+-- the row written.
+fenced AS MATERIALIZED (
+    SELECT u.job_id AS id, n.next_position
     FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
           FROM input GROUP BY id, attempt, lease_token) AS n
-    WHERE j.id = n.id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
-      AND j.state = 'running'
+    JOIN {schema}.job_runs u
+      ON u.job_id = n.id AND u.attempt = n.attempt AND u.lease_token = n.lease_token
+    ORDER BY u.job_id
+    FOR SHARE OF u
+),
+owner AS (
+    UPDATE {schema}.jobs_live j
+    SET checkpoint_count = greatest(j.checkpoint_count, f.next_position)
+    FROM fenced f
+    WHERE j.id = f.id
     RETURNING j.id
 ),
 written AS (
@@ -1328,30 +1422,37 @@ WITH heartbeat AS (
     WHERE id = %(worker_id)s
     RETURNING id
 ),
+-- The leases are the runs (migration 0044); the cancel flag is the job row's, read by primary
+-- key without a lock (a cancel sets it while holding the row; one probe per lease, every
+-- lease/3).
 requested AS MATERIALIZED (
-    SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
+    SELECT u.job_id AS id, u.attempt, u.lease_token,
+           (SELECT j.cancel_requested FROM {schema}.jobs_live j WHERE j.id = u.job_id)
+               AS cancel_requested
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
          AS o(id, attempt, lease_token)
-    JOIN {schema}.jobs_live j ON j.id = o.id
-    WHERE j.attempt = o.attempt AND j.lease_token = o.lease_token
-      -- include: running_by_key
+    JOIN {schema}.job_runs u ON u.job_id = o.id
+    WHERE u.attempt = o.attempt AND u.lease_token = o.lease_token
+      -- include: runs_by_key
 ),
--- The fence is part of the lock's condition, so it is re-checked on the row's newest version
+-- The fence is part of the lock's condition, so it is re-checked on the run's newest version
 -- once locked: a lease recovered and claimed by another worker meanwhile is not extended.
 lockable AS MATERIALIZED (
-    SELECT j.id FROM {schema}.jobs_live j
-    JOIN requested r ON r.id = j.id
-    WHERE r.attempt = j.attempt AND r.lease_token = j.lease_token
-      -- include: running_by_key
-    FOR UPDATE OF j SKIP LOCKED
+    SELECT u.job_id AS id FROM {schema}.job_runs u
+    JOIN requested r ON r.id = u.job_id
+    WHERE r.attempt = u.attempt AND r.lease_token = u.lease_token
+      -- include: runs_by_key
+    FOR UPDATE OF u SKIP LOCKED
 ),
 renewed AS (
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_runs u
     SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
     FROM lockable l
-    WHERE j.id = l.id
-      -- include: running_by_key
-    RETURNING j.id, j.cancel_requested
+    WHERE u.job_id = l.id
+      -- include: runs_by_key
+    RETURNING u.job_id AS id,
+              (SELECT r.cancel_requested FROM requested r WHERE r.id = u.job_id)
+                  AS cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
 FROM (SELECT 1) AS one
@@ -1470,33 +1571,48 @@ first_schedule AS (
 -- cancelled (its lost attempt is still recorded), whatever attempts it had left.
 -- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
 -- when no worker declared it), as the worker's own retry decision does.
-expired AS (
-    SELECT j.id, coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts,
+-- The runs (migration 0044) by job_runs_lease_idx, each locked with its job's row (both SKIP
+-- LOCKED: a settle holding the run, or a cancel holding the row, is left for the next pass).
+-- The run is deleted with the expiry re-checked on its newest version, then the row written.
+expired AS MATERIALIZED (
+    SELECT u.job_id AS id, u.attempt, u.worker_id, u.started_at, u.executions, u.traced,
+           coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts,
            -- A traced execution's span took its trace id from the lease token (_tracing.py).
-           CASE WHEN j.traced THEN replace(j.lease_token::text, '-', '') END AS trace_id
-    FROM {schema}.jobs j
+           CASE WHEN u.traced THEN replace(u.lease_token::text, '-', '') END AS trace_id
+    FROM {schema}.job_runs u
+    JOIN {schema}.jobs_live j ON j.id = u.job_id
     LEFT JOIN {schema}.task_defaults d ON d.task = j.task AND d.version = j.version
     WHERE (SELECT ok FROM leader)
-      AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
-    ORDER BY j.lease_expires_at
+      AND u.lease_expires_at < {schema}.db_now()
+    ORDER BY u.lease_expires_at
     LIMIT %(recover_limit)s
-    FOR UPDATE OF j SKIP LOCKED
+    FOR UPDATE OF u, j SKIP LOCKED
+),
+lost AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u USING expired e
+    WHERE u.job_id = e.id AND u.attempt = e.attempt
+      AND u.lease_expires_at < {schema}.db_now()
+    RETURNING u.job_id
 ),
 recovered AS (
-    UPDATE {schema}.jobs j
-    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                     WHEN j.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
-        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = CASE WHEN j.cancel_requested THEN 'cancelled'
+                     WHEN e.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
+        filed = j.filed + CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
+                               THEN 0 ELSE 1 END,
+        attempt = e.attempt, executions = e.executions, worker_id = e.worker_id,
+        started_at = e.started_at, traced = e.traced,
+        finished_at = CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
                            THEN {schema}.db_now() END,
-        lane = {schema}.job_lane(CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
+        lane = {schema}.job_lane(CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
                                       THEN {schema}.db_now() END),
         error = jsonb_build_object('type', 'LeaseExpired',
-                                   'message', 'worker lost: lease expired'),
-        lease_token = NULL, lease_expires_at = NULL
+                                   'message', 'worker lost: lease expired')
     FROM expired e
-    WHERE j.id = e.id AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
-    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.parent_id, e.trace_id, j.result_watched
+    WHERE j.id = e.id AND j.id IN (SELECT job_id FROM lost)
+      AND j.phase IN ('ready', 'claimed')
+    RETURNING j.id, e.attempt, j.phase AS state, j.queue, j.partition_key, e.worker_id,
+              e.started_at, j.parent_id, e.trace_id, j.result_watched
 ),
 -- A child failed (or cancelled) for good here wakes its parent here (parents_notify, migration
 -- 0030); rows this pass recovers are left to it. Read by `notified`, so it always runs.
@@ -1568,8 +1684,8 @@ old_events AS (
             ORDER BY coalesce(o.emitted_at, o.created_at)
             LIMIT %(prune_limit)s
             FOR UPDATE SKIP LOCKED)
-      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j
-                      WHERE j.wait_event_key = e.key AND j.state = 'waiting')
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs_live j
+                      WHERE j.wait_event_key = e.key AND j.phase = 'waiting')
     RETURNING e.key
 )
 
@@ -1600,15 +1716,20 @@ SELECT * FROM {schema}.job_records WHERE id = %(id)s;
 -- A claim skips a row this holds (SKIP LOCKED): a ready or due row registered here wakes its
 -- queue again, after this commit, so a claim that skipped it runs once more at once (a job
 -- enqueued and waited for at once would otherwise wait for the next poll).
+-- One transaction still suffices (migration 0044): every end of a run writes the row too, so
+-- the finish and this meet on the row's lock as before. A claim copies the flag into the run
+-- from the row version it locked; the run's copy is what a completion that no longer writes
+-- the row (stage 6 of bench/plans/write_once_layout.md) will need a second write for.
 WITH watched AS (
-    UPDATE {schema}.jobs SET result_watched = true
-    WHERE id = %(id)s AND NOT result_watched
-      AND state NOT IN ('completed', 'failed', 'cancelled')
-    RETURNING queue, state, run_at
+    UPDATE {schema}.job_rows_legacy j SET result_watched = true
+    WHERE j.id = %(id)s AND NOT j.result_watched
+      AND j.phase NOT IN ('completed', 'failed', 'cancelled')
+    RETURNING j.id, j.queue, j.phase, j.run_at
 )
-SELECT count(pg_notify({schema}.ready_channel(queue), queue))
-FROM watched
-WHERE state = 'ready' OR (state <> 'running' AND run_at <= {schema}.db_now());
+SELECT count(pg_notify({schema}.ready_channel(w.queue), w.queue))
+FROM watched w
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = w.id)
+  AND (w.phase = 'ready' OR w.run_at <= {schema}.db_now());
 
 -- name: job_states
 -- Every job's state, for the transition checker of trioq.testing (a test-only whole-table read:
@@ -1737,7 +1858,8 @@ LIMIT %(limit)s;
 -- An enqueue that waited for us finds the job unfinished (its FOR SHARE of the job re-checks
 -- too) and returns it.
 WITH target AS (
-    SELECT id, state, dedup_key FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
+    SELECT j.id, j.phase AS state, j.dedup_key FROM {schema}.job_rows_legacy j
+    WHERE j.id = %(id)s FOR UPDATE
 ),
 key_held AS (
     SELECT k.job_id FROM {schema}.job_keys k JOIN target t ON k.key = t.dedup_key
@@ -1745,8 +1867,9 @@ key_held AS (
     FOR SHARE OF k
 ),
 changed AS (
-    UPDATE {schema}.jobs j
-    SET state = 'ready', run_at = {schema}.db_now(), cancel_requested = false,
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(),
+        cancel_requested = false,
         max_attempts = CASE WHEN coalesce(j.max_attempts, (
                                 SELECT d.max_attempts FROM {schema}.task_defaults d
                                 WHERE d.task = j.task AND d.version = j.version), 5) > j.attempt
@@ -1756,7 +1879,7 @@ changed AS (
         dedup_key = CASE WHEN EXISTS (SELECT 1 FROM key_held) THEN j.dedup_key END
     FROM target t
     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
-    RETURNING j.id, j.queue, j.state
+    RETURNING j.id, j.queue, j.phase AS state
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(queue), queue)) AS n FROM changed
@@ -1791,8 +1914,8 @@ SELECT truncated, pending FROM {schema}.ready_sweep();
 -- LOCKED: rows another session holds (a concurrent purge) are left for the next batch.
 -- Attempts, checkpoints, messages and values go with their job (the jobs_deleted trigger).
 WITH doomed AS (
-    SELECT id FROM {schema}.jobs
-    WHERE state = ANY(%(states)s::text[]) AND state IN ('completed', 'failed', 'cancelled')
+    SELECT id FROM {schema}.job_rows_legacy
+    WHERE phase = ANY(%(states)s::text[]) AND phase IN ('completed', 'failed', 'cancelled')
       AND finished_at < {schema}.db_now() - %(older_than)s::float8 * interval '1 second'
       AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -1800,7 +1923,7 @@ WITH doomed AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {schema}.jobs j USING doomed WHERE j.id = doomed.id RETURNING j.id;
+DELETE FROM {schema}.job_rows_legacy j USING doomed WHERE j.id = doomed.id RETURNING j.id;
 
 -- name: checkpoint_list
 -- A job's history in order (`trioq job ID`); the primary key (job_id, position) serves it.
@@ -1906,15 +2029,15 @@ SELECT
     (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
      WHERE datname = current_database()) AS cache_hit_ratio,
     -- Every partition of jobs (migration 0038); the vacuum that matters is the live one's.
-    (SELECT sum(pg_table_size(p.relid))::bigint FROM pg_partition_tree('{schema}.jobs') AS p)
+    (SELECT sum(pg_table_size(p.relid))::bigint FROM pg_partition_tree('{schema}.job_rows_legacy') AS p)
         AS jobs_table_bytes,
-    (SELECT sum(pg_indexes_size(p.relid))::bigint FROM pg_partition_tree('{schema}.jobs') AS p)
+    (SELECT sum(pg_indexes_size(p.relid))::bigint FROM pg_partition_tree('{schema}.job_rows_legacy') AS p)
         AS jobs_index_bytes,
     (SELECT sum(s.n_dead_tup)::bigint FROM pg_stat_user_tables AS s
-     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.jobs') AS p))
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows_legacy') AS p))
         AS dead_tuples,
     (SELECT sum(s.n_live_tup)::bigint FROM pg_stat_user_tables AS s
-     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.jobs') AS p))
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows_legacy') AS p))
         AS live_tuples,
     t.last_autovacuum
 FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs_live'::regclass;
@@ -2203,9 +2326,9 @@ released AS (
     SELECT h.id
     FROM fires f
     JOIN {schema}.job_keys k ON k.key = f.dedup_key
-    JOIN {schema}.jobs h ON h.id = k.job_id
-    WHERE h.state IN ('completed', 'failed', 'cancelled')
-      AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
+    JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
+    WHERE h.phase IN ('completed', 'failed', 'cancelled')
+      AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
     FOR SHARE OF h
 ),
 keys AS (
@@ -2238,7 +2361,7 @@ new_jobs AS (
     WHERE f.new_id IN (SELECT job_id FROM keys)
 ),
 inserted AS (
-    -- include: job_insert(jobs)
+    -- include: job_insert(job_rows_legacy)
     RETURNING j.id, j.queue
 ),
 notified AS (
@@ -2307,19 +2430,29 @@ outcome AS MATERIALIZED (
                                 {schema}.db_now() + %(timeout_seconds)s * interval '1 second')
                            AS deadline) AS d
 ),
+-- The fence is the run (migration 0044), locked first; a suspension deletes it. The row's
+-- attempt is the one before the run (the attempt given back), its executions the run's.
+fenced AS MATERIALIZED (
+    SELECT u.job_id, u.executions, u.worker_id, u.started_at FROM {schema}.job_runs u
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR UPDATE OF u
+),
+suspended AS (
+    DELETE FROM {schema}.job_runs u USING fenced f, outcome o
+    WHERE u.job_id = f.job_id AND o.state = 'waiting'
+),
 owner AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET checkpoint_count = greatest(j.checkpoint_count, %(position)s + 1),
-        state = CASE WHEN o.state = 'waiting' THEN 'waiting' ELSE j.state END,
+        phase = CASE WHEN o.state = 'waiting' THEN 'waiting' ELSE j.phase END,
         run_at = CASE WHEN o.state = 'waiting' THEN o.deadline ELSE j.run_at END,
-        attempt = CASE WHEN o.state = 'waiting' THEN j.attempt - 1 ELSE j.attempt END,
-        lease_token = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_token END,
-        lease_expires_at = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_expires_at END,
+        executions = CASE WHEN o.state = 'waiting' THEN f.executions ELSE j.executions END,
+        worker_id = CASE WHEN o.state = 'waiting' THEN f.worker_id ELSE j.worker_id END,
+        started_at = CASE WHEN o.state = 'waiting' THEN f.started_at ELSE j.started_at END,
         wait_event_key = CASE WHEN o.state = 'waiting' THEN %(key)s END,
         wait_children = NULL, wait_topic = NULL, wait_position = NULL
-    FROM outcome o
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
+    FROM outcome o, fenced f
+    WHERE j.id = f.job_id AND j.phase IN ('ready', 'claimed')
     RETURNING j.id
 ),
 written AS (
@@ -2355,22 +2488,22 @@ WITH input AS MATERIALIZED (
           -- include: new_job_arrays
          ) AS t ON t.ord = s.n
 ),
+-- The parents' runs are the fence (migration 0044), locked first in id order, then their rows.
 locked AS MATERIALIZED (
-    SELECT j.id FROM {schema}.jobs j
-    WHERE j.id IN (SELECT parent_id FROM input)
-      AND j.state = 'running'  -- a spawning parent runs: jobs_live only (migration 0038)
-    ORDER BY j.id
-    FOR NO KEY UPDATE
-),
-owner AS MATERIALIZED (
-    UPDATE {schema}.jobs j
-    SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+    SELECT u.job_id AS id, u.attempt, u.lease_token, n.next_position
     FROM (SELECT parent_id, attempt, lease_token, max(position) + 1 AS next_position
           FROM input GROUP BY parent_id, attempt, lease_token) AS n
-    WHERE j.id = n.parent_id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
-      AND j.state = 'running' AND NOT j.cancel_requested
-      AND j.id IN (SELECT id FROM locked)
-    RETURNING j.id, j.attempt, j.lease_token
+    JOIN {schema}.job_runs u
+      ON u.job_id = n.parent_id AND u.attempt = n.attempt AND u.lease_token = n.lease_token
+    ORDER BY u.job_id
+    FOR SHARE OF u
+),
+owner AS MATERIALIZED (
+    UPDATE {schema}.jobs_live j
+    SET checkpoint_count = greatest(j.checkpoint_count, l.next_position)
+    FROM locked l
+    WHERE j.id = l.id AND NOT j.cancel_requested
+    RETURNING j.id, l.attempt, l.lease_token
 ),
 new_jobs AS (
     -- The children of the parents whose lease held, in input order. A child's deadline is the
@@ -2390,7 +2523,7 @@ new_jobs AS (
            i.on_parent_cancel
     FROM input i
     CROSS JOIN (SELECT {schema}.db_now() AS now) AS n
-    JOIN {schema}.jobs p ON p.id = i.parent_id AND p.state = 'running'  -- jobs_live only
+    JOIN {schema}.jobs_live p ON p.id = i.parent_id  -- a spawning parent runs
     LEFT JOIN {schema}.task_defaults t
            ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
           AND t.task = i.task AND t.version = i.version AND t.deadline_seconds IS NOT NULL
@@ -2415,7 +2548,8 @@ child AS (
     -- include: job_insert(jobs_live)
     ON CONFLICT (parent_id, parent_position) WHERE parent_id IS NOT NULL
     DO UPDATE SET parent_id = excluded.parent_id
-    RETURNING j.id, j.parent_id, j.parent_position, j.queue, j.state, (j.xmax = 0) AS created
+    RETURNING j.id, j.parent_id, j.parent_position, j.queue, j.phase AS state,
+              (j.xmax = 0) AS created
 ),
 written AS (
     INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
@@ -2430,9 +2564,9 @@ notified AS (
     FROM (SELECT DISTINCT queue FROM child WHERE created AND state = 'ready') AS q
 )
 SELECT i.ord, c.id AS child_id, coalesce(c.created, false) AS created,
-       EXISTS (SELECT 1 FROM {schema}.jobs j
-               WHERE j.id = i.parent_id AND j.attempt = i.attempt
-                 AND j.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
+       EXISTS (SELECT 1 FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+               WHERE u.job_id = i.parent_id AND u.attempt = i.attempt
+                 AND u.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
 FROM input i
 LEFT JOIN child c ON c.parent_id = i.parent_id AND c.parent_position = i.position
 CROSS JOIN notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects
@@ -2451,10 +2585,13 @@ ORDER BY i.ord;
 -- re-runs this statement with a fresh snapshot ('changed'). A child finishing after our
 -- commit finds us waiting and wakes us. No child row is locked, so nothing here can deadlock
 -- with the settle statement.
+-- The fence is the run (migration 0044), locked first; a suspension deletes it. The row's
+-- attempt is the one before the run (the attempt given back), its executions the run's.
 WITH owner AS MATERIALIZED (
-    SELECT j.id, j.children_settled FROM {schema}.jobs j
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
+    SELECT u.job_id AS id, j.children_settled, u.executions, u.worker_id, u.started_at
+    FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR UPDATE OF u
 ),
 children AS MATERIALIZED (
     SELECT w.ord, w.id, c.state, c.result, c.error, (c.parent_id = o.id) AS mine
@@ -2477,28 +2614,31 @@ decision AS MATERIALIZED (
            (SELECT children_settled FROM owner) AS seen
 ),
 updated AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET checkpoint_count = CASE WHEN d.state = 'done' AND %(record)s
                                 THEN greatest(j.checkpoint_count, %(position)s + 1)
                                 ELSE j.checkpoint_count END,
-        state = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN 'waiting'
-                     ELSE j.state END,
+        phase = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN 'waiting'
+                     ELSE j.phase END,
         run_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN NULL
                       ELSE j.run_at END,
-        attempt = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
-                       THEN j.attempt - 1 ELSE j.attempt END,
-        lease_token = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN NULL
-                           ELSE j.lease_token END,
-        lease_expires_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
-                                THEN NULL ELSE j.lease_expires_at END,
+        executions = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                          THEN o.executions ELSE j.executions END,
+        worker_id = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                         THEN o.worker_id ELSE j.worker_id END,
+        started_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                          THEN o.started_at ELSE j.started_at END,
         wait_children = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
                              THEN d.pending ELSE NULL END,
         wait_event_key = NULL, wait_topic = NULL, wait_position = NULL
-    FROM decision d
+    FROM decision d, owner o
     WHERE d.state IN ('done', 'suspend')
-      AND j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
-    RETURNING j.id, j.state
+      AND j.id = o.id AND j.phase IN ('ready', 'claimed')
+    RETURNING j.id, CASE WHEN j.phase = 'waiting' THEN 'waiting' ELSE 'running' END AS state
+),
+suspended AS (
+    DELETE FROM {schema}.job_runs u USING updated x
+    WHERE u.job_id = x.id AND x.state = 'waiting'
 ),
 written AS (
     INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
@@ -2538,11 +2678,11 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
 -- the message and wakes the job if it waits for the topic, in one round trip. The job's state
 -- is read first without a lock only to name the error (unknown or final job) without raising in
 -- the server; the function re-checks it under the lock.
-SELECT j.state,
-       CASE WHEN j.state NOT IN ('completed', 'failed', 'cancelled')
+SELECT j.phase AS state,
+       CASE WHEN j.phase NOT IN ('completed', 'failed', 'cancelled')
             THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END AS message_id
 FROM (SELECT %(id)s::bigint AS id) AS k
-LEFT JOIN {schema}.jobs j ON j.id = k.id;
+LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id;
 
 -- name: job_receive
 -- ctx.receive: job_receive(): fenced, lock then read, so a receive and a send
@@ -2557,11 +2697,12 @@ FROM {schema}.job_receive(%(id)s::bigint, %(attempt)s::int, %(lease_token)s::uui
 -- The values a handler set since its last checkpoint, when no checkpoint follows (the handler
 -- returns, or its next primitive writes with a statement of its own). Fenced by the lease like
 -- a checkpoint; wakes `client.get_value` waiters on the job's result channel.
+-- The fence is the run (migration 0044), held until commit: no end of the run (which deletes
+-- it first) passes these writes.
 WITH owner AS (
-    SELECT j.id FROM {schema}.jobs j
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
-    FOR NO KEY UPDATE
+    SELECT u.job_id AS id FROM {schema}.job_runs u
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR SHARE
 ),
 written AS (
     INSERT INTO {schema}.workflow_values AS w (job_id, key, value, updated_at)
@@ -3043,27 +3184,31 @@ ORDER BY id DESC LIMIT %(limit)s;
 -- first (the nursery rule), so they are all final: they are detached from their positions,
 -- which the new history will use again (jobs_parent_idx is unique on parent and position). A
 -- job whose cancel was requested continues nothing.
+-- The fence is the run (migration 0044), locked first, then the row; the run ends here.
 WITH owner AS MATERIALIZED (
-    SELECT j.id, j.cancel_requested FROM {schema}.jobs j
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
-    FOR NO KEY UPDATE
+    SELECT u.job_id AS id, u.executions, j.cancel_requested
+    FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR UPDATE OF u
 ),
 restarted AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET payload = %(payload)s::jsonb, checkpoint_count = 0, children_settled = 0,
-        state = 'ready', run_at = {schema}.db_now(), attempt = 0,
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, started_at = NULL,
+        phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(), attempt = 0,
+        executions = o.executions, worker_id = NULL, started_at = NULL,
         wait_children = NULL, wait_event_key = NULL
     FROM owner o
-    WHERE j.id = o.id AND NOT o.cancel_requested
+    WHERE j.id = o.id AND NOT j.cancel_requested AND j.phase IN ('ready', 'claimed')
     RETURNING j.id, j.queue
+),
+ended AS (
+    DELETE FROM {schema}.job_runs u USING restarted r WHERE u.job_id = r.id
 ),
 cleared AS (
     DELETE FROM {schema}.checkpoints c USING restarted r WHERE c.job_id = r.id RETURNING 1
 ),
 detached AS (
-    UPDATE {schema}.jobs c SET parent_position = NULL
+    UPDATE {schema}.job_rows_legacy c SET parent_position = NULL
     FROM restarted r WHERE c.parent_id = r.id AND c.parent_position IS NOT NULL
     RETURNING 1
 ),
