@@ -227,8 +227,9 @@ def test_jobs_job_retry_cancel_purge_and_queue_pause_from_the_command_line(
         other = producer.enqueue("sync", {"n": 9}, queue="q2", partition_key="acct")
     with psycopg.connect(pg_url, autocommit=True) as conn:  # job 0 failed after one attempt
         conn.execute(
-            f"UPDATE {pg_schema}.jobs SET state = 'failed', attempt = 1, max_attempts = 1, "
-            "finished_at = now() - interval '8 days', error = '{\"message\": \"boom\"}', "
+            f"UPDATE {pg_schema}.job_rows_legacy SET phase = 'failed', attempt = 1, "
+            "max_attempts = 1, finished_at = now() - interval '8 days', "
+            'error = \'{"message": "boom"}\', '
             f"lane = {pg_schema}.job_lane(now() - interval '8 days') WHERE id = %s",
             (jobs[0].id,),
         )

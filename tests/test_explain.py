@@ -83,7 +83,7 @@ async def test_no_live_worker_for_the_handler_version_is_named(pg_url: str, pg_s
         # A worker that reports the (task, version) pairs it serves (migration 0007's column),
         # and the job pinned to a version it does not serve.
         await register_worker(pg_url, pg_schema, "running", "{work@1}")
-        await scalar(pg_url, f"UPDATE {pg_schema}.jobs SET version = 2 RETURNING 1")
+        await scalar(pg_url, f"UPDATE {pg_schema}.job_rows_legacy SET version = 2 RETURNING 1")
         why = await client.explain(job.id)
     assert why.blocked_by == "version"
     assert why.verdict == "no live worker serves task 'work' version 2"

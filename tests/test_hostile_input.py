@@ -110,7 +110,9 @@ async def test_hostile_input_at_every_entry_point_is_stored_exactly_or_refused_b
                         )
                     ]
                     outcomes["stored"] += 1
-                    await tx.execute(f"DELETE FROM {pg_schema}.jobs WHERE id = %s", (job.id,))
+                    await tx.execute(
+                        f"DELETE FROM {pg_schema}.job_rows_legacy WHERE id = %s", (job.id,)
+                    )
                 # the caller's transaction is still usable either way
                 assert await tx.fetch("SELECT 1") == [(1,)]
             for bad_id in ("1; DROP TABLE jobs", None, -1):

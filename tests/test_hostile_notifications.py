@@ -132,7 +132,8 @@ async def test_a_payload_too_deep_to_decode_fails_its_job_and_the_worker_goes_on
         # Written by SQL, past every Python-side check (as a SQL producer could).
         await scalar(
             pg_url,
-            f"UPDATE {pg_schema}.jobs SET payload = (repeat('[', 3000) || repeat(']', 3000))::jsonb"
+            f"UPDATE {pg_schema}.job_rows_legacy"
+            " SET payload = (repeat('[', 3000) || repeat(']', 3000))::jsonb"
             " WHERE id = %s RETURNING id",
             (deep,),
         )

@@ -69,7 +69,8 @@ async def test_parallel_replay_after_a_crash_at_each_position_reruns_no_finished
                 pg_url,
                 _q(
                     pg_schema,
-                    "UPDATE {s}.jobs SET checkpoint_count = %s WHERE id = %s RETURNING id",
+                    "UPDATE {s}.job_rows_legacy SET checkpoint_count = %s WHERE id = %s"
+                    " RETURNING id",
                 ),
                 (max(done, default=-1) + 1, job.id),
             )

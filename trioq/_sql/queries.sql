@@ -1857,9 +1857,13 @@ LIMIT %(limit)s;
 -- snapshot would still show the old one; and while we hold it no enqueue can take the key.
 -- An enqueue that waited for us finds the job unfinished (its FOR SHARE of the job re-checks
 -- too) and returns it.
+-- The state is read with the row's run (migration 0044): a running job is left alone.
 WITH target AS (
-    SELECT j.id, j.phase AS state, j.dedup_key FROM {schema}.job_rows_legacy j
-    WHERE j.id = %(id)s FOR UPDATE
+    SELECT j.id,
+           -- include: job_state
+           AS state, j.dedup_key
+    FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    WHERE j.id = %(id)s FOR UPDATE OF j
 ),
 key_held AS (
     SELECT k.job_id FROM {schema}.job_keys k JOIN target t ON k.key = t.dedup_key
@@ -2678,11 +2682,14 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
 -- the message and wakes the job if it waits for the topic, in one round trip. The job's state
 -- is read first without a lock only to name the error (unknown or final job) without raising in
 -- the server; the function re-checks it under the lock.
-SELECT j.phase AS state,
+SELECT
+       -- include: job_state
+       AS state,
        CASE WHEN j.phase NOT IN ('completed', 'failed', 'cancelled')
             THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END AS message_id
 FROM (SELECT %(id)s::bigint AS id) AS k
-LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id;
+LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id;
 
 -- name: job_receive
 -- ctx.receive: job_receive(): fenced, lock then read, so a receive and a send

@@ -1662,7 +1662,7 @@ CREATE TABLE trioq.job_rows_legacy (
     lane integer DEFAULT 0 NOT NULL,
     filed integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_phase_check CHECK ((phase = ANY (ARRAY['scheduled'::text, 'ready'::text, 'claimed'::text, 'sleeping'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
     CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[]))))
 )
 PARTITION BY LIST (lane);
@@ -1823,7 +1823,7 @@ CREATE TABLE trioq.jobs_live (
     filed integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_live_unfinished CHECK ((phase <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_phase_check CHECK ((phase = ANY (ARRAY['scheduled'::text, 'ready'::text, 'claimed'::text, 'sleeping'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
     CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[]))))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', vacuum_truncate=off, toast.vacuum_truncate=off);
@@ -1870,7 +1870,7 @@ CREATE TABLE trioq.jobs_unfiled (
     lane integer DEFAULT 0 NOT NULL,
     filed integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_phase_check CHECK ((phase = ANY (ARRAY['scheduled'::text, 'ready'::text, 'claimed'::text, 'sleeping'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
     CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
     CONSTRAINT jobs_unfiled_finished CHECK ((phase = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
 )
