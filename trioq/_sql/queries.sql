@@ -1734,18 +1734,26 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = w.id)
 -- name: job_states
 -- Every job's state, for the transition checker of trioq.testing (a test-only whole-table read:
 -- it diffs the table around each driver call, so it runs only on small test schemas).
-SELECT id, state FROM {schema}.jobs;
+SELECT j.id,
+       -- include: job_state
+       AS state
+FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id;
 
 -- name: job_descendants
 -- `trioq cancel --tree`'s report: the job's descendants with their states, read before and
 -- after the cancel (outside its transaction: an operator's report, not a guarantee). Each
 -- level is an index scan of jobs_parent_idx (parent_id, parent_position).
 WITH RECURSIVE tree AS (
-    SELECT j.id, j.state FROM {schema}.jobs j WHERE j.parent_id = %(id)s::bigint
+    SELECT j.id FROM {schema}.job_rows_legacy j WHERE j.parent_id = %(id)s::bigint
     UNION ALL
-    SELECT c.id, c.state FROM {schema}.jobs c JOIN tree t ON c.parent_id = t.id
+    SELECT c.id FROM {schema}.job_rows_legacy c JOIN tree t ON c.parent_id = t.id
 )
-SELECT id, state FROM tree ORDER BY id;
+SELECT j.id,
+       -- include: job_state
+       AS state
+FROM tree t JOIN {schema}.job_rows_legacy j ON j.id = t.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+ORDER BY j.id;
 
 -- name: job_explain
 -- `trioq explain`: the job row and the facts each claim gate depends on, in one read. Rows are
@@ -1763,16 +1771,23 @@ SELECT {schema}.db_now() AS now,
            SELECT d.max_attempts FROM {schema}.task_defaults d
            WHERE d.task = job.task AND d.version = job.version), 5)) AS job,
        (SELECT to_jsonb(h.*) FROM (
-            SELECT k.id, k.state, k.lease_expires_at, k.run_at, k.worker_id
-            FROM {schema}.partition_locks AS l JOIN {schema}.jobs AS k ON k.id = l.job_id
+            -- The holder's row with its run (migration 0044): running while it has one.
+            SELECT j.id,
+                   -- include: job_state
+                   AS state, u.lease_expires_at, j.run_at,
+                   coalesce(u.worker_id, j.worker_id) AS worker_id
+            FROM {schema}.partition_locks AS l JOIN {schema}.jobs_live AS j ON j.id = l.job_id
+            LEFT JOIN {schema}.job_runs AS u ON u.job_id = j.id
             WHERE l.queue = job.queue AND l.partition_key = job.partition_key
-              AND k.id <> job.id AND k.state IN ('running', 'sleeping', 'waiting')
+              AND j.id <> job.id
+              AND (u.job_id IS NOT NULL OR j.phase IN ('sleeping', 'waiting'))
             LIMIT 1) AS h) AS key_holder,
+       -- A keyed job a claim took reads `claimed` (migration 0044): `ready` is not running.
        (SELECT to_jsonb(a.*) FROM (
             SELECT k.id, k.priority, k.run_at
-            FROM {schema}.jobs AS k
+            FROM {schema}.jobs_live AS k
             WHERE k.queue = job.queue AND k.partition_key = job.partition_key
-              AND k.id <> job.id AND k.state = 'ready' AND k.run_at <= {schema}.db_now()
+              AND k.id <> job.id AND k.phase = 'ready' AND k.run_at <= {schema}.db_now()
               AND (k.priority, k.run_at, k.id) < (job.priority, job.run_at, job.id)
             ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a) AS key_ahead,
        (SELECT coalesce(jsonb_agg(to_jsonb(w.*) ORDER BY w.started_at), '[]'::jsonb)
@@ -1813,9 +1828,9 @@ SELECT {schema}.db_now() AS now,
                             ) AS w), '{}'::jsonb)
         FROM (SELECT 1) AS one
         LEFT JOIN LATERAL (
-            SELECT f.id, f.concurrency_limit FROM {schema}.jobs AS f
+            SELECT f.id, f.concurrency_limit FROM {schema}.jobs_live AS f
             WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
-              AND f.state = 'ready'
+              AND f.phase = 'ready'
             ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
         WHERE job.concurrency_key IS NOT NULL) AS concurrency,
        -- The workers of other queues: whether any live one registers the job's task (a job
@@ -1970,7 +1985,8 @@ RETURNING id;
 DELETE FROM {schema}.workers WHERE id = %(worker_id)s RETURNING id;
 
 -- name: queue_status
--- One row per queue: backlog, oldest due age, running, expired leases, scheduled.
+-- One row per queue: backlog, oldest due age, running, expired leases, scheduled. One pass over
+-- every row with its run (migration 0044), as over the table before.
 SELECT queue,
        count(*) FILTER (WHERE state = 'ready') AS ready,
        count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
@@ -1984,7 +2000,11 @@ SELECT queue,
            WHERE state = 'ready'))::float8 AS oldest_ready_seconds,
        count(*) FILTER (WHERE state = 'sleeping') AS sleeping,
        count(*) FILTER (WHERE state = 'waiting') AS waiting
-FROM {schema}.jobs GROUP BY queue ORDER BY queue;
+FROM (SELECT j.queue, j.run_at, u.lease_expires_at,
+             -- include: job_state
+             AS state
+      FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
+GROUP BY queue ORDER BY queue;
 
 -- name: queue_demand
 -- Per queue demand (the migration's `queue_demand()` function; see its comment for the plan).
@@ -1994,7 +2014,7 @@ FROM {schema}.queue_demand() ORDER BY queue;
 -- name: job_trace_context
 -- The enqueuer's trace context of one job, read when a handler starts (only with the otel extra
 -- configured, so the claim statement stays as it is for everyone else). Primary key lookup.
-SELECT trace_context FROM {schema}.jobs WHERE id = %(id)s;
+SELECT trace_context FROM {schema}.job_rows_legacy WHERE id = %(id)s;
 
 -- name: notify_send
 -- One notification, sent outside any transaction (the worker's listener self-probe).
@@ -2008,21 +2028,25 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- worker that registered none (an idle worker beats with its election or maintenance pass,
 -- at most 1.4 maintenance intervals of <= 60 s apart). pg_stat_* views are the server's
 -- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
+-- Running is a run (migration 0044): the leases are job_runs' (by its lease index), and a row
+-- of jobs_live that reads ready counts only without a run.
 SELECT
-    (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'ready' AND run_at <= {schema}.db_now()) AS ready_backlog,
-    (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'running' AND lease_expires_at < {schema}.db_now()) AS expired_ownership,
-    (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'sleeping' AND run_at <= {schema}.db_now()) AS sleeping_due,
-    (SELECT count(*) FROM {schema}.jobs AS j
-     WHERE j.state = 'running' AND NOT EXISTS (
+    (SELECT count(*) FROM {schema}.jobs_live j
+     WHERE j.phase = 'ready' AND j.run_at <= {schema}.db_now()
+       AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id))
+        AS ready_backlog,
+    (SELECT count(*) FROM {schema}.job_runs
+     WHERE lease_expires_at < {schema}.db_now()) AS expired_ownership,
+    (SELECT count(*) FROM {schema}.jobs_live
+     WHERE phase = 'sleeping' AND run_at <= {schema}.db_now()) AS sleeping_due,
+    (SELECT count(*) FROM {schema}.job_runs AS u
+     WHERE NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
-         WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now()
+         WHERE w.id = u.worker_id AND w.heartbeat_at > {schema}.db_now()
                - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')) AS stale_running,
-    (SELECT count(*) FROM {schema}.jobs WHERE state = 'waiting') AS active_waits,
-    (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'waiting' AND run_at <= {schema}.db_now()) AS due_wait_timeouts,
+    (SELECT count(*) FROM {schema}.jobs_live WHERE phase = 'waiting') AS active_waits,
+    (SELECT count(*) FROM {schema}.jobs_live
+     WHERE phase = 'waiting' AND run_at <= {schema}.db_now()) AS due_wait_timeouts,
     (SELECT count(*) FROM pg_locks WHERE NOT granted) AS waiting_locks,
     (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()) AS deadlocks,
     (SELECT coalesce(jsonb_object_agg(s.state, s.n), '{}'::jsonb) FROM (
@@ -2032,11 +2056,11 @@ SELECT
      WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
     (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
      WHERE datname = current_database()) AS cache_hit_ratio,
-    -- Every partition of jobs (migration 0038); the vacuum that matters is the live one's.
-    (SELECT sum(pg_table_size(p.relid))::bigint FROM pg_partition_tree('{schema}.job_rows_legacy') AS p)
-        AS jobs_table_bytes,
-    (SELECT sum(pg_indexes_size(p.relid))::bigint FROM pg_partition_tree('{schema}.job_rows_legacy') AS p)
-        AS jobs_index_bytes,
+    -- Every partition of the rows (migration 0038); the vacuum that matters is the live one's.
+    (SELECT sum(pg_table_size(p.relid))::bigint
+     FROM pg_partition_tree('{schema}.job_rows_legacy') AS p) AS jobs_table_bytes,
+    (SELECT sum(pg_indexes_size(p.relid))::bigint
+     FROM pg_partition_tree('{schema}.job_rows_legacy') AS p) AS jobs_index_bytes,
     (SELECT sum(s.n_dead_tup)::bigint FROM pg_stat_user_tables AS s
      WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows_legacy') AS p))
         AS dead_tuples,
@@ -2048,8 +2072,7 @@ FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs_live'::regclass;
 
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
-       (SELECT count(*) FROM {schema}.jobs j
-        WHERE j.worker_id = w.id AND j.state = 'running') AS running,
+       (SELECT count(*) FROM {schema}.job_runs u WHERE u.worker_id = w.id) AS running,
        w.task_versions,
        -- The admission snapshot (migration 0008) as [queue, limit, concurrency, reason, cause,
        -- seconds reduced] entries; jsonb_each of a NULL snapshot yields no rows.
@@ -2146,7 +2169,7 @@ ORDER BY s.concurrency_key;
 SELECT h.concurrency_key AS key, count(*)::int AS running,
        {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS limit
 FROM {schema}.concurrency_holds h
-LEFT JOIN {schema}.jobs j ON j.id = h.job_id
+LEFT JOIN {schema}.jobs_live j ON j.id = h.job_id
 WHERE %(keys)s::text[] IS NULL OR h.concurrency_key = ANY(%(keys)s::text[])
 GROUP BY h.concurrency_key
 ORDER BY h.concurrency_key;
@@ -2168,13 +2191,17 @@ COMMIT;
 -- demo's per-workflow progress. A sequential scan, like queue_status: for status screens only.
 SELECT queue, task, version, state, count(*) AS jobs,
        count(*) FILTER (WHERE attempt > 1) AS retried
-FROM {schema}.jobs GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
+FROM (SELECT j.queue, j.task, j.version, coalesce(u.attempt, j.attempt) AS attempt,
+             -- include: job_state
+             AS state
+      FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
+GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
 
 -- name: task_history_kinds
 -- How many jobs of each task recorded each checkpoint kind (slept, waited, spawned children):
 -- the demo's summary. Scans the checkpoints table; for status screens only.
 SELECT j.task, c.kind, count(DISTINCT c.job_id) AS jobs
-FROM {schema}.checkpoints c JOIN {schema}.jobs j ON j.id = c.job_id
+FROM {schema}.checkpoints c JOIN {schema}.job_rows_legacy j ON j.id = c.job_id
 GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 
 -- name: job_unroutable
@@ -2183,9 +2210,11 @@ GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 -- serving it returns. Live = heartbeat within two of the worker's registered heartbeat
 -- intervals, else %(stale_seconds)s (workers before migration 0019). Scans the unfinished jobs
 -- (not running, not final); a status read, not a hot path.
-SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.state) AS states
-FROM {schema}.jobs j
-WHERE j.state NOT IN ('running', 'completed', 'failed', 'cancelled')
+-- jobs_live's rows without a run (migration 0044): a running one reads ready or claimed there.
+SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.phase) AS states
+FROM {schema}.jobs_live j
+WHERE j.phase <> 'claimed'
+  AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id)
   AND NOT EXISTS (
       SELECT 1 FROM {schema}.workers w
       WHERE w.heartbeat_at > {schema}.db_now()
@@ -2727,9 +2756,13 @@ FROM (SELECT count(*) FROM written) AS side_effects;
 -- name: job_value_get
 -- `client.get_value`: the job's state (NULL: no such job) and the value of `key`, if set, in
 -- one read of two primary keys.
-SELECT j.state, v.value IS NOT NULL AS found, v.value
+SELECT
+       -- include: job_state
+       AS state,
+       v.value IS NOT NULL AS found, v.value
 FROM (SELECT %(id)s::bigint AS id) AS k
-LEFT JOIN {schema}.jobs j ON j.id = k.id
+LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
 LEFT JOIN {schema}.workflow_values v ON v.job_id = j.id AND v.key = %(key)s;
 
 -- name: job_values
@@ -2748,10 +2781,14 @@ SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count AS checkpoin
        j.wait_children IS NOT NULL AND j.state = 'waiting' AS waits_for_children,
        j.children_settled,
        CASE WHEN j.wait_children IS NOT NULL AND j.state = 'waiting'
-            THEN (SELECT count(*) FROM {schema}.jobs c WHERE c.parent_id = j.id) END
+            THEN (SELECT count(*) FROM {schema}.job_rows_legacy c WHERE c.parent_id = j.id) END
            AS children_total,
        j.created_at
-FROM {schema}.jobs j
+-- Unfinished rows only (jobs_live), each with its run (migration 0044).
+FROM (SELECT j.*,
+             -- include: job_state
+             AS state
+      FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
 WHERE j.state IN ('running', 'sleeping', 'waiting')
   AND (j.state <> 'running' OR j.checkpoint_count > 0)
   AND (%(states)s::text[] IS NULL OR j.state = ANY(%(states)s::text[]))
@@ -2782,8 +2819,8 @@ SET LOCAL jit = off;
 -- loaded machine: bench/dashboard.py). Queues are found without a table scan: a loose index
 -- scan (one index probe per distinct queue) over each index led by `queue` (the ready ring's,
 -- of unkeyed ready jobs; the partial ones of ready partition-keyed, ready concurrency-keyed
--- and scheduled/sleeping/waiting rows), plus the running rows (jobs_lease_idx, bounded by the
--- workers' slots), the workers' queues and the pauses. A queue with only finished jobs shows up
+-- and scheduled/sleeping/waiting rows), plus the runs (job_runs, migration 0044: bounded by
+-- the workers' slots), the workers' queues and the pauses. A queue with only finished jobs shows up
 -- through the throughput read (jobs_finished_idx); one with only the ring's entries of jobs no
 -- longer ready (until their slot is truncated, 20 s at most) shows up with nothing ready.
 WITH RECURSIVE
@@ -2800,34 +2837,34 @@ ready_unkeyed AS (
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
 ready_concurrency_keyed AS (
-    (SELECT queue FROM {schema}.jobs
-     WHERE state = 'ready' AND concurrency_key IS NOT NULL ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.jobs_live
+     WHERE phase = 'ready' AND concurrency_key IS NOT NULL ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state = 'ready' AND j.concurrency_key IS NOT NULL AND j.queue > r.queue
+    SELECT (SELECT j.queue FROM {schema}.jobs_live j
+            WHERE j.phase = 'ready' AND j.concurrency_key IS NOT NULL AND j.queue > r.queue
             ORDER BY j.queue LIMIT 1)
     FROM ready_concurrency_keyed r WHERE r.queue IS NOT NULL
 ),
 ready_keyed AS (
-    (SELECT queue FROM {schema}.jobs
-     WHERE state = 'ready' AND partition_key IS NOT NULL ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.jobs_live
+     WHERE phase = 'ready' AND partition_key IS NOT NULL ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state = 'ready' AND j.partition_key IS NOT NULL AND j.queue > r.queue
+    SELECT (SELECT j.queue FROM {schema}.jobs_live j
+            WHERE j.phase = 'ready' AND j.partition_key IS NOT NULL AND j.queue > r.queue
             ORDER BY j.queue LIMIT 1)
     FROM ready_keyed r WHERE r.queue IS NOT NULL
 ),
 due AS (
-    (SELECT queue FROM {schema}.jobs
-     WHERE state IN ('scheduled', 'sleeping', 'waiting') ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.jobs_live
+     WHERE phase IN ('scheduled', 'sleeping', 'waiting') ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state IN ('scheduled', 'sleeping', 'waiting') AND j.queue > r.queue
+    SELECT (SELECT j.queue FROM {schema}.jobs_live j
+            WHERE j.phase IN ('scheduled', 'sleeping', 'waiting') AND j.queue > r.queue
             ORDER BY j.queue LIMIT 1)
     FROM due r WHERE r.queue IS NOT NULL
 ),
 running AS (
-    SELECT queue, count(*) AS n FROM {schema}.jobs WHERE state = 'running' GROUP BY queue
+    SELECT queue, count(*) AS n FROM {schema}.job_runs GROUP BY queue
 ),
 queues AS (
     SELECT queue FROM ready_unkeyed WHERE queue IS NOT NULL
@@ -2857,8 +2894,9 @@ FROM queues q CROSS JOIN now
 CROSS JOIN LATERAL (
     SELECT count(DISTINCT s.id) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
     FROM (SELECT r.id, r.run_at FROM {schema}.ready_ring r
-          CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
-                              WHERE j.id = r.id AND j.state = 'ready' LIMIT 1) AS job
+          CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs_live j
+                              WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
+                              LIMIT 1) AS job
           WHERE r.queue = q.queue
             AND r.slot >=
                 -- include: ring_low
@@ -2866,14 +2904,14 @@ CROSS JOIN LATERAL (
 ) unkeyed
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
-    FROM (SELECT j.run_at FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state = 'ready' AND j.concurrency_key IS NOT NULL
+    FROM (SELECT j.run_at FROM {schema}.jobs_live j
+          WHERE j.queue = q.queue AND j.phase = 'ready' AND j.concurrency_key IS NOT NULL
           LIMIT %(cap)s) s
 ) concurrency_keyed
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
-    FROM (SELECT j.run_at FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NOT NULL
+    FROM (SELECT j.run_at FROM {schema}.jobs_live j
+          WHERE j.queue = q.queue AND j.phase = 'ready' AND j.partition_key IS NOT NULL
           LIMIT %(cap)s) s
 ) keyed
 -- One walk of jobs_due_idx (queue, run_at) for the three future-dated states, at most three
@@ -2883,8 +2921,8 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE s.state = 'sleeping') AS sleeping,
            count(*) FILTER (WHERE s.state = 'waiting') AS waiting,
            count(*) AS walked
-    FROM (SELECT j.state FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
+    FROM (SELECT j.phase AS state FROM {schema}.jobs_live j
+          WHERE j.queue = q.queue AND j.phase IN ('scheduled', 'sleeping', 'waiting')
           LIMIT 3 * %(cap)s) s
 ) due
 -- The same index's range up to now: sleeping and waiting work already due (promotion behind),
@@ -2893,8 +2931,8 @@ CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE s.state = 'sleeping') AS sleeping,
            count(*) FILTER (WHERE s.state = 'waiting') AS waiting,
            count(*) AS walked
-    FROM (SELECT j.state FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state IN ('scheduled', 'sleeping', 'waiting')
+    FROM (SELECT j.phase AS state FROM {schema}.jobs_live j
+          WHERE j.queue = q.queue AND j.phase IN ('scheduled', 'sleeping', 'waiting')
             AND j.run_at <= now.t
           LIMIT %(cap)s) s
 ) overdue
@@ -2926,8 +2964,8 @@ ORDER BY 1, 2;
 -- state: 10,000 rows took 20-45 ms on a loaded machine); when the cap is reached,
 -- `covered_seconds` says how far back the counts are complete (the page says so).
 WITH recent AS (
-    SELECT queue, state, finished_at FROM {schema}.jobs
-    WHERE state IN ('completed', 'failed', 'cancelled')
+    SELECT queue, phase AS state, finished_at FROM {schema}.job_rows_legacy
+    WHERE phase IN ('completed', 'failed', 'cancelled')
       AND finished_at >= {schema}.db_now() - interval '1 hour'
     ORDER BY finished_at DESC
     LIMIT %(cap)s
@@ -2948,7 +2986,11 @@ ORDER BY r.queue, 2;
 
 -- fragment: dashboard_job_row
 -- max_attempts as job_get reads it: the row's, else its task's declaration (migration 0015).
-SELECT j.id, j.queue, j.task, j.state, j.priority, j.run_at, j.partition_key, j.attempt,
+-- The row `j` with its run `u` (migration 0044: LEFT JOIN {schema}.job_runs u).
+SELECT j.id, j.queue, j.task,
+       -- include: job_state
+       AS state,
+       j.priority, j.run_at, j.partition_key, coalesce(u.attempt, j.attempt) AS attempt,
        coalesce(j.max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                                  WHERE d.task = j.task AND d.version = j.version), 5)
            AS max_attempts, j.created_at, j.finished_at,
@@ -2969,7 +3011,7 @@ SELECT j.id, j.queue, j.task, j.state, j.priority, j.run_at, j.partition_key, j.
 -- does not walk the whole table). `walked_to` is the lowest id walked: the next page starts
 -- there whether or not this one matched anything.
 WITH walked AS (
-    SELECT id FROM {schema}.jobs
+    SELECT id FROM {schema}.job_rows_legacy
     WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
     ORDER BY id DESC LIMIT %(walk)s
 ),
@@ -2977,9 +3019,11 @@ matched AS (
     -- include: dashboard_job_row
     -- `= ANY(ARRAY(...))`: one primary-key probe per walked id. A join to `walked` let the
     -- planner merge it with its own filtered backward walk of the whole table (910 ms).
-    FROM {schema}.jobs j
+    FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
     WHERE j.id = ANY(ARRAY(SELECT id FROM walked))
-      AND (%(state)s::text IS NULL OR j.state = %(state)s::text)
+      AND (%(state)s::text IS NULL OR %(state)s::text =
+           -- include: job_state
+          )
     -- include: dashboard_job_filters
     ORDER BY j.id DESC LIMIT %(limit)s
 ),
@@ -2993,8 +3037,9 @@ ORDER BY m.id DESC;
 -- jobs_suspended_idx (migration 0014), which holds those rows only, in id order.
 WITH matched AS (
     -- include: dashboard_job_row
-    FROM {schema}.jobs j
-    WHERE j.state = %(state)s::text AND j.state IN ('sleeping', 'waiting')
+    -- A sleeping or waiting job has no run (migration 0044).
+    FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    WHERE j.phase = %(state)s::text AND j.phase IN ('sleeping', 'waiting')
       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
     -- include: dashboard_job_filters
     ORDER BY j.id DESC LIMIT %(limit)s
@@ -3004,15 +3049,16 @@ FROM (SELECT 1) AS one LEFT JOIN matched m ON true
 ORDER BY m.id DESC;
 
 -- name: dashboard_job_search_unfinished
--- The jobs page filtered by scheduled or running, newest first: the state's partial index
--- finds its rows (scheduled: jobs_due_idx; running: jobs_lease_idx, bounded by the workers'
+-- The jobs page filtered by scheduled or running, newest first: the state's source finds its
+-- rows (scheduled: jobs_due_idx; running: the runs, migration 0044, bounded by the workers'
 -- slots), then the newest are sorted out. `id + 0` keeps the planner off the primary key's
 -- order: walking it backward until %(limit)s rows of the state turn up can read every finished
 -- row above an older backlog. The cost follows the state's population, not the table's.
 WITH matched AS (
     -- include: dashboard_job_row
-    FROM {schema}.jobs j
-    WHERE j.state = %(state)s::text AND j.state IN ('scheduled', 'running')
+    FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    WHERE ((%(state)s::text = 'scheduled' AND j.phase = 'scheduled')
+           OR (%(state)s::text = 'running' AND u.job_id IS NOT NULL))
       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
     -- include: dashboard_job_filters
     ORDER BY j.id + 0 DESC LIMIT %(limit)s
@@ -3030,34 +3076,37 @@ ORDER BY m.id DESC;
 -- finished rows above a 40,000-row backlog (340 ms); the claim sources read the backlog
 -- only (bench/dashboard.py).
 WITH ids AS (
-    (SELECT j.id FROM {schema}.jobs j
-     WHERE j.id IN (SELECT r.id FROM {schema}.ready_ring r
-                    WHERE (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
-                      AND r.slot >=
-                          -- include: ring_low
-                   )
-       AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
+    -- A job claimed from the ring reads ready without an entry (migration 0044): the row's
+    -- `filed` must be its entry's.
+    (SELECT j.id FROM {schema}.jobs_live j
+     WHERE (j.id, j.filed) IN (SELECT r.id, r.filed FROM {schema}.ready_ring r
+                               WHERE (%(before_id)s::bigint IS NULL
+                                      OR r.id < %(before_id)s::bigint)
+                                 AND r.slot >=
+                                     -- include: ring_low
+                              )
+       AND j.phase = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
     UNION ALL
-    (SELECT j.id FROM {schema}.jobs j
-     WHERE j.state = 'ready' AND j.partition_key IS NOT NULL
+    (SELECT j.id FROM {schema}.jobs_live j
+     WHERE j.phase = 'ready' AND j.partition_key IS NOT NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
     UNION ALL
-    (SELECT j.id FROM {schema}.jobs j
-     WHERE j.state = 'ready' AND j.concurrency_key IS NOT NULL
+    (SELECT j.id FROM {schema}.jobs_live j
+     WHERE j.phase = 'ready' AND j.concurrency_key IS NOT NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
 ),
 matched AS (
     -- include: dashboard_job_row
-    FROM {schema}.jobs j
+    FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
     WHERE j.id = ANY(ARRAY(SELECT id FROM ids ORDER BY id DESC LIMIT %(limit)s))
-      AND j.state = 'ready'  -- jobs_live only (migration 0038)
+      AND j.phase = 'ready' AND u.job_id IS NULL
     ORDER BY j.id DESC
 )
 SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
@@ -3070,8 +3119,8 @@ ORDER BY m.id DESC;
 -- row, of all three states) per page; `walked_to` / `walked_to_finished` is where the walk
 -- stopped.
 WITH walked AS (
-    SELECT id, finished_at FROM {schema}.jobs
-    WHERE state IN ('completed', 'failed', 'cancelled')
+    SELECT id, finished_at FROM {schema}.job_rows_legacy
+    WHERE phase IN ('completed', 'failed', 'cancelled')
       AND (%(before_finished)s::timestamptz IS NULL
            OR (finished_at, id) < (%(before_finished)s::timestamptz, %(before_id)s::bigint))
     ORDER BY finished_at DESC, id DESC LIMIT %(walk)s
@@ -3079,8 +3128,9 @@ WITH walked AS (
 matched AS (
     -- include: dashboard_job_row
     , w.finished_at AS walked_finished
-    FROM walked w JOIN {schema}.jobs j ON j.id = w.id
-    WHERE j.state = %(state)s::text
+    FROM walked w JOIN {schema}.job_rows_legacy j ON j.id = w.id
+    LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    WHERE j.phase = %(state)s::text
     -- include: dashboard_job_filters
     ORDER BY w.finished_at DESC, j.id DESC LIMIT %(limit)s
 ),
@@ -3129,24 +3179,28 @@ FROM {schema}.jobs WHERE parent_id = %(id)s ORDER BY parent_position LIMIT 1000;
 -- name: dashboard_workflows
 -- Running, sleeping and waiting workflows (jobs with history, or suspended), newest first,
 -- keyset-paged by id, each with what it waits on and its last checkpoint. The suspended rows
--- come from jobs_suspended_idx (migration 0014) in id order and the running ones from
--- jobs_lease_idx (bounded by the workers' slots), so finished history is never walked.
+-- come from jobs_suspended_idx (migration 0014) in id order and the running ones from the runs
+-- (migration 0044: bounded by the workers' slots), so finished history is never walked.
 WITH found AS (
-    (SELECT id FROM {schema}.jobs
-     WHERE state = 'running' AND checkpoint_count > 0
-       AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-     ORDER BY id DESC LIMIT %(limit)s)
+    (SELECT j.id FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+     WHERE j.checkpoint_count > 0
+       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+     ORDER BY j.id DESC LIMIT %(limit)s)
     UNION ALL
-    (SELECT id FROM {schema}.jobs
-     WHERE state IN ('sleeping', 'waiting')
+    (SELECT id FROM {schema}.jobs_live
+     WHERE phase IN ('sleeping', 'waiting')
        AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
      ORDER BY id DESC LIMIT %(limit)s)
 )
-SELECT j.id, j.queue, j.task, j.state, j.run_at, j.wait_event_key, j.wait_children,
+SELECT j.id, j.queue, j.task,
+       -- include: job_state
+       AS state,
+       j.run_at, j.wait_event_key, j.wait_children,
        j.checkpoint_count, j.created_at, c.kind AS last_kind, c.name AS last_name,
        c.created_at AS last_at
 FROM (SELECT id FROM found ORDER BY id DESC LIMIT %(limit)s) f
-JOIN {schema}.jobs j ON j.id = f.id
+JOIN {schema}.jobs_live j ON j.id = f.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
 LEFT JOIN {schema}.checkpoints c
        ON c.job_id = j.id AND c.position = j.checkpoint_count - 1
 ORDER BY j.id DESC;
@@ -3155,16 +3209,15 @@ ORDER BY j.id DESC;
 -- The overview's health list, the counts not already in dashboard_queue_counts (whose sums give
 -- the ready backlog, due sleeping work, active waits and due wait timeouts, each capped, where
 -- status_health counts the ready backlog with a scan of the whole table: no one index holds
--- every ready row). Running rows come from jobs_lease_idx (bounded by the slots); the same
+-- every ready row). Running jobs are the runs (migration 0044: bounded by the slots); the same
 -- liveness rule for workers as status_health (a heartbeat under 120 s old). Nothing locked.
 WITH now AS (SELECT {schema}.db_now() AS t)
 SELECT
-    (SELECT count(*) FROM {schema}.jobs, now
-     WHERE state = 'running' AND lease_expires_at < now.t),
-    (SELECT count(*) FROM {schema}.jobs AS j, now
-     WHERE j.state = 'running' AND NOT EXISTS (
+    (SELECT count(*) FROM {schema}.job_runs, now WHERE lease_expires_at < now.t),
+    (SELECT count(*) FROM {schema}.job_runs AS u, now
+     WHERE NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
-         WHERE w.id = j.worker_id AND w.heartbeat_at > now.t - interval '120 s')),
+         WHERE w.id = u.worker_id AND w.heartbeat_at > now.t - interval '120 s')),
     (SELECT count(*) FROM pg_locks WHERE NOT granted),
     (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database());
 
@@ -3299,8 +3352,8 @@ FROM wanted w;
 -- across workers, the starts in the rate's window, and when the next start is allowed when
 -- the window is full (the oldest start it counts, plus the period).
 SELECT q.queue, q.global_limit, q.rate_allowed, q.rate_period,
-       (SELECT count(*) FROM {schema}.jobs j
-        WHERE j.state = 'running' AND j.queue = q.queue)::int AS running,
+       -- The runs carry their queue (migration 0044).
+       (SELECT count(*) FROM {schema}.job_runs u WHERE u.queue = q.queue)::int AS running,
        coalesce(w.counted, 0)::int AS recent_starts,
        CASE WHEN w.counted >= q.rate_allowed
             THEN w.starts[w.counted - q.rate_allowed + 1]
