@@ -194,8 +194,8 @@ async def test_an_undecodable_value_delivered_to_a_suspended_wait_fails_that_job
                             ELSE jsonb_build_object('messages',
                                                     jsonb_build_array(%(deep)s::jsonb)) END
                         WHERE c.kind IN ('event', 'receive') RETURNING c.job_id)
-                    UPDATE {pg_schema}.jobs j
-                    SET state = 'ready', run_at = now(), wait_event_key = NULL,
+                    UPDATE {pg_schema}.job_rows_legacy j
+                    SET phase = 'ready', filed = j.filed + 1, run_at = now(), wait_event_key = NULL,
                         wait_topic = NULL, wait_position = NULL
                     WHERE j.id IN (SELECT job_id FROM values) RETURNING 1""",
                 {"deep": DEEP},
