@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3648 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
+-- name: job_claim_plain (3780 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -215,10 +215,12 @@ SELECT per_task.*
 FROM unnest((SELECT $3::text[])) AS served(task)
 CROSS JOIN LATERAL (
 SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row, r.queue,
-job.attempt, job.executions, job.parent_id, job.result_watched
+job.*
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT j.attempt, j.executions, j.parent_id, j.result_watched
+SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+j.max_attempts, j.created_at, j.cancel_requested, j.version,
+j.checkpoint_count
 FROM "trioq".jobs_live j
 WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
@@ -239,7 +241,9 @@ WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned o
 ),
 candidates AS MATERIALIZED (
 SELECT id, ring_slot, ring_row, run_at, queue, NULL::text AS partition_key,
-NULL::text AS concurrency_key, attempt, executions, parent_id, result_watched
+NULL::text AS concurrency_key, attempt, executions, parent_id, result_watched, task,
+payload, max_attempts, created_at, cancel_requested, version, checkpoint_count,
+priority
 FROM unkeyed
 WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
 WHERE p.queue = (SELECT $2::text))
@@ -267,15 +271,14 @@ FROM candidates c
 RETURNING job_id, attempt, lease_token
 ),
 claimed AS (
-SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
-j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-j.version,
-CASE WHEN j.checkpoint_count > 0 THEN
-(SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
-ORDER BY c.position)
-FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
-j.parent_id, j.concurrency_key
-FROM run u JOIN "trioq".jobs_live j ON j.id = u.job_id
+SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
+c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
+CASE WHEN c.checkpoint_count > 0 THEN
+(SELECT jsonb_agg(jsonb_build_array(h.position, h.kind, h.name, h.value)
+ORDER BY h.position)
+FROM "trioq".checkpoints h WHERE h.job_id = c.id) END AS history,
+c.parent_id, c.concurrency_key
+FROM run u JOIN candidates c ON c.id = u.job_id
 )
 SELECT (SELECT blocked FROM probe) AS blocked,
 (SELECT keyed_ready FROM probe) AS keyed_ready,
@@ -288,7 +291,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (12791 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim (12891 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
@@ -504,7 +507,9 @@ r.ctid AS ring_row, job.attempt, job.executions, job.parent_id,
 job.result_watched
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT j.attempt, j.executions, j.parent_id, j.result_watched
+SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+j.max_attempts, j.created_at, j.cancel_requested, j.version,
+j.checkpoint_count
 FROM "trioq".jobs_live j
 WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
@@ -619,7 +624,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (15595 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim_rated (15695 bytes; $1 queue, $2 lookahead, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
@@ -863,7 +868,9 @@ r.ctid AS ring_row, job.attempt, job.executions, job.parent_id,
 job.result_watched
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT j.attempt, j.executions, j.parent_id, j.result_watched
+SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+j.max_attempts, j.created_at, j.cancel_requested, j.version,
+j.checkpoint_count
 FROM "trioq".jobs_live j
 WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1

@@ -388,7 +388,9 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         -- scan of jobs_live, 30 s a claim under a pinned horizon). The job's row lock is
         -- the claim's: two entries of one job, or two claimers, meet on it.
         CROSS JOIN LATERAL (
-            SELECT j.attempt, j.executions, j.parent_id, j.result_watched
+            SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+                   j.max_attempts, j.created_at, j.cancel_requested, j.version,
+                   j.checkpoint_count
             FROM {schema}.jobs_live j
             WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
             LIMIT 1
@@ -1171,14 +1173,16 @@ unkeyed AS MATERIALIZED (
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
         SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row, r.queue,
-               job.attempt, job.executions, job.parent_id, job.result_watched
+               job.*
         -- include: unkeyed_scan
     ) AS per_task
     WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
 candidates AS MATERIALIZED (
     SELECT id, ring_slot, ring_row, run_at, queue, NULL::text AS partition_key,
-           NULL::text AS concurrency_key, attempt, executions, parent_id, result_watched
+           NULL::text AS concurrency_key, attempt, executions, parent_id, result_watched, task,
+           payload, max_attempts, created_at, cancel_requested, version, checkpoint_count,
+           priority
     FROM unkeyed
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p
                       WHERE p.queue = (SELECT %(queue)s::text))
@@ -1196,8 +1200,17 @@ run AS (
     FROM candidates c
     RETURNING job_id, attempt, lease_token
 ),
+-- The claimed jobs as claim_returning gives them, from the version the scan locked: no second
+-- probe of jobs_live (2.5 buffer accesses a job: 32.2 against main's 29.6 with it).
 claimed AS (
-    -- include: claim_returning
+    SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
+           c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
+           CASE WHEN c.checkpoint_count > 0 THEN
+               (SELECT jsonb_agg(jsonb_build_array(h.position, h.kind, h.name, h.value)
+                                 ORDER BY h.position)
+                FROM {schema}.checkpoints h WHERE h.job_id = c.id) END AS history,
+           c.parent_id, c.concurrency_key
+    FROM run u JOIN candidates c ON c.id = u.job_id
 )
 -- job_claim's columns, with `blocked` and `keyed_ready` where it has key_cursor and
 -- keys_visited (the same positions of `now` and `next_due` let one decode read both).
