@@ -20,6 +20,8 @@ import pytest
 import trio
 
 from tests.support import (
+    apply_functions,
+    apply_migration,
     end_stall,
     expire_lease,
     hold_stall,
@@ -30,9 +32,10 @@ from tests.support import (
 )
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
 from trioq._pg.replies import ClaimedRow
-from trioq._seam.driver import Claim, ClaimedJob, NewJob, Settlement
+from trioq._seam.driver import Claim, ClaimedJob, Lease, NewJob, Settlement
 from trioq._seam.services import MaintenancePass, RenewLeases
 from trioq._seam.workflow import CheckpointWrite, ValueSet
+from trioq._sql import migrations as sql_migrations
 from trioq._sql import queries
 
 WORKER = uuid.uuid4()
@@ -288,3 +291,49 @@ async def _enqueue(pg_url: str, pg_schema: str, n: int) -> list[int]:
     async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
         await driver.migrate()
         return [job.id for job in await driver.job_insert_many([NewJob("q", "t", "{}")] * n)]
+
+
+async def test_a_job_running_when_migration_0044_runs_keeps_its_lease_as_a_run(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A stop-first upgrade finds the running rows of crashed workers: each becomes a run with
+    the lease, worker and start it had, its row `claimed` with the attempt before the run, and
+    its lease's fenced writes still hold (here, its completion)."""
+    token, worker = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(queries(pg_schema)["migration_prepare"])
+        apply_functions(conn, pg_schema)
+        for migration in sql_migrations(pg_schema):
+            if migration.version == 44:
+                # As a worker of the previous release left a claim of the job (0039-0043).
+                [[job_id]] = conn.execute(
+                    f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, run_at,"
+                    " created_at, attempt, executions, lease_token, lease_expires_at,"
+                    " worker_id, started_at, concurrency_key)"
+                    " VALUES ('q', 't', '{}', 'running', now(), now(), 2, 3, %s,"
+                    " now() + interval '1 hour', %s, now(), 'k') RETURNING id",
+                    [token, worker],
+                ).fetchall()
+            apply_migration(conn, migration)
+            conn.execute(
+                queries(pg_schema)["migration_record"],
+                {"version": migration.version, "name": migration.name},
+            )
+        run = conn.execute(
+            f"SELECT attempt, lease_token, worker_id, executions, queue, concurrency_key"
+            f" FROM {pg_schema}.job_runs WHERE job_id = %s",
+            [job_id],
+        ).fetchall()
+        row = conn.execute(
+            f"SELECT phase, attempt, executions FROM {pg_schema}.job_rows_legacy WHERE id = %s",
+            [job_id],
+        ).fetchall()
+    assert run == [(2, token, worker, 3, "q", "k")]
+    assert row == [("claimed", 1, 2)]
+    assert state_of(pg_url, pg_schema, job_id) == "running"
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        lease = Lease(job_id, 2, token)
+        result = await driver.job_settle_many([Settlement(lease, "complete", result_json="1")])
+    assert result.settled == ((job_id, "completed"),)
+    view = f"SELECT state, attempt, executions, worker_id FROM {pg_schema}.jobs WHERE id = %s"
+    assert sql_rows(pg_url, view, [job_id]) == [("completed", 2, 3, worker)]
