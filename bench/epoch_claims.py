@@ -6,7 +6,7 @@ are partitioned by job-id epoch, against trioq's, replayed (bench-only SQL, no m
 The layout planned in bench/plans/write_once_layout.md writes a job's record once, at the
 enqueue, into `job_rows` partitioned by job id (one partition per epoch of 2^32 ids, a UTC day,
 as checkpoints, attempts and values are since migration 0043), takes a lease by inserting a
-narrow `job_runs` row and appends the outcome to `job_outcomes`, partitioned the same way. A
+narrow `epoch_runs` row and appends the outcome to `job_outcomes`, partitioned the same way. A
 generic plan over a partitioned table initialises and locks every partition the planner could
 not prune (PostgreSQL 15), so the cost of naming the parents may grow with the epochs kept. Each
 system drains `--jobs` ready no-op jobs of the newest epoch, 25 a claim, on one session of a
@@ -56,12 +56,12 @@ CREATE TABLE {schema}.ready (
     id bigint NOT NULL, filed int NOT NULL DEFAULT 0
 );
 CREATE INDEX ready_claim_idx ON {schema}.ready (queue, priority, run_at, id);
-CREATE TABLE {schema}.job_runs (
+CREATE TABLE {schema}.epoch_runs (
     job_id bigint PRIMARY KEY, attempt int NOT NULL, lease_token uuid NOT NULL,
     lease_expires_at timestamptz NOT NULL, worker_id uuid, traced boolean NOT NULL,
     started_at timestamptz NOT NULL
 );
-CREATE INDEX job_runs_lease_idx ON {schema}.job_runs (lease_expires_at);
+CREATE INDEX epoch_runs_lease_idx ON {schema}.epoch_runs (lease_expires_at);
 CREATE TABLE {schema}.job_outcomes (
     job_id bigint NOT NULL, state text NOT NULL, result jsonb, attempt int NOT NULL,
     worker_id uuid, started_at timestamptz NOT NULL, finished_at timestamptz NOT NULL
@@ -108,7 +108,7 @@ gone AS (
     DELETE FROM {schema}.ready x WHERE x.ctid = ANY(ARRAY(SELECT entry FROM entries))
 ),
 run AS (
-    INSERT INTO {schema}.job_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
+    INSERT INTO {schema}.epoch_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
                                    traced, started_at)
     SELECT id, attempt + 1, gen_random_uuid(), now() + interval '30 seconds',
            %(worker_id)s::uuid, false, now()
@@ -126,7 +126,7 @@ WITH input AS MATERIALIZED (
                          %(results)s::text[]) AS t(id, attempt, lease_token, result)
 ),
 ended AS (
-    DELETE FROM {schema}.job_runs r USING input i
+    DELETE FROM {schema}.epoch_runs r USING input i
     WHERE r.job_id = i.id AND r.attempt = i.attempt AND r.lease_token = i.lease_token
     RETURNING r.job_id, r.attempt, r.worker_id, r.started_at, i.result
 )

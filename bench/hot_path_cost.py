@@ -115,15 +115,20 @@ def claim_params() -> dict[str, Any]:
 
 def insert_backlog(conn: psycopg.Connection[tuple[object, ...]], schema: str, jobs: int) -> None:
     """`jobs` ready no-op jobs in one statement, analyzed and checkpointed (so every replay
-    writes the same full-page images)."""
+    writes the same full-page images). Since migration 0047 the table is `job_rows_legacy`
+    (`jobs` a view) and its `state` is `phase`: either layout, so main replays too."""
+    [[legacy]] = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", [f"{schema}.job_rows_legacy"]
+    ).fetchall()
+    table, state = ("job_rows_legacy", "phase") if legacy else ("jobs", "state")
     conn.execute(
-        f"INSERT INTO {schema}.jobs (queue, task, payload, state, priority, run_at,"
+        f"INSERT INTO {schema}.{table} (queue, task, payload, {state}, priority, run_at,"
         " max_attempts, created_at, version)"
         " SELECT 'default', 'noop', '{}', 'ready', 0, now() - interval '1 s', 1, now(), 1"
         " FROM generate_series(1, %s)",
         [jobs],
     )
-    conn.execute(f"ANALYZE {schema}.jobs")
+    conn.execute(f"ANALYZE {schema}.{table}")
     conn.execute("CHECKPOINT")
 
 

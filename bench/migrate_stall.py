@@ -81,8 +81,11 @@ def fill(
     ready ones, in SQL; seconds taken. `keyed`: every tenth of each has a dedup key (what
     migration 0037 copies into job_keys)."""
     started = time.monotonic()
-    jobs = sql.Identifier(schema, "jobs")
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        # Migration 0047 renamed the table job_rows_legacy (`jobs` a view) and `state` phase.
+        legacy = rows_legacy(conn, schema)
+        jobs = sql.Identifier(schema, "job_rows_legacy" if legacy else "jobs")
+        state = sql.SQL("phase" if legacy else "state")
         # From migration 0038 on, finished jobs are filed by the day they finished on: that
         # day's partition is made first (job_history_add) and each row names it (`lane`).
         lanes = has_lanes(conn, schema)
@@ -101,7 +104,7 @@ def fill(
             )
         conn.execute(
             sql.SQL(
-                "INSERT INTO {} (queue, task, payload, state, run_at, created_at, started_at,"
+                "INSERT INTO {} (queue, task, payload, {}, run_at, created_at, started_at,"
                 " finished_at, attempt, result, dedup_key{})"
                 " SELECT 'default', 'noop', '{{}}', 'completed', now() - interval '1 day',"
                 " now() - interval '1 day', now() - interval '1 day', {}, 1, 'null',"
@@ -109,6 +112,7 @@ def fill(
                 " FROM generate_series(1, %s) AS n"
             ).format(
                 jobs,
+                state,
                 sql.SQL(", lane" if lanes else ""),
                 sql.SQL(finished_at),
                 sql.SQL(f", {{}}.job_lane({finished_at})" if lanes else "").format(
@@ -119,13 +123,13 @@ def fill(
         )
         conn.execute(
             sql.SQL(
-                "INSERT INTO {} (queue, task, payload, state, run_at, created_at, partition_key,"
+                "INSERT INTO {} (queue, task, payload, {}, run_at, created_at, partition_key,"
                 " dedup_key)"
                 " SELECT 'default', 'noop', '{{}}', 'ready', now(), now(),"
                 " CASE WHEN n %% 2 = 0 THEN 'k' || (n %% 1000) END,"
                 " CASE WHEN %s AND n %% 10 = 0 THEN 'u' || n END"
                 " FROM generate_series(1, %s) AS n"
-            ).format(jobs),
+            ).format(jobs, state),
             (keyed, unfinished),
         )
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(jobs))
@@ -137,10 +141,17 @@ def has_lanes(conn: psycopg.Connection[Any], schema: str) -> bool:
     day's partition."""
     row = conn.execute(
         "SELECT EXISTS (SELECT 1 FROM information_schema.columns"
-        " WHERE table_schema = %s AND table_name = 'jobs' AND column_name = 'lane')",
+        " WHERE table_schema = %s AND table_name IN ('jobs', 'job_rows_legacy')"
+        " AND column_name = 'lane')",
         (schema,),
     ).fetchone()
     return row == (True,)
+
+
+def rows_legacy(conn: psycopg.Connection[Any], schema: str) -> bool:
+    """Whether the jobs' rows are `job_rows_legacy` (migration 0047 on)."""
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.job_rows_legacy",))
+    return row.fetchone() == (True,)
 
 
 class Loop:

@@ -117,7 +117,7 @@ def detach_days(db: Database, schema: str) -> list[sql.Identifier]:
         name
         for (name,) in db.fetch(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            f" WHERE i.inhparent = '{schema}.jobs'::regclass AND c.relname ~ '^jobs_d'"
+            f" WHERE i.inhparent = '{schema}.job_rows_legacy'::regclass AND c.relname ~ '^jobs_d'"
             " AND pg_relation_size(c.oid) > 1000000"
         )
     ]
@@ -125,7 +125,7 @@ def detach_days(db: Database, schema: str) -> list[sql.Identifier]:
     for name in names:
         db.conn.execute(
             sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
-                sql.Identifier(schema, "jobs"), sql.Identifier(schema, name)
+                sql.Identifier(schema, "job_rows_legacy"), sql.Identifier(schema, name)
             )
         )
         # Renamed: job_history_drop() (the worker's leader) drops detached days itself.

@@ -58,8 +58,10 @@ def prepare(db: Database, schema: str, jobs: int, steps: int) -> None:
                 f" FROM {schema}.jobs j, generate_series(0, %s - 1) AS p",
                 [steps],
             )
-        conn.execute(f"UPDATE {schema}.jobs SET checkpoint_count = %s", [steps])
-        conn.execute(f"VACUUM ANALYZE {schema}.jobs, {schema}.checkpoints, {schema}.cp_lanes")
+        conn.execute(f"UPDATE {schema}.job_rows_legacy SET checkpoint_count = %s", [steps])
+        conn.execute(
+            f"VACUUM ANALYZE {schema}.job_rows_legacy, {schema}.checkpoints, {schema}.cp_lanes"
+        )
         conn.execute("CHECKPOINT")
 
 

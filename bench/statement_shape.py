@@ -1,6 +1,6 @@
-"""Server CPU per job: trioq's statements against minimal ones on the same jobs table, the raw
-loop's on its own table, and a prototype of a narrow hot table, so a gap splits into what the
-statements cost and what the table costs.
+"""Server CPU per job: trioq's statements against minimal ones on the same tables, the raw
+loop's on its own table, and the floor of trioq's contract, so a gap splits into what the
+statements cost and what the tables cost.
 
     python -m bench.statement_shape --jobs 10000 --repeats 6 [--system narrow ...]
 
@@ -9,8 +9,8 @@ session (durable cluster: every statement commits and waits for its WAL flush):
 - drain: claim 25 ready jobs, complete them, until the backlog is gone. `trioq` runs
   job_claim_plain and job_complete_plain (the one-worker drain's statements); `minimal` runs a
   bare claim of the same rows on the same tables (the ready ring's scan in claim order, its
-  entries locked and deleted, the job's row updated with the same SET and RETURNING; no
-  probes, no pause check, no per-task unnest, no lock of the job's row before its update)
+  entries locked and deleted, a run inserted per job with the same columns and RETURNING; no
+  probes, no pause check, no per-task unnest, no lock of the job's row)
   and the same completion; `raw` runs
   the raw loop's CLAIM_SQL and COMPLETE_SQL (bench/baseline.py) on raw_jobs.
 - enqueue: single inserts, one per statement. `trioq` runs job_insert_one (the client's single
@@ -21,19 +21,12 @@ one that deletes it (COMPLETE_DELETE_SQL: the drain targets' "raw loop"). `floor
 `floor-del` are the floor of trioq's contract (bench/contract_floor.py, bench-only SQL): a
 record written once, claimable entries apart, a fenced lease that recovery can find, the outcome
 appended to a history apart (`floor-del`: nothing kept).
-`narrow`, `ncopy`, `nwide` and `nlate` are variants of a PROTOTYPE (bench/narrow_table.py,
-bench-only SQL, no migration): ready and running jobs' claim-path state in a small table of
-its own, jobs_hot, the wide record in jobs written at the enqueue (`nlate`: only at the end);
-their enqueue is job_insert_one's insert plus the hot row, their claim job_claim_plain's shape
-on jobs_hot, their completion a fenced DELETE from jobs_hot with the outcome written into jobs.
-`runs` is a PROTOTYPE of leases in a table of their own (bench/runs_table.py): the claim inserts a
-narrow runs row instead of updating the job's row, the completion deletes it; its enqueue is
-trioq's. `runs-append` is the same with the outcome appended to a narrow table of its own: the
-job's wide row is written once, at the enqueue, and never again. `runs-ring` is runs-append
-whose claim locks the ready ring's entry instead of the job's row. `hot` and `hot-runs` are a
-PROTOTYPE of the job's row updated in place by heap-only updates (bench/hot_table.py): no
-index of jobs_live names a column the claim or the completion writes, and the finished row
-stays in its partition (`hot-runs`: with a narrow lease row for recovery). `discard` is
+The prototypes of layouts (`runs`, `runs-append`, `runs-ring`: leases in a table of their own;
+`hot`, `hot-runs`: the row updated in place; `narrow`, `ncopy`, `nwide`, `nlate`: a narrow hot
+table) were written against the layout before migration 0047 and are retired from this replay:
+0047 built the first (job_runs), so `trioq` is now that layout. Their modules
+(bench/runs_table.py, hot_table.py, narrow_table.py) and figures (bench/RESULTS.md) stay as the
+record; they run on a checkout before 0047. `discard` is
 trioq's claim with the completion of a task that keeps nothing (job_complete_discard), and
 `discard-bare` the same without the statement triggers that delete deleted jobs' satellite rows.
 `--days N` makes N day partitions of finished jobs in the past first (a retention of N days).
@@ -52,7 +45,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from bench import baseline, contract_floor, hot_table, narrow_table, runs_table
+from bench import baseline, contract_floor
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.hot_path_cost import BATCH, claim_params, complete, insert_backlog, schedstat_ns
 from bench.stats import rotated
@@ -67,22 +60,14 @@ SYSTEMS = (
     "minimal",
     "raw",
     "raw-del",
-    "runs",
-    "runs-append",
-    "runs-ring",
-    "hot",
-    "hot-runs",
     "discard",
     "discard-bare",
     *contract_floor.VARIANTS,
-    *narrow_table.VARIANTS,
 )
-RUNS = ("runs", "runs-append", "runs-ring")
-HOT = ("hot", "hot-runs")
 # trioq's claim with job_complete_discard (`keep=False`), and the same without the statement
 # triggers that delete what belongs to deleted jobs (`discard-bare`: what they cost).
 DISCARD = ("discard", "discard-bare")
-TRIOQ_CLAIM = ("trioq", *RUNS, *HOT, *DISCARD)
+TRIOQ_CLAIM = ("trioq", *DISCARD)
 # Every ratio is to one of these, in the same repeat, so they always run.
 BASES = ("trioq", "raw", "raw-del")
 
@@ -96,21 +81,27 @@ gone AS (
     DELETE FROM {schema}.ready_ring x
     WHERE x.ctid = ANY(ARRAY(SELECT ring_row FROM taken))
       AND x.id = ANY(ARRAY(SELECT id FROM taken))
+),
+run AS (
+    INSERT INTO {schema}.job_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
+                                   traced, started_at, executions, queue, partition_key,
+                                   concurrency_key, parent_id, result_watched)
+    SELECT j.id, j.attempt + 1, gen_random_uuid(), now() + interval '30 seconds',
+           %(worker_id)s, false, greatest(now(), j.run_at), j.executions + 1, j.queue,
+           j.partition_key, j.concurrency_key, j.parent_id, j.result_watched
+    FROM {schema}.jobs_live j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM taken)) AND j.phase = 'ready'
+    RETURNING job_id, attempt, lease_token
 )
-UPDATE {schema}.jobs_live j
-SET state = 'running', attempt = j.attempt + 1, executions = j.executions + 1,
-    lease_token = gen_random_uuid(), traced = false,
-    lease_expires_at = now() + interval '30 seconds', worker_id = %(worker_id)s, error = NULL,
-    started_at = greatest(now(), j.run_at)
-WHERE j.id = ANY(ARRAY(SELECT id FROM taken)) AND j.state = 'ready'
-RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
-          j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested, j.version,
-          NULL::jsonb AS history, j.parent_id, j.concurrency_key
+SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
+       j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested, j.version,
+       NULL::jsonb AS history, j.parent_id, j.concurrency_key
+FROM run u JOIN {schema}.jobs_live j ON j.id = u.job_id
 """
 
 MINIMAL_INSERT = """
-INSERT INTO {schema}.jobs AS j (queue, task, payload, state, priority, run_at, max_attempts,
-                               created_at, version)
+INSERT INTO {schema}.job_rows_legacy AS j (queue, task, payload, phase, priority, run_at,
+                                          max_attempts, created_at, version)
 VALUES ('default', 'noop', '{{}}', 'ready', 0, now(), 3, now(), 1)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue)
 """
@@ -121,20 +112,8 @@ INSERT_ONE = insert_statement(
 )[1]
 
 
-def _narrow_round(variant: narrow_table.Variant, conn: Conn, schema: str) -> int:
-    """The prototype's claim of up to BATCH jobs from jobs_hot and their completion."""
-    reply = conn.execute(variant.claim_sql(schema), claim_params(), prepare=True).fetchall()
-    rows = [row[3:] for row in reply if row[3] is not None]  # the claimed row's columns
-    if rows:
-        leases = [(row[0], row[4], row[6]) for row in rows]
-        complete(conn, schema, leases, variant.complete_sql(schema))
-    return len(rows)
-
-
 def _round(system: str, conn: Conn, schema: str) -> int:
     """One claim and completion of up to BATCH jobs; the number claimed."""
-    if system in narrow_table.VARIANTS:
-        return _narrow_round(narrow_table.VARIANTS[system], conn, schema)
     if system in ("raw", "raw-del"):
         claim = baseline.CLAIM_SQL.format(schema=schema).replace("$1", "'default'")
         rows = conn.execute(
@@ -175,12 +154,6 @@ def _round(system: str, conn: Conn, schema: str) -> int:
         claim = queries(schema)["job_claim_plain"]
         if system in DISCARD:
             completion = queries(schema)["job_complete_discard"]
-        elif system in HOT:
-            claim = hot_table.claim_sql(schema, runs=system == "hot-runs")
-            completion = hot_table.complete_sql(schema, runs=system == "hot-runs")
-        elif system in RUNS:
-            claim = runs_table.claim_sql(schema, lock_ring=system == "runs-ring")
-            completion = runs_table.complete_sql(schema, append=system != "runs")
         reply = conn.execute(claim, claim_params(), prepare=True).fetchall()
         first = ClaimedRow.id  # the claimed row's columns start here
         rows = [row[first:] for row in reply if row[first] is not None]
@@ -206,8 +179,6 @@ def drain(db: Database, schema: str, system: str, jobs: int) -> float:
             )
             conn.execute(f"ANALYZE {schema}.raw_jobs")
             conn.execute("CHECKPOINT")
-        elif system in narrow_table.VARIANTS:
-            narrow_table.VARIANTS[system].insert_backlog(conn, schema, jobs)
         elif system in contract_floor.VARIANTS:
             contract_floor.insert_backlog(conn, schema, jobs)
         else:
@@ -230,8 +201,6 @@ def enqueue(db: Database, schema: str, system: str, jobs: int) -> float:
             sql = sql.replace(number, f"%({name})s")
     elif system in TRIOQ_CLAIM:
         sql = queries(schema)["job_insert_one"]
-    elif system in narrow_table.VARIANTS:
-        sql = narrow_table.VARIANTS[system].insert_sql(schema)
     elif system in contract_floor.VARIANTS:
         sql = contract_floor.enqueue_sql(schema)
     else:
@@ -283,17 +252,13 @@ def main() -> None:
                                 " FROM generate_series(1, %s) AS k",
                                 [args.days],
                             )
-                        if system in narrow_table.VARIANTS:
-                            narrow_table.VARIANTS[system].install(db.conn, schema)
-                        if system in RUNS:
-                            runs_table.install(db.conn, schema)
                         if system in contract_floor.VARIANTS:
                             contract_floor.install(db.conn, schema)
-                        if system in HOT:
-                            hot_table.install(db.conn, schema)
                         if system == "discard-bare":
                             for trigger in ("jobs_deleted", "jobs_keys_delete"):
-                                db.conn.execute(f"DROP TRIGGER {trigger} ON {schema}.jobs")
+                                db.conn.execute(
+                                    f"DROP TRIGGER {trigger} ON {schema}.job_rows_legacy"
+                                )
                         us = replay(db, schema, system, args.jobs)
                     finally:
                         db.drop_schema(schema)

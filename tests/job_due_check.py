@@ -20,33 +20,44 @@ from trioq._pg.driver import PgDriver
 from trioq.testing.transitions import METHOD_STATEMENTS
 
 _MISMATCHES = """
-SELECT 'missing' AS kind, j.id, j.queue::text, j.state, j.run_at
+SELECT 'missing' AS kind, j.id, j.queue::text, j.{phase}, j.run_at
 FROM {schema}.jobs_live j
-WHERE j.state IN ('scheduled', 'sleeping', 'waiting')
+WHERE j.{phase} IN ('scheduled', 'sleeping', 'waiting')
   AND NOT EXISTS (SELECT 1 FROM {schema}.job_due d
-                  WHERE d.job_id = j.id AND d.queue = j.queue AND d.state = j.state
+                  WHERE d.job_id = j.id AND d.queue = j.queue AND d.state = j.{phase}
                     AND d.run_at IS NOT DISTINCT FROM j.run_at)
 UNION ALL
 SELECT 'stale', d.job_id, d.queue, d.state, d.run_at
 FROM {schema}.job_due d
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                  WHERE j.id = d.job_id AND j.queue = d.queue AND j.state = d.state
+                  WHERE j.id = d.job_id AND j.queue = d.queue AND j.{phase} = d.state
                     AND j.run_at IS NOT DISTINCT FROM d.run_at)
 ORDER BY 2
 """
 
 
-def mismatches_query(schema: str) -> str:
-    return _MISMATCHES.replace("{schema}", quote_ident(schema))
+def mismatches_query(schema: str, phase: str = "phase") -> str:
+    """`phase`: the row's column of its state as last written (`state` before migration
+    0047, which renames it)."""
+    return _MISMATCHES.replace("{schema}", quote_ident(schema)).replace("{phase}", phase)
 
 
 def job_due_mismatches(target: psycopg.Connection[Any] | str, schema: str) -> list[Any]:
     """The rows on which job_due and jobs_live's due rows differ (none when exact)."""
-    query = sql.SQL(mismatches_query(schema))  # type: ignore[arg-type]
     if isinstance(target, str):
         with psycopg.connect(target, autocommit=True) as conn:
-            return conn.execute(query).fetchall()
-    return target.execute(query).fetchall()
+            return _mismatches(conn, schema)
+    return _mismatches(target, schema)
+
+
+def _mismatches(conn: psycopg.Connection[Any], schema: str) -> list[Any]:
+    [[renamed]] = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = %s"
+        " AND table_name = 'jobs_live' AND column_name = 'phase')",
+        (schema,),
+    ).fetchall()
+    query = sql.SQL(mismatches_query(schema, "phase" if renamed else "state"))  # type: ignore[arg-type]
+    return conn.execute(query).fetchall()
 
 
 def due_rows(target: str, schema: str) -> list[tuple[Any, ...]]:

@@ -85,3 +85,35 @@ def _run_previous(source: Path, argv: list[str]) -> str:
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{argv[:3]} of {source}: {output}"
     return output
+
+
+# Stage 2 as it was built to ship alone (branch job-due's last commit before its merge into
+# write-once): migrations 0044-0046 are online, and their tests replay a writer racing the
+# backfill between them. This tree applies 0044-0047 in one stop-first migrate, and its
+# functions' bodies name 0047's columns (`phase`, `filed`); those tests run with the bodies
+# of that commit, as the release that ships 0044-0046 alone would.
+JOB_DUE_RELEASE = "940a9e69f50558d619bbd63d9aa41f4633ffd5db"
+
+
+def functions_at(commit: str, schema: str) -> list[str]:
+    """The SQL functions' bodies as `commit` had them (its trioq/_sql/functions/, its
+    queries.sql's fragments included), schema substituted, sorted by name."""
+    from trioq._sql import _parse
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "show", f"{commit}:{path}"],
+            check=True, capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+
+    listing = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "ls-tree", "--name-only", commit,
+         "trioq/_sql/functions/"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.split()  # fmt: skip
+    blocks = _parse(show("trioq/_sql/queries.sql"))
+    return [
+        substitute("\n".join(blocks.expand(show(path))) + "\n", schema)
+        for path in sorted(listing)
+        if path.endswith(".sql")
+    ]

@@ -20,14 +20,19 @@ from trioq._pg import Connection
 from trioq._sql import Migration, functions, queries
 
 
-def apply_functions(conn: psycopg.Connection[Any], schema: str) -> None:
+def apply_functions(
+    conn: psycopg.Connection[Any], schema: str, bodies: list[str] | None = None
+) -> None:
     """What `migrate` does before the migrations, for a test that replays them one by one: the
-    SQL functions' current bodies (trioq/_sql/functions/), unchecked until they run."""
+    SQL functions' current bodies (trioq/_sql/functions/), or `bodies` (an earlier release's,
+    tests/releases.py), unchecked until they run."""
     statements = queries(schema)
+    if bodies is None:
+        bodies = [function.sql for function in functions(schema)]
     with conn.transaction():
         conn.execute(statements["migration_functions_unchecked"])
-        for function in functions(schema):
-            conn.execute(function.sql)  # type: ignore[arg-type]
+        for body in bodies:
+            conn.execute(body)  # type: ignore[arg-type]
 
 
 def apply_migration(conn: psycopg.Connection[Any], migration: Migration) -> None:
@@ -205,18 +210,27 @@ def _write_jobs(
     job_ids: list[int],
     params: dict[str, Any],
 ) -> None:
-    statement = sql.SQL("UPDATE {}.jobs SET {} WHERE id = ANY(%(ids)s)").format(
+    """The jobs' rows (the table behind the `jobs` view, migration 0047)."""
+    statement = sql.SQL("UPDATE {}.job_rows_legacy SET {} WHERE id = ANY(%(ids)s)").format(
         sql.Identifier(schema), sql.SQL(", ").join(assignments)
     )
     _execute(target, statement, {**params, "ids": job_ids})
 
 
-def _execute(target: JobTarget, statement: sql.Composed, params: dict[str, Any]) -> None:
+def _execute(target: JobTarget, statement: sql.Composable, params: dict[str, Any]) -> None:
     if isinstance(target, str):
         with psycopg.connect(target, autocommit=True) as conn:
             conn.execute(statement, params)
     else:
         target.execute(statement, params)
+
+
+def _write_runs(target: JobTarget, schema: str, assignment: str, job_ids: list[int]) -> None:
+    """The jobs' runs (job_runs, migration 0047: a running job's lease)."""
+    statement = sql.SQL("UPDATE {}.job_runs SET {} WHERE job_id = ANY(%(ids)s)").format(
+        sql.Identifier(schema), sql.SQL(assignment)
+    )
+    _execute(target, statement, {"ids": job_ids})
 
 
 def force_running(
@@ -237,24 +251,40 @@ def force_running(
     `lease_token`, else a fresh one per job. `worker_id` and `started_at` (`started_ago` before
     now) are set only when given, `run_at` only with `due_now`, `cancel_requested` only when
     true (a cancel whose notification never arrived): the other columns keep what the enqueue
-    wrote."""
+    wrote. As the full claim writes it (migration 0047): a run per job, and its row `claimed`
+    with the attempt before the run."""
+    runs = sql.SQL(
+        "INSERT INTO {s}.job_runs AS u (job_id, attempt, lease_token, lease_expires_at,"
+        " worker_id, traced, started_at, executions, queue, partition_key, concurrency_key,"
+        " parent_id, result_watched)"
+        " SELECT j.id, %(attempt)s, coalesce(%(lease_token)s::uuid, gen_random_uuid()),"
+        " now() + %(expires_in)s, %(worker_id)s::uuid, j.traced,"
+        " now() - %(started_ago)s::interval,"
+        " j.executions + 1, j.queue, j.partition_key, j.concurrency_key, j.parent_id,"
+        " j.result_watched"
+        " FROM {s}.jobs_live j WHERE j.id = ANY(%(ids)s)"
+        " ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt,"
+        " lease_token = excluded.lease_token, lease_expires_at = excluded.lease_expires_at,"
+        " worker_id = coalesce(excluded.worker_id, u.worker_id),"
+        " started_at = coalesce(excluded.started_at, u.started_at)"
+    ).format(s=sql.Identifier(schema))
+    _execute(
+        target,
+        runs,
+        {
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "expires_in": expires_in,
+            "worker_id": worker_id,
+            "started_ago": started_ago,
+            "ids": job_ids,
+        },
+    )
     assignments: list[sql.Composable] = [
-        sql.SQL("state = 'running'"),
-        sql.SQL("attempt = %(attempt)s"),
-        sql.SQL("lease_token = coalesce(%(lease_token)s::uuid, gen_random_uuid())"),
-        sql.SQL("lease_expires_at = now() + %(expires_in)s"),
+        sql.SQL("phase = 'claimed'"),
+        sql.SQL("attempt = %(attempt)s - 1"),
     ]
-    params: dict[str, Any] = {
-        "attempt": attempt,
-        "lease_token": lease_token,
-        "expires_in": expires_in,
-    }
-    if worker_id is not None:
-        assignments.append(sql.SQL("worker_id = %(worker_id)s"))
-        params["worker_id"] = worker_id
-    if started_ago is not None:
-        assignments.append(sql.SQL("started_at = now() - %(started_ago)s"))
-        params["started_ago"] = started_ago
+    params: dict[str, Any] = {"attempt": attempt}
     if due_now:
         assignments.append(sql.SQL("run_at = now()"))
     if cancel_requested:
@@ -265,15 +295,13 @@ def force_running(
 def expire_lease(target: JobTarget, schema: str, job_ids: list[int]) -> None:
     """End the leases of running jobs a second ago, as if their worker had died: the next
     maintenance pass recovers them."""
-    _write_jobs(
-        target, schema, [sql.SQL("lease_expires_at = now() - interval '1 second'")], job_ids, {}
-    )
+    _write_runs(target, schema, "lease_expires_at = now() - interval '1 second'", job_ids)
 
 
 def steal_lease(target: JobTarget, schema: str, job_id: int) -> None:
     """Give a running job a new lease token, as if another attempt had taken it over (lease
     recovery and a new claim): the running attempt's fenced writes are rejected."""
-    _write_jobs(target, schema, [sql.SQL("lease_token = gen_random_uuid()")], [job_id], {})
+    _write_runs(target, schema, "lease_token = gen_random_uuid()", [job_id])
 
 
 def request_cancel_silently(target: JobTarget, schema: str, job_id: int) -> None:
@@ -292,13 +320,16 @@ def force_final(
     attempts: int | None = None,
     error: dict[str, Any] | None = None,
 ) -> None:
-    """Put jobs that hold no lease (ready, scheduled) in the final `state`, finished
-    `finished_ago` before now and filed in that day's lane, without running them (an old
-    finished job for a purge or a listing). With `attempts`, the jobs ran that many attempts, all
-    they had (`attempt` and `max_attempts`); with `error`, the stored error. The lease columns
-    are left as they are: a running job needs its lease ended too."""
+    """Put jobs in the final `state`, finished `finished_ago` before now and filed in that
+    day's lane, without running them (an old finished job for a purge or a listing): a running
+    job's run ends with them. With `attempts`, the jobs ran that many attempts, all they had
+    (`attempt` and `max_attempts`); with `error`, the stored error."""
+    statement = sql.SQL("DELETE FROM {}.job_runs WHERE job_id = ANY(%(ids)s)").format(
+        sql.Identifier(schema)
+    )
+    _execute(target, statement, {"ids": job_ids})
     assignments: list[sql.Composable] = [
-        sql.SQL("state = %(state)s"),
+        sql.SQL("phase = %(state)s"),
         sql.SQL("finished_at = now() - %(finished_ago)s"),
         sql.SQL("lane = {}.job_lane(now() - %(finished_ago)s)").format(sql.Identifier(schema)),
     ]
@@ -315,7 +346,7 @@ def force_final(
 def relabel_final(target: JobTarget, schema: str, job_id: int, state: str) -> None:
     """Change a finished job's final state to `state`, keeping its finish time and lane: a
     `failed` job made from a cancelled one, with no attempt run."""
-    _write_jobs(target, schema, [sql.SQL("state = %(state)s")], [job_id], {"state": state})
+    _write_jobs(target, schema, [sql.SQL("phase = %(state)s")], [job_id], {"state": state})
 
 
 def pass_deadline(target: JobTarget, schema: str, job_ids: list[int]) -> None:
@@ -343,7 +374,7 @@ def force_waiting(
     `event_key` (each set only when given), woken by its timeout `wake_in` from now (never:
     `run_at` NULL), with `checkpoint_count` steps recorded when given."""
     assignments: list[sql.Composable] = [
-        sql.SQL("state = 'waiting'"),
+        sql.SQL("phase = 'waiting'"),
         sql.SQL("run_at = now() + %(wake_in)s::interval"),
     ]
     params: dict[str, Any] = {"wake_in": wake_in}
@@ -365,7 +396,7 @@ def force_sleeping(target: JobTarget, schema: str, job_id: int, until: datetime.
     _write_jobs(
         target,
         schema,
-        [sql.SQL("state = 'sleeping'"), sql.SQL("run_at = %(until)s")],
+        [sql.SQL("phase = 'sleeping'"), sql.SQL("run_at = %(until)s")],
         [job_id],
         {"until": until},
     )
@@ -402,7 +433,8 @@ def wake_waiting(target: JobTarget, schema: str, job_ids: list[int]) -> None:
     position), as an emitted event or a sent message does for the job it resolves: with a value
     a test wrote into the job's history itself (one the SQL entry points would refuse)."""
     assignments: list[sql.Composable] = [
-        sql.SQL("state = 'ready'"),
+        sql.SQL("phase = 'ready'"),
+        sql.SQL("filed = filed + 1"),
         sql.SQL("run_at = now()"),
         sql.SQL("wait_event_key = NULL, wait_topic = NULL, wait_position = NULL"),
     ]
@@ -413,7 +445,8 @@ def forget_jobs(target: JobTarget, schema: str, job_ids: list[int]) -> None:
     """Delete jobs as if never enqueued (the tables' delete triggers take their history and
     keys with them): a property test frees the dedup key an example stored, so that a later
     example with the same key is stored rather than deduplicated."""
-    statement = sql.SQL("DELETE FROM {}.jobs WHERE id = ANY(%(ids)s)").format(
-        sql.Identifier(schema)
-    )
+    statement = sql.SQL(
+        "WITH runs AS (DELETE FROM {s}.job_runs WHERE job_id = ANY(%(ids)s))"
+        " DELETE FROM {s}.job_rows_legacy WHERE id = ANY(%(ids)s)"
+    ).format(s=sql.Identifier(schema))
     _execute(target, statement, {"ids": job_ids})

@@ -248,7 +248,8 @@ async def test_the_name_checks_accept_exactly_what_the_old_regex_accepted(
             row = {**values, column: name}
             try:
                 conn.execute(
-                    f"INSERT INTO {pg_schema}.jobs (queue, task, payload, run_at, created_at)"
+                    f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, run_at,"
+                    " created_at)"
                     " VALUES (%(queue)s, %(task)s, '{}', now(), now())",
                     row,
                 )
@@ -366,10 +367,12 @@ def test_encode_refuses_nesting_at_the_same_depth_as_before(depth: int, leaf: An
 # --- migration 0012: the state, run_at and unique_states CHECKs against the rules they replaced
 
 
+# Over `phase` (migration 0047 renamed `state`, and its check, jobs_phase_check, has `claimed`
+# where `running` was: a running job is one with a run).
 OLD_STATE_RULES = {
-    "jobs_state_check": "state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting',"
+    "jobs_phase_check": "phase IN ('scheduled', 'ready', 'claimed', 'sleeping', 'waiting',"
     " 'completed', 'failed', 'cancelled')",
-    "jobs_run_at_check": "run_at IS NOT NULL OR state IN ('waiting', 'completed', 'failed',"
+    "jobs_run_at_check": "run_at IS NOT NULL OR phase IN ('waiting', 'completed', 'failed',"
     " 'cancelled')",
     "jobs_unique_states_check": "unique_states <@ ARRAY['completed', 'failed', 'cancelled']",
 }
@@ -416,7 +419,11 @@ async def test_the_state_checks_accept_exactly_what_the_old_rules_accepted(
                 "  AND a.atttypid = c.contypid AND c.contypid <> 0"
                 " WHERE (c.conrelid = %s::regclass OR a.attname IS NOT NULL)"
                 "  AND c.conname = ANY(%s)",
-                [f"{pg_schema}.jobs", f"{pg_schema}.jobs", list(OLD_STATE_RULES)],
+                [
+                    f"{pg_schema}.job_rows_legacy",
+                    f"{pg_schema}.job_rows_legacy",
+                    list(OLD_STATE_RULES),
+                ],
             ).fetchall()
         )
         assert set(stored) == set(OLD_STATE_RULES)
@@ -427,7 +434,7 @@ async def test_the_state_checks_accept_exactly_what_the_old_rules_accepted(
                 old, new = conn.execute(
                     f"SELECT coalesce({old_rule}, true), coalesce({new_rule}, true)"
                     " FROM (VALUES (%s::text, %s::timestamptz, %s::text[]))"
-                    " AS row(state, run_at, unique_states)",
+                    " AS row(phase, run_at, unique_states)",
                     list(case),
                 ).fetchone() or (None, None)
                 assert (name, case, new) == (name, case, old)
@@ -445,9 +452,11 @@ async def test_the_prepared_single_enqueue_survives_schema_changes_on_its_sessio
         first = await client.enqueue(TASK, {"n": 1})
         async with client.driver._pool.connection() as conn:  # type: ignore[attr-defined]
             prepared = await conn.fetch("SELECT statement FROM pg_prepared_statements")
-        assert any(f'INSERT INTO "{pg_schema}".jobs' in row[0] for row in prepared)
+        assert any(f'INSERT INTO "{pg_schema}".job_rows_legacy' in row[0] for row in prepared)
         with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute(f"ALTER TABLE {pg_schema}.jobs ADD COLUMN extra integer DEFAULT 7")
+            admin.execute(
+                f"ALTER TABLE {pg_schema}.job_rows_legacy ADD COLUMN extra integer DEFAULT 7"
+            )
             second = await client.enqueue(TASK, {"n": 2})
             admin.execute(f"DROP SCHEMA {pg_schema} CASCADE")
             with pytest.raises(SchemaNotMigrated, match="trioq migrate"):

@@ -580,14 +580,17 @@ async def test_job_released_by_a_drain_keeps_its_place_in_its_partition(
 
 @asynccontextmanager
 async def rows_share_locked(pg_url: str, ids: list[int], schema: str) -> AsyncIterator[None]:
-    """Hold FOR SHARE locks on the job rows from another session: every fenced write to them
-    (the completer's flush, lease renewals, lease recovery) waits until the block ends."""
+    """Hold FOR SHARE locks on the jobs' runs (their leases, migration 0047) from another
+    session: every fenced write to them (the completer's flush) waits until the block ends,
+    and lease renewals and recovery skip them."""
     import psycopg
 
     conn = await trio.to_thread.run_sync(psycopg.connect, pg_url)
     try:
         await trio.to_thread.run_sync(
-            conn.execute, q(schema, "SELECT id FROM {s}.jobs WHERE id = ANY(%s) FOR SHARE"), (ids,)
+            conn.execute,
+            q(schema, "SELECT job_id FROM {s}.job_runs WHERE job_id = ANY(%s) FOR SHARE"),
+            (ids,),
         )
         yield
     finally:

@@ -36,14 +36,14 @@ async def driver(pg_url: str, pg_schema: str) -> AsyncIterator[PgDriver]:
 
 
 def partition_of(pg_url: str, schema: str, job_id: int) -> str:
-    query = f"SELECT tableoid::regclass::text FROM {schema}.jobs WHERE id = %s"
+    query = f"SELECT tableoid::regclass::text FROM {schema}.job_rows_legacy WHERE id = %s"
     return str(sql_scalar(pg_url, query, (job_id,)))
 
 
 def day_partitions(pg_url: str, schema: str) -> list[str]:
     return [
         name
-        for name in partitions_of(pg_url, f"{schema}.jobs")
+        for name in partitions_of(pg_url, f"{schema}.job_rows_legacy")
         if re.fullmatch(r"jobs_d\d{8}", name)
     ]
 
@@ -254,7 +254,8 @@ async def test_the_rotation_counts_a_large_day_in_chunks_each_job_once(
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"SELECT {pg_schema}.job_history_add({pg_schema}.job_lane({day_ago}))")
         conn.execute(
-            f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, run_at, created_at,"
+            f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, phase, run_at,"
+            " created_at,"
             " started_at, finished_at, attempt, result, lane)"
             f" SELECT 'default', 'noop', '{{}}', 'completed', {day_ago}, {day_ago}, {day_ago},"
             f" {day_ago}, 1, 'null', {pg_schema}.job_lane({day_ago})"

@@ -24,13 +24,12 @@ import trio
 from psycopg import sql
 
 from tests.job_due_check import DueCheckedDriver, JobDueMismatch, due_rows, job_due_mismatches
+from tests.releases import JOB_DUE_RELEASE, functions_at
 from tests.support import (
     apply_functions,
     apply_migration,
-    force_final,
     force_running,
     force_sleeping,
-    force_waiting,
     sql_rows,
     sql_scalar,
     wait_until,
@@ -80,23 +79,31 @@ def _seed_every_state(conn: psycopg.Connection[Any], schema: str) -> dict[str, i
             ).format(sql.Identifier(schema)),
             (name, key),
         ).fetchone()[0]  # type: ignore[index]
-    hour = datetime.timedelta(hours=1)
-    now = datetime.datetime.now(datetime.UTC)
-    for name in ("scheduled", "scheduled_keyed"):
+    # The previous release's layout (a `state` column, the lease in the row): tests/support.py's
+    # helpers write this tree's, which migration 0047 makes.
+    old_layout = [
+        ("scheduled", "state = 'scheduled', run_at = now() + interval '1 hour'"),
+        ("scheduled_keyed", "state = 'scheduled', run_at = now() + interval '1 hour'"),
+        (
+            "running",
+            "state = 'running', attempt = 1, lease_token = gen_random_uuid(),"
+            " lease_expires_at = now() + interval '1 hour', started_at = now()",
+        ),
+        ("sleeping", "state = 'sleeping', run_at = now() + interval '1 hour'"),
+        ("sleeping_due", "state = 'sleeping', run_at = now() - interval '1 hour'"),
+        ("waiting", "state = 'waiting', wait_event_key = 'e', run_at = now() + interval '1 hour'"),
+        ("waiting_forever", "state = 'waiting', wait_event_key = 'e', run_at = NULL"),
+    ] + [
+        (final, f"state = '{final}', finished_at = now(), lane = {{s}}.job_lane(now())")
+        for final in ("completed", "failed", "cancelled")
+    ]
+    for name, assignments in old_layout:
         conn.execute(
-            sql.SQL(
-                "UPDATE {}.jobs SET state = 'scheduled', run_at = now() + interval '1 hour'"
-                " WHERE id = %s"
-            ).format(sql.Identifier(schema)),
-            (ids[name],),
+            sql.SQL("UPDATE {s}.jobs SET " + assignments + " WHERE id = %(id)s").format(
+                s=sql.Identifier(schema)
+            ),
+            {"id": ids[name]},
         )
-    force_running(conn, schema, [ids["running"]], expires_in=hour)
-    force_sleeping(conn, schema, ids["sleeping"], now + hour)
-    force_sleeping(conn, schema, ids["sleeping_due"], now - hour)
-    force_waiting(conn, schema, ids["waiting"], event_key="e", wake_in=hour)
-    force_waiting(conn, schema, ids["waiting_forever"], event_key="e")
-    for state in ("completed", "failed", "cancelled"):
-        force_final(conn, schema, [ids[state]], state)
     return ids
 
 
@@ -108,7 +115,8 @@ def previous_schema(pg_url: str, pg_schema: str) -> Iterator[dict[str, int]]:
     """A schema at the previous release's last migration, with a job in every state."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(pg_schema)))
-        apply_functions(conn, pg_schema)
+        # The bodies of the release that ships 0044-0046 alone (tests/releases.py).
+        apply_functions(conn, pg_schema, functions_at(JOB_DUE_RELEASE, pg_schema))
         for migration in _migrations_up_to(pg_schema, PREVIOUS):
             apply_migration(conn, migration)
         yield _seed_every_state(conn, pg_schema)
@@ -161,7 +169,9 @@ async def test_a_delayed_job_cancelled_leaves_job_due_with_its_move_to_a_day(
         assert [row[0] for row in due_rows(pg_url, pg_schema)] == [jobs[0].id, jobs[2].id]
         lane = sql_scalar(
             pg_url,
-            sql.SQL("SELECT lane FROM {} WHERE id = %s").format(sql.Identifier(pg_schema, "jobs")),
+            sql.SQL("SELECT lane FROM {} WHERE id = %s").format(
+                sql.Identifier(pg_schema, "job_rows_legacy")
+            ),
             (jobs[1].id,),
         )
         assert lane > 0  # it left jobs_live (lane 0)
@@ -227,7 +237,8 @@ async def test_migrate_from_the_previous_release_fills_job_due_and_its_claims_ru
                 (migration.version, migration.name),
             )
     async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
-        assert await pg.migrate() == [44, 45, 46]
+        # 0047 too (stop first: the previous release's running job becomes a run).
+        assert await pg.migrate() == [44, 45, 46, 47]
         assert job_due_mismatches(pg_url, pg_schema) == []
         assert len(due_rows(pg_url, pg_schema)) == len(DUE)
         driver = DueCheckedDriver(pg, pg)

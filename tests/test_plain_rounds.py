@@ -308,11 +308,11 @@ async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(
-            f"INSERT INTO {pg_schema}.jobs (queue, task, payload, state, priority, run_at,"
-            " created_at) SELECT 'q', 't', '{}', 'ready', 0, now(), now()"
+            f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, phase, priority,"
+            " run_at, created_at) SELECT 'q', 't', '{}', 'ready', 0, now(), now()"
             " FROM generate_series(1, 3000)"
         )
-        conn.execute(f"ANALYZE {pg_schema}.jobs")
+        conn.execute(f"ANALYZE {pg_schema}.job_rows_legacy")
         claimed, plans = run_explained(conn, statement, params)
     [plan] = [text for text in plans if "CTE unkeyed" in text]
     assert len(claimed) == 25

@@ -121,7 +121,10 @@ async def test_a_row_lock_on_one_running_job_stalls_no_other_lease_and_costs_no_
                 await gate.wait_entered(2)
                 async with observer.transaction():
                     await observer.execute(
-                        f"SELECT 1 FROM {pg_schema}.jobs WHERE id = %s FOR UPDATE", [locked.id]
+                        # The lease is the job's run (migration 0047): its row is what the
+                        # renewal locks.
+                        f"SELECT 1 FROM {pg_schema}.job_runs WHERE job_id = %s FOR UPDATE",
+                        [locked.id],
                     )
                     await trio.sleep(2 * lease)  # the fault: the row stays locked this long
                 results = [await client.wait_result(j.id) for j in (locked, other)]
@@ -183,7 +186,16 @@ async def test_a_claim_and_a_flush_the_database_rolls_back_are_sent_again(
     async with app.client(migrate=True) as client:
         job = await client.enqueue("once", {})
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            for name, state in (("claim_fault", "running"), ("flush_fault", "completed")):
+            # The claim inserts the run (migration 0047); the flush moves the row to completed.
+            for name, table, event, when in (
+                ("claim_fault", "job_runs", "INSERT", "true"),
+                (
+                    "flush_fault",
+                    "jobs_live",
+                    "UPDATE",
+                    "new.phase = 'completed' AND old.phase <> 'completed'",
+                ),
+            ):
                 conn.execute(f"CREATE SEQUENCE {pg_schema}.{name}_calls")
                 conn.execute(
                     f"CREATE FUNCTION {pg_schema}.{name}() RETURNS trigger LANGUAGE plpgsql AS $$"
@@ -192,8 +204,8 @@ async def test_a_claim_and_a_flush_the_database_rolls_back_are_sent_again(
                     " USING ERRCODE = 'query_canceled'; END IF; RETURN NEW; END $$"
                 )
                 conn.execute(
-                    f"CREATE TRIGGER {name} BEFORE UPDATE ON {pg_schema}.jobs_live FOR EACH ROW"
-                    f" WHEN (new.state = '{state}' AND old.state <> '{state}')"
+                    f"CREATE TRIGGER {name} BEFORE {event} ON {pg_schema}.{table} FOR EACH ROW"
+                    f" WHEN ({when})"
                     f" EXECUTE FUNCTION {pg_schema}.{name}()"
                 )
         with trio.fail_after(30):

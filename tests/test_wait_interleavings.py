@@ -133,16 +133,19 @@ async def test_child_finishing_during_the_parents_suspension_is_never_missed(
         async with trio.open_nursery() as nursery:
             outcomes: list[object] = []
             async with session.transaction():
+                # The child's run ends, then its row (migration 0047).
                 await session.execute(
-                    f'UPDATE "{pg_schema}".jobs SET children_settled = children_settled + 1, '
-                    "state = 'completed', result = '7', lease_token = NULL, "
-                    f'lease_expires_at = NULL, finished_at = now(), lane = "{pg_schema}".'
-                    "job_lane(now()) WHERE id = %s",
+                    f'DELETE FROM "{pg_schema}".job_runs WHERE job_id = %s', [child.id]
+                )
+                await session.execute(
+                    f"UPDATE \"{pg_schema}\".job_rows_legacy SET phase = 'completed', "
+                    "result = '7', finished_at = now(), "
+                    f'lane = "{pg_schema}".job_lane(now()) WHERE id = %s',
                     [child.id],
                 )
                 await session.execute(
-                    f'UPDATE "{pg_schema}".jobs SET children_settled = children_settled + 1 '
-                    "WHERE id = %s",
+                    f'UPDATE "{pg_schema}".job_rows_legacy '
+                    "SET children_settled = children_settled + 1 WHERE id = %s",
                     [parent.id],
                 )
 

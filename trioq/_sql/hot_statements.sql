@@ -3,7 +3,7 @@
 -- parameters as $n. Generated: `python -m tests.schema_snapshot`;
 -- tests/test_schema_snapshot.py checks it. queries.sql says why each is as it is.
 
--- name: job_insert_one (1889 bytes; $1 payload_json, $2 queue, $3 task, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 max_attempts, $9 version, $10 trace_context, $11 deadline_at, $12 deadline_seconds, $13 deadline_source, $14 task_deadline)
+-- name: job_insert_one (1900 bytes; $1 payload_json, $2 queue, $3 task, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 max_attempts, $9 version, $10 trace_context, $11 deadline_at, $12 deadline_seconds, $13 deadline_source, $14 task_deadline)
 WITH new_jobs AS (
 SELECT $1::jsonb AS payload, o.*
 FROM (
@@ -29,7 +29,7 @@ NULL::text AS on_parent_cancel
 FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0
 ) AS o
 )
-INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
 partition_key, dedup_key, max_attempts, created_at,
 unique_states, unique_until, version, trace_context,
 concurrency_key, concurrency_limit, deadline_at,
@@ -48,7 +48,7 @@ n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
 FROM new_jobs AS n
 RETURNING j.id, pg_notify("trioq".ready_channel(j.queue), j.queue) AS notified;
 
--- name: job_insert_batch (2131 bytes; $1 queue, $2 task, $3 priority, $4 run_at, $5 delay_seconds, $6 partition_key, $7 max_attempts, $8 version, $9 trace_context, $10 deadline_at, $11 deadline_seconds, $12 deadline_source, $13 task_deadline, $14 payloads)
+-- name: job_insert_batch (2151 bytes; $1 queue, $2 task, $3 priority, $4 run_at, $5 delay_seconds, $6 partition_key, $7 max_attempts, $8 version, $9 trace_context, $10 deadline_at, $11 deadline_seconds, $12 deadline_source, $13 task_deadline, $14 payloads)
 WITH new_jobs AS (
 SELECT p.payload::jsonb AS payload, o.*
 FROM (
@@ -77,7 +77,7 @@ unnest($14::text[]) WITH ORDINALITY AS p(payload, ord)
 ORDER BY p.ord
 ),
 inserted AS (
-INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
 partition_key, dedup_key, max_attempts, created_at,
 unique_states, unique_until, version, trace_context,
 concurrency_key, concurrency_limit, deadline_at,
@@ -94,14 +94,14 @@ coalesce(n.deadline_source,
 CASE WHEN n.task_seconds IS NOT NULL THEN 'set by task ' || n.task END),
 n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
 FROM new_jobs AS n
-RETURNING j.id, j.state
+RETURNING j.id, j.phase AS state
 )
 SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
 (SELECT count(pg_notify("trioq".ready_channel($1::text), $1::text))
 FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
 FROM inserted i;
 
--- name: job_insert_many (3876 bytes; $1 queue, $2 task, $3 payload_json, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 dedup_key, $9 max_attempts, $10 unique_for_seconds, $11 unique_states, $12 version, $13 trace_context, $14 concurrency_key, $15 concurrency_limit, $16 deadline_at, $17 deadline_seconds, $18 deadline_source, $19 task_deadline)
+-- name: job_insert_many (3898 bytes; $1 queue, $2 task, $3 payload_json, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 dedup_key, $9 max_attempts, $10 unique_for_seconds, $11 unique_states, $12 version, $13 trace_context, $14 concurrency_key, $15 concurrency_limit, $16 deadline_at, $17 deadline_seconds, $18 deadline_source, $19 task_deadline)
 WITH input AS MATERIALIZED (
 SELECT nextval('"trioq".jobs_id_seq') AS new_id, t.*
 FROM unnest($1::text[], $2::text[], $3::text[],
@@ -121,9 +121,9 @@ released AS (
 SELECT h.id
 FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
 JOIN "trioq".job_keys k ON k.key = i.dedup_key
-JOIN "trioq".jobs h ON h.id = k.job_id
-WHERE h.state IN ('completed', 'failed', 'cancelled')
-AND "trioq".job_key_released(h.state, h.unique_states, h.unique_until)
+JOIN "trioq".job_rows_legacy h ON h.id = k.job_id
+WHERE h.phase IN ('completed', 'failed', 'cancelled')
+AND "trioq".job_key_released(h.phase, h.unique_states, h.unique_until)
 FOR SHARE OF h
 ),
 keys AS (
@@ -158,7 +158,7 @@ WHERE i.dedup_key IS NULL OR i.new_id IN (SELECT job_id FROM keys)
 ORDER BY i.ord
 ),
 inserted AS (
-INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
 partition_key, dedup_key, max_attempts, created_at,
 unique_states, unique_until, version, trace_context,
 concurrency_key, concurrency_limit, deadline_at,
@@ -191,17 +191,17 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3159 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 traced, $7 lease_seconds, $8 worker_id)
+-- name: job_claim_plain (3726 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second',
 false) AS blocked
 FROM (SELECT EXISTS (SELECT 1 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key IS NOT NULL)
 OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key IS NOT NULL) AS ready
 OFFSET 0) AS keyed
 LEFT JOIN LATERAL (SELECT d.run_at FROM "trioq".job_due d
@@ -212,11 +212,15 @@ unkeyed AS MATERIALIZED (
 SELECT per_task.*
 FROM unnest((SELECT $3::text[])) AS served(task)
 CROSS JOIN LATERAL (
-SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row
+SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row, r.queue,
+job.*
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT 1 FROM "trioq".jobs_live j
-WHERE j.id = r.id AND j.state = 'ready'
+SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+j.max_attempts, j.created_at, j.cancel_requested, j.version,
+j.checkpoint_count
+FROM "trioq".jobs_live j
+WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
 ) AS job
@@ -229,11 +233,16 @@ AND ((SELECT $4::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $4::text[])::text[]))
 ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $5::int)
+FOR UPDATE OF r SKIP LOCKED
 ) AS per_task
 WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
 candidates AS MATERIALIZED (
-SELECT id, ring_slot, ring_row FROM unkeyed
+SELECT id, ring_slot, ring_row, run_at, queue, NULL::text AS partition_key,
+NULL::text AS concurrency_key, attempt, executions, parent_id, result_watched, task,
+payload, max_attempts, created_at, cancel_requested, version, checkpoint_count,
+priority
+FROM unkeyed
 WHERE NOT EXISTS (SELECT 1 FROM "trioq".queue_pauses p
 WHERE p.queue = (SELECT $2::text))
 ORDER BY priority, run_at, id
@@ -246,27 +255,28 @@ ARRAY(SELECT ring_row FROM candidates WHERE ring_slot IS NOT NULL),
 ARRAY(SELECT id FROM candidates WHERE ring_slot IS NOT NULL))
 ELSE 0 END AS n
 ),
+run AS (
+INSERT INTO "trioq".job_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
+traced, started_at, executions, queue, partition_key,
+concurrency_key, parent_id, result_watched)
+SELECT c.id, c.attempt + 1, gen_random_uuid(),
+(SELECT "trioq".db_now()) + $6 * interval '1 second',
+$7, $8,
+greatest((SELECT "trioq".db_now()), c.run_at),
+c.executions + 1, c.queue, c.partition_key, c.concurrency_key, c.parent_id,
+c.result_watched
+FROM candidates c
+RETURNING job_id, attempt, lease_token
+),
 claimed AS (
-UPDATE "trioq".jobs_live j
-SET state = 'running',
-attempt = j.attempt + 1,
-executions = j.executions + 1,
-lease_token = gen_random_uuid(),
-traced = $6,
-lease_expires_at = (SELECT "trioq".db_now()) + $7 * interval '1 second',
-worker_id = $8,
-error = NULL,
-started_at = greatest((SELECT "trioq".db_now()), j.run_at)
-WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
-AND j.state NOT IN ('completed', 'failed', 'cancelled')
-RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
-j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-j.version,
-CASE WHEN j.checkpoint_count > 0 THEN
-(SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
-ORDER BY c.position)
-FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
-j.parent_id, j.concurrency_key
+SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
+c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
+CASE WHEN c.checkpoint_count > 0 THEN
+(SELECT jsonb_agg(jsonb_build_array(h.position, h.kind, h.name, h.value)
+ORDER BY h.position)
+FROM "trioq".checkpoints h WHERE h.job_id = c.id) END AS history,
+c.parent_id, c.concurrency_key
+FROM run u JOIN candidates c ON c.id = u.job_id
 )
 SELECT (SELECT blocked FROM probe) AS blocked,
 (SELECT keyed_ready FROM probe) AS keyed_ready,
@@ -279,16 +289,17 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (11946 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim (13012 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
 FROM "trioq".job_due d
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
-j.concurrency_key
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+j.result_watched
 FROM "trioq".jobs_live j
-WHERE j.id = d.job_id AND j.state IN ('scheduled', 'sleeping', 'waiting')
+WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
@@ -301,7 +312,7 @@ LIMIT (SELECT $3::int)
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
 NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row
+NULL::tid AS ring_row, d.attempt, d.executions, d.parent_id, d.result_watched
 FROM due d
 WHERE (SELECT $4::int) > 0 AND d.partition_key IS NULL
 AND d.concurrency_key IS NULL
@@ -317,14 +328,14 @@ SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key IS NOT NULL
 AND j.partition_key > (SELECT $7::text)
 ORDER BY j.partition_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 LIMIT 1
@@ -336,13 +347,13 @@ FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key > k.partition_key
 ORDER BY j.partition_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -362,14 +373,14 @@ CROSS JOIN LATERAL (
 FROM "trioq".jobs_live j
 WHERE l.job_id IS NULL
 AND j.queue = (SELECT $2::text) AND j.partition_key = k.partition_key
-AND j.state = 'ready'
+AND j.phase = 'ready'
 AND j.run_at <= "trioq".db_now()
 ORDER BY j.priority, j.run_at, j.id
 LIMIT 1)
 UNION ALL
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
 FROM "trioq".jobs_live j
-WHERE j.id = l.job_id AND j.state = 'ready')
+WHERE j.id = l.job_id AND j.phase = 'ready')
 ) AS head
 WHERE head.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
@@ -380,13 +391,15 @@ LIMIT 2 * (SELECT $4::int)
 keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
 NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row
+NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+locked.result_watched
 FROM heads h
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
+j.parent_id, j.result_watched
 FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -395,14 +408,14 @@ SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key IS NOT NULL
 AND j.concurrency_key > (SELECT $9::text)
 ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 LIMIT 1
@@ -414,13 +427,13 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key > k.concurrency_key
 ORDER BY j.concurrency_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -439,7 +452,7 @@ SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
 FROM "trioq".jobs_live f
 WHERE f.queue = (SELECT $2::text) AND f.concurrency_key = k.concurrency_key
-AND f.state = 'ready'
+AND f.phase = 'ready'
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
 ) AS lim
 CROSS JOIN LATERAL (
@@ -455,7 +468,7 @@ SELECT j.id, j.attempt, j.priority, j.run_at,
 row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
 FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text) AND j.concurrency_key = r.concurrency_key
-AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 AND j.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
 OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
@@ -477,13 +490,15 @@ LIMIT 2 * (SELECT $4::int)
 concurrency_keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
 true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row
+NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+locked.result_watched
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue
+SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
+j.result_watched
 FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -493,11 +508,15 @@ FROM unnest((SELECT $5::text[])) AS served(task)
 CROSS JOIN LATERAL (
 SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS held,
 NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
-r.ctid AS ring_row
+r.ctid AS ring_row, job.attempt, job.executions, job.parent_id,
+job.result_watched
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT 1 FROM "trioq".jobs_live j
-WHERE j.id = r.id AND j.state = 'ready'
+SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+j.max_attempts, j.created_at, j.cancel_requested, j.version,
+j.checkpoint_count
+FROM "trioq".jobs_live j
+WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
 ) AS job
@@ -510,6 +529,7 @@ AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
 ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $4::int)
+FOR UPDATE OF r SKIP LOCKED
 ) AS per_task
 ),
 candidates AS MATERIALIZED (
@@ -544,10 +564,10 @@ ON CONFLICT (concurrency_key, slot) DO NOTHING
 RETURNING job_id
 ),
 promoted AS (
-UPDATE "trioq".jobs_live j SET state = 'ready'
+UPDATE "trioq".jobs_live j SET phase = 'ready', filed = j.filed + 1
 FROM due d
 WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
-AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.phase IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now()
 RETURNING j.id
 ),
@@ -555,25 +575,33 @@ ready_notified AS (
 SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
 FROM (SELECT (SELECT $2::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
-claimed AS (
-UPDATE "trioq".jobs_live j
-SET state = 'running',
-attempt = j.attempt + 1,
-executions = j.executions + 1,
-lease_token = gen_random_uuid(),
-traced = $10,
-lease_expires_at = (SELECT "trioq".db_now()) + $11 * interval '1 second',
-worker_id = $12,
-error = NULL,
-started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
-THEN greatest("trioq".db_now(), j.run_at)
-ELSE greatest("trioq".db_now() + (clock_timestamp() - now()),
-j.run_at) END
+run AS (
+INSERT INTO "trioq".job_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
+traced, started_at, executions, queue, partition_key,
+concurrency_key, parent_id, result_watched)
+SELECT c.id, c.attempt + 1, gen_random_uuid(),
+(SELECT "trioq".db_now()) + $10 * interval '1 second',
+$11, $12,
+CASE WHEN c.slot IS NULL AND c.partition_key IS NULL
+THEN greatest("trioq".db_now(), c.run_at)
+ELSE greatest("trioq".db_now() + (clock_timestamp() - now()), c.run_at) END
+,
+c.executions + 1, c.queue, c.partition_key, c.concurrency_key, c.parent_id,
+c.result_watched
 FROM candidates c
-WHERE j.id = c.id AND j.state NOT IN ('completed', 'failed', 'cancelled')
-AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
-OR c.id IN (SELECT job_id FROM concurrency_taken))
-RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+WHERE (c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
+OR c.id IN (SELECT job_id FROM concurrency_taken)
+RETURNING job_id, attempt, lease_token
+),
+claimed_in_place AS (
+UPDATE "trioq".jobs_live j SET phase = 'claimed'
+FROM run u, candidates c
+WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
+AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
+RETURNING j.id
+),
+claimed AS (
+SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
 j.version,
 CASE WHEN j.checkpoint_count > 0 THEN
@@ -581,6 +609,7 @@ CASE WHEN j.checkpoint_count > 0 THEN
 ORDER BY c.position)
 FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
 j.parent_id, j.concurrency_key
+FROM run u JOIN "trioq".jobs_live j ON j.id = u.job_id
 )
 SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
 greatest((SELECT count(*) FROM ready_keys),
@@ -599,16 +628,17 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim_rated (14750 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 traced, $11 lease_seconds, $12 worker_id)
+-- name: job_claim_rated (15816 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
 FROM "trioq".job_due d
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
-j.concurrency_key
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+j.result_watched
 FROM "trioq".jobs_live j
-WHERE j.id = d.job_id AND j.state IN ('scheduled', 'sleeping', 'waiting')
+WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
@@ -621,7 +651,7 @@ LIMIT (SELECT $3::int)
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
 NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row
+NULL::tid AS ring_row, d.attempt, d.executions, d.parent_id, d.result_watched
 FROM due d
 WHERE (SELECT $4::int) > 0 AND d.partition_key IS NULL
 AND d.concurrency_key IS NULL
@@ -637,14 +667,14 @@ SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key IS NOT NULL
 AND j.partition_key > (SELECT $7::text)
 ORDER BY j.partition_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 LIMIT 1
@@ -656,13 +686,13 @@ FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key > k.partition_key
 ORDER BY j.partition_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
 FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.partition_key IS NOT NULL
 ORDER BY j.partition_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -682,14 +712,14 @@ CROSS JOIN LATERAL (
 FROM "trioq".jobs_live j
 WHERE l.job_id IS NULL
 AND j.queue = (SELECT $2::text) AND j.partition_key = k.partition_key
-AND j.state = 'ready'
+AND j.phase = 'ready'
 AND j.run_at <= "trioq".db_now()
 ORDER BY j.priority, j.run_at, j.id
 LIMIT 1)
 UNION ALL
 (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
 FROM "trioq".jobs_live j
-WHERE j.id = l.job_id AND j.state = 'ready')
+WHERE j.id = l.job_id AND j.phase = 'ready')
 ) AS head
 WHERE head.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
@@ -700,13 +730,15 @@ LIMIT 2 * (SELECT $4::int)
 keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
 NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row
+NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+locked.result_watched
 FROM heads h
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
+j.parent_id, j.result_watched
 FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -715,14 +747,14 @@ SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key IS NOT NULL
 AND j.concurrency_key > (SELECT $9::text)
 ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 LIMIT 1
@@ -734,13 +766,13 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key > k.concurrency_key
 ORDER BY j.concurrency_key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
 FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.state = 'ready'
+WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
 AND j.concurrency_key IS NOT NULL
 ORDER BY j.concurrency_key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
@@ -765,7 +797,7 @@ SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
 FROM "trioq".jobs_live f
 WHERE f.queue = (SELECT $2::text) AND f.concurrency_key = k.concurrency_key
-AND f.state = 'ready'
+AND f.phase = 'ready'
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
 ) AS lim
 CROSS JOIN LATERAL (
@@ -793,7 +825,7 @@ SELECT j.id, j.attempt, j.priority, j.run_at,
 row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
 FROM "trioq".jobs_live j
 WHERE j.queue = (SELECT $2::text) AND j.concurrency_key = r.concurrency_key
-AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 AND j.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
 OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
@@ -825,13 +857,15 @@ LIMIT 2 * (SELECT $4::int)
 concurrency_keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
 true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row
+NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+locked.result_watched
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
-SELECT j.id, j.priority, j.run_at, j.queue
+SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
+j.result_watched
 FROM "trioq".jobs_live j
 WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.state = 'ready' AND j.run_at <= "trioq".db_now()
+AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -841,11 +875,15 @@ FROM unnest((SELECT $5::text[])) AS served(task)
 CROSS JOIN LATERAL (
 SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS held,
 NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
-r.ctid AS ring_row
+r.ctid AS ring_row, job.attempt, job.executions, job.parent_id,
+job.result_watched
 FROM "trioq".ready_ring r
 CROSS JOIN LATERAL (
-SELECT 1 FROM "trioq".jobs_live j
-WHERE j.id = r.id AND j.state = 'ready'
+SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+j.max_attempts, j.created_at, j.cancel_requested, j.version,
+j.checkpoint_count
+FROM "trioq".jobs_live j
+WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
 ) AS job
@@ -858,6 +896,7 @@ AND ((SELECT $6::text[]) IS NULL
 OR r.task || '@' || r.version = ANY((SELECT $6::text[])::text[]))
 ORDER BY r.priority, r.run_at, r.id
 LIMIT (SELECT $4::int)
+FOR UPDATE OF r SKIP LOCKED
 ) AS per_task
 ),
 candidates AS MATERIALIZED (
@@ -911,10 +950,10 @@ ON CONFLICT (concurrency_key, slot) DO NOTHING
 RETURNING job_id
 ),
 promoted AS (
-UPDATE "trioq".jobs_live j SET state = 'ready'
+UPDATE "trioq".jobs_live j SET phase = 'ready', filed = j.filed + 1
 FROM due d
 WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
-AND j.state IN ('scheduled', 'sleeping', 'waiting')
+AND j.phase IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now()
 RETURNING j.id
 ),
@@ -922,28 +961,36 @@ ready_notified AS (
 SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
 FROM (SELECT (SELECT $2::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
-claimed AS (
-UPDATE "trioq".jobs_live j
-SET state = 'running',
-attempt = j.attempt + 1,
-executions = j.executions + 1,
-lease_token = gen_random_uuid(),
-traced = $10,
-lease_expires_at = (SELECT "trioq".db_now()) + $11 * interval '1 second',
-worker_id = $12,
-error = NULL,
-started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
-THEN greatest("trioq".db_now(), j.run_at)
+run AS (
+INSERT INTO "trioq".job_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
+traced, started_at, executions, queue, partition_key,
+concurrency_key, parent_id, result_watched)
+SELECT c.id, c.attempt + 1, gen_random_uuid(),
+(SELECT "trioq".db_now()) + $10 * interval '1 second',
+$11, $12,
+CASE WHEN c.slot IS NULL AND c.partition_key IS NULL
+THEN greatest("trioq".db_now(), c.run_at)
 ELSE greatest(coalesce((SELECT t.started_at FROM rate_taken t
-WHERE t.job_id = j.id),
-"trioq".db_now()
-+ (clock_timestamp() - now())),
-j.run_at) END
+WHERE t.job_id = c.id),
+"trioq".db_now() + (clock_timestamp() - now())),
+c.run_at) END
+,
+c.executions + 1, c.queue, c.partition_key, c.concurrency_key, c.parent_id,
+c.result_watched
 FROM candidates c
-WHERE j.id = c.id AND j.state NOT IN ('completed', 'failed', 'cancelled')
-AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
-OR c.id IN (SELECT job_id FROM concurrency_taken))
-RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
+WHERE (c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
+OR c.id IN (SELECT job_id FROM concurrency_taken)
+RETURNING job_id, attempt, lease_token
+),
+claimed_in_place AS (
+UPDATE "trioq".jobs_live j SET phase = 'claimed'
+FROM run u, candidates c
+WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
+AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
+RETURNING j.id
+),
+claimed AS (
+SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
 j.version,
 CASE WHEN j.checkpoint_count > 0 THEN
@@ -951,6 +998,7 @@ CASE WHEN j.checkpoint_count > 0 THEN
 ORDER BY c.position)
 FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
 j.parent_id, j.concurrency_key
+FROM run u JOIN "trioq".jobs_live j ON j.id = u.job_id
 )
 SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
 greatest((SELECT count(*) FROM ready_keys),
@@ -975,24 +1023,32 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_complete_plain (1155 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
+-- name: job_complete_plain (1479 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
 SELECT t.*
 FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
 (SELECT $3::uuid[]), (SELECT $4::text[]))
 AS t(id, attempt, lease_token, result)
 ),
+gone AS MATERIALIZED (
+DELETE FROM "trioq".job_runs u
+USING input i
+WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+AND u.job_id = ANY((SELECT $1::bigint[])::bigint[])
+RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+u.result_watched, i.result
+),
 settled AS (
-UPDATE "trioq".jobs j
-SET state = 'completed', result = i.result::jsonb, error = NULL,
-finished_at = "trioq".db_now(), lane = "trioq".job_lane("trioq".db_now()),
-lease_token = NULL, lease_expires_at = NULL
-FROM input i
-WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+UPDATE "trioq".job_rows_legacy j
+SET phase = 'completed', result = g.result::jsonb, error = NULL, attempt = g.attempt,
+executions = g.executions, worker_id = g.worker_id, traced = g.traced,
+started_at = g.started_at,
+finished_at = "trioq".db_now(), lane = "trioq".job_lane("trioq".db_now())
+FROM gone g
+WHERE j.id = g.job_id
 AND j.id = ANY((SELECT $1::bigint[])::bigint[])
-AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-'cancelled')
-RETURNING j.id, j.state, j.result_watched
+AND j.phase IN ('ready', 'claimed')
+RETURNING j.id, j.phase AS state, j.result_watched OR g.result_watched AS result_watched
 ),
 results_notified AS (
 SELECT count(pg_notify(channel, ids)) AS n
@@ -1005,7 +1061,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (3491 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (3958 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -1022,30 +1078,43 @@ FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
 AS t(id, attempt, lease_token, state, ready_when_due, moves_run_at, attempt_change,
 releases_key, history, final, clears_worker, result, error, delay, wake_at)
 ),
+gone AS MATERIALIZED (
+DELETE FROM "trioq".job_runs u
+USING input i
+WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+AND u.job_id = ANY((SELECT $1::bigint[])::bigint[])
+AND (i.state <> 'cancelled'
+OR EXISTS (SELECT 1 FROM "trioq".jobs_live c
+WHERE c.id = u.job_id AND c.cancel_requested))
+RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+u.result_watched
+),
 settled AS (
-UPDATE "trioq".jobs j
-SET state = CASE WHEN i.ready_when_due AND i.next_run_at <= "trioq".db_now() THEN 'ready'
+UPDATE "trioq".job_rows_legacy j
+SET phase = CASE WHEN i.ready_when_due AND i.next_run_at <= "trioq".db_now() THEN 'ready'
 ELSE i.state END,
+filed = j.filed + CASE WHEN i.state = 'ready'
+OR (i.ready_when_due AND i.next_run_at <= "trioq".db_now())
+THEN 1 ELSE 0 END,
 run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
-attempt = j.attempt + i.attempt_change,
+attempt = g.attempt + i.attempt_change,
+executions = g.executions,
+traced = g.traced,
 result = i.result::jsonb,
 error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= "trioq".db_now()
 THEN "trioq".deadline_error(j.deadline_at, j.deadline_source)
 ELSE i.error::jsonb END,
 finished_at = CASE WHEN i.final THEN "trioq".db_now() END,
 lane = "trioq".job_lane(CASE WHEN i.final THEN "trioq".db_now() END),
-worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
-started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
-lease_token = NULL, lease_expires_at = NULL
-FROM input i
-WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+worker_id = CASE WHEN i.clears_worker THEN NULL ELSE g.worker_id END,
+started_at = CASE WHEN i.clears_worker THEN NULL ELSE g.started_at END
+FROM gone g JOIN input i ON i.id = g.job_id
+WHERE j.id = g.job_id
 AND j.id = ANY((SELECT $1::bigint[])::bigint[])
-AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-'cancelled')
-AND (i.state <> 'cancelled' OR j.cancel_requested)
-RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
-j.result_watched
+AND j.phase IN ('ready', 'claimed')
+RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
+g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
+i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
 ),
 unlocked AS (
 DELETE FROM "trioq".partition_locks l
@@ -1087,7 +1156,7 @@ min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next
 + (SELECT n FROM parents_woken) AS notified
 FROM settled;
 
--- name: lease_renew_many (1879 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
+-- name: lease_renew_many (1771 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
 WITH heartbeat AS (
 UPDATE "trioq".workers SET heartbeat_at = "trioq".db_now(), state = $1,
 admission = (
@@ -1103,33 +1172,31 @@ WHERE id = $8
 RETURNING id
 ),
 requested AS MATERIALIZED (
-SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
+SELECT u.job_id AS id, u.attempt, u.lease_token,
+(SELECT j.cancel_requested FROM "trioq".jobs_live j WHERE j.id = u.job_id)
+AS cancel_requested
 FROM unnest($9::bigint[], $10::int[], $11::uuid[])
 AS o(id, attempt, lease_token)
-JOIN "trioq".jobs_live j ON j.id = o.id
-WHERE j.attempt = o.attempt AND j.lease_token = o.lease_token
-AND j.id = ANY((SELECT $9::bigint[])::bigint[])
-AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-'cancelled')
+JOIN "trioq".job_runs u ON u.job_id = o.id
+WHERE u.attempt = o.attempt AND u.lease_token = o.lease_token
+AND u.job_id = ANY((SELECT $9::bigint[])::bigint[])
 ),
 lockable AS MATERIALIZED (
-SELECT j.id FROM "trioq".jobs_live j
-JOIN requested r ON r.id = j.id
-WHERE r.attempt = j.attempt AND r.lease_token = j.lease_token
-AND j.id = ANY((SELECT $9::bigint[])::bigint[])
-AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-'cancelled')
-FOR UPDATE OF j SKIP LOCKED
+SELECT u.job_id AS id FROM "trioq".job_runs u
+JOIN requested r ON r.id = u.job_id
+WHERE r.attempt = u.attempt AND r.lease_token = u.lease_token
+AND u.job_id = ANY((SELECT $9::bigint[])::bigint[])
+FOR UPDATE OF u SKIP LOCKED
 ),
 renewed AS (
-UPDATE "trioq".jobs_live j
+UPDATE "trioq".job_runs u
 SET lease_expires_at = "trioq".db_now() + $12 * interval '1 second'
 FROM lockable l
-WHERE j.id = l.id
-AND j.id = ANY((SELECT $9::bigint[])::bigint[])
-AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-'cancelled')
-RETURNING j.id, j.cancel_requested
+WHERE u.job_id = l.id
+AND u.job_id = ANY((SELECT $9::bigint[])::bigint[])
+RETURNING u.job_id AS id,
+(SELECT r.cancel_requested FROM requested r WHERE r.id = u.job_id)
+AS cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
 FROM (SELECT 1) AS one
@@ -1140,20 +1207,27 @@ SELECT id, cancel_requested, false FROM requested
 WHERE id NOT IN (SELECT id FROM lockable)
 ) AS r ON true;
 
--- name: checkpoint_insert_many_plain (1282 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
+-- name: checkpoint_insert_many_plain (1415 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
 $7::text[], $8::float8[])
 AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
-owner AS (
-UPDATE "trioq".jobs_live j
-SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+fenced AS MATERIALIZED (
+SELECT u.job_id AS id, n.next_position
 FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
 FROM input GROUP BY id, attempt, lease_token) AS n
-WHERE j.id = n.id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
-AND j.state = 'running'
+JOIN "trioq".job_runs u
+ON u.job_id = n.id AND u.attempt = n.attempt AND u.lease_token = n.lease_token
+ORDER BY u.job_id
+FOR SHARE OF u
+),
+owner AS (
+UPDATE "trioq".jobs_live j
+SET checkpoint_count = greatest(j.checkpoint_count, f.next_position)
+FROM fenced f
+WHERE j.id = f.id
 RETURNING j.id
 ),
 written AS (
@@ -1175,20 +1249,27 @@ JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
 ;
 
--- name: checkpoint_insert_many (1979 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
+-- name: checkpoint_insert_many (2112 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
 $7::text[], $8::float8[])
 AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
-owner AS (
-UPDATE "trioq".jobs_live j
-SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+fenced AS MATERIALIZED (
+SELECT u.job_id AS id, n.next_position
 FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
 FROM input GROUP BY id, attempt, lease_token) AS n
-WHERE j.id = n.id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
-AND j.state = 'running'
+JOIN "trioq".job_runs u
+ON u.job_id = n.id AND u.attempt = n.attempt AND u.lease_token = n.lease_token
+ORDER BY u.job_id
+FOR SHARE OF u
+),
+owner AS (
+UPDATE "trioq".jobs_live j
+SET checkpoint_count = greatest(j.checkpoint_count, f.next_position)
+FROM fenced f
+WHERE j.id = f.id
 RETURNING j.id
 ),
 written AS (

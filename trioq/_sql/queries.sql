@@ -113,7 +113,7 @@ SELECT pg_backend_pid() AS pid;
 -- is `scheduled` (promoted when due), else `ready`. `target` is `jobs`, or `jobs_live` for an
 -- insert whose ON CONFLICT needs that table's own unique index (job_spawn_many). The writer
 -- adds its ON CONFLICT and RETURNING after it.
-INSERT INTO {schema}.@target@ AS j (id, queue, task, payload, state, priority, run_at,
+INSERT INTO {schema}.@target@ AS j (id, queue, task, payload, phase, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
                                    unique_states, unique_until, version, trace_context,
                                    concurrency_key, concurrency_limit, deadline_at,
@@ -207,9 +207,9 @@ released AS (
     SELECT h.id
     FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
     JOIN {schema}.job_keys k ON k.key = i.dedup_key
-    JOIN {schema}.jobs h ON h.id = k.job_id
-    WHERE h.state IN ('completed', 'failed', 'cancelled')
-      AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
+    JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
+    WHERE h.phase IN ('completed', 'failed', 'cancelled')
+      AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
     FOR SHARE OF h
 ),
 keys AS (
@@ -247,7 +247,7 @@ new_jobs AS (
     ORDER BY i.ord
 ),
 inserted AS (
-    -- include: job_insert(jobs)
+    -- include: job_insert(job_rows_legacy)
     RETURNING j.id, j.queue
 ),
 notified AS (
@@ -321,8 +321,8 @@ WITH new_jobs AS (
     ORDER BY p.ord
 ),
 inserted AS (
-    -- include: job_insert(jobs)
-    RETURNING j.id, j.state
+    -- include: job_insert(job_rows_legacy)
+    RETURNING j.id, j.phase AS state
 )
 -- The ids come back as ONE array (one row), not one row per job: decoding 20,000 result rows
 -- took 36 ms of a 20,000-row enqueue_many's client time, the array about 2.
@@ -351,7 +351,7 @@ WITH new_jobs AS (
         -- include: new_job_options
     ) AS o
 )
--- include: job_insert(jobs)
+-- include: job_insert(job_rows_legacy)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: ring_low
@@ -370,7 +370,14 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 -- order, each with its job's row by primary key, locked as it is read (SKIP LOCKED:
 -- concurrent claimers skip each other's jobs and keep scanning, and a job row another
 -- transaction holds, a send or a result watch, is skipped, its entry left for the next
--- claim), the worker's handler versions only. What the scan steps over is bounded by the
+-- claim), the worker's handler versions only. The entry is locked too (migration 0047): the
+-- claim writes no version of the job's row, which still reads ready while the job runs, so a
+-- claimer whose snapshot predates another's committed claim would find the row lockable and
+-- ready; the entry that claim deleted is not, and is skipped (tests/test_runs.py, "no double
+-- claim from an old snapshot"). The row's `filed` must be the entry's: an entry filed before
+-- the job last left ready and came back is stale. The columns the run copies are the locked
+-- version's (a row lock returns the newest version: a result watch committed after the
+-- statement's snapshot is not lost). What the scan steps over is bounded by the
 -- slots not yet truncated (a few seconds of jobs), not by how long a snapshot has pinned the
 -- horizon. An entry whose job is no longer ready (cancelled, or claimed by a worker of the
 -- previous release) is stepped over and goes with its slot.
@@ -381,8 +388,11 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
         -- scan of jobs_live, 30 s a claim under a pinned horizon). The job's row lock is
         -- the claim's: two entries of one job, or two claimers, meet on it.
         CROSS JOIN LATERAL (
-            SELECT 1 FROM {schema}.jobs_live j
-            WHERE j.id = r.id AND j.state = 'ready'
+            SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
+                   j.max_attempts, j.created_at, j.cancel_requested, j.version,
+                   j.checkpoint_count
+            FROM {schema}.jobs_live j
+            WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
             LIMIT 1
             FOR UPDATE OF j SKIP LOCKED
         ) AS job
@@ -399,6 +409,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
                OR r.task || '@' || r.version = ANY((SELECT %(task_versions)s::text[])::text[]))
         ORDER BY r.priority, r.run_at, r.id
         LIMIT (SELECT %(limit)s::int)
+        FOR UPDATE OF r SKIP LOCKED
 
 -- fragment: ring_taken
 -- Both claim statements: the ring entries of the claimed candidates are deleted
@@ -413,42 +424,57 @@ ring_taken AS MATERIALIZED (
                 ELSE 0 END AS n
 ),
 
--- fragment: running_by_key
--- The rows of running jobs the statement names (`ids`: the completion, the settle, the discard,
--- the lease renewal), found by primary key, with `running` written as none of the other
--- states. With `state = 'running'` a generic plan read jobs_lease_idx (a partial index of
--- running rows, small by the statistics) and filtered it by id, and under a pinned horizon
--- stepped over every job that ran since (the completion went 0.7 -> 21 ms in 90 s at 800
--- jobs/s); no partial index matches the list. The day partitions' CHECKs still leave them out.
-      AND j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND j.state NOT IN ('scheduled', 'ready', 'sleeping', 'waiting', 'completed', 'failed',
-                          'cancelled')
+-- fragment: job_state
+-- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
+-- {schema}.job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
+-- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
+-- row always has its run.
+CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
 
--- fragment: claim_set
--- The claim's new row (job_claim and job_claim_plain): a new attempt,
--- a fresh lease token, the lease from database time; each statement sets started_at after it.
--- Database time by a sub-select: read once per statement, not once per row (db_now() reads a
--- setting twice a call).
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        executions = j.executions + 1,
-        lease_token = gen_random_uuid(),
-        traced = %(traced)s,
-        lease_expires_at = (SELECT {schema}.db_now()) + %(lease_seconds)s * interval '1 second',
-        worker_id = %(worker_id)s,
-        error = NULL,
+-- fragment: runs_by_key
+-- The runs a fenced statement names (`ids`: the completion, the settle, the discard, the lease
+-- renewal), found by primary key: a join left to the planner over a table that churns a row
+-- per job can take a scan, which a pinned horizon makes long.
+      AND u.job_id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+
+-- fragment: running_by_key
+-- The rows of the jobs whose runs a statement ended (the completion, the settle), by primary
+-- key. A running job's row reads `ready` (claimed from the ring) or `claimed` (by the full
+-- claim); the day partitions' CHECKs leave them out of the plan.
+      AND j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.phase IN ('ready', 'claimed')
+
+-- fragment: claim_run_columns
+-- The run a claim inserts (job_claim and job_claim_plain): a new attempt, a fresh lease token,
+-- the lease from database time, and what the completion and the settle read instead of the
+-- job's row. Database time by a sub-select: read once per statement, not once per row
+-- (db_now() reads a setting twice a call).
+    INSERT INTO {schema}.job_runs (job_id, attempt, lease_token, lease_expires_at, worker_id,
+                                   traced, started_at, executions, queue, partition_key,
+                                   concurrency_key, parent_id, result_watched)
+
+-- fragment: claim_run_values
+    SELECT c.id, c.attempt + 1, gen_random_uuid(),
+           (SELECT {schema}.db_now()) + %(lease_seconds)s * interval '1 second',
+           %(worker_id)s, %(traced)s,
+
+-- fragment: claim_run_rest
+           c.executions + 1, c.queue, c.partition_key, c.concurrency_key, c.parent_id,
+           c.result_watched
 
 -- fragment: claim_returning
--- A claimed row as PgDriver's `_claimed_job` reads it (both claim statements): the job's
--- columns, its history when it has any (one ordered aggregate per such row), its parent.
-    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.max_attempts, j.lease_token,
-              j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
-              j.version,
-              CASE WHEN j.checkpoint_count > 0 THEN
-                  (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
-                                    ORDER BY c.position)
-                   FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
-              j.parent_id, j.concurrency_key
+-- A claimed job as PgDriver's `_claimed_job` reads it (both claim statements), from its run
+-- `u` and its row `j`: the job's columns, its history when it has any (one ordered aggregate
+-- per such row), its parent.
+    SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
+           j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
+           j.version,
+           CASE WHEN j.checkpoint_count > 0 THEN
+               (SELECT jsonb_agg(jsonb_build_array(c.position, c.kind, c.name, c.value)
+                                 ORDER BY c.position)
+                FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
+           j.parent_id, j.concurrency_key
+    FROM run u JOIN {schema}.jobs_live j ON j.id = u.job_id
 
 -- fragment: key_visit(cte, key, cursor)
 -- The keys with ready jobs of one kind (@key@), visited as a loose index scan: round-robin
@@ -459,14 +485,14 @@ ring_taken AS MATERIALIZED (
     FROM (
         SELECT after_cursor.@key@, false AS wrapped
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ IS NOT NULL
                 AND j.@key@ > (SELECT %(@cursor@)s::text)
               ORDER BY j.@key@ LIMIT 1) AS after_cursor
         UNION ALL
         SELECT from_start.@key@, true
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ IS NOT NULL
               ORDER BY j.@key@ LIMIT 1) AS from_start
         LIMIT 1
@@ -478,13 +504,13 @@ ring_taken AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT following.@key@, k.wrapped AS wrapped
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ > k.@key@
               ORDER BY j.@key@ LIMIT 1) AS following
         UNION ALL
         SELECT from_start.@key@, true
         FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                 AND j.@key@ IS NOT NULL
               ORDER BY j.@key@ LIMIT 1) AS from_start
         WHERE NOT k.wrapped
@@ -562,10 +588,11 @@ due AS MATERIALIZED (
     SELECT locked.*
     FROM {schema}.job_due d
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version, j.state,
-               j.concurrency_key
+        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+               j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+               j.result_watched
         FROM {schema}.jobs_live j
-        WHERE j.id = d.job_id AND j.state IN ('scheduled', 'sleeping', 'waiting')
+        WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
           AND j.run_at <= {schema}.db_now()
                           + (SELECT %(lookahead)s::float8) * interval '1 second'
         FOR UPDATE SKIP LOCKED
@@ -585,7 +612,7 @@ due AS MATERIALIZED (
 due_unkeyed AS MATERIALIZED (
     SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
            NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row
+           NULL::tid AS ring_row, d.attempt, d.executions, d.parent_id, d.result_watched
     FROM due d
     WHERE (SELECT %(limit)s::int) > 0 AND d.partition_key IS NULL
       AND d.concurrency_key IS NULL
@@ -609,14 +636,14 @@ heads AS MATERIALIZED (
          FROM {schema}.jobs_live j
          WHERE l.job_id IS NULL
            AND j.queue = (SELECT %(queue)s::text) AND j.partition_key = k.partition_key
-           AND j.state = 'ready'
+           AND j.phase = 'ready'
            AND j.run_at <= {schema}.db_now()
          ORDER BY j.priority, j.run_at, j.id
          LIMIT 1)
         UNION ALL
         (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
          FROM {schema}.jobs_live j
-         WHERE j.id = l.job_id AND j.state = 'ready')
+         WHERE j.id = l.job_id AND j.phase = 'ready')
     ) AS head
     WHERE head.task = ANY((SELECT %(tasks)s::text[])::text[])
       AND ((SELECT %(task_versions)s::text[]) IS NULL
@@ -630,13 +657,15 @@ heads AS MATERIALIZED (
 keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
            NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row
+           NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+           locked.result_watched
     FROM heads h
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key
+        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
+               j.parent_id, j.result_watched
         FROM {schema}.jobs_live j
         WHERE j.id = h.id AND j.attempt = h.attempt
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
     ) AS locked
 ),
@@ -660,13 +689,15 @@ ready_concurrency_keys AS (
 concurrency_keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
            true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row
+           NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+           locked.result_watched
     FROM concurrency_heads h
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue
+        SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
+               j.result_watched
         FROM {schema}.jobs_live j
         WHERE j.id = h.id AND j.attempt = h.attempt
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
     ) AS locked
 ),
@@ -676,7 +707,8 @@ unkeyed AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT r.id, r.priority, r.run_at, r.queue, NULL::text AS partition_key, true AS held,
                NULL::text AS concurrency_key, NULL::int AS slot, r.slot AS ring_slot,
-               r.ctid AS ring_row
+               r.ctid AS ring_row, job.attempt, job.executions, job.parent_id,
+               job.result_watched
         -- include: unkeyed_scan
     ) AS per_task
 ),
@@ -701,10 +733,10 @@ key_taken AS (
 -- include: concurrency_taken_@rate@
 -- Due rows not claimed here become ready (claimable from the next round: same snapshot).
 promoted AS (
-    UPDATE {schema}.jobs_live j SET state = 'ready'
+    UPDATE {schema}.jobs_live j SET phase = 'ready', filed = j.filed + 1
     FROM due d
     WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
-      AND j.state IN ('scheduled', 'sleeping', 'waiting')
+      AND j.phase IN ('scheduled', 'sleeping', 'waiting')
       AND j.run_at <= {schema}.db_now()
     RETURNING j.id
 ),
@@ -712,16 +744,29 @@ ready_notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
     FROM (SELECT (SELECT %(queue)s::text) AS queue WHERE EXISTS (SELECT 1 FROM promoted)) AS q
 ),
-claimed AS (
-    UPDATE {schema}.jobs_live j
-    -- include: claim_set
-        -- include: claim_started_at_@rate@
+-- The claim writes the run (migration 0047); the candidates are locked rows (ready, or due).
+run AS (
+    -- include: claim_run_columns
+    -- include: claim_run_values
+    -- include: claim_started_at_@rate@
+           ,
+    -- include: claim_run_rest
     FROM candidates c
-    -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
-    -- (migration 0038); the candidates are locked unfinished rows (ready, or due).
-    WHERE j.id = c.id AND j.state NOT IN ('completed', 'failed', 'cancelled')
-      AND ((c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
-           OR c.id IN (SELECT job_id FROM concurrency_taken))
+    WHERE (c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
+          OR c.id IN (SELECT job_id FROM concurrency_taken)
+    RETURNING job_id, attempt, lease_token
+),
+-- A keyed or due job claimed here leaves ready, scheduled, sleeping and waiting in place
+-- (`claimed`): the keyed claim and the due scans read those rows by phase (jobs_live's partial
+-- indexes), where a job claimed from the ring keeps `ready` and its entry is gone.
+claimed_in_place AS (
+    UPDATE {schema}.jobs_live j SET phase = 'claimed'
+    FROM run u, candidates c
+    WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
+      AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
+    RETURNING j.id
+),
+claimed AS (
     -- include: claim_returning
 )
 -- The statement's own columns on every row (their sub-selects run once, as InitPlans), then
@@ -759,7 +804,7 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
                    AS max_running
         FROM {schema}.jobs_live f
         WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
-          AND f.state = 'ready'
+          AND f.phase = 'ready'
         ORDER BY f.priority, f.run_at, f.id LIMIT 1
     ) AS lim
     CROSS JOIN LATERAL (
@@ -775,7 +820,7 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
                row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
         FROM {schema}.jobs_live j
         WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
-          AND j.state = 'ready' AND j.run_at <= {schema}.db_now()
+          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
           AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
           AND ((SELECT %(task_versions)s::text[]) IS NULL
                OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
@@ -826,10 +871,9 @@ concurrency_taken AS (
         -- commit that freed the key, when the claim waited for its lock: a few ms under
         -- load): stored start and finish times then never show a key's runs overlapping or
         -- more than its limit at once.
-        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
-                          THEN greatest({schema}.db_now(), j.run_at)
-                          ELSE greatest({schema}.db_now() + (clock_timestamp() - now()),
-                                        j.run_at) END
+           CASE WHEN c.slot IS NULL AND c.partition_key IS NULL
+                THEN greatest({schema}.db_now(), c.run_at)
+                ELSE greatest({schema}.db_now() + (clock_timestamp() - now()), c.run_at) END
 -- fragment: claim_reply_unrated
 -- Nothing: the reply's columns end with the claimed row's.
 
@@ -935,13 +979,12 @@ concurrency_taken AS (
 -- fragment: claim_started_at_rated
         -- As claim_started_at_unrated; a rated key's job starts at its start slot's time, so
         -- the stored starts show the rate exactly.
-        started_at = CASE WHEN c.slot IS NULL AND j.partition_key IS NULL
-                          THEN greatest({schema}.db_now(), j.run_at)
-                          ELSE greatest(coalesce((SELECT t.started_at FROM rate_taken t
-                                                  WHERE t.job_id = j.id),
-                                                 {schema}.db_now()
-                                                 + (clock_timestamp() - now())),
-                                        j.run_at) END
+           CASE WHEN c.slot IS NULL AND c.partition_key IS NULL
+                THEN greatest({schema}.db_now(), c.run_at)
+                ELSE greatest(coalesce((SELECT t.started_at FROM rate_taken t
+                                        WHERE t.job_id = c.id),
+                                       {schema}.db_now() + (clock_timestamp() - now())),
+                              c.run_at) END
 
 -- fragment: claim_reply_rated
        -- The earliest time a visited key that its rate held back may start again: the oldest
@@ -999,12 +1042,34 @@ WITH input AS MATERIALIZED (
 -- The values were decided by the outcome rules (trioq/_core/outcomes.py); this only applies
 -- them, to rows the settling lease still holds. The one comparison left is the database's: a
 -- time-based outcome whose new run_at has passed is ready at once.
+-- The fence is the run (migration 0047), locked first and deleted; a cancelled outcome is
+-- recorded only for a stored request (a cancel or a passed deadline sets it on the row): a
+-- worker told to cancel by anything else changes nothing here.
+gone AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u
+    USING input i
+    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+      -- include: runs_by_key
+      AND (i.state <> 'cancelled'
+           OR EXISTS (SELECT 1 FROM {schema}.jobs_live c
+                      WHERE c.id = u.job_id AND c.cancel_requested))
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched
+),
+-- Then the row: the outcome's phase, the run's attempt (changed as the rule says: a release
+-- gives it back), executions, worker and start. A move into ready counts in `filed`, which
+-- files the job's entry (the trigger) even when the row read ready while the job ran.
 settled AS (
-    UPDATE {schema}.jobs j
-    SET state = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
                      ELSE i.state END,
+        filed = j.filed + CASE WHEN i.state = 'ready'
+                                    OR (i.ready_when_due AND i.next_run_at <= {schema}.db_now())
+                               THEN 1 ELSE 0 END,
         run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
-        attempt = j.attempt + i.attempt_change,
+        attempt = g.attempt + i.attempt_change,
+        executions = g.executions,
+        traced = g.traced,
         result = i.result::jsonb,
         -- A cancelled attempt of a job past its deadline was cancelled by the deadline pass
         -- (job_deadline_pass): its error says so. Rows without a deadline
@@ -1014,18 +1079,15 @@ settled AS (
                      ELSE i.error::jsonb END,
         finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
         lane = {schema}.job_lane(CASE WHEN i.final THEN {schema}.db_now() END),
-        worker_id = CASE WHEN i.clears_worker THEN NULL ELSE j.worker_id END,
-        started_at = CASE WHEN i.clears_worker THEN NULL ELSE j.started_at END,
-        lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+        worker_id = CASE WHEN i.clears_worker THEN NULL ELSE g.worker_id END,
+        started_at = CASE WHEN i.clears_worker THEN NULL ELSE g.started_at END
+    FROM gone g JOIN input i ON i.id = g.job_id
+    WHERE j.id = g.job_id
       -- include: running_by_key
-      -- A cancelled outcome is recorded only for a stored request (a cancel or a passed
-      -- deadline sets it): a worker told to cancel by anything else changes nothing here.
-      AND (i.state <> 'cancelled' OR j.cancel_requested)
-    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.error, j.run_at, i.releases_key, i.history, i.final, j.parent_id,
-              j.result_watched
+    -- The run's attempt, worker and start: the attempt history records the execution's.
+    RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
+              g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
+              i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
 ),
 unlocked AS (
     DELETE FROM {schema}.partition_locks l
@@ -1104,11 +1166,11 @@ WITH probe AS MATERIALIZED (
                                    + (SELECT %(lookahead)s::float8) * interval '1 second',
                                    false) AS blocked
     FROM (SELECT EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                         WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                         WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                            AND j.partition_key IS NOT NULL)
                  -- jobs_concurrency_ready_idx: one more probe of an index of keyed rows only
                  OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                            WHERE j.queue = (SELECT %(queue)s::text) AND j.state = 'ready'
+                            WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
                               AND j.concurrency_key IS NOT NULL) AS ready
           -- OFFSET 0: `keyed` is read twice above; pulled up, its two index probes were
           -- planned (and run) once for each read.
@@ -1122,28 +1184,45 @@ unkeyed AS MATERIALIZED (
     SELECT per_task.*
     FROM unnest((SELECT %(tasks)s::text[])) AS served(task)
     CROSS JOIN LATERAL (
-        SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row
+        SELECT r.id, r.priority, r.run_at, r.slot AS ring_slot, r.ctid AS ring_row, r.queue,
+               job.*
         -- include: unkeyed_scan
     ) AS per_task
     WHERE NOT (SELECT blocked FROM probe)  -- a one-time filter: no row is scanned or locked
 ),
 candidates AS MATERIALIZED (
-    SELECT id, ring_slot, ring_row FROM unkeyed
+    SELECT id, ring_slot, ring_row, run_at, queue, NULL::text AS partition_key,
+           NULL::text AS concurrency_key, attempt, executions, parent_id, result_watched, task,
+           payload, max_attempts, created_at, cancel_requested, version, checkpoint_count,
+           priority
+    FROM unkeyed
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queue_pauses p
                       WHERE p.queue = (SELECT %(queue)s::text))
     ORDER BY priority, run_at, id
     LIMIT (SELECT %(limit)s::int)
 ),
 -- include: ring_taken
+-- The claim writes the run, not the job's row (migration 0047): the row was locked by the
+-- scan, and its entry is deleted by ring_taken.
+run AS (
+    -- include: claim_run_columns
+    -- include: claim_run_values
+           greatest((SELECT {schema}.db_now()), c.run_at),
+    -- include: claim_run_rest
+    FROM candidates c
+    RETURNING job_id, attempt, lease_token
+),
+-- The claimed jobs as claim_returning gives them, from the version the scan locked: no second
+-- probe of jobs_live (2.5 buffer accesses a job: 32.2 against main's 29.6 with it).
 claimed AS (
-    UPDATE {schema}.jobs_live j
-    -- include: claim_set
-        started_at = greatest((SELECT {schema}.db_now()), j.run_at)
-    -- `state`: the partitions' CHECKs leave every day of finished jobs out of the plan
-    -- (migration 0038).
-    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
-      AND j.state NOT IN ('completed', 'failed', 'cancelled')
-    -- include: claim_returning
+    SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
+           c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
+           CASE WHEN c.checkpoint_count > 0 THEN
+               (SELECT jsonb_agg(jsonb_build_array(h.position, h.kind, h.name, h.value)
+                                 ORDER BY h.position)
+                FROM {schema}.checkpoints h WHERE h.job_id = c.id) END AS history,
+           c.parent_id, c.concurrency_key
+    FROM run u JOIN candidates c ON c.id = u.job_id
 )
 -- job_claim's columns, with `blocked` and `keyed_ready` where it has key_cursor and
 -- keys_visited (the same positions of `now` and `next_due` let one decode read both).
@@ -1172,15 +1251,27 @@ WITH input AS MATERIALIZED (
                 (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
          AS t(id, attempt, lease_token, result)
 ),
+-- The fence is the run (migration 0047): deleted by primary key, it returns what the row
+-- takes with the outcome, so the row is written once, by the move to its day.
+gone AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u
+    USING input i
+    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+      -- include: runs_by_key
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched, i.result
+),
 settled AS (
-    UPDATE {schema}.jobs j
-    SET state = 'completed', result = i.result::jsonb, error = NULL,
-        finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now()),
-        lease_token = NULL, lease_expires_at = NULL
-    FROM input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = 'completed', result = g.result::jsonb, error = NULL, attempt = g.attempt,
+        executions = g.executions, worker_id = g.worker_id, traced = g.traced,
+        started_at = g.started_at,
+        finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now())
+    FROM gone g
+    WHERE j.id = g.job_id
       -- include: running_by_key
-    RETURNING j.id, j.state, j.result_watched
+    -- result_watched: the row's, or the run's (job_result_watch's second write).
+    RETURNING j.id, j.phase AS state, j.result_watched OR g.result_watched AS result_watched
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
@@ -1209,12 +1300,19 @@ WITH input AS MATERIALIZED (
                 (SELECT %(lease_tokens)s::uuid[]))
          AS t(id, attempt, lease_token)
 ),
-discarded AS (
-    DELETE FROM {schema}.jobs j
+gone AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u
     USING input i
-    WHERE j.id = i.id AND j.attempt = i.attempt AND j.lease_token = i.lease_token
+    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
+      -- include: runs_by_key
+    RETURNING u.job_id, u.result_watched
+),
+discarded AS (
+    DELETE FROM {schema}.job_rows_legacy j
+    USING gone g
+    WHERE j.id = g.job_id
       -- include: running_by_key
-    RETURNING j.id, j.result_watched
+    RETURNING j.id, j.result_watched OR g.result_watched AS result_watched
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
@@ -1234,13 +1332,22 @@ WITH input AS MATERIALIZED (
                          %(values)s::text[], %(wake_ins)s::float8[])
              AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
-owner AS (
-    UPDATE {schema}.jobs_live j
-    SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+-- The fence is the run (migration 0047), locked first (docs/workflows.md, "Lock order"), then
+-- the row written.
+fenced AS MATERIALIZED (
+    SELECT u.job_id AS id, n.next_position
     FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
           FROM input GROUP BY id, attempt, lease_token) AS n
-    WHERE j.id = n.id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
-      AND j.state = 'running'
+    JOIN {schema}.job_runs u
+      ON u.job_id = n.id AND u.attempt = n.attempt AND u.lease_token = n.lease_token
+    ORDER BY u.job_id
+    FOR SHARE OF u
+),
+owner AS (
+    UPDATE {schema}.jobs_live j
+    SET checkpoint_count = greatest(j.checkpoint_count, f.next_position)
+    FROM fenced f
+    WHERE j.id = f.id
     RETURNING j.id
 ),
 written AS (
@@ -1340,30 +1447,37 @@ WITH heartbeat AS (
     WHERE id = %(worker_id)s
     RETURNING id
 ),
+-- The leases are the runs (migration 0047); the cancel flag is the job row's, read by primary
+-- key without a lock (a cancel sets it while holding the row; one probe per lease, every
+-- lease/3).
 requested AS MATERIALIZED (
-    SELECT j.id, j.attempt, j.lease_token, j.cancel_requested
+    SELECT u.job_id AS id, u.attempt, u.lease_token,
+           (SELECT j.cancel_requested FROM {schema}.jobs_live j WHERE j.id = u.job_id)
+               AS cancel_requested
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
          AS o(id, attempt, lease_token)
-    JOIN {schema}.jobs_live j ON j.id = o.id
-    WHERE j.attempt = o.attempt AND j.lease_token = o.lease_token
-      -- include: running_by_key
+    JOIN {schema}.job_runs u ON u.job_id = o.id
+    WHERE u.attempt = o.attempt AND u.lease_token = o.lease_token
+      -- include: runs_by_key
 ),
--- The fence is part of the lock's condition, so it is re-checked on the row's newest version
+-- The fence is part of the lock's condition, so it is re-checked on the run's newest version
 -- once locked: a lease recovered and claimed by another worker meanwhile is not extended.
 lockable AS MATERIALIZED (
-    SELECT j.id FROM {schema}.jobs_live j
-    JOIN requested r ON r.id = j.id
-    WHERE r.attempt = j.attempt AND r.lease_token = j.lease_token
-      -- include: running_by_key
-    FOR UPDATE OF j SKIP LOCKED
+    SELECT u.job_id AS id FROM {schema}.job_runs u
+    JOIN requested r ON r.id = u.job_id
+    WHERE r.attempt = u.attempt AND r.lease_token = u.lease_token
+      -- include: runs_by_key
+    FOR UPDATE OF u SKIP LOCKED
 ),
 renewed AS (
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_runs u
     SET lease_expires_at = {schema}.db_now() + %(lease_seconds)s * interval '1 second'
     FROM lockable l
-    WHERE j.id = l.id
-      -- include: running_by_key
-    RETURNING j.id, j.cancel_requested
+    WHERE u.job_id = l.id
+      -- include: runs_by_key
+    RETURNING u.job_id AS id,
+              (SELECT r.cancel_requested FROM requested r WHERE r.id = u.job_id)
+                  AS cancel_requested
 )
 SELECT (SELECT count(*) FROM heartbeat) > 0 AS registered, r.id, r.cancel_requested, r.confirmed
 FROM (SELECT 1) AS one
@@ -1482,33 +1596,48 @@ first_schedule AS (
 -- cancelled (its lost attempt is still recorded), whatever attempts it had left.
 -- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
 -- when no worker declared it), as the worker's own retry decision does.
-expired AS (
-    SELECT j.id, coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts,
+-- The runs (migration 0047) by job_runs_lease_idx, each locked with its job's row (both SKIP
+-- LOCKED: a settle holding the run, or a cancel holding the row, is left for the next pass).
+-- The run is deleted with the expiry re-checked on its newest version, then the row written.
+expired AS MATERIALIZED (
+    SELECT u.job_id AS id, u.attempt, u.worker_id, u.started_at, u.executions, u.traced,
+           coalesce(j.max_attempts, d.max_attempts, 5) AS max_attempts,
            -- A traced execution's span took its trace id from the lease token (_tracing.py).
-           CASE WHEN j.traced THEN replace(j.lease_token::text, '-', '') END AS trace_id
-    FROM {schema}.jobs j
+           CASE WHEN u.traced THEN replace(u.lease_token::text, '-', '') END AS trace_id
+    FROM {schema}.job_runs u
+    JOIN {schema}.jobs_live j ON j.id = u.job_id
     LEFT JOIN {schema}.task_defaults d ON d.task = j.task AND d.version = j.version
     WHERE (SELECT ok FROM leader)
-      AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
-    ORDER BY j.lease_expires_at
+      AND u.lease_expires_at < {schema}.db_now()
+    ORDER BY u.lease_expires_at
     LIMIT %(recover_limit)s
-    FOR UPDATE OF j SKIP LOCKED
+    FOR UPDATE OF u, j SKIP LOCKED
+),
+lost AS MATERIALIZED (
+    DELETE FROM {schema}.job_runs u USING expired e
+    WHERE u.job_id = e.id AND u.attempt = e.attempt
+      AND u.lease_expires_at < {schema}.db_now()
+    RETURNING u.job_id
 ),
 recovered AS (
-    UPDATE {schema}.jobs j
-    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                     WHEN j.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
-        finished_at = CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = CASE WHEN j.cancel_requested THEN 'cancelled'
+                     WHEN e.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
+        filed = j.filed + CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
+                               THEN 0 ELSE 1 END,
+        attempt = e.attempt, executions = e.executions, worker_id = e.worker_id,
+        started_at = e.started_at, traced = e.traced,
+        finished_at = CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
                            THEN {schema}.db_now() END,
-        lane = {schema}.job_lane(CASE WHEN j.cancel_requested OR j.attempt >= e.max_attempts
+        lane = {schema}.job_lane(CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
                                       THEN {schema}.db_now() END),
         error = jsonb_build_object('type', 'LeaseExpired',
-                                   'message', 'worker lost: lease expired'),
-        lease_token = NULL, lease_expires_at = NULL
+                                   'message', 'worker lost: lease expired')
     FROM expired e
-    WHERE j.id = e.id AND j.state = 'running' AND j.lease_expires_at < {schema}.db_now()
-    RETURNING j.id, j.attempt, j.state, j.queue, j.partition_key, j.worker_id, j.started_at,
-              j.parent_id, e.trace_id, j.result_watched
+    WHERE j.id = e.id AND j.id IN (SELECT job_id FROM lost)
+      AND j.phase IN ('ready', 'claimed')
+    RETURNING j.id, e.attempt, j.phase AS state, j.queue, j.partition_key, e.worker_id,
+              e.started_at, j.parent_id, e.trace_id, j.result_watched
 ),
 -- A child failed (or cancelled) for good here wakes its parent here (parents_notify, migration
 -- 0030); rows this pass recovers are left to it. Read by `notified`, so it always runs.
@@ -1580,8 +1709,8 @@ old_events AS (
             ORDER BY coalesce(o.emitted_at, o.created_at)
             LIMIT %(prune_limit)s
             FOR UPDATE SKIP LOCKED)
-      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j
-                      WHERE j.wait_event_key = e.key AND j.state = 'waiting')
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs_live j
+                      WHERE j.wait_event_key = e.key AND j.phase = 'waiting')
     RETURNING e.key
 )
 
@@ -1612,31 +1741,44 @@ SELECT * FROM {schema}.job_records WHERE id = %(id)s;
 -- A claim skips a row this holds (SKIP LOCKED): a ready or due row registered here wakes its
 -- queue again, after this commit, so a claim that skipped it runs once more at once (a job
 -- enqueued and waited for at once would otherwise wait for the next poll).
+-- One transaction still suffices (migration 0047): every end of a run writes the row too, so
+-- the finish and this meet on the row's lock as before. A claim copies the flag into the run
+-- from the row version it locked; the run's copy is what a completion that no longer writes
+-- the row (stage 6 of bench/plans/write_once_layout.md) will need a second write for.
 WITH watched AS (
-    UPDATE {schema}.jobs SET result_watched = true
-    WHERE id = %(id)s AND NOT result_watched
-      AND state NOT IN ('completed', 'failed', 'cancelled')
-    RETURNING queue, state, run_at
+    UPDATE {schema}.job_rows_legacy j SET result_watched = true
+    WHERE j.id = %(id)s AND NOT j.result_watched
+      AND j.phase NOT IN ('completed', 'failed', 'cancelled')
+    RETURNING j.id, j.queue, j.phase, j.run_at
 )
-SELECT count(pg_notify({schema}.ready_channel(queue), queue))
-FROM watched
-WHERE state = 'ready' OR (state <> 'running' AND run_at <= {schema}.db_now());
+SELECT count(pg_notify({schema}.ready_channel(w.queue), w.queue))
+FROM watched w
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = w.id)
+  AND (w.phase = 'ready' OR w.run_at <= {schema}.db_now());
 
 -- name: job_states
 -- Every job's state, for the transition checker of trioq.testing (a test-only whole-table read:
 -- it diffs the table around each driver call, so it runs only on small test schemas).
-SELECT id, state FROM {schema}.jobs;
+SELECT j.id,
+       -- include: job_state
+       AS state
+FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id;
 
 -- name: job_descendants
 -- `trioq cancel --tree`'s report: the job's descendants with their states, read before and
 -- after the cancel (outside its transaction: an operator's report, not a guarantee). Each
 -- level is an index scan of jobs_parent_idx (parent_id, parent_position).
 WITH RECURSIVE tree AS (
-    SELECT j.id, j.state FROM {schema}.jobs j WHERE j.parent_id = %(id)s::bigint
+    SELECT j.id FROM {schema}.job_rows_legacy j WHERE j.parent_id = %(id)s::bigint
     UNION ALL
-    SELECT c.id, c.state FROM {schema}.jobs c JOIN tree t ON c.parent_id = t.id
+    SELECT c.id FROM {schema}.job_rows_legacy c JOIN tree t ON c.parent_id = t.id
 )
-SELECT id, state FROM tree ORDER BY id;
+SELECT j.id,
+       -- include: job_state
+       AS state
+FROM tree t JOIN {schema}.job_rows_legacy j ON j.id = t.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+ORDER BY j.id;
 
 -- name: job_explain
 -- `trioq explain`: the job row and the facts each claim gate depends on, in one read. Rows are
@@ -1654,16 +1796,23 @@ SELECT {schema}.db_now() AS now,
            SELECT d.max_attempts FROM {schema}.task_defaults d
            WHERE d.task = job.task AND d.version = job.version), 5)) AS job,
        (SELECT to_jsonb(h.*) FROM (
-            SELECT k.id, k.state, k.lease_expires_at, k.run_at, k.worker_id
-            FROM {schema}.partition_locks AS l JOIN {schema}.jobs AS k ON k.id = l.job_id
+            -- The holder's row with its run (migration 0047): running while it has one.
+            SELECT j.id,
+                   -- include: job_state
+                   AS state, u.lease_expires_at, j.run_at,
+                   coalesce(u.worker_id, j.worker_id) AS worker_id
+            FROM {schema}.partition_locks AS l JOIN {schema}.jobs_live AS j ON j.id = l.job_id
+            LEFT JOIN {schema}.job_runs AS u ON u.job_id = j.id
             WHERE l.queue = job.queue AND l.partition_key = job.partition_key
-              AND k.id <> job.id AND k.state IN ('running', 'sleeping', 'waiting')
+              AND j.id <> job.id
+              AND (u.job_id IS NOT NULL OR j.phase IN ('sleeping', 'waiting'))
             LIMIT 1) AS h) AS key_holder,
+       -- A keyed job a claim took reads `claimed` (migration 0047): `ready` is not running.
        (SELECT to_jsonb(a.*) FROM (
             SELECT k.id, k.priority, k.run_at
-            FROM {schema}.jobs AS k
+            FROM {schema}.jobs_live AS k
             WHERE k.queue = job.queue AND k.partition_key = job.partition_key
-              AND k.id <> job.id AND k.state = 'ready' AND k.run_at <= {schema}.db_now()
+              AND k.id <> job.id AND k.phase = 'ready' AND k.run_at <= {schema}.db_now()
               AND (k.priority, k.run_at, k.id) < (job.priority, job.run_at, job.id)
             ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a) AS key_ahead,
        (SELECT coalesce(jsonb_agg(to_jsonb(w.*) ORDER BY w.started_at), '[]'::jsonb)
@@ -1704,9 +1853,9 @@ SELECT {schema}.db_now() AS now,
                             ) AS w), '{}'::jsonb)
         FROM (SELECT 1) AS one
         LEFT JOIN LATERAL (
-            SELECT f.id, f.concurrency_limit FROM {schema}.jobs AS f
+            SELECT f.id, f.concurrency_limit FROM {schema}.jobs_live AS f
             WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
-              AND f.state = 'ready'
+              AND f.phase = 'ready'
             ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
         WHERE job.concurrency_key IS NOT NULL) AS concurrency,
        -- The workers of other queues: whether any live one registers the job's task (a job
@@ -1748,8 +1897,13 @@ LIMIT %(limit)s;
 -- snapshot would still show the old one; and while we hold it no enqueue can take the key.
 -- An enqueue that waited for us finds the job unfinished (its FOR SHARE of the job re-checks
 -- too) and returns it.
+-- The state is read with the row's run (migration 0047): a running job is left alone.
 WITH target AS (
-    SELECT id, state, dedup_key FROM {schema}.jobs WHERE id = %(id)s FOR UPDATE
+    SELECT j.id,
+           -- include: job_state
+           AS state, j.dedup_key
+    FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    WHERE j.id = %(id)s FOR UPDATE OF j
 ),
 key_held AS (
     SELECT k.job_id FROM {schema}.job_keys k JOIN target t ON k.key = t.dedup_key
@@ -1757,8 +1911,9 @@ key_held AS (
     FOR SHARE OF k
 ),
 changed AS (
-    UPDATE {schema}.jobs j
-    SET state = 'ready', run_at = {schema}.db_now(), cancel_requested = false,
+    UPDATE {schema}.job_rows_legacy j
+    SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(),
+        cancel_requested = false,
         max_attempts = CASE WHEN coalesce(j.max_attempts, (
                                 SELECT d.max_attempts FROM {schema}.task_defaults d
                                 WHERE d.task = j.task AND d.version = j.version), 5) > j.attempt
@@ -1768,7 +1923,7 @@ changed AS (
         dedup_key = CASE WHEN EXISTS (SELECT 1 FROM key_held) THEN j.dedup_key END
     FROM target t
     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
-    RETURNING j.id, j.queue, j.state
+    RETURNING j.id, j.queue, j.phase AS state
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(queue), queue)) AS n FROM changed
@@ -1803,8 +1958,8 @@ SELECT truncated, pending FROM {schema}.ready_sweep();
 -- LOCKED: rows another session holds (a concurrent purge) are left for the next batch.
 -- Attempts, checkpoints, messages and values go with their job (the jobs_deleted trigger).
 WITH doomed AS (
-    SELECT id FROM {schema}.jobs
-    WHERE state = ANY(%(states)s::text[]) AND state IN ('completed', 'failed', 'cancelled')
+    SELECT id FROM {schema}.job_rows_legacy
+    WHERE phase = ANY(%(states)s::text[]) AND phase IN ('completed', 'failed', 'cancelled')
       AND finished_at < {schema}.db_now() - %(older_than)s::float8 * interval '1 second'
       AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -1812,7 +1967,7 @@ WITH doomed AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {schema}.jobs j USING doomed WHERE j.id = doomed.id RETURNING j.id;
+DELETE FROM {schema}.job_rows_legacy j USING doomed WHERE j.id = doomed.id RETURNING j.id;
 
 -- name: checkpoint_list
 -- A job's history in order (`trioq job ID`); the primary key (job_id, position) serves it.
@@ -1855,7 +2010,8 @@ RETURNING id;
 DELETE FROM {schema}.workers WHERE id = %(worker_id)s RETURNING id;
 
 -- name: queue_status
--- One row per queue: backlog, oldest due age, running, expired leases, scheduled.
+-- One row per queue: backlog, oldest due age, running, expired leases, scheduled. One pass over
+-- every row with its run (migration 0047), as over the table before.
 SELECT queue,
        count(*) FILTER (WHERE state = 'ready') AS ready,
        count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
@@ -1869,7 +2025,11 @@ SELECT queue,
            WHERE state = 'ready'))::float8 AS oldest_ready_seconds,
        count(*) FILTER (WHERE state = 'sleeping') AS sleeping,
        count(*) FILTER (WHERE state = 'waiting') AS waiting
-FROM {schema}.jobs GROUP BY queue ORDER BY queue;
+FROM (SELECT j.queue, j.run_at, u.lease_expires_at,
+             -- include: job_state
+             AS state
+      FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
+GROUP BY queue ORDER BY queue;
 
 -- name: queue_demand
 -- Per queue demand (the migration's `queue_demand()` function; see its comment for the plan).
@@ -1879,7 +2039,7 @@ FROM {schema}.queue_demand() ORDER BY queue;
 -- name: job_trace_context
 -- The enqueuer's trace context of one job, read when a handler starts (only with the otel extra
 -- configured, so the claim statement stays as it is for everyone else). Primary key lookup.
-SELECT trace_context FROM {schema}.jobs WHERE id = %(id)s;
+SELECT trace_context FROM {schema}.job_rows_legacy WHERE id = %(id)s;
 
 -- name: notify_send
 -- One notification, sent outside any transaction (the worker's listener self-probe).
@@ -1893,18 +2053,22 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- worker that registered none (an idle worker beats with its election or maintenance pass,
 -- at most 1.4 maintenance intervals of <= 60 s apart). pg_stat_* views are the server's
 -- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
+-- Running is a run (migration 0047): the leases are job_runs' (by its lease index), and a row
+-- of jobs_live that reads ready counts only without a run.
 SELECT
-    (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'ready' AND run_at <= {schema}.db_now()) AS ready_backlog,
-    (SELECT count(*) FROM {schema}.jobs
-     WHERE state = 'running' AND lease_expires_at < {schema}.db_now()) AS expired_ownership,
+    (SELECT count(*) FROM {schema}.jobs_live j
+     WHERE j.phase = 'ready' AND j.run_at <= {schema}.db_now()
+       AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id))
+        AS ready_backlog,
+    (SELECT count(*) FROM {schema}.job_runs
+     WHERE lease_expires_at < {schema}.db_now()) AS expired_ownership,
     -- The due states' counts read job_due (migration 0044), their rows only.
     (SELECT count(*) FROM {schema}.job_due
      WHERE state = 'sleeping' AND run_at <= {schema}.db_now()) AS sleeping_due,
-    (SELECT count(*) FROM {schema}.jobs AS j
-     WHERE j.state = 'running' AND NOT EXISTS (
+    (SELECT count(*) FROM {schema}.job_runs AS u
+     WHERE NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
-         WHERE w.id = j.worker_id AND w.heartbeat_at > {schema}.db_now()
+         WHERE w.id = u.worker_id AND w.heartbeat_at > {schema}.db_now()
                - coalesce(2 * w.heartbeat_seconds, 120) * interval '1 second')) AS stale_running,
     (SELECT count(*) FROM {schema}.job_due WHERE state = 'waiting') AS active_waits,
     (SELECT count(*) FROM {schema}.job_due
@@ -1918,24 +2082,23 @@ SELECT
      WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
     (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
      WHERE datname = current_database()) AS cache_hit_ratio,
-    -- Every partition of jobs (migration 0038); the vacuum that matters is the live one's.
-    (SELECT sum(pg_table_size(p.relid))::bigint FROM pg_partition_tree('{schema}.jobs') AS p)
-        AS jobs_table_bytes,
-    (SELECT sum(pg_indexes_size(p.relid))::bigint FROM pg_partition_tree('{schema}.jobs') AS p)
-        AS jobs_index_bytes,
+    -- Every partition of the rows (migration 0038); the vacuum that matters is the live one's.
+    (SELECT sum(pg_table_size(p.relid))::bigint
+     FROM pg_partition_tree('{schema}.job_rows_legacy') AS p) AS jobs_table_bytes,
+    (SELECT sum(pg_indexes_size(p.relid))::bigint
+     FROM pg_partition_tree('{schema}.job_rows_legacy') AS p) AS jobs_index_bytes,
     (SELECT sum(s.n_dead_tup)::bigint FROM pg_stat_user_tables AS s
-     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.jobs') AS p))
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows_legacy') AS p))
         AS dead_tuples,
     (SELECT sum(s.n_live_tup)::bigint FROM pg_stat_user_tables AS s
-     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.jobs') AS p))
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows_legacy') AS p))
         AS live_tuples,
     t.last_autovacuum
 FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs_live'::regclass;
 
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
-       (SELECT count(*) FROM {schema}.jobs j
-        WHERE j.worker_id = w.id AND j.state = 'running') AS running,
+       (SELECT count(*) FROM {schema}.job_runs u WHERE u.worker_id = w.id) AS running,
        w.task_versions,
        -- The admission snapshot (migration 0008) as [queue, limit, concurrency, reason, cause,
        -- seconds reduced] entries; jsonb_each of a NULL snapshot yields no rows.
@@ -2032,7 +2195,7 @@ ORDER BY s.concurrency_key;
 SELECT h.concurrency_key AS key, count(*)::int AS running,
        {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS limit
 FROM {schema}.concurrency_holds h
-LEFT JOIN {schema}.jobs j ON j.id = h.job_id
+LEFT JOIN {schema}.jobs_live j ON j.id = h.job_id
 WHERE %(keys)s::text[] IS NULL OR h.concurrency_key = ANY(%(keys)s::text[])
 GROUP BY h.concurrency_key
 ORDER BY h.concurrency_key;
@@ -2054,13 +2217,17 @@ COMMIT;
 -- demo's per-workflow progress. A sequential scan, like queue_status: for status screens only.
 SELECT queue, task, version, state, count(*) AS jobs,
        count(*) FILTER (WHERE attempt > 1) AS retried
-FROM {schema}.jobs GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
+FROM (SELECT j.queue, j.task, j.version, coalesce(u.attempt, j.attempt) AS attempt,
+             -- include: job_state
+             AS state
+      FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
+GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
 
 -- name: task_history_kinds
 -- How many jobs of each task recorded each checkpoint kind (slept, waited, spawned children):
 -- the demo's summary. Scans the checkpoints table; for status screens only.
 SELECT j.task, c.kind, count(DISTINCT c.job_id) AS jobs
-FROM {schema}.checkpoints c JOIN {schema}.jobs j ON j.id = c.job_id
+FROM {schema}.checkpoints c JOIN {schema}.job_rows_legacy j ON j.id = c.job_id
 GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 
 -- name: job_unroutable
@@ -2069,9 +2236,11 @@ GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 -- serving it returns. Live = heartbeat within two of the worker's registered heartbeat
 -- intervals, else %(stale_seconds)s (workers before migration 0019). Scans the unfinished jobs
 -- (not running, not final); a status read, not a hot path.
-SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.state) AS states
-FROM {schema}.jobs j
-WHERE j.state NOT IN ('running', 'completed', 'failed', 'cancelled')
+-- jobs_live's rows without a run (migration 0047): a running one reads ready or claimed there.
+SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.phase) AS states
+FROM {schema}.jobs_live j
+WHERE j.phase <> 'claimed'
+  AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id)
   AND NOT EXISTS (
       SELECT 1 FROM {schema}.workers w
       WHERE w.heartbeat_at > {schema}.db_now()
@@ -2216,9 +2385,9 @@ released AS (
     SELECT h.id
     FROM fires f
     JOIN {schema}.job_keys k ON k.key = f.dedup_key
-    JOIN {schema}.jobs h ON h.id = k.job_id
-    WHERE h.state IN ('completed', 'failed', 'cancelled')
-      AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
+    JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
+    WHERE h.phase IN ('completed', 'failed', 'cancelled')
+      AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
     FOR SHARE OF h
 ),
 keys AS (
@@ -2251,7 +2420,7 @@ new_jobs AS (
     WHERE f.new_id IN (SELECT job_id FROM keys)
 ),
 inserted AS (
-    -- include: job_insert(jobs)
+    -- include: job_insert(job_rows_legacy)
     RETURNING j.id, j.queue
 ),
 notified AS (
@@ -2320,19 +2489,29 @@ outcome AS MATERIALIZED (
                                 {schema}.db_now() + %(timeout_seconds)s * interval '1 second')
                            AS deadline) AS d
 ),
+-- The fence is the run (migration 0047), locked first; a suspension deletes it. The row's
+-- attempt is the one before the run (the attempt given back), its executions the run's.
+fenced AS MATERIALIZED (
+    SELECT u.job_id, u.executions, u.worker_id, u.started_at FROM {schema}.job_runs u
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR UPDATE OF u
+),
+suspended AS (
+    DELETE FROM {schema}.job_runs u USING fenced f, outcome o
+    WHERE u.job_id = f.job_id AND o.state = 'waiting'
+),
 owner AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET checkpoint_count = greatest(j.checkpoint_count, %(position)s + 1),
-        state = CASE WHEN o.state = 'waiting' THEN 'waiting' ELSE j.state END,
+        phase = CASE WHEN o.state = 'waiting' THEN 'waiting' ELSE j.phase END,
         run_at = CASE WHEN o.state = 'waiting' THEN o.deadline ELSE j.run_at END,
-        attempt = CASE WHEN o.state = 'waiting' THEN j.attempt - 1 ELSE j.attempt END,
-        lease_token = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_token END,
-        lease_expires_at = CASE WHEN o.state = 'waiting' THEN NULL ELSE j.lease_expires_at END,
+        executions = CASE WHEN o.state = 'waiting' THEN f.executions ELSE j.executions END,
+        worker_id = CASE WHEN o.state = 'waiting' THEN f.worker_id ELSE j.worker_id END,
+        started_at = CASE WHEN o.state = 'waiting' THEN f.started_at ELSE j.started_at END,
         wait_event_key = CASE WHEN o.state = 'waiting' THEN %(key)s END,
         wait_children = NULL, wait_topic = NULL, wait_position = NULL
-    FROM outcome o
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
+    FROM outcome o, fenced f
+    WHERE j.id = f.job_id AND j.phase IN ('ready', 'claimed')
     RETURNING j.id
 ),
 written AS (
@@ -2368,22 +2547,22 @@ WITH input AS MATERIALIZED (
           -- include: new_job_arrays
          ) AS t ON t.ord = s.n
 ),
+-- The parents' runs are the fence (migration 0047), locked first in id order, then their rows.
 locked AS MATERIALIZED (
-    SELECT j.id FROM {schema}.jobs j
-    WHERE j.id IN (SELECT parent_id FROM input)
-      AND j.state = 'running'  -- a spawning parent runs: jobs_live only (migration 0038)
-    ORDER BY j.id
-    FOR NO KEY UPDATE
-),
-owner AS MATERIALIZED (
-    UPDATE {schema}.jobs j
-    SET checkpoint_count = greatest(j.checkpoint_count, n.next_position)
+    SELECT u.job_id AS id, u.attempt, u.lease_token, n.next_position
     FROM (SELECT parent_id, attempt, lease_token, max(position) + 1 AS next_position
           FROM input GROUP BY parent_id, attempt, lease_token) AS n
-    WHERE j.id = n.parent_id AND j.attempt = n.attempt AND j.lease_token = n.lease_token
-      AND j.state = 'running' AND NOT j.cancel_requested
-      AND j.id IN (SELECT id FROM locked)
-    RETURNING j.id, j.attempt, j.lease_token
+    JOIN {schema}.job_runs u
+      ON u.job_id = n.parent_id AND u.attempt = n.attempt AND u.lease_token = n.lease_token
+    ORDER BY u.job_id
+    FOR SHARE OF u
+),
+owner AS MATERIALIZED (
+    UPDATE {schema}.jobs_live j
+    SET checkpoint_count = greatest(j.checkpoint_count, l.next_position)
+    FROM locked l
+    WHERE j.id = l.id AND NOT j.cancel_requested
+    RETURNING j.id, l.attempt, l.lease_token
 ),
 new_jobs AS (
     -- The children of the parents whose lease held, in input order. A child's deadline is the
@@ -2403,7 +2582,7 @@ new_jobs AS (
            i.on_parent_cancel
     FROM input i
     CROSS JOIN (SELECT {schema}.db_now() AS now) AS n
-    JOIN {schema}.jobs p ON p.id = i.parent_id AND p.state = 'running'  -- jobs_live only
+    JOIN {schema}.jobs_live p ON p.id = i.parent_id  -- a spawning parent runs
     LEFT JOIN {schema}.task_defaults t
            ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
           AND t.task = i.task AND t.version = i.version AND t.deadline_seconds IS NOT NULL
@@ -2428,7 +2607,8 @@ child AS (
     -- include: job_insert(jobs_live)
     ON CONFLICT (parent_id, parent_position) WHERE parent_id IS NOT NULL
     DO UPDATE SET parent_id = excluded.parent_id
-    RETURNING j.id, j.parent_id, j.parent_position, j.queue, j.state, (j.xmax = 0) AS created
+    RETURNING j.id, j.parent_id, j.parent_position, j.queue, j.phase AS state,
+              (j.xmax = 0) AS created
 ),
 written AS (
     INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
@@ -2443,9 +2623,9 @@ notified AS (
     FROM (SELECT DISTINCT queue FROM child WHERE created AND state = 'ready') AS q
 )
 SELECT i.ord, c.id AS child_id, coalesce(c.created, false) AS created,
-       EXISTS (SELECT 1 FROM {schema}.jobs j
-               WHERE j.id = i.parent_id AND j.attempt = i.attempt
-                 AND j.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
+       EXISTS (SELECT 1 FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+               WHERE u.job_id = i.parent_id AND u.attempt = i.attempt
+                 AND u.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
 FROM input i
 LEFT JOIN child c ON c.parent_id = i.parent_id AND c.parent_position = i.position
 CROSS JOIN notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects
@@ -2464,10 +2644,13 @@ ORDER BY i.ord;
 -- re-runs this statement with a fresh snapshot ('changed'). A child finishing after our
 -- commit finds us waiting and wakes us. No child row is locked, so nothing here can deadlock
 -- with the settle statement.
+-- The fence is the run (migration 0047), locked first; a suspension deletes it. The row's
+-- attempt is the one before the run (the attempt given back), its executions the run's.
 WITH owner AS MATERIALIZED (
-    SELECT j.id, j.children_settled FROM {schema}.jobs j
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
+    SELECT u.job_id AS id, j.children_settled, u.executions, u.worker_id, u.started_at
+    FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR UPDATE OF u
 ),
 children AS MATERIALIZED (
     SELECT w.ord, w.id, c.state, c.result, c.error, (c.parent_id = o.id) AS mine
@@ -2490,28 +2673,31 @@ decision AS MATERIALIZED (
            (SELECT children_settled FROM owner) AS seen
 ),
 updated AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET checkpoint_count = CASE WHEN d.state = 'done' AND %(record)s
                                 THEN greatest(j.checkpoint_count, %(position)s + 1)
                                 ELSE j.checkpoint_count END,
-        state = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN 'waiting'
-                     ELSE j.state END,
+        phase = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN 'waiting'
+                     ELSE j.phase END,
         run_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN NULL
                       ELSE j.run_at END,
-        attempt = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
-                       THEN j.attempt - 1 ELSE j.attempt END,
-        lease_token = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen THEN NULL
-                           ELSE j.lease_token END,
-        lease_expires_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
-                                THEN NULL ELSE j.lease_expires_at END,
+        executions = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                          THEN o.executions ELSE j.executions END,
+        worker_id = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                         THEN o.worker_id ELSE j.worker_id END,
+        started_at = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
+                          THEN o.started_at ELSE j.started_at END,
         wait_children = CASE WHEN d.state = 'suspend' AND j.children_settled = d.seen
                              THEN d.pending ELSE NULL END,
         wait_event_key = NULL, wait_topic = NULL, wait_position = NULL
-    FROM decision d
+    FROM decision d, owner o
     WHERE d.state IN ('done', 'suspend')
-      AND j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
-    RETURNING j.id, j.state
+      AND j.id = o.id AND j.phase IN ('ready', 'claimed')
+    RETURNING j.id, CASE WHEN j.phase = 'waiting' THEN 'waiting' ELSE 'running' END AS state
+),
+suspended AS (
+    DELETE FROM {schema}.job_runs u USING updated x
+    WHERE u.job_id = x.id AND x.state = 'waiting'
 ),
 written AS (
     INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
@@ -2551,11 +2737,14 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
 -- the message and wakes the job if it waits for the topic, in one round trip. The job's state
 -- is read first without a lock only to name the error (unknown or final job) without raising in
 -- the server; the function re-checks it under the lock.
-SELECT j.state,
-       CASE WHEN j.state NOT IN ('completed', 'failed', 'cancelled')
+SELECT
+       -- include: job_state
+       AS state,
+       CASE WHEN j.phase NOT IN ('completed', 'failed', 'cancelled')
             THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END AS message_id
 FROM (SELECT %(id)s::bigint AS id) AS k
-LEFT JOIN {schema}.jobs j ON j.id = k.id;
+LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id;
 
 -- name: job_receive
 -- ctx.receive: job_receive(): fenced, lock then read, so a receive and a send
@@ -2570,11 +2759,12 @@ FROM {schema}.job_receive(%(id)s::bigint, %(attempt)s::int, %(lease_token)s::uui
 -- The values a handler set since its last checkpoint, when no checkpoint follows (the handler
 -- returns, or its next primitive writes with a statement of its own). Fenced by the lease like
 -- a checkpoint; wakes `client.get_value` waiters on the job's result channel.
+-- The fence is the run (migration 0047), held until commit: no end of the run (which deletes
+-- it first) passes these writes.
 WITH owner AS (
-    SELECT j.id FROM {schema}.jobs j
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
-    FOR NO KEY UPDATE
+    SELECT u.job_id AS id FROM {schema}.job_runs u
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR SHARE
 ),
 written AS (
     INSERT INTO {schema}.workflow_values AS w (job_id, key, value, updated_at)
@@ -2592,9 +2782,13 @@ FROM (SELECT count(*) FROM written) AS side_effects;
 -- name: job_value_get
 -- `client.get_value`: the job's state (NULL: no such job) and the value of `key`, if set, in
 -- one read of two primary keys.
-SELECT j.state, v.value IS NOT NULL AS found, v.value
+SELECT
+       -- include: job_state
+       AS state,
+       v.value IS NOT NULL AS found, v.value
 FROM (SELECT %(id)s::bigint AS id) AS k
-LEFT JOIN {schema}.jobs j ON j.id = k.id
+LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
 LEFT JOIN {schema}.workflow_values v ON v.job_id = j.id AND v.key = %(key)s;
 
 -- name: job_values
@@ -2613,10 +2807,14 @@ SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count AS checkpoin
        j.wait_children IS NOT NULL AND j.state = 'waiting' AS waits_for_children,
        j.children_settled,
        CASE WHEN j.wait_children IS NOT NULL AND j.state = 'waiting'
-            THEN (SELECT count(*) FROM {schema}.jobs c WHERE c.parent_id = j.id) END
+            THEN (SELECT count(*) FROM {schema}.job_rows_legacy c WHERE c.parent_id = j.id) END
            AS children_total,
        j.created_at
-FROM {schema}.jobs j
+-- Unfinished rows only (jobs_live), each with its run (migration 0047).
+FROM (SELECT j.*,
+             -- include: job_state
+             AS state
+      FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
 WHERE j.state IN ('running', 'sleeping', 'waiting')
   AND (j.state <> 'running' OR j.checkpoint_count > 0)
   AND (%(states)s::text[] IS NULL OR j.state = ANY(%(states)s::text[]))
@@ -2647,8 +2845,8 @@ SET LOCAL jit = off;
 -- loaded machine: bench/dashboard.py). Queues are found without a table scan: a loose index
 -- scan (one index probe per distinct queue) over each index led by `queue` (the ready ring's,
 -- of unkeyed ready jobs; the partial ones of ready partition-keyed, ready concurrency-keyed
--- and scheduled/sleeping/waiting rows), plus the running rows (jobs_lease_idx, bounded by the
--- workers' slots), the workers' queues and the pauses. A queue with only finished jobs shows up
+-- and scheduled/sleeping/waiting rows), plus the runs (job_runs, migration 0047: bounded by
+-- the workers' slots), the workers' queues and the pauses. A queue with only finished jobs shows up
 -- through the throughput read (jobs_finished_idx); one with only the ring's entries of jobs no
 -- longer ready (until their slot is truncated, 20 s at most) shows up with nothing ready.
 WITH RECURSIVE
@@ -2665,20 +2863,20 @@ ready_unkeyed AS (
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
 ready_concurrency_keyed AS (
-    (SELECT queue FROM {schema}.jobs
-     WHERE state = 'ready' AND concurrency_key IS NOT NULL ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.jobs_live
+     WHERE phase = 'ready' AND concurrency_key IS NOT NULL ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state = 'ready' AND j.concurrency_key IS NOT NULL AND j.queue > r.queue
+    SELECT (SELECT j.queue FROM {schema}.jobs_live j
+            WHERE j.phase = 'ready' AND j.concurrency_key IS NOT NULL AND j.queue > r.queue
             ORDER BY j.queue LIMIT 1)
     FROM ready_concurrency_keyed r WHERE r.queue IS NOT NULL
 ),
 ready_keyed AS (
-    (SELECT queue FROM {schema}.jobs
-     WHERE state = 'ready' AND partition_key IS NOT NULL ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.jobs_live
+     WHERE phase = 'ready' AND partition_key IS NOT NULL ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs j
-            WHERE j.state = 'ready' AND j.partition_key IS NOT NULL AND j.queue > r.queue
+    SELECT (SELECT j.queue FROM {schema}.jobs_live j
+            WHERE j.phase = 'ready' AND j.partition_key IS NOT NULL AND j.queue > r.queue
             ORDER BY j.queue LIMIT 1)
     FROM ready_keyed r WHERE r.queue IS NOT NULL
 ),
@@ -2690,7 +2888,7 @@ due AS (
     FROM due r WHERE r.queue IS NOT NULL
 ),
 running AS (
-    SELECT queue, count(*) AS n FROM {schema}.jobs WHERE state = 'running' GROUP BY queue
+    SELECT queue, count(*) AS n FROM {schema}.job_runs GROUP BY queue
 ),
 queues AS (
     SELECT queue FROM ready_unkeyed WHERE queue IS NOT NULL
@@ -2720,8 +2918,9 @@ FROM queues q CROSS JOIN now
 CROSS JOIN LATERAL (
     SELECT count(DISTINCT s.id) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
     FROM (SELECT r.id, r.run_at FROM {schema}.ready_ring r
-          CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
-                              WHERE j.id = r.id AND j.state = 'ready' LIMIT 1) AS job
+          CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs_live j
+                              WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
+                              LIMIT 1) AS job
           WHERE r.queue = q.queue
             AND r.slot >=
                 -- include: ring_low
@@ -2729,14 +2928,14 @@ CROSS JOIN LATERAL (
 ) unkeyed
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
-    FROM (SELECT j.run_at FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state = 'ready' AND j.concurrency_key IS NOT NULL
+    FROM (SELECT j.run_at FROM {schema}.jobs_live j
+          WHERE j.queue = q.queue AND j.phase = 'ready' AND j.concurrency_key IS NOT NULL
           LIMIT %(cap)s) s
 ) concurrency_keyed
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
-    FROM (SELECT j.run_at FROM {schema}.jobs j
-          WHERE j.queue = q.queue AND j.state = 'ready' AND j.partition_key IS NOT NULL
+    FROM (SELECT j.run_at FROM {schema}.jobs_live j
+          WHERE j.queue = q.queue AND j.phase = 'ready' AND j.partition_key IS NOT NULL
           LIMIT %(cap)s) s
 ) keyed
 -- One walk of job_due's (queue, run_at) (migration 0044) for the three future-dated states, at
@@ -2788,8 +2987,8 @@ ORDER BY 1, 2;
 -- state: 10,000 rows took 20-45 ms on a loaded machine); when the cap is reached,
 -- `covered_seconds` says how far back the counts are complete (the page says so).
 WITH recent AS (
-    SELECT queue, state, finished_at FROM {schema}.jobs
-    WHERE state IN ('completed', 'failed', 'cancelled')
+    SELECT queue, phase AS state, finished_at FROM {schema}.job_rows_legacy
+    WHERE phase IN ('completed', 'failed', 'cancelled')
       AND finished_at >= {schema}.db_now() - interval '1 hour'
     ORDER BY finished_at DESC
     LIMIT %(cap)s
@@ -2810,7 +3009,11 @@ ORDER BY r.queue, 2;
 
 -- fragment: dashboard_job_row
 -- max_attempts as job_get reads it: the row's, else its task's declaration (migration 0015).
-SELECT j.id, j.queue, j.task, j.state, j.priority, j.run_at, j.partition_key, j.attempt,
+-- The row `j` with its run `u` (migration 0047: LEFT JOIN {schema}.job_runs u).
+SELECT j.id, j.queue, j.task,
+       -- include: job_state
+       AS state,
+       j.priority, j.run_at, j.partition_key, coalesce(u.attempt, j.attempt) AS attempt,
        coalesce(j.max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                                  WHERE d.task = j.task AND d.version = j.version), 5)
            AS max_attempts, j.created_at, j.finished_at,
@@ -2831,7 +3034,7 @@ SELECT j.id, j.queue, j.task, j.state, j.priority, j.run_at, j.partition_key, j.
 -- does not walk the whole table). `walked_to` is the lowest id walked: the next page starts
 -- there whether or not this one matched anything.
 WITH walked AS (
-    SELECT id FROM {schema}.jobs
+    SELECT id FROM {schema}.job_rows_legacy
     WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
     ORDER BY id DESC LIMIT %(walk)s
 ),
@@ -2839,9 +3042,11 @@ matched AS (
     -- include: dashboard_job_row
     -- `= ANY(ARRAY(...))`: one primary-key probe per walked id. A join to `walked` let the
     -- planner merge it with its own filtered backward walk of the whole table (910 ms).
-    FROM {schema}.jobs j
+    FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
     WHERE j.id = ANY(ARRAY(SELECT id FROM walked))
-      AND (%(state)s::text IS NULL OR j.state = %(state)s::text)
+      AND (%(state)s::text IS NULL OR %(state)s::text =
+           -- include: job_state
+          )
     -- include: dashboard_job_filters
     ORDER BY j.id DESC LIMIT %(limit)s
 ),
@@ -2858,6 +3063,8 @@ WITH matched AS (
     -- include: dashboard_job_row
     FROM {schema}.job_due d
     JOIN {schema}.jobs_live j ON j.id = d.job_id
+    -- A sleeping or waiting job has no run (migration 0047); the join is the fragment's.
+    LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
     WHERE d.state = %(state)s::text AND d.state IN ('sleeping', 'waiting')
       AND (%(before_id)s::bigint IS NULL OR d.job_id < %(before_id)s::bigint)
     -- include: dashboard_job_filters
@@ -2870,16 +3077,18 @@ ORDER BY m.id DESC;
 -- name: dashboard_job_search_unfinished
 -- The jobs page filtered by scheduled or running, newest first. Scheduled: a backward walk of
 -- job_due's (state, job_id) (migration 0044), each job's row read by primary key from
--- jobs_live. Running: jobs_lease_idx finds the rows (bounded by the workers' slots), then the
--- newest are sorted out; `id + 0` keeps the planner off the primary key's order: walking it
--- backward until %(limit)s rows of the state turn up can read every finished row above an
--- older backlog. The cost follows the state's population, not the table's. The branch of the
--- other state is cut by its one-time filter.
+-- jobs_live (a scheduled job has no run: the join is the fragment's). Running: the runs
+-- (migration 0047, bounded by the workers' slots) find the rows, then the newest are sorted
+-- out; `id + 0` keeps the planner off the primary key's order: walking it backward until
+-- %(limit)s rows of the state turn up can read every finished row above an older backlog.
+-- The cost follows the state's population, not the table's. The branch of the other state is
+-- cut by its one-time filter.
 WITH matched AS (
     (
      -- include: dashboard_job_row
      FROM {schema}.job_due d
      JOIN {schema}.jobs_live j ON j.id = d.job_id
+     LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
      WHERE %(state)s::text = 'scheduled' AND d.state = 'scheduled'
        AND (%(before_id)s::bigint IS NULL OR d.job_id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
@@ -2887,8 +3096,9 @@ WITH matched AS (
     UNION ALL
     (
      -- include: dashboard_job_row
-     FROM {schema}.jobs j
-     WHERE %(state)s::text = 'running' AND j.state = 'running'
+     FROM {schema}.job_runs u
+     JOIN {schema}.jobs_live j ON j.id = u.job_id
+     WHERE %(state)s::text = 'running'
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
@@ -2906,34 +3116,37 @@ ORDER BY m.id DESC;
 -- finished rows above a 40,000-row backlog (340 ms); the claim sources read the backlog
 -- only (bench/dashboard.py).
 WITH ids AS (
-    (SELECT j.id FROM {schema}.jobs j
-     WHERE j.id IN (SELECT r.id FROM {schema}.ready_ring r
-                    WHERE (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
-                      AND r.slot >=
-                          -- include: ring_low
-                   )
-       AND j.state = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
+    -- A job claimed from the ring reads ready without an entry (migration 0047): the row's
+    -- `filed` must be its entry's.
+    (SELECT j.id FROM {schema}.jobs_live j
+     WHERE (j.id, j.filed) IN (SELECT r.id, r.filed FROM {schema}.ready_ring r
+                               WHERE (%(before_id)s::bigint IS NULL
+                                      OR r.id < %(before_id)s::bigint)
+                                 AND r.slot >=
+                                     -- include: ring_low
+                              )
+       AND j.phase = 'ready' AND j.partition_key IS NULL AND j.concurrency_key IS NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
     UNION ALL
-    (SELECT j.id FROM {schema}.jobs j
-     WHERE j.state = 'ready' AND j.partition_key IS NOT NULL
+    (SELECT j.id FROM {schema}.jobs_live j
+     WHERE j.phase = 'ready' AND j.partition_key IS NOT NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
     UNION ALL
-    (SELECT j.id FROM {schema}.jobs j
-     WHERE j.state = 'ready' AND j.concurrency_key IS NOT NULL
+    (SELECT j.id FROM {schema}.jobs_live j
+     WHERE j.phase = 'ready' AND j.concurrency_key IS NOT NULL
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
 ),
 matched AS (
     -- include: dashboard_job_row
-    FROM {schema}.jobs j
+    FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
     WHERE j.id = ANY(ARRAY(SELECT id FROM ids ORDER BY id DESC LIMIT %(limit)s))
-      AND j.state = 'ready'  -- jobs_live only (migration 0038)
+      AND j.phase = 'ready' AND u.job_id IS NULL
     ORDER BY j.id DESC
 )
 SELECT m.*, (SELECT min(id) FROM matched), (SELECT count(*) FROM matched), NULL::timestamptz
@@ -2946,8 +3159,8 @@ ORDER BY m.id DESC;
 -- row, of all three states) per page; `walked_to` / `walked_to_finished` is where the walk
 -- stopped.
 WITH walked AS (
-    SELECT id, finished_at FROM {schema}.jobs
-    WHERE state IN ('completed', 'failed', 'cancelled')
+    SELECT id, finished_at FROM {schema}.job_rows_legacy
+    WHERE phase IN ('completed', 'failed', 'cancelled')
       AND (%(before_finished)s::timestamptz IS NULL
            OR (finished_at, id) < (%(before_finished)s::timestamptz, %(before_id)s::bigint))
     ORDER BY finished_at DESC, id DESC LIMIT %(walk)s
@@ -2955,8 +3168,9 @@ WITH walked AS (
 matched AS (
     -- include: dashboard_job_row
     , w.finished_at AS walked_finished
-    FROM walked w JOIN {schema}.jobs j ON j.id = w.id
-    WHERE j.state = %(state)s::text
+    FROM walked w JOIN {schema}.job_rows_legacy j ON j.id = w.id
+    LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    WHERE j.phase = %(state)s::text
     -- include: dashboard_job_filters
     ORDER BY w.finished_at DESC, j.id DESC LIMIT %(limit)s
 ),
@@ -3006,13 +3220,13 @@ FROM {schema}.jobs WHERE parent_id = %(id)s ORDER BY parent_position LIMIT 1000;
 -- Running, sleeping and waiting workflows (jobs with history, or suspended), newest first,
 -- keyset-paged by id, each with what it waits on and its last checkpoint. The sleeping and the
 -- waiting rows come from job_due's (state, job_id) (migration 0044) in id order, a walk per
--- state, and the running ones from jobs_lease_idx (bounded by the workers' slots), so finished
--- history is never walked.
+-- state, and the running ones from the runs (migration 0047: bounded by the workers' slots),
+-- so finished history is never walked.
 WITH found AS (
-    (SELECT id FROM {schema}.jobs
-     WHERE state = 'running' AND checkpoint_count > 0
-       AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-     ORDER BY id DESC LIMIT %(limit)s)
+    (SELECT j.id FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+     WHERE j.checkpoint_count > 0
+       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+     ORDER BY j.id DESC LIMIT %(limit)s)
     UNION ALL
     (SELECT job_id FROM {schema}.job_due
      WHERE state = 'sleeping'
@@ -3024,11 +3238,15 @@ WITH found AS (
        AND (%(before_id)s::bigint IS NULL OR job_id < %(before_id)s::bigint)
      ORDER BY job_id DESC LIMIT %(limit)s)
 )
-SELECT j.id, j.queue, j.task, j.state, j.run_at, j.wait_event_key, j.wait_children,
+SELECT j.id, j.queue, j.task,
+       -- include: job_state
+       AS state,
+       j.run_at, j.wait_event_key, j.wait_children,
        j.checkpoint_count, j.created_at, c.kind AS last_kind, c.name AS last_name,
        c.created_at AS last_at
 FROM (SELECT id FROM found ORDER BY id DESC LIMIT %(limit)s) f
-JOIN {schema}.jobs j ON j.id = f.id
+JOIN {schema}.jobs_live j ON j.id = f.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
 LEFT JOIN {schema}.checkpoints c
        ON c.job_id = j.id AND c.position = j.checkpoint_count - 1
 ORDER BY j.id DESC;
@@ -3037,16 +3255,15 @@ ORDER BY j.id DESC;
 -- The overview's health list, the counts not already in dashboard_queue_counts (whose sums give
 -- the ready backlog, due sleeping work, active waits and due wait timeouts, each capped, where
 -- status_health counts the ready backlog with a scan of the whole table: no one index holds
--- every ready row). Running rows come from jobs_lease_idx (bounded by the slots); the same
+-- every ready row). Running jobs are the runs (migration 0047: bounded by the slots); the same
 -- liveness rule for workers as status_health (a heartbeat under 120 s old). Nothing locked.
 WITH now AS (SELECT {schema}.db_now() AS t)
 SELECT
-    (SELECT count(*) FROM {schema}.jobs, now
-     WHERE state = 'running' AND lease_expires_at < now.t),
-    (SELECT count(*) FROM {schema}.jobs AS j, now
-     WHERE j.state = 'running' AND NOT EXISTS (
+    (SELECT count(*) FROM {schema}.job_runs, now WHERE lease_expires_at < now.t),
+    (SELECT count(*) FROM {schema}.job_runs AS u, now
+     WHERE NOT EXISTS (
          SELECT 1 FROM {schema}.workers AS w
-         WHERE w.id = j.worker_id AND w.heartbeat_at > now.t - interval '120 s')),
+         WHERE w.id = u.worker_id AND w.heartbeat_at > now.t - interval '120 s')),
     (SELECT count(*) FROM pg_locks WHERE NOT granted),
     (SELECT deadlocks FROM pg_stat_database WHERE datname = current_database());
 
@@ -3073,27 +3290,31 @@ ORDER BY id DESC LIMIT %(limit)s;
 -- first (the nursery rule), so they are all final: they are detached from their positions,
 -- which the new history will use again (jobs_parent_idx is unique on parent and position). A
 -- job whose cancel was requested continues nothing.
+-- The fence is the run (migration 0047), locked first, then the row; the run ends here.
 WITH owner AS MATERIALIZED (
-    SELECT j.id, j.cancel_requested FROM {schema}.jobs j
-    WHERE j.id = %(id)s AND j.attempt = %(attempt)s AND j.lease_token = %(lease_token)s
-      AND j.state = 'running'
-    FOR NO KEY UPDATE
+    SELECT u.job_id AS id, u.executions, j.cancel_requested
+    FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
+    FOR UPDATE OF u
 ),
 restarted AS (
-    UPDATE {schema}.jobs j
+    UPDATE {schema}.jobs_live j
     SET payload = %(payload)s::jsonb, checkpoint_count = 0, children_settled = 0,
-        state = 'ready', run_at = {schema}.db_now(), attempt = 0,
-        lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, started_at = NULL,
+        phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(), attempt = 0,
+        executions = o.executions, worker_id = NULL, started_at = NULL,
         wait_children = NULL, wait_event_key = NULL
     FROM owner o
-    WHERE j.id = o.id AND NOT o.cancel_requested
+    WHERE j.id = o.id AND NOT j.cancel_requested AND j.phase IN ('ready', 'claimed')
     RETURNING j.id, j.queue
+),
+ended AS (
+    DELETE FROM {schema}.job_runs u USING restarted r WHERE u.job_id = r.id
 ),
 cleared AS (
     DELETE FROM {schema}.checkpoints c USING restarted r WHERE c.job_id = r.id RETURNING 1
 ),
 detached AS (
-    UPDATE {schema}.jobs c SET parent_position = NULL
+    UPDATE {schema}.job_rows_legacy c SET parent_position = NULL
     FROM restarted r WHERE c.parent_id = r.id AND c.parent_position IS NOT NULL
     RETURNING 1
 ),
@@ -3177,8 +3398,8 @@ FROM wanted w;
 -- across workers, the starts in the rate's window, and when the next start is allowed when
 -- the window is full (the oldest start it counts, plus the period).
 SELECT q.queue, q.global_limit, q.rate_allowed, q.rate_period,
-       (SELECT count(*) FROM {schema}.jobs j
-        WHERE j.state = 'running' AND j.queue = q.queue)::int AS running,
+       -- The runs carry their queue (migration 0047).
+       (SELECT count(*) FROM {schema}.job_runs u WHERE u.queue = q.queue)::int AS running,
        coalesce(w.counted, 0)::int AS recent_starts,
        CASE WHEN w.counted >= q.rate_allowed
             THEN w.starts[w.counted - q.rate_allowed + 1]

@@ -97,7 +97,7 @@ CREATE FUNCTION trioq.concurrency_release() RETURNS trigger
 BEGIN
     DELETE FROM "trioq".concurrency_holds h
     WHERE h.concurrency_key OPERATOR(pg_catalog.=) OLD.concurrency_key
-      AND h.job_id OPERATOR(pg_catalog.=) OLD.id;
+      AND h.job_id OPERATOR(pg_catalog.=) OLD.job_id;
     RETURN NULL;
 END
 $$;
@@ -198,10 +198,10 @@ BEGIN
     -- `released`: it counts as holding.
     IF enqueue.dedup_key IS NOT NULL THEN
         SELECT h.id INTO released
-        FROM "trioq".job_keys k JOIN "trioq".jobs h ON h.id = k.job_id
+        FROM "trioq".job_keys k JOIN "trioq".job_rows_legacy h ON h.id = k.job_id
         WHERE k.key = enqueue.dedup_key
-          AND h.state IN ('completed', 'failed', 'cancelled')
-          AND "trioq".job_key_released(h.state, h.unique_states, h.unique_until)
+          AND h.phase IN ('completed', 'failed', 'cancelled')
+          AND "trioq".job_key_released(h.phase, h.unique_states, h.unique_until)
         FOR SHARE OF h;
         INSERT INTO "trioq".job_keys AS k (key, job_id, task)
         VALUES (enqueue.dedup_key, new_id, enqueue.task)
@@ -251,7 +251,7 @@ BEGIN
 -- is `scheduled` (promoted when due), else `ready`. `target` is `jobs`, or `jobs_live` for an
 -- insert whose ON CONFLICT needs that table's own unique index (job_spawn_many). The writer
 -- adds its ON CONFLICT and RETURNING after it.
-INSERT INTO "trioq".jobs AS j (id, queue, task, payload, state, priority, run_at,
+INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
                                    unique_states, unique_until, version, trace_context,
                                    concurrency_key, concurrency_limit, deadline_at,
@@ -301,9 +301,10 @@ BEGIN
     -- Wake the waiters and resolve their pending wait in the same statement: the payload
     -- becomes their checkpoint, so the woken handler resumes without another statement.
     WITH woken AS (
-        UPDATE "trioq".jobs j
-        SET state = 'ready', run_at = "trioq".db_now(), wait_event_key = NULL
-        WHERE j.wait_event_key = event_key AND j.state = 'waiting'
+        UPDATE "trioq".jobs_live j
+        SET phase = 'ready', filed = j.filed + 1, run_at = "trioq".db_now(),
+            wait_event_key = NULL
+        WHERE j.wait_event_key = event_key AND j.phase = 'waiting'
         RETURNING j.id, j.queue
     ),
     resolved AS (
@@ -329,19 +330,23 @@ CREATE FUNCTION trioq.job_cancel_children(p_job_id bigint, p_job_attempt integer
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    UPDATE "trioq".jobs j
-    SET checkpoint_count = greatest(j.checkpoint_count, p_checkpoint_position + 1)
-    WHERE j.id = p_job_id AND j.attempt = p_job_attempt AND j.lease_token = p_job_lease_token
-      AND j.state = 'running';
+    -- The fence is the run (migration 0047), locked first, then the row written.
+    PERFORM 1 FROM "trioq".job_runs u
+    WHERE u.job_id = p_job_id AND u.attempt = p_job_attempt
+      AND u.lease_token = p_job_lease_token
+    FOR SHARE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    UPDATE "trioq".jobs_live j
+    SET checkpoint_count = greatest(j.checkpoint_count, p_checkpoint_position + 1)
+    WHERE j.id = p_job_id;
     INSERT INTO "trioq".checkpoints (job_id, position, kind, name, value, created_at)
     VALUES (p_job_id, p_checkpoint_position, p_checkpoint_kind, p_checkpoint_name, p_checkpoint_value,
             "trioq".db_now())
     ON CONFLICT ON CONSTRAINT checkpoints_pkey DO NOTHING;
     PERFORM 1 FROM "trioq".job_cancel_tree(
-        ARRAY(SELECT c.id FROM "trioq".jobs c
+        ARRAY(SELECT c.id FROM "trioq".job_rows_legacy c
               WHERE c.id = ANY(p_child_ids) AND c.parent_id = p_job_id),
         p_control_channel);
     RETURN true;
@@ -370,23 +375,44 @@ DECLARE
     sent bigint;
 BEGIN
     WITH RECURSIVE tree AS (
-        SELECT j.id, false AS kept FROM "trioq".jobs j WHERE j.id = ANY(root_ids)
+        SELECT j.id, false AS kept FROM "trioq".job_rows_legacy j WHERE j.id = ANY(root_ids)
         UNION
         SELECT c.id, (NOT whole_tree AND c.on_parent_cancel = 'wait')
-        FROM "trioq".jobs c JOIN tree t ON c.parent_id = t.id
+        FROM "trioq".job_rows_legacy c JOIN tree t ON c.parent_id = t.id
         WHERE NOT t.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
     )
     SELECT array_agg(tree.id) INTO tree_ids FROM tree;
-    PERFORM 1 FROM "trioq".jobs j WHERE j.id = ANY(tree_ids) ORDER BY j.id FOR NO KEY UPDATE;
-    -- A new statement: its snapshot sees the newest version of every row locked above.
+    PERFORM 1 FROM "trioq".job_rows_legacy j WHERE j.id = ANY(tree_ids) ORDER BY j.id
+    FOR NO KEY UPDATE;
+    -- A new statement: its snapshot sees the newest version of every row locked above, and the
+    -- runs as they are now (migration 0047): while a row is held no claim can start its job,
+    -- so a job seen not running stays so, and one seen running can only end (its settle then
+    -- reads the flag set here).
     WITH RECURSIVE nodes AS (
-        SELECT j.id, j.parent_id, j.state, ARRAY[j.id] AS path, false AS kept
-        FROM "trioq".jobs j WHERE j.id = ANY(root_ids)
+        SELECT j.id, j.parent_id,
+
+-- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
+-- "trioq".job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
+-- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
+-- row always has its run.
+CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
+
+               AS state, ARRAY[j.id] AS path, false AS kept
+        FROM "trioq".job_rows_legacy j LEFT JOIN "trioq".job_runs u ON u.job_id = j.id
+        WHERE j.id = ANY(root_ids)
         UNION ALL
-        SELECT c.id, c.parent_id, c.state, n.path || c.id,
-               (NOT whole_tree AND c.on_parent_cancel = 'wait')
-        FROM "trioq".jobs c JOIN nodes n ON c.parent_id = n.id
-        WHERE NOT n.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
+        SELECT j.id, j.parent_id,
+
+-- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
+-- "trioq".job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
+-- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
+-- row always has its run.
+CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
+
+               AS state, n.path || j.id, (NOT whole_tree AND j.on_parent_cancel = 'wait')
+        FROM "trioq".job_rows_legacy j JOIN nodes n ON j.parent_id = n.id
+        LEFT JOIN "trioq".job_runs u ON u.job_id = j.id
+        WHERE NOT n.kept AND (whole_tree OR j.on_parent_cancel <> 'abandon')
     ),
     blocked AS (
         SELECT DISTINCT unnest(n.path[1:cardinality(n.path) - 1]) AS id
@@ -413,9 +439,11 @@ BEGIN
                  AS t(id, parent_id, old_state, new_state, kept)
     ),
     changed AS (
-        UPDATE "trioq".jobs j
+        UPDATE "trioq".job_rows_legacy j
         SET cancel_requested = true,
-            state = p.new_state,
+            -- A running job's row keeps its phase: its worker ends the run.
+            phase = CASE WHEN p.new_state = 'running' THEN j.phase ELSE p.new_state END,
+            filed = j.filed + CASE WHEN p.new_state = 'ready' THEN 1 ELSE 0 END,
             finished_at = CASE WHEN p.new_state = 'cancelled' THEN "trioq".db_now()
                                ELSE j.finished_at END,
             lane = "trioq".job_lane(CASE WHEN p.new_state = 'cancelled' THEN "trioq".db_now()
@@ -436,7 +464,7 @@ BEGIN
         FROM plan p
         WHERE j.id = p.id AND NOT p.kept
           AND p.old_state NOT IN ('completed', 'failed', 'cancelled')
-        RETURNING j.id, j.state, j.queue
+        RETURNING j.id, p.new_state AS state, j.queue
     ),
     woken AS (
         SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
@@ -471,12 +499,13 @@ DECLARE
     passed bigint[];
 BEGIN
     SELECT array_agg(p.id) INTO passed FROM (
-        SELECT j.id FROM "trioq".jobs j
+        SELECT j.id FROM "trioq".jobs_live j
         WHERE j.deadline_at IS NOT NULL AND NOT j.cancel_requested
-          AND j.state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting')
+          AND j.phase IN ('scheduled', 'ready', 'claimed', 'sleeping', 'waiting')
           AND j.deadline_at <= "trioq".db_now()
           -- A lost lease is the recovery's (the same maintenance statement): next pass.
-          AND NOT (j.state = 'running' AND j.lease_expires_at < "trioq".db_now())
+          AND NOT EXISTS (SELECT 1 FROM "trioq".job_runs u
+                          WHERE u.job_id = j.id AND u.lease_expires_at < "trioq".db_now())
         ORDER BY j.deadline_at
         LIMIT max_jobs
         FOR NO KEY UPDATE OF j SKIP LOCKED) AS p;
@@ -484,7 +513,7 @@ BEGIN
         RETURN 0;
     END IF;
     -- The reason first: a job cancelled at once by the tree cancel keeps this error.
-    UPDATE "trioq".jobs j SET error = "trioq".deadline_error(j.deadline_at, j.deadline_source)
+    UPDATE "trioq".jobs_live j SET error = "trioq".deadline_error(j.deadline_at, j.deadline_source)
     WHERE j.id = ANY(passed);
     PERFORM 1 FROM "trioq".job_cancel_tree(passed, control_channel, false);
     RETURN cardinality(passed);
@@ -498,23 +527,28 @@ CREATE FUNCTION trioq.job_history_add(d integer) RETURNS boolean
 DECLARE
     part text := 'jobs_d' || to_char(to_timestamp(d::float8 * 86400) AT TIME ZONE 'UTC',
                                      'YYYYMMDD');
+    parent regclass := coalesce(to_regclass('"trioq".job_rows_legacy'),
+                                to_regclass('"trioq".jobs'));
+    state_column text := CASE WHEN to_regclass('"trioq".job_rows_legacy') IS NULL
+                              THEN 'state' ELSE 'phase' END;
 BEGIN
     IF to_regclass(format('"trioq".%I', part)) IS NOT NULL THEN
         RETURN false;
     END IF;
-    EXECUTE format('CREATE TABLE "trioq".%I (LIKE "trioq".jobs INCLUDING DEFAULTS '
+    EXECUTE format('CREATE TABLE "trioq".%I (LIKE %s INCLUDING DEFAULTS '
                    'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
-                   'toast.vacuum_truncate = off)', part);
+                   'toast.vacuum_truncate = off)', part, parent);
     EXECUTE format('ALTER TABLE "trioq".%I ALTER COLUMN id DROP IDENTITY IF EXISTS', part);
     EXECUTE format('ALTER TABLE "trioq".%I ADD CONSTRAINT %I CHECK (lane = %s), '
-                   'ADD CONSTRAINT %I CHECK (state IN (''completed'', ''failed'', '
-                   '''cancelled''))', part, part || '_lane', d, part || '_finished');
+                   'ADD CONSTRAINT %I CHECK (%I IN (''completed'', ''failed'', '
+                   '''cancelled''))', part, part || '_lane', d, part || '_finished',
+                   state_column);
     EXECUTE format('CREATE INDEX %I ON "trioq".%I (id)', part || '_id_idx', part);
     EXECUTE format('CREATE INDEX %I ON "trioq".%I (parent_id, parent_position) '
                    'WHERE parent_id IS NOT NULL', part || '_parent_idx', part);
     EXECUTE format('CREATE INDEX %I ON "trioq".%I (finished_at)', part || '_finished_idx', part);
-    EXECUTE format('ALTER TABLE "trioq".jobs ATTACH PARTITION "trioq".%I FOR VALUES IN (%s)',
-                   part, d);
+    EXECUTE format('ALTER TABLE %s ATTACH PARTITION "trioq".%I FOR VALUES IN (%s)',
+                   parent, part, d);
     RETURN true;
 END
 $$;
@@ -593,7 +627,8 @@ BEGIN
                      to_timestamp(((to_date(substr(c.relname, 7), 'YYYYMMDD')
                                     - date '1970-01-01') + 1)::float8 * 86400) AS ends
               FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-              WHERE i.inhparent = '"trioq".jobs'::regclass
+              WHERE i.inhparent = coalesce(to_regclass('"trioq".job_rows_legacy'),
+                                           to_regclass('"trioq".jobs'))
                 AND c.relname ~ '^jobs_d[0-9]{8}$'
               UNION ALL
               SELECT 'jobs_before', before_end WHERE before_end IS NOT NULL) AS p
@@ -634,7 +669,10 @@ BEGIN
             -- apart, in which the claims go on.
             FOR attempt IN 1 .. 10 LOOP
                 BEGIN
-                    EXECUTE format('ALTER TABLE "trioq".jobs DETACH PARTITION "trioq".%I',
+                    -- `jobs` before migration 0047 renamed it (0038 calls this).
+                    EXECUTE format('ALTER TABLE %s DETACH PARTITION "trioq".%I',
+                                   coalesce(to_regclass('"trioq".job_rows_legacy'),
+                                            to_regclass('"trioq".jobs')),
                                    part.relname);
                     EXIT;
                 EXCEPTION WHEN lock_not_available THEN
@@ -701,15 +739,20 @@ DECLARE
     stored jsonb;
     taken jsonb;
     taken_count bigint;
+    run "trioq".job_runs;
 BEGIN
-    UPDATE "trioq".jobs j
-    SET checkpoint_count = greatest(j.checkpoint_count, p_position + 1)
-    WHERE j.id = p_job_id AND j.attempt = p_attempt AND j.lease_token = p_lease_token
-      AND j.state = 'running';
+    -- The fence is the run (migration 0047), locked first, then the row written; a suspension
+    -- deletes it.
+    SELECT * INTO run FROM "trioq".job_runs u
+    WHERE u.job_id = p_job_id AND u.attempt = p_attempt AND u.lease_token = p_lease_token
+    FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'lost'::text, NULL::jsonb, due;
         RETURN;
     END IF;
+    UPDATE "trioq".jobs_live j
+    SET checkpoint_count = greatest(j.checkpoint_count, p_position + 1)
+    WHERE j.id = p_job_id;
     IF cardinality(p_value_keys) > 0 THEN
         INSERT INTO "trioq".workflow_values AS v (job_id, key, value, updated_at)
         SELECT p_job_id, t.key, t.value, "trioq".db_now()
@@ -738,7 +781,7 @@ BEGIN
         VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('messages', taken),
                 "trioq".db_now())
         ON CONFLICT (job_id, position) DO UPDATE SET value = excluded.value;
-        UPDATE "trioq".jobs j SET wait_topic = NULL, wait_position = NULL
+        UPDATE "trioq".jobs_live j SET wait_topic = NULL, wait_position = NULL
         WHERE j.id = p_job_id AND (j.wait_topic IS NOT NULL OR j.wait_position IS NOT NULL);
         RETURN QUERY SELECT CASE WHEN taken_count > 0 THEN 'received' ELSE 'timeout' END,
                             taken, due;
@@ -748,11 +791,11 @@ BEGIN
     VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('deadline', due),
             "trioq".db_now())
     ON CONFLICT (job_id, position) DO NOTHING;
-    UPDATE "trioq".jobs j
-    SET state = 'waiting', run_at = due, attempt = j.attempt - 1, lease_token = NULL,
-        lease_expires_at = NULL, wait_topic = p_topic, wait_position = p_position,
-        wait_event_key = NULL,
-        wait_children = NULL
+    DELETE FROM "trioq".job_runs u WHERE u.job_id = p_job_id;
+    UPDATE "trioq".jobs_live j
+    SET phase = 'waiting', run_at = due, executions = run.executions,
+        worker_id = run.worker_id, started_at = run.started_at, wait_topic = p_topic,
+        wait_position = p_position, wait_event_key = NULL, wait_children = NULL
     WHERE j.id = p_job_id;
     RETURN QUERY SELECT 'waiting'::text, '[]'::jsonb, due;
 END
@@ -762,9 +805,9 @@ CREATE FUNCTION trioq.jobs_live_file() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF NEW.state OPERATOR(pg_catalog.=) ANY ('{scheduled,sleeping,waiting}'::pg_catalog.text[])
+    IF NEW.phase OPERATOR(pg_catalog.=) ANY ('{scheduled,sleeping,waiting}'::pg_catalog.text[])
     THEN
-        IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' OR OLD.state OPERATOR(pg_catalog.<>) ALL
+        IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' OR OLD.phase OPERATOR(pg_catalog.<>) ALL
            ('{scheduled,sleeping,waiting}'::pg_catalog.text[]) THEN
             -- A row entering the due states has no copy (it left with the row's last due
             -- state; migration 0045 copies a row only while it is due, under its lock), so a
@@ -772,25 +815,31 @@ BEGIN
             -- cost 17.4 us a row against 15.2 (3.8 with no trigger; bench/RESULTS.md,
             -- "job_due").
             INSERT INTO "trioq".job_due (job_id, queue, state, run_at)
-            VALUES (NEW.id, NEW.queue, NEW.state, NEW.run_at);
+            VALUES (NEW.id, NEW.queue, NEW.phase, NEW.run_at);
         ELSE
             INSERT INTO "trioq".job_due (job_id, queue, state, run_at)
-            VALUES (NEW.id, NEW.queue, NEW.state, NEW.run_at)
+            VALUES (NEW.id, NEW.queue, NEW.phase, NEW.run_at)
             ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, run_at = excluded.run_at;
         END IF;
         RETURN NULL;
     END IF;
     -- An UPDATE from here on: job_due_filed_insert calls this only for due rows.
-    IF OLD.state OPERATOR(pg_catalog.=) ANY ('{scheduled,sleeping,waiting}'::pg_catalog.text[])
+    IF OLD.phase OPERATOR(pg_catalog.=) ANY ('{scheduled,sleeping,waiting}'::pg_catalog.text[])
     THEN
         DELETE FROM "trioq".job_due d WHERE d.job_id OPERATOR(pg_catalog.=) OLD.id;
     END IF;
-    IF NEW.state OPERATOR(pg_catalog.=) 'ready' AND OLD.state OPERATOR(pg_catalog.<>) 'ready'
+    -- `filed` (migration 0047): a run of a job claimed from the ring (its row read ready
+    -- throughout) that ends in ready again bumps it; the entry carries it for the claim's
+    -- recheck.
+    IF NEW.phase OPERATOR(pg_catalog.=) 'ready'
+       AND (OLD.phase OPERATOR(pg_catalog.<>) 'ready'
+            OR OLD.filed OPERATOR(pg_catalog.<>) NEW.filed)
        AND NEW.partition_key IS NULL AND NEW.concurrency_key IS NULL THEN
-        INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id)
+        INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id,
+                                         filed)
         VALUES (coalesce((SELECT s.base FROM "trioq".ready_ring_state s), 0::smallint)
                 OPERATOR(pg_catalog.+) "trioq".ready_slot(pg_catalog.now()), NEW.queue,
-                NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id);
+                NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id, NEW.filed);
     END IF;
     RETURN NULL;
 END
@@ -800,13 +849,7 @@ CREATE FUNCTION trioq.jobs_live_left() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF OLD.state OPERATOR(pg_catalog.=) 'running' THEN
-        DELETE FROM "trioq".concurrency_holds h
-        WHERE h.concurrency_key OPERATOR(pg_catalog.=) OLD.concurrency_key
-          AND h.job_id OPERATOR(pg_catalog.=) OLD.id;
-    ELSE
-        DELETE FROM "trioq".job_due d WHERE d.job_id OPERATOR(pg_catalog.=) OLD.id;
-    END IF;
+    DELETE FROM "trioq".job_due d WHERE d.job_id OPERATOR(pg_catalog.=) OLD.id;
     RETURN NULL;
 END
 $$;
@@ -839,34 +882,39 @@ DECLARE
 BEGIN
     WITH finished AS (
         SELECT c.parent_id, array_agg(c.id) AS ids,
-               coalesce(array_agg(c.id) FILTER (WHERE c.state <> 'completed'), '{}') AS failed
-        FROM "trioq".jobs c
+               coalesce(array_agg(c.id) FILTER (WHERE c.phase <> 'completed'), '{}') AS failed
+        FROM "trioq".job_rows_legacy c
         WHERE c.id = ANY(child_ids) AND c.parent_id IS NOT NULL
-          AND c.state IN ('completed', 'failed', 'cancelled')
+          AND c.phase IN ('completed', 'failed', 'cancelled')
         GROUP BY c.parent_id
     ),
     locked AS MATERIALIZED (
-        SELECT p.id FROM "trioq".jobs p JOIN finished f ON f.parent_id = p.id
-        WHERE p.state NOT IN ('completed', 'failed', 'cancelled') AND p.id <> ALL(skip_ids)
+        SELECT p.id, p.filed FROM "trioq".jobs_live p JOIN finished f ON f.parent_id = p.id
+        WHERE p.id <> ALL(skip_ids)
         ORDER BY p.id
         FOR NO KEY UPDATE OF p
     ),
     woken AS (
-        UPDATE "trioq".jobs p
+        UPDATE "trioq".jobs_live p
         SET children_settled = p.children_settled + cardinality(f.ids),
-            wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+            wait_children = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                                  THEN ARRAY(SELECT unnest(p.wait_children)
                                             EXCEPT SELECT unnest(f.ids))
                                  ELSE p.wait_children END,
-            state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+            filed = p.filed + CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
+                                        AND (p.wait_children <@ f.ids
+                                             OR p.wait_children && f.failed)
+                                   THEN 1 ELSE 0 END,
+            phase = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                               AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                         THEN 'ready' ELSE p.state END,
-            run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                         THEN 'ready' ELSE p.phase END,
+            run_at = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                                AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
                           THEN "trioq".db_now() ELSE p.run_at END
         FROM finished f JOIN locked l ON l.id = f.parent_id
         WHERE p.id = f.parent_id
-        RETURNING p.queue, p.state
+        -- `woken`: moved into ready here (a parent that runs reads ready too).
+        RETURNING p.queue, CASE WHEN p.filed > l.filed THEN 'ready' END AS state
     ),
     notified AS (
         SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
@@ -908,6 +956,7 @@ CREATE FUNCTION trioq.queue_demand() RETURNS TABLE(queue text, ready bigint, old
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+    -- Unfinished jobs only (jobs_live), each with its run (migration 0047).
     SELECT j.queue,
            count(*) FILTER (WHERE j.state = 'ready' AND j.run_at <= t.now),
            extract(epoch FROM t.now - min(j.run_at) FILTER (
@@ -919,8 +968,17 @@ CREATE FUNCTION trioq.queue_demand() RETURNS TABLE(queue text, ready bigint, old
            count(*) FILTER (WHERE j.state = 'waiting'),
            count(*) FILTER (WHERE j.run_at <= t.now
                               AND j.state IN ('ready', 'scheduled', 'sleeping', 'waiting'))
-    FROM "trioq".jobs AS j, (SELECT "trioq".db_now() AS now) AS t
-    WHERE j.state NOT IN ('completed', 'failed', 'cancelled')
+    FROM (SELECT j.queue, j.run_at,
+
+-- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
+-- "trioq".job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
+-- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
+-- row always has its run.
+CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
+
+                 AS state
+          FROM "trioq".jobs_live j LEFT JOIN "trioq".job_runs u ON u.job_id = j.id) AS j,
+         (SELECT "trioq".db_now() AS now) AS t
     GROUP BY j.queue, t.now
 $$;
 
@@ -941,8 +999,8 @@ BEGIN
     rate_allowed := l.rate_allowed;
     rate_period := l.rate_period;
     IF l.global_limit IS NOT NULL THEN
-        SELECT count(*) INTO running FROM "trioq".jobs j
-        WHERE j.state = 'running' AND j.queue = gate_queue;
+        -- The runs carry their queue (migration 0047).
+        SELECT count(*) INTO running FROM "trioq".job_runs u WHERE u.queue = gate_queue;
         allowed := least(allowed, greatest(l.global_limit - running, 0));
     END IF;
     started_at := "trioq".db_now() + (clock_timestamp() - now());
@@ -972,8 +1030,8 @@ DECLARE
     l "trioq".queue_limits%ROWTYPE;
     kept timestamptz[];
 BEGIN
-    UPDATE "trioq".jobs j SET started_at = greatest(j.started_at, claimed_at)
-    WHERE claimed_at IS NOT NULL AND j.id = ANY(claimed) AND j.state = 'running';
+    UPDATE "trioq".job_runs u SET started_at = greatest(u.started_at, claimed_at)
+    WHERE claimed_at IS NOT NULL AND u.job_id = ANY(claimed);
     SELECT * INTO l FROM "trioq".queue_limits q WHERE q.queue = spend_queue FOR UPDATE;
     IF NOT FOUND OR l.rate_allowed IS NULL OR cardinality(claimed) = 0 THEN
         RETURN NULL;
@@ -982,8 +1040,8 @@ BEGIN
                       SELECT s.at FROM (
                           SELECT unnest(l.recent_starts) AS at
                           UNION ALL
-                          SELECT coalesce(j.started_at, claimed_at) FROM unnest(claimed) AS c(id)
-                          LEFT JOIN "trioq".jobs j ON j.id = c.id) AS s
+                          SELECT coalesce(u.started_at, claimed_at) FROM unnest(claimed) AS c(id)
+                          LEFT JOIN "trioq".job_runs u ON u.job_id = c.id) AS s
                       ORDER BY s.at DESC LIMIT l.rate_allowed) AS newest
                   ORDER BY newest.at);
     UPDATE "trioq".queue_limits q SET recent_starts = kept WHERE q.queue = spend_queue;
@@ -1000,8 +1058,9 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
     AS $$
     SELECT q.queue,
            EXISTS (SELECT 1 FROM "trioq".ready_ring r
-                   CROSS JOIN LATERAL (SELECT 1 FROM "trioq".jobs j
-                                       WHERE j.id = r.id AND j.state = 'ready'
+                   CROSS JOIN LATERAL (SELECT 1 FROM "trioq".jobs_live j
+                                       WHERE j.id = r.id AND j.phase = 'ready'
+                                         AND j.filed = r.filed
                                        LIMIT 1) AS job
                    WHERE r.queue = q.queue
                      AND r.slot >=
@@ -1016,11 +1075,11 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
 (SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint))
 
                   )
-           OR EXISTS (SELECT 1 FROM "trioq".jobs j
-                      WHERE j.queue = q.queue AND j.state = 'ready'
+           OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
+                      WHERE j.queue = q.queue AND j.phase = 'ready'
                         AND j.partition_key IS NOT NULL)
-           OR EXISTS (SELECT 1 FROM "trioq".jobs j
-                      WHERE j.queue = q.queue AND j.state = 'ready'
+           OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
+                      WHERE j.queue = q.queue AND j.phase = 'ready'
                         AND j.concurrency_key IS NOT NULL)
            OR coalesce(d.run_at <= "trioq".db_now(), false),
            CASE WHEN d.run_at > "trioq".db_now() THEN d.run_at END
@@ -1059,10 +1118,10 @@ CREATE FUNCTION trioq.ready_ring_file() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id)
+    INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id, filed)
     VALUES (coalesce((SELECT s.base FROM "trioq".ready_ring_state s), 0::smallint)
             OPERATOR(pg_catalog.+) "trioq".ready_slot(pg_catalog.now()), NEW.queue,
-            NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id);
+            NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id, NEW.filed);
     RETURN NULL;
 END
 $$;
@@ -1126,12 +1185,14 @@ DECLARE
     part      record;
     -- A retired slot's entries of jobs still ready, to the slot being written (step 4).
     late      constant text := 'WITH moved AS (DELETE FROM "trioq".%I r'
-                               ' USING "trioq".jobs_live j WHERE j.id = r.id AND j.state = ''ready'''
-                               ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id)'
+                               ' USING "trioq".jobs_live j WHERE j.id = r.id AND j.phase = ''ready'''
+                               ' AND j.filed = r.filed'
+                               ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id,'
+                               ' r.filed)'
                                ' INSERT INTO "trioq".ready_ring'
-                               ' (slot, queue, task, version, priority, run_at, id)'
+                               ' (slot, queue, task, version, priority, run_at, id, filed)'
                                ' SELECT DISTINCT ON (m.id) $1, m.queue, m.task, m.version,'
-                               ' m.priority, m.run_at, m.id FROM moved m ORDER BY m.id';
+                               ' m.priority, m.run_at, m.id, m.filed FROM moved m ORDER BY m.id';
 BEGIN
     truncated := 0;
     BEGIN
@@ -1184,7 +1245,8 @@ BEGIN
         BEGIN
             EXECUTE format('LOCK TABLE "trioq".ready_ring_%s IN ACCESS EXCLUSIVE MODE', slot);
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM "trioq".ready_ring_%s r'
-                           ' JOIN "trioq".jobs_live j ON j.id = r.id AND j.state = ''ready'')',
+                           ' JOIN "trioq".jobs_live j ON j.id = r.id AND j.phase = ''ready'''
+                           ' AND j.filed = r.filed)',
                            slot)
                 INTO filled;
             IF NOT filled THEN
@@ -1232,12 +1294,13 @@ BEGIN
                 DELETE FROM "trioq".ready_ring r
                 USING "trioq".jobs_live j
                 WHERE r.slot >= st.low AND r.slot < st.base
-                  AND j.id = r.id AND j.state = 'ready'
-                RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id
+                  AND j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
+                RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id, r.filed
             )
-            INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id)
+            INSERT INTO "trioq".ready_ring (slot, queue, task, version, priority, run_at, id,
+                                             filed)
             SELECT DISTINCT ON (m.id) st.base + "trioq".ready_slot(now()), m.queue, m.task,
-                   m.version, m.priority, m.run_at, m.id
+                   m.version, m.priority, m.run_at, m.id, m.filed
             FROM moved m
             ORDER BY m.id;
             st.low := st.base;
@@ -1332,7 +1395,7 @@ BEGIN
             -- Read once the partitions are locked (above); more than 10,000 kept is too many
             -- to copy aside: a later call.
             SELECT array_agg(j.id) INTO survivors FROM (
-                SELECT k.id FROM "trioq".jobs k
+                SELECT k.id FROM "trioq".job_rows_legacy k
                 WHERE k.id >= coalesce(epoch_row.low, -9223372036854775808)
                   AND k.id < epoch_row.high
                 LIMIT 10001) AS j;
@@ -1384,8 +1447,8 @@ DECLARE
     woken_count bigint;
 BEGIN
     PERFORM "trioq".payload_check(p_payload, 'payload');
-    SELECT j.state, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
-    FROM "trioq".jobs j WHERE j.id = p_job_id FOR NO KEY UPDATE;
+    SELECT j.phase, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
+    FROM "trioq".job_rows_legacy j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'send: no job %', p_job_id USING ERRCODE = 'P0002';
     END IF;
@@ -1401,9 +1464,9 @@ BEGIN
         WHERE c.job_id = p_job_id AND c.position = job_position AND c.kind = 'receive'
           AND c.name = p_topic AND c.value ? 'deadline' AND NOT c.value ? 'messages';
         IF FOUND THEN
-            UPDATE "trioq".jobs j
-            SET state = 'ready', run_at = "trioq".db_now(), wait_topic = NULL,
-                wait_position = NULL
+            UPDATE "trioq".jobs_live j
+            SET phase = 'ready', filed = j.filed + 1, run_at = "trioq".db_now(),
+                wait_topic = NULL, wait_position = NULL
             WHERE j.id = p_job_id
             RETURNING j.queue INTO job_queue;
             PERFORM pg_notify("trioq".ready_channel(job_queue), job_queue);
@@ -1413,15 +1476,17 @@ BEGIN
     INSERT INTO "trioq".messages (job_id, topic, payload, created_at)
     VALUES (p_job_id, p_topic, coalesce(p_payload, 'null'), "trioq".db_now())
     RETURNING id INTO message_id;
-    UPDATE "trioq".jobs j
-    SET state = 'ready', run_at = "trioq".db_now(), wait_topic = NULL, wait_position = NULL
-    WHERE j.id = p_job_id AND j.state = 'waiting' AND j.wait_topic = p_topic;
+    UPDATE "trioq".jobs_live j
+    SET phase = 'ready', filed = j.filed + 1, run_at = "trioq".db_now(), wait_topic = NULL,
+        wait_position = NULL
+    WHERE j.id = p_job_id AND j.phase = 'waiting' AND j.wait_topic = p_topic;
     -- Woken just now, ready already, or due: a claim may have skipped it under our lock.
     SELECT count(pg_notify("trioq".ready_channel(j.queue), j.queue)) INTO woken_count
-    FROM "trioq".jobs j
+    FROM "trioq".jobs_live j
     WHERE j.id = p_job_id
-      AND (j.state = 'ready'
-           OR (j.state IN ('scheduled', 'sleeping', 'waiting') AND j.run_at <= "trioq".db_now()));
+      AND NOT EXISTS (SELECT 1 FROM "trioq".job_runs u WHERE u.job_id = j.id)
+      AND (j.phase = 'ready'
+           OR (j.phase IN ('scheduled', 'sleeping', 'waiting') AND j.run_at <= "trioq".db_now()));
     RETURN message_id;
 END
 $$;
@@ -1616,20 +1681,18 @@ CREATE TABLE trioq.job_keys (
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', vacuum_truncate=off);
 
-CREATE TABLE trioq.jobs (
+CREATE TABLE trioq.job_rows_legacy (
     id bigint NOT NULL,
     queue trioq.job_queue NOT NULL,
     task trioq.job_task NOT NULL,
     payload trioq.job_payload NOT NULL,
-    state text DEFAULT 'ready'::text NOT NULL,
+    phase text DEFAULT 'ready'::text NOT NULL,
     priority smallint DEFAULT 0 NOT NULL,
     run_at timestamp with time zone,
     partition_key trioq.job_partition_key,
     dedup_key trioq.job_dedup_key,
     attempt trioq.job_attempt DEFAULT 0 NOT NULL,
     max_attempts trioq.job_max_attempts,
-    lease_token uuid,
-    lease_expires_at timestamp with time zone,
     worker_id uuid,
     cancel_requested boolean DEFAULT false NOT NULL,
     result jsonb,
@@ -1658,12 +1721,79 @@ CREATE TABLE trioq.jobs (
     concurrency_limit trioq.job_concurrency_limit,
     result_watched boolean DEFAULT false NOT NULL,
     lane integer DEFAULT 0 NOT NULL,
-    CONSTRAINT jobs_check CHECK (((state = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    filed integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
-    CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[])))
+    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
+    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[]))))
 )
 PARTITION BY LIST (lane);
+
+CREATE TABLE trioq.job_runs (
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    lease_token uuid NOT NULL,
+    lease_expires_at timestamp with time zone NOT NULL,
+    worker_id uuid,
+    traced boolean NOT NULL,
+    started_at timestamp with time zone,
+    executions integer NOT NULL,
+    queue text NOT NULL,
+    partition_key text,
+    concurrency_key text,
+    parent_id bigint,
+    result_watched boolean NOT NULL
+)
+WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', vacuum_truncate=off);
+
+CREATE VIEW trioq.jobs AS
+ SELECT j.id,
+    j.queue,
+    j.task,
+    j.payload,
+        CASE
+            WHEN (u.job_id IS NOT NULL) THEN 'running'::text
+            ELSE j.phase
+        END AS state,
+    j.priority,
+    j.run_at,
+    j.partition_key,
+    j.dedup_key,
+    COALESCE(u.attempt, (j.attempt)::integer) AS attempt,
+    j.max_attempts,
+    u.lease_token,
+    u.lease_expires_at,
+    COALESCE(u.worker_id, j.worker_id) AS worker_id,
+    j.cancel_requested,
+    j.result,
+        CASE
+            WHEN (u.job_id IS NOT NULL) THEN NULL::jsonb
+            ELSE j.error
+        END AS error,
+    j.created_at,
+    COALESCE(u.started_at, j.started_at) AS started_at,
+    j.finished_at,
+    j.checkpoint_count,
+    j.parent_id,
+    j.parent_position,
+    j.wait_event_key,
+    j.wait_children,
+    j.children_settled,
+    j.unique_states,
+    j.unique_until,
+    j.trace_context,
+    j.version,
+    j.wait_topic,
+    j.on_parent_cancel,
+    COALESCE(u.executions, j.executions) AS executions,
+    j.deadline_at,
+    j.deadline_source,
+    COALESCE(u.traced, j.traced) AS traced,
+    j.wait_position,
+    j.concurrency_key,
+    j.concurrency_limit,
+    (j.result_watched OR COALESCE(u.result_watched, false)) AS result_watched
+   FROM (trioq.job_rows_legacy j
+     LEFT JOIN trioq.job_runs u ON ((u.job_id = j.id)));
 
 CREATE TABLE trioq.task_defaults (
     task text NOT NULL,
@@ -1702,7 +1832,7 @@ CREATE VIEW trioq.job_records AS
     j.deadline_source
    FROM trioq.jobs j;
 
-ALTER TABLE trioq.jobs ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+ALTER TABLE trioq.job_rows_legacy ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
     SEQUENCE NAME trioq.jobs_id_seq
     START WITH 1
     INCREMENT BY 1
@@ -1716,15 +1846,13 @@ CREATE TABLE trioq.jobs_live (
     queue trioq.job_queue NOT NULL,
     task trioq.job_task NOT NULL,
     payload trioq.job_payload NOT NULL,
-    state text DEFAULT 'ready'::text NOT NULL,
+    phase text DEFAULT 'ready'::text NOT NULL,
     priority smallint DEFAULT 0 NOT NULL,
     run_at timestamp with time zone,
     partition_key trioq.job_partition_key,
     dedup_key trioq.job_dedup_key,
     attempt trioq.job_attempt DEFAULT 0 NOT NULL,
     max_attempts trioq.job_max_attempts,
-    lease_token uuid,
-    lease_expires_at timestamp with time zone,
     worker_id uuid,
     cancel_requested boolean DEFAULT false NOT NULL,
     result jsonb,
@@ -1753,11 +1881,11 @@ CREATE TABLE trioq.jobs_live (
     concurrency_limit trioq.job_concurrency_limit,
     result_watched boolean DEFAULT false NOT NULL,
     lane integer DEFAULT 0 NOT NULL,
-    CONSTRAINT jobs_check CHECK (((state = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
-    CONSTRAINT jobs_live_unfinished CHECK ((state <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]))),
+    filed integer DEFAULT 0 NOT NULL,
+    CONSTRAINT jobs_live_unfinished CHECK ((phase <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]))),
     CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
-    CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[])))
+    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
+    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[]))))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', vacuum_truncate=off, toast.vacuum_truncate=off);
 
@@ -1766,15 +1894,13 @@ CREATE TABLE trioq.jobs_unfiled (
     queue trioq.job_queue NOT NULL,
     task trioq.job_task NOT NULL,
     payload trioq.job_payload NOT NULL,
-    state text DEFAULT 'ready'::text NOT NULL,
+    phase text DEFAULT 'ready'::text NOT NULL,
     priority smallint DEFAULT 0 NOT NULL,
     run_at timestamp with time zone,
     partition_key trioq.job_partition_key,
     dedup_key trioq.job_dedup_key,
     attempt trioq.job_attempt DEFAULT 0 NOT NULL,
     max_attempts trioq.job_max_attempts,
-    lease_token uuid,
-    lease_expires_at timestamp with time zone,
     worker_id uuid,
     cancel_requested boolean DEFAULT false NOT NULL,
     result jsonb,
@@ -1803,11 +1929,11 @@ CREATE TABLE trioq.jobs_unfiled (
     concurrency_limit trioq.job_concurrency_limit,
     result_watched boolean DEFAULT false NOT NULL,
     lane integer DEFAULT 0 NOT NULL,
-    CONSTRAINT jobs_check CHECK (((state = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    filed integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (state = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
-    CONSTRAINT jobs_state_check CHECK ((state = ANY ('{scheduled,ready,running,sleeping,waiting,completed,failed,cancelled}'::text[]))),
-    CONSTRAINT jobs_unfiled_finished CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
+    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
+    CONSTRAINT jobs_unfiled_finished CHECK ((phase = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
 )
 WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
 
@@ -1878,7 +2004,8 @@ CREATE TABLE trioq.ready_ring (
     version integer NOT NULL,
     priority smallint NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    id bigint NOT NULL
+    id bigint NOT NULL,
+    filed integer DEFAULT 0 NOT NULL
 )
 PARTITION BY LIST (slot);
 
@@ -1889,7 +2016,8 @@ CREATE TABLE trioq.ready_ring_0 (
     version integer NOT NULL,
     priority smallint NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    id bigint NOT NULL
+    id bigint NOT NULL,
+    filed integer DEFAULT 0 NOT NULL
 )
 WITH (vacuum_truncate=off);
 
@@ -1900,7 +2028,8 @@ CREATE TABLE trioq.ready_ring_1 (
     version integer NOT NULL,
     priority smallint NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    id bigint NOT NULL
+    id bigint NOT NULL,
+    filed integer DEFAULT 0 NOT NULL
 )
 WITH (vacuum_truncate=off);
 
@@ -1911,7 +2040,8 @@ CREATE TABLE trioq.ready_ring_2 (
     version integer NOT NULL,
     priority smallint NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    id bigint NOT NULL
+    id bigint NOT NULL,
+    filed integer DEFAULT 0 NOT NULL
 )
 WITH (vacuum_truncate=off);
 
@@ -1922,7 +2052,8 @@ CREATE TABLE trioq.ready_ring_3 (
     version integer NOT NULL,
     priority smallint NOT NULL,
     run_at timestamp with time zone NOT NULL,
-    id bigint NOT NULL
+    id bigint NOT NULL,
+    filed integer DEFAULT 0 NOT NULL
 )
 WITH (vacuum_truncate=off);
 
@@ -2030,9 +2161,9 @@ ALTER TABLE ONLY trioq.checkpoints ATTACH PARTITION trioq.checkpoints_e0 FOR VAL
 
 ALTER TABLE ONLY trioq.checkpoints ATTACH PARTITION trioq.checkpoints_e1 FOR VALUES FROM ('1099511627776') TO ('1103806595072');
 
-ALTER TABLE ONLY trioq.jobs ATTACH PARTITION trioq.jobs_live FOR VALUES IN (0);
+ALTER TABLE ONLY trioq.job_rows_legacy ATTACH PARTITION trioq.jobs_live FOR VALUES IN (0);
 
-ALTER TABLE ONLY trioq.jobs ATTACH PARTITION trioq.jobs_unfiled DEFAULT;
+ALTER TABLE ONLY trioq.job_rows_legacy ATTACH PARTITION trioq.jobs_unfiled DEFAULT;
 
 ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_0 FOR VALUES IN ('0');
 
@@ -2087,6 +2218,9 @@ ALTER TABLE ONLY trioq.job_due
 
 ALTER TABLE ONLY trioq.job_keys
     ADD CONSTRAINT job_keys_pkey PRIMARY KEY (key);
+
+ALTER TABLE ONLY trioq.job_runs
+    ADD CONSTRAINT job_runs_pkey PRIMARY KEY (job_id);
 
 ALTER TABLE ONLY trioq.jobs_live
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
@@ -2145,15 +2279,15 @@ CREATE INDEX job_due_queue_idx ON trioq.job_due USING btree (queue, run_at);
 
 CREATE INDEX job_due_state_idx ON trioq.job_due USING btree (state, job_id);
 
-CREATE INDEX jobs_concurrency_ready_idx ON trioq.jobs_live USING btree (queue, concurrency_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (concurrency_key IS NOT NULL));
+CREATE INDEX job_runs_lease_idx ON trioq.job_runs USING btree (lease_expires_at);
 
-CREATE INDEX jobs_deadline_idx ON trioq.jobs_live USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (state = ANY (ARRAY['scheduled'::text, 'ready'::text, 'running'::text, 'sleeping'::text, 'waiting'::text])));
+CREATE INDEX jobs_concurrency_ready_idx ON trioq.jobs_live USING btree (queue, concurrency_key, priority, run_at, id) WHERE ((phase = 'ready'::text) AND (concurrency_key IS NOT NULL));
 
-CREATE INDEX jobs_lease_idx ON trioq.jobs_live USING btree (lease_expires_at) WHERE (state = 'running'::text);
+CREATE INDEX jobs_deadline_idx ON trioq.jobs_live USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (phase = ANY (ARRAY['scheduled'::text, 'ready'::text, 'claimed'::text, 'sleeping'::text, 'waiting'::text])));
 
 CREATE UNIQUE INDEX jobs_parent_idx ON trioq.jobs_live USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
 
-CREATE INDEX jobs_partition_ready_idx ON trioq.jobs_live USING btree (queue, partition_key, priority, run_at, id) WHERE ((state = 'ready'::text) AND (partition_key IS NOT NULL));
+CREATE INDEX jobs_partition_ready_idx ON trioq.jobs_live USING btree (queue, partition_key, priority, run_at, id) WHERE ((phase = 'ready'::text) AND (partition_key IS NOT NULL));
 
 CREATE INDEX jobs_unfiled_finished_idx ON trioq.jobs_unfiled USING btree (finished_at);
 
@@ -2203,18 +2337,18 @@ ALTER INDEX trioq.workflow_values_pkey ATTACH PARTITION trioq.workflow_values_e0
 
 ALTER INDEX trioq.workflow_values_pkey ATTACH PARTITION trioq.workflow_values_e1_pkey;
 
-CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, state FROM trioq.jobs_live;
+CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, phase FROM trioq.jobs_live;
 
-CREATE TRIGGER job_due_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN ((new.state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_file();
+CREATE TRIGGER job_due_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN ((new.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_file();
 
-CREATE TRIGGER jobs_concurrency_release_update AFTER UPDATE OF state ON trioq.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.state = 'running'::text) AND (new.state <> 'running'::text))) EXECUTE FUNCTION trioq.concurrency_release();
+CREATE TRIGGER job_runs_concurrency_release AFTER DELETE ON trioq.job_runs FOR EACH ROW WHEN ((old.concurrency_key IS NOT NULL)) EXECUTE FUNCTION trioq.concurrency_release();
 
-CREATE TRIGGER jobs_deleted AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
+CREATE TRIGGER jobs_deleted AFTER DELETE ON trioq.job_rows_legacy REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
 
-CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.jobs REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
+CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.job_rows_legacy REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
 
-CREATE TRIGGER jobs_live_filed AFTER UPDATE OF state, run_at ON trioq.jobs_live FOR EACH ROW WHEN ((((new.state <> 'running'::text) OR (old.state <> 'ready'::text)) AND (((new.state = 'ready'::text) AND (old.state <> 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL)) OR (((old.state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text])) OR (new.state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) AND ((new.state <> old.state) OR (new.run_at IS DISTINCT FROM old.run_at)))))) EXECUTE FUNCTION trioq.jobs_live_file();
+CREATE TRIGGER jobs_live_filed AFTER UPDATE OF phase, run_at, filed ON trioq.jobs_live FOR EACH ROW WHEN ((((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND (((new.phase = 'ready'::text) AND ((old.phase <> 'ready'::text) OR (old.filed <> new.filed)) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL)) OR (((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text])) OR (new.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) AND ((new.phase <> old.phase) OR (new.run_at IS DISTINCT FROM old.run_at)))))) EXECUTE FUNCTION trioq.jobs_live_file();
 
-CREATE TRIGGER jobs_live_left AFTER DELETE ON trioq.jobs_live FOR EACH ROW WHEN ((((old.state = 'running'::text) AND (old.concurrency_key IS NOT NULL)) OR (old.state = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text])))) EXECUTE FUNCTION trioq.jobs_live_left();
+CREATE TRIGGER jobs_live_left AFTER DELETE ON trioq.jobs_live FOR EACH ROW WHEN ((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_left();
 
-CREATE TRIGGER ready_ring_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN (((new.state = 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();
+CREATE TRIGGER ready_ring_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN (((new.phase = 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();

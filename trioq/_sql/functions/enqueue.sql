@@ -81,10 +81,10 @@ BEGIN
     -- `released`: it counts as holding.
     IF enqueue.dedup_key IS NOT NULL THEN
         SELECT h.id INTO released
-        FROM {schema}.job_keys k JOIN {schema}.jobs h ON h.id = k.job_id
+        FROM {schema}.job_keys k JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
         WHERE k.key = enqueue.dedup_key
-          AND h.state IN ('completed', 'failed', 'cancelled')
-          AND {schema}.job_key_released(h.state, h.unique_states, h.unique_until)
+          AND h.phase IN ('completed', 'failed', 'cancelled')
+          AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
         FOR SHARE OF h;
         INSERT INTO {schema}.job_keys AS k (key, job_id, task)
         VALUES (enqueue.dedup_key, new_id, enqueue.task)
@@ -104,7 +104,7 @@ BEGIN
         WITH new_jobs AS (
             -- include: enqueue_new_jobs
         )
-        -- include: job_insert(jobs)
+        -- include: job_insert(job_rows_legacy)
         ;
         job_id := new_id;
     END IF;

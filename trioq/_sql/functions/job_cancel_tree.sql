@@ -20,23 +20,32 @@ DECLARE
     sent bigint;
 BEGIN
     WITH RECURSIVE tree AS (
-        SELECT j.id, false AS kept FROM {schema}.jobs j WHERE j.id = ANY(root_ids)
+        SELECT j.id, false AS kept FROM {schema}.job_rows_legacy j WHERE j.id = ANY(root_ids)
         UNION
         SELECT c.id, (NOT whole_tree AND c.on_parent_cancel = 'wait')
-        FROM {schema}.jobs c JOIN tree t ON c.parent_id = t.id
+        FROM {schema}.job_rows_legacy c JOIN tree t ON c.parent_id = t.id
         WHERE NOT t.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
     )
     SELECT array_agg(tree.id) INTO tree_ids FROM tree;
-    PERFORM 1 FROM {schema}.jobs j WHERE j.id = ANY(tree_ids) ORDER BY j.id FOR NO KEY UPDATE;
-    -- A new statement: its snapshot sees the newest version of every row locked above.
+    PERFORM 1 FROM {schema}.job_rows_legacy j WHERE j.id = ANY(tree_ids) ORDER BY j.id
+    FOR NO KEY UPDATE;
+    -- A new statement: its snapshot sees the newest version of every row locked above, and the
+    -- runs as they are now (migration 0047): while a row is held no claim can start its job,
+    -- so a job seen not running stays so, and one seen running can only end (its settle then
+    -- reads the flag set here).
     WITH RECURSIVE nodes AS (
-        SELECT j.id, j.parent_id, j.state, ARRAY[j.id] AS path, false AS kept
-        FROM {schema}.jobs j WHERE j.id = ANY(root_ids)
+        SELECT j.id, j.parent_id,
+               -- include: job_state
+               AS state, ARRAY[j.id] AS path, false AS kept
+        FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+        WHERE j.id = ANY(root_ids)
         UNION ALL
-        SELECT c.id, c.parent_id, c.state, n.path || c.id,
-               (NOT whole_tree AND c.on_parent_cancel = 'wait')
-        FROM {schema}.jobs c JOIN nodes n ON c.parent_id = n.id
-        WHERE NOT n.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
+        SELECT j.id, j.parent_id,
+               -- include: job_state
+               AS state, n.path || j.id, (NOT whole_tree AND j.on_parent_cancel = 'wait')
+        FROM {schema}.job_rows_legacy j JOIN nodes n ON j.parent_id = n.id
+        LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+        WHERE NOT n.kept AND (whole_tree OR j.on_parent_cancel <> 'abandon')
     ),
     blocked AS (
         SELECT DISTINCT unnest(n.path[1:cardinality(n.path) - 1]) AS id
@@ -63,9 +72,11 @@ BEGIN
                  AS t(id, parent_id, old_state, new_state, kept)
     ),
     changed AS (
-        UPDATE {schema}.jobs j
+        UPDATE {schema}.job_rows_legacy j
         SET cancel_requested = true,
-            state = p.new_state,
+            -- A running job's row keeps its phase: its worker ends the run.
+            phase = CASE WHEN p.new_state = 'running' THEN j.phase ELSE p.new_state END,
+            filed = j.filed + CASE WHEN p.new_state = 'ready' THEN 1 ELSE 0 END,
             finished_at = CASE WHEN p.new_state = 'cancelled' THEN {schema}.db_now()
                                ELSE j.finished_at END,
             lane = {schema}.job_lane(CASE WHEN p.new_state = 'cancelled' THEN {schema}.db_now()
@@ -86,7 +97,7 @@ BEGIN
         FROM plan p
         WHERE j.id = p.id AND NOT p.kept
           AND p.old_state NOT IN ('completed', 'failed', 'cancelled')
-        RETURNING j.id, j.state, j.queue
+        RETURNING j.id, p.new_state AS state, j.queue
     ),
     woken AS (
         SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n

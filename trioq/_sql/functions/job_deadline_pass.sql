@@ -16,12 +16,13 @@ DECLARE
     passed bigint[];
 BEGIN
     SELECT array_agg(p.id) INTO passed FROM (
-        SELECT j.id FROM {schema}.jobs j
+        SELECT j.id FROM {schema}.jobs_live j
         WHERE j.deadline_at IS NOT NULL AND NOT j.cancel_requested
-          AND j.state IN ('scheduled', 'ready', 'running', 'sleeping', 'waiting')
+          AND j.phase IN ('scheduled', 'ready', 'claimed', 'sleeping', 'waiting')
           AND j.deadline_at <= {schema}.db_now()
           -- A lost lease is the recovery's (the same maintenance statement): next pass.
-          AND NOT (j.state = 'running' AND j.lease_expires_at < {schema}.db_now())
+          AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u
+                          WHERE u.job_id = j.id AND u.lease_expires_at < {schema}.db_now())
         ORDER BY j.deadline_at
         LIMIT max_jobs
         FOR NO KEY UPDATE OF j SKIP LOCKED) AS p;
@@ -29,7 +30,7 @@ BEGIN
         RETURN 0;
     END IF;
     -- The reason first: a job cancelled at once by the tree cancel keeps this error.
-    UPDATE {schema}.jobs j SET error = {schema}.deadline_error(j.deadline_at, j.deadline_source)
+    UPDATE {schema}.jobs_live j SET error = {schema}.deadline_error(j.deadline_at, j.deadline_source)
     WHERE j.id = ANY(passed);
     PERFORM 1 FROM {schema}.job_cancel_tree(passed, control_channel, false);
     RETURN cardinality(passed);

@@ -69,7 +69,8 @@ BEGIN
                      to_timestamp(((to_date(substr(c.relname, 7), 'YYYYMMDD')
                                     - date '1970-01-01') + 1)::float8 * 86400) AS ends
               FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-              WHERE i.inhparent = '{schema}.jobs'::regclass
+              WHERE i.inhparent = coalesce(to_regclass('{schema}.job_rows_legacy'),
+                                           to_regclass('{schema}.jobs'))
                 AND c.relname ~ '^jobs_d[0-9]{8}$'
               UNION ALL
               SELECT 'jobs_before', before_end WHERE before_end IS NOT NULL) AS p
@@ -110,7 +111,10 @@ BEGIN
             -- apart, in which the claims go on.
             FOR attempt IN 1 .. 10 LOOP
                 BEGIN
-                    EXECUTE format('ALTER TABLE {schema}.jobs DETACH PARTITION {schema}.%I',
+                    -- `jobs` before migration 0047 renamed it (0038 calls this).
+                    EXECUTE format('ALTER TABLE %s DETACH PARTITION {schema}.%I',
+                                   coalesce(to_regclass('{schema}.job_rows_legacy'),
+                                            to_regclass('{schema}.jobs')),
                                    part.relname);
                     EXIT;
                 EXCEPTION WHEN lock_not_available THEN

@@ -16,15 +16,20 @@ DECLARE
     stored jsonb;
     taken jsonb;
     taken_count bigint;
+    run {schema}.job_runs;
 BEGIN
-    UPDATE {schema}.jobs j
-    SET checkpoint_count = greatest(j.checkpoint_count, p_position + 1)
-    WHERE j.id = p_job_id AND j.attempt = p_attempt AND j.lease_token = p_lease_token
-      AND j.state = 'running';
+    -- The fence is the run (migration 0047), locked first, then the row written; a suspension
+    -- deletes it.
+    SELECT * INTO run FROM {schema}.job_runs u
+    WHERE u.job_id = p_job_id AND u.attempt = p_attempt AND u.lease_token = p_lease_token
+    FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'lost'::text, NULL::jsonb, due;
         RETURN;
     END IF;
+    UPDATE {schema}.jobs_live j
+    SET checkpoint_count = greatest(j.checkpoint_count, p_position + 1)
+    WHERE j.id = p_job_id;
     IF cardinality(p_value_keys) > 0 THEN
         INSERT INTO {schema}.workflow_values AS v (job_id, key, value, updated_at)
         SELECT p_job_id, t.key, t.value, {schema}.db_now()
@@ -53,7 +58,7 @@ BEGIN
         VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('messages', taken),
                 {schema}.db_now())
         ON CONFLICT (job_id, position) DO UPDATE SET value = excluded.value;
-        UPDATE {schema}.jobs j SET wait_topic = NULL, wait_position = NULL
+        UPDATE {schema}.jobs_live j SET wait_topic = NULL, wait_position = NULL
         WHERE j.id = p_job_id AND (j.wait_topic IS NOT NULL OR j.wait_position IS NOT NULL);
         RETURN QUERY SELECT CASE WHEN taken_count > 0 THEN 'received' ELSE 'timeout' END,
                             taken, due;
@@ -63,11 +68,11 @@ BEGIN
     VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('deadline', due),
             {schema}.db_now())
     ON CONFLICT (job_id, position) DO NOTHING;
-    UPDATE {schema}.jobs j
-    SET state = 'waiting', run_at = due, attempt = j.attempt - 1, lease_token = NULL,
-        lease_expires_at = NULL, wait_topic = p_topic, wait_position = p_position,
-        wait_event_key = NULL,
-        wait_children = NULL
+    DELETE FROM {schema}.job_runs u WHERE u.job_id = p_job_id;
+    UPDATE {schema}.jobs_live j
+    SET phase = 'waiting', run_at = due, executions = run.executions,
+        worker_id = run.worker_id, started_at = run.started_at, wait_topic = p_topic,
+        wait_position = p_position, wait_event_key = NULL, wait_children = NULL
     WHERE j.id = p_job_id;
     RETURN QUERY SELECT 'waiting'::text, '[]'::jsonb, due;
 END

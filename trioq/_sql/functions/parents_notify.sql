@@ -19,34 +19,39 @@ DECLARE
 BEGIN
     WITH finished AS (
         SELECT c.parent_id, array_agg(c.id) AS ids,
-               coalesce(array_agg(c.id) FILTER (WHERE c.state <> 'completed'), '{}') AS failed
-        FROM {schema}.jobs c
+               coalesce(array_agg(c.id) FILTER (WHERE c.phase <> 'completed'), '{}') AS failed
+        FROM {schema}.job_rows_legacy c
         WHERE c.id = ANY(child_ids) AND c.parent_id IS NOT NULL
-          AND c.state IN ('completed', 'failed', 'cancelled')
+          AND c.phase IN ('completed', 'failed', 'cancelled')
         GROUP BY c.parent_id
     ),
     locked AS MATERIALIZED (
-        SELECT p.id FROM {schema}.jobs p JOIN finished f ON f.parent_id = p.id
-        WHERE p.state NOT IN ('completed', 'failed', 'cancelled') AND p.id <> ALL(skip_ids)
+        SELECT p.id, p.filed FROM {schema}.jobs_live p JOIN finished f ON f.parent_id = p.id
+        WHERE p.id <> ALL(skip_ids)
         ORDER BY p.id
         FOR NO KEY UPDATE OF p
     ),
     woken AS (
-        UPDATE {schema}.jobs p
+        UPDATE {schema}.jobs_live p
         SET children_settled = p.children_settled + cardinality(f.ids),
-            wait_children = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+            wait_children = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                                  THEN ARRAY(SELECT unnest(p.wait_children)
                                             EXCEPT SELECT unnest(f.ids))
                                  ELSE p.wait_children END,
-            state = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+            filed = p.filed + CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
+                                        AND (p.wait_children <@ f.ids
+                                             OR p.wait_children && f.failed)
+                                   THEN 1 ELSE 0 END,
+            phase = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                               AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
-                         THEN 'ready' ELSE p.state END,
-            run_at = CASE WHEN p.state = 'waiting' AND p.wait_children && f.ids
+                         THEN 'ready' ELSE p.phase END,
+            run_at = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                                AND (p.wait_children <@ f.ids OR p.wait_children && f.failed)
                           THEN {schema}.db_now() ELSE p.run_at END
         FROM finished f JOIN locked l ON l.id = f.parent_id
         WHERE p.id = f.parent_id
-        RETURNING p.queue, p.state
+        -- `woken`: moved into ready here (a parent that runs reads ready too).
+        RETURNING p.queue, CASE WHEN p.filed > l.filed THEN 'ready' END AS state
     ),
     notified AS (
         SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n

@@ -18,6 +18,7 @@ RETURNS TABLE (
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
+    -- Unfinished jobs only (jobs_live), each with its run (migration 0047).
     SELECT j.queue,
            count(*) FILTER (WHERE j.state = 'ready' AND j.run_at <= t.now),
            extract(epoch FROM t.now - min(j.run_at) FILTER (
@@ -29,7 +30,10 @@ SET search_path = pg_catalog, pg_temp AS $$
            count(*) FILTER (WHERE j.state = 'waiting'),
            count(*) FILTER (WHERE j.run_at <= t.now
                               AND j.state IN ('ready', 'scheduled', 'sleeping', 'waiting'))
-    FROM {schema}.jobs AS j, (SELECT {schema}.db_now() AS now) AS t
-    WHERE j.state NOT IN ('completed', 'failed', 'cancelled')
+    FROM (SELECT j.queue, j.run_at,
+                 -- include: job_state
+                 AS state
+          FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j,
+         (SELECT {schema}.db_now() AS now) AS t
     GROUP BY j.queue, t.now
 $$;

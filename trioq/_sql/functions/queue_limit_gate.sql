@@ -36,8 +36,8 @@ BEGIN
     rate_allowed := l.rate_allowed;
     rate_period := l.rate_period;
     IF l.global_limit IS NOT NULL THEN
-        SELECT count(*) INTO running FROM {schema}.jobs j
-        WHERE j.state = 'running' AND j.queue = gate_queue;
+        -- The runs carry their queue (migration 0047).
+        SELECT count(*) INTO running FROM {schema}.job_runs u WHERE u.queue = gate_queue;
         allowed := least(allowed, greatest(l.global_limit - running, 0));
     END IF;
     started_at := {schema}.db_now() + (clock_timestamp() - now());

@@ -17,8 +17,8 @@ DECLARE
     l {schema}.queue_limits%ROWTYPE;
     kept timestamptz[];
 BEGIN
-    UPDATE {schema}.jobs j SET started_at = greatest(j.started_at, claimed_at)
-    WHERE claimed_at IS NOT NULL AND j.id = ANY(claimed) AND j.state = 'running';
+    UPDATE {schema}.job_runs u SET started_at = greatest(u.started_at, claimed_at)
+    WHERE claimed_at IS NOT NULL AND u.job_id = ANY(claimed);
     SELECT * INTO l FROM {schema}.queue_limits q WHERE q.queue = spend_queue FOR UPDATE;
     IF NOT FOUND OR l.rate_allowed IS NULL OR cardinality(claimed) = 0 THEN
         RETURN NULL;
@@ -27,8 +27,8 @@ BEGIN
                       SELECT s.at FROM (
                           SELECT unnest(l.recent_starts) AS at
                           UNION ALL
-                          SELECT coalesce(j.started_at, claimed_at) FROM unnest(claimed) AS c(id)
-                          LEFT JOIN {schema}.jobs j ON j.id = c.id) AS s
+                          SELECT coalesce(u.started_at, claimed_at) FROM unnest(claimed) AS c(id)
+                          LEFT JOIN {schema}.job_runs u ON u.job_id = c.id) AS s
                       ORDER BY s.at DESC LIMIT l.rate_allowed) AS newest
                   ORDER BY newest.at);
     UPDATE {schema}.queue_limits q SET recent_starts = kept WHERE q.queue = spend_queue;

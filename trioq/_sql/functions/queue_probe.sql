@@ -11,18 +11,19 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT q.queue,
            EXISTS (SELECT 1 FROM {schema}.ready_ring r
-                   CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs j
-                                       WHERE j.id = r.id AND j.state = 'ready'
+                   CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs_live j
+                                       WHERE j.id = r.id AND j.phase = 'ready'
+                                         AND j.filed = r.filed
                                        LIMIT 1) AS job
                    WHERE r.queue = q.queue
                      AND r.slot >=
                          -- include: ring_low
                   )
-           OR EXISTS (SELECT 1 FROM {schema}.jobs j
-                      WHERE j.queue = q.queue AND j.state = 'ready'
+           OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
+                      WHERE j.queue = q.queue AND j.phase = 'ready'
                         AND j.partition_key IS NOT NULL)
-           OR EXISTS (SELECT 1 FROM {schema}.jobs j
-                      WHERE j.queue = q.queue AND j.state = 'ready'
+           OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
+                      WHERE j.queue = q.queue AND j.phase = 'ready'
                         AND j.concurrency_key IS NOT NULL)
            OR coalesce(d.run_at <= {schema}.db_now(), false),
            CASE WHEN d.run_at > {schema}.db_now() THEN d.run_at END

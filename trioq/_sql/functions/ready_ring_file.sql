@@ -15,10 +15,10 @@ CREATE OR REPLACE FUNCTION {schema}.ready_ring_file() RETURNS trigger
 -- (Its qualified names: see db_now; a trigger of every ready job.)
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO {schema}.ready_ring (slot, queue, task, version, priority, run_at, id)
+    INSERT INTO {schema}.ready_ring (slot, queue, task, version, priority, run_at, id, filed)
     VALUES (coalesce((SELECT s.base FROM {schema}.ready_ring_state s), 0::smallint)
             OPERATOR(pg_catalog.+) {schema}.ready_slot(pg_catalog.now()), NEW.queue,
-            NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id);
+            NEW.task, NEW.version, NEW.priority, NEW.run_at, NEW.id, NEW.filed);
     RETURN NULL;
 END
 $$;

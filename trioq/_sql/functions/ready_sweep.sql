@@ -51,12 +51,14 @@ DECLARE
     part      record;
     -- A retired slot's entries of jobs still ready, to the slot being written (step 4).
     late      constant text := 'WITH moved AS (DELETE FROM {schema}.%I r'
-                               ' USING {schema}.jobs_live j WHERE j.id = r.id AND j.state = ''ready'''
-                               ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id)'
+                               ' USING {schema}.jobs_live j WHERE j.id = r.id AND j.phase = ''ready'''
+                               ' AND j.filed = r.filed'
+                               ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id,'
+                               ' r.filed)'
                                ' INSERT INTO {schema}.ready_ring'
-                               ' (slot, queue, task, version, priority, run_at, id)'
+                               ' (slot, queue, task, version, priority, run_at, id, filed)'
                                ' SELECT DISTINCT ON (m.id) $1, m.queue, m.task, m.version,'
-                               ' m.priority, m.run_at, m.id FROM moved m ORDER BY m.id';
+                               ' m.priority, m.run_at, m.id, m.filed FROM moved m ORDER BY m.id';
 BEGIN
     truncated := 0;
     BEGIN
@@ -109,7 +111,8 @@ BEGIN
         BEGIN
             EXECUTE format('LOCK TABLE {schema}.ready_ring_%s IN ACCESS EXCLUSIVE MODE', slot);
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM {schema}.ready_ring_%s r'
-                           ' JOIN {schema}.jobs_live j ON j.id = r.id AND j.state = ''ready'')',
+                           ' JOIN {schema}.jobs_live j ON j.id = r.id AND j.phase = ''ready'''
+                           ' AND j.filed = r.filed)',
                            slot)
                 INTO filled;
             IF NOT filled THEN
@@ -157,12 +160,13 @@ BEGIN
                 DELETE FROM {schema}.ready_ring r
                 USING {schema}.jobs_live j
                 WHERE r.slot >= st.low AND r.slot < st.base
-                  AND j.id = r.id AND j.state = 'ready'
-                RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id
+                  AND j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
+                RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id, r.filed
             )
-            INSERT INTO {schema}.ready_ring (slot, queue, task, version, priority, run_at, id)
+            INSERT INTO {schema}.ready_ring (slot, queue, task, version, priority, run_at, id,
+                                             filed)
             SELECT DISTINCT ON (m.id) st.base + {schema}.ready_slot(now()), m.queue, m.task,
-                   m.version, m.priority, m.run_at, m.id
+                   m.version, m.priority, m.run_at, m.id, m.filed
             FROM moved m
             ORDER BY m.id;
             st.low := st.base;

@@ -91,7 +91,7 @@ BEGIN
             -- Read once the partitions are locked (above); more than 10,000 kept is too many
             -- to copy aside: a later call.
             SELECT array_agg(j.id) INTO survivors FROM (
-                SELECT k.id FROM {schema}.jobs k
+                SELECT k.id FROM {schema}.job_rows_legacy k
                 WHERE k.id >= coalesce(epoch_row.low, -9223372036854775808)
                   AND k.id < epoch_row.high
                 LIMIT 10001) AS j;

@@ -24,8 +24,8 @@ DECLARE
     woken_count bigint;
 BEGIN
     PERFORM {schema}.payload_check(p_payload, 'payload');
-    SELECT j.state, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
-    FROM {schema}.jobs j WHERE j.id = p_job_id FOR NO KEY UPDATE;
+    SELECT j.phase, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
+    FROM {schema}.job_rows_legacy j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'send: no job %', p_job_id USING ERRCODE = 'P0002';
     END IF;
@@ -41,9 +41,9 @@ BEGIN
         WHERE c.job_id = p_job_id AND c.position = job_position AND c.kind = 'receive'
           AND c.name = p_topic AND c.value ? 'deadline' AND NOT c.value ? 'messages';
         IF FOUND THEN
-            UPDATE {schema}.jobs j
-            SET state = 'ready', run_at = {schema}.db_now(), wait_topic = NULL,
-                wait_position = NULL
+            UPDATE {schema}.jobs_live j
+            SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(),
+                wait_topic = NULL, wait_position = NULL
             WHERE j.id = p_job_id
             RETURNING j.queue INTO job_queue;
             PERFORM pg_notify({schema}.ready_channel(job_queue), job_queue);
@@ -53,15 +53,17 @@ BEGIN
     INSERT INTO {schema}.messages (job_id, topic, payload, created_at)
     VALUES (p_job_id, p_topic, coalesce(p_payload, 'null'), {schema}.db_now())
     RETURNING id INTO message_id;
-    UPDATE {schema}.jobs j
-    SET state = 'ready', run_at = {schema}.db_now(), wait_topic = NULL, wait_position = NULL
-    WHERE j.id = p_job_id AND j.state = 'waiting' AND j.wait_topic = p_topic;
+    UPDATE {schema}.jobs_live j
+    SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(), wait_topic = NULL,
+        wait_position = NULL
+    WHERE j.id = p_job_id AND j.phase = 'waiting' AND j.wait_topic = p_topic;
     -- Woken just now, ready already, or due: a claim may have skipped it under our lock.
     SELECT count(pg_notify({schema}.ready_channel(j.queue), j.queue)) INTO woken_count
-    FROM {schema}.jobs j
+    FROM {schema}.jobs_live j
     WHERE j.id = p_job_id
-      AND (j.state = 'ready'
-           OR (j.state IN ('scheduled', 'sleeping', 'waiting') AND j.run_at <= {schema}.db_now()));
+      AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id)
+      AND (j.phase = 'ready'
+           OR (j.phase IN ('scheduled', 'sleeping', 'waiting') AND j.run_at <= {schema}.db_now()));
     RETURN message_id;
 END
 $$;
