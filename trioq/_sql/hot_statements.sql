@@ -1023,7 +1023,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
--- name: job_complete_plain (1479 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
+-- name: job_complete_plain (1546 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
 SELECT t.*
 FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
@@ -1031,12 +1031,12 @@ FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
 AS t(id, attempt, lease_token, result)
 ),
 gone AS MATERIALIZED (
-DELETE FROM "trioq".job_runs u
-USING input i
-WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
-AND u.job_id = ANY((SELECT $1::bigint[])::bigint[])
-RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-u.result_watched, i.result
+SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
+u.run_worker_id AS worker_id, u.run_traced AS traced,
+u.run_started_at AS started_at, u.run_result_watched AS result_watched, i.result
+FROM "trioq".job_runs_end((SELECT $1::bigint[]), (SELECT $2::int[]),
+(SELECT $3::uuid[])) AS u
+JOIN input i ON i.id = u.run_job_id
 ),
 settled AS (
 UPDATE "trioq".job_rows_legacy j

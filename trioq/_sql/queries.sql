@@ -432,9 +432,9 @@ ring_taken AS MATERIALIZED (
 CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
 
 -- fragment: runs_by_key
--- The runs a fenced statement names (`ids`: the completion, the settle, the discard, the lease
--- renewal), found by primary key: a join left to the planner over a table that churns a row
--- per job can take a scan, which a pinned horizon makes long.
+-- The runs a fenced statement names (`ids`: the settle, the lease renewal; the completions end
+-- theirs in job_runs_end()), found by primary key: a join left to the planner over a table that
+-- churns a row per job can take a scan, which a pinned horizon makes long.
       AND u.job_id = ANY((SELECT %(ids)s::bigint[])::bigint[])
 
 -- fragment: running_by_key
@@ -1252,14 +1252,17 @@ WITH input AS MATERIALIZED (
          AS t(id, attempt, lease_token, result)
 ),
 -- The fence is the run (migration 0047): deleted by primary key, it returns what the row
--- takes with the outcome, so the row is written once, by the move to its day.
+-- takes with the outcome, so the row is written once, by the move to its day. Through
+-- job_runs_end(), whose plan probes the key whatever job_runs' size when it was made (a
+-- generic plan made on a page or two scanned the table whole as it bloated: 573 buffer hits a
+-- completion of 25 after a 20,000-job drain, 381 through the function; main's 281).
 gone AS MATERIALIZED (
-    DELETE FROM {schema}.job_runs u
-    USING input i
-    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
-      -- include: runs_by_key
-    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-              u.result_watched, i.result
+    SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
+           u.run_worker_id AS worker_id, u.run_traced AS traced,
+           u.run_started_at AS started_at, u.run_result_watched AS result_watched, i.result
+    FROM {schema}.job_runs_end((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                               (SELECT %(lease_tokens)s::uuid[])) AS u
+    JOIN input i ON i.id = u.run_job_id
 ),
 settled AS (
     UPDATE {schema}.job_rows_legacy j
@@ -1289,23 +1292,16 @@ FROM settled;
 -- a workflow's child, whose parent reads the outcome): the row is DELETEd, fenced as in
 -- job_complete_plain, instead of marked completed. What belongs to it goes with it: attempts,
 -- messages, values, its partition lock and checkpoints (the jobs_deleted trigger) and its
--- concurrency slot (jobs_concurrency_release_delete). A waiter
+-- concurrency slot (the run's trigger, job_runs_concurrency_release). A waiter
 -- is told, as for any final outcome, and finds no row. A statement of its own, not a branch of
 -- the plain completion: that one runs at every flush of every worker, and a DELETE in it would
 -- be planned at each execution whether a batch discards anything or not. Its reply has
 -- job_complete_plain's columns; the states read `completed`.
-WITH input AS MATERIALIZED (
-    SELECT t.*
-    FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                (SELECT %(lease_tokens)s::uuid[]))
-         AS t(id, attempt, lease_token)
-),
-gone AS MATERIALIZED (
-    DELETE FROM {schema}.job_runs u
-    USING input i
-    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
-      -- include: runs_by_key
-    RETURNING u.job_id, u.result_watched
+-- The fence is the run, ended by job_runs_end() (found by primary key whatever job_runs' size).
+WITH gone AS MATERIALIZED (
+    SELECT u.run_job_id AS job_id, u.run_result_watched AS result_watched
+    FROM {schema}.job_runs_end((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                               (SELECT %(lease_tokens)s::uuid[])) AS u
 ),
 discarded AS (
     DELETE FROM {schema}.job_rows_legacy j
