@@ -356,18 +356,20 @@ async def test_the_statements_of_running_jobs_find_them_by_primary_key(
     plans = generic_plans(pg_url, pg_schema, RUNNING_ROW_STATEMENTS)
     for name, plan in plans.items():
         assert "job_runs_lease_idx" not in plan, (name, plan)
-        # The completions end their runs in job_runs_end() (the next test shows its plan).
-        assert "job_runs_pkey" in plan or "job_runs_end" in plan, (name, plan)
+        # The completions and the settle end their runs in job_runs_end() and
+        # job_runs_settle() (the next test shows their plans).
+        by_key = ("job_runs_pkey", "job_runs_end", "job_runs_settle")
+        assert any(found in plan for found in by_key), (name, plan)
 
 
 async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_since_planned(
     pg_url: str, pg_schema: str
 ) -> None:
-    """job_runs_end() (the completions' fence) plans its DELETE once per session, here while
-    job_runs holds a page; then 20,000 runs come and go without a vacuum (a live drain between
-    two autovacuums leaves 3.5 MB and no row). Its next call still probes the primary key: it
-    reads a few buffers a run, not the table (a generic plan made on a page, with seqscan
-    allowed, scans it whole)."""
+    """job_runs_end() and job_runs_settle() (the completions' and the settle's fence) plan their
+    DELETE once per session, here while job_runs holds a page; then 20,000 runs come and go
+    without a vacuum (a live drain between two autovacuums leaves 3.5 MB and no row). Their
+    next calls still probe the primary key: a few buffers a run, not the table (a generic plan
+    made on a page, with seqscan allowed, scans it whole)."""
     app = make_app(pg_url, pg_schema)
     async with app.client(migrate=True) as client:
         jobs = await client.enqueue_many(trioq.TaskDeclaration("noop"), [{}] * 26)
@@ -383,11 +385,16 @@ async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_sinc
             (ids,),
         ).fetchall()
         end = f"{pg_schema}.job_runs_end(%s, %s, %s)"
+        settle = f"{pg_schema}.job_runs_settle(%s, %s, %s, %s)"
 
         def ended(batch: list[Any]) -> list[Any]:
             return [[run[0] for run in batch], [run[1] for run in batch], [run[2] for run in batch]]
 
+        def settled(batch: list[Any]) -> list[Any]:
+            return [*ended(batch), ["sleeping"] * len(batch)]
+
         assert conn.execute(f"SELECT count(*) FROM {end}", ended(runs[:1])).fetchone() == (1,)
+        assert conn.execute(f"SELECT count(*) FROM {settle}", settled(runs[1:2])).fetchone() == (1,)
         for _ in range(20):  # 1,000 runs at a time, each batch deleted once inserted
             conn.execute(
                 f"WITH added AS (INSERT INTO {pg_schema}.job_runs (job_id, attempt, lease_token,"
@@ -400,9 +407,13 @@ async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_sinc
         [[pages]] = conn.execute(
             f"SELECT pg_relation_size('{pg_schema}.job_runs') / 8192"
         ).fetchall()
-        plan = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM {end}", ended(runs[1:])
-        ).fetchone()[0][0]["Plan"]  # type: ignore[index]
-    assert plan["Actual Rows"] == 25
+        plans = [
+            conn.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM {function}", arguments
+            ).fetchone()[0][0]["Plan"]  # type: ignore[index]
+            for function, arguments in ((end, ended(runs[2:14])), (settle, settled(runs[14:])))
+        ]
     assert pages > 100
-    assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 10 * 25 < pages
+    for plan in plans:
+        assert plan["Actual Rows"] == 12
+        assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 10 * 12 < pages

@@ -1061,7 +1061,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (3958 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (3893 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -1079,15 +1079,12 @@ AS t(id, attempt, lease_token, state, ready_when_due, moves_run_at, attempt_chan
 releases_key, history, final, clears_worker, result, error, delay, wake_at)
 ),
 gone AS MATERIALIZED (
-DELETE FROM "trioq".job_runs u
-USING input i
-WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
-AND u.job_id = ANY((SELECT $1::bigint[])::bigint[])
-AND (i.state <> 'cancelled'
-OR EXISTS (SELECT 1 FROM "trioq".jobs_live c
-WHERE c.id = u.job_id AND c.cancel_requested))
-RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-u.result_watched
+SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
+u.run_worker_id AS worker_id, u.run_traced AS traced,
+u.run_started_at AS started_at, u.run_result_watched AS result_watched
+FROM "trioq".job_runs_settle((SELECT $1::bigint[]), (SELECT $2::int[]),
+(SELECT $3::uuid[]),
+(SELECT $4::text[])) AS u
 ),
 settled AS (
 UPDATE "trioq".job_rows_legacy j

@@ -432,8 +432,8 @@ ring_taken AS MATERIALIZED (
 CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
 
 -- fragment: runs_by_key
--- The runs a fenced statement names (`ids`: the settle, the lease renewal; the completions end
--- theirs in job_runs_end()), found by primary key: a join left to the planner over a table that
+-- The runs a fenced statement names (`ids`: the lease renewal; the completions and the settle
+-- end theirs in job_runs_end() and job_runs_settle()), found by primary key: a join left to the planner over a table that
 -- churns a row per job can take a scan, which a pinned horizon makes long.
       AND u.job_id = ANY((SELECT %(ids)s::bigint[])::bigint[])
 
@@ -1042,19 +1042,17 @@ WITH input AS MATERIALIZED (
 -- The values were decided by the outcome rules (trioq/_core/outcomes.py); this only applies
 -- them, to rows the settling lease still holds. The one comparison left is the database's: a
 -- time-based outcome whose new run_at has passed is ready at once.
--- The fence is the run (migration 0047), locked first and deleted; a cancelled outcome is
--- recorded only for a stored request (a cancel or a passed deadline sets it on the row): a
--- worker told to cancel by anything else changes nothing here.
+-- The fence is the run (migration 0047), ended by job_runs_settle() (by primary key whatever
+-- job_runs' size, as the completions' job_runs_end()); a cancelled outcome is recorded only for
+-- a stored request (a cancel or a passed deadline sets it on the row): a worker told to cancel
+-- by anything else changes nothing here.
 gone AS MATERIALIZED (
-    DELETE FROM {schema}.job_runs u
-    USING input i
-    WHERE u.job_id = i.id AND u.attempt = i.attempt AND u.lease_token = i.lease_token
-      -- include: runs_by_key
-      AND (i.state <> 'cancelled'
-           OR EXISTS (SELECT 1 FROM {schema}.jobs_live c
-                      WHERE c.id = u.job_id AND c.cancel_requested))
-    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-              u.result_watched
+    SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
+           u.run_worker_id AS worker_id, u.run_traced AS traced,
+           u.run_started_at AS started_at, u.run_result_watched AS result_watched
+    FROM {schema}.job_runs_settle((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+                                  (SELECT %(lease_tokens)s::uuid[]),
+                                  (SELECT %(states)s::text[])) AS u
 ),
 -- Then the row: the outcome's phase, the run's attempt (changed as the rule says: a release
 -- gives it back), executions, worker and start. A move into ready counts in `filed`, which

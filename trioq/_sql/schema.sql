@@ -820,6 +820,28 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.job_runs_settle(ids bigint[], attempts integer[], lease_tokens uuid[], states text[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN QUERY
+    DELETE FROM "trioq".job_runs u
+    USING unnest(ids, attempts, lease_tokens, states) AS i(id, attempt, lease_token, state)
+    WHERE u.job_id OPERATOR(pg_catalog.=) i.id
+      AND u.attempt OPERATOR(pg_catalog.=) i.attempt
+      AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
+      AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
+      AND (i.state OPERATOR(pg_catalog.<>) 'cancelled'
+           OR EXISTS (SELECT 1 FROM "trioq".jobs_live c
+                      WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched;
+END
+$$;
+
 CREATE FUNCTION trioq.jobs_live_file() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
