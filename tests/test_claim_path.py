@@ -14,13 +14,14 @@ from typing import Any
 
 import attrs
 import psycopg
+import pytest
 import trio
 
 import trioq
-from tests.support import Gate, make_app, run_explained, running_worker
-from trioq._pg.driver import claim_params
+from tests.support import Gate, make_app, run_explained, running_worker, wake_waiting
+from trioq._pg.driver import claim_params, open_pg_driver
 from trioq._runtime.job.claim_loop import WorkerHooks
-from trioq._seam.driver import Claim
+from trioq._seam.driver import Claim, NewJob, Settlement
 from trioq._sql import positional_queries, queries
 
 
@@ -193,6 +194,47 @@ async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_sch
     assert [tuple(row) for row in rows] == [(False, 4, 5), (True, 0, 1)]
 
 
+KEYED = {"partition": {"partition_key": "k"}, "concurrency": {"concurrency_key": "k"}}
+
+
+@pytest.mark.parametrize("kind", sorted(KEYED))
+async def test_a_long_keys_backlog_is_not_walked_by_the_claim(
+    pg_url: str, pg_schema: str, kind: str
+) -> None:
+    """The claim of a key's head reads ready_keyed's first entry of the key (migration 0048):
+    its buffers with 3,000 more jobs queued on the key are about those with one."""
+    keys: dict[str, Any] = KEYED[kind]
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        await driver.migrate()
+        await driver.job_insert_many([NewJob("default", "noop", "{}", **keys)])
+        alone, claimed_alone = _claim_buffers(pg_url, pg_schema, ["noop"])
+        await driver.job_insert_many([NewJob("default", "noop", "{}", **keys)] * 3000)
+        behind, claimed_behind = _claim_buffers(pg_url, pg_schema, ["noop"])
+    assert claimed_alone == claimed_behind == 1
+    assert behind < alone + 50, (alone, behind)
+
+
+async def test_a_held_keys_holder_ready_again_is_found_without_a_walk_of_its_key(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A partition key's holder woken from a wait is the key's only candidate: its row by
+    primary key, then one exact probe of its entry. 3,000 jobs of the key queued behind it
+    cost the claim about nothing."""
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        await driver.migrate()
+        await driver.job_insert_many([NewJob("default", "noop", "{}", partition_key="k")])
+        claim = Claim("default", ("noop",), 1, 30.0, uuid.uuid4())
+        [holder] = (await driver.job_claim(claim)).claimed
+        await driver.job_settle_many([Settlement(holder.lease, "wait", wake_at=None)])
+        wake_waiting(pg_url, pg_schema, [holder.id])
+        await driver.job_insert_many([NewJob("default", "noop", "{}", partition_key="k")])
+        alone, claimed_alone = _claim_buffers(pg_url, pg_schema, ["noop"])
+        await driver.job_insert_many([NewJob("default", "noop", "{}", partition_key="k")] * 3000)
+        behind, claimed_behind = _claim_buffers(pg_url, pg_schema, ["noop"])
+    assert claimed_alone == claimed_behind == 1
+    assert behind < alone + 50, (alone, behind)
+
+
 async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_primary_key(
     pg_url: str, pg_schema: str
 ) -> None:
@@ -218,6 +260,34 @@ async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_prima
     keyed = plan.split("CTE keyed")[1].split("CTE unkeyed")[0]
     assert len(claimed) == 25
     assert "Seq Scan" not in keyed, keyed
+
+
+async def test_a_generic_plan_made_on_an_empty_table_reads_ready_keyed_by_its_key(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The keyed claim's generic plan made while ready_keyed is empty still probes its primary
+    key for the keys, the heads and the limits (the taken entries are deleted by address,
+    ready_keyed_take()): no plan reads the table whole once a backlog of 3,000 entries over
+    300 keys of each kind arrived."""
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        await driver.migrate()
+        statement = queries(pg_schema)["job_claim"]
+        params = claim_params(Claim("default", ("noop",), 25, 30.0, uuid.uuid4()))
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            conn.execute(statement, params, prepare=True)  # planned on the empty table
+            await driver.job_insert_many(
+                [NewJob("default", "noop", "{}", partition_key=f"p{n % 300}") for n in range(3000)]
+                + [
+                    NewJob("default", "noop", "{}", concurrency_key=f"c{n % 300}")
+                    for n in range(3000)
+                ]
+            )
+            claimed, plans = run_explained(conn, statement, params)
+    [plan] = [text for text in plans if "CTE heads" in text]
+    assert len(claimed) == 25
+    assert "Seq Scan on ready_keyed" not in plan, plan
+    assert "Bitmap Heap Scan on ready_keyed" not in plan, plan
 
 
 async def test_an_idle_worker_runs_one_claim_per_notified_job(pg_url: str, pg_schema: str) -> None:

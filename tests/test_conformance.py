@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from tests.job_due_check import DueCheckedDriver
+from tests.ready_keyed_check import KeyedCheckedDriver
 from trioq._memory import MemoryDriver
 from trioq._pg.driver import PgDriver, open_pg_driver
 from trioq._seam.driver import DRIVER_METHODS, Claim, Driver, NewJob
@@ -70,9 +71,10 @@ async def driver_and_clock(
     conninfo, schema = backend
     async with open_pg_driver(conninfo, schema, pool_size=4) as driver:
         await driver.migrate()
-        # job_due compared with jobs_live after every call that may write a job: every check's
-        # transitions keep it exact (tests/test_job_due.py).
-        checked = cast(Driver, DueCheckedDriver(wrap(driver), driver))
+        # job_due and ready_keyed compared with jobs_live after every call that may write a
+        # job: every check's transitions keep both exact (tests/test_job_due.py,
+        # tests/test_ready_keyed.py).
+        checked = cast(Driver, KeyedCheckedDriver(DueCheckedDriver(wrap(driver), driver), driver))
         yield checked, await SqlClock.install(driver)  # the clock: raw SQL, unchecked
 
 

@@ -11,13 +11,16 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from typing import Any
 
 import pytest
 import trio
 
 import trioq
+from tests.support import make_app
 from trioq._core.errors import ConfigurationError
+from trioq._seam.driver import Claim
 from trioq.cli import main
 from trioq.dashboard import actions, views
 from trioq.dashboard.security import (
@@ -30,6 +33,7 @@ from trioq.dashboard.security import (
     is_loopback,
     served_names,
 )
+from trioq.dashboard.store import JobSearch, Store
 
 SECRET = "correct horse battery staple"
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -274,3 +278,26 @@ def test_the_command_serves_its_pages_read_only_behind_token_auth(
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+async def test_the_ready_page_and_counts_show_keyed_ready_jobs_and_not_a_claimed_one(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Keyed ready jobs are counted and listed from ready_keyed (migration 0048), beside the
+    ring's unkeyed ones; a keyed job the claim took is neither ready in the counts nor on the
+    ready page (the job queued behind it on its key still is)."""
+    app = make_app(pg_url, pg_schema)
+    task = trioq.TaskDeclaration("noop")
+    async with app.client(migrate=True) as client:
+        plain = await client.enqueue(task, {})
+        first = await client.enqueue(task, {}, partition_key="p", priority=-1)
+        second = await client.enqueue(task, {}, partition_key="p")
+        limited = await client.enqueue(task, {}, concurrency_key="c")
+        claim = Claim("default", ("noop",), 1, 30.0, uuid.uuid4())
+        [claimed] = (await client.driver.job_claim(claim)).claimed
+        assert claimed.id == first.id
+        store = Store(client)
+        page = await store.search(JobSearch(state="ready"))
+        assert [job["id"] for job in page["jobs"]] == [limited.id, second.id, plain.id]
+        [queue] = (await store.overview())["queues"]
+        assert (queue["queue"], queue["ready"], queue["running"]) == ("default", 3, 1)

@@ -16,6 +16,7 @@ from tests.support import make_app, running_worker, scalar, wait_until
 from trioq import cli
 from trioq._core.admission import AdmissionPolicy
 from trioq._core.explain import ExplainFacts, explain
+from trioq._seam.driver import Claim
 from trioq.cli.ops import admission_cell
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
@@ -396,3 +397,35 @@ async def test_a_job_of_a_task_no_worker_registers_names_the_task_not_the_queue(
         "task name, or its worker is not running?"
     )
     assert code == 0
+
+
+async def test_the_job_ahead_in_its_key_and_a_concurrency_keys_head_are_ready_entries(
+    pg_url: str, pg_schema: str
+) -> None:
+    """`key_ahead` and a concurrency key's head are read from ready_keyed (migration 0048): the
+    earlier ready job of the key while it is ready, none once a claim took it (then it holds
+    the key); the key's first ready job and its limit, the next one once the first is taken."""
+    app = make_app(pg_url, pg_schema)
+    task = trioq.TaskDeclaration("noop")
+    async with app.client(migrate=True) as client:
+        driver = client.driver
+        first = await client.enqueue(task, {}, partition_key="p", priority=-2)
+        second = await client.enqueue(task, {}, partition_key="p")
+        head = await client.enqueue(task, {}, concurrency_key="c", concurrency_limit=2, priority=-1)
+        behind = await client.enqueue(task, {}, concurrency_key="c", concurrency_limit=2)
+        facts = await driver.job_explain(second.id)
+        assert facts is not None and facts.key_ahead is not None
+        assert facts.key_ahead["id"] == first.id
+        facts = await driver.job_explain(behind.id)
+        assert facts is not None and facts.concurrency is not None
+        assert (facts.concurrency["head_id"], facts.concurrency["limit"]) == (head.id, 2)
+        claim = Claim("default", ("noop",), 2, 30.0, uuid.uuid4())
+        claimed = (await driver.job_claim(claim)).claimed
+        assert sorted(job.id for job in claimed) == sorted([first.id, head.id])
+        facts = await driver.job_explain(second.id)
+        assert facts is not None and facts.key_ahead is None
+        assert facts.key_holder is not None and facts.key_holder["id"] == first.id
+        facts = await driver.job_explain(behind.id)
+        assert facts is not None and facts.concurrency is not None
+        assert facts.concurrency["head_id"] == behind.id
+        assert facts.concurrency["running"] == 1

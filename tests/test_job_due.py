@@ -24,6 +24,7 @@ import trio
 from psycopg import sql
 
 from tests.job_due_check import DueCheckedDriver, JobDueMismatch, due_rows, job_due_mismatches
+from tests.ready_keyed_check import ready_keyed_mismatches
 from tests.releases import JOB_DUE_RELEASE, functions_at
 from tests.support import (
     apply_functions,
@@ -237,9 +238,11 @@ async def test_migrate_from_the_previous_release_fills_job_due_and_its_claims_ru
                 (migration.version, migration.name),
             )
     async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
-        # 0047 too (stop first: the previous release's running job becomes a run).
-        assert await pg.migrate() == [44, 45, 46, 47]
+        # 0047 too (stop first: the previous release's running job becomes a run), and 0048
+        # (its ready keyed job filed in ready_keyed).
+        assert await pg.migrate() == [44, 45, 46, 47, 48]
         assert job_due_mismatches(pg_url, pg_schema) == []
+        assert ready_keyed_mismatches(pg_url, pg_schema) == []
         assert len(due_rows(pg_url, pg_schema)) == len(DUE)
         driver = DueCheckedDriver(pg, pg)
         # The overdue sleep is claimed by a full claim reading job_due.

@@ -28,6 +28,7 @@ QUALIFIED = {
     "job_lane",
     "jobs_live_file",
     "jobs_live_left",
+    "ready_keyed_file",
     "ready_channel",
     "ready_ring_file",
     "ready_ring_low",

@@ -59,6 +59,10 @@ ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
         1,
         "a bulk fill: 100,000 finished jobs of one day, two chunks of the rotation's count",
     ),
+    (
+        "test_ready_keyed.py",
+        "test_migration_0048_files_the_ready_keyed_rows_and_drops_the_keyed_indexes",
+    ): (1, OLD_LAYOUT + " (ready, delayed and claimed keyed rows at version 47)"),
     ("test_status.py", "test_vacuum_never_truncates_the_hot_tables_and_rows_survive"): (
         1,
         OLD_LAYOUT + " (ready rows before migration 24)",

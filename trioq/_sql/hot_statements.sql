@@ -191,18 +191,15 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3726 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
+-- name: job_claim_plain (3589 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second',
 false) AS blocked
-FROM (SELECT EXISTS (SELECT 1 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key IS NOT NULL)
-OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key IS NOT NULL) AS ready
+FROM (SELECT (SELECT e.queue FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text)
+ORDER BY e.queue, e.kind, e.key LIMIT 1) IS NOT NULL AS ready
 OFFSET 0) AS keyed
 LEFT JOIN LATERAL (SELECT d.run_at FROM "trioq".job_due d
 WHERE d.queue = (SELECT $2::text) AND d.run_at IS NOT NULL
@@ -289,7 +286,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (13012 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim (13561 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
@@ -327,17 +324,15 @@ ready_keys AS (
 SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key IS NOT NULL
-AND j.partition_key > (SELECT $7::text)
-ORDER BY j.partition_key LIMIT 1) AS after_cursor
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+AND e.key > (SELECT $7::text)
+ORDER BY e.key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key IS NOT NULL
-ORDER BY j.partition_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+ORDER BY e.key LIMIT 1) AS from_start
 LIMIT 1
 ) AS first_key
 WHERE (SELECT $4::int) > 0
@@ -346,16 +341,15 @@ SELECT next_key.partition_key, k.n + 1, next_key.wrapped
 FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key > k.partition_key
-ORDER BY j.partition_key LIMIT 1) AS following
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+AND e.key > k.partition_key
+ORDER BY e.key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key IS NOT NULL
-ORDER BY j.partition_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+ORDER BY e.key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
 LIMIT 1
 ) AS next_key
@@ -364,22 +358,26 @@ AND NOT (next_key.wrapped AND next_key.partition_key > (SELECT $7::text))
 AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
 ),
 heads AS MATERIALIZED (
-SELECT head.id, head.attempt, head.held
+SELECT head.id, head.filed, head.priority, head.run_at, head.entry_row, head.held
 FROM ready_keys k
 LEFT JOIN "trioq".partition_locks l
 ON l.queue = (SELECT $2::text) AND l.partition_key = k.partition_key
 CROSS JOIN LATERAL (
-(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
-FROM "trioq".jobs_live j
+(SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid AS entry_row,
+false AS held
+FROM "trioq".ready_keyed e
 WHERE l.job_id IS NULL
-AND j.queue = (SELECT $2::text) AND j.partition_key = k.partition_key
-AND j.phase = 'ready'
-AND j.run_at <= "trioq".db_now()
-ORDER BY j.priority, j.run_at, j.id
+AND e.queue = (SELECT $2::text) AND e.kind = 'p'
+AND e.key = k.partition_key
+AND e.run_at <= "trioq".db_now()
+ORDER BY e.priority, e.run_at, e.id
 LIMIT 1)
 UNION ALL
-(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
+(SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid, true AS held
 FROM "trioq".jobs_live j
+JOIN "trioq".ready_keyed e
+ON e.queue = j.queue AND e.kind = 'p' AND e.key = j.partition_key
+AND e.priority = j.priority AND e.run_at = j.run_at AND e.id = j.id
 WHERE j.id = l.job_id AND j.phase = 'ready')
 ) AS head
 WHERE head.task = ANY((SELECT $5::text[])::text[])
@@ -391,15 +389,15 @@ LIMIT 2 * (SELECT $4::int)
 keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
 NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+h.entry_row AS ring_row, locked.attempt, locked.executions, locked.parent_id,
 locked.result_watched
 FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
 j.parent_id, j.result_watched
 FROM "trioq".jobs_live j
-WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
+WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
+AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -407,17 +405,15 @@ ready_concurrency_keys AS (
 SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key IS NOT NULL
-AND j.concurrency_key > (SELECT $9::text)
-ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+AND e.key > (SELECT $9::text)
+ORDER BY e.key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key IS NOT NULL
-ORDER BY j.concurrency_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+ORDER BY e.key LIMIT 1) AS from_start
 LIMIT 1
 ) AS first_key
 WHERE (SELECT $4::int) > 0
@@ -426,16 +422,15 @@ SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
 FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key > k.concurrency_key
-ORDER BY j.concurrency_key LIMIT 1) AS following
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+AND e.key > k.concurrency_key
+ORDER BY e.key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key IS NOT NULL
-ORDER BY j.concurrency_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+ORDER BY e.key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
 LIMIT 1
 ) AS next_key
@@ -450,9 +445,9 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
-FROM "trioq".jobs_live f
-WHERE f.queue = (SELECT $2::text) AND f.concurrency_key = k.concurrency_key
-AND f.phase = 'ready'
+FROM "trioq".ready_keyed f
+WHERE f.queue = (SELECT $2::text) AND f.kind = 'c'
+AND f.key = k.concurrency_key
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
 ) AS lim
 CROSS JOIN LATERAL (
@@ -461,18 +456,19 @@ WHERE h.concurrency_key = k.concurrency_key
 ) AS held
 ),
 concurrency_heads AS MATERIALIZED (
-SELECT head.id, head.attempt, r.concurrency_key, free.slot
+SELECT head.id, head.filed, head.priority, head.run_at, head.entry_row, r.concurrency_key,
+free.slot
 FROM concurrency_room r
 CROSS JOIN LATERAL (
-SELECT j.id, j.attempt, j.priority, j.run_at,
-row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.concurrency_key = r.concurrency_key
-AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
-AND j.task = ANY((SELECT $5::text[])::text[])
+SELECT e.id, e.filed, e.priority, e.run_at, e.ctid AS entry_row,
+row_number() OVER (ORDER BY e.priority, e.run_at, e.id) AS rank
+FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+AND e.key = r.concurrency_key AND e.run_at <= "trioq".db_now()
+AND e.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
-OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
-ORDER BY j.priority, j.run_at, j.id
+OR e.task || '@' || e.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY e.priority, e.run_at, e.id
 LIMIT r.room
 ) AS head
 JOIN LATERAL (
@@ -490,15 +486,15 @@ LIMIT 2 * (SELECT $4::int)
 concurrency_keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
 true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+h.entry_row AS ring_row, locked.attempt, locked.executions, locked.parent_id,
 locked.result_watched
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
 j.result_watched
 FROM "trioq".jobs_live j
-WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
+WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
+AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -593,6 +589,16 @@ WHERE (c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
 OR c.id IN (SELECT job_id FROM concurrency_taken)
 RETURNING job_id, attempt, lease_token
 ),
+keyed_taken AS MATERIALIZED (
+SELECT CASE WHEN EXISTS (SELECT 1 FROM candidates c JOIN run u ON u.job_id = c.id
+WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL)
+THEN "trioq".ready_keyed_take(
+ARRAY(SELECT c.ring_row FROM candidates c JOIN run u ON u.job_id = c.id
+WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL),
+ARRAY(SELECT c.id FROM candidates c JOIN run u ON u.job_id = c.id
+WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL))
+ELSE 0 END AS n
+),
 claimed_in_place AS (
 UPDATE "trioq".jobs_live j SET phase = 'claimed'
 FROM run u, candidates c
@@ -626,9 +632,10 @@ AS concurrency_cursor,
 claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
-WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
+WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
+AND (SELECT n FROM keyed_taken) >= 0;
 
--- name: job_claim_rated (15816 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim_rated (16365 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
@@ -666,17 +673,15 @@ ready_keys AS (
 SELECT first_key.partition_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.partition_key, false AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key IS NOT NULL
-AND j.partition_key > (SELECT $7::text)
-ORDER BY j.partition_key LIMIT 1) AS after_cursor
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+AND e.key > (SELECT $7::text)
+ORDER BY e.key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key IS NOT NULL
-ORDER BY j.partition_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+ORDER BY e.key LIMIT 1) AS from_start
 LIMIT 1
 ) AS first_key
 WHERE (SELECT $4::int) > 0
@@ -685,16 +690,15 @@ SELECT next_key.partition_key, k.n + 1, next_key.wrapped
 FROM ready_keys k
 CROSS JOIN LATERAL (
 SELECT following.partition_key, k.wrapped AS wrapped
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key > k.partition_key
-ORDER BY j.partition_key LIMIT 1) AS following
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+AND e.key > k.partition_key
+ORDER BY e.key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.partition_key, true
-FROM (SELECT j.partition_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.partition_key IS NOT NULL
-ORDER BY j.partition_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS partition_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'p'
+ORDER BY e.key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
 LIMIT 1
 ) AS next_key
@@ -703,22 +707,26 @@ AND NOT (next_key.wrapped AND next_key.partition_key > (SELECT $7::text))
 AND NOT (next_key.wrapped AND k.wrapped AND next_key.partition_key <= k.partition_key)
 ),
 heads AS MATERIALIZED (
-SELECT head.id, head.attempt, head.held
+SELECT head.id, head.filed, head.priority, head.run_at, head.entry_row, head.held
 FROM ready_keys k
 LEFT JOIN "trioq".partition_locks l
 ON l.queue = (SELECT $2::text) AND l.partition_key = k.partition_key
 CROSS JOIN LATERAL (
-(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
-FROM "trioq".jobs_live j
+(SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid AS entry_row,
+false AS held
+FROM "trioq".ready_keyed e
 WHERE l.job_id IS NULL
-AND j.queue = (SELECT $2::text) AND j.partition_key = k.partition_key
-AND j.phase = 'ready'
-AND j.run_at <= "trioq".db_now()
-ORDER BY j.priority, j.run_at, j.id
+AND e.queue = (SELECT $2::text) AND e.kind = 'p'
+AND e.key = k.partition_key
+AND e.run_at <= "trioq".db_now()
+ORDER BY e.priority, e.run_at, e.id
 LIMIT 1)
 UNION ALL
-(SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
+(SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid, true AS held
 FROM "trioq".jobs_live j
+JOIN "trioq".ready_keyed e
+ON e.queue = j.queue AND e.kind = 'p' AND e.key = j.partition_key
+AND e.priority = j.priority AND e.run_at = j.run_at AND e.id = j.id
 WHERE j.id = l.job_id AND j.phase = 'ready')
 ) AS head
 WHERE head.task = ANY((SELECT $5::text[])::text[])
@@ -730,15 +738,15 @@ LIMIT 2 * (SELECT $4::int)
 keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
 NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+h.entry_row AS ring_row, locked.attempt, locked.executions, locked.parent_id,
 locked.result_watched
 FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
 j.parent_id, j.result_watched
 FROM "trioq".jobs_live j
-WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
+WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
+AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -746,17 +754,15 @@ ready_concurrency_keys AS (
 SELECT first_key.concurrency_key, 1 AS n, first_key.wrapped
 FROM (
 SELECT after_cursor.concurrency_key, false AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key IS NOT NULL
-AND j.concurrency_key > (SELECT $9::text)
-ORDER BY j.concurrency_key LIMIT 1) AS after_cursor
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+AND e.key > (SELECT $9::text)
+ORDER BY e.key LIMIT 1) AS after_cursor
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key IS NOT NULL
-ORDER BY j.concurrency_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+ORDER BY e.key LIMIT 1) AS from_start
 LIMIT 1
 ) AS first_key
 WHERE (SELECT $4::int) > 0
@@ -765,16 +771,15 @@ SELECT next_key.concurrency_key, k.n + 1, next_key.wrapped
 FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT following.concurrency_key, k.wrapped AS wrapped
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key > k.concurrency_key
-ORDER BY j.concurrency_key LIMIT 1) AS following
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+AND e.key > k.concurrency_key
+ORDER BY e.key LIMIT 1) AS following
 UNION ALL
 SELECT from_start.concurrency_key, true
-FROM (SELECT j.concurrency_key FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.phase = 'ready'
-AND j.concurrency_key IS NOT NULL
-ORDER BY j.concurrency_key LIMIT 1) AS from_start
+FROM (SELECT e.key AS concurrency_key FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+ORDER BY e.key LIMIT 1) AS from_start
 WHERE NOT k.wrapped
 LIMIT 1
 ) AS next_key
@@ -795,9 +800,9 @@ FROM ready_concurrency_keys k
 CROSS JOIN LATERAL (
 SELECT "trioq".concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
 AS max_running
-FROM "trioq".jobs_live f
-WHERE f.queue = (SELECT $2::text) AND f.concurrency_key = k.concurrency_key
-AND f.phase = 'ready'
+FROM "trioq".ready_keyed f
+WHERE f.queue = (SELECT $2::text) AND f.kind = 'c'
+AND f.key = k.concurrency_key
 ORDER BY f.priority, f.run_at, f.id LIMIT 1
 ) AS lim
 CROSS JOIN LATERAL (
@@ -817,19 +822,19 @@ LEFT JOIN "trioq".concurrency_rate_starts s ON s.concurrency_key = k.concurrency
 ) AS recent ON rate.rate_allowed IS NOT NULL
 ),
 concurrency_heads AS MATERIALIZED (
-SELECT head.id, head.attempt, r.concurrency_key, free.slot, rate_free.slot AS rate_slot,
-r.rate_period
+SELECT head.id, head.filed, head.priority, head.run_at, head.entry_row, r.concurrency_key,
+free.slot, rate_free.slot AS rate_slot, r.rate_period
 FROM concurrency_room r
 CROSS JOIN LATERAL (
-SELECT j.id, j.attempt, j.priority, j.run_at,
-row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-FROM "trioq".jobs_live j
-WHERE j.queue = (SELECT $2::text) AND j.concurrency_key = r.concurrency_key
-AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
-AND j.task = ANY((SELECT $5::text[])::text[])
+SELECT e.id, e.filed, e.priority, e.run_at, e.ctid AS entry_row,
+row_number() OVER (ORDER BY e.priority, e.run_at, e.id) AS rank
+FROM "trioq".ready_keyed e
+WHERE e.queue = (SELECT $2::text) AND e.kind = 'c'
+AND e.key = r.concurrency_key AND e.run_at <= "trioq".db_now()
+AND e.task = ANY((SELECT $5::text[])::text[])
 AND ((SELECT $6::text[]) IS NULL
-OR j.task || '@' || j.version = ANY((SELECT $6::text[])::text[]))
-ORDER BY j.priority, j.run_at, j.id
+OR e.task || '@' || e.version = ANY((SELECT $6::text[])::text[]))
+ORDER BY e.priority, e.run_at, e.id
 LIMIT r.room
 ) AS head
 JOIN LATERAL (
@@ -857,15 +862,15 @@ LIMIT 2 * (SELECT $4::int)
 concurrency_keyed AS MATERIALIZED (
 SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
 true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
-NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+h.entry_row AS ring_row, locked.attempt, locked.executions, locked.parent_id,
 locked.result_watched
 FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
 j.result_watched
 FROM "trioq".jobs_live j
-WHERE j.id = h.id AND j.attempt = h.attempt
-AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
+WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
+AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
 ) AS locked
 ),
@@ -982,6 +987,16 @@ WHERE (c.held AND c.slot IS NULL) OR c.id IN (SELECT job_id FROM key_taken)
 OR c.id IN (SELECT job_id FROM concurrency_taken)
 RETURNING job_id, attempt, lease_token
 ),
+keyed_taken AS MATERIALIZED (
+SELECT CASE WHEN EXISTS (SELECT 1 FROM candidates c JOIN run u ON u.job_id = c.id
+WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL)
+THEN "trioq".ready_keyed_take(
+ARRAY(SELECT c.ring_row FROM candidates c JOIN run u ON u.job_id = c.id
+WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL),
+ARRAY(SELECT c.id FROM candidates c JOIN run u ON u.job_id = c.id
+WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL))
+ELSE 0 END AS n
+),
 claimed_in_place AS (
 UPDATE "trioq".jobs_live j SET phase = 'claimed'
 FROM run u, candidates c
@@ -1021,7 +1036,8 @@ WHERE r.rate_room < r.other_room AND r.rate_room <= taken.n)
 AS key_rate_limited_until
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
-WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
+WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
+AND (SELECT n FROM keyed_taken) >= 0;
 
 -- name: job_complete_plain (1546 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (

@@ -476,25 +476,26 @@ CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
            j.parent_id, j.concurrency_key
     FROM run u JOIN {schema}.jobs_live j ON j.id = u.job_id
 
--- fragment: key_visit(cte, key, cursor)
--- The keys with ready jobs of one kind (@key@), visited as a loose index scan: round-robin
--- from the cursor (the last key the previous claim visited), wrapping once to the start, at
--- most the key window per claim. A recursive CTE named @cte@ that includes this yields
--- (@key@, n, wrapped). Partition keys and concurrency keys are visited the same way.
+-- fragment: key_visit(cte, key, kind, cursor)
+-- The keys with ready jobs of one kind (@key@: ready_keyed's kind '@kind@'), visited as a loose
+-- index scan of ready_keyed's primary key (migration 0048): round-robin from the cursor (the
+-- last key the previous claim visited), wrapping once to the start, at most the key window per
+-- claim. A recursive CTE named @cte@ that includes this yields (@key@, n, wrapped). Partition
+-- keys and concurrency keys are visited the same way. An entry is a hint until its row is
+-- locked (the heads below): a key whose entries were all taken since this snapshot is visited
+-- and yields nothing.
     SELECT first_key.@key@, 1 AS n, first_key.wrapped
     FROM (
         SELECT after_cursor.@key@, false AS wrapped
-        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
-                AND j.@key@ IS NOT NULL
-                AND j.@key@ > (SELECT %(@cursor@)s::text)
-              ORDER BY j.@key@ LIMIT 1) AS after_cursor
+        FROM (SELECT e.key AS @key@ FROM {schema}.ready_keyed e
+              WHERE e.queue = (SELECT %(queue)s::text) AND e.kind = '@kind@'
+                AND e.key > (SELECT %(@cursor@)s::text)
+              ORDER BY e.key LIMIT 1) AS after_cursor
         UNION ALL
         SELECT from_start.@key@, true
-        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
-                AND j.@key@ IS NOT NULL
-              ORDER BY j.@key@ LIMIT 1) AS from_start
+        FROM (SELECT e.key AS @key@ FROM {schema}.ready_keyed e
+              WHERE e.queue = (SELECT %(queue)s::text) AND e.kind = '@kind@'
+              ORDER BY e.key LIMIT 1) AS from_start
         LIMIT 1
     ) AS first_key
     WHERE (SELECT %(limit)s::int) > 0
@@ -503,16 +504,15 @@ CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
     FROM @cte@ k
     CROSS JOIN LATERAL (
         SELECT following.@key@, k.wrapped AS wrapped
-        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
-                AND j.@key@ > k.@key@
-              ORDER BY j.@key@ LIMIT 1) AS following
+        FROM (SELECT e.key AS @key@ FROM {schema}.ready_keyed e
+              WHERE e.queue = (SELECT %(queue)s::text) AND e.kind = '@kind@'
+                AND e.key > k.@key@
+              ORDER BY e.key LIMIT 1) AS following
         UNION ALL
         SELECT from_start.@key@, true
-        FROM (SELECT j.@key@ FROM {schema}.jobs_live j
-              WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
-                AND j.@key@ IS NOT NULL
-              ORDER BY j.@key@ LIMIT 1) AS from_start
+        FROM (SELECT e.key AS @key@ FROM {schema}.ready_keyed e
+              WHERE e.queue = (SELECT %(queue)s::text) AND e.kind = '@kind@'
+              ORDER BY e.key LIMIT 1) AS from_start
         WHERE NOT k.wrapped
         LIMIT 1
     ) AS next_key
@@ -624,25 +624,35 @@ due_unkeyed AS MATERIALIZED (
     LIMIT (SELECT %(limit)s::int)
 ),
 ready_keys AS (
-    -- include: key_visit(ready_keys, partition_key, key_cursor)
+    -- include: key_visit(ready_keys, partition_key, p, key_cursor)
 ),
+-- A free key's head is its first due entry in ready_keyed (migration 0048), in claim order: one
+-- probe of the primary key's (queue, kind, key) range. A held key's only candidate is its
+-- holder, ready again after a suspension: its row by primary key gives the entry's priority
+-- and run_at, then one exact probe of the entry, so a key with 100,000 jobs behind its
+-- holder is never walked. The entry's row address rides to the claim (`ring_row`), which
+-- deletes it.
 heads AS MATERIALIZED (
-    SELECT head.id, head.attempt, head.held
+    SELECT head.id, head.filed, head.priority, head.run_at, head.entry_row, head.held
     FROM ready_keys k
     LEFT JOIN {schema}.partition_locks l
            ON l.queue = (SELECT %(queue)s::text) AND l.partition_key = k.partition_key
     CROSS JOIN LATERAL (
-        (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, false AS held
-         FROM {schema}.jobs_live j
+        (SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid AS entry_row,
+                false AS held
+         FROM {schema}.ready_keyed e
          WHERE l.job_id IS NULL
-           AND j.queue = (SELECT %(queue)s::text) AND j.partition_key = k.partition_key
-           AND j.phase = 'ready'
-           AND j.run_at <= {schema}.db_now()
-         ORDER BY j.priority, j.run_at, j.id
+           AND e.queue = (SELECT %(queue)s::text) AND e.kind = 'p'
+           AND e.key = k.partition_key
+           AND e.run_at <= {schema}.db_now()
+         ORDER BY e.priority, e.run_at, e.id
          LIMIT 1)
         UNION ALL
-        (SELECT j.id, j.attempt, j.priority, j.run_at, j.task, j.version, true AS held
+        (SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid, true AS held
          FROM {schema}.jobs_live j
+         JOIN {schema}.ready_keyed e
+           ON e.queue = j.queue AND e.kind = 'p' AND e.key = j.partition_key
+          AND e.priority = j.priority AND e.run_at = j.run_at AND e.id = j.id
          WHERE j.id = l.job_id AND j.phase = 'ready')
     ) AS head
     WHERE head.task = ANY((SELECT %(tasks)s::text[])::text[])
@@ -653,24 +663,28 @@ heads AS MATERIALIZED (
 ),
 -- Driven from the heads, one primary-key probe each (a join left to the planner took a seq scan
 -- of jobs as its outer side in a generic plan made while the table was empty: every row of a
--- later backlog read at every claim).
+-- later backlog read at every claim). The lock rechecks the row's newest version against the
+-- entry: still ready, filed as the entry says (an entry read from this statement's snapshot
+-- whose job was claimed, cancelled or left ready and came back since is stale, and claims
+-- nothing), with the entry's priority and due time (so the entry read is the one its delete
+-- below removes).
 keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, locked.partition_key, h.held,
            NULL::text AS concurrency_key, NULL::int AS slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+           h.entry_row AS ring_row, locked.attempt, locked.executions, locked.parent_id,
            locked.result_watched
     FROM heads h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
                j.parent_id, j.result_watched
         FROM {schema}.jobs_live j
-        WHERE j.id = h.id AND j.attempt = h.attempt
-          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
+        WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
+          AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
     ) AS locked
 ),
 -- Concurrency keys (migration 0027): at most the key's limit running, across queues and
--- workers. The same loose index scan as ready_keys, over jobs_concurrency_ready_idx, visiting
+-- workers. The same loose index scan as ready_keys, over ready_keyed's kind 'c', visiting
 -- at most %(key_window)s keys round-robin after %(concurrency_cursor)s. Per key: its limit
 -- (concurrency_limit_of: the longest matching pattern of concurrency_limits, else the
 -- concurrency_limit of the key's first ready row, else 1: trioq/_core/concurrency.py
@@ -682,22 +696,23 @@ keyed AS MATERIALIZED (
 -- below). Lowest-first keeps a lowered limit safe too: a slot at or above the new limit is
 -- only ever released, and a claim that saw h of them held picks slots below limit - h.
 ready_concurrency_keys AS (
-    -- include: key_visit(ready_concurrency_keys, concurrency_key, concurrency_cursor)
+    -- include: key_visit(ready_concurrency_keys, concurrency_key, c, concurrency_cursor)
 ),
 -- include: concurrency_room_@rate@
 -- include: concurrency_heads_@rate@
 concurrency_keyed AS MATERIALIZED (
     SELECT locked.id, locked.priority, locked.run_at, locked.queue, NULL::text AS partition_key,
            true AS held, h.concurrency_key, h.slot, NULL::smallint AS ring_slot,
-           NULL::tid AS ring_row, locked.attempt, locked.executions, locked.parent_id,
+           h.entry_row AS ring_row, locked.attempt, locked.executions, locked.parent_id,
            locked.result_watched
     FROM concurrency_heads h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
                j.result_watched
         FROM {schema}.jobs_live j
-        WHERE j.id = h.id AND j.attempt = h.attempt
-          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
+        -- As `keyed`'s lock: the entry's filed, priority and due time on the newest version.
+        WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
+          AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
     ) AS locked
 ),
@@ -756,9 +771,25 @@ run AS (
           OR c.id IN (SELECT job_id FROM concurrency_taken)
     RETURNING job_id, attempt, lease_token
 ),
+-- The entries in ready_keyed of the keyed jobs claimed here (migration 0048), by row address
+-- (`ring_row` carries a keyed candidate's entry, ring_slot NULL; ready_keyed_take(), as
+-- ring_taken calls ready_ring_take()): the lock above rechecked the row against the entry's
+-- filed, priority and due time, so the address read is the entry filed for this spell in
+-- ready. Read by the final SELECT; a claim that took no keyed job calls nothing.
+keyed_taken AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM candidates c JOIN run u ON u.job_id = c.id
+                             WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL)
+                THEN {schema}.ready_keyed_take(
+                         ARRAY(SELECT c.ring_row FROM candidates c JOIN run u ON u.job_id = c.id
+                               WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL),
+                         ARRAY(SELECT c.id FROM candidates c JOIN run u ON u.job_id = c.id
+                               WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL))
+                ELSE 0 END AS n
+),
 -- A keyed or due job claimed here leaves ready, scheduled, sleeping and waiting in place
--- (`claimed`): the keyed claim and the due scans read those rows by phase (jobs_live's partial
--- indexes), where a job claimed from the ring keeps `ready` and its entry is gone.
+-- (`claimed`): its entry is gone (keyed_taken, job_due's trigger), and the readers that still
+-- find a job by its row's phase (the pages, the explanation, the rechecks of the locks) see
+-- it is not ready; a job claimed from the ring keeps `ready`, its entry gone.
 claimed_in_place AS (
     UPDATE {schema}.jobs_live j SET phase = 'claimed'
     FROM run u, candidates c
@@ -791,20 +822,22 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        -- include: claim_reply_@rate@
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
--- A one-time filter that is always true reads ready_notified and ring_taken, so its NOTIFY and
--- the entries' delete run (a CTE without a data change runs only when read).
-WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
+-- A one-time filter that is always true reads ready_notified, ring_taken and keyed_taken, so
+-- its NOTIFY and the entries' deletes run (a CTE without a data change runs only when read).
+WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
+  AND (SELECT n FROM keyed_taken) >= 0;
 
 -- fragment: concurrency_key_limit_held
 -- Both concurrency_room variants: per ready key `k`, the limit the claim applies
 -- (`lim.max_running`: a pattern's, else its first ready job's, trioq/_core/concurrency.py
--- `claim_limit`) and its held slots (`held.n`).
+-- `claim_limit`) and its held slots (`held.n`). The first ready job's limit is its entry's
+-- (ready_keyed, migration 0048: the first of the key's range, no job row read).
     CROSS JOIN LATERAL (
         SELECT {schema}.concurrency_limit_of(k.concurrency_key, f.concurrency_limit)
                    AS max_running
-        FROM {schema}.jobs_live f
-        WHERE f.queue = (SELECT %(queue)s::text) AND f.concurrency_key = k.concurrency_key
-          AND f.phase = 'ready'
+        FROM {schema}.ready_keyed f
+        WHERE f.queue = (SELECT %(queue)s::text) AND f.kind = 'c'
+          AND f.key = k.concurrency_key
         ORDER BY f.priority, f.run_at, f.id LIMIT 1
     ) AS lim
     CROSS JOIN LATERAL (
@@ -814,17 +847,19 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0;
 
 -- fragment: concurrency_key_heads_free
 -- Both concurrency_heads variants: per key with room `r`, its first `r.room` due jobs in
--- claim order (`head`), each paired with one of the key's free holds slots (`free`).
+-- claim order (`head`, from the key's entries in ready_keyed, migration 0048, with their row
+-- addresses for the claim's delete), each paired with one of the key's free holds slots
+-- (`free`).
     CROSS JOIN LATERAL (
-        SELECT j.id, j.attempt, j.priority, j.run_at,
-               row_number() OVER (ORDER BY j.priority, j.run_at, j.id) AS rank
-        FROM {schema}.jobs_live j
-        WHERE j.queue = (SELECT %(queue)s::text) AND j.concurrency_key = r.concurrency_key
-          AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
-          AND j.task = ANY((SELECT %(tasks)s::text[])::text[])
+        SELECT e.id, e.filed, e.priority, e.run_at, e.ctid AS entry_row,
+               row_number() OVER (ORDER BY e.priority, e.run_at, e.id) AS rank
+        FROM {schema}.ready_keyed e
+        WHERE e.queue = (SELECT %(queue)s::text) AND e.kind = 'c'
+          AND e.key = r.concurrency_key AND e.run_at <= {schema}.db_now()
+          AND e.task = ANY((SELECT %(tasks)s::text[])::text[])
           AND ((SELECT %(task_versions)s::text[]) IS NULL
-               OR j.task || '@' || j.version = ANY((SELECT %(task_versions)s::text[])::text[]))
-        ORDER BY j.priority, j.run_at, j.id
+               OR e.task || '@' || e.version = ANY((SELECT %(task_versions)s::text[])::text[]))
+        ORDER BY e.priority, e.run_at, e.id
         LIMIT r.room
     ) AS head
     JOIN LATERAL (
@@ -845,7 +880,8 @@ concurrency_room AS MATERIALIZED (
 ),
 -- fragment: concurrency_heads_unrated
 concurrency_heads AS MATERIALIZED (
-    SELECT head.id, head.attempt, r.concurrency_key, free.slot
+    SELECT head.id, head.filed, head.priority, head.run_at, head.entry_row, r.concurrency_key,
+           free.slot
     FROM concurrency_room r
     -- include: concurrency_key_heads_free
     WHERE r.room > 0
@@ -920,8 +956,8 @@ concurrency_room AS MATERIALIZED (
 -- a read of its rows, not a probe per candidate slot (at 10000/s over 50 keys the two ways
 -- drained at the same 0.67-0.68x of the unrated statement's rate: bench/RESULTS.md).
 concurrency_heads AS MATERIALIZED (
-    SELECT head.id, head.attempt, r.concurrency_key, free.slot, rate_free.slot AS rate_slot,
-           r.rate_period
+    SELECT head.id, head.filed, head.priority, head.run_at, head.entry_row, r.concurrency_key,
+           free.slot, rate_free.slot AS rate_slot, r.rate_period
     FROM concurrency_room r
     -- include: concurrency_key_heads_free
     LEFT JOIN LATERAL (
@@ -1163,15 +1199,17 @@ WITH probe AS MATERIALIZED (
            keyed.ready OR coalesce(due.run_at <= {schema}.db_now()
                                    + (SELECT %(lookahead)s::float8) * interval '1 second',
                                    false) AS blocked
-    FROM (SELECT EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                         WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
-                           AND j.partition_key IS NOT NULL)
-                 -- jobs_concurrency_ready_idx: one more probe of an index of keyed rows only
-                 OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                            WHERE j.queue = (SELECT %(queue)s::text) AND j.phase = 'ready'
-                              AND j.concurrency_key IS NOT NULL) AS ready
-          -- OFFSET 0: `keyed` is read twice above; pulled up, its two index probes were
-          -- planned (and run) once for each read.
+    -- ready_keyed (migration 0048): one probe of its primary key's queue prefix, both kinds of
+    -- key. An entry taken since this snapshot still counts: the full claim then finds nothing
+    -- keyed, and says the next claim may be plain. The first entry in key order, not EXISTS:
+    -- an EXISTS is planned as a semi-join costed to its first match, and its generic plan made
+    -- while the table was small scanned ready_keyed (every other queue's keyed backlog read
+    -- at every plain claim; tests/test_plain_rounds.py); the ORDER BY is served by the key.
+    FROM (SELECT (SELECT e.queue FROM {schema}.ready_keyed e
+                  WHERE e.queue = (SELECT %(queue)s::text)
+                  ORDER BY e.queue, e.kind, e.key LIMIT 1) IS NOT NULL AS ready
+          -- OFFSET 0: `keyed` is read twice above; pulled up, its index probe was planned
+          -- (and run) once for each read.
           OFFSET 0) AS keyed
     -- job_due (migration 0044): one probe of its (queue, run_at).
     LEFT JOIN LATERAL (SELECT d.run_at FROM {schema}.job_due d
@@ -1780,7 +1818,7 @@ ORDER BY j.id;
 -- explanation without this statement changing. Index use: the primary key for the job; the
 -- key holder through partition_locks' primary key (a job running, sleeping or waiting holds its
 -- key's lock; the jobs table has no index of those rows by key, and a scan of it took 750 ms at
--- 1,000,000 jobs); the key's earlier ready job through jobs_partition_ready_idx; the
+-- 1,000,000 jobs); the key's earlier ready job through ready_keyed (migration 0048); the
 -- last attempt through attempts_job_idx; workers is a small table (each row carries its
 -- admission snapshot, migration 0008); the queue's pause through queue_pauses' primary key.
 -- Nothing is locked.
@@ -1804,9 +1842,9 @@ SELECT {schema}.db_now() AS now,
        -- A keyed job a claim took reads `claimed` (migration 0047): `ready` is not running.
        (SELECT to_jsonb(a.*) FROM (
             SELECT k.id, k.priority, k.run_at
-            FROM {schema}.jobs_live AS k
-            WHERE k.queue = job.queue AND k.partition_key = job.partition_key
-              AND k.id <> job.id AND k.phase = 'ready' AND k.run_at <= {schema}.db_now()
+            FROM {schema}.ready_keyed AS k
+            WHERE k.queue = job.queue AND k.kind = 'p' AND k.key = job.partition_key
+              AND k.id <> job.id AND k.run_at <= {schema}.db_now()
               AND (k.priority, k.run_at, k.id) < (job.priority, job.run_at, job.id)
             ORDER BY k.priority, k.run_at, k.id LIMIT 1) AS a) AS key_ahead,
        (SELECT coalesce(jsonb_agg(to_jsonb(w.*) ORDER BY w.started_at), '[]'::jsonb)
@@ -1819,7 +1857,7 @@ SELECT {schema}.db_now() AS now,
        -- A concurrency key's running count (its holds, by primary key prefix) and the limit
        -- the claim applies (trioq/_core/concurrency.py `claim_limit`): a matching pattern's,
        -- else that of the key's head, its first ready job of the queue in claim order
-       -- (jobs_concurrency_ready_idx; the claim's concurrency_room reads the same row), else
+       -- (ready_keyed; the claim's concurrency_room reads the same entry), else
        -- 1; with no ready job of the key, the job's own stands in for the head's.
        (SELECT jsonb_build_object(
                    'running', (SELECT count(*) FROM {schema}.concurrency_holds AS h
@@ -1847,9 +1885,8 @@ SELECT {schema}.db_now() AS now,
                             ) AS w), '{}'::jsonb)
         FROM (SELECT 1) AS one
         LEFT JOIN LATERAL (
-            SELECT f.id, f.concurrency_limit FROM {schema}.jobs_live AS f
-            WHERE f.queue = job.queue AND f.concurrency_key = job.concurrency_key
-              AND f.phase = 'ready'
+            SELECT f.id, f.concurrency_limit FROM {schema}.ready_keyed AS f
+            WHERE f.queue = job.queue AND f.kind = 'c' AND f.key = job.concurrency_key
             ORDER BY f.priority, f.run_at, f.id LIMIT 1) AS head ON true
         WHERE job.concurrency_key IS NOT NULL) AS concurrency,
        -- The workers of other queues: whether any live one registers the job's task (a job
@@ -2838,8 +2875,8 @@ SET LOCAL jit = off;
 -- capped rows), and whether it is paused (about 25 ms for four queues at 1,000,000 jobs on a
 -- loaded machine: bench/dashboard.py). Queues are found without a table scan: a loose index
 -- scan (one index probe per distinct queue) over each index led by `queue` (the ready ring's,
--- of unkeyed ready jobs; the partial ones of ready partition-keyed, ready concurrency-keyed
--- and scheduled/sleeping/waiting rows), plus the runs (job_runs, migration 0047: bounded by
+-- of unkeyed ready jobs; ready_keyed's, of ready jobs with a key of either kind, migration
+-- 0048; job_due's, of scheduled/sleeping/waiting rows), plus the runs (job_runs, migration 0047: bounded by
 -- the workers' slots), the workers' queues and the pauses. A queue with only finished jobs shows up
 -- through the throughput read (jobs_finished_idx); one with only the ring's entries of jobs no
 -- longer ready (until their slot is truncated, 20 s at most) shows up with nothing ready.
@@ -2856,22 +2893,11 @@ ready_unkeyed AS (
             ORDER BY x.queue LIMIT 1)
     FROM ready_unkeyed r WHERE r.queue IS NOT NULL
 ),
-ready_concurrency_keyed AS (
-    (SELECT queue FROM {schema}.jobs_live
-     WHERE phase = 'ready' AND concurrency_key IS NOT NULL ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs_live j
-            WHERE j.phase = 'ready' AND j.concurrency_key IS NOT NULL AND j.queue > r.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM ready_concurrency_keyed r WHERE r.queue IS NOT NULL
-),
 ready_keyed AS (
-    (SELECT queue FROM {schema}.jobs_live
-     WHERE phase = 'ready' AND partition_key IS NOT NULL ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {schema}.ready_keyed ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.jobs_live j
-            WHERE j.phase = 'ready' AND j.partition_key IS NOT NULL AND j.queue > r.queue
-            ORDER BY j.queue LIMIT 1)
+    SELECT (SELECT e.queue FROM {schema}.ready_keyed e WHERE e.queue > r.queue
+            ORDER BY e.queue LIMIT 1)
     FROM ready_keyed r WHERE r.queue IS NOT NULL
 ),
 due AS (
@@ -2887,7 +2913,6 @@ running AS (
 queues AS (
     SELECT queue FROM ready_unkeyed WHERE queue IS NOT NULL
     UNION SELECT queue FROM ready_keyed WHERE queue IS NOT NULL
-    UNION SELECT queue FROM ready_concurrency_keyed WHERE queue IS NOT NULL
     UNION SELECT queue FROM due WHERE queue IS NOT NULL
     UNION SELECT queue FROM running
     UNION SELECT unnest(queues) FROM {schema}.workers
@@ -2920,16 +2945,18 @@ CROSS JOIN LATERAL (
                 -- include: ring_low
           LIMIT %(cap)s) s
 ) unkeyed
+-- The keyed ones: ready_keyed's entries of the queue, per kind (each walk capped as before;
+-- an entry is its job's while ready: the triggers of migration 0048 delete it as it leaves).
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
-    FROM (SELECT j.run_at FROM {schema}.jobs_live j
-          WHERE j.queue = q.queue AND j.phase = 'ready' AND j.concurrency_key IS NOT NULL
+    FROM (SELECT e.run_at FROM {schema}.ready_keyed e
+          WHERE e.queue = q.queue AND e.kind = 'c'
           LIMIT %(cap)s) s
 ) concurrency_keyed
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
-    FROM (SELECT j.run_at FROM {schema}.jobs_live j
-          WHERE j.queue = q.queue AND j.phase = 'ready' AND j.partition_key IS NOT NULL
+    FROM (SELECT e.run_at FROM {schema}.ready_keyed e
+          WHERE e.queue = q.queue AND e.kind = 'p'
           LIMIT %(cap)s) s
 ) keyed
 -- One walk of job_due's (queue, run_at) (migration 0044) for the three future-dated states, at
@@ -3104,8 +3131,8 @@ ORDER BY m.id DESC;
 -- name: dashboard_job_search_ready
 -- The jobs page filtered by ready, newest first: the unkeyed, partition-keyed and
 -- concurrency-keyed ready rows each through their claim source (the ready ring's entries,
--- each job once, probed by primary key; the keyed ones' partial indexes), the newest of each,
--- then of all three.
+-- each job once, probed by primary key; ready_keyed's entries, migration 0048), the newest of
+-- each, then of both.
 -- `id + 0` as in dashboard_job_search_unfinished: the primary key's order walked 880,000
 -- finished rows above a 40,000-row backlog (340 ms); the claim sources read the backlog
 -- only (bench/dashboard.py).
@@ -3124,14 +3151,12 @@ WITH ids AS (
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
     UNION ALL
+    -- The keyed ones through ready_keyed (migration 0048), each entry's row by primary key.
     (SELECT j.id FROM {schema}.jobs_live j
-     WHERE j.phase = 'ready' AND j.partition_key IS NOT NULL
-       AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
-     -- include: dashboard_job_filters
-     ORDER BY j.id + 0 DESC LIMIT %(limit)s)
-    UNION ALL
-    (SELECT j.id FROM {schema}.jobs_live j
-     WHERE j.phase = 'ready' AND j.concurrency_key IS NOT NULL
+     WHERE (j.id, j.filed) IN (SELECT e.id, e.filed FROM {schema}.ready_keyed e
+                               WHERE %(before_id)s::bigint IS NULL
+                                  OR e.id < %(before_id)s::bigint)
+       AND j.phase = 'ready'
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)

@@ -1116,12 +1116,10 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
 (SELECT coalesce((SELECT s.low FROM "trioq".ready_ring_state s), 0::smallint))
 
                   )
-           OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
-                      WHERE j.queue = q.queue AND j.phase = 'ready'
-                        AND j.partition_key IS NOT NULL)
-           OR EXISTS (SELECT 1 FROM "trioq".jobs_live j
-                      WHERE j.queue = q.queue AND j.phase = 'ready'
-                        AND j.concurrency_key IS NOT NULL)
+           -- The first entry in key order (as job_claim_plain's probe: an EXISTS may be
+           -- planned as a scan of the whole table).
+           OR (SELECT e.queue FROM "trioq".ready_keyed e WHERE e.queue = q.queue
+               ORDER BY e.queue, e.kind, e.key LIMIT 1) IS NOT NULL
            OR coalesce(d.run_at <= "trioq".db_now(), false),
            CASE WHEN d.run_at > "trioq".db_now() THEN d.run_at END
     FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)
@@ -1139,6 +1137,53 @@ CREATE FUNCTION trioq.ready_channel(queue text) RETURNS text
     SELECT 'trioq_ready_'
            OPERATOR(pg_catalog.||)
            (pg_catalog.hashtext(queue) OPERATOR(pg_catalog.&) 63)::pg_catalog.text
+$$;
+
+CREATE FUNCTION trioq.ready_keyed_file() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP OPERATOR(pg_catalog.<>) 'INSERT'
+       AND OLD.phase OPERATOR(pg_catalog.=) 'ready' THEN
+        DELETE FROM "trioq".ready_keyed e
+        WHERE e.queue OPERATOR(pg_catalog.=) OLD.queue
+          AND e.kind OPERATOR(pg_catalog.=)
+              (CASE WHEN OLD.partition_key IS NOT NULL THEN 'p' ELSE 'c' END)::"char"
+          AND e.key OPERATOR(pg_catalog.=) coalesce(OLD.partition_key, OLD.concurrency_key)
+          AND e.priority OPERATOR(pg_catalog.=) OLD.priority
+          AND e.run_at OPERATOR(pg_catalog.=) OLD.run_at
+          AND e.id OPERATOR(pg_catalog.=) OLD.id;
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.<>) 'DELETE'
+       AND NEW.phase OPERATOR(pg_catalog.=) 'ready' THEN
+        INSERT INTO "trioq".ready_keyed (queue, kind, key, priority, run_at, id, filed, task,
+                                          version, concurrency_limit)
+        VALUES (NEW.queue,
+                (CASE WHEN NEW.partition_key IS NOT NULL THEN 'p' ELSE 'c' END)::"char",
+                coalesce(NEW.partition_key, NEW.concurrency_key), NEW.priority, NEW.run_at,
+                NEW.id, NEW.filed, NEW.task, NEW.version, NEW.concurrency_limit)
+        ON CONFLICT (queue, kind, key, priority, run_at, id)
+        DO UPDATE SET filed = excluded.filed, task = excluded.task,
+                      version = excluded.version,
+                      concurrency_limit = excluded.concurrency_limit;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION trioq.ready_keyed_take(rows tid[], ids bigint[]) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    taken bigint;
+BEGIN
+    DELETE FROM "trioq".ready_keyed e WHERE e.ctid = ANY(rows) AND e.id = ANY(ids);
+    GET DIAGNOSTICS taken = ROW_COUNT;
+    RETURN taken;
+END
 $$;
 
 CREATE FUNCTION trioq.ready_pending() RETURNS integer
@@ -2038,6 +2083,21 @@ CREATE TABLE trioq.queue_pauses (
     CONSTRAINT queue_pauses_queue_check CHECK ((queue ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$'::text))
 );
 
+CREATE TABLE trioq.ready_keyed (
+    queue text NOT NULL,
+    kind "char" NOT NULL,
+    key text NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    id bigint NOT NULL,
+    filed integer NOT NULL,
+    task text NOT NULL,
+    version integer NOT NULL,
+    concurrency_limit integer,
+    CONSTRAINT ready_keyed_kind_check CHECK ((kind = ANY (ARRAY['p'::"char", 'c'::"char"])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', vacuum_truncate=off);
+
 CREATE TABLE trioq.ready_ring (
     slot smallint NOT NULL,
     queue text NOT NULL,
@@ -2284,6 +2344,9 @@ ALTER TABLE ONLY trioq.queue_limits
 ALTER TABLE ONLY trioq.queue_pauses
     ADD CONSTRAINT queue_pauses_pkey PRIMARY KEY (queue);
 
+ALTER TABLE ONLY trioq.ready_keyed
+    ADD CONSTRAINT ready_keyed_pkey PRIMARY KEY (queue, kind, key, priority, run_at, id);
+
 ALTER TABLE ONLY trioq.ready_ring_state
     ADD CONSTRAINT ready_ring_state_pkey PRIMARY KEY (one);
 
@@ -2322,13 +2385,9 @@ CREATE INDEX job_due_state_idx ON trioq.job_due USING btree (state, job_id);
 
 CREATE INDEX job_runs_lease_idx ON trioq.job_runs USING btree (lease_expires_at);
 
-CREATE INDEX jobs_concurrency_ready_idx ON trioq.jobs_live USING btree (queue, concurrency_key, priority, run_at, id) WHERE ((phase = 'ready'::text) AND (concurrency_key IS NOT NULL));
-
 CREATE INDEX jobs_deadline_idx ON trioq.jobs_live USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (phase = ANY (ARRAY['scheduled'::text, 'ready'::text, 'claimed'::text, 'sleeping'::text, 'waiting'::text])));
 
 CREATE UNIQUE INDEX jobs_parent_idx ON trioq.jobs_live USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
-
-CREATE INDEX jobs_partition_ready_idx ON trioq.jobs_live USING btree (queue, partition_key, priority, run_at, id) WHERE ((phase = 'ready'::text) AND (partition_key IS NOT NULL));
 
 CREATE INDEX jobs_unfiled_finished_idx ON trioq.jobs_unfiled USING btree (finished_at);
 
@@ -2391,5 +2450,11 @@ CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.job_rows_legacy REFERENCIN
 CREATE TRIGGER jobs_live_filed AFTER UPDATE OF phase, run_at, filed ON trioq.jobs_live FOR EACH ROW WHEN ((((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND (((new.phase = 'ready'::text) AND ((old.phase <> 'ready'::text) OR (old.filed <> new.filed)) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL)) OR (((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text])) OR (new.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) AND ((new.phase <> old.phase) OR (new.run_at IS DISTINCT FROM old.run_at)))))) EXECUTE FUNCTION trioq.jobs_live_file();
 
 CREATE TRIGGER jobs_live_left AFTER DELETE ON trioq.jobs_live FOR EACH ROW WHEN ((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_left();
+
+CREATE TRIGGER ready_keyed_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN ((((new.partition_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL)) AND (new.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
+
+CREATE TRIGGER ready_keyed_filed_update AFTER UPDATE OF phase, run_at, filed, priority ON trioq.jobs_live FOR EACH ROW WHEN ((((new.partition_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL)) AND ((new.phase = 'ready'::text) OR (old.phase = 'ready'::text)) AND ((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND ((new.phase <> old.phase) OR (new.filed <> old.filed) OR (new.run_at IS DISTINCT FROM old.run_at) OR (new.priority <> old.priority)))) EXECUTE FUNCTION trioq.ready_keyed_file();
+
+CREATE TRIGGER ready_keyed_left AFTER DELETE ON trioq.jobs_live FOR EACH ROW WHEN ((((old.partition_key IS NOT NULL) OR (old.concurrency_key IS NOT NULL)) AND (old.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
 
 CREATE TRIGGER ready_ring_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN (((new.phase = 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();

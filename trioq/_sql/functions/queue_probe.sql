@@ -1,7 +1,7 @@
 -- What a claim poll of `queue` would find, without claiming (the maintenance pass stands in
 -- for idle queues' polls): a ready row, or a promotable due one, through the claim's sources
 -- (unkeyed rows in the ready ring, migration 0039, an entry counting only while its job is
--- ready; partition-keyed and concurrency-keyed rows in their partial indexes), and the first
+-- ready; partition-keyed and concurrency-keyed rows in ready_keyed, migration 0048), and the first
 -- future due time (job_due, migration 0044). From the migrate that brings job_due until its
 -- rows are all filed (migration 0045, seconds) a worker may probe a due time late and skip one
 -- poll of that queue: it looks again within its poll interval.
@@ -19,12 +19,10 @@ SET search_path = pg_catalog, pg_temp AS $$
                      AND r.slot >=
                          -- include: ring_low
                   )
-           OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                      WHERE j.queue = q.queue AND j.phase = 'ready'
-                        AND j.partition_key IS NOT NULL)
-           OR EXISTS (SELECT 1 FROM {schema}.jobs_live j
-                      WHERE j.queue = q.queue AND j.phase = 'ready'
-                        AND j.concurrency_key IS NOT NULL)
+           -- The first entry in key order (as job_claim_plain's probe: an EXISTS may be
+           -- planned as a scan of the whole table).
+           OR (SELECT e.queue FROM {schema}.ready_keyed e WHERE e.queue = q.queue
+               ORDER BY e.queue, e.kind, e.key LIMIT 1) IS NOT NULL
            OR coalesce(d.run_at <= {schema}.db_now(), false),
            CASE WHEN d.run_at > {schema}.db_now() THEN d.run_at END
     FROM unnest(queues) WITH ORDINALITY AS q(queue, ord)

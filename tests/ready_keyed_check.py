@@ -1,0 +1,114 @@
+"""ready_keyed's invariant (migration 0048): it holds exactly jobs_live's ready rows with a
+partition key or a concurrency key, each entry with its row's queue, kind of key, key,
+priority, run_at, filed, task, version and concurrency limit. `ready_keyed_mismatches` reads
+both tables in one statement (one snapshot: the triggers and the claim write both in the
+writer's transaction, so the invariant holds at every commit); `KeyedCheckedDriver` checks it
+after every call that may write a job, as tests/job_due_check.py does for job_due."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import psycopg
+
+from trioq._core.identifiers import quote_ident
+from trioq._pg.driver import PgDriver
+from trioq.testing.transitions import METHOD_STATEMENTS
+
+_ROWS = """
+SELECT j.queue::text AS queue,
+       (CASE WHEN j.partition_key IS NOT NULL THEN 'p' ELSE 'c' END)::"char" AS kind,
+       coalesce(j.partition_key, j.concurrency_key)::text AS key, j.priority, j.run_at, j.id,
+       j.filed, j.task::text AS task, j.version::int AS version,
+       j.concurrency_limit::int AS concurrency_limit
+FROM {schema}.jobs_live j
+WHERE j.phase = 'ready' AND (j.partition_key IS NOT NULL OR j.concurrency_key IS NOT NULL)
+"""
+
+_ENTRIES = """
+SELECT e.queue, e.kind, e.key, e.priority, e.run_at, e.id, e.filed, e.task, e.version,
+       e.concurrency_limit
+FROM {schema}.ready_keyed e
+"""
+
+_MISMATCHES = f"""
+WITH rows AS ({_ROWS}), entries AS ({_ENTRIES})
+(SELECT 'missing' AS kind, * FROM (SELECT * FROM rows EXCEPT ALL SELECT * FROM entries) AS m)
+UNION ALL
+(SELECT 'stale', * FROM (SELECT * FROM entries EXCEPT ALL SELECT * FROM rows) AS s)
+ORDER BY 7
+"""
+
+
+def mismatches_query(schema: str) -> str:
+    return _MISMATCHES.replace("{schema}", quote_ident(schema))
+
+
+def ready_keyed_mismatches(target: psycopg.Connection[Any] | str, schema: str) -> list[Any]:
+    """The entries on which ready_keyed and jobs_live's ready keyed rows differ (none when
+    exact)."""
+    if isinstance(target, str):
+        with psycopg.connect(target, autocommit=True) as conn:
+            return conn.execute(mismatches_query(schema)).fetchall()  # type: ignore[arg-type]
+    return target.execute(mismatches_query(schema)).fetchall()  # type: ignore[arg-type]
+
+
+def entries(target: str, schema: str) -> list[tuple[Any, ...]]:
+    """ready_keyed's entries, in id order."""
+    query = _ENTRIES.replace("{schema}", quote_ident(schema)) + " ORDER BY e.id"
+    with psycopg.connect(target, autocommit=True) as conn:
+        return conn.execute(query).fetchall()  # type: ignore[arg-type]
+
+
+class ReadyKeyedMismatch(AssertionError):
+    """ready_keyed differed from jobs_live's ready keyed rows after a driver call."""
+
+
+@attrs.define(eq=False)
+class KeyedCheckedDriver:
+    """`inner` (the driver the calls go to), with ready_keyed compared to jobs_live after every
+    call that may write a job, and after every transaction; `pg` reads the two tables on a
+    pooled connection of its own."""
+
+    inner: Any
+    pg: PgDriver
+    checked_calls: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name == "transaction":
+            return functools.partial(self._transaction, value)
+        if name in METHOD_STATEMENTS:
+            return functools.partial(self._checked, name, value)
+        return value
+
+    @property
+    def schema(self) -> str:
+        return self.pg.schema
+
+    async def _checked(
+        self, method: str, function: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> Any:
+        try:
+            return await function(*args, **kwargs)
+        finally:
+            await self.assert_exact(method)
+
+    @asynccontextmanager
+    async def _transaction(self, function: Callable[..., Any], *args: Any) -> AsyncIterator[Any]:
+        try:
+            async with function(*args) as tx:
+                yield tx
+        finally:
+            await self.assert_exact("transaction")
+
+    async def assert_exact(self, after: str) -> None:
+        self.checked_calls += 1
+        async with self.pg._pool.connection() as conn:
+            found = await conn.fetch(mismatches_query(self.pg.schema))
+        if found:
+            raise ReadyKeyedMismatch(f"after {after}: ready_keyed differs from jobs_live: {found}")
