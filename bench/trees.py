@@ -19,6 +19,10 @@ same repeat (median of the ratios).
 (`fanout_parent`): every child's completion wakes its parent through the settle statement;
 `settle_ms_per_workflow` is the server execution of the settle statement alone (job_settle_many;
 job_settle_and_claim in checkouts from before the claim and the settle were split).
+`--delay S`: the backlog is enqueued `S` seconds ahead (scheduled: every job is promoted or
+claimed as due, through the due path), and the drain is timed from the first job's run_at (or
+the COMMIT, if later): choose S above the enqueue's own time. `--task sleep_1s` drains
+workflows that each sleep durably for a second (sleeping, then due) the same way.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ async def main():
     async with app.client() as client:
         async with client.transaction() as tx:
             payload = {"children": int(sys.argv[5])} if sys.argv[4] == "fanout_parent" else {}
-            await tx.enqueue_many(sys.argv[4], [payload] * int(sys.argv[3]))
+            delay = float(sys.argv[6]) or None
+            await tx.enqueue_many(sys.argv[4], [payload] * int(sys.argv[3]), delay=delay)
         print(time.time())
 trio.run(main)
 """
@@ -71,6 +76,7 @@ def drain(
     jobs: int,
     task: str = "three_steps",
     fanout: int = 0,
+    delay: float = 0.0,
 ) -> dict[str, float]:
     schema = db.fresh_schema(migrate=False)
     try:
@@ -81,12 +87,15 @@ def drain(
         db.reset_statements()
         out = subprocess.run(
             [str(tree / ".venv/bin/python"), "-c", ENQUEUE, db.conninfo(HARNESS_ROLE), schema,
-             str(jobs), task, str(fanout)],
+             str(jobs), task, str(fanout), str(delay)],
             cwd=tree, capture_output=True, text=True, check=False,
         )  # fmt: skip
         if out.returncode != 0:
             raise RuntimeError(f"enqueue in {tree} failed: {out.stderr[-2000:]}")
         t0 = float(out.stdout.strip())
+        if delay:
+            first_due = db.scalar(f"SELECT extract(epoch FROM min(run_at)) FROM {schema}.jobs")
+            t0 = max(t0, float(first_due))
         finished = jobs * (fanout + 1)
         db.wait_count(TRIOQ.completed(schema), [], finished, FULL.timeout, worker.check_alive)
         cpu = worker.cpu_seconds() - cpu_before
@@ -115,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         "--task", default="three_steps", help="bench.app's task to drain (noop: a plain job)"
     )
     parser.add_argument("--fanout", type=int, default=0, help="N children per workflow")
+    parser.add_argument(
+        "--delay", type=float, default=0.0, help="enqueue the backlog S seconds ahead"
+    )
     args = parser.parse_args(argv)
     task = "fanout_parent" if args.fanout else args.task
     trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
@@ -127,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = rotated(trees, repeat)
                 load = os.getloadavg()[0]
                 got = {
-                    name: drain(db, launcher, path, args.jobs, task, args.fanout)
+                    name: drain(db, launcher, path, args.jobs, task, args.fanout, args.delay)
                     for name, path in order
                 }
                 for name, _ in trees:
