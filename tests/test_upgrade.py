@@ -72,8 +72,13 @@ async def enqueue_the_mix(pg_url: str, schema: str) -> dict[str, list[int]]:
         await add("work", "work", {"seconds": 1.5})
     for n in range(9):
         await add("keyed", "quick", {"seconds": 0.2}, partition_key=f"k{n % 3}")
+    # Due well after the old workers' first claims: the state mix is seen once a flow sleeps
+    # while work runs, 1.5-3 s after the first claim, and on a loaded machine (load 9: two
+    # other suites and a benchmark) the old workers' first claim came more than 6 s after
+    # this enqueue, so the delayed jobs, once due at 6 s, were promoted before any flow slept
+    # (the mix was never seen at once, 2 runs of 3).
     for _ in range(4):
-        await add("delayed", "quick", {}, run_at=await _db_in(pg_url, 6))
+        await add("delayed", "quick", {}, run_at=await _db_in(pg_url, 15))
     for base in range(4):
         await add("flow", "flow", {"base": base, "sleep": 1.0})
     for n in range(3):
