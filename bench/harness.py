@@ -205,6 +205,18 @@ class Database:
             for calls, mean_ms, total_ms, plans, mean_plan_ms, query in rows
         ]
 
+    def statement_breakdown(self, roles: Sequence[str]) -> dict[str, tuple[int, float]]:
+        """Every statement `roles` ran since the last reset, by the first 90 characters of its
+        text (whitespace squeezed): (calls, total execution ms)."""
+        rows = self.fetch(
+            "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90), sum(s.calls),"
+            " sum(s.total_exec_time)"
+            " FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
+            " WHERE r.rolname = ANY(%s) GROUP BY 1",
+            [list(roles)],
+        )
+        return {query: (int(calls), float(ms)) for query, calls, ms in rows}
+
     def wait_count(
         self,
         sql: str,

@@ -77,6 +77,7 @@ def drain(
     task: str = "three_steps",
     fanout: int = 0,
     delay: float = 0.0,
+    breakdown: list[dict[str, tuple[int, float]]] | None = None,
 ) -> dict[str, float]:
     schema = db.fresh_schema(migrate=False)
     try:
@@ -84,6 +85,7 @@ def drain(
             schema, concurrency=FULL.concurrency, tree=tree, migrate=True
         )
         cpu_before = worker.cpu_seconds()
+        server_before = db.server_cpu_seconds()
         db.reset_statements()
         out = subprocess.run(
             [str(tree / ".venv/bin/python"), "-c", ENQUEUE, db.conninfo(HARNESS_ROLE), schema,
@@ -99,7 +101,10 @@ def drain(
         finished = jobs * (fanout + 1)
         db.wait_count(TRIOQ.completed(schema), [], finished, FULL.timeout, worker.check_alive)
         cpu = worker.cpu_seconds() - cpu_before
+        server = db.server_cpu_seconds() - server_before
         statements, db_ms = db.statement_totals([worker.role])
+        if breakdown is not None:
+            breakdown.append(db.statement_breakdown([worker.role]))
         settle = settle_ms(db, worker.role)
         last = db.scalar(TRIOQ.last_finished(schema))
         worker.stop()
@@ -110,8 +115,27 @@ def drain(
         "cpu_ms_per_workflow": cpu * 1000 / jobs,
         "statements_per_workflow": statements / jobs,
         "server_ms_per_workflow": db_ms / jobs,
+        # the cluster's CPU from before the enqueue (its insert included) to the last job
+        "server_cpu_ms_per_workflow": server * 1000 / jobs,
         "settle_ms_per_workflow": settle / jobs,
     }
+
+
+def print_breakdown(
+    name: str, repeats: list[dict[str, tuple[int, float]]], jobs: int, top: int
+) -> None:
+    """The tree's costliest statements by median execution time, per workflow."""
+    queries = {query for run in repeats for query in run}
+    rows = []
+    for query in queries:
+        calls = statistics.median(run.get(query, (0, 0.0))[0] for run in repeats)
+        ms = statistics.median(run.get(query, (0, 0.0))[1] for run in repeats)
+        rows.append((ms * 1000 / jobs, calls / jobs, query))
+    rows.sort(reverse=True)
+    print(f"{name}: statements by execution time (median of {len(repeats)} repeats)")
+    for us, calls, query in rows[:top]:
+        print(f"  {us:8.2f} us {calls:7.3f} calls  {query}")
+    print(f"  {sum(r[0] for r in rows):8.2f} us in all ({len(rows)} statements)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,11 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--delay", type=float, default=0.0, help="enqueue the backlog S seconds ahead"
     )
+    parser.add_argument(
+        "--statements",
+        type=int,
+        default=0,
+        help="print each tree's N costliest statements: calls and execution us per workflow",
+    )
     args = parser.parse_args(argv)
     task = "fanout_parent" if args.fanout else args.task
     trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
+    breakdowns: dict[str, list[dict[str, tuple[int, float]]]] = {name: [] for name, _ in trees}
     with open_database() as db:
         launcher = Launcher(db, Path(tempfile.mkdtemp(prefix="trioq-bench-trees-")))
         try:
@@ -139,7 +170,16 @@ def main(argv: list[str] | None = None) -> int:
                 order = rotated(trees, repeat)
                 load = os.getloadavg()[0]
                 got = {
-                    name: drain(db, launcher, path, args.jobs, task, args.fanout, args.delay)
+                    name: drain(
+                        db,
+                        launcher,
+                        path,
+                        args.jobs,
+                        task,
+                        args.fanout,
+                        args.delay,
+                        breakdowns[name] if args.statements else None,
+                    )
                     for name, path in order
                 }
                 for name, _ in trees:
@@ -163,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, _ in trees
     }
     summary["_load_average_at_end"] = {"1min": os.getloadavg()[0]}
+    for name, _ in trees:
+        if args.statements:
+            print_breakdown(name, breakdowns[name], args.jobs, args.statements)
     print(json.dumps(summary, indent=2))
     if args.output is not None:
         args.output.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2) + "\n")

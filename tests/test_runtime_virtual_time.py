@@ -333,6 +333,61 @@ async def test_unconfirmed_lease_cancels_its_handler_before_recovery_and_a_recla
     assert (record.state, record.attempt, record.result) == ("completed", 2, 2)
 
 
+@attrs.define
+class HiccupRenewals(MemoryDriver):
+    """A database whose renewals misbehave for a while: of those that carry leases, the first
+    answers (the early one, sent as the admission snapshot changes), the next `slow` take
+    `delay` seconds, the next `failing` raise, and the rest answer."""
+
+    delay: float = 0.0
+    slow: int = 0
+    failing: int = 0
+    seen: int = 0
+
+    async def lease_renew_many(self, params: RenewLeases) -> RenewalResult:
+        if params.leases:
+            self.seen += 1
+            if 1 < self.seen <= 1 + self.slow:
+                await trio.sleep(self.delay)
+            elif 1 + self.slow < self.seen <= 1 + self.slow + self.failing:
+                raise ConnectionError("connection reset by peer")
+        return await super().lease_renew_many(params)
+
+
+@pytest.mark.parametrize(
+    ("delay", "slow", "failing"),
+    [(0.4 * 30, 1_000_000, 0), (0.0, 0, 2)],
+    ids=["every renewal takes 0.4 of the lease", "two renewals in a row fail"],
+)
+async def test_a_renewal_hiccup_shorter_than_the_lease_costs_no_lease(
+    autojump_clock: trio.testing.MockClock, delay: float, slow: int, failing: int
+) -> None:
+    """A renewal slower than the renewal interval (lease/3) is waited for while the leases it
+    extends last: cut off at the interval, every renewal of a database that answers in 0.4 of
+    the lease failed, and the watchdog cancelled each run at 90% of the lease, for ever. Two
+    failed renewals in a row are retried in time (admission control asks for an early one)."""
+    app = make_app()
+    runs: list[int] = []
+
+    @app.task("work")
+    async def work(ctx: trioq.Context, payload: object) -> int:
+        runs.append(ctx.job.attempt)
+        await trio.sleep(2 * 30)  # two leases long: every renewal it needs must land
+        return ctx.job.attempt
+
+    driver = HiccupRenewals(delay=delay, slow=slow, failing=failing)
+    async with (
+        app.client(driver=driver) as client,
+        running_worker(app, lease_seconds=30, poll_interval=1.0),
+    ):
+        job = await client.enqueue("work", {})
+        with trio.fail_after(200):
+            assert await client.wait_result(job.id, timeout=None) == 1
+        attempts = await client.attempts(job.id)
+    assert (runs, attempts) == ([1], [])  # run once, never cancelled, released or recovered
+    assert driver.seen > 1 + min(slow, 2) + failing  # the hiccup happened, renewals went on
+
+
 async def test_claims_overlap_one_flush_in_flight_within_the_bounds(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

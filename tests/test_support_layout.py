@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
+from collections import Counter
 
 TESTS = pathlib.Path(__file__).parent
 SUPPORT = TESTS / "support.py"
@@ -175,20 +176,19 @@ def unlisted_writes(
     """The writes under `root` that `allowed` does not list ("file:line: SQL"), and the entries
     of `allowed` that no longer match what is there (a converted site left the list)."""
     unlisted, stale = [], []
-    counts: dict[tuple[str, str], int] = {}
+    counts: Counter[tuple[str, str]] = Counter()
     for path in sorted(root.rglob("*.py")):
         if path == SUPPORT:
             continue
         name = path.relative_to(root).as_posix()
         writes = job_writes(path)
-        for owner, _, _ in writes:
-            counts[name, owner] = counts.get((name, owner), 0) + 1
+        counts.update((name, owner) for owner, _, _ in writes)
         for owner, line, text in writes:
             if counts[name, owner] > allowed.get((name, owner), (0, ""))[0]:
                 unlisted.append(f"{name}:{line}: {text!r} (in {owner})")
     for key, (count, _) in allowed.items():
-        if counts.get(key, 0) < count:
-            stale.append(f"{key[0]} {key[1]}: {count} allowed, {counts.get(key, 0)} found")
+        if counts[key] < count:
+            stale.append(f"{key[0]} {key[1]}: {count} allowed, {counts[key]} found")
     return unlisted, stale
 
 

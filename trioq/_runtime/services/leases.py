@@ -50,6 +50,9 @@ class LeaseRenewer:
     draining: Callable[[], bool]
     register_again: Callable[[], Awaitable[None]]
     last_renewal: float = attrs.field(factory=trio.current_time)
+    # When the last renewal that answered was sent (or the renewer last held nothing): the
+    # leases it extended run out a lease later.
+    confirmed_from: float = attrs.field(factory=trio.current_time)
     healthy: bool = True
     _renewals: int = 0
     _lost: int = 0
@@ -70,8 +73,9 @@ class LeaseRenewer:
     async def run(self) -> None:
         """Renew every interval until cancelled.
 
-        Each attempt is bounded by the interval, so a slow database or a starved pool cannot
-        hold renewals back silently; the watchdog acts on what is not renewed. A lease the
+        Each attempt is bounded by the life left in the leases it extends (at least the
+        interval), so a slow database or a starved pool cannot hold renewals back silently;
+        the watchdog acts on what is not confirmed. A lease the
         database no longer returns is lost: its handler is cancelled at once.
         """
         while True:
@@ -80,7 +84,7 @@ class LeaseRenewer:
             leases = [lease for loop in self.loops for lease in loop.renewable_leases()]
             admission = self.admission.snapshot()
             if not leases and not self.admission.unpublished(admission):
-                self.last_renewal = trio.current_time()  # nothing to renew: not late
+                self.last_renewal = self.confirmed_from = trio.current_time()  # not late
                 self.healthy = True
                 continue
             await self._renew(leases, admission)
@@ -111,7 +115,13 @@ class LeaseRenewer:
     async def _renew(self, leases: list[Lease], admission: tuple[QueueAdmission, ...]) -> None:
         sent_at = trio.current_time()
         renewed = None
-        with trio.move_on_after(self.interval):
+        # A slow renewal is waited for until the leases it extends run out (at least one
+        # interval): cut off at lease/3, a database answering in 0.4 of the lease failed every
+        # renewal and the watchdog cancelled every handler. The watchdog still acts at 90% of
+        # the lease on what this has not confirmed by then.
+        with trio.move_on_after(
+            max(self.interval, self.confirmed_from + self.lease_seconds - sent_at)
+        ):
             try:
                 renewed = await self.driver.lease_renew_many(
                     RenewLeases(
@@ -133,6 +143,7 @@ class LeaseRenewer:
         self._renewals += 1
         self.metrics.lease_renewals.inc()
         self.last_renewal = trio.current_time()
+        self.confirmed_from = sent_at
         self._apply(set(leases), renewed.leases, sent_at)
         if not renewed.registered:
             await self.register_again()
