@@ -1,5 +1,6 @@
-"""job_due's invariant (migration 0044): it holds exactly jobs_live's scheduled, sleeping and
-waiting rows, each with the row's queue, state and run_at. `job_due_mismatches` reads both
+"""job_due's invariant (migration 0044): it holds exactly the job records' scheduled, sleeping
+and waiting rows (jobs_live's before migration 0049, job_rows' since), each with the row's
+queue, state and run_at. `job_due_mismatches` reads both
 tables in one statement (one snapshot: the triggers write both in the writer's transaction, so
 the invariant holds at every commit, whatever runs alongside); `DueCheckedDriver` checks it
 after every call that may write a job."""
@@ -21,7 +22,7 @@ from trioq.testing.transitions import METHOD_STATEMENTS
 
 _MISMATCHES = """
 SELECT 'missing' AS kind, j.id, j.queue::text, j.{phase}, j.run_at
-FROM {schema}.jobs_live j
+FROM {schema}.{table} j
 WHERE j.{phase} IN ('scheduled', 'sleeping', 'waiting')
   AND NOT EXISTS (SELECT 1 FROM {schema}.job_due d
                   WHERE d.job_id = j.id AND d.queue = j.queue AND d.state = j.{phase}
@@ -29,21 +30,25 @@ WHERE j.{phase} IN ('scheduled', 'sleeping', 'waiting')
 UNION ALL
 SELECT 'stale', d.job_id, d.queue, d.state, d.run_at
 FROM {schema}.job_due d
-WHERE NOT EXISTS (SELECT 1 FROM {schema}.jobs_live j
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.{table} j
                   WHERE j.id = d.job_id AND j.queue = d.queue AND j.{phase} = d.state
                     AND j.run_at IS NOT DISTINCT FROM d.run_at)
 ORDER BY 2
 """
 
 
-def mismatches_query(schema: str, phase: str = "phase") -> str:
+def mismatches_query(schema: str, phase: str = "phase", table: str = "job_rows") -> str:
     """`phase`: the row's column of its state as last written (`state` before migration
-    0047, which renames it)."""
-    return _MISMATCHES.replace("{schema}", quote_ident(schema)).replace("{phase}", phase)
+    0047, which renames it); `table`: the records (`jobs_live` before migration 0049)."""
+    return (
+        _MISMATCHES.replace("{schema}", quote_ident(schema))
+        .replace("{phase}", phase)
+        .replace("{table}", table)
+    )
 
 
 def job_due_mismatches(target: psycopg.Connection[Any] | str, schema: str) -> list[Any]:
-    """The rows on which job_due and jobs_live's due rows differ (none when exact)."""
+    """The rows on which job_due and the records' due rows differ (none when exact)."""
     if isinstance(target, str):
         with psycopg.connect(target, autocommit=True) as conn:
             return _mismatches(conn, schema)
@@ -51,13 +56,17 @@ def job_due_mismatches(target: psycopg.Connection[Any] | str, schema: str) -> li
 
 
 def _mismatches(conn: psycopg.Connection[Any], schema: str) -> list[Any]:
-    [[renamed]] = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = %s"
+    [[records, renamed]] = conn.execute(
+        "SELECT to_regclass(format('%%I.job_rows', %s::text)) IS NOT NULL,"
+        " EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = %s"
         " AND table_name = 'jobs_live' AND column_name = 'phase')",
-        (schema,),
+        (schema, schema),
     ).fetchall()
-    query = sql.SQL(mismatches_query(schema, "phase" if renamed else "state"))  # type: ignore[arg-type]
-    return conn.execute(query).fetchall()
+    if records:
+        query = mismatches_query(schema)
+    else:
+        query = mismatches_query(schema, "phase" if renamed else "state", "jobs_live")
+    return conn.execute(sql.SQL(query)).fetchall()  # type: ignore[arg-type]
 
 
 def due_rows(target: str, schema: str) -> list[tuple[Any, ...]]:
@@ -70,13 +79,13 @@ def due_rows(target: str, schema: str) -> list[tuple[Any, ...]]:
 
 
 class JobDueMismatch(AssertionError):
-    """job_due differed from jobs_live's due rows after a driver call."""
+    """job_due differed from the records' due rows after a driver call."""
 
 
 @attrs.define(eq=False)
 class DueCheckedDriver:
     """`inner` (the driver the calls go to, maybe a CheckedDriver around `pg`), with job_due
-    compared to jobs_live after every call that may write a job, and after every transaction;
+    compared to the records after every call that may write a job, and after every transaction;
     `pg` reads the two tables on a pooled connection of its own."""
 
     inner: Any
@@ -116,4 +125,4 @@ class DueCheckedDriver:
         async with self.pg._pool.connection() as conn:
             found = await conn.fetch(mismatches_query(self.pg.schema))
         if found:
-            raise JobDueMismatch(f"after {after}: job_due differs from jobs_live: {found}")
+            raise JobDueMismatch(f"after {after}: job_due differs from the records: {found}")

@@ -1,4 +1,4 @@
-"""ready_keyed's invariant (migration 0048): it holds exactly jobs_live's ready rows with a
+"""ready_keyed's invariant (migration 0048): it holds exactly the records' ready rows with a
 partition key or a concurrency key, each entry with its row's queue, kind of key, key,
 priority, run_at, filed, task, version and concurrency limit. `ready_keyed_mismatches` reads
 both tables in one statement (one snapshot: the triggers and the claim write both in the
@@ -25,7 +25,7 @@ SELECT j.queue::text AS queue,
        coalesce(j.partition_key, j.concurrency_key)::text AS key, j.priority, j.run_at, j.id,
        j.filed, j.task::text AS task, j.version::int AS version,
        j.concurrency_limit::int AS concurrency_limit
-FROM {schema}.jobs_live j
+FROM {schema}.{table} j
 WHERE j.phase = 'ready' AND (j.partition_key IS NOT NULL OR j.concurrency_key IS NOT NULL)
 """
 
@@ -44,17 +44,26 @@ ORDER BY 7
 """
 
 
-def mismatches_query(schema: str) -> str:
-    return _MISMATCHES.replace("{schema}", quote_ident(schema))
+def mismatches_query(schema: str, table: str = "job_rows") -> str:
+    """`table`: the records (`jobs_live` before migration 0049)."""
+    return _MISMATCHES.replace("{schema}", quote_ident(schema)).replace("{table}", table)
 
 
 def ready_keyed_mismatches(target: psycopg.Connection[Any] | str, schema: str) -> list[Any]:
-    """The entries on which ready_keyed and jobs_live's ready keyed rows differ (none when
+    """The entries on which ready_keyed and the records' ready keyed rows differ (none when
     exact)."""
     if isinstance(target, str):
         with psycopg.connect(target, autocommit=True) as conn:
-            return conn.execute(mismatches_query(schema)).fetchall()  # type: ignore[arg-type]
-    return target.execute(mismatches_query(schema)).fetchall()  # type: ignore[arg-type]
+            return _mismatches(conn, schema)
+    return _mismatches(target, schema)
+
+
+def _mismatches(conn: psycopg.Connection[Any], schema: str) -> list[Any]:
+    [[records]] = conn.execute(
+        "SELECT to_regclass(format('%%I.job_rows', %s::text)) IS NOT NULL", (schema,)
+    ).fetchall()
+    query = mismatches_query(schema, "job_rows" if records else "jobs_live")
+    return conn.execute(query).fetchall()  # type: ignore[arg-type]
 
 
 def entries(target: str, schema: str) -> list[tuple[Any, ...]]:
@@ -65,12 +74,12 @@ def entries(target: str, schema: str) -> list[tuple[Any, ...]]:
 
 
 class ReadyKeyedMismatch(AssertionError):
-    """ready_keyed differed from jobs_live's ready keyed rows after a driver call."""
+    """ready_keyed differed from the records' ready keyed rows after a driver call."""
 
 
 @attrs.define(eq=False)
 class KeyedCheckedDriver:
-    """`inner` (the driver the calls go to), with ready_keyed compared to jobs_live after every
+    """`inner` (the driver the calls go to), with ready_keyed compared to the records after every
     call that may write a job, and after every transaction; `pg` reads the two tables on a
     pooled connection of its own."""
 
@@ -111,4 +120,6 @@ class KeyedCheckedDriver:
         async with self.pg._pool.connection() as conn:
             found = await conn.fetch(mismatches_query(self.pg.schema))
         if found:
-            raise ReadyKeyedMismatch(f"after {after}: ready_keyed differs from jobs_live: {found}")
+            raise ReadyKeyedMismatch(
+                f"after {after}: ready_keyed differs from the records: {found}"
+            )

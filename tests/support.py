@@ -210,8 +210,8 @@ def _write_jobs(
     job_ids: list[int],
     params: dict[str, Any],
 ) -> None:
-    """The jobs' rows (the table behind the `jobs` view, migration 0047)."""
-    statement = sql.SQL("UPDATE {}.job_rows_legacy SET {} WHERE id = ANY(%(ids)s)").format(
+    """The jobs' records (job_rows, behind the `jobs` view: migrations 0047, 0049)."""
+    statement = sql.SQL("UPDATE {}.job_rows SET {} WHERE id = ANY(%(ids)s)").format(
         sql.Identifier(schema), sql.SQL(", ").join(assignments)
     )
     _execute(target, statement, {**params, "ids": job_ids})
@@ -262,7 +262,7 @@ def force_running(
         " now() - %(started_ago)s::interval,"
         " j.executions + 1, j.queue, j.partition_key, j.concurrency_key, j.parent_id,"
         " j.result_watched"
-        " FROM {s}.jobs_live j WHERE j.id = ANY(%(ids)s)"
+        " FROM {s}.job_rows j WHERE j.id = ANY(%(ids)s)"
         " ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt,"
         " lease_token = excluded.lease_token, lease_expires_at = excluded.lease_expires_at,"
         " worker_id = coalesce(excluded.worker_id, u.worker_id),"
@@ -320,33 +320,47 @@ def force_final(
     attempts: int | None = None,
     error: dict[str, Any] | None = None,
 ) -> None:
-    """Put jobs in the final `state`, finished `finished_ago` before now and filed in that
-    day's lane, without running them (an old finished job for a purge or a listing): a running
-    job's run ends with them. With `attempts`, the jobs ran that many attempts, all they had
-    (`attempt` and `max_attempts`); with `error`, the stored error."""
-    statement = sql.SQL("DELETE FROM {}.job_runs WHERE job_id = ANY(%(ids)s)").format(
-        sql.Identifier(schema)
-    )
-    _execute(target, statement, {"ids": job_ids})
-    assignments: list[sql.Composable] = [
-        sql.SQL("phase = %(state)s"),
-        sql.SQL("finished_at = now() - %(finished_ago)s"),
-        sql.SQL("lane = {}.job_lane(now() - %(finished_ago)s)").format(sql.Identifier(schema)),
-    ]
-    params: dict[str, Any] = {"state": state, "finished_ago": finished_ago}
-    if attempts is not None:
-        assignments.append(sql.SQL("attempt = %(attempts)s, max_attempts = %(attempts)s"))
-        params["attempts"] = attempts
-    if error is not None:
-        assignments.append(sql.SQL("error = %(error)s"))
-        params["error"] = Jsonb(error)
-    _write_jobs(target, schema, assignments, job_ids, params)
+    """Put jobs in the final `state`, finished `finished_ago` before now, without running them
+    (an old finished job for a purge or a listing): a running job's run ends with them, its
+    record is `done` and its outcome appended (migration 0049). With `attempts`, the jobs ran
+    that many attempts, all they had (`attempt` and `max_attempts`); with `error`, the stored
+    error."""
+    params: dict[str, Any] = {
+        "ids": job_ids,
+        "state": state,
+        "finished_ago": finished_ago,
+        "attempts": attempts,
+        "error": None if error is None else Jsonb(error),
+    }
+    statement = sql.SQL(
+        "WITH runs AS (DELETE FROM {s}.job_runs WHERE job_id = ANY(%(ids)s)"
+        " RETURNING job_id, attempt, executions, worker_id, started_at),"
+        " records AS (UPDATE {s}.job_rows j SET phase = 'done',"
+        " attempt = coalesce(%(attempts)s, j.attempt),"
+        " max_attempts = coalesce(%(attempts)s, j.max_attempts),"
+        " error = coalesce(%(error)s, j.error)"
+        " WHERE j.id = ANY(%(ids)s)"
+        " RETURNING j.id, j.attempt, j.executions, j.worker_id, j.started_at, j.error, j.queue)"
+        " INSERT INTO {s}.job_outcomes AS o (job_id, state, error, attempt, executions,"
+        " worker_id, started_at, finished_at, queue)"
+        " SELECT r.id, %(state)s, r.error, coalesce(%(attempts)s, u.attempt, r.attempt),"
+        " coalesce(u.executions, r.executions), coalesce(u.worker_id, r.worker_id),"
+        " coalesce(u.started_at, r.started_at), now() - %(finished_ago)s::interval, r.queue"
+        " FROM records r LEFT JOIN runs u ON u.job_id = r.id"
+        " ON CONFLICT (job_id) DO UPDATE SET state = excluded.state,"
+        " finished_at = excluded.finished_at, attempt = excluded.attempt,"
+        " error = coalesce(%(error)s, o.error)"
+    ).format(s=sql.Identifier(schema))
+    _execute(target, statement, params)
 
 
 def relabel_final(target: JobTarget, schema: str, job_id: int, state: str) -> None:
-    """Change a finished job's final state to `state`, keeping its finish time and lane: a
-    `failed` job made from a cancelled one, with no attempt run."""
-    _write_jobs(target, schema, [sql.SQL("phase = %(state)s")], [job_id], {"state": state})
+    """Change a finished job's final state to `state`, keeping its finish time: a `failed` job
+    made from a cancelled one, with no attempt run (its outcome's, migration 0049)."""
+    statement = sql.SQL(
+        "UPDATE {}.job_outcomes SET state = %(state)s WHERE job_id = %(id)s"
+    ).format(sql.Identifier(schema))
+    _execute(target, statement, {"state": state, "id": job_id})
 
 
 def pass_deadline(target: JobTarget, schema: str, job_ids: list[int]) -> None:
@@ -446,7 +460,26 @@ def forget_jobs(target: JobTarget, schema: str, job_ids: list[int]) -> None:
     keys with them): a property test frees the dedup key an example stored, so that a later
     example with the same key is stored rather than deduplicated."""
     statement = sql.SQL(
-        "WITH runs AS (DELETE FROM {s}.job_runs WHERE job_id = ANY(%(ids)s))"
-        " DELETE FROM {s}.job_rows_legacy WHERE id = ANY(%(ids)s)"
+        "WITH runs AS (DELETE FROM {s}.job_runs WHERE job_id = ANY(%(ids)s)),"
+        " outcomes AS (DELETE FROM {s}.job_outcomes WHERE job_id = ANY(%(ids)s))"
+        " DELETE FROM {s}.job_rows WHERE id = ANY(%(ids)s)"
     ).format(s=sql.Identifier(schema))
     _execute(target, statement, {"ids": job_ids})
+
+
+def analyze_records(conn: psycopg.Connection[Any], schema: str) -> None:
+    """ANALYZE the job records' epoch partitions that hold rows (migration 0049), and the parent.
+    The epoch made ahead is left unanalyzed, as it is in service until its day starts: analyzed
+    while empty it reads as empty (no pages), and a generic plan made then scans it
+    sequentially (0 pages then; as its day fills, until autoanalyze's first pass replans)."""
+    parts = conn.execute(
+        "SELECT c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = format('%%I.job_rows', %s::text)::regclass",
+        (schema,),
+    ).fetchall()
+    for (part,) in parts:
+        [[filled]] = conn.execute(
+            sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.SQL(part))
+        ).fetchall()
+        if filled:
+            conn.execute(sql.SQL("ANALYZE {}").format(sql.SQL(part)))

@@ -18,7 +18,14 @@ import pytest
 import trio
 
 import trioq
-from tests.support import Gate, make_app, run_explained, running_worker, wake_waiting
+from tests.support import (
+    Gate,
+    analyze_records,
+    make_app,
+    run_explained,
+    running_worker,
+    wake_waiting,
+)
 from trioq._pg.driver import claim_params, open_pg_driver
 from trioq._runtime.job.claim_loop import WorkerHooks
 from trioq._seam.driver import Claim, NewJob, Settlement
@@ -129,11 +136,11 @@ async def test_a_job_claimed_within_the_lookahead_is_held_until_its_run_at(
 
 
 SUSPENDED_FILL = """
-INSERT INTO {schema}.job_rows_legacy (queue, task, payload, phase, priority, run_at, created_at,
+INSERT INTO {schema}.job_rows (queue, task, payload, phase, priority, run_at, created_at,
                            checkpoint_count)
 SELECT 'default', 'noop', '{{}}', 'sleeping', 0, now() + interval '1 day', now(), 1
 FROM generate_series(1, 3000);
-INSERT INTO {schema}.job_rows_legacy (queue, task, payload, phase, priority, run_at, created_at)
+INSERT INTO {schema}.job_rows (queue, task, payload, phase, priority, run_at, created_at)
 SELECT 'default', 'noop', '{{}}', 'scheduled', -1, now() + interval '1 hour', now()
 FROM generate_series(1, 2000)
 """
@@ -156,7 +163,7 @@ async def test_the_claim_keeps_one_generic_plan_on_a_table_with_statistics(
     with psycopg.connect(pg_url) as conn:
         for fill in SUSPENDED_FILL.format(schema=pg_schema).split(";"):
             conn.execute(fill)
-        conn.execute(f"ANALYZE {pg_schema}.job_rows_legacy")
+        analyze_records(conn, pg_schema)
         claimed = [len(conn.execute(statement, params, prepare=True).fetchall()) for _ in range(10)]
         [(generic, custom)] = conn.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
@@ -178,7 +185,7 @@ async def test_the_driver_runs_the_claim_on_its_generic_plan(pg_url: str, pg_sch
         with psycopg.connect(pg_url, autocommit=True) as conn:
             for fill in SUSPENDED_FILL.format(schema=pg_schema).split(";"):
                 conn.execute(fill)
-            conn.execute(f"ANALYZE {pg_schema}.job_rows_legacy")
+            analyze_records(conn, pg_schema)
         claim = Claim("default", ("noop",), 25, 30.0, uuid.uuid4())
         claimed = []
         for _ in range(10):  # each claim in the form the one before said, as the claim loop
@@ -251,7 +258,7 @@ async def test_a_generic_plan_made_on_an_empty_table_probes_keyed_heads_by_prima
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(statement, params, prepare=True)  # planned on the empty table
         conn.execute(
-            f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, phase, priority,"
+            f"INSERT INTO {pg_schema}.job_rows (queue, task, payload, phase, priority,"
             " run_at, created_at) SELECT 'default', 'noop', '{}', 'ready', 0, now(), now()"
             " FROM generate_series(1, 3000)"
         )
@@ -410,7 +417,7 @@ async def test_the_statements_of_running_jobs_find_them_by_primary_key(
         pass
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(
-            f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, phase, priority,"
+            f"INSERT INTO {pg_schema}.job_rows (queue, task, payload, phase, priority,"
             " run_at, created_at)"
             " SELECT 'default', 'noop', '{}', CASE WHEN n <= 2000 THEN 'claimed' ELSE 'ready' END,"
             " 0, now(), now() FROM generate_series(1, 20000) AS n"
@@ -419,23 +426,23 @@ async def test_the_statements_of_running_jobs_find_them_by_primary_key(
             f"INSERT INTO {pg_schema}.job_runs (job_id, attempt, lease_token, lease_expires_at,"
             " traced, executions, queue, result_watched)"
             f" SELECT id, 1, gen_random_uuid(), now() + interval '30 s', false, 1, queue, false"
-            f" FROM {pg_schema}.jobs_live WHERE phase = 'claimed'"
+            f" FROM {pg_schema}.job_rows WHERE phase = 'claimed'"
         )
-        conn.execute(f"ANALYZE {pg_schema}.jobs_live")
+        analyze_records(conn, pg_schema)
         conn.execute(f"ANALYZE {pg_schema}.job_runs")
     plans = generic_plans(pg_url, pg_schema, RUNNING_ROW_STATEMENTS)
     for name, plan in plans.items():
         assert "job_runs_lease_idx" not in plan, (name, plan)
-        # The completions and the settle end their runs in job_runs_end() and
+        # The completions and the settle end their runs in job_runs_finish() and
         # job_runs_settle() (the next test shows their plans).
-        by_key = ("job_runs_pkey", "job_runs_end", "job_runs_settle")
+        by_key = ("job_runs_pkey", "job_runs_finish", "job_runs_settle")
         assert any(found in plan for found in by_key), (name, plan)
 
 
 async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_since_planned(
     pg_url: str, pg_schema: str
 ) -> None:
-    """job_runs_end() and job_runs_settle() (the completions' and the settle's fence) plan their
+    """job_runs_finish() and job_runs_settle() (the completions' and the settle's fence) plan their
     DELETE once per session, here while job_runs holds a page; then 20,000 runs come and go
     without a vacuum (a live drain between two autovacuums leaves 3.5 MB and no row). Their
     next calls still probe the primary key: a few buffers a run, not the table (a generic plan
@@ -450,11 +457,11 @@ async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_sinc
             f"INSERT INTO {pg_schema}.job_runs (job_id, attempt, lease_token, lease_expires_at,"
             " traced, executions, queue, result_watched)"
             " SELECT id, 1, gen_random_uuid(), now() + interval '30 s', false, 1, queue, false"
-            f" FROM {pg_schema}.jobs_live WHERE id = ANY(%s) ORDER BY id"
+            f" FROM {pg_schema}.job_rows WHERE id = ANY(%s) ORDER BY id"
             " RETURNING job_id, attempt, lease_token",
             (ids,),
         ).fetchall()
-        end = f"{pg_schema}.job_runs_end(%s, %s, %s)"
+        end = f"{pg_schema}.job_runs_finish(%s, %s, %s)"
         settle = f"{pg_schema}.job_runs_settle(%s, %s, %s, %s)"
 
         def ended(batch: list[Any]) -> list[Any]:

@@ -276,7 +276,7 @@ async def test_check_constraint_accepts_exactly_the_names_the_validator_accepts(
     CHECK constraint: the database enforces the same rule as the validator."""
     app = make_app(pg_url, pg_schema, pool_size=2)
     insert = (
-        f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, run_at, created_at) "
+        f"INSERT INTO {pg_schema}.job_rows (queue, task, payload, run_at, created_at) "
         "VALUES (%s, %s, '{}', now(), now())"
     )
 

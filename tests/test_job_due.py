@@ -154,11 +154,11 @@ async def test_the_check_fails_when_job_due_lacks_a_due_row_or_keeps_a_stale_one
         assert driver.checked_calls == 3
 
 
-async def test_a_delayed_job_cancelled_leaves_job_due_with_its_move_to_a_day(
+async def test_a_delayed_job_cancelled_leaves_job_due_as_its_record_turns_done(
     pg_url: str, pg_schema: str
 ) -> None:
-    """A cancel moves the row from jobs_live to its day of finished jobs: PostgreSQL fires the
-    partition's AFTER DELETE trigger for it, not AFTER UPDATE (jobs_live_left)."""
+    """A cancel writes the record `done` in place and appends its outcome (migration 0049): the
+    update trigger (jobs_live_filed) takes the job out of job_due."""
     async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
         await pg.migrate()
         driver = DueCheckedDriver(pg, pg)
@@ -168,14 +168,14 @@ async def test_a_delayed_job_cancelled_leaves_job_due_with_its_move_to_a_day(
         assert len(due_rows(pg_url, pg_schema)) == 3
         await driver.job_cancel(jobs[1].id)
         assert [row[0] for row in due_rows(pg_url, pg_schema)] == [jobs[0].id, jobs[2].id]
-        lane = sql_scalar(
+        phase = sql_scalar(
             pg_url,
-            sql.SQL("SELECT lane FROM {} WHERE id = %s").format(
-                sql.Identifier(pg_schema, "job_rows_legacy")
+            sql.SQL("SELECT phase FROM {} WHERE id = %s").format(
+                sql.Identifier(pg_schema, "job_rows")
             ),
             (jobs[1].id,),
         )
-        assert lane > 0  # it left jobs_live (lane 0)
+        assert phase == "done"
 
 
 def test_the_backfill_files_every_due_row_of_the_previous_schema_and_can_run_again(
@@ -238,9 +238,9 @@ async def test_migrate_from_the_previous_release_fills_job_due_and_its_claims_ru
                 (migration.version, migration.name),
             )
     async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
-        # 0047 too (stop first: the previous release's running job becomes a run), and 0048
-        # (its ready keyed job filed in ready_keyed).
-        assert await pg.migrate() == [44, 45, 46, 47, 48]
+        # 0047 too (stop first: the previous release's running job becomes a run), 0048 (its
+        # ready keyed job filed in ready_keyed) and 0049 (the records copied by epoch).
+        assert await pg.migrate() == [44, 45, 46, 47, 48, 49]
         assert job_due_mismatches(pg_url, pg_schema) == []
         assert ready_keyed_mismatches(pg_url, pg_schema) == []
         assert len(due_rows(pg_url, pg_schema)) == len(DUE)

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import trioq
-from tests.support import make_app, run_explained, running_worker, scalar
+from tests.support import analyze_records, make_app, run_explained, running_worker, scalar
 from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
 from trioq._seam.driver import Claim, ClaimedJob, ClaimResult, NewJob, Settlement, SettleResult
 from trioq._seam.lease import Lease
@@ -308,11 +308,11 @@ async def test_the_generic_plan_reads_no_table_in_full_on_a_backlog(
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute(
-            f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, phase, priority,"
+            f"INSERT INTO {pg_schema}.job_rows (queue, task, payload, phase, priority,"
             " run_at, created_at) SELECT 'q', 't', '{}', 'ready', 0, now(), now()"
             " FROM generate_series(1, 3000)"
         )
-        conn.execute(f"ANALYZE {pg_schema}.job_rows_legacy")
+        analyze_records(conn, pg_schema)
         claimed, plans = run_explained(conn, statement, params)
     [plan] = [text for text in plans if "CTE unkeyed" in text]
     assert len(claimed) == 25

@@ -103,11 +103,13 @@ def stalled_claimer(
     return claimed.get_nowait()
 
 
-async def test_a_claim_from_the_ring_writes_no_version_of_the_jobs_row(
+async def test_a_claim_from_the_ring_and_its_completion_write_no_version_of_the_record(
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
+    """The fast path writes the record once, at enqueue (migration 0049): the claim inserts a
+    run, the completion deletes it and appends the outcome."""
     [job] = await driver.job_insert_many([NewJob("q", "t", "{}")])
-    row = f"SELECT ctid::text, xmin::text FROM {pg_schema}.jobs_live WHERE id = %s"
+    row = f"SELECT ctid::text, xmin::text FROM {pg_schema}.job_rows WHERE id = %s"
     before = sql_rows(pg_url, row, [job.id])
     [claimed] = (await driver.job_claim(plain_claim())).claimed
     assert sql_rows(pg_url, row, [job.id]) == before
@@ -118,6 +120,7 @@ async def test_a_claim_from_the_ring_writes_no_version_of_the_jobs_row(
     assert runs(pg_url, pg_schema) == []
     final = f"SELECT state, attempt, result, executions FROM {pg_schema}.jobs WHERE id = %s"
     assert sql_rows(pg_url, final, [job.id]) == [("completed", 1, 7, 1)]
+    assert sql_rows(pg_url, row, [job.id]) == before
 
 
 def test_no_double_claim_from_an_old_snapshot(pg_url: str, pg_schema: str) -> None:
@@ -220,39 +223,25 @@ def test_a_cancel_holding_the_row_keeps_the_claim_off_and_the_job_never_runs(
     assert runs(pg_url, pg_schema) == []
 
 
-def test_a_completion_waiting_for_a_cancel_completes_the_flagged_job(
+def test_a_completion_under_a_cancel_holding_the_record_completes_the_flagged_job(
     pg_url: str, pg_schema: str
 ) -> None:
-    """Lock order, runs before rows: a completion that deleted the run waits for the row a
-    cancel holds; the cancel, which saw the run, flags the job; no deadlock, and the job ends
-    completed (its run's outcome was in first)."""
+    """A completion writes the run and the outcome, never the record (migration 0049): it does
+    not wait for a cancel that holds the record and saw the run; the cancel flags the job, no
+    deadlock, and the job ends completed (its run's outcome was in first)."""
     [job_id] = trio.run(_enqueue, pg_url, pg_schema, 1)
     statements = queries(pg_schema)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         [job] = raw_claim(conn, pg_schema)
-    completed: queue.Queue[list[int] | BaseException] = queue.Queue()
-    pid: queue.Queue[int] = queue.Queue()
-
-    def complete() -> None:
-        try:
-            with psycopg.connect(pg_url, autocommit=True) as conn:
-                pid.put(conn.info.backend_pid)
-                completion = Settlement(job.lease, "complete", result_json="1")
-                completed.put(settle(conn, pg_schema, [completion]))
-        except BaseException as exc:
-            completed.put(exc)
-
     with psycopg.connect(pg_url) as canceller:
         [(previous, state)] = canceller.execute(
             statements["job_cancel"], {"id": job_id, "control_channel": "c"}
         ).fetchall()
         assert (previous, state) == ("running", "running")
-        completer = threading.Thread(target=complete)
-        completer.start()
-        _wait_lock_waiter(pg_url, pid.get(timeout=30))
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            completion = Settlement(job.lease, "complete", result_json="1")
+            assert settle(conn, pg_schema, [completion]) == [job_id]
         canceller.commit()
-        completer.join(timeout=30)
-    assert completed.get_nowait() == [job_id]
     assert state_of(pg_url, pg_schema, job_id) == "completed"
 
 
@@ -325,7 +314,7 @@ async def test_a_job_running_when_migration_0047_runs_keeps_its_lease_as_a_run(
             [job_id],
         ).fetchall()
         row = conn.execute(
-            f"SELECT phase, attempt, executions FROM {pg_schema}.job_rows_legacy WHERE id = %s",
+            f"SELECT phase, attempt, executions FROM {pg_schema}.job_rows WHERE id = %s",
             [job_id],
         ).fetchall()
     assert run == [(2, token, worker, 3, "q", "k")]

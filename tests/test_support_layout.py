@@ -23,7 +23,8 @@ SUPPORT = TESTS / "support.py"
 
 JOB_WRITE = re.compile(
     r"\b(?:UPDATE|INSERT\s+INTO|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?|MERGE\s+INTO)\s+(?:ONLY\s+)?"
-    r'(?:[\w{}"]+\.)?"?(?:jobs|jobs_live|jobs_d\d+|jobs_before|jobs_unfiled|job_rows_legacy|job_runs)\b',
+    r'(?:[\w{}"]+\.)?"?(?:jobs|jobs_live|jobs_d\d+|jobs_before|jobs_unfiled|job_rows_legacy'
+    r"|job_rows|job_outcomes|job_runs)\b",
     re.IGNORECASE,
 )
 
@@ -49,7 +50,7 @@ ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
         "test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_since_planned",
     ): (
         3,
-        PLANNER_FILL + ": 20,000 runs inserted and deleted, the bloat job_runs_end() must not"
+        PLANNER_FILL + ": 20,000 runs inserted and deleted, the bloat job_runs_finish() must not"
         " scan, around 26 runs of its own",
     ),
     ("test_plain_rounds.py", "test_the_generic_plan_reads_no_table_in_full_on_a_backlog"): (

@@ -1,8 +1,10 @@
 """Retention of finished jobs by whole UTC days (docs/concepts.md, "Storage").
 
-PostgreSQL keeps the jobs that finished on one UTC day in one partition (`job_lane()`,
-migration 0038) and removes it whole, once the day ended more than the retention period ago:
-no DELETE of a job row, no vacuum debt. The memory driver applies the same rule, and the
+A finished job is gone at the first rotation after its finish day (UTC) ended more than the
+retention period ago. PostgreSQL keeps a job's record, outcome and satellites in the partitions
+of its id's epoch (a UTC day of ids, migration 0049) and empties an ended epoch whole, its
+survivors copied aside (satellite_epochs_rotate()): no DELETE of a job row, no vacuum debt, as
+long as few of the epoch's jobs survive. The memory driver applies the same rule, and the
 conformance checks hold the two to it.
 """
 

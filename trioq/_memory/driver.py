@@ -863,8 +863,9 @@ class MemoryDriver:
         return tuple((row.id, row.state) for row in expired)
 
     def _prune_finished(self, finished_before: datetime.datetime) -> int:
-        """Retention by whole days, as job_history_rotate() drops partitions: every finished
-        job whose UTC day ended before `finished_before`, however many (no batch limit)."""
+        """Retention by finish day, as satellite_epochs_rotate() applies it to each ended epoch
+        (migration 0049): every finished job whose UTC day ended before `finished_before`,
+        however many (no batch limit)."""
         old = [
             row
             for row in self._state.rows.values()

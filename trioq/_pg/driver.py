@@ -497,7 +497,10 @@ class PgDriver(
         return JobRecord(*rows[0]) if rows else None
 
     async def job_result_watch(self, job_id: int) -> None:
-        await self._retrying("job_result_watch", {"id": job_id})  # setting a flag: idempotent
+        # Setting a flag: idempotent. Two statements, each its own transaction (the record's,
+        # then the run's: queries.sql, job_result_watch says why).
+        await self._retrying("job_result_watch", {"id": job_id})
+        await self._retrying("job_result_watch_run", {"id": job_id})
 
     # --- events ---------------------------------------------------------------------------
 

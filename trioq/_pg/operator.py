@@ -113,7 +113,7 @@ class PgOperatorStatements(PgStatements):
     async def job_purge(self, params: JobPurge) -> int:
         days = 0
         if params.whole_days:
-            days, _, _ = await self._history_rotate_days(params.older_than_seconds)
+            days, _ = await self._epochs_rotate(params.older_than_seconds)
         rows = await self._fetch(
             "job_purge",
             {

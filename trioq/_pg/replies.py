@@ -341,14 +341,9 @@ class Maintenance(Reply, statements=("maintenance_pass",)):
     ready_pending: ClassVar[int]
 
 
-class HistoryRotated(Reply, statements=("job_history_rotate",)):
+class EpochsRotated(Reply, statements=("job_epochs_rotate",)):
     pruned: ClassVar[int]
     next_due: ClassVar[int]
-
-
-class HistoryDropped(Reply, statements=("job_history_drop",)):
-    dropped: ClassVar[int]
-    left_over: ClassVar[int]
 
 
 class ReadySwept(Reply, statements=("ready_sweep",)):

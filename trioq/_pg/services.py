@@ -105,7 +105,7 @@ class PgServiceStatements(PgStatements):
         return MaintenanceReport(
             leader=leader,
             recovered=tuple((int(job_id), state) for job_id, state in row[Maintenance.recovered]),
-            pruned_jobs=await self._history_rotate(params.retention_seconds, now) if leader else 0,
+            pruned_jobs=await self._rotate(params.retention_seconds, now) if leader else 0,
             pruned_workers=row[Maintenance.pruned_workers],
             registered=bool(row[Maintenance.registered]),
             now=now,
@@ -128,27 +128,25 @@ class PgServiceStatements(PgStatements):
         logger.debug("ready ring: %d slots truncated", rows[0][ReadySwept.truncated])
         return int(rows[0][ReadySwept.pending])
 
-    async def _history_rotate(self, retention_seconds: float, now: datetime.datetime) -> int:
-        """job_history_rotate, when the last call's `next_due` has come (the first pass of
-        this driver always calls it, and so does one whose database clock went back): at most
-        one statement a day or so, not one a pass. The jobs of the days it dropped."""
-        last = self._history_rotated
+    async def _rotate(self, retention_seconds: float, now: datetime.datetime) -> int:
+        """job_epochs_rotate, when the last call's `next_due` has come (the first pass of this
+        driver always calls it, and so does one whose database clock went back): a statement
+        or two a day, not one a pass. The jobs it removed."""
+        last = self._epochs_rotated
         if last is not None and last[0] <= now < last[1]:
             return 0
         try:
-            pruned, next_due, held = await self._history_rotate_days(retention_seconds)
+            pruned, next_due = await self._epochs_rotate(retention_seconds)
         except psycopg.Error as exc:
             # Retention is not worth the pass: its recoveries, deadlines and heartbeat are
-            # already written and reported, and the days are tried again in a minute.
+            # already written and reported, and the epochs are tried again in a minute.
             logger.warning(
-                "job_history_rotate failed, tried again in a minute: %s",
+                "job_epochs_rotate failed, tried again in a minute: %s",
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
-            self._history_rotated = (now, now + datetime.timedelta(minutes=1))
+            self._epochs_rotated = (now, now + datetime.timedelta(minutes=1))
             return 0
-        if held:
-            next_due = min(next_due, now + datetime.timedelta(minutes=1))
-        self._history_rotated = (now, next_due)
+        self._epochs_rotated = (now, next_due)
         return pruned
 
     async def leader_elect(self, params: LeaderElect) -> LeadershipReport:

@@ -34,7 +34,7 @@ from . import (
 from .errors import MOVED_ROW_ATTEMPTS, schema_required
 from .inserts import quoted as _quoted
 from .limits import LimitedQueues
-from .replies import HistoryDropped, HistoryRotated
+from .replies import EpochsRotated
 
 Params = dict[str, Any]
 
@@ -137,9 +137,9 @@ class PgStatements:
     _limited: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
     # Whether any key has a rate (one entry, ""): keyed claims then run the rated statement.
     _rated: LimitedQueues = attrs.field(init=False, factory=LimitedQueues)
-    # When job_history_rotate last ran and when it is next due (its reply's next_due), by the
+    # When job_epochs_rotate last ran and when it is next due (its reply's next_due), by the
     # database's clock; None until the first maintenance pass this driver leads.
-    _history_rotated: tuple[datetime.datetime, datetime.datetime] | None = attrs.field(
+    _epochs_rotated: tuple[datetime.datetime, datetime.datetime] | None = attrs.field(
         init=False, default=None
     )
 
@@ -173,23 +173,15 @@ class PgStatements:
                     raise
         raise AssertionError("unreachable")
 
-    async def _history_rotate_days(
+    async def _epochs_rotate(
         self, retention_seconds: float | None
-    ) -> tuple[int, datetime.datetime, bool]:
-        """job_history_rotate, then job_history_drop in a transaction of its own (the detach's
-        lock on `jobs`, which the claims wait behind, is held until the rotate's transaction
-        ends: 2 ms, against 66-84 ms with the drop of a 1,000,000-job day in it). The jobs of
-        the days detached, when rotation is next due, and whether a detached day was left
-        (a reader still holds it: a later call drops it)."""
+    ) -> tuple[int, datetime.datetime]:
+        """job_epochs_rotate: the jobs it removed, and when rotation is next due (a minute from
+        now when a lock was not granted or a batch of row deletes was full)."""
         rotated = await self._retrying(
-            "job_history_rotate", {"retention_seconds": retention_seconds}
+            "job_epochs_rotate", {"retention_seconds": retention_seconds}
         )
-        dropped = await self._retrying("job_history_drop")
-        return (
-            int(rotated[0][HistoryRotated.pruned]),
-            rotated[0][HistoryRotated.next_due],
-            bool(dropped[0][HistoryDropped.left_over]),
-        )
+        return int(rotated[0][EpochsRotated.pruned]), rotated[0][EpochsRotated.next_due]
 
     def statistics(self) -> DriverStatistics:
         return DriverStatistics(calls=dict(self._calls))

@@ -3,7 +3,7 @@
 -- parameters as $n. Generated: `python -m tests.schema_snapshot`;
 -- tests/test_schema_snapshot.py checks it. queries.sql says why each is as it is.
 
--- name: job_insert_one (1900 bytes; $1 payload_json, $2 queue, $3 task, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 max_attempts, $9 version, $10 trace_context, $11 deadline_at, $12 deadline_seconds, $13 deadline_source, $14 task_deadline)
+-- name: job_insert_one (1893 bytes; $1 payload_json, $2 queue, $3 task, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 max_attempts, $9 version, $10 trace_context, $11 deadline_at, $12 deadline_seconds, $13 deadline_source, $14 task_deadline)
 WITH new_jobs AS (
 SELECT $1::jsonb AS payload, o.*
 FROM (
@@ -29,7 +29,7 @@ NULL::text AS on_parent_cancel
 FROM (SELECT "trioq".db_now() AS now) AS d OFFSET 0
 ) AS o
 )
-INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
+INSERT INTO "trioq".job_rows AS j (id, queue, task, payload, phase, priority, run_at,
 partition_key, dedup_key, max_attempts, created_at,
 unique_states, unique_until, version, trace_context,
 concurrency_key, concurrency_limit, deadline_at,
@@ -48,7 +48,7 @@ n.parent_id, n.parent_position, coalesce(n.on_parent_cancel, 'cancel')
 FROM new_jobs AS n
 RETURNING j.id, pg_notify("trioq".ready_channel(j.queue), j.queue) AS notified;
 
--- name: job_insert_batch (2151 bytes; $1 queue, $2 task, $3 priority, $4 run_at, $5 delay_seconds, $6 partition_key, $7 max_attempts, $8 version, $9 trace_context, $10 deadline_at, $11 deadline_seconds, $12 deadline_source, $13 task_deadline, $14 payloads)
+-- name: job_insert_batch (2144 bytes; $1 queue, $2 task, $3 priority, $4 run_at, $5 delay_seconds, $6 partition_key, $7 max_attempts, $8 version, $9 trace_context, $10 deadline_at, $11 deadline_seconds, $12 deadline_source, $13 task_deadline, $14 payloads)
 WITH new_jobs AS (
 SELECT p.payload::jsonb AS payload, o.*
 FROM (
@@ -77,7 +77,7 @@ unnest($14::text[]) WITH ORDINALITY AS p(payload, ord)
 ORDER BY p.ord
 ),
 inserted AS (
-INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
+INSERT INTO "trioq".job_rows AS j (id, queue, task, payload, phase, priority, run_at,
 partition_key, dedup_key, max_attempts, created_at,
 unique_states, unique_until, version, trace_context,
 concurrency_key, concurrency_limit, deadline_at,
@@ -101,7 +101,7 @@ SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}') AS ids,
 FROM (SELECT 1 FROM inserted LIMIT 1) AS any_row) AS sent
 FROM inserted i;
 
--- name: job_insert_many (3898 bytes; $1 queue, $2 task, $3 payload_json, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 dedup_key, $9 max_attempts, $10 unique_for_seconds, $11 unique_states, $12 version, $13 trace_context, $14 concurrency_key, $15 concurrency_limit, $16 deadline_at, $17 deadline_seconds, $18 deadline_source, $19 task_deadline)
+-- name: job_insert_many (3883 bytes; $1 queue, $2 task, $3 payload_json, $4 priority, $5 run_at, $6 delay_seconds, $7 partition_key, $8 dedup_key, $9 max_attempts, $10 unique_for_seconds, $11 unique_states, $12 version, $13 trace_context, $14 concurrency_key, $15 concurrency_limit, $16 deadline_at, $17 deadline_seconds, $18 deadline_source, $19 task_deadline)
 WITH input AS MATERIALIZED (
 SELECT nextval('"trioq".jobs_id_seq') AS new_id, t.*
 FROM unnest($1::text[], $2::text[], $3::text[],
@@ -121,10 +121,10 @@ released AS (
 SELECT h.id
 FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
 JOIN "trioq".job_keys k ON k.key = i.dedup_key
-JOIN "trioq".job_rows_legacy h ON h.id = k.job_id
-WHERE h.phase IN ('completed', 'failed', 'cancelled')
-AND "trioq".job_key_released(h.phase, h.unique_states, h.unique_until)
-FOR SHARE OF h
+JOIN "trioq".job_outcomes o ON o.job_id = k.job_id
+JOIN "trioq".job_rows h ON h.id = k.job_id
+WHERE "trioq".job_key_released(o.state, h.unique_states, h.unique_until)
+FOR SHARE OF o
 ),
 keys AS (
 INSERT INTO "trioq".job_keys AS k (key, job_id, task)
@@ -158,7 +158,7 @@ WHERE i.dedup_key IS NULL OR i.new_id IN (SELECT job_id FROM keys)
 ORDER BY i.ord
 ),
 inserted AS (
-INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
+INSERT INTO "trioq".job_rows AS j (id, queue, task, payload, phase, priority, run_at,
 partition_key, dedup_key, max_attempts, created_at,
 unique_states, unique_until, version, trace_context,
 concurrency_key, concurrency_limit, deadline_at,
@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3589 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
+-- name: job_claim_plain (3588 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -216,7 +216,7 @@ CROSS JOIN LATERAL (
 SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
 j.max_attempts, j.created_at, j.cancel_requested, j.version,
 j.checkpoint_count
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
@@ -286,7 +286,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (13561 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim (13553 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
@@ -295,7 +295,7 @@ CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
 j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
 j.result_watched
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
@@ -374,7 +374,7 @@ ORDER BY e.priority, e.run_at, e.id
 LIMIT 1)
 UNION ALL
 (SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid, true AS held
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 JOIN "trioq".ready_keyed e
 ON e.queue = j.queue AND e.kind = 'p' AND e.key = j.partition_key
 AND e.priority = j.priority AND e.run_at = j.run_at AND e.id = j.id
@@ -395,7 +395,7 @@ FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
 j.parent_id, j.result_watched
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
 AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -492,7 +492,7 @@ FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
 j.result_watched
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
 AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -511,7 +511,7 @@ CROSS JOIN LATERAL (
 SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
 j.max_attempts, j.created_at, j.cancel_requested, j.version,
 j.checkpoint_count
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
@@ -560,7 +560,7 @@ ON CONFLICT (concurrency_key, slot) DO NOTHING
 RETURNING job_id
 ),
 promoted AS (
-UPDATE "trioq".jobs_live j SET phase = 'ready', filed = j.filed + 1
+UPDATE "trioq".job_rows j SET phase = 'ready', filed = j.filed + 1
 FROM due d
 WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
 AND j.phase IN ('scheduled', 'sleeping', 'waiting')
@@ -600,7 +600,7 @@ WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL))
 ELSE 0 END AS n
 ),
 claimed_in_place AS (
-UPDATE "trioq".jobs_live j SET phase = 'claimed'
+UPDATE "trioq".job_rows j SET phase = 'claimed'
 FROM run u, candidates c
 WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
 AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
@@ -615,7 +615,7 @@ CASE WHEN j.checkpoint_count > 0 THEN
 ORDER BY c.position)
 FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
 j.parent_id, j.concurrency_key
-FROM run u JOIN "trioq".jobs_live j ON j.id = u.job_id
+FROM run u JOIN "trioq".job_rows j ON j.id = u.job_id
 )
 SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
 greatest((SELECT count(*) FROM ready_keys),
@@ -635,7 +635,7 @@ LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
 AND (SELECT n FROM keyed_taken) >= 0;
 
--- name: job_claim_rated (16365 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim_rated (16357 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
@@ -644,7 +644,7 @@ CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
 j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
 j.result_watched
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
 AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
@@ -723,7 +723,7 @@ ORDER BY e.priority, e.run_at, e.id
 LIMIT 1)
 UNION ALL
 (SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid, true AS held
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 JOIN "trioq".ready_keyed e
 ON e.queue = j.queue AND e.kind = 'p' AND e.key = j.partition_key
 AND e.priority = j.priority AND e.run_at = j.run_at AND e.id = j.id
@@ -744,7 +744,7 @@ FROM heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
 j.parent_id, j.result_watched
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
 AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -868,7 +868,7 @@ FROM concurrency_heads h
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
 j.result_watched
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
 AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= "trioq".db_now()
 FOR UPDATE SKIP LOCKED
@@ -887,7 +887,7 @@ CROSS JOIN LATERAL (
 SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
 j.max_attempts, j.created_at, j.cancel_requested, j.version,
 j.checkpoint_count
-FROM "trioq".jobs_live j
+FROM "trioq".job_rows j
 WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
 LIMIT 1
 FOR UPDATE OF j SKIP LOCKED
@@ -955,7 +955,7 @@ ON CONFLICT (concurrency_key, slot) DO NOTHING
 RETURNING job_id
 ),
 promoted AS (
-UPDATE "trioq".jobs_live j SET phase = 'ready', filed = j.filed + 1
+UPDATE "trioq".job_rows j SET phase = 'ready', filed = j.filed + 1
 FROM due d
 WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
 AND j.phase IN ('scheduled', 'sleeping', 'waiting')
@@ -998,7 +998,7 @@ WHERE c.ring_slot IS NULL AND c.ring_row IS NOT NULL))
 ELSE 0 END AS n
 ),
 claimed_in_place AS (
-UPDATE "trioq".jobs_live j SET phase = 'claimed'
+UPDATE "trioq".job_rows j SET phase = 'claimed'
 FROM run u, candidates c
 WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
 AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
@@ -1013,7 +1013,7 @@ CASE WHEN j.checkpoint_count > 0 THEN
 ORDER BY c.position)
 FROM "trioq".checkpoints c WHERE c.job_id = j.id) END AS history,
 j.parent_id, j.concurrency_key
-FROM run u JOIN "trioq".jobs_live j ON j.id = u.job_id
+FROM run u JOIN "trioq".job_rows j ON j.id = u.job_id
 )
 SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cursor,
 greatest((SELECT count(*) FROM ready_keys),
@@ -1039,7 +1039,7 @@ LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
 AND (SELECT n FROM keyed_taken) >= 0;
 
--- name: job_complete_plain (1546 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
+-- name: job_complete_plain (1355 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
 SELECT t.*
 FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
@@ -1048,28 +1048,25 @@ AS t(id, attempt, lease_token, result)
 ),
 gone AS MATERIALIZED (
 SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
-u.run_worker_id AS worker_id, u.run_traced AS traced,
-u.run_started_at AS started_at, u.run_result_watched AS result_watched, i.result
-FROM "trioq".job_runs_end((SELECT $1::bigint[]), (SELECT $2::int[]),
+u.run_worker_id AS worker_id, u.run_started_at AS started_at,
+u.run_result_watched AS result_watched, u.run_queue AS queue, i.result
+FROM "trioq".job_runs_finish((SELECT $1::bigint[]), (SELECT $2::int[]),
 (SELECT $3::uuid[])) AS u
 JOIN input i ON i.id = u.run_job_id
 ),
 settled AS (
-UPDATE "trioq".job_rows_legacy j
-SET phase = 'completed', result = g.result::jsonb, error = NULL, attempt = g.attempt,
-executions = g.executions, worker_id = g.worker_id, traced = g.traced,
-started_at = g.started_at,
-finished_at = "trioq".db_now(), lane = "trioq".job_lane("trioq".db_now())
+INSERT INTO "trioq".job_outcomes (job_id, state, result, error, attempt, executions,
+worker_id, started_at, finished_at, queue)
+SELECT g.job_id, 'completed', g.result::jsonb, NULL, g.attempt, g.executions, g.worker_id,
+g.started_at, "trioq".db_now(), g.queue
 FROM gone g
-WHERE j.id = g.job_id
-AND j.id = ANY((SELECT $1::bigint[])::bigint[])
-AND j.phase IN ('ready', 'claimed')
-RETURNING j.id, j.phase AS state, j.result_watched OR g.result_watched AS result_watched
+RETURNING job_id AS id, state
 ),
 results_notified AS (
 SELECT count(pg_notify(channel, ids)) AS n
-FROM (SELECT "trioq".result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-FROM settled WHERE result_watched GROUP BY 1) AS per_channel
+FROM (SELECT "trioq".result_channel(job_id) AS channel,
+string_agg(job_id::text, ',') AS ids
+FROM gone WHERE result_watched GROUP BY 1) AS per_channel
 )
 SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
 coalesce(array_agg(state ORDER BY id), '{}') AS states,
@@ -1077,7 +1074,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (3893 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (4885 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -1102,8 +1099,8 @@ FROM "trioq".job_runs_settle((SELECT $1::bigint[]), (SELECT $2::int[]),
 (SELECT $3::uuid[]),
 (SELECT $4::text[])) AS u
 ),
-settled AS (
-UPDATE "trioq".job_rows_legacy j
+moved AS (
+UPDATE "trioq".job_rows j
 SET phase = CASE WHEN i.ready_when_due AND i.next_run_at <= "trioq".db_now() THEN 'ready'
 ELSE i.state END,
 filed = j.filed + CASE WHEN i.state = 'ready'
@@ -1113,21 +1110,47 @@ run_at = CASE WHEN i.moves_run_at THEN i.next_run_at ELSE j.run_at END,
 attempt = g.attempt + i.attempt_change,
 executions = g.executions,
 traced = g.traced,
-result = i.result::jsonb,
-error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= "trioq".db_now()
-THEN "trioq".deadline_error(j.deadline_at, j.deadline_source)
-ELSE i.error::jsonb END,
-finished_at = CASE WHEN i.final THEN "trioq".db_now() END,
-lane = "trioq".job_lane(CASE WHEN i.final THEN "trioq".db_now() END),
+error = i.error::jsonb,
 worker_id = CASE WHEN i.clears_worker THEN NULL ELSE g.worker_id END,
 started_at = CASE WHEN i.clears_worker THEN NULL ELSE g.started_at END
 FROM gone g JOIN input i ON i.id = g.job_id
-WHERE j.id = g.job_id
+WHERE j.id = g.job_id AND NOT i.final
 AND j.id = ANY((SELECT $1::bigint[])::bigint[])
 AND j.phase IN ('ready', 'claimed')
 RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
 g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
 i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
+),
+ended AS MATERIALIZED (
+SELECT g.job_id AS id, g.attempt, g.executions, g.worker_id, g.started_at,
+g.result_watched, i.state, i.result, i.error, i.attempt_change, i.clears_worker,
+i.releases_key, i.history, j.queue, j.partition_key, j.run_at, j.parent_id,
+j.result_watched AS row_watched, j.deadline_at, j.deadline_source
+FROM gone g JOIN input i ON i.id = g.job_id
+JOIN "trioq".job_rows j ON j.id = g.job_id
+WHERE i.final
+),
+finished AS (
+INSERT INTO "trioq".job_outcomes (job_id, state, result, error, attempt, executions,
+worker_id, started_at, finished_at, queue)
+SELECT e.id, e.state, e.result::jsonb,
+CASE WHEN e.state = 'cancelled' AND e.deadline_at <= "trioq".db_now()
+THEN "trioq".deadline_error(e.deadline_at, e.deadline_source)
+ELSE e.error::jsonb END,
+e.attempt + e.attempt_change, e.executions,
+CASE WHEN e.clears_worker THEN NULL ELSE e.worker_id END,
+CASE WHEN e.clears_worker THEN NULL ELSE e.started_at END,
+"trioq".db_now(), e.queue
+FROM ended e
+RETURNING job_id, state, error
+),
+settled AS (
+SELECT * FROM moved
+UNION ALL
+SELECT f.job_id, e.attempt, f.state, e.queue, e.partition_key, e.worker_id, e.started_at,
+f.error, e.run_at, e.releases_key, e.history, true, e.parent_id,
+e.row_watched OR e.result_watched
+FROM finished f JOIN ended e ON e.id = f.job_id
 ),
 unlocked AS (
 DELETE FROM "trioq".partition_locks l
@@ -1169,7 +1192,7 @@ min(run_at) FILTER (WHERE state IN ('scheduled', 'sleeping', 'waiting')) AS next
 + (SELECT n FROM parents_woken) AS notified
 FROM settled;
 
--- name: lease_renew_many (1771 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
+-- name: lease_renew_many (1770 bytes; $1 worker_state, $2 admission_queues, $3 admission_limits, $4 admission_concurrency, $5 admission_reasons, $6 admission_causes, $7 admission_reduced_for, $8 worker_id, $9 ids, $10 attempts, $11 lease_tokens, $12 lease_seconds)
 WITH heartbeat AS (
 UPDATE "trioq".workers SET heartbeat_at = "trioq".db_now(), state = $1,
 admission = (
@@ -1186,7 +1209,7 @@ RETURNING id
 ),
 requested AS MATERIALIZED (
 SELECT u.job_id AS id, u.attempt, u.lease_token,
-(SELECT j.cancel_requested FROM "trioq".jobs_live j WHERE j.id = u.job_id)
+(SELECT j.cancel_requested FROM "trioq".job_rows j WHERE j.id = u.job_id)
 AS cancel_requested
 FROM unnest($9::bigint[], $10::int[], $11::uuid[])
 AS o(id, attempt, lease_token)
@@ -1220,7 +1243,7 @@ SELECT id, cancel_requested, false FROM requested
 WHERE id NOT IN (SELECT id FROM lockable)
 ) AS r ON true;
 
--- name: checkpoint_insert_many_plain (1415 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
+-- name: checkpoint_insert_many_plain (1414 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
@@ -1237,7 +1260,7 @@ ORDER BY u.job_id
 FOR SHARE OF u
 ),
 owner AS (
-UPDATE "trioq".jobs_live j
+UPDATE "trioq".job_rows j
 SET checkpoint_count = greatest(j.checkpoint_count, f.next_position)
 FROM fenced f
 WHERE j.id = f.id
@@ -1262,7 +1285,7 @@ JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
 ;
 
--- name: checkpoint_insert_many (2112 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
+-- name: checkpoint_insert_many (2111 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
@@ -1279,7 +1302,7 @@ ORDER BY u.job_id
 FOR SHARE OF u
 ),
 owner AS (
-UPDATE "trioq".jobs_live j
+UPDATE "trioq".job_rows j
 SET checkpoint_count = greatest(j.checkpoint_count, f.next_position)
 FROM fenced f
 WHERE j.id = f.id

@@ -207,10 +207,12 @@ released AS (
     SELECT h.id
     FROM (SELECT DISTINCT dedup_key FROM input WHERE dedup_key IS NOT NULL) AS i
     JOIN {schema}.job_keys k ON k.key = i.dedup_key
-    JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
-    WHERE h.phase IN ('completed', 'failed', 'cancelled')
-      AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
-    FOR SHARE OF h
+    -- The holder's outcome (migration 0049: a finished job is one with an outcome), locked:
+    -- a redrive deletes it, so FOR SHARE waits for it and then finds the holder unfinished.
+    JOIN {schema}.job_outcomes o ON o.job_id = k.job_id
+    JOIN {schema}.job_rows h ON h.id = k.job_id
+    WHERE {schema}.job_key_released(o.state, h.unique_states, h.unique_until)
+    FOR SHARE OF o
 ),
 keys AS (
     INSERT INTO {schema}.job_keys AS k (key, job_id, task)
@@ -247,7 +249,7 @@ new_jobs AS (
     ORDER BY i.ord
 ),
 inserted AS (
-    -- include: job_insert(job_rows_legacy)
+    -- include: job_insert(job_rows)
     RETURNING j.id, j.queue
 ),
 notified AS (
@@ -321,7 +323,7 @@ WITH new_jobs AS (
     ORDER BY p.ord
 ),
 inserted AS (
-    -- include: job_insert(job_rows_legacy)
+    -- include: job_insert(job_rows)
     RETURNING j.id, j.phase AS state
 )
 -- The ids come back as ONE array (one row), not one row per job: decoding 20,000 result rows
@@ -351,7 +353,7 @@ WITH new_jobs AS (
         -- include: new_job_options
     ) AS o
 )
--- include: job_insert(job_rows_legacy)
+-- include: job_insert(job_rows)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
 
 -- fragment: ring_low
@@ -391,7 +393,7 @@ RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue) AS notified;
             SELECT j.attempt, j.executions, j.parent_id, j.result_watched, j.task, j.payload,
                    j.max_attempts, j.created_at, j.cancel_requested, j.version,
                    j.checkpoint_count
-            FROM {schema}.jobs_live j
+            FROM {schema}.job_rows j
             WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
             LIMIT 1
             FOR UPDATE OF j SKIP LOCKED
@@ -425,15 +427,18 @@ ring_taken AS MATERIALIZED (
 ),
 
 -- fragment: job_state
--- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
--- {schema}.job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
--- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
--- row always has its run.
-CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
+-- A job's state (docs/state-machine.md) from its record `j`, its run `u` (LEFT JOIN
+-- {schema}.job_runs u ON u.job_id = j.id) and its outcome `o` (LEFT JOIN {schema}.job_outcomes
+-- o ON o.job_id = j.id): the outcome's once it has one, running while it has a run, else the
+-- record's phase (migrations 0047, 0049; the `jobs` view spells out the same rule). `claimed`
+-- never shows: a claimed record always has its run or its outcome, and `done` always has its
+-- outcome.
+CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'running'
+     ELSE j.phase END
 
 -- fragment: runs_by_key
 -- The runs a fenced statement names (`ids`: the lease renewal; the completions and the settle
--- end theirs in job_runs_end() and job_runs_settle()), found by primary key: a join left to the planner over a table that
+-- end theirs in job_runs_finish() and job_runs_settle()), found by primary key: a join left to the planner over a table that
 -- churns a row per job can take a scan, which a pinned horizon makes long.
       AND u.job_id = ANY((SELECT %(ids)s::bigint[])::bigint[])
 
@@ -474,7 +479,7 @@ CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
                                  ORDER BY c.position)
                 FROM {schema}.checkpoints c WHERE c.job_id = j.id) END AS history,
            j.parent_id, j.concurrency_key
-    FROM run u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    FROM run u JOIN {schema}.job_rows j ON j.id = u.job_id
 
 -- fragment: key_visit(cte, key, kind, cursor)
 -- The keys with ready jobs of one kind (@key@: ready_keyed's kind '@kind@'), visited as a loose
@@ -591,7 +596,7 @@ due AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
                j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
                j.result_watched
-        FROM {schema}.jobs_live j
+        FROM {schema}.job_rows j
         WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
           AND j.run_at <= {schema}.db_now()
                           + (SELECT %(lookahead)s::float8) * interval '1 second'
@@ -649,7 +654,7 @@ heads AS MATERIALIZED (
          LIMIT 1)
         UNION ALL
         (SELECT e.id, e.filed, e.priority, e.run_at, e.task, e.version, e.ctid, true AS held
-         FROM {schema}.jobs_live j
+         FROM {schema}.job_rows j
          JOIN {schema}.ready_keyed e
            ON e.queue = j.queue AND e.kind = 'p' AND e.key = j.partition_key
           AND e.priority = j.priority AND e.run_at = j.run_at AND e.id = j.id
@@ -677,7 +682,7 @@ keyed AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.attempt, j.executions,
                j.parent_id, j.result_watched
-        FROM {schema}.jobs_live j
+        FROM {schema}.job_rows j
         WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
           AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
         FOR UPDATE SKIP LOCKED
@@ -709,7 +714,7 @@ concurrency_keyed AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at, j.queue, j.attempt, j.executions, j.parent_id,
                j.result_watched
-        FROM {schema}.jobs_live j
+        FROM {schema}.job_rows j
         -- As `keyed`'s lock: the entry's filed, priority and due time on the newest version.
         WHERE j.id = h.id AND j.filed = h.filed AND j.priority = h.priority
           AND j.run_at = h.run_at AND j.phase = 'ready' AND j.run_at <= {schema}.db_now()
@@ -748,7 +753,7 @@ key_taken AS (
 -- include: concurrency_taken_@rate@
 -- Due rows not claimed here become ready (claimable from the next round: same snapshot).
 promoted AS (
-    UPDATE {schema}.jobs_live j SET phase = 'ready', filed = j.filed + 1
+    UPDATE {schema}.job_rows j SET phase = 'ready', filed = j.filed + 1
     FROM due d
     WHERE j.id = d.id AND d.id NOT IN (SELECT id FROM candidates)
       AND j.phase IN ('scheduled', 'sleeping', 'waiting')
@@ -791,7 +796,7 @@ keyed_taken AS MATERIALIZED (
 -- find a job by its row's phase (the pages, the explanation, the rechecks of the locks) see
 -- it is not ready; a job claimed from the ring keeps `ready`, its entry gone.
 claimed_in_place AS (
-    UPDATE {schema}.jobs_live j SET phase = 'claimed'
+    UPDATE {schema}.job_rows j SET phase = 'claimed'
     FROM run u, candidates c
     WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
       AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
@@ -1079,7 +1084,7 @@ WITH input AS MATERIALIZED (
 -- them, to rows the settling lease still holds. The one comparison left is the database's: a
 -- time-based outcome whose new run_at has passed is ready at once.
 -- The fence is the run (migration 0047), ended by job_runs_settle() (by primary key whatever
--- job_runs' size, as the completions' job_runs_end()); a cancelled outcome is recorded only for
+-- job_runs' size, as the completions' job_runs_finish()); a cancelled outcome is recorded only for
 -- a stored request (a cancel or a passed deadline sets it on the row): a worker told to cancel
 -- by anything else changes nothing here.
 gone AS MATERIALIZED (
@@ -1090,11 +1095,12 @@ gone AS MATERIALIZED (
                                   (SELECT %(lease_tokens)s::uuid[]),
                                   (SELECT %(states)s::text[])) AS u
 ),
--- Then the row: the outcome's phase, the run's attempt (changed as the rule says: a release
--- gives it back), executions, worker and start. A move into ready counts in `filed`, which
--- files the job's entry (the trigger) even when the row read ready while the job ran.
-settled AS (
-    UPDATE {schema}.job_rows_legacy j
+-- Then the record, for the outcomes that are not final: the outcome's phase, the run's attempt
+-- (changed as the rule says: a release gives it back), executions, worker and start. A move
+-- into ready counts in `filed`, which files the job's entry (the trigger) even when the record
+-- read ready while the job ran.
+moved AS (
+    UPDATE {schema}.job_rows j
     SET phase = CASE WHEN i.ready_when_due AND i.next_run_at <= {schema}.db_now() THEN 'ready'
                      ELSE i.state END,
         filed = j.filed + CASE WHEN i.state = 'ready'
@@ -1104,24 +1110,52 @@ settled AS (
         attempt = g.attempt + i.attempt_change,
         executions = g.executions,
         traced = g.traced,
-        result = i.result::jsonb,
-        -- A cancelled attempt of a job past its deadline was cancelled by the deadline pass
-        -- (job_deadline_pass): its error says so. Rows without a deadline
-        -- compare one NULL, and only when cancelled.
-        error = CASE WHEN i.state = 'cancelled' AND j.deadline_at <= {schema}.db_now()
-                     THEN {schema}.deadline_error(j.deadline_at, j.deadline_source)
-                     ELSE i.error::jsonb END,
-        finished_at = CASE WHEN i.final THEN {schema}.db_now() END,
-        lane = {schema}.job_lane(CASE WHEN i.final THEN {schema}.db_now() END),
+        error = i.error::jsonb,
         worker_id = CASE WHEN i.clears_worker THEN NULL ELSE g.worker_id END,
         started_at = CASE WHEN i.clears_worker THEN NULL ELSE g.started_at END
     FROM gone g JOIN input i ON i.id = g.job_id
-    WHERE j.id = g.job_id
+    WHERE j.id = g.job_id AND NOT i.final
       -- include: running_by_key
     -- The run's attempt, worker and start: the attempt history records the execution's.
     RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
               g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
               i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
+),
+-- A final outcome is appended (migration 0049) and the record is left as it is (its phase
+-- reads ready or claimed under the outcome, which decides the state): read, not written.
+ended AS MATERIALIZED (
+    SELECT g.job_id AS id, g.attempt, g.executions, g.worker_id, g.started_at,
+           g.result_watched, i.state, i.result, i.error, i.attempt_change, i.clears_worker,
+           i.releases_key, i.history, j.queue, j.partition_key, j.run_at, j.parent_id,
+           j.result_watched AS row_watched, j.deadline_at, j.deadline_source
+    FROM gone g JOIN input i ON i.id = g.job_id
+    JOIN {schema}.job_rows j ON j.id = g.job_id
+    WHERE i.final
+),
+finished AS (
+    INSERT INTO {schema}.job_outcomes (job_id, state, result, error, attempt, executions,
+                                       worker_id, started_at, finished_at, queue)
+    SELECT e.id, e.state, e.result::jsonb,
+           -- A cancelled attempt of a job past its deadline was cancelled by the deadline
+           -- pass (job_deadline_pass): its error says so. Rows without a deadline compare one
+           -- NULL, and only when cancelled.
+           CASE WHEN e.state = 'cancelled' AND e.deadline_at <= {schema}.db_now()
+                THEN {schema}.deadline_error(e.deadline_at, e.deadline_source)
+                ELSE e.error::jsonb END,
+           e.attempt + e.attempt_change, e.executions,
+           CASE WHEN e.clears_worker THEN NULL ELSE e.worker_id END,
+           CASE WHEN e.clears_worker THEN NULL ELSE e.started_at END,
+           {schema}.db_now(), e.queue
+    FROM ended e
+    RETURNING job_id, state, error
+),
+settled AS (
+    SELECT * FROM moved
+    UNION ALL
+    SELECT f.job_id, e.attempt, f.state, e.queue, e.partition_key, e.worker_id, e.started_at,
+           f.error, e.run_at, e.releases_key, e.history, true, e.parent_id,
+           e.row_watched OR e.result_watched
+    FROM finished f JOIN ended e ON e.id = f.job_id
 ),
 unlocked AS (
     DELETE FROM {schema}.partition_locks l
@@ -1287,35 +1321,35 @@ WITH input AS MATERIALIZED (
                 (SELECT %(lease_tokens)s::uuid[]), (SELECT %(results)s::text[]))
          AS t(id, attempt, lease_token, result)
 ),
--- The fence is the run (migration 0047): deleted by primary key, it returns what the row
--- takes with the outcome, so the row is written once, by the move to its day. Through
--- job_runs_end(), whose plan probes the key whatever job_runs' size when it was made (a
--- generic plan made on a page or two scanned the table whole as it bloated: 573 buffer hits a
--- completion of 25 after a 20,000-job drain, 381 through the function; main's 281).
+-- The fence is the run (migration 0047): deleted by primary key, it returns what the outcome
+-- records. Through job_runs_finish(), whose plan probes the key whatever job_runs' size when it
+-- was made (a generic plan made on a page or two scanned the table whole as it bloated: 573
+-- buffer hits a completion of 25 after a 20,000-job drain, 381 through the function; main's
+-- 281).
 gone AS MATERIALIZED (
     SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
-           u.run_worker_id AS worker_id, u.run_traced AS traced,
-           u.run_started_at AS started_at, u.run_result_watched AS result_watched, i.result
-    FROM {schema}.job_runs_end((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+           u.run_worker_id AS worker_id, u.run_started_at AS started_at,
+           u.run_result_watched AS result_watched, u.run_queue AS queue, i.result
+    FROM {schema}.job_runs_finish((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
                                (SELECT %(lease_tokens)s::uuid[])) AS u
     JOIN input i ON i.id = u.run_job_id
 ),
+-- The outcome is appended; the record is not written (migration 0049: it reads `ready` under
+-- its outcome, which decides the state). A waiter registered by job_result_watch after the
+-- claim set the run's flag too (its second write), so the run's flag is the one to read.
 settled AS (
-    UPDATE {schema}.job_rows_legacy j
-    SET phase = 'completed', result = g.result::jsonb, error = NULL, attempt = g.attempt,
-        executions = g.executions, worker_id = g.worker_id, traced = g.traced,
-        started_at = g.started_at,
-        finished_at = {schema}.db_now(), lane = {schema}.job_lane({schema}.db_now())
+    INSERT INTO {schema}.job_outcomes (job_id, state, result, error, attempt, executions,
+                                       worker_id, started_at, finished_at, queue)
+    SELECT g.job_id, 'completed', g.result::jsonb, NULL, g.attempt, g.executions, g.worker_id,
+           g.started_at, {schema}.db_now(), g.queue
     FROM gone g
-    WHERE j.id = g.job_id
-      -- include: running_by_key
-    -- result_watched: the row's, or the run's (job_result_watch's second write).
-    RETURNING j.id, j.phase AS state, j.result_watched OR g.result_watched AS result_watched
+    RETURNING job_id AS id, state
 ),
 results_notified AS (
     SELECT count(pg_notify(channel, ids)) AS n
-    FROM (SELECT {schema}.result_channel(id) AS channel, string_agg(id::text, ',') AS ids
-          FROM settled WHERE result_watched GROUP BY 1) AS per_channel
+    FROM (SELECT {schema}.result_channel(job_id) AS channel,
+                 string_agg(job_id::text, ',') AS ids
+          FROM gone WHERE result_watched GROUP BY 1) AS per_channel
 )
 SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        coalesce(array_agg(state ORDER BY id), '{}') AS states,
@@ -1333,14 +1367,14 @@ FROM settled;
 -- the plain completion: that one runs at every flush of every worker, and a DELETE in it would
 -- be planned at each execution whether a batch discards anything or not. Its reply has
 -- job_complete_plain's columns; the states read `completed`.
--- The fence is the run, ended by job_runs_end() (found by primary key whatever job_runs' size).
+-- The fence is the run, ended by job_runs_finish() (found by primary key whatever job_runs' size).
 WITH gone AS MATERIALIZED (
     SELECT u.run_job_id AS job_id, u.run_result_watched AS result_watched
-    FROM {schema}.job_runs_end((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
+    FROM {schema}.job_runs_finish((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
                                (SELECT %(lease_tokens)s::uuid[])) AS u
 ),
 discarded AS (
-    DELETE FROM {schema}.job_rows_legacy j
+    DELETE FROM {schema}.job_rows j
     USING gone g
     WHERE j.id = g.job_id
       -- include: running_by_key
@@ -1376,7 +1410,7 @@ fenced AS MATERIALIZED (
     FOR SHARE OF u
 ),
 owner AS (
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET checkpoint_count = greatest(j.checkpoint_count, f.next_position)
     FROM fenced f
     WHERE j.id = f.id
@@ -1484,7 +1518,7 @@ WITH heartbeat AS (
 -- lease/3).
 requested AS MATERIALIZED (
     SELECT u.job_id AS id, u.attempt, u.lease_token,
-           (SELECT j.cancel_requested FROM {schema}.jobs_live j WHERE j.id = u.job_id)
+           (SELECT j.cancel_requested FROM {schema}.job_rows j WHERE j.id = u.job_id)
                AS cancel_requested
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
          AS o(id, attempt, lease_token)
@@ -1637,7 +1671,7 @@ expired AS MATERIALIZED (
            -- A traced execution's span took its trace id from the lease token (_tracing.py).
            CASE WHEN u.traced THEN replace(u.lease_token::text, '-', '') END AS trace_id
     FROM {schema}.job_runs u
-    JOIN {schema}.jobs_live j ON j.id = u.job_id
+    JOIN {schema}.job_rows j ON j.id = u.job_id
     LEFT JOIN {schema}.task_defaults d ON d.task = j.task AND d.version = j.version
     WHERE (SELECT ok FROM leader)
       AND u.lease_expires_at < {schema}.db_now()
@@ -1652,33 +1686,41 @@ lost AS MATERIALIZED (
     RETURNING u.job_id
 ),
 recovered AS (
-    UPDATE {schema}.job_rows_legacy j
-    SET phase = CASE WHEN j.cancel_requested THEN 'cancelled'
-                     WHEN e.attempt >= e.max_attempts THEN 'failed' ELSE 'ready' END,
+    UPDATE {schema}.job_rows j
+    -- A job that ends here is `done`, its outcome appended by `recovered_final` (migration
+    -- 0049); one that goes back to ready is filed again.
+    SET phase = CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts THEN 'done'
+                     ELSE 'ready' END,
         filed = j.filed + CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
                                THEN 0 ELSE 1 END,
         attempt = e.attempt, executions = e.executions, worker_id = e.worker_id,
         started_at = e.started_at, traced = e.traced,
-        finished_at = CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
-                           THEN {schema}.db_now() END,
-        lane = {schema}.job_lane(CASE WHEN j.cancel_requested OR e.attempt >= e.max_attempts
-                                      THEN {schema}.db_now() END),
         error = jsonb_build_object('type', 'LeaseExpired',
                                    'message', 'worker lost: lease expired')
     FROM expired e
     WHERE j.id = e.id AND j.id IN (SELECT job_id FROM lost)
       AND j.phase IN ('ready', 'claimed')
-    RETURNING j.id, e.attempt, j.phase AS state, j.queue, j.partition_key, e.worker_id,
-              e.started_at, j.parent_id, e.trace_id, j.result_watched
+    RETURNING j.id, e.attempt,
+              CASE WHEN j.phase = 'ready' THEN 'ready'
+                   WHEN j.cancel_requested THEN 'cancelled' ELSE 'failed' END AS state,
+              j.queue, j.partition_key, e.worker_id, e.started_at, j.parent_id, e.trace_id,
+              j.result_watched, e.executions, j.error
+),
+recovered_final AS (
+    INSERT INTO {schema}.job_outcomes (job_id, state, error, attempt, executions, worker_id,
+                                       started_at, finished_at, queue)
+    SELECT r.id, r.state, r.error, r.attempt, r.executions, r.worker_id, r.started_at,
+           {schema}.db_now(), r.queue
+    FROM recovered r WHERE r.state <> 'ready'
+    RETURNING job_id, (SELECT r.parent_id FROM recovered r WHERE r.id = job_id) AS parent_id
 ),
 -- A child failed (or cancelled) for good here wakes its parent here (parents_notify, migration
 -- 0030); rows this pass recovers are left to it. Read by `notified`, so it always runs.
+-- Read from `recovered_final`, so that the outcomes are written before parents_notify reads them.
 parents_woken AS MATERIALIZED (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM recovered
-                             WHERE state <> 'ready' AND parent_id IS NOT NULL)
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM recovered_final WHERE parent_id IS NOT NULL)
                 THEN {schema}.parents_notify(
-                         ARRAY(SELECT id FROM recovered
-                               WHERE state <> 'ready' AND parent_id IS NOT NULL),
+                         ARRAY(SELECT job_id FROM recovered_final WHERE parent_id IS NOT NULL),
                          ARRAY(SELECT id FROM expired))
                 ELSE 0 END AS n
 ),
@@ -1741,7 +1783,7 @@ old_events AS (
             ORDER BY coalesce(o.emitted_at, o.created_at)
             LIMIT %(prune_limit)s
             FOR UPDATE SKIP LOCKED)
-      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs_live j
+      AND NOT EXISTS (SELECT 1 FROM {schema}.job_rows j
                       WHERE j.wait_event_key = e.key AND j.phase = 'waiting')
     RETURNING e.key
 )
@@ -1773,14 +1815,17 @@ SELECT * FROM {schema}.job_records WHERE id = %(id)s;
 -- A claim skips a row this holds (SKIP LOCKED): a ready or due row registered here wakes its
 -- queue again, after this commit, so a claim that skipped it runs once more at once (a job
 -- enqueued and waited for at once would otherwise wait for the next poll).
--- One transaction still suffices (migration 0047): every end of a run writes the row too, so
--- the finish and this meet on the row's lock as before. A claim copies the flag into the run
--- from the row version it locked; the run's copy is what a completion that no longer writes
--- the row (stage 6 of bench/plans/write_once_layout.md) will need a second write for.
+-- Two statements, each its own transaction (migration 0049: a completion no longer writes the
+-- record, so the finish and this no longer meet on the record's lock): this one, on the
+-- record, then job_result_watch_run, on the run. In one transaction the record's lock then
+-- the run's would be the reverse of the settle's order (run, then record: a deadlock). After
+-- this commits, every later claim copies the flag into its run; a claim holding the record
+-- makes this wait until its run is committed, so the second statement finds it. A job with an
+-- outcome is final: nothing to write, and the waiter's read that follows sees it.
 WITH watched AS (
-    UPDATE {schema}.job_rows_legacy j SET result_watched = true
+    UPDATE {schema}.job_rows j SET result_watched = true
     WHERE j.id = %(id)s AND NOT j.result_watched
-      AND j.phase NOT IN ('completed', 'failed', 'cancelled')
+      AND NOT EXISTS (SELECT 1 FROM {schema}.job_outcomes o WHERE o.job_id = j.id)
     RETURNING j.id, j.queue, j.phase, j.run_at
 )
 SELECT count(pg_notify({schema}.ready_channel(w.queue), w.queue))
@@ -1788,28 +1833,39 @@ FROM watched w
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = w.id)
   AND (w.phase = 'ready' OR w.run_at <= {schema}.db_now());
 
+-- name: job_result_watch_run
+-- The second write of job_result_watch, after its commit: the job's run, if it has one, so
+-- that its completion (which reads the run's flag, not the record's) notifies. A completion
+-- that holds the run makes this wait and then finds it gone: the job is final, which the
+-- waiter's read that follows sees. If this holds it, the completion waits for this commit and
+-- returns the run with the flag set.
+UPDATE {schema}.job_runs u SET result_watched = true
+WHERE u.job_id = %(id)s AND NOT u.result_watched;
+
 -- name: job_states
 -- Every job's state, for the transition checker of trioq.testing (a test-only whole-table read:
 -- it diffs the table around each driver call, so it runs only on small test schemas).
 SELECT j.id,
        -- include: job_state
        AS state
-FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id;
+FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id;
 
 -- name: job_descendants
 -- `trioq cancel --tree`'s report: the job's descendants with their states, read before and
 -- after the cancel (outside its transaction: an operator's report, not a guarantee). Each
 -- level is an index scan of jobs_parent_idx (parent_id, parent_position).
 WITH RECURSIVE tree AS (
-    SELECT j.id FROM {schema}.job_rows_legacy j WHERE j.parent_id = %(id)s::bigint
+    SELECT j.id FROM {schema}.job_rows j WHERE j.parent_id = %(id)s::bigint
     UNION ALL
-    SELECT c.id FROM {schema}.job_rows_legacy c JOIN tree t ON c.parent_id = t.id
+    SELECT c.id FROM {schema}.job_rows c JOIN tree t ON c.parent_id = t.id
 )
 SELECT j.id,
        -- include: job_state
        AS state
-FROM tree t JOIN {schema}.job_rows_legacy j ON j.id = t.id
+FROM tree t JOIN {schema}.job_rows j ON j.id = t.id
 LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
 ORDER BY j.id;
 
 -- name: job_explain
@@ -1833,8 +1889,9 @@ SELECT {schema}.db_now() AS now,
                    -- include: job_state
                    AS state, u.lease_expires_at, j.run_at,
                    coalesce(u.worker_id, j.worker_id) AS worker_id
-            FROM {schema}.partition_locks AS l JOIN {schema}.jobs_live AS j ON j.id = l.job_id
+            FROM {schema}.partition_locks AS l JOIN {schema}.job_rows AS j ON j.id = l.job_id
             LEFT JOIN {schema}.job_runs AS u ON u.job_id = j.id
+            LEFT JOIN {schema}.job_outcomes AS o ON o.job_id = j.id
             WHERE l.queue = job.queue AND l.partition_key = job.partition_key
               AND j.id <> job.id
               AND (u.job_id IS NOT NULL OR j.phase IN ('sleeping', 'waiting'))
@@ -1929,28 +1986,40 @@ LIMIT %(limit)s;
 -- An enqueue that waited for us finds the job unfinished (its FOR SHARE of the job re-checks
 -- too) and returns it.
 -- The state is read with the row's run (migration 0047): a running job is left alone.
+-- Its outcome is deleted (migration 0049: unfinished again), after the record is locked and
+-- before the key row (the enqueue's `released` share-locks the outcome, then the key row).
+-- The record takes the outcome's attempt and executions (a job finished by a completion never
+-- wrote them back).
 WITH target AS (
     SELECT j.id,
            -- include: job_state
-           AS state, j.dedup_key
-    FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+           AS state, j.dedup_key, o.attempt AS final_attempt, o.executions AS final_executions
+    FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
     WHERE j.id = %(id)s FOR UPDATE OF j
+),
+reopened AS MATERIALIZED (
+    DELETE FROM {schema}.job_outcomes o USING target t
+    WHERE o.job_id = t.id AND t.state IN ('failed', 'cancelled')
+    RETURNING o.job_id
 ),
 key_held AS (
     SELECT k.job_id FROM {schema}.job_keys k JOIN target t ON k.key = t.dedup_key
     WHERE k.job_id = t.id AND t.state IN ('failed', 'cancelled')
+      AND (SELECT count(*) FROM reopened) >= 0  -- the outcome's delete first
     FOR SHARE OF k
 ),
 changed AS (
-    UPDATE {schema}.job_rows_legacy j
+    UPDATE {schema}.job_rows j
     SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(),
         cancel_requested = false,
         max_attempts = CASE WHEN coalesce(j.max_attempts, (
                                 SELECT d.max_attempts FROM {schema}.task_defaults d
-                                WHERE d.task = j.task AND d.version = j.version), 5) > j.attempt
-                            THEN j.max_attempts ELSE j.attempt + 1 END,
-        result = NULL, error = NULL, finished_at = NULL, lane = 0, worker_id = NULL,
-        started_at = NULL,
+                                WHERE d.task = j.task AND d.version = j.version), 5)
+                                 > t.final_attempt
+                            THEN j.max_attempts ELSE t.final_attempt + 1 END,
+        attempt = t.final_attempt, executions = t.final_executions,
+        error = NULL, worker_id = NULL, started_at = NULL,
         dedup_key = CASE WHEN EXISTS (SELECT 1 FROM key_held) THEN j.dedup_key END
     FROM target t
     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
@@ -1962,18 +2031,15 @@ notified AS (
 SELECT t.state AS previous_state, coalesce(c.state, t.state) AS state
 FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
 
--- name: job_history_rotate
--- The day partitions of finished jobs: today's and the next days' created, the days that ended
--- more than `retention_seconds` ago dropped whole (functions/job_history_rotate.sql). Sent by
--- the leader after its maintenance pass when the last call's `next_due` has come, and by
--- `trioq purge` before it deletes what is left row by row.
+-- name: job_epochs_rotate
+-- Retention by epoch (functions/satellite_epochs_rotate.sql, migration 0049): the next epoch's
+-- partitions made ahead, a new epoch started on a new UTC day, and every ended epoch's jobs
+-- whose finish day ended more than `retention_seconds` ago removed (whole partitions, their
+-- survivors copied aside; row by row when too many survive). Sent by the leader after its
+-- maintenance pass when the last call's `next_due` has come, and by `trioq purge` before it
+-- deletes what is left row by row; NULL: epochs and partitions only.
 SELECT pruned, next_due
-FROM {schema}.job_history_rotate(%(retention_seconds)s::float8 * interval '1 second');
-
--- name: job_history_drop
--- The day partitions job_history_rotate() detached, dropped in a transaction of their own
--- (functions/job_history_drop.sql). Sent right after job_history_rotate.
-SELECT dropped, left_over FROM {schema}.job_history_drop();
+FROM {schema}.satellite_epochs_rotate(%(retention_seconds)s::float8 * interval '1 second');
 
 -- name: ready_sweep
 -- The ready ring's drained slots truncated (functions/ready_sweep.sql). Sent by the leader
@@ -1988,17 +2054,25 @@ SELECT truncated, pending FROM {schema}.ready_sweep();
 -- cutoff (job_history_rotate, PgDriver.job_purge): this deletes only what is left. SKIP
 -- LOCKED: rows another session holds (a concurrent purge) are left for the next batch.
 -- Attempts, checkpoints, messages and values go with their job (the jobs_deleted trigger).
-WITH doomed AS (
-    SELECT id FROM {schema}.job_rows_legacy
-    WHERE phase = ANY(%(states)s::text[]) AND phase IN ('completed', 'failed', 'cancelled')
-      AND finished_at < {schema}.db_now() - %(older_than)s::float8 * interval '1 second'
-      AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
-    ORDER BY finished_at
+-- The finished jobs are their outcomes (migration 0049), read by job_outcomes_finished_idx;
+-- each outcome and its record are locked with SKIP LOCKED (a redrive holding the record is
+-- left alone: no wait, so no deadlock with its record-then-outcome order) and deleted
+-- together (an outcome gone first would bring its job back as `ready`).
+WITH doomed AS MATERIALIZED (
+    SELECT o.job_id AS id
+    FROM {schema}.job_outcomes o JOIN {schema}.job_rows j ON j.id = o.job_id
+    WHERE o.state = ANY(%(states)s::text[])
+      AND o.finished_at < {schema}.db_now() - %(older_than)s::float8 * interval '1 second'
+      AND (%(tasks)s::text[] IS NULL OR j.task = ANY(%(tasks)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR o.queue = ANY(%(queues)s::text[]))
+    ORDER BY o.finished_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o, j SKIP LOCKED
+),
+outcomes_gone AS (
+    DELETE FROM {schema}.job_outcomes o USING doomed d WHERE o.job_id = d.id
 )
-DELETE FROM {schema}.job_rows_legacy j USING doomed WHERE j.id = doomed.id RETURNING j.id;
+DELETE FROM {schema}.job_rows j USING doomed WHERE j.id = doomed.id RETURNING j.id;
 
 -- name: checkpoint_list
 -- A job's history in order (`trioq job ID`); the primary key (job_id, position) serves it.
@@ -2059,7 +2133,8 @@ SELECT queue,
 FROM (SELECT j.queue, j.run_at, u.lease_expires_at,
              -- include: job_state
              AS state
-      FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
+      FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+      LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id) AS j
 GROUP BY queue ORDER BY queue;
 
 -- name: queue_demand
@@ -2070,7 +2145,7 @@ FROM {schema}.queue_demand() ORDER BY queue;
 -- name: job_trace_context
 -- The enqueuer's trace context of one job, read when a handler starts (only with the otel extra
 -- configured, so the claim statement stays as it is for everyone else). Primary key lookup.
-SELECT trace_context FROM {schema}.job_rows_legacy WHERE id = %(id)s;
+SELECT trace_context FROM {schema}.job_rows WHERE id = %(id)s;
 
 -- name: notify_send
 -- One notification, sent outside any transaction (the worker's listener self-probe).
@@ -2087,7 +2162,7 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- Running is a run (migration 0047): the leases are job_runs' (by its lease index), and a row
 -- of jobs_live that reads ready counts only without a run.
 SELECT
-    (SELECT count(*) FROM {schema}.jobs_live j
+    (SELECT count(*) FROM {schema}.job_rows j
      WHERE j.phase = 'ready' AND j.run_at <= {schema}.db_now()
        AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id))
         AS ready_backlog,
@@ -2115,17 +2190,17 @@ SELECT
      WHERE datname = current_database()) AS cache_hit_ratio,
     -- Every partition of the rows (migration 0038); the vacuum that matters is the live one's.
     (SELECT sum(pg_table_size(p.relid))::bigint
-     FROM pg_partition_tree('{schema}.job_rows_legacy') AS p) AS jobs_table_bytes,
+     FROM pg_partition_tree('{schema}.job_rows') AS p) AS jobs_table_bytes,
     (SELECT sum(pg_indexes_size(p.relid))::bigint
-     FROM pg_partition_tree('{schema}.job_rows_legacy') AS p) AS jobs_index_bytes,
+     FROM pg_partition_tree('{schema}.job_rows') AS p) AS jobs_index_bytes,
     (SELECT sum(s.n_dead_tup)::bigint FROM pg_stat_user_tables AS s
-     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows_legacy') AS p))
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows') AS p))
         AS dead_tuples,
     (SELECT sum(s.n_live_tup)::bigint FROM pg_stat_user_tables AS s
-     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows_legacy') AS p))
+     WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows') AS p))
         AS live_tuples,
     t.last_autovacuum
-FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.jobs_live'::regclass;
+FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.job_rows'::regclass;
 
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,
@@ -2226,7 +2301,7 @@ ORDER BY s.concurrency_key;
 SELECT h.concurrency_key AS key, count(*)::int AS running,
        {schema}.concurrency_limit_of(h.concurrency_key, max(j.concurrency_limit)) AS limit
 FROM {schema}.concurrency_holds h
-LEFT JOIN {schema}.jobs_live j ON j.id = h.job_id
+LEFT JOIN {schema}.job_rows j ON j.id = h.job_id
 WHERE %(keys)s::text[] IS NULL OR h.concurrency_key = ANY(%(keys)s::text[])
 GROUP BY h.concurrency_key
 ORDER BY h.concurrency_key;
@@ -2251,14 +2326,15 @@ SELECT queue, task, version, state, count(*) AS jobs,
 FROM (SELECT j.queue, j.task, j.version, coalesce(u.attempt, j.attempt) AS attempt,
              -- include: job_state
              AS state
-      FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
+      FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+      LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id) AS j
 GROUP BY queue, task, version, state ORDER BY queue, task, version, state;
 
 -- name: task_history_kinds
 -- How many jobs of each task recorded each checkpoint kind (slept, waited, spawned children):
 -- the demo's summary. Scans the checkpoints table; for status screens only.
 SELECT j.task, c.kind, count(DISTINCT c.job_id) AS jobs
-FROM {schema}.checkpoints c JOIN {schema}.job_rows_legacy j ON j.id = c.job_id
+FROM {schema}.checkpoints c JOIN {schema}.job_rows j ON j.id = c.job_id
 GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 
 -- name: job_unroutable
@@ -2269,7 +2345,7 @@ GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 -- (not running, not final); a status read, not a hot path.
 -- jobs_live's rows without a run (migration 0047): a running one reads ready or claimed there.
 SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.phase) AS states
-FROM {schema}.jobs_live j
+FROM {schema}.job_rows j
 WHERE j.phase <> 'claimed'
   AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id)
   AND NOT EXISTS (
@@ -2416,10 +2492,12 @@ released AS (
     SELECT h.id
     FROM fires f
     JOIN {schema}.job_keys k ON k.key = f.dedup_key
-    JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
-    WHERE h.phase IN ('completed', 'failed', 'cancelled')
-      AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
-    FOR SHARE OF h
+    -- The holder's outcome (migration 0049: a finished job is one with an outcome), locked:
+    -- a redrive deletes it, so FOR SHARE waits for it and then finds the holder unfinished.
+    JOIN {schema}.job_outcomes o ON o.job_id = k.job_id
+    JOIN {schema}.job_rows h ON h.id = k.job_id
+    WHERE {schema}.job_key_released(o.state, h.unique_states, h.unique_until)
+    FOR SHARE OF o
 ),
 keys AS (
     INSERT INTO {schema}.job_keys AS k (key, job_id, task)
@@ -2451,7 +2529,7 @@ new_jobs AS (
     WHERE f.new_id IN (SELECT job_id FROM keys)
 ),
 inserted AS (
-    -- include: job_insert(job_rows_legacy)
+    -- include: job_insert(job_rows)
     RETURNING j.id, j.queue
 ),
 notified AS (
@@ -2532,7 +2610,7 @@ suspended AS (
     WHERE u.job_id = f.job_id AND o.state = 'waiting'
 ),
 owner AS (
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET checkpoint_count = greatest(j.checkpoint_count, %(position)s + 1),
         phase = CASE WHEN o.state = 'waiting' THEN 'waiting' ELSE j.phase END,
         run_at = CASE WHEN o.state = 'waiting' THEN o.deadline ELSE j.run_at END,
@@ -2566,9 +2644,13 @@ FROM outcome o CROSS JOIN (SELECT count(*) FROM written) AS side_effects;
 -- parents are locked in id order and their lease re-checked on the newest row version; a
 -- parent whose cancel was requested spawns nothing). The spawns of every handler that spawned
 -- at once share this statement (group commit, trioq/_runtime/workflow/spawner.py): fan-out of 500
--- parents x 10 children went from 18 to NNN parents/s. A replay that reaches the same position
--- finds the child through jobs_parent_idx (ON CONFLICT DO UPDATE returns the existing row) and
--- inserts no second one. A child is scheduled or ready like any enqueue and wakes its queue.
+-- parents x 10 children went from 18 to NNN parents/s. The arbiter of "once per position" is
+-- the parent's `spawn` checkpoint (its primary key (job_id, position); migration 0049: a
+-- unique index on the children's (parent_id, parent_position) cannot span the records' epoch
+-- partitions): each child's id is drawn first, the checkpoints naming them are inserted ON
+-- CONFLICT DO NOTHING, and only the children whose checkpoint was written are inserted. A
+-- replay that reaches the same position finds the child its checkpoint names and inserts no
+-- second one. A child is scheduled or ready like any enqueue and wakes its queue.
 WITH input AS MATERIALIZED (
     SELECT s.parent_id, s.attempt, s.lease_token, s.position, s.on_parent_cancel, t.*
     FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
@@ -2589,18 +2671,40 @@ locked AS MATERIALIZED (
     FOR SHARE OF u
 ),
 owner AS MATERIALIZED (
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET checkpoint_count = greatest(j.checkpoint_count, l.next_position)
     FROM locked l
     WHERE j.id = l.id AND NOT j.cancel_requested
     RETURNING j.id, l.attempt, l.lease_token
 ),
+-- The children of the parents whose lease held, each with its id drawn here, and the
+-- checkpoints naming them: those already written (a replay's) name the child that exists.
+drawn AS MATERIALIZED (
+    SELECT i.*, nextval('{schema}.jobs_id_seq') AS child_id
+    FROM input i
+    WHERE (i.parent_id, i.attempt, i.lease_token) IN
+          (SELECT id, attempt, lease_token FROM owner)
+),
+existing AS MATERIALIZED (
+    SELECT c.job_id AS parent_id, c.position, (c.value ->> 'child_id')::bigint AS id
+    FROM drawn d
+    JOIN {schema}.checkpoints c ON c.job_id = d.parent_id AND c.position = d.position
+    WHERE c.kind = 'spawn'
+),
+written AS (
+    INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
+    SELECT d.parent_id, d.position, 'spawn', d.task,
+           jsonb_build_object('child_id', d.child_id), {schema}.db_now()
+    FROM drawn d
+    ON CONFLICT (job_id, position) DO NOTHING
+    RETURNING job_id, position
+),
 new_jobs AS (
-    -- The children of the parents whose lease held, in input order. A child's deadline is the
-    -- earlier of its own (the spawn's, else its task's) and its workflow's, which it inherits
-    -- on a tie (migrations 0021 and 0029; the rule: trioq/_core/deadlines.py
-    -- `child_deadline`), so job_insert is given the outcome and no seconds of its own.
-    SELECT NULL::bigint AS id, i.queue, i.task, i.payload::jsonb AS payload, i.priority, n.now,
+    -- A child's deadline is the earlier of its own (the spawn's, else its task's) and its
+    -- workflow's, which it inherits on a tie (migrations 0021 and 0029; the rule:
+    -- trioq/_core/deadlines.py `child_deadline`), so job_insert is given the outcome and no
+    -- seconds of its own.
+    SELECT i.child_id AS id, i.queue, i.task, i.payload::jsonb AS payload, i.priority, n.now,
            coalesce(i.run_at, n.now + coalesce(i.delay, 0) * interval '1 second') AS due_at,
            i.partition_key, NULL::text AS dedup_key, i.max_attempts,
            NULL::text[] AS unique_states, NULL::timestamptz AS unique_until, i.version,
@@ -2611,9 +2715,9 @@ new_jobs AS (
                 ELSE own.deadline_source END AS deadline_source,
            NULL::float8 AS task_seconds, i.parent_id, i.position AS parent_position,
            i.on_parent_cancel
-    FROM input i
+    FROM drawn i
     CROSS JOIN (SELECT {schema}.db_now() AS now) AS n
-    JOIN {schema}.jobs_live p ON p.id = i.parent_id  -- a spawning parent runs
+    JOIN {schema}.job_rows p ON p.id = i.parent_id  -- a spawning parent runs
     LEFT JOIN {schema}.task_defaults t
            ON i.task_deadline AND i.deadline_at IS NULL AND i.deadline IS NULL
           AND t.task = i.task AND t.version = i.version AND t.deadline_seconds IS NOT NULL
@@ -2627,39 +2731,25 @@ new_jobs AS (
         SELECT p.deadline_at IS NOT NULL
                AND (own.deadline_at IS NULL OR p.deadline_at <= own.deadline_at) AS inherits
     ) AS rule
-    WHERE (i.parent_id, i.attempt, i.lease_token) IN
-          (SELECT id, attempt, lease_token FROM owner)
+    WHERE (i.parent_id, i.position) IN (SELECT job_id, position FROM written)
     ORDER BY i.ord
 ),
 child AS (
-    -- Into jobs_live itself: its unique jobs_parent_idx is the ON CONFLICT's arbiter (an index
-    -- of a partitioned table's parent would have to hold `lane`); job_insert draws the id (a
-    -- partition draws no identity of its own).
-    -- include: job_insert(jobs_live)
-    ON CONFLICT (parent_id, parent_position) WHERE parent_id IS NOT NULL
-    DO UPDATE SET parent_id = excluded.parent_id
-    RETURNING j.id, j.parent_id, j.parent_position, j.queue, j.phase AS state,
-              (j.xmax = 0) AS created
-),
-written AS (
-    INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
-    SELECT c.parent_id, c.parent_position, 'spawn', i.task,
-           jsonb_build_object('child_id', c.id), {schema}.db_now()
-    FROM child c JOIN input i ON i.parent_id = c.parent_id AND i.position = c.parent_position
-    ON CONFLICT (job_id, position) DO NOTHING
-    RETURNING job_id
+    -- include: job_insert(job_rows)
+    RETURNING j.id, j.parent_id, j.parent_position, j.queue, j.phase AS state
 ),
 notified AS (
     SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM child WHERE created AND state = 'ready') AS q
+    FROM (SELECT DISTINCT queue FROM child WHERE state = 'ready') AS q
 )
-SELECT i.ord, c.id AS child_id, coalesce(c.created, false) AS created,
-       EXISTS (SELECT 1 FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+SELECT i.ord, coalesce(c.id, e.id) AS child_id, c.id IS NOT NULL AS created,
+       EXISTS (SELECT 1 FROM {schema}.job_runs u JOIN {schema}.job_rows j ON j.id = u.job_id
                WHERE u.job_id = i.parent_id AND u.attempt = i.attempt
                  AND u.lease_token = i.lease_token AND j.cancel_requested) AS cancelling
 FROM input i
 LEFT JOIN child c ON c.parent_id = i.parent_id AND c.parent_position = i.position
-CROSS JOIN notified CROSS JOIN (SELECT count(*) FROM written) AS side_effects
+LEFT JOIN existing e ON e.parent_id = i.parent_id AND e.position = i.position
+CROSS JOIN notified
 ORDER BY i.ord;
 
 -- name: job_wait_children
@@ -2679,7 +2769,7 @@ ORDER BY i.ord;
 -- attempt is the one before the run (the attempt given back), its executions the run's.
 WITH owner AS MATERIALIZED (
     SELECT u.job_id AS id, j.children_settled, u.executions, u.worker_id, u.started_at
-    FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    FROM {schema}.job_runs u JOIN {schema}.job_rows j ON j.id = u.job_id
     WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
     FOR UPDATE OF u
 ),
@@ -2704,7 +2794,7 @@ decision AS MATERIALIZED (
            (SELECT children_settled FROM owner) AS seen
 ),
 updated AS (
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET checkpoint_count = CASE WHEN d.state = 'done' AND %(record)s
                                 THEN greatest(j.checkpoint_count, %(position)s + 1)
                                 ELSE j.checkpoint_count END,
@@ -2771,11 +2861,12 @@ SELECT {schema}.job_cancel_children(%(id)s, %(attempt)s, %(lease_token)s, %(posi
 SELECT
        -- include: job_state
        AS state,
-       CASE WHEN j.phase NOT IN ('completed', 'failed', 'cancelled')
+       CASE WHEN j.id IS NOT NULL AND o.job_id IS NULL
             THEN {schema}.send(j.id, %(topic)s::text, %(payload)s::jsonb) END AS message_id
 FROM (SELECT %(id)s::bigint AS id) AS k
-LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id
-LEFT JOIN {schema}.job_runs u ON u.job_id = j.id;
+LEFT JOIN {schema}.job_rows j ON j.id = k.id
+LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id;
 
 -- name: job_receive
 -- ctx.receive: job_receive(): fenced, lock then read, so a receive and a send
@@ -2818,8 +2909,9 @@ SELECT
        AS state,
        v.value IS NOT NULL AS found, v.value
 FROM (SELECT %(id)s::bigint AS id) AS k
-LEFT JOIN {schema}.job_rows_legacy j ON j.id = k.id
+LEFT JOIN {schema}.job_rows j ON j.id = k.id
 LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
 LEFT JOIN {schema}.workflow_values v ON v.job_id = j.id AND v.key = %(key)s;
 
 -- name: job_values
@@ -2838,14 +2930,15 @@ SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count AS checkpoin
        j.wait_children IS NOT NULL AND j.state = 'waiting' AS waits_for_children,
        j.children_settled,
        CASE WHEN j.wait_children IS NOT NULL AND j.state = 'waiting'
-            THEN (SELECT count(*) FROM {schema}.job_rows_legacy c WHERE c.parent_id = j.id) END
+            THEN (SELECT count(*) FROM {schema}.job_rows c WHERE c.parent_id = j.id) END
            AS children_total,
        j.created_at
 -- Unfinished rows only (jobs_live), each with its run (migration 0047).
 FROM (SELECT j.*,
              -- include: job_state
              AS state
-      FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j
+      FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+      LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id) AS j
 WHERE j.state IN ('running', 'sleeping', 'waiting')
   AND (j.state <> 'running' OR j.checkpoint_count > 0)
   AND (%(states)s::text[] IS NULL OR j.state = ANY(%(states)s::text[]))
@@ -2937,7 +3030,7 @@ FROM queues q CROSS JOIN now
 CROSS JOIN LATERAL (
     SELECT count(DISTINCT s.id) AS n, min(s.run_at) FILTER (WHERE s.run_at <= now.t) AS oldest
     FROM (SELECT r.id, r.run_at FROM {schema}.ready_ring r
-          CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs_live j
+          CROSS JOIN LATERAL (SELECT 1 FROM {schema}.job_rows j
                               WHERE j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
                               LIMIT 1) AS job
           WHERE r.queue = q.queue
@@ -2999,7 +3092,7 @@ FROM pg_stats_ext AS s
 CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
 CROSS JOIN pg_class AS c
 WHERE s.statistics_schemaname = %(schema_name)s AND s.statistics_name = 'jobs_queue_state'
-  AND c.oid = '{schema}.jobs_live'::regclass
+  AND c.oid = '{schema}.job_rows'::regclass
 ORDER BY 1, 2;
 
 -- name: dashboard_throughput
@@ -3008,7 +3101,7 @@ ORDER BY 1, 2;
 -- state: 10,000 rows took 20-45 ms on a loaded machine); when the cap is reached,
 -- `covered_seconds` says how far back the counts are complete (the page says so).
 WITH recent AS (
-    SELECT queue, phase AS state, finished_at FROM {schema}.job_rows_legacy
+    SELECT queue, phase AS state, finished_at FROM {schema}.job_rows
     WHERE phase IN ('completed', 'failed', 'cancelled')
       AND finished_at >= {schema}.db_now() - interval '1 hour'
     ORDER BY finished_at DESC
@@ -3055,7 +3148,7 @@ SELECT j.id, j.queue, j.task,
 -- does not walk the whole table). `walked_to` is the lowest id walked: the next page starts
 -- there whether or not this one matched anything.
 WITH walked AS (
-    SELECT id FROM {schema}.job_rows_legacy
+    SELECT id FROM {schema}.job_rows
     WHERE %(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint
     ORDER BY id DESC LIMIT %(walk)s
 ),
@@ -3063,7 +3156,8 @@ matched AS (
     -- include: dashboard_job_row
     -- `= ANY(ARRAY(...))`: one primary-key probe per walked id. A join to `walked` let the
     -- planner merge it with its own filtered backward walk of the whole table (910 ms).
-    FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
     WHERE j.id = ANY(ARRAY(SELECT id FROM walked))
       AND (%(state)s::text IS NULL OR %(state)s::text =
            -- include: job_state
@@ -3083,9 +3177,10 @@ ORDER BY m.id DESC;
 WITH matched AS (
     -- include: dashboard_job_row
     FROM {schema}.job_due d
-    JOIN {schema}.jobs_live j ON j.id = d.job_id
+    JOIN {schema}.job_rows j ON j.id = d.job_id
     -- A sleeping or waiting job has no run (migration 0047); the join is the fragment's.
     LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
     WHERE d.state = %(state)s::text AND d.state IN ('sleeping', 'waiting')
       AND (%(before_id)s::bigint IS NULL OR d.job_id < %(before_id)s::bigint)
     -- include: dashboard_job_filters
@@ -3108,8 +3203,9 @@ WITH matched AS (
     (
      -- include: dashboard_job_row
      FROM {schema}.job_due d
-     JOIN {schema}.jobs_live j ON j.id = d.job_id
+     JOIN {schema}.job_rows j ON j.id = d.job_id
      LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+     LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
      WHERE %(state)s::text = 'scheduled' AND d.state = 'scheduled'
        AND (%(before_id)s::bigint IS NULL OR d.job_id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
@@ -3118,7 +3214,7 @@ WITH matched AS (
     (
      -- include: dashboard_job_row
      FROM {schema}.job_runs u
-     JOIN {schema}.jobs_live j ON j.id = u.job_id
+     JOIN {schema}.job_rows j ON j.id = u.job_id
      WHERE %(state)s::text = 'running'
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
@@ -3139,7 +3235,7 @@ ORDER BY m.id DESC;
 WITH ids AS (
     -- A job claimed from the ring reads ready without an entry (migration 0047): the row's
     -- `filed` must be its entry's.
-    (SELECT j.id FROM {schema}.jobs_live j
+    (SELECT j.id FROM {schema}.job_rows j
      WHERE (j.id, j.filed) IN (SELECT r.id, r.filed FROM {schema}.ready_ring r
                                WHERE (%(before_id)s::bigint IS NULL
                                       OR r.id < %(before_id)s::bigint)
@@ -3152,7 +3248,7 @@ WITH ids AS (
      ORDER BY j.id + 0 DESC LIMIT %(limit)s)
     UNION ALL
     -- The keyed ones through ready_keyed (migration 0048), each entry's row by primary key.
-    (SELECT j.id FROM {schema}.jobs_live j
+    (SELECT j.id FROM {schema}.job_rows j
      WHERE (j.id, j.filed) IN (SELECT e.id, e.filed FROM {schema}.ready_keyed e
                                WHERE %(before_id)s::bigint IS NULL
                                   OR e.id < %(before_id)s::bigint)
@@ -3163,7 +3259,8 @@ WITH ids AS (
 ),
 matched AS (
     -- include: dashboard_job_row
-    FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
     WHERE j.id = ANY(ARRAY(SELECT id FROM ids ORDER BY id DESC LIMIT %(limit)s))
       AND j.phase = 'ready' AND u.job_id IS NULL
     ORDER BY j.id DESC
@@ -3178,7 +3275,7 @@ ORDER BY m.id DESC;
 -- row, of all three states) per page; `walked_to` / `walked_to_finished` is where the walk
 -- stopped.
 WITH walked AS (
-    SELECT id, finished_at FROM {schema}.job_rows_legacy
+    SELECT id, finished_at FROM {schema}.job_rows
     WHERE phase IN ('completed', 'failed', 'cancelled')
       AND (%(before_finished)s::timestamptz IS NULL
            OR (finished_at, id) < (%(before_finished)s::timestamptz, %(before_id)s::bigint))
@@ -3187,8 +3284,9 @@ WITH walked AS (
 matched AS (
     -- include: dashboard_job_row
     , w.finished_at AS walked_finished
-    FROM walked w JOIN {schema}.job_rows_legacy j ON j.id = w.id
+    FROM walked w JOIN {schema}.job_rows j ON j.id = w.id
     LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+    LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
     WHERE j.phase = %(state)s::text
     -- include: dashboard_job_filters
     ORDER BY w.finished_at DESC, j.id DESC LIMIT %(limit)s
@@ -3242,7 +3340,7 @@ FROM {schema}.jobs WHERE parent_id = %(id)s ORDER BY parent_position LIMIT 1000;
 -- state, and the running ones from the runs (migration 0047: bounded by the workers' slots),
 -- so finished history is never walked.
 WITH found AS (
-    (SELECT j.id FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    (SELECT j.id FROM {schema}.job_runs u JOIN {schema}.job_rows j ON j.id = u.job_id
      WHERE j.checkpoint_count > 0
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      ORDER BY j.id DESC LIMIT %(limit)s)
@@ -3264,8 +3362,9 @@ SELECT j.id, j.queue, j.task,
        j.checkpoint_count, j.created_at, c.kind AS last_kind, c.name AS last_name,
        c.created_at AS last_at
 FROM (SELECT id FROM found ORDER BY id DESC LIMIT %(limit)s) f
-JOIN {schema}.jobs_live j ON j.id = f.id
+JOIN {schema}.job_rows j ON j.id = f.id
 LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
 LEFT JOIN {schema}.checkpoints c
        ON c.job_id = j.id AND c.position = j.checkpoint_count - 1
 ORDER BY j.id DESC;
@@ -3312,12 +3411,12 @@ ORDER BY id DESC LIMIT %(limit)s;
 -- The fence is the run (migration 0047), locked first, then the row; the run ends here.
 WITH owner AS MATERIALIZED (
     SELECT u.job_id AS id, u.executions, j.cancel_requested
-    FROM {schema}.job_runs u JOIN {schema}.jobs_live j ON j.id = u.job_id
+    FROM {schema}.job_runs u JOIN {schema}.job_rows j ON j.id = u.job_id
     WHERE u.job_id = %(id)s AND u.attempt = %(attempt)s AND u.lease_token = %(lease_token)s
     FOR UPDATE OF u
 ),
 restarted AS (
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET payload = %(payload)s::jsonb, checkpoint_count = 0, children_settled = 0,
         phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(), attempt = 0,
         executions = o.executions, worker_id = NULL, started_at = NULL,
@@ -3333,7 +3432,7 @@ cleared AS (
     DELETE FROM {schema}.checkpoints c USING restarted r WHERE c.job_id = r.id RETURNING 1
 ),
 detached AS (
-    UPDATE {schema}.job_rows_legacy c SET parent_position = NULL
+    UPDATE {schema}.job_rows c SET parent_position = NULL
     FROM restarted r WHERE c.parent_id = r.id AND c.parent_position IS NOT NULL
     RETURNING 1
 ),

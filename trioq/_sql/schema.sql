@@ -198,11 +198,12 @@ BEGIN
     -- `released`: it counts as holding.
     IF enqueue.dedup_key IS NOT NULL THEN
         SELECT h.id INTO released
-        FROM "trioq".job_keys k JOIN "trioq".job_rows_legacy h ON h.id = k.job_id
+        FROM "trioq".job_keys k
+        JOIN "trioq".job_outcomes o ON o.job_id = k.job_id
+        JOIN "trioq".job_rows h ON h.id = k.job_id
         WHERE k.key = enqueue.dedup_key
-          AND h.phase IN ('completed', 'failed', 'cancelled')
-          AND "trioq".job_key_released(h.phase, h.unique_states, h.unique_until)
-        FOR SHARE OF h;
+          AND "trioq".job_key_released(o.state, h.unique_states, h.unique_until)
+        FOR SHARE OF o;
         INSERT INTO "trioq".job_keys AS k (key, job_id, task)
         VALUES (enqueue.dedup_key, new_id, enqueue.task)
         ON CONFLICT (key) DO UPDATE
@@ -251,7 +252,7 @@ BEGIN
 -- is `scheduled` (promoted when due), else `ready`. `target` is `jobs`, or `jobs_live` for an
 -- insert whose ON CONFLICT needs that table's own unique index (job_spawn_many). The writer
 -- adds its ON CONFLICT and RETURNING after it.
-INSERT INTO "trioq".job_rows_legacy AS j (id, queue, task, payload, phase, priority, run_at,
+INSERT INTO "trioq".job_rows AS j (id, queue, task, payload, phase, priority, run_at,
                                    partition_key, dedup_key, max_attempts, created_at,
                                    unique_states, unique_until, version, trace_context,
                                    concurrency_key, concurrency_limit, deadline_at,
@@ -301,7 +302,7 @@ BEGIN
     -- Wake the waiters and resolve their pending wait in the same statement: the payload
     -- becomes their checkpoint, so the woken handler resumes without another statement.
     WITH woken AS (
-        UPDATE "trioq".jobs_live j
+        UPDATE "trioq".job_rows j
         SET phase = 'ready', filed = j.filed + 1, run_at = "trioq".db_now(),
             wait_event_key = NULL
         WHERE j.wait_event_key = event_key AND j.phase = 'waiting'
@@ -338,7 +339,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    UPDATE "trioq".jobs_live j
+    UPDATE "trioq".job_rows j
     SET checkpoint_count = greatest(j.checkpoint_count, p_checkpoint_position + 1)
     WHERE j.id = p_job_id;
     INSERT INTO "trioq".checkpoints (job_id, position, kind, name, value, created_at)
@@ -346,7 +347,7 @@ BEGIN
             "trioq".db_now())
     ON CONFLICT ON CONSTRAINT checkpoints_pkey DO NOTHING;
     PERFORM 1 FROM "trioq".job_cancel_tree(
-        ARRAY(SELECT c.id FROM "trioq".job_rows_legacy c
+        ARRAY(SELECT c.id FROM "trioq".job_rows c
               WHERE c.id = ANY(p_child_ids) AND c.parent_id = p_job_id),
         p_control_channel);
     RETURN true;
@@ -375,14 +376,14 @@ DECLARE
     sent bigint;
 BEGIN
     WITH RECURSIVE tree AS (
-        SELECT j.id, false AS kept FROM "trioq".job_rows_legacy j WHERE j.id = ANY(root_ids)
+        SELECT j.id, false AS kept FROM "trioq".job_rows j WHERE j.id = ANY(root_ids)
         UNION
         SELECT c.id, (NOT whole_tree AND c.on_parent_cancel = 'wait')
-        FROM "trioq".job_rows_legacy c JOIN tree t ON c.parent_id = t.id
+        FROM "trioq".job_rows c JOIN tree t ON c.parent_id = t.id
         WHERE NOT t.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
     )
     SELECT array_agg(tree.id) INTO tree_ids FROM tree;
-    PERFORM 1 FROM "trioq".job_rows_legacy j WHERE j.id = ANY(tree_ids) ORDER BY j.id
+    PERFORM 1 FROM "trioq".job_rows j WHERE j.id = ANY(tree_ids) ORDER BY j.id
     FOR NO KEY UPDATE;
     -- A new statement: its snapshot sees the newest version of every row locked above, and the
     -- runs as they are now (migration 0047): while a row is held no claim can start its job,
@@ -391,27 +392,35 @@ BEGIN
     WITH RECURSIVE nodes AS (
         SELECT j.id, j.parent_id,
 
--- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
--- "trioq".job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
--- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
--- row always has its run.
-CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
+-- A job's state (docs/state-machine.md) from its record `j`, its run `u` (LEFT JOIN
+-- "trioq".job_runs u ON u.job_id = j.id) and its outcome `o` (LEFT JOIN "trioq".job_outcomes
+-- o ON o.job_id = j.id): the outcome's once it has one, running while it has a run, else the
+-- record's phase (migrations 0047, 0049; the `jobs` view spells out the same rule). `claimed`
+-- never shows: a claimed record always has its run or its outcome, and `done` always has its
+-- outcome.
+CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'running'
+     ELSE j.phase END
 
                AS state, ARRAY[j.id] AS path, false AS kept
-        FROM "trioq".job_rows_legacy j LEFT JOIN "trioq".job_runs u ON u.job_id = j.id
+        FROM "trioq".job_rows j LEFT JOIN "trioq".job_runs u ON u.job_id = j.id
+        LEFT JOIN "trioq".job_outcomes o ON o.job_id = j.id
         WHERE j.id = ANY(root_ids)
         UNION ALL
         SELECT j.id, j.parent_id,
 
--- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
--- "trioq".job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
--- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
--- row always has its run.
-CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
+-- A job's state (docs/state-machine.md) from its record `j`, its run `u` (LEFT JOIN
+-- "trioq".job_runs u ON u.job_id = j.id) and its outcome `o` (LEFT JOIN "trioq".job_outcomes
+-- o ON o.job_id = j.id): the outcome's once it has one, running while it has a run, else the
+-- record's phase (migrations 0047, 0049; the `jobs` view spells out the same rule). `claimed`
+-- never shows: a claimed record always has its run or its outcome, and `done` always has its
+-- outcome.
+CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'running'
+     ELSE j.phase END
 
                AS state, n.path || j.id, (NOT whole_tree AND j.on_parent_cancel = 'wait')
-        FROM "trioq".job_rows_legacy j JOIN nodes n ON j.parent_id = n.id
+        FROM "trioq".job_rows j JOIN nodes n ON j.parent_id = n.id
         LEFT JOIN "trioq".job_runs u ON u.job_id = j.id
+        LEFT JOIN "trioq".job_outcomes o ON o.job_id = j.id
         WHERE NOT n.kept AND (whole_tree OR j.on_parent_cancel <> 'abandon')
     ),
     blocked AS (
@@ -439,15 +448,13 @@ CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
                  AS t(id, parent_id, old_state, new_state, kept)
     ),
     changed AS (
-        UPDATE "trioq".job_rows_legacy j
+        UPDATE "trioq".job_rows j
         SET cancel_requested = true,
-            -- A running job's row keeps its phase: its worker ends the run.
-            phase = CASE WHEN p.new_state = 'running' THEN j.phase ELSE p.new_state END,
+            -- A running job's row keeps its phase: its worker ends the run. A job cancelled
+            -- here is `done`, its outcome appended below (migration 0049).
+            phase = CASE WHEN p.new_state = 'running' THEN j.phase
+                         WHEN p.new_state = 'cancelled' THEN 'done' ELSE p.new_state END,
             filed = j.filed + CASE WHEN p.new_state = 'ready' THEN 1 ELSE 0 END,
-            finished_at = CASE WHEN p.new_state = 'cancelled' THEN "trioq".db_now()
-                               ELSE j.finished_at END,
-            lane = "trioq".job_lane(CASE WHEN p.new_state = 'cancelled' THEN "trioq".db_now()
-                                          ELSE j.finished_at END),
             run_at = CASE WHEN p.new_state = 'waiting' THEN NULL
                           WHEN p.new_state = 'ready' THEN "trioq".db_now()
                           ELSE j.run_at END,
@@ -464,7 +471,16 @@ CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
         FROM plan p
         WHERE j.id = p.id AND NOT p.kept
           AND p.old_state NOT IN ('completed', 'failed', 'cancelled')
-        RETURNING j.id, p.new_state AS state, j.queue
+        RETURNING j.id, p.new_state AS state, j.queue, j.attempt, j.executions, j.worker_id,
+                  j.started_at, j.error
+    ),
+    ended AS (
+        INSERT INTO "trioq".job_outcomes (job_id, state, error, attempt, executions,
+                                           worker_id, started_at, finished_at, queue)
+        SELECT c.id, 'cancelled', c.error, c.attempt, c.executions, c.worker_id, c.started_at,
+               "trioq".db_now(), c.queue
+        FROM changed c WHERE c.state = 'cancelled'
+        RETURNING job_id
     ),
     woken AS (
         SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
@@ -481,7 +497,8 @@ CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
                                c.id::text)) AS n
         FROM changed c WHERE c.state IN ('running', 'cancelled')
     )
-    SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w) INTO sent
+    SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w)
+           + (SELECT count(*) FROM ended) INTO sent
     FROM notified n;
     PERFORM "trioq".parents_notify(root_ids);
     RETURN QUERY
@@ -498,14 +515,28 @@ CREATE FUNCTION trioq.job_deadline_pass(max_jobs integer, control_channel text) 
 DECLARE
     passed bigint[];
 BEGIN
+    -- A job finished on the fast path keeps its record's phase (`ready` or `claimed`) under its
+    -- outcome (migration 0049), so it stays in jobs_deadline_idx until its deadline passes:
+    -- then it is written `done` here, lazily, off the completion's path, and leaves the index.
+    UPDATE "trioq".job_rows j SET phase = 'done'
+    WHERE j.id = ANY(ARRAY(
+        SELECT f.id FROM "trioq".job_rows f
+        WHERE f.deadline_at IS NOT NULL AND NOT f.cancel_requested
+          AND f.phase IN ('ready', 'claimed')
+          AND f.deadline_at <= "trioq".db_now()
+          AND EXISTS (SELECT 1 FROM "trioq".job_outcomes o WHERE o.job_id = f.id)
+        ORDER BY f.deadline_at
+        LIMIT max_jobs
+        FOR NO KEY UPDATE OF f SKIP LOCKED));
     SELECT array_agg(p.id) INTO passed FROM (
-        SELECT j.id FROM "trioq".jobs_live j
+        SELECT j.id FROM "trioq".job_rows j
         WHERE j.deadline_at IS NOT NULL AND NOT j.cancel_requested
-          AND j.phase IN ('scheduled', 'ready', 'claimed', 'sleeping', 'waiting')
+          AND j.phase <> 'done'
           AND j.deadline_at <= "trioq".db_now()
           -- A lost lease is the recovery's (the same maintenance statement): next pass.
           AND NOT EXISTS (SELECT 1 FROM "trioq".job_runs u
                           WHERE u.job_id = j.id AND u.lease_expires_at < "trioq".db_now())
+          AND NOT EXISTS (SELECT 1 FROM "trioq".job_outcomes o WHERE o.job_id = j.id)
         ORDER BY j.deadline_at
         LIMIT max_jobs
         FOR NO KEY UPDATE OF j SKIP LOCKED) AS p;
@@ -513,191 +544,12 @@ BEGIN
         RETURN 0;
     END IF;
     -- The reason first: a job cancelled at once by the tree cancel keeps this error.
-    UPDATE "trioq".jobs_live j SET error = "trioq".deadline_error(j.deadline_at, j.deadline_source)
+    UPDATE "trioq".job_rows j SET error = "trioq".deadline_error(j.deadline_at, j.deadline_source)
     WHERE j.id = ANY(passed);
     PERFORM 1 FROM "trioq".job_cancel_tree(passed, control_channel, false);
     RETURN cardinality(passed);
 END
 $$;
-
-CREATE FUNCTION trioq.job_history_add(d integer) RETURNS boolean
-    LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    part text := 'jobs_d' || to_char(to_timestamp(d::float8 * 86400) AT TIME ZONE 'UTC',
-                                     'YYYYMMDD');
-    parent regclass := coalesce(to_regclass('"trioq".job_rows_legacy'),
-                                to_regclass('"trioq".jobs'));
-    state_column text := CASE WHEN to_regclass('"trioq".job_rows_legacy') IS NULL
-                              THEN 'state' ELSE 'phase' END;
-BEGIN
-    IF to_regclass(format('"trioq".%I', part)) IS NOT NULL THEN
-        RETURN false;
-    END IF;
-    EXECUTE format('CREATE TABLE "trioq".%I (LIKE %s INCLUDING DEFAULTS '
-                   'INCLUDING CONSTRAINTS) WITH (vacuum_truncate = off, '
-                   'toast.vacuum_truncate = off)', part, parent);
-    EXECUTE format('ALTER TABLE "trioq".%I ALTER COLUMN id DROP IDENTITY IF EXISTS', part);
-    EXECUTE format('ALTER TABLE "trioq".%I ADD CONSTRAINT %I CHECK (lane = %s), '
-                   'ADD CONSTRAINT %I CHECK (%I IN (''completed'', ''failed'', '
-                   '''cancelled''))', part, part || '_lane', d, part || '_finished',
-                   state_column);
-    EXECUTE format('CREATE INDEX %I ON "trioq".%I (id)', part || '_id_idx', part);
-    EXECUTE format('CREATE INDEX %I ON "trioq".%I (parent_id, parent_position) '
-                   'WHERE parent_id IS NOT NULL', part || '_parent_idx', part);
-    EXECUTE format('CREATE INDEX %I ON "trioq".%I (finished_at)', part || '_finished_idx', part);
-    EXECUTE format('ALTER TABLE %s ATTACH PARTITION "trioq".%I FOR VALUES IN (%s)',
-                   parent, part, d);
-    RETURN true;
-END
-$$;
-
-CREATE FUNCTION trioq.job_history_drop() RETURNS TABLE(dropped integer, left_over integer)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET lock_timeout TO '50ms'
-    AS $_$
-DECLARE
-    part text;
-BEGIN
-    dropped := 0;
-    left_over := 0;
-    FOR part IN
-        SELECT c.relname FROM pg_catalog.pg_class c
-        WHERE c.relnamespace = '"trioq"'::regnamespace AND c.relkind = 'r'
-          AND NOT c.relispartition AND c.relname ~ '^jobs_(d[0-9]{8}|before)$'
-        ORDER BY c.relname
-    LOOP
-        BEGIN
-            EXECUTE format('DROP TABLE "trioq".%I', part);
-            dropped := dropped + 1;
-        EXCEPTION WHEN lock_not_available THEN
-            left_over := left_over + 1;
-        END;
-    END LOOP;
-    RETURN NEXT;
-END
-$_$;
-
-CREATE FUNCTION trioq.job_history_rotate(retention interval) RETURNS TABLE(pruned bigint, next_due timestamp with time zone)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET lock_timeout TO '50ms'
-    AS $_$
-DECLARE
-    now_at    timestamptz := "trioq".db_now();
-    today     integer := "trioq".job_lane(now_at);
-    cutoff    timestamptz := now_at - retention;
-    due       timestamptz := to_timestamp((today + 1)::float8 * 86400);
-    removed   bigint := 0;
-    d         integer;
-    part      record;
-    held      bigint;
-    counted   bigint;
-    last_id   bigint;
-    attempt   integer;
-    before_end timestamptz;
-BEGIN
-    PERFORM "trioq".job_history_drop();
-    FOR d IN today .. today + 3 LOOP
-        BEGIN
-            PERFORM "trioq".job_history_add(d);
-        EXCEPTION
-            -- Locked (a long reader of jobs_unfiled): try again in a minute. Rows of that day
-            -- already in jobs_unfiled (a clock moved ahead): the day stays there.
-            WHEN lock_not_available THEN
-                due := least(due, now_at + interval '1 minute');
-            WHEN check_violation THEN
-                NULL;
-        END;
-    END LOOP;
-    IF retention IS NULL THEN
-        RETURN QUERY SELECT removed, due;
-        RETURN;
-    END IF;
-    -- jobs_before's end is its newest job's finish: it goes whole once that is past.
-    IF to_regclass('"trioq".jobs_before') IS NOT NULL THEN
-        EXECUTE 'SELECT coalesce(max(finished_at), ''-infinity'') FROM "trioq".jobs_before'
-            INTO before_end;
-    END IF;
-    FOR part IN
-        SELECT p.relname, p.ends
-        FROM (SELECT c.relname,
-                     to_timestamp(((to_date(substr(c.relname, 7), 'YYYYMMDD')
-                                    - date '1970-01-01') + 1)::float8 * 86400) AS ends
-              FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-              WHERE i.inhparent = coalesce(to_regclass('"trioq".job_rows_legacy'),
-                                           to_regclass('"trioq".jobs'))
-                AND c.relname ~ '^jobs_d[0-9]{8}$'
-              UNION ALL
-              SELECT 'jobs_before', before_end WHERE before_end IS NOT NULL) AS p
-        ORDER BY p.ends
-    LOOP
-        IF part.ends > cutoff THEN
-            due := least(due, part.ends + retention);
-            EXIT;
-        END IF;
-        BEGIN
-            -- What belongs to its jobs first (no foreign key does it: migration 0038), then
-            -- the partition detached (and dropped by job_history_drop()).
-            -- Its jobs counted (what the call returns) in chunks of 50,000 in id order, 10 ms
-            -- apart: one count(*) of a 1,000,000-job day is a parallel scan that held both
-            -- cores for 50-80 ms, and the claims, the enqueues and the worker waited for CPU
-            -- (pickup p95 during a purge 2.8-3.4x the clean phase's; bench/RESULTS.md, "The
-            -- prune's window"). A chunk is an index-only scan of a few ms on one core.
-            held := 0;
-            last_id := 0;
-            LOOP
-                EXECUTE format('SELECT count(*), max(id) FROM (SELECT id FROM "trioq".%I '
-                               'WHERE id > $1 ORDER BY id LIMIT 50000) AS chunk',
-                               part.relname)
-                    INTO counted, last_id USING last_id;
-                held := held + counted;
-                EXIT WHEN counted < 50000;
-                PERFORM pg_sleep(0.01);
-            END LOOP;
-            EXECUTE format('DELETE FROM "trioq".messages m USING "trioq".%I j '
-                           'WHERE m.job_id = j.id', part.relname);
-            EXECUTE format('DELETE FROM "trioq".partition_locks l USING "trioq".%I j '
-                           'WHERE l.job_id = j.id', part.relname);
-            EXECUTE format('DELETE FROM "trioq".job_keys k USING "trioq".%I j '
-                           'WHERE j.dedup_key IS NOT NULL AND k.key = j.dedup_key '
-                           'AND k.job_id = j.id', part.relname);
-            -- ACCESS EXCLUSIVE on jobs and the partition: a reader of the day (a report, a
-            -- count over every partition) holds it off, so up to ten tries of 50 ms, 50 ms
-            -- apart, in which the claims go on.
-            FOR attempt IN 1 .. 10 LOOP
-                BEGIN
-                    -- `jobs` before migration 0047 renamed it (0038 calls this).
-                    EXECUTE format('ALTER TABLE %s DETACH PARTITION "trioq".%I',
-                                   coalesce(to_regclass('"trioq".job_rows_legacy'),
-                                            to_regclass('"trioq".jobs')),
-                                   part.relname);
-                    EXIT;
-                EXCEPTION WHEN lock_not_available THEN
-                    IF attempt = 10 THEN
-                        RAISE;
-                    END IF;
-                    PERFORM pg_sleep(0.05);
-                END;
-            END LOOP;
-            removed := removed + held;
-        EXCEPTION WHEN lock_not_available THEN
-            due := least(due, now_at + interval '1 minute');
-            EXIT;
-        END;
-    END LOOP;
-    WITH gone AS (
-        DELETE FROM "trioq".jobs_unfiled WHERE finished_at < cutoff RETURNING 1
-    )
-    SELECT removed + count(*) INTO removed FROM gone;
-    IF NOT "trioq".satellite_epochs_rotate() THEN
-        due := least(due, now_at + interval '1 minute');
-    END IF;
-    RETURN QUERY SELECT removed, due;
-END
-$_$;
 
 CREATE FUNCTION trioq.job_key_released(state text, unique_states text[], unique_until timestamp with time zone) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
@@ -716,16 +568,6 @@ BEGIN
     WHERE d.dedup_key IS NOT NULL AND k.key = d.dedup_key AND k.job_id = d.id;
     RETURN NULL;
 END
-$$;
-
-CREATE FUNCTION trioq.job_lane(finished timestamp with time zone) RETURNS integer
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$
-    SELECT CASE WHEN finished IS NULL THEN 0
-                ELSE pg_catalog.floor(pg_catalog.date_part(
-                         'epoch', finished OPERATOR(pg_catalog.-)
-                                  '1970-01-01 00:00:00+00'::pg_catalog.timestamptz)
-                     OPERATOR(pg_catalog./) 86400)::integer END
 $$;
 
 CREATE FUNCTION trioq.job_receive(p_job_id bigint, p_attempt integer, p_lease_token uuid, p_position integer, p_topic text, p_timeout_seconds double precision, p_deadline timestamp with time zone, p_limit integer, p_value_keys text[], p_value_values jsonb[]) RETURNS TABLE(state text, messages jsonb, deadline timestamp with time zone)
@@ -750,7 +592,7 @@ BEGIN
         RETURN QUERY SELECT 'lost'::text, NULL::jsonb, due;
         RETURN;
     END IF;
-    UPDATE "trioq".jobs_live j
+    UPDATE "trioq".job_rows j
     SET checkpoint_count = greatest(j.checkpoint_count, p_position + 1)
     WHERE j.id = p_job_id;
     IF cardinality(p_value_keys) > 0 THEN
@@ -781,7 +623,7 @@ BEGIN
         VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('messages', taken),
                 "trioq".db_now())
         ON CONFLICT (job_id, position) DO UPDATE SET value = excluded.value;
-        UPDATE "trioq".jobs_live j SET wait_topic = NULL, wait_position = NULL
+        UPDATE "trioq".job_rows j SET wait_topic = NULL, wait_position = NULL
         WHERE j.id = p_job_id AND (j.wait_topic IS NOT NULL OR j.wait_position IS NOT NULL);
         RETURN QUERY SELECT CASE WHEN taken_count > 0 THEN 'received' ELSE 'timeout' END,
                             taken, due;
@@ -792,7 +634,7 @@ BEGIN
             "trioq".db_now())
     ON CONFLICT (job_id, position) DO NOTHING;
     DELETE FROM "trioq".job_runs u WHERE u.job_id = p_job_id;
-    UPDATE "trioq".jobs_live j
+    UPDATE "trioq".job_rows j
     SET phase = 'waiting', run_at = due, executions = run.executions,
         worker_id = run.worker_id, started_at = run.started_at, wait_topic = p_topic,
         wait_position = p_position, wait_event_key = NULL, wait_children = NULL
@@ -801,7 +643,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION trioq.job_runs_end(ids bigint[], attempts integer[], lease_tokens uuid[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean)
+CREATE FUNCTION trioq.job_runs_finish(ids bigint[], attempts integer[], lease_tokens uuid[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean, run_queue text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -816,7 +658,7 @@ BEGIN
       AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
       AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
     RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-              u.result_watched;
+              u.result_watched, u.queue;
 END
 $$;
 
@@ -835,7 +677,7 @@ BEGIN
       AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
       AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
       AND (i.state OPERATOR(pg_catalog.<>) 'cancelled'
-           OR EXISTS (SELECT 1 FROM "trioq".jobs_live c
+           OR EXISTS (SELECT 1 FROM "trioq".job_rows c
                       WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
     RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
               u.result_watched;
@@ -923,20 +765,20 @@ DECLARE
 BEGIN
     WITH finished AS (
         SELECT c.parent_id, array_agg(c.id) AS ids,
-               coalesce(array_agg(c.id) FILTER (WHERE c.phase <> 'completed'), '{}') AS failed
-        FROM "trioq".job_rows_legacy c
+               coalesce(array_agg(c.id) FILTER (WHERE o.state <> 'completed'), '{}') AS failed
+        -- A finished child is one with an outcome (migration 0049).
+        FROM "trioq".job_rows c JOIN "trioq".job_outcomes o ON o.job_id = c.id
         WHERE c.id = ANY(child_ids) AND c.parent_id IS NOT NULL
-          AND c.phase IN ('completed', 'failed', 'cancelled')
         GROUP BY c.parent_id
     ),
     locked AS MATERIALIZED (
-        SELECT p.id, p.filed FROM "trioq".jobs_live p JOIN finished f ON f.parent_id = p.id
+        SELECT p.id, p.filed FROM "trioq".job_rows p JOIN finished f ON f.parent_id = p.id
         WHERE p.id <> ALL(skip_ids)
         ORDER BY p.id
         FOR NO KEY UPDATE OF p
     ),
     woken AS (
-        UPDATE "trioq".jobs_live p
+        UPDATE "trioq".job_rows p
         SET children_settled = p.children_settled + cardinality(f.ids),
             wait_children = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                                  THEN ARRAY(SELECT unnest(p.wait_children)
@@ -1011,14 +853,18 @@ CREATE FUNCTION trioq.queue_demand() RETURNS TABLE(queue text, ready bigint, old
                               AND j.state IN ('ready', 'scheduled', 'sleeping', 'waiting'))
     FROM (SELECT j.queue, j.run_at,
 
--- A job's state (docs/state-machine.md) from its row `j` and its run `u` (LEFT JOIN
--- "trioq".job_runs u ON u.job_id = j.id): running while it has a run, else the row's phase
--- (migration 0047; the `jobs` view spells out the same rule). `claimed` never shows: a claimed
--- row always has its run.
-CASE WHEN u.job_id IS NOT NULL THEN 'running' ELSE j.phase END
+-- A job's state (docs/state-machine.md) from its record `j`, its run `u` (LEFT JOIN
+-- "trioq".job_runs u ON u.job_id = j.id) and its outcome `o` (LEFT JOIN "trioq".job_outcomes
+-- o ON o.job_id = j.id): the outcome's once it has one, running while it has a run, else the
+-- record's phase (migrations 0047, 0049; the `jobs` view spells out the same rule). `claimed`
+-- never shows: a claimed record always has its run or its outcome, and `done` always has its
+-- outcome.
+CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'running'
+     ELSE j.phase END
 
                  AS state
-          FROM "trioq".jobs_live j LEFT JOIN "trioq".job_runs u ON u.job_id = j.id) AS j,
+          FROM "trioq".job_rows j LEFT JOIN "trioq".job_runs u ON u.job_id = j.id
+          LEFT JOIN "trioq".job_outcomes o ON o.job_id = j.id) AS j,
          (SELECT "trioq".db_now() AS now) AS t
     GROUP BY j.queue, t.now
 $$;
@@ -1099,7 +945,7 @@ CREATE FUNCTION trioq.queue_probe(queues text[]) RETURNS TABLE(queue text, work_
     AS $$
     SELECT q.queue,
            EXISTS (SELECT 1 FROM "trioq".ready_ring r
-                   CROSS JOIN LATERAL (SELECT 1 FROM "trioq".jobs_live j
+                   CROSS JOIN LATERAL (SELECT 1 FROM "trioq".job_rows j
                                        WHERE j.id = r.id AND j.phase = 'ready'
                                          AND j.filed = r.filed
                                        LIMIT 1) AS job
@@ -1271,7 +1117,7 @@ DECLARE
     part      record;
     -- A retired slot's entries of jobs still ready, to the slot being written (step 4).
     late      constant text := 'WITH moved AS (DELETE FROM "trioq".%I r'
-                               ' USING "trioq".jobs_live j WHERE j.id = r.id AND j.phase = ''ready'''
+                               ' USING "trioq".job_rows j WHERE j.id = r.id AND j.phase = ''ready'''
                                ' AND j.filed = r.filed'
                                ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id,'
                                ' r.filed)'
@@ -1331,7 +1177,7 @@ BEGIN
         BEGIN
             EXECUTE format('LOCK TABLE "trioq".ready_ring_%s IN ACCESS EXCLUSIVE MODE', slot);
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM "trioq".ready_ring_%s r'
-                           ' JOIN "trioq".jobs_live j ON j.id = r.id AND j.phase = ''ready'''
+                           ' JOIN "trioq".job_rows j ON j.id = r.id AND j.phase = ''ready'''
                            ' AND j.filed = r.filed)',
                            slot)
                 INTO filled;
@@ -1378,7 +1224,7 @@ BEGIN
             -- reads, and go with its tables.
             WITH moved AS (
                 DELETE FROM "trioq".ready_ring r
-                USING "trioq".jobs_live j
+                USING "trioq".job_rows j
                 WHERE r.slot >= st.low AND r.slot < st.base
                   AND j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
                 RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id, r.filed
@@ -1413,26 +1259,37 @@ CREATE FUNCTION trioq.result_channel(job_id bigint) RETURNS text
            (job_id OPERATOR(pg_catalog.&) 63::pg_catalog.int8)::pg_catalog.text
 $$;
 
-CREATE FUNCTION trioq.satellite_epochs_rotate() RETURNS boolean
-    LANGUAGE plpgsql
+CREATE FUNCTION trioq.satellite_epochs_rotate(retention interval) RETURNS TABLE(pruned bigint, next_due timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '50ms'
     AS $_$
 DECLARE
     now_at     timestamptz := "trioq".db_now();
-    day_start  timestamptz := to_timestamp("trioq".job_lane(now_at)::float8 * 86400);
+    day_start  timestamptz := to_timestamp(floor(extract(epoch FROM now_at) / 86400) * 86400);
+    cutoff     timestamptz := now_at - retention;
+    due        timestamptz := day_start + interval '1 day';
     width      constant bigint := 4294967296;
-    satellites constant text[] := ARRAY['checkpoints', 'attempts', 'workflow_values'];
+    tables     constant text[] := ARRAY['job_rows', 'job_outcomes', 'checkpoints', 'attempts',
+                                        'workflow_values'];
+    removed    bigint := 0;
     this_epoch record;
     next_epoch record;
     epoch_row  record;
-    satellite  text;
+    tab        text;
     part       text;
     parts      text[];
     survivors  bigint[];
     kept       bigint;
     total      bigint;
-    complete   boolean := true;
+    gone       bigint;
+    low_id     bigint;
 BEGIN
+    IF retention IS NOT NULL THEN
+        -- Finish days expire at a UTC midnight plus `retention`: the next such moment.
+        due := least(due, to_timestamp(floor(extract(epoch FROM cutoff) / 86400) * 86400)
+                          + interval '1 day' + retention);
+    END IF;
     SELECT e.* INTO this_epoch FROM "trioq".satellite_epochs e
     WHERE e.started_at IS NOT NULL ORDER BY e.epoch DESC LIMIT 1;
     SELECT e.* INTO next_epoch FROM "trioq".satellite_epochs e WHERE e.epoch = this_epoch.epoch + 1;
@@ -1452,24 +1309,29 @@ BEGIN
         BEGIN
             INSERT INTO "trioq".satellite_epochs (epoch, low, high)
             VALUES (this_epoch.epoch + 1, this_epoch.high, this_epoch.high + width);
-            FOREACH satellite IN ARRAY satellites LOOP
+            FOREACH tab IN ARRAY tables LOOP
                 EXECUTE format('CREATE TABLE "trioq".%I PARTITION OF "trioq".%I '
                                'FOR VALUES FROM (%s) TO (%s) '
                                'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
-                               satellite || '_e' || (this_epoch.epoch + 1), satellite,
+                               tab || '_e' || (this_epoch.epoch + 1), tab,
                                this_epoch.high, this_epoch.high + width);
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
-            complete := false;
+            due := least(due, now_at + interval '1 minute');
         END;
+    END IF;
+    IF retention IS NULL THEN
+        RETURN QUERY SELECT removed, due;
+        RETURN;
     END IF;
     FOR epoch_row IN
         SELECT e.* FROM "trioq".satellite_epochs e WHERE e.ended_at IS NOT NULL ORDER BY e.epoch
     LOOP
         BEGIN
+            low_id := coalesce(epoch_row.low, -9223372036854775808);
             -- The epoch's partitions still there (a DROP a day after it was emptied).
-            SELECT coalesce(array_agg(t || '_e' || epoch_row.epoch), '{}') INTO parts
-            FROM unnest(satellites) AS t
+            SELECT coalesce(array_agg(t || '_e' || epoch_row.epoch ORDER BY o), '{}') INTO parts
+            FROM unnest(tables) WITH ORDINALITY AS u(t, o)
             WHERE to_regclass(format('"trioq".%I', t || '_e' || epoch_row.epoch)) IS NOT NULL;
             FOREACH part IN ARRAY parts LOOP
                 EXECUTE format('LOCK TABLE "trioq".%I IN ACCESS EXCLUSIVE MODE', part);
@@ -1478,45 +1340,92 @@ BEGIN
                 DELETE FROM "trioq".satellite_epochs WHERE epoch = epoch_row.epoch;
                 CONTINUE;
             END IF;
-            -- Read once the partitions are locked (above); more than 10,000 kept is too many
-            -- to copy aside: a later call.
-            SELECT array_agg(j.id) INTO survivors FROM (
-                SELECT k.id FROM "trioq".job_rows_legacy k
-                WHERE k.id >= coalesce(epoch_row.low, -9223372036854775808)
-                  AND k.id < epoch_row.high
-                LIMIT 10001) AS j;
-            CONTINUE WHEN cardinality(survivors) > 10000;
+            IF NOT ('job_rows_e' || epoch_row.epoch) = ANY(parts) THEN
+                -- An epoch of satellites only (made before migration 0049 and emptied of its
+                -- jobs since): nothing of it survives.
+                survivors := NULL;
+                total := 0;
+            ELSE
+                -- Read once the partitions are locked (above): the records without an
+                -- expired outcome; more than 10,000 is too many to copy aside.
+                EXECUTE format(
+                    'SELECT array_agg(r.id) FROM (SELECT r.id FROM "trioq".%I r '
+                    'WHERE NOT EXISTS (SELECT 1 FROM "trioq".%I o WHERE o.job_id = r.id '
+                    'AND to_timestamp(floor(extract(epoch FROM o.finished_at) / 86400) '
+                    '* 86400) + interval ''1 day'' <= $1) LIMIT 10001) AS r',
+                    'job_rows_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
+                    INTO survivors USING cutoff;
+                EXECUTE format('SELECT count(*) FROM (SELECT FROM "trioq".%I LIMIT $1) AS r',
+                               'job_rows_e' || epoch_row.epoch)
+                    INTO total USING 2 * coalesce(cardinality(survivors), 0) + 1;
+            END IF;
+            kept := coalesce(cardinality(survivors), 0);
+            IF kept > 10000 OR (kept > 0 AND total <= 2 * kept) THEN
+                -- Too many kept to copy: the expired jobs row by row (see above).
+                EXECUTE format(
+                    'WITH doomed AS MATERIALIZED (SELECT o.job_id AS id FROM "trioq".%I o '
+                    'WHERE to_timestamp(floor(extract(epoch FROM o.finished_at) / 86400) '
+                    '* 86400) + interval ''1 day'' <= $1 LIMIT 10000), '
+                    'outcomes AS (DELETE FROM "trioq".%I o USING doomed d '
+                    'WHERE o.job_id = d.id), '
+                    'records AS (DELETE FROM "trioq".job_rows r USING doomed d '
+                    'WHERE r.id = d.id RETURNING 1) '
+                    'SELECT count(*) FROM records',
+                    'job_outcomes_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
+                    INTO gone USING cutoff;
+                removed := removed + gone;
+                IF gone = 10000 THEN
+                    due := least(due, now_at + interval '1 minute');
+                END IF;
+                CONTINUE;
+            END IF;
+            -- What belongs to the expired jobs outside these partitions.
+            IF 'job_rows_e' || epoch_row.epoch = ANY(parts) THEN
+                EXECUTE format(
+                    'DELETE FROM "trioq".job_keys k USING "trioq".%I r '
+                    'WHERE r.dedup_key IS NOT NULL AND k.key = r.dedup_key AND k.job_id = r.id '
+                    'AND r.id <> ALL(coalesce($1, ''{}''))',
+                    'job_rows_e' || epoch_row.epoch) USING survivors;
+                EXECUTE format('SELECT count(*) - $1 FROM "trioq".%I',
+                               'job_rows_e' || epoch_row.epoch)
+                    INTO gone USING kept;
+                removed := removed + gone;
+            END IF;
+            DELETE FROM "trioq".messages m
+            WHERE m.job_id >= low_id AND m.job_id < epoch_row.high
+              AND m.job_id <> ALL(coalesce(survivors, '{}'));
+            DELETE FROM "trioq".partition_locks l
+            WHERE l.job_id >= low_id AND l.job_id < epoch_row.high
+              AND l.job_id <> ALL(coalesce(survivors, '{}'));
             FOREACH part IN ARRAY parts LOOP
                 IF survivors IS NULL AND epoch_row.ended_at < now_at - interval '1 day' THEN
                     EXECUTE format('DROP TABLE "trioq".%I', part);
                     CONTINUE;
                 END IF;
-                kept := 0;
-                IF survivors IS NOT NULL THEN
-                    EXECUTE format('SELECT count(*) FROM "trioq".%I WHERE job_id = ANY($1)', part)
-                        INTO kept USING survivors;
-                END IF;
-                EXECUTE format('SELECT count(*) FROM (SELECT FROM "trioq".%I LIMIT $1) AS r',
-                               part)
-                    INTO total USING 2 * kept + 1;
-                CONTINUE WHEN total <= 2 * kept OR kept > 50000;
-                IF kept = 0 THEN
+                IF survivors IS NULL THEN
                     EXECUTE format('TRUNCATE "trioq".%I', part);
-                ELSE
-                    EXECUTE format('CREATE TEMPORARY TABLE trioq_satellites_kept ON COMMIT DROP '
-                                   'AS SELECT * FROM "trioq".%I WHERE job_id = ANY($1)', part)
-                        USING survivors;
-                    EXECUTE format('TRUNCATE "trioq".%I', part);
-                    EXECUTE format('INSERT INTO "trioq".%I SELECT * FROM trioq_satellites_kept',
-                                   part);
-                    DROP TABLE trioq_satellites_kept;
+                    CONTINUE;
                 END IF;
+                EXECUTE format('CREATE TEMPORARY TABLE trioq_epoch_kept ON COMMIT DROP '
+                               'AS SELECT * FROM "trioq".%I WHERE %I = ANY($1)',
+                               part, CASE WHEN part LIKE 'job\_rows\_e%' THEN 'id'
+                                          ELSE 'job_id' END)
+                    USING survivors;
+                EXECUTE format('TRUNCATE "trioq".%I', part);
+                IF part LIKE 'job\_rows\_e%' THEN
+                    EXECUTE format('ALTER TABLE "trioq".%I DISABLE TRIGGER USER', part);
+                END IF;
+                EXECUTE format('INSERT INTO "trioq".%I SELECT * FROM trioq_epoch_kept', part);
+                IF part LIKE 'job\_rows\_e%' THEN
+                    EXECUTE format('ALTER TABLE "trioq".%I ENABLE TRIGGER USER', part);
+                END IF;
+                DROP TABLE trioq_epoch_kept;
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
-            complete := false;
+            due := least(due, now_at + interval '1 minute');
         END;
     END LOOP;
-    RETURN complete;
+    RETURN QUERY SELECT removed, due;
 END
 $_$;
 
@@ -1526,6 +1435,7 @@ CREATE FUNCTION trioq.send(p_job_id bigint, p_topic text, p_payload jsonb DEFAUL
     AS $$
 DECLARE
     job_state text;
+    final_state text;
     job_topic text;
     job_position integer;
     job_queue text;
@@ -1534,13 +1444,17 @@ DECLARE
 BEGIN
     PERFORM "trioq".payload_check(p_payload, 'payload');
     SELECT j.phase, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
-    FROM "trioq".job_rows_legacy j WHERE j.id = p_job_id FOR NO KEY UPDATE;
+    FROM "trioq".job_rows j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'send: no job %', p_job_id USING ERRCODE = 'P0002';
     END IF;
-    IF job_state IN ('completed', 'failed', 'cancelled') THEN
+    -- Final: the job has its outcome (migration 0049; a completion appends it without the
+    -- record's lock, so a message sent as the job finishes may still be queued: it goes with
+    -- the job).
+    SELECT o.state INTO final_state FROM "trioq".job_outcomes o WHERE o.job_id = p_job_id;
+    IF FOUND THEN
         RAISE EXCEPTION 'send: job % is % (final): it receives no more messages',
-            p_job_id, job_state USING ERRCODE = 'P0001';
+            p_job_id, final_state USING ERRCODE = 'P0001';
     END IF;
     IF job_state = 'waiting' AND job_topic = p_topic AND job_position IS NOT NULL THEN
         -- A later statement: its snapshot sees the pending checkpoint the receive committed.
@@ -1550,7 +1464,7 @@ BEGIN
         WHERE c.job_id = p_job_id AND c.position = job_position AND c.kind = 'receive'
           AND c.name = p_topic AND c.value ? 'deadline' AND NOT c.value ? 'messages';
         IF FOUND THEN
-            UPDATE "trioq".jobs_live j
+            UPDATE "trioq".job_rows j
             SET phase = 'ready', filed = j.filed + 1, run_at = "trioq".db_now(),
                 wait_topic = NULL, wait_position = NULL
             WHERE j.id = p_job_id
@@ -1562,13 +1476,13 @@ BEGIN
     INSERT INTO "trioq".messages (job_id, topic, payload, created_at)
     VALUES (p_job_id, p_topic, coalesce(p_payload, 'null'), "trioq".db_now())
     RETURNING id INTO message_id;
-    UPDATE "trioq".jobs_live j
+    UPDATE "trioq".job_rows j
     SET phase = 'ready', filed = j.filed + 1, run_at = "trioq".db_now(), wait_topic = NULL,
         wait_position = NULL
     WHERE j.id = p_job_id AND j.phase = 'waiting' AND j.wait_topic = p_topic;
     -- Woken just now, ready already, or due: a claim may have skipped it under our lock.
     SELECT count(pg_notify("trioq".ready_channel(j.queue), j.queue)) INTO woken_count
-    FROM "trioq".jobs_live j
+    FROM "trioq".job_rows j
     WHERE j.id = p_job_id
       AND NOT EXISTS (SELECT 1 FROM "trioq".job_runs u WHERE u.job_id = j.id)
       AND (j.phase = 'ready'
@@ -1767,7 +1681,52 @@ CREATE TABLE trioq.job_keys (
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', vacuum_truncate=off);
 
-CREATE TABLE trioq.job_rows_legacy (
+CREATE TABLE trioq.job_outcomes (
+    job_id bigint NOT NULL,
+    state text NOT NULL,
+    result jsonb,
+    error jsonb,
+    attempt integer NOT NULL,
+    executions integer NOT NULL,
+    worker_id uuid,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    queue text NOT NULL,
+    CONSTRAINT job_outcomes_state_check CHECK ((state = ANY ('{completed,failed,cancelled}'::text[])))
+)
+PARTITION BY RANGE (job_id);
+
+CREATE TABLE trioq.job_outcomes_e0 (
+    job_id bigint NOT NULL,
+    state text NOT NULL,
+    result jsonb,
+    error jsonb,
+    attempt integer NOT NULL,
+    executions integer NOT NULL,
+    worker_id uuid,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    queue text NOT NULL,
+    CONSTRAINT job_outcomes_state_check CHECK ((state = ANY ('{completed,failed,cancelled}'::text[])))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
+
+CREATE TABLE trioq.job_outcomes_e1 (
+    job_id bigint NOT NULL,
+    state text NOT NULL,
+    result jsonb,
+    error jsonb,
+    attempt integer NOT NULL,
+    executions integer NOT NULL,
+    worker_id uuid,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    queue text NOT NULL,
+    CONSTRAINT job_outcomes_state_check CHECK ((state = ANY ('{completed,failed,cancelled}'::text[])))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
+
+CREATE TABLE trioq.job_rows (
     id bigint NOT NULL,
     queue trioq.job_queue NOT NULL,
     task trioq.job_task NOT NULL,
@@ -1781,11 +1740,9 @@ CREATE TABLE trioq.job_rows_legacy (
     max_attempts trioq.job_max_attempts,
     worker_id uuid,
     cancel_requested boolean DEFAULT false NOT NULL,
-    result jsonb,
     error jsonb,
     created_at timestamp with time zone NOT NULL,
     started_at timestamp with time zone,
-    finished_at timestamp with time zone,
     checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
     parent_id bigint,
     parent_position integer,
@@ -1806,13 +1763,12 @@ CREATE TABLE trioq.job_rows_legacy (
     concurrency_key trioq.job_concurrency_key,
     concurrency_limit trioq.job_concurrency_limit,
     result_watched boolean DEFAULT false NOT NULL,
-    lane integer DEFAULT 0 NOT NULL,
     filed integer DEFAULT 0 NOT NULL,
-    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
-    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[]))))
+    CONSTRAINT job_rows_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,done}'::text[]))),
+    CONSTRAINT job_rows_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,done}'::text[])))),
+    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL)))
 )
-PARTITION BY LIST (lane);
+PARTITION BY RANGE (id);
 
 CREATE TABLE trioq.job_runs (
     job_id bigint NOT NULL,
@@ -1837,6 +1793,7 @@ CREATE VIEW trioq.jobs AS
     j.task,
     j.payload,
         CASE
+            WHEN (o.job_id IS NOT NULL) THEN o.state
             WHEN (u.job_id IS NOT NULL) THEN 'running'::text
             ELSE j.phase
         END AS state,
@@ -1844,20 +1801,21 @@ CREATE VIEW trioq.jobs AS
     j.run_at,
     j.partition_key,
     j.dedup_key,
-    COALESCE(u.attempt, (j.attempt)::integer) AS attempt,
+    COALESCE(o.attempt, u.attempt, (j.attempt)::integer) AS attempt,
     j.max_attempts,
     u.lease_token,
     u.lease_expires_at,
-    COALESCE(u.worker_id, j.worker_id) AS worker_id,
+    COALESCE(o.worker_id, u.worker_id, j.worker_id) AS worker_id,
     j.cancel_requested,
-    j.result,
+    o.result,
         CASE
+            WHEN (o.job_id IS NOT NULL) THEN o.error
             WHEN (u.job_id IS NOT NULL) THEN NULL::jsonb
             ELSE j.error
         END AS error,
     j.created_at,
-    COALESCE(u.started_at, j.started_at) AS started_at,
-    j.finished_at,
+    COALESCE(o.started_at, u.started_at, j.started_at) AS started_at,
+    o.finished_at,
     j.checkpoint_count,
     j.parent_id,
     j.parent_position,
@@ -1870,7 +1828,7 @@ CREATE VIEW trioq.jobs AS
     j.version,
     j.wait_topic,
     j.on_parent_cancel,
-    COALESCE(u.executions, j.executions) AS executions,
+    COALESCE(o.executions, u.executions, j.executions) AS executions,
     j.deadline_at,
     j.deadline_source,
     COALESCE(u.traced, j.traced) AS traced,
@@ -1878,8 +1836,9 @@ CREATE VIEW trioq.jobs AS
     j.concurrency_key,
     j.concurrency_limit,
     (j.result_watched OR COALESCE(u.result_watched, false)) AS result_watched
-   FROM (trioq.job_rows_legacy j
-     LEFT JOIN trioq.job_runs u ON ((u.job_id = j.id)));
+   FROM ((trioq.job_rows j
+     LEFT JOIN trioq.job_runs u ON ((u.job_id = j.id)))
+     LEFT JOIN trioq.job_outcomes o ON ((o.job_id = j.id)));
 
 CREATE TABLE trioq.task_defaults (
     task text NOT NULL,
@@ -1918,7 +1877,95 @@ CREATE VIEW trioq.job_records AS
     j.deadline_source
    FROM trioq.jobs j;
 
-ALTER TABLE trioq.job_rows_legacy ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+CREATE TABLE trioq.job_rows_e0 (
+    id bigint NOT NULL,
+    queue trioq.job_queue NOT NULL,
+    task trioq.job_task NOT NULL,
+    payload trioq.job_payload NOT NULL,
+    phase text DEFAULT 'ready'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone,
+    partition_key trioq.job_partition_key,
+    dedup_key trioq.job_dedup_key,
+    attempt trioq.job_attempt DEFAULT 0 NOT NULL,
+    max_attempts trioq.job_max_attempts,
+    worker_id uuid,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    error jsonb,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
+    parent_id bigint,
+    parent_position integer,
+    wait_event_key text,
+    wait_children bigint[],
+    children_settled integer DEFAULT 0 NOT NULL,
+    unique_states trioq.job_unique_states DEFAULT '{}'::text[] NOT NULL,
+    unique_until timestamp with time zone,
+    trace_context trioq.job_trace_context,
+    version trioq.job_version DEFAULT 1 NOT NULL,
+    wait_topic text,
+    on_parent_cancel trioq.job_on_parent_cancel DEFAULT 'cancel'::text NOT NULL,
+    executions integer DEFAULT 0 NOT NULL,
+    deadline_at timestamp with time zone,
+    deadline_source text,
+    traced boolean DEFAULT false NOT NULL,
+    wait_position integer,
+    concurrency_key trioq.job_concurrency_key,
+    concurrency_limit trioq.job_concurrency_limit,
+    result_watched boolean DEFAULT false NOT NULL,
+    filed integer DEFAULT 0 NOT NULL,
+    CONSTRAINT job_rows_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,done}'::text[]))),
+    CONSTRAINT job_rows_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,done}'::text[])))),
+    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL)))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
+
+CREATE TABLE trioq.job_rows_e1 (
+    id bigint NOT NULL,
+    queue trioq.job_queue NOT NULL,
+    task trioq.job_task NOT NULL,
+    payload trioq.job_payload NOT NULL,
+    phase text DEFAULT 'ready'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone,
+    partition_key trioq.job_partition_key,
+    dedup_key trioq.job_dedup_key,
+    attempt trioq.job_attempt DEFAULT 0 NOT NULL,
+    max_attempts trioq.job_max_attempts,
+    worker_id uuid,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    error jsonb,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
+    parent_id bigint,
+    parent_position integer,
+    wait_event_key text,
+    wait_children bigint[],
+    children_settled integer DEFAULT 0 NOT NULL,
+    unique_states trioq.job_unique_states DEFAULT '{}'::text[] NOT NULL,
+    unique_until timestamp with time zone,
+    trace_context trioq.job_trace_context,
+    version trioq.job_version DEFAULT 1 NOT NULL,
+    wait_topic text,
+    on_parent_cancel trioq.job_on_parent_cancel DEFAULT 'cancel'::text NOT NULL,
+    executions integer DEFAULT 0 NOT NULL,
+    deadline_at timestamp with time zone,
+    deadline_source text,
+    traced boolean DEFAULT false NOT NULL,
+    wait_position integer,
+    concurrency_key trioq.job_concurrency_key,
+    concurrency_limit trioq.job_concurrency_limit,
+    result_watched boolean DEFAULT false NOT NULL,
+    filed integer DEFAULT 0 NOT NULL,
+    CONSTRAINT job_rows_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,done}'::text[]))),
+    CONSTRAINT job_rows_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,done}'::text[])))),
+    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL)))
+)
+WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
+
+ALTER TABLE trioq.job_rows ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
     SEQUENCE NAME trioq.jobs_id_seq
     START WITH 1
     INCREMENT BY 1
@@ -1926,102 +1973,6 @@ ALTER TABLE trioq.job_rows_legacy ALTER COLUMN id ADD GENERATED BY DEFAULT AS ID
     NO MAXVALUE
     CACHE 1
 );
-
-CREATE TABLE trioq.jobs_live (
-    id bigint NOT NULL,
-    queue trioq.job_queue NOT NULL,
-    task trioq.job_task NOT NULL,
-    payload trioq.job_payload NOT NULL,
-    phase text DEFAULT 'ready'::text NOT NULL,
-    priority smallint DEFAULT 0 NOT NULL,
-    run_at timestamp with time zone,
-    partition_key trioq.job_partition_key,
-    dedup_key trioq.job_dedup_key,
-    attempt trioq.job_attempt DEFAULT 0 NOT NULL,
-    max_attempts trioq.job_max_attempts,
-    worker_id uuid,
-    cancel_requested boolean DEFAULT false NOT NULL,
-    result jsonb,
-    error jsonb,
-    created_at timestamp with time zone NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
-    parent_id bigint,
-    parent_position integer,
-    wait_event_key text,
-    wait_children bigint[],
-    children_settled integer DEFAULT 0 NOT NULL,
-    unique_states trioq.job_unique_states DEFAULT '{}'::text[] NOT NULL,
-    unique_until timestamp with time zone,
-    trace_context trioq.job_trace_context,
-    version trioq.job_version DEFAULT 1 NOT NULL,
-    wait_topic text,
-    on_parent_cancel trioq.job_on_parent_cancel DEFAULT 'cancel'::text NOT NULL,
-    executions integer DEFAULT 0 NOT NULL,
-    deadline_at timestamp with time zone,
-    deadline_source text,
-    traced boolean DEFAULT false NOT NULL,
-    wait_position integer,
-    concurrency_key trioq.job_concurrency_key,
-    concurrency_limit trioq.job_concurrency_limit,
-    result_watched boolean DEFAULT false NOT NULL,
-    lane integer DEFAULT 0 NOT NULL,
-    filed integer DEFAULT 0 NOT NULL,
-    CONSTRAINT jobs_live_unfinished CHECK ((phase <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]))),
-    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
-    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[]))))
-)
-WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='1', vacuum_truncate=off, toast.vacuum_truncate=off);
-
-CREATE TABLE trioq.jobs_unfiled (
-    id bigint NOT NULL,
-    queue trioq.job_queue NOT NULL,
-    task trioq.job_task NOT NULL,
-    payload trioq.job_payload NOT NULL,
-    phase text DEFAULT 'ready'::text NOT NULL,
-    priority smallint DEFAULT 0 NOT NULL,
-    run_at timestamp with time zone,
-    partition_key trioq.job_partition_key,
-    dedup_key trioq.job_dedup_key,
-    attempt trioq.job_attempt DEFAULT 0 NOT NULL,
-    max_attempts trioq.job_max_attempts,
-    worker_id uuid,
-    cancel_requested boolean DEFAULT false NOT NULL,
-    result jsonb,
-    error jsonb,
-    created_at timestamp with time zone NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    checkpoint_count trioq.job_checkpoint_count DEFAULT 0 NOT NULL,
-    parent_id bigint,
-    parent_position integer,
-    wait_event_key text,
-    wait_children bigint[],
-    children_settled integer DEFAULT 0 NOT NULL,
-    unique_states trioq.job_unique_states DEFAULT '{}'::text[] NOT NULL,
-    unique_until timestamp with time zone,
-    trace_context trioq.job_trace_context,
-    version trioq.job_version DEFAULT 1 NOT NULL,
-    wait_topic text,
-    on_parent_cancel trioq.job_on_parent_cancel DEFAULT 'cancel'::text NOT NULL,
-    executions integer DEFAULT 0 NOT NULL,
-    deadline_at timestamp with time zone,
-    deadline_source text,
-    traced boolean DEFAULT false NOT NULL,
-    wait_position integer,
-    concurrency_key trioq.job_concurrency_key,
-    concurrency_limit trioq.job_concurrency_limit,
-    result_watched boolean DEFAULT false NOT NULL,
-    lane integer DEFAULT 0 NOT NULL,
-    filed integer DEFAULT 0 NOT NULL,
-    CONSTRAINT jobs_one_kind_of_key CHECK (((partition_key IS NULL) OR (concurrency_key IS NULL))),
-    CONSTRAINT jobs_phase_check CHECK ((phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,completed,failed,cancelled}'::text[]))),
-    CONSTRAINT jobs_run_at_check CHECK (((run_at IS NOT NULL) OR (phase = ANY ('{waiting,completed,failed,cancelled}'::text[])))),
-    CONSTRAINT jobs_unfiled_finished CHECK ((phase = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
-)
-WITH (vacuum_truncate=off, toast.vacuum_truncate=off);
 
 CREATE TABLE trioq.leader (
     seat integer DEFAULT 1 NOT NULL,
@@ -2262,9 +2213,13 @@ ALTER TABLE ONLY trioq.checkpoints ATTACH PARTITION trioq.checkpoints_e0 FOR VAL
 
 ALTER TABLE ONLY trioq.checkpoints ATTACH PARTITION trioq.checkpoints_e1 FOR VALUES FROM ('1099511627776') TO ('1103806595072');
 
-ALTER TABLE ONLY trioq.job_rows_legacy ATTACH PARTITION trioq.jobs_live FOR VALUES IN (0);
+ALTER TABLE ONLY trioq.job_outcomes ATTACH PARTITION trioq.job_outcomes_e0 FOR VALUES FROM (MINVALUE) TO ('1099511627776');
 
-ALTER TABLE ONLY trioq.job_rows_legacy ATTACH PARTITION trioq.jobs_unfiled DEFAULT;
+ALTER TABLE ONLY trioq.job_outcomes ATTACH PARTITION trioq.job_outcomes_e1 FOR VALUES FROM ('1099511627776') TO ('1103806595072');
+
+ALTER TABLE ONLY trioq.job_rows ATTACH PARTITION trioq.job_rows_e0 FOR VALUES FROM (MINVALUE) TO ('1099511627776');
+
+ALTER TABLE ONLY trioq.job_rows ATTACH PARTITION trioq.job_rows_e1 FOR VALUES FROM ('1099511627776') TO ('1103806595072');
 
 ALTER TABLE ONLY trioq.ready_ring ATTACH PARTITION trioq.ready_ring_0 FOR VALUES IN ('0');
 
@@ -2320,11 +2275,26 @@ ALTER TABLE ONLY trioq.job_due
 ALTER TABLE ONLY trioq.job_keys
     ADD CONSTRAINT job_keys_pkey PRIMARY KEY (key);
 
+ALTER TABLE ONLY trioq.job_outcomes
+    ADD CONSTRAINT job_outcomes_pkey PRIMARY KEY (job_id);
+
+ALTER TABLE ONLY trioq.job_outcomes_e0
+    ADD CONSTRAINT job_outcomes_e0_pkey PRIMARY KEY (job_id);
+
+ALTER TABLE ONLY trioq.job_outcomes_e1
+    ADD CONSTRAINT job_outcomes_e1_pkey PRIMARY KEY (job_id);
+
+ALTER TABLE ONLY trioq.job_rows
+    ADD CONSTRAINT job_rows_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY trioq.job_rows_e0
+    ADD CONSTRAINT job_rows_e0_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY trioq.job_rows_e1
+    ADD CONSTRAINT job_rows_e1_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY trioq.job_runs
     ADD CONSTRAINT job_runs_pkey PRIMARY KEY (job_id);
-
-ALTER TABLE ONLY trioq.jobs_live
-    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY trioq.leader
     ADD CONSTRAINT leader_pkey PRIMARY KEY (seat);
@@ -2383,19 +2353,31 @@ CREATE INDEX job_due_queue_idx ON trioq.job_due USING btree (queue, run_at);
 
 CREATE INDEX job_due_state_idx ON trioq.job_due USING btree (state, job_id);
 
+CREATE INDEX job_outcomes_finished_idx ON ONLY trioq.job_outcomes USING btree (finished_at);
+
+CREATE INDEX job_outcomes_e0_finished_at_idx ON trioq.job_outcomes_e0 USING btree (finished_at);
+
+CREATE INDEX job_outcomes_e1_finished_at_idx ON trioq.job_outcomes_e1 USING btree (finished_at);
+
+CREATE INDEX jobs_deadline_idx ON ONLY trioq.job_rows USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (phase <> 'done'::text));
+
+CREATE INDEX job_rows_e0_deadline_at_idx ON trioq.job_rows_e0 USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (phase <> 'done'::text));
+
+CREATE INDEX jobs_parent_idx ON ONLY trioq.job_rows USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
+
+CREATE INDEX job_rows_e0_parent_id_parent_position_idx ON trioq.job_rows_e0 USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
+
+CREATE INDEX jobs_wait_event_idx ON ONLY trioq.job_rows USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
+
+CREATE INDEX job_rows_e0_wait_event_key_idx ON trioq.job_rows_e0 USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
+
+CREATE INDEX job_rows_e1_deadline_at_idx ON trioq.job_rows_e1 USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (phase <> 'done'::text));
+
+CREATE INDEX job_rows_e1_parent_id_parent_position_idx ON trioq.job_rows_e1 USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
+
+CREATE INDEX job_rows_e1_wait_event_key_idx ON trioq.job_rows_e1 USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
+
 CREATE INDEX job_runs_lease_idx ON trioq.job_runs USING btree (lease_expires_at);
-
-CREATE INDEX jobs_deadline_idx ON trioq.jobs_live USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (NOT cancel_requested) AND (phase = ANY (ARRAY['scheduled'::text, 'ready'::text, 'claimed'::text, 'sleeping'::text, 'waiting'::text])));
-
-CREATE UNIQUE INDEX jobs_parent_idx ON trioq.jobs_live USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
-
-CREATE INDEX jobs_unfiled_finished_idx ON trioq.jobs_unfiled USING btree (finished_at);
-
-CREATE INDEX jobs_unfiled_id_idx ON trioq.jobs_unfiled USING btree (id);
-
-CREATE INDEX jobs_unfiled_parent_idx ON trioq.jobs_unfiled USING btree (parent_id, parent_position) WHERE (parent_id IS NOT NULL);
-
-CREATE INDEX jobs_wait_event_idx ON trioq.jobs_live USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
 
 CREATE INDEX messages_job_topic_idx ON trioq.messages USING btree (job_id, topic, id);
 
@@ -2425,6 +2407,30 @@ ALTER INDEX trioq.checkpoints_pkey ATTACH PARTITION trioq.checkpoints_e0_pkey;
 
 ALTER INDEX trioq.checkpoints_pkey ATTACH PARTITION trioq.checkpoints_e1_pkey;
 
+ALTER INDEX trioq.job_outcomes_finished_idx ATTACH PARTITION trioq.job_outcomes_e0_finished_at_idx;
+
+ALTER INDEX trioq.job_outcomes_pkey ATTACH PARTITION trioq.job_outcomes_e0_pkey;
+
+ALTER INDEX trioq.job_outcomes_finished_idx ATTACH PARTITION trioq.job_outcomes_e1_finished_at_idx;
+
+ALTER INDEX trioq.job_outcomes_pkey ATTACH PARTITION trioq.job_outcomes_e1_pkey;
+
+ALTER INDEX trioq.jobs_deadline_idx ATTACH PARTITION trioq.job_rows_e0_deadline_at_idx;
+
+ALTER INDEX trioq.jobs_parent_idx ATTACH PARTITION trioq.job_rows_e0_parent_id_parent_position_idx;
+
+ALTER INDEX trioq.job_rows_pkey ATTACH PARTITION trioq.job_rows_e0_pkey;
+
+ALTER INDEX trioq.jobs_wait_event_idx ATTACH PARTITION trioq.job_rows_e0_wait_event_key_idx;
+
+ALTER INDEX trioq.jobs_deadline_idx ATTACH PARTITION trioq.job_rows_e1_deadline_at_idx;
+
+ALTER INDEX trioq.jobs_parent_idx ATTACH PARTITION trioq.job_rows_e1_parent_id_parent_position_idx;
+
+ALTER INDEX trioq.job_rows_pkey ATTACH PARTITION trioq.job_rows_e1_pkey;
+
+ALTER INDEX trioq.jobs_wait_event_idx ATTACH PARTITION trioq.job_rows_e1_wait_event_key_idx;
+
 ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_0_queue_task_priority_run_at_id_idx;
 
 ALTER INDEX trioq.ready_ring_claim_idx ATTACH PARTITION trioq.ready_ring_1_queue_task_priority_run_at_id_idx;
@@ -2437,24 +2443,22 @@ ALTER INDEX trioq.workflow_values_pkey ATTACH PARTITION trioq.workflow_values_e0
 
 ALTER INDEX trioq.workflow_values_pkey ATTACH PARTITION trioq.workflow_values_e1_pkey;
 
-CREATE STATISTICS trioq.jobs_queue_state (mcv) ON queue, phase FROM trioq.jobs_live;
-
-CREATE TRIGGER job_due_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN ((new.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_file();
+CREATE TRIGGER job_due_filed_insert AFTER INSERT ON trioq.job_rows FOR EACH ROW WHEN ((new.phase = ANY ('{scheduled,sleeping,waiting}'::text[]))) EXECUTE FUNCTION trioq.jobs_live_file();
 
 CREATE TRIGGER job_runs_concurrency_release AFTER DELETE ON trioq.job_runs FOR EACH ROW WHEN ((old.concurrency_key IS NOT NULL)) EXECUTE FUNCTION trioq.concurrency_release();
 
-CREATE TRIGGER jobs_deleted AFTER DELETE ON trioq.job_rows_legacy REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
+CREATE TRIGGER jobs_deleted AFTER DELETE ON trioq.job_rows REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.checkpoints_delete_of_jobs();
 
-CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.job_rows_legacy REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
+CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.job_rows REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
 
-CREATE TRIGGER jobs_live_filed AFTER UPDATE OF phase, run_at, filed ON trioq.jobs_live FOR EACH ROW WHEN ((((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND (((new.phase = 'ready'::text) AND ((old.phase <> 'ready'::text) OR (old.filed <> new.filed)) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL)) OR (((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text])) OR (new.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) AND ((new.phase <> old.phase) OR (new.run_at IS DISTINCT FROM old.run_at)))))) EXECUTE FUNCTION trioq.jobs_live_file();
+CREATE TRIGGER jobs_live_filed AFTER UPDATE OF phase, run_at, filed ON trioq.job_rows FOR EACH ROW WHEN ((((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND (((new.phase = 'ready'::text) AND ((old.phase <> 'ready'::text) OR (old.filed <> new.filed)) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL)) OR (((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text])) OR (new.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) AND ((new.phase <> old.phase) OR (new.run_at IS DISTINCT FROM old.run_at)))))) EXECUTE FUNCTION trioq.jobs_live_file();
 
-CREATE TRIGGER jobs_live_left AFTER DELETE ON trioq.jobs_live FOR EACH ROW WHEN ((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_left();
+CREATE TRIGGER jobs_live_left AFTER DELETE ON trioq.job_rows FOR EACH ROW WHEN ((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_left();
 
-CREATE TRIGGER ready_keyed_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN ((((new.partition_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL)) AND (new.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
+CREATE TRIGGER ready_keyed_filed_insert AFTER INSERT ON trioq.job_rows FOR EACH ROW WHEN ((((new.partition_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL)) AND (new.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
 
-CREATE TRIGGER ready_keyed_filed_update AFTER UPDATE OF phase, run_at, filed, priority ON trioq.jobs_live FOR EACH ROW WHEN ((((new.partition_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL)) AND ((new.phase = 'ready'::text) OR (old.phase = 'ready'::text)) AND ((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND ((new.phase <> old.phase) OR (new.filed <> old.filed) OR (new.run_at IS DISTINCT FROM old.run_at) OR (new.priority <> old.priority)))) EXECUTE FUNCTION trioq.ready_keyed_file();
+CREATE TRIGGER ready_keyed_filed_update AFTER UPDATE OF phase, run_at, filed, priority ON trioq.job_rows FOR EACH ROW WHEN ((((new.partition_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL)) AND ((new.phase = 'ready'::text) OR (old.phase = 'ready'::text)) AND ((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND ((new.phase <> old.phase) OR (new.filed <> old.filed) OR (new.run_at IS DISTINCT FROM old.run_at) OR (new.priority <> old.priority)))) EXECUTE FUNCTION trioq.ready_keyed_file();
 
-CREATE TRIGGER ready_keyed_left AFTER DELETE ON trioq.jobs_live FOR EACH ROW WHEN ((((old.partition_key IS NOT NULL) OR (old.concurrency_key IS NOT NULL)) AND (old.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
+CREATE TRIGGER ready_keyed_left AFTER DELETE ON trioq.job_rows FOR EACH ROW WHEN ((((old.partition_key IS NOT NULL) OR (old.concurrency_key IS NOT NULL)) AND (old.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
 
-CREATE TRIGGER ready_ring_filed_insert AFTER INSERT ON trioq.jobs_live FOR EACH ROW WHEN (((new.phase = 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();
+CREATE TRIGGER ready_ring_filed_insert AFTER INSERT ON trioq.job_rows FOR EACH ROW WHEN (((new.phase = 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();

@@ -265,6 +265,7 @@ class AsyncProducer:
         try:
             if results is not None:  # see SyncProducer.wait_final
                 await self._fetch("job_result_watch", {"id": job_id}, None)
+                await self._fetch("job_result_watch_run", {"id": job_id}, None)
             while True:
                 record = await self.get_job(job_id)
                 if record.state in TERMINAL_STATES:
@@ -309,6 +310,7 @@ class AsyncProducer:
         try:
             if results is not None:  # see SyncProducer.wait_final
                 await self._fetch("job_result_watch", {"id": params["id"]}, None)
+                await self._fetch("job_result_watch_run", {"id": params["id"]}, None)
             while True:
                 read = ValueRead(*(await self._fetch("job_value_get", params, None))[0])
                 left = deadline - time.monotonic()

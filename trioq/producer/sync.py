@@ -273,6 +273,7 @@ class SyncProducer:
         try:
             if results is not None:  # LISTEN, register, read (trioq.Client.wait_final)
                 self._fetch("job_result_watch", {"id": job_id}, None)
+                self._fetch("job_result_watch_run", {"id": job_id}, None)
             while True:
                 record = self.get_job(job_id)
                 if record.state in TERMINAL_STATES:
@@ -319,6 +320,7 @@ class SyncProducer:
         try:
             if results is not None:  # see wait_final
                 self._fetch("job_result_watch", {"id": params["id"]}, None)
+                self._fetch("job_result_watch_run", {"id": params["id"]}, None)
             while True:
                 read = ValueRead(*self._fetch("job_value_get", params, None)[0])
                 left = deadline - time.monotonic()

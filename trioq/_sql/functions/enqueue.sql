@@ -81,11 +81,12 @@ BEGIN
     -- `released`: it counts as holding.
     IF enqueue.dedup_key IS NOT NULL THEN
         SELECT h.id INTO released
-        FROM {schema}.job_keys k JOIN {schema}.job_rows_legacy h ON h.id = k.job_id
+        FROM {schema}.job_keys k
+        JOIN {schema}.job_outcomes o ON o.job_id = k.job_id
+        JOIN {schema}.job_rows h ON h.id = k.job_id
         WHERE k.key = enqueue.dedup_key
-          AND h.phase IN ('completed', 'failed', 'cancelled')
-          AND {schema}.job_key_released(h.phase, h.unique_states, h.unique_until)
-        FOR SHARE OF h;
+          AND {schema}.job_key_released(o.state, h.unique_states, h.unique_until)
+        FOR SHARE OF o;
         INSERT INTO {schema}.job_keys AS k (key, job_id, task)
         VALUES (enqueue.dedup_key, new_id, enqueue.task)
         ON CONFLICT (key) DO UPDATE
@@ -104,7 +105,7 @@ BEGIN
         WITH new_jobs AS (
             -- include: enqueue_new_jobs
         )
-        -- include: job_insert(job_rows_legacy)
+        -- include: job_insert(job_rows)
         ;
         job_id := new_id;
     END IF;

@@ -27,7 +27,7 @@ BEGIN
     -- Wake the waiters and resolve their pending wait in the same statement: the payload
     -- becomes their checkpoint, so the woken handler resumes without another statement.
     WITH woken AS (
-        UPDATE {schema}.jobs_live j
+        UPDATE {schema}.job_rows j
         SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(),
             wait_event_key = NULL
         WHERE j.wait_event_key = event_key AND j.phase = 'waiting'

@@ -17,7 +17,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET checkpoint_count = greatest(j.checkpoint_count, p_checkpoint_position + 1)
     WHERE j.id = p_job_id;
     INSERT INTO {schema}.checkpoints (job_id, position, kind, name, value, created_at)
@@ -25,7 +25,7 @@ BEGIN
             {schema}.db_now())
     ON CONFLICT ON CONSTRAINT checkpoints_pkey DO NOTHING;
     PERFORM 1 FROM {schema}.job_cancel_tree(
-        ARRAY(SELECT c.id FROM {schema}.job_rows_legacy c
+        ARRAY(SELECT c.id FROM {schema}.job_rows c
               WHERE c.id = ANY(p_child_ids) AND c.parent_id = p_job_id),
         p_control_channel);
     RETURN true;

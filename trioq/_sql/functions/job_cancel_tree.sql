@@ -20,14 +20,14 @@ DECLARE
     sent bigint;
 BEGIN
     WITH RECURSIVE tree AS (
-        SELECT j.id, false AS kept FROM {schema}.job_rows_legacy j WHERE j.id = ANY(root_ids)
+        SELECT j.id, false AS kept FROM {schema}.job_rows j WHERE j.id = ANY(root_ids)
         UNION
         SELECT c.id, (NOT whole_tree AND c.on_parent_cancel = 'wait')
-        FROM {schema}.job_rows_legacy c JOIN tree t ON c.parent_id = t.id
+        FROM {schema}.job_rows c JOIN tree t ON c.parent_id = t.id
         WHERE NOT t.kept AND (whole_tree OR c.on_parent_cancel <> 'abandon')
     )
     SELECT array_agg(tree.id) INTO tree_ids FROM tree;
-    PERFORM 1 FROM {schema}.job_rows_legacy j WHERE j.id = ANY(tree_ids) ORDER BY j.id
+    PERFORM 1 FROM {schema}.job_rows j WHERE j.id = ANY(tree_ids) ORDER BY j.id
     FOR NO KEY UPDATE;
     -- A new statement: its snapshot sees the newest version of every row locked above, and the
     -- runs as they are now (migration 0047): while a row is held no claim can start its job,
@@ -37,14 +37,16 @@ BEGIN
         SELECT j.id, j.parent_id,
                -- include: job_state
                AS state, ARRAY[j.id] AS path, false AS kept
-        FROM {schema}.job_rows_legacy j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+        FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+        LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
         WHERE j.id = ANY(root_ids)
         UNION ALL
         SELECT j.id, j.parent_id,
                -- include: job_state
                AS state, n.path || j.id, (NOT whole_tree AND j.on_parent_cancel = 'wait')
-        FROM {schema}.job_rows_legacy j JOIN nodes n ON j.parent_id = n.id
+        FROM {schema}.job_rows j JOIN nodes n ON j.parent_id = n.id
         LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+        LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
         WHERE NOT n.kept AND (whole_tree OR j.on_parent_cancel <> 'abandon')
     ),
     blocked AS (
@@ -72,15 +74,13 @@ BEGIN
                  AS t(id, parent_id, old_state, new_state, kept)
     ),
     changed AS (
-        UPDATE {schema}.job_rows_legacy j
+        UPDATE {schema}.job_rows j
         SET cancel_requested = true,
-            -- A running job's row keeps its phase: its worker ends the run.
-            phase = CASE WHEN p.new_state = 'running' THEN j.phase ELSE p.new_state END,
+            -- A running job's row keeps its phase: its worker ends the run. A job cancelled
+            -- here is `done`, its outcome appended below (migration 0049).
+            phase = CASE WHEN p.new_state = 'running' THEN j.phase
+                         WHEN p.new_state = 'cancelled' THEN 'done' ELSE p.new_state END,
             filed = j.filed + CASE WHEN p.new_state = 'ready' THEN 1 ELSE 0 END,
-            finished_at = CASE WHEN p.new_state = 'cancelled' THEN {schema}.db_now()
-                               ELSE j.finished_at END,
-            lane = {schema}.job_lane(CASE WHEN p.new_state = 'cancelled' THEN {schema}.db_now()
-                                          ELSE j.finished_at END),
             run_at = CASE WHEN p.new_state = 'waiting' THEN NULL
                           WHEN p.new_state = 'ready' THEN {schema}.db_now()
                           ELSE j.run_at END,
@@ -97,7 +97,16 @@ BEGIN
         FROM plan p
         WHERE j.id = p.id AND NOT p.kept
           AND p.old_state NOT IN ('completed', 'failed', 'cancelled')
-        RETURNING j.id, p.new_state AS state, j.queue
+        RETURNING j.id, p.new_state AS state, j.queue, j.attempt, j.executions, j.worker_id,
+                  j.started_at, j.error
+    ),
+    ended AS (
+        INSERT INTO {schema}.job_outcomes (job_id, state, error, attempt, executions,
+                                           worker_id, started_at, finished_at, queue)
+        SELECT c.id, 'cancelled', c.error, c.attempt, c.executions, c.worker_id, c.started_at,
+               {schema}.db_now(), c.queue
+        FROM changed c WHERE c.state = 'cancelled'
+        RETURNING job_id
     ),
     woken AS (
         SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
@@ -114,7 +123,8 @@ BEGIN
                                c.id::text)) AS n
         FROM changed c WHERE c.state IN ('running', 'cancelled')
     )
-    SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w) INTO sent
+    SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w)
+           + (SELECT count(*) FROM ended) INTO sent
     FROM notified n;
     PERFORM {schema}.parents_notify(root_ids);
     RETURN QUERY

@@ -27,7 +27,7 @@ BEGIN
         RETURN QUERY SELECT 'lost'::text, NULL::jsonb, due;
         RETURN;
     END IF;
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET checkpoint_count = greatest(j.checkpoint_count, p_position + 1)
     WHERE j.id = p_job_id;
     IF cardinality(p_value_keys) > 0 THEN
@@ -58,7 +58,7 @@ BEGIN
         VALUES (p_job_id, p_position, 'receive', p_topic, jsonb_build_object('messages', taken),
                 {schema}.db_now())
         ON CONFLICT (job_id, position) DO UPDATE SET value = excluded.value;
-        UPDATE {schema}.jobs_live j SET wait_topic = NULL, wait_position = NULL
+        UPDATE {schema}.job_rows j SET wait_topic = NULL, wait_position = NULL
         WHERE j.id = p_job_id AND (j.wait_topic IS NOT NULL OR j.wait_position IS NOT NULL);
         RETURN QUERY SELECT CASE WHEN taken_count > 0 THEN 'received' ELSE 'timeout' END,
                             taken, due;
@@ -69,7 +69,7 @@ BEGIN
             {schema}.db_now())
     ON CONFLICT (job_id, position) DO NOTHING;
     DELETE FROM {schema}.job_runs u WHERE u.job_id = p_job_id;
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET phase = 'waiting', run_at = due, executions = run.executions,
         worker_id = run.worker_id, started_at = run.started_at, wait_topic = p_topic,
         wait_position = p_position, wait_event_key = NULL, wait_children = NULL

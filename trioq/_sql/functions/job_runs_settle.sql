@@ -1,10 +1,10 @@
 -- Ends the runs a settle names (job_settle_many: a retry, a release, a sleep, a wait, a
 -- failure, a cancel, a completion with a key or a parent), fenced by attempt and lease token,
--- each found by primary key, as job_runs_end() does for the plain completions (its comment:
+-- each found by primary key, as job_runs_finish() does for the plain completions (its comment:
 -- a generic plan made on a small job_runs scans it whole once it bloats). `states` are the
 -- outcomes: a run settled `cancelled` ends only for a stored request (a cancel or a passed
 -- deadline sets it on the row); a worker told to cancel by anything else changes nothing.
--- Its own name rather than job_runs_end() with a fourth argument: CREATE OR REPLACE would
+-- Its own name rather than job_runs_finish() with a fourth argument: CREATE OR REPLACE would
 -- leave both signatures, ambiguous to a three-argument call.
 CREATE OR REPLACE FUNCTION {schema}.job_runs_settle(ids bigint[], attempts integer[],
                                                     lease_tokens uuid[], states text[])
@@ -24,7 +24,7 @@ BEGIN
       AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
       AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
       AND (i.state OPERATOR(pg_catalog.<>) 'cancelled'
-           OR EXISTS (SELECT 1 FROM {schema}.jobs_live c
+           OR EXISTS (SELECT 1 FROM {schema}.job_rows c
                       WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
     RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
               u.result_watched;

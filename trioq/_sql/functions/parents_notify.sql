@@ -19,20 +19,20 @@ DECLARE
 BEGIN
     WITH finished AS (
         SELECT c.parent_id, array_agg(c.id) AS ids,
-               coalesce(array_agg(c.id) FILTER (WHERE c.phase <> 'completed'), '{}') AS failed
-        FROM {schema}.job_rows_legacy c
+               coalesce(array_agg(c.id) FILTER (WHERE o.state <> 'completed'), '{}') AS failed
+        -- A finished child is one with an outcome (migration 0049).
+        FROM {schema}.job_rows c JOIN {schema}.job_outcomes o ON o.job_id = c.id
         WHERE c.id = ANY(child_ids) AND c.parent_id IS NOT NULL
-          AND c.phase IN ('completed', 'failed', 'cancelled')
         GROUP BY c.parent_id
     ),
     locked AS MATERIALIZED (
-        SELECT p.id, p.filed FROM {schema}.jobs_live p JOIN finished f ON f.parent_id = p.id
+        SELECT p.id, p.filed FROM {schema}.job_rows p JOIN finished f ON f.parent_id = p.id
         WHERE p.id <> ALL(skip_ids)
         ORDER BY p.id
         FOR NO KEY UPDATE OF p
     ),
     woken AS (
-        UPDATE {schema}.jobs_live p
+        UPDATE {schema}.job_rows p
         SET children_settled = p.children_settled + cardinality(f.ids),
             wait_children = CASE WHEN p.phase = 'waiting' AND p.wait_children && f.ids
                                  THEN ARRAY(SELECT unnest(p.wait_children)

@@ -33,7 +33,8 @@ SET search_path = pg_catalog, pg_temp AS $$
     FROM (SELECT j.queue, j.run_at,
                  -- include: job_state
                  AS state
-          FROM {schema}.jobs_live j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id) AS j,
+          FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+          LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id) AS j,
          (SELECT {schema}.db_now() AS now) AS t
     GROUP BY j.queue, t.now
 $$;

@@ -11,7 +11,7 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT q.queue,
            EXISTS (SELECT 1 FROM {schema}.ready_ring r
-                   CROSS JOIN LATERAL (SELECT 1 FROM {schema}.jobs_live j
+                   CROSS JOIN LATERAL (SELECT 1 FROM {schema}.job_rows j
                                        WHERE j.id = r.id AND j.phase = 'ready'
                                          AND j.filed = r.filed
                                        LIMIT 1) AS job

@@ -51,7 +51,7 @@ DECLARE
     part      record;
     -- A retired slot's entries of jobs still ready, to the slot being written (step 4).
     late      constant text := 'WITH moved AS (DELETE FROM {schema}.%I r'
-                               ' USING {schema}.jobs_live j WHERE j.id = r.id AND j.phase = ''ready'''
+                               ' USING {schema}.job_rows j WHERE j.id = r.id AND j.phase = ''ready'''
                                ' AND j.filed = r.filed'
                                ' RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id,'
                                ' r.filed)'
@@ -111,7 +111,7 @@ BEGIN
         BEGIN
             EXECUTE format('LOCK TABLE {schema}.ready_ring_%s IN ACCESS EXCLUSIVE MODE', slot);
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM {schema}.ready_ring_%s r'
-                           ' JOIN {schema}.jobs_live j ON j.id = r.id AND j.phase = ''ready'''
+                           ' JOIN {schema}.job_rows j ON j.id = r.id AND j.phase = ''ready'''
                            ' AND j.filed = r.filed)',
                            slot)
                 INTO filled;
@@ -158,7 +158,7 @@ BEGIN
             -- reads, and go with its tables.
             WITH moved AS (
                 DELETE FROM {schema}.ready_ring r
-                USING {schema}.jobs_live j
+                USING {schema}.job_rows j
                 WHERE r.slot >= st.low AND r.slot < st.base
                   AND j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
                 RETURNING r.queue, r.task, r.version, r.priority, r.run_at, r.id, r.filed

@@ -1,48 +1,73 @@
--- What belongs to a job and can grow with it (checkpoints, attempts, workflow values) by the
--- job's id, so that retention removes it whole (migration 0043; docs/concepts.md, "Storage").
--- Each of the three tables is RANGE-partitioned on job_id into epochs of 2^32 ids
--- (<table>_e<n>; satellite_epochs lists them), and a new epoch starts each UTC day: the job id
--- sequence jumps to the epoch's first id, so a day's new jobs, and everything they write, are
--- in that day's partitions. A finished job's day is dropped whole by job_history_rotate(); its
--- satellite rows go with their epoch, never a DELETE each (which left 1,551,647 dead tuples and
--- took 1.87 s for 500,000 jobs of 3 checkpoints; bench/RESULTS.md, "Satellites by epoch"):
---   * an epoch ended, and with none of its jobs kept (no row of `jobs` in its id range, every
---     partition of `jobs` read by its id index): its partitions are emptied by TRUNCATE, and
---     dropped a day after the epoch ended (a transaction that took an id before the jump, a day
---     ago, has ended by then, so nothing can still be filed into a dropped range);
---   * some of its jobs kept (a job that ran across midnight, a workflow sleeping for weeks):
---     their rows are copied aside, the partition is truncated and they are written back, when
---     that keeps at most half of its rows and at most 50,000 of them (the copy is made under
---     the partition's ACCESS EXCLUSIVE lock: ~1 us a row); else the epoch waits for a later
---     call (its rows are storage, not dead tuples).
--- The lock on a partition is taken before the epoch's kept jobs are read: a job committed after
--- that read cannot write into the partition (every writer of these rows updates its job's row
--- first, and then waits for this lock) until the truncation has committed.
+-- Retention of finished jobs, and of everything that belongs to a job, by the job's id (migrations
+-- 0043 and 0049; docs/concepts.md, "Storage"): the only rotation. The records (job_rows), their
+-- outcomes (job_outcomes), checkpoints, attempts and workflow values are RANGE-partitioned on
+-- the job id into epochs of 2^32 ids (<table>_e<n>; satellite_epochs lists them), and a new
+-- epoch starts each UTC day: the job id sequence jumps to the epoch's first id, so a day's new
+-- jobs, and everything they write, are in that day's partitions. No record or outcome ever
+-- moves: an epoch is emptied or dropped whole, never a DELETE per job (a DELETE of 500,000 jobs
+-- of 3 checkpoints left 1,551,647 dead tuples and took 1.87 s; bench/RESULTS.md, "Satellites
+-- by epoch"). For each ended epoch, with a `retention`:
+--   * a job is expired once its finish day ended more than `retention` ago (the rule of
+--     trioq/_core/retention.py, which the memory driver applies: gone at the first rotation
+--     after that); the others, and every job without an outcome (a workflow sleeping for
+--     weeks, a job delayed a month), survive;
+--   * no survivor: its partitions are emptied by TRUNCATE, and dropped a day after the epoch
+--     ended (a transaction that took an id before the jump, a day ago, has ended by then, so
+--     nothing can still be filed into a dropped range);
+--   * survivors, at most 10,000 and at most half of its records: what belongs to its expired
+--     jobs outside the epoch's partitions (dedup keys, messages, partition locks: TRUNCATE
+--     fires no trigger) is deleted, then the survivors' rows are copied aside, the partitions
+--     truncated and the rows written back (under the partitions' ACCESS EXCLUSIVE locks: ~1 us
+--     a row), the records' with their triggers disabled (a survivor is filed in the ring,
+--     ready_keyed or job_due already: written back, it must not be filed twice);
+--   * more survivors than that (the copy would cost more than it saves): the expired jobs are
+--     deleted row by row instead, at most 10,000 a call, their outcome and record together (an
+--     outcome gone first would bring its job back as `ready`; the delete triggers take the rest),
+--     so the per-job rule holds whatever the epoch keeps. Those deletes leave dead tuples: the
+--     price of an epoch mostly kept (1,000,000 jobs delayed a month, enqueued on one day).
+-- The locks on the epoch's partitions are taken before its survivors are read: a job written
+-- after that read cannot write into them until the truncation has committed.
 -- The ids are not the history: they never repeat and only grow; 2^32 ids a day is the most an
 -- epoch holds before it runs into the next (more goes on working, filed one epoch early).
--- Called by job_history_rotate() when it has a retention, under its lock_timeout (50 ms): a lock
--- not granted (a `pg_dump` holding a partition) leaves that partition to a later call.
--- Returns false if something was left for a later call.
-CREATE OR REPLACE FUNCTION {schema}.satellite_epochs_rotate()
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp AS $$
+-- Called by the leader after its maintenance pass when the last call's `next_due` has come, by
+-- `trioq purge` (with its cutoff) and by `trioq migrate` (NULL: epochs and partitions only).
+-- Every lock waits at most 50 ms (a `pg_dump` holding a partition leaves that epoch to a later
+-- call, due in a minute). SECURITY DEFINER: creating, truncating and dropping partitions needs
+-- the schema owner's rights, and a worker's role has none (docs/operations.md, "Roles"); every
+-- name it builds is a table's name and an epoch number.
+-- Returns the jobs removed and when to call again: the next UTC day (a new epoch), the next
+-- moment a finish day expires, or a minute from now if something was left.
+CREATE OR REPLACE FUNCTION {schema}.satellite_epochs_rotate(retention interval)
+RETURNS TABLE (pruned bigint, next_due timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '50ms' AS $$
 DECLARE
     now_at     timestamptz := {schema}.db_now();
-    day_start  timestamptz := to_timestamp({schema}.job_lane(now_at)::float8 * 86400);
+    day_start  timestamptz := to_timestamp(floor(extract(epoch FROM now_at) / 86400) * 86400);
+    cutoff     timestamptz := now_at - retention;
+    due        timestamptz := day_start + interval '1 day';
     width      constant bigint := 4294967296;
-    satellites constant text[] := ARRAY['checkpoints', 'attempts', 'workflow_values'];
+    tables     constant text[] := ARRAY['job_rows', 'job_outcomes', 'checkpoints', 'attempts',
+                                        'workflow_values'];
+    removed    bigint := 0;
     this_epoch record;
     next_epoch record;
     epoch_row  record;
-    satellite  text;
+    tab        text;
     part       text;
     parts      text[];
     survivors  bigint[];
     kept       bigint;
     total      bigint;
-    complete   boolean := true;
+    gone       bigint;
+    low_id     bigint;
 BEGIN
+    IF retention IS NOT NULL THEN
+        -- Finish days expire at a UTC midnight plus `retention`: the next such moment.
+        due := least(due, to_timestamp(floor(extract(epoch FROM cutoff) / 86400) * 86400)
+                          + interval '1 day' + retention);
+    END IF;
     SELECT e.* INTO this_epoch FROM {schema}.satellite_epochs e
     WHERE e.started_at IS NOT NULL ORDER BY e.epoch DESC LIMIT 1;
     SELECT e.* INTO next_epoch FROM {schema}.satellite_epochs e WHERE e.epoch = this_epoch.epoch + 1;
@@ -62,24 +87,29 @@ BEGIN
         BEGIN
             INSERT INTO {schema}.satellite_epochs (epoch, low, high)
             VALUES (this_epoch.epoch + 1, this_epoch.high, this_epoch.high + width);
-            FOREACH satellite IN ARRAY satellites LOOP
+            FOREACH tab IN ARRAY tables LOOP
                 EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.%I '
                                'FOR VALUES FROM (%s) TO (%s) '
                                'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
-                               satellite || '_e' || (this_epoch.epoch + 1), satellite,
+                               tab || '_e' || (this_epoch.epoch + 1), tab,
                                this_epoch.high, this_epoch.high + width);
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
-            complete := false;
+            due := least(due, now_at + interval '1 minute');
         END;
+    END IF;
+    IF retention IS NULL THEN
+        RETURN QUERY SELECT removed, due;
+        RETURN;
     END IF;
     FOR epoch_row IN
         SELECT e.* FROM {schema}.satellite_epochs e WHERE e.ended_at IS NOT NULL ORDER BY e.epoch
     LOOP
         BEGIN
+            low_id := coalesce(epoch_row.low, -9223372036854775808);
             -- The epoch's partitions still there (a DROP a day after it was emptied).
-            SELECT coalesce(array_agg(t || '_e' || epoch_row.epoch), '{}') INTO parts
-            FROM unnest(satellites) AS t
+            SELECT coalesce(array_agg(t || '_e' || epoch_row.epoch ORDER BY o), '{}') INTO parts
+            FROM unnest(tables) WITH ORDINALITY AS u(t, o)
             WHERE to_regclass(format('{schema}.%I', t || '_e' || epoch_row.epoch)) IS NOT NULL;
             FOREACH part IN ARRAY parts LOOP
                 EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part);
@@ -88,44 +118,91 @@ BEGIN
                 DELETE FROM {schema}.satellite_epochs WHERE epoch = epoch_row.epoch;
                 CONTINUE;
             END IF;
-            -- Read once the partitions are locked (above); more than 10,000 kept is too many
-            -- to copy aside: a later call.
-            SELECT array_agg(j.id) INTO survivors FROM (
-                SELECT k.id FROM {schema}.job_rows_legacy k
-                WHERE k.id >= coalesce(epoch_row.low, -9223372036854775808)
-                  AND k.id < epoch_row.high
-                LIMIT 10001) AS j;
-            CONTINUE WHEN cardinality(survivors) > 10000;
+            IF NOT ('job_rows_e' || epoch_row.epoch) = ANY(parts) THEN
+                -- An epoch of satellites only (made before migration 0049 and emptied of its
+                -- jobs since): nothing of it survives.
+                survivors := NULL;
+                total := 0;
+            ELSE
+                -- Read once the partitions are locked (above): the records without an
+                -- expired outcome; more than 10,000 is too many to copy aside.
+                EXECUTE format(
+                    'SELECT array_agg(r.id) FROM (SELECT r.id FROM {schema}.%I r '
+                    'WHERE NOT EXISTS (SELECT 1 FROM {schema}.%I o WHERE o.job_id = r.id '
+                    'AND to_timestamp(floor(extract(epoch FROM o.finished_at) / 86400) '
+                    '* 86400) + interval ''1 day'' <= $1) LIMIT 10001) AS r',
+                    'job_rows_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
+                    INTO survivors USING cutoff;
+                EXECUTE format('SELECT count(*) FROM (SELECT FROM {schema}.%I LIMIT $1) AS r',
+                               'job_rows_e' || epoch_row.epoch)
+                    INTO total USING 2 * coalesce(cardinality(survivors), 0) + 1;
+            END IF;
+            kept := coalesce(cardinality(survivors), 0);
+            IF kept > 10000 OR (kept > 0 AND total <= 2 * kept) THEN
+                -- Too many kept to copy: the expired jobs row by row (see above).
+                EXECUTE format(
+                    'WITH doomed AS MATERIALIZED (SELECT o.job_id AS id FROM {schema}.%I o '
+                    'WHERE to_timestamp(floor(extract(epoch FROM o.finished_at) / 86400) '
+                    '* 86400) + interval ''1 day'' <= $1 LIMIT 10000), '
+                    'outcomes AS (DELETE FROM {schema}.%I o USING doomed d '
+                    'WHERE o.job_id = d.id), '
+                    'records AS (DELETE FROM {schema}.job_rows r USING doomed d '
+                    'WHERE r.id = d.id RETURNING 1) '
+                    'SELECT count(*) FROM records',
+                    'job_outcomes_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
+                    INTO gone USING cutoff;
+                removed := removed + gone;
+                IF gone = 10000 THEN
+                    due := least(due, now_at + interval '1 minute');
+                END IF;
+                CONTINUE;
+            END IF;
+            -- What belongs to the expired jobs outside these partitions.
+            IF 'job_rows_e' || epoch_row.epoch = ANY(parts) THEN
+                EXECUTE format(
+                    'DELETE FROM {schema}.job_keys k USING {schema}.%I r '
+                    'WHERE r.dedup_key IS NOT NULL AND k.key = r.dedup_key AND k.job_id = r.id '
+                    'AND r.id <> ALL(coalesce($1, ''{}''))',
+                    'job_rows_e' || epoch_row.epoch) USING survivors;
+                EXECUTE format('SELECT count(*) - $1 FROM {schema}.%I',
+                               'job_rows_e' || epoch_row.epoch)
+                    INTO gone USING kept;
+                removed := removed + gone;
+            END IF;
+            DELETE FROM {schema}.messages m
+            WHERE m.job_id >= low_id AND m.job_id < epoch_row.high
+              AND m.job_id <> ALL(coalesce(survivors, '{}'));
+            DELETE FROM {schema}.partition_locks l
+            WHERE l.job_id >= low_id AND l.job_id < epoch_row.high
+              AND l.job_id <> ALL(coalesce(survivors, '{}'));
             FOREACH part IN ARRAY parts LOOP
                 IF survivors IS NULL AND epoch_row.ended_at < now_at - interval '1 day' THEN
                     EXECUTE format('DROP TABLE {schema}.%I', part);
                     CONTINUE;
                 END IF;
-                kept := 0;
-                IF survivors IS NOT NULL THEN
-                    EXECUTE format('SELECT count(*) FROM {schema}.%I WHERE job_id = ANY($1)', part)
-                        INTO kept USING survivors;
-                END IF;
-                EXECUTE format('SELECT count(*) FROM (SELECT FROM {schema}.%I LIMIT $1) AS r',
-                               part)
-                    INTO total USING 2 * kept + 1;
-                CONTINUE WHEN total <= 2 * kept OR kept > 50000;
-                IF kept = 0 THEN
+                IF survivors IS NULL THEN
                     EXECUTE format('TRUNCATE {schema}.%I', part);
-                ELSE
-                    EXECUTE format('CREATE TEMPORARY TABLE trioq_satellites_kept ON COMMIT DROP '
-                                   'AS SELECT * FROM {schema}.%I WHERE job_id = ANY($1)', part)
-                        USING survivors;
-                    EXECUTE format('TRUNCATE {schema}.%I', part);
-                    EXECUTE format('INSERT INTO {schema}.%I SELECT * FROM trioq_satellites_kept',
-                                   part);
-                    DROP TABLE trioq_satellites_kept;
+                    CONTINUE;
                 END IF;
+                EXECUTE format('CREATE TEMPORARY TABLE trioq_epoch_kept ON COMMIT DROP '
+                               'AS SELECT * FROM {schema}.%I WHERE %I = ANY($1)',
+                               part, CASE WHEN part LIKE 'job\_rows\_e%' THEN 'id'
+                                          ELSE 'job_id' END)
+                    USING survivors;
+                EXECUTE format('TRUNCATE {schema}.%I', part);
+                IF part LIKE 'job\_rows\_e%' THEN
+                    EXECUTE format('ALTER TABLE {schema}.%I DISABLE TRIGGER USER', part);
+                END IF;
+                EXECUTE format('INSERT INTO {schema}.%I SELECT * FROM trioq_epoch_kept', part);
+                IF part LIKE 'job\_rows\_e%' THEN
+                    EXECUTE format('ALTER TABLE {schema}.%I ENABLE TRIGGER USER', part);
+                END IF;
+                DROP TABLE trioq_epoch_kept;
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
-            complete := false;
+            due := least(due, now_at + interval '1 minute');
         END;
     END LOOP;
-    RETURN complete;
+    RETURN QUERY SELECT removed, due;
 END
 $$;

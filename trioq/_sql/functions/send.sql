@@ -17,6 +17,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     job_state text;
+    final_state text;
     job_topic text;
     job_position integer;
     job_queue text;
@@ -25,13 +26,17 @@ DECLARE
 BEGIN
     PERFORM {schema}.payload_check(p_payload, 'payload');
     SELECT j.phase, j.wait_topic, j.wait_position INTO job_state, job_topic, job_position
-    FROM {schema}.job_rows_legacy j WHERE j.id = p_job_id FOR NO KEY UPDATE;
+    FROM {schema}.job_rows j WHERE j.id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'send: no job %', p_job_id USING ERRCODE = 'P0002';
     END IF;
-    IF job_state IN ('completed', 'failed', 'cancelled') THEN
+    -- Final: the job has its outcome (migration 0049; a completion appends it without the
+    -- record's lock, so a message sent as the job finishes may still be queued: it goes with
+    -- the job).
+    SELECT o.state INTO final_state FROM {schema}.job_outcomes o WHERE o.job_id = p_job_id;
+    IF FOUND THEN
         RAISE EXCEPTION 'send: job % is % (final): it receives no more messages',
-            p_job_id, job_state USING ERRCODE = 'P0001';
+            p_job_id, final_state USING ERRCODE = 'P0001';
     END IF;
     IF job_state = 'waiting' AND job_topic = p_topic AND job_position IS NOT NULL THEN
         -- A later statement: its snapshot sees the pending checkpoint the receive committed.
@@ -41,7 +46,7 @@ BEGIN
         WHERE c.job_id = p_job_id AND c.position = job_position AND c.kind = 'receive'
           AND c.name = p_topic AND c.value ? 'deadline' AND NOT c.value ? 'messages';
         IF FOUND THEN
-            UPDATE {schema}.jobs_live j
+            UPDATE {schema}.job_rows j
             SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(),
                 wait_topic = NULL, wait_position = NULL
             WHERE j.id = p_job_id
@@ -53,13 +58,13 @@ BEGIN
     INSERT INTO {schema}.messages (job_id, topic, payload, created_at)
     VALUES (p_job_id, p_topic, coalesce(p_payload, 'null'), {schema}.db_now())
     RETURNING id INTO message_id;
-    UPDATE {schema}.jobs_live j
+    UPDATE {schema}.job_rows j
     SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(), wait_topic = NULL,
         wait_position = NULL
     WHERE j.id = p_job_id AND j.phase = 'waiting' AND j.wait_topic = p_topic;
     -- Woken just now, ready already, or due: a claim may have skipped it under our lock.
     SELECT count(pg_notify({schema}.ready_channel(j.queue), j.queue)) INTO woken_count
-    FROM {schema}.jobs_live j
+    FROM {schema}.job_rows j
     WHERE j.id = p_job_id
       AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id)
       AND (j.phase = 'ready'

@@ -1,6 +1,8 @@
 -- Ends the runs a completion names (job_complete_plain, job_complete_discard: migration 0047),
--- fenced by attempt and lease token, each found by primary key; returns what the job's row
--- takes with its outcome.
+-- fenced by attempt and lease token, each found by primary key; returns what the job's outcome
+-- records (migration 0049: with the queue, so that the completion never reads the record).
+-- Replaces job_runs_end(), whose reply had no queue (a return type CREATE OR REPLACE cannot
+-- change; 0049 drops it).
 -- A function for its SET clause, as ready_ring_take(): job_runs gets a row inserted and
 -- deleted per job, and between two vacuums its inserts only extend it (nothing but VACUUM
 -- records the space page pruning frees): 3.5 MB, no live row, after a 20,000-job live drain.
@@ -8,11 +10,11 @@
 -- or two, hashed a sequential scan of it and kept it as the table grew: 573 buffer hits a
 -- completion of 25 against 415 by key (bench/RESULTS.md, "job_runs' plans"). With seqscan
 -- off the runs are always found by primary key, whatever the table's size when planned.
-CREATE OR REPLACE FUNCTION {schema}.job_runs_end(ids bigint[], attempts integer[],
+CREATE OR REPLACE FUNCTION {schema}.job_runs_finish(ids bigint[], attempts integer[],
                                                  lease_tokens uuid[])
 RETURNS TABLE (run_job_id bigint, run_attempt integer, run_executions integer,
                run_worker_id uuid, run_traced boolean, run_started_at timestamptz,
-               run_result_watched boolean)
+               run_result_watched boolean, run_queue text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
@@ -26,6 +28,6 @@ BEGIN
       AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
       AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
     RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-              u.result_watched;
+              u.result_watched, u.queue;
 END
 $$;
