@@ -248,7 +248,7 @@ async def test_the_name_checks_accept_exactly_what_the_old_regex_accepted(
             row = {**values, column: name}
             try:
                 conn.execute(
-                    f"INSERT INTO {pg_schema}.job_rows_legacy (queue, task, payload, run_at,"
+                    f"INSERT INTO {pg_schema}.job_rows (queue, task, payload, run_at,"
                     " created_at)"
                     " VALUES (%(queue)s, %(task)s, '{}', now(), now())",
                     row,
@@ -368,12 +368,11 @@ def test_encode_refuses_nesting_at_the_same_depth_as_before(depth: int, leaf: An
 
 
 # Over `phase` (migration 0047 renamed `state`, and its check, jobs_phase_check, has `claimed`
-# where `running` was: a running job is one with a run).
+# where `running` was: a running job is one with a run; since migration 0049 `done` where the
+# final states were: a finished job is one with an outcome).
 OLD_STATE_RULES = {
-    "jobs_phase_check": "phase IN ('scheduled', 'ready', 'claimed', 'sleeping', 'waiting',"
-    " 'completed', 'failed', 'cancelled')",
-    "jobs_run_at_check": "run_at IS NOT NULL OR phase IN ('waiting', 'completed', 'failed',"
-    " 'cancelled')",
+    "jobs_phase_check": "phase IN ('scheduled', 'ready', 'claimed', 'sleeping', 'waiting', 'done')",
+    "jobs_run_at_check": "run_at IS NOT NULL OR phase IN ('waiting', 'done')",
     "jobs_unique_states_check": "unique_states <@ ARRAY['completed', 'failed', 'cancelled']",
 }
 CANDIDATE_STATES = [*FINISHED_STATES, *UNFINISHED_STATES, "Ready", "", "ready ", "done", None]
@@ -420,8 +419,8 @@ async def test_the_state_checks_accept_exactly_what_the_old_rules_accepted(
                 " WHERE (c.conrelid = %s::regclass OR a.attname IS NOT NULL)"
                 "  AND c.conname = ANY(%s)",
                 [
-                    f"{pg_schema}.job_rows_legacy",
-                    f"{pg_schema}.job_rows_legacy",
+                    f"{pg_schema}.job_rows",
+                    f"{pg_schema}.job_rows",
                     list(OLD_STATE_RULES),
                 ],
             ).fetchall()
@@ -452,11 +451,9 @@ async def test_the_prepared_single_enqueue_survives_schema_changes_on_its_sessio
         first = await client.enqueue(TASK, {"n": 1})
         async with client.driver._pool.connection() as conn:  # type: ignore[attr-defined]
             prepared = await conn.fetch("SELECT statement FROM pg_prepared_statements")
-        assert any(f'INSERT INTO "{pg_schema}".job_rows_legacy' in row[0] for row in prepared)
+        assert any(f'INSERT INTO "{pg_schema}".job_rows' in row[0] for row in prepared)
         with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute(
-                f"ALTER TABLE {pg_schema}.job_rows_legacy ADD COLUMN extra integer DEFAULT 7"
-            )
+            admin.execute(f"ALTER TABLE {pg_schema}.job_rows ADD COLUMN extra integer DEFAULT 7")
             second = await client.enqueue(TASK, {"n": 2})
             admin.execute(f"DROP SCHEMA {pg_schema} CASCADE")
             with pytest.raises(SchemaNotMigrated, match="trioq migrate"):

@@ -1,6 +1,7 @@
 """The small SQL functions the hot statements call per row are inlined by the planner, as
 their files say: a call that is not inlined runs the SQL-function executor once per row (a
-drain's completions paid 6.4 us a job for job_lane(), each enqueue 25 us for ready_slot() in
+drain's completions paid 6.4 us a job for job_lane() (gone since migration 0049), each enqueue
+25 us for ready_slot() in
 the ring's trigger; bench/RESULTS.md, "SQL functions that were never inlined").
 
 PostgreSQL inlines an IMMUTABLE SQL function only if every function in its body is immutable
@@ -16,7 +17,6 @@ from tests.support import make_app
 
 # Function -> a call of it on a column of jobs, as the statements call it.
 CALLS = {
-    "job_lane": "{schema}.job_lane(j.finished_at)",
     "ready_slot": "{schema}.ready_slot(j.created_at)",
     "db_now": "{schema}.db_now()",
     "ready_channel": "{schema}.ready_channel(j.queue)",
@@ -45,17 +45,16 @@ async def test_the_per_row_functions_are_inlined(
     assert not any(f"{function}(" in line for line in outputs), plan
 
 
-async def test_job_lane_and_ready_slot_keep_their_values(pg_url: str, pg_schema: str) -> None:
-    """The immutable bodies give the numbers the earlier ones did: the UTC day since 1970 and
-    the 5-second slot mod 4, at and around day and slot boundaries, before 1970 too."""
+async def test_ready_slot_keeps_its_values(pg_url: str, pg_schema: str) -> None:
+    """The immutable body gives the numbers the earlier one did: the 5-second slot mod 4, at and
+    around slot boundaries, before 1970 too (job_lane(), the UTC day, went with the day
+    partitions in migration 0049)."""
     await migrated(pg_url, pg_schema)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET TIME ZONE 'America/New_York'")  # the day is UTC's, not the session's
         rows = conn.execute(
             f"""
-            SELECT t, {pg_schema}.job_lane(t),
-                   floor(date_part('epoch', t) / 86400)::integer,
-                   {pg_schema}.ready_slot(t),
+            SELECT t, {pg_schema}.ready_slot(t),
                    (floor(date_part('epoch', t) / 5)::bigint % 4)::smallint
             FROM unnest(ARRAY[
                 '2026-12-06 00:00:00+00', '2026-12-05 23:59:59.999999+00',
@@ -65,6 +64,5 @@ async def test_job_lane_and_ready_slot_keep_their_values(pg_url: str, pg_schema:
             ]::timestamptz[]) AS t
             """
         ).fetchall()
-        assert conn.execute(f"SELECT {pg_schema}.job_lane(NULL)").fetchone() == (0,)
-    for at, lane, expected_lane, slot, expected_slot in rows:
-        assert (lane, slot) == (expected_lane, expected_slot), at
+    for at, slot, expected_slot in rows:
+        assert slot == expected_slot, at

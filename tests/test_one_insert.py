@@ -21,7 +21,7 @@ WRITERS = {
     "schedule_fire_many",
     "job_spawn_many",
 }
-INSERT_INTO_JOBS = re.compile(r"INSERT INTO (\{schema\}|\"trioq\")\.(job_rows_legacy|jobs_live)\b")
+INSERT_INTO_JOBS = re.compile(r"INSERT INTO (\{schema\}|\"trioq\")\.job_rows\b")
 # The fields new_row derives instead of storing them as given (the due time, the key's hold,
 # the deadline), and the one that only tells the insert whether to read the task's deadline.
 # The fields of a job with a dedup or concurrency key, which only job_insert_many takes.

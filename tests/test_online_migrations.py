@@ -20,7 +20,7 @@ from trioq._pg.driver import open_pg_driver
 from trioq._sql import Migration, migrations
 
 ADD_COLUMN = Migration(
-    9001, "add_a_column", "ALTER TABLE {schema}.job_rows_legacy ADD COLUMN probe integer;"
+    9001, "add_a_column", "ALTER TABLE {schema}.job_rows ADD COLUMN probe integer;"
 )
 BUILD_INDEX = Migration(
     9002,
@@ -29,7 +29,7 @@ BUILD_INDEX = Migration(
     "-- Two statements, each on its own: the second is CONCURRENTLY (on a partition: a\n"
     "-- partitioned table takes no concurrent index).\n"
     "DROP INDEX CONCURRENTLY IF EXISTS {schema}.jobs_probe_idx;\n"
-    "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_probe_idx ON {schema}.jobs_live (probe);\n",
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_probe_idx ON {schema}.job_rows_e0 (probe);\n",
 )
 
 
@@ -76,7 +76,7 @@ async def test_a_migration_waiting_for_a_lock_lets_enqueues_through_between_its_
     as the reader runs (here: until the enqueue got through, so forever)."""
     await migrate(pg_url, pg_schema)
     with_extra(monkeypatch, ADD_COLUMN)
-    reader = hold(pg_url, f"LOCK TABLE {pg_schema}.job_rows_legacy IN ACCESS SHARE MODE")
+    reader = hold(pg_url, f"LOCK TABLE {pg_schema}.job_rows IN ACCESS SHARE MODE")
     holder = next(reader)
     app = trioq.App(pg_url, schema=pg_schema)
 
@@ -91,9 +91,7 @@ async def test_a_migration_waiting_for_a_lock_lets_enqueues_through_between_its_
             job = await client.enqueue("anything", {"n": 1})
         await trio.to_thread.run_sync(holder.commit)
     reader.close()
-    column = (
-        f"SELECT count(*) FROM {pg_schema}.job_rows_legacy WHERE probe IS NULL AND id = {job.id}"
-    )
+    column = f"SELECT count(*) FROM {pg_schema}.job_rows WHERE probe IS NULL AND id = {job.id}"
     assert sql_scalar(pg_url, column) == 1
 
 
@@ -123,7 +121,7 @@ async def test_a_lock_held_past_the_lock_wait_ends_migrate_with_one_line_and_not
 ) -> None:
     await migrate(pg_url, pg_schema)
     with_extra(monkeypatch, ADD_COLUMN)
-    reader = hold(pg_url, f"LOCK TABLE {pg_schema}.job_rows_legacy IN ACCESS SHARE MODE")
+    reader = hold(pg_url, f"LOCK TABLE {pg_schema}.job_rows IN ACCESS SHARE MODE")
     next(reader)
     try:
         async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:

@@ -186,15 +186,11 @@ async def test_a_claim_and_a_flush_the_database_rolls_back_are_sent_again(
     async with app.client(migrate=True) as client:
         job = await client.enqueue("once", {})
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            # The claim inserts the run (migration 0047); the flush moves the row to completed.
+            # The claim inserts the run (migration 0047); the flush appends the outcome
+            # (migration 0049).
             for name, table, event, when in (
                 ("claim_fault", "job_runs", "INSERT", "true"),
-                (
-                    "flush_fault",
-                    "jobs_live",
-                    "UPDATE",
-                    "new.phase = 'completed' AND old.phase <> 'completed'",
-                ),
+                ("flush_fault", "job_outcomes", "INSERT", "new.state = 'completed'"),
             ):
                 conn.execute(f"CREATE SEQUENCE {pg_schema}.{name}_calls")
                 conn.execute(

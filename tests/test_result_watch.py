@@ -1,10 +1,11 @@
 """Result notifications only for jobs somebody waits for (queries.sql, job_result_watch).
 
 The forced interleavings hold one side's transaction open at the point that matters, prove the
-other side blocked on the job's row lock, then let it go: whichever of the registration and the
-fenced completion takes the row first, the waiter is told (a notification) or sees the final
-state (its read). Then every waiter path, with its poll pushed out of reach, so that only a
-notification can wake it."""
+other side blocked on the job's run (migration 0049: a completion writes the run and the
+outcome, never the record; the registration's second statement writes the run), then let it
+go: whichever of the registration and the fenced completion takes the run first, the waiter is
+told (a notification) or sees the final state (its read). Then every waiter path, with its poll
+pushed out of reach, so that only a notification can wake it."""
 
 from __future__ import annotations
 
@@ -54,12 +55,12 @@ async def watched(pg_url: str, pg_schema: str, job_id: int) -> bool:
 
 
 @pytest.mark.parametrize("plain", [True, False], ids=["job_complete_plain", "full_settle"])
-async def test_a_watch_that_locks_the_row_first_is_notified_by_the_blocked_completion(
+async def test_a_watch_that_holds_the_run_first_is_notified_by_the_blocked_completion(
     driver: Driver, session: Connection, observer: Connection, pg_schema: str, plain: bool
 ) -> None:
-    """The registration holds the running job's row; the completer's flush (either statement)
-    blocks on it and, once the registration commits, re-reads the row, finds the flag and
-    notifies."""
+    """The registration has flagged the record, and its second statement holds the running
+    job's run; the completer's flush (either statement) blocks on it and, once the
+    registration commits, ends the run with the flag set and notifies."""
     await enqueue(driver, new_job())
     [job] = await claim(driver, 1)
     recorder = NotificationRecorder()
@@ -68,8 +69,9 @@ async def test_a_watch_that_locks_the_row_first_is_notified_by_the_blocked_compl
     with trio.fail_after(20):
         async with driver.open_listener(recorder.on_notify, recorder.on_reconnect) as listener:
             await listener.listen(channel)
+            await session.fetch(queries(pg_schema)["job_result_watch"], {"id": job.id})
             async with trio.open_nursery() as nursery, session.transaction():
-                await session.fetch(queries(pg_schema)["job_result_watch"], {"id": job.id})
+                await session.fetch(queries(pg_schema)["job_result_watch_run"], {"id": job.id})
 
                 async def flush() -> None:
                     completed.append(await driver.job_settle_many(flush_of(job.lease, plain)))
@@ -83,12 +85,13 @@ async def test_a_watch_that_locks_the_row_first_is_notified_by_the_blocked_compl
     assert driver.statistics().calls.get("job_complete_plain", 0) == int(plain)
 
 
-async def test_a_completion_that_locks_the_row_first_is_seen_by_the_blocked_watch(
+async def test_a_completion_that_holds_the_run_first_is_seen_by_the_blocked_watch(
     driver: Driver, session: Connection, observer: Connection, pg_url: str, pg_schema: str
 ) -> None:
-    """The flush (inside a transaction held open) has finished the row; the registration
-    blocks on it, then finds the newest version final and writes nothing: the waiter's read
-    that follows sees the final state, so no notification is needed."""
+    """The flush (inside a transaction held open) has ended the run and appended the outcome;
+    the registration flags the record (the completion never locks it), then blocks on the run,
+    then finds it gone and writes nothing more: the waiter's read that follows sees the final
+    state, so no notification is needed."""
     await enqueue(driver, new_job())
     [job] = await claim(driver, 1)
     registered = trio.Event()
@@ -108,7 +111,8 @@ async def test_a_completion_that_locks_the_row_first_is_seen_by_the_blocked_watc
         await registered.wait()
     finished = await record(driver, job.id)
     assert (finished.state, finished.result) == ("completed", 7)
-    assert not await watched(pg_url, pg_schema, job.id)  # the final row was not written
+    runs = f"SELECT count(*) FROM {pg_schema}.job_runs WHERE job_id = %s"
+    assert await scalar(pg_url, runs, (job.id,)) == 0
 
 
 async def test_a_claim_that_skipped_a_row_a_watch_held_is_woken_again(

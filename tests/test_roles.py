@@ -112,8 +112,8 @@ async def test_only_the_owner_can_migrate(setup: Setup) -> None:
                 pass
         schema = roles.schema
         assert refused(roles, role, f"CREATE TABLE {schema}.intruder (id int)"), role
-        assert refused(roles, role, f"TRUNCATE {schema}.job_rows_legacy"), role
-        assert refused(roles, role, f"DROP TABLE {schema}.job_rows_legacy"), role
+        assert refused(roles, role, f"TRUNCATE {schema}.job_rows"), role
+        assert refused(roles, role, f"DROP TABLE {schema}.job_rows"), role
         assert refused(roles, role, f"DROP VIEW {schema}.jobs"), role
 
 
@@ -189,7 +189,7 @@ async def test_producers_and_the_sql_entry_points_run_under_the_producer_role(
     async with roles.app("trioq_producer").client() as client:
         with pytest.raises(Exception, match="permission denied"):
             await client.purge(states=("cancelled",), older_than=0)
-    assert refused(roles, "trioq_producer", f"DELETE FROM {schema}.job_rows_legacy")
+    assert refused(roles, "trioq_producer", f"DELETE FROM {schema}.job_rows")
     rows = roles.sql("trioq_viewer", f"SELECT id FROM {schema}.jobs ORDER BY id")
     assert [row[0] for row in rows] == sorted(ids)
 
@@ -212,8 +212,8 @@ async def test_the_viewer_reads_the_dashboard_and_kedas_query_and_writes_nothing
     demand = roles.sql("trioq_viewer", f"SELECT queue, ready FROM {schema}.queue_demand()")
     assert demand == [("default", 1)]
     assert refused(roles, "trioq_viewer", f"SELECT {schema}.enqueue('noop', '{{}}')")
-    assert refused(roles, "trioq_viewer", f"UPDATE {schema}.job_rows_legacy SET priority = 1")
-    assert refused(roles, "trioq_viewer", f"DELETE FROM {schema}.job_rows_legacy")
+    assert refused(roles, "trioq_viewer", f"UPDATE {schema}.job_rows SET priority = 1")
+    assert refused(roles, "trioq_viewer", f"DELETE FROM {schema}.job_rows")
     assert refused(roles, "trioq_viewer", f"SELECT {schema}.event_emit('key', '1')")
 
 

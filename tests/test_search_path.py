@@ -25,7 +25,6 @@ QUALIFIED = {
     "db_now",
     "deadline_error",
     "job_key_released",
-    "job_lane",
     "jobs_live_file",
     "jobs_live_left",
     "ready_keyed_file",

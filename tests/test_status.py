@@ -74,7 +74,7 @@ async def test_status_json_and_tables_carry_the_health_list_and_pressure_figures
         assert text in out
 
 
-def test_migration_tunes_the_jobs_table_for_its_churn(pg_url: str, pg_schema: str) -> None:
+def test_migration_tunes_the_runs_table_for_its_churn(pg_url: str, pg_schema: str) -> None:
     import psycopg
 
     import trioq._sql as sql
@@ -85,13 +85,14 @@ def test_migration_tunes_the_jobs_table_for_its_churn(pg_url: str, pg_schema: st
         for migration in sql.migrations(pg_schema):
             apply_migration(conn, migration)
         row = conn.execute(
-            # jobs is partitioned (migration 0038): the churn is jobs_live's.
+            # The records are written once (migration 0049): the churn is the runs' (a row
+            # inserted and deleted per job, renewals in place).
             "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
-            (f"{pg_schema}.jobs_live",),
+            (f"{pg_schema}.job_runs",),
         ).fetchone()
     assert row is not None
     options = dict(option.split("=") for option in row[0])
-    assert options["fillfactor"] == "80"
+    assert options["fillfactor"] == "70"
     assert float(options["autovacuum_vacuum_scale_factor"]) <= 0.02
 
 
@@ -107,7 +108,11 @@ def test_vacuum_never_truncates_the_hot_tables_and_rows_survive(
     # attempts and checkpoints are partitioned by job id epoch (migration 0043): their
     # partitions hold the rows, the first two from the migration on.
     hot = (
-        "jobs_live",
+        "job_runs",
+        "job_rows_e0",
+        "job_rows_e1",
+        "job_outcomes_e0",
+        "job_outcomes_e1",
         "partition_locks",
         "attempts_e0",
         "attempts_e1",

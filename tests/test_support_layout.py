@@ -57,10 +57,6 @@ ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
         1,
         PLANNER_FILL,
     ),
-    ("test_history.py", "test_the_rotation_counts_a_large_day_in_chunks_each_job_once"): (
-        1,
-        "a bulk fill: 100,000 finished jobs of one day, two chunks of the rotation's count",
-    ),
     (
         "test_ready_keyed.py",
         "test_migration_0048_files_the_ready_keyed_rows_and_drops_the_keyed_indexes",

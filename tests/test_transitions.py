@@ -25,10 +25,10 @@ SCHEMA = "s"
 # Forms of job_insert_many that the PostgreSQL driver picks by batch shape (and counts under
 # that name).
 INSERT_FORMS = {"job_insert_batch": "job_insert_many", "job_insert_one": "job_insert_many"}
-# A job's row (job_rows_legacy, its partition jobs_live) and its run (job_runs): what the
-# `jobs` view reads (migration 0047).
+# A job's record (job_rows), its run (job_runs) and its outcome (job_outcomes): what the `jobs`
+# view reads (migrations 0047, 0049).
 WRITES_JOBS = re.compile(
-    rf'\b(UPDATE|INSERT INTO|DELETE FROM)\s+"{SCHEMA}"\.(jobs_live|job_rows_legacy|job_runs)\b'
+    rf'\b(UPDATE|INSERT INTO|DELETE FROM)\s+"{SCHEMA}"\.(job_rows|job_runs|job_outcomes)\b'
 )
 CALLS = re.compile(rf'"{SCHEMA}"\.(\w+)\(')
 FUNCTION = re.compile(

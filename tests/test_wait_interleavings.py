@@ -133,18 +133,19 @@ async def test_child_finishing_during_the_parents_suspension_is_never_missed(
         async with trio.open_nursery() as nursery:
             outcomes: list[object] = []
             async with session.transaction():
-                # The child's run ends, then its row (migration 0047).
+                # The child's run ends and its outcome is appended (migrations 0047, 0049).
                 await session.execute(
                     f'DELETE FROM "{pg_schema}".job_runs WHERE job_id = %s', [child.id]
                 )
                 await session.execute(
-                    f"UPDATE \"{pg_schema}\".job_rows_legacy SET phase = 'completed', "
-                    "result = '7', finished_at = now(), "
-                    f'lane = "{pg_schema}".job_lane(now()) WHERE id = %s',
+                    f'INSERT INTO "{pg_schema}".job_outcomes (job_id, state, result, attempt,'
+                    " executions, finished_at, queue)"
+                    " SELECT id, 'completed', '7', 1, 1, now(), queue"
+                    f' FROM "{pg_schema}".job_rows WHERE id = %s',
                     [child.id],
                 )
                 await session.execute(
-                    f'UPDATE "{pg_schema}".job_rows_legacy '
+                    f'UPDATE "{pg_schema}".job_rows '
                     "SET children_settled = children_settled + 1 WHERE id = %s",
                     [parent.id],
                 )

@@ -157,7 +157,7 @@ async def test_a_deleted_jobs_checkpoints_go_with_it_and_other_jobs_keep_theirs(
                 assert [await client.wait_result(job_id) for job_id in jobs] == [3] * 3
         with psycopg.connect(pg_url, autocommit=True) as conn:
             assert histories(conn) == dict.fromkeys(jobs, 2)
-            conn.execute(f"DELETE FROM {pg_schema}.job_rows_legacy WHERE id = ANY(%s)", [jobs[:2]])
+            conn.execute(f"DELETE FROM {pg_schema}.job_rows WHERE id = ANY(%s)", [jobs[:2]])
             assert histories(conn) == {jobs[2]: 2}
             assert await client.purge(states=["completed"], older_than=0) == 1
             assert histories(conn) == {}

@@ -21,14 +21,14 @@ from bench.scenarios import Context
 from bench.scenarios.throughput import drain
 
 FILL_SQL = """
-INSERT INTO {schema}.job_rows_legacy (queue, task, payload, phase, priority, run_at, created_at,
+INSERT INTO {schema}.job_rows (queue, task, payload, phase, priority, run_at, created_at,
                            checkpoint_count)
 SELECT 'default', 'noop', '{{}}', 'sleeping', 0, now() + interval '1 day', now(), 1
 FROM generate_series(1, %s);
-INSERT INTO {schema}.job_rows_legacy (queue, task, payload, phase, priority, run_at, created_at)
+INSERT INTO {schema}.job_rows (queue, task, payload, phase, priority, run_at, created_at)
 SELECT 'default', 'noop', '{{}}', 'scheduled', -1, now() + interval '1 hour', now()
 FROM generate_series(1, %s);
-ANALYZE {schema}.job_rows_legacy;
+ANALYZE {schema}.job_rows;
 """
 
 RESUME_SQL = """

@@ -1839,8 +1839,12 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = w.id)
 -- that holds the run makes this wait and then finds it gone: the job is final, which the
 -- waiter's read that follows sees. If this holds it, the completion waits for this commit and
 -- returns the run with the flag set.
-UPDATE {schema}.job_runs u SET result_watched = true
-WHERE u.job_id = %(id)s AND NOT u.result_watched;
+WITH watched AS (
+    UPDATE {schema}.job_runs u SET result_watched = true
+    WHERE u.job_id = %(id)s AND NOT u.result_watched
+    RETURNING u.job_id
+)
+SELECT count(*) FROM watched;
 
 -- name: job_states
 -- Every job's state, for the transition checker of trioq.testing (a test-only whole-table read:
@@ -2159,12 +2163,18 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- worker that registered none (an idle worker beats with its election or maintenance pass,
 -- at most 1.4 maintenance intervals of <= 60 s apart). pg_stat_* views are the server's
 -- cumulative statistics (deadlocks since the last stats reset). Nothing is locked.
--- Running is a run (migration 0047): the leases are job_runs' (by its lease index), and a row
--- of jobs_live that reads ready counts only without a run.
+-- Running is a run (migration 0047): the leases are job_runs' (by its lease index). The ready
+-- backlog is read from the narrow tables (migration 0049: a record completed on the fast path
+-- still reads ready): the ring's entries still valid (their record ready and filed as the
+-- entry says: the claim deletes what it takes) and ready_keyed's, each due.
 SELECT
-    (SELECT count(*) FROM {schema}.job_rows j
-     WHERE j.phase = 'ready' AND j.run_at <= {schema}.db_now()
-       AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id))
+    ((SELECT count(DISTINCT r.id) FROM {schema}.ready_ring r
+      JOIN {schema}.job_rows j ON j.id = r.id AND j.phase = 'ready' AND j.filed = r.filed
+      WHERE r.run_at <= {schema}.db_now()
+        AND r.slot >=
+            -- include: ring_low
+     )
+     + (SELECT count(*) FROM {schema}.ready_keyed e WHERE e.run_at <= {schema}.db_now()))
         AS ready_backlog,
     (SELECT count(*) FROM {schema}.job_runs
      WHERE lease_expires_at < {schema}.db_now()) AS expired_ownership,
@@ -2343,11 +2353,14 @@ GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 -- serving it returns. Live = heartbeat within two of the worker's registered heartbeat
 -- intervals, else %(stale_seconds)s (workers before migration 0019). Scans the unfinished jobs
 -- (not running, not final); a status read, not a hot path.
--- jobs_live's rows without a run (migration 0047): a running one reads ready or claimed there.
+-- The records without a run (migration 0047: a running one reads ready or claimed) and without
+-- an outcome (migration 0049: a finished one reads done, or ready or claimed as its last run
+-- left it).
 SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.phase) AS states
 FROM {schema}.job_rows j
-WHERE j.phase <> 'claimed'
+WHERE j.phase <> 'claimed' AND j.phase <> 'done'
   AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.job_outcomes o WHERE o.job_id = j.id)
   AND NOT EXISTS (
       SELECT 1 FROM {schema}.workers w
       WHERE w.heartbeat_at > {schema}.db_now()
@@ -3085,25 +3098,27 @@ SELECT {schema}.db_now();
 -- 0014 creates (pg_stats_ext: the most common (queue, state) pairs, in column order, with their
 -- frequencies, times pg_class.reltuples): shown where a capped count stopped. A catalog read;
 -- no rows until the table was first analyzed, none for pairs too rare to be common ones. Of
--- the unfinished jobs only (jobs_live, migration 0038): finished ones are counted by day.
+-- the future-dated jobs only (job_due: scheduled, sleeping, waiting; migration 0049 moved the
+-- statistics there from jobs_live, whose records now hold the history too): ready, running
+-- and finished ones are counted.
 SELECT s.most_common_vals[i][1] AS queue, s.most_common_vals[i][2] AS state,
        round(greatest(c.reltuples, 0) * s.most_common_freqs[i])::bigint AS estimate
 FROM pg_stats_ext AS s
 CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
 CROSS JOIN pg_class AS c
 WHERE s.statistics_schemaname = %(schema_name)s AND s.statistics_name = 'jobs_queue_state'
-  AND c.oid = '{schema}.job_rows'::regclass
+  AND c.oid = '{schema}.job_due'::regclass
 ORDER BY 1, 2;
 
 -- name: dashboard_throughput
 -- Completed and failed jobs per queue and minute over the last hour: a backward walk of
--- jobs_finished_idx from now, at most %(cap)s rows (each needs its heap row for queue and
+-- job_outcomes_finished_idx from now, at most %(cap)s rows (each needs its heap row for queue and
 -- state: 10,000 rows took 20-45 ms on a loaded machine); when the cap is reached,
 -- `covered_seconds` says how far back the counts are complete (the page says so).
+-- The outcomes (migration 0049) by job_outcomes_finished_idx, merged over the epochs.
 WITH recent AS (
-    SELECT queue, phase AS state, finished_at FROM {schema}.job_rows
-    WHERE phase IN ('completed', 'failed', 'cancelled')
-      AND finished_at >= {schema}.db_now() - interval '1 hour'
+    SELECT queue, state, finished_at FROM {schema}.job_outcomes
+    WHERE finished_at >= {schema}.db_now() - interval '1 hour'
     ORDER BY finished_at DESC
     LIMIT %(cap)s
 ),
@@ -3123,15 +3138,19 @@ ORDER BY r.queue, 2;
 
 -- fragment: dashboard_job_row
 -- max_attempts as job_get reads it: the row's, else its task's declaration (migration 0015).
--- The row `j` with its run `u` (migration 0047: LEFT JOIN {schema}.job_runs u).
+-- The record `j` with its run `u` and its outcome `o` (migrations 0047, 0049: LEFT JOIN
+-- {schema}.job_runs u, LEFT JOIN {schema}.job_outcomes o).
 SELECT j.id, j.queue, j.task,
        -- include: job_state
        AS state,
-       j.priority, j.run_at, j.partition_key, coalesce(u.attempt, j.attempt) AS attempt,
+       j.priority, j.run_at, j.partition_key,
+       coalesce(o.attempt, u.attempt, j.attempt) AS attempt,
        coalesce(j.max_attempts, (SELECT d.max_attempts FROM {schema}.task_defaults d
                                  WHERE d.task = j.task AND d.version = j.version), 5)
-           AS max_attempts, j.created_at, j.finished_at,
-       left(j.payload::text, 200) AS payload_head, j.error ->> 'message' AS error_message
+           AS max_attempts, j.created_at, o.finished_at,
+       left(j.payload::text, 200) AS payload_head,
+       CASE WHEN o.job_id IS NOT NULL THEN o.error WHEN u.job_id IS NULL THEN j.error END
+           ->> 'message' AS error_message
 
 -- fragment: dashboard_job_filters
   AND (%(task)s::text IS NULL OR j.task = %(task)s::text)
@@ -3215,6 +3234,7 @@ WITH matched AS (
      -- include: dashboard_job_row
      FROM {schema}.job_runs u
      JOIN {schema}.job_rows j ON j.id = u.job_id
+     LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
      WHERE %(state)s::text = 'running'
        AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
      -- include: dashboard_job_filters
@@ -3271,15 +3291,15 @@ ORDER BY m.id DESC;
 
 -- name: dashboard_job_search_finished
 -- The jobs page filtered by one finished state: most recently finished first, keyset-paged by
--- (finished_at, id), walking at most %(walk)s entries of jobs_finished_idx (every finished
+-- (finished_at, id), walking at most %(walk)s entries of job_outcomes_finished_idx (every
 -- row, of all three states) per page; `walked_to` / `walked_to_finished` is where the walk
 -- stopped.
+-- The outcomes (migration 0049) by job_outcomes_finished_idx (merged over the epochs).
 WITH walked AS (
-    SELECT id, finished_at FROM {schema}.job_rows
-    WHERE phase IN ('completed', 'failed', 'cancelled')
-      AND (%(before_finished)s::timestamptz IS NULL
-           OR (finished_at, id) < (%(before_finished)s::timestamptz, %(before_id)s::bigint))
-    ORDER BY finished_at DESC, id DESC LIMIT %(walk)s
+    SELECT job_id AS id, finished_at, state FROM {schema}.job_outcomes
+    WHERE %(before_finished)s::timestamptz IS NULL
+       OR (finished_at, job_id) < (%(before_finished)s::timestamptz, %(before_id)s::bigint)
+    ORDER BY finished_at DESC, job_id DESC LIMIT %(walk)s
 ),
 matched AS (
     -- include: dashboard_job_row
@@ -3287,7 +3307,7 @@ matched AS (
     FROM walked w JOIN {schema}.job_rows j ON j.id = w.id
     LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
     LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id
-    WHERE j.phase = %(state)s::text
+    WHERE w.state = %(state)s::text
     -- include: dashboard_job_filters
     ORDER BY w.finished_at DESC, j.id DESC LIMIT %(limit)s
 ),

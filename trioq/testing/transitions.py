@@ -52,8 +52,8 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     "job_settle_many": (SETTLE, COMPLETE_PLAIN, DISCARD),
     "checkpoint_insert_many": ("checkpoint_insert_many", "checkpoint_insert_many_plain"),
     "lease_renew_many": ("lease_renew_many",),
-    "job_result_watch": ("job_result_watch",),  # a waiter's flag (no state change)
-    "maintenance_pass": ("maintenance_pass",),
+    "job_result_watch": ("job_result_watch", "job_result_watch_run"),  # a waiter's flag
+    "maintenance_pass": ("maintenance_pass", "job_epochs_rotate"),
     "job_cancel": ("job_cancel",),
     "job_cancel_with": ("job_cancel_with",),
     "event_emit": ("event_emit",),
@@ -62,7 +62,7 @@ METHOD_STATEMENTS: dict[str, tuple[str, ...]] = {
     "job_wait_children": ("job_wait_children",),
     "job_cancel_children": ("job_cancel_children",),
     "job_retry": ("job_retry",),
-    "job_purge": ("job_purge",),
+    "job_purge": ("job_purge", "job_epochs_rotate"),
     "schedule_fire_due": ("schedule_fire_many",),
     "message_send": ("message_send",),
     "job_receive": ("job_receive",),

@@ -33,9 +33,9 @@ ALTER TABLE {schema}.job_rows DROP CONSTRAINT jobs_phase_check,
     DROP CONSTRAINT jobs_run_at_check;
 ALTER TABLE {schema}.job_rows DROP COLUMN result, DROP COLUMN finished_at, DROP COLUMN lane;
 -- An array constant, as migration 0012 wrote the state's (cheaper to prepare than IN's list).
-ALTER TABLE {schema}.job_rows ADD CONSTRAINT job_rows_phase_check
+ALTER TABLE {schema}.job_rows ADD CONSTRAINT jobs_phase_check
     CHECK (phase = ANY ('{scheduled,ready,claimed,sleeping,waiting,done}'::text[]));
-ALTER TABLE {schema}.job_rows ADD CONSTRAINT job_rows_run_at_check
+ALTER TABLE {schema}.job_rows ADD CONSTRAINT jobs_run_at_check
     CHECK (run_at IS NOT NULL OR phase = ANY ('{waiting,done}'::text[]));
 ALTER TABLE {schema}.job_rows ADD PRIMARY KEY (id);
 
@@ -221,3 +221,7 @@ DROP FUNCTION IF EXISTS {schema}.job_history_drop();
 DROP FUNCTION IF EXISTS {schema}.job_history_add(integer);
 DROP FUNCTION IF EXISTS {schema}.job_lane(timestamptz);
 DROP FUNCTION IF EXISTS {schema}.satellite_epochs_rotate();
+
+-- The dashboard's estimates by (queue, state) (migration 0014's statistics, dropped with
+-- jobs_live): of job_due's rows, the future-dated jobs.
+CREATE STATISTICS {schema}.jobs_queue_state (mcv) ON queue, state FROM {schema}.job_due;

@@ -1,0 +1,168 @@
+"""Write-once records (migration 0049): a job's record (job_rows) and its outcome
+(job_outcomes) live in the partitions of its id's epoch; retention empties an ended epoch whole
+with what belongs to its jobs, the jobs still kept (unfinished, or finished too recently)
+copied aside and written back without being filed again, and falls back to deleting the
+expired jobs row by row when too many are kept."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from tests.job_due_check import job_due_mismatches
+from tests.ready_keyed_check import ready_keyed_mismatches
+from tests.support import sql_rows, sql_scalar
+from trioq._core.retention import seconds_to_day_end
+from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.services import MaintenancePass
+from trioq.testing import SqlClock
+from trioq.testing.conformance.harness import claim, complete, enqueue, fail, new_job, record
+
+RETENTION = 3600.0
+
+
+@pytest.fixture
+async def driver(pg_url: str, pg_schema: str) -> AsyncIterator[PgDriver]:
+    async with open_pg_driver(pg_url, pg_schema, pool_size=4) as opened:
+        await opened.migrate()
+        yield opened
+
+
+def partition_of(pg_url: str, schema: str, table: str, column: str, job_id: int) -> str | None:
+    query = f"SELECT tableoid::regclass::text FROM {schema}.{table} WHERE {column} = %s"
+    rows = sql_rows(pg_url, query, (job_id,))
+    return str(rows[0][0]) if rows else None
+
+
+def dead_rows(pg_url: str, schema: str) -> int:
+    """Rows ever deleted one by one from a record or outcome partition (a TRUNCATE counts
+    none)."""
+    sql_rows(pg_url, "SELECT pg_stat_force_next_flush() IS NULL")
+    return int(
+        sql_scalar(
+            pg_url,
+            "SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables"
+            " WHERE schemaname = %s AND relname ~ '^job_(rows|outcomes)_e'",
+            (schema,),
+        )
+    )
+
+
+async def test_a_jobs_record_and_outcome_live_in_its_epoch_and_a_redrive_deletes_the_outcome(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    done_id, failed_id = await enqueue(driver, new_job(1), new_job(2, max_attempts=1))
+    epoch = f"{pg_schema}.job_rows_e0"
+    assert partition_of(pg_url, pg_schema, "job_rows", "id", done_id) == epoch
+    done, failed = await claim(driver)
+    await complete(driver, done.lease)
+    await fail(driver, failed.lease, retry_delay=None)
+    for job_id in (done_id, failed_id):
+        assert partition_of(pg_url, pg_schema, "job_rows", "id", job_id) == epoch
+        where = partition_of(pg_url, pg_schema, "job_outcomes", "job_id", job_id)
+        assert where == f"{pg_schema}.job_outcomes_e0"
+    # The completion on the fast path left the record as the enqueue wrote it.
+    phase = f"SELECT phase FROM {pg_schema}.job_rows WHERE id = %s"
+    assert sql_scalar(pg_url, phase, (done_id,)) == "ready"
+    assert (await record(driver, done_id)).state == "completed"
+    # A redrive deletes the outcome; the record is ready again, its attempts kept.
+    outcome = await driver.job_retry(failed_id)
+    assert outcome is not None and outcome.state == "ready"
+    assert partition_of(pg_url, pg_schema, "job_outcomes", "job_id", failed_id) is None
+    assert (await record(driver, failed_id)).attempt == 1
+    assert len(await driver.job_attempts(failed_id)) == 1
+    [again] = await claim(driver)
+    assert (again.id, again.attempt) == (failed_id, 2)
+
+
+async def test_retention_empties_an_ended_epoch_and_keeps_what_is_not_expired(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """Two jobs of day 0 expire; a job delayed past the retention, a keyed job still ready and
+    a job finished on the next day (all of the same epoch) are kept: written back, filed once
+    (job_due, ready_keyed and the ring stay exact) and claimable. Nothing is deleted row by
+    row."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    done_id, failed_id, delayed_id, keyed_id = await enqueue(
+        driver,
+        new_job(1),
+        new_job(2, max_attempts=1),
+        new_job(3, delay_seconds=10 * 86_400),
+        new_job(4, partition_key="k", priority=1),
+    )
+    done, failed = await claim(driver, limit=2)  # claim order: the keyed job comes last
+    await complete(driver, done.lease)
+    await fail(driver, failed.lease, retry_delay=None)
+    finished_at = (await record(driver, done_id)).finished_at
+    assert finished_at is not None
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 0
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    [later_id] = await enqueue(driver, new_job(5))  # epoch 0 still: the day turns below
+    [later] = await claim(driver, limit=1)
+    await complete(driver, later.lease)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 2
+    assert await driver.job_get(done_id) is None and await driver.job_get(failed_id) is None
+    assert await driver.job_attempts(failed_id) == []
+    assert (await record(driver, later_id)).state == "completed"
+    assert (await record(driver, delayed_id)).state == "scheduled"
+    assert (await record(driver, keyed_id)).state == "ready"
+    assert job_due_mismatches(pg_url, pg_schema) == []
+    assert ready_keyed_mismatches(pg_url, pg_schema) == []
+    ring = f"SELECT count(*) FROM {pg_schema}.ready_ring WHERE id = ANY(%s)"
+    assert sql_scalar(pg_url, ring, ([later_id, delayed_id, keyed_id],)) == 0
+    assert dead_rows(pg_url, pg_schema) == 0
+    # A new epoch started with the new day: a new job's id is in it.
+    [fresh_id] = await enqueue(driver, new_job(6))
+    assert partition_of(pg_url, pg_schema, "job_rows", "id", fresh_id) == (
+        f"{pg_schema}.job_rows_e1"
+    )
+    taken = await claim(driver, limit=5)
+    assert {job.id for job in taken} == {fresh_id, keyed_id}
+
+
+async def test_an_epoch_mostly_kept_loses_its_expired_jobs_row_by_row(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """When the copy aside would keep more than half of an epoch's records, the expired jobs
+    are deleted one by one (outcome and record together), so none outlives the rule."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    [done_id] = await enqueue(driver, new_job(1))
+    kept = await enqueue(driver, *[new_job(10 + n, delay_seconds=10 * 86_400) for n in range(3)])
+    [done] = await claim(driver, limit=1)
+    await complete(driver, done.lease)
+    finished_at = (await record(driver, done_id)).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 1
+    assert await driver.job_get(done_id) is None
+    for job_id in kept:
+        assert (await record(driver, job_id)).state == "scheduled"
+    assert job_due_mismatches(pg_url, pg_schema) == []
+    outcomes = f"SELECT count(*) FROM {pg_schema}.job_outcomes"
+    assert sql_scalar(pg_url, outcomes) == 0
+
+
+async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
+    driver: PgDriver, pg_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention is not worth the pass: with satellite_epochs_rotate() failing, the pass still
+    recovers and reports, and says once that the epochs are tried again in a minute."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE OR REPLACE FUNCTION {pg_schema}.satellite_epochs_rotate(retention interval)"
+            " RETURNS TABLE (pruned bigint, next_due timestamptz) LANGUAGE plpgsql"
+            " AS $$ BEGIN RAISE EXCEPTION 'rotation refused'; END $$"
+        )
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert (report.leader, report.pruned_jobs) == (True, 0)
+    assert "job_epochs_rotate failed, tried again in a minute" in caplog.text
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert caplog.text.count("job_epochs_rotate failed") == 1  # not before the minute
