@@ -20,6 +20,8 @@ durable cluster, its backend CPU per job read from /proc/PID/schedstat:
 - `current-N`: the same statements naming the newest epoch's partitions, as a claim prepared
   again each day could.
 Plans are forced generic (`plan_cache_mode`), the plan a prepared statement settles on. The
+prototype's tables are `proto_rows` and `proto_outcomes`: since migration 0049 the schema has the
+product's `job_rows` and `job_outcomes` (stage 6 built; this stays as stage 0's record). The
 claim has none of job_claim_plain's probes, pause check or per-task scan: compare `parent-N`
 with `current-N` and with `parent-1`, not with `trioq`, for what the epochs cost.
 """
@@ -43,7 +45,7 @@ Conn = psycopg.Connection[tuple[object, ...]]
 EPOCH = 2**32
 
 INSTALL_SQL = """
-CREATE TABLE {schema}.job_rows (
+CREATE TABLE {schema}.proto_rows (
     id bigint NOT NULL, queue text NOT NULL, task text NOT NULL, payload jsonb NOT NULL,
     phase text NOT NULL, priority smallint NOT NULL, run_at timestamptz, attempt int NOT NULL,
     max_attempts int, created_at timestamptz NOT NULL, filed int NOT NULL DEFAULT 0,
@@ -62,25 +64,25 @@ CREATE TABLE {schema}.epoch_runs (
     started_at timestamptz NOT NULL
 );
 CREATE INDEX epoch_runs_lease_idx ON {schema}.epoch_runs (lease_expires_at);
-CREATE TABLE {schema}.job_outcomes (
+CREATE TABLE {schema}.proto_outcomes (
     job_id bigint NOT NULL, state text NOT NULL, result jsonb, attempt int NOT NULL,
     worker_id uuid, started_at timestamptz NOT NULL, finished_at timestamptz NOT NULL
 ) PARTITION BY RANGE (job_id);
 """
 
 PARTITION_SQL = """
-CREATE TABLE {schema}.job_rows_e{n} PARTITION OF {schema}.job_rows
+CREATE TABLE {schema}.proto_rows_e{n} PARTITION OF {schema}.proto_rows
     FOR VALUES FROM ({low}) TO ({high});
-ALTER TABLE {schema}.job_rows_e{n} ADD PRIMARY KEY (id);
-CREATE TABLE {schema}.job_outcomes_e{n} PARTITION OF {schema}.job_outcomes
+ALTER TABLE {schema}.proto_rows_e{n} ADD PRIMARY KEY (id);
+CREATE TABLE {schema}.proto_outcomes_e{n} PARTITION OF {schema}.proto_outcomes
     FOR VALUES FROM ({low}) TO ({high});
-ALTER TABLE {schema}.job_outcomes_e{n} ADD PRIMARY KEY (job_id);
-CREATE INDEX ON {schema}.job_outcomes_e{n} (finished_at);
+ALTER TABLE {schema}.proto_outcomes_e{n} ADD PRIMARY KEY (job_id);
+CREATE INDEX ON {schema}.proto_outcomes_e{n} (finished_at);
 """
 
 BACKLOG_SQL = """
 WITH rows AS (
-    INSERT INTO {schema}.job_rows (id, queue, task, payload, phase, priority, run_at, attempt,
+    INSERT INTO {schema}.proto_rows (id, queue, task, payload, phase, priority, run_at, attempt,
                                    max_attempts, created_at)
     SELECT {low} + n, 'default', 'noop', '{{}}', 'ready', 0, now() - interval '1 s', 0, 1, now()
     FROM generate_series(1, %(jobs)s) AS n
@@ -146,15 +148,15 @@ def epoch_drain(db: Database, schema: str, epochs: int, current: bool, jobs: int
     """Backend CPU (us) per job of one drain on `epochs` epochs, the statements naming the
     parents or (`current`) the newest epoch's partitions."""
     newest = epochs - 1
-    rows = f"{schema}.job_rows_e{newest}" if current else f"{schema}.job_rows"
-    outcomes = f"{schema}.job_outcomes_e{newest}" if current else f"{schema}.job_outcomes"
+    rows = f"{schema}.proto_rows_e{newest}" if current else f"{schema}.proto_rows"
+    outcomes = f"{schema}.proto_outcomes_e{newest}" if current else f"{schema}.proto_outcomes"
     claim = CLAIM_SQL.format(schema=schema, rows=rows)
     done_sql = COMPLETE_SQL.format(schema=schema, outcomes=outcomes)
     worker_id = uuid.uuid4()
     with psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) as conn:
         install(conn, schema, epochs)
         conn.execute(BACKLOG_SQL.format(schema=schema, low=newest * EPOCH), {"jobs": jobs})
-        conn.execute(f"ANALYZE {schema}.job_rows")
+        conn.execute(f"ANALYZE {schema}.proto_rows")
         conn.execute(f"ANALYZE {schema}.ready")
         conn.execute("CHECKPOINT")
         # The generic plan a prepared statement settles on; seqscan off as the contract floor's

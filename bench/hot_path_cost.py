@@ -116,11 +116,19 @@ def claim_params() -> dict[str, Any]:
 def insert_backlog(conn: psycopg.Connection[tuple[object, ...]], schema: str, jobs: int) -> None:
     """`jobs` ready no-op jobs in one statement, analyzed and checkpointed (so every replay
     writes the same full-page images). Since migration 0047 the table is `job_rows_legacy`
-    (`jobs` a view) and its `state` is `phase`: either layout, so main replays too."""
-    [[legacy]] = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", [f"{schema}.job_rows_legacy"]
+    (`jobs` a view) and its `state` is `phase`; since 0049 `job_rows`: any layout, so main and
+    write-once replay too."""
+    [[records, legacy]] = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+        [f"{schema}.job_rows", f"{schema}.job_rows_legacy"],
     ).fetchall()
-    table, state = ("job_rows_legacy", "phase") if legacy else ("jobs", "state")
+    table, state = (
+        ("job_rows", "phase")
+        if records
+        else ("job_rows_legacy", "phase")
+        if legacy
+        else ("jobs", "state")
+    )
     conn.execute(
         f"INSERT INTO {schema}.{table} (queue, task, payload, {state}, priority, run_at,"
         " max_attempts, created_at, version)"

@@ -89,19 +89,19 @@ run AS (
     SELECT j.id, j.attempt + 1, gen_random_uuid(), now() + interval '30 seconds',
            %(worker_id)s, false, greatest(now(), j.run_at), j.executions + 1, j.queue,
            j.partition_key, j.concurrency_key, j.parent_id, j.result_watched
-    FROM {schema}.jobs_live j
+    FROM {schema}.job_rows j
     WHERE j.id = ANY(ARRAY(SELECT id FROM taken)) AND j.phase = 'ready'
     RETURNING job_id, attempt, lease_token
 )
 SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
        j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested, j.version,
        NULL::jsonb AS history, j.parent_id, j.concurrency_key
-FROM run u JOIN {schema}.jobs_live j ON j.id = u.job_id
+FROM run u JOIN {schema}.job_rows j ON j.id = u.job_id
 """
 
 MINIMAL_INSERT = """
-INSERT INTO {schema}.job_rows_legacy AS j (queue, task, payload, phase, priority, run_at,
-                                          max_attempts, created_at, version)
+INSERT INTO {schema}.job_rows AS j (queue, task, payload, phase, priority, run_at,
+                                   max_attempts, created_at, version)
 VALUES ('default', 'noop', '{{}}', 'ready', 0, now(), 3, now(), 1)
 RETURNING j.id, pg_notify({schema}.ready_channel(j.queue), j.queue)
 """
@@ -257,7 +257,7 @@ def main() -> None:
                         if system == "discard-bare":
                             for trigger in ("jobs_deleted", "jobs_keys_delete"):
                                 db.conn.execute(
-                                    f"DROP TRIGGER {trigger} ON {schema}.job_rows_legacy"
+                                    f"DROP TRIGGER {trigger} ON {schema}.job_rows"
                                 )
                         us = replay(db, schema, system, args.jobs)
                     finally:
