@@ -256,9 +256,7 @@ def main() -> None:
                             contract_floor.install(db.conn, schema)
                         if system == "discard-bare":
                             for trigger in ("jobs_deleted", "jobs_keys_delete"):
-                                db.conn.execute(
-                                    f"DROP TRIGGER {trigger} ON {schema}.job_rows"
-                                )
+                                db.conn.execute(f"DROP TRIGGER {trigger} ON {schema}.job_rows")
                         us = replay(db, schema, system, args.jobs)
                     finally:
                         db.drop_schema(schema)
