@@ -82,6 +82,9 @@ def fill(
     migration 0037 copies into job_keys)."""
     started = time.monotonic()
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        if records(conn, schema):
+            _fill_records(conn, schema, finished, unfinished, keyed=keyed, days_ago=days_ago)
+            return time.monotonic() - started
         # Migration 0047 renamed the table job_rows_legacy (`jobs` a view) and `state` phase.
         legacy = rows_legacy(conn, schema)
         jobs = sql.Identifier(schema, "job_rows_legacy" if legacy else "jobs")
@@ -134,6 +137,54 @@ def fill(
         )
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(jobs))
     return time.monotonic() - started
+
+
+def _fill_records(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    finished: int,
+    unfinished: int,
+    *,
+    keyed: bool,
+    days_ago: int,
+) -> None:
+    """`fill` on the write-once layout (migration 0049): each finished job a record (`done`)
+    and its outcome, finished over 1,000 s from `days_ago` days ago; the unfinished ones ready
+    records, every other one with a partition key."""
+    finished_at = f"now() - interval '{int(days_ago)} days' + (r.id %% 1000000) * interval '1 ms'"
+    conn.execute(
+        sql.SQL(
+            "WITH r AS (INSERT INTO {s}.job_rows (queue, task, payload, phase, run_at,"
+            " created_at, started_at, attempt, dedup_key)"
+            " SELECT 'default', 'noop', '{{}}', 'done', now() - interval '1 day',"
+            " now() - interval '1 day', now() - interval '1 day', 1,"
+            " CASE WHEN %s AND n %% 10 = 0 THEN 'f' || n END"
+            " FROM generate_series(1, %s) AS n RETURNING id, queue, started_at)"
+            " INSERT INTO {s}.job_outcomes (job_id, state, result, attempt, executions,"
+            " started_at, finished_at, queue)"
+            " SELECT r.id, 'completed', 'null', 1, 1, r.started_at, {finished}, r.queue FROM r"
+        ).format(s=sql.Identifier(schema), finished=sql.SQL(finished_at)),
+        (keyed, finished),
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, task, payload, phase, run_at, created_at, partition_key,"
+            " dedup_key)"
+            " SELECT 'default', 'noop', '{{}}', 'ready', now(), now(),"
+            " CASE WHEN n %% 2 = 0 THEN 'k' || (n %% 1000) END,"
+            " CASE WHEN %s AND n %% 10 = 0 THEN 'u' || n END"
+            " FROM generate_series(1, %s) AS n"
+        ).format(sql.Identifier(schema, "job_rows")),
+        (keyed, unfinished),
+    )
+    for table in ("job_rows", "job_outcomes"):
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, table)))
+
+
+def records(conn: psycopg.Connection[Any], schema: str) -> bool:
+    """Whether the jobs' records are `job_rows` (migration 0049 on)."""
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.job_rows",))
+    return row.fetchone() == (True,)
 
 
 def has_lanes(conn: psycopg.Connection[Any], schema: str) -> bool:

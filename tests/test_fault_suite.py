@@ -398,13 +398,14 @@ NOT_YET_REMOVABLE = re.compile(r"(\d+) are dead but not yet removable")
 
 
 def vacuum_jobs(pg_url: str, schema: str) -> int:
-    """VACUUM the jobs table; the number of dead row versions it had to keep because some
-    snapshot may still see them (from VACUUM VERBOSE's report of the heap)."""
+    """VACUUM the runs (job_runs); the number of dead row versions it had to keep because some
+    snapshot may still see them (from VACUUM VERBOSE's report of the heap). Since migration 0049
+    a job's record is written once and a completion appends its outcome: the dead versions a
+    job leaves are its run's (inserted by the claim, deleted by the completion)."""
     reports: list[str] = []
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.add_notice_handler(lambda notice: reports.append(notice.message_primary or ""))
-        # `jobs` is a view (migration 0047); the records of this run are epoch 0's (0049).
-        conn.execute(q(schema, "VACUUM (VERBOSE) {s}.job_rows_e0"))
+        conn.execute(q(schema, "VACUUM (VERBOSE) {s}.job_runs"))
     kept = [int(m.group(1)) for text in reports for m in NOT_YET_REMOVABLE.finditer(text)]
     assert kept, f"VACUUM VERBOSE reported no tuple counts: {reports}"
     return kept[0]  # the heap's report comes first, then the TOAST table's
@@ -427,7 +428,7 @@ async def test_long_repeatable_read_transaction_elsewhere_never_blocks_the_claim
         ids = [job.id for job in await client.enqueue_many("quick", [{}] * total)]
     dead_sql = (
         "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s"
-        " AND relname = 'job_rows_e0'"
+        " AND relname = 'job_runs'"
     )
     completed = "state = 'completed'"
     blocked_by_long_tx, other_lock_waits = 0, 0
@@ -505,8 +506,8 @@ async def test_long_repeatable_read_transaction_elsewhere_never_blocks_the_claim
     assert blocked_by_long_tx == 0
     # The claim never waited for it: the run went on while it was held.
     assert finished_while_held > 0
-    # Every job completed while it was held left at least one dead version of its row (its
-    # claim's update) that the snapshot may still see.
+    # Every job completed while it was held left at least one dead version of its run (the
+    # claim's insert, deleted by the completion) that the snapshot may still see.
     assert kept_while_held >= finished_while_held, (kept_while_held, finished_while_held)
     # Once it ends, only versions the runs in flight made dead are kept: at most a few
     # rounds' worth (2 workers x 20 slots), far fewer than the run left while it was held.
