@@ -427,8 +427,7 @@ async def test_long_repeatable_read_transaction_elsewhere_never_blocks_the_claim
     async with producer(pg_url, pg_schema) as client:
         ids = [job.id for job in await client.enqueue_many("quick", [{}] * total)]
     dead_sql = (
-        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s"
-        " AND relname = 'job_runs'"
+        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'job_runs'"
     )
     completed = "state = 'completed'"
     blocked_by_long_tx, other_lock_waits = 0, 0
