@@ -100,8 +100,9 @@ def epochs_as_days_left_them(db: Database, schema: str) -> None:
     db.conn.execute(
         sql.SQL("UPDATE {} SET started_at = started_at - interval '3 days'").format(epochs)
     )
+    # Epochs only (NULL: no retention): the new epoch starts, nothing is pruned yet.
     db.conn.execute(
-        sql.SQL("SELECT {}()").format(sql.Identifier(schema, "satellite_epochs_rotate"))
+        sql.SQL("SELECT * FROM {}(NULL)").format(sql.Identifier(schema, "satellite_epochs_rotate"))
     )
     db.conn.execute(
         sql.SQL("UPDATE {} SET ended_at = ended_at - interval '2 days' WHERE epoch = 0").format(
@@ -112,7 +113,11 @@ def epochs_as_days_left_them(db: Database, schema: str) -> None:
 
 def detach_days(db: Database, schema: str) -> list[sql.Identifier]:
     """Detach every day partition holding rows (the filled day), then CHECKPOINT (their pages
-    written, as a day's are by the time retention drops it); the tables to drop."""
+    written, as a day's are by the time retention drops it); the tables to drop. The day
+    partitions are gone since migration 0049 (the records are partitioned by id epoch): on
+    such a schema `--floor` is refused."""
+    if db.fetch("SELECT to_regclass(%s) IS NULL", [f"{schema}.job_rows_legacy"]) == [(True,)]:
+        raise SystemExit("--floor: no day partitions on this schema (migration 0049)")
     names = [
         name
         for (name,) in db.fetch(

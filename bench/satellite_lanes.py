@@ -11,6 +11,11 @@ drain of jobs with `--steps` checkpoints each (job_claim_plain, then job_complet
 the completion's transaction, and reports the backend's CPU per job of each.
 
     python -m bench.satellite_lanes --jobs 5000 --steps 3 --repeats 5
+
+Retired: migration 0043 answered it another way (checkpoints by job id epoch), and since
+migration 0049 there are no lanes to move into (the records are partitioned by epoch too). Kept
+as the record of its figures; it runs on a schema of a release before 0049 only, and
+tests/test_bench_quick.py no longer runs it.
 """
 
 from __future__ import annotations

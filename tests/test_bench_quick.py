@@ -92,14 +92,6 @@ def test_statement_shape_replays_each_system_on_the_drain_and_the_enqueue() -> N
     assert medians.count("x trioq") == medians.count("x raw-del") == 2 * len(systems)
 
 
-def test_satellite_lanes_replays_the_completion_with_and_without_the_move() -> None:
-    """`python -m bench.satellite_lanes`: a tiny drain of jobs with checkpoints, with and
-    without their move into the day's lane, and the ratio of the two."""
-    out = run_module("bench.satellite_lanes", "--jobs", "60", "--steps", "2", "--repeats", "1")
-    assert "repeat 1  kept:" in out and "repeat 1 moved:" in out
-    assert "moved / kept" in out
-
-
 def test_retention_prunes_workflow_jobs_whole_while_a_worker_serves(tmp_path: Path) -> None:
     """`python -m bench.retention --checkpoints N`: finished jobs with checkpoints in an
     ended id epoch, pruned by a purge while a worker serves an offered load: every job goes,
