@@ -2356,9 +2356,19 @@ GROUP BY j.task, c.kind ORDER BY j.task, c.kind;
 -- The records without a run (migration 0047: a running one reads ready or claimed) and without
 -- an outcome (migration 0049: a finished one reads done, or ready or claimed as its last run
 -- left it).
+-- Read from the narrow tables (migration 0049: the records hold the history too): job_due's
+-- scheduled, sleeping and waiting jobs, the ring's still valid entries and ready_keyed's,
+-- each job's record by primary key.
 SELECT j.queue, j.task, j.version, count(*) AS jobs, array_agg(DISTINCT j.phase) AS states
-FROM {schema}.job_rows j
-WHERE j.phase <> 'claimed' AND j.phase <> 'done'
+FROM (SELECT d.job_id AS id FROM {schema}.job_due d
+      UNION
+      SELECT r.id FROM {schema}.ready_ring r
+      WHERE r.slot >=
+            -- include: ring_low
+      UNION
+      SELECT e.id FROM {schema}.ready_keyed e) AS w
+JOIN {schema}.job_rows j ON j.id = w.id
+WHERE j.phase IN ('scheduled', 'ready', 'sleeping', 'waiting')
   AND NOT EXISTS (SELECT 1 FROM {schema}.job_runs u WHERE u.job_id = j.id)
   AND NOT EXISTS (SELECT 1 FROM {schema}.job_outcomes o WHERE o.job_id = j.id)
   AND NOT EXISTS (
@@ -2946,11 +2956,18 @@ SELECT j.id, j.task, j.queue, j.state, j.run_at, j.checkpoint_count AS checkpoin
             THEN (SELECT count(*) FROM {schema}.job_rows c WHERE c.parent_id = j.id) END
            AS children_total,
        j.created_at
--- Unfinished rows only (jobs_live), each with its run (migration 0047).
+-- The records of the running jobs (job_runs) and of the sleeping and waiting ones (job_due),
+-- each by primary key: the records hold the history too (migration 0049), which a scan of
+-- them would walk; these two hold only the unfinished work.
 FROM (SELECT j.*,
              -- include: job_state
              AS state
-      FROM {schema}.job_rows j LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
+      FROM (SELECT r.job_id AS id FROM {schema}.job_runs r
+            UNION
+            SELECT d.job_id FROM {schema}.job_due d
+            WHERE d.state IN ('sleeping', 'waiting')) AS w
+      JOIN {schema}.job_rows j ON j.id = w.id
+      LEFT JOIN {schema}.job_runs u ON u.job_id = j.id
       LEFT JOIN {schema}.job_outcomes o ON o.job_id = j.id) AS j
 WHERE j.state IN ('running', 'sleeping', 'waiting')
   AND (j.state <> 'running' OR j.checkpoint_count > 0)
