@@ -2198,7 +2198,7 @@ SELECT
      WHERE datname = current_database() AND wait_event_type = 'Lock') AS lock_waits,
     (SELECT blks_hit::float8 / nullif(blks_hit + blks_read, 0) FROM pg_stat_database
      WHERE datname = current_database()) AS cache_hit_ratio,
-    -- Every partition of the rows (migration 0038); the vacuum that matters is the live one's.
+    -- Every epoch partition of the records (migration 0049).
     (SELECT sum(pg_table_size(p.relid))::bigint
      FROM pg_partition_tree('{schema}.job_rows') AS p) AS jobs_table_bytes,
     (SELECT sum(pg_indexes_size(p.relid))::bigint
@@ -2209,8 +2209,11 @@ SELECT
     (SELECT sum(s.n_live_tup)::bigint FROM pg_stat_user_tables AS s
      WHERE s.relid IN (SELECT p.relid FROM pg_partition_tree('{schema}.job_rows') AS p))
         AS live_tuples,
+    -- The table a job churns since migration 0049 (a run inserted and deleted per job; the
+    -- records are written once): its last autovacuum.
     t.last_autovacuum
-FROM pg_stat_user_tables AS t WHERE t.relid = '{schema}.job_rows'::regclass;
+FROM (SELECT 1) AS one
+LEFT JOIN pg_stat_user_tables AS t ON t.relid = '{schema}.job_runs'::regclass;
 
 -- name: worker_list
 SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.state, w.started_at, w.heartbeat_at,

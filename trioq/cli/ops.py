@@ -210,7 +210,7 @@ def status_tables(snapshot: StatusSnapshot) -> Group:
         ("jobs table size", _bytes(h.jobs_table_bytes)),
         ("jobs index size", _bytes(h.jobs_index_bytes)),
         ("jobs dead / live tuples", f"{_dash(h.dead_tuples)} / {_dash(h.live_tuples)}"),
-        ("jobs last autovacuum", vacuum),
+        ("job_runs last autovacuum", vacuum),
     ]:
         pressure.add_row(label, text)
     return Group(queues, *paused, *limited, workers, *unroutable, health, pressure)
