@@ -100,8 +100,10 @@ async def test_retention_empties_an_epoch_whole_and_keeps_the_rows_of_a_job_stil
     flush_stats(pg_url)
     assert deleted_rows(pg_url, pg_schema) == 0
 
-    # The retried job finishes; once its day has gone too, epoch 0 is empty, and a day after
-    # it ended its partitions are dropped.
+    # The retried job finishes; once its day has gone too, epoch 0 is emptied (TRUNCATE: the
+    # partition's lock alone), and at the next rotation, a day after it ended, its empty
+    # partitions are dropped (their parents' lock, which the claims queue behind, held for an
+    # empty table only).
     await clock.advance(3 * DAY)
     claimed = await claim(driver, limit=10)
     assert sorted(job.id for job in claimed) == [kept_id, new_id]
@@ -109,6 +111,10 @@ async def test_retention_empties_an_epoch_whole_and_keeps_the_rows_of_a_job_stil
     kept_finished = (await record(driver, kept_id)).finished_at
     assert kept_finished is not None
     await clock.advance(seconds_to_day_end(kept_finished) + RETENTION + 1)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e0") == 0
+    assert await driver.job_get(kept_id) is None
+    await clock.advance(DAY)
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
     parts = satellite_parts(pg_url, pg_schema)
     assert "checkpoints_e0" not in parts["checkpoints"]
@@ -138,8 +144,12 @@ async def test_an_id_taken_before_its_epoch_ended_still_files_its_rows_for_a_day
     assert ended == [(0,)]
     checkpoint_add(pg_url, pg_schema, early_id, 1)
     assert "checkpoints_e0" in satellite_parts(pg_url, pg_schema)["checkpoints"]
-    # Two days on, with no job of epoch 0 kept, it goes.
+    # Two days on, with no job of epoch 0 kept, it is emptied, and dropped at the next
+    # rotation (a partition is dropped once empty: the parent's lock, for an empty table).
     await clock.advance(2 * DAY)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e0") == 0
+    await clock.advance(DAY)
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
     assert "checkpoints_e0" not in satellite_parts(pg_url, pg_schema)["checkpoints"]
 

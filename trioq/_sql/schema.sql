@@ -1289,6 +1289,7 @@ DECLARE
     total      bigint;
     gone       bigint;
     low_id     bigint;
+    filled     boolean;
 BEGIN
     IF retention IS NOT NULL THEN
         -- Finish days expire at a UTC midnight plus `retention`: the next such moment.
@@ -1333,6 +1334,7 @@ BEGIN
         SELECT e.* FROM "trioq".satellite_epochs e WHERE e.ended_at IS NOT NULL ORDER BY e.epoch
     LOOP
         BEGIN
+            gone := 0;
             low_id := coalesce(epoch_row.low, -9223372036854775808);
             -- The epoch's partitions still there (a DROP a day after it was emptied).
             SELECT coalesce(array_agg(t || '_e' || epoch_row.epoch ORDER BY o), '{}') INTO parts
@@ -1378,23 +1380,22 @@ BEGIN
                     'SELECT count(*) FROM records',
                     'job_outcomes_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
                     INTO gone USING cutoff;
+                -- Counted once done (a PL/pgSQL variable is not rolled back with the block).
                 removed := removed + gone;
                 IF gone = 10000 THEN
                     due := least(due, now_at + interval '1 minute');
                 END IF;
                 CONTINUE;
             END IF;
-            -- What belongs to the expired jobs outside these partitions.
+            -- What belongs to the expired jobs outside these partitions (job_keys read by its
+            -- holders' ids: it holds only keyed jobs, a scan of the epoch's records reads all).
+            DELETE FROM "trioq".job_keys k
+            WHERE k.job_id >= low_id AND k.job_id < epoch_row.high
+              AND k.job_id <> ALL(coalesce(survivors, '{}'));
             IF 'job_rows_e' || epoch_row.epoch = ANY(parts) THEN
-                EXECUTE format(
-                    'DELETE FROM "trioq".job_keys k USING "trioq".%I r '
-                    'WHERE r.dedup_key IS NOT NULL AND k.key = r.dedup_key AND k.job_id = r.id '
-                    'AND r.id <> ALL(coalesce($1, ''{}''))',
-                    'job_rows_e' || epoch_row.epoch) USING survivors;
                 EXECUTE format('SELECT count(*) - $1 FROM "trioq".%I',
                                'job_rows_e' || epoch_row.epoch)
                     INTO gone USING kept;
-                removed := removed + gone;
             END IF;
             DELETE FROM "trioq".messages m
             WHERE m.job_id >= low_id AND m.job_id < epoch_row.high
@@ -1403,12 +1404,16 @@ BEGIN
             WHERE l.job_id >= low_id AND l.job_id < epoch_row.high
               AND l.job_id <> ALL(coalesce(survivors, '{}'));
             FOREACH part IN ARRAY parts LOOP
-                IF survivors IS NULL AND epoch_row.ended_at < now_at - interval '1 day' THEN
-                    EXECUTE format('DROP TABLE "trioq".%I', part);
-                    CONTINUE;
-                END IF;
                 IF survivors IS NULL THEN
-                    EXECUTE format('TRUNCATE "trioq".%I', part);
+                    -- Emptied by an earlier call and ended a day ago: dropped (its parent's
+                    -- ACCESS EXCLUSIVE lock, which the claims queue behind, for an empty
+                    -- table). Else emptied now: a TRUNCATE locks the partition alone.
+                    EXECUTE format('SELECT EXISTS (SELECT FROM "trioq".%I)', part) INTO filled;
+                    IF NOT filled AND epoch_row.ended_at < now_at - interval '1 day' THEN
+                        EXECUTE format('DROP TABLE "trioq".%I', part);
+                    ELSIF filled THEN
+                        EXECUTE format('TRUNCATE "trioq".%I', part);
+                    END IF;
                     CONTINUE;
                 END IF;
                 EXECUTE format('CREATE TEMPORARY TABLE trioq_epoch_kept ON COMMIT DROP '
@@ -1426,6 +1431,8 @@ BEGIN
                 END IF;
                 DROP TABLE trioq_epoch_kept;
             END LOOP;
+            -- Counted once done (a PL/pgSQL variable is not rolled back with the block).
+            removed := removed + coalesce(gone, 0);
         EXCEPTION WHEN lock_not_available THEN
             due := least(due, now_at + interval '1 minute');
         END;
