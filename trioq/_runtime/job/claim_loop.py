@@ -760,7 +760,10 @@ class ClaimLoop:
             if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]
             if opened:
-                self._slots_opened()
+                if self._buffer or self._stopping:
+                    self._slots_opened()
+                elif self._claim_wanted:  # `_slots_opened` with nothing buffered, written out
+                    self._wake.set()
             # Someone waits for no handler running (an Event would be per job); a count, not
             # `ParkingLot.__bool__`, a Python call at every job's end.
             if self._no_running_waiters:

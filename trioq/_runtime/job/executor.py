@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from ..._core import codec
+from ..._core.codec import Undecodable
 from ..._core.errors import HistoryLimitExceeded, NondeterminismError
 from ..._core.retry import should_retry
 from ..._seam import tracing
@@ -102,10 +103,13 @@ async def _handle(run: Run, held: bool) -> str:
     """Run the handler and what must follow it inside the job's scope (and span); return
     the result as JSON."""
     spec = run.spec
+    payload = run.job.payload
+    if spec.payload_type is not None or type(payload) is Undecodable:
+        payload = spec.load_payload(payload)  # (a plain payload is passed as it is: no call)
     if spec.sync:
-        result = await run_sync_handler(run, spec.load_payload(run.job.payload))
+        result = await run_sync_handler(run, payload)
     else:
-        result = await spec.handler(Context(run), spec.load_payload(run.job.payload))
+        result = await spec.handler(Context(run), payload)
     if held:
         # Held jobs wake in bursts (one timer for all whose sleeps end together): yield once,
         # so every handler of the burst resumes before any of them does its bookkeeping
