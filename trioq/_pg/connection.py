@@ -451,7 +451,10 @@ class Connection:
         session silently lost on the network still looks fine; only a ping finds that out.
         """
         raw = self._raw
-        if self._busy or raw.closed or raw.info.transaction_status != _IDLE:
+        # The status from `pgconn`, as `is_idle_nowait` reads it: `raw.info`'s property
+        # builds an enum from it (0.58 against 0.04 us, timeit), and every statement's
+        # borrow asks.
+        if self._busy or raw.closed or raw.pgconn.transaction_status != _IDLE:
             return False
         try:
             # A terminated session first delivers its FATAL message, then end-of-file: a read
