@@ -758,10 +758,9 @@ class ClaimLoop:
             keep = run.spec.keep or parent_id is not None  # a parent reads its children
             if outcome is COMPLETED_NULL:
                 # Nearly every outcome of a drain: `settlement_of`'s fast path written out, and
-                # `job.plain` and `run.lease` read without their property calls.
-                plain = parent_id is None and job.partition_key is None
+                # `run.lease` read without its property call (`job.plain` stays the one rule).
                 settlement: Settlement | None = Settlement(
-                    job.lease, "complete", "null", None, None, None, plain, keep
+                    job.lease, "complete", "null", None, None, None, job.plain, keep
                 )
             else:
                 if type(outcome) is Suspended and outcome.written and outcome.until is not None:
