@@ -99,7 +99,9 @@ def drain(
             first_due = db.scalar(f"SELECT extract(epoch FROM min(run_at)) FROM {schema}.jobs")
             t0 = max(t0, float(first_due))
         finished = jobs * (fanout + 1)
-        db.wait_count(TRIOQ.completed(schema), [], finished, FULL.timeout, worker.check_alive)
+        db.wait_count(
+            TRIOQ.completed(schema), [], finished, FULL.timeout, worker.check_alive, paced=True
+        )
         cpu = worker.cpu_seconds() - cpu_before
         server = db.server_cpu_seconds() - server_before
         statements, db_ms = db.statement_totals([worker.role])

@@ -89,7 +89,9 @@ def drain(
             t0 = system.enqueue(db, schema, task, jobs, db.reset_statements)
             db.wait_harness_sessions_gone()  # the enqueue's own session is not the drain's
             server_before = db.server_cpu_seconds()
-            db.wait_count(system.completed(schema), [], jobs, ctx.sizes.timeout, all_alive)
+            db.wait_count(
+                system.completed(schema), [], jobs, ctx.sizes.timeout, all_alive, paced=True
+            )
             server_cpu = db.server_cpu_seconds() - server_before
         if before_stop is not None:
             before_stop(schema)
