@@ -177,7 +177,6 @@ class ClaimLoop:
     _handlers: trio.Nursery | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    _no_running_waiters: int = 0  # tasks parked in `_settled` (wait_no_running)
     _stopping: bool = False
     _rounds: int = 0
     _claimed_total: int = 0
@@ -285,11 +284,7 @@ class ClaimLoop:
     async def wait_no_running(self) -> None:
         """Wait until no handler of this queue is running (safe to cancel: leaves nothing)."""
         while self.running:
-            self._no_running_waiters += 1
-            try:
-                await self._settled.park()
-            finally:
-                self._no_running_waiters -= 1
+            await self._settled.park()
 
     def stop_claiming(self) -> None:
         """Drain: claim nothing more; the loop exits once every owned job is written."""
@@ -754,18 +749,10 @@ class ClaimLoop:
         opened = True  # the slot opens as the handler ends, unless its outcome is held
         try:
             outcome = await execute(run)
-            parent_id = job.parent_id
-            keep = run.spec.keep or parent_id is not None  # a parent reads its children
-            if outcome is COMPLETED_NULL:
-                # Nearly every outcome of a drain: `settlement_of`'s fast path written out, and
-                # `run.lease` read without its property call (`job.plain` stays the one rule).
-                settlement: Settlement | None = Settlement(
-                    job.lease, "complete", "null", None, None, None, job.plain, keep
-                )
-            else:
-                if type(outcome) is Suspended and outcome.written and outcome.until is not None:
-                    self._suspended_until(outcome.until)
-                settlement = settlement_of(run.lease, outcome, plain=job.plain, keep=keep)
+            if type(outcome) is Suspended and outcome.written and outcome.until is not None:
+                self._suspended_until(outcome.until)
+            keep = run.spec.keep or job.parent_id is not None  # a parent reads its children
+            settlement = settlement_of(run.lease, outcome, plain=job.plain, keep=keep)
             if settlement is not None:
                 # A key frees when the outcome commits: the loop runs again then.
                 keyed = job.partition_key is not None or job.concurrency_key is not None
@@ -776,13 +763,8 @@ class ClaimLoop:
             if self.running.get(job.id) is run:  # a newer attempt may have replaced it
                 del self.running[job.id]
             if opened:
-                if self._buffer or self._stopping:
-                    self._slots_opened()
-                elif self._claim_wanted:  # `_slots_opened` with nothing buffered, written out
-                    self._wake.set()
-            # Someone waits for no handler running (an Event would be per job); a count, not
-            # `ParkingLot.__bool__`, a Python call at every job's end.
-            if self._no_running_waiters:
+                self._slots_opened()
+            if self._settled:  # someone waits for no handler running (an Event would be per job)
                 self._settled.unpark_all()
         if tally is not None or hooks.on_job_end:
             # Nearly every outcome of a drain is the executor's one shared Completed(None).

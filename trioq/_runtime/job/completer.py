@@ -163,18 +163,11 @@ class Completer:
         hand-overs wait for room), hold it until a batch leaves room (False): the caller's
         slot stays taken until then (`held`, `on_room`). Never waits."""
         frees = keyed and frees_key(settlement.kind)
-        pending = self._pending
-        if len(pending) >= self.max_backlog or self._waiting:
+        if len(self._pending) >= self.max_backlog or self._waiting:
             self._waiting[_Held()] = (settlement, frees)
             self._held += 1
             return False
-        # `_take` written out: every handler's outcome comes through here.
-        pending.append(settlement)
-        self._frees.append(frees)
-        if len(pending) == 1:
-            self._has_pending.set()
-        if len(pending) >= self.batch_size:
-            self._batch_full.set()
+        self._take(settlement, frees)
         return True
 
     def _take(self, settlement: Settlement, frees: bool) -> None:

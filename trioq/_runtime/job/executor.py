@@ -16,7 +16,6 @@ from typing import Any
 import trio
 
 from ..._core import codec
-from ..._core.codec import Undecodable
 from ..._core.errors import HistoryLimitExceeded, NondeterminismError
 from ..._core.retry import should_retry
 from ..._seam import tracing
@@ -103,9 +102,7 @@ async def _handle(run: Run, held: bool) -> str:
     """Run the handler and what must follow it inside the job's scope (and span); return
     the result as JSON."""
     spec = run.spec
-    payload = run.job.payload
-    if spec.payload_type is not None or type(payload) is Undecodable:
-        payload = spec.load_payload(payload)  # (a plain payload is passed as it is: no call)
+    payload = spec.load_payload(run.job.payload)
     if spec.sync:
         result = await run_sync_handler(run, payload)
     else:
