@@ -461,6 +461,30 @@ async def test_binary_results_are_the_values_text_results_are(pg_url: str) -> No
     assert text_row[3] == "caf\u00e9"
 
 
+async def test_a_column_read_from_the_last_row_only_is_decoded_there_and_the_rest_as_before(
+    pg_url: str,
+) -> None:
+    """`last_row_only` (the claims' `now`): the last row's value is the one a full decode
+    gives; every other column of every row is unchanged; a single row is decoded whole."""
+    sql = (
+        b"SELECT g, now() + g * interval '1 second', 'caf\xc3\xa9'::text, NULL::timestamptz"
+        b" FROM generate_series(1, $1::int) AS g"
+    )
+    conn = await connect(pg_url)
+    try:
+        async with conn.transaction():  # one transaction: now() is the same in every call
+            for count in (1, 3):
+                full = await conn.fetch_native(sql, [count], binary=True)
+                rows = await conn.fetch_native(sql, [count], binary=True, last_row_only=(1,))
+                assert rows[-1] == full[-1]
+                assert [row[:1] + row[2:] for row in rows] == [row[:1] + row[2:] for row in full]
+            assert all(type(row[1]) is bytes for row in rows[:-1])
+            # The next statement on the session decodes every column again.
+            assert await conn.fetch_native(sql, [3], binary=True) == full
+    finally:
+        await conn.close()
+
+
 async def test_settlement_parameters_round_trip_through_postgres(pg_url: str) -> None:
     """The settle's arrays (tokens as 32 hex digits, the states the outcome rules decided,
     the all-complete batch's NULL arrays) and the claim's task arrays read back as the values

@@ -40,6 +40,7 @@ RawConnection = psycopg.Connection[TupleRow]
 _AUTO, _TEXT = PyFormat.AUTO, PyFormat.TEXT
 _OK = frozenset({pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY})
 _BINARY = pq.Format.BINARY
+_BYTEA_OID = 17  # the loader that copies a value's bytes (`_rows_decoded_last`)
 
 _loads = loads_or_undecodable  # one undecodable row fails its job, not the statement
 
@@ -132,8 +133,13 @@ async def fetch(
     *,
     typed: bool = False,
     binary: bool = False,
+    last_row_only: tuple[int, ...] = (),
 ) -> list[tuple[Any, ...]]:
     """Run `sql` (`$n` placeholders) and return its rows.
+
+    `last_row_only` names columns whose value the caller reads from the last row alone (a
+    statement's own column repeated on every row): on the other rows they hold the undecoded
+    bytes.
 
     `binary` asks for every result column in binary format: the same Python values (psycopg
     has a binary loader for each built-in type; a type without one would come back as bytes,
@@ -164,7 +170,8 @@ async def fetch(
         pgconn.send_query_params(
             sql, values, param_types=types, param_formats=formats, result_format=result_format
         )
-        return _rows(transformer, await _results(pgconn, cancel_on_server, statements), raw)
+        results = await _results(pgconn, cancel_on_server, statements)
+        return _rows(transformer, results, raw, last_row_only)
     key = (sql, tuple(types or ()))
     for _ in range(2):
         name = statements.known(key)
@@ -178,7 +185,7 @@ async def fetch(
         if not _missing_statement(results):
             break
         statements.forget_all()  # deallocated behind our back: prepare again, once
-    return _rows(transformer, results, raw)
+    return _rows(transformer, results, raw, last_row_only)
 
 
 def _missing_statement(results: list[pq.abc.PGresult]) -> bool:
@@ -197,7 +204,10 @@ def _missing_statement(results: list[pq.abc.PGresult]) -> bool:
 
 
 def _rows(
-    transformer: abc.Transformer, results: list[pq.abc.PGresult], raw: RawConnection
+    transformer: abc.Transformer,
+    results: list[pq.abc.PGresult],
+    raw: RawConnection,
+    last_row_only: tuple[int, ...] = (),
 ) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
     for result in results:
@@ -206,11 +216,30 @@ def _rows(
         if result.status == pq.ExecStatus.TUPLES_OK:
             transformer.set_pgresult(result)
             try:
-                rows = transformer.load_rows(0, result.ntuples, tuple)
+                count = result.ntuples
+                if last_row_only and count > 1:
+                    rows = _rows_decoded_last(transformer, result, count, last_row_only)
+                else:
+                    rows = transformer.load_rows(0, count, tuple)
             finally:
                 # The transformer lives as long as the session: let go of the result, or an
                 # idle pooled connection would keep its last (perhaps large) one in memory.
                 transformer.set_pgresult(None)
+    return rows
+
+
+def _rows_decoded_last(
+    transformer: abc.Transformer, result: pq.abc.PGresult, count: int, columns: tuple[int, ...]
+) -> list[tuple[Any, ...]]:
+    """The rows of `result` (set on `transformer`), `columns` decoded on the last row only:
+    on the others they are loaded as bytea (their bytes, as they came)."""
+    last = transformer.load_rows(count - 1, count, tuple)
+    types = [result.ftype(column) for column in range(result.nfields)]
+    for column in columns:
+        types[column] = _BYTEA_OID
+    transformer.set_loader_types(types, pq.Format(result.fformat(0)))
+    rows = transformer.load_rows(0, count - 1, tuple)
+    rows += last
     return rows
 
 

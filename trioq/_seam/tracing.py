@@ -36,9 +36,9 @@ def enabled() -> bool:
     """A real tracer provider is configured (not the API's default proxy/no-op)."""
     if not available():
         return False
-    import opentelemetry.trace as trace
-
-    provider = trace.get_tracer_provider()
+    # The module imported once (`_trace_api`): an import statement here, asked every claim
+    # round, was half of this function's 1.9 us (timeit).
+    provider = _trace_api().get_tracer_provider()
     return type(provider).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
 
 

@@ -170,6 +170,10 @@ class ClaimLoop:
     # second found nothing).
     _claim_wanted: bool = False
     _many_tasks: bool = attrs.field(init=False, default=False)
+    # (the sizes of `tasks` and `versions`, then `_claim_names`' answer for them)
+    _claim_names_cache: tuple[tuple[int, int], tuple[str, ...], tuple[str, ...] | None] | None = (
+        None
+    )
     _handlers: trio.Nursery | None = None
     _wake: trio.Event = attrs.field(factory=trio.Event)
     _settled: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -507,23 +511,36 @@ class ClaimLoop:
     def _served_tasks(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for name, _ in self.versions) or self.tasks)
 
+    def _claim_names(self) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+        """The claim's task names and (task, version) pairs (None: no versions), built again
+        only when `tasks` or `versions` has grown (tasks are only ever added, under a new key).
+        Built every round, they were ~0.5 us a job of a live drain's worker CPU (cProfile of one
+        drain of 20,000 jobs, 25 a round: 3.9 of 345 us a job, everything inflated ~7x alike)."""
+        sizes = (len(self.tasks), len(self.versions))
+        cached = self._claim_names_cache
+        if cached is None or cached[0] != sizes:
+            pairs = self._task_versions() if self.versions else None
+            cached = self._claim_names_cache = (sizes, self._served_tasks(), pairs)
+        return cached[1], cached[2]
+
     async def _send(self, handlers: trio.Nursery, limit: int) -> None:
         """One claim statement (no outcomes: the completer writes those)."""
         self._rounds += 1
         round_number = self._rounds
         sent_at = trio.current_time()
         traced = tracing.enabled()
+        tasks, task_versions = self._claim_names()
         result = await self.driver.job_claim(
             Claim(
                 queue=self.queue,
-                tasks=self._served_tasks(),
+                tasks=tasks,
                 limit=limit,
                 lease_seconds=self.lease_seconds,
                 worker_id=self.worker_id,
                 key_cursor=self._key_cursor,
                 key_window=self.key_window,
                 concurrency_cursor=self._concurrency_cursor,
-                task_versions=self._task_versions() if self.versions else None,
+                task_versions=task_versions,
                 lookahead_seconds=CLAIM_LOOKAHEAD_SECONDS,
                 # Lost attempts' trace ids: the claim records that spans take the token's id.
                 traced=traced and tracing.ids_from_leases(),

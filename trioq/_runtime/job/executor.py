@@ -102,10 +102,11 @@ async def _handle(run: Run, held: bool) -> str:
     """Run the handler and what must follow it inside the job's scope (and span); return
     the result as JSON."""
     spec = run.spec
+    payload = spec.load_payload(run.job.payload)
     if spec.sync:
-        result = await run_sync_handler(run, spec.load_payload(run.job.payload))
+        result = await run_sync_handler(run, payload)
     else:
-        result = await spec.handler(Context(run), spec.load_payload(run.job.payload))
+        result = await spec.handler(Context(run), payload)
     if held:
         # Held jobs wake in bursts (one timer for all whose sleeps end together): yield once,
         # so every handler of the burst resumes before any of them does its bookkeeping
