@@ -6,19 +6,32 @@ expired jobs row by row when too many are kept."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
+import trio
 
 from tests.job_due_check import job_due_mismatches
 from tests.ready_keyed_check import ready_keyed_mismatches
-from tests.support import sql_rows, sql_scalar
+from tests.support import sql_rows, sql_scalar, wait_stalled
 from trioq._core.retention import seconds_to_day_end
 from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.driver import Claim, Settlement
 from trioq._seam.services import MaintenancePass
 from trioq.testing import SqlClock
-from trioq.testing.conformance.harness import claim, complete, enqueue, fail, new_job, record
+from trioq.testing.conformance.harness import (
+    LEASE_SECONDS,
+    QUEUE,
+    TASK,
+    claim,
+    complete,
+    enqueue,
+    fail,
+    new_job,
+    record,
+)
 
 RETENTION = 3600.0
 
@@ -148,6 +161,75 @@ async def test_an_epoch_mostly_kept_loses_its_expired_jobs_row_by_row(
     assert job_due_mismatches(pg_url, pg_schema) == []
     outcomes = f"SELECT count(*) FROM {pg_schema}.job_outcomes"
     assert sql_scalar(pg_url, outcomes) == 0
+
+
+async def test_claims_and_completions_go_on_while_the_rotation_reads_an_epochs_survivors(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The survivors are read, and copied aside, under SHARE locks on the epoch's partitions:
+    the worker's plain claim (row locks on every partition of job_rows) and plain completion
+    (an outcome in the new epoch) pass; only the TRUNCATE takes ACCESS EXCLUSIVE. (The full
+    claim and the settle UPDATE job_rows, whose generic plans lock every partition: they wait
+    for the read.) The rotation is held between its copy and its truncation by a trigger on
+    job_keys (the statement that comes between them) that waits for the test's advisory
+    lock."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    # Three expired to one kept: the epoch is copied, not deleted row by row.
+    *done_ids, delayed_id = await enqueue(
+        driver, new_job(1), new_job(2), new_job(3), new_job(4, delay_seconds=10 * 86_400)
+    )
+    await complete(driver, *[job.lease for job in await claim(driver, limit=3)])
+    finished_at = (await record(driver, done_ids[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    rotate = f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(%s)"
+    sql_rows(pg_url, rotate, (None,))  # epochs only: epoch 0 ends, new jobs go to epoch 1
+    [fresh_id] = await enqueue(driver, new_job(5))
+    key = f"{pg_schema}: rotation held"
+    with (
+        psycopg.connect(pg_url, autocommit=True) as holder,
+        psycopg.connect(pg_url, autocommit=True) as rotator,
+    ):
+        holder.execute(
+            f"CREATE FUNCTION {pg_schema}.hold_rotation() RETURNS trigger LANGUAGE plpgsql"
+            " SET lock_timeout = 0"
+            f" AS $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('{key}')); RETURN NULL; END $$"
+        )
+        holder.execute(
+            f"CREATE TRIGGER hold_rotation BEFORE DELETE ON {pg_schema}.job_keys"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {pg_schema}.hold_rotation()"
+        )
+        holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+        rotator_pid = rotator.info.backend_pid
+        async with trio.open_nursery() as nursery:
+            rotated: list[tuple[int, object]] = []
+
+            async def rotation() -> None:
+                rows = await trio.to_thread.run_sync(
+                    lambda: rotator.execute(rotate, (f"{RETENTION} seconds",)).fetchall()
+                )
+                rotated.extend(rows)
+
+            nursery.start_soon(rotation)
+            try:
+                await trio.to_thread.run_sync(wait_stalled, holder, rotator_pid)
+                with trio.fail_after(10):
+                    plain = Claim(QUEUE, (TASK,), 1, LEASE_SECONDS, uuid.uuid4(), plain=True)
+                    [fresh] = (await driver.job_claim(plain)).claimed
+                    assert fresh.id == fresh_id
+                    completion = Settlement(fresh.lease, "complete", "null", plain=fresh.plain)
+                    outcome = await driver.job_settle_many([completion])
+                    assert [job_id for job_id, _ in outcome.settled] == [fresh_id]
+            finally:
+                holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+    assert [pruned for pruned, _ in rotated] == [3]
+    for done_id in done_ids:
+        assert await driver.job_get(done_id) is None
+    assert (await record(driver, delayed_id)).state == "scheduled"
+    assert (await record(driver, fresh_id)).state == "completed"
+    assert job_due_mismatches(pg_url, pg_schema) == []
 
 
 async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
