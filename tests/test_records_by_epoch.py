@@ -232,6 +232,43 @@ async def test_claims_and_completions_go_on_while_the_rotation_reads_an_epochs_s
     assert job_due_mismatches(pg_url, pg_schema) == []
 
 
+async def test_an_epoch_ended_days_ago_is_truncated_though_a_claim_holds_a_satellites_parent(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """An epoch whose end is more than a day old, its records expired and its checkpoints
+    partition empty: the pass truncates what holds rows and drops nothing, so a session holding
+    the `checkpoints` parent (as the full claim's plan does) does not undo the prune; the five
+    partitions are dropped by a later call once all are empty."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    done_ids = await enqueue(driver, new_job(1), new_job(2))
+    await complete(driver, *[job.lease for job in await claim(driver, limit=2)])
+    finished_at = (await record(driver, done_ids[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    rotate = f"SELECT pruned FROM {pg_schema}.satellite_epochs_rotate(%s)"
+    sql_rows(pg_url, rotate, (None,))  # epoch 0 ends
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE {pg_schema}.satellite_epochs SET ended_at = ended_at - interval '2 days'"
+            " WHERE epoch = 0"
+        )
+    retention = f"{RETENTION} seconds"
+    with psycopg.connect(pg_url) as holder:
+        holder.execute(f"LOCK TABLE {pg_schema}.checkpoints IN ACCESS SHARE MODE")
+        assert sql_scalar(pg_url, rotate, (retention,)) == 2
+        holder.rollback()
+    for job_id in done_ids:
+        assert await driver.job_get(job_id) is None
+    assert partition_of(pg_url, pg_schema, "job_rows", "id", done_ids[0]) is None
+    exists = "SELECT to_regclass(%s) IS NOT NULL"
+    assert sql_scalar(pg_url, exists, (f"{pg_schema}.job_rows_e0",)) is True
+    assert sql_scalar(pg_url, rotate, (retention,)) == 0
+    for table in ("job_rows", "job_outcomes", "checkpoints", "attempts", "workflow_values"):
+        assert sql_scalar(pg_url, exists, (f"{pg_schema}.{table}_e0",)) is False
+
+
 async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
     driver: PgDriver, pg_url: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,8 +11,9 @@
 --     trioq/_core/retention.py, which the memory driver applies: gone at the first rotation
 --     after that); the others, and every job without an outcome (a workflow sleeping for
 --     weeks, a job delayed a month), survive;
---   * no survivor: its partitions are emptied by TRUNCATE (each partition's lock only), and
---     dropped at a later rotation once empty and a day after the epoch ended (a transaction
+--   * no survivor: its partitions holding rows are emptied by TRUNCATE (each partition's lock
+--     only), and all five dropped at a later rotation once empty and a day after the epoch
+--     ended, never in the pass that truncates (below: the DROP's lock undid it) (a transaction
 --     that took an id before the jump, a day ago, has ended by then, so nothing can still be
 --     filed into a dropped range; a DROP takes the parent's ACCESS EXCLUSIVE lock, which the
 --     claims queue behind: refused under load within 50 ms, it left `trioq purge` to delete
@@ -71,6 +72,8 @@ DECLARE
     filled     boolean;
     expired_before timestamptz;
     i          int;
+    attempt    int;
+    filled_parts text[];
 BEGIN
     IF retention IS NOT NULL THEN
         -- Finish days expire at a UTC midnight plus `retention`: the next such moment.
@@ -213,25 +216,52 @@ BEGIN
             DELETE FROM {schema}.partition_locks l
             WHERE l.job_id >= low_id AND l.job_id < epoch_row.high
               AND l.job_id <> ALL(coalesce(survivors, '{}'));
-            -- The window the claims queue behind: the truncations and the write-back.
+            -- The partitions holding rows (read under SHARE), the only ones truncated. The
+            -- empty ones are dropped once all five are, a day after the epoch ended, at a
+            -- later call: a DROP takes its parent's ACCESS EXCLUSIVE lock, which a claim's
+            -- plan holds a lock against (the full claim's names `checkpoints`). Dropped in the
+            -- pass that truncated the records, the epoch's empty checkpoints partition was
+            -- refused its parent's lock under load, or deadlocked with a claim, and undid the
+            -- truncation: `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
+            -- bench/RESULTS.md, "Retention's read under SHARE").
+            filled_parts := '{}';
             FOREACH part IN ARRAY parts LOOP
-                EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part);
+                EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
+                IF filled THEN
+                    filled_parts := filled_parts || part;
+                END IF;
+            END LOOP;
+            IF cardinality(filled_parts) = 0 THEN
+                IF epoch_row.ended_at < now_at - interval '1 day' THEN
+                    FOREACH part IN ARRAY parts LOOP
+                        EXECUTE format('DROP TABLE {schema}.%I', part);
+                    END LOOP;
+                END IF;
+                CONTINUE;
+            END IF;
+            -- The window the claims queue behind: the truncations and the write-back. A claim
+            -- in flight holds the partitions it locked until its commit, and one that locked a
+            -- satellite's partition may wait for the records' behind this request (a deadlock
+            -- that the lock's 50 ms ends on this side): so the locks are asked for again, up to
+            -- five times, each failure releasing what it got (the SHARE locks and the copies
+            -- are kept), before the epoch is left to a later call.
+            FOR attempt IN 1 .. 5 LOOP
+                BEGIN
+                    FOREACH part IN ARRAY filled_parts LOOP
+                        EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part);
+                    END LOOP;
+                    EXIT;
+                EXCEPTION WHEN lock_not_available THEN
+                    IF attempt = 5 THEN
+                        RAISE;
+                    END IF;
+                END;
             END LOOP;
             FOR i IN 1 .. cardinality(parts) LOOP
                 part := parts[i];
-                IF survivors IS NULL THEN
-                    -- Emptied by an earlier call and ended a day ago: dropped (its parent's
-                    -- ACCESS EXCLUSIVE lock, which the claims queue behind, for an empty
-                    -- table). Else emptied now: a TRUNCATE locks the partition alone.
-                    EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
-                    IF NOT filled AND epoch_row.ended_at < now_at - interval '1 day' THEN
-                        EXECUTE format('DROP TABLE {schema}.%I', part);
-                    ELSIF filled THEN
-                        EXECUTE format('TRUNCATE {schema}.%I', part);
-                    END IF;
-                    CONTINUE;
-                END IF;
+                CONTINUE WHEN NOT part = ANY(filled_parts);
                 EXECUTE format('TRUNCATE {schema}.%I', part);
+                CONTINUE WHEN survivors IS NULL;
                 IF part LIKE 'job\_rows\_e%' THEN
                     EXECUTE format('ALTER TABLE {schema}.%I DISABLE TRIGGER USER', part);
                 END IF;
@@ -240,8 +270,12 @@ BEGIN
                 IF part LIKE 'job\_rows\_e%' THEN
                     EXECUTE format('ALTER TABLE {schema}.%I ENABLE TRIGGER USER', part);
                 END IF;
-                EXECUTE format('DROP TABLE %I', 'trioq_epoch_kept_' || i);
             END LOOP;
+            IF survivors IS NOT NULL THEN
+                FOR i IN 1 .. cardinality(parts) LOOP
+                    EXECUTE format('DROP TABLE %I', 'trioq_epoch_kept_' || i);
+                END LOOP;
+            END IF;
             -- Counted once done (a PL/pgSQL variable is not rolled back with the block).
             removed := removed + coalesce(gone, 0);
         EXCEPTION WHEN lock_not_available THEN
