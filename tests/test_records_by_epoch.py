@@ -163,15 +163,14 @@ async def test_an_epoch_mostly_kept_loses_its_expired_jobs_row_by_row(
     assert sql_scalar(pg_url, outcomes) == 0
 
 
-async def test_claims_and_completions_go_on_while_the_rotation_reads_an_epochs_survivors(
+async def test_claims_and_settles_go_on_while_the_rotation_reads_an_epochs_survivors(
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
-    """The survivors are read, and copied aside, under SHARE locks on the epoch's partitions:
-    the worker's plain claim (row locks on every partition of job_rows) and plain completion
-    (an outcome in the new epoch) pass; only the TRUNCATE takes ACCESS EXCLUSIVE. (The full
-    claim and the settle UPDATE job_rows, whose generic plans lock every partition: they wait
-    for the read.) The rotation is held between its copy and its truncation by a trigger on
-    job_keys (the statement that comes between them) that waits for the test's advisory
+    """The survivors are read before the truncations' ACCESS EXCLUSIVE locks, with only the
+    epoch's outcomes locked in SHARE mode: the full claim and the settle (an UPDATE of
+    job_rows, whose generic plan locks every partition) and the plain claim and completion
+    all go on meanwhile. The rotation is held after its read by a trigger on job_keys (the
+    statement that comes between the read and the locks) that waits for the test's advisory
     lock."""
     clock = await SqlClock.install(driver)
     await clock.freeze()
@@ -186,7 +185,7 @@ async def test_claims_and_completions_go_on_while_the_rotation_reads_an_epochs_s
     await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
     rotate = f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(%s)"
     sql_rows(pg_url, rotate, (None,))  # epochs only: epoch 0 ends, new jobs go to epoch 1
-    [fresh_id] = await enqueue(driver, new_job(5))
+    fresh_id, other_id = await enqueue(driver, new_job(5), new_job(6))
     key = f"{pg_schema}: rotation held"
     with (
         psycopg.connect(pg_url, autocommit=True) as holder,
@@ -222,13 +221,17 @@ async def test_claims_and_completions_go_on_while_the_rotation_reads_an_epochs_s
                     completion = Settlement(fresh.lease, "complete", "null", plain=fresh.plain)
                     outcome = await driver.job_settle_many([completion])
                     assert [job_id for job_id, _ in outcome.settled] == [fresh_id]
+                    [other] = await claim(driver, limit=1)  # the full claim
+                    assert other.id == other_id
+                    assert await complete(driver, other.lease) == (other_id,)  # the settle
             finally:
                 holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
     assert [pruned for pruned, _ in rotated] == [3]
     for done_id in done_ids:
         assert await driver.job_get(done_id) is None
     assert (await record(driver, delayed_id)).state == "scheduled"
-    assert (await record(driver, fresh_id)).state == "completed"
+    for job_id in (fresh_id, other_id):
+        assert (await record(driver, job_id)).state == "completed"
     assert job_due_mismatches(pg_url, pg_schema) == []
 
 

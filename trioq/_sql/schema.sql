@@ -1347,18 +1347,6 @@ BEGIN
             SELECT coalesce(array_agg(t || '_e' || epoch_row.epoch ORDER BY o), '{}') INTO parts
             FROM unnest(tables) WITH ORDINALITY AS u(t, o)
             WHERE to_regclass(format('"trioq".%I', t || '_e' || epoch_row.epoch)) IS NOT NULL;
-            -- SHARE first: the epoch's writers wait (an UPDATE of job_rows, whose generic plan
-            -- locks every partition: the settle's, the keyed and due claims'; an outcome or a
-            -- checkpoint of one of its jobs), its readers pass (the plain claim's row locks, a
-            -- completion's outcome in the new epoch), so nothing written can change who
-            -- survives until the truncation has committed. Only the TRUNCATE and the write-back
-            -- take ACCESS EXCLUSIVE, below. With ACCESS EXCLUSIVE from here, every claim queued
-            -- behind the survivors' read: the prune of 1,000,000 jobs held the workers' pickup
-            -- for its 1.13 s (p95 1197 ms against 777 clean; bench/RESULTS.md, "Retention's
-            -- read under SHARE").
-            FOREACH part IN ARRAY parts LOOP
-                EXECUTE format('LOCK TABLE "trioq".%I IN SHARE MODE', part);
-            END LOOP;
             IF cardinality(parts) = 0 THEN
                 DELETE FROM "trioq".satellite_epochs WHERE epoch = epoch_row.epoch;
                 CONTINUE;
@@ -1366,6 +1354,34 @@ BEGIN
             survivors := NULL;
             total := 0;
             IF ('job_rows_e' || epoch_row.epoch) = ANY(parts) THEN
+                -- Who survives is read before the truncations' ACCESS EXCLUSIVE locks, which
+                -- every claim queues behind (its generic plan locks every partition of
+                -- job_rows): read under them, the prune of 1,000,000 jobs held the workers'
+                -- pickup for its 1.13 s (p95 1197 ms against 777 clean; bench/RESULTS.md,
+                -- "Retention's read before its lock"). What the read must not miss:
+                --   * a record inserted into the epoch by a transaction that took its id
+                --     before the jump: waited out here, by a SHARE lock on the records
+                --     taken and given back (a subtransaction rolled back); a new id is never
+                --     in an ended epoch;
+                --   * an expired job made a survivor again (a redrive deletes its outcome):
+                --     the outcomes are locked in SHARE mode until the commit. Holding the
+                --     records in SHARE mode instead deadlocked with the full claim and the
+                --     settle (a row lock on a partition, then RowExclusive on it: 2 prunes
+                --     of 4 under load failed with 40P01 at the lock's upgrade);
+                --   * a survivor written meanwhile (a settle, a wake-up, a checkpoint): its
+                --     rows are copied aside only under ACCESS EXCLUSIVE (by primary key,
+                --     at most 10,000).
+                -- A job that survives may finish or be deleted meanwhile; it is still kept,
+                -- or not copied. An expired job writes nothing.
+                BEGIN
+                    EXECUTE format('LOCK TABLE "trioq".%I IN SHARE MODE',
+                                   'job_rows_e' || epoch_row.epoch);
+                    RAISE SQLSTATE 'TQ001';
+                EXCEPTION WHEN SQLSTATE 'TQ001' THEN
+                    NULL;  -- the lock given back: no writer of a late id is left
+                END;
+                EXECUTE format('LOCK TABLE "trioq".%I IN SHARE MODE',
+                               'job_outcomes_e' || epoch_row.epoch);
                 -- The survivors, in two exact parts (a job has at most one outcome, its
                 -- primary key): the records with no outcome (an anti-join of the two primary
                 -- keys, index only), and those whose outcome is not expired (`finished_at`'s
@@ -1414,17 +1430,6 @@ BEGIN
                 survivors := NULL;  -- none: truncated, or dropped once empty (below)
             END IF;
             gone := total - kept;
-            -- The survivors copied aside, still under SHARE (`kept_<n>`, one a partition).
-            IF survivors IS NOT NULL THEN
-                FOR i IN 1 .. cardinality(parts) LOOP
-                    EXECUTE format('CREATE TEMPORARY TABLE %I ON COMMIT DROP '
-                                   'AS SELECT * FROM "trioq".%I WHERE %I = ANY($1)',
-                                   'trioq_epoch_kept_' || i, parts[i],
-                                   CASE WHEN parts[i] LIKE 'job\_rows\_e%' THEN 'id'
-                                        ELSE 'job_id' END)
-                        USING survivors;
-                END LOOP;
-            END IF;
             -- What belongs to the expired jobs outside these partitions (job_keys read by its
             -- holders' ids: it holds only keyed jobs, a scan of the epoch's records reads all).
             DELETE FROM "trioq".job_keys k
@@ -1436,14 +1441,14 @@ BEGIN
             DELETE FROM "trioq".partition_locks l
             WHERE l.job_id >= low_id AND l.job_id < epoch_row.high
               AND l.job_id <> ALL(coalesce(survivors, '{}'));
-            -- The partitions holding rows (read under SHARE), the only ones truncated. The
+            -- The partitions holding rows (read before the lock), the only ones truncated. The
             -- empty ones are dropped once all five are, a day after the epoch ended, at a
             -- later call: a DROP takes its parent's ACCESS EXCLUSIVE lock, which a claim's
             -- plan holds a lock against (the full claim's names `checkpoints`). Dropped in the
             -- pass that truncated the records, the epoch's empty checkpoints partition was
             -- refused its parent's lock under load, or deadlocked with a claim, and undid the
             -- truncation: `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
-            -- bench/RESULTS.md, "Retention's read under SHARE").
+            -- bench/RESULTS.md, "Retention's read before its lock").
             filled_parts := '{}';
             FOREACH part IN ARRAY parts LOOP
                 EXECUTE format('SELECT EXISTS (SELECT FROM "trioq".%I)', part) INTO filled;
@@ -1459,24 +1464,36 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            -- The window the claims queue behind: the truncations and the write-back. A claim
-            -- in flight holds the partitions it locked until its commit, and one that locked a
-            -- satellite's partition may wait for the records' behind this request (a deadlock
-            -- that the lock's 50 ms ends on this side): so the locks are asked for again, up to
-            -- five times, each failure releasing what it got (the SHARE locks and the copies
-            -- are kept), before the epoch is left to a later call.
+            -- The window the claims queue behind: the copies, the truncations and the
+            -- write-back. A claim in flight holds the partitions it locked until its commit,
+            -- and one that locked a satellite's partition may wait for the records' behind
+            -- this request (a deadlock that the lock's 50 ms or the detector ends on this
+            -- side): so the locks are asked for again, up to five times, each failure
+            -- releasing what it got (the outcomes' SHARE lock is kept), before the epoch is
+            -- left to a later call.
             FOR attempt IN 1 .. 5 LOOP
                 BEGIN
                     FOREACH part IN ARRAY filled_parts LOOP
                         EXECUTE format('LOCK TABLE "trioq".%I IN ACCESS EXCLUSIVE MODE', part);
                     END LOOP;
                     EXIT;
-                EXCEPTION WHEN lock_not_available THEN
+                EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
                     IF attempt = 5 THEN
                         RAISE;
                     END IF;
                 END;
             END LOOP;
+            -- The survivors copied aside (`trioq_epoch_kept_<n>`, one a partition).
+            IF survivors IS NOT NULL THEN
+                FOR i IN 1 .. cardinality(parts) LOOP
+                    EXECUTE format('CREATE TEMPORARY TABLE %I ON COMMIT DROP '
+                                   'AS SELECT * FROM "trioq".%I WHERE %I = ANY($1)',
+                                   'trioq_epoch_kept_' || i, parts[i],
+                                   CASE WHEN parts[i] LIKE 'job\_rows\_e%' THEN 'id'
+                                        ELSE 'job_id' END)
+                        USING survivors;
+                END LOOP;
+            END IF;
             FOR i IN 1 .. cardinality(parts) LOOP
                 part := parts[i];
                 CONTINUE WHEN NOT part = ANY(filled_parts);
@@ -1498,7 +1515,7 @@ BEGIN
             END IF;
             -- Counted once done (a PL/pgSQL variable is not rolled back with the block).
             removed := removed + coalesce(gone, 0);
-        EXCEPTION WHEN lock_not_available THEN
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
             due := least(due, now_at + interval '1 minute');
         END;
     END LOOP;
