@@ -153,13 +153,21 @@ BEGIN
                 --     at most 10,000).
                 -- A job that survives may finish or be deleted meanwhile; it is still kept,
                 -- or not copied. An expired job writes nothing.
-                BEGIN
-                    EXECUTE format('LOCK TABLE {schema}.%I IN SHARE MODE',
-                                   'job_rows_e' || epoch_row.epoch);
-                    RAISE SQLSTATE 'TQ001';
-                EXCEPTION WHEN SQLSTATE 'TQ001' THEN
-                    NULL;  -- the lock given back: no writer of a late id is left
-                END;
+                -- (A settle in flight holds the records too: asked for up to five times.)
+                FOR attempt IN 1 .. 5 LOOP
+                    BEGIN
+                        EXECUTE format('LOCK TABLE {schema}.%I IN SHARE MODE',
+                                       'job_rows_e' || epoch_row.epoch);
+                        RAISE SQLSTATE 'TQ001';
+                    EXCEPTION
+                        WHEN SQLSTATE 'TQ001' THEN
+                            EXIT;  -- the lock given back: no writer of a late id is left
+                        WHEN lock_not_available THEN
+                            IF attempt = 5 THEN
+                                RAISE;
+                            END IF;
+                    END;
+                END LOOP;
                 EXECUTE format('LOCK TABLE {schema}.%I IN SHARE MODE',
                                'job_outcomes_e' || epoch_row.epoch);
                 -- The survivors, in two exact parts (a job has at most one outcome, its
