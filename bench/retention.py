@@ -70,7 +70,7 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     days = detach_days(db, schema) if args.floor else []
     # Opened here: the window times the drop, not a connection being opened.
     dropper = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) if days else None
-    checker = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) if args.sleeping else None
+    checker = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True)
 
     def phases(offer: Offer) -> list[Phase]:
         async def drop() -> None:
@@ -90,9 +90,13 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
             )
             offer.extra["purge_s"] = time.monotonic() - started
             offer.extra["pruned"] = deleted
-            if checker is not None:
-                # After the phase's clock (action_s): every sleeper kept, and filed once.
-                with checker:
+            # After the phase's clock (action_s): the server's time in the rotation and in
+            # the row-by-row purge, and with `--sleeping` every sleeper kept and filed once.
+            with checker:
+                offer.extra["statements_ms"] = await trio.to_thread.run_sync(
+                    statement_times, checker, schema
+                )
+                if args.sleeping:
                     offer.extra["sleeping_kept"] = await trio.to_thread.run_sync(
                         count_sleeping, checker, schema
                     )
@@ -123,6 +127,19 @@ def add_sleeping(db: Database, schema: str, count: int) -> None:
         (count,),
     )
     db.conn.execute(sql.SQL("VACUUM ANALYZE {}").format(rows))
+
+
+def statement_times(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[float]]:
+    """pg_stat_statements' calls and total execution (ms) of the rotation and of the purge's
+    row-by-row delete on `schema` so far."""
+    rows = conn.execute(
+        "SELECT CASE WHEN query ~ 'satellite_epochs_rotate' THEN 'rotate' ELSE 'purge' END,"
+        " sum(calls)::float8, sum(total_exec_time) FROM pg_stat_statements"
+        " WHERE position(%s in query) > 0 AND (query ~ 'satellite_epochs_rotate\\(\\$'"
+        " OR query ~ '^WITH doomed') GROUP BY 1",
+        (f'"{schema}"',),
+    ).fetchall()
+    return {kind: [calls, total] for kind, calls, total in rows}
 
 
 def count_sleeping(conn: psycopg.Connection[Any], schema: str) -> list[int]:
