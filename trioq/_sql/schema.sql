@@ -1268,6 +1268,7 @@ CREATE FUNCTION trioq.satellite_epochs_rotate(retention interval) RETURNS TABLE(
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET lock_timeout TO '50ms'
+    SET max_parallel_workers_per_gather TO '0'
     AS $_$
 DECLARE
     now_at     timestamptz := "trioq".db_now();

@@ -48,7 +48,12 @@ CREATE OR REPLACE FUNCTION {schema}.satellite_epochs_rotate(retention interval)
 RETURNS TABLE (pruned bigint, next_due timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '50ms' AS $$
+SET lock_timeout = '50ms'
+-- One core: the survivors' read ran as a parallel hash anti-join (two workers, spilling to
+-- disk) that took both cores from the claims it no longer locks out (pickup p50 during the
+-- prune 246-1430 ms against 16-172 clean; bench/RESULTS.md, "Retention's read before its
+-- lock").
+SET max_parallel_workers_per_gather = 0 AS $$
 DECLARE
     now_at     timestamptz := {schema}.db_now();
     day_start  timestamptz := to_timestamp(floor(extract(epoch FROM now_at) / 86400) * 86400);
