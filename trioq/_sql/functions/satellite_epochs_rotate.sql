@@ -76,7 +76,6 @@ DECLARE
     low_id     bigint;
     filled     boolean;
     expired_before timestamptz;
-    i          int;
     attempt    int;
     filled_parts text[];
 BEGIN
@@ -276,36 +275,29 @@ BEGIN
                     END IF;
                 END;
             END LOOP;
-            -- The survivors copied aside (`trioq_epoch_kept_<n>`, one a partition).
-            IF survivors IS NOT NULL THEN
-                FOR i IN 1 .. cardinality(parts) LOOP
-                    EXECUTE format('CREATE TEMPORARY TABLE %I ON COMMIT DROP '
+            -- Each partition holding rows: its survivors copied aside (`trioq_epoch_kept`),
+            -- truncated, and the copy written back. Only those: a temporary table made and
+            -- dropped for each of the five is catalog work under these locks (a prune with
+            -- 1,000 survivors took 1.18 s by median against 0.94 s with none).
+            FOREACH part IN ARRAY filled_parts LOOP
+                IF survivors IS NOT NULL THEN
+                    EXECUTE format('CREATE TEMPORARY TABLE trioq_epoch_kept ON COMMIT DROP '
                                    'AS SELECT * FROM {schema}.%I WHERE %I = ANY($1)',
-                                   'trioq_epoch_kept_' || i, parts[i],
-                                   CASE WHEN parts[i] LIKE 'job\_rows\_e%' THEN 'id'
-                                        ELSE 'job_id' END)
+                                   part, CASE WHEN part LIKE 'job\_rows\_e%' THEN 'id'
+                                              ELSE 'job_id' END)
                         USING survivors;
-                END LOOP;
-            END IF;
-            FOR i IN 1 .. cardinality(parts) LOOP
-                part := parts[i];
-                CONTINUE WHEN NOT part = ANY(filled_parts);
+                END IF;
                 EXECUTE format('TRUNCATE {schema}.%I', part);
                 CONTINUE WHEN survivors IS NULL;
                 IF part LIKE 'job\_rows\_e%' THEN
                     EXECUTE format('ALTER TABLE {schema}.%I DISABLE TRIGGER USER', part);
                 END IF;
-                EXECUTE format('INSERT INTO {schema}.%I SELECT * FROM %I', part,
-                               'trioq_epoch_kept_' || i);
+                EXECUTE format('INSERT INTO {schema}.%I SELECT * FROM trioq_epoch_kept', part);
                 IF part LIKE 'job\_rows\_e%' THEN
                     EXECUTE format('ALTER TABLE {schema}.%I ENABLE TRIGGER USER', part);
                 END IF;
+                DROP TABLE trioq_epoch_kept;
             END LOOP;
-            IF survivors IS NOT NULL THEN
-                FOR i IN 1 .. cardinality(parts) LOOP
-                    EXECUTE format('DROP TABLE %I', 'trioq_epoch_kept_' || i);
-                END LOOP;
-            END IF;
             -- Counted once done (a PL/pgSQL variable is not rolled back with the block).
             removed := removed + coalesce(gone, 0);
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
