@@ -1372,7 +1372,8 @@ BEGIN
                 --     rows are copied aside only under ACCESS EXCLUSIVE (by primary key,
                 --     at most 10,000).
                 -- A job that survives may finish or be deleted meanwhile; it is still kept,
-                -- or not copied. An expired job writes nothing.
+                -- or not copied. An expired job stops being expired only by its outcome (a
+                -- write to its record, a result watch's flag, goes with the truncation).
                 -- (A settle in flight holds the records too: asked for up to five times.)
                 FOR attempt IN 1 .. 5 LOOP
                     BEGIN

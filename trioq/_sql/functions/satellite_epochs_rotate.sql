@@ -18,13 +18,12 @@
 --     filed into a dropped range; a DROP takes the parent's ACCESS EXCLUSIVE lock, which the
 --     claims queue behind: refused under load within 50 ms, it left `trioq purge` to delete
 --     1,000,000 jobs row by row, 44 s, bench.retention);
---   * survivors, at most 10,000 and at most half of its records: the survivors' rows are
---     copied aside, what belongs to its expired jobs outside the epoch's partitions (dedup
---     keys, messages, partition locks: TRUNCATE fires no trigger) is deleted, then the
---     partitions are truncated and the rows written back (under the partitions' ACCESS
---     EXCLUSIVE locks: ~1 us a row), the records' with their triggers disabled (a survivor is
---     filed in the ring, ready_keyed or job_due already: written back, it must not be filed
---     twice);
+--   * survivors, at most 10,000 and at most half of its records: what belongs to its expired
+--     jobs outside the epoch's partitions (dedup keys, messages, partition locks: TRUNCATE
+--     fires no trigger) is deleted, then, under the partitions' ACCESS EXCLUSIVE locks, the
+--     survivors' rows are copied aside, the partitions truncated and the rows written back
+--     (~1 us a row), the records' with their triggers disabled (a survivor is filed in the
+--     ring, ready_keyed or job_due already: written back, it must not be filed twice);
 --   * more survivors than that (the copy would cost more than it saves): the expired jobs are
 --     deleted row by row instead, at most 10,000 a call, their outcome and record together (an
 --     outcome gone first would bring its job back as `ready`; the delete triggers take the rest),
@@ -38,8 +37,8 @@
 -- epoch holds before it runs into the next (more goes on working, filed one epoch early).
 -- Called by the leader after its maintenance pass when the last call's `next_due` has come, by
 -- `trioq purge` (with its cutoff) and by `trioq migrate` (NULL: epochs and partitions only).
--- Every lock waits at most 50 ms (a `pg_dump` holding a partition leaves that epoch to a later
--- call, due in a minute). SECURITY DEFINER: creating, truncating and dropping partitions needs
+-- Every lock waits at most 50 ms, the records' and the truncations' asked for five times (a
+-- `pg_dump` holding a partition leaves that epoch to a later call, due in a minute). SECURITY DEFINER: creating, truncating and dropping partitions needs
 -- the schema owner's rights, and a worker's role has none (docs/operations.md, "Roles"); every
 -- name it builds is a table's name and an epoch number.
 -- Returns the jobs removed and when to call again: the next UTC day (a new epoch), the next
@@ -156,7 +155,8 @@ BEGIN
                 --     rows are copied aside only under ACCESS EXCLUSIVE (by primary key,
                 --     at most 10,000).
                 -- A job that survives may finish or be deleted meanwhile; it is still kept,
-                -- or not copied. An expired job writes nothing.
+                -- or not copied. An expired job stops being expired only by its outcome (a
+                -- write to its record, a result watch's flag, goes with the truncation).
                 -- (A settle in flight holds the records too: asked for up to five times.)
                 FOR attempt IN 1 .. 5 LOOP
                     BEGIN
