@@ -8,6 +8,9 @@ jobs that finished two days ago, then one worker (25 slots) serves `probe` jobs 
 (bench/open_loop.py) in three phases: `clean` (`--clean` seconds), `prune` (until
 `client.purge(states=(every final state), older_than=1 hour)` returns: what `trioq purge` and the
 retention setting run) and `after` (`--after` seconds).
+`--sleeping N`: N jobs of the same epoch sleep for a month (survivors: with at most 10,000 and
+at most half of the epoch they are copied aside and written back, with more the expired jobs
+are deleted row by row; functions/satellite_epochs_rotate.sql).
 `--checkpoints N`: each finished job also has N checkpoints (a workflow's steps), in the
 job id epoch that ended with their day, which the prune empties whole once no job of it is
 kept. `--floor`: the day partitions are detached before the run, and the prune phase only
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ def main() -> None:
     parser.add_argument("--clean", type=float, default=30.0)
     parser.add_argument("--after", type=float, default=30.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--sleeping", type=int, default=0)
     parser.add_argument("--checkpoints", type=int, default=0)
     parser.add_argument("--floor", action="store_true")
     parser.add_argument("--results", default=str(RESULTS), help="where the JSON goes")
@@ -57,12 +62,15 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     # Two days ago: a whole UTC day of them is past the purge's cutoff (docs/concepts.md,
     # "Storage": a day that ends after the cutoff is deleted row by row).
     fill(db.conninfo(HARNESS_ROLE), args.finished, 0, schema=schema, days_ago=2)
+    if args.sleeping:
+        add_sleeping(db, schema, args.sleeping)
     if args.checkpoints:
         add_checkpoints(db.conn, schema, args.checkpoints)
     epochs_as_days_left_them(db, schema)
     days = detach_days(db, schema) if args.floor else []
     # Opened here: the window times the drop, not a connection being opened.
     dropper = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) if days else None
+    checker = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True)
 
     def phases(offer: Offer) -> list[Phase]:
         async def drop() -> None:
@@ -75,11 +83,23 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
             # (a purge naming one state deletes row by row). Through the actions' client,
             # already open: the phase times the purge, not a client's connections, and the
             # purge holds a connection of its own, as the leader's or `trioq purge`'s does.
+            started = time.monotonic()
             deleted = await offer.client.purge(
                 states=("completed", "failed", "cancelled"),
                 older_than=datetime.timedelta(hours=1),
             )
+            offer.extra["purge_s"] = time.monotonic() - started
             offer.extra["pruned"] = deleted
+            # After the phase's clock (action_s): the server's time in the rotation and in
+            # the row-by-row purge, and with `--sleeping` every sleeper kept and filed once.
+            with checker:
+                offer.extra["statements_ms"] = await trio.to_thread.run_sync(
+                    statement_times, checker, schema
+                )
+                if args.sleeping:
+                    offer.extra["sleeping_kept"] = await trio.to_thread.run_sync(
+                        count_sleeping, checker, schema
+                    )
 
         action = drop if args.floor else prune
         return [
@@ -89,6 +109,50 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
         ]
 
     return schema, phases
+
+
+def add_sleeping(db: Database, schema: str, count: int) -> None:
+    """`count` jobs of the filled jobs' epoch sleeping until a month from now (a workflow's
+    long sleep): records that survive every prune of their epoch, filed in job_due by their
+    insert trigger as a settle's sleep files them."""
+    if db.fetch("SELECT to_regclass(%s) IS NULL", [f"{schema}.job_rows"]) == [(True,)]:
+        raise SystemExit("--sleeping: no job_rows on this schema (migration 0049)")
+    rows = sql.Identifier(schema, "job_rows")
+    db.conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, task, payload, phase, run_at, created_at, attempt)"
+            " SELECT 'default', 'noop', '{{}}', 'sleeping', now() + interval '30 days',"
+            " now() - interval '2 days', 1 FROM generate_series(1, %s)"
+        ).format(rows),
+        (count,),
+    )
+    db.conn.execute(sql.SQL("VACUUM ANALYZE {}").format(rows))
+
+
+def statement_times(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[float]]:
+    """pg_stat_statements' calls and total execution (ms) of the rotation and of the purge's
+    row-by-row delete on `schema` so far."""
+    rows = conn.execute(
+        "SELECT CASE WHEN query ~ 'satellite_epochs_rotate' THEN 'rotate' ELSE 'purge' END,"
+        " sum(calls)::float8, sum(total_exec_time) FROM pg_stat_statements"
+        " WHERE position(%s in query) > 0 AND (query ~ 'satellite_epochs_rotate\\(\\$'"
+        " OR query ~ '^WITH doomed') GROUP BY 1",
+        (f'"{schema}"',),
+    ).fetchall()
+    return {kind: [calls, total] for kind, calls, total in rows}
+
+
+def count_sleeping(conn: psycopg.Connection[Any], schema: str) -> list[int]:
+    """The sleeping records and job_due's sleeping rows (equal unless a sleeper was lost or
+    filed twice)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT (SELECT count(*) FROM {} WHERE phase = 'sleeping'),"
+            " (SELECT count(*) FROM {} WHERE state = 'sleeping')"
+        ).format(sql.Identifier(schema, "job_rows"), sql.Identifier(schema, "job_due"))
+    ).fetchone()
+    assert row is not None
+    return [int(row[0]), int(row[1])]
 
 
 def epochs_as_days_left_them(db: Database, schema: str) -> None:

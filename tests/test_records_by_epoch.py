@@ -6,19 +6,34 @@ expired jobs row by row when too many are kept."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
+import trio
 
 from tests.job_due_check import job_due_mismatches
 from tests.ready_keyed_check import ready_keyed_mismatches
-from tests.support import sql_rows, sql_scalar
+from tests.support import sql_rows, sql_scalar, wait_stalled, wait_until
 from trioq._core.retention import seconds_to_day_end
 from trioq._pg.driver import PgDriver, open_pg_driver
+from trioq._seam.driver import Claim, Settlement
+from trioq._seam.records import NewJob
 from trioq._seam.services import MaintenancePass
 from trioq.testing import SqlClock
-from trioq.testing.conformance.harness import claim, complete, enqueue, fail, new_job, record
+from trioq.testing.conformance.harness import (
+    LEASE_SECONDS,
+    QUEUE,
+    TASK,
+    claim,
+    complete,
+    enqueue,
+    fail,
+    new_job,
+    record,
+)
 
 RETENTION = 3600.0
 
@@ -148,6 +163,180 @@ async def test_an_epoch_mostly_kept_loses_its_expired_jobs_row_by_row(
     assert job_due_mismatches(pg_url, pg_schema) == []
     outcomes = f"SELECT count(*) FROM {pg_schema}.job_outcomes"
     assert sql_scalar(pg_url, outcomes) == 0
+
+
+async def ended_epoch(driver: PgDriver, pg_url: str, pg_schema: str, *jobs: NewJob) -> list[int]:
+    """Epoch 0 ended, holding three jobs completed a retention ago, one failed (no attempt
+    left) and `jobs`; new jobs go to epoch 1. The ids: the completed ones, the failed one,
+    then `jobs`'."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    # Four expired to the kept: the epoch is copied, not deleted row by row.
+    ids = await enqueue(driver, new_job(1), new_job(2), new_job(3))
+    [failed_id] = await enqueue(driver, new_job(4, max_attempts=1))
+    await complete(driver, *[job.lease for job in await claim(driver, limit=3)])
+    [failed] = await claim(driver, limit=1)
+    await fail(driver, failed.lease, retry_delay=None)
+    kept = await enqueue(driver, *jobs)
+    finished_at = (await record(driver, ids[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    sql_rows(pg_url, f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(NULL)")
+    return [*ids, failed_id, *kept]
+
+
+@contextlib.asynccontextmanager
+async def rotation_held_after_its_read(
+    pg_url: str, pg_schema: str
+) -> AsyncIterator[list[tuple[int, object]]]:
+    """Run the rotation (retention RETENTION) held after its survivors' read, by a trigger on
+    job_keys (the statement between the read and the locks) that waits for an advisory lock
+    the test holds; released when the block ends. Yields the rotation's rows, filled once it
+    has returned."""
+    key = f"{pg_schema}: rotation held"
+    rotate = f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(%s)"
+    rotated: list[tuple[int, object]] = []
+    with (
+        psycopg.connect(pg_url, autocommit=True) as holder,
+        psycopg.connect(pg_url, autocommit=True) as rotator,
+    ):
+        holder.execute(
+            f"CREATE FUNCTION {pg_schema}.hold_rotation() RETURNS trigger LANGUAGE plpgsql"
+            " SET lock_timeout = 0"
+            f" AS $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('{key}')); RETURN NULL; END $$"
+        )
+        holder.execute(
+            f"CREATE TRIGGER hold_rotation BEFORE DELETE ON {pg_schema}.job_keys"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {pg_schema}.hold_rotation()"
+        )
+        holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+
+        async def rotation() -> None:
+            rows = await trio.to_thread.run_sync(
+                lambda: rotator.execute(rotate, (f"{RETENTION} seconds",)).fetchall()
+            )
+            rotated.extend(rows)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rotation)
+            try:
+                pid = rotator.info.backend_pid
+                await trio.to_thread.run_sync(wait_stalled, holder, pid)
+                yield rotated
+            finally:
+                holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+        holder.execute(f"DROP TRIGGER hold_rotation ON {pg_schema}.job_keys")
+
+
+async def test_claims_and_settles_go_on_while_the_rotation_reads_an_epochs_survivors(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The survivors are read before the truncations' ACCESS EXCLUSIVE locks, with only the
+    epoch's outcomes locked in SHARE mode: the full claim and the settle (an UPDATE of
+    job_rows, whose generic plan locks every partition) and the plain claim and completion
+    all go on meanwhile."""
+    *expired_ids, delayed_id = await ended_epoch(
+        driver, pg_url, pg_schema, new_job(5, delay_seconds=10 * 86_400)
+    )
+    fresh_id, other_id = await enqueue(driver, new_job(6), new_job(7))
+    async with rotation_held_after_its_read(pg_url, pg_schema) as rotated:
+        with trio.fail_after(10):
+            plain = Claim(QUEUE, (TASK,), 1, LEASE_SECONDS, uuid.uuid4(), plain=True)
+            [fresh] = (await driver.job_claim(plain)).claimed
+            assert fresh.id == fresh_id
+            completion = Settlement(fresh.lease, "complete", "null", plain=fresh.plain)
+            outcome = await driver.job_settle_many([completion])
+            assert [job_id for job_id, _ in outcome.settled] == [fresh_id]
+            [other] = await claim(driver, limit=1)  # the full claim
+            assert other.id == other_id
+            assert await complete(driver, other.lease) == (other_id,)  # the settle
+    assert [pruned for pruned, _ in rotated] == [4]
+    for expired_id in expired_ids:
+        assert await driver.job_get(expired_id) is None
+    assert (await record(driver, delayed_id)).state == "scheduled"
+    for job_id in (fresh_id, other_id):
+        assert (await record(driver, job_id)).state == "completed"
+    assert job_due_mismatches(pg_url, pg_schema) == []
+
+
+async def test_an_expired_job_redriven_during_the_rotations_read_is_pruned_whole_or_kept(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """A redrive deletes the outcome, which makes an expired job a survivor the read did not
+    see: the outcomes' SHARE lock holds the redrive off until the rotation has committed (or
+    given the epoch up), so the job is either gone whole (the redrive finds nothing) or ready
+    and claimable; never a record truncated after its outcome was deleted."""
+    *_, failed_id, delayed_id = await ended_epoch(
+        driver, pg_url, pg_schema, new_job(5, delay_seconds=10 * 86_400)
+    )
+    redriven: list[object] = []
+
+    async def redrive() -> None:
+        redriven.append(await driver.job_retry(failed_id))
+
+    async def redrive_waits() -> bool:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND position('job_outcomes' in query) > 0 AND position('rotate' in query) = 0"
+        )
+        return bool(await trio.to_thread.run_sync(sql_scalar, pg_url, query))
+
+    async with (
+        trio.open_nursery() as nursery,
+        rotation_held_after_its_read(pg_url, pg_schema) as rotated,
+    ):
+        nursery.start_soon(redrive)
+        with trio.fail_after(10):
+            await wait_until(redrive_waits)
+    assert len(rotated) == 1
+    [outcome] = redriven
+    if outcome is None:  # pruned first: nothing of it left
+        assert await driver.job_get(failed_id) is None
+        assert partition_of(pg_url, pg_schema, "job_outcomes", "job_id", failed_id) is None
+    else:  # the epoch given up for now: the job is ready again
+        assert (await record(driver, failed_id)).state == "ready"
+        assert [job.id for job in await claim(driver, limit=5)] == [failed_id]
+    assert (await record(driver, delayed_id)).state == "scheduled"
+    assert job_due_mismatches(pg_url, pg_schema) == []
+    assert ready_keyed_mismatches(pg_url, pg_schema) == []
+
+
+async def test_an_epoch_ended_days_ago_is_truncated_though_a_claim_holds_a_satellites_parent(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """An epoch whose end is more than a day old, its records expired and its checkpoints
+    partition empty: the pass truncates what holds rows and drops nothing, so a session holding
+    the `checkpoints` parent (as the full claim's plan does) does not undo the prune; the five
+    partitions are dropped by a later call once all are empty."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    done_ids = await enqueue(driver, new_job(1), new_job(2))
+    await complete(driver, *[job.lease for job in await claim(driver, limit=2)])
+    finished_at = (await record(driver, done_ids[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    rotate = f"SELECT pruned FROM {pg_schema}.satellite_epochs_rotate(%s)"
+    sql_rows(pg_url, rotate, (None,))  # epoch 0 ends
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE {pg_schema}.satellite_epochs SET ended_at = ended_at - interval '2 days'"
+            " WHERE epoch = 0"
+        )
+    retention = f"{RETENTION} seconds"
+    with psycopg.connect(pg_url) as holder:
+        holder.execute(f"LOCK TABLE {pg_schema}.checkpoints IN ACCESS SHARE MODE")
+        assert sql_scalar(pg_url, rotate, (retention,)) == 2
+        holder.rollback()
+    for job_id in done_ids:
+        assert await driver.job_get(job_id) is None
+    assert partition_of(pg_url, pg_schema, "job_rows", "id", done_ids[0]) is None
+    exists = "SELECT to_regclass(%s) IS NOT NULL"
+    assert sql_scalar(pg_url, exists, (f"{pg_schema}.job_rows_e0",)) is True
+    assert sql_scalar(pg_url, rotate, (retention,)) == 0
+    for table in ("job_rows", "job_outcomes", "checkpoints", "attempts", "workflow_values"):
+        assert sql_scalar(pg_url, exists, (f"{pg_schema}.{table}_e0",)) is False
 
 
 async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
