@@ -286,7 +286,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (13553 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim (13804 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
@@ -606,6 +606,14 @@ WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
 AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
 RETURNING j.id
 ),
+due_left AS MATERIALIZED (
+SELECT CASE WHEN EXISTS (SELECT 1 FROM due)
+THEN "trioq".job_due_leave(
+ARRAY(SELECT id FROM promoted
+UNION ALL
+SELECT u.job_id FROM run u JOIN due d ON d.id = u.job_id))
+ELSE 0 END AS n
+),
 claimed AS (
 SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
@@ -633,9 +641,9 @@ claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-AND (SELECT n FROM keyed_taken) >= 0;
+AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
--- name: job_claim_rated (16357 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim_rated (16608 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 SELECT locked.*
@@ -1004,6 +1012,14 @@ WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
 AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
 RETURNING j.id
 ),
+due_left AS MATERIALIZED (
+SELECT CASE WHEN EXISTS (SELECT 1 FROM due)
+THEN "trioq".job_due_leave(
+ARRAY(SELECT id FROM promoted
+UNION ALL
+SELECT u.job_id FROM run u JOIN due d ON d.id = u.job_id))
+ELSE 0 END AS n
+),
 claimed AS (
 SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
@@ -1037,7 +1053,7 @@ AS key_rate_limited_until
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-AND (SELECT n FROM keyed_taken) >= 0;
+AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
 -- name: job_complete_plain (1355 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
@@ -1074,7 +1090,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (4885 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (5069 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -1120,6 +1136,12 @@ AND j.phase IN ('ready', 'claimed')
 RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
 g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
 i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
+),
+due_filed AS (
+INSERT INTO "trioq".job_due (job_id, queue, state, run_at)
+SELECT m.id, m.queue, m.state, m.run_at
+FROM moved m
+WHERE m.state IN ('scheduled', 'sleeping', 'waiting')
 ),
 ended AS MATERIALIZED (
 SELECT g.job_id AS id, g.attempt, g.executions, g.worker_id, g.started_at,

@@ -792,7 +792,7 @@ keyed_taken AS MATERIALIZED (
                 ELSE 0 END AS n
 ),
 -- A keyed or due job claimed here leaves ready, scheduled, sleeping and waiting in place
--- (`claimed`): its entry is gone (keyed_taken, job_due's trigger), and the readers that still
+-- (`claimed`): its entry is gone (keyed_taken, due_left), and the readers that still
 -- find a job by its row's phase (the pages, the explanation, the rechecks of the locks) see
 -- it is not ready; a job claimed from the ring keeps `ready`, its entry gone.
 claimed_in_place AS (
@@ -801,6 +801,17 @@ claimed_in_place AS (
     WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
       AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
     RETURNING j.id
+),
+-- The due rows promoted or claimed here leave job_due (migration 0050: no trigger writes it),
+-- through job_due_leave()'s fresh snapshot (its comment says why not a DELETE here). A claim
+-- that locked no due row calls nothing.
+due_left AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM due)
+                THEN {schema}.job_due_leave(
+                         ARRAY(SELECT id FROM promoted
+                               UNION ALL
+                               SELECT u.job_id FROM run u JOIN due d ON d.id = u.job_id))
+                ELSE 0 END AS n
 ),
 claimed AS (
     -- include: claim_returning
@@ -827,10 +838,11 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        -- include: claim_reply_@rate@
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
--- A one-time filter that is always true reads ready_notified, ring_taken and keyed_taken, so
--- its NOTIFY and the entries' deletes run (a CTE without a data change runs only when read).
+-- A one-time filter that is always true reads ready_notified, ring_taken, keyed_taken and
+-- due_left, so its NOTIFY and the entries' deletes run (a CTE without a data change runs only
+-- when read).
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-  AND (SELECT n FROM keyed_taken) >= 0;
+  AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
 -- fragment: concurrency_key_limit_held
 -- Both concurrency_room variants: per ready key `k`, the limit the claim applies
@@ -1120,6 +1132,15 @@ moved AS (
     RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
               g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
               i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
+),
+-- A record suspended here (sleeping, waiting, scheduled for a retry) is filed in job_due in
+-- this statement (migration 0050; a row trigger did it, a PL/pgSQL call per sleep): a plain
+-- insert, since a running job's record is ready or claimed (running_by_key) and has no copy.
+due_filed AS (
+    INSERT INTO {schema}.job_due (job_id, queue, state, run_at)
+    SELECT m.id, m.queue, m.state, m.run_at
+    FROM moved m
+    WHERE m.state IN ('scheduled', 'sleeping', 'waiting')
 ),
 -- A final outcome is appended (migration 0049) and the record is left as it is (its phase
 -- reads ready or claimed under the outcome, which decides the state): read, not written.
@@ -2647,7 +2668,12 @@ owner AS (
         wait_children = NULL, wait_topic = NULL, wait_position = NULL
     FROM outcome o, fenced f
     WHERE j.id = f.job_id AND j.phase IN ('ready', 'claimed')
-    RETURNING j.id
+    RETURNING j.id, j.queue, j.phase, j.run_at
+),
+-- A suspension is filed in job_due here (migration 0050): the running record had no copy.
+due_filed AS (
+    INSERT INTO {schema}.job_due (job_id, queue, state, run_at)
+    SELECT w.id, w.queue, w.phase, w.run_at FROM owner w WHERE w.phase = 'waiting'
 ),
 written AS (
     INSERT INTO {schema}.checkpoints AS c (job_id, position, kind, name, value, created_at)
@@ -2840,7 +2866,13 @@ updated AS (
     FROM decision d, owner o
     WHERE d.state IN ('done', 'suspend')
       AND j.id = o.id AND j.phase IN ('ready', 'claimed')
-    RETURNING j.id, CASE WHEN j.phase = 'waiting' THEN 'waiting' ELSE 'running' END AS state
+    RETURNING j.id, CASE WHEN j.phase = 'waiting' THEN 'waiting' ELSE 'running' END AS state,
+              j.queue, j.run_at
+),
+-- A suspension is filed in job_due here (migration 0050): the running record had no copy.
+due_filed AS (
+    INSERT INTO {schema}.job_due (job_id, queue, state, run_at)
+    SELECT x.id, x.queue, x.state, x.run_at FROM updated x WHERE x.state = 'waiting'
 ),
 suspended AS (
     DELETE FROM {schema}.job_runs u USING updated x
