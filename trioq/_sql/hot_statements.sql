@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3588 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
+-- name: job_claim_plain (3601 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -265,7 +265,7 @@ c.result_watched
 FROM candidates c
 RETURNING job_id, attempt, lease_token
 ),
-claimed AS (
+claimed AS MATERIALIZED (
 SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
 c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
 CASE WHEN c.checkpoint_count > 0 THEN

@@ -1305,7 +1305,13 @@ run AS (
 ),
 -- The claimed jobs as claim_returning gives them, from the version the scan locked: no second
 -- probe of jobs_live (2.5 buffer accesses a job: 32.2 against main's 29.6 with it).
-claimed AS (
+-- MATERIALIZED: pulled up under the final LEFT JOIN, the history became a placeholder the
+-- planner computes where its columns are first available, the scan of `candidates`, which is
+-- the inner side of the join with `run` (both estimated at one row): every resumed workflow's
+-- history was read once per pair, 625 times in a claim of 25 (6.3 ms of its 7.0, auto_explain
+-- during a drain of sleeping workflows: bench/RESULTS.md, "Sleeping workflows on records").
+-- Materialized, the join is done first and the history read once per claimed job.
+claimed AS MATERIALIZED (
     SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
            c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
            CASE WHEN c.checkpoint_count > 0 THEN
