@@ -286,10 +286,10 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (13804 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim (14441 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
-SELECT locked.*
+(SELECT locked.*
 FROM "trioq".job_due d
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
@@ -301,10 +301,27 @@ AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
 ) AS locked
-WHERE d.queue = (SELECT $2::text)
+WHERE d.queue = (SELECT $2::text) AND d.run_at <= "trioq".db_now()
+ORDER BY d.run_at
+LIMIT (SELECT $3::int))
+UNION ALL
+(SELECT locked.*
+FROM "trioq".job_due d
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+j.result_watched
+FROM "trioq".job_rows j
+WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
++ (SELECT $1::float8) * interval '1 second'
+FOR UPDATE SKIP LOCKED
+) AS locked
+WHERE d.queue = (SELECT $2::text) AND d.state IN ('sleeping', 'scheduled')
+AND d.run_at > "trioq".db_now()
 AND d.run_at <= "trioq".db_now() + (SELECT $1::float8) * interval '1 second'
 ORDER BY d.run_at
-LIMIT (SELECT $3::int)
+LIMIT (SELECT $4::int))
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
@@ -643,10 +660,10 @@ LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
 AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
--- name: job_claim_rated (16608 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim_rated (17245 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
-SELECT locked.*
+(SELECT locked.*
 FROM "trioq".job_due d
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
@@ -658,10 +675,27 @@ AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
 ) AS locked
-WHERE d.queue = (SELECT $2::text)
+WHERE d.queue = (SELECT $2::text) AND d.run_at <= "trioq".db_now()
+ORDER BY d.run_at
+LIMIT (SELECT $3::int))
+UNION ALL
+(SELECT locked.*
+FROM "trioq".job_due d
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+j.result_watched
+FROM "trioq".job_rows j
+WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
++ (SELECT $1::float8) * interval '1 second'
+FOR UPDATE SKIP LOCKED
+) AS locked
+WHERE d.queue = (SELECT $2::text) AND d.state IN ('sleeping', 'scheduled')
+AND d.run_at > "trioq".db_now()
 AND d.run_at <= "trioq".db_now() + (SELECT $1::float8) * interval '1 second'
 ORDER BY d.run_at
-LIMIT (SELECT $3::int)
+LIMIT (SELECT $4::int))
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,

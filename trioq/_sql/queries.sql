@@ -525,6 +525,19 @@ CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'runn
       AND NOT (next_key.wrapped AND next_key.@key@ > (SELECT %(@cursor@)s::text))
       AND NOT (next_key.wrapped AND k.wrapped AND next_key.@key@ <= k.@key@)
 
+-- fragment: due_locked
+-- The claim's `due`: a job_due row's record, locked (its comment says how and why).
+     CROSS JOIN LATERAL (
+         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+                j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+                j.result_watched
+         FROM {schema}.job_rows j
+         WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
+           AND j.run_at <= {schema}.db_now()
+                           + (SELECT %(lookahead)s::float8) * interval '1 second'
+         FOR UPDATE SKIP LOCKED
+     ) AS locked
+
 -- fragment: claim(rate)
 -- Two statements are this one: job_claim (`unrated`: while no key has a rate) and
 -- job_claim_rated (`rated`), which differ only in the concurrency-key fragments named
@@ -589,23 +602,28 @@ WITH RECURSIVE
 -- on the row's newest version: a job_due row read from this statement's snapshot whose job a
 -- concurrent statement promoted, claimed, woke or cancelled since is stepped over, so the copy
 -- can never make a claim the row itself would not.
+-- Two ranges, each LIMITed after its locks (a row another claimer holds does not count): the
+-- rows already due, up to promote_limit (promoted or claimed here), and the sleeping or
+-- scheduled rows due within the lookahead, up to `limit` (only due_unkeyed can take them, at
+-- most `limit`; the others are left alone). One range up to promote_limit locked every row of
+-- the lookahead for nothing: during a drain of sleeping workflows 198 rows locked a claim, 27
+-- promoted and 25 claimed (auto_explain; bench/RESULTS.md, "Sleeping workflows on records").
 due AS MATERIALIZED (
-    SELECT locked.*
-    FROM {schema}.job_due d
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
-               j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
-               j.result_watched
-        FROM {schema}.job_rows j
-        WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
-          AND j.run_at <= {schema}.db_now()
-                          + (SELECT %(lookahead)s::float8) * interval '1 second'
-        FOR UPDATE SKIP LOCKED
-    ) AS locked
-    WHERE d.queue = (SELECT %(queue)s::text)
-      AND d.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
-    ORDER BY d.run_at
-    LIMIT (SELECT %(promote_limit)s::int)
+    (SELECT locked.*
+     FROM {schema}.job_due d
+     -- include: due_locked
+     WHERE d.queue = (SELECT %(queue)s::text) AND d.run_at <= {schema}.db_now()
+     ORDER BY d.run_at
+     LIMIT (SELECT %(promote_limit)s::int))
+    UNION ALL
+    (SELECT locked.*
+     FROM {schema}.job_due d
+     -- include: due_locked
+     WHERE d.queue = (SELECT %(queue)s::text) AND d.state IN ('sleeping', 'scheduled')
+       AND d.run_at > {schema}.db_now()
+       AND d.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
+     ORDER BY d.run_at
+     LIMIT (SELECT %(limit)s::int))
 ),
 -- Due unkeyed rows this worker serves are claim candidates at once (already locked by `due`,
 -- whose lock re-checked them on their newest version): a job whose sleep, delay, backoff or
