@@ -6,8 +6,8 @@ import datetime
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
@@ -235,6 +235,18 @@ def _execute(target: JobTarget, statement: sql.Composable, params: dict[str, Any
         target.execute(statement, params)
 
 
+@contextmanager
+def _one_transaction(target: JobTarget) -> Iterator[psycopg.Connection[Any]]:
+    """A helper's several writes as one state: with a URL, one session and one transaction, so a
+    worker's pass never sees the first write without the next (a leader's recovery recovered a
+    run force_running had written before its record, which then read `claimed` with no run)."""
+    if isinstance(target, str):
+        with psycopg.connect(target) as conn, conn.transaction():
+            yield conn
+    else:
+        yield target
+
+
 def _write_runs(target: JobTarget, schema: str, assignment: str, job_ids: list[int]) -> None:
     """The jobs' runs (job_runs, migration 0047: a running job's lease)."""
     statement = sql.SQL("UPDATE {}.job_runs SET {} WHERE job_id = ANY(%(ids)s)").format(
@@ -278,18 +290,6 @@ def force_running(
         " worker_id = coalesce(excluded.worker_id, u.worker_id),"
         " started_at = coalesce(excluded.started_at, u.started_at)"
     ).format(s=sql.Identifier(schema))
-    _execute(
-        target,
-        runs,
-        {
-            "attempt": attempt,
-            "lease_token": lease_token,
-            "expires_in": expires_in,
-            "worker_id": worker_id,
-            "started_ago": started_ago,
-            "ids": job_ids,
-        },
-    )
     assignments: list[sql.Composable] = [
         sql.SQL("phase = 'claimed'"),
         sql.SQL("attempt = %(attempt)s - 1"),
@@ -299,7 +299,20 @@ def force_running(
         assignments.append(sql.SQL("run_at = now()"))
     if cancel_requested:
         assignments.append(sql.SQL("cancel_requested = true"))
-    _write_jobs(target, schema, assignments, job_ids, params)
+    with _one_transaction(target) as conn:
+        _execute(
+            conn,
+            runs,
+            {
+                "attempt": attempt,
+                "lease_token": lease_token,
+                "expires_in": expires_in,
+                "worker_id": worker_id,
+                "started_ago": started_ago,
+                "ids": job_ids,
+            },
+        )
+        _write_jobs(conn, schema, assignments, job_ids, params)
 
 
 def expire_lease(target: JobTarget, schema: str, job_ids: list[int]) -> None:
