@@ -210,10 +210,20 @@ def _write_jobs(
     job_ids: list[int],
     params: dict[str, Any],
 ) -> None:
-    """The jobs' records (job_rows, behind the `jobs` view: migrations 0047, 0049)."""
-    statement = sql.SQL("UPDATE {}.job_rows SET {} WHERE id = ANY(%(ids)s)").format(
-        sql.Identifier(schema), sql.SQL(", ").join(assignments)
-    )
+    """The jobs' records (job_rows, behind the `jobs` view: migrations 0047, 0049), with their
+    copies in job_due as every statement that moves a record writes them (migration 0050: no
+    trigger does): the rows written out of scheduled, sleeping and waiting leave it, the ones
+    written into them are filed or rewritten."""
+    statement = sql.SQL(
+        "WITH written AS (UPDATE {s}.job_rows SET {assignments} WHERE id = ANY(%(ids)s)"
+        " RETURNING id, queue, phase, run_at),"
+        " due_left AS (DELETE FROM {s}.job_due d USING written w WHERE d.job_id = w.id"
+        " AND w.phase NOT IN ('scheduled', 'sleeping', 'waiting'))"
+        " INSERT INTO {s}.job_due AS d (job_id, queue, state, run_at)"
+        " SELECT id, queue, phase, run_at FROM written"
+        " WHERE phase IN ('scheduled', 'sleeping', 'waiting')"
+        " ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, run_at = excluded.run_at"
+    ).format(s=sql.Identifier(schema), assignments=sql.SQL(", ").join(assignments))
     _execute(target, statement, {**params, "ids": job_ids})
 
 
@@ -348,6 +358,7 @@ def force_final(
     statement = sql.SQL(
         "WITH runs AS (DELETE FROM {s}.job_runs WHERE job_id = ANY(%(ids)s)"
         " RETURNING job_id, attempt, executions, worker_id, started_at),"
+        " due_left AS (DELETE FROM {s}.job_due WHERE job_id = ANY(%(ids)s)),"
         " records AS (UPDATE {s}.job_rows j SET phase = 'done',"
         " attempt = coalesce(%(attempts)s, j.attempt),"
         " max_attempts = coalesce(%(attempts)s, j.max_attempts),"

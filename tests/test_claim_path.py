@@ -7,6 +7,7 @@ either grows with a backlog it should not see or does not.
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 import uuid
@@ -21,6 +22,7 @@ import trioq
 from tests.support import (
     Gate,
     analyze_records,
+    force_sleeping,
     make_app,
     run_explained,
     running_worker,
@@ -494,3 +496,69 @@ async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_sinc
     for plan in plans:
         assert plan["Actual Rows"] == 12
         assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 10 * 12 < pages
+
+
+def _loops_on(plan: dict[str, Any], relation_prefix: str) -> int:
+    """How many times the plan's scans of relations named `relation_prefix*` ran."""
+    own = plan["Actual Loops"] if plan.get("Relation Name", "").startswith(relation_prefix) else 0
+    return own + sum(_loops_on(child, relation_prefix) for child in plan.get("Plans", ()))
+
+
+async def test_the_plain_claim_reads_each_resumed_workflows_history_once(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The plain claim of 25 workflows that have a history (checkpoint_count > 0: resumed after
+    a sleep or a wait) reads the checkpoints once per claimed job. Pulled up under the final
+    LEFT JOIN, the history was computed at the scan of `candidates`, the inner side of its join
+    with `run`: once per pair, 625 reads (6.3 ms of a 7.0 ms claim during a drain)."""
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        await driver.migrate()
+        jobs = await driver.job_insert_many([NewJob("default", "noop", "{}")] * 25)
+    with psycopg.connect(pg_url) as conn:
+        conn.execute(
+            f"UPDATE {pg_schema}.job_rows SET checkpoint_count = 1 WHERE id = ANY(%s)",
+            ([job.id for job in jobs],),
+        )
+        statement = "EXPLAIN (ANALYZE, FORMAT JSON) " + queries(pg_schema)["job_claim_plain"]
+        claim = Claim("default", ("noop",), 25, 30.0, uuid.uuid4(), plain=True)
+        [[plan]] = conn.execute(statement, claim_params(claim)).fetchall()
+        conn.rollback()
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    assert top["Actual Rows"] == 25
+    assert _loops_on(top, "checkpoints") <= 25
+
+
+def _subplan(plan: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The plan node of the sub-plan `name` (a CTE: "CTE due"), if the plan has one."""
+    if plan.get("Subplan Name") == name:
+        return plan
+    for child in plan.get("Plans", ()):
+        found = _subplan(child, name)
+        if found is not None:
+            return found
+    return None
+
+
+async def test_the_claim_locks_no_more_rows_of_the_lookahead_than_it_may_claim(
+    pg_url: str, pg_schema: str
+) -> None:
+    """100 sleeping jobs due within the lookahead and a claim of 5: the claim locks (and
+    claims early) 5 of them, the earliest, and leaves the others unlocked for the next claim or
+    another worker. It locked all 100 (every row within the lookahead, up to promote_limit),
+    though none but the 5 could be promoted or claimed."""
+    async with open_pg_driver(pg_url, pg_schema, pool_size=1) as driver:
+        await driver.migrate()
+        jobs = await driver.job_insert_many([NewJob("default", "noop", "{}")] * 100)
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30)
+    for offset, job in enumerate(jobs):
+        force_sleeping(pg_url, pg_schema, job.id, later + datetime.timedelta(seconds=offset / 10))
+    statement = "EXPLAIN (ANALYZE, FORMAT JSON) " + queries(pg_schema)["job_claim"]
+    claim = Claim("default", ("noop",), 5, 30.0, uuid.uuid4(), lookahead_seconds=60.0)
+    with psycopg.connect(pg_url) as conn:
+        [[plan]] = conn.execute(statement, claim_params(claim)).fetchall()
+        conn.rollback()
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    due = _subplan(top, "CTE due")
+    assert due is not None
+    assert top["Actual Rows"] == 5
+    assert due["Actual Rows"] == 5

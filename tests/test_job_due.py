@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 import trio
@@ -35,9 +36,10 @@ from tests.support import (
     sql_scalar,
     wait_until,
 )
-from trioq._pg.driver import open_pg_driver
-from trioq._seam.driver import Claim, NewJob
-from trioq._sql import Migration, migrations
+from trioq._pg.driver import claim_params, open_pg_driver, settle_params
+from trioq._pg.replies import Claimed, ClaimedRow
+from trioq._seam.driver import Claim, NewJob, Settlement
+from trioq._sql import Migration, migrations, queries
 
 PREVIOUS = 43  # the previous release's last migration
 FILL = 45  # the batched backfill (a procedure 0044 creates, 0046 drops)
@@ -239,8 +241,8 @@ async def test_migrate_from_the_previous_release_fills_job_due_and_its_claims_ru
             )
     async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
         # 0047 too (stop first: the previous release's running job becomes a run), 0048 (its
-        # ready keyed job filed in ready_keyed) and 0049 (the records copied by epoch).
-        assert await pg.migrate() == [44, 45, 46, 47, 48, 49]
+        # ready keyed job filed in ready_keyed), 0049 (the records copied by epoch) and 0050.
+        assert await pg.migrate() == [44, 45, 46, 47, 48, 49, 50]
         assert job_due_mismatches(pg_url, pg_schema) == []
         assert ready_keyed_mismatches(pg_url, pg_schema) == []
         assert len(due_rows(pg_url, pg_schema)) == len(DUE)
@@ -398,3 +400,56 @@ async def test_a_stale_job_due_row_never_makes_a_claim_the_job_row_would_not(
             (running.id,),
         )
         assert attempt == 1  # not claimed a second time
+
+
+def _trigger_calls(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
+    """The PL/pgSQL functions of `schema` this transaction has called (track_functions is set
+    for it), by name: row triggers included."""
+    rows = conn.execute(
+        "SELECT funcname, calls FROM pg_stat_xact_user_functions WHERE schemaname = %s",
+        (schema,),
+    ).fetchall()
+    return dict(rows)
+
+
+async def test_a_sleep_and_its_due_claim_write_job_due_themselves_without_a_trigger_call(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Migration 0050: the settle that suspends a run into `sleeping` files its copy in the same
+    statement, and the claim that takes a due job or promotes one deletes the copy; neither
+    calls the filing trigger's function (a PL/pgSQL call per sleep and per wake-up before), and
+    job_due stays exact. The promotion still files the ring's entry (its trigger, as on a
+    record turning ready anywhere)."""
+    async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
+        await pg.migrate()
+        jobs = await pg.job_insert_many([NewJob("default", "echo", "{}")] * 2)
+        claim = Claim("default", ("echo",), 2, 30.0, uuid.uuid4())
+        leases = [job.lease for job in (await pg.job_claim(claim)).claimed]
+    assert len(leases) == 2
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SET LOCAL track_functions = 'pl'")
+        conn.execute(
+            queries(pg_schema)["job_settle_many"],
+            settle_params([Settlement(lease, "sleep", wake_at=later) for lease in leases]),
+        )
+        assert "jobs_live_file" not in _trigger_calls(conn, pg_schema)
+        conn.commit()
+    assert [row[2] for row in due_rows(pg_url, pg_schema)] == ["sleeping", "sleeping"]
+    assert job_due_mismatches(pg_url, pg_schema) == []
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=1)
+    for job in jobs:
+        force_sleeping(pg_url, pg_schema, job.id, past)
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SET LOCAL track_functions = 'pl'")
+        rows = conn.execute(
+            queries(pg_schema)["job_claim"], claim_params(attrs.evolve(claim, limit=1))
+        ).fetchall()
+        calls = _trigger_calls(conn, pg_schema)
+        conn.commit()
+    [row] = rows
+    assert row[ClaimedRow.id] is not None and row[Claimed.promoted] == 1
+    assert "jobs_live_file" not in calls
+    assert calls.get("ready_ring_file") == 1
+    assert due_rows(pg_url, pg_schema) == []
+    assert job_due_mismatches(pg_url, pg_schema) == []

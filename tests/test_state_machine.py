@@ -349,7 +349,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             strict=True,
         ):
             history = _history(claimed_memory.history)
-            assert history == _history(claimed_pg.history)
+            assert history == _history(claimed_pg.history, self.to_memory)
             old = self.leases.get(claimed_memory.id)
             if old is not None:
                 self.stale.append(old)
@@ -512,12 +512,27 @@ class DifferentialMachine(RuleBasedStateMachine):
             assert abs(memory_wait - pg_wait) < 5, (memory_wait, pg_wait)
 
 
-def _history(history: tuple[Checkpoint, ...]) -> list[tuple[Any, ...]]:
+def _history(
+    history: tuple[Checkpoint, ...], to_memory: dict[int, int] | None = None
+) -> list[tuple[Any, ...]]:
     """Checkpoints as both drivers must agree on them: a sleep's wake time, a pending wait's
     deadline and a spawned child's times are each driver's own clock, so every timestamp in a
-    value is compared as a placeholder."""
+    value is compared as a placeholder; a spawned child's id is each driver's own too (the
+    machine maps ids: `to_memory`), so a PostgreSQL history's is read through `to_memory`.
+    Compared raw, a found example (five enqueues, two with dedup keys, a claim, a spawn, a
+    release) read the child's id one above the memory driver's."""
     return [
         (c.position, c.kind, c.name, None if c.kind == "sleep" else _without_times(c.value))
+        for c in (history if to_memory is None else _children_read(history, to_memory))
+    ]
+
+
+def _children_read(history: tuple[Checkpoint, ...], to_memory: dict[int, int]) -> list[Any]:
+    """`history` with each spawn checkpoint's child id as the memory driver's."""
+    return [
+        attrs.evolve(c, value={**c.value, "child_id": to_memory[c.value["child_id"]]})
+        if c.kind == "spawn" and isinstance(c.value, dict) and c.value.get("child_id") in to_memory
+        else c
         for c in history
     ]
 

@@ -38,10 +38,11 @@ async def test_force_running_writes_the_run_and_the_record_in_one_transaction(
         # Readers pass an EXCLUSIVE lock; the record's UPDATE waits on it.
         blocker.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(records))
 
+        # The record's write is an UPDATE inside a WITH (it writes job_due too: migration 0050).
         async def record_write_waits() -> bool:
             row = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE 'UPDATE %%job_rows%%'"
+                " AND query LIKE '%%UPDATE %%job_rows%%'"
             ).fetchone()
             return row is not None and row[0] > 0
 

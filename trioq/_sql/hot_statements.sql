@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3588 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
+-- name: job_claim_plain (3601 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -265,7 +265,7 @@ c.result_watched
 FROM candidates c
 RETURNING job_id, attempt, lease_token
 ),
-claimed AS (
+claimed AS MATERIALIZED (
 SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
 c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
 CASE WHEN c.checkpoint_count > 0 THEN
@@ -286,10 +286,10 @@ FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (13553 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim (14441 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
-SELECT locked.*
+(SELECT locked.*
 FROM "trioq".job_due d
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
@@ -301,10 +301,27 @@ AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
 ) AS locked
-WHERE d.queue = (SELECT $2::text)
+WHERE d.queue = (SELECT $2::text) AND d.run_at <= "trioq".db_now()
+ORDER BY d.run_at
+LIMIT (SELECT $3::int))
+UNION ALL
+(SELECT locked.*
+FROM "trioq".job_due d
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+j.result_watched
+FROM "trioq".job_rows j
+WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
++ (SELECT $1::float8) * interval '1 second'
+FOR UPDATE SKIP LOCKED
+) AS locked
+WHERE d.queue = (SELECT $2::text) AND d.state IN ('sleeping', 'scheduled')
+AND d.run_at > "trioq".db_now()
 AND d.run_at <= "trioq".db_now() + (SELECT $1::float8) * interval '1 second'
 ORDER BY d.run_at
-LIMIT (SELECT $3::int)
+LIMIT (SELECT $4::int))
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
@@ -606,6 +623,14 @@ WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
 AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
 RETURNING j.id
 ),
+due_left AS MATERIALIZED (
+SELECT CASE WHEN EXISTS (SELECT 1 FROM due)
+THEN "trioq".job_due_leave(
+ARRAY(SELECT id FROM promoted
+UNION ALL
+SELECT u.job_id FROM run u JOIN due d ON d.id = u.job_id))
+ELSE 0 END AS n
+),
 claimed AS (
 SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
@@ -633,12 +658,12 @@ claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-AND (SELECT n FROM keyed_taken) >= 0;
+AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
--- name: job_claim_rated (16357 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim_rated (17245 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
-SELECT locked.*
+(SELECT locked.*
 FROM "trioq".job_due d
 CROSS JOIN LATERAL (
 SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
@@ -650,10 +675,27 @@ AND j.run_at <= "trioq".db_now()
 + (SELECT $1::float8) * interval '1 second'
 FOR UPDATE SKIP LOCKED
 ) AS locked
-WHERE d.queue = (SELECT $2::text)
+WHERE d.queue = (SELECT $2::text) AND d.run_at <= "trioq".db_now()
+ORDER BY d.run_at
+LIMIT (SELECT $3::int))
+UNION ALL
+(SELECT locked.*
+FROM "trioq".job_due d
+CROSS JOIN LATERAL (
+SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+j.result_watched
+FROM "trioq".job_rows j
+WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
+AND j.run_at <= "trioq".db_now()
++ (SELECT $1::float8) * interval '1 second'
+FOR UPDATE SKIP LOCKED
+) AS locked
+WHERE d.queue = (SELECT $2::text) AND d.state IN ('sleeping', 'scheduled')
+AND d.run_at > "trioq".db_now()
 AND d.run_at <= "trioq".db_now() + (SELECT $1::float8) * interval '1 second'
 ORDER BY d.run_at
-LIMIT (SELECT $3::int)
+LIMIT (SELECT $4::int))
 ),
 due_unkeyed AS MATERIALIZED (
 SELECT d.id, d.priority, d.run_at, d.queue, NULL::text AS partition_key, true AS held,
@@ -1004,6 +1046,14 @@ WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
 AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
 RETURNING j.id
 ),
+due_left AS MATERIALIZED (
+SELECT CASE WHEN EXISTS (SELECT 1 FROM due)
+THEN "trioq".job_due_leave(
+ARRAY(SELECT id FROM promoted
+UNION ALL
+SELECT u.job_id FROM run u JOIN due d ON d.id = u.job_id))
+ELSE 0 END AS n
+),
 claimed AS (
 SELECT j.id, j.queue, j.task, j.payload, u.attempt, j.max_attempts, u.lease_token,
 j.partition_key, j.priority, j.run_at, j.created_at, j.cancel_requested,
@@ -1037,7 +1087,7 @@ AS key_rate_limited_until
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-AND (SELECT n FROM keyed_taken) >= 0;
+AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
 -- name: job_complete_plain (1355 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
@@ -1074,7 +1124,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (4885 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (5069 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -1120,6 +1170,12 @@ AND j.phase IN ('ready', 'claimed')
 RETURNING j.id, g.attempt, j.phase AS state, j.queue, j.partition_key,
 g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
 i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
+),
+due_filed AS (
+INSERT INTO "trioq".job_due (job_id, queue, state, run_at)
+SELECT m.id, m.queue, m.state, m.run_at
+FROM moved m
+WHERE m.state IN ('scheduled', 'sleeping', 'waiting')
 ),
 ended AS MATERIALIZED (
 SELECT g.job_id AS id, g.attempt, g.executions, g.worker_id, g.started_at,

@@ -525,6 +525,19 @@ CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'runn
       AND NOT (next_key.wrapped AND next_key.@key@ > (SELECT %(@cursor@)s::text))
       AND NOT (next_key.wrapped AND k.wrapped AND next_key.@key@ <= k.@key@)
 
+-- fragment: due_locked
+-- The claim's `due`: a job_due row's record, locked (its comment says how and why).
+     CROSS JOIN LATERAL (
+         SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
+                j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
+                j.result_watched
+         FROM {schema}.job_rows j
+         WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
+           AND j.run_at <= {schema}.db_now()
+                           + (SELECT %(lookahead)s::float8) * interval '1 second'
+         FOR UPDATE SKIP LOCKED
+     ) AS locked
+
 -- fragment: claim(rate)
 -- Two statements are this one: job_claim (`unrated`: while no key has a rate) and
 -- job_claim_rated (`rated`), which differ only in the concurrency-key fragments named
@@ -589,23 +602,28 @@ WITH RECURSIVE
 -- on the row's newest version: a job_due row read from this statement's snapshot whose job a
 -- concurrent statement promoted, claimed, woke or cancelled since is stepped over, so the copy
 -- can never make a claim the row itself would not.
+-- Two ranges, each LIMITed after its locks (a row another claimer holds does not count): the
+-- rows already due, up to promote_limit (promoted or claimed here), and the sleeping or
+-- scheduled rows due within the lookahead, up to `limit` (only due_unkeyed can take them, at
+-- most `limit`; the others are left alone). One range up to promote_limit locked every row of
+-- the lookahead for nothing: during a drain of sleeping workflows 198 rows locked a claim, 27
+-- promoted and 25 claimed (auto_explain; bench/RESULTS.md, "Sleeping workflows on records").
 due AS MATERIALIZED (
-    SELECT locked.*
-    FROM {schema}.job_due d
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.queue, j.partition_key, j.task, j.version,
-               j.phase AS state, j.concurrency_key, j.attempt, j.executions, j.parent_id,
-               j.result_watched
-        FROM {schema}.job_rows j
-        WHERE j.id = d.job_id AND j.phase IN ('scheduled', 'sleeping', 'waiting')
-          AND j.run_at <= {schema}.db_now()
-                          + (SELECT %(lookahead)s::float8) * interval '1 second'
-        FOR UPDATE SKIP LOCKED
-    ) AS locked
-    WHERE d.queue = (SELECT %(queue)s::text)
-      AND d.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
-    ORDER BY d.run_at
-    LIMIT (SELECT %(promote_limit)s::int)
+    (SELECT locked.*
+     FROM {schema}.job_due d
+     -- include: due_locked
+     WHERE d.queue = (SELECT %(queue)s::text) AND d.run_at <= {schema}.db_now()
+     ORDER BY d.run_at
+     LIMIT (SELECT %(promote_limit)s::int))
+    UNION ALL
+    (SELECT locked.*
+     FROM {schema}.job_due d
+     -- include: due_locked
+     WHERE d.queue = (SELECT %(queue)s::text) AND d.state IN ('sleeping', 'scheduled')
+       AND d.run_at > {schema}.db_now()
+       AND d.run_at <= {schema}.db_now() + (SELECT %(lookahead)s::float8) * interval '1 second'
+     ORDER BY d.run_at
+     LIMIT (SELECT %(limit)s::int))
 ),
 -- Due unkeyed rows this worker serves are claim candidates at once (already locked by `due`,
 -- whose lock re-checked them on their newest version): a job whose sleep, delay, backoff or
@@ -792,7 +810,7 @@ keyed_taken AS MATERIALIZED (
                 ELSE 0 END AS n
 ),
 -- A keyed or due job claimed here leaves ready, scheduled, sleeping and waiting in place
--- (`claimed`): its entry is gone (keyed_taken, job_due's trigger), and the readers that still
+-- (`claimed`): its entry is gone (keyed_taken, due_left), and the readers that still
 -- find a job by its row's phase (the pages, the explanation, the rechecks of the locks) see
 -- it is not ready; a job claimed from the ring keeps `ready`, its entry gone.
 claimed_in_place AS (
@@ -801,6 +819,17 @@ claimed_in_place AS (
     WHERE j.id = u.job_id AND c.id = u.job_id AND c.ring_slot IS NULL
       AND j.phase IN ('ready', 'scheduled', 'sleeping', 'waiting')
     RETURNING j.id
+),
+-- The due rows promoted or claimed here leave job_due (migration 0050: no trigger writes it),
+-- through job_due_leave()'s fresh snapshot (its comment says why not a DELETE here). A claim
+-- that locked no due row calls nothing.
+due_left AS MATERIALIZED (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM due)
+                THEN {schema}.job_due_leave(
+                         ARRAY(SELECT id FROM promoted
+                               UNION ALL
+                               SELECT u.job_id FROM run u JOIN due d ON d.id = u.job_id))
+                ELSE 0 END AS n
 ),
 claimed AS (
     -- include: claim_returning
@@ -827,10 +856,11 @@ SELECT (SELECT partition_key FROM ready_keys ORDER BY n DESC LIMIT 1) AS key_cur
        -- include: claim_reply_@rate@
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
--- A one-time filter that is always true reads ready_notified, ring_taken and keyed_taken, so
--- its NOTIFY and the entries' deletes run (a CTE without a data change runs only when read).
+-- A one-time filter that is always true reads ready_notified, ring_taken, keyed_taken and
+-- due_left, so its NOTIFY and the entries' deletes run (a CTE without a data change runs only
+-- when read).
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-  AND (SELECT n FROM keyed_taken) >= 0;
+  AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
 -- fragment: concurrency_key_limit_held
 -- Both concurrency_room variants: per ready key `k`, the limit the claim applies
@@ -1121,6 +1151,15 @@ moved AS (
               g.worker_id, g.started_at, j.error, j.run_at, i.releases_key, i.history,
               i.final, j.parent_id, j.result_watched OR g.result_watched AS result_watched
 ),
+-- A record suspended here (sleeping, waiting, scheduled for a retry) is filed in job_due in
+-- this statement (migration 0050; a row trigger did it, a PL/pgSQL call per sleep): a plain
+-- insert, since a running job's record is ready or claimed (running_by_key) and has no copy.
+due_filed AS (
+    INSERT INTO {schema}.job_due (job_id, queue, state, run_at)
+    SELECT m.id, m.queue, m.state, m.run_at
+    FROM moved m
+    WHERE m.state IN ('scheduled', 'sleeping', 'waiting')
+),
 -- A final outcome is appended (migration 0049) and the record is left as it is (its phase
 -- reads ready or claimed under the outcome, which decides the state): read, not written.
 ended AS MATERIALIZED (
@@ -1284,7 +1323,13 @@ run AS (
 ),
 -- The claimed jobs as claim_returning gives them, from the version the scan locked: no second
 -- probe of jobs_live (2.5 buffer accesses a job: 32.2 against main's 29.6 with it).
-claimed AS (
+-- MATERIALIZED: pulled up under the final LEFT JOIN, the history became a placeholder the
+-- planner computes where its columns are first available, the scan of `candidates`, which is
+-- the inner side of the join with `run` (both estimated at one row): every resumed workflow's
+-- history was read once per pair, 625 times in a claim of 25 (6.3 ms of its 7.0, auto_explain
+-- during a drain of sleeping workflows: bench/RESULTS.md, "Sleeping workflows on records").
+-- Materialized, the join is done first and the history read once per claimed job.
+claimed AS MATERIALIZED (
     SELECT c.id, c.queue, c.task, c.payload, u.attempt, c.max_attempts, u.lease_token,
            c.partition_key, c.priority, c.run_at, c.created_at, c.cancel_requested, c.version,
            CASE WHEN c.checkpoint_count > 0 THEN
@@ -2647,7 +2692,12 @@ owner AS (
         wait_children = NULL, wait_topic = NULL, wait_position = NULL
     FROM outcome o, fenced f
     WHERE j.id = f.job_id AND j.phase IN ('ready', 'claimed')
-    RETURNING j.id
+    RETURNING j.id, j.queue, j.phase, j.run_at
+),
+-- A suspension is filed in job_due here (migration 0050): the running record had no copy.
+due_filed AS (
+    INSERT INTO {schema}.job_due (job_id, queue, state, run_at)
+    SELECT w.id, w.queue, w.phase, w.run_at FROM owner w WHERE w.phase = 'waiting'
 ),
 written AS (
     INSERT INTO {schema}.checkpoints AS c (job_id, position, kind, name, value, created_at)
@@ -2840,7 +2890,13 @@ updated AS (
     FROM decision d, owner o
     WHERE d.state IN ('done', 'suspend')
       AND j.id = o.id AND j.phase IN ('ready', 'claimed')
-    RETURNING j.id, CASE WHEN j.phase = 'waiting' THEN 'waiting' ELSE 'running' END AS state
+    RETURNING j.id, CASE WHEN j.phase = 'waiting' THEN 'waiting' ELSE 'running' END AS state,
+              j.queue, j.run_at
+),
+-- A suspension is filed in job_due here (migration 0050): the running record had no copy.
+due_filed AS (
+    INSERT INTO {schema}.job_due (job_id, queue, state, run_at)
+    SELECT x.id, x.queue, x.state, x.run_at FROM updated x WHERE x.state = 'waiting'
 ),
 suspended AS (
     DELETE FROM {schema}.job_runs u USING updated x

@@ -287,6 +287,7 @@ CREATE FUNCTION trioq.event_emit(event_key text, event_payload jsonb) RETURNS TA
 DECLARE
     won boolean;
     wake_count bigint;
+    woken_ids bigint[];
     stored jsonb;
 BEGIN
     PERFORM "trioq".payload_check(event_payload, 'payload');
@@ -320,8 +321,11 @@ BEGIN
         SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
         FROM (SELECT DISTINCT queue FROM woken) AS q
     )
-    SELECT (SELECT count(*) FROM woken) INTO wake_count
+    SELECT (SELECT count(*) FROM woken), ARRAY(SELECT id FROM woken) INTO wake_count, woken_ids
     FROM notified CROSS JOIN (SELECT count(*) FROM resolved) AS side_effects;
+    -- The woken leave job_due (migration 0050), in a statement of its own: its fresh snapshot
+    -- sees every copy filed before the wake statement locked the records.
+    DELETE FROM "trioq".job_due d WHERE d.job_id = ANY(woken_ids);
     RETURN QUERY SELECT coalesce(won, false), wake_count;
 END
 $$;
@@ -373,6 +377,7 @@ DECLARE
     plan_old text[];
     plan_new text[];
     plan_kept boolean[];
+    changed_ids bigint[];
     sent bigint;
 BEGIN
     WITH RECURSIVE tree AS (
@@ -498,8 +503,20 @@ CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'runn
         FROM changed c WHERE c.state IN ('running', 'cancelled')
     )
     SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w)
-           + (SELECT count(*) FROM ended) INTO sent
+           + (SELECT count(*) FROM ended), ARRAY(SELECT c.id FROM changed c) INTO sent, changed_ids
     FROM notified n;
+    -- job_due follows the records written above (migration 0050: no trigger writes it): a
+    -- suspended job woken or cancelled leaves it, a parent left waiting for a running child
+    -- (its wait's timeout gone) has its copy rewritten. Statements of their own, so their
+    -- snapshots see every copy filed before the tree's locks were taken.
+    DELETE FROM "trioq".job_due d USING "trioq".job_rows j
+    WHERE d.job_id = ANY(changed_ids) AND j.id = d.job_id
+      AND j.phase <> ALL ('{scheduled,sleeping,waiting}'::text[]);
+    INSERT INTO "trioq".job_due AS d (job_id, queue, state, run_at)
+    SELECT j.id, j.queue, j.phase, j.run_at FROM "trioq".job_rows j
+    WHERE j.id = ANY(changed_ids) AND j.phase = ANY ('{scheduled,sleeping,waiting}'::text[])
+    ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, run_at = excluded.run_at
+    WHERE (d.state, d.run_at) IS DISTINCT FROM (excluded.state, excluded.run_at);
     PERFORM "trioq".parents_notify(root_ids);
     RETURN QUERY
         SELECT t.id, t.old_state, t.new_state
@@ -548,6 +565,21 @@ BEGIN
     WHERE j.id = ANY(passed);
     PERFORM 1 FROM "trioq".job_cancel_tree(passed, control_channel, false);
     RETURN cardinality(passed);
+END
+$$;
+
+CREATE FUNCTION trioq.job_due_leave(ids bigint[]) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    left_count bigint;
+BEGIN
+    DELETE FROM "trioq".job_due d WHERE d.job_id OPERATOR(pg_catalog.=) ANY(ids);
+    GET DIAGNOSTICS left_count = ROW_COUNT;
+    RETURN left_count;
 END
 $$;
 
@@ -639,6 +671,9 @@ BEGIN
         worker_id = run.worker_id, started_at = run.started_at, wait_topic = p_topic,
         wait_position = p_position, wait_event_key = NULL, wait_children = NULL
     WHERE j.id = p_job_id;
+    -- Filed in job_due by this writer (migration 0050): the running record had no copy.
+    INSERT INTO "trioq".job_due (job_id, queue, state, run_at)
+    SELECT j.id, j.queue, j.phase, j.run_at FROM "trioq".job_rows j WHERE j.id = p_job_id;
     RETURN QUERY SELECT 'waiting'::text, '[]'::jsonb, due;
 END
 $$;
@@ -762,6 +797,7 @@ CREATE FUNCTION trioq.parents_notify(child_ids bigint[], skip_ids bigint[] DEFAU
     AS $$
 DECLARE
     wake_count bigint;
+    woken_ids bigint[];
 BEGIN
     WITH finished AS (
         SELECT c.parent_id, array_agg(c.id) AS ids,
@@ -797,13 +833,20 @@ BEGIN
         FROM finished f JOIN locked l ON l.id = f.parent_id
         WHERE p.id = f.parent_id
         -- `woken`: moved into ready here (a parent that runs reads ready too).
-        RETURNING p.queue, CASE WHEN p.filed > l.filed THEN 'ready' END AS state
+        RETURNING p.id, p.queue, CASE WHEN p.filed > l.filed THEN 'ready' END AS state
     ),
     notified AS (
         SELECT count(pg_notify("trioq".ready_channel(q.queue), q.queue)) AS n
         FROM (SELECT DISTINCT queue FROM woken WHERE state = 'ready') AS q
     )
-    SELECT (SELECT count(*) FROM woken WHERE state = 'ready') INTO wake_count FROM notified;
+    SELECT (SELECT count(*) FROM woken WHERE state = 'ready'),
+           ARRAY(SELECT id FROM woken WHERE state = 'ready')
+    INTO wake_count, woken_ids FROM notified;
+    -- The woken leave job_due (migration 0050), in a statement of its own: its fresh snapshot
+    -- sees every copy filed before the parents' locks were taken.
+    IF wake_count > 0 THEN
+        DELETE FROM "trioq".job_due d WHERE d.job_id = ANY(woken_ids);
+    END IF;
     RETURN wake_count;
 END
 $$;
@@ -1565,6 +1608,8 @@ BEGIN
                 wait_topic = NULL, wait_position = NULL
             WHERE j.id = p_job_id
             RETURNING j.queue INTO job_queue;
+            -- Woken: out of job_due (migration 0050), under the record's lock taken above.
+            DELETE FROM "trioq".job_due d WHERE d.job_id = p_job_id;
             PERFORM pg_notify("trioq".ready_channel(job_queue), job_queue);
             RETURN nextval(pg_get_serial_sequence('"trioq".messages', 'id'));
         END IF;
@@ -1576,6 +1621,9 @@ BEGIN
     SET phase = 'ready', filed = j.filed + 1, run_at = "trioq".db_now(), wait_topic = NULL,
         wait_position = NULL
     WHERE j.id = p_job_id AND j.phase = 'waiting' AND j.wait_topic = p_topic;
+    IF FOUND THEN
+        DELETE FROM "trioq".job_due d WHERE d.job_id = p_job_id;
+    END IF;
     -- Woken just now, ready already, or due: a claim may have skipped it under our lock.
     SELECT count(pg_notify("trioq".ready_channel(j.queue), j.queue)) INTO woken_count
     FROM "trioq".job_rows j
@@ -2549,8 +2597,6 @@ CREATE TRIGGER jobs_deleted AFTER DELETE ON trioq.job_rows REFERENCING OLD TABLE
 
 CREATE TRIGGER jobs_keys_delete AFTER DELETE ON trioq.job_rows REFERENCING OLD TABLE AS deleted_jobs FOR EACH STATEMENT EXECUTE FUNCTION trioq.job_keys_delete_of_jobs();
 
-CREATE TRIGGER jobs_live_filed AFTER UPDATE OF phase, run_at, filed ON trioq.job_rows FOR EACH ROW WHEN ((((new.phase <> 'claimed'::text) OR (old.phase <> 'ready'::text)) AND (((new.phase = 'ready'::text) AND ((old.phase <> 'ready'::text) OR (old.filed <> new.filed)) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL)) OR (((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text])) OR (new.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) AND ((new.phase <> old.phase) OR (new.run_at IS DISTINCT FROM old.run_at)))))) EXECUTE FUNCTION trioq.jobs_live_file();
-
 CREATE TRIGGER jobs_live_left AFTER DELETE ON trioq.job_rows FOR EACH ROW WHEN ((old.phase = ANY (ARRAY['scheduled'::text, 'sleeping'::text, 'waiting'::text]))) EXECUTE FUNCTION trioq.jobs_live_left();
 
 CREATE TRIGGER ready_keyed_filed_insert AFTER INSERT ON trioq.job_rows FOR EACH ROW WHEN ((((new.partition_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL)) AND (new.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
@@ -2560,3 +2606,5 @@ CREATE TRIGGER ready_keyed_filed_update AFTER UPDATE OF phase, run_at, filed, pr
 CREATE TRIGGER ready_keyed_left AFTER DELETE ON trioq.job_rows FOR EACH ROW WHEN ((((old.partition_key IS NOT NULL) OR (old.concurrency_key IS NOT NULL)) AND (old.phase = 'ready'::text))) EXECUTE FUNCTION trioq.ready_keyed_file();
 
 CREATE TRIGGER ready_ring_filed_insert AFTER INSERT ON trioq.job_rows FOR EACH ROW WHEN (((new.phase = 'ready'::text) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();
+
+CREATE TRIGGER ready_ring_filed_update AFTER UPDATE OF phase, filed ON trioq.job_rows FOR EACH ROW WHEN (((new.phase = 'ready'::text) AND ((old.phase <> 'ready'::text) OR (old.filed <> new.filed)) AND (new.partition_key IS NULL) AND (new.concurrency_key IS NULL))) EXECUTE FUNCTION trioq.ready_ring_file();

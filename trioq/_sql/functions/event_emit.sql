@@ -12,6 +12,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     won boolean;
     wake_count bigint;
+    woken_ids bigint[];
     stored jsonb;
 BEGIN
     PERFORM {schema}.payload_check(event_payload, 'payload');
@@ -45,8 +46,11 @@ BEGIN
         SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
         FROM (SELECT DISTINCT queue FROM woken) AS q
     )
-    SELECT (SELECT count(*) FROM woken) INTO wake_count
+    SELECT (SELECT count(*) FROM woken), ARRAY(SELECT id FROM woken) INTO wake_count, woken_ids
     FROM notified CROSS JOIN (SELECT count(*) FROM resolved) AS side_effects;
+    -- The woken leave job_due (migration 0050), in a statement of its own: its fresh snapshot
+    -- sees every copy filed before the wake statement locked the records.
+    DELETE FROM {schema}.job_due d WHERE d.job_id = ANY(woken_ids);
     RETURN QUERY SELECT coalesce(won, false), wake_count;
 END
 $$;

@@ -17,6 +17,7 @@ DECLARE
     plan_old text[];
     plan_new text[];
     plan_kept boolean[];
+    changed_ids bigint[];
     sent bigint;
 BEGIN
     WITH RECURSIVE tree AS (
@@ -124,8 +125,20 @@ BEGIN
         FROM changed c WHERE c.state IN ('running', 'cancelled')
     )
     SELECT n.n + (SELECT count(*) FROM unlocked) + (SELECT w.n FROM woken w)
-           + (SELECT count(*) FROM ended) INTO sent
+           + (SELECT count(*) FROM ended), ARRAY(SELECT c.id FROM changed c) INTO sent, changed_ids
     FROM notified n;
+    -- job_due follows the records written above (migration 0050: no trigger writes it): a
+    -- suspended job woken or cancelled leaves it, a parent left waiting for a running child
+    -- (its wait's timeout gone) has its copy rewritten. Statements of their own, so their
+    -- snapshots see every copy filed before the tree's locks were taken.
+    DELETE FROM {schema}.job_due d USING {schema}.job_rows j
+    WHERE d.job_id = ANY(changed_ids) AND j.id = d.job_id
+      AND j.phase <> ALL ('{scheduled,sleeping,waiting}'::text[]);
+    INSERT INTO {schema}.job_due AS d (job_id, queue, state, run_at)
+    SELECT j.id, j.queue, j.phase, j.run_at FROM {schema}.job_rows j
+    WHERE j.id = ANY(changed_ids) AND j.phase = ANY ('{scheduled,sleeping,waiting}'::text[])
+    ON CONFLICT (job_id) DO UPDATE SET state = excluded.state, run_at = excluded.run_at
+    WHERE (d.state, d.run_at) IS DISTINCT FROM (excluded.state, excluded.run_at);
     PERFORM {schema}.parents_notify(root_ids);
     RETURN QUERY
         SELECT t.id, t.old_state, t.new_state

@@ -74,6 +74,9 @@ BEGIN
         worker_id = run.worker_id, started_at = run.started_at, wait_topic = p_topic,
         wait_position = p_position, wait_event_key = NULL, wait_children = NULL
     WHERE j.id = p_job_id;
+    -- Filed in job_due by this writer (migration 0050): the running record had no copy.
+    INSERT INTO {schema}.job_due (job_id, queue, state, run_at)
+    SELECT j.id, j.queue, j.phase, j.run_at FROM {schema}.job_rows j WHERE j.id = p_job_id;
     RETURN QUERY SELECT 'waiting'::text, '[]'::jsonb, due;
 END
 $$;

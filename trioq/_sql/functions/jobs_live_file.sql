@@ -1,3 +1,6 @@
+-- Since migration 0050 only job_due_filed_insert calls this (a record inserted due): the
+-- statements that move a record write job_due themselves, and ready_ring_filed_update files
+-- the ring. The UPDATE branch below serves a schema between migrations 0044 and 0050.
 -- Files a jobs_live row where the claims look for it (migrations 0044, 0047): a row entering
 -- or moving within the due phases (scheduled, sleeping, waiting) in job_due, a row leaving
 -- them out of it, and a row turning ready with no key in the ready ring (migration 0039; the

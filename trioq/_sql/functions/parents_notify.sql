@@ -16,6 +16,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     wake_count bigint;
+    woken_ids bigint[];
 BEGIN
     WITH finished AS (
         SELECT c.parent_id, array_agg(c.id) AS ids,
@@ -51,13 +52,20 @@ BEGIN
         FROM finished f JOIN locked l ON l.id = f.parent_id
         WHERE p.id = f.parent_id
         -- `woken`: moved into ready here (a parent that runs reads ready too).
-        RETURNING p.queue, CASE WHEN p.filed > l.filed THEN 'ready' END AS state
+        RETURNING p.id, p.queue, CASE WHEN p.filed > l.filed THEN 'ready' END AS state
     ),
     notified AS (
         SELECT count(pg_notify({schema}.ready_channel(q.queue), q.queue)) AS n
         FROM (SELECT DISTINCT queue FROM woken WHERE state = 'ready') AS q
     )
-    SELECT (SELECT count(*) FROM woken WHERE state = 'ready') INTO wake_count FROM notified;
+    SELECT (SELECT count(*) FROM woken WHERE state = 'ready'),
+           ARRAY(SELECT id FROM woken WHERE state = 'ready')
+    INTO wake_count, woken_ids FROM notified;
+    -- The woken leave job_due (migration 0050), in a statement of its own: its fresh snapshot
+    -- sees every copy filed before the parents' locks were taken.
+    IF wake_count > 0 THEN
+        DELETE FROM {schema}.job_due d WHERE d.job_id = ANY(woken_ids);
+    END IF;
     RETURN wake_count;
 END
 $$;

@@ -1,8 +1,8 @@
 -- Files a job that became ready and has no key in the ready ring (migration 0039), where the
 -- claims find it: the trigger of every row of jobs_live that is inserted ready (an enqueue, a
--- spawn, a redrive moving a finished job back). A row whose state turns to ready (a promotion,
--- a retry, a wake-up, a cancel of a suspended job) is filed by jobs_live_file() with the same
--- statement (migration 0044). The trigger's WHEN clause is checked per row without calling
+-- spawn, a redrive moving a finished job back), and of every record turning ready unkeyed (a
+-- promotion, a retry, a wake-up, a cancel of a suspended job: ready_ring_filed_update,
+-- migration 0050; jobs_live_file() did it from 0044 to 0049). The trigger's WHEN clause is checked per row without calling
 -- this, so an enqueue of a keyed job pays a comparison. One statement
 -- fills every writer's rows, so no writer can forget its jobs (an entry a claim never finds
 -- is a job that never runs). An entry can outlive its job's readiness (a cancel, a deadline):

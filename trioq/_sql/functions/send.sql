@@ -51,6 +51,8 @@ BEGIN
                 wait_topic = NULL, wait_position = NULL
             WHERE j.id = p_job_id
             RETURNING j.queue INTO job_queue;
+            -- Woken: out of job_due (migration 0050), under the record's lock taken above.
+            DELETE FROM {schema}.job_due d WHERE d.job_id = p_job_id;
             PERFORM pg_notify({schema}.ready_channel(job_queue), job_queue);
             RETURN nextval(pg_get_serial_sequence('{schema}.messages', 'id'));
         END IF;
@@ -62,6 +64,9 @@ BEGIN
     SET phase = 'ready', filed = j.filed + 1, run_at = {schema}.db_now(), wait_topic = NULL,
         wait_position = NULL
     WHERE j.id = p_job_id AND j.phase = 'waiting' AND j.wait_topic = p_topic;
+    IF FOUND THEN
+        DELETE FROM {schema}.job_due d WHERE d.job_id = p_job_id;
+    END IF;
     -- Woken just now, ready already, or due: a claim may have skipped it under our lock.
     SELECT count(pg_notify({schema}.ready_channel(j.queue), j.queue)) INTO woken_count
     FROM {schema}.job_rows j
