@@ -22,6 +22,7 @@ import trioq
 from tests.support import (
     Gate,
     analyze_records,
+    force_checkpoint_count,
     force_sleeping,
     make_app,
     run_explained,
@@ -515,10 +516,8 @@ async def test_the_plain_claim_reads_each_resumed_workflows_history_once(
         await driver.migrate()
         jobs = await driver.job_insert_many([NewJob("default", "noop", "{}")] * 25)
     with psycopg.connect(pg_url) as conn:
-        conn.execute(
-            f"UPDATE {pg_schema}.job_rows SET checkpoint_count = 1 WHERE id = ANY(%s)",
-            ([job.id for job in jobs],),
-        )
+        for job in jobs:
+            force_checkpoint_count(conn, pg_schema, job.id, 1)
         statement = "EXPLAIN (ANALYZE, FORMAT JSON) " + queries(pg_schema)["job_claim_plain"]
         claim = Claim("default", ("noop",), 25, 30.0, uuid.uuid4(), plain=True)
         [[plan]] = conn.execute(statement, claim_params(claim)).fetchall()
