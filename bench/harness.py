@@ -207,9 +207,11 @@ class Database:
 
     def statement_breakdown(self, roles: Sequence[str]) -> dict[str, tuple[int, float]]:
         """Every statement `roles` ran since the last reset, by the first 90 characters of its
-        text (whitespace squeezed): (calls, total execution ms)."""
+        text (whitespace squeezed, each fresh schema's name read as `{schema}`, so one
+        statement keys alike in every repeat): (calls, total execution ms)."""
         rows = self.fetch(
-            "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90), sum(s.calls),"
+            "SELECT left(regexp_replace(regexp_replace(s.query, '\\s+', ' ', 'g'),"
+            " '\"bench_[0-9]+\"', '{schema}', 'g'), 90), sum(s.calls),"
             " sum(s.total_exec_time)"
             " FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"
             " WHERE r.rolname = ANY(%s) GROUP BY 1",
