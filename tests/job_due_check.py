@@ -7,18 +7,14 @@ after every call that may write a job."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import psycopg
 from psycopg import sql
 
+from tests.checked_driver import CheckedAfterWrites
 from trioq._core.identifiers import quote_ident
-from trioq._pg.driver import PgDriver
-from trioq.testing.transitions import METHOD_STATEMENTS
 
 _MISMATCHES = """
 SELECT 'missing' AS kind, j.id, j.queue::text, j.{phase}, j.run_at
@@ -83,46 +79,11 @@ class JobDueMismatch(AssertionError):
 
 
 @attrs.define(eq=False)
-class DueCheckedDriver:
-    """`inner` (the driver the calls go to, maybe a CheckedDriver around `pg`), with job_due
-    compared to the records after every call that may write a job, and after every transaction;
-    `pg` reads the two tables on a pooled connection of its own."""
+class DueCheckedDriver(CheckedAfterWrites):
+    """job_due compared to the records (tests/checked_driver.py)."""
 
-    inner: Any
-    pg: PgDriver
-    checked_calls: int = 0
+    table: ClassVar[str] = "job_due"
+    mismatch: ClassVar[type[AssertionError]] = JobDueMismatch
 
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self.inner, name)
-        if name == "transaction":
-            return functools.partial(self._transaction, value)
-        if name in METHOD_STATEMENTS:
-            return functools.partial(self._checked, name, value)
-        return value
-
-    @property
-    def schema(self) -> str:
-        return self.pg.schema
-
-    async def _checked(
-        self, method: str, function: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
-    ) -> Any:
-        try:
-            return await function(*args, **kwargs)
-        finally:
-            await self.assert_exact(method)
-
-    @asynccontextmanager
-    async def _transaction(self, function: Callable[..., Any], *args: Any) -> AsyncIterator[Any]:
-        try:
-            async with function(*args) as tx:
-                yield tx
-        finally:
-            await self.assert_exact("transaction")
-
-    async def assert_exact(self, after: str) -> None:
-        self.checked_calls += 1
-        async with self.pg._pool.connection() as conn:
-            found = await conn.fetch(mismatches_query(self.pg.schema))
-        if found:
-            raise JobDueMismatch(f"after {after}: job_due differs from the records: {found}")
+    def mismatches_query(self) -> str:
+        return mismatches_query(self.pg.schema)

@@ -7,17 +7,13 @@ after every call that may write a job, as tests/job_due_check.py does for job_du
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import psycopg
 
+from tests.checked_driver import CheckedAfterWrites
 from trioq._core.identifiers import quote_ident
-from trioq._pg.driver import PgDriver
-from trioq.testing.transitions import METHOD_STATEMENTS
 
 _ROWS = """
 SELECT j.queue::text AS queue,
@@ -78,48 +74,11 @@ class ReadyKeyedMismatch(AssertionError):
 
 
 @attrs.define(eq=False)
-class KeyedCheckedDriver:
-    """`inner` (the driver the calls go to), with ready_keyed compared to the records after every
-    call that may write a job, and after every transaction; `pg` reads the two tables on a
-    pooled connection of its own."""
+class KeyedCheckedDriver(CheckedAfterWrites):
+    """ready_keyed compared to the records (tests/checked_driver.py)."""
 
-    inner: Any
-    pg: PgDriver
-    checked_calls: int = 0
+    table: ClassVar[str] = "ready_keyed"
+    mismatch: ClassVar[type[AssertionError]] = ReadyKeyedMismatch
 
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self.inner, name)
-        if name == "transaction":
-            return functools.partial(self._transaction, value)
-        if name in METHOD_STATEMENTS:
-            return functools.partial(self._checked, name, value)
-        return value
-
-    @property
-    def schema(self) -> str:
-        return self.pg.schema
-
-    async def _checked(
-        self, method: str, function: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
-    ) -> Any:
-        try:
-            return await function(*args, **kwargs)
-        finally:
-            await self.assert_exact(method)
-
-    @asynccontextmanager
-    async def _transaction(self, function: Callable[..., Any], *args: Any) -> AsyncIterator[Any]:
-        try:
-            async with function(*args) as tx:
-                yield tx
-        finally:
-            await self.assert_exact("transaction")
-
-    async def assert_exact(self, after: str) -> None:
-        self.checked_calls += 1
-        async with self.pg._pool.connection() as conn:
-            found = await conn.fetch(mismatches_query(self.pg.schema))
-        if found:
-            raise ReadyKeyedMismatch(
-                f"after {after}: ready_keyed differs from the records: {found}"
-            )
+    def mismatches_query(self) -> str:
+        return mismatches_query(self.pg.schema)
