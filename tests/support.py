@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime
 import functools
+import queue
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import trio
@@ -18,6 +20,8 @@ from psycopg.types.json import Jsonb
 import trioq
 from trioq._pg import Connection
 from trioq._sql import Migration, functions, queries
+
+T = TypeVar("T")
 
 
 def apply_functions(
@@ -164,6 +168,41 @@ def wait_stalled(conn: psycopg.Connection[Any], pid: int, within: float = 30.0) 
     while conn.execute(query, (pid,)).fetchone() != ("Lock", "advisory"):
         assert time.monotonic() < deadline, f"session {pid} never stalled"
         time.sleep(0.01)  # another session's state: polled, there is no event
+
+
+def stalled_claim(
+    pg_url: str,
+    schema: str,
+    claim: Callable[[psycopg.Connection[Any], str], T],
+    act: Callable[[psycopg.Connection[Any]], None],
+) -> T | BaseException:
+    """B runs `claim` (a claim statement as the worker sends it), which takes its snapshot and
+    stalls in `db_now()` before it locks anything; `act` runs on another session meanwhile;
+    then B's claim goes on. B's claim, or what it raised."""
+    with psycopg.connect(pg_url, autocommit=True) as setup:
+        stall_db_now_once(setup, schema)
+    claimed: queue.Queue[T | BaseException] = queue.Queue()
+    pid: queue.Queue[int] = queue.Queue()
+
+    def claimer_b() -> None:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT set_config('test.stall', 'on', false)")
+            pid.put(conn.info.backend_pid)
+            try:
+                claimed.put(claim(conn, schema))
+            except BaseException as exc:
+                claimed.put(exc)
+
+    with psycopg.connect(pg_url, autocommit=True) as a:
+        hold_stall(a, schema)
+        b = threading.Thread(target=claimer_b)
+        b.start()
+        wait_stalled(a, pid.get(timeout=30))
+        act(a)
+        end_stall(a, schema)
+        b.join(timeout=30)
+        assert not b.is_alive(), "B's claim did not return"
+    return claimed.get_nowait()
 
 
 def run_explained(

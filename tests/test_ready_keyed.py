@@ -11,8 +11,6 @@ key; and the migration's fill."""
 
 from __future__ import annotations
 
-import queue
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -30,11 +28,8 @@ from tests.ready_keyed_check import (
 from tests.support import (
     apply_functions,
     apply_migration,
-    end_stall,
-    hold_stall,
     sql_rows,
-    stall_db_now_once,
-    wait_stalled,
+    stalled_claim,
     wake_waiting,
 )
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
@@ -164,32 +159,8 @@ def test_an_entry_that_is_not_its_jobs_any_more_claims_nothing(
 def stalled_claimer(
     pg_url: str, schema: str, act: Callable[[Conn], None]
 ) -> list[ClaimedJob] | BaseException:
-    """B takes its claim's snapshot and stalls before it locks a job; `act` runs on another
-    session meanwhile; then B's claim goes on. B's claim, or what it raised."""
-    with psycopg.connect(pg_url, autocommit=True) as setup:
-        stall_db_now_once(setup, schema)
-    claimed: queue.Queue[list[ClaimedJob] | BaseException] = queue.Queue()
-    pid: queue.Queue[int] = queue.Queue()
-
-    def claimer_b() -> None:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute("SELECT set_config('test.stall', 'on', false)")
-            pid.put(conn.info.backend_pid)
-            try:
-                claimed.put(raw_claim(conn, schema))
-            except BaseException as exc:
-                claimed.put(exc)
-
-    with psycopg.connect(pg_url, autocommit=True) as a:
-        hold_stall(a, schema)
-        b = threading.Thread(target=claimer_b)
-        b.start()
-        wait_stalled(a, pid.get(timeout=30))
-        act(a)
-        end_stall(a, schema)
-        b.join(timeout=30)
-        assert not b.is_alive(), "B's claim did not return"
-    return claimed.get_nowait()
+    """tests/support.py's stalled_claim with this module's raw_claim."""
+    return stalled_claim(pg_url, schema, raw_claim, act)
 
 
 @pytest.mark.parametrize("kind", sorted(KEYS))

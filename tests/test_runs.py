@@ -8,8 +8,6 @@ is proven to block another session through pg_stat_activity."""
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,13 +20,10 @@ import trio
 from tests.support import (
     apply_functions,
     apply_migration,
-    end_stall,
     expire_lease,
-    hold_stall,
     sql_rows,
     sql_scalar,
-    stall_db_now_once,
-    wait_stalled,
+    stalled_claim,
 )
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
 from trioq._pg.replies import ClaimedRow
@@ -75,32 +70,8 @@ def state_of(pg_url: str, schema: str, job_id: int) -> str:
 def stalled_claimer(
     pg_url: str, schema: str, act: Callable[[Conn], None]
 ) -> list[ClaimedJob] | BaseException:
-    """B takes its claim's snapshot and stalls before it locks anything; `act` runs on another
-    session meanwhile; then B's claim goes on. B's claim, or what it raised."""
-    with psycopg.connect(pg_url, autocommit=True) as setup:
-        stall_db_now_once(setup, schema)
-    claimed: queue.Queue[list[ClaimedJob] | BaseException] = queue.Queue()
-    pid: queue.Queue[int] = queue.Queue()
-
-    def claimer_b() -> None:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute("SELECT set_config('test.stall', 'on', false)")
-            pid.put(conn.info.backend_pid)
-            try:
-                claimed.put(raw_claim(conn, schema))
-            except BaseException as exc:
-                claimed.put(exc)
-
-    with psycopg.connect(pg_url, autocommit=True) as a:
-        hold_stall(a, schema)
-        b = threading.Thread(target=claimer_b)
-        b.start()
-        wait_stalled(a, pid.get(timeout=30))
-        act(a)
-        end_stall(a, schema)
-        b.join(timeout=30)
-        assert not b.is_alive(), "B's claim did not return"
-    return claimed.get_nowait()
+    """tests/support.py's stalled_claim with this module's raw_claim."""
+    return stalled_claim(pg_url, schema, raw_claim, act)
 
 
 async def test_a_claim_from_the_ring_and_its_completion_write_no_version_of_the_record(
