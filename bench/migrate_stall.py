@@ -2,12 +2,14 @@
 
 Run once (not part of the test suite):
 `python -m bench.migrate_stall [--finished 1000000] [--unfinished 100000] [--from-version 31]
-[--checkpoints N]`.
+[--checkpoints N] [--stopped] [--previous-release]`.
 
 On the durable embedded cluster of `python -m bench`: a schema is migrated with this tree's
 migrations up to `--from-version` (those above it are what the measured `migrate` applies),
 filled with `--finished` completed jobs and `--unfinished` ready ones (half of them with a
-partition key), then `migrate` runs while two sessions loop until it is done:
+partition key), then `migrate` runs while two sessions loop until it is done (`--stopped`: alone,
+its time the downtime; `--previous-release`: the schema made by the previous release's own
+migrations, the upgrade docs/operations.md describes):
 - an enqueuer calling the SQL `enqueue()` (one job per call, committed);
 - a "worker" taking one ready job per call with `FOR UPDATE SKIP LOCKED` and marking it running
   then completed (what a claim and a completion write), committed.
@@ -36,9 +38,15 @@ SCHEMA = "stall"
 RESULTS = Path(__file__).with_name("results_migrate_stall.json")
 
 
-def migrate_to(conninfo: str, version: int) -> None:
+def migrate_to(conninfo: str, version: int, *, previous_release: bool = False) -> None:
     """Apply this tree's functions and its migrations up to `version` as `migrate` would,
-    recording each."""
+    recording each; with `previous_release`, the previous release's migrations instead (they
+    define the functions inline, as that release had them: tests/releases.py)."""
+    found = migrations(SCHEMA)
+    if previous_release:
+        from tests.releases import previous_release_migrations
+
+        found = previous_release_migrations(SCHEMA)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
         conn.execute(
@@ -47,11 +55,12 @@ def migrate_to(conninfo: str, version: int) -> None:
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             ).format(sql.Identifier(SCHEMA))
         )
-        with conn.transaction():  # as migrate does first: the functions' bodies, unchecked
-            conn.execute("SET LOCAL check_function_bodies = off")
-            for function in functions(SCHEMA):
-                conn.execute(function.sql)  # type: ignore[arg-type]
-        for migration in migrations(SCHEMA):
+        if not previous_release:
+            with conn.transaction():  # as migrate does first: the functions' bodies, unchecked
+                conn.execute("SET LOCAL check_function_bodies = off")
+                for function in functions(SCHEMA):
+                    conn.execute(function.sql)  # type: ignore[arg-type]
+        for migration in found:
             if migration.version > version:
                 break
             if not migration.transactional:  # statement by statement, outside a transaction
@@ -278,7 +287,25 @@ def measure_stopped(conninfo: str, lock_timeout: float) -> dict[str, Any]:
     `migrate`, and its time is the downtime."""
     started = time.monotonic()
     applied = trio.run(_migrate, conninfo, lock_timeout)
-    return {"applied": applied, "migrate_seconds": round(time.monotonic() - started, 3)}
+    seconds = round(time.monotonic() - started, 3)
+    # What the migrated schema holds, read after the clock: every job carried over.
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        states = dict(
+            conn.execute(  # type: ignore[arg-type]
+                sql.SQL("SELECT state, count(*) FROM {} GROUP BY 1 ORDER BY 1").format(
+                    sql.Identifier(SCHEMA, "jobs")
+                )
+            ).fetchall()
+        )
+        checkpoints = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(SCHEMA, "checkpoints"))
+        ).fetchone()
+    return {
+        "applied": applied,
+        "migrate_seconds": seconds,
+        "jobs_after": states,
+        "checkpoints_after": checkpoints[0] if checkpoints else 0,
+    }
 
 
 def measure(
@@ -367,12 +394,22 @@ def main() -> None:
     parser.add_argument(
         "--checkpoints", type=int, default=0, help="each job's step checkpoints (a workflow's)"
     )
+    parser.add_argument(
+        "--previous-release",
+        action="store_true",
+        help="the schema made by the previous release's migrations (tests/releases.py), all of"
+        " them: `--from-version` is ignored, and `migrate` applies this release's since",
+    )
     args = parser.parse_args()
     if args.reader_seconds:
         add_column_migration()
     with open_database() as db:
         conninfo = db.conninfo(HARNESS_ROLE)
-        migrate_to(conninfo, args.from_version)
+        if args.previous_release:
+            from tests.releases import previous_release_migrations
+
+            args.from_version = previous_release_migrations(SCHEMA)[-1].version
+        migrate_to(conninfo, args.from_version, previous_release=args.previous_release)
         fill_seconds = fill(conninfo, args.finished, args.unfinished, keyed=args.keyed)
         if args.checkpoints:
             with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -381,6 +418,7 @@ def main() -> None:
             "finished": args.finished,
             "unfinished": args.unfinished,
             "from_version": args.from_version,
+            "previous_release": args.previous_release,
             "fill_seconds": round(fill_seconds, 1),
             "reader_seconds": args.reader_seconds,
             "lock_timeout": args.lock_timeout,
