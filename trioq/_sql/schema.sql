@@ -1407,6 +1407,10 @@ BEGIN
         RETURN QUERY SELECT removed, due;
         RETURN;
     END IF;
+    -- Tables an earlier call retired that nobody reaped (a leader of a release before
+    -- satellite_epochs_reap() never sends it; a reap refused a lock): dropped here, their files
+    -- deleted at this commit, so that at most one call's retired tables ever wait on disk.
+    PERFORM "trioq".satellite_epochs_reap();
     -- The rule (finish day ended by the cutoff) as a bound on `finished_at`, which its index
     -- serves: a job finished before the cutoff's UTC day began is expired.
     expired_before := to_timestamp(floor(extract(epoch FROM cutoff) / 86400) * 86400);
@@ -1551,11 +1555,12 @@ BEGIN
             -- range, with the survivors copied into it by primary key. Its files are not
             -- deleted here: satellite_epochs_reap() drops the retired tables in a transaction
             -- of its own, right after this one. A TRUNCATE here deleted them at this commit,
-            -- under these locks: 120-150 ms of a 0.35-0.5 s prune of 1,000,000 jobs went to
+            -- under these locks: 122-149 ms of a 0.35-0.5 s prune of 1,000,000 jobs went to
             -- the commit (its 330 MB of files truncated and unlinked; a 300 MB file's
-            -- truncation alone took 60 ms on this disk), and every claim waited for it
-            -- (pickup p95 during the prune 1.2-6.0x clean, median 3.6x; bench/RESULTS.md,
-            -- "Retention detaches what it empties").
+            -- truncation alone took 60 ms on this disk), every claim waiting for it; the
+            -- window is now 11-12 ms and its commit 1 ms, and the deletion grows with the
+            -- epoch (~0.4 ms a MB here) outside them (bench/RESULTS.md, "The prune's phase
+            -- measured its own burst; retention detaches what it empties").
             -- A detach takes its parent's ACCESS EXCLUSIVE lock, as a DROP does: the parents
             -- are locked first, in the order the claims lock them (records, then the
             -- satellites), before any partition, so no claim holds a partition this waits
