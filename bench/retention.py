@@ -1,7 +1,7 @@
 """Retention: prune `--finished` old finished jobs while a worker serves an offered load.
 
 Run once (not part of the test suite):
-`python -m bench.retention [--finished 1000000] [--rate 800] [--clean 30] [--after 30]`.
+`python -m bench.retention [--finished 1000000] [--rate 800] [--clean 30] [--after 30] [--busy]`.
 
 A fresh schema is filled (in SQL, as `bench.migrate_stall` does) with `--finished` completed
 jobs that finished two days ago, then one worker (25 slots) serves `probe` jobs offered at `--rate`
@@ -15,7 +15,8 @@ are deleted row by row; functions/satellite_epochs_rotate.sql).
 job id epoch that ended with their day, which the prune empties whole once no job of it is
 kept. `--floor`: the day partitions are detached before the run, and the prune phase only
 DROPs them (what deleting a day's files costs the other sessions' commits, whatever the purge
-does around it). Reported per phase: pickup p50/p95/max,
+does around it). `--busy`: a process spins on one core for the whole run (as
+`bench.pinned_horizon --busy`). Reported per phase: pickup p50/p95/max,
 completions over offered, the schema's dead tuples and size; and the prune's time. The storage
 target: the prune of 1,000,000 finished jobs under 1 s, pickup p95 during it <= 2x clean.
 """
@@ -35,6 +36,7 @@ from psycopg import sql
 from bench.harness import HARNESS_ROLE, Database, open_database
 from bench.migrate_stall import add_checkpoints, fill
 from bench.open_loop import Offer, Phase, PhasesOf, run_repeats
+from bench.pinned_horizon import busy_core
 
 RESULTS = Path(__file__).resolve().parent / "results_retention.json"
 NAMES = ["clean", "prune", "after"]
@@ -50,9 +52,12 @@ def main() -> None:
     parser.add_argument("--sleeping", type=int, default=0)
     parser.add_argument("--checkpoints", type=int, default=0)
     parser.add_argument("--floor", action="store_true")
+    parser.add_argument(
+        "--busy", action="store_true", help="a process spinning on one core for the whole run"
+    )
     parser.add_argument("--results", default=str(RESULTS), help="where the JSON goes")
     args = parser.parse_args()
-    with open_database() as db:
+    with open_database() as db, busy_core(args.busy):
         run_repeats(db, args, NAMES, Path(args.results), lambda db: prepare(db, args))
 
 
