@@ -65,15 +65,6 @@ def dead_rows(pg_url: str, schema: str) -> int:
     )
 
 
-def retired_tables(pg_url: str, schema: str) -> list[str]:
-    """The partitions the rotation retired and satellite_epochs_reap() has not dropped yet."""
-    query = (
-        "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace"
-        " AND relname ~ '^trioq_retired_' AND relkind = 'r' ORDER BY relname"
-    )
-    return [str(row[0]) for row in sql_rows(pg_url, query, (schema,))]
-
-
 async def test_a_jobs_record_and_outcome_live_in_its_epoch_and_a_redrive_deletes_the_outcome(
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
@@ -140,7 +131,6 @@ async def test_retention_empties_an_ended_epoch_and_keeps_what_is_not_expired(
     ring = f"SELECT count(*) FROM {pg_schema}.ready_ring WHERE id = ANY(%s)"
     assert sql_scalar(pg_url, ring, ([later_id, delayed_id, keyed_id],)) == 0
     assert dead_rows(pg_url, pg_schema) == 0
-    assert retired_tables(pg_url, pg_schema) == []  # the pass dropped what it retired
     # A new epoch started with the new day: a new job's id is in it.
     [fresh_id] = await enqueue(driver, new_job(6))
     assert partition_of(pg_url, pg_schema, "job_rows", "id", fresh_id) == (
@@ -365,57 +355,3 @@ async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(
     assert "job_epochs_rotate failed, tried again in a minute" in caplog.text
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
     assert caplog.text.count("job_epochs_rotate failed") == 1  # not before the minute
-
-
-@pytest.mark.parametrize("leftover", [False, True], ids=["reaped", "left-to-the-next-rotation"])
-async def test_the_rotation_retires_what_it_empties_and_its_files_go_in_a_transaction_of_their_own(
-    driver: PgDriver, pg_url: str, pg_schema: str, leftover: bool
-) -> None:
-    """The rotation does not delete the emptied partitions' files at its commit, under the
-    locks every claim waits for (120-150 ms for 1,000,000 finished jobs): it detaches them
-    (renamed `trioq_retired_<oid>`), makes an empty partition for the range with the survivors
-    copied in, and satellite_epochs_reap() drops the retired tables afterwards."""
-    clock = await SqlClock.install(driver)
-    await clock.freeze()
-    # Three expire, one is kept (an epoch more than half kept loses its jobs row by row).
-    *done_ids, kept_id = await enqueue(
-        driver, new_job(1), new_job(2), new_job(3), new_job(4, delay_seconds=10 * 86_400)
-    )
-    for done in await claim(driver, limit=3):
-        await complete(driver, done.lease)
-    done_id = done_ids[0]
-    finished_at = (await record(driver, done_ids[-1])).finished_at
-    assert finished_at is not None
-    oid_of = "SELECT to_regclass(%s)::oid"
-    records_before = sql_scalar(pg_url, oid_of, (f"{pg_schema}.job_rows_e0",))
-    outcomes_before = sql_scalar(pg_url, oid_of, (f"{pg_schema}.job_outcomes_e0",))
-    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
-    rotate = f"SELECT pruned FROM {pg_schema}.satellite_epochs_rotate(interval '1 hour')"
-    assert sql_scalar(pg_url, rotate) == 3
-    # Committed: the old partitions are detached and renamed, their rows still on disk.
-    assert retired_tables(pg_url, pg_schema) == sorted(
-        [f"trioq_retired_{records_before}", f"trioq_retired_{outcomes_before}"]
-    )
-    retired = f"SELECT count(*) FROM {pg_schema}.trioq_retired_{records_before} WHERE id = %s"
-    assert sql_scalar(pg_url, retired, (done_id,)) == 1
-    assert sql_scalar(pg_url, oid_of, (f"{pg_schema}.job_rows_e0",)) != records_before
-    assert partition_of(pg_url, pg_schema, "job_rows", "id", kept_id) == (
-        f"{pg_schema}.job_rows_e0"
-    )
-    assert partition_of(pg_url, pg_schema, "job_rows", "id", done_id) is None
-    assert job_due_mismatches(pg_url, pg_schema) == []
-    # The new partitions took the old ones' index names.
-    names = (
-        "SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace"
-        " AND relname IN ('job_rows_e0_pkey', 'job_outcomes_e0_pkey')"
-        " AND relkind = 'i'"
-    )
-    assert sql_scalar(pg_url, names, (pg_schema,)) == 2
-    # Left unreaped (a leader of an earlier release sends no reap), the next rotation drops
-    # them; else the reap does.
-    if leftover:
-        sql_scalar(pg_url, rotate)
-    else:
-        assert sql_scalar(pg_url, f"SELECT {pg_schema}.satellite_epochs_reap()") == 2
-    assert retired_tables(pg_url, pg_schema) == []
-    assert (await record(driver, kept_id)).state == "scheduled"

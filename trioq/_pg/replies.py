@@ -346,10 +346,6 @@ class EpochsRotated(Reply, statements=("job_epochs_rotate",)):
     next_due: ClassVar[int]
 
 
-class EpochsReaped(Reply, statements=("job_epochs_reap",)):
-    dropped: ClassVar[int]
-
-
 class ReadySwept(Reply, statements=("ready_sweep",)):
     truncated: ClassVar[int]
     pending: ClassVar[int]

@@ -196,10 +196,6 @@ class PgStatements:
         rotated = await self._retrying(
             "job_epochs_rotate", {"retention_seconds": retention_seconds}
         )
-        # The partitions it retired are dropped in a statement of their own: deleting their
-        # files at the rotation's commit held its locks, which the claims wait for, 120-150 ms
-        # longer (functions/satellite_epochs_reap.sql).
-        await self._retrying("job_epochs_reap", {})
         return int(rotated[0][EpochsRotated.pruned]), rotated[0][EpochsRotated.next_due]
 
     def statistics(self) -> DriverStatistics:

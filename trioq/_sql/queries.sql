@@ -2090,11 +2090,6 @@ FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
 SELECT pruned, next_due
 FROM {schema}.satellite_epochs_rotate(%(retention_seconds)s::float8 * interval '1 second');
 
--- name: job_epochs_reap
--- The tables job_epochs_rotate retired, dropped (functions/satellite_epochs_reap.sql): sent
--- right after it, so that deleting their files holds none of the rotation's locks.
-SELECT {schema}.satellite_epochs_reap() AS dropped;
-
 -- name: ready_sweep
 -- The ready ring's drained slots truncated (functions/ready_sweep.sql). Sent by the leader
 -- every 2 s from a maintenance pass that found a slot with pages until no slot has any.

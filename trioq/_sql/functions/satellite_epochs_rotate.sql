@@ -11,38 +11,34 @@
 --     trioq/_core/retention.py, which the memory driver applies: gone at the first rotation
 --     after that); the others, and every job without an outcome (a workflow sleeping for
 --     weeks, a job delayed a month), survive;
---   * no survivor: its partitions holding rows are emptied: each retired (renamed
---     `trioq_retired_<oid>`, detached, and an empty partition made for its range; the retired
---     tables dropped by satellite_epochs_reap() in a transaction of its own), and all five
---     dropped at a later rotation once empty and a day after the epoch ended, never in the
---     pass that empties them (below: the DROP's lock undid it) (a transaction
+--   * no survivor: its partitions holding rows are emptied by TRUNCATE (each partition's lock
+--     only), and all five dropped at a later rotation once empty and a day after the epoch
+--     ended, never in the pass that truncates (below: the DROP's lock undid it) (a transaction
 --     that took an id before the jump, a day ago, has ended by then, so nothing can still be
 --     filed into a dropped range; a DROP takes the parent's ACCESS EXCLUSIVE lock, which the
 --     claims queue behind: refused under load within 50 ms, it left `trioq purge` to delete
 --     1,000,000 jobs row by row, 44 s, bench.retention);
 --   * survivors, at most 10,000 and at most half of its records: what belongs to its expired
---     jobs outside the epoch's partitions (dedup keys, messages, partition locks: a detach
---     fires no trigger) is deleted, then, under the ACCESS EXCLUSIVE locks, the partitions
---     holding rows are retired as above and the survivors' rows copied from the retired
---     tables into the new partitions (~1 us a row), the records' with their triggers disabled
---     (a survivor is filed in the ring, ready_keyed or job_due already: written back, it must
---     not be filed twice);
+--     jobs outside the epoch's partitions (dedup keys, messages, partition locks: TRUNCATE
+--     fires no trigger) is deleted, then, under the partitions' ACCESS EXCLUSIVE locks, the
+--     survivors' rows are copied aside, the partitions truncated and the rows written back
+--     (~1 us a row), the records' with their triggers disabled (a survivor is filed in the
+--     ring, ready_keyed or job_due already: written back, it must not be filed twice);
 --   * more survivors than that (the copy would cost more than it saves): the expired jobs are
 --     deleted row by row instead, at most 10,000 a call, their outcome and record together (an
 --     outcome gone first would bring its job back as `ready`; the delete triggers take the rest),
 --     so the per-job rule holds whatever the epoch keeps. Those deletes leave dead tuples: the
 --     price of an epoch mostly kept (1,000,000 jobs delayed a month, enqueued on one day).
 -- Its survivors are read with its outcomes locked in SHARE mode (no outcome of it written or
--- deleted until the partitions are retired) and the writers of its records waited out; the
--- claims, completions and settles go on meanwhile. ACCESS EXCLUSIVE is taken for the
--- retirement and the survivors' copy alone (below).
+-- deleted until the truncation has committed) and the writers of its records waited out; the
+-- claims, completions and settles go on meanwhile. ACCESS EXCLUSIVE is taken for the copies
+-- of the survivors, the truncations and the write-back alone (below).
 -- The ids are not the history: they never repeat and only grow; 2^32 ids a day is the most an
 -- epoch holds before it runs into the next (more goes on working, filed one epoch early).
 -- Called by the leader after its maintenance pass when the last call's `next_due` has come, by
 -- `trioq purge` (with its cutoff) and by `trioq migrate` (NULL: epochs and partitions only).
--- Every lock waits at most 50 ms, the records' and the retirement's asked for five times (a
--- `pg_dump` holding a partition leaves that epoch to a later call, due in a minute).
--- SECURITY DEFINER: creating, detaching and dropping partitions needs
+-- Every lock waits at most 50 ms, the records' and the truncations' asked for five times (a
+-- `pg_dump` holding a partition leaves that epoch to a later call, due in a minute). SECURITY DEFINER: creating, truncating and dropping partitions needs
 -- the schema owner's rights, and a worker's role has none (docs/operations.md, "Roles"); every
 -- name it builds is a table's name and an epoch number.
 -- Returns the jobs removed and when to call again: the next UTC day (a new epoch), the next
@@ -81,10 +77,6 @@ DECLARE
     expired_before timestamptz;
     attempt    int;
     filled_parts text[];
-    part_oid   oid;
-    bound      text;
-    columns    text;
-    index_row  record;
 BEGIN
     IF retention IS NOT NULL THEN
         -- Finish days expire at a UTC midnight plus `retention`: the next such moment.
@@ -125,10 +117,6 @@ BEGIN
         RETURN QUERY SELECT removed, due;
         RETURN;
     END IF;
-    -- Tables an earlier call retired that nobody reaped (a leader of a release before
-    -- satellite_epochs_reap() never sends it; a reap refused a lock): dropped here, their files
-    -- deleted at this commit, so that at most one call's retired tables ever wait on disk.
-    PERFORM {schema}.satellite_epochs_reap();
     -- The rule (finish day ended by the cutoff) as a bound on `finished_at`, which its index
     -- serves: a job finished before the cutoff's UTC day began is expired.
     expired_before := to_timestamp(floor(extract(epoch FROM cutoff) / 86400) * 86400);
@@ -149,7 +137,7 @@ BEGIN
             survivors := NULL;
             total := 0;
             IF ('job_rows_e' || epoch_row.epoch) = ANY(parts) THEN
-                -- Who survives is read before the retirement's ACCESS EXCLUSIVE locks, which
+                -- Who survives is read before the truncations' ACCESS EXCLUSIVE locks, which
                 -- every claim queues behind (its generic plan locks every partition of
                 -- job_rows): read under them, the prune of 1,000,000 jobs held the workers'
                 -- pickup for its 1.13 s (p95 1197 ms against 777 clean; bench/RESULTS.md,
@@ -168,7 +156,7 @@ BEGIN
                 --     at most 10,000).
                 -- A job that survives may finish or be deleted meanwhile; it is still kept,
                 -- or not copied. An expired job stops being expired only by its outcome (a
-                -- write to its record, a result watch's flag, goes with the retirement).
+                -- write to its record, a result watch's flag, goes with the truncation).
                 -- (A settle in flight holds the records too: asked for up to five times.)
                 FOR attempt IN 1 .. 5 LOOP
                     BEGIN
@@ -203,7 +191,7 @@ BEGIN
                     'WHERE o.job_id = r.id) LIMIT greatest(10001 - cardinality($1), 1)) AS r',
                     'job_rows_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
                     INTO survivors USING survivors;
-                -- Counted only when the epoch may be copied (what is retired is reported).
+                -- Counted only when the epoch may be copied (what is truncated is reported).
                 IF cardinality(survivors) <= 10000 THEN
                     EXECUTE format('SELECT count(*) FROM {schema}.%I',
                                    'job_rows_e' || epoch_row.epoch)
@@ -231,7 +219,7 @@ BEGIN
                 CONTINUE;
             END IF;
             IF kept = 0 THEN
-                survivors := NULL;  -- none: retired, or dropped once empty (below)
+                survivors := NULL;  -- none: truncated, or dropped once empty (below)
             END IF;
             gone := total - kept;
             -- What belongs to the expired jobs outside these partitions (job_keys read by its
@@ -245,13 +233,13 @@ BEGIN
             DELETE FROM {schema}.partition_locks l
             WHERE l.job_id >= low_id AND l.job_id < epoch_row.high
               AND l.job_id <> ALL(coalesce(survivors, '{}'));
-            -- The partitions holding rows (read before the lock), the only ones retired. The
+            -- The partitions holding rows (read before the lock), the only ones truncated. The
             -- empty ones are dropped once all five are, a day after the epoch ended, at a
             -- later call: a DROP takes its parent's ACCESS EXCLUSIVE lock, which a claim's
             -- plan holds a lock against (the full claim's names `checkpoints`). Dropped in the
-            -- pass that emptied the records, the epoch's empty checkpoints partition was
+            -- pass that truncated the records, the epoch's empty checkpoints partition was
             -- refused its parent's lock under load, or deadlocked with a claim, and undid the
-            -- emptying: `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
+            -- truncation: `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
             -- bench/RESULTS.md, "Retention's read before its lock").
             filled_parts := '{}';
             FOREACH part IN ARRAY parts LOOP
@@ -268,31 +256,15 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            -- The window the claims queue behind: each partition holding rows is retired
-            -- (renamed `trioq_retired_<oid>` and detached) and an empty one made for the same
-            -- range, with the survivors copied into it by primary key. Its files are not
-            -- deleted here: satellite_epochs_reap() drops the retired tables in a transaction
-            -- of its own, right after this one. A TRUNCATE here deleted them at this commit,
-            -- under these locks: 122-149 ms of a 0.35-0.5 s prune of 1,000,000 jobs went to
-            -- the commit (its 330 MB of files truncated and unlinked; a 300 MB file's
-            -- truncation alone took 60 ms on this disk), every claim waiting for it; the
-            -- window is now 11-12 ms and its commit 1 ms, and the deletion grows with the
-            -- epoch (~0.4 ms a MB here) outside them (bench/RESULTS.md, "The prune's phase
-            -- measured its own burst; retention detaches what it empties").
-            -- A detach takes its parent's ACCESS EXCLUSIVE lock, as a DROP does: the parents
-            -- are locked first, in the order the claims lock them (records, then the
-            -- satellites), before any partition, so no claim holds a partition this waits
-            -- for. A claim in flight holds what it locked until its commit, and a settle of a
-            -- survivor may wait for the outcomes' SHARE lock while it holds the parents (a
-            -- deadlock that the lock's 50 ms ends on this side): so the locks are asked for
-            -- again, up to five times, each failure releasing what it got (the outcomes'
-            -- SHARE lock is kept), before the epoch is left to a later call.
+            -- The window the claims queue behind: the copies, the truncations and the
+            -- write-back. A claim in flight holds the partitions it locked until its commit,
+            -- and one that locked a satellite's partition may wait for the records' behind
+            -- this request (a deadlock that the lock's 50 ms or the detector ends on this
+            -- side): so the locks are asked for again, up to five times, each failure
+            -- releasing what it got (the outcomes' SHARE lock is kept), before the epoch is
+            -- left to a later call.
             FOR attempt IN 1 .. 5 LOOP
                 BEGIN
-                    FOREACH part IN ARRAY filled_parts LOOP
-                        EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE',
-                                       regexp_replace(part, '_e[0-9]+$', ''));
-                    END LOOP;
                     FOREACH part IN ARRAY filled_parts LOOP
                         EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part);
                     END LOOP;
@@ -303,45 +275,28 @@ BEGIN
                     END IF;
                 END;
             END LOOP;
+            -- Each partition holding rows: its survivors copied aside (`trioq_epoch_kept`),
+            -- truncated, and the copy written back. Only those: a temporary table made and
+            -- dropped for each of the five is catalog work under these locks (a prune with
+            -- 1,000 survivors took 1.18 s by median against 0.94 s with none).
             FOREACH part IN ARRAY filled_parts LOOP
-                tab := regexp_replace(part, '_e[0-9]+$', '');
-                SELECT c.oid, pg_get_expr(c.relpartbound, c.oid) INTO part_oid, bound
-                FROM pg_class c WHERE c.oid = format('{schema}.%I', part)::regclass;
-                -- Its indexes renamed too: the new partition's take their names.
-                FOR index_row IN
-                    SELECT ic.oid, ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
-                    WHERE i.indrelid = part_oid
-                LOOP
-                    EXECUTE format('ALTER INDEX {schema}.%I RENAME TO %I', index_row.relname,
-                                   'trioq_retired_' || index_row.oid);
-                END LOOP;
-                EXECUTE format('ALTER TABLE {schema}.%I RENAME TO %I', part,
-                               'trioq_retired_' || part_oid);
-                EXECUTE format('ALTER TABLE {schema}.%I DETACH PARTITION {schema}.%I', tab,
-                               'trioq_retired_' || part_oid);
-                EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.%I %s '
-                               'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
-                               part, tab, bound);
+                IF survivors IS NOT NULL THEN
+                    EXECUTE format('CREATE TEMPORARY TABLE trioq_epoch_kept ON COMMIT DROP '
+                                   'AS SELECT * FROM {schema}.%I WHERE %I = ANY($1)',
+                                   part, CASE WHEN part LIKE 'job\_rows\_e%' THEN 'id'
+                                              ELSE 'job_id' END)
+                        USING survivors;
+                END IF;
+                EXECUTE format('TRUNCATE {schema}.%I', part);
                 CONTINUE WHEN survivors IS NULL;
-                -- The survivors written back: by column name (a partition attached by an
-                -- earlier migration may order its columns otherwise), the records' with their
-                -- triggers disabled (a survivor is filed in the ring, ready_keyed or job_due
-                -- already: written back, it must not be filed twice).
-                SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO columns
-                FROM pg_attribute a
-                WHERE a.attrelid = format('{schema}.%I', tab)::regclass
-                  AND a.attnum > 0 AND NOT a.attisdropped;
-                IF tab = 'job_rows' THEN
+                IF part LIKE 'job\_rows\_e%' THEN
                     EXECUTE format('ALTER TABLE {schema}.%I DISABLE TRIGGER USER', part);
                 END IF;
-                EXECUTE format('INSERT INTO {schema}.%I (%s) OVERRIDING SYSTEM VALUE '
-                               'SELECT %s FROM {schema}.%I WHERE %I = ANY($1)',
-                               part, columns, columns, 'trioq_retired_' || part_oid,
-                               CASE WHEN tab = 'job_rows' THEN 'id' ELSE 'job_id' END)
-                    USING survivors;
-                IF tab = 'job_rows' THEN
+                EXECUTE format('INSERT INTO {schema}.%I SELECT * FROM trioq_epoch_kept', part);
+                IF part LIKE 'job\_rows\_e%' THEN
                     EXECUTE format('ALTER TABLE {schema}.%I ENABLE TRIGGER USER', part);
                 END IF;
+                DROP TABLE trioq_epoch_kept;
             END LOOP;
             -- Counted once done (a PL/pgSQL variable is not rolled back with the block).
             removed := removed + coalesce(gone, 0);
