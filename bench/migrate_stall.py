@@ -38,15 +38,13 @@ SCHEMA = "stall"
 RESULTS = Path(__file__).with_name("results_migrate_stall.json")
 
 
-def migrate_to(conninfo: str, version: int, *, previous_release: bool = False) -> None:
+def migrate_to(
+    conninfo: str, version: int, *, previous_release: list[Migration] | None = None
+) -> None:
     """Apply this tree's functions and its migrations up to `version` as `migrate` would,
-    recording each; with `previous_release`, the previous release's migrations instead (they
-    define the functions inline, as that release had them: tests/releases.py)."""
-    found = migrations(SCHEMA)
-    if previous_release:
-        from tests.releases import previous_release_migrations
-
-        found = previous_release_migrations(SCHEMA)
+    recording each; with `previous_release`, those migrations instead (the previous release's:
+    they define the functions inline, as that release had them, tests/releases.py)."""
+    found = migrations(SCHEMA) if previous_release is None else previous_release
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
         conn.execute(
@@ -55,7 +53,7 @@ def migrate_to(conninfo: str, version: int, *, previous_release: bool = False) -
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             ).format(sql.Identifier(SCHEMA))
         )
-        if not previous_release:
+        if previous_release is None:
             with conn.transaction():  # as migrate does first: the functions' bodies, unchecked
                 conn.execute("SET LOCAL check_function_bodies = off")
                 for function in functions(SCHEMA):
@@ -308,7 +306,7 @@ def measure_stopped(conninfo: str, lock_timeout: float) -> dict[str, Any]:
     # What the migrated schema holds, read after the clock: every job carried over.
     with psycopg.connect(conninfo, autocommit=True) as conn:
         states = dict(
-            conn.execute(  # type: ignore[arg-type]
+            conn.execute(
                 sql.SQL("SELECT state, count(*) FROM {} GROUP BY 1 ORDER BY 1").format(
                     sql.Identifier(SCHEMA, "jobs")
                 )
@@ -422,11 +420,13 @@ def main() -> None:
         add_column_migration()
     with open_database() as db:
         conninfo = db.conninfo(HARNESS_ROLE)
-        if args.previous_release:
+        previous = None
+        if args.previous_release:  # read from git once (a git show per migration)
             from tests.releases import previous_release_migrations
 
-            args.from_version = previous_release_migrations(SCHEMA)[-1].version
-        migrate_to(conninfo, args.from_version, previous_release=args.previous_release)
+            previous = previous_release_migrations(SCHEMA)
+            args.from_version = previous[-1].version
+        migrate_to(conninfo, args.from_version, previous_release=previous)
         fill_seconds = fill(conninfo, args.finished, args.unfinished, keyed=args.keyed)
         if args.checkpoints:
             with psycopg.connect(conninfo, autocommit=True) as conn:

@@ -74,7 +74,7 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     epochs_as_days_left_them(db, schema)
     # Written out, as a day-old epoch's files are: a prune of pages still dirty in the OS's cache
     # frees no disk blocks, and emptying 1,000,000 jobs' 330 MB took 120-150 ms more once they
-    # were on disk (the deletion of their files, at the commit).
+    # were on disk (the deletion of their files, at the commit, after its locks are released).
     db.conn.execute("CHECKPOINT")
     days = detach_days(db, schema) if args.floor else []
     # Opened here: the window times the drop, not a connection being opened.
