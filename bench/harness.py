@@ -502,6 +502,7 @@ class Launcher:
         scope: bool = True,
         contract: str | None = None,
         delete: bool = False,
+        variant: Path | None = None,
     ) -> Process:
         """The raw loop's algorithm on trio and trioq's statement path (bench/trio_floor.py),
         on the raw loop's own table, or with `contract` ("keep" or "delete") on the tables and
@@ -510,7 +511,7 @@ class Launcher:
         role = self.db.new_role("bench_floor")
         if contract is None:
             self.db.install_raw(schema)
-        else:
+        elif contract != "trioq":  # "trioq": trioq's statements on the migrated schema
             contract_floor.install(self.db.conn, schema)
         argv = [sys.executable, "-m", "bench.trio_floor", "--dsn", self.db.conninfo(role)]
         argv += ["--schema", schema, "--batch", str(batch), "--expect", str(expect)]
@@ -519,6 +520,8 @@ class Launcher:
             argv += ["--contract", contract]
         if delete:
             argv.append("--delete")
+        if variant is not None:
+            argv += ["--variant", str(variant)]
         process = self._spawn(f"trio floor {role}", role, argv, {})
         process.wait_for_line(b"ready")
         return process

@@ -22,6 +22,11 @@ outcome to a history (`keep`) or deletes the record (`delete`). With the same lo
 runtime cost as the raw statements, the server CPU per job between the two is what the
 contract's storage costs at the least (`--queue` does not apply: its claim reads `default`).
 
+`--contract trioq` runs it on trioq's own schema with trioq's plain claim and completion
+(job_claim_plain, job_complete_plain, sent as trioq's driver sends them: positional, typed,
+binary results), or with `--variant DIR` a variant's (bench/statement_variants.py): what those
+statements cost the server with the floor's runtime around them.
+
 `python -m bench.trio_floor --dsn ... --schema ... --expect N` prints `ready` once connected,
 stops claiming after N jobs and waits to be stopped (SIGTERM), as the raw loop does, so the
 harness reads its CPU the same way. `python -m bench.worker_cpu --trio-floor` runs it between
@@ -34,15 +39,18 @@ import argparse
 import json
 import operator
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from bench import contract_floor
+from bench import contract_floor, statement_variants
 from bench.baseline import CLAIM_SQL, COMPLETE_DELETE_SQL, COMPLETE_SQL, IDLE_POLL_SECONDS, noop
 from trioq._pg.connection import Connection, connect
-from trioq._pg.statements import results_element
+from trioq._pg.replies import ClaimedRow
+from trioq._pg.statements import BINARY_RESULTS, results_element
+from trioq._sql import to_positional
 
 HANDLERS = {"noop": noop}
 CONTRACT_COMPLETIONS = {
@@ -98,7 +106,10 @@ class Worker:
                 await self.have_pending.wait()
                 continue
             batch, self.pending = self.pending, []
-            await self.done_conn.fetch_native(self.complete_sql, self.completion_params(batch))
+            await self.flush(batch)
+
+    async def flush(self, batch: list[tuple[Any, ...]]) -> None:
+        await self.done_conn.fetch_native(self.complete_sql, self.completion_params(batch))
 
     def completion_params(self, batch: list[tuple[Any, ...]]) -> list[str]:
         # Array literals, as trioq's completer sends its fences and results (each result's
@@ -153,6 +164,68 @@ def contract_statements(
     return worker, claim_sql, claim_params
 
 
+class TrioqStatementsWorker(Worker):
+    """The floor's worker sending trioq's own hot statements (job_claim_plain,
+    job_complete_plain), or a variant's (bench/statement_variants.py), as trioq's driver sends
+    them (positional, typed, binary results)."""
+
+    def __init__(
+        self, done_conn: Connection, schema: str, scope: bool, variant: Path | None
+    ) -> None:
+        super().__init__(done_conn, b"", scope, operator.itemgetter(0, 3, 4), LEASES, LEASES)
+        sql, self.session, self.tasks = statement_variants.load(variant, schema)
+        self.statements = {name: to_positional(text) for name, text in sql.items()}
+
+    async def send(self, conn: Connection, name: str, params: dict[str, Any]) -> list[Any]:
+        statement = self.statements[name]
+        return await conn.fetch_native(
+            statement.text, statement.values(params), typed=True, binary=name in BINARY_RESULTS
+        )
+
+    async def flush(self, batch: list[tuple[Any, ...]]) -> None:
+        values = dict(zip(LEASES, self.completion_params(batch), strict=True))
+        await self.send(self.done_conn, "job_complete_plain", values)
+
+
+# trioq's completion takes the fences and the results.
+LEASES = ("ids", "attempts", "lease_tokens", "results")
+
+
+async def trioq_statements(
+    claim_conn: Connection,
+    done_conn: Connection,
+    schema: str,
+    queue: str,
+    scope: bool,
+    variant: Path | None,
+) -> tuple[Worker, Callable[[int], Awaitable[list[tuple[Any, ...]]]]]:
+    """trioq's statements (or `variant`'s) on trioq's tables: the worker and its claim of
+    `free` jobs, each row as (id, task, payload, attempt, lease_token)."""
+    worker = TrioqStatementsWorker(done_conn, schema, scope, variant)
+    for statement in worker.session:
+        for conn in (claim_conn, done_conn):
+            await conn.fetch_native(statement.encode(), [])
+    base = {
+        "lookahead": 1.0,
+        "queue": queue,
+        "tasks": "{" + ",".join(worker.tasks) + "}",
+        "task_versions": None,
+        "lease_seconds": 30.0,
+        "worker_id": uuid.uuid4(),
+        "traced": False,
+    }
+    fields = operator.itemgetter(
+        ClaimedRow.id, ClaimedRow.task, ClaimedRow.payload, ClaimedRow.attempt,
+        ClaimedRow.lease_token,
+    )  # fmt: skip
+
+    async def claim(free: int) -> list[tuple[Any, ...]]:
+        rows = await worker.send(claim_conn, "job_claim_plain", {**base, "limit": free})
+        return [fields(row) for row in rows if row[ClaimedRow.id] is not None]
+
+    return worker, claim
+
+
 async def run_worker(
     dsn: str,
     schema: str,
@@ -162,19 +235,33 @@ async def run_worker(
     scope: bool,
     contract: str | None,
     delete: bool = False,
+    variant: Path | None = None,
 ) -> None:
     claim_conn = await connect(dsn)
     done_conn = await connect(dsn)
-    if contract is None:
-        worker, claim_sql, claim_params = raw_statements(done_conn, schema, queue, scope, delete)
+    claim: Callable[[int], Awaitable[list[tuple[Any, ...]]]]
+    if contract == "trioq":
+        worker, claim = await trioq_statements(claim_conn, done_conn, schema, queue, scope, variant)
     else:
-        worker, claim_sql, claim_params = contract_statements(done_conn, schema, contract, scope)
-        # The claim deletes the entries it takes by address (`ctid = ANY(...)`), as trioq's
-        # ready_ring_take() does, and for the same reason with the same setting: its generic
-        # plan is made while the worker polls the empty table before the backlog, and there a
-        # sequential scan is the cheaper delete. Kept, it read every entry the drain had left
-        # dead at each claim: 4.5 ms a claim of 25 (92 us of server CPU per job, 5 repeats).
-        await claim_conn.fetch_native(b"SET enable_seqscan = off", [])
+        if contract is None:
+            worker, claim_sql, claim_params = raw_statements(
+                done_conn, schema, queue, scope, delete
+            )
+        else:
+            worker, claim_sql, claim_params = contract_statements(
+                done_conn, schema, contract, scope
+            )
+            # The claim deletes the entries it takes by address (`ctid = ANY(...)`), as
+            # trioq's ready_ring_take() does, and for the same reason with the same setting:
+            # its generic plan is made while the worker polls the empty table before the
+            # backlog, and there a sequential scan is the cheaper delete. Kept, it read every
+            # entry the drain had left dead at each claim: 4.5 ms a claim of 25 (92 us of
+            # server CPU per job, 5 repeats).
+            await claim_conn.fetch_native(b"SET enable_seqscan = off", [])
+
+        async def claim(free: int) -> list[tuple[Any, ...]]:
+            return await claim_conn.fetch_native(claim_sql, claim_params(free), binary=True)
+
     print("ready", flush=True)
     claimed = 0
     async with trio.open_nursery() as nursery:
@@ -185,7 +272,7 @@ async def run_worker(
                 worker.slot_freed = trio.Event()
                 await worker.slot_freed.wait()
                 continue
-            rows = await claim_conn.fetch_native(claim_sql, claim_params(free), binary=True)
+            rows = await claim(free)
             if not rows:
                 await trio.sleep(IDLE_POLL_SECONDS)
                 continue
@@ -212,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--contract",
-        choices=sorted(CONTRACT_COMPLETIONS),
+        choices=[*sorted(CONTRACT_COMPLETIONS), "trioq"],
         default=None,
         help="drain the contract floor's tables (bench/contract_floor.py), the outcome kept or"
         " the record deleted (default: the raw loop's table and statements)",
@@ -221,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         "--delete",
         action="store_true",
         help="on the raw loop's table, its completion that deletes the row (raw-del's)",
+    )
+    parser.add_argument(
+        "--variant",
+        type=Path,
+        default=None,
+        help="with --contract trioq: a variant's directory (bench/statement_variants.py) whose"
+        " statements the worker sends in place of trioq's",
     )
     args = parser.parse_args(argv)
     trio.run(
@@ -233,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         args.scope,
         args.contract,
         args.delete,
+        args.variant,
     )
     return 0
 

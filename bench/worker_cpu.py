@@ -21,6 +21,12 @@ and statements of the floor of trioq's contract (bench/contract_floor.py: a clai
 lease fenced by attempt and token, a completion fenced by id + attempt + token), the outcome
 appended to a history (`contract`) or the record deleted, nothing kept (`contract-del`): the
 least any storage layout costs in a live drain, the floor the drain targets are judged against.
+`--trioq-statements` adds `floor-trioq`: the same trio worker sending trioq's own claim and
+completion (job_claim_plain, job_complete_plain, as trioq's driver sends them) on trioq's
+schema, so trioq's figure splits into what its statements cost the server and what its runtime
+costs; `--variant NAME=DIR` adds the same worker sending a variant's statements instead
+(bench/statement_variants.py; `bench/variants/lean` is the least a claim and a completion do on
+trioq's tables).
 Prints per repeat and the medians; ratios are taken within a repeat. `--py-spy OUT` records one
 drain of this checkout's worker (or the first `--root`'s) with py-spy instead, only samples
 holding the GIL (`--gil`: on 2 shared cores a process is often preempted mid-call, which plain
@@ -195,6 +201,19 @@ def main() -> None:
         " with and without a cancel scope per job",
     )
     parser.add_argument(
+        "--trioq-statements",
+        action="store_true",
+        help="also run the trio floor's worker with trioq's own claim and completion"
+        " (job_claim_plain, job_complete_plain) on trioq's schema (`floor-trioq`)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=DIR: also run the trio floor's worker with the statement variants in DIR"
+        " (bench/trio_floor.py --variant) on trioq's schema",
+    )
+    parser.add_argument(
         "--contract-floor",
         action="store_true",
         help="also run the trio floor on the contract's floor (bench/contract_floor.py), the"
@@ -212,6 +231,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     roots = {"this": REPO_ROOT, **{str(root): root for root in args.root}}
+    variants = {
+        name: Path(path).resolve()
+        for name, path in (variant.split("=", 1) for variant in args.variant)
+    }
     with tempfile.TemporaryDirectory() as logs, open_database() as db:
         launcher = Launcher(db, Path(logs))
         ctx = Context(db, launcher, FULL, Results())
@@ -325,6 +348,26 @@ def main() -> None:
                             contract_system(keep=keep, jobs=n),
                         )
                     )
+            if args.trioq_statements:
+                systems.append(
+                    (
+                        "floor-trioq",
+                        "noop",
+                        lambda s: [launcher.trio_floor_worker(s, expect=n, contract="trioq")],
+                        TRIOQ,
+                    )
+                )
+            for name, directory in variants.items():
+                systems.append(
+                    (
+                        name,
+                        "noop",
+                        lambda s, d=directory: [
+                            launcher.trio_floor_worker(s, expect=n, contract="trioq", variant=d)
+                        ],
+                        TRIOQ,
+                    )
+                )
             order = rotated(systems, repeat)
             for name, task, start, system in order:
                 run = drain(ctx, start, task, n, system)

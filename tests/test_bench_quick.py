@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import statement_shape
+from bench import statement_shape, statement_variants
 from bench.harness import Launcher, open_database
 from bench.report import SCENARIOS
 
@@ -49,7 +49,9 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
     profile."""
     profile = tmp_path / "worker.prof"
     outputs = []
-    for extra in (["--trio-floor", "--contract-floor"], ["--cprofile", str(profile)]):
+    variant = "lean=bench/variants/lean"
+    first = ["--trio-floor", "--contract-floor", "--trioq-statements", "--variant", variant]
+    for extra in (first, ["--cprofile", str(profile)]):
         outputs.append(run_module("bench.worker_cpu", "--jobs", "200", "--repeats", "1", *extra))
     assert "medians:" in outputs[0] and "x raw CPU/job" in outputs[0]
     assert "x raw server/job" in outputs[0] and "x raw-del server/job" in outputs[0]
@@ -63,9 +65,33 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
         "floor-del",
         "contract",
         "contract-del",
+        "floor-trioq",
+        "lean",
     ):
         assert f"{system:>10}: " in medians, outputs[0]
     assert "cprofile:" in outputs[1] and profile.stat().st_size > 0
+
+
+def test_statement_variants_builds_the_claims_guards_and_replays_them(tmp_path: Path) -> None:
+    """`python -m bench.statement_variants --build DIR`: the claim with every guard, with none
+    and with each alone or left out, each a claim that drains the backlog (the replay checks
+    every job claimed and completed), replayed beside trioq's own statements and the lean
+    variant, with the ratios to the first."""
+    built = tmp_path / "claims"
+    argv = ["--jobs", "60", "--repeats", "1", "--build", str(built)]
+    out = run_module(
+        "bench.statement_variants", *argv, "trioq", "lean=bench/variants/lean", "all", "none",
+        "no-lock", "with-probe", "no-fn",
+    )  # fmt: skip
+    medians = out.split("medians:")[1]
+    for name in ("trioq", "lean", "all", "none", "no-lock", "with-probe", "no-fn"):
+        assert f"{name:>12}: " in medians, out
+    assert medians.count("x trioq") == 7
+    assert {path.name for path in built.iterdir()} == {
+        "none",
+        "all",
+        *(f"{kind}-{guard}" for guard in statement_variants.GUARDS for kind in ("with", "no")),
+    }
 
 
 def test_hot_path_cost_replays_the_drain_on_each_variant() -> None:
