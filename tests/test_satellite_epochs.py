@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
+import trio
 
 from tests.support import partitions_of, sql_rows, sql_scalar
 from trioq._core.retention import seconds_to_day_end
@@ -187,3 +188,110 @@ async def test_a_reader_holding_an_epoch_postpones_its_emptying_by_a_minute(
     assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e0") == 0
     flush_stats(pg_url)
     assert deleted_rows(pg_url, pg_schema) == 0
+
+
+def statistics_of(pg_url: str, schema: str, epoch: int) -> dict[str, float]:
+    """reltuples of each partition of `epoch` (-1: never vacuumed or analyzed)."""
+    rows = sql_rows(
+        pg_url,
+        "SELECT c.relname, c.reltuples FROM pg_class c JOIN pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = ANY(%s)",
+        (schema, [f"{table}_e{epoch}" for table in EPOCH_TABLES]),
+    )
+    return {name: float(tuples) for name, tuples in rows}
+
+
+EPOCH_TABLES = ("job_rows", "job_outcomes", "checkpoints", "attempts", "workflow_values")
+
+
+async def test_the_next_epochs_partitions_analyzed_while_empty_start_without_statistics(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """A VACUUM or ANALYZE of the whole database (a nightly `vacuumdb --analyze`) also reaches
+    the next epoch's partitions, made a day ahead and empty, and records them as empty: a
+    generic plan made in the new day's first moments would read a record by a sequential scan
+    of its partition until autovacuum analyzed it. At the day's jump they are made again, with
+    no statistics, and serve the day's jobs as the first ones did."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for table in EPOCH_TABLES:
+            conn.execute(f"VACUUM ANALYZE {pg_schema}.{table}_e1")
+    assert set(statistics_of(pg_url, pg_schema, 1).values()) == {0.0}
+    await clock.advance(DAY)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    started = sql_rows(
+        pg_url, f"SELECT epoch FROM {pg_schema}.satellite_epochs WHERE started_at IS NOT NULL"
+    )
+    assert sorted(started) == [(0,), (1,)]
+    assert statistics_of(pg_url, pg_schema, 1) == {table: -1.0 for table in (
+        f"{name}_e1" for name in EPOCH_TABLES
+    )}  # fmt: skip
+    # The partitions made again take the day's jobs: filed, claimed, checkpointed, completed.
+    [job_id] = await enqueue(driver, new_job(1))
+    assert job_id >= EPOCH_1
+    [job] = await claim(driver, limit=1)
+    assert job.id == job_id
+    checkpoint_add(pg_url, pg_schema, job_id, 1)
+    await complete(driver, job.lease)
+    assert (await record(driver, job_id)).state == "completed"
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e1") == 1
+
+
+def parent_locks_while_waiting(pg_url: str, schema: str) -> list[str]:
+    """Wait (in a thread: the pass's statement runs on the server meanwhile) until a session
+    waits for a lock on `checkpoints_e0`, then the locks it holds on the five parents."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        while True:
+            rows = conn.execute(
+                "SELECT pid FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                (f"{schema}.checkpoints_e0",),
+            ).fetchall()
+            if rows:
+                return [
+                    f"{name} {mode}"
+                    for name, mode in conn.execute(
+                        "SELECT c.relname, l.mode FROM pg_locks l JOIN pg_class c"
+                        " ON c.oid = l.relation WHERE l.pid = %s AND l.granted"
+                        " AND c.relname = ANY(%s)",
+                        (rows[0][0], list(EPOCH_TABLES)),
+                    ).fetchall()
+                ]
+
+
+async def test_the_days_prune_runs_without_the_parents_locks_of_its_new_partitions(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The day's jump makes the next epoch's partitions, which takes each parent's ACCESS
+    EXCLUSIVE lock, and every claim queues behind it. With a retention of whole days, an
+    epoch's jobs expire at a midnight too, and the same pass prunes them: the prune (its
+    survivors' read, its locks' waits, up to five of 50 ms for a reader) must not run under
+    those locks. The partitions are made and committed first."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    enqueued = await enqueue(driver, *[new_job(n) for n in range(3)])
+    claimed = await claim(driver, limit=10)
+    for job in claimed:
+        checkpoint_add(pg_url, pg_schema, job.id, 1)
+    await complete(driver, *[job.lease for job in claimed])
+    finished_at = (await record(driver, enqueued[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    # One jump past both the day's end (a new epoch) and the jobs' expiry (a prune).
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    with psycopg.connect(pg_url) as reader:
+        reader.execute(f"LOCK TABLE {pg_schema}.checkpoints_e0 IN ACCESS SHARE MODE")
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    driver.maintenance_pass, MaintenancePass(retention_seconds=RETENTION)
+                )
+                held = await trio.to_thread.run_sync(parent_locks_while_waiting, pg_url, pg_schema)
+        reader.rollback()
+    assert held == []
+    started = sql_rows(
+        pg_url, f"SELECT epoch FROM {pg_schema}.satellite_epochs WHERE started_at IS NOT NULL"
+    )
+    assert sorted(started) == [(0,), (1,)]
+    assert "checkpoints_e2" in satellite_parts(pg_url, pg_schema)["checkpoints"]

@@ -1349,6 +1349,32 @@ BEGIN
     -- A new epoch, into partitions an earlier call made: setval() is not undone by a rollback,
     -- so the ids never run ahead of partitions this transaction could still take back.
     IF next_epoch.epoch IS NOT NULL AND this_epoch.started_at < day_start THEN
+        -- Its partitions were made a day ahead and stayed empty: a VACUUM or ANALYZE of the
+        -- whole database meanwhile (a nightly `vacuumdb --analyze`, pg_upgrade's advice)
+        -- recorded them as empty (reltuples 0; never vacuumed, it is -1 and the planner
+        -- assumes ten pages), and a generic plan made in the day's first moments then reads a
+        -- record by a sequential scan of its partition (4.0 ms a claim of 25 against 0.7,
+        -- bench/RESULTS.md, "The prune's phase measured its own burst") until autovacuum
+        -- analyzes it, a minute or more into the day. Such a partition, still empty before the jump, is made again
+        -- here, with no statistics; one whose lock is not granted in time is left as it is.
+        FOREACH tab IN ARRAY tables LOOP
+            part := tab || '_e' || next_epoch.epoch;
+            IF (SELECT c.reltuples >= 0 FROM pg_class c
+                WHERE c.oid = to_regclass(format('"trioq".%I', part))) THEN
+                BEGIN
+                    EXECUTE format('SELECT EXISTS (SELECT FROM "trioq".%I)', part) INTO filled;
+                    IF NOT filled THEN
+                        EXECUTE format('DROP TABLE "trioq".%I', part);
+                        EXECUTE format('CREATE TABLE "trioq".%I PARTITION OF "trioq".%I '
+                                       'FOR VALUES FROM (%s) TO (%s) '
+                                       'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
+                                       part, tab, next_epoch.low, next_epoch.high);
+                    END IF;
+                EXCEPTION WHEN lock_not_available THEN
+                    NULL;
+                END;
+            END IF;
+        END LOOP;
         UPDATE "trioq".satellite_epochs SET ended_at = now_at WHERE epoch = this_epoch.epoch;
         UPDATE "trioq".satellite_epochs SET started_at = now_at WHERE epoch = next_epoch.epoch;
         IF coalesce(pg_sequence_last_value('"trioq".jobs_id_seq'), 0) < next_epoch.low THEN

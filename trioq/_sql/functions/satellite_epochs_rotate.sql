@@ -36,7 +36,9 @@
 -- The ids are not the history: they never repeat and only grow; 2^32 ids a day is the most an
 -- epoch holds before it runs into the next (more goes on working, filed one epoch early).
 -- Called by the leader after its maintenance pass when the last call's `next_due` has come, by
--- `trioq purge` (with its cutoff) and by `trioq migrate` (NULL: epochs and partitions only).
+-- `trioq purge` (with its cutoff) and by `trioq migrate` (NULL: epochs and partitions only; the
+-- leader and `trioq purge` make that call first, in a transaction of its own, so that the
+-- parents' ACCESS EXCLUSIVE locks a new partition takes are not held through a prune).
 -- Every lock waits at most 50 ms, the records' and the truncations' asked for five times (a
 -- `pg_dump` holding a partition leaves that epoch to a later call, due in a minute). SECURITY DEFINER: creating, truncating and dropping partitions needs
 -- the schema owner's rights, and a worker's role has none (docs/operations.md, "Roles"); every
@@ -89,6 +91,32 @@ BEGIN
     -- A new epoch, into partitions an earlier call made: setval() is not undone by a rollback,
     -- so the ids never run ahead of partitions this transaction could still take back.
     IF next_epoch.epoch IS NOT NULL AND this_epoch.started_at < day_start THEN
+        -- Its partitions were made a day ahead and stayed empty: a VACUUM or ANALYZE of the
+        -- whole database meanwhile (a nightly `vacuumdb --analyze`, pg_upgrade's advice)
+        -- recorded them as empty (reltuples 0; never vacuumed, it is -1 and the planner
+        -- assumes ten pages), and a generic plan made in the day's first moments then reads a
+        -- record by a sequential scan of its partition (4.0 ms a claim of 25 against 0.7,
+        -- bench/RESULTS.md, "The prune's phase measured its own burst") until autovacuum
+        -- analyzes it, a minute or more into the day. Such a partition, still empty before the jump, is made again
+        -- here, with no statistics; one whose lock is not granted in time is left as it is.
+        FOREACH tab IN ARRAY tables LOOP
+            part := tab || '_e' || next_epoch.epoch;
+            IF (SELECT c.reltuples >= 0 FROM pg_class c
+                WHERE c.oid = to_regclass(format('{schema}.%I', part))) THEN
+                BEGIN
+                    EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
+                    IF NOT filled THEN
+                        EXECUTE format('DROP TABLE {schema}.%I', part);
+                        EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.%I '
+                                       'FOR VALUES FROM (%s) TO (%s) '
+                                       'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
+                                       part, tab, next_epoch.low, next_epoch.high);
+                    END IF;
+                EXCEPTION WHEN lock_not_available THEN
+                    NULL;
+                END;
+            END IF;
+        END LOOP;
         UPDATE {schema}.satellite_epochs SET ended_at = now_at WHERE epoch = this_epoch.epoch;
         UPDATE {schema}.satellite_epochs SET started_at = now_at WHERE epoch = next_epoch.epoch;
         IF coalesce(pg_sequence_last_value('{schema}.jobs_id_seq'), 0) < next_epoch.low THEN
