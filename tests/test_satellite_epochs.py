@@ -4,6 +4,7 @@ a DELETE a row, while the rows of a job still kept stay readable."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -241,9 +242,11 @@ async def test_the_next_epochs_partitions_analyzed_while_empty_start_without_sta
 
 def parent_locks_while_waiting(pg_url: str, schema: str) -> list[str]:
     """Wait (in a thread: the pass's statement runs on the server meanwhile) until a session
-    waits for a lock on `checkpoints_e0`, then the locks it holds on the five parents."""
+    waits for a lock on `checkpoints_e0`, then the locks it holds on the five parents. A thread
+    is not cancelled by the test's `fail_after`: it gives up by itself after 30 s."""
+    deadline = time.monotonic() + 30
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        while True:
+        while time.monotonic() < deadline:
             rows = conn.execute(
                 "SELECT pid FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
                 (f"{schema}.checkpoints_e0",),
@@ -258,6 +261,7 @@ def parent_locks_while_waiting(pg_url: str, schema: str) -> list[str]:
                         (rows[0][0], list(EPOCH_TABLES)),
                     ).fetchall()
                 ]
+    raise AssertionError("no session waited for checkpoints_e0 within 30 s")
 
 
 async def test_the_days_prune_runs_without_the_parents_locks_of_its_new_partitions(
