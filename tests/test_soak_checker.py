@@ -156,6 +156,18 @@ def test_a_run_that_suspended_itself_may_still_unwind_when_its_resumed_run_start
     assert rules(h, facts(1)) == []
 
 
+def test_a_continued_run_whose_worker_died_as_it_unwound_ends_at_its_continue() -> None:
+    """continue_as_new releases the job before it raises: a worker stopped while the run
+    unwinds leaves no end row, and the next generation may already run elsewhere (the soak,
+    seed 3: started 2.7 ms before the old worker's death). Its run is suspended at `continue`;
+    a run that starts before that row still overlaps it."""
+    unwound = run(1, "a", 0, None, pid=7, effects=((1, "continue", None, None),))
+    h = history(unwound, run(1, "b", 2, 4, pid=8), jobs=[JobRow(1, "completed")])
+    assert rules(h, facts(1, died={7: at(3)})) == []
+    early = history(unwound, run(1, "b", 0.5, 4, pid=8), jobs=[JobRow(1, "completed")])
+    assert rules(early, facts(1, died={7: at(3)})) == [("two runs of one job overlap", (1,))]
+
+
 def test_a_lost_job_and_a_job_stuck_ready_are_reported() -> None:
     h = history(run(1, "a", 0, 1), jobs=[JobRow(1, "completed"), JobRow(2, "ready")])
     assert rules(h, facts(1, 2, 3)) == [

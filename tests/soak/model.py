@@ -104,12 +104,19 @@ def _run_of(job_id: int, run_id: str, rows: list[LogRow]) -> Run:
     it raises, so the resumed run may start, even on the same worker, while this one unwinds.
     A suspended run is one whose end row says SuspendExecution, or that logged `continue` just
     before its end (a reclaim by the same worker can cancel a continued run as it unwinds).
-    Ending it earlier can only hide overlaps of that unwinding."""
+    Ending it earlier can only hide overlaps of that unwinding. A run whose last row is
+    `continue` and that has no end row (its worker stopped as it unwound) is suspended there
+    too."""
     start = next((row for row in rows if row.kind == "start"), rows[0])
     index, end = next(
         ((n, row) for n, row in enumerate(rows) if row.kind in ("end", "cancelled")), (0, None)
     )
     if end is None:
+        if rows[-1].kind == "continue":
+            last = rows[-1].ts
+            return Run(
+                job_id, run_id, start.attempt, start.pid, start.ts, last, "suspended", tuple(rows)
+            )
         return Run(job_id, run_id, start.attempt, start.pid, start.ts, None, None, tuple(rows))
     suspended = end.value == SUSPENDED or (index > 0 and rows[index - 1].kind == "continue")
     if suspended and index > 0:
