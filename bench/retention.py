@@ -16,9 +16,13 @@ job id epoch that ended with their day, which the prune empties whole once no jo
 kept. `--floor`: the day partitions are detached before the run, and the prune phase only
 DROPs them (what deleting a day's files costs the other sessions' commits, whatever the purge
 does around it). `--busy`: a process spins on one core for the whole run (as
-`bench.pinned_horizon --busy`). Reported per phase: pickup p50/p95/max,
-completions over offered, the schema's dead tuples and size; and the prune's time. The storage
-target: the prune of 1,000,000 finished jobs under 1 s, pickup p95 during it <= 2x clean.
+`bench.pinned_horizon --busy`). `--at-midnight`: just before the purge, today's epoch is moved
+back a day, so the purge's rotation starts the next epoch (making the partitions of the one
+after, each parent's ACCESS EXCLUSIVE lock) in the pass that prunes the filled one, as the
+leader's first rotation after a midnight does when a retention of whole days expires a day then.
+Reported per phase: pickup p50/p95/max, completions over offered, the schema's dead tuples and
+size; and the prune's time. The storage target: the prune of 1,000,000 finished jobs under
+1 s, pickup p95 during it <= 2x clean.
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true")
     parser.add_argument(
         "--busy", action="store_true", help="a process spinning on one core for the whole run"
+    )
+    parser.add_argument(
+        "--at-midnight",
+        action="store_true",
+        help="the prune's pass also starts the day's epoch (its partitions made ahead)",
     )
     parser.add_argument("--results", default=str(RESULTS), help="where the JSON goes")
     args = parser.parse_args()
@@ -92,6 +101,8 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
             # (a purge naming one state deletes row by row). Through the actions' client,
             # already open: the phase times the purge, not a client's connections, and the
             # purge holds a connection of its own, as the leader's or `trioq purge`'s does.
+            if args.at_midnight:  # today's epoch began yesterday: the purge's pass starts one
+                await trio.to_thread.run_sync(checker.execute, midnight(schema))
             started = time.monotonic()
             deleted = await offer.client.purge(
                 states=("completed", "failed", "cancelled"),
@@ -118,6 +129,16 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
         ]
 
     return schema, phases
+
+
+def midnight(schema: str) -> sql.Composed:
+    """The current epoch moved back a day (`--at-midnight`): set just before the purge, after
+    the worker's leader made its first rotation, so that the purge's is the one to start the
+    next epoch (and make the partitions of the one after) in the pass that prunes."""
+    return sql.SQL(
+        "UPDATE {} SET started_at = started_at - interval '1 day'"
+        " WHERE started_at IS NOT NULL AND ended_at IS NULL"
+    ).format(sql.Identifier(schema, "satellite_epochs"))
 
 
 def add_sleeping(db: Database, schema: str, count: int) -> None:
