@@ -136,6 +136,21 @@ def test_retention_prunes_workflow_jobs_whole_while_a_worker_serves(tmp_path: Pa
     assert prune["dead_tuples"] - clean["dead_tuples"] < 2000
 
 
+def test_retention_at_midnight_starts_the_next_epoch_in_the_pass_that_prunes(
+    tmp_path: Path,
+) -> None:
+    """`python -m bench.retention --at-midnight`: the purge's pass starts the next epoch (the
+    partitions of the one after made) and prunes the filled one: every job goes."""
+    results = tmp_path / "retention.json"
+    run_module(
+        "bench.retention",
+        *("--finished", "2000", "--clean", "1", "--after", "1", "--at-midnight"),
+        *("--rate", "200", "--results", str(results)),
+    )
+    [run] = json.loads(results.read_text())["runs"]
+    assert run["pruned"] == 2000
+
+
 def test_runtime_cpu_counts_task_steps_and_calls_per_job() -> None:
     """`python -m bench.runtime_cpu`: the stub-driver drain of this checkout, one tiny repeat
     with a slow flush (the completer's backlog fills): every job takes at least one task step
