@@ -156,6 +156,25 @@ async def test_an_id_taken_before_its_epoch_ended_still_files_its_rows_for_a_day
     assert "checkpoints_e0" not in satellite_parts(pg_url, pg_schema)["checkpoints"]
 
 
+async def three_finished_and_expired(
+    driver: PgDriver, pg_url: str, pg_schema: str, checkpoints: int
+) -> SqlClock:
+    """Three jobs completed today with `checkpoints` each, then the clock moved in one jump
+    past both the day's end (a new epoch is due) and their expiry (a prune is due)."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    enqueued = await enqueue(driver, *[new_job(n) for n in range(3)])
+    claimed = await claim(driver, limit=10)
+    for job in claimed:
+        checkpoint_add(pg_url, pg_schema, job.id, checkpoints)
+    await complete(driver, *[job.lease for job in claimed])
+    finished_at = (await record(driver, enqueued[0])).finished_at
+    assert finished_at is not None
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    return clock
+
+
 async def test_a_reader_holding_an_epoch_postpones_its_emptying_by_a_minute(
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
@@ -163,17 +182,7 @@ async def test_a_reader_holding_an_epoch_postpones_its_emptying_by_a_minute(
     epoch's partition is then not granted within its 50 ms, the pass goes on, and the epoch,
     its jobs with it (migration 0049: the records and outcomes are partitions of the same
     epoch), is emptied by a call a minute later, once the reader has gone."""
-    clock = await SqlClock.install(driver)
-    await clock.freeze()
-    doomed = await enqueue(driver, *[new_job(n) for n in range(3)])
-    claimed = await claim(driver, limit=10)
-    for job in claimed:
-        checkpoint_add(pg_url, pg_schema, job.id, 2)
-    await complete(driver, *[job.lease for job in claimed])
-    finished_at = (await record(driver, doomed[0])).finished_at
-    assert finished_at is not None
-    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
-    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    clock = await three_finished_and_expired(driver, pg_url, pg_schema, checkpoints=2)
     with psycopg.connect(pg_url) as reader:
         reader.execute(f"LOCK TABLE {pg_schema}.checkpoints_e0 IN ACCESS SHARE MODE")
         report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
@@ -272,18 +281,7 @@ async def test_the_days_prune_runs_without_the_parents_locks_of_its_new_partitio
     epoch's jobs expire at a midnight too, and the same pass prunes them: the prune (its
     survivors' read, its locks' waits, up to five of 50 ms for a reader) must not run under
     those locks. The partitions are made and committed first."""
-    clock = await SqlClock.install(driver)
-    await clock.freeze()
-    enqueued = await enqueue(driver, *[new_job(n) for n in range(3)])
-    claimed = await claim(driver, limit=10)
-    for job in claimed:
-        checkpoint_add(pg_url, pg_schema, job.id, 1)
-    await complete(driver, *[job.lease for job in claimed])
-    finished_at = (await record(driver, enqueued[0])).finished_at
-    assert finished_at is not None
-    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
-    # One jump past both the day's end (a new epoch) and the jobs' expiry (a prune).
-    await clock.advance(seconds_to_day_end(finished_at) + RETENTION + 1)
+    await three_finished_and_expired(driver, pg_url, pg_schema, checkpoints=1)
     with psycopg.connect(pg_url) as reader:
         reader.execute(f"LOCK TABLE {pg_schema}.checkpoints_e0 IN ACCESS SHARE MODE")
         with trio.fail_after(30):
