@@ -297,3 +297,33 @@ async def test_the_days_prune_runs_without_the_parents_locks_of_its_new_partitio
     )
     assert sorted(started) == [(0,), (1,)]
     assert "checkpoints_e2" in satellite_parts(pg_url, pg_schema)["checkpoints"]
+
+
+async def test_the_next_epochs_partitions_are_made_while_a_writer_holds_the_records(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """`CREATE TABLE ... PARTITION OF` needs its parent's ACCESS EXCLUSIVE lock: every claim,
+    enqueue and completion in flight holds it off, and every one after queues behind it. Made
+    apart and attached, a partition needs only SHARE UPDATE EXCLUSIVE, which none of them
+    conflicts with: an open transaction that wrote a record does not stop the day's jump from
+    making the next epoch's partitions."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(DAY)
+    with psycopg.connect(pg_url) as writer:
+        for table in EPOCH_TABLES:  # what an enqueue or a settle in an open transaction holds
+            writer.execute(f"LOCK TABLE {pg_schema}.{table} IN ROW EXCLUSIVE MODE")
+        await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+        writer.rollback()
+    for table in EPOCH_TABLES:
+        assert f"{table}_e2" in partitions_of(pg_url, f"{pg_schema}.{table}"), table
+    # The attached partitions take the jobs of their ids as the others do.
+    sql_rows(pg_url, f"SELECT setval('{pg_schema}.jobs_id_seq', {EPOCH_1 + 2**32}, false)")
+    [job_id] = await enqueue(driver, new_job(1))
+    assert job_id >= EPOCH_1 + 2**32
+    [job] = await claim(driver, limit=1)
+    checkpoint_add(pg_url, pg_schema, job_id, 1)
+    await complete(driver, job.lease)
+    assert (await record(driver, job_id)).state == "completed"
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e2") == 1

@@ -1355,8 +1355,9 @@ BEGIN
         -- assumes ten pages), and a generic plan made in the day's first moments then reads a
         -- record by a sequential scan of its partition (4.0 ms a claim of 25 against 0.7,
         -- bench/RESULTS.md, "The prune's phase measured its own burst") until autovacuum
-        -- analyzes it, a minute or more into the day. Such a partition, still empty before the jump, is made again
-        -- here, with no statistics; one whose lock is not granted in time is left as it is.
+        -- analyzes it, a minute or more into the day. Such a partition, still empty before
+        -- the jump, is made again here, with no statistics (its DROP takes the parent's ACCESS
+        -- EXCLUSIVE lock: only then); one whose lock is not granted in time is left as it is.
         FOREACH tab IN ARRAY tables LOOP
             part := tab || '_e' || next_epoch.epoch;
             IF (SELECT c.reltuples >= 0 FROM pg_class c
@@ -1365,10 +1366,8 @@ BEGIN
                     EXECUTE format('SELECT EXISTS (SELECT FROM "trioq".%I)', part) INTO filled;
                     IF NOT filled THEN
                         EXECUTE format('DROP TABLE "trioq".%I', part);
-                        EXECUTE format('CREATE TABLE "trioq".%I PARTITION OF "trioq".%I '
-                                       'FOR VALUES FROM (%s) TO (%s) '
-                                       'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
-                                       part, tab, next_epoch.low, next_epoch.high);
+                        PERFORM "trioq".satellite_partition_add(tab, part, next_epoch.low,
+                                                                 next_epoch.high);
                     END IF;
                 EXCEPTION WHEN lock_not_available THEN
                     NULL;
@@ -1382,18 +1381,16 @@ BEGIN
         END IF;
         this_epoch := next_epoch;
     END IF;
-    -- The next epoch's partitions, made a call ahead.
+    -- The next epoch's partitions, made a call ahead (attached: no lock a claim waits for).
     IF NOT EXISTS (SELECT 1 FROM "trioq".satellite_epochs e WHERE e.epoch = this_epoch.epoch + 1)
     THEN
         BEGIN
             INSERT INTO "trioq".satellite_epochs (epoch, low, high)
             VALUES (this_epoch.epoch + 1, this_epoch.high, this_epoch.high + width);
             FOREACH tab IN ARRAY tables LOOP
-                EXECUTE format('CREATE TABLE "trioq".%I PARTITION OF "trioq".%I '
-                               'FOR VALUES FROM (%s) TO (%s) '
-                               'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
-                               tab || '_e' || (this_epoch.epoch + 1), tab,
-                               this_epoch.high, this_epoch.high + width);
+                PERFORM "trioq".satellite_partition_add(
+                    tab, tab || '_e' || (this_epoch.epoch + 1), this_epoch.high,
+                    this_epoch.high + width);
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
             due := least(due, now_at + interval '1 minute');
@@ -1593,6 +1590,18 @@ BEGIN
     RETURN QUERY SELECT removed, due;
 END
 $_$;
+
+CREATE FUNCTION trioq.satellite_partition_add(tab text, part text, low bigint, high bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    EXECUTE format('CREATE TABLE "trioq".%I (LIKE "trioq".%I INCLUDING ALL) '
+                   'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)', part, tab);
+    EXECUTE format('ALTER TABLE "trioq".%I ATTACH PARTITION "trioq".%I '
+                   'FOR VALUES FROM (%s) TO (%s)', tab, part, low, high);
+END
+$$;
 
 CREATE FUNCTION trioq.send(p_job_id bigint, p_topic text, p_payload jsonb DEFAULT 'null'::jsonb) RETURNS bigint
     LANGUAGE plpgsql

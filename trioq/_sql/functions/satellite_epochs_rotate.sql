@@ -97,8 +97,9 @@ BEGIN
         -- assumes ten pages), and a generic plan made in the day's first moments then reads a
         -- record by a sequential scan of its partition (4.0 ms a claim of 25 against 0.7,
         -- bench/RESULTS.md, "The prune's phase measured its own burst") until autovacuum
-        -- analyzes it, a minute or more into the day. Such a partition, still empty before the jump, is made again
-        -- here, with no statistics; one whose lock is not granted in time is left as it is.
+        -- analyzes it, a minute or more into the day. Such a partition, still empty before
+        -- the jump, is made again here, with no statistics (its DROP takes the parent's ACCESS
+        -- EXCLUSIVE lock: only then); one whose lock is not granted in time is left as it is.
         FOREACH tab IN ARRAY tables LOOP
             part := tab || '_e' || next_epoch.epoch;
             IF (SELECT c.reltuples >= 0 FROM pg_class c
@@ -107,10 +108,8 @@ BEGIN
                     EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
                     IF NOT filled THEN
                         EXECUTE format('DROP TABLE {schema}.%I', part);
-                        EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.%I '
-                                       'FOR VALUES FROM (%s) TO (%s) '
-                                       'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
-                                       part, tab, next_epoch.low, next_epoch.high);
+                        PERFORM {schema}.satellite_partition_add(tab, part, next_epoch.low,
+                                                                 next_epoch.high);
                     END IF;
                 EXCEPTION WHEN lock_not_available THEN
                     NULL;
@@ -124,18 +123,16 @@ BEGIN
         END IF;
         this_epoch := next_epoch;
     END IF;
-    -- The next epoch's partitions, made a call ahead.
+    -- The next epoch's partitions, made a call ahead (attached: no lock a claim waits for).
     IF NOT EXISTS (SELECT 1 FROM {schema}.satellite_epochs e WHERE e.epoch = this_epoch.epoch + 1)
     THEN
         BEGIN
             INSERT INTO {schema}.satellite_epochs (epoch, low, high)
             VALUES (this_epoch.epoch + 1, this_epoch.high, this_epoch.high + width);
             FOREACH tab IN ARRAY tables LOOP
-                EXECUTE format('CREATE TABLE {schema}.%I PARTITION OF {schema}.%I '
-                               'FOR VALUES FROM (%s) TO (%s) '
-                               'WITH (vacuum_truncate = off, toast.vacuum_truncate = off)',
-                               tab || '_e' || (this_epoch.epoch + 1), tab,
-                               this_epoch.high, this_epoch.high + width);
+                PERFORM {schema}.satellite_partition_add(
+                    tab, tab || '_e' || (this_epoch.epoch + 1), this_epoch.high,
+                    this_epoch.high + width);
             END LOOP;
         EXCEPTION WHEN lock_not_available THEN
             due := least(due, now_at + interval '1 minute');
