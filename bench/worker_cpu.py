@@ -231,7 +231,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     roots = {"this": REPO_ROOT, **{str(root): root for root in args.root}}
-    variants = {
+    # Each a trio floor on trioq's schema; `floor-trioq` sends trioq's own statements (None).
+    variants: dict[str, Path | None] = {"floor-trioq": None} if args.trioq_statements else {}
+    variants |= {
         name: Path(path).resolve()
         for name, path in (variant.split("=", 1) for variant in args.variant)
     }
@@ -348,15 +350,6 @@ def main() -> None:
                             contract_system(keep=keep, jobs=n),
                         )
                     )
-            if args.trioq_statements:
-                systems.append(
-                    (
-                        "floor-trioq",
-                        "noop",
-                        lambda s: [launcher.trio_floor_worker(s, expect=n, contract="trioq")],
-                        TRIOQ,
-                    )
-                )
             for name, directory in variants.items():
                 systems.append(
                     (

@@ -276,8 +276,9 @@ def parent_locks_while_waiting(pg_url: str, schema: str) -> list[str]:
 async def test_the_days_prune_runs_without_the_parents_locks_of_its_new_partitions(
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
-    """The day's jump makes the next epoch's partitions, which takes each parent's ACCESS
-    EXCLUSIVE lock, and every claim queues behind it. With a retention of whole days, an
+    """The day's jump makes the next epoch's partitions, which locks each parent until the
+    transaction ends (ACCESS EXCLUSIVE, which every claim queues behind, for a partition made
+    again after a VACUUM). With a retention of whole days, an
     epoch's jobs expire at a midnight too, and the same pass prunes them: the prune (its
     survivors' read, its locks' waits, up to five of 50 ms for a reader) must not run under
     those locks. The partitions are made and committed first."""

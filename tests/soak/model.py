@@ -111,16 +111,11 @@ def _run_of(job_id: int, run_id: str, rows: list[LogRow]) -> Run:
     index, end = next(
         ((n, row) for n, row in enumerate(rows) if row.kind in ("end", "cancelled")), (0, None)
     )
+    ts: datetime.datetime | None
     if end is None:
-        if rows[-1].kind == "continue":
-            last = rows[-1].ts
-            return Run(
-                job_id, run_id, start.attempt, start.pid, start.ts, last, "suspended", tuple(rows)
-            )
-        return Run(job_id, run_id, start.attempt, start.pid, start.ts, None, None, tuple(rows))
-    suspended = end.value == SUSPENDED or (index > 0 and rows[index - 1].kind == "continue")
-    if suspended and index > 0:
-        ts, kind = rows[index - 1].ts, "suspended"
+        ts, kind = (rows[-1].ts, "suspended") if rows[-1].kind == "continue" else (None, None)
+    elif end.value == SUSPENDED or (index > 0 and rows[index - 1].kind == "continue"):
+        ts, kind = (rows[index - 1].ts, "suspended") if index > 0 else (end.ts, end.kind)
     else:
         ts, kind = end.ts, end.kind
     return Run(job_id, run_id, start.attempt, start.pid, start.ts, ts, kind, tuple(rows))

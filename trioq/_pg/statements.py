@@ -194,11 +194,12 @@ class PgStatements:
         """job_epochs_rotate: the jobs it removed, and when rotation is next due (a minute from
         now when a lock was not granted or a batch of row deletes was full).
 
-        With a retention, the epochs and partitions alone (NULL) are committed first: making a
-        partition takes its parent's ACCESS EXCLUSIVE lock until the transaction ends, and every
-        claim queues behind it. In one call, a midnight that both starts an epoch and expires
-        one (a retention of whole days) ran the prune, its survivors' read and lock waits
-        included, under the five parents' locks (tests/test_satellite_epochs.py)."""
+        With a retention, the epochs and partitions alone (NULL) are committed first: a
+        partition's making locks its parent until the transaction ends (an attach SHARE UPDATE
+        EXCLUSIVE, the DROP of one made again ACCESS EXCLUSIVE, which every claim queues
+        behind). In one call, a midnight that both starts an epoch and expires one (a
+        retention of whole days) ran the prune, its survivors' read and lock waits included,
+        under the five parents' locks (tests/test_satellite_epochs.py)."""
         if retention_seconds is not None:
             await self._retrying("job_epochs_rotate", {"retention_seconds": None})
         rotated = await self._retrying(

@@ -38,7 +38,8 @@
 -- Called by the leader after its maintenance pass when the last call's `next_due` has come, by
 -- `trioq purge` (with its cutoff) and by `trioq migrate` (NULL: epochs and partitions only; the
 -- leader and `trioq purge` make that call first, in a transaction of its own, so that the
--- parents' ACCESS EXCLUSIVE locks a new partition takes are not held through a prune).
+-- parents' locks a partition's making takes, ACCESS EXCLUSIVE for one made again, are not held
+-- through a prune).
 -- Every lock waits at most 50 ms, the records' and the truncations' asked for five times (a
 -- `pg_dump` holding a partition leaves that epoch to a later call, due in a minute). SECURITY DEFINER: creating, truncating and dropping partitions needs
 -- the schema owner's rights, and a worker's role has none (docs/operations.md, "Roles"); every
