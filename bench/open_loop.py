@@ -166,6 +166,12 @@ def report(
             ),
             **marks[f"{name}_health"],
         }
+        if marks[f"{name}_action_s"] > 0.001:
+            # The same second from the action's start whatever its length: a shorter action
+            # has fewer pickups, and its stalls (locks, the commit, the files' deletion) are
+            # more of them (a prune 18% faster read 2.04 against 1.44x clean by its own
+            # phase's p95; bench/RESULTS.md, "The prune's read through the claims' tables").
+            out[name]["first_second"] = window(called, started, low, low + 1.0, rate)
     minutes = []
     low = marks["start"]
     while low + MINUTE <= marks[f"{last}_end"]:
@@ -188,10 +194,17 @@ def window(
     }
 
 
-def medians(runs: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, float]]:
+def medians(runs: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
+    return {name: _medians([run[name] for run in runs]) for name in names}
+
+
+def _medians(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the runs (a window within a phase: its figures')."""
     return {
-        name: {key: statistics.median(run[name][key] for run in runs) for key in runs[0][name]}
-        for name in names
+        key: _medians([r[key] for r in reports])
+        if isinstance(reports[0][key], dict)
+        else statistics.median(r[key] for r in reports)
+        for key in reports[0]
     }
 
 

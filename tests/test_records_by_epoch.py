@@ -260,6 +260,78 @@ async def test_claims_and_settles_go_on_while_the_rotation_reads_an_epochs_survi
     assert job_due_mismatches(pg_url, pg_schema) == []
 
 
+def rotate_noting(pg_url: str, pg_schema: str) -> tuple[int, list[str]]:
+    """The rotation (retention RETENTION) run directly: the jobs it pruned and its DEBUG
+    notices (how it read the epoch's unfinished jobs)."""
+    notices: list[str] = []
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        conn.execute("SET client_min_messages = debug1")
+        rotate = f"SELECT pruned FROM {pg_schema}.satellite_epochs_rotate(%s)"
+        [(pruned,)] = conn.execute(rotate, (f"{RETENTION} seconds",)).fetchall()
+    return int(pruned), [n for n in notices if n.startswith("satellite_epochs_rotate")]
+
+
+async def unfinished_of_each_kind(
+    driver: PgDriver, pg_url: str, pg_schema: str, *jobs: NewJob
+) -> list[int]:
+    """An ended epoch (`ended_epoch`) keeping one unfinished job of each kind the claims find
+    by id, and `jobs`: running (a run), keyed and ready (ready_keyed), delayed (job_due). Their
+    ids, then `jobs`'."""
+    ids = await ended_epoch(
+        driver,
+        pg_url,
+        pg_schema,
+        new_job(5),
+        new_job(7, partition_key="k", priority=1),
+        new_job(8, delay_seconds=10 * 86_400),
+        *jobs,
+    )
+    [running] = await claim(driver, limit=1)
+    assert running.id == ids[4]
+    return ids[4:]
+
+
+async def test_the_rotation_reads_an_epochs_unfinished_jobs_where_the_claims_find_them(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The unfinished jobs of an ended epoch are read from the claims' tables (ready_keyed,
+    job_due, job_runs), not by a scan of the epoch's records: every kind is kept."""
+    running_id, keyed_id, delayed_id = await unfinished_of_each_kind(driver, pg_url, pg_schema)
+    pruned, notices = rotate_noting(pg_url, pg_schema)
+    assert notices == [
+        "satellite_epochs_rotate: epoch 0: 3 unfinished, found by the claims' tables"
+    ]
+    assert pruned == 4
+    assert (await record(driver, running_id)).state == "running"
+    assert (await record(driver, keyed_id)).state == "ready"
+    assert (await record(driver, delayed_id)).state == "scheduled"
+    assert job_due_mismatches(pg_url, pg_schema) == []
+    assert ready_keyed_mismatches(pg_url, pg_schema) == []
+
+
+async def test_an_unfinished_job_the_claims_tables_do_not_find_is_kept_by_the_anti_join(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The claims' tables are trusted only when they hold as many unfinished jobs as the
+    epoch's counts say. A plain job still ready is in the ring, which the rotation does not
+    read (it would hold the ring's slots until its commit): one fewer, so the rotation reads
+    the records themselves and keeps it, and the claims still find it in the ring."""
+    running_id, keyed_id, delayed_id, ready_id = await unfinished_of_each_kind(
+        driver, pg_url, pg_schema, new_job(9)
+    )
+    pruned, notices = rotate_noting(pg_url, pg_schema)
+    assert notices == [
+        "satellite_epochs_rotate: epoch 0: 4 unfinished, 3 found by the claims' tables: read by"
+        " the anti-join"
+    ]
+    assert pruned == 4
+    for job_id in (running_id, keyed_id, delayed_id):
+        assert await driver.job_get(job_id) is not None
+    assert (await record(driver, ready_id)).state == "ready"
+    assert {job.id for job in await claim(driver, limit=5)} == {keyed_id, ready_id}
+
+
 async def test_an_expired_job_redriven_during_the_rotations_read_is_pruned_whole_or_kept(
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
@@ -337,6 +409,34 @@ async def test_an_epoch_ended_days_ago_is_truncated_though_a_claim_holds_a_satel
     assert sql_scalar(pg_url, rotate, (retention,)) == 0
     for table in ("job_rows", "job_outcomes", "checkpoints", "attempts", "workflow_values"):
         assert sql_scalar(pg_url, exists, (f"{pg_schema}.{table}_e0",)) is False
+
+
+async def test_the_claims_tables_are_locked_last_for_their_truncation(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """The claims read the records (a generic plan locks every partition of `job_rows`), so
+    the prune's window they queue behind starts at the records' lock: the outcomes are
+    truncated first, before that lock is asked for, and the records last."""
+    await ended_epoch(driver, pg_url, pg_schema, new_job(5, delay_seconds=10 * 86_400))
+    records = f"{pg_schema}.job_rows_e0"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {pg_schema}.truncations (part text, records_locked boolean)")
+        conn.execute(
+            f"CREATE FUNCTION {pg_schema}.truncation_seen() RETURNS trigger LANGUAGE plpgsql"
+            f" AS $$ BEGIN INSERT INTO {pg_schema}.truncations SELECT TG_TABLE_NAME, EXISTS ("
+            " SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.granted"
+            f" AND l.mode = 'AccessExclusiveLock' AND l.relation = '{records}'::regclass);"
+            " RETURN NULL; END $$"
+        )
+        for part in ("job_outcomes_e0", "job_rows_e0"):
+            conn.execute(
+                f"CREATE TRIGGER truncation_seen BEFORE TRUNCATE ON {pg_schema}.{part}"
+                f" FOR EACH STATEMENT EXECUTE FUNCTION {pg_schema}.truncation_seen()"
+            )
+    pruned, _ = rotate_noting(pg_url, pg_schema)
+    assert pruned == 4
+    seen = sql_rows(pg_url, f"SELECT part, records_locked FROM {pg_schema}.truncations")
+    assert seen == [("job_outcomes_e0", False), ("job_rows_e0", True)]
 
 
 async def test_a_failed_rotation_does_not_fail_the_maintenance_pass(

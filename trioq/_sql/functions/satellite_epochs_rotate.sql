@@ -64,6 +64,9 @@ DECLARE
     width      constant bigint := 4294967296;
     tables     constant text[] := ARRAY['job_rows', 'job_outcomes', 'checkpoints', 'attempts',
                                         'workflow_values'];
+    -- The claims' two last (below: the window they queue behind).
+    truncation_order constant text[] := ARRAY['job_outcomes', 'attempts', 'workflow_values',
+                                              'checkpoints', 'job_rows'];
     removed    bigint := 0;
     this_epoch record;
     next_epoch record;
@@ -72,6 +75,8 @@ DECLARE
     part       text;
     parts      text[];
     survivors  bigint[];
+    found      bigint[];
+    unfinished bigint;
     kept       bigint;
     total      bigint;
     gone       bigint;
@@ -201,28 +206,63 @@ BEGIN
                 EXECUTE format('LOCK TABLE {schema}.%I IN SHARE MODE',
                                'job_outcomes_e' || epoch_row.epoch);
                 -- The survivors, in two exact parts (a job has at most one outcome, its
-                -- primary key): the records with no outcome (an anti-join of the two primary
-                -- keys, index only), and those whose outcome is not expired (`finished_at`'s
-                -- index: an outcome is expired when its finish day ended by the cutoff, that
-                -- is when it finished before the cutoff's day began). The anti-join with the
-                -- rule written on each outcome (floor and extract per row, no index) took
-                -- 2.21 s for 1,000,000 finished jobs; these 0.31-0.46 s.
+                -- primary key): those whose outcome is not expired (`finished_at`'s index: an
+                -- outcome is expired when its finish day ended by the cutoff, that is when it
+                -- finished before the cutoff's day began), and the records with no outcome,
+                -- the unfinished jobs. The anti-join with the rule written on each outcome
+                -- (floor and extract per row, no index) took 2.21 s for 1,000,000 finished
+                -- jobs.
                 EXECUTE format('SELECT coalesce(array_agg(o.job_id), ''{}'') FROM {schema}.%I o '
                                'WHERE o.finished_at >= $1 LIMIT 10001',
                                'job_outcomes_e' || epoch_row.epoch)
                     INTO survivors USING expired_before;
+                -- The unfinished jobs where the claims and the leader find them by id
+                -- (ready_keyed, job_due, job_runs: what the epoch still holds, not the epoch),
+                -- trusted only when there are as many as the two partitions' counts say. No
+                -- statement deletes a record and keeps its outcome (a purge and this rotation
+                -- delete both, a discarding completion a record that has none), so the
+                -- records are the outcomes plus the records without one; each job found is
+                -- one of those (a record, no outcome), and as many as that is all of them.
+                -- One statement, one snapshot: the counts and the tables agree (a claim moves
+                -- a job from one to another in one statement). OFFSET 0: pulled up, the
+                -- subquery counted again at each use (five scans of 1,000,000 rows). The two
+                -- counts took 123-150 ms for 1,000,000 finished jobs against 305 for the
+                -- anti-join of the two primary keys and the count (bench/RESULTS.md, "The
+                -- prune's read through the claims' tables"). Not the ring: a relation read
+                -- here stays locked until the commit, and the leader's sweep truncates the
+                -- ring's drained slots with a 10 ms lock timeout the claims queue behind;
+                -- a plain job still ready a day after its epoch ended (a paused queue, a
+                -- backlog a day deep) is read by the anti-join instead, as is any job the
+                -- tables miss, more than 10,000 unfinished, or fewer records than outcomes.
                 EXECUTE format(
-                    'SELECT $1 || coalesce(array_agg(r.id), ''{}'') FROM (SELECT r.id '
-                    'FROM {schema}.%I r WHERE NOT EXISTS (SELECT FROM {schema}.%I o '
-                    'WHERE o.job_id = r.id) LIMIT greatest(10001 - cardinality($1), 1)) AS r',
+                    'SELECT c.total, c.total - c.finished, CASE WHEN c.total > c.finished '
+                    'AND c.total - c.finished <= 10000 THEN (SELECT coalesce(array_agg('
+                    'DISTINCT n.id), ''{}'') FROM (SELECT k.id '
+                    'FROM {schema}.ready_keyed k WHERE k.id >= $1 AND k.id < $2 '
+                    'UNION ALL SELECT d.job_id FROM {schema}.job_due d '
+                    'WHERE d.job_id >= $1 AND d.job_id < $2 UNION ALL SELECT u.job_id '
+                    'FROM {schema}.job_runs u WHERE u.job_id >= $1 AND u.job_id < $2) AS n '
+                    'WHERE EXISTS (SELECT FROM {schema}.%1$I j WHERE j.id = n.id) '
+                    'AND NOT EXISTS (SELECT FROM {schema}.%2$I o WHERE o.job_id = n.id)) END '
+                    'FROM (SELECT (SELECT count(*) FROM {schema}.%1$I) AS total, '
+                    '(SELECT count(*) FROM {schema}.%2$I) AS finished OFFSET 0) AS c',
                     'job_rows_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
-                    INTO survivors USING survivors;
-                -- Counted only when the epoch may be copied (what is truncated is reported).
-                IF cardinality(survivors) <= 10000 THEN
-                    EXECUTE format('SELECT count(*) FROM {schema}.%I',
-                                   'job_rows_e' || epoch_row.epoch)
-                        INTO total;
+                    INTO total, unfinished, found USING low_id, epoch_row.high;
+                IF unfinished <> 0 AND cardinality(found) IS DISTINCT FROM unfinished THEN
+                    RAISE DEBUG 'satellite_epochs_rotate: epoch %: % unfinished, % found by '
+                                'the claims'' tables: read by the anti-join', epoch_row.epoch,
+                                unfinished, cardinality(found);
+                    EXECUTE format(
+                        'SELECT coalesce(array_agg(r.id), ''{}'') FROM (SELECT r.id '
+                        'FROM {schema}.%I r WHERE NOT EXISTS (SELECT FROM {schema}.%I o '
+                        'WHERE o.job_id = r.id) LIMIT 10001) AS r',
+                        'job_rows_e' || epoch_row.epoch, 'job_outcomes_e' || epoch_row.epoch)
+                        INTO found;
+                ELSIF unfinished > 0 THEN
+                    RAISE DEBUG 'satellite_epochs_rotate: epoch %: % unfinished, found by the '
+                                'claims'' tables', epoch_row.epoch, unfinished;
                 END IF;
+                survivors := survivors || coalesce(found, '{}');
             END IF;
             kept := coalesce(cardinality(survivors), 0);
             IF kept > 10000 OR (kept > 0 AND total <= 2 * kept) THEN
@@ -268,7 +308,9 @@ BEGIN
             -- truncation: `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
             -- bench/RESULTS.md, "Retention's read before its lock").
             filled_parts := '{}';
-            FOREACH part IN ARRAY parts LOOP
+            FOREACH tab IN ARRAY truncation_order LOOP
+                part := tab || '_e' || epoch_row.epoch;
+                CONTINUE WHEN NOT part = ANY(parts);
                 EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
                 IF filled THEN
                     filled_parts := filled_parts || part;
@@ -282,17 +324,44 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            -- The window the claims queue behind: the copies, the truncations and the
-            -- write-back. A claim in flight holds the partitions it locked until its commit,
-            -- and one that locked a satellite's partition may wait for the records' behind
-            -- this request (a deadlock that the lock's 50 ms or the detector ends on this
-            -- side): so the locks are asked for again, up to five times, each failure
+            -- Each partition holding rows, in `truncation_order`: locked (ACCESS EXCLUSIVE),
+            -- its survivors copied aside (`trioq_epoch_kept`), truncated, and the copy
+            -- written back. Only those: a temporary table made and dropped for each of the
+            -- five is catalog work under these locks (a prune with 1,000 survivors took 1.18 s
+            -- by median against 0.94 s with none). Each lock is taken as its partition's turn
+            -- comes, so the claims, which read the records and the checkpoints (their generic
+            -- plans lock every partition of both), queue behind those two only, after the
+            -- outcomes, attempts and values are done: a truncation rebuilds each index empty
+            -- with an fsync (the outcomes' 3.7 ms of the 10 for 1,000,000 finished jobs here;
+            -- bench/RESULTS.md, "The prune's read through the claims' tables"). A claim in
+            -- flight holds the partitions it locked until its commit, and a settle that
+            -- locked the records may wait for a satellite's partition behind this request (a
+            -- deadlock that the lock's 50 ms or the detector ends on this side): so the whole
+            -- sequence is tried again, up to five times, each failure undoing what it did and
             -- releasing what it got (the outcomes' SHARE lock is kept), before the epoch is
             -- left to a later call.
             FOR attempt IN 1 .. 5 LOOP
                 BEGIN
                     FOREACH part IN ARRAY filled_parts LOOP
                         EXECUTE format('LOCK TABLE {schema}.%I IN ACCESS EXCLUSIVE MODE', part);
+                        IF survivors IS NOT NULL THEN
+                            EXECUTE format('CREATE TEMPORARY TABLE trioq_epoch_kept ON COMMIT '
+                                           'DROP AS SELECT * FROM {schema}.%I WHERE %I = ANY($1)',
+                                           part, CASE WHEN part LIKE 'job\_rows\_e%' THEN 'id'
+                                                      ELSE 'job_id' END)
+                                USING survivors;
+                        END IF;
+                        EXECUTE format('TRUNCATE {schema}.%I', part);
+                        CONTINUE WHEN survivors IS NULL;
+                        IF part LIKE 'job\_rows\_e%' THEN
+                            EXECUTE format('ALTER TABLE {schema}.%I DISABLE TRIGGER USER', part);
+                        END IF;
+                        EXECUTE format('INSERT INTO {schema}.%I SELECT * FROM trioq_epoch_kept',
+                                       part);
+                        IF part LIKE 'job\_rows\_e%' THEN
+                            EXECUTE format('ALTER TABLE {schema}.%I ENABLE TRIGGER USER', part);
+                        END IF;
+                        DROP TABLE trioq_epoch_kept;
                     END LOOP;
                     EXIT;
                 EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
@@ -300,29 +369,6 @@ BEGIN
                         RAISE;
                     END IF;
                 END;
-            END LOOP;
-            -- Each partition holding rows: its survivors copied aside (`trioq_epoch_kept`),
-            -- truncated, and the copy written back. Only those: a temporary table made and
-            -- dropped for each of the five is catalog work under these locks (a prune with
-            -- 1,000 survivors took 1.18 s by median against 0.94 s with none).
-            FOREACH part IN ARRAY filled_parts LOOP
-                IF survivors IS NOT NULL THEN
-                    EXECUTE format('CREATE TEMPORARY TABLE trioq_epoch_kept ON COMMIT DROP '
-                                   'AS SELECT * FROM {schema}.%I WHERE %I = ANY($1)',
-                                   part, CASE WHEN part LIKE 'job\_rows\_e%' THEN 'id'
-                                              ELSE 'job_id' END)
-                        USING survivors;
-                END IF;
-                EXECUTE format('TRUNCATE {schema}.%I', part);
-                CONTINUE WHEN survivors IS NULL;
-                IF part LIKE 'job\_rows\_e%' THEN
-                    EXECUTE format('ALTER TABLE {schema}.%I DISABLE TRIGGER USER', part);
-                END IF;
-                EXECUTE format('INSERT INTO {schema}.%I SELECT * FROM trioq_epoch_kept', part);
-                IF part LIKE 'job\_rows\_e%' THEN
-                    EXECUTE format('ALTER TABLE {schema}.%I ENABLE TRIGGER USER', part);
-                END IF;
-                DROP TABLE trioq_epoch_kept;
             END LOOP;
             -- Counted once done (a PL/pgSQL variable is not rolled back with the block).
             removed := removed + coalesce(gone, 0);
