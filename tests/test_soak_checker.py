@@ -273,3 +273,12 @@ def test_every_violation_of_a_history_is_reported_not_only_the_first() -> None:
         "acknowledged job lost",
         "cron occurrence enqueued twice",
     }
+
+
+def test_an_outcome_without_its_record_and_an_unfinished_job_filed_nowhere_are_reported() -> None:
+    h, f = correct_history()
+    broken = attrs.evolve(f, orphan_outcomes=frozenset({11}), unfiled=frozenset({12, 13}))
+    assert rules(h, broken) == [
+        ("outcome without its record", (11,)),
+        ("unfinished job filed nowhere", (12, 13)),
+    ]

@@ -45,6 +45,7 @@ def check(history: History, facts: Facts) -> Report:
         *cron_occurrences_once(history, facts),
         *lost_jobs_recovered(history, facts, recoveries),
         *final_states_stay(facts),
+        *storage_exact(facts),
     ]
     return Report(violations, recoveries)
 
@@ -399,3 +400,21 @@ def final_states_stay(facts: Facts) -> Iterator[Violation]:
             seen_final.pop(job_id, None)
         elif prior is None or state != prior[1]:
             seen_final[job_id] = (when, state)
+
+
+def storage_exact(facts: Facts) -> Iterator[Violation]:
+    """Every outcome has its record, and every unfinished job is where a claim or the leader
+    finds it (functions/satellite_epochs_rotate.sql trusts the first; the claims need the
+    second)."""
+    if facts.orphan_outcomes:
+        yield Violation(
+            "outcome without its record",
+            tuple(sorted(facts.orphan_outcomes)),
+            "a record deleted with its outcome kept: retention would miscount the unfinished",
+        )
+    if facts.unfiled:
+        yield Violation(
+            "unfinished job filed nowhere",
+            tuple(sorted(facts.unfiled)),
+            "not in the ring, ready_keyed, job_due or job_runs: no claim finds it",
+        )

@@ -33,6 +33,34 @@ async def read_jobs(pg_url: str, schema: str) -> dict[int, JobRow]:
     return {row[0]: JobRow(*row) for row in rows}
 
 
+async def read_storage_gaps(pg_url: str, schema: str) -> dict[str, frozenset[int]]:
+    """`Facts.orphan_outcomes` and `Facts.unfiled`, read once nothing runs."""
+    orphans = await fetch(
+        pg_url,
+        _q(
+            schema,
+            "SELECT o.job_id FROM {s}.job_outcomes o"
+            " WHERE NOT EXISTS (SELECT FROM {s}.job_rows j WHERE j.id = o.job_id)",
+        ),
+    )
+    unfiled = await fetch(
+        pg_url,
+        _q(
+            schema,
+            "SELECT j.id FROM {s}.job_rows j"
+            " WHERE NOT EXISTS (SELECT FROM {s}.job_outcomes o WHERE o.job_id = j.id)"
+            " AND NOT EXISTS (SELECT FROM {s}.ready_ring r WHERE r.id = j.id)"
+            " AND NOT EXISTS (SELECT FROM {s}.ready_keyed k WHERE k.id = j.id)"
+            " AND NOT EXISTS (SELECT FROM {s}.job_due d WHERE d.job_id = j.id)"
+            " AND NOT EXISTS (SELECT FROM {s}.job_runs u WHERE u.job_id = j.id)",
+        ),
+    )
+    return {
+        "orphan_outcomes": frozenset(row[0] for row in orphans),
+        "unfiled": frozenset(row[0] for row in unfiled),
+    }
+
+
 async def read_soak_history(pg_url: str, schema: str) -> History:
     rows = await fetch(
         pg_url,

@@ -150,6 +150,12 @@ class Facts:
     observations: Sequence[tuple[datetime.datetime, int, str]] = ()  # (when, job, state)
     redriven: Mapping[int, Sequence[datetime.datetime]] = attrs.field(factory=dict)
     recovery_bound: float = float("inf")  # seconds: lease + poll + 1
+    # Read from the tables once the workers have stopped (`history.read_storage_gaps`): jobs
+    # with an outcome and no record (retention counts the records without an outcome as the
+    # records less the outcomes), and unfinished jobs in none of the tables the claims and the
+    # leader find them in (the ring, ready_keyed, job_due, job_runs: never claimed again).
+    orphan_outcomes: frozenset[int] = frozenset()
+    unfiled: frozenset[int] = frozenset()
 
 
 @attrs.frozen

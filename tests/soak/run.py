@@ -38,7 +38,7 @@ from tests.soak.faults import (
     Workers,
     fault_schedule,
 )
-from tests.soak.history import read_soak_history
+from tests.soak.history import read_soak_history, read_storage_gaps
 from tests.soak.model import History, Report
 from tests.soak.record import Record, now
 from tests.soak.workload import Workload
@@ -92,7 +92,9 @@ async def soak(
                 background.cancel_scope.cancel()
             await workers.stop_all()
     history = await read_soak_history(pg_url, soak_app.SCHEMA)
+    gaps = await read_storage_gaps(pg_url, soak_app.SCHEMA)
     facts = record.facts(
+        **gaps,
         queue_limits=soak_app.QUEUE_LIMITS,
         queue_rates=soak_app.QUEUE_RATES,
         cron_tasks=frozenset({soak_app.CRON_TASK}),
