@@ -1319,11 +1319,10 @@ DECLARE
     cutoff     timestamptz := now_at - retention;
     due        timestamptz := day_start + interval '1 day';
     width      constant bigint := 4294967296;
-    tables     constant text[] := ARRAY['job_rows', 'job_outcomes', 'checkpoints', 'attempts',
-                                        'workflow_values'];
-    -- The claims' two last (below: the window they queue behind).
-    truncation_order constant text[] := ARRAY['job_outcomes', 'attempts', 'workflow_values',
-                                              'checkpoints', 'job_rows'];
+    -- In the order their partitions are truncated: the claims' two last (below: the window
+    -- they queue behind).
+    tables     constant text[] := ARRAY['job_outcomes', 'attempts', 'workflow_values',
+                                        'checkpoints', 'job_rows'];
     removed    bigint := 0;
     this_epoch record;
     next_epoch record;
@@ -1565,9 +1564,7 @@ BEGIN
             -- truncation: `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
             -- bench/RESULTS.md, "Retention's read before its lock").
             filled_parts := '{}';
-            FOREACH tab IN ARRAY truncation_order LOOP
-                part := tab || '_e' || epoch_row.epoch;
-                CONTINUE WHEN NOT part = ANY(parts);
+            FOREACH part IN ARRAY parts LOOP
                 EXECUTE format('SELECT EXISTS (SELECT FROM "trioq".%I)', part) INTO filled;
                 IF filled THEN
                     filled_parts := filled_parts || part;
@@ -1581,7 +1578,7 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            -- Each partition holding rows, in `truncation_order`: locked (ACCESS EXCLUSIVE),
+            -- Each partition holding rows, in the order of `tables`: locked (ACCESS EXCLUSIVE),
             -- its survivors copied aside (`trioq_epoch_kept`), truncated, and the copy
             -- written back. Only those: a temporary table made and dropped for each of the
             -- five is catalog work under these locks (a prune with 1,000 survivors took 1.18 s
