@@ -13,13 +13,14 @@ at most half of the epoch they are copied aside and written back, with more the 
 are deleted row by row; functions/satellite_epochs_rotate.sql).
 `--checkpoints N`: each finished job also has N checkpoints (a workflow's steps), in the
 job id epoch that ended with their day, which the prune empties whole once no job of it is
-kept. `--floor`: the day partitions are detached before the run, and the prune phase only
-DROPs them (what deleting a day's files costs the other sessions' commits, whatever the purge
-does around it). `--busy`: a process spins on one core for the whole run (as
-`bench.pinned_horizon --busy`). `--at-midnight`: just before the purge, today's epoch is moved
-back a day, so the purge's rotation starts the next epoch (making the partitions of the one
-after, each parent's ACCESS EXCLUSIVE lock) in the pass that prunes the filled one, as the
-leader's first rotation after a midnight does when a retention of whole days expires a day then.
+kept. `--floor`: the filled epoch's partitions are detached before the run, and the prune
+phase only DROPs them, in one transaction (what deleting an epoch's files costs the other
+sessions' commits, whatever the purge does around it). `--busy`: a process spins on one core
+for the whole run (as `bench.pinned_horizon --busy`). `--at-midnight`: just before the purge,
+today's epoch is moved back a day, so the purge's rotation starts the next epoch (and attaches
+the partitions of the one after, in a call of its own) right before it prunes the filled one,
+as the leader's first rotation after a midnight does when a retention of whole days expires a
+day then.
 Reported per phase: pickup p50/p95/max, completions over offered, the schema's dead tuples and
 size; and the prune's time. The storage target: the prune of 1,000,000 finished jobs under
 1 s, pickup p95 during it <= 2x clean.
@@ -85,7 +86,7 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
     # frees no disk blocks, and emptying 1,000,000 jobs' 330 MB took 120-150 ms more once they
     # were on disk (the deletion of their files, at the commit, after its locks are released).
     db.conn.execute("CHECKPOINT")
-    days = detach_days(db, schema) if args.floor else []
+    days = detach_epoch(db, schema) if args.floor else []
     # Opened here: the window times the drop, not a connection being opened.
     dropper = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True) if days else None
     checker = psycopg.connect(db.conninfo(HARNESS_ROLE), autocommit=True)
@@ -205,42 +206,40 @@ def epochs_as_days_left_them(db: Database, schema: str) -> None:
     )
 
 
-def detach_days(db: Database, schema: str) -> list[sql.Identifier]:
-    """Detach every day partition holding rows (the filled day), then CHECKPOINT (their pages
-    written, as a day's are by the time retention drops it); the tables to drop. The day
-    partitions are gone since migration 0049 (the records are partitioned by id epoch): on
-    such a schema `--floor` is refused."""
-    if db.fetch("SELECT to_regclass(%s) IS NULL", [f"{schema}.job_rows_legacy"]) == [(True,)]:
-        raise SystemExit("--floor: no day partitions on this schema (migration 0049)")
-    names = [
-        name
-        for (name,) in db.fetch(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            f" WHERE i.inhparent = '{schema}.job_rows_legacy'::regclass AND c.relname ~ '^jobs_d'"
-            " AND pg_relation_size(c.oid) > 1000000"
-        )
-    ]
+def detach_epoch(db: Database, schema: str) -> list[sql.Identifier]:
+    """Detach the filled epoch's partitions holding rows (the five tables partitioned by job id
+    epoch; functions/satellite_epochs_rotate.sql), rename them, then CHECKPOINT (their pages
+    written, as an ended epoch's are by the time retention empties it); the tables to drop.
+    Renamed: the rotation finds an epoch's partitions by name (`<table>_e<n>`), and the
+    worker's leader would empty them again."""
     tables = []
-    for name in names:
+    for parent in ("job_outcomes", "attempts", "workflow_values", "checkpoints", "job_rows"):
+        name = f"{parent}_e0"
+        if not db.scalar("SELECT pg_relation_size(%s::regclass) > 0", [f"{schema}.{name}"]):
+            continue
         db.conn.execute(
             sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
-                sql.Identifier(schema, "job_rows_legacy"), sql.Identifier(schema, name)
+                sql.Identifier(schema, parent), sql.Identifier(schema, name)
             )
         )
-        # Renamed: job_history_drop() (the worker's leader) drops detached days itself.
         db.conn.execute(
             sql.SQL("ALTER TABLE {} RENAME TO {}").format(
                 sql.Identifier(schema, name), sql.Identifier(f"floor_{name}")
             )
         )
         tables.append(sql.Identifier(schema, f"floor_{name}"))
+    if not tables:
+        raise SystemExit("--floor: the filled epoch (0) has no partition holding rows")
     db.conn.execute("CHECKPOINT")
     return tables
 
 
 def drop_all(conn: psycopg.Connection[Any], tables: list[sql.Identifier]) -> None:
-    for table in tables:
-        conn.execute(sql.SQL("DROP TABLE {}").format(table))
+    """The tables dropped in one transaction: their files deleted at one commit, as a prune's
+    truncation deletes an epoch's."""
+    with conn.transaction():
+        for table in tables:
+            conn.execute(sql.SQL("DROP TABLE {}").format(table))
 
 
 if __name__ == "__main__":
