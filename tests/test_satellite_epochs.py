@@ -4,6 +4,7 @@ a DELETE a row, while the rows of a job still kept stay readable."""
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import AsyncIterator
 
@@ -328,3 +329,51 @@ async def test_the_next_epochs_partitions_are_made_while_a_writer_holds_the_reco
     await complete(driver, job.lease)
     assert (await record(driver, job_id)).state == "completed"
     assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e2") == 1
+
+
+def db_now(pg_url: str, schema: str) -> datetime.datetime:
+    now = sql_scalar(pg_url, f"SELECT {schema}.db_now()")
+    assert isinstance(now, datetime.datetime)
+    return now
+
+
+async def test_the_midnight_prune_leaves_the_epoch_that_just_ended_unread_and_unlocked(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """At the day's jump the epoch that has just ended still has jobs running and completing
+    (its last claims, its backlog). None of them can have expired yet (each finished after the
+    epoch began), so the day's prune neither reads nor locks that epoch: its outcomes' SHARE
+    lock, held until the prune's commit, made every completion of those jobs wait for the whole
+    pass. Once its jobs can expire, it is pruned as any other."""
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    await clock.advance(seconds_to_day_end(db_now(pg_url, pg_schema)) + 1)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))  # epoch 1
+    ids = await enqueue(driver, new_job(1), new_job(2))
+    assert min(ids) >= EPOCH_1
+    running, done = sorted(await claim(driver, limit=2), key=lambda job: job.id)
+    await complete(driver, done.lease)
+    # The next midnight, as the leader's pass runs it: the epochs in a call of their own, then
+    # the prune, here held open.
+    await clock.advance(seconds_to_day_end(db_now(pg_url, pg_schema)) + 1)
+    with psycopg.connect(pg_url) as conn:
+        conn.execute(f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(NULL)")
+        conn.commit()
+        conn.execute(f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(interval '1 hour')")
+        held = conn.execute(
+            "SELECT c.relname, l.mode FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+            " WHERE l.pid = pg_backend_pid() AND c.relname ~ '_e1$' ORDER BY 1, 2"
+        ).fetchall()
+        conn.commit()
+    assert held == []
+    ended = sql_rows(
+        pg_url, f"SELECT epoch FROM {pg_schema}.satellite_epochs WHERE ended_at IS NOT NULL"
+    )
+    assert sorted(ended) == [(0,), (1,)]
+    await complete(driver, running.lease)
+    # A day and the retention later, both jobs of epoch 1 have expired, and the prune takes it.
+    await clock.advance(DAY + RETENTION)
+    report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
+    assert report.pruned_jobs == 2
+    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.job_rows_e1") == 0
