@@ -215,14 +215,15 @@ def statistics_of(pg_url: str, schema: str, epoch: int) -> dict[str, float]:
 EPOCH_TABLES = ("job_rows", "job_outcomes", "checkpoints", "attempts", "workflow_values")
 
 
-async def test_the_next_epochs_partitions_analyzed_while_empty_start_without_statistics(
+async def test_the_days_partitions_analyzed_while_empty_are_analyzed_again_once_filled(
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
     """A VACUUM or ANALYZE of the whole database (a nightly `vacuumdb --analyze`) also reaches
     the next epoch's partitions, made a day ahead and empty, and records them as empty: a
     generic plan made in the new day's first moments would read a record by a sequential scan
-    of its partition until autovacuum analyzed it. At the day's jump they are made again, with
-    no statistics, and serve the day's jobs as the first ones did."""
+    of its partition until autovacuum analyzed it. The jump leaves them as they are (making
+    one again took its parent's ACCESS EXCLUSIVE lock, which every claim queued behind); the
+    rotation calls again every 10 s, and analyzes each once the day's rows fill ten pages."""
     clock = await SqlClock.install(driver)
     await clock.freeze()
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
@@ -230,24 +231,57 @@ async def test_the_next_epochs_partitions_analyzed_while_empty_start_without_sta
         for table in EPOCH_TABLES:
             conn.execute(f"VACUUM ANALYZE {pg_schema}.{table}_e1")
     assert set(statistics_of(pg_url, pg_schema, 1).values()) == {0.0}
-    await clock.advance(DAY)
+    made = partition_oids(pg_url, pg_schema, 1)
+    await clock.advance(seconds_to_day_end(db_now(pg_url, pg_schema)) + 1)
+    # The day's jump, held open: no parent locked against the claims.
+    with psycopg.connect(pg_url) as conn:
+        [(_, due)] = conn.execute(
+            f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(NULL)"
+        ).fetchall()
+        held = conn.execute(
+            "SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+            " WHERE l.pid = pg_backend_pid() AND l.mode = 'AccessExclusiveLock'"
+            " AND c.relname = ANY(%s)",
+            (list(EPOCH_TABLES),),
+        ).fetchall()
+        conn.commit()
+    assert held == []
+    assert partition_oids(pg_url, pg_schema, 1) == made
+    assert due == db_now(pg_url, pg_schema) + datetime.timedelta(seconds=10)
+    # The day's jobs fill ten pages of the records' partition: the next call analyzes it.
+    ten_pages = 10 * int(sql_scalar(pg_url, "SELECT current_setting('block_size')::int"))
+    for n in range(20):
+        if int(sql_scalar(pg_url, f"SELECT pg_relation_size('{pg_schema}.job_rows_e1')")) >= (
+            ten_pages
+        ):
+            break
+        await enqueue(driver, *[new_job(n * 500 + k) for k in range(500)])
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
-    started = sql_rows(
-        pg_url, f"SELECT epoch FROM {pg_schema}.satellite_epochs WHERE started_at IS NOT NULL"
-    )
-    assert sorted(started) == [(0,), (1,)]
-    assert statistics_of(pg_url, pg_schema, 1) == {table: -1.0 for table in (
-        f"{name}_e1" for name in EPOCH_TABLES
-    )}  # fmt: skip
-    # The partitions made again take the day's jobs: filed, claimed, checkpointed, completed.
-    [job_id] = await enqueue(driver, new_job(1))
-    assert job_id >= EPOCH_1
+    statistics = statistics_of(pg_url, pg_schema, 1)
+    assert statistics.pop("job_rows_e1") > 0
+    assert set(statistics.values()) == {0.0}  # the others still under ten pages
+    # Those are looked at for the epoch's first hour only (autovacuum analyzes a partition
+    # after its first 50 rows anyway): then the rotation is due again the next day.
+    await clock.advance(3600)
+    [(_, due)] = sql_rows(pg_url, f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(NULL)")
+    today = db_now(pg_url, pg_schema).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert due == today + datetime.timedelta(days=1)
     [job] = await claim(driver, limit=1)
-    assert job.id == job_id
-    checkpoint_add(pg_url, pg_schema, job_id, 1)
+    assert job.id >= EPOCH_1
+    checkpoint_add(pg_url, pg_schema, job.id, 1)
     await complete(driver, job.lease)
-    assert (await record(driver, job_id)).state == "completed"
-    assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.checkpoints_e1") == 1
+    assert (await record(driver, job.id)).state == "completed"
+
+
+def partition_oids(pg_url: str, schema: str, epoch: int) -> list[int]:
+    return [
+        int(oid)
+        for (oid,) in sql_rows(
+            pg_url,
+            "SELECT to_regclass(%s || '.' || t || '_e' || %s)::oid FROM unnest(%s::text[]) AS t",
+            (schema, epoch, list(EPOCH_TABLES)),
+        )
+    ]
 
 
 def parent_locks_while_waiting(pg_url: str, schema: str) -> list[str]:
@@ -278,8 +312,7 @@ async def test_the_days_prune_runs_without_the_parents_locks_of_its_new_partitio
     driver: PgDriver, pg_url: str, pg_schema: str
 ) -> None:
     """The day's jump makes the next epoch's partitions, which locks each parent until the
-    transaction ends (ACCESS EXCLUSIVE, which every claim queues behind, for a partition made
-    again after a VACUUM). With a retention of whole days, an
+    transaction ends (SHARE UPDATE EXCLUSIVE for an attach). With a retention of whole days, an
     epoch's jobs expire at a midnight too, and the same pass prunes them: the prune (its
     survivors' read, its locks' waits, up to five of 50 ms for a reader) must not run under
     those locks. The partitions are made and committed first."""

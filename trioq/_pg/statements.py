@@ -196,8 +196,8 @@ class PgStatements:
 
         With a retention, the epochs and partitions alone (NULL) are committed first: a
         partition's making locks its parent until the transaction ends (an attach SHARE UPDATE
-        EXCLUSIVE, the DROP of one made again ACCESS EXCLUSIVE, which every claim queues
-        behind). In one call, a midnight that both starts an epoch and expires one (a
+        EXCLUSIVE; `CREATE TABLE ... PARTITION OF` took ACCESS EXCLUSIVE, which every claim
+        queues behind). In one call, a midnight that both starts an epoch and expires one (a
         retention of whole days) ran the prune, its survivors' read and lock waits included,
         under the five parents' locks (tests/test_satellite_epochs.py)."""
         if retention_seconds is not None:

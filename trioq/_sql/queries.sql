@@ -2087,8 +2087,8 @@ FROM target t LEFT JOIN changed c ON c.id = t.id CROSS JOIN notified;
 -- survivors copied aside; row by row when too many survive). Sent by the leader after its
 -- maintenance pass when the last call's `next_due` has come, and by `trioq purge` before it
 -- deletes what is left row by row; NULL: epochs and partitions only, which both send first, as
--- a statement of its own (making a partition locks its parent until the commit, a partition
--- made again with ACCESS EXCLUSIVE: the prune must not run under those locks).
+-- a statement of its own (attaching a partition locks its parent until the commit, SHARE UPDATE
+-- EXCLUSIVE, and analyzing one locks it: the prune must not run under those locks).
 SELECT pruned, next_due
 FROM {schema}.satellite_epochs_rotate(%(retention_seconds)s::float8 * interval '1 second');
 

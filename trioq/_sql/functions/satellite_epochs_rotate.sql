@@ -39,8 +39,7 @@
 -- Called by the leader after its maintenance pass when the last call's `next_due` has come, by
 -- `trioq purge` (with its cutoff) and by `trioq migrate` (NULL: epochs and partitions only; the
 -- leader and `trioq purge` make that call first, in a transaction of its own, so that the
--- parents' locks a partition's making takes, ACCESS EXCLUSIVE for one made again, are not held
--- through a prune).
+-- locks a partition's attach and a partition's ANALYZE take are not held through a prune).
 -- Every lock waits at most 50 ms, the records' and the truncations' asked for five times (a
 -- `pg_dump` holding a partition leaves that epoch to a later call, due in a minute). SECURITY DEFINER: creating, truncating and dropping partitions needs
 -- the schema owner's rights, and a worker's role has none (docs/operations.md, "Roles"); every
@@ -82,6 +81,8 @@ DECLARE
     gone       bigint;
     low_id     bigint;
     filled     boolean;
+    stale      boolean;
+    grown      boolean;
     expired_before timestamptz;
     attempt    int;
     filled_parts text[];
@@ -97,37 +98,13 @@ BEGIN
     -- A new epoch, into partitions an earlier call made: setval() is not undone by a rollback,
     -- so the ids never run ahead of partitions this transaction could still take back.
     IF next_epoch.epoch IS NOT NULL AND this_epoch.started_at < day_start THEN
-        -- Its partitions were made a day ahead and stayed empty: a VACUUM or ANALYZE of the
-        -- whole database meanwhile (a nightly `vacuumdb --analyze`, pg_upgrade's advice)
-        -- recorded them as empty (reltuples 0; never vacuumed, it is -1 and the planner
-        -- assumes ten pages), and a generic plan made in the day's first moments then reads a
-        -- record by a sequential scan of its partition (4.0 ms a claim of 25 against 0.7,
-        -- bench/RESULTS.md, "The prune's phase measured its own burst") until autovacuum
-        -- analyzes it, a minute or more into the day. Such a partition, still empty before
-        -- the jump, is made again here, with no statistics (its DROP takes the parent's ACCESS
-        -- EXCLUSIVE lock: only then); one whose lock is not granted in time is left as it is.
-        FOREACH tab IN ARRAY tables LOOP
-            part := tab || '_e' || next_epoch.epoch;
-            IF (SELECT c.reltuples >= 0 FROM pg_class c
-                WHERE c.oid = to_regclass(format('{schema}.%I', part))) THEN
-                BEGIN
-                    EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
-                    IF NOT filled THEN
-                        EXECUTE format('DROP TABLE {schema}.%I', part);
-                        PERFORM {schema}.satellite_partition_add(tab, part, next_epoch.low,
-                                                                 next_epoch.high);
-                    END IF;
-                EXCEPTION WHEN lock_not_available THEN
-                    NULL;
-                END;
-            END IF;
-        END LOOP;
         UPDATE {schema}.satellite_epochs SET ended_at = now_at WHERE epoch = this_epoch.epoch;
         UPDATE {schema}.satellite_epochs SET started_at = now_at WHERE epoch = next_epoch.epoch;
         IF coalesce(pg_sequence_last_value('{schema}.jobs_id_seq'), 0) < next_epoch.low THEN
             PERFORM setval('{schema}.jobs_id_seq', next_epoch.low, false);
         END IF;
         this_epoch := next_epoch;
+        this_epoch.started_at := now_at;
     END IF;
     -- The next epoch's partitions, made a call ahead (attached: no lock a claim waits for).
     IF NOT EXISTS (SELECT 1 FROM {schema}.satellite_epochs e WHERE e.epoch = this_epoch.epoch + 1)
@@ -144,6 +121,36 @@ BEGIN
             due := least(due, now_at + interval '1 minute');
         END;
     END IF;
+    -- The current epoch's partitions were made a day ahead and stayed empty until its jump: a
+    -- VACUUM or ANALYZE of the whole database meanwhile (a nightly `vacuumdb --analyze`,
+    -- pg_upgrade's advice) recorded them as empty (reltuples 0; never analyzed, it is -1 and
+    -- the planner takes a partition of under ten pages for ten), and a generic plan made while
+    -- one holds a few pages reads a record by a sequential scan of it as it grows (4.0 ms a
+    -- claim of 25 against 0.7, bench/RESULTS.md, "The prune's phase measured its own burst")
+    -- until autovacuum analyzes it, a minute or more into the day. Such a partition is
+    -- analyzed here once it holds ten pages (SHARE UPDATE EXCLUSIVE on it alone, which no
+    -- claim, enqueue or completion waits for; the plans on its parent are made again), the
+    -- next call due in 10 s meanwhile, through the epoch's first hour. It was made again at
+    -- the jump instead: its DROP took the parent's ACCESS EXCLUSIVE lock, which every claim
+    -- queued behind (after a nightly ANALYZE, the midnight prune's pickup p95 7.57x clean
+    -- against 1.97x without one; bench/RESULTS.md, "The day's partitions analyzed while
+    -- empty").
+    FOREACH tab IN ARRAY tables LOOP
+        part := tab || '_e' || this_epoch.epoch;
+        SELECT c.reltuples = 0 AND c.relpages = 0,
+               pg_relation_size(c.oid) >= 10 * current_setting('block_size')::bigint
+        INTO stale, grown
+        FROM pg_class c WHERE c.oid = to_regclass(format('{schema}.%I', part));
+        IF stale AND grown THEN
+            BEGIN
+                EXECUTE format('ANALYZE {schema}.%I', part);
+            EXCEPTION WHEN lock_not_available THEN
+                due := least(due, now_at + interval '1 minute');
+            END;
+        ELSIF stale AND this_epoch.started_at > now_at - interval '1 hour' THEN
+            due := least(due, now_at + interval '10 seconds');
+        END IF;
+    END LOOP;
     IF retention IS NULL THEN
         RETURN QUERY SELECT removed, due;
         RETURN;
