@@ -223,7 +223,8 @@ async def test_the_days_partitions_analyzed_while_empty_are_analyzed_again_once_
     generic plan made in the new day's first moments would read a record by a sequential scan
     of its partition until autovacuum analyzed it. The jump leaves them as they are (making
     one again took its parent's ACCESS EXCLUSIVE lock, which every claim queued behind); the
-    rotation calls again every 10 s, and analyzes each once the day's rows fill ten pages."""
+    rotation calls again every 10 s until the records' partition holds ten pages, and
+    analyzes each partition that does."""
     clock = await SqlClock.install(driver)
     await clock.freeze()
     await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
@@ -260,9 +261,8 @@ async def test_the_days_partitions_analyzed_while_empty_are_analyzed_again_once_
     statistics = statistics_of(pg_url, pg_schema, 1)
     assert statistics.pop("job_rows_e1") > 0
     assert set(statistics.values()) == {0.0}  # the others still under ten pages
-    # Those are looked at for the epoch's first hour only (autovacuum analyzes a partition
-    # after its first 50 rows anyway): then the rotation is due again the next day.
-    await clock.advance(3600)
+    # Only the records' partition keeps the rotation due every 10 s: a partition written
+    # rarely (the values', the attempts') would keep it, and the prune with it, due all hour.
     [(_, due)] = sql_rows(pg_url, f"SELECT * FROM {pg_schema}.satellite_epochs_rotate(NULL)")
     today = db_now(pg_url, pg_schema).replace(hour=0, minute=0, second=0, microsecond=0)
     assert due == today + datetime.timedelta(days=1)
@@ -410,3 +410,25 @@ async def test_the_midnight_prune_leaves_the_epoch_that_just_ended_unread_and_un
     report = await driver.maintenance_pass(MaintenancePass(retention_seconds=RETENTION))
     assert report.pruned_jobs == 2
     assert sql_scalar(pg_url, f"SELECT count(*) FROM {pg_schema}.job_rows_e1") == 0
+
+
+async def test_an_epoch_with_no_job_is_dropped_a_day_after_it_ended_within_the_retention(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """An epoch that began after the cutoff's day holds no job that can have expired, and the
+    prune leaves it unread; one that holds no row at all (a day without jobs) is still dropped
+    a day after it ended, not once the retention has passed: every claim's plan locks each
+    partition there is."""
+    three_days = 3 * DAY
+    clock = await SqlClock.install(driver)
+    await clock.freeze()
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=three_days))
+    for _ in range(2):  # epoch 1 starts, then ends with no job
+        await clock.advance(seconds_to_day_end(db_now(pg_url, pg_schema)) + 1)
+        await driver.maintenance_pass(MaintenancePass(retention_seconds=three_days))
+    assert "checkpoints_e1" in satellite_parts(pg_url, pg_schema)["checkpoints"]
+    await clock.advance(DAY + 1)
+    await driver.maintenance_pass(MaintenancePass(retention_seconds=three_days))
+    for table in EPOCH_TABLES:
+        assert f"{table}_e1" not in partitions_of(pg_url, f"{pg_schema}.{table}"), table
+    assert "job_rows_e2" in partitions_of(pg_url, f"{pg_schema}.job_rows")
