@@ -82,6 +82,7 @@ DECLARE
     low_id     bigint;
     filled     boolean;
     stale      boolean;
+    unexpired  boolean;
     grown      boolean;
     expired_before timestamptz;
     attempt    int;
@@ -189,16 +190,21 @@ BEGIN
             -- jump (`finished_at` is its start) and took its id after it. Once no partition of
             -- it holds a row and a day has passed since it ended, it goes on below and is
             -- dropped, as an empty epoch always was.
-            IF epoch_row.low IS NOT NULL AND epoch_row.started_at >= expired_before THEN
-                CONTINUE WHEN epoch_row.ended_at >= now_at - interval '1 day';
-                filled := false;
-                FOREACH part IN ARRAY parts LOOP
-                    EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part)
-                        INTO filled;
-                    EXIT WHEN filled;
-                END LOOP;
-                CONTINUE WHEN filled;
-            END IF;
+            unexpired := epoch_row.low IS NOT NULL AND epoch_row.started_at >= expired_before;
+            CONTINUE WHEN unexpired AND epoch_row.ended_at >= now_at - interval '1 day';
+            -- The partitions holding rows, the only ones truncated. The empty ones are dropped
+            -- once all five are, a day after the epoch ended, at a later call (below). Read
+            -- before the survivors: a partition empty here can gain only a survivor's rows
+            -- (an id taken before the jump, a checkpoint of a job kept), which no truncation
+            -- must take, and none once a day has passed since the epoch ended.
+            filled_parts := '{}';
+            FOREACH part IN ARRAY parts LOOP
+                EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
+                IF filled THEN
+                    filled_parts := filled_parts || part;
+                END IF;
+            END LOOP;
+            CONTINUE WHEN unexpired AND cardinality(filled_parts) > 0;
             survivors := NULL;
             total := 0;
             IF ('job_rows_e' || epoch_row.epoch) = ANY(parts) THEN
@@ -333,21 +339,13 @@ BEGIN
             DELETE FROM {schema}.partition_locks l
             WHERE l.job_id >= low_id AND l.job_id < epoch_row.high
               AND l.job_id <> ALL(coalesce(survivors, '{}'));
-            -- The partitions holding rows (read before the lock), the only ones truncated. The
-            -- empty ones are dropped once all five are, a day after the epoch ended, at a
-            -- later call: a DROP takes its parent's ACCESS EXCLUSIVE lock, which a claim's
-            -- plan holds a lock against (the full claim's names `checkpoints`). Dropped in the
-            -- pass that truncated the records, the epoch's empty checkpoints partition was
-            -- refused its parent's lock under load, or deadlocked with a claim, and undid the
-            -- truncation: `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
+            -- An empty epoch is dropped whole at a later call than the one that emptied it: a
+            -- DROP takes its parent's ACCESS EXCLUSIVE lock, which a claim's plan holds a lock
+            -- against (the full claim's names `checkpoints`). Dropped in the pass that
+            -- truncated the records, the epoch's empty checkpoints partition was refused its
+            -- parent's lock under load, or deadlocked with a claim, and undid the truncation:
+            -- `trioq purge` then deleted the 1,000,000 jobs row by row (130 s;
             -- bench/RESULTS.md, "Retention's read before its lock").
-            filled_parts := '{}';
-            FOREACH part IN ARRAY parts LOOP
-                EXECUTE format('SELECT EXISTS (SELECT FROM {schema}.%I)', part) INTO filled;
-                IF filled THEN
-                    filled_parts := filled_parts || part;
-                END IF;
-            END LOOP;
             IF cardinality(filled_parts) = 0 THEN
                 IF epoch_row.ended_at < now_at - interval '1 day' THEN
                     FOREACH part IN ARRAY parts LOOP
