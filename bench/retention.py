@@ -19,8 +19,10 @@ sessions' commits, whatever the purge does around it). `--busy`: a process spins
 for the whole run (as `bench.pinned_horizon --busy`). `--at-midnight`: just before the purge,
 today's epoch is moved back a day, so the purge's rotation starts the next epoch (and attaches
 the partitions of the one after, in a call of its own) right before it prunes the filled one,
-as the leader's first rotation after a midnight does when a retention of whole days expires a
-day then.
+as `trioq purge` does at a midnight when a retention of whole days expires a day then.
+`--day-started SECONDS` (with `--at-midnight`): the day's epoch is started by a call of its
+own, in a phase `day` of that many seconds, before the prune, as the leader's first pass of a
+day does (its prune is the next pass's, a maintenance interval later).
 Reported per phase: pickup p50/p95/max, completions over offered, the schema's dead tuples and
 size; and the prune's time. The storage target: the prune of 1,000,000 finished jobs under
 1 s, pickup p95 during it <= 2x clean.
@@ -65,10 +67,21 @@ def main() -> None:
         action="store_true",
         help="the prune's pass also starts the day's epoch (its partitions made ahead)",
     )
+    parser.add_argument(
+        "--day-started",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --at-midnight: the day's epoch started this long before the prune, in a "
+        "call of its own (a phase `day`)",
+    )
     parser.add_argument("--results", default=str(RESULTS), help="where the JSON goes")
     args = parser.parse_args()
+    if args.day_started and not args.at_midnight:
+        parser.error("--day-started: only with --at-midnight")
+    names = ["clean", "day", "prune", "after"] if args.day_started else NAMES
     with open_database() as db, busy_core(args.busy):
-        run_repeats(db, args, NAMES, Path(args.results), lambda db: prepare(db, args))
+        run_repeats(db, args, names, Path(args.results), lambda db: prepare(db, args))
 
 
 def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
@@ -97,12 +110,26 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
             with dropper:
                 await trio.to_thread.run_sync(drop_all, dropper, days)
 
+        async def start_day() -> None:
+            # The day's epoch started by a call of its own, as a leader's pass does
+            # (`--day-started`); the prune's own first call then finds it started.
+            def jump() -> None:
+                checker.execute(midnight(schema))
+                checker.execute(
+                    sql.SQL("SELECT * FROM {}(NULL)").format(
+                        sql.Identifier(schema, "satellite_epochs_rotate")
+                    )
+                )
+
+            await trio.to_thread.run_sync(jump)
+
         async def prune() -> None:
             # Every final state, no task or queue: whole days go as retention drops them
             # (a purge naming one state deletes row by row). Through the actions' client,
             # already open: the phase times the purge, not a client's connections, and the
             # purge holds a connection of its own, as the leader's or `trioq purge`'s does.
-            if args.at_midnight:  # today's epoch began yesterday: the purge's pass starts one
+            if args.at_midnight and not args.day_started:
+                # Today's epoch began yesterday: the purge's pass starts one.
                 await trio.to_thread.run_sync(checker.execute, midnight(schema))
             started = time.monotonic()
             deleted = await offer.client.purge(
@@ -123,8 +150,10 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
                     )
 
         action = drop if args.floor else prune
+        day = [Phase("day", args.day_started, start_day)] if args.day_started else []
         return [
             Phase("clean", args.clean),
+            *day,
             Phase("prune", None, action),
             Phase("after", args.after),
         ]
