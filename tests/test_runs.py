@@ -21,6 +21,7 @@ from tests.support import (
     apply_functions,
     apply_migration,
     expire_lease,
+    pass_deadline,
     sql_rows,
     sql_scalar,
     stalled_claim,
@@ -192,6 +193,75 @@ def test_a_cancel_holding_the_row_keeps_the_claim_off_and_the_job_never_runs(
         assert raw_claim(b, pg_schema) == []
     assert state_of(pg_url, pg_schema, job_id) == "cancelled"
     assert runs(pg_url, pg_schema) == []
+
+
+# A writer that commits between a plain claim's snapshot and its lock: the claim read the job
+# ready with its record's old version. Today its lock on the record re-reads the newest version
+# (READ COMMITTED), and the recheck (`j.phase = 'ready' AND j.filed = r.filed`) or the
+# projection acts on that one. A claim without the record's lock must cover each of these by
+# filing the job's entry again in the writer's transaction (bench/plans/
+# claim_without_record_lock.md): these tests are the cases it must keep.
+
+
+def test_a_cancel_committed_after_a_claims_snapshot_keeps_the_claim_off(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A cancel ends a ready job while a claim that read it ready has not locked it yet: the
+    claim takes nothing, and the job never runs."""
+    [job_id] = trio.run(_enqueue, pg_url, pg_schema, 1)
+    cancel = queries(pg_schema)["job_cancel"]
+
+    def cancelled(a: Conn) -> None:
+        [row] = a.execute(cancel, {"id": job_id, "control_channel": "c"}).fetchall()
+        assert row == ("ready", "cancelled")
+
+    assert stalled_claimer(pg_url, pg_schema, cancelled) == []
+    assert state_of(pg_url, pg_schema, job_id) == "cancelled"
+    assert runs(pg_url, pg_schema) == []
+
+
+def test_a_deadline_passed_after_a_claims_snapshot_keeps_the_claim_off(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The leader's deadline pass cancels a ready job past its deadline while a claim that read
+    it ready has not locked it yet: the claim takes nothing."""
+    [job_id] = trio.run(_enqueue, pg_url, pg_schema, 1)
+    pass_deadline(pg_url, pg_schema, [job_id])
+
+    def deadline_pass(a: Conn) -> None:
+        [(passed,)] = a.execute(f"SELECT {pg_schema}.job_deadline_pass(10, 'c')").fetchall()
+        assert passed == 1
+
+    assert stalled_claimer(pg_url, pg_schema, deadline_pass) == []
+    assert state_of(pg_url, pg_schema, job_id) == "cancelled"
+    assert runs(pg_url, pg_schema) == []
+
+
+def test_a_result_watch_committed_after_a_claims_snapshot_is_copied_into_its_run(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A waiter registers on a ready job (the record's flag, then the run's, which finds none)
+    while a claim that read the job unwatched has not locked it yet: the claim's run carries
+    the flag, so the job's completion notifies the waiter."""
+    [job_id] = trio.run(_enqueue, pg_url, pg_schema, 1)
+    statements = queries(pg_schema)
+    taken: list[int] = []
+
+    def watched(a: Conn) -> None:
+        a.execute(statements["job_result_watch"], {"id": job_id})
+        [(runs_flagged,)] = a.execute(statements["job_result_watch_run"], {"id": job_id})
+        assert runs_flagged == 0  # the claim's run is not written yet
+
+    def claim(conn: Conn, schema: str) -> list[ClaimedJob]:
+        claimed = raw_claim(conn, schema)
+        taken.extend(job.id for job in claimed)
+        return claimed
+
+    outcome = stalled_claim(pg_url, pg_schema, claim, watched)
+    assert not isinstance(outcome, BaseException), outcome
+    assert taken == [job_id]
+    flag = f"SELECT result_watched FROM {pg_schema}.job_runs WHERE job_id = %s"
+    assert sql_rows(pg_url, flag, [job_id]) == [(True,)]
 
 
 def test_a_completion_under_a_cancel_holding_the_record_completes_the_flagged_job(
