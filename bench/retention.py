@@ -19,10 +19,11 @@ sessions' commits, whatever the purge does around it). `--busy`: a process spins
 for the whole run (as `bench.pinned_horizon --busy`). `--at-midnight`: just before the purge,
 today's epoch is moved back a day, so the purge's rotation starts the next epoch (and attaches
 the partitions of the one after, in a call of its own) right before it prunes the filled one,
-as `trioq purge` does at a midnight when a retention of whole days expires a day then.
-`--day-started SECONDS` (with `--at-midnight`): the day's epoch is started by a call of its
-own, in a phase `day` of that many seconds, before the prune, as the leader's first pass of a
-day does (its prune is the next pass's, a maintenance interval later).
+as the leader's first rotation after a midnight (or `trioq purge` then) does when a retention
+of whole days expires a day then. `--day-started SECONDS` (with `--at-midnight`): the day's
+epoch is started by a call of its own, in a phase `day` of that many seconds, before the prune
+(a leader that would prune a pass after starting the day: measured, and not kept; RESULTS.md,
+"The day started a pass before its prune").
 Reported per phase: pickup p50/p95/max, completions over offered, the schema's dead tuples and
 size; and the prune's time. The storage target: the prune of 1,000,000 finished jobs under
 1 s, pickup p95 during it <= 2x clean.
@@ -111,8 +112,8 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
                 await trio.to_thread.run_sync(drop_all, dropper, days)
 
         async def start_day() -> None:
-            # The day's epoch started by a call of its own, as a leader's pass does
-            # (`--day-started`); the prune's own first call then finds it started.
+            # The day's epoch started by a call of its own (`--day-started`); the prune's own
+            # first call then finds it started.
             def jump() -> None:
                 checker.execute(midnight(schema))
                 checker.execute(

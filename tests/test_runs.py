@@ -196,7 +196,7 @@ def test_a_cancel_holding_the_row_keeps_the_claim_off_and_the_job_never_runs(
 
 
 # A writer that commits between a plain claim's snapshot and its lock: the claim read the job
-# ready with its record's old version. Today its lock on the record re-reads the newest version
+# ready with its record's old version. Its lock on the record re-reads the newest version
 # (READ COMMITTED), and the recheck (`j.phase = 'ready' AND j.filed = r.filed`) or the
 # projection acts on that one. A claim without the record's lock must cover each of these by
 # filing the job's entry again in the writer's transaction (bench/plans/
