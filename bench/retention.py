@@ -116,11 +116,7 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
             # first call then finds it started.
             def jump() -> None:
                 checker.execute(midnight(schema))
-                checker.execute(
-                    sql.SQL("SELECT * FROM {}(NULL)").format(
-                        sql.Identifier(schema, "satellite_epochs_rotate")
-                    )
-                )
+                checker.execute(epochs_only(schema))
 
             await trio.to_thread.run_sync(jump)
 
@@ -160,6 +156,14 @@ def prepare(db: Database, args: argparse.Namespace) -> tuple[str, PhasesOf]:
         ]
 
     return schema, phases
+
+
+def epochs_only(schema: str) -> sql.Composed:
+    """The rotation's epochs-and-partitions call (NULL: no retention, nothing pruned): what
+    starts a day's epoch once the current one began before today."""
+    return sql.SQL("SELECT * FROM {}(NULL)").format(
+        sql.Identifier(schema, "satellite_epochs_rotate")
+    )
 
 
 def midnight(schema: str) -> sql.Composed:
@@ -225,10 +229,8 @@ def epochs_as_days_left_them(db: Database, schema: str) -> None:
     db.conn.execute(
         sql.SQL("UPDATE {} SET started_at = started_at - interval '3 days'").format(epochs)
     )
-    # Epochs only (NULL: no retention): the new epoch starts, nothing is pruned yet.
-    db.conn.execute(
-        sql.SQL("SELECT * FROM {}(NULL)").format(sql.Identifier(schema, "satellite_epochs_rotate"))
-    )
+    # The new epoch starts, nothing is pruned yet.
+    db.conn.execute(epochs_only(schema))
     db.conn.execute(
         sql.SQL("UPDATE {} SET ended_at = ended_at - interval '2 days' WHERE epoch = 0").format(
             epochs
