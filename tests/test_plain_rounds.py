@@ -16,6 +16,7 @@ import trio
 import trioq
 from tests.support import analyze_records, make_app, run_explained, running_worker, scalar
 from trioq._pg.driver import PgDriver, claim_params, open_pg_driver
+from trioq._pg.replies import ClaimedRow
 from trioq._seam.driver import Claim, ClaimedJob, ClaimResult, NewJob, Settlement, SettleResult
 from trioq._seam.lease import Lease
 from trioq._sql import queries
@@ -343,3 +344,54 @@ async def test_a_lost_connection_in_the_full_claim_after_a_blocked_plain_one_cla
     ran, after = await claim_(driver)
     assert ran == (FULL,)
     assert [job.partition_key for job in after.claimed] == ["k"]
+
+
+@pytest.mark.parametrize("name", [CLAIM, FULL, "job_claim_rated"])
+async def test_a_claim_commits_without_waiting_for_its_wal_and_nothing_after_it_does(
+    pg_url: str, pg_schema: str, driver: PgDriver, name: str
+) -> None:
+    """Each claim statement turns synchronous_commit off for its own transaction (the claim is
+    on the claim loop's critical path; a claim lost with a crash is one rolled back, below).
+    The setting ends with that transaction: the completion sent next on the same pooled
+    connection commits synchronously, as the enqueue does."""
+    await driver.job_insert_many([NewJob("q", "t", "{}")])
+    statements = queries(pg_schema)
+    params = claim_params(Claim("q", ("t",), 25, 30.0, WORKER))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = on")  # production's (the test cluster's is off)
+        with conn.transaction():
+            claimed = conn.execute(statements[name], params).fetchall()
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        assert [row[ClaimedRow.id] is not None for row in claimed] == [True]
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        empty = {"ids": [], "attempts": [], "lease_tokens": [], "results": []}
+        with conn.transaction():
+            conn.execute(statements[COMPLETE], empty)
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+
+
+async def test_a_claim_lost_with_its_commit_leaves_the_job_ready_and_fences_its_lease(
+    pg_url: str, pg_schema: str, driver: PgDriver
+) -> None:
+    """What a server crash does to a claim whose commit had not reached the disk yet: as if
+    it rolled back. The job is claimed again with the same attempt and a new lease token, and
+    the lost claim's completion changes nothing."""
+    [inserted] = await driver.job_insert_many([NewJob("q", "t", '{"n": 1}')])
+    params = claim_params(Claim("q", ("t",), 25, 30.0, WORKER))
+    with psycopg.connect(pg_url) as conn:  # a transaction, never committed
+        rows = conn.execute(queries(pg_schema)[CLAIM], params).fetchall()
+        [(lost_attempt, lost_token)] = [
+            (row[ClaimedRow.attempt], row[ClaimedRow.lease_token]) for row in rows
+        ]
+        conn.rollback()
+    _, result = await claim_(driver, plain=True)
+    [job] = result.claimed
+    assert (job.id, job.attempt) == (inserted.id, lost_attempt)
+    assert job.lease_token != lost_token
+    lost = Settlement(
+        Lease(job.id, lost_attempt, lost_token), "complete", result_json="1", plain=True
+    )
+    _, written = await settle_(driver, [lost])
+    assert written.settled == ()
+    _, written = await settle_(driver, complete([job]))
+    assert written.settled == ((job.id, "completed"),)
