@@ -65,6 +65,20 @@ WHERE j.id = c.id
 RETURNING j.id, j.task, j.payload, j.lease_token
 """
 
+
+def claim_sql(schema: str, async_claim: bool = False) -> str:
+    """CLAIM_SQL; with `async_claim`, its transaction commits without waiting for its WAL
+    flush, as trioq's claims do (queries.sql, claim_commit_async)."""
+    text = CLAIM_SQL.format(schema=schema)
+    if not async_claim:
+        return text
+    return text.replace(
+        "WHERE j.id = c.id\n",
+        "WHERE j.id = c.id\n"
+        "  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL\n",
+    )
+
+
 COMPLETE_SQL = """
 UPDATE {schema}.raw_jobs j
 SET state = 'completed', result = d.result::jsonb, finished_at = now(), lease_token = NULL
@@ -165,11 +179,18 @@ class Worker:
 
 
 async def run_worker(
-    dsn: str, schema: str, queue: str, batch: int, expect: int, listen: bool, delete: bool = False
+    dsn: str,
+    schema: str,
+    queue: str,
+    batch: int,
+    expect: int,
+    listen: bool,
+    delete: bool = False,
+    async_claim: bool = False,
 ) -> None:
     claim_conn = await asyncpg.connect(dsn)
     done_conn = await asyncpg.connect(dsn)
-    claim = await claim_conn.prepare(CLAIM_SQL.format(schema=schema))
+    claim = await claim_conn.prepare(claim_sql(schema, async_claim))
     complete_sql = COMPLETE_DELETE_SQL if delete else COMPLETE_SQL
     complete = await done_conn.prepare(complete_sql.format(schema=schema))
     worker = Worker(claim_conn, done_conn, keep=not delete)
@@ -285,10 +306,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="delete the finished row (no result kept) instead of marking it completed",
     )
+    parser.add_argument(
+        "--async-claim",
+        action="store_true",
+        help="commit the claim without waiting for its WAL flush (as trioq's claims do)",
+    )
     args = parser.parse_args(argv)
     asyncio.run(
         run_worker(
-            args.dsn, args.schema, args.queue, args.batch, args.expect, args.listen, args.delete
+            args.dsn,
+            args.schema,
+            args.queue,
+            args.batch,
+            args.expect,
+            args.listen,
+            args.delete,
+            args.async_claim,
         )
     )
     return 0

@@ -469,6 +469,7 @@ class Launcher:
         batch: int = 25,
         listen: bool = False,
         delete: bool = False,
+        async_claim: bool = False,
     ) -> Process:
         role = self.db.new_role("bench_base")
         self.db.install_raw(schema)
@@ -489,6 +490,8 @@ class Launcher:
             argv.append("--listen")
         if delete:
             argv.append("--delete")
+        if async_claim:
+            argv.append("--async-claim")
         process = self._spawn(f"baseline {role}", role, argv, {})
         process.wait_for_line(b"ready")
         return process

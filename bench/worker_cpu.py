@@ -10,6 +10,9 @@ checkouts' order rotated each repeat, so the systems see the same load.
 Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
 (throughput.py's `drain`); server CPU is that of the whole PostgreSQL cluster (its processes
 read from /proc, less the harness's session) over the same window.
+`--raw-async-claim` adds the two raw loops with their claim committed as trioq's is, without
+waiting for its WAL flush (`raw-async`, `raw-del-async`).
+`--prefetch N` adds this checkout's trioq with `--prefetch N` (`prefetchN`).
 `--awa` adds awa's Python worker (bench/awa_peer.py: awa-pg on its queue storage, the same 25
 slots) as a system of each repeat.
 `--trio-floor` adds three more systems to each repeat, the raw loop's algorithm on trio and
@@ -142,7 +145,11 @@ def own_schema(launcher: Launcher, schema: str, root: Path) -> None:
 
 
 def trioq_worker(
-    launcher: Launcher, schema: str, root: Path, profile: Path | None = None
+    launcher: Launcher,
+    schema: str,
+    root: Path,
+    profile: Path | None = None,
+    prefetch: int = 0,
 ) -> Process:
     """`trioq worker` with the package imported from `root` (its cwd comes first on sys.path),
     on `schema` migrated by `root`'s migrations; with `profile`, under cProfile (main thread
@@ -159,6 +166,7 @@ def trioq_worker(
         "25",
         "--grace",
         "10",
+        *(["--prefetch", str(prefetch)] if prefetch else []),
     ]
     env = {"TRIOQ_DATABASE_URL": launcher.db.conninfo(role), SCHEMA_ENV: schema}
     log_path = launcher.log_dir / f"{role}.log"
@@ -218,6 +226,18 @@ def main() -> None:
         action="store_true",
         help="also run the trio floor on the contract's floor (bench/contract_floor.py), the"
         " outcome kept and nothing kept",
+    )
+    parser.add_argument(
+        "--raw-async-claim",
+        action="store_true",
+        help="also drain both raw loops with their claim's commit asynchronous, as trioq's",
+    )
+    parser.add_argument(
+        "--prefetch",
+        action="append",
+        default=[],
+        type=int,
+        help="N: also drain this checkout's trioq with `--prefetch N` (`prefetchN`)",
     )
     parser.add_argument(
         "--awa",
@@ -314,6 +334,27 @@ def main() -> None:
                         TRIOQ_UNKEPT,
                     )
                 )
+            for prefetch in args.prefetch:
+                systems.append(
+                    (
+                        f"prefetch{prefetch}",
+                        "noop",
+                        lambda s, p=prefetch: [trioq_worker(launcher, s, REPO_ROOT, prefetch=p)],
+                        TRIOQ,
+                    )
+                )
+            if args.raw_async_claim:
+                for delete in (False, True):
+                    systems.append(
+                        (
+                            "raw-del-async" if delete else "raw-async",
+                            "noop",
+                            lambda s, d=delete: [
+                                launcher.baseline_worker(s, expect=n, delete=d, async_claim=True)
+                            ],
+                            RAW_DELETE if delete else RAW,
+                        )
+                    )
             if args.awa:
                 systems.append(("awa", "noop", lambda s: [launcher.awa_worker(s)], AWA))
             if args.trio_floor:
