@@ -302,6 +302,72 @@ def main() -> None:
                 row.setdefault(f"x {label} server/job", []).append(server_us / base_server)
                 row.setdefault(f"x {label} jobs/s", []).append(run.jobs_per_s / base.jobs_per_s)
 
+        # Each system: its name, task, workers and how its drain is counted.
+        systems: list[tuple[str, str, Callable[[str], list[Process]], System]] = [
+            (name, "noop", lambda s, r=root: [trioq_worker(launcher, s, r)], trioq_system(root))
+            for name, root in roots.items()
+        ]
+
+        def add(
+            name: str, start: Callable[[str], Process], system: System, task: str = "noop"
+        ) -> None:
+            systems.append((name, task, lambda s: [start(s)], system))
+
+        if args.unkept:
+            add(
+                "unkept",
+                lambda s: trioq_worker(launcher, s, REPO_ROOT),
+                TRIOQ_UNKEPT,
+                task="noop_unkept",
+            )
+        for prefetch in args.prefetch:
+            add(
+                f"prefetch{prefetch}",
+                lambda s, p=prefetch: trioq_worker(launcher, s, REPO_ROOT, prefetch=p),
+                TRIOQ,
+            )
+        if args.raw_async_claim:
+            for delete in (False, True):
+                add(
+                    "raw-del-async" if delete else "raw-async",
+                    lambda s, d=delete: launcher.baseline_worker(
+                        s, expect=n, delete=d, async_claim=True
+                    ),
+                    RAW_DELETE if delete else RAW,
+                )
+        if args.awa:
+            add("awa", launcher.awa_worker, AWA)
+        if args.trio_floor:
+            for scope in (True, False):
+                add(
+                    "floor" if scope else "floor-ns",
+                    lambda s, c=scope: launcher.trio_floor_worker(s, expect=n, scope=c),
+                    RAW,
+                )
+            # raw-del's statements on trio with the scope: the nothing-kept floor of any worker
+            # that can cancel a job alone, whatever its storage.
+            add(
+                "floor-del",
+                lambda s: launcher.trio_floor_worker(s, expect=n, delete=True),
+                RAW_DELETE,
+            )
+        if args.contract_floor:
+            for keep in (True, False):
+                add(
+                    "contract" if keep else "contract-del",
+                    lambda s, k=keep: launcher.trio_floor_worker(
+                        s, expect=n, contract="keep" if k else "delete"
+                    ),
+                    contract_system(keep=keep, jobs=n),
+                )
+        for name, directory in variants.items():
+            add(
+                name,
+                lambda s, d=directory: launcher.trio_floor_worker(
+                    s, expect=n, contract="trioq", variant=d
+                ),
+                TRIOQ,
+            )
         for repeat in range(args.repeats):
             # The two floors: `raw` keeps the finished row and its result, `raw-del` deletes it
             # (no result); every system's ratios are stated against both.
@@ -321,87 +387,6 @@ def main() -> None:
             record("raw-del", floors["raw-del"], {"raw": floors["raw"]})
             # Rotated each repeat: the drain right after the raw loop's paid more (server and
             # worker) in a first run, whichever checkout it was.
-            systems: list[tuple[str, str, Callable[[str], list[Process]], System]] = [
-                (name, "noop", lambda s, r=root: [trioq_worker(launcher, s, r)], trioq_system(root))
-                for name, root in roots.items()
-            ]
-            if args.unkept:
-                systems.append(
-                    (
-                        "unkept",
-                        "noop_unkept",
-                        lambda s: [trioq_worker(launcher, s, REPO_ROOT)],
-                        TRIOQ_UNKEPT,
-                    )
-                )
-            for prefetch in args.prefetch:
-                systems.append(
-                    (
-                        f"prefetch{prefetch}",
-                        "noop",
-                        lambda s, p=prefetch: [trioq_worker(launcher, s, REPO_ROOT, prefetch=p)],
-                        TRIOQ,
-                    )
-                )
-            if args.raw_async_claim:
-                for delete in (False, True):
-                    systems.append(
-                        (
-                            "raw-del-async" if delete else "raw-async",
-                            "noop",
-                            lambda s, d=delete: [
-                                launcher.baseline_worker(s, expect=n, delete=d, async_claim=True)
-                            ],
-                            RAW_DELETE if delete else RAW,
-                        )
-                    )
-            if args.awa:
-                systems.append(("awa", "noop", lambda s: [launcher.awa_worker(s)], AWA))
-            if args.trio_floor:
-                for scope in (True, False):
-                    systems.append(
-                        (
-                            "floor" if scope else "floor-ns",
-                            "noop",
-                            lambda s, c=scope: [launcher.trio_floor_worker(s, expect=n, scope=c)],
-                            RAW,
-                        )
-                    )
-                # raw-del's statements on trio with the scope: the nothing-kept floor of any
-                # worker that can cancel a job alone, whatever its storage.
-                systems.append(
-                    (
-                        "floor-del",
-                        "noop",
-                        lambda s: [launcher.trio_floor_worker(s, expect=n, delete=True)],
-                        RAW_DELETE,
-                    )
-                )
-            if args.contract_floor:
-                for keep in (True, False):
-                    systems.append(
-                        (
-                            "contract" if keep else "contract-del",
-                            "noop",
-                            lambda s, k=keep: [
-                                launcher.trio_floor_worker(
-                                    s, expect=n, contract="keep" if k else "delete"
-                                )
-                            ],
-                            contract_system(keep=keep, jobs=n),
-                        )
-                    )
-            for name, directory in variants.items():
-                systems.append(
-                    (
-                        name,
-                        "noop",
-                        lambda s, d=directory: [
-                            launcher.trio_floor_worker(s, expect=n, contract="trioq", variant=d)
-                        ],
-                        TRIOQ,
-                    )
-                )
             order = rotated(systems, repeat)
             for name, task, start, system in order:
                 run = drain(ctx, start, task, n, system)

@@ -44,13 +44,15 @@ def test_quick_bench_runs_every_scenario_and_writes_results(tmp_path: Path) -> N
 def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
     """`python -m bench.worker_cpu`: the two raw floors (keeping the row, deleting it), this
     checkout's worker, the trio floor (with and without a cancel scope per job) and the trio
-    floor on the contract's floor (outcome kept, nothing kept), one tiny repeat, with medians
-    and the ratios to both raw floors (worker and server CPU); its cProfile mode writes a
-    profile."""
+    floor on the contract's floor (outcome kept, nothing kept), a task that keeps nothing, this
+    worker with prefetch, the raw loops with their claim committed asynchronously, one tiny
+    repeat, with medians and the ratios to both raw floors (worker and server CPU); its
+    cProfile mode writes a profile."""
     profile = tmp_path / "worker.prof"
     outputs = []
     variant = "lean=bench/variants/lean"
     first = ["--trio-floor", "--contract-floor", "--trioq-statements", "--variant", variant]
+    first += ["--unkept", "--prefetch", "25", "--raw-async-claim"]
     for extra in (first, ["--cprofile", str(profile)]):
         outputs.append(run_module("bench.worker_cpu", "--jobs", "200", "--repeats", "1", *extra))
     assert "medians:" in outputs[0] and "x raw CPU/job" in outputs[0]
@@ -67,6 +69,10 @@ def test_worker_cpu_comparison_runs_and_reports_medians(tmp_path: Path) -> None:
         "contract-del",
         "floor-trioq",
         "lean",
+        "unkept",
+        "prefetch25",
+        "raw-async",
+        "raw-del-async",
     ):
         assert f"{system:>10}: " in medians, outputs[0]
     assert "cprofile:" in outputs[1] and profile.stat().st_size > 0
