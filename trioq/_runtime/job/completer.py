@@ -275,6 +275,13 @@ class Completer:
                 self._has_pending.set()
             if self.before_flush is not None:
                 await self.before_flush(batch)
+            # The handlers whose outcomes these are opened slots, and woke the claim loop too,
+            # which sends its claim a checkpoint later. The claim goes first: the next handlers
+            # wait for its reply, nothing waits for this batch's. The server then runs the claim
+            # while this process builds the completion (32 paired one-worker drains: 1.057x
+            # jobs/s, 25 of 32 faster; 0.93x the worker's CPU a job).
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.cancel_shielded_checkpoint()
             result = await self.driver.job_settle_many(batch)
         except BaseException:
             self._pending[:0] = batch
