@@ -72,10 +72,12 @@ def claim_sql(schema: str, async_claim: bool = False) -> str:
     text = CLAIM_SQL.format(schema=schema)
     if not async_claim:
         return text
+    where = "WHERE j.id = c.id\n"
+    # A CLAIM_SQL without this line would otherwise be measured as the async claim, unchanged.
+    if text.count(where) != 1:
+        raise RuntimeError("CLAIM_SQL's WHERE clause moved: update claim_sql")
     return text.replace(
-        "WHERE j.id = c.id\n",
-        "WHERE j.id = c.id\n"
-        "  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL\n",
+        where, where + "  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL\n"
     )
 
 

@@ -303,16 +303,15 @@ def main() -> None:
                 row.setdefault(f"x {label} jobs/s", []).append(run.jobs_per_s / base.jobs_per_s)
 
         # Each system: its name, task, workers and how its drain is counted.
-        systems: list[tuple[str, str, Callable[[str], list[Process]], System]] = [
-            (name, "noop", lambda s, r=root: [trioq_worker(launcher, s, r)], trioq_system(root))
-            for name, root in roots.items()
-        ]
+        systems: list[tuple[str, str, Callable[[str], list[Process]], System]] = []
 
         def add(
             name: str, start: Callable[[str], Process], system: System, task: str = "noop"
         ) -> None:
             systems.append((name, task, lambda s: [start(s)], system))
 
+        for name, root in roots.items():
+            add(name, lambda s, r=root: trioq_worker(launcher, s, r), trioq_system(root))
         if args.unkept:
             add(
                 "unkept",
