@@ -242,7 +242,7 @@ async def test_migrate_from_the_previous_release_fills_job_due_and_its_claims_ru
     async with open_pg_driver(pg_url, pg_schema, pool_size=2) as pg:
         # 0047 too (stop first: the previous release's running job becomes a run), 0048 (its
         # ready keyed job filed in ready_keyed), 0049 (the records copied by epoch) and 0050.
-        assert await pg.migrate() == [44, 45, 46, 47, 48, 49, 50]
+        assert await pg.migrate() == [44, 45, 46, 47, 48, 49, 50, 51]
         assert job_due_mismatches(pg_url, pg_schema) == []
         assert ready_keyed_mismatches(pg_url, pg_schema) == []
         assert len(due_rows(pg_url, pg_schema)) == len(DUE)

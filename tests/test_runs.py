@@ -27,7 +27,9 @@ from tests.support import (
     stalled_claim,
 )
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
-from trioq._pg.replies import ClaimedRow
+from trioq._pg.replies import ClaimedRow, LeaseRenewal
+from trioq._pg.services import _admission_arrays
+from trioq._pg.statements import lease_arrays
 from trioq._seam.driver import Claim, ClaimedJob, Lease, NewJob, Settlement
 from trioq._seam.services import MaintenancePass, RenewLeases
 from trioq._seam.workflow import CheckpointWrite, ValueSet
@@ -93,6 +95,33 @@ async def test_a_claim_from_the_ring_and_its_completion_write_no_version_of_the_
     final = f"SELECT state, attempt, result, executions FROM {pg_schema}.jobs WHERE id = %s"
     assert sql_rows(pg_url, final, [job.id]) == [("completed", 1, 7, 1)]
     assert sql_rows(pg_url, row, [job.id]) == before
+
+
+async def test_a_lease_renewal_updates_its_run_in_place(
+    driver: PgDriver, pg_url: str, pg_schema: str
+) -> None:
+    """A renewal changes only the run's lease expiry, which no index holds (migration 0051): a
+    heap-only update, no index entry written (read from the transaction's own statistics).
+    With job_runs_lease_idx every renewal wrote an entry in both of the table's indexes."""
+    await driver.job_insert_many([NewJob("q", "t", "{}")])
+    [claimed] = (await driver.job_claim(plain_claim())).claimed
+    params = {
+        **lease_arrays((claimed.lease,)),
+        "worker_id": WORKER,
+        "worker_state": "running",
+        "lease_seconds": 60.0,
+        **_admission_arrays(()),
+    }
+    counts = (
+        "SELECT pg_stat_get_xact_tuples_updated(%(runs)s::regclass),"
+        " pg_stat_get_xact_tuples_hot_updated(%(runs)s::regclass)"
+    )
+    with psycopg.connect(pg_url) as conn:
+        renewed = conn.execute(queries(pg_schema)["lease_renew_many"], params).fetchall()
+        updated = conn.execute(counts, {"runs": f"{pg_schema}.job_runs"}).fetchone()
+        conn.rollback()
+    assert [row[LeaseRenewal.id] for row in renewed] == [claimed.id]
+    assert updated == (1, 1)
 
 
 def test_no_double_claim_from_an_old_snapshot(pg_url: str, pg_schema: str) -> None:

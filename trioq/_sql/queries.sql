@@ -1724,7 +1724,8 @@ first_schedule AS (
 -- cancelled (its lost attempt is still recorded), whatever attempts it had left.
 -- A row without max_attempts takes its task's declaration (task_defaults, migration 0015; 5
 -- when no worker declared it), as the worker's own retry decision does.
--- The runs (migration 0047) by job_runs_lease_idx, each locked with its job's row (both SKIP
+-- The runs (migration 0047) read whole (no index of their expiry since migration 0051: a
+-- table of the running jobs, read once a pass), each locked with its job's row (both SKIP
 -- LOCKED: a settle holding the run, or a cancel holding the row, is left for the next pass).
 -- The run is deleted with the expiry re-checked on its newest version, then the row written.
 expired AS MATERIALIZED (

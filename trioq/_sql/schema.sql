@@ -2632,8 +2632,6 @@ CREATE INDEX job_rows_e1_parent_id_parent_position_idx ON trioq.job_rows_e1 USIN
 
 CREATE INDEX job_rows_e1_wait_event_key_idx ON trioq.job_rows_e1 USING btree (wait_event_key) WHERE (wait_event_key IS NOT NULL);
 
-CREATE INDEX job_runs_lease_idx ON trioq.job_runs USING btree (lease_expires_at);
-
 CREATE INDEX messages_job_topic_idx ON trioq.messages USING btree (job_id, topic, id);
 
 CREATE INDEX partition_locks_job_idx ON trioq.partition_locks USING btree (job_id);

@@ -4,10 +4,10 @@
 -- count runs on a snapshot taken after the lock was granted: every claim that held the lock
 -- before has committed and is counted (in one statement, the count would read the snapshot
 -- from before the lock wait, and two claimers could both see the same free slots). Settles and
--- lease recoveries meanwhile only lower the count. The running count reads jobs_lease_idx
--- (every running row, filtered by queue): its cost grows with the cluster's running jobs and
--- is paid by limited queues only; an index on (queue) WHERE state = 'running' would be paid
--- by every claim and settle of every queue.
+-- lease recoveries meanwhile only lower the count. The running count reads job_runs whole
+-- (every run, filtered by queue): its cost grows with the cluster's running jobs and is paid
+-- by limited queues only; an index of the runs' queue would be paid by every claim and
+-- completion of every queue.
 -- `started_at`: the claim's start time, read after the count (database time, as db_now()
 -- moves). queue_limit_spend stores it on the claimed rows and in the rate's log: the
 -- transaction's own now() is its BEGIN, before the lock wait, and a job another worker

@@ -1,0 +1,15 @@
+-- trioq: no-transaction
+-- trioq schema, version 51: job_runs' index of lease expiry is dropped; the lease recovery,
+-- the queue and worker counts and the dashboard's running jobs read job_runs whole.
+--
+-- Why: every claim inserted an entry per run in it and every renewal another (a renewal that
+-- changes no indexed column is a heap-only update in place instead), for the one reader that
+-- needs no index: the runs are the running jobs, a table of a few hundred rows vacuumed
+-- every 1,000 changes. A replayed drain's backend CPU a job: 0.904x with the index dropped
+-- (bench/RESULTS.md, "The runs' lease index dropped"). Under a pinned horizon the table grows
+-- with the runs vacuum may not remove, and so did the index: the recovery's range of expired
+-- leases held every one of them (each a lease 30 s after its claim).
+--
+-- Online: DROP INDEX CONCURRENTLY waits for the transactions that use the index and holds up
+-- no claim, renewal or completion. Workers of the previous release run as before on it.
+DROP INDEX CONCURRENTLY IF EXISTS {schema}.job_runs_lease_idx;
