@@ -6,8 +6,10 @@ trioq's own tables, one session each, interleaved.
 
 A variant is a directory: `job_claim_plain.sql` and/or `job_complete_plain.sql` (`{schema}` for
 the schema, `%(name)s` for trioq's parameters; a statement left out is trioq's own),
-`session.sql` (run on the session first) and `tasks` (the task names the claim serves, one per
-line; default `noop`). `trioq` names this checkout's statements unchanged.
+`session.sql` (run on the session first, `{schema}` as in the statements: a variant may drop an
+index) and `tasks` (the task names the claim serves, one per line; default `noop`;
+`bench/variants/served100` serves 100, the backlog's among them). `trioq` names this
+checkout's statements unchanged.
 `bench/variants/lean` is the least a claim and a completion do on these tables: the ring's
 entries taken in claim order and deleted, a run written per job, the run deleted and the
 outcome appended; no probe, no served-task list, no pause or version check, no lock of the
@@ -208,7 +210,8 @@ def load(variant: Path | None, schema: str) -> tuple[dict[str, str], list[str], 
             if (path := variant / f"{name}.sql").exists():
                 sql[name] = path.read_text().replace("{schema}", f'"{schema}"')
         if (path := variant / "session.sql").exists():
-            session = [s for s in path.read_text().split("\n-- next\n") if s.strip()]
+            text = path.read_text().replace("{schema}", f'"{schema}"')
+            session = [s for s in text.split("\n-- next\n") if s.strip()]
         if (path := variant / "tasks").exists():
             tasks = path.read_text().split()
     return sql, session, tasks
