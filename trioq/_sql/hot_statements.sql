@@ -1092,7 +1092,7 @@ WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
 AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0
 AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL;
 
--- name: job_complete_plain (1355 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
+-- name: job_complete_plain (1430 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (
 SELECT t.*
 FROM unnest((SELECT $1::bigint[]), (SELECT $2::int[]),
@@ -1103,9 +1103,12 @@ gone AS MATERIALIZED (
 SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
 u.run_worker_id AS worker_id, u.run_started_at AS started_at,
 u.run_result_watched AS result_watched, u.run_queue AS queue, i.result
-FROM "trioq".job_runs_finish((SELECT $1::bigint[]), (SELECT $2::int[]),
+FROM "trioq".job_runs_finish_fenced((SELECT $1::bigint[]),
+(SELECT $2::int[]),
 (SELECT $3::uuid[])) AS u
-JOIN input i ON i.id = u.run_job_id
+JOIN input i
+ON i.id = u.run_job_id AND i.attempt = u.run_attempt
+AND i.lease_token = u.run_lease_token
 ),
 settled AS (
 INSERT INTO "trioq".job_outcomes (job_id, state, result, error, attempt, executions,
@@ -1127,7 +1130,7 @@ coalesce(array_agg(state ORDER BY id), '{}') AS states,
 "trioq".db_now() + (clock_timestamp() - now()) AS now
 FROM settled;
 
--- name: job_settle_many (5069 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
+-- name: job_settle_many (5230 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 states, $5 ready_when_due, $6 moves_run_at, $7 attempt_changes, $8 releases_key, $9 histories, $10 finals, $11 clears_worker, $12 results, $13 errors, $14 delays, $15 wake_ats)
 WITH input AS MATERIALIZED (
 SELECT t.*,
 CASE WHEN t.moves_run_at
@@ -1147,8 +1150,10 @@ releases_key, history, final, clears_worker, result, error, delay, wake_at)
 gone AS MATERIALIZED (
 SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
 u.run_worker_id AS worker_id, u.run_traced AS traced,
-u.run_started_at AS started_at, u.run_result_watched AS result_watched
-FROM "trioq".job_runs_settle((SELECT $1::bigint[]), (SELECT $2::int[]),
+u.run_started_at AS started_at, u.run_result_watched AS result_watched,
+u.run_lease_token AS lease_token
+FROM "trioq".job_runs_settle_fenced((SELECT $1::bigint[]),
+(SELECT $2::int[]),
 (SELECT $3::uuid[]),
 (SELECT $4::text[])) AS u
 ),
@@ -1166,7 +1171,9 @@ traced = g.traced,
 error = i.error::jsonb,
 worker_id = CASE WHEN i.clears_worker THEN NULL ELSE g.worker_id END,
 started_at = CASE WHEN i.clears_worker THEN NULL ELSE g.started_at END
-FROM gone g JOIN input i ON i.id = g.job_id
+FROM gone g
+JOIN input i
+ON i.id = g.job_id AND i.attempt = g.attempt AND i.lease_token = g.lease_token
 WHERE j.id = g.job_id AND NOT i.final
 AND j.id = ANY((SELECT $1::bigint[])::bigint[])
 AND j.phase IN ('ready', 'claimed')
@@ -1185,7 +1192,9 @@ SELECT g.job_id AS id, g.attempt, g.executions, g.worker_id, g.started_at,
 g.result_watched, i.state, i.result, i.error, i.attempt_change, i.clears_worker,
 i.releases_key, i.history, j.queue, j.partition_key, j.run_at, j.parent_id,
 j.result_watched AS row_watched, j.deadline_at, j.deadline_source
-FROM gone g JOIN input i ON i.id = g.job_id
+FROM gone g
+JOIN input i
+ON i.id = g.job_id AND i.attempt = g.attempt AND i.lease_token = g.lease_token
 JOIN "trioq".job_rows j ON j.id = g.job_id
 WHERE i.final
 ),
@@ -1302,7 +1311,7 @@ SELECT id, cancel_requested, false FROM requested
 WHERE id NOT IN (SELECT id FROM lockable)
 ) AS r ON true;
 
--- name: checkpoint_insert_many_plain (1414 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
+-- name: checkpoint_insert_many_plain (1618 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
@@ -1310,7 +1319,7 @@ $7::text[], $8::float8[])
 AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
 fenced AS MATERIALIZED (
-SELECT u.job_id AS id, n.next_position
+SELECT u.job_id AS id, u.attempt, u.lease_token, n.next_position
 FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
 FROM input GROUP BY id, attempt, lease_token) AS n
 JOIN "trioq".job_runs u
@@ -1332,7 +1341,10 @@ CASE WHEN i.wake_in IS NULL THEN i.value::jsonb
 ELSE coalesce(i.value::jsonb, '{}'::jsonb) || jsonb_build_object(
 'wake_at', "trioq".db_now() + i.wake_in * interval '1 second') END,
 "trioq".db_now()
-FROM input i JOIN owner o ON o.id = i.id
+FROM input i
+JOIN fenced f
+ON f.id = i.id AND f.attempt = i.attempt AND f.lease_token = i.lease_token
+JOIN owner o ON o.id = i.id
 ON CONFLICT (job_id, position) DO NOTHING
 RETURNING job_id, position, value
 )
@@ -1340,11 +1352,12 @@ SELECT i.id, i.position,
 coalesce(w.value, (SELECT e.value FROM "trioq".checkpoints e
 WHERE e.job_id = i.id AND e.position = i.position)) AS value
 FROM input i
+JOIN fenced f ON f.id = i.id AND f.attempt = i.attempt AND f.lease_token = i.lease_token
 JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
 ;
 
--- name: checkpoint_insert_many (2111 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
+-- name: checkpoint_insert_many (2315 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 positions, $5 kinds, $6 names, $7 values, $8 wake_ins, $9 value_ids, $10 value_keys, $11 value_values)
 WITH input AS MATERIALIZED (
 SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[],
 $4::int[], $5::text[], $6::text[],
@@ -1352,7 +1365,7 @@ $7::text[], $8::float8[])
 AS t(id, attempt, lease_token, position, kind, name, value, wake_in)
 ),
 fenced AS MATERIALIZED (
-SELECT u.job_id AS id, n.next_position
+SELECT u.job_id AS id, u.attempt, u.lease_token, n.next_position
 FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
 FROM input GROUP BY id, attempt, lease_token) AS n
 JOIN "trioq".job_runs u
@@ -1374,7 +1387,10 @@ CASE WHEN i.wake_in IS NULL THEN i.value::jsonb
 ELSE coalesce(i.value::jsonb, '{}'::jsonb) || jsonb_build_object(
 'wake_at', "trioq".db_now() + i.wake_in * interval '1 second') END,
 "trioq".db_now()
-FROM input i JOIN owner o ON o.id = i.id
+FROM input i
+JOIN fenced f
+ON f.id = i.id AND f.attempt = i.attempt AND f.lease_token = i.lease_token
+JOIN owner o ON o.id = i.id
 ON CONFLICT (job_id, position) DO NOTHING
 RETURNING job_id, position, value
 )
@@ -1401,6 +1417,7 @@ SELECT i.id, i.position,
 coalesce(w.value, (SELECT e.value FROM "trioq".checkpoints e
 WHERE e.job_id = i.id AND e.position = i.position)) AS value
 FROM input i
+JOIN fenced f ON f.id = i.id AND f.attempt = i.attempt AND f.lease_token = i.lease_token
 JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
 CROSS JOIN values_notified;

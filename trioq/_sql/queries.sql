@@ -453,8 +453,9 @@ CASE WHEN o.job_id IS NOT NULL THEN o.state WHEN u.job_id IS NOT NULL THEN 'runn
 
 -- fragment: runs_by_key
 -- The runs a fenced statement names (`ids`: the lease renewal; the completions and the settle
--- end theirs in job_runs_finish() and job_runs_settle()), found by primary key: a join left to the planner over a table that
--- churns a row per job can take a scan, which a pinned horizon makes long.
+-- end theirs in job_runs_finish_fenced() and job_runs_settle_fenced()), found by primary key:
+-- a join left to the planner over a table that churns a row per job can take a scan, which a
+-- pinned horizon makes long.
       AND u.job_id = ANY((SELECT %(ids)s::bigint[])::bigint[])
 
 -- fragment: running_by_key
@@ -1129,17 +1130,21 @@ WITH input AS MATERIALIZED (
 -- The values were decided by the outcome rules (trioq/_core/outcomes.py); this only applies
 -- them, to rows the settling lease still holds. The one comparison left is the database's: a
 -- time-based outcome whose new run_at has passed is ready at once.
--- The fence is the run (migration 0047), ended by job_runs_settle() (by primary key whatever
--- job_runs' size, as the completions' job_runs_finish()); a cancelled outcome is recorded only for
+-- The fence is the run (migration 0047), ended by job_runs_settle_fenced() (by primary key
+-- whatever job_runs' size, as the completions' job_runs_finish_fenced()), and each of the
+-- batch's rows is joined to its run by the whole fence (a batch may name a job twice: that
+-- function says when); a cancelled outcome is recorded only for
 -- a stored request (a cancel or a passed deadline sets it on the row): a worker told to cancel
 -- by anything else changes nothing here.
 gone AS MATERIALIZED (
     SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
            u.run_worker_id AS worker_id, u.run_traced AS traced,
-           u.run_started_at AS started_at, u.run_result_watched AS result_watched
-    FROM {schema}.job_runs_settle((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                                  (SELECT %(lease_tokens)s::uuid[]),
-                                  (SELECT %(states)s::text[])) AS u
+           u.run_started_at AS started_at, u.run_result_watched AS result_watched,
+           u.run_lease_token AS lease_token
+    FROM {schema}.job_runs_settle_fenced((SELECT %(ids)s::bigint[]),
+                                         (SELECT %(attempts)s::int[]),
+                                         (SELECT %(lease_tokens)s::uuid[]),
+                                         (SELECT %(states)s::text[])) AS u
 ),
 -- Then the record, for the outcomes that are not final: the outcome's phase, the run's attempt
 -- (changed as the rule says: a release gives it back), executions, worker and start. A move
@@ -1159,7 +1164,9 @@ moved AS (
         error = i.error::jsonb,
         worker_id = CASE WHEN i.clears_worker THEN NULL ELSE g.worker_id END,
         started_at = CASE WHEN i.clears_worker THEN NULL ELSE g.started_at END
-    FROM gone g JOIN input i ON i.id = g.job_id
+    FROM gone g
+    JOIN input i
+      ON i.id = g.job_id AND i.attempt = g.attempt AND i.lease_token = g.lease_token
     WHERE j.id = g.job_id AND NOT i.final
       -- include: running_by_key
     -- The run's attempt, worker and start: the attempt history records the execution's.
@@ -1183,7 +1190,9 @@ ended AS MATERIALIZED (
            g.result_watched, i.state, i.result, i.error, i.attempt_change, i.clears_worker,
            i.releases_key, i.history, j.queue, j.partition_key, j.run_at, j.parent_id,
            j.result_watched AS row_watched, j.deadline_at, j.deadline_source
-    FROM gone g JOIN input i ON i.id = g.job_id
+    FROM gone g
+    JOIN input i
+      ON i.id = g.job_id AND i.attempt = g.attempt AND i.lease_token = g.lease_token
     JOIN {schema}.job_rows j ON j.id = g.job_id
     WHERE i.final
 ),
@@ -1384,7 +1393,7 @@ WITH input AS MATERIALIZED (
          AS t(id, attempt, lease_token, result)
 ),
 -- The fence is the run (migration 0047): deleted by primary key, it returns what the outcome
--- records. Through job_runs_finish(), whose plan probes the key whatever job_runs' size when it
+-- records. Through job_runs_finish_fenced(), whose plan probes the key whatever job_runs' size when it
 -- was made (a generic plan made on a page or two scanned the table whole as it bloated: 573
 -- buffer hits a completion of 25 after a 20,000-job drain, 381 through the function; main's
 -- 281).
@@ -1392,9 +1401,14 @@ gone AS MATERIALIZED (
     SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
            u.run_worker_id AS worker_id, u.run_started_at AS started_at,
            u.run_result_watched AS result_watched, u.run_queue AS queue, i.result
-    FROM {schema}.job_runs_finish((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                               (SELECT %(lease_tokens)s::uuid[])) AS u
-    JOIN input i ON i.id = u.run_job_id
+    FROM {schema}.job_runs_finish_fenced((SELECT %(ids)s::bigint[]),
+                                      (SELECT %(attempts)s::int[]),
+                                      (SELECT %(lease_tokens)s::uuid[])) AS u
+    -- By the whole fence: a batch may name a job twice, a lost run's outcome beside the
+    -- current one's (job_runs_finish_fenced() says when).
+    JOIN input i
+      ON i.id = u.run_job_id AND i.attempt = u.run_attempt
+     AND i.lease_token = u.run_lease_token
 ),
 -- The outcome is appended; the record is not written (migration 0049: it reads `ready` under
 -- its outcome, which decides the state). A waiter registered by job_result_watch after the
@@ -1429,11 +1443,13 @@ FROM settled;
 -- the plain completion: that one runs at every flush of every worker, and a DELETE in it would
 -- be planned at each execution whether a batch discards anything or not. Its reply has
 -- job_complete_plain's columns; the states read `completed`.
--- The fence is the run, ended by job_runs_finish() (found by primary key whatever job_runs' size).
+-- The fence is the run, ended by job_runs_finish_fenced() (found by primary key whatever
+-- job_runs' size).
 WITH gone AS MATERIALIZED (
     SELECT u.run_job_id AS job_id, u.run_result_watched AS result_watched
-    FROM {schema}.job_runs_finish((SELECT %(ids)s::bigint[]), (SELECT %(attempts)s::int[]),
-                               (SELECT %(lease_tokens)s::uuid[])) AS u
+    FROM {schema}.job_runs_finish_fenced((SELECT %(ids)s::bigint[]),
+                                      (SELECT %(attempts)s::int[]),
+                                      (SELECT %(lease_tokens)s::uuid[])) AS u
 ),
 discarded AS (
     DELETE FROM {schema}.job_rows j
@@ -1463,7 +1479,7 @@ WITH input AS MATERIALIZED (
 -- The fence is the run (migration 0047), locked first (docs/workflows.md, "Lock order"), then
 -- the row written.
 fenced AS MATERIALIZED (
-    SELECT u.job_id AS id, n.next_position
+    SELECT u.job_id AS id, u.attempt, u.lease_token, n.next_position
     FROM (SELECT id, attempt, lease_token, max(position) + 1 AS next_position
           FROM input GROUP BY id, attempt, lease_token) AS n
     JOIN {schema}.job_runs u
@@ -1485,7 +1501,12 @@ written AS (
                 ELSE coalesce(i.value::jsonb, '{}'::jsonb) || jsonb_build_object(
                     'wake_at', {schema}.db_now() + i.wake_in * interval '1 second') END,
            {schema}.db_now()
-    FROM input i JOIN owner o ON o.id = i.id
+    -- By the whole fence: a batch may hold a lost run's writes beside the current run's of
+    -- the same job (job_runs_finish_fenced() says when); only the run's own are written.
+    FROM input i
+    JOIN fenced f
+      ON f.id = i.id AND f.attempt = i.attempt AND f.lease_token = i.lease_token
+    JOIN owner o ON o.id = i.id
     ON CONFLICT (job_id, position) DO NOTHING
     RETURNING job_id, position, value
 )
@@ -1498,6 +1519,7 @@ SELECT i.id, i.position,
        coalesce(w.value, (SELECT e.value FROM {schema}.checkpoints e
                           WHERE e.job_id = i.id AND e.position = i.position)) AS value
 FROM input i
+JOIN fenced f ON f.id = i.id AND f.attempt = i.attempt AND f.lease_token = i.lease_token
 JOIN owner o ON o.id = i.id
 LEFT JOIN written w ON w.job_id = i.id AND w.position = i.position
 

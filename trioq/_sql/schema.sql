@@ -697,6 +697,25 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION trioq.job_runs_finish_fenced(ids bigint[], attempts integer[], lease_tokens uuid[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean, run_queue text, run_lease_token uuid)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN QUERY
+    DELETE FROM "trioq".job_runs u
+    USING unnest(ids, attempts, lease_tokens) AS i(id, attempt, lease_token)
+    WHERE u.job_id OPERATOR(pg_catalog.=) i.id
+      AND u.attempt OPERATOR(pg_catalog.=) i.attempt
+      AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
+      AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched, u.queue, u.lease_token;
+END
+$$;
+
 CREATE FUNCTION trioq.job_runs_settle(ids bigint[], attempts integer[], lease_tokens uuid[], states text[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -716,6 +735,28 @@ BEGIN
                       WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
     RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
               u.result_watched;
+END
+$$;
+
+CREATE FUNCTION trioq.job_runs_settle_fenced(ids bigint[], attempts integer[], lease_tokens uuid[], states text[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean, run_lease_token uuid)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    RETURN QUERY
+    DELETE FROM "trioq".job_runs u
+    USING unnest(ids, attempts, lease_tokens, states) AS i(id, attempt, lease_token, state)
+    WHERE u.job_id OPERATOR(pg_catalog.=) i.id
+      AND u.attempt OPERATOR(pg_catalog.=) i.attempt
+      AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
+      AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
+      AND (i.state OPERATOR(pg_catalog.<>) 'cancelled'
+           OR EXISTS (SELECT 1 FROM "trioq".job_rows c
+                      WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched, u.lease_token;
 END
 $$;
 

@@ -10,6 +10,8 @@
 -- or two, hashed a sequential scan of it and kept it as the table grew: 573 buffer hits a
 -- completion of 25 against 415 by key (bench/RESULTS.md, "job_runs' plans"). With seqscan
 -- off the runs are always found by primary key, whatever the table's size when planned.
+-- Kept for the previous release's statements; this release's call job_runs_finish_fenced(), which
+-- returns the lease token too (its comment says why). A later release drops it.
 CREATE OR REPLACE FUNCTION {schema}.job_runs_finish(ids bigint[], attempts integer[],
                                                  lease_tokens uuid[])
 RETURNS TABLE (run_job_id bigint, run_attempt integer, run_executions integer,

@@ -6,6 +6,8 @@
 -- deadline sets it on the row); a worker told to cancel by anything else changes nothing.
 -- Its own name rather than job_runs_finish() with a fourth argument: CREATE OR REPLACE would
 -- leave both signatures, ambiguous to a three-argument call.
+-- Kept for the previous release's statements; this release's call job_runs_settle_fenced(), which
+-- returns the lease token too (its comment says why). A later release drops it.
 CREATE OR REPLACE FUNCTION {schema}.job_runs_settle(ids bigint[], attempts integer[],
                                                     lease_tokens uuid[], states text[])
 RETURNS TABLE (run_job_id bigint, run_attempt integer, run_executions integer,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from ..._seam.driver import Driver
+from ..._seam.driver import Driver, Settlement
 from ..._seam.services import MaintenancePass, WorkerRegistration
+from ..._seam.workflow import CheckpointWrite
 from .harness import (
     QUEUE,
     TASK,
@@ -18,6 +19,7 @@ from .harness import (
     new_job,
     record,
     renew,
+    settle,
 )
 
 
@@ -64,6 +66,68 @@ async def check_expired_lease_is_recovered_and_its_holder_fenced(
     expect(await renew(driver, old.lease), set(), "renewal by the old holder")
     expect(await complete(driver, old.lease), (), "completion by the old holder")
     expect(await complete(driver, new.lease), (job_id,), "completion by the new holder")
+
+
+@conformance_check
+async def check_one_batch_with_a_jobs_lost_and_current_leases_applies_the_current_one(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """A worker's completer may still hold the outcome of a run it lost (its writes failed
+    while the database was away, and the run was recovered, or its claim rolled back with a
+    crash) when it claims and finishes the same job again: one batch then names the job
+    twice. Only the lease that holds is applied, once, with its own outcome; the lost one's
+    is not (matched by the job's id alone: a second outcome, or the lost run's retry)."""
+
+    async def case(plain: bool, lost_kind: str, lost_first: bool) -> None:
+        [job_id] = await enqueue(driver, new_job(max_attempts=5))
+        [old] = await claim(driver, lease_seconds=10)
+        await clock.advance(11)
+        recovered = (await driver.maintenance_pass(MaintenancePass())).recovered
+        expect(recovered, ((job_id, "ready"),), "the old run recovered")
+        [new] = await claim(driver)
+        if lost_kind == "complete":
+            lost = Settlement(old.lease, "complete", result_json='"lost"', plain=plain)
+        else:
+            lost = Settlement(old.lease, "retry", error_json='{"type": "Boom"}', delay_seconds=60)
+        current = Settlement(new.lease, "complete", result_json='"current"', plain=plain)
+        batch = (lost, current) if lost_first else (current, lost)
+        what = f"plain={plain}, the lost run's {lost_kind}, named first: {lost_first}"
+        expect(await settle(driver, *batch), [(job_id, "completed")], f"settled ({what})")
+        row = await record(driver, job_id)
+        expect((row.state, row.attempt, row.result), ("completed", 2, "current"), what)
+
+    for plain in (True, False):
+        for lost_kind in ("complete", "retry"):
+            for lost_first in (True, False):
+                await case(plain, lost_kind, lost_first)
+
+
+@conformance_check
+async def check_one_batch_of_checkpoints_with_a_jobs_lost_and_current_leases_writes_the_current(
+    driver: Driver, clock: DriverClock
+) -> None:
+    """As the outcomes: checkpoint writes of a lost run and of the job's current run in one
+    batch (a worker's batched writes, the lost run's handler not yet cancelled). Only the
+    current run's are stored and answered."""
+    [job_id] = await enqueue(driver, new_job(max_attempts=5))
+    [old] = await claim(driver, lease_seconds=10)
+    await clock.advance(11)
+    await driver.maintenance_pass(MaintenancePass())
+    [new] = await claim(driver)
+    written = await driver.checkpoint_insert_many(
+        [
+            CheckpointWrite(old.lease, 0, "step", "a", '"lost"'),
+            CheckpointWrite(new.lease, 0, "step", "a", '"current"'),
+            CheckpointWrite(old.lease, 1, "step", "b", '"lost"'),
+        ]
+    )
+    expect(
+        [(w.job_id, w.position, w.value) for w in written],
+        [(job_id, 0, "current")],
+        "the writes that held",
+    )
+    stored = [(c.position, c.value) for c in await driver.checkpoint_list(job_id)]
+    expect(stored, [(0, "current")], "the history")
 
 
 @conformance_check

@@ -1,0 +1,33 @@
+-- job_runs_settle() with each ended run's lease token in its reply, for the settle
+-- (job_settle_many): the statement joins its batch's rows to the runs this ended by id, attempt
+-- and token. A batch may name one job twice: a completer still holding the outcome of a run it
+-- lost (its writes failed while the database was away, and the run was recovered or its claim
+-- rolled back) when it finished the job's next run too. Joined by id alone, the lost run's row was
+-- applied with the current one's: a second outcome (a unique violation that stopped the worker,
+-- tests/test_fault_suite.py's restarts) or the lost run's retry. A new name: CREATE OR REPLACE
+-- cannot change a function's columns, and the previous release's statements call
+-- job_runs_settle(). Its SET clauses and plan are job_runs_settle()'s (that file says why).
+CREATE OR REPLACE FUNCTION {schema}.job_runs_settle_fenced(ids bigint[], attempts integer[],
+                                                    lease_tokens uuid[], states text[])
+RETURNS TABLE (run_job_id bigint, run_attempt integer, run_executions integer,
+               run_worker_id uuid, run_traced boolean, run_started_at timestamptz,
+               run_result_watched boolean, run_lease_token uuid)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    RETURN QUERY
+    DELETE FROM {schema}.job_runs u
+    USING unnest(ids, attempts, lease_tokens, states) AS i(id, attempt, lease_token, state)
+    WHERE u.job_id OPERATOR(pg_catalog.=) i.id
+      AND u.attempt OPERATOR(pg_catalog.=) i.attempt
+      AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
+      AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
+      AND (i.state OPERATOR(pg_catalog.<>) 'cancelled'
+           OR EXISTS (SELECT 1 FROM {schema}.job_rows c
+                      WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
+    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
+              u.result_watched, u.lease_token;
+END
+$$;
