@@ -436,20 +436,20 @@ async def test_the_statements_of_running_jobs_find_them_by_primary_key(
         conn.execute(f"ANALYZE {pg_schema}.job_runs")
     plans = generic_plans(pg_url, pg_schema, RUNNING_ROW_STATEMENTS)
     for name, plan in plans.items():
-        # The completions and the settle end their runs in job_runs_finish() and
-        # job_runs_settle() (the next test shows their plans).
-        by_key = ("job_runs_pkey", "job_runs_finish", "job_runs_settle")
+        # The completions and the settle end their runs in job_runs_finish_fenced() and
+        # job_runs_settle_fenced() (the next test shows their plans).
+        by_key = ("job_runs_pkey", "job_runs_finish_fenced", "job_runs_settle_fenced")
         assert any(found in plan for found in by_key), (name, plan)
 
 
 async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_since_planned(
     pg_url: str, pg_schema: str
 ) -> None:
-    """job_runs_finish() and job_runs_settle() (the completions' and the settle's fence) plan their
-    DELETE once per session, here while job_runs holds a page; then 20,000 runs come and go
-    without a vacuum (a live drain between two autovacuums leaves 3.5 MB and no row). Their
-    next calls still probe the primary key: a few buffers a run, not the table (a generic plan
-    made on a page, with seqscan allowed, scans it whole)."""
+    """job_runs_finish_fenced() and job_runs_settle_fenced() (the completions' and the settle's
+    fence) plan their DELETE once per session, here while job_runs holds a page; then 20,000
+    runs come and go without a vacuum (a live drain between two autovacuums leaves 3.5 MB and
+    no row). Their next calls still probe the primary key: a few buffers a run, not the table
+    (a generic plan made on a page, with seqscan allowed, scans it whole)."""
     app = make_app(pg_url, pg_schema)
     async with app.client(migrate=True) as client:
         jobs = await client.enqueue_many(trioq.TaskDeclaration("noop"), [{}] * 26)
@@ -464,8 +464,8 @@ async def test_the_completions_find_their_runs_by_key_in_a_job_runs_bloated_sinc
             " RETURNING job_id, attempt, lease_token",
             (ids,),
         ).fetchall()
-        end = f"{pg_schema}.job_runs_finish(%s, %s, %s)"
-        settle = f"{pg_schema}.job_runs_settle(%s, %s, %s, %s)"
+        end = f"{pg_schema}.job_runs_finish_fenced(%s, %s, %s)"
+        settle = f"{pg_schema}.job_runs_settle_fenced(%s, %s, %s, %s)"
 
         def ended(batch: list[Any]) -> list[Any]:
             return [[run[0] for run in batch], [run[1] for run in batch], [run[2] for run in batch]]

@@ -124,6 +124,25 @@ async def test_a_lease_renewal_updates_its_run_in_place(
     assert updated == (1, 1)
 
 
+@pytest.mark.parametrize("name", ["job_runs_finish", "job_runs_settle"])
+async def test_the_previous_releases_fence_functions_still_end_runs(
+    driver: PgDriver, pg_url: str, pg_schema: str, name: str
+) -> None:
+    """job_runs_finish() and job_runs_settle(), called by the previous release's completions
+    while its workers drain, end a run as they did, with their columns (wrappers of the fenced
+    functions, which add the token): the fenced-out lease first ends nothing."""
+    await driver.job_insert_many([NewJob("q", "t", "{}")])
+    [claimed] = (await driver.job_claim(plain_claim())).claimed
+    states = ", ARRAY['completed']" if name == "job_runs_settle" else ""
+    call = f"SELECT * FROM {pg_schema}.{name}(ARRAY[%s]::bigint[], ARRAY[%s], ARRAY[%s]{states})"
+    stale = sql_rows(pg_url, call, [claimed.id, claimed.attempt, uuid.uuid4()])
+    ended = sql_rows(pg_url, call, [claimed.id, claimed.attempt, claimed.lease_token])
+    assert stale == []
+    assert [row[:2] for row in ended] == [(claimed.id, claimed.attempt)]
+    assert len(ended[0]) == (8 if name == "job_runs_finish" else 7)
+    assert runs(pg_url, pg_schema) == []
+
+
 def test_no_double_claim_from_an_old_snapshot(pg_url: str, pg_schema: str) -> None:
     """A claims the job and is still running it: its row was never written, so it is
     unlocked and reads ready to B, whose snapshot predates A's commit. B must not take it: the

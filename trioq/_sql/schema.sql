@@ -681,19 +681,13 @@ $$;
 CREATE FUNCTION trioq.job_runs_finish(ids bigint[], attempts integer[], lease_tokens uuid[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean, run_queue text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
+    -- The fenced one's DELETE, without its token column (one body for both).
     RETURN QUERY
-    DELETE FROM "trioq".job_runs u
-    USING unnest(ids, attempts, lease_tokens) AS i(id, attempt, lease_token)
-    WHERE u.job_id OPERATOR(pg_catalog.=) i.id
-      AND u.attempt OPERATOR(pg_catalog.=) i.attempt
-      AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
-      AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
-    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-              u.result_watched, u.queue;
+    SELECT f.run_job_id, f.run_attempt, f.run_executions, f.run_worker_id, f.run_traced,
+           f.run_started_at, f.run_result_watched, f.run_queue
+    FROM "trioq".job_runs_finish_fenced(ids, attempts, lease_tokens) AS f;
 END
 $$;
 
@@ -719,22 +713,13 @@ $$;
 CREATE FUNCTION trioq.job_runs_settle(ids bigint[], attempts integer[], lease_tokens uuid[], states text[]) RETURNS TABLE(run_job_id bigint, run_attempt integer, run_executions integer, run_worker_id uuid, run_traced boolean, run_started_at timestamp with time zone, run_result_watched boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
+    -- The fenced one's DELETE, without its token column (one body for both).
     RETURN QUERY
-    DELETE FROM "trioq".job_runs u
-    USING unnest(ids, attempts, lease_tokens, states) AS i(id, attempt, lease_token, state)
-    WHERE u.job_id OPERATOR(pg_catalog.=) i.id
-      AND u.attempt OPERATOR(pg_catalog.=) i.attempt
-      AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
-      AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
-      AND (i.state OPERATOR(pg_catalog.<>) 'cancelled'
-           OR EXISTS (SELECT 1 FROM "trioq".job_rows c
-                      WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
-    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-              u.result_watched;
+    SELECT f.run_job_id, f.run_attempt, f.run_executions, f.run_worker_id, f.run_traced,
+           f.run_started_at, f.run_result_watched
+    FROM "trioq".job_runs_settle_fenced(ids, attempts, lease_tokens, states) AS f;
 END
 $$;
 

@@ -1,34 +1,17 @@
--- Ends the runs a settle names (job_settle_many: a retry, a release, a sleep, a wait, a
--- failure, a cancel, a completion with a key or a parent), fenced by attempt and lease token,
--- each found by primary key, as job_runs_finish() does for the plain completions (its comment:
--- a generic plan made on a small job_runs scans it whole once it bloats). `states` are the
--- outcomes: a run settled `cancelled` ends only for a stored request (a cancel or a passed
--- deadline sets it on the row); a worker told to cancel by anything else changes nothing.
--- Its own name rather than job_runs_finish() with a fourth argument: CREATE OR REPLACE would
--- leave both signatures, ambiguous to a three-argument call.
--- Kept for the previous release's statements; this release's call job_runs_settle_fenced(), which
--- returns the lease token too (its comment says why). A later release drops it.
+-- The runs' fence of the previous release's statements, kept for its workers while they drain (a
+-- later release drops it): job_runs_settle_fenced() without the token column, one DELETE for both.
 CREATE OR REPLACE FUNCTION {schema}.job_runs_settle(ids bigint[], attempts integer[],
                                                     lease_tokens uuid[], states text[])
 RETURNS TABLE (run_job_id bigint, run_attempt integer, run_executions integer,
                run_worker_id uuid, run_traced boolean, run_started_at timestamptz,
                run_result_watched boolean)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan AS $$
+SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- The fenced one's DELETE, without its token column (one body for both).
     RETURN QUERY
-    DELETE FROM {schema}.job_runs u
-    USING unnest(ids, attempts, lease_tokens, states) AS i(id, attempt, lease_token, state)
-    WHERE u.job_id OPERATOR(pg_catalog.=) i.id
-      AND u.attempt OPERATOR(pg_catalog.=) i.attempt
-      AND u.lease_token OPERATOR(pg_catalog.=) i.lease_token
-      AND u.job_id OPERATOR(pg_catalog.=) ANY(ids)
-      AND (i.state OPERATOR(pg_catalog.<>) 'cancelled'
-           OR EXISTS (SELECT 1 FROM {schema}.job_rows c
-                      WHERE c.id OPERATOR(pg_catalog.=) u.job_id AND c.cancel_requested))
-    RETURNING u.job_id, u.attempt, u.executions, u.worker_id, u.traced, u.started_at,
-              u.result_watched;
+    SELECT f.run_job_id, f.run_attempt, f.run_executions, f.run_worker_id, f.run_traced,
+           f.run_started_at, f.run_result_watched
+    FROM {schema}.job_runs_settle_fenced(ids, attempts, lease_tokens, states) AS f;
 END
 $$;
