@@ -68,7 +68,7 @@ RETURNING j.id, j.task, j.payload, j.lease_token
 
 def claim_sql(schema: str, async_claim: bool = False) -> str:
     """CLAIM_SQL; with `async_claim`, its transaction commits without waiting for its WAL
-    flush, as trioq's claims do (queries.sql, claim_commit_async)."""
+    flush, as trioq's claims did (bench/RESULTS.md, "The asynchronous claim reverted")."""
     text = CLAIM_SQL.format(schema=schema)
     if not async_claim:
         return text
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--async-claim",
         action="store_true",
-        help="commit the claim without waiting for its WAL flush (as trioq's claims do)",
+        help="commit the claim without waiting for its WAL flush",
     )
     args = parser.parse_args(argv)
     asyncio.run(

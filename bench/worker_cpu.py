@@ -10,8 +10,9 @@ checkouts' order rotated each repeat, so the systems see the same load.
 Worker CPU is user+sys of the worker process from the backlog's COMMIT to the last completion
 (throughput.py's `drain`); server CPU is that of the whole PostgreSQL cluster (its processes
 read from /proc, less the harness's session) over the same window.
-`--raw-async-claim` adds the two raw loops with their claim committed as trioq's is, without
-waiting for its WAL flush (`raw-async`, `raw-del-async`).
+`--raw-async-claim` adds the two raw loops with their claim committed without waiting for its
+WAL flush (as trioq's claims were until a crash's lost claims ran their jobs twice at once:
+bench/RESULTS.md, "The asynchronous claim reverted") (`raw-async`, `raw-del-async`).
 `--prefetch N` adds this checkout's trioq with `--prefetch N` (`prefetchN`).
 `--awa` adds awa's Python worker (bench/awa_peer.py: awa-pg on its queue storage, the same 25
 slots) as a system of each repeat.
@@ -230,7 +231,7 @@ def main() -> None:
     parser.add_argument(
         "--raw-async-claim",
         action="store_true",
-        help="also drain both raw loops with their claim's commit asynchronous, as trioq's",
+        help="also drain both raw loops with their claim's commit asynchronous",
     )
     parser.add_argument(
         "--prefetch",

@@ -347,35 +347,29 @@ async def test_a_lost_connection_in_the_full_claim_after_a_blocked_plain_one_cla
 
 
 @pytest.mark.parametrize("name", [CLAIM, FULL, "job_claim_rated"])
-async def test_a_claim_commits_without_waiting_for_its_wal_and_nothing_after_it_does(
+async def test_a_claim_commits_as_durably_as_every_other_write(
     pg_url: str, pg_schema: str, driver: PgDriver, name: str
 ) -> None:
-    """Each claim statement turns synchronous_commit off for its own transaction (the claim is
-    on the claim loop's critical path; a claim lost with a crash is one rolled back, below).
-    The setting ends with that transaction: the completion sent next on the same pooled
-    connection commits synchronously, as the enqueue does."""
+    """No claim statement turns synchronous_commit off for its transaction. The worker starts
+    the jobs on the claim's reply: a claim whose commit a crash lost after that reply had its
+    jobs claimed again while the first worker still ran them, two runs of one job at once
+    until its renewal noticed (the chaos soak's PostgreSQL restarts found it)."""
     await driver.job_insert_many([NewJob("q", "t", "{}")])
-    statements = queries(pg_schema)
     params = claim_params(Claim("q", ("t",), 25, 30.0, WORKER))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = on")  # production's (the test cluster's is off)
         with conn.transaction():
-            claimed = conn.execute(statements[name], params).fetchall()
-            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
-        assert [row[ClaimedRow.id] is not None for row in claimed] == [True]
-        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
-        empty = {"ids": [], "attempts": [], "lease_tokens": [], "results": []}
-        with conn.transaction():
-            conn.execute(statements[COMPLETE], empty)
+            claimed = conn.execute(queries(pg_schema)[name], params).fetchall()
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert [row[ClaimedRow.id] is not None for row in claimed] == [True]
 
 
 async def test_a_claim_lost_with_its_commit_leaves_the_job_ready_and_fences_its_lease(
     pg_url: str, pg_schema: str, driver: PgDriver
 ) -> None:
-    """What a server crash does to a claim whose commit had not reached the disk yet: as if
-    it rolled back. The job is claimed again with the same attempt and a new lease token, and
-    the lost claim's completion changes nothing."""
+    """A claim that rolls back (a statement timeout, a connection lost before its commit) is
+    as if it never ran: the job is claimed again with the same attempt and a new lease token,
+    and the lost claim's completion changes nothing."""
     [inserted] = await driver.job_insert_many([NewJob("q", "t", '{"n": 1}')])
     params = claim_params(Claim("q", ("t",), 25, 30.0, WORKER))
     with psycopg.connect(pg_url) as conn:  # a transaction, never committed

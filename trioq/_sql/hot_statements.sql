@@ -191,7 +191,7 @@ THEN "trioq".dedup_key_refuse(i.dedup_key, i.task, holder.job_id, holder.task)
 ELSE true END
 ORDER BY i.ord;
 
--- name: job_claim_plain (3683 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
+-- name: job_claim_plain (3601 bytes; $1 lookahead, $2 queue, $3 tasks, $4 task_versions, $5 limit, $6 lease_seconds, $7 worker_id, $8 traced)
 WITH probe AS MATERIALIZED (
 SELECT keyed.ready AS keyed_ready, due.run_at AS next_due,
 keyed.ready OR coalesce(due.run_at <= "trioq".db_now()
@@ -284,10 +284,9 @@ NULL::text AS concurrency_cursor,
 claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
-WHERE (SELECT n FROM ring_taken) >= 0
-AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL;
+WHERE (SELECT n FROM ring_taken) >= 0;
 
--- name: job_claim (14523 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim (14441 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 (SELECT locked.*
@@ -659,10 +658,9 @@ claimed.*
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0
-AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL;
+AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
--- name: job_claim_rated (17327 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
+-- name: job_claim_rated (17245 bytes; $1 lookahead, $2 queue, $3 promote_limit, $4 limit, $5 tasks, $6 task_versions, $7 key_cursor, $8 key_window, $9 concurrency_cursor, $10 lease_seconds, $11 worker_id, $12 traced)
 WITH RECURSIVE
 due AS MATERIALIZED (
 (SELECT locked.*
@@ -1089,8 +1087,7 @@ AS key_rate_limited_until
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0
-AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL;
+AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
 -- name: job_complete_plain (1430 bytes; $1 ids, $2 attempts, $3 lease_tokens, $4 results)
 WITH input AS MATERIALIZED (

@@ -426,21 +426,6 @@ ring_taken AS MATERIALIZED (
                 ELSE 0 END AS n
 ),
 
--- fragment: claim_commit_async
--- Every claim statement (job_claim_plain, job_claim, job_claim_rated) ends its transaction
--- without waiting for its WAL to reach the disk: synchronous_commit off for this transaction
--- only (a limited queue's gate and rate spend, in the claim's transaction, commit with it).
--- The fragment ends the statement. The claim is the one write on the claim loop's critical
--- path: the worker waits for its reply, its commit included, before it starts the jobs. A
--- claim lost in a server crash (up to three wal_writer_delay of commits, 600 ms by default) is
--- a claim rolled back: its jobs are ready again, no attempt spent, and the worker's
--- completion, renewal or checkpoint for it is fenced out by the lease token (the job runs
--- again, as after any lost claim). Every later synchronous commit flushes the WAL up to
--- itself, the claim's included: the completion of a claimed job never outlives its claim.
--- The enqueue, the completion and every other write keep synchronous commit. Measured live
--- (bench.worker_cpu, 20 paired repeats, durable cluster): 1.30x jobs/s, 0.92x server CPU a job.
-AND (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) IS NOT NULL;
-
 -- fragment: job_state
 -- A job's state (docs/state-machine.md) from its record `j`, its run `u` (LEFT JOIN
 -- {schema}.job_runs u ON u.job_id = j.id) and its outcome `o` (LEFT JOIN {schema}.job_outcomes
@@ -876,8 +861,7 @@ LEFT JOIN claimed ON true
 -- due_left, so its NOTIFY and the entries' deletes run (a CTE without a data change runs only
 -- when read).
 WHERE (SELECT n FROM ready_notified) >= 0 AND (SELECT n FROM ring_taken) >= 0
-  AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0
--- include: claim_commit_async
+  AND (SELECT n FROM keyed_taken) >= 0 AND (SELECT n FROM due_left) >= 0;
 
 -- fragment: concurrency_key_limit_held
 -- Both concurrency_room variants: per ready key `k`, the limit the claim applies
@@ -1376,8 +1360,7 @@ SELECT (SELECT blocked FROM probe) AS blocked,
 FROM (SELECT 1) AS one
 LEFT JOIN claimed ON true
 -- A one-time filter that is always true reads ring_taken, so the entries' delete runs.
-WHERE (SELECT n FROM ring_taken) >= 0
--- include: claim_commit_async
+WHERE (SELECT n FROM ring_taken) >= 0;
 
 -- name: job_complete_plain
 -- The completer's flush in the common case, chosen by PgDriver.job_settle_many: every outcome a

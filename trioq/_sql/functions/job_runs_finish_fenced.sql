@@ -2,9 +2,9 @@
 -- batch) names, fenced by attempt and lease token, and returns each ended run's token with what
 -- the outcome records: the statement joins its batch's rows to the runs this ended by id, attempt
 -- and token. A batch may name one job twice: a completer still holding the outcome of a run it
--- lost (its writes failed while the database was away, and the run was recovered or its claim
--- rolled back) when it finished the job's next run too. Joined by id alone, the lost run's row was
--- applied with the current one's: a second outcome (a unique violation that stopped the worker,
+-- lost (its writes failed while the database was away, and its lease expired, the run recovered)
+-- when it finished the job's next run too. Joined by id alone, the lost run's row was applied with
+-- the current one's: a second outcome (a unique violation that stopped the worker,
 -- tests/test_fault_suite.py's restarts) or the lost run's retry. A new name: CREATE OR REPLACE
 -- cannot change a function's columns, and the previous release's statements call job_runs_finish()
 -- (now a wrapper of this one).

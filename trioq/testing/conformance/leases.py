@@ -72,11 +72,11 @@ async def check_expired_lease_is_recovered_and_its_holder_fenced(
 async def check_one_batch_with_a_jobs_lost_and_current_leases_applies_the_current_one(
     driver: Driver, clock: DriverClock
 ) -> None:
-    """A worker's completer may still hold the outcome of a run it lost (its writes failed
-    while the database was away, and the run was recovered, or its claim rolled back with a
-    crash) when it claims and finishes the same job again: one batch then names the job
-    twice. Only the lease that holds is applied, once, with its own outcome; the lost one's
-    is not (matched by the job's id alone: a second outcome, or the lost run's retry)."""
+    """A worker's completer may still hold the outcome of a run it lost (its writes failed while
+    the database was away, and its lease expired, the run recovered) when it claims and
+    finishes the same job again: one batch then names the job twice. Only the lease that holds
+    is applied, once, with its own outcome; the lost one's is not (matched by the job's id
+    alone: a second outcome, or the lost run's retry)."""
 
     async def case(plain: bool, lost_kind: str, lost_first: bool) -> None:
         [job_id] = await enqueue(driver, new_job(max_attempts=5))
