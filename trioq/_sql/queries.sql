@@ -1117,9 +1117,9 @@ WITH input AS MATERIALIZED (
 -- The fence is the run (migration 0047), ended by job_runs_settle_fenced() (by primary key
 -- whatever job_runs' size, as the completions' job_runs_finish_fenced()), and each of the
 -- batch's rows is joined to its run by the whole fence (a batch may name a job twice: that
--- function says when); a cancelled outcome is recorded only for
--- a stored request (a cancel or a passed deadline sets it on the row): a worker told to cancel
--- by anything else changes nothing here.
+-- function says when); a cancelled outcome is recorded only for a stored request (a cancel or
+-- a passed deadline sets it on the row): a worker told to cancel by anything else changes
+-- nothing here.
 gone AS MATERIALIZED (
     SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
            u.run_worker_id AS worker_id, u.run_traced AS traced,
@@ -1376,10 +1376,10 @@ WITH input AS MATERIALIZED (
          AS t(id, attempt, lease_token, result)
 ),
 -- The fence is the run (migration 0047): deleted by primary key, it returns what the outcome
--- records. Through job_runs_finish_fenced(), whose plan probes the key whatever job_runs' size when it
--- was made (a generic plan made on a page or two scanned the table whole as it bloated: 573
--- buffer hits a completion of 25 after a 20,000-job drain, 381 through the function; main's
--- 281).
+-- records. Through job_runs_finish_fenced(), whose plan probes the key whatever job_runs' size
+-- when it was made (a generic plan made on a page or two scanned the table whole as it
+-- bloated: 573 buffer hits a completion of 25 after a 20,000-job drain, 381 through the
+-- function; main's 281).
 gone AS MATERIALIZED (
     SELECT u.run_job_id AS job_id, u.run_attempt AS attempt, u.run_executions AS executions,
            u.run_worker_id AS worker_id, u.run_started_at AS started_at,
