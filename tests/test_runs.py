@@ -28,8 +28,7 @@ from tests.support import (
 )
 from trioq._pg.driver import PgDriver, _claimed_job, claim_params, open_pg_driver, settle_params
 from trioq._pg.replies import ClaimedRow, LeaseRenewal
-from trioq._pg.services import _admission_arrays
-from trioq._pg.statements import lease_arrays
+from trioq._pg.services import renewal_params
 from trioq._seam.driver import Claim, ClaimedJob, Lease, NewJob, Settlement
 from trioq._seam.services import MaintenancePass, RenewLeases
 from trioq._seam.workflow import CheckpointWrite, ValueSet
@@ -105,13 +104,7 @@ async def test_a_lease_renewal_updates_its_run_in_place(
     With job_runs_lease_idx every renewal wrote an entry in both of the table's indexes."""
     await driver.job_insert_many([NewJob("q", "t", "{}")])
     [claimed] = (await driver.job_claim(plain_claim())).claimed
-    params = {
-        **lease_arrays((claimed.lease,)),
-        "worker_id": WORKER,
-        "worker_state": "running",
-        "lease_seconds": 60.0,
-        **_admission_arrays(()),
-    }
+    params = renewal_params(RenewLeases(WORKER, "running", 60.0, (claimed.lease,)))
     counts = (
         "SELECT pg_stat_get_xact_tuples_updated(%(runs)s::regclass),"
         " pg_stat_get_xact_tuples_hot_updated(%(runs)s::regclass)"

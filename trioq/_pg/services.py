@@ -41,6 +41,17 @@ from .statements import Params, PgStatements, lease_arrays
 logger = logging.getLogger("trioq.pg")
 
 
+def renewal_params(params: RenewLeases) -> Params:
+    """lease_renew_many's parameters: the fences, the worker's row and its admission."""
+    return {
+        **lease_arrays(params.leases),
+        "worker_id": params.worker_id,
+        "worker_state": params.worker_state,
+        "lease_seconds": params.lease_seconds,
+        **_admission_arrays(params.admission),
+    }
+
+
 def _admission_arrays(admission: Sequence[QueueAdmission]) -> Params:
     """The admission snapshot as parallel arrays (unnested into the worker row's jsonb)."""
     return {
@@ -66,15 +77,7 @@ class PgServiceStatements(PgStatements):
 
     async def lease_renew_many(self, params: RenewLeases) -> RenewalResult:
         rows = await self._retrying(
-            "lease_renew_many",
-            {
-                **lease_arrays(params.leases),
-                "worker_id": params.worker_id,
-                "worker_state": params.worker_state,
-                "lease_seconds": params.lease_seconds,
-                **_admission_arrays(params.admission),
-            },
-            pool=self._renewal_pool,
+            "lease_renew_many", renewal_params(params), pool=self._renewal_pool
         )
         leases = LeaseRenewal.id  # a RenewedLease from here on
         return RenewalResult(

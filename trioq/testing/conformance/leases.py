@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from ..._seam.driver import Driver, Settlement
+from ..._seam.lease import Lease
 from ..._seam.services import MaintenancePass, WorkerRegistration
 from ..._seam.workflow import CheckpointWrite
 from .harness import (
@@ -68,6 +69,18 @@ async def check_expired_lease_is_recovered_and_its_holder_fenced(
     expect(await complete(driver, new.lease), (job_id,), "completion by the new holder")
 
 
+async def _lost_and_current(driver: Driver, clock: DriverClock) -> tuple[int, Lease, Lease]:
+    """A job whose first run's lease expired and was recovered, claimed again: (its id, the
+    lost run's lease, the current run's)."""
+    [job_id] = await enqueue(driver, new_job(max_attempts=5))
+    [old] = await claim(driver, lease_seconds=10)
+    await clock.advance(11)
+    recovered = (await driver.maintenance_pass(MaintenancePass())).recovered
+    expect(recovered, ((job_id, "ready"),), "the old run recovered")
+    [new] = await claim(driver)
+    return job_id, old.lease, new.lease
+
+
 @conformance_check
 async def check_one_batch_with_a_jobs_lost_and_current_leases_applies_the_current_one(
     driver: Driver, clock: DriverClock
@@ -79,17 +92,12 @@ async def check_one_batch_with_a_jobs_lost_and_current_leases_applies_the_curren
     alone: a second outcome, or the lost run's retry)."""
 
     async def case(plain: bool, lost_kind: str, lost_first: bool) -> None:
-        [job_id] = await enqueue(driver, new_job(max_attempts=5))
-        [old] = await claim(driver, lease_seconds=10)
-        await clock.advance(11)
-        recovered = (await driver.maintenance_pass(MaintenancePass())).recovered
-        expect(recovered, ((job_id, "ready"),), "the old run recovered")
-        [new] = await claim(driver)
+        job_id, old, new = await _lost_and_current(driver, clock)
         if lost_kind == "complete":
-            lost = Settlement(old.lease, "complete", result_json='"lost"', plain=plain)
+            lost = Settlement(old, "complete", result_json='"lost"', plain=plain)
         else:
-            lost = Settlement(old.lease, "retry", error_json='{"type": "Boom"}', delay_seconds=60)
-        current = Settlement(new.lease, "complete", result_json='"current"', plain=plain)
+            lost = Settlement(old, "retry", error_json='{"type": "Boom"}', delay_seconds=60)
+        current = Settlement(new, "complete", result_json='"current"', plain=plain)
         batch = (lost, current) if lost_first else (current, lost)
         what = f"plain={plain}, the lost run's {lost_kind}, named first: {lost_first}"
         expect(await settle(driver, *batch), [(job_id, "completed")], f"settled ({what})")
@@ -109,16 +117,12 @@ async def check_one_batch_of_checkpoints_with_a_jobs_lost_and_current_leases_wri
     """As the outcomes: checkpoint writes of a lost run and of the job's current run in one
     batch (a worker's batched writes, the lost run's handler not yet cancelled). Only the
     current run's are stored and answered."""
-    [job_id] = await enqueue(driver, new_job(max_attempts=5))
-    [old] = await claim(driver, lease_seconds=10)
-    await clock.advance(11)
-    await driver.maintenance_pass(MaintenancePass())
-    [new] = await claim(driver)
+    job_id, old, new = await _lost_and_current(driver, clock)
     written = await driver.checkpoint_insert_many(
         [
-            CheckpointWrite(old.lease, 0, "step", "a", '"lost"'),
-            CheckpointWrite(new.lease, 0, "step", "a", '"current"'),
-            CheckpointWrite(old.lease, 1, "step", "b", '"lost"'),
+            CheckpointWrite(old, 0, "step", "a", '"lost"'),
+            CheckpointWrite(new, 0, "step", "a", '"current"'),
+            CheckpointWrite(old, 1, "step", "b", '"lost"'),
         ]
     )
     expect(
